@@ -1,0 +1,46 @@
+"""The library's exception types: every error dvidshards raises derives from DvidShardsError."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockDecodeError",
+    "ChunkIndexError",
+    "DvidShardsError",
+    "MappingError",
+    "MissingShardError",
+    "RemoteReadError",
+    "ShardFormatError",
+    "SpecError",
+]
+
+
+class DvidShardsError(Exception):
+    """Base class of every error raised by dvidshards."""
+
+
+class BlockDecodeError(DvidShardsError, ValueError):
+    """A DVID label block (format §1) is malformed: truncated, inconsistent or out of range."""
+
+
+class ShardFormatError(DvidShardsError, ValueError):
+    """A shard's Arrow IPC data is malformed, truncated or has an unexpected schema."""
+
+
+class ChunkIndexError(DvidShardsError, ValueError):
+    """A chunk index (CSV, JSON footer or consolidated index) is malformed or disagrees with its shard."""
+
+
+class MissingShardError(DvidShardsError, FileNotFoundError):
+    """A shard file (or its index) that the read needs does not exist or cannot be opened."""
+
+
+class RemoteReadError(DvidShardsError, OSError):
+    """A remote byte-range read failed after its retries, or returned fewer bytes than asked."""
+
+
+class SpecError(DvidShardsError, ValueError):
+    """A dataset description (neuroglancer spec, info file, scale choice, source) is invalid."""
+
+
+class MappingError(DvidShardsError, ValueError):
+    """A label mapping given to dvidshards.open cannot be read or is inconsistent."""
