@@ -1,0 +1,722 @@
+"""Neuroglancer ``neuroglancer_uint64_sharded_v1`` math and DVID's shard naming.
+
+Two layers live here:
+
+* The neuroglancer precomputed sharding scheme (see FORMATS.md §4 and the
+  neuroglancer "sharded" format document): chunk id = compressed Morton code of the
+  chunk grid coordinate, ``hashed = hash(id >> preshift_bits)``, minishard = low
+  ``minishard_bits`` of ``hashed``, shard = the next ``shard_bits``; shard files are
+  named ``<lowercase hex, zero padded to ceil(shard_bits/4)>.shard``.  This matches
+  TensorStore (``GetCompressedZIndexBits``/``EncodeCompressedZIndex`` in
+  ``driver/neuroglancer_precomputed/metadata.cc``, ``GetChunkShardInfo`` and
+  ``MurmurHash3_x86_128Hash64Bits`` in ``kvstore/neuroglancer_uint64_sharded``).
+
+* DVID's ``export-shards`` naming (FORMATS.md §3): each DVID shard file is named
+  ``{ox}_{oy}_{oz}`` after a voxel origin ``floor(chunk_size * chunk / S) * S`` where
+  ``S`` is one *cubic* extent per scale.  DVID derives ``S`` by walking the compressed
+  Morton code bit by bit (like TensorStore's ``GetShardChunkHierarchy``): the low
+  ``min(preshift_bits + minishard_bits, total z-index bits)`` bits are handed out round
+  robin over x, y, z (skipping axes whose bits are used up), each axis' extent is
+  ``min(grid, 2**bits_taken)`` chunks, and ``S`` is the largest of the three extents
+  times the chunk size (``datatype/labelmap/export.go`` in janelia-flyem/dvid,
+  ``shardHandler.Initialize`` and ``shardOriginFromChunkCoord``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from .errors import SpecError
+
+__all__ = [
+    "HASH_FUNCTIONS",
+    "ENCODINGS",
+    "SHARDING_TYPE",
+    "ShardingSpec",
+    "compressed_morton_code",
+    "compressed_z_index_bits",
+    "dvid_shard_extent",
+    "dvid_shard_names_collide",
+    "dvid_shard_origin",
+    "grid_shape",
+    "murmurhash3_x86_128_low64",
+    "shard_and_minishard",
+    "shard_extent_chunks",
+    "shard_filename_stem",
+    "shard_key",
+]
+
+SHARDING_TYPE = "neuroglancer_uint64_sharded_v1"
+HASH_FUNCTIONS = ("identity", "murmurhash3_x86_128")
+ENCODINGS = ("raw", "gzip")
+
+
+def _is_int(value: Any) -> bool:
+    """True for Python/numpy integers, False for bools and everything else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+# --------------------------------------------------------------------------------------
+# sharding spec
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """A validated neuroglancer ``neuroglancer_uint64_sharded_v1`` sharding spec.
+
+    Parameters
+    ----------
+    preshift_bits : int
+        Low bits of the chunk id dropped before hashing.
+    minishard_bits : int
+        Bits of the hashed id that give the minishard number.
+    shard_bits : int
+        Bits of the hashed id, above the minishard bits, that give the shard number.
+    hash : str
+        ``"identity"`` or ``"murmurhash3_x86_128"``.
+    minishard_index_encoding : str, optional
+        ``"raw"`` (default) or ``"gzip"``.
+    data_encoding : str, optional
+        ``"raw"`` (default) or ``"gzip"``.
+
+    Raises
+    ------
+    SpecError
+        If any field is invalid (checked on construction as well as in `from_json`).
+    """
+
+    preshift_bits: int
+    minishard_bits: int
+    shard_bits: int
+    hash: str
+    minishard_index_encoding: str = "raw"
+    data_encoding: str = "raw"
+
+    def __post_init__(self) -> None:
+        for name in ("preshift_bits", "minishard_bits", "shard_bits"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise SpecError(f"sharding {name} must be an integer, got {value!r}")
+            if value < 0 or value > 64:
+                raise SpecError(f"sharding {name} must be in [0, 64], got {value}")
+            object.__setattr__(self, name, int(value))
+        total = self.preshift_bits + self.minishard_bits + self.shard_bits
+        if total > 64:
+            raise SpecError(
+                "sharding preshift_bits + minishard_bits + shard_bits must be <= 64, "
+                f"got {self.preshift_bits} + {self.minishard_bits} + {self.shard_bits} = {total}"
+            )
+        if self.hash not in HASH_FUNCTIONS:
+            raise SpecError(
+                f"unknown sharding hash {self.hash!r}; expected one of {', '.join(HASH_FUNCTIONS)}"
+            )
+        for name in ("minishard_index_encoding", "data_encoding"):
+            value = getattr(self, name)
+            if value not in ENCODINGS:
+                raise SpecError(
+                    f"unknown sharding {name} {value!r}; expected one of {', '.join(ENCODINGS)}"
+                )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ShardingSpec:
+        """Build a spec from its JSON object (the ``"sharding"`` member of a scale).
+
+        Parameters
+        ----------
+        d : Mapping
+            The decoded JSON object. ``@type``, ``preshift_bits``, ``minishard_bits``,
+            ``shard_bits`` and ``hash`` are required; the two encodings default to
+            ``"raw"``. Members this format does not define are ignored.
+
+        Returns
+        -------
+        ShardingSpec
+
+        Raises
+        ------
+        SpecError
+            If ``d`` is not an object, ``@type`` is not ``neuroglancer_uint64_sharded_v1``,
+            a required member is missing, or any member has an invalid value.
+        """
+        if not isinstance(d, Mapping):
+            raise SpecError(f"sharding spec must be a JSON object, got {type(d).__name__}")
+        if "@type" not in d:
+            raise SpecError("sharding spec has no '@type' member")
+        if d["@type"] != SHARDING_TYPE:
+            raise SpecError(f"sharding '@type' must be {SHARDING_TYPE!r}, got {d['@type']!r}")
+        missing = [
+            k for k in ("preshift_bits", "minishard_bits", "shard_bits", "hash") if k not in d
+        ]
+        if missing:
+            raise SpecError(f"sharding spec is missing {', '.join(missing)}")
+        return cls(
+            preshift_bits=d["preshift_bits"],
+            minishard_bits=d["minishard_bits"],
+            shard_bits=d["shard_bits"],
+            hash=d["hash"],
+            minishard_index_encoding=d.get("minishard_index_encoding", "raw"),
+            data_encoding=d.get("data_encoding", "raw"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the spec as its JSON object.
+
+        Returns
+        -------
+        dict
+            ``{"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": ..., ...}``,
+            accepted back by `from_json` and by TensorStore.
+        """
+        return {
+            "@type": SHARDING_TYPE,
+            "hash": self.hash,
+            "preshift_bits": self.preshift_bits,
+            "minishard_bits": self.minishard_bits,
+            "shard_bits": self.shard_bits,
+            "minishard_index_encoding": self.minishard_index_encoding,
+            "data_encoding": self.data_encoding,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# chunk grid and compressed Morton code
+# --------------------------------------------------------------------------------------
+
+
+def _xyz_ints(values: Any, what: str, *, minimum: int) -> tuple[int, int, int]:
+    """Validate an int or a length-3 sequence of ints >= minimum; SpecError otherwise."""
+    if _is_int(values):
+        values = (values,) * 3
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise SpecError(f"{what} must be an integer or 3 integers, got {values!r}") from None
+    if len(items) != 3 or not all(_is_int(v) for v in items):
+        raise SpecError(f"{what} must be 3 integers (x, y, z), got {values!r}")
+    if any(v < minimum for v in items):
+        raise SpecError(f"{what} must be >= {minimum} on every axis, got {items}")
+    return int(items[0]), int(items[1]), int(items[2])
+
+
+def grid_shape(size_voxels: Sequence[int], chunk_size: Sequence[int] | int) -> tuple[int, int, int]:
+    """Number of chunks along x, y, z covering a volume.
+
+    Parameters
+    ----------
+    size_voxels : sequence of 3 int
+        Volume size in voxels (x, y, z), each >= 1.
+    chunk_size : int or sequence of 3 int
+        Chunk size in voxels, each >= 1.
+
+    Returns
+    -------
+    tuple of 3 int
+        ``ceil(size / chunk)`` per axis.
+
+    Raises
+    ------
+    SpecError
+        If a size or chunk size is not a positive integer, or there are not 3 of them.
+    """
+    size = _xyz_ints(size_voxels, "volume size", minimum=1)
+    chunk = _xyz_ints(chunk_size, "chunk size", minimum=1)
+    return tuple(-(-s // c) for s, c in zip(size, chunk, strict=True))  # type: ignore[return-value]
+
+
+def compressed_z_index_bits(grid: Sequence[int]) -> tuple[int, int, int]:
+    """Bits each axis contributes to the compressed Morton code.
+
+    Parameters
+    ----------
+    grid : sequence of 3 int
+        Chunk grid shape (x, y, z), each >= 1.
+
+    Returns
+    -------
+    tuple of 3 int
+        ``bit_width(grid - 1)`` per axis (0 for an axis of one chunk).
+
+    Raises
+    ------
+    SpecError
+        If the grid is invalid or needs more than 64 bits in total.
+    """
+    g = _xyz_ints(grid, "chunk grid shape", minimum=1)
+    bits = tuple(int(n - 1).bit_length() for n in g)
+    if sum(bits) > 64:
+        raise SpecError(f"chunk grid {g} needs {sum(bits)} > 64 bits of compressed Morton code")
+    return bits  # type: ignore[return-value]
+
+
+def _bit_layout(bits: tuple[int, int, int]) -> list[tuple[int, int]]:
+    """(axis, source bit) of each output bit of the compressed Morton code, bit 0 first."""
+    layout = []
+    for bit in range(max(bits)):
+        for axis in range(3):
+            if bit < bits[axis]:
+                layout.append((axis, bit))
+    return layout
+
+
+def _as_coords(chunk_coords: Any) -> tuple[np.ndarray, bool]:
+    """Chunk coordinates as an (n, 3) int64 array, plus whether the input was one (3,) point."""
+    arr = np.asarray(chunk_coords)
+    if not np.issubdtype(arr.dtype, np.integer):  # bool, float, object, str...
+        if arr.size == 0 and arr.dtype.kind == "f":  # np.asarray([]) is float64
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"chunk coordinates must be integers, got dtype {arr.dtype}")
+    single = arr.ndim == 1
+    if single:
+        if arr.shape != (3,):
+            raise ValueError(f"a single chunk coordinate must have 3 values, got shape {arr.shape}")
+        arr = arr[None, :]
+    elif arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError(f"chunk coordinates must have shape (n, 3) or (3,), got {arr.shape}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError("chunk coordinate out of range")
+    return arr.astype(np.int64, copy=False), single
+
+
+def _check_in_grid(coords: np.ndarray, grid: tuple[int, int, int]) -> None:
+    if coords.size == 0:
+        return
+    if coords.min() < 0:
+        bad = coords[(coords < 0).any(axis=1)][0]
+        raise ValueError(f"chunk coordinate {tuple(int(v) for v in bad)} is negative")
+    over = coords >= np.asarray(grid, dtype=np.int64)
+    if over.any():
+        bad = coords[over.any(axis=1)][0]
+        raise ValueError(
+            f"chunk coordinate {tuple(int(v) for v in bad)} is outside the chunk grid {grid}"
+        )
+
+
+def compressed_morton_code(chunk_coords: Any, grid_shape: Sequence[int]) -> np.ndarray | np.uint64:
+    """Neuroglancer compressed Morton code (chunk id) of chunk grid coordinates.
+
+    Bits of x, y, z are interleaved from bit 0 upward, each axis contributing only
+    ``bit_width(grid - 1)`` bits; an axis whose bits are exhausted is skipped
+    (TensorStore's ``EncodeCompressedZIndex``).
+
+    Parameters
+    ----------
+    chunk_coords : array_like of int, shape (n, 3) or (3,)
+        Chunk coordinates (x, y, z).
+    grid_shape : sequence of 3 int
+        Chunk grid shape (x, y, z).
+
+    Returns
+    -------
+    numpy.ndarray of uint64, shape (n,), or numpy.uint64
+        One code per row; a scalar for a single (3,) coordinate.
+
+    Raises
+    ------
+    ValueError
+        If coordinates are not integers of shape (n, 3)/(3,) or lie outside the grid.
+    SpecError
+        If the grid shape is invalid.
+    """
+    grid = _xyz_ints(grid_shape, "chunk grid shape", minimum=1)
+    bits = compressed_z_index_bits(grid)
+    coords, single = _as_coords(chunk_coords)
+    _check_in_grid(coords, grid)
+    c = coords.astype(np.uint64)
+    code = np.zeros(len(c), dtype=np.uint64)
+    one = np.uint64(1)
+    for out_bit, (axis, bit) in enumerate(_bit_layout(bits)):
+        code |= ((c[:, axis] >> np.uint64(bit)) & one) << np.uint64(out_bit)
+    return code[0] if single else code
+
+
+# --------------------------------------------------------------------------------------
+# MurmurHash3_x86_128 (seed 0) of one little-endian uint64, low 64 bits of the result
+# --------------------------------------------------------------------------------------
+
+_M32 = np.uint64(0xFFFFFFFF)
+_C1 = np.uint64(0x239B961B)
+_C2 = np.uint64(0xAB0E9789)
+_C3 = np.uint64(0x38B34AE5)
+_F1 = np.uint64(0x85EBCA6B)
+_F2 = np.uint64(0xC2B2AE35)
+_LEN = np.uint64(8)
+_S13 = np.uint64(13)
+_S15 = np.uint64(15)
+_S16 = np.uint64(16)
+_S17 = np.uint64(17)
+_S32 = np.uint64(32)
+
+
+@njit(cache=True, nogil=True)
+def _fmix32(h):  # pragma: no cover - compiled
+    h ^= h >> _S16
+    h = (h * _F1) & _M32
+    h ^= h >> _S13
+    h = (h * _F2) & _M32
+    h ^= h >> _S16
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _murmur_low64_kernel(values, out):  # pragma: no cover - compiled
+    for i in range(values.shape[0]):
+        v = values[i]
+        low = v & _M32
+        high = v >> _S32
+        # body: one 16-byte block is not reached; 8 bytes fall in the tail (k1 = low, k2 = high)
+        k2 = (high * _C2) & _M32
+        k2 = ((k2 << _S16) | (k2 >> _S16)) & _M32
+        k2 = (k2 * _C3) & _M32
+        h2 = k2
+        k1 = (low * _C1) & _M32
+        k1 = ((k1 << _S15) | (k1 >> _S17)) & _M32
+        k1 = (k1 * _C2) & _M32
+        h1 = k1
+        h3 = np.uint64(0)
+        h4 = np.uint64(0)
+        h1 ^= _LEN
+        h2 ^= _LEN
+        h3 ^= _LEN
+        h4 ^= _LEN
+        h1 = (h1 + h2) & _M32
+        h1 = (h1 + h3) & _M32
+        h1 = (h1 + h4) & _M32
+        h2 = (h2 + h1) & _M32
+        h3 = (h3 + h1) & _M32
+        h4 = (h4 + h1) & _M32
+        h1 = _fmix32(h1)
+        h2 = _fmix32(h2)
+        h3 = _fmix32(h3)
+        h4 = _fmix32(h4)
+        h1 = (h1 + h2) & _M32
+        h1 = (h1 + h3) & _M32
+        h1 = (h1 + h4) & _M32
+        h2 = (h2 + h1) & _M32
+        out[i] = (h2 << _S32) | h1
+
+
+def murmurhash3_x86_128_low64(values: Any) -> np.ndarray | np.uint64:
+    """MurmurHash3_x86_128 (seed 0) of each uint64 in little-endian encoding, low 64 bits.
+
+    The 16-byte hash is ``h1 h2 h3 h4`` (little-endian uint32 words); the low 8 bytes read
+    as a little-endian uint64 are ``h2 << 32 | h1``, the value neuroglancer's sharding uses.
+
+    Parameters
+    ----------
+    values : array_like of unsigned/non-negative integers, or an int
+        Values to hash (any shape).
+
+    Returns
+    -------
+    numpy.ndarray of uint64 (same shape) or numpy.uint64 for a scalar input.
+
+    Raises
+    ------
+    ValueError
+        If the input is not integer or holds negative values.
+    """
+    arr = np.asarray(values)
+    if not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0:
+            arr = arr.astype(np.uint64)
+        else:
+            raise ValueError(f"values to hash must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        raise ValueError("values to hash must be non-negative")
+    flat = np.ascontiguousarray(arr, dtype=np.uint64).reshape(-1)
+    out = np.empty_like(flat)
+    _murmur_low64_kernel(flat, out)
+    if arr.ndim == 0:
+        return out[0]
+    return out.reshape(arr.shape)
+
+
+# --------------------------------------------------------------------------------------
+# shard / minishard assignment and shard boxes
+# --------------------------------------------------------------------------------------
+
+
+def _low_mask(nbits: int) -> np.uint64:
+    return np.uint64((1 << nbits) - 1)
+
+
+def _shift_right(x: np.ndarray, amount: int) -> np.ndarray:
+    if amount >= 64:
+        return np.zeros_like(x)
+    return x >> np.uint64(amount)
+
+
+def shard_and_minishard(
+    spec: ShardingSpec, chunk_coords: Any, grid_shape: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shard and minishard numbers of chunks under a sharding spec.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    chunk_coords : array_like of int, shape (n, 3) or (3,)
+        Chunk coordinates (x, y, z).
+    grid_shape : sequence of 3 int
+        Chunk grid shape of the scale.
+
+    Returns
+    -------
+    shard, minishard : numpy.ndarray of uint64, shape (n,) (scalars for a (3,) input)
+
+    Raises
+    ------
+    ValueError
+        If coordinates are malformed or outside the grid.
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    ids = np.atleast_1d(compressed_morton_code(chunk_coords, grid_shape))
+    hashed = _shift_right(ids, spec.preshift_bits)
+    if spec.hash == "murmurhash3_x86_128":
+        hashed = murmurhash3_x86_128_low64(hashed)
+    minishard = hashed & _low_mask(spec.minishard_bits)
+    shard = _shift_right(hashed, spec.minishard_bits) & _low_mask(spec.shard_bits)
+    if np.asarray(chunk_coords).ndim == 1:
+        return shard[0], minishard[0]
+    return shard, minishard
+
+
+def _bits_taken(bits: tuple[int, int, int], nbits: int) -> list[int]:
+    """Bits per axis consumed by the lowest ``nbits`` bits of the compressed Morton code.
+
+    Walks the code the way it is built: round robin over x, y, z, skipping an axis whose
+    bits are used up (TensorStore's ``CompressedMortonBitIterator``). ``nbits`` must not
+    exceed ``sum(bits)``.
+    """
+    taken = [0, 0, 0]
+    axis = 0
+    for _ in range(nbits):
+        while taken[axis] == bits[axis]:
+            axis = (axis + 1) % 3
+        taken[axis] += 1
+        axis = (axis + 1) % 3
+    return taken
+
+
+def _box_chunks(spec: ShardingSpec, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    bits = compressed_z_index_bits(grid)
+    non_shard_bits = min(spec.preshift_bits + spec.minishard_bits, sum(bits))
+    taken = _bits_taken(bits, non_shard_bits)
+    return tuple(min(g, 1 << t) for g, t in zip(grid, taken, strict=True))  # type: ignore[return-value]
+
+
+def shard_extent_chunks(spec: ShardingSpec, grid_shape: Sequence[int]) -> tuple[int, int, int]:
+    """Per-axis extent, in chunks, of the box of chunks that share one shard.
+
+    With the identity hash a shard holds the chunks whose compressed Morton codes agree
+    above the low ``preshift_bits + minishard_bits`` bits. Those low bits are distributed
+    over the axes the way the interleave does, giving an aligned box of
+    ``min(grid, 2**bits_on_axis)`` chunks per axis (TensorStore's
+    ``GetShardChunkHierarchy``). Boxes tile the grid from the origin; the last box on an
+    axis may be cut by the grid. When the grid needs more Morton bits than
+    ``preshift + minishard + shard`` bits, shard numbers wrap: every box still lies in a
+    single shard, but one shard then holds several boxes.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+        Must use the ``identity`` hash.
+    grid_shape : sequence of 3 int
+        Chunk grid shape (x, y, z).
+
+    Returns
+    -------
+    tuple of 3 int
+
+    Raises
+    ------
+    SpecError
+        If the hash is not ``identity`` (hashed shards are not boxes) or the grid is invalid.
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    if spec.hash != "identity":
+        raise SpecError(
+            f"shards are not boxes of chunks with hash {spec.hash!r}; only 'identity' has a shard extent"
+        )
+    grid = _xyz_ints(grid_shape, "chunk grid shape", minimum=1)
+    return _box_chunks(spec, grid)
+
+
+# --------------------------------------------------------------------------------------
+# DVID export-shards naming
+# --------------------------------------------------------------------------------------
+
+
+def _cubic_chunk_size(chunk_size: Any) -> int:
+    c = _xyz_ints(chunk_size, "chunk size", minimum=1)
+    if len(set(c)) != 1:
+        raise SpecError(f"DVID shard naming assumes cubic chunks, got chunk size {c}")
+    return c[0]
+
+
+def dvid_shard_extent(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64) -> int:
+    """Shard extent ``S`` in voxels that DVID's export-shards uses to name shard files.
+
+    DVID (``datatype/labelmap/export.go``, ``shardHandler.Initialize``) computes the chunk
+    grid ``ceil(size / chunk)``, the compressed Morton bits ``bit_width(grid - 1)`` per
+    axis, takes ``min(preshift_bits + minishard_bits, total bits)`` low bits, hands them
+    out round robin over x, y, z skipping exhausted axes, and sets
+    ``S = max over axes of min(grid, 2**bits_taken) * chunk``. The hash and shard_bits do
+    not enter (DVID only implements the identity hash). ``S`` need not be a power of two
+    at coarse scales where the grid caps the box (e.g. 17 chunks -> 1088 voxels).
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    size_voxels : sequence of 3 int
+        Volume size of the scale in voxels (x, y, z).
+    chunk_size : int, optional
+        Cubic chunk size in voxels; DVID exports always use 64.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    SpecError
+        If the size or chunk size is invalid.
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    chunk = _cubic_chunk_size(chunk_size)
+    grid = grid_shape(size_voxels, chunk)
+    return max(_box_chunks(spec, grid)) * chunk
+
+
+def dvid_shard_names_collide(
+    spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64
+) -> bool:
+    """Whether DVID's cubic naming can give two neuroglancer shards the same file name.
+
+    DVID names a shard after ``floor(chunk * c / S) * S`` with one cubic ``S`` (the largest
+    box extent). If on some axis the identity-hash shard box is shorter than ``S`` without
+    covering the whole grid on that axis, two different shards fall in one cubic cell and
+    get the same name (DVID then appends both to one file). False means every DVID file
+    holds exactly one shard's box.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    size_voxels : sequence of 3 int
+    chunk_size : int, optional
+
+    Returns
+    -------
+    bool
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    chunk = _cubic_chunk_size(chunk_size)
+    grid = grid_shape(size_voxels, chunk)
+    box = _box_chunks(spec, grid)
+    side = max(box)
+    return any(b != side and b != g for b, g in zip(box, grid, strict=True))
+
+
+def dvid_shard_origin(
+    chunk_coords: Any, shard_extent_voxels: int, chunk_size: int = 64
+) -> np.ndarray:
+    """Voxel origin of the DVID shard file holding each chunk.
+
+    ``origin = floor(chunk_size * chunk / S) * S`` per axis (DVID's
+    ``shardOriginFromChunkCoord``, which assumes cubic shards).
+
+    Parameters
+    ----------
+    chunk_coords : array_like of int, shape (n, 3) or (3,)
+        Non-negative chunk coordinates (x, y, z).
+    shard_extent_voxels : int
+        ``S`` from `dvid_shard_extent`; a positive multiple of ``chunk_size``.
+    chunk_size : int, optional
+        Chunk size in voxels (64 for DVID).
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (n, 3) (or (3,) for a single coordinate)
+
+    Raises
+    ------
+    ValueError
+        If coordinates are malformed or negative.
+    SpecError
+        If ``S`` or the chunk size is invalid.
+    """
+    chunk = _cubic_chunk_size(chunk_size)
+    if not _is_int(shard_extent_voxels) or shard_extent_voxels <= 0:
+        raise SpecError(f"shard extent must be a positive integer, got {shard_extent_voxels!r}")
+    extent = int(shard_extent_voxels)
+    if extent % chunk:
+        raise SpecError(f"shard extent {extent} is not a multiple of the chunk size {chunk}")
+    coords, single = _as_coords(chunk_coords)
+    if coords.size and coords.min() < 0:
+        raise ValueError("chunk coordinates must be non-negative")
+    span = extent // chunk  # chunks per shard side
+    origin = (coords // span) * extent
+    return origin[0] if single else origin
+
+
+def shard_filename_stem(origin: Sequence[int]) -> str:
+    """DVID shard file stem ``"{ox}_{oy}_{oz}"`` for a voxel origin.
+
+    Parameters
+    ----------
+    origin : sequence of 3 int
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        If ``origin`` is not 3 integers.
+    """
+    items = list(np.asarray(origin).reshape(-1)) if isinstance(origin, np.ndarray) else list(origin)
+    if len(items) != 3 or not all(_is_int(v) for v in items):
+        raise ValueError(f"a shard origin must be 3 integers, got {origin!r}")
+    return "_".join(str(int(v)) for v in items)
+
+
+def shard_key(shard_number: int, shard_bits: int) -> str:
+    """Neuroglancer precomputed shard file name for a shard number.
+
+    Parameters
+    ----------
+    shard_number : int
+        In ``[0, 2**shard_bits)``.
+    shard_bits : int
+        From the sharding spec, 0..64.
+
+    Returns
+    -------
+    str
+        Lowercase hex zero padded to ``ceil(shard_bits / 4)`` digits, plus ``".shard"``
+        (``"0.shard"`` when ``shard_bits`` is 0).
+
+    Raises
+    ------
+    ValueError
+        If the arguments are not integers in range.
+    """
+    if not _is_int(shard_bits) or not 0 <= shard_bits <= 64:
+        raise ValueError(f"shard_bits must be an integer in [0, 64], got {shard_bits!r}")
+    if not _is_int(shard_number) or not 0 <= int(shard_number) < (1 << int(shard_bits)):
+        raise ValueError(f"shard number {shard_number!r} is not in [0, 2**{shard_bits})")
+    width = math.ceil(int(shard_bits) / 4)
+    return f"{int(shard_number):0{width}x}.shard"
