@@ -177,9 +177,16 @@ def infer_extent(origins: list[tuple[int, int, int]]) -> int:
     return g or SINGLE_SHARD
 
 
-def _infer_scales(source: ByteSource) -> list[Scale]:
-    from .shardfile import ShardFile
+def open_shard(source: ByteSource, stem: str, chunk_size=(64, 64, 64), box=None):
+    """A loaded shard: memory-mapped for local sources, byte-range reads otherwise."""
+    if source.mappable:
+        from .shardfile import ShardFile
+        return ShardFile(source, stem, chunk_size, box=box)
+    from .remote import RemoteShard
+    return RemoteShard(source, stem, chunk_size, box=box)
 
+
+def _infer_scales(source: ByteSource) -> list[Scale]:
     folders = sorted(int(n[1:]) for n in source.list("") if re.fullmatch(r"s\d+", n))
     if not folders:
         raise SpecError(f"{source.describe('')}: no scale folders s0, s1, ... found")
@@ -193,7 +200,7 @@ def _infer_scales(source: ByteSource) -> list[Scale]:
         last = {max(origins, key=lambda o, a=a: (o[a], o)) for a in range(3)}
         hi = np.zeros(3, np.int64)
         for o in last:
-            sf = ShardFile(source, f"s{k}/{o[0]}_{o[1]}_{o[2]}")
+            sf = open_shard(source, f"s{k}/{o[0]}_{o[1]}_{o[2]}")
             if len(sf):
                 hi = np.maximum(hi, sf.index.coords.max(axis=0) + 1)
         size = tuple(int(v) * 64 for v in np.maximum(hi, 1))

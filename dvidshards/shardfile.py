@@ -19,7 +19,7 @@ from .errors import BlockDecodeError, ChunkIndexError, ShardFormatError
 from .index import ShardIndex, footer_length, pack_key, pack_keys, parse_csv, parse_footer
 from .sources import ByteSource
 
-__all__ = ["AGGLOMERATED", "SUPERVOXELS", "ShardFile"]
+__all__ = ["AGGLOMERATED", "MAPPED", "SUPERVOXELS", "ShardFile", "decode_record", "decompress_block", "max_block_bytes"]
 
 AGGLOMERATED, SUPERVOXELS, MAPPED = 0, 1, 2
 _tls = threading.local()
@@ -41,6 +41,35 @@ def max_block_bytes(chunk_size) -> int:
     v = int(np.prod(chunk_size))
     nsub = v // 512
     return 16 + 8 * v + 2 * nsub + 4 * v + nsub * 576
+
+
+def decompress_block(payload, usize: int, max_bytes: int, where: str) -> bytes:
+    """zstd-decompress one record's dvid_compressed_block, checking its size claims first.
+
+    ``usize`` is the record's uncompressed_size (-1 when the schema has none); ``max_bytes``
+    bounds what a frame may claim (see ``max_block_bytes``).
+    """
+    try:
+        n = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError as e:
+        raise BlockDecodeError(f"{where}: dvid_compressed_block is not a zstd frame ({e})") from None
+    if n > max_bytes or (usize >= 0 and n >= 0 and n != usize):
+        raise BlockDecodeError(f"{where}: zstd frame declares {n} bytes, uncompressed_size is {usize}")
+    try:
+        block = _dctx().decompress(payload, max_output_size=usize if usize > 0 else max_bytes)
+    except zstandard.ZstdError as e:
+        raise BlockDecodeError(f"{where}: corrupt zstd frame ({e})") from None
+    if usize >= 0 and len(block) != usize:
+        raise BlockDecodeError(f"{where}: block is {len(block)} bytes, uncompressed_size says {usize}")
+    return block
+
+
+def decode_record(block: bytes, palette, out: np.ndarray, where: str) -> None:
+    """Decode an uncompressed DVID block into out, naming the chunk in any error."""
+    try:
+        decode_into(np.frombuffer(block, np.uint8), palette, out)
+    except BlockDecodeError as e:
+        raise BlockDecodeError(f"{where}: {e}") from None
 
 
 class ShardFile:
@@ -171,22 +200,9 @@ class ShardFile:
     def block(self, i: int) -> bytes:
         """The uncompressed DVID block of record i."""
         rec = self.records[i].tolist()
-        pay, plen, usize = rec[ipc.R_PAY], rec[ipc.R_PAYLEN], rec[ipc.R_USIZE]
-        payload = self._data[pay:pay + plen]
-        where = f"{self.path}: chunk {tuple(rec[ipc.R_CX:ipc.R_CZ + 1])}"
-        try:
-            n = zstandard.frame_content_size(payload)
-        except zstandard.ZstdError as e:
-            raise BlockDecodeError(f"{where}: dvid_compressed_block is not a zstd frame ({e})") from None
-        if n > self._max_block or (usize >= 0 and n >= 0 and n != usize):
-            raise BlockDecodeError(f"{where}: zstd frame declares {n} bytes, uncompressed_size is {usize}")
-        try:
-            block = _dctx().decompress(payload, max_output_size=usize if usize > 0 else self._max_block)
-        except zstandard.ZstdError as e:
-            raise BlockDecodeError(f"{where}: corrupt zstd frame ({e})") from None
-        if usize >= 0 and len(block) != usize:
-            raise BlockDecodeError(f"{where}: block is {len(block)} bytes, uncompressed_size says {usize}")
-        return block
+        pay, plen = rec[ipc.R_PAY], rec[ipc.R_PAYLEN]
+        return decompress_block(self._data[pay:pay + plen], rec[ipc.R_USIZE], self._max_block,
+                                f"{self.path}: chunk {tuple(rec[ipc.R_CX:ipc.R_CZ + 1])}")
 
     def labels(self, i: int) -> np.ndarray:
         """The agglomerated label list of record i (zero-copy when aligned)."""
@@ -218,8 +234,5 @@ class ShardFile:
             palette = None
         else:
             palette = mapping.palette(self.supervoxels(i))
-        try:
-            decode_into(np.frombuffer(block, np.uint8), palette, out)
-        except BlockDecodeError as e:
-            raise BlockDecodeError(f"{self.path}: chunk {(x, y, z)}: {e}") from None
+        decode_record(block, palette, out, f"{self.path}: chunk {(x, y, z)}")
         return True

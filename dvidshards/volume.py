@@ -85,7 +85,11 @@ def open_scale(dataset: Dataset, scale: Scale, *, labels="agglomerated", fill_mi
                context=None, max_shards: int = 64) -> ts.TensorStore:
     """Build the virtual_chunked store of one scale (see ``open``)."""
     mode, mapping = _label_mode(labels)
-    reader = ChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards)
+    if dataset.source.mappable:
+        reader = ChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards)
+    else:
+        from .remote import RemoteChunkReader  # byte-range reads, async
+        reader = RemoteChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards)
     kwargs = {} if context is None else {"context": context}
     return ts.virtual_chunked(
         reader,
