@@ -1,7 +1,9 @@
-"""dvidshards: read DVID export-shards exports as TensorStore volumes."""
+"""dvidshards: read DVID export-shards segmentation exports as TensorStore volumes."""
 
 from __future__ import annotations
 
+from .codec import BlockHeader, block_header, decode_block, encode_block
+from .dataset import Dataset, Scale
 from .errors import (
     BlockDecodeError,
     ChunkIndexError,
@@ -12,3 +14,26 @@ from .errors import (
     ShardFormatError,
     SpecError,
 )
+from .mapping import LabelMapping
+from .volume import open
+
+__all__ = [
+    "BlockDecodeError",
+    "BlockHeader",
+    "ChunkIndexError",
+    "Dataset",
+    "DvidShardsError",
+    "LabelMapping",
+    "MappingError",
+    "MissingShardError",
+    "RemoteReadError",
+    "Scale",
+    "ShardFormatError",
+    "SpecError",
+    "block_header",
+    "decode_block",
+    "encode_block",
+    "open",
+]
+
+__version__ = "0.1.0"

@@ -116,6 +116,19 @@ def parse_multiscale(spec: dict, where: str = "spec") -> list[Scale]:
     return scales
 
 
+def _spec_from_consolidated(folder: str) -> dict | None:
+    """The geometry stored in a folder of consolidated indexes (None if it holds none)."""
+    from .index import ConsolidatedIndex
+
+    names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"s\d+\.chunks\.arrow", n)),
+                   key=lambda n: int(n[1:].split(".")[0])) if os.path.isdir(folder) else []
+    metas = [ConsolidatedIndex(folder, n.split(".")[0]).meta for n in names]
+    if not metas or [m.get("index") for m in metas] != list(range(len(metas))):
+        return None
+    return {"@type": "neuroglancer_multiscale_volume", "data_type": "uint64", "num_channels": 1,
+            "scales": [m["scale"] for m in metas]}
+
+
 def as_source(source) -> ByteSource:
     """A ByteSource for a path (local directory) or an existing ByteSource."""
     if isinstance(source, ByteSource):
@@ -218,21 +231,44 @@ class Dataset:
         The export root (holding ``s0``, ``s1``, ...).
     spec : dict or path, optional
         The neuroglancer multiscale spec given to DVID's export-shards (like
-        ``mcns-ng-specs.json``). Default: an ``info`` file at the root, else geometry is
-        inferred from the shard files (size rounded up to whole chunks, resolution 2**scale).
+        ``mcns-ng-specs.json``). Default: an ``info`` file at the root, else the geometry
+        saved in a consolidated index, else geometry inferred from the shard files (size
+        rounded up to whole chunks, resolution 2**scale).
+    index : path, optional
+        A folder of consolidated indexes written by ``dvidshards consolidate``: shards are
+        then located without reading their own indexes or listing folders.
     """
 
-    def __init__(self, source, *, spec=None):
+    def __init__(self, source, *, spec=None, index=None):
         self.source = as_source(source)
+        self.index = os.fspath(index) if index is not None else None
         raw, where = _load_spec(spec, self.source)
+        if raw is None and self.index is not None:
+            raw, where = _spec_from_consolidated(self.index), self.index
         self.spec = raw
         self.scales = parse_multiscale(raw, where) if raw is not None else _infer_scales(self.source)
 
     def __repr__(self) -> str:
         return f"Dataset({self.source.describe('')!r}, scales={len(self.scales)})"
 
-    def __getstate__(self):
-        return {"source": self.source, "spec": self.spec, "scales": self.scales}
+    def consolidated(self, scale=0):
+        """The consolidated index of a scale (None when there is none)."""
+        from .index import ConsolidatedIndex, consolidated_paths
+
+        s = self.scale(scale)
+        if self.index is None or not os.path.exists(consolidated_paths(self.index, s.folder)[0]):
+            return None
+        return ConsolidatedIndex(self.index, s.folder)
+
+    def chunks(self, scale=0) -> np.ndarray:
+        """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
+        ci = self.consolidated(scale)
+        if ci is not None:
+            return ci.chunks()
+        s = self.scale(scale)
+        parts = [open_shard(self.source, f"{s.folder}/{o[0]}_{o[1]}_{o[2]}", s.chunk_size).index.coords
+                 for o in self.shards(s.index)]
+        return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
 
     def scale(self, which=0) -> Scale:
         """A scale by index, or by resolution (a number or an (x, y, z) triple)."""
@@ -261,7 +297,8 @@ class Dataset:
 
     def shards(self, scale=0) -> list[tuple[int, int, int]]:
         """Voxel origins of the shard files present at a scale (lists the folder)."""
-        return shard_stems(self.source, self.scale(scale).folder)
+        ci = self.consolidated(scale)
+        return ci.shards if ci is not None else shard_stems(self.source, self.scale(scale).folder)
 
     def open(self, scale=0, *, labels="agglomerated", fill_missing_shards: bool = False, context=None,
              max_shards: int = 64):

@@ -8,6 +8,7 @@ chunk coordinates plus the byte range of the record batch message and the row in
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -16,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.feather  # noqa: F401  (pa.feather)
 
 from .errors import ChunkIndexError
 
-__all__ = ["FOOTER_MAGIC", "GlobalIndex", "RawIndex", "ShardIndex", "pack_keys", "parse_csv", "parse_footer"]
+__all__ = ["FOOTER_MAGIC", "ConsolidatedIndex", "GlobalIndex", "RawIndex", "ShardIndex", "pack_keys", "parse_csv", "parse_footer", "write_consolidated"]
 
 FOOTER_MAGIC = b"CHUNKIDX"
 _VARIANTS = {
@@ -246,3 +248,112 @@ class GlobalIndex:
     def loaded(self) -> int:
         """How many shard indexes are in memory."""
         return len(self._shards)
+
+
+# --- consolidated per-scale index ----------------------------------------------------------------
+
+_CHUNKS_SCHEMA = pa.schema([
+    ("chunk_x", pa.int32()), ("chunk_y", pa.int32()), ("chunk_z", pa.int32()),
+    ("msg_off", pa.int64()), ("msg_len", pa.int64()), ("row", pa.int32()),
+])
+_SHARDS_SCHEMA = pa.schema([
+    ("origin_x", pa.int64()), ("origin_y", pa.int64()), ("origin_z", pa.int64()),
+    ("start", pa.int64()), ("stop", pa.int64()), ("variant", pa.string()),
+])
+
+
+def consolidated_paths(folder: str, scale_folder: str) -> tuple[str, str]:
+    """The two files of a scale's consolidated index: chunks and table of shards."""
+    return (os.path.join(folder, f"{scale_folder}.chunks.arrow"), os.path.join(folder, f"{scale_folder}.shards.arrow"))
+
+
+def write_consolidated(dataset, scale, folder: str, open_shard=None) -> tuple[str, int, int]:
+    """Write one scale's consolidated index (every shard's index, checked) into folder.
+
+    Streams shard by shard (one record batch each), so memory stays bounded whatever the
+    export's size. Returns (chunks file path, chunks, shards).
+    """
+    from .dataset import open_shard as default_open
+    from .dataset import shard_stems
+
+    open_shard = open_shard or default_open
+    src = dataset.source
+    if src.mappable:
+        root = os.path.realpath(src.describe(""))
+        if os.path.realpath(folder).startswith(root + os.sep) or os.path.realpath(folder) == root:
+            raise ChunkIndexError(f"{folder}: consolidated indexes go outside the export ({root}), never into it")
+    os.makedirs(folder, exist_ok=True)
+    chunks_path, shards_path = consolidated_paths(folder, scale.folder)
+    origins = sorted(shard_stems(src, scale.folder))
+    toc = {k: [] for k in _SHARDS_SCHEMA.names}
+    n = 0
+    meta = {b"dvidshards": json.dumps({"version": 1, "scale": scale.to_json(), "index": scale.index}).encode()}
+    tmp = chunks_path + ".tmp"
+    with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, _CHUNKS_SCHEMA.with_metadata(meta)) as w:
+        for o in origins:
+            sf = open_shard(src, f"{scale.folder}/{o[0]}_{o[1]}_{o[2]}", scale.chunk_size, box=scale.shard_box(o))
+            ix = sf.index
+            order = np.argsort(pack_keys(ix.coords), kind="stable")
+            c = ix.coords[order]
+            w.write_batch(pa.record_batch([
+                pa.array(c[:, 0].astype(np.int32)), pa.array(c[:, 1].astype(np.int32)),
+                pa.array(c[:, 2].astype(np.int32)), pa.array(ix.msg_off[order]), pa.array(ix.msg_len[order]),
+                pa.array(ix.row[order].astype(np.int32))], schema=_CHUNKS_SCHEMA))
+            for k, v in zip(_SHARDS_SCHEMA.names, (*o, n, n + len(ix), ix.variant), strict=True):
+                toc[k].append(v)
+            n += len(ix)
+    os.replace(tmp, chunks_path)
+    pa.feather.write_feather(pa.table(toc, schema=_SHARDS_SCHEMA.with_metadata(meta)), shards_path,
+                             compression="uncompressed")
+    return chunks_path, n, len(origins)
+
+
+class ConsolidatedIndex:
+    """A scale's consolidated index, memory-mapped: shard tables and a listing of every chunk."""
+
+    def __init__(self, folder: str, scale_folder: str):
+        self.folder, self.scale_folder = folder, scale_folder
+        chunks_path, shards_path = consolidated_paths(folder, scale_folder)
+        try:
+            self._chunks = pa.ipc.open_file(pa.memory_map(chunks_path)).read_all()
+            toc = pa.feather.read_table(shards_path, memory_map=True)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise ChunkIndexError(f"{chunks_path}: unreadable consolidated index ({e})") from None
+        if self._chunks.schema.remove_metadata() != _CHUNKS_SCHEMA or toc.schema.remove_metadata() != _SHARDS_SCHEMA:
+            raise ChunkIndexError(f"{chunks_path}: not a dvidshards consolidated index")
+        self.meta = json.loads((self._chunks.schema.metadata or {}).get(b"dvidshards", b"{}"))
+        cols = {k: toc.column(k).to_pylist() for k in _SHARDS_SCHEMA.names}
+        self._toc = {(x, y, z): (a, b, v) for x, y, z, a, b, v in zip(*cols.values(), strict=True)}
+        self._cols = {k: self._chunks.column(k).combine_chunks().to_numpy() for k in _CHUNKS_SCHEMA.names}
+        if sum(b - a for a, b, _ in self._toc.values()) != len(self):
+            raise ChunkIndexError(f"{chunks_path}: table of shards does not cover its {len(self)} chunks")
+
+    def __len__(self) -> int:
+        return self._chunks.num_rows
+
+    def __getstate__(self):
+        return (self.folder, self.scale_folder)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    @property
+    def shards(self) -> list[tuple[int, int, int]]:
+        """Voxel origins of the shards the index lists."""
+        return list(self._toc)
+
+    def chunks(self) -> np.ndarray:
+        """Every chunk coordinate of the scale, (n, 3) int32 x, y, z."""
+        c = self._cols
+        return np.stack([c["chunk_x"], c["chunk_y"], c["chunk_z"]], axis=1)
+
+    def shard_index(self, origin) -> ShardIndex | None:
+        """The ShardIndex of one shard, None when the index lists no such shard."""
+        entry = self._toc.get(tuple(int(v) for v in origin))
+        if entry is None:
+            return None
+        a, b, variant = entry
+        c = self._cols
+        coords = np.stack([c["chunk_x"][a:b], c["chunk_y"][a:b], c["chunk_z"][a:b]], axis=1).astype(np.int64)
+        return ShardIndex(variant, coords, c["msg_off"][a:b].copy(), c["msg_len"][a:b].copy(),
+                          c["row"][a:b].astype(np.int64))

@@ -15,7 +15,7 @@ import tensorstore as ts
 
 from .dataset import Dataset, Scale
 from .errors import MissingShardError, SpecError
-from .index import GlobalIndex
+from .index import ConsolidatedIndex, GlobalIndex, consolidated_paths
 from .mapping import LabelMapping
 from .shardfile import AGGLOMERATED, MAPPED, SUPERVOXELS, ShardFile
 
@@ -26,31 +26,40 @@ class ChunkReader:
     """``read_function`` of the virtual_chunked store (pickles without its open files)."""
 
     def __init__(self, source, scale: Scale, mode: int, mapping: LabelMapping | None = None,
-                 fill_missing_shards: bool = False, max_shards: int = 64):
+                 fill_missing_shards: bool = False, max_shards: int = 64, consolidated: str | None = None):
         self.source = source
+        self.consolidated = consolidated
         self.scale = scale
         self.mode = mode
         self.mapping = mapping
         self.fill_missing_shards = bool(fill_missing_shards)
         self.max_shards = int(max_shards)
         self._index: GlobalIndex | None = None
+        self._consolidated = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_index"] = None
+        state["_index"] = state["_consolidated"] = None
         return state
 
     def _open_index(self) -> GlobalIndex:
         if self._index is None:
             s = self.scale
+            if self.consolidated is not None:
+                self._consolidated = ConsolidatedIndex(self.consolidated, s.folder)
             self._index = GlobalIndex(self._load_shard, s.shard_extent, s.chunk_size, self.max_shards)
         return self._index
 
     def _load_shard(self, origin) -> ShardFile | None:
         s = self.scale
         stem = f"{s.folder}/{origin[0]}_{origin[1]}_{origin[2]}"
+        given = None
+        if self._consolidated is not None:
+            given = self._consolidated.shard_index(origin)
+            if given is None:
+                return None  # the consolidated index lists every shard there is: none here
         try:
-            return ShardFile(self.source, stem, s.chunk_size, box=s.shard_box(origin))
+            return ShardFile(self.source, stem, s.chunk_size, box=s.shard_box(origin), index=given)
         except MissingShardError as e:
             if self.fill_missing_shards and not self.source.exists(stem + ".arrow"):
                 return None
@@ -86,7 +95,9 @@ def open_scale(dataset: Dataset, scale: Scale, *, labels="agglomerated", fill_mi
     """Build the virtual_chunked store of one scale (see ``open``)."""
     mode, mapping = _label_mode(labels)
     if dataset.source.mappable:
-        reader = ChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards)
+        ci = dataset.index
+        ci = ci if ci is not None and os.path.exists(consolidated_paths(ci, scale.folder)[0]) else None
+        reader = ChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards, ci)
     else:
         from .remote import RemoteChunkReader  # byte-range reads, async
         reader = RemoteChunkReader(dataset.source, scale, mode, mapping, fill_missing_shards, max_shards)
@@ -103,7 +114,7 @@ def open_scale(dataset: Dataset, scale: Scale, *, labels="agglomerated", fill_mi
 
 
 def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False, context=None,
-         spec=None, max_shards: int = 64) -> ts.TensorStore:
+         spec=None, index=None, max_shards: int = 64) -> ts.TensorStore:
     """Open one scale of a DVID export as a read-only ``tensorstore.TensorStore``.
 
     Parameters
@@ -122,6 +133,8 @@ def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = 
         E.g. ``ts.Context({"data_copy_concurrency": {"limit": 8}})``.
     spec : dict or path, optional
         The neuroglancer multiscale spec of the export (see ``Dataset``).
+    index : path, optional
+        A folder of consolidated indexes (``dvidshards consolidate``).
     max_shards : int
         Shard indexes kept open per process (LRU).
 
@@ -130,6 +143,6 @@ def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = 
     tensorstore.TensorStore
         uint64, dimensions ``["x", "y", "z"]``, 64³ chunks; read with ``order="F"`` for speed.
     """
-    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, index=index)
     return ds.open(scale, labels=labels, fill_missing_shards=fill_missing_shards, context=context,
                    max_shards=max_shards)
