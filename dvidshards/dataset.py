@@ -199,6 +199,15 @@ def open_shard(source: ByteSource, stem: str, chunk_size=(64, 64, 64), box=None)
     return RemoteShard(source, stem, chunk_size, box=box)
 
 
+def _index_coords(source: ByteSource, stem: str) -> np.ndarray:
+    """Chunk coordinates listed by a shard's index (its CSV alone when there is one)."""
+    from .index import parse_csv
+
+    if source.exists(stem + ".csv"):
+        return parse_csv(source.read(stem + ".csv"), source.describe(stem + ".csv")).coords
+    return open_shard(source, stem).index.coords
+
+
 def _infer_scales(source: ByteSource) -> list[Scale]:
     folders = sorted(int(n[1:]) for n in source.list("") if re.fullmatch(r"s\d+", n))
     if not folders:
@@ -209,13 +218,13 @@ def _infer_scales(source: ByteSource) -> list[Scale]:
         if not origins:
             continue
         extent = infer_extent(origins)
-        # the volume ends in the shards at the largest origin along each axis
-        last = {max(origins, key=lambda o, a=a: (o[a], o)) for a in range(3)}
+        # the volume ends in the shards at the largest origin along each axis (their indexes only)
+        top = np.max(origins, axis=0)
         hi = np.zeros(3, np.int64)
-        for o in last:
-            sf = open_shard(source, f"s{k}/{o[0]}_{o[1]}_{o[2]}")
-            if len(sf):
-                hi = np.maximum(hi, sf.index.coords.max(axis=0) + 1)
+        for o in (o for o in origins if any(v == t for v, t in zip(o, top, strict=True))):
+            coords = _index_coords(source, f"s{k}/{o[0]}_{o[1]}_{o[2]}")
+            if len(coords):
+                hi = np.maximum(hi, coords.max(axis=0) + 1)
         size = tuple(int(v) * 64 for v in np.maximum(hi, 1))
         f = float(2 ** k)
         scales.append(Scale(k, size, (f, f, f), extent, key=f"s{k}", inferred=True))

@@ -64,3 +64,46 @@ def real_records(dvid_data) -> list[dict]:
                 rec["block"] = zstandard.ZstdDecompressor().decompress(rec["dvid_compressed_block"])
                 out.append(rec)
     return out
+
+
+class Export:
+    """A synthetic export written by the project's writer, with the volumes it was made from."""
+
+    def __init__(self, root, spec, sv, mapping, scales):
+        self.root, self.spec, self.sv, self.mapping, self.scales = root, spec, sv, mapping, scales
+
+    def expected(self, scale: int, labels="agglomerated") -> np.ndarray:
+        """The x,y,z volume a reader must return at a scale."""
+        sv = self.scales[scale]
+        if isinstance(labels, str) and labels == "supervoxels":
+            return sv
+        from dvidshards.mapping import LabelMapping
+
+        m = self.mapping if isinstance(labels, str) else labels
+        return LabelMapping.from_any(m)(sv)
+
+
+def downsample_mode(vol: np.ndarray, k: int) -> list[np.ndarray]:
+    """Scales 0..k-1 of a volume by TensorStore's 2x mode downsampling (what the writer uses)."""
+    import tensorstore as ts
+
+    out = [vol]
+    for _ in range(k - 1):
+        out.append(ts.downsample(ts.array(out[-1]), [2, 2, 2], "mode").read().result())
+    return out
+
+
+def make_export(root, shape=(200, 170, 150), *, seed=3, scales=3, **kw) -> Export:
+    from dvidshards.synthetic import neuron_volume
+    from dvidshards.writer import write_export
+
+    sv, mapping = neuron_volume(shape, n_bodies=10, svs_per_body=4, seed=seed)
+    kw.setdefault("shard_chunks", 2)
+    spec = write_export(sv, root, mapping=mapping, scales=scales, **kw)
+    return Export(str(root), spec, sv, mapping, downsample_mode(sv, scales))
+
+
+@pytest.fixture(scope="session")
+def synthetic_export(tmp_path_factory) -> Export:
+    """200x170x150 voxels, 2-chunk shards (several per axis), 3 scales, a mapping, variant A."""
+    return make_export(tmp_path_factory.mktemp("export") / "exp")

@@ -1,0 +1,163 @@
+"""Every index variant reads through one path; the global and consolidated indexes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import dvidshards
+from dvidshards.dataset import Dataset
+from dvidshards.index import GlobalIndex, parse_csv, parse_footer
+from dvidshards.shardfile import ShardFile
+from dvidshards.sources import LocalSource
+from dvidshards.writer import write_shard
+from tests.conftest import REAL_SHARD
+
+CSVS = {"A": "-newformat.csv", "B": "-offsets.csv", "C": ".csv"}
+
+
+def _real_shard_dir(tmp_path, dvid_data, variant):
+    d = tmp_path / variant / "s1"
+    d.mkdir(parents=True)
+    (d / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (d / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}{CSVS[variant]}")
+    return d.parent
+
+
+def _contents(sf: ShardFile) -> dict:
+    """chunk -> (labels, supervoxels, block bytes) through the public reading calls."""
+    out = {}
+    for i, c in enumerate(sf.index.coords.tolist()):
+        out[tuple(c)] = (sf.labels(i).tolist(), sf.supervoxels(i).tolist(), sf.block(i))
+    return out
+
+
+def test_real_shard_three_csv_variants_identical(dvid_data, tmp_path, real_records):
+    got = {}
+    for v in CSVS:
+        sf = ShardFile(LocalSource(_real_shard_dir(tmp_path, dvid_data, v)), f"s1/{REAL_SHARD}")
+        assert sf.variant == v and len(sf) == 258 and sf.schema_size == 688
+        got[v] = _contents(sf)
+    assert got["A"] == got["B"] == got["C"]
+    ref = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): (r["labels"], r["supervoxels"], r["block"]) for r in real_records}
+    assert got["A"] == ref
+
+
+@pytest.mark.parametrize("variant,container,batch", [("A", "stream", 1), ("A", "stream", 7), ("B", "stream", 1),
+                                                     ("C", "stream", 5), ("C", "file", 1), ("C", "file", 3),
+                                                     ("D", "file", 1), ("D", "file", 4)])
+def test_real_shard_repacked(dvid_data, tmp_path, real_records, variant, container, batch):
+    """The real shard re-packed in every variant, container and batch size reads the same."""
+    (tmp_path / "s1").mkdir()
+    recs = list(reversed(real_records))  # any record order
+    write_shard(tmp_path / "s1" / REAL_SHARD, recs, batch_size=batch, index=variant, container=container)
+    sf = ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
+    assert sf.variant == variant and len(sf) == 258
+    ref = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): (r["labels"], r["supervoxels"], r["block"]) for r in recs}
+    assert _contents(sf) == ref
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    vol = dvidshards.open(tmp_path, scale=1, spec=spec)
+    r = recs[17]
+    box = tuple(slice(64 * c, 64 * c + 64) for c in (r["chunk_x"], r["chunk_y"], r["chunk_z"]))
+    want = dvidshards.decode_block(r["block"], np.array(r["labels"], np.uint64))
+    np.testing.assert_array_equal(vol[box].read(order="F").result().T, want)
+
+
+@pytest.mark.parametrize("variant,container", [("A", "stream"), ("B", "stream"), ("C", "stream"), ("C", "file"),
+                                               ("D", "file")])
+def test_writer_roundtrip_every_variant(tmp_path, variant, container):
+    from tests.conftest import make_export
+
+    ex = make_export(tmp_path / "e", shape=(150, 140, 90), scales=2, index=variant, container=container,
+                     batch_size=1 if variant == "B" else 7)
+    for k in range(2):
+        vol = dvidshards.open(ex.root, scale=k, spec=ex.spec, fill_missing_shards=True)  # some shards are empty
+        np.testing.assert_array_equal(vol.read(order="F").result(), ex.expected(k))
+
+
+def test_parse_csv_forms():
+    raw = parse_csv(b"# schema_size=688\nx,y,z,offset,size,batch_idx\n1,2,3,688,100,0\n4,5,6,788,50,2\n", "t.csv")
+    assert raw.variant == "A" and raw.schema_size == 688
+    assert raw.coords.tolist() == [[1, 2, 3], [4, 5, 6]] and raw.batch_idx.tolist() == [0, 2]
+    assert parse_csv(b"x,y,z,rec\n", "t.csv").coords.shape == (0, 3)
+    assert parse_csv(b"x,y,z,rec\r\n7,8,9,0\r\n", "t.csv").rec.tolist() == [0]
+
+
+@pytest.mark.parametrize("text,match", [
+    (b"x,y,z,offset,size,batch_idx\n1,2,3,4,5,0\n", "schema_size"),
+    (b"# schema_size=688\nx,y,z,foo\n1,2,3,4\n", "unknown chunk index columns"),
+    (b"# schema=1\nx,y,z,rec\n", "unrecognised first line"),
+    (b"x,y,z,rec\n1,2,3,0\n1,2,3,1\n", "more than once"),
+    (b"x,y,z,rec\n1,2,3,-1\n", "negative rec"),
+    (b"x,y,z,rec\n1,2,three,0\n", "malformed"),
+    (b"x,y,z,rec\n1,2,3\n", "malformed"),
+    (b"x,y,z,rec\n-1,2,3,0\n", "out of range"),
+])
+def test_parse_csv_rejects(text, match):
+    with pytest.raises(dvidshards.ChunkIndexError, match=match) as e:
+        parse_csv(text, "bad.csv")
+    assert "bad.csv" in str(e.value)
+
+
+def test_parse_footer():
+    raw = parse_footer(b'{"64_128_0": 0, "0_0_0": 1}', (64, 64, 64), "f.arrow")
+    assert raw.variant == "D" and raw.coords.tolist() == [[1, 2, 0], [0, 0, 0]] and raw.rec.tolist() == [0, 1]
+    for bad in (b'{"1_2_3": 0}', b'{"a_b_c": 0}', b"[1]", b"{", b'{"0_0_0": -1}'):
+        with pytest.raises(dvidshards.ChunkIndexError, match="f.arrow"):
+            parse_footer(bad, (64, 64, 64), "f.arrow")
+
+
+def test_global_index_is_lazy_and_bounded(synthetic_export):
+    loads = []
+    src = LocalSource(synthetic_export.root)
+
+    def load(origin):
+        loads.append(origin)
+        return ShardFile(src, f"s0/{origin[0]}_{origin[1]}_{origin[2]}")
+
+    gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
+    assert gi.loaded == 0
+    assert gi.origin(3, 1, 2) == (128, 0, 128)
+    for c in [(0, 0, 0), (1, 1, 1), (2, 0, 0), (0, 2, 0), (0, 0, 0)]:
+        gi.shard(*c)
+    assert loads == [(0, 0, 0), (128, 0, 0), (0, 128, 0), (0, 0, 0)] and gi.loaded == 2
+    # concurrent first touches of one shard load it once
+    loads.clear()
+    gi2 = GlobalIndex(load, 128, (64, 64, 64))
+    ts = [threading.Thread(target=gi2.shard, args=(1, 1, 1)) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert loads == [(0, 0, 0)]
+
+
+def test_consolidated_index(synthetic_export, tmp_path):
+    from dvidshards.cli import main
+
+    out = tmp_path / "idx"
+    assert main(["consolidate", synthetic_export.root, "--spec", _spec_file(synthetic_export, tmp_path),
+                 "--out", str(out)]) == 0
+    ds = Dataset(synthetic_export.root, index=out)  # geometry from the consolidated index too
+    assert [s.size for s in ds.scales] == [tuple(v.shape) for v in synthetic_export.scales]
+    listed = ds.chunks(0)
+    nonzero = {tuple(c) for c in np.argwhere(synthetic_export.sv) // 64}
+    assert {tuple(c) for c in listed.tolist()} == nonzero
+    assert sorted(ds.shards(0)) == sorted(Dataset(synthetic_export.root, spec=synthetic_export.spec).shards(0))
+    for k in range(3):
+        np.testing.assert_array_equal(ds.open(k).read(order="F").result(), synthetic_export.expected(k))
+    inside = os.path.join(synthetic_export.root, "idx")
+    assert main(["consolidate", synthetic_export.root, "--out", inside]) == 2  # never writes into the export
+    assert not os.path.exists(inside)
+    with pytest.raises(dvidshards.ChunkIndexError, match="outside the export"):
+        from dvidshards.index import write_consolidated
+
+        write_consolidated(ds, ds.scales[0], inside)
+
+
+def _spec_file(ex, tmp_path):
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(ex.spec))
+    return str(p)
