@@ -1,0 +1,820 @@
+"""Write DVID ``export-shards`` exports exactly as DVID lays them out (FORMATS.md §2-§3).
+
+DVID itself is the only producer of real exports; this module reproduces its output for
+tests, the demo and benchmarks, and can also write the older layouts (variants B, C, D) a
+reader has to accept:
+
+* `write_shard` writes one shard (``{stem}.arrow`` plus its chunk index) from ready-made
+  records, in any of the four variants, preserving the record order given.
+* `write_export` turns a supervoxel volume into a whole multi-scale export: 64³ blocks in
+  DVID's block encoding, zstd-compressed, one folder ``s{k}`` per scale, shard files named
+  by DVID's cubic shard origin, records in ZYX order within each shard, all-background
+  blocks skipped. It returns the neuroglancer multiscale spec DVID would have been given.
+
+Byte-level facts reproduced (checked against the real mCNS shard in ``shared/data/dvid``):
+the record schema (non-nullable fields, ``list<item: uint64>`` with nullable items, field
+metadata ``compression=true, codec=zstd`` on ``dvid_compressed_block``); IPC stream with
+continuation markers and the 8-byte end-of-stream marker ``ff ff ff ff 00 00 00 00``;
+zstd frames with the content size and a checksum (as Go's zstd encoder writes them); CSV
+``# schema_size=N`` comment, header, ``\\n`` line ends. ``N`` and the offsets are measured
+from the bytes actually written (pyarrow's schema message for this schema is 696 bytes,
+Go's is 688, so offsets differ from DVID's by that constant).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import tensorstore as ts
+import zstandard
+
+from .codec import encode_block
+from .sharding import (
+    ShardingSpec,
+    compressed_z_index_bits,
+    dvid_shard_extent,
+    dvid_shard_origin,
+    grid_shape,
+    shard_filename_stem,
+)
+
+__all__ = [
+    "CHUNK_SIZE",
+    "D_FOOTER_MAGIC",
+    "RECORD_SCHEMA",
+    "RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE",
+    "default_sharding",
+    "record_schema",
+    "write_export",
+    "write_shard",
+]
+
+CHUNK_SIZE = 64  # DVID label blocks (and export chunks) are 64³ voxels
+D_FOOTER_MAGIC = b"CHUNKIDX"  # variant D: [JSON index][u64 LE length][b"CHUNKIDX"]
+_FILE_MAGIC_LEN = 8  # IPC file format: b"ARROW1" + 2 bytes padding before the schema message
+_INDEXES = ("A", "B", "C", "D")
+_CONTAINERS = ("stream", "file")
+_SCALE_DIR = re.compile(r"s\d+")
+
+
+def record_schema(with_uncompressed_size: bool = True) -> pa.Schema:
+    """The Arrow schema of an export record (FORMATS.md §2), as DVID writes it.
+
+    Parameters
+    ----------
+    with_uncompressed_size : bool, optional
+        Include the trailing ``uncompressed_size`` (uint32) field; the oldest layout
+        (variant D) has none.
+
+    Returns
+    -------
+    pyarrow.Schema
+        Non-nullable ``chunk_x, chunk_y, chunk_z`` (int32), ``labels`` and
+        ``supervoxels`` (list<uint64>), ``dvid_compressed_block`` (binary, field metadata
+        ``compression=true, codec=zstd``) and optionally ``uncompressed_size`` (uint32).
+    """
+    fields = [
+        pa.field("chunk_x", pa.int32(), nullable=False),
+        pa.field("chunk_y", pa.int32(), nullable=False),
+        pa.field("chunk_z", pa.int32(), nullable=False),
+        pa.field("labels", pa.list_(pa.uint64()), nullable=False),
+        pa.field("supervoxels", pa.list_(pa.uint64()), nullable=False),
+        pa.field(
+            "dvid_compressed_block",
+            pa.binary(),
+            nullable=False,
+            metadata={"compression": "true", "codec": "zstd"},
+        ),
+    ]
+    if with_uncompressed_size:
+        fields.append(pa.field("uncompressed_size", pa.uint32(), nullable=False))
+    return pa.schema(fields)
+
+
+RECORD_SCHEMA = record_schema(True)
+RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE = record_schema(False)
+
+
+# --------------------------------------------------------------------------------------
+# one shard
+# --------------------------------------------------------------------------------------
+
+
+def _check_layout(index: str, container: str, batch_size: int) -> str:
+    """Validate the index/container/batch-size combination; return the container to use."""
+    if index not in _INDEXES:
+        raise ValueError(f"index must be one of {', '.join(_INDEXES)}, got {index!r}")
+    if container not in _CONTAINERS:
+        raise ValueError(f"container must be 'stream' or 'file', got {container!r}")
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if index == "B" and batch_size != 1:
+        raise ValueError("index variant B has one record per batch: batch_size must be 1")
+    if index in ("A", "B") and container != "stream":
+        raise ValueError(f"index variant {index} indexes an IPC stream: container must be 'stream'")
+    return "file" if index == "D" else container
+
+
+def _int32(value: Any, what: str) -> int:
+    v = int(value)
+    if not -(2**31) <= v < 2**31:
+        raise ValueError(f"{what} {v} does not fit in int32")
+    return v
+
+
+class _ShardFileWriter:
+    """Writes one shard's .arrow file record by record and its index on `close`.
+
+    Rows are buffered until ``batch_size`` of them form a record batch; byte ranges of
+    every batch message are taken from the file position around each write.
+    """
+
+    def __init__(
+        self,
+        path_stem: str | os.PathLike,
+        *,
+        batch_size: int,
+        index: str,
+        container: str,
+        with_uncompressed_size: bool,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        self.container = _check_layout(index, container, batch_size)
+        self.index = index
+        self.batch_size = int(batch_size)
+        self.chunk_size = int(chunk_size)
+        self.schema = record_schema(with_uncompressed_size)
+        stem = os.fspath(path_stem)
+        self.arrow_path = Path(stem + ".arrow")
+        self.index_path = None if index == "D" else Path(stem + ".csv")
+        self._base = _FILE_MAGIC_LEN if self.container == "file" else 0
+        self._sink = pa.OSFile(str(self.arrow_path), "wb")
+        try:
+            opener = pa.ipc.new_file if self.container == "file" else pa.ipc.new_stream
+            self._writer = opener(self._sink, self.schema)
+        except BaseException:
+            self._sink.close()
+            raise
+        self._pending: list[Mapping[str, Any]] = []
+        self.schema_size: int | None = None
+        self.entries: list[dict[str, int]] = []
+        self.num_batches = 0
+        self._closed = False
+
+    # ---- rows -> batches
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Queue one record; writes a batch once ``batch_size`` records are queued."""
+        self._pending.append(record)
+        if len(self._pending) >= self.batch_size:
+            self._flush()
+
+    def _batch(self, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+        coords = {
+            k: pa.array(np.array([_int32(r[k], k) for r in rows], dtype=np.int32), pa.int32())
+            for k in ("chunk_x", "chunk_y", "chunk_z")
+        }
+        arrays = [coords["chunk_x"], coords["chunk_y"], coords["chunk_z"]]
+        for name in ("labels", "supervoxels"):
+            lists = [np.asarray(r[name], dtype=np.uint64).reshape(-1) for r in rows]
+            offsets = np.zeros(len(lists) + 1, dtype=np.int32)
+            np.cumsum([len(v) for v in lists], out=offsets[1:])
+            values = np.concatenate(lists) if lists else np.zeros(0, np.uint64)
+            arrays.append(
+                pa.ListArray.from_arrays(
+                    pa.array(offsets, pa.int32()), pa.array(values, pa.uint64())
+                )
+            )
+        arrays.append(pa.array([bytes(r["dvid_compressed_block"]) for r in rows], pa.binary()))
+        if "uncompressed_size" in self.schema.names:
+            missing = [i for i, r in enumerate(rows) if "uncompressed_size" not in r]
+            if missing:
+                raise ValueError("records lack 'uncompressed_size', which this schema requires")
+            sizes = np.array([int(r["uncompressed_size"]) for r in rows], dtype=np.int64)
+            if sizes.size and (sizes.min() < 0 or sizes.max() >= 2**32):
+                raise ValueError("uncompressed_size does not fit in uint32")
+            arrays.append(pa.array(sizes.astype(np.uint32), pa.uint32()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _read_schema_size(self) -> int:
+        """Length of the schema message actually written (continuation + length + flatbuffer)."""
+        with open(self.arrow_path, "rb") as f:
+            f.seek(self._base)
+            head = f.read(8)
+        cont, meta_len = struct.unpack("<Ii", head)
+        if cont != 0xFFFFFFFF:
+            raise RuntimeError("pyarrow wrote an IPC schema message without a continuation marker")
+        return 8 + meta_len  # a schema message has no body
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        batch = self._batch(rows)
+        before = self._sink.tell()
+        self._writer.write_batch(batch)
+        after = self._sink.tell()
+        if self.schema_size is None:  # pyarrow writes magic + schema with the first batch
+            self.schema_size = self._read_schema_size()
+            start = self._base + self.schema_size
+            if before not in (0, start):
+                raise RuntimeError(
+                    f"unexpected IPC writer position {before} before the first batch"
+                )
+        else:
+            start = before
+        first_rec = len(self.entries)
+        for i, r in enumerate(rows):
+            self.entries.append(
+                {
+                    "x": int(r["chunk_x"]),
+                    "y": int(r["chunk_y"]),
+                    "z": int(r["chunk_z"]),
+                    "rec": first_rec + i,
+                    "offset": start,
+                    "size": after - start,
+                    "batch_idx": i,
+                }
+            )
+        self.num_batches += 1
+
+    # ---- finish
+    def close(self) -> dict[str, Any]:
+        """Write the last partial batch, the end of the IPC data and the chunk index."""
+        if self._closed:
+            raise RuntimeError("shard writer already closed")
+        self._closed = True
+        try:
+            self._flush()
+            self._writer.close()
+            if self.schema_size is None:  # no batch at all: schema written on close
+                self.schema_size = self._read_schema_size()
+            if self.index == "D":
+                c = self.chunk_size  # keys in voxel units, as in the variant D design doc
+                keys = {f"{e['x'] * c}_{e['y'] * c}_{e['z'] * c}": e["rec"] for e in self.entries}
+                index_json = json.dumps(keys, separators=(",", ":")).encode()
+                self._sink.write(index_json + struct.pack("<Q", len(index_json)) + D_FOOTER_MAGIC)
+        finally:
+            self._sink.close()
+        if self.index_path is not None:
+            self.index_path.write_text(self._csv(), encoding="ascii", newline="")
+        return {
+            "arrow_path": self.arrow_path,
+            "index_path": self.index_path,
+            "schema_size": self.schema_size,
+            "num_records": len(self.entries),
+            "num_batches": self.num_batches,
+            "entries": self.entries,
+        }
+
+    def abort(self) -> None:
+        """Close the files after a failure (the partial .arrow is left for inspection)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - best effort on an already failing path
+                pass
+            self._sink.close()
+
+    def _csv(self) -> str:
+        if self.index == "A":
+            head = [f"# schema_size={self.schema_size}", "x,y,z,offset,size,batch_idx"]
+            cols = ("x", "y", "z", "offset", "size", "batch_idx")
+        elif self.index == "B":
+            head = [f"# schema_size={self.schema_size}", "x,y,z,rec,offset,size"]
+            cols = ("x", "y", "z", "rec", "offset", "size")
+        else:
+            head = ["x,y,z,rec"]
+            cols = ("x", "y", "z", "rec")
+        lines = head + [",".join(str(e[c]) for c in cols) for e in self.entries]
+        return "\n".join(lines) + "\n"
+
+
+def write_shard(
+    path_stem: str | os.PathLike,
+    records: Iterable[Mapping[str, Any]],
+    *,
+    batch_size: int = 1,
+    index: str = "A",
+    container: str = "stream",
+    with_uncompressed_size: bool | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> dict[str, Any]:
+    """Write one DVID shard file and its chunk index from ready-made records.
+
+    Records are written in the order given, ``batch_size`` rows per Arrow record batch
+    (the last batch may be partial). The same code path writes every shard of
+    `write_export`.
+
+    Parameters
+    ----------
+    path_stem : str or os.PathLike
+        Path without extension, e.g. ``export/s0/0_0_0``; writes ``{stem}.arrow`` and,
+        except for variant D, ``{stem}.csv``. Existing files are replaced.
+    records : iterable of mapping
+        Each with ``chunk_x, chunk_y, chunk_z`` (int), ``labels`` and ``supervoxels``
+        (sequences of uint64), ``dvid_compressed_block`` (bytes) and, when the schema
+        has it, ``uncompressed_size`` (int). Other keys are ignored. Values are written
+        as given (no consistency checks), so corrupted shards can be built too.
+    batch_size : int, optional
+        Rows per record batch (DVID's default is 1).
+    index : {"A", "B", "C", "D"}, optional
+        Index variant (FORMATS.md §3). "A": CSV ``# schema_size=N`` then
+        ``x,y,z,offset,size,batch_idx``; "B": ``# schema_size=N`` then
+        ``x,y,z,rec,offset,size`` (needs ``batch_size == 1``); "C": CSV ``x,y,z,rec``;
+        "D": IPC file followed by ``[JSON {"x_y_z": rec}][u64 LE length][b"CHUNKIDX"]``
+        with keys in voxel units (chunk coordinate × ``chunk_size``), no CSV.
+    container : {"stream", "file"}, optional
+        Arrow IPC stream (DVID) or IPC file format. "file" is only allowed with
+        variant C; variant D always uses the file format.
+    with_uncompressed_size : bool, optional
+        Whether the schema has ``uncompressed_size``. Default: yes, except for variant D.
+    chunk_size : int, optional
+        Chunk size in voxels used for variant D's keys.
+
+    Returns
+    -------
+    dict
+        ``arrow_path``, ``index_path`` (None for D), ``schema_size`` (byte length of the
+        schema message written), ``num_records``, ``num_batches`` and ``entries``: one dict
+        per record with ``x, y, z, rec, offset, size, batch_idx`` (offset/size = byte
+        range of the record batch message holding it).
+
+    Raises
+    ------
+    ValueError
+        For an unknown variant or container, an invalid combination (B with
+        ``batch_size != 1``, A/B with the file container), or records that do not fit
+        the schema.
+    """
+    if with_uncompressed_size is None:
+        with_uncompressed_size = index != "D"
+    writer = _ShardFileWriter(
+        path_stem,
+        batch_size=batch_size,
+        index=index,
+        container=container,
+        with_uncompressed_size=with_uncompressed_size,
+        chunk_size=chunk_size,
+    )
+    try:
+        for rec in records:
+            writer.add(rec)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
+
+
+# --------------------------------------------------------------------------------------
+# sharding specs
+# --------------------------------------------------------------------------------------
+
+
+def default_sharding(
+    size_voxels: Sequence[int], shard_chunks: int = 32, chunk_size: int = CHUNK_SIZE
+) -> ShardingSpec:
+    """The sharding spec DVID exports use for a scale, for cubic shards of ``shard_chunks``.
+
+    ``preshift_bits + minishard_bits = 3·log2(shard_chunks)`` (fewer when the whole chunk
+    grid needs fewer compressed-Morton bits, then everything is one shard), split like the
+    mCNS spec: ``preshift_bits = min(9, that)``, the rest minishard bits; ``shard_bits``
+    covers the remaining bits of the grid; identity hash, gzip minishard index. With
+    ``shard_chunks=32`` this reproduces every scale of ``mcns-ng-specs.json``.
+
+    Parameters
+    ----------
+    size_voxels : sequence of 3 int
+        Volume size of the scale (x, y, z).
+    shard_chunks : int, optional
+        Chunks per shard side, a power of two.
+    chunk_size : int, optional
+        Chunk size in voxels.
+
+    Returns
+    -------
+    ShardingSpec
+
+    Raises
+    ------
+    ValueError
+        If ``shard_chunks`` is not a positive power of two.
+    """
+    if isinstance(shard_chunks, bool) or not isinstance(shard_chunks, (int, np.integer)):
+        raise ValueError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
+    if shard_chunks < 1 or shard_chunks & (shard_chunks - 1):
+        raise ValueError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
+    per_axis = int(shard_chunks).bit_length() - 1
+    total = sum(compressed_z_index_bits(grid_shape(size_voxels, chunk_size)))
+    low = min(3 * per_axis, total)
+    preshift = min(9, low)
+    return ShardingSpec(
+        preshift_bits=preshift,
+        minishard_bits=low - preshift,
+        shard_bits=total - low,
+        hash="identity",
+        minishard_index_encoding="gzip",
+    )
+
+
+def _as_spec(value: Any) -> ShardingSpec:
+    if isinstance(value, ShardingSpec):
+        return value
+    if isinstance(value, Mapping):
+        d = dict(value)
+        d.setdefault("@type", "neuroglancer_uint64_sharded_v1")
+        return ShardingSpec.from_json(d)
+    raise TypeError(f"sharding must be a ShardingSpec or a JSON dict, got {type(value).__name__}")
+
+
+def _sharding_json(spec: ShardingSpec) -> dict[str, Any]:
+    """The spec's JSON with mCNS's member set (data_encoding only when not raw), sorted."""
+    d = spec.to_json()
+    if d.get("data_encoding", "raw") == "raw":
+        d.pop("data_encoding", None)
+    return {k: d[k] for k in sorted(d)}  # "@type" sorts first, as in mcns-ng-specs.json
+
+
+# --------------------------------------------------------------------------------------
+# volume access
+# --------------------------------------------------------------------------------------
+
+
+class _Volume:
+    """Piecewise (x, y, z) access to a numpy array or a TensorStore, as uint64."""
+
+    def __init__(self, data: Any) -> None:
+        if isinstance(data, ts.TensorStore):
+            store = data
+            if store.rank == 4 and store.shape[3] == 1:  # neuroglancer x, y, z, channel
+                store = store[..., 0]
+            if store.rank != 3:
+                raise ValueError(f"volume must be 3-D (x, y, z), got rank {store.rank}")
+            store = store[ts.d[:].translate_to[0]]
+            kind = np.dtype(store.dtype.numpy_dtype).kind
+            self.signed = kind == "i"
+            if kind not in "ui":
+                raise ValueError(f"volume must hold integer labels, got {store.dtype}")
+            self.store: ts.TensorStore | None = store
+            self.array: np.ndarray | None = None
+            self.shape = tuple(int(s) for s in store.shape)
+        else:
+            arr = np.asarray(data)
+            if arr.ndim == 4 and arr.shape[3] == 1:
+                arr = arr[..., 0]
+            if arr.ndim != 3:
+                raise ValueError(f"volume must be 3-D (x, y, z), got shape {arr.shape}")
+            if arr.dtype.kind not in "ui":
+                raise ValueError(f"volume must hold integer labels, got dtype {arr.dtype}")
+            self.signed = arr.dtype.kind == "i"
+            self.store = None
+            self.array = arr
+            self.shape = tuple(int(s) for s in arr.shape)
+        if min(self.shape) < 1:
+            raise ValueError(f"volume must not be empty, got shape {self.shape}")
+
+    def as_tensorstore(self) -> ts.TensorStore:
+        if self.store is not None:
+            return self.store
+        return ts.array(self.array)  # references the numpy data when it can
+
+    def read(self, lo: Sequence[int], hi: Sequence[int]) -> np.ndarray:
+        """Voxels ``[lo, hi)`` (x, y, z) as a uint64 array indexed [x, y, z]."""
+        if self.store is not None:
+            out = self.store[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].read().result()
+        else:
+            out = self.array[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+        if self.signed and out.size and out.min() < 0:
+            raise ValueError("volume holds negative labels")
+        return out.astype(np.uint64, copy=False)
+
+
+class _Mapper:
+    """Supervoxel -> body lookup; ids absent from the mapping map to themselves."""
+
+    def __init__(self, mapping: Any) -> None:
+        if mapping is None:
+            self.keys = self.values = np.zeros(0, np.uint64)
+            return
+        if isinstance(mapping, Mapping):
+            keys = np.fromiter(
+                (int(k) for k in mapping.keys()), dtype=np.uint64, count=len(mapping)
+            )
+            values = np.fromiter(
+                (int(v) for v in mapping.values()), dtype=np.uint64, count=len(mapping)
+            )
+        else:
+            arr = np.asarray(mapping)
+            if arr.ndim != 2 or arr.shape[1] != 2 or (arr.size and arr.dtype.kind not in "ui"):
+                raise ValueError(
+                    f"mapping must be a dict or an (n, 2) integer array, got shape {arr.shape}"
+                )
+            if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
+                raise ValueError("mapping holds negative ids")
+            keys = arr[:, 0].astype(np.uint64)
+            values = arr[:, 1].astype(np.uint64)
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order], values[order]
+        dup = np.flatnonzero(keys[1:] == keys[:-1])
+        if dup.size and np.any(values[dup] != values[dup + 1]):
+            raise ValueError(f"mapping gives supervoxel {int(keys[dup[0]])} more than one body")
+        self.keys, self.values = keys, values
+
+    def __call__(self, svs: np.ndarray) -> np.ndarray:
+        if self.keys.size == 0:
+            return svs.copy()
+        idx = np.searchsorted(self.keys, svs)
+        idx_c = np.minimum(idx, self.keys.size - 1)
+        found = self.keys[idx_c] == svs
+        return np.where(found, self.values[idx_c], svs)
+
+
+def _block_label_list(block: bytes) -> np.ndarray:
+    """The block label list (supervoxel ids) of an encoded DVID block."""
+    n = struct.unpack_from("<I", block, 12)[0]
+    return np.frombuffer(block, dtype="<u8", count=n, offset=16).astype(np.uint64)
+
+
+def _axis_runs(grid_n: int, axis: int, extent: int) -> list[tuple[int, int, int]]:
+    """(origin voxel, first chunk, end chunk) of each shard along one axis."""
+    c = np.arange(grid_n, dtype=np.int64)
+    origins = dvid_shard_origin(np.stack([c, c, c], axis=1), extent, CHUNK_SIZE)[:, axis]
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, grid_n + 1):
+        if i == grid_n or origins[i] != origins[start]:
+            runs.append((int(origins[start]), start, i))
+            start = i
+    return runs
+
+
+def _prepare_dir(root: Path, overwrite: bool) -> None:
+    if root.exists() or root.is_symlink():
+        if not root.is_dir():
+            raise FileExistsError(f"{root} exists and is not a directory")
+        entries = list(root.iterdir())
+        if entries:
+            if not overwrite:
+                raise FileExistsError(
+                    f"{root} is not empty (pass overwrite=True to replace an export)"
+                )
+            for entry in entries:  # only what an export consists of, never outside root
+                if entry.name == "info" and (entry.is_file() or entry.is_symlink()):
+                    entry.unlink()
+                elif _SCALE_DIR.fullmatch(entry.name):
+                    if entry.is_symlink() or not entry.is_dir():
+                        entry.unlink()
+                    else:
+                        shutil.rmtree(entry)
+    root.mkdir(parents=True, exist_ok=True)
+
+
+def _write_scale(
+    vol: _Volume,
+    scale_dir: Path,
+    spec: ShardingSpec,
+    mapper: _Mapper,
+    compressor: zstandard.ZstdCompressor,
+    *,
+    batch_size: int,
+    index: str,
+    container: str,
+) -> int:
+    """Write every shard of one scale; returns the number of records written."""
+    size = vol.shape
+    grid = grid_shape(size, CHUNK_SIZE)
+    extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
+    runs = [_axis_runs(grid[a], a, extent) for a in range(3)]
+    n_written = 0
+    cs = CHUNK_SIZE
+    for oz, z0c, z1c in runs[2]:
+        for oy, y0c, y1c in runs[1]:
+            for ox, x0c, x1c in runs[0]:
+                writer: _ShardFileWriter | None = None
+                try:
+                    for zc in range(z0c, z1c):
+                        for yc in range(y0c, y1c):
+                            # one row of chunks of this shard: bounded memory
+                            lo = (x0c * cs, yc * cs, zc * cs)
+                            hi = (
+                                min(x1c * cs, size[0]),
+                                min((yc + 1) * cs, size[1]),
+                                min((zc + 1) * cs, size[2]),
+                            )
+                            row = vol.read(lo, hi)
+                            if not row.any():
+                                continue
+                            row_zyx = row.transpose(2, 1, 0)
+                            for xc in range(x0c, x1c):
+                                part = row_zyx[:, :, (xc - x0c) * cs : (xc - x0c + 1) * cs]
+                                if not part.any():
+                                    continue
+                                if part.shape == (cs, cs, cs):
+                                    block = np.ascontiguousarray(part)
+                                else:  # edge block: pad with background like DVID
+                                    block = np.zeros((cs, cs, cs), dtype=np.uint64)
+                                    block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
+                                encoded = encode_block(block)
+                                svs = _block_label_list(encoded)
+                                labels = mapper(svs)
+                                if not labels.any():  # DVID skips all-background blocks
+                                    continue
+                                if writer is None:
+                                    stem = scale_dir / shard_filename_stem((ox, oy, oz))
+                                    writer = _ShardFileWriter(
+                                        stem,
+                                        batch_size=batch_size,
+                                        index=index,
+                                        container=container,
+                                        with_uncompressed_size=index != "D",
+                                    )
+                                writer.add(
+                                    {
+                                        "chunk_x": xc,
+                                        "chunk_y": yc,
+                                        "chunk_z": zc,
+                                        "labels": labels,
+                                        "supervoxels": svs,
+                                        "dvid_compressed_block": compressor.compress(encoded),
+                                        "uncompressed_size": len(encoded),
+                                    }
+                                )
+                                n_written += 1
+                except BaseException:
+                    if writer is not None:
+                        writer.abort()
+                    raise
+                if writer is not None:
+                    writer.close()
+    return n_written
+
+
+def _scale_key(resolution: Sequence[float]) -> str:
+    return "x".join(f"{r:g}" for r in resolution)
+
+
+def write_export(
+    volume: Any,
+    path: str | os.PathLike,
+    *,
+    mapping: Any = None,
+    scales: int = 1,
+    resolution: Sequence[float] = (8, 8, 8),
+    shard_chunks: int | None = None,
+    sharding: Any = None,
+    batch_size: int = 1,
+    index: str = "A",
+    container: str = "stream",
+    zstd_level: int = 3,
+    info: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write a supervoxel volume as a DVID ``export-shards`` export.
+
+    For every scale ``k`` a folder ``s{k}`` receives one ``{ox}_{oy}_{oz}.arrow`` (+ index)
+    per DVID shard holding data, named by DVID's cubic shard origin
+    (`dvid_shard_origin` with `dvid_shard_extent`). Each 64³ block (edge blocks padded
+    with 0) is encoded in DVID's block format, zstd-compressed and written as one record
+    with its block label list as ``supervoxels`` and the mapped ids as ``labels``; blocks
+    whose mapped labels are all 0 get no record. Records are in ZYX order (z slowest)
+    within each shard. The volume is read one row of chunks of one shard at a time.
+
+    Parameters
+    ----------
+    volume : numpy.ndarray or tensorstore.TensorStore
+        Supervoxel ids (non-negative integers, stored as uint64), indexed ``[x, y, z]``
+        (a trailing channel axis of size 1 is dropped). Any size. A TensorStore's domain
+        origin is taken as voxel (0, 0, 0).
+    path : str or os.PathLike
+        Export root; created if needed.
+    mapping : dict or (n, 2) array_like, optional
+        Supervoxel -> body ids; supervoxels absent from it map to themselves.
+    scales : int, optional
+        Number of scales; scale ``k+1`` is the 2×2×2 mode downsampling of scale ``k``
+        (``tensorstore.downsample(..., "mode")``, size ``ceil(size / 2)``).
+    resolution : sequence of 3 float, optional
+        Voxel size of scale 0 (nm); doubled at every scale.
+    shard_chunks : int, optional
+        Chunks per shard side (power of two) for `default_sharding`; default 32 (mCNS).
+        Not allowed together with ``sharding``.
+    sharding : ShardingSpec or dict, or a list of them (one per scale), optional
+        Sharding spec(s) to use instead of `default_sharding`.
+    batch_size : int, optional
+        Records per Arrow record batch (DVID's default 1); also the spec's ``batch_size``.
+    index : {"A", "B", "C", "D"}, optional
+        Index variant of every shard, see `write_shard`. Default "A" (current DVID).
+    container : {"stream", "file"}, optional
+        Arrow IPC container, see `write_shard`.
+    zstd_level : int, optional
+        zstd level of ``dvid_compressed_block`` (frames carry content size and checksum).
+    info : bool, optional
+        Also write the returned spec as JSON to ``{path}/info`` (DVID writes none).
+    overwrite : bool, optional
+        Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are removed first;
+        nothing else is touched.
+
+    Returns
+    -------
+    dict
+        The neuroglancer multiscale spec (``batch_size``, ``@type``
+        ``neuroglancer_multiscale_volume``, ``data_type`` uint64, ``num_channels`` 1,
+        ``scales`` with key, size, resolution, voxel_offset, chunk_sizes, encoding,
+        compressed_segmentation_block_size and sharding, ``type`` segmentation), shaped
+        like ``mcns-ng-specs.json``.
+
+    Raises
+    ------
+    FileExistsError
+        If ``path`` is a non-empty directory and ``overwrite`` is False, or is a file.
+    ValueError
+        For invalid options, a volume that is not 3-D integer data, or a bad mapping.
+    """
+    container = _check_layout(index, container, batch_size)
+    if isinstance(scales, bool) or not isinstance(scales, (int, np.integer)) or scales < 1:
+        raise ValueError(f"scales must be a positive integer, got {scales!r}")
+    res = [float(r) for r in resolution]
+    if len(res) != 3 or any(r <= 0 for r in res):
+        raise ValueError(f"resolution must be 3 positive numbers, got {resolution!r}")
+    if sharding is not None and shard_chunks is not None:
+        raise ValueError("give either sharding or shard_chunks, not both")
+    vol0 = _Volume(volume)
+    mapper = _Mapper(mapping)
+
+    # volumes of every scale (lazy mode downsampling, read piecewise later)
+    vols = [vol0]
+    if scales > 1:
+        store = vol0.as_tensorstore()
+        if np.dtype(store.dtype.numpy_dtype) != np.uint64:
+            store = ts.cast(store, ts.uint64)
+        for _ in range(1, scales):
+            store = ts.downsample(store, [2, 2, 2], "mode")
+            vols.append(_Volume(store))
+
+    if sharding is None:
+        chunks = 32 if shard_chunks is None else shard_chunks
+        specs = [default_sharding(v.shape, chunks) for v in vols]
+    elif isinstance(sharding, (list, tuple)):
+        if len(sharding) != scales:
+            raise ValueError(f"got {len(sharding)} sharding specs for {scales} scales")
+        specs = [_as_spec(s) for s in sharding]
+    else:
+        specs = [_as_spec(sharding)] * scales
+
+    spec_scales = []
+    for k, (v, sh) in enumerate(zip(vols, specs, strict=True)):
+        scale_res = [r * 2**k for r in res]
+        spec_scales.append(
+            {
+                "chunk_sizes": [[CHUNK_SIZE, CHUNK_SIZE, CHUNK_SIZE]],
+                "compressed_segmentation_block_size": [8, 8, 8],
+                "encoding": "compressed_segmentation",
+                "key": _scale_key(scale_res),
+                "resolution": scale_res,
+                "sharding": _sharding_json(sh),
+                "size": list(v.shape),
+                "voxel_offset": [0, 0, 0],
+            }
+        )
+    ng_spec = {
+        "batch_size": int(batch_size),
+        "@type": "neuroglancer_multiscale_volume",
+        "data_type": "uint64",
+        "num_channels": 1,
+        "scales": spec_scales,
+        "type": "segmentation",
+    }
+
+    root = Path(path)
+    _prepare_dir(root, overwrite)
+    compressor = zstandard.ZstdCompressor(
+        level=zstd_level, write_checksum=True, write_content_size=True
+    )
+    for k, (v, sh) in enumerate(zip(vols, specs, strict=True)):
+        scale_dir = root / f"s{k}"
+        scale_dir.mkdir(exist_ok=True)
+        _write_scale(
+            v,
+            scale_dir,
+            sh,
+            mapper,
+            compressor,
+            batch_size=batch_size,
+            index=index,
+            container=container,
+        )
+    if info:
+        (root / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")
+    return ng_spec
