@@ -51,6 +51,7 @@ _ERRORS = {
     12: "record batch at byte {a}: labels and supervoxels lists differ in length ({b})",
     13: "record batch at byte {a}: column length {b} differs from the batch length",
     14: "record batch at byte {a} with size {b} lies past the end of the file",
+    15: "record batch at byte {a} claims {b} rows, more than its body can hold",
 }
 
 
@@ -180,9 +181,12 @@ def _scan(b, start, end, offs, lens, rows, fill):
             q = _field(b, hdr, 0, lo, p + mlen)
             if q < 0 or q + 8 > p + mlen:
                 return 3, p, 0, n
+            nrows = _i64(b, q) if q > 0 else 0
+            if nrows < 0 or nrows * 12 > body:  # three int32 coordinates per row at least
+                return 15, p, nrows, n
             offs[n] = p
             lens[n] = mlen + body
-            rows[n] = _i64(b, q) if q > 0 else 0
+            rows[n] = nrows
         n += 1
         p += mlen + body
     return 0, p, 0, n
@@ -211,6 +215,8 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
         if p < 0 or p + 8 > hi:
             return 3, offs[i], 0, i
         nrows = _i64(b, p) if p > 0 else 0
+        if nrows < 0 or nrows * 12 > body:
+            return 15, offs[i], nrows, i
         row = rows[i]
         if row < 0 or row >= nrows:
             return 9, offs[i], row, i
@@ -350,8 +356,11 @@ def schema_from_message(data, off: int, where: str) -> tuple[pa.Schema, int]:
         raise ShardFormatError(f"{where}: no Arrow schema message at byte {off}")
     try:
         msg = pa.ipc.read_message(pa.py_buffer(bytes(_u8(data)[off : off + mlen])))
-        return pa.ipc.read_schema(msg), mlen
-    except (pa.ArrowInvalid, OSError) as e:
+        schema = pa.ipc.read_schema(msg)
+        for f in schema:  # names and metadata decode lazily: make damage show here
+            _ = f.name, f.type, f.metadata
+        return schema, mlen
+    except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as e:
         raise ShardFormatError(f"{where}: unreadable Arrow schema: {e}") from None
 
 
@@ -363,7 +372,9 @@ def scan_stream(data, start: int, end: int, where: str) -> tuple[np.ndarray, np.
     if code:
         _raise(code, a, c, where)
     offs, lens, rows = (np.empty(n, np.int64) for _ in range(3))
-    _scan(b, start, end, offs, lens, rows, True)
+    code, a, c, _ = _scan(b, start, end, offs, lens, rows, True)
+    if code:
+        _raise(code, a, c, where)
     return offs, lens, rows
 
 
