@@ -85,11 +85,11 @@ def _check_records(sf, report: VerifyReport) -> None:
                 what = f"block is {hdr.shape[::-1]} voxels (x,y,z), the export's chunks are {sf.chunk_size}"
                 report.problems.append(Problem(sf.path, "BlockDecodeError", f"{where}: {what}"))
                 continue
+            decode_record(block, sf.labels(i), out, where)
             if not np.array_equal(hdr.labels, sv):
                 report.problems.append(Problem(sf.path, "ChunkIndexError",
                                                f"{where}: record's supervoxels differ from the block's label list"))
                 continue
-            decode_record(block, sf.labels(i), out, where)
             report.decoded += 1
         except DvidShardsError as e:
             report.problems.append(Problem(sf.path, type(e).__name__, str(e)))
