@@ -15,7 +15,9 @@ from .errors import (
     SpecError,
 )
 from .mapping import LabelMapping
+from .verify import VerifyReport, verify
 from .volume import open
+from .writer import write_export, write_shard
 
 __all__ = [
     "BlockDecodeError",
@@ -30,10 +32,14 @@ __all__ = [
     "Scale",
     "ShardFormatError",
     "SpecError",
+    "VerifyReport",
     "block_header",
     "decode_block",
     "encode_block",
     "open",
+    "verify",
+    "write_export",
+    "write_shard",
 ]
 
 __version__ = "0.1.0"
