@@ -627,7 +627,7 @@ def _write_scale(
                                 else:  # edge block: pad with background like DVID
                                     block = np.zeros((cs, cs, cs), dtype=np.uint64)
                                     block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
-                                encoded = encode_block(block)
+                                encoded = encode_block(block, subblock_order="sorted")  # as in real export blocks
                                 svs = _block_label_list(encoded)
                                 labels = mapper(svs)
                                 if not labels.any():  # DVID skips all-background blocks
