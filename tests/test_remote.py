@@ -1,0 +1,519 @@
+"""Remote exports: byte-range reads through TensorStore kvstores, against servers on 127.0.0.1.
+
+An S3 server (moto) and a small HTTP server with Range support and fault injection are started
+here; every remote read is compared with the same read of the local files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import dvidshards
+from dvidshards import ChunkIndexError, MissingShardError, RemoteReadError, SpecError
+from dvidshards.dataset import Dataset, open_shard
+from dvidshards.remote import KvStoreSource, RemoteChunkReader, RemoteShard
+from dvidshards.shardfile import ShardFile
+from dvidshards.sources import LocalSource
+from dvidshards.synthetic import neuron_volume
+from dvidshards.writer import write_export
+
+from .servers import MotoS3, RangeServer
+
+REAL = "30720_24576_28672"
+BUCKET = "dvid-exports"
+# TensorStore's own http retries, short, for the fault tests
+FAST_TS = {"http_request_retries": {"max_retries": 2, "initial_delay": "5ms", "max_delay": "20ms"}}
+
+
+def _read(store) -> np.ndarray:
+    return store.read(order="F").result(timeout=60)
+
+
+# --- data and servers -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Everything the servers publish: a synthetic export, index variants, a damaged copy."""
+    root = tmp_path_factory.mktemp("remote")
+    vol, mapping = neuron_volume((200, 150, 170), seed=11)
+    write_export(vol, root / "synth", mapping=mapping, scales=2, shard_chunks=2, batch_size=3, index="A", info=True)
+    small, smap = neuron_volume((130, 100, 140), seed=5)
+    for name, index, container, bs in [("B", "B", "stream", 1), ("Cstream", "C", "stream", 2),
+                                       ("Cfile", "C", "file", 2), ("D1", "D", "file", 1), ("D3", "D", "file", 3)]:
+        write_export(small, root / name, mapping=smap, scales=2, shard_chunks=2, batch_size=bs, index=index,
+                     container=container, info=True)
+    # the synthetic export without its info file (geometry must then be listed/inferred)
+    shutil.copytree(root / "synth", root / "noinfo")
+    (root / "noinfo" / "info").unlink()
+    return root
+
+
+@pytest.fixture(scope="module")
+def mcns_root(tmp_path_factory, dvid_data) -> Path:
+    """The real mCNS shard as scale 1 of three exports, one per CSV variant (A, B, C)."""
+    root = tmp_path_factory.mktemp("mcns")
+    for name, csv in [("mcnsA", f"{REAL}-newformat.csv"), ("mcnsB", f"{REAL}-offsets.csv"), ("mcnsC", f"{REAL}.csv")]:
+        (root / name / "s1").mkdir(parents=True)
+        os.symlink(dvid_data / f"{REAL}.arrow", root / name / "s1" / f"{REAL}.arrow")
+        shutil.copyfile(dvid_data / csv, root / name / "s1" / f"{REAL}.csv")
+    return root
+
+
+@pytest.fixture(scope="module")
+def http(root, mcns_root):
+    both = root.parent / f"{root.name}-served"
+    both.mkdir(exist_ok=True)
+    for d in list(root.iterdir()) + list(mcns_root.iterdir()):
+        if not (both / d.name).exists():
+            os.symlink(d, both / d.name)
+    with RangeServer(both, seed=7) as srv:
+        yield srv
+
+
+@pytest.fixture
+def server(http, monkeypatch):
+    """The http server with clean counters and no faults (and a patient chunk gatherer)."""
+    monkeypatch.setattr(RemoteChunkReader, "window", 0.005)
+    monkeypatch.setattr(RemoteChunkReader, "max_wait", 0.05)
+    http.set_faults()
+    http.reset_counts()
+    yield http
+    http.set_faults()
+
+
+@pytest.fixture(scope="module")
+def s3(root, mcns_root):
+    pytest.importorskip("moto.server")
+    with MotoS3() as m:
+        m.upload_dir(BUCKET, root / "synth", "exports/synth/")
+        m.upload_dir(BUCKET, root / "noinfo", "exports/noinfo/")
+        m.upload_dir(BUCKET, mcns_root / "mcnsA", "exports/mcns/")
+        yield m
+
+
+@pytest.fixture(scope="module")
+def mcns_spec(dvid_data) -> Path:
+    return dvid_data / "mcns-ng-specs.json"
+
+
+def _local(root: Path, name: str, **kw):
+    return dvidshards.open(root / name, fill_missing_shards=True, **kw)
+
+
+# --- S3 -------------------------------------------------------------------------------------------
+
+
+def test_s3_spec_equals_local(root, s3):
+    spec = s3.spec(BUCKET, "exports/synth")
+    for scale in (0, 1):
+        expect = _read(_local(root, "synth", scale=scale))
+        got = _read(dvidshards.open(spec, scale=scale, fill_missing_shards=True))
+        np.testing.assert_array_equal(got, expect)
+    sv = dvidshards.open(spec, labels="supervoxels", fill_missing_shards=True)[40:170, 10:140, 64:160]
+    np.testing.assert_array_equal(_read(sv), _read(_local(root, "synth", labels="supervoxels")[40:170, 10:140, 64:160]))
+    svs = np.unique(_read(_local(root, "synth", labels="supervoxels")[0:128, 0:128, 0:128]))
+    mapping = {int(v): 10**9 + k for k, v in enumerate(svs[1:4])}  # supervoxel -> body at read time
+    m = _read(dvidshards.open(spec, labels=mapping, fill_missing_shards=True)[0:128, 0:128, 0:128])
+    expect = _read(_local(root, "synth", labels=mapping)[0:128, 0:128, 0:128])
+    assert (expect == 10**9).any()
+    np.testing.assert_array_equal(m, expect)
+
+
+def test_s3_url_equals_local(root, s3, monkeypatch):
+    expect = _read(_local(root, "synth")[64:200, 0:150, 30:150])
+    src = KvStoreSource.from_url(f"s3://{BUCKET}/exports/synth", options={"endpoint": s3.endpoint})
+    np.testing.assert_array_equal(_read(dvidshards.open(src, fill_missing_shards=True)[64:200, 0:150, 30:150]), expect)
+    # a bare s3:// URL honours the AWS SDK endpoint variable
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+    store = dvidshards.open(f"s3://{BUCKET}/exports/synth/", fill_missing_shards=True)
+    np.testing.assert_array_equal(_read(store[64:200, 0:150, 30:150]), expect)
+
+
+def test_s3_lists_and_infers_geometry(root, s3):
+    src = KvStoreSource(s3.spec(BUCKET, "exports/noinfo/"))
+    assert src.list("") == ["s0", "s1"]
+    assert src.list("s1") == sorted(os.listdir(root / "noinfo" / "s1"))
+    ds, local = Dataset(src), Dataset(root / "noinfo")
+    assert [s.size for s in ds.scales] == [s.size for s in local.scales]
+    assert sorted(ds.shards(0)) == sorted(local.shards(0))
+    assert src.size("s0/0_0_0.arrow") == os.path.getsize(root / "noinfo" / "s0" / "0_0_0.arrow")
+
+
+def test_s3_real_mcns_shard(mcns_root, s3, mcns_spec):
+    spec = s3.spec(BUCKET, "exports/mcns/")
+    box = np.s_[508 * 64:512 * 64, 413 * 64:415 * 64, 474 * 64:478 * 64]
+    for labels in ("agglomerated", "supervoxels"):
+        local = dvidshards.open(mcns_root / "mcnsA", scale=1, spec=mcns_spec, labels=labels)[box]
+        remote = dvidshards.open(spec, scale=1, spec=mcns_spec, labels=labels)[box]
+        expect = _read(local)
+        assert np.count_nonzero(expect) > 0
+        np.testing.assert_array_equal(_read(remote), expect)
+
+
+# --- HTTP -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["synth", "B", "Cstream", "Cfile", "D1", "D3"])
+def test_http_index_variants_equal_local(root, server, name):
+    for scale, labels in ((0, "agglomerated"), (1, "supervoxels")):
+        remote = dvidshards.open(server.url + name, scale=scale, labels=labels, fill_missing_shards=True)
+        np.testing.assert_array_equal(_read(remote), _read(_local(root, name, scale=scale, labels=labels)))
+
+
+@pytest.mark.parametrize("name", ["Cstream", "Cfile", "D1", "D3"])
+def test_http_legacy_variants_exact_reads(root, server, monkeypatch, name):
+    """Tiny speculative reads and scan windows: the exact-read fallbacks give the same volume."""
+    import dvidshards.remote as remote
+
+    monkeypatch.setattr(remote, "_HEAD", 16)
+    monkeypatch.setattr(remote, "_TAIL", 24)
+    monkeypatch.setattr(remote, "_HEADER_PROBE", 64)
+    monkeypatch.setattr(remote, "_WINDOW", 512)
+    monkeypatch.setattr(remote, "_WINDOW_MAX", 2048)
+    remote_vol = _read(dvidshards.open(server.url + name, fill_missing_shards=True))
+    np.testing.assert_array_equal(remote_vol, _read(_local(root, name)))
+    ranges = {r for _, r in server.ranges}
+    assert "bytes=0-15" in ranges  # the speculative head read
+    if name == "Cstream":  # scanned in windows of 512, 1024, 2048, 2048, ... bytes
+        sizes = {int(b) - int(a) + 1 for a, b in (r[6:].split("-") for r in ranges if r and r[6] != "-")}
+        assert {512, 1024, 2048} <= sizes
+    else:  # footers found with exact suffix reads
+        assert "bytes=-24" in ranges and len([r for r in ranges if r and r.startswith("bytes=-")]) > 2
+
+
+@pytest.mark.parametrize("name", ["mcnsB", "mcnsC"])
+def test_http_real_shard_variants(mcns_root, server, mcns_spec, name):
+    box = np.s_[509 * 64:512 * 64, 413 * 64:415 * 64, 475 * 64:477 * 64]
+    local = dvidshards.open(mcns_root / name, scale=1, spec=mcns_spec)[box]
+    remote = dvidshards.open(server.url + name, scale=1, spec=mcns_spec)[box]
+    np.testing.assert_array_equal(_read(remote), _read(local))
+
+
+def _csv_rows(path: Path) -> list[list[int]]:
+    return [[int(v) for v in line.split(",")] for line in path.read_text().splitlines()[2:]]
+
+
+def test_http_one_chunk_fetches_one_record_batch(root, server):
+    """Index once, schema once, then only the record batches the read needs."""
+    shard = max((root / "synth" / "s0").glob("*.arrow"), key=lambda p: p.stat().st_size)
+    csv = shard.with_suffix(".csv")
+    schema_size = int(csv.read_text().splitlines()[0].split("=")[1])
+    rows = _csv_rows(csv)
+    assert len({r[3] for r in rows}) > 2  # several record batches
+    x, y, z, off, size, _ = rows[0]
+    store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+    server.reset_counts()
+    box = np.s_[x * 64:x * 64 + 64, y * 64:y * 64 + 64, z * 64:z * 64 + 64]
+    got = _read(store[box])
+    np.testing.assert_array_equal(got, _read(_local(root, "synth")[box]))
+    assert np.count_nonzero(got)
+    key = f"synth/s0/{shard.stem}"
+    assert server.ranges == [(key + ".csv", None), (key + ".arrow", f"bytes=0-{schema_size - 1}"),
+                             (key + ".arrow", f"bytes={off}-{off + size - 1}")]
+    assert server.bytes_sent == csv.stat().st_size + schema_size + size
+    assert server.bytes_sent < shard.stat().st_size / 2
+    # every chunk of the shard in one read: one merged request, no index or schema again
+    server.reset_counts()
+    o = [int(v) for v in shard.stem.split("_")]
+    _read(store[o[0]:o[0] + 128, o[1]:o[1] + 128, o[2]:o[2] + 128])
+    lo, hi = min(r[3] for r in rows), max(r[3] + r[4] for r in rows)
+    assert server.ranges == [(key + ".arrow", f"bytes={lo}-{hi - 1}")]
+
+
+def test_http_whole_volume_requests(root, server):
+    """Each shard: its CSV once, its schema once, its record batches in one merged request."""
+    store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+    np.testing.assert_array_equal(_read(store), _read(_local(root, "synth")))
+    stems = sorted(p.stem for p in (root / "synth" / "s0").glob("*.arrow"))
+    assert server.requests["synth/info"] == 2  # exists + read, once per open
+    for stem in stems:
+        assert server.requests[f"synth/s0/{stem}.csv"] == 1
+        assert server.requests[f"synth/s0/{stem}.arrow"] == 2
+    # a second pass reads only record batches
+    server.reset_counts()
+    _read(store)
+    assert set(server.requests) == {f"synth/s0/{s}.arrow" for s in stems}
+    assert server.total_requests == len(stems)
+    total = sum((root / "synth" / "s0" / f"{s}.arrow").stat().st_size for s in stems)
+    assert server.bytes_sent <= total
+
+
+def test_http_mcns_one_chunk_bytes(mcns_root, server, mcns_spec):
+    rows = _csv_rows(mcns_root / "mcnsA" / "s1" / f"{REAL}.csv")
+    x, y, z, off, size, _ = rows[100]
+    store = dvidshards.open(server.url + "mcnsA", scale=1, spec=mcns_spec)
+    server.reset_counts()
+    sl = np.s_[x * 64:x * 64 + 64, y * 64:y * 64 + 64, z * 64:z * 64 + 64]
+    np.testing.assert_array_equal(_read(store[sl]), _read(dvidshards.open(mcns_root / "mcnsA", scale=1,
+                                                                          spec=mcns_spec)[sl]))
+    csv_size = (mcns_root / "mcnsA" / "s1" / f"{REAL}.csv").stat().st_size
+    assert server.total_requests == 3
+    assert server.bytes_sent == csv_size + 688 + size
+    assert server.bytes_sent < 20_000 < (mcns_root / "mcnsA" / "s1" / f"{REAL}.arrow").stat().st_size
+
+
+def test_http_faults_still_equal_local(root, server):
+    expect = _read(_local(root, "synth"))
+    server.set_faults(fail=0.15, drop=0.1, truncate=0.1)
+    src = KvStoreSource.from_url(server.url + "synth/", FAST_TS, retries=6, backoff=0.005)
+    store = dvidshards.open(src, fill_missing_shards=True)
+    np.testing.assert_array_equal(_read(store), expect)
+    np.testing.assert_array_equal(_read(dvidshards.open(src, scale=1, fill_missing_shards=True)),
+                                  _read(_local(root, "synth", scale=1)))
+    assert server.faults["503"] and server.faults["drop"] and server.faults["truncate"]
+
+
+@pytest.mark.parametrize("fault", ["fail", "truncate"])
+def test_http_persistent_faults_raise(root, server, fault):
+    spec = Dataset(root / "synth").spec
+    src = KvStoreSource.from_url(server.url + "synth/", FAST_TS, retries=2, backoff=0.005)
+    store = dvidshards.open(src, spec=spec, fill_missing_shards=True)
+    server.set_faults(**{fault: 1.0})
+    t0 = time.monotonic()
+    with pytest.raises(RemoteReadError) as e:
+        _read(store[0:64, 0:64, 0:64])
+    assert server.url + "synth/s0/0_0_0.csv" in str(e.value)
+    assert time.monotonic() - t0 < 10
+    assert server.total_requests == 3 * 3  # (1 + 2 TensorStore retries) per attempt, 3 attempts
+    with pytest.raises(RemoteReadError, match=r"synth/info"):
+        Dataset(src)
+
+
+def test_http_missing_shard(root, server):
+    holes = root.parent / f"{root.name}-served" / "holes"
+    if not holes.exists():
+        shutil.copytree(root / "synth", holes)
+        (holes / "s0" / "0_0_0.arrow").unlink()
+        (holes / "s0" / "0_0_0.csv").unlink()
+    with pytest.raises(MissingShardError, match=r"fill_missing_shards"):
+        _read(dvidshards.open(server.url + "holes")[0:64, 0:64, 0:64])
+    store = dvidshards.open(server.url + "holes", fill_missing_shards=True)
+    got = _read(store[0:192, 0:150, 0:170])
+    expect = _read(_local(root, "synth")[0:192, 0:150, 0:170])
+    assert not got[:128, :128, :128].any() and expect[:128, :128, :128].any()
+    np.testing.assert_array_equal(got[128:], expect[128:])
+
+
+def test_http_source_api(root, server):
+    src = KvStoreSource.from_url(server.url + "synth")
+    assert src.describe("s0/0_0_0.csv") == server.url + "synth/s0/0_0_0.csv"
+    with pytest.raises(MissingShardError, match="nope"):
+        src.read("s0/nope.arrow", 0, 10)
+    assert src.exists("info") and not src.exists("nope")
+    with pytest.raises(SpecError, match="info"):
+        src.list("s0")
+    with pytest.raises(SpecError, match="spec="):
+        Dataset(server.url + "noinfo")
+    data = (root / "synth" / "s0" / "0_0_0.arrow").read_bytes()
+    assert src.read("s0/0_0_0.arrow", 10, 1000) == data[10:1000]
+    assert src.read_many("s0/0_0_0.arrow", [(0, 8), (100, 300)]) == [data[:8], data[100:300]]
+    with pytest.raises(RemoteReadError, match=r"bytes \[10, \d+\).*past the end"):
+        src.read("s0/0_0_0.arrow", 10, len(data) + 5)
+    assert src.size("s0/0_0_0.arrow") == len(data)
+
+
+def test_remote_shard_matches_shardfile(root, server):
+    src = KvStoreSource.from_url(server.url + "D3")
+    for stem in ("s0/0_0_0", "s1/0_0_0"):
+        remote, local = open_shard(src, stem), ShardFile(LocalSource(root / "D3"), stem)
+        assert isinstance(remote, RemoteShard) and len(remote) == len(local) > 0
+        np.testing.assert_array_equal(remote.index.coords, local.index.coords)
+        np.testing.assert_array_equal(remote.index.msg_off, local.index.msg_off)
+        for i in (0, len(local) - 1):
+            assert remote.block(i) == local.block(i)
+            np.testing.assert_array_equal(remote.labels(i), local.labels(i))
+            np.testing.assert_array_equal(remote.supervoxels(i), local.supervoxels(i))
+
+
+def test_cache_bytes(root, server):
+    src = KvStoreSource.from_url(server.url + "synth", cache_bytes=4 << 20)
+    store = dvidshards.open(src, fill_missing_shards=True)
+    _read(store[0:64, 0:64, 0:64])
+    server.reset_counts()
+    _read(store[0:64, 0:64, 0:64])
+    assert server.total_requests == 0
+    plain = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+    _read(plain[0:64, 0:64, 0:64])
+    server.reset_counts()
+    _read(plain[0:64, 0:64, 0:64])
+    assert server.total_requests == 1
+
+
+# --- damaged exports ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def damaged(root, http):
+    """A copy of the synthetic export served over http, for tests that edit it."""
+    d = root.parent / f"{root.name}-served" / "damaged"
+    if d.exists():
+        shutil.rmtree(d)
+    shutil.copytree(root / "synth", d)
+    http.set_faults()
+    http.reset_counts()
+    return d
+
+
+def test_record_coordinates_are_checked(damaged, http):
+    csv = damaged / "s0" / "0_0_0.csv"
+    lines = csv.read_text().splitlines()
+    a, b = lines[2].split(","), lines[-1].split(",")
+    assert a[3] != b[3]  # in different record batches
+    lines[2], lines[-1] = ",".join(b[:3] + a[3:]), ",".join(a[:3] + b[3:])
+    csv.write_text("\n".join(lines) + "\n")
+    x, y, z = (int(v) for v in b[:3])
+    with pytest.raises(ChunkIndexError, match=rf"damaged/s0/0_0_0.arrow.*index says chunk \({x}, {y}, {z}\)"):
+        _read(dvidshards.open(http.url + "damaged", fill_missing_shards=True)[x * 64:x * 64 + 1, y * 64:y * 64 + 1,
+                                                                              z * 64:z * 64 + 1])
+
+
+def test_index_past_end_of_file(damaged, http):
+    csv = damaged / "s0" / "0_0_0.csv"
+    lines = csv.read_text().splitlines()
+    f = lines[2].split(",")
+    f[3] = str((damaged / "s0" / "0_0_0.arrow").stat().st_size + 100)
+    lines[2] = ",".join(f)
+    csv.write_text("\n".join(lines) + "\n")
+    x, y, z = (int(v) for v in f[:3])
+    with pytest.raises(ChunkIndexError, match=r"past the end of the file"):
+        _read(dvidshards.open(http.url + "damaged", fill_missing_shards=True)[x * 64:x * 64 + 1, y * 64:y * 64 + 1,
+                                                                              z * 64:z * 64 + 1])
+
+
+def test_schema_size_mismatch(damaged, http):
+    csv = damaged / "s0" / "0_0_0.csv"
+    text = csv.read_text()
+    n = int(text.splitlines()[0].split("=")[1])
+    csv.write_text(text.replace(f"schema_size={n}", f"schema_size={n + 8}", 1))
+    with pytest.raises(ChunkIndexError, match=rf"0_0_0.csv: schema_size={n + 8} but the schema message .* is {n} bytes"):
+        _read(dvidshards.open(http.url + "damaged", fill_missing_shards=True)[0:64, 0:64, 0:64])
+
+
+def test_chunk_outside_shard_box(damaged, http):
+    csv = damaged / "s0" / "0_0_0.csv"
+    lines = csv.read_text().splitlines()
+    f = lines[2].split(",")
+    f[0] = "5"  # shard 0_0_0 holds chunks 0..1 per axis
+    lines[2] = ",".join(f)
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ChunkIndexError, match=r"outside the shard"):
+        _read(dvidshards.open(http.url + "damaged", fill_missing_shards=True)[0:64, 0:64, 0:64])
+
+
+# --- short reads (TensorStore already rejects truncated bodies; this is the second guard) --------
+
+
+class _Result:
+    def __init__(self, value: bytes):
+        self.state, self.value = "value", value
+
+
+class _LyingKv:
+    """A kvstore whose reads come back short ``short`` times."""
+
+    def __init__(self, data: bytes, short: int):
+        self.data, self.short, self.calls = data, short, 0
+
+    def read(self, key, byte_range=None, batch=None):
+        self.calls += 1
+        value = self.data[byte_range]
+        if self.calls <= self.short:
+            value = value[:-1]
+
+        async def done():
+            return _Result(value)
+        return done()
+
+
+def test_short_read_is_retried_never_returned():
+    src = KvStoreSource({"driver": "memory"}, retries=2, backoff=0.001)
+    data = bytes(range(256)) * 4
+    src._kv = _LyingKv(data, short=2)
+    assert src.read("k", 10, 300) == data[10:300]
+    assert src._kv.calls == 3 and src.stats["retries"] == 2
+    src._kv = _LyingKv(data, short=3)
+    with pytest.raises(RemoteReadError, match=r"memory://k bytes \[10, 300\).*short read: 289 of 290"):
+        src.read("k", 10, 300)
+
+
+# --- processes and event loops --------------------------------------------------------------------
+
+
+def _spawn_read(blob: bytes) -> np.ndarray:
+    store = pickle.loads(blob)
+    return store[30:150, 20:140, 60:170].read(order="F").result(timeout=60)
+
+
+def test_pickle_into_spawn_process(root, server):
+    src = KvStoreSource.from_url(server.url + "synth")
+    reader = RemoteChunkReader(src, Dataset(src).scale(0), 0)
+    assert reader.shard(0, 0, 0) is not None and reader.loaded == 1
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._rt is None and copy.loaded == 0 and copy.source.url == src.url
+    store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+    server.reset_counts()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_spawn_read, (pickle.dumps(store),))
+    np.testing.assert_array_equal(got, _read(_local(root, "synth")[30:150, 20:140, 60:170]))
+    csvs = {k: v for k, v in server.requests.items() if k.endswith(".csv")}
+    assert csvs and set(csvs.values()) == {1}  # the child loaded its own indexes
+
+
+def test_open_and_await_inside_a_running_loop(root, server):
+    """Jupyter runs a loop on the main thread: opening and awaiting reads must still work."""
+    expect = _read(_local(root, "synth")[0:200, 0:150, 0:100])
+
+    async def main():
+        store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+        first = await store[0:200, 0:150, 0:100].read(order="F")
+        second = store[0:200, 0:150, 0:100].read(order="F").result(timeout=60)  # blocking, too
+        return first, second
+
+    first, second = asyncio.run(main())
+    np.testing.assert_array_equal(first, expect)
+    np.testing.assert_array_equal(second, expect)
+
+
+def test_batched_read_is_coalesced(root, server):
+    """Reads submitted in one ts.Batch reach the reader together and share requests."""
+    store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
+    _read(store[0:64, 0:64, 0:64])  # load the shard index
+    server.reset_counts()
+    with ts.Batch() as batch:
+        futs = [store[x:x + 64, y:y + 64, z:z + 64].read(batch=batch, order="F")
+                for x in (0, 64) for y in (0, 64) for z in (0, 64)]
+    got = [f.result(timeout=60) for f in futs]
+    local = _read(_local(root, "synth")[0:128, 0:128, 0:128])
+    for (x, y, z), g in zip([(x, y, z) for x in (0, 64) for y in (0, 64) for z in (0, 64)], got, strict=True):
+        np.testing.assert_array_equal(g, local[x:x + 64, y:y + 64, z:z + 64])
+    assert server.requests == {"synth/s0/0_0_0.arrow": 1}
+
+
+def test_urls_and_specs():
+    g = KvStoreSource.from_url("gs://my-bucket/exports/seg")
+    assert g.spec == {"driver": "gcs", "bucket": "my-bucket", "path": "exports/seg/"}
+    assert g.describe("s0/0_0_0.arrow") == "gs://my-bucket/exports/seg/s0/0_0_0.arrow"
+    assert g._context() is not None  # the bounded gcs retry default is a valid context
+    h = KvStoreSource.from_url("https://example.org/data/seg", cache_bytes=1 << 20)
+    assert h.describe("info") == "https://example.org/data/seg/info" and h.cache_bytes == 1 << 20
+    s = KvStoreSource({"driver": "s3", "bucket": "b-1", "path": "x", "endpoint": "http://127.0.0.1:1"})
+    assert s.spec["path"] == "x/" and s.describe("info") == "s3://b-1/x/info"
+    copy = pickle.loads(pickle.dumps(h))
+    assert copy.spec == h.spec and copy.cache_bytes == h.cache_bytes and copy._kv is None
+    assert isinstance(dvidshards.dataset.as_source("gs://my-bucket/exports/seg"), KvStoreSource)
+    with pytest.raises(SpecError):
+        KvStoreSource.from_url("nonsense://x")
+    with pytest.raises(SpecError):
+        KvStoreSource({"bucket": "b-1"})
