@@ -136,14 +136,14 @@ def as_source(source) -> ByteSource:
     if isinstance(source, (str, os.PathLike)):
         s = os.fspath(source)
         if "://" in s and not s.startswith("file://"):
-            from .remote import KvStoreSource  # cloud and http sources
+            from .kvsource import KvStoreSource  # cloud and http sources
             return KvStoreSource.from_url(s)
         s = s[len("file://"):] if s.startswith("file://") else s
         if not os.path.isdir(s):
             raise SpecError(f"{s}: not a directory (an export holds folders s0, s1, ...)")
         return LocalSource(s)
     if isinstance(source, dict):
-        from .remote import KvStoreSource
+        from .kvsource import KvStoreSource
         return KvStoreSource(source)
     raise SpecError(f"cannot open {type(source).__name__} as an export (give a path, URL or kvstore spec)")
 

@@ -1,0 +1,407 @@
+"""A ByteSource over TensorStore kvstores (gs://, s3://, http(s)://, any kvstore spec).
+
+Credentials, endpoints and request limits are TensorStore's own settings.  TensorStore retries
+transient HTTP failures itself (its ``*_request_retries`` context resources; bounded defaults are
+set here when the user gives none), and every read is retried again a bounded number of times
+with exponential backoff, including a value shorter than the range asked for, which is never
+returned.  A persistent failure raises ``RemoteReadError`` naming the URL and byte range; a
+missing object ``MissingShardError``.  I/O runs on one asyncio loop thread per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import tensorstore as ts
+
+from .errors import MissingShardError, RemoteReadError, SpecError
+from .sources import ByteSource
+
+__all__ = ["KvStoreSource", "background_loop", "run_sync"]
+
+# TensorStore's own retry resource per driver, and the bounded default used when none is given
+_RETRY_RESOURCE = {"http": "http_request_retries", "s3": "s3_request_retries", "gcs": "gcs_request_retries"}
+DEFAULT_TS_RETRIES = {"max_retries": 3, "initial_delay": "100ms", "max_delay": "2s"}
+
+# TensorStore absl status codes worth another attempt
+_TRANSIENT = frozenset({"ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL",
+                        "UNKNOWN", "DATA_LOSS"})
+_STATUS = re.compile(r"^\s*([A-Z][A-Z_]{3,}):")
+_TOTAL_SIZE = re.compile(r"total size (\d+)")
+
+
+
+# --- the per-process I/O loop and decode pool -----------------------------------------------------
+
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: threading.Thread | None = None
+_loop_pid: int | None = None
+_pool: ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The asyncio loop (one daemon thread per process) that runs every remote read.
+
+    Created on first use; independent of any loop the caller runs (Jupyter), so blocking on a
+    result from the caller's thread never stalls the I/O.
+    """
+    global _loop, _loop_thread, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or not _loop_thread.is_alive():
+            _loop = asyncio.new_event_loop()
+            _loop_thread = threading.Thread(target=_run_forever, args=(_loop,), name="dvidshards-io", daemon=True)
+            _loop_thread.start()
+            _loop_pid = os.getpid()
+        return _loop
+
+
+def run_sync(coro, timeout: float | None = None):
+    """Run a coroutine on the background loop and wait for its result (not from that loop)."""
+    loop = background_loop()
+    if threading.current_thread() is _loop_thread:
+        coro.close()
+        raise RuntimeError("dvidshards: a blocking remote call was made on the I/O loop thread; await the "
+                           "async variant instead")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _loop_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
+                                       thread_name_prefix="dvidshards-decode")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+class _PastEnd(RemoteReadError):
+    """The byte range asked for lies (partly) past the end of the object."""
+
+    def __init__(self, msg: str, total_size: int | None):
+        super().__init__(msg)
+        self.total_size = total_size
+
+
+def _status(e: BaseException) -> str | None:
+    """The TensorStore status code of an I/O failure; None for errors that are not I/O."""
+    if isinstance(e, TimeoutError):
+        return "DEADLINE_EXCEEDED"
+    if isinstance(e, ConnectionError):
+        return "UNAVAILABLE"
+    if isinstance(e, (ValueError, OSError)):
+        m = _STATUS.match(str(e))
+        return m.group(1) if m else "UNKNOWN"
+    return None
+
+
+def _span(start: int | None, stop: int | None) -> str:
+    if start is None and stop is None:
+        return "(whole object)"
+    if start is not None and start < 0 and stop is None:
+        return f"(last {-start} bytes)"
+    return f"bytes [{start or 0}, {'end' if stop is None else stop})"
+
+
+def _byte_range(start: int | None, stop: int | None):
+    return None if start is None and stop is None else slice(start, stop)
+
+
+def _expected(start: int | None, stop: int | None) -> int | None:
+    if stop is not None:
+        return stop - (start or 0)
+    if start is not None and start < 0:
+        return -start
+    return None
+
+
+# --- the byte source ------------------------------------------------------------------------------
+
+
+def _normalise_spec(spec) -> dict:
+    if isinstance(spec, ts.KvStore.Spec):
+        spec = spec.to_json()
+    elif isinstance(spec, str):
+        try:
+            spec = ts.KvStore.Spec(spec).to_json()
+        except ValueError as e:
+            raise SpecError(f"{spec}: not a TensorStore kvstore URL ({e})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("driver"), str):
+        raise SpecError(f"a kvstore spec must be a dict with a 'driver', got {spec!r}")
+    spec = dict(spec)
+    path = spec.get("path", "")
+    if path and not path.endswith("/"):
+        spec["path"] = path + "/"  # the export root is a folder
+    try:
+        ts.KvStore.Spec(spec)
+    except ValueError as e:
+        raise SpecError(f"invalid kvstore spec {spec!r}: {e}") from None
+    return spec
+
+
+def _base_url(spec: dict) -> str:
+    """A URL naming the export root, for messages."""
+    d, path = spec["driver"], spec.get("path", "")
+    if d == "s3":
+        return f"s3://{spec.get('bucket', '')}/{path}"
+    if d == "gcs":
+        return f"gs://{spec.get('bucket', '')}/{path}"
+    if d == "http":
+        base = spec.get("base_url", "").split("?", 1)[0].rstrip("/")
+        return f"{base}{path}" if path.startswith("/") else f"{base}/{path}"
+    try:
+        return ts.KvStore.Spec(spec).url
+    except (ValueError, NotImplementedError):
+        return f"{d}://{path}"
+
+
+class KvStoreSource(ByteSource):
+    """An export root in any TensorStore kvstore (gs://, s3://, http(s)://, ...).
+
+    Parameters
+    ----------
+    spec : dict, str or tensorstore.KvStore.Spec
+        The kvstore of the export root, e.g. ``{"driver": "s3", "bucket": "b", "path":
+        "exports/seg/", "endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1"}``
+        or a URL such as ``"gs://bucket/exports/seg/"``.  Credentials, endpoints and request
+        limits are TensorStore's (see its kvstore driver documentation).
+    context : tensorstore.Context or dict, optional
+        TensorStore context.  When none is given (or a dict without the driver's
+        ``*_request_retries`` resource), TensorStore's retries are bounded to
+        ``DEFAULT_TS_RETRIES`` instead of its default (32 retries, up to 32 s apart).
+    retries : int
+        Further attempts of a read that failed transiently (5xx, reset, timeout) or came back
+        short, after TensorStore's own retries; then ``RemoteReadError``.
+    backoff : float
+        First delay between those attempts in seconds, doubled each time (with jitter).
+    cache_bytes : int
+        Byte budget of an LRU of record batch messages kept per reader and process
+        (0: no payload cache).
+
+    Notes
+    -----
+    Every method has an ``*_async`` twin run on the per-process I/O loop
+    (``background_loop``); the blocking methods must not be called from that loop.
+    The source pickles as its settings (the open kvstore is reopened lazily).
+    """
+
+    mappable = False
+
+    def __init__(self, spec, context=None, *, retries: int = 3, backoff: float = 0.1, cache_bytes: int = 0):
+        self.spec = _normalise_spec(spec)
+        if context is not None and not isinstance(context, (ts.Context, dict)):
+            raise SpecError(f"context must be a tensorstore.Context or a dict, got {type(context).__name__}")
+        if int(retries) < 0 or float(backoff) < 0 or int(cache_bytes) < 0:
+            raise ValueError("retries, backoff and cache_bytes must be non-negative")
+        self.context = context
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.cache_bytes = int(cache_bytes)
+        self.url = _base_url(self.spec)
+        self._kv = None
+        self.stats = {"requests": 0, "bytes": 0, "retries": 0}
+
+    @classmethod
+    def from_url(cls, url: str, context=None, *, options: dict | None = None, **kwargs) -> KvStoreSource:
+        """A source for a kvstore URL: ``gs://bucket/path/``, ``s3://bucket/path/``, ``https://host/path/``.
+
+        Parameters
+        ----------
+        url : str
+            TensorStore kvstore URL of the export root.
+        context : tensorstore.Context or dict, optional
+            As for the constructor.
+        options : dict, optional
+            Further members of the kvstore spec, e.g. ``{"endpoint": "http://127.0.0.1:9000",
+            "aws_region": "us-east-1"}`` or ``{"requester_pays": True}``.  For ``s3://`` URLs
+            without an ``endpoint``, the AWS SDK variables ``AWS_ENDPOINT_URL_S3`` or
+            ``AWS_ENDPOINT_URL`` give it when set (TensorStore itself ignores them).
+        **kwargs
+            ``retries``, ``backoff``, ``cache_bytes``: as for the constructor.
+        """
+        try:
+            spec = ts.KvStore.Spec(url).to_json()
+        except ValueError as e:
+            raise SpecError(f"{url}: not a TensorStore kvstore URL ({e})") from None
+        spec.update(options or {})
+        if spec["driver"] == "s3" and "endpoint" not in spec:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint:
+                spec["endpoint"] = endpoint
+        return cls(spec, context, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"KvStoreSource({self.url!r})"
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_kv"] = None
+        state["stats"] = {"requests": 0, "bytes": 0, "retries": 0}
+        return state
+
+    def describe(self, key: str) -> str:
+        return self.url + key
+
+    def _context(self) -> ts.Context:
+        if isinstance(self.context, ts.Context):
+            return self.context
+        resource = _RETRY_RESOURCE.get(self.spec["driver"])
+        spec = {} if resource is None else {resource: dict(DEFAULT_TS_RETRIES)}
+        spec.update(self.context or {})
+        return ts.Context(spec)
+
+    async def _kvstore(self):
+        kv = self._kv
+        if kv is None:
+            try:
+                kv = await ts.KvStore.open(self.spec, context=self._context())
+            except ValueError as e:
+                raise RemoteReadError(f"{self.url}: cannot open the kvstore ({e})") from None
+            self._kv = kv
+        return kv
+
+    def _delay(self, attempt: int) -> float:
+        return self.backoff * (2 ** (attempt - 1)) * (1 + 0.25 * random.random())
+
+    def _failure(self, key: str, start, stop, status: str, e: BaseException) -> Exception:
+        where = f"{self.describe(key)} {_span(start, stop)}"
+        if status == "OUT_OF_RANGE":
+            m = _TOTAL_SIZE.search(str(e))
+            return _PastEnd(f"{where}: past the end of the object ({e})", int(m.group(1)) if m else None)
+        if status == "NOT_FOUND":
+            return MissingShardError(f"{self.describe(key)}: not found ({e})")
+        return RemoteReadError(f"{where}: {e}")
+
+    async def _read(self, key: str, start: int | None, stop: int | None, first=None) -> bytes:
+        """One read with retries; ``first`` is an already issued first attempt (a ts.Future)."""
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.stats["retries"] += 1
+                await asyncio.sleep(self._delay(attempt))
+            try:
+                if attempt == 0 and first is not None:
+                    fut = first
+                else:
+                    fut = (await self._kvstore()).read(key, byte_range=_byte_range(start, stop))
+                self.stats["requests"] += 1
+                result = await fut
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                status = _status(e)
+                if status is None or isinstance(e, RemoteReadError):
+                    raise
+                if status not in _TRANSIENT:
+                    raise self._failure(key, start, stop, status, e) from None
+                last = str(e)
+                continue
+            if result.state == "missing":
+                raise MissingShardError(f"{self.describe(key)}: no such object")
+            value = result.value
+            want = _expected(start, stop)
+            if want is not None and len(value) != want:
+                last = f"short read: {len(value)} of {want} bytes"
+                continue  # never decoded: another attempt
+            self.stats["bytes"] += len(value)
+            return value
+        raise RemoteReadError(f"{self.describe(key)} {_span(start, stop)}: failed after {self.retries + 1} "
+                              f"attempts: {last}")
+
+    async def read_async(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
+        """Bytes [start, stop) of key (all of it by default; ``start < 0, stop=None``: the last -start bytes)."""
+        return await self._read(key, start, stop)
+
+    async def read_many_async(self, key: str, ranges, *, return_exceptions: bool = False) -> list:
+        """Several byte ranges of one object, issued together in one ``ts.Batch``, retried separately."""
+        ranges = [(int(a), int(b)) for a, b in ranges]
+        if not ranges:
+            return []
+        kv = await self._kvstore()
+        with ts.Batch() as batch:
+            futs = [kv.read(key, byte_range=slice(a, b), batch=batch) for a, b in ranges]
+        return await asyncio.gather(*(self._read(key, a, b, f) for (a, b), f in zip(ranges, futs, strict=True)),
+                                    return_exceptions=return_exceptions)
+
+    async def exists_async(self, key: str) -> bool:
+        """Whether key exists (a 1-byte read)."""
+        try:
+            await self._read(key, 0, 1)
+        except MissingShardError:
+            return False
+        except _PastEnd:
+            return True  # an empty object
+        return True
+
+    async def size_async(self, key: str) -> int:
+        """Length of key: found by bisection with 1-byte reads (about 2 log2(size) requests).
+
+        The read path never needs it.
+        """
+        if not await self.exists_async(key):
+            raise MissingShardError(f"{self.describe(key)}: no such object")
+
+        async def has(p: int) -> bool:
+            try:
+                await self._read(key, p, p + 1)
+                return True
+            except _PastEnd:
+                return False
+
+        if not await has(0):
+            return 0
+        lo, hi = 0, 1 << 16  # byte lo exists; find hi past the end
+        while await has(hi):
+            lo, hi = hi, hi * 16
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await has(mid):
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    async def list_async(self, prefix: str = "") -> list[str]:
+        """Names directly below the folder prefix (lists every key under it)."""
+        kv = await self._kvstore()
+        p = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        rng = ts.KvStore.KeyRange(p, p[:-1] + chr(ord(p[-1]) + 1)) if p else ts.KvStore.KeyRange()
+        try:
+            keys = await kv.list(rng, strip_prefix_length=len(p.encode()))
+        except NotImplementedError:
+            raise SpecError(f"{self.describe(p)}: this kvstore ({self.spec['driver']}) cannot list folders; "
+                            f"give the export's neuroglancer spec (spec=...) or put an 'info' file at its "
+                            f"root") from None
+        except ValueError as e:
+            raise RemoteReadError(f"{self.describe(p)}: cannot list ({e})") from None
+        return sorted({k.decode("utf-8", "replace").split("/", 1)[0] for k in keys} - {""})
+
+    def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
+        return run_sync(self.read_async(key, start, stop))
+
+    def read_many(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return run_sync(self.read_many_async(key, ranges))
+
+    def exists(self, key: str) -> bool:
+        return run_sync(self.exists_async(key))
+
+    def size(self, key: str) -> int:
+        return run_sync(self.size_async(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        return run_sync(self.list_async(prefix))
