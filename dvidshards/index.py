@@ -198,6 +198,7 @@ class GlobalIndex:
         self._shards: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict = {}
+        self._newest = None  # key of the most recently used shard (the end of the LRU order)
 
     def __getstate__(self):
         raise TypeError("GlobalIndex holds open files; pickle the reader that builds it instead")
@@ -210,16 +211,21 @@ class GlobalIndex:
 
     def shard(self, x: int, y: int, z: int):
         """The loaded shard holding chunk (x, y, z) (None: a missing shard to fill with 0)."""
-        key = self.origin(x, y, z)
+        # runs once per chunk with the GIL held: origin() inlined, and the LRU order is only
+        # updated (under the lock) when the shard is not already the most recently used one
+        s = self.shard_extent
+        cx, cy, cz = self.chunk_size
+        key = (x * cx // s * s, y * cy // s * s, z * cz // s * s)
         shards = self._shards
         try:
             sf = shards[key]
         except KeyError:
             return self._miss(key)
-        if len(shards) > 1:
+        if key != self._newest and len(shards) > 1:
             with self._lock:
                 if key in shards:
                     shards.move_to_end(key)
+                    self._newest = key
         return sf
 
     def _miss(self, key):
@@ -240,6 +246,7 @@ class GlobalIndex:
                     self._loading.pop(key, None)
             with self._lock:
                 self._shards[key] = sf
+                self._newest = key
                 while len(self._shards) > self.max_shards:
                     self._shards.popitem(last=False)
         return sf

@@ -74,7 +74,8 @@ class ChunkReader:
         cx, cy, cz = self.scale.chunk_size
         o = domain.origin
         x, y, z = o[0] // cx, o[1] // cy, o[2] // cz
-        sf = (self._index or self._open_index()).shard(x, y, z)
+        index = self._index
+        sf = (index if index is not None else self._open_index()).shard(x, y, z)
         if sf is None:
             array.fill(0)
         else:

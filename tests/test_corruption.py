@@ -334,7 +334,7 @@ def test_read_only_export_is_never_written(tmp_path, synthetic_export):
         assert _tree_state(root) == before
         assert sorted(os.listdir(root)) == ["s0", "s1", "s2"]
     finally:
-        for d, dirs, _ in os.walk(root):
+        for d, _dirs, _ in os.walk(root):
             os.chmod(d, 0o755)
 
 

@@ -161,3 +161,78 @@ def _spec_file(ex, tmp_path):
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(ex.spec))
     return str(p)
+
+
+def test_global_index_lru_order(synthetic_export):
+    """Touching a shard makes it the newest; the least recently touched one is evicted."""
+    loads = []
+    src = LocalSource(synthetic_export.root)
+
+    def load(origin):
+        loads.append(origin)
+        return ShardFile(src, f"s0/{origin[0]}_{origin[1]}_{origin[2]}")
+
+    gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
+    for c in [(0, 0, 0), (2, 0, 0), (0, 0, 0), (1, 0, 0), (0, 2, 0), (0, 0, 0), (2, 0, 0)]:
+        gi.shard(*c)
+    # (128, 0, 0) was the least recently used when (0, 128, 0) came in
+    assert loads == [(0, 0, 0), (128, 0, 0), (0, 128, 0), (128, 0, 0)]
+
+
+@pytest.mark.parametrize("variant,batch", [("A", 1), ("A", 7), ("B", 1)])
+def test_offset_index_loads_without_scan_to_the_same(dvid_data, tmp_path, real_records, monkeypatch, variant, batch):
+    """A stream indexed by byte offsets loads without a scan, to exactly what the full path gives."""
+    (tmp_path / "s1").mkdir()
+    write_shard(tmp_path / "s1" / REAL_SHARD, list(reversed(real_records)), batch_size=batch, index=variant)
+    src = LocalSource(tmp_path)
+    fast_path = ShardFile._load_by_offsets
+    taken = []
+
+    def spy(self, *args):
+        r = fast_path(self, *args)
+        taken.append(r is not None)
+        return r
+
+    monkeypatch.setattr(ShardFile, "_load_by_offsets", spy)
+    fast = ShardFile(src, f"s1/{REAL_SHARD}")
+    monkeypatch.setattr(ShardFile, "_load_by_offsets", lambda self, *args: None)
+    full = ShardFile(src, f"s1/{REAL_SHARD}")
+    assert taken == [True] and fast.variant == full.variant == variant
+    np.testing.assert_array_equal(fast.records, full.records)
+    for k in ("coords", "msg_off", "msg_len", "row"):
+        np.testing.assert_array_equal(getattr(fast.index, k), getattr(full.index, k))
+    assert _contents(fast) == _contents(full)
+
+
+@pytest.mark.parametrize("drop", [0, 100, -1])
+def test_offset_index_missing_a_record_same_error(dvid_data, tmp_path, real_records, monkeypatch, drop):
+    """An index that leaves a record batch out still fails, with the full path's message."""
+    (tmp_path / "s1").mkdir()
+    write_shard(tmp_path / "s1" / REAL_SHARD, real_records[:150], index="A")
+    csv = tmp_path / "s1" / f"{REAL_SHARD}.csv"
+    lines = csv.read_text().splitlines()
+    del lines[2 + drop if drop >= 0 else drop]  # after "# schema_size" and the header
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(dvidshards.ChunkIndexError, match="has no index entry") as fast:
+        ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
+    monkeypatch.setattr(ShardFile, "_load_by_offsets", lambda self, *args: None)
+    with pytest.raises(dvidshards.ChunkIndexError) as full:
+        ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
+    assert str(fast.value) == str(full.value)
+
+
+def test_chunk_lookup_grid_and_dict_agree(dvid_data, tmp_path):
+    """Dense lookup over the shard's box (the reader's case) and the dict (no box) agree."""
+    src = LocalSource(_real_shard_dir(tmp_path, dvid_data, "A"))
+    lo = np.array([30720, 24576, 28672]) // 64
+    grid = ShardFile(src, f"s1/{REAL_SHARD}", box=(lo, lo + 32))
+    plain = ShardFile(src, f"s1/{REAL_SHARD}")
+    huge = ShardFile(src, f"s1/{REAL_SHARD}", box=(lo * 0, lo * 0 + (1 << 34)))  # single-shard exports
+    assert grid._grid is not None and plain._grid is None and huge._grid is None
+    r = np.arange(-1, 33)
+    for x in r:
+        for y in r:
+            for z in r:
+                c = (int(lo[0] + x), int(lo[1] + y), int(lo[2] + z))
+                assert grid.find(*c) == plain.find(*c) == huge.find(*c)
+    assert sum(grid.find(*c) is not None for c in grid.index.coords.tolist()) == 258
