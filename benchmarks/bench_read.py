@@ -1,0 +1,166 @@
+"""dvidshards vs the same voxels converted to neuroglancer precomputed, read side by side.
+
+Run from the project root::
+
+    python benchmarks/bench_read.py [--quick] [--rounds N] [--size 512] [--workdir DIR]
+
+Data: a synthetic neuron-like export (``size``³, default 512³, ~70 % foreground, ~20 labels per
+block) written in DVID's layout, and the same agglomerated voxels written by TensorStore as
+``neuroglancer_precomputed`` (compressed_segmentation, sharded with the export's own sharding
+parameters, local disk). Both are generated once into ``--workdir``.
+
+Measured in this one process, TensorStore cache off (``cache_pool`` 0) for every store,
+default ``data_copy_concurrency`` (= CPU count), interleaved rounds, medians:
+
+1. the whole aligned ``size``³ box with ``read(order="F")``: dvidshards, precomputed and the
+   trivial-fill floor (a ``virtual_chunked`` store like dvidshards' whose callback only fills);
+2. unaligned boxes at odd offsets;
+3. single 64³ chunks in random order with warm shard indexes (per-chunk latency);
+4. single random 64³ chunks right after opening (cold shard index; the OS page cache is warm).
+"""
+
+from __future__ import annotations
+
+import time
+
+import common as C
+import numpy as np
+import tensorstore as ts
+
+UNALIGNED = [  # (offset, shape), x y z
+    ((37, 101, 211), (300, 200, 100)),
+    ((130, 7, 333), (200, 300, 150)),
+    ((0, 0, 257), (512, 512, 1)),  # one z section: 64 chunks for 0.25 M voxels
+    ((311, 259, 17), (190, 190, 390)),
+]
+
+
+def _box(store, off, shape):
+    return store[tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))]
+
+
+def main(argv=None):
+    ap = C.parser(__doc__)
+    ap.add_argument("--size", type=int, default=None, help="volume side in voxels (default 512; --quick 256)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds per read (default 11; --quick 3)")
+    ap.add_argument("--chunks", type=int, default=None, help="random single chunks (default 300; --quick 60)")
+    ap.add_argument("--cold", type=int, default=None, help="cold opens (default 30; --quick 8)")
+    args = ap.parse_args(argv)
+    size = args.size or (256 if args.quick else 512)
+    rounds = args.rounds or (3 if args.quick else 11)
+    nchunks = args.chunks or (60 if args.quick else 300)
+    ncold = args.cold or (8 if args.quick else 30)
+
+    pair = C.synthetic_pair(args.workdir, size)
+    C.header("bench_read: dvidshards vs neuroglancer precomputed (TensorStore), cache off")
+    st = pair.stats
+    C.table(["data", "value"], [
+        ["volume", f"{size}³ uint64 ({size ** 3 * 8 / C.GIB:.2f} GiB), 64³ chunks, {(size // 64) ** 3} chunk slots"],
+        ["foreground", f"{st['foreground']:.0%}"],
+        ["labels per 64³ chunk", f"median {st['labels_per_chunk_median']:.0f}, max {st['labels_per_chunk_max']}"],
+        ["export on disk (DVID, zstd)", f"{st['export_bytes'] / C.MIB:.1f} MiB"],
+        ["precomputed on disk (compressed_segmentation, sharded)", f"{st['precomputed_bytes'] / C.MIB:.1f} MiB"],
+        ["rounds", f"{rounds} interleaved + 1 warm-up"],
+    ], title="Data")
+
+    d = pair.open(C.context())
+    p = pair.open_precomputed(C.context())
+    f = C.fill_store(pair.shape, ctx=C.context())
+    C.warm(d)
+    a = d.read(order="F").result()
+    b = p.read(order="F").result()
+    if not np.array_equal(a, b):
+        raise SystemExit("dvidshards and precomputed volumes differ: rebuild --workdir")
+    del a, b
+
+    # 1. aligned whole box
+    t = C.alternate({"dvidshards": lambda: d.read(order="F").result(),
+                     "precomputed": lambda: p.read(order="F").result(),
+                     "trivial fill": lambda: f.read(order="F").result()}, rounds)
+    pm = C.med(t["precomputed"])
+    rows = [[k, C.ms(C.med(v)), C.ms(min(v)), C.ms(max(v)), f"{C.med(v) / pm:.3f}",
+             f"{C.med(np.divide(v, t['precomputed'])):.3f}"] for k, v in t.items()]
+    C.table(["store", "median ms", "min ms", "max ms", "median ÷ precomputed median", "median of per-round ratios"],
+            rows, title=f"Aligned {size}³ read, read(order='F') into a new array")
+    aligned_ratio = C.med(t["dvidshards"]) / pm
+    floor_ratio = C.med(t["trivial fill"]) / pm
+
+    # the same into a preallocated, already-touched array: no first-touch page faults of the
+    # fresh output (most of the time above, and most of its variance on this VM)
+    out = np.empty(pair.shape, np.uint64, order="F")
+    out.fill(1)
+    dst = ts.array(out, copy=False)
+    tp = C.alternate({k: (lambda s=s, dst=dst: dst.write(s).result())
+                      for k, s in (("dvidshards", d), ("precomputed", p), ("trivial fill", f))}, rounds)
+    pm2 = C.med(tp["precomputed"])
+    rows = [[k, C.ms(C.med(v)), C.ms(min(v)), f"{C.med(v) / pm2:.3f}", C.ms(C.med(v) - C.med(tp["trivial fill"]))]
+            for k, v in tp.items()]
+    C.table(["store", "median ms", "min ms", "÷ precomputed", "above the fill floor ms"], rows,
+            title=f"Aligned {size}³ read into a preallocated, touched array (ts.array(out).write(store))")
+    del out, dst
+
+    # 2. unaligned boxes
+    rows = []
+    for off, shape in UNALIGNED:
+        if size != 512:  # same boxes relative to the volume
+            off = tuple(o * size // 512 | (o & 1) for o in off)
+            shape = tuple(max(1, s * size // 512) for s in shape)
+        bd, bp, bf = (_box(s, off, shape) for s in (d, p, f))
+        t = C.alternate({k: (lambda b=b: b.read(order="F").result()) for k, b in (("d", bd), ("p", bp), ("f", bf))},
+                        rounds)
+        md, mp, mf = (C.med(t[k]) for k in "dpf")
+        rows.append([f"{shape[0]}×{shape[1]}×{shape[2]} at {off}", C.ms(md), C.ms(mp), C.ms(mf),
+                     f"{md / mp:.3f}", f"{mf / mp:.3f}"])
+    C.table(["box (x×y×z at offset)", "dvidshards ms", "precomputed ms", "fill ms", "dvid ÷ pre", "fill ÷ pre"],
+            rows, title="Unaligned boxes (medians)")
+
+    # 3. single chunks, random order, warm
+    g = size // 64
+    rng = np.random.default_rng(7)
+    picks = rng.integers(0, g, size=(nchunks, 3))
+    lat = {"dvidshards": [], "precomputed": [], "trivial fill": []}
+    stores = list(zip(lat, (d, p, f), strict=True))
+    for i, c in enumerate(picks):
+        sl = tuple(slice(64 * int(v), 64 * int(v) + 64) for v in c)
+        k = i % 3
+        for name, s in stores[k:] + stores[:k]:
+            t0 = time.perf_counter()
+            s[sl].read(order="F").result()
+            lat[name].append(time.perf_counter() - t0)
+    rows = [[k, C.ms(C.pct(v, 50), 3), C.ms(C.pct(v, 95), 3), C.ms(float(np.mean(v)), 3)] for k, v in lat.items()]
+    C.table(["store", "p50 ms", "p95 ms", "mean ms"], rows,
+            title=f"Single 64³ chunks, random order, warm ({nchunks} chunks)")
+    warm_p50 = C.pct(lat["dvidshards"], 50)
+
+    # 4. cold: open, then one random chunk
+    cold = {"dvidshards": ([], []), "precomputed": ([], [])}
+    for i in range(ncold):
+        c = rng.integers(0, g, size=3)
+        sl = tuple(slice(64 * int(v), 64 * int(v) + 64) for v in c)
+        for name in (("dvidshards", "precomputed") if i % 2 == 0 else ("precomputed", "dvidshards")):
+            t0 = time.perf_counter()
+            s = pair.open(C.context()) if name == "dvidshards" else pair.open_precomputed(C.context())
+            t1 = time.perf_counter()
+            s[sl].read(order="F").result()
+            t2 = time.perf_counter()
+            cold[name][0].append(t1 - t0)
+            cold[name][1].append(t2 - t1)
+            del s
+    rows = [[k, C.ms(C.med(o), 2), C.ms(C.med(r), 2), C.ms(C.pct(r, 95), 2),
+             C.ms(C.med(np.add(o, r)), 2)] for k, (o, r) in cold.items()]
+    C.table(["store", "open p50 ms", "first chunk p50 ms", "first chunk p95 ms", "open + chunk p50 ms"], rows,
+            title=f"Single random 64³ chunk from a freshly opened volume (cold shard index), {ncold} opens")
+    cold_p50 = C.med(cold["dvidshards"][1])
+
+    C.table(["target", "measured", "verdict"], [
+        [f"aligned {size}³: dvidshards ≤ 1.0 × precomputed", f"{aligned_ratio:.3f} × (trivial-fill floor "
+         f"{floor_ratio:.3f} ×); into a preallocated array {C.med(tp['dvidshards']) / pm2:.3f} ×",
+         C.verdict(aligned_ratio <= 1.0)],
+        ["random 64³ chunk, cold shard index ≤ 20 ms", f"{cold_p50 * 1e3:.2f} ms (p50)", C.verdict(cold_p50 <= 0.020)],
+        ["random 64³ chunk, warm ≤ 1 ms (p50)", f"{warm_p50 * 1e3:.3f} ms", C.verdict(warm_p50 <= 0.001)],
+    ], title="Targets")
+    print(f"load average at end: {C.load_text()}")
+
+
+if __name__ == "__main__":
+    main()
