@@ -111,14 +111,19 @@ def test_parse_footer():
             parse_footer(bad, (64, 64, 64), "f.arrow")
 
 
-def test_global_index_is_lazy_and_bounded(synthetic_export):
-    loads = []
-    src = LocalSource(synthetic_export.root)
+def _recording_loader(root):
+    """A shard loader for GlobalIndex that records the origins it loads."""
+    loads, src = [], LocalSource(root)
 
     def load(origin):
         loads.append(origin)
         return ShardFile(src, f"s0/{origin[0]}_{origin[1]}_{origin[2]}")
 
+    return loads, load
+
+
+def test_global_index_is_lazy_and_bounded(synthetic_export):
+    loads, load = _recording_loader(synthetic_export.root)
     gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
     assert gi.loaded == 0
     assert gi.origin(3, 1, 2) == (128, 0, 128)
@@ -165,13 +170,7 @@ def _spec_file(ex, tmp_path):
 
 def test_global_index_lru_order(synthetic_export):
     """Touching a shard makes it the newest; the least recently touched one is evicted."""
-    loads = []
-    src = LocalSource(synthetic_export.root)
-
-    def load(origin):
-        loads.append(origin)
-        return ShardFile(src, f"s0/{origin[0]}_{origin[1]}_{origin[2]}")
-
+    loads, load = _recording_loader(synthetic_export.root)
     gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
     for c in [(0, 0, 0), (2, 0, 0), (0, 0, 0), (1, 0, 0), (0, 2, 0), (0, 0, 0), (2, 0, 0)]:
         gi.shard(*c)
