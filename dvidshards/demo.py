@@ -50,7 +50,7 @@ def run_demo(out_dir: str | None = None, *, size=(512, 448, 256), seed: int = 7,
     out_dir = out_dir or tempfile.mkdtemp(prefix="dvidshards-demo-")
     export = os.path.join(out_dir, "export")
     t = time.perf_counter()
-    sv, mapping = neuron_volume(size, n_bodies=14, svs_per_body=5, seed=seed)
+    sv, mapping = neuron_volume(size, n_bodies=40, svs_per_body=6, seed=seed)
     spec = write_export(sv, export, mapping=mapping, scales=3, resolution=(8, 8, 8), shard_chunks=2,
                         overwrite=True)
     with open(os.path.join(out_dir, "spec.json"), "w") as f:  # DVID writes no spec: keep it beside
@@ -79,7 +79,8 @@ def run_demo(out_dir: str | None = None, *, size=(512, 448, 256), seed: int = 7,
     small = s1[box[0].start // 2:box[0].stop // 2, box[1].start // 2:box[1].stop // 2,
                box[2].start // 2:box[2].stop // 2].read(order="F").result()
     echo(f"       scale 1: {small.shape} at 16 nm, {len(np.unique(small)) - 1} bodies")
-    z = a.shape[2] // 2
+    sup = result["supervoxels"]
+    z = max(range(sup.shape[2]), key=lambda k: len(np.unique(sup[:, :, k])))  # the busiest slice
     pic = np.concatenate([label_colors(result["agglomerated"][:, :, z].T), np.full((a.shape[1], 8, 3), 255, np.uint8),
                           label_colors(result["supervoxels"][:, :, z].T)], axis=1)
     png = png or os.path.join(out_dir, "slice.png")
