@@ -30,7 +30,7 @@ def _count_chunks(ds, scale, stems) -> tuple[int, str]:
 
 
 def cmd_info(args) -> int:
-    from .dataset import Dataset
+    from .dataset import SINGLE_SHARD, Dataset
 
     ds = Dataset(args.source, spec=args.spec)
     print(f"{ds.source.describe('')}  ({'geometry inferred from files' if ds.spec is None else 'geometry from spec'})")
@@ -39,7 +39,7 @@ def cmd_info(args) -> int:
     for s in ds.scales:
         stems = ds.shards(s.index)
         res = "x".join(f"{r:g}" for r in s.resolution)
-        extent = s.shard_extent if s.shard_extent < (1 << 40) else "all"
+        extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
         line = (f"{s.index:>5} {s.key:>10} {'x'.join(map(str, s.size)):>22} {res:>16} {extent!s:>6} "
                 f"{len(stems):>7}")
         if not args.no_chunks:

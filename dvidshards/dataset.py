@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DvidShardsError, SpecError
+from .errors import SpecError
 from .sharding import ShardingSpec, dvid_shard_extent, grid_shape
 from .sources import ByteSource, LocalSource
 
@@ -317,7 +317,3 @@ class Dataset:
         return open_scale(self, self.scale(scale), labels=labels, fill_missing_shards=fill_missing_shards,
                           context=context, max_shards=max_shards)
 
-
-def describe_error(e: Exception) -> str:
-    """One line for an error (for the CLI)."""
-    return f"{type(e).__name__}: {e}" if isinstance(e, DvidShardsError) else repr(e)

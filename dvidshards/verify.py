@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .codec import block_header
-from .dataset import Dataset, open_shard, shard_stems
+from .dataset import SINGLE_SHARD, Dataset, open_shard, shard_stems
 from .errors import DvidShardsError, MissingShardError
 from .shardfile import decode_record
 
@@ -136,7 +136,7 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
             stem = f"{s.folder}/{o[0]}_{o[1]}_{o[2]}"
             report.shards += 1
             try:
-                if s.shard_extent < (1 << 40) and any(v % s.shard_extent for v in o):
+                if s.shard_extent < SINGLE_SHARD and any(v % s.shard_extent for v in o):
                     raise MissingShardError(f"{src.describe(stem + '.arrow')}: origin {o} is not a multiple of "
                                             f"the shard extent {s.shard_extent}")
                 sf = open_shard(src, stem, s.chunk_size, box=s.shard_box(o))
