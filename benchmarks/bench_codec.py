@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dvidshards.codec import block_header, decode_into  # noqa: E402
+from dvidshards.formats.codec import block_header, decode_into  # noqa: E402
 
 REAL_SHARD = "30720_24576_28672.arrow"
 

@@ -21,7 +21,7 @@ import time
 import common as C
 import numpy as np
 
-from dvidshards.sharding import compressed_morton_code, grid_shape
+from dvidshards.formats.sharding import compressed_morton_code, grid_shape
 
 
 def orders(coords: np.ndarray, grid, seed: int = 3) -> dict[str, np.ndarray]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import dvidshards  # noqa: E402
 from dvidshards.remote import KvStoreSource  # noqa: E402
-from dvidshards.synthetic import neuron_volume  # noqa: E402
+from dvidshards.testing.synthetic import neuron_volume  # noqa: E402
 from dvidshards.writer import write_export  # noqa: E402
 from tests.servers import MotoS3, RangeServer  # noqa: E402
 

@@ -118,7 +118,7 @@ def main(argv=None):
             title=f"Cold: open + first chunk (shard index loaded and checked), {ncold} fresh stores each")
 
     # where a cold load goes (no TensorStore): the steps of ShardFile's loading, timed alone
-    from dvidshards import arrowipc as ipc
+    from dvidshards.formats import arrowipc as ipc
     from dvidshards.index import parse_csv
     from dvidshards.shardfile import ShardFile
     from dvidshards.sources import LocalSource

@@ -303,7 +303,7 @@ def synthetic_pair(workdir: Path, size: int = 512, *, n_bodies: int = 200, svs_p
     """
     import hashlib
 
-    from dvidshards.synthetic import neuron_volume
+    from dvidshards.testing.synthetic import neuron_volume
     from dvidshards.writer import write_export
 
     writer = hashlib.sha1((ROOT / "dvidshards" / "writer.py").read_bytes()).hexdigest()[:12]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .codec import BlockHeader, block_header, decode_block, encode_block
+from .formats.codec import BlockHeader, block_header, decode_block, encode_block
 from .dataset import Dataset, Scale
 from .errors import (
     BlockDecodeError,
@@ -14,7 +14,7 @@ from .errors import (
     ShardFormatError,
     SpecError,
 )
-from .mapping import LabelMapping
+from .formats.mapping import LabelMapping
 from .verify import VerifyReport, verify
 from .volume import open
 from .writer import write_export, write_shard

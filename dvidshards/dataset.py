@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import SpecError
-from .sharding import ShardingSpec, dvid_shard_extent, grid_shape
+from .formats.sharding import ShardingSpec, dvid_shard_extent, grid_shape
 from .sources import ByteSource, LocalSource
 
 __all__ = ["Dataset", "Scale", "as_source", "parse_multiscale"]

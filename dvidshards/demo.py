@@ -44,7 +44,7 @@ def run_demo(out_dir: str | None = None, *, size=(512, 448, 256), seed: int = 7,
     Returns a dict of what was read (for tests and notebooks).
     """
     import dvidshards
-    from dvidshards.synthetic import neuron_volume
+    from dvidshards.testing.synthetic import neuron_volume
     from dvidshards.writer import write_export
 
     out_dir = out_dir or tempfile.mkdtemp(prefix="dvidshards-demo-")
@@ -94,6 +94,6 @@ def _expected(sv, mapping, box, labels):
     ref = np.asarray(sv[box])
     if labels == "supervoxels":
         return ref
-    from dvidshards.mapping import LabelMapping
+    from dvidshards.formats.mapping import LabelMapping
 
     return LabelMapping.from_any(mapping)(ref)

@@ -44,7 +44,7 @@ from collections import OrderedDict
 import numpy as np
 import tensorstore as ts
 
-from . import arrowipc as ipc
+from .formats import arrowipc as ipc
 from .errors import ChunkIndexError, MissingShardError, ShardFormatError
 from .index import RawIndex, ShardIndex, footer_length, pack_key, pack_keys, parse_csv, parse_footer
 from .kvsource import KvStoreSource, _decode_pool, _PastEnd, background_loop, run_sync

@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import zstandard
 
-from . import arrowipc as ipc
-from .codec import decode_into
+from .formats import arrowipc as ipc
+from .formats.codec import decode_into
 from .errors import BlockDecodeError, ChunkIndexError, DvidShardsError, ShardFormatError
 from .index import ShardIndex, footer_length, pack_key, pack_keys, parse_csv, parse_footer
 from .sources import ByteSource

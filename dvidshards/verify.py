@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codec import block_header
+from .formats.codec import block_header
 from .dataset import SINGLE_SHARD, Dataset, open_shard, shard_stems
 from .errors import DvidShardsError, MissingShardError
 from .shardfile import decode_record

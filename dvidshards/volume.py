@@ -16,7 +16,7 @@ import tensorstore as ts
 from .dataset import Dataset, Scale
 from .errors import MissingShardError, SpecError
 from .index import ConsolidatedIndex, GlobalIndex, consolidated_paths
-from .mapping import LabelMapping
+from .formats.mapping import LabelMapping
 from .shardfile import AGGLOMERATED, MAPPED, SUPERVOXELS, ShardFile
 
 __all__ = ["ChunkReader", "open", "open_scale"]

@@ -37,8 +37,8 @@ import pyarrow as pa
 import tensorstore as ts
 import zstandard
 
-from .codec import encode_block
-from .sharding import (
+from .formats.codec import encode_block
+from .formats.sharding import (
     ShardingSpec,
     compressed_z_index_bits,
     dvid_shard_extent,

@@ -77,7 +77,7 @@ class Export:
         sv = self.scales[scale]
         if isinstance(labels, str) and labels == "supervoxels":
             return sv
-        from dvidshards.mapping import LabelMapping
+        from dvidshards.formats.mapping import LabelMapping
 
         m = self.mapping if isinstance(labels, str) else labels
         return LabelMapping.from_any(m)(sv)
@@ -94,7 +94,7 @@ def downsample_mode(vol: np.ndarray, k: int) -> list[np.ndarray]:
 
 
 def make_export(root, shape=(200, 170, 150), *, seed=3, scales=3, **kw) -> Export:
-    from dvidshards.synthetic import neuron_volume
+    from dvidshards.testing.synthetic import neuron_volume
     from dvidshards.writer import write_export
 
     sv, mapping = neuron_volume(shape, n_bodies=10, svs_per_body=4, seed=seed)

@@ -24,10 +24,10 @@ from dvidshards.dataset import Dataset, open_shard
 from dvidshards.remote import KvStoreSource, RemoteChunkReader, RemoteShard
 from dvidshards.shardfile import ShardFile
 from dvidshards.sources import LocalSource
-from dvidshards.synthetic import neuron_volume
+from dvidshards.testing.synthetic import neuron_volume
 from dvidshards.writer import write_export
 
-from .servers import MotoS3, RangeServer
+from dvidshards.testing.servers import MotoS3, RangeServer
 
 REAL = "30720_24576_28672"
 BUCKET = "dvid-exports"

@@ -12,7 +12,7 @@ import pytest
 import tensorstore as ts
 
 import dvidshards
-from dvidshards.codec import decode_block
+from dvidshards.formats.codec import decode_block
 from tests.conftest import REAL_SHARD
 
 

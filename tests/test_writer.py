@@ -17,15 +17,15 @@ import pytest
 import tensorstore as ts
 import zstandard
 
-from dvidshards.codec import decode_block
-from dvidshards.sharding import (
+from dvidshards.formats.codec import decode_block
+from dvidshards.formats.sharding import (
     ShardingSpec,
     dvid_shard_extent,
     dvid_shard_origin,
     grid_shape,
     shard_filename_stem,
 )
-from dvidshards.synthetic import neuron_volume
+from dvidshards.testing.synthetic import neuron_volume
 from dvidshards.writer import (
     D_FOOTER_MAGIC,
     RECORD_SCHEMA,

@@ -7,7 +7,7 @@ import os
 import numba as nb
 import numpy as np
 
-from .errors import MappingError
+from ..errors import MappingError
 
 __all__ = ["LabelMapping"]
 

@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from .errors import ShardFormatError
+from ..errors import ShardFormatError
 
 __all__ = [
     "REC_FIELDS",

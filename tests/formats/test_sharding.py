@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dvidshards.errors import SpecError
-from dvidshards.sharding import (
+from dvidshards.formats.sharding import (
     ShardingSpec,
     compressed_morton_code,
     compressed_z_index_bits,

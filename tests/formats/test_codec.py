@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dvidshards.codec import (
+from dvidshards.formats.codec import (
     MAX_GRID,
     BlockHeader,
     block_header,
@@ -722,7 +722,7 @@ def test_first_decode_from_many_threads_at_once():
 
     code = textwrap.dedent("""
         import threading, numpy as np
-        from dvidshards.codec import encode_block, decode_block
+        from dvidshards.formats.codec import encode_block, decode_block
         blk = encode_block(np.arange(64 ** 3, dtype=np.uint64).reshape(64, 64, 64) % 5)
         barrier, errors = threading.Barrier(8), []
         def go():

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from .errors import SpecError
+from ..errors import SpecError
 
 __all__ = [
     "HASH_FUNCTIONS",

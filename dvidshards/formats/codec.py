@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .errors import BlockDecodeError
+from ..errors import BlockDecodeError
 
 __all__ = [
     "MAX_GRID",

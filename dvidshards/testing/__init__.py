@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: synthetic volumes and loopback range servers."""
