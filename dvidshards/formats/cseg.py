@@ -1,0 +1,465 @@
+"""DVID label block → neuroglancer ``compressed_segmentation`` without decoding voxels.
+
+Both formats cut the chunk into 8³ blocks in z, y, x order (x fastest), and inside a block both
+run voxels x fastest, then y, then z. A DVID sub-block lists indices into the block label list
+and packs 512 MSB-first values of ``ceil(log2(nsb))`` bits; a ``compressed_segmentation`` block
+holds a lookup table of the distinct uint64 values it contains and packs 512 LSB-first values of
+0, 1, 2, 4, 8, 16 or 32 bits. Transcoding a sub-block is therefore: unpack the values, keep the
+indices that occur, map them to labels (the palette), sort and deduplicate those labels into the
+table, and repack the ranks.
+
+The output is byte-identical to TensorStore's (and neuroglancer's) encoder for a uint64,
+single-channel chunk of the block's shape with 8³ blocks:
+
+- the chunk starts with one uint32, the offset of channel 0 (1, in 32-bit words);
+- then one header of two uint32 per block: ``table offset | bits << 24`` and the offset of the
+  block's packed values, both in words from the channel start;
+- each block's packed values follow in block order (none at 0 bits, the offset is still set),
+  each followed by its table unless an identical sorted table was already written, in which case
+  the first one is referenced; a table is uint64 values, low word first.
+
+A 1-bit two-label sub-block is a byte-wise bit reversal (inverted when the labels sort the other
+way). The kernel validates the whole block before it reads it (numba does not bounds-check) and
+releases the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+from numba.core import types
+
+from ..errors import BlockDecodeError
+from .codec import (
+    _BITS,
+    _E_GRID,
+    _E_IDX_RANGE,
+    _E_IDX_TRUNC,
+    _E_LABELS_TRUNC,
+    _E_NLABELS,
+    _E_NSB_BIG,
+    _E_NSB_TRUNC,
+    _E_PALETTE,
+    _E_SHORT,
+    _E_VAL_RANGE,
+    _E_VAL_TRUNC,
+    _OK,
+    MAX_GRID,
+    MAX_SUBBLOCK_LABELS,
+    _as_u8,
+    _error,
+    _u16,
+    _u32,
+    _u64,
+)
+
+__all__ = ["BLOCK", "transcode", "is_background"]
+
+BLOCK = 8  # compressed_segmentation block size (every axis), as DVID's sub-blocks
+
+# compressed_segmentation bits per value for a table of n distinct values (n <= 512)
+_CBITS = np.array(
+    [0, 0] + [next(b for b in (1, 2, 4, 8, 16) if (1 << b) >= n) for n in range(2, 513)],
+    dtype=np.int64,
+)
+# bit reversal of a byte: an MSB-first 1-bit row of 8 voxels -> the LSB-first one
+_REV = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint8)
+_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+_U64 = np.dtype(np.uint64)
+_NO_PALETTE = np.zeros(0, dtype=_U64)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _put32(buf, p, v):
+    buf[p] = np.uint8(v & 255)
+    buf[p + 1] = np.uint8((v >> 8) & 255)
+    buf[p + 2] = np.uint8((v >> 16) & 255)
+    buf[p + 3] = np.uint8((v >> 24) & 255)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _put64(buf, p, v):
+    for i in range(8):
+        buf[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _scan(data, q, b):
+    # bitmask of the b-bit values (b <= 6, a literal at the call site) of one sub-block
+    used = np.int64(0)
+    mask = (np.int64(1) << b) - 1
+    for row in range(64):
+        r = q + row * b
+        w = np.int64(0)
+        for i in range(b):
+            w = (w << 8) | np.int64(data[r + i])
+        for x in range(8):
+            used |= np.int64(1) << ((w >> (b * (7 - x))) & mask)
+    return used
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _pack(data, q, b, rank, cb, out, pos):
+    # repack one sub-block's MSB-first b-bit values (b <= 8 literal) as LSB-first cb-bit ranks
+    # (cb <= 8): a row of 8 voxels is b bytes in, cb bytes out
+    mask = (np.int64(1) << b) - 1
+    for row in range(64):
+        r = q + row * b
+        w = np.int64(0)
+        for i in range(b):
+            w = (w << 8) | np.int64(data[r + i])
+        acc = np.int64(0)
+        for x in range(8):
+            acc |= rank[(w >> (b * (7 - x))) & mask] << (cb * x)
+        p = pos + row * cb
+        for i in range(cb):
+            out[p + i] = np.uint8((acc >> (8 * i)) & 255)
+
+
+@numba.njit(nogil=True, cache=True)
+def _rank_table(keys, ks, m, rank, table):
+    # sort the m used labels keys[:m] (with their indices ks), deduplicate them into table and
+    # set rank[index] = position of its label in table; returns the table length
+    if m <= 24:  # insertion sort: m is small almost always
+        for i in range(1, m):
+            kv = keys[i]
+            kk = ks[i]
+            j = i - 1
+            while j >= 0 and keys[j] > kv:
+                keys[j + 1] = keys[j]
+                ks[j + 1] = ks[j]
+                j -= 1
+            keys[j + 1] = kv
+            ks[j + 1] = kk
+    else:
+        order = np.argsort(keys[:m])
+        sk = keys[:m][order]
+        sv = ks[:m][order]
+        keys[:m] = sk
+        ks[:m] = sv
+    nd = 0
+    for i in range(m):
+        if nd == 0 or keys[i] != table[nd - 1]:
+            table[nd] = keys[i]
+            nd += 1
+        rank[ks[i]] = nd - 1
+    return nd
+
+
+@numba.njit(nogil=True, cache=True)
+def _transcode_kernel(data, pal, use_pal):
+    """Validate a DVID block and transcode it; returns (code, a, b, out, nbytes)."""
+    n = np.int64(data.shape[0])
+    zero = np.int64(0)
+    nothing = np.empty(0, dtype=np.uint8)
+    if n < 16:
+        return _E_SHORT, n, zero, nothing, zero
+    gx = _u32(data, 0)
+    gy = _u32(data, 4)
+    gz = _u32(data, 8)
+    if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
+        return _E_GRID, zero, zero, nothing, zero
+    nlab = _u32(data, 12)
+    if nlab < 1:
+        return _E_NLABELS, zero, zero, nothing, zero
+    if 16 + 8 * nlab > n:
+        return _E_LABELS_TRUNC, nlab, n, nothing, zero
+    if use_pal and np.int64(pal.shape[0]) != nlab:
+        return _E_PALETTE, np.int64(pal.shape[0]), nlab, nothing, zero
+    nsub = gx * gy * gz
+    hdr = 4 + 8 * nsub  # bytes before the first block's values
+
+    if nlab == 1:  # solid block: every block references the one table after the header
+        out = np.empty(hdr + 8, dtype=np.uint8)
+        _put32(out, 0, 1)
+        tw = 2 * nsub
+        for i in range(nsub):  # (0-bit) values offsets: the output's end, after the table
+            _put32(out, 4 + 8 * i, tw)
+            _put32(out, 8 + 8 * i, tw if i == 0 else tw + 2)
+        _put64(out, hdr, pal[0] if use_pal else _u64(data, 16))
+        return _OK, zero, zero, out, hdr + 8
+
+    # validate everything read below: counts, index array, indices < N, packed value sizes
+    p_nsb = 16 + 8 * nlab
+    p_idx = p_nsb + 2 * nsub
+    if p_idx > n:
+        return _E_NSB_TRUNC, p_idx, n, nothing, zero
+    nidx = zero
+    nval = zero
+    cap = hdr  # output bound: values at the widest bits plus a whole table per block
+    tcap = zero  # bound on the table values written
+    for i in range(nsub):
+        c = _u16(data, p_nsb + 2 * i)
+        if c > MAX_SUBBLOCK_LABELS:
+            return _E_NSB_BIG, np.int64(i), c, nothing, zero
+        nidx += c
+        nval += 64 * _BITS[c]
+        cap += 64 * _CBITS[c] + 8 * max(c, 1)
+        tcap += max(c, 1)
+    p_val = p_idx + 4 * nidx
+    if p_val > n:
+        return _E_IDX_TRUNC, p_val, n, nothing, zero
+    if p_val + nval > n:
+        return _E_VAL_TRUNC, p_val + nval, n, nothing, zero
+    for j in range(nidx):
+        v = _u32(data, p_idx + 4 * j)
+        if v >= nlab:
+            return _E_IDX_RANGE, np.int64(j), v, nothing, zero
+
+    labs = np.empty(nlab, dtype=np.uint64)
+    if use_pal:
+        for j in range(nlab):
+            labs[j] = pal[j]
+    else:
+        for j in range(nlab):
+            labs[j] = _u64(data, 16 + 8 * j)
+
+    out = np.empty(cap, dtype=np.uint8)
+    _put32(out, 0, 1)
+    # tables written so far, by content: open addressing over (first value, length) slots
+    hbits = 4
+    while (1 << hbits) < 2 * nsub:
+        hbits += 1
+    hmask = (1 << hbits) - 1
+    hslot = np.full(1 << hbits, -1, dtype=np.int64)  # -> index into tstart/tlen/toff
+    tstart = np.empty(nsub, dtype=np.int64)  # table k's values: tvals[tstart[k]:+tlen[k]]
+    tlen = np.empty(nsub, dtype=np.int64)
+    toff = np.empty(nsub, dtype=np.int64)  # its offset in words from the channel start
+    tvals = np.empty(tcap, dtype=np.uint64)
+    ntab = 0
+    nt = 0
+
+    vals = np.empty(512, dtype=np.int64)
+    stamp = np.full(MAX_SUBBLOCK_LABELS, -1, dtype=np.int64)
+    keys = np.empty(MAX_SUBBLOCK_LABELS, dtype=np.uint64)
+    ks = np.empty(MAX_SUBBLOCK_LABELS, dtype=np.int64)
+    rank = np.empty(MAX_SUBBLOCK_LABELS, dtype=np.int64)
+    table = np.empty(MAX_SUBBLOCK_LABELS, dtype=np.uint64)
+
+    pos = hdr  # next output byte
+    start = p_idx  # byte offset of the current sub-block's indices
+    q = p_val  # byte offset of its packed values
+    for sb in range(nsub):
+        c = _u16(data, p_nsb + 2 * sb)
+        b = _BITS[c]
+        vpos = pos
+        nd = 1
+        cb = 0
+        if c == 0:
+            table[0] = 0
+        elif c == 1:
+            table[0] = labs[_u32(data, start)]
+        elif c == 2:  # 1 bit, both values valid
+            l0 = labs[_u32(data, start)]
+            l1 = labs[_u32(data, start + 4)]
+            anyone = 0
+            allone = 255
+            for k in range(64):
+                anyone |= data[q + k]
+                allone &= data[q + k]
+            if anyone == 0 or l0 == l1:
+                table[0] = l0
+            elif allone == 255:
+                table[0] = l1
+            else:
+                nd = 2
+                cb = 1
+                inv = np.uint8(255) if l0 > l1 else np.uint8(0)
+                table[0] = min(l0, l1)
+                table[1] = max(l0, l1)
+                for k in range(64):
+                    out[pos + k] = _REV[data[q + k]] ^ inv
+        elif b <= 6:  # up to 64 labels: the values that occur as one bitmask
+            if b == 2:
+                used = _scan(data, q, 2)
+            elif b == 3:
+                used = _scan(data, q, 3)
+            elif b == 4:
+                used = _scan(data, q, 4)
+            elif b == 5:
+                used = _scan(data, q, 5)
+            else:
+                used = _scan(data, q, 6)
+            if c < 64 and (used >> c) != 0:
+                return _E_VAL_RANGE, np.int64(sb), c, nothing, zero
+            m = 0
+            for v in range(c):
+                if (used >> v) & 1:
+                    keys[m] = labs[_u32(data, start + 4 * v)]
+                    ks[m] = v
+                    m += 1
+            nd = _rank_table(keys, ks, m, rank, table)
+            cb = _CBITS[nd]
+            if cb > 0:
+                if b == 2:
+                    _pack(data, q, 2, rank, cb, out, pos)
+                elif b == 3:
+                    _pack(data, q, 3, rank, cb, out, pos)
+                elif b == 4:
+                    _pack(data, q, 4, rank, cb, out, pos)
+                elif b == 5:
+                    _pack(data, q, 5, rank, cb, out, pos)
+                else:
+                    _pack(data, q, 6, rank, cb, out, pos)
+        else:  # 65..512 labels: unpack to an array first
+            for row in range(64):
+                r = q + row * b
+                if b <= 8:
+                    w = np.int64(0)
+                    for i in range(b):
+                        w = (w << 8) | np.int64(data[r + i])
+                    mask = (np.int64(1) << b) - 1
+                    for x in range(8):
+                        vals[8 * row + x] = (w >> (b * (7 - x))) & mask
+                else:  # 9 bits: 8 bytes hold 7 values and a bit
+                    w = np.int64(0)
+                    for i in range(8):
+                        w = (w << 8) | np.int64(data[r + i])
+                    for x in range(7):
+                        vals[8 * row + x] = (w >> (55 - 9 * x)) & 511
+                    vals[8 * row + 7] = ((w & 1) << 8) | np.int64(data[r + 8])
+            m = 0
+            for k in range(512):
+                v = vals[k]
+                if v >= c:
+                    return _E_VAL_RANGE, np.int64(sb), c, nothing, zero
+                if stamp[v] != sb:
+                    stamp[v] = sb
+                    keys[m] = labs[_u32(data, start + 4 * v)]
+                    ks[m] = v
+                    m += 1
+            nd = _rank_table(keys, ks, m, rank, table)
+            cb = _CBITS[nd]
+            if cb == 16:
+                for k in range(512):
+                    rv = rank[vals[k]]
+                    out[pos + 2 * k] = np.uint8(rv & 255)
+                    out[pos + 2 * k + 1] = np.uint8(rv >> 8)
+            elif cb > 0:
+                per = 8 // cb  # values per output byte
+                for k in range(0, 512, per):
+                    acc = 0
+                    for i in range(per):
+                        acc |= rank[vals[k + i]] << (cb * i)
+                    out[pos + k // per] = np.uint8(acc)
+        pos += 64 * cb
+
+        # the table: reuse an identical one written before, else append it after the values
+        h = np.uint64(nd)
+        for i in range(nd):
+            h = (h ^ table[i]) * _HASH_MUL
+        s = np.int64(h >> np.uint64(64 - hbits)) & hmask
+        tw = np.int64(-1)
+        while hslot[s] != -1:
+            k = hslot[s]
+            if tlen[k] == nd:
+                t0 = tstart[k]
+                same = True
+                for i in range(nd):
+                    if tvals[t0 + i] != table[i]:
+                        same = False
+                        break
+                if same:
+                    tw = toff[k]
+                    break
+            s = (s + 1) & hmask
+        if tw < 0:
+            tw = (pos - 4) // 4
+            for i in range(nd):
+                _put64(out, pos + 8 * i, table[i])
+                tvals[nt + i] = table[i]
+            pos += 8 * nd
+            hslot[s] = ntab
+            tstart[ntab] = nt
+            tlen[ntab] = nd
+            toff[ntab] = tw
+            ntab += 1
+            nt += nd
+        _put32(out, 4 + 8 * sb, tw | (cb << 24))
+        _put32(out, 8 + 8 * sb, (vpos - 4) // 4)
+        start += 4 * c
+        q += 64 * b
+    return _OK, zero, zero, out, pos
+
+
+_SIG = types.Tuple(
+    (types.int64, types.int64, types.int64, types.Array(types.uint8, 1, "C"), types.int64)
+)(
+    types.Array(types.uint8, 1, "C", readonly=True),
+    types.Array(types.uint64, 1, "C", readonly=True),
+    types.boolean,
+)
+_compile_lock = threading.Lock()
+_kernel = None
+
+
+def _get_kernel():
+    # compiled (or loaded from numba's cache) once, on first use; one signature for every call
+    global _kernel
+    if _kernel is None:
+        with _compile_lock:
+            if _transcode_kernel._can_compile:
+                _transcode_kernel.compile(_SIG)
+                _transcode_kernel.disable_compile()
+            _kernel = _transcode_kernel
+    return _kernel
+
+
+def _as_palette(palette) -> np.ndarray:
+    p = np.asarray(palette)
+    if p.dtype != np.uint64:
+        if p.dtype.kind not in "ui" or (p.size and p.min() < 0):
+            raise BlockDecodeError(f"palette must hold uint64 values, got {p.dtype}")
+        p = p.astype(np.uint64)
+    if p.ndim != 1:
+        raise BlockDecodeError(f"palette must be 1-D, got shape {p.shape}")
+    return np.ascontiguousarray(p)
+
+
+def transcode(block, palette=None) -> bytes:
+    """Transcode one uncompressed DVID label block to ``compressed_segmentation`` bytes.
+
+    The result is the chunk TensorStore's ``neuroglancer_precomputed`` driver writes for the
+    same voxels (uint64, one channel, ``compressed_segmentation_block_size`` [8, 8, 8], chunk
+    shape = the block's shape, 64³ in every export), byte for byte.
+
+    Parameters
+    ----------
+    block : bytes, bytearray, memoryview or numpy.ndarray
+        The uncompressed block (FORMATS.md §1); numpy input must be ``uint8``.
+    palette : array_like, optional
+        ``uint64`` values, one per entry of the block label list (e.g. a record's agglomerated
+        ``labels``). Default: the block's own label list (supervoxel ids).
+
+    Returns
+    -------
+    bytes
+        The encoded chunk.
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed (truncated, counts or indices out of range, packed values
+        selecting no label) or the palette does not have one entry per block label.
+    """
+    d = _as_u8(block)
+    if palette is None:
+        code, a, b, out, nbytes = _get_kernel()(d, _NO_PALETTE, False)
+    else:
+        code, a, b, out, nbytes = _get_kernel()(d, _as_palette(palette), True)
+    if code:
+        raise _error(code, a, b, d, None)
+    return out[:nbytes].tobytes()
+
+
+def is_background(encoded: bytes, shape=(64, 64, 64)) -> bool:
+    """Whether a ``compressed_segmentation`` chunk of ``shape`` (z, y, x) voxels is all 0.
+
+    The encoder writes such a chunk as the header and one table holding the value 0, which
+    every block references at 0 bits. TensorStore does not store chunks equal to the fill value,
+    and neither does ``dvidshards convert``.
+    """
+    nblocks = int(np.prod([-(-s // BLOCK) for s in shape]))
+    return len(encoded) == 4 + 8 * nblocks + 8 and encoded[-8:] == bytes(8)
