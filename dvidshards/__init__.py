@@ -2,36 +2,43 @@
 
 from __future__ import annotations
 
-from .formats.codec import BlockHeader, block_header, decode_block, encode_block
-from .dataset import Dataset, Scale
+from .dataset import Dataset, Scale, open
 from .errors import (
     BlockDecodeError,
     ChunkIndexError,
     DvidShardsError,
+    GeometryWarning,
+    IndexRebuiltWarning,
     MappingError,
     MissingShardError,
     RemoteReadError,
     ShardFormatError,
     SpecError,
 )
+from .formats.codec import BlockHeader, block_header, decode_block, encode_block
+from .formats.labels import Agglomerated, Mapped, Supervoxels
 from .formats.mapping import LabelMapping
 from .verify import VerifyReport, verify
-from .volume import open
 from .writer import write_export, write_shard
 
 __all__ = [
+    "Agglomerated",
     "BlockDecodeError",
     "BlockHeader",
     "ChunkIndexError",
     "Dataset",
     "DvidShardsError",
+    "GeometryWarning",
+    "IndexRebuiltWarning",
     "LabelMapping",
+    "Mapped",
     "MappingError",
     "MissingShardError",
     "RemoteReadError",
     "Scale",
     "ShardFormatError",
     "SpecError",
+    "Supervoxels",
     "VerifyReport",
     "block_header",
     "decode_block",

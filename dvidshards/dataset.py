@@ -1,319 +1,353 @@
-"""A whole export: its scales and their geometry.
+"""A whole export: its scales and their geometry, shards, volumes and bulk reads.
 
-Geometry comes from a neuroglancer multiscale spec (the JSON DVID's export-shards takes, or an
-``info`` file in the export) and is otherwise inferred from the shard files.
+Geometry comes from the neuroglancer multiscale spec given to DVID's export-shards (``spec=``),
+an ``info`` file in the export, or a folder of consolidated indexes.  Without any of them it is
+inferred from the files, and said so: ``open`` warns (``GeometryWarning``) with what it
+guessed, ``Scale.inferred`` names it, units are unknown unless ``resolution=`` is given, and a
+chunk that could belong to a missing shard file is never read as background on a guess.
 """
 
 from __future__ import annotations
 
-import json
+import builtins
 import math
 import os
 import re
-from dataclasses import dataclass, field
+import warnings
 
 import numpy as np
+import tensorstore as ts
 
-from .errors import SpecError
-from .formats.sharding import ShardingSpec, dvid_shard_extent, grid_shape
-from .sources import ByteSource, LocalSource
+from .errors import DvidShardsError, GeometryWarning, MissingShardError, SpecError
+from .formats.labels import as_labels
+from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
+from .read import ChunkReader, read_box
+from .shard import Shard, load_shard_sync
+from .stores import ByteStore, as_store
 
-__all__ = ["Dataset", "Scale", "as_source", "parse_multiscale"]
+__all__ = ["Dataset", "Scale", "open", "shard_origins"]
 
 _STEM = re.compile(r"^(\d+)_(\d+)_(\d+)$")
-SINGLE_SHARD = 1 << 40  # shard extent when every chunk lives in one shard at the origin
 
 
-@dataclass(frozen=True)
-class Scale:
-    """Geometry of one scale of an export (all vectors x, y, z)."""
-
-    index: int
-    size: tuple[int, int, int]
-    resolution: tuple[float, float, float]
-    shard_extent: int
-    chunk_size: tuple[int, int, int] = (64, 64, 64)
-    voxel_offset: tuple[int, int, int] = (0, 0, 0)
-    key: str = ""
-    sharding: ShardingSpec | None = None
-    inferred: bool = field(default=False, compare=False)
-
-    @property
-    def folder(self) -> str:
-        """The scale's folder in the export, always ``s{index}``."""
-        return f"s{self.index}"
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        """Chunks per axis covering the volume from the origin."""
-        end = np.add(self.voxel_offset, self.size)
-        return grid_shape(end, self.chunk_size)
-
-    @property
-    def num_chunk_slots(self) -> int:
-        """Chunks in the volume's bounding grid (present or not)."""
-        return math.prod(self.grid)
-
-    def shard_box(self, origin) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk coordinates [lo, hi) of the shard whose voxel origin is given."""
-        lo = np.asarray(origin, np.int64) // np.asarray(self.chunk_size)
-        hi = (np.asarray(origin, np.int64) + min(self.shard_extent, SINGLE_SHARD)) // np.asarray(self.chunk_size)
-        return lo, hi
-
-    def to_json(self) -> dict:
-        """The neuroglancer scale entry."""
-        d = {
-            "key": self.key or f"s{self.index}",
-            "size": list(self.size),
-            "resolution": list(self.resolution),
-            "voxel_offset": list(self.voxel_offset),
-            "chunk_sizes": [list(self.chunk_size)],
-            "encoding": "compressed_segmentation",
-            "compressed_segmentation_block_size": [8, 8, 8],
-        }
-        if self.sharding is not None:
-            d["sharding"] = self.sharding.to_json()
-        return d
-
-
-def _triple(v, what: str, where: str, cast=int) -> tuple:
-    try:
-        t = tuple(cast(x) for x in v)
-    except (TypeError, ValueError):
-        t = ()
-    if len(t) != 3:
-        raise SpecError(f"{where}: {what} must be three numbers, got {v!r}")
-    return t
-
-
-def parse_multiscale(spec: dict, where: str = "spec") -> list[Scale]:
-    """Scales of a neuroglancer multiscale spec (DVID's export-shards input or an ``info`` file)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("scales"), list) or not spec["scales"]:
-        raise SpecError(f"{where}: not a neuroglancer multiscale spec (no 'scales' list)")
-    dtype = spec.get("data_type", "uint64")
-    if dtype != "uint64":
-        raise SpecError(f"{where}: data_type is {dtype!r}; DVID label exports are uint64")
-    scales = []
-    for i, s in enumerate(spec["scales"]):
-        w = f"{where}: scale {i}"
-        if not isinstance(s, dict):
-            raise SpecError(f"{w} is not an object")
-        size = _triple(s.get("size"), "size", w)
-        res = _triple(s.get("resolution"), "resolution", w, float)
-        off = _triple(s.get("voxel_offset", (0, 0, 0)), "voxel_offset", w)
-        cs_list = s.get("chunk_sizes", [[64, 64, 64]])
-        cs = _triple(cs_list[0] if isinstance(cs_list, list) and cs_list else None, "chunk_sizes", w)
-        if min(size) <= 0 or min(cs) <= 0 or min(res) <= 0:
-            raise SpecError(f"{w}: sizes and resolutions must be positive")
-        sharding = ShardingSpec.from_json(s["sharding"]) if s.get("sharding") else None
-        if sharding is not None:
-            if len(set(cs)) != 1:
-                raise SpecError(f"{w}: DVID's shard naming needs cubic chunks, got {cs}")
-            extent = dvid_shard_extent(sharding, np.add(off, size), cs[0])
-        else:
-            extent = SINGLE_SHARD
-        scales.append(Scale(i, size, res, extent, cs, off, str(s.get("key", f"s{i}")), sharding))
-    return scales
-
-
-def _spec_from_consolidated(folder: str) -> dict | None:
-    """The geometry stored in a folder of consolidated indexes (None if it holds none)."""
-    from .index import ConsolidatedIndex
-
-    names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"s\d+\.chunks\.arrow", n)),
-                   key=lambda n: int(n[1:].split(".")[0])) if os.path.isdir(folder) else []
-    metas = [ConsolidatedIndex(folder, n.split(".")[0]).meta for n in names]
-    if not metas or [m.get("index") for m in metas] != list(range(len(metas))):
-        return None
-    return {"@type": "neuroglancer_multiscale_volume", "data_type": "uint64", "num_channels": 1,
-            "scales": [m["scale"] for m in metas]}
-
-
-def as_source(source) -> ByteSource:
-    """A ByteSource for a path (local directory) or an existing ByteSource."""
-    if isinstance(source, ByteSource):
-        return source
-    if isinstance(source, (str, os.PathLike)):
-        s = os.fspath(source)
-        if "://" in s and not s.startswith("file://"):
-            from .kvsource import KvStoreSource  # cloud and http sources
-            return KvStoreSource.from_url(s)
-        s = s[len("file://"):] if s.startswith("file://") else s
-        if not os.path.isdir(s):
-            raise SpecError(f"{s}: not a directory (an export holds folders s0, s1, ...)")
-        return LocalSource(s)
-    if isinstance(source, dict):
-        from .kvsource import KvStoreSource
-        return KvStoreSource(source)
-    raise SpecError(f"cannot open {type(source).__name__} as an export (give a path, URL or kvstore spec)")
-
-
-def _load_spec(spec, source: ByteSource) -> tuple[dict | None, str]:
-    if spec is None:
-        if source.exists("info"):
-            return _json(source.read("info"), source.describe("info")), source.describe("info")
-        return None, ""
-    if isinstance(spec, dict):
-        return spec, "spec"
-    path = os.fspath(spec)
-    try:
-        with open(path, "rb") as f:
-            return _json(f.read(), path), path
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
-
-
-def _json(data: bytes, where: str) -> dict:
-    try:
-        return json.loads(data)
-    except ValueError as e:
-        raise SpecError(f"{where}: not valid JSON ({e})") from None
-
-
-def shard_stems(source: ByteSource, folder: str) -> list[tuple[int, int, int]]:
-    """Voxel origins of the shard files in one scale folder."""
+def shard_origins(store: ByteStore, folder: str) -> list[tuple[int, int, int]]:
+    """Voxel origins of the shard files in one scale folder (lists it)."""
     out = []
-    for name in source.list(folder):
+    for name in store.list_sync(folder):
         if name.endswith(".arrow"):
             m = _STEM.match(name[:-6])
             if m:
                 out.append(tuple(int(g) for g in m.groups()))
-    return out
+    return sorted(out)
 
 
-def infer_extent(origins: list[tuple[int, int, int]]) -> int:
-    """Shard extent S from file names: the gcd of all origin components (cubic shards)."""
-    g = 0
-    for o in origins:
-        for v in o:
-            g = math.gcd(g, v)
-    return g or SINGLE_SHARD
+def _load_spec(spec, store: ByteStore) -> tuple[dict | None, str]:
+    if spec is None:
+        try:
+            data = store.read_sync("info")
+        except (MissingShardError, FileNotFoundError):
+            return None, ""
+        except DvidShardsError:
+            return None, ""
+        return parse_json(bytes(data), store.describe("info")), store.describe("info")
+    if isinstance(spec, dict):
+        return spec, "spec"
+    path = os.fspath(spec)
+    try:
+        with builtins.open(path, "rb") as f:
+            return parse_json(f.read(), path), path
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
 
 
-def open_shard(source: ByteSource, stem: str, chunk_size=(64, 64, 64), box=None):
-    """A loaded shard: memory-mapped for local sources, byte-range reads otherwise."""
-    if source.mappable:
-        from .shardfile import ShardFile
-        return ShardFile(source, stem, chunk_size, box=box)
-    from .remote import RemoteShard
-    return RemoteShard(source, stem, chunk_size, box=box)
-
-
-def _index_coords(source: ByteSource, stem: str) -> np.ndarray:
-    """Chunk coordinates listed by a shard's index (its CSV alone when there is one)."""
-    from .index import parse_csv
-
-    if source.exists(stem + ".csv"):
-        return parse_csv(source.read(stem + ".csv"), source.describe(stem + ".csv")).coords
-    return open_shard(source, stem).index.coords
-
-
-def _infer_scales(source: ByteSource) -> list[Scale]:
-    folders = sorted(int(n[1:]) for n in source.list("") if re.fullmatch(r"s\d+", n))
-    if not folders:
-        raise SpecError(f"{source.describe('')}: no scale folders s0, s1, ... found")
-    scales = []
-    for k in folders:
-        origins = shard_stems(source, f"s{k}")
-        if not origins:
-            continue
-        extent = infer_extent(origins)
-        # the volume ends in the shards at the largest origin along each axis (their indexes only)
-        top = np.max(origins, axis=0)
-        hi = np.zeros(3, np.int64)
-        for o in (o for o in origins if any(v == t for v, t in zip(o, top, strict=True))):
-            coords = _index_coords(source, f"s{k}/{o[0]}_{o[1]}_{o[2]}")
-            if len(coords):
-                hi = np.maximum(hi, coords.max(axis=0) + 1)
-        size = tuple(int(v) * 64 for v in np.maximum(hi, 1))
-        f = float(2 ** k)
-        scales.append(Scale(k, size, (f, f, f), extent, key=f"s{k}", inferred=True))
-    return scales
+def _resolution(resolution, where: str) -> tuple[float, float, float] | None:
+    if resolution is None:
+        return None
+    if isinstance(resolution, (int, float, np.number)):
+        raise SpecError(f"{where}: resolution must be (x, y, z) in nm, e.g. (8, 8, 8), got {resolution!r}")
+    try:
+        r = tuple(float(v) for v in resolution)
+    except (TypeError, ValueError):
+        r = ()
+    if len(r) != 3 or not all(v > 0 and math.isfinite(v) for v in r):
+        raise SpecError(f"{where}: resolution must be three positive numbers (nm), got {resolution!r}")
+    return r
 
 
 class Dataset:
-    """An export: its scales, their geometry and their volumes.
+    """An export: its scales, their geometry, shards and volumes.
 
     Parameters
     ----------
-    source : str, path, URL, kvstore spec dict or ByteSource
+    source : str, path, URL, kvstore spec dict or ByteStore
         The export root (holding ``s0``, ``s1``, ...).
     spec : dict or path, optional
-        The neuroglancer multiscale spec given to DVID's export-shards (like
-        ``mcns-ng-specs.json``). Default: an ``info`` file at the root, else the geometry
-        saved in a consolidated index, else geometry inferred from the shard files (size
-        rounded up to whole chunks, resolution 2**scale).
+        The neuroglancer multiscale spec given to DVID's export-shards (``mcns-ng-specs.json``).
+        Default: an ``info`` file at the root, else the geometry saved in ``index``, else
+        geometry inferred from the files (with a ``GeometryWarning``).
     index : path, optional
-        A folder of consolidated indexes written by ``dvidshards consolidate``: shards are
-        then located without reading their own indexes or listing folders.
+        A folder of consolidated indexes (``dvidshards consolidate``): shards are located
+        without reading their own indexes, and geometry comes with them.
+    resolution : (x, y, z), optional
+        Scale 0's voxel size in nm when geometry is inferred (scale k: 2**k times it).
+    policy : "eager", "lazy" or None
+        Shard validation policy (None: eager for local files and memory, lazy for remote).
     """
 
-    def __init__(self, source, *, spec=None, index=None):
-        self.source = as_source(source)
+    def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
+        self.store = as_store(source)
         self.index = os.fspath(index) if index is not None else None
-        raw, where = _load_spec(spec, self.source)
+        if policy not in (None, "eager", "lazy"):
+            raise SpecError(f"policy must be 'eager', 'lazy' or None, got {policy!r}")
+        self.policy = policy
+        res0 = _resolution(resolution, "resolution")
+        raw, where = _load_spec(spec, self.store)
         if raw is None and self.index is not None:
-            raw, where = _spec_from_consolidated(self.index), self.index
+            from .consolidated import spec_from_consolidated
+
+            raw, where = spec_from_consolidated(self.index), self.index
         self.spec = raw
-        self.scales = parse_multiscale(raw, where) if raw is not None else _infer_scales(self.source)
+        if raw is not None:
+            self.scales = parse_multiscale(raw, where)
+        else:
+            self.scales = self._infer(res0)
+        self._readers: dict = {}
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_readers"] = {}
+        return d
 
     def __repr__(self) -> str:
-        return f"Dataset({self.source.describe('')!r}, scales={len(self.scales)})"
+        return f"Dataset({self.store.describe('')!r}, scales={[s.index for s in self.scales]})"
 
-    def consolidated(self, scale=0):
-        """The consolidated index of a scale (None when there is none)."""
-        from .index import ConsolidatedIndex, consolidated_paths
+    @property
+    def source(self) -> ByteStore:
+        """The byte store of the export (same as ``store``)."""
+        return self.store
 
-        s = self.scale(scale)
-        if self.index is None or not os.path.exists(consolidated_paths(self.index, s.folder)[0]):
-            return None
-        return ConsolidatedIndex(self.index, s.folder)
+    # --- geometry ----------------------------------------------------------------------------
 
-    def chunks(self, scale=0) -> np.ndarray:
-        """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
-        ci = self.consolidated(scale)
-        if ci is not None:
-            return ci.chunks()
-        s = self.scale(scale)
-        parts = [open_shard(self.source, f"{s.folder}/{o[0]}_{o[1]}_{o[2]}", s.chunk_size).index.coords
-                 for o in self.shards(s.index)]
-        return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+    def _infer(self, res0) -> list[Scale]:
+        store = self.store
+        try:
+            names = store.list_sync("")
+        except SpecError:
+            raise SpecError(f"{store.describe('')}: this store cannot list folders; give the export's "
+                            f"neuroglancer spec (spec=...) or put an 'info' file at its root") from None
+        folders = sorted(int(n[1:]) for n in names if re.fullmatch(r"s\d+", n))
+        if not folders:
+            raise SpecError(f"{store.describe('')}: no scale folders s0, s1, ... found")
+        scales = []
+        for k in folders:
+            origins = shard_origins(store, f"s{k}")
+            if not origins:
+                continue
+            g = 0
+            for o in origins:
+                for v in o:
+                    g = math.gcd(g, v)
+            extent = g or SINGLE_SHARD
+            res = tuple(r * 2 ** k for r in res0) if res0 is not None else None
+            probe = Scale(k, (1, 1, 1), res, extent, key=f"s{k}")
+            # the volume ends in the shards at the largest origin along each axis: load those
+            top = np.max(origins, axis=0)
+            hi = np.zeros(3, np.int64)
+            for o in (o for o in origins if any(v == t for v, t in zip(o, top, strict=True))):
+                shard = load_shard_sync(store, probe, o, policy=self.policy)
+                if len(shard):
+                    hi = np.maximum(hi, shard.coords.max(axis=0) + 1)
+            size = tuple(int(v) * 64 for v in np.maximum(hi, 1))
+            inferred = ("size", "shard_extent") + (() if res is not None else ("resolution",))
+            s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred)
+            scales.append(s)
+            warnings.warn(f"{store.describe(s.folder)}: no spec or info file: guessed shard size {extent if extent < SINGLE_SHARD else 'one shard'}"
+                          f" from {len(origins)} file names and volume size {size} from the last shards' records"
+                          f"{'' if res is not None else '; units unknown'}. Pass spec= (the neuroglancer spec "
+                          f"given to DVID's export-shards) for exact geometry", GeometryWarning, stacklevel=3)
+        if not scales:
+            raise SpecError(f"{store.describe('')}: no shard files in any scale folder")
+        return scales
 
-    def scale(self, which=0) -> Scale:
-        """A scale by index, or by resolution (a number or an (x, y, z) triple)."""
+    def scale(self, which=0, *, resolution=None) -> Scale:
+        """A scale by folder number (``k`` is ``s{k}``) or by ``resolution=(x, y, z)`` in nm."""
+        if resolution is not None or isinstance(which, (tuple, list, np.ndarray)):
+            res = _resolution(resolution if resolution is not None else which, "scale")
+            for s in self.scales:
+                if s.resolution is not None and np.allclose(s.resolution, res):
+                    return s
+            raise SpecError(f"no scale has resolution {res}; resolutions are "
+                            f"{ {s.index: s.resolution for s in self.scales} }")
         if isinstance(which, Scale):
             return which
         if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
-            if 0 <= which < len(self.scales):
-                return self.scales[which]
-            raise SpecError(f"scale {which} does not exist (the export has {len(self.scales)} scales)")
-        res = (float(which),) * 3 if isinstance(which, (float, np.floating)) else tuple(float(v) for v in which)
-        for s in self.scales:
-            if np.allclose(s.resolution, res):
-                return s
-        raise SpecError(f"no scale has resolution {res}; resolutions are {[s.resolution for s in self.scales]}")
+            for s in self.scales:
+                if s.index == which:
+                    return s
+            raise SpecError(f"scale {which} (folder s{which}) does not exist; scales are "
+                            f"{[s.index for s in self.scales]}")
+        raise SpecError(f"scale must be a folder number k (for s{{k}}) or resolution=(x, y, z); got {which!r}")
 
     @property
     def info(self) -> dict:
-        """The neuroglancer ``info`` of the export."""
-        return {
-            "@type": "neuroglancer_multiscale_volume",
-            "type": "segmentation",
-            "data_type": "uint64",
-            "num_channels": 1,
-            "scales": [s.to_json() for s in self.scales],
-        }
+        """The neuroglancer ``info`` of the export (``"inferred"`` lists guessed fields per scale)."""
+        info = multiscale_info(self.scales)
+        for entry, s in zip(info["scales"], self.scales, strict=True):
+            if s.inferred:
+                entry["inferred"] = list(s.inferred)
+        return info
+
+    # --- shards ------------------------------------------------------------------------------
 
     def shards(self, scale=0) -> list[tuple[int, int, int]]:
-        """Voxel origins of the shard files present at a scale (lists the folder)."""
-        ci = self.consolidated(scale)
-        return ci.shards if ci is not None else shard_stems(self.source, self.scale(scale).folder)
+        """Voxel origins of the shard files present at a scale (lists the folder, or the index)."""
+        s = self.scale(scale)
+        if self.index is not None:
+            from .consolidated import ConsolidatedIndex, consolidated_paths
+
+            if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
+                return sorted(ConsolidatedIndex(self.index, s.folder).shards)
+        return shard_origins(self.store, s.folder)
+
+    def shard(self, scale, origin, *, policy: str | None = None, consolidated: bool = True) -> Shard:
+        """The loaded, checked shard at a voxel origin (MissingShardError if its file is absent)."""
+        s = self.scale(scale)
+        o = tuple(int(v) for v in origin)
+        if not s.is_origin(o):
+            raise MissingShardError(f"{self.store.describe(s.stem(o) + '.arrow')}: origin {o} is not on the shard "
+                                    f"grid (shard extent {s.shard_extent} voxels)")
+        if consolidated and self.index is not None and policy is None:
+            return self.reader(s).cache.get_sync(o) or _missing(self, s, o)
+        return load_shard_sync(self.store, s, o, policy=policy or self.policy)
+
+    def chunks(self, scale=0) -> np.ndarray:
+        """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
+        s = self.scale(scale)
+        if self.index is not None:
+            from .consolidated import ConsolidatedIndex, consolidated_paths
+
+            if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
+                return ConsolidatedIndex(self.index, s.folder).chunks()
+        parts = [self.shard(s, o).coords for o in self.shards(s)]
+        return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+
+    # --- volumes -----------------------------------------------------------------------------
+
+    def reader(self, scale=0, labels="agglomerated", *, fill_missing_shards: bool = False,
+               max_shards: int = 64) -> ChunkReader:
+        """The (cached) chunk reader of a scale and label source; its shard cache is shared."""
+        s = self.scale(scale)
+        src = as_labels(labels)
+        key = (s.index, src, bool(fill_missing_shards), int(max_shards))
+        r = self._readers.get(key)
+        if r is None:
+            r = self._readers[key] = ChunkReader(self.store, s, src, fill_missing_shards=fill_missing_shards,
+                                                 max_shards=max_shards, consolidated=self.index, policy=self.policy)
+        return r
+
+    def read(self, box, scale=0, labels="agglomerated", out=None, threads: int | None = None, *,
+             fill_missing_shards: bool = False) -> np.ndarray:
+        """Decode a voxel box straight into an (x, y, z) uint64 array, in parallel (the bulk reader).
+
+        Parameters
+        ----------
+        box : [[x0, y0, z0], [x1, y1, z1]]
+            Voxels, any alignment, inside the scale's volume.
+        scale : int or Scale
+            Folder number.
+        labels : "agglomerated", "supervoxels" or a mapping
+        out : numpy.ndarray, optional
+            Destination of shape (x1-x0, y1-y0, z1-z0): F-ordered, or C-ordered so that ``.T``
+            is (z, y, x); default a new F-ordered array.
+        threads : int, optional
+            Decoding threads (default: all cores).
+        """
+        return read_box(self.reader(scale, labels, fill_missing_shards=fill_missing_shards), box, out, threads)
 
     def open(self, scale=0, *, labels="agglomerated", fill_missing_shards: bool = False, context=None,
-             max_shards: int = 64):
+             max_shards: int = 64) -> ts.TensorStore:
         """The scale as a ``tensorstore.TensorStore``; see ``dvidshards.open``."""
-        from .volume import open_scale
+        s = self.scale(scale)
+        reader = ChunkReader(self.store, s, as_labels(labels), fill_missing_shards=fill_missing_shards,
+                             max_shards=max_shards, consolidated=self.index, policy=self.policy)
+        kwargs = {} if context is None else {"context": context}
+        units = [ts.Unit(r, "nm") for r in s.resolution] if s.resolution is not None else None
+        return ts.virtual_chunked(
+            reader,
+            dtype=ts.uint64,
+            domain=ts.IndexDomain(labels=["x", "y", "z"], inclusive_min=list(s.voxel_offset), shape=list(s.size)),
+            chunk_layout=ts.ChunkLayout(read_chunk_shape=list(s.chunk_size), grid_origin=[0, 0, 0],
+                                        inner_order=[2, 1, 0]),
+            dimension_units=units,
+            **kwargs,
+        )
 
-        return open_scale(self, self.scale(scale), labels=labels, fill_missing_shards=fill_missing_shards,
-                          context=context, max_shards=max_shards)
+    # --- queries (implemented in dvidshards.query) ----------------------------------------------
+
+    def labels(self, box, scale=0, labels="agglomerated") -> np.ndarray:
+        """Sorted unique ids in a voxel box; whole chunks from their label lists, cut chunks decoded."""
+        from .query import labels_in_box
+
+        return labels_in_box(self, box, scale, labels)
+
+    def chunks_with(self, ids, scale=0, labels="agglomerated") -> np.ndarray:
+        """(n, 3) chunk coordinates whose label lists hold any of ids (no decompression)."""
+        from .query import chunks_with
+
+        return chunks_with(self, ids, scale, labels)
+
+    def body_index(self, path):
+        """The label index written by ``dvidshards.stats.label_index``, for per-body look-ups."""
+        from .query import BodyIndex
+
+        return BodyIndex(path)
+
+    def body_mask(self, body, scale=0, labels="agglomerated", index=None):
+        """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
+        from .query import body_mask
+
+        return body_mask(self, body, scale, labels=labels, index=index)
+
+    def viewer(self, labels="agglomerated", select=None, position=None, **kwargs):
+        """A ``neuroglancer.Viewer`` of the export (needs ``dvidshards[view]``)."""
+        from .view import viewer
+
+        return viewer(self, labels=labels, select=select, position=position, **kwargs)
+
+
+def _missing(ds: Dataset, s: Scale, o) -> Shard:
+    raise MissingShardError(f"{ds.store.describe(s.stem(o) + '.arrow')}: no such shard file")
+
+
+def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False, context=None,
+         spec=None, index=None, resolution=None, max_shards: int = 64) -> ts.TensorStore:
+    """Open one scale of a DVID export as a read-only ``tensorstore.TensorStore``.
+
+    Parameters
+    ----------
+    source : str, path, URL, kvstore spec dict, ByteStore or Dataset
+        The export root (holding ``s0``, ``s1``, ...).
+    scale : int or (x, y, z)
+        Folder number k (``s{k}``), or a resolution in nm.
+    labels : "agglomerated", "supervoxels" or a mapping
+        Voxel values: the records' agglomerated labels, the supervoxels, or a supervoxel →
+        body mapping applied at read time (LabelMapping, dict, (n, 2) array, pandas Series or
+        a mapping file); unmapped supervoxels keep their id.
+    fill_missing_shards : bool
+        Read a missing shard file as background instead of raising MissingShardError.
+    context : tensorstore.Context, optional
+        E.g. ``ts.Context({"data_copy_concurrency": {"limit": 8}})``.
+    spec, index, resolution :
+        See ``Dataset``.
+    max_shards : int
+        Shards kept loaded per process (LRU).
+
+    Returns
+    -------
+    tensorstore.TensorStore
+        uint64, dimensions ``["x", "y", "z"]``, 64³ chunks; read with ``order="F"`` for speed.
+    """
+    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, index=index, resolution=resolution)
+    return ds.open(scale, labels=labels, fill_missing_shards=fill_missing_shards, context=context,
+                   max_shards=max_shards)
 

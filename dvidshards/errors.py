@@ -6,6 +6,8 @@ __all__ = [
     "BlockDecodeError",
     "ChunkIndexError",
     "DvidShardsError",
+    "GeometryWarning",
+    "IndexRebuiltWarning",
     "MappingError",
     "MissingShardError",
     "RemoteReadError",
@@ -44,3 +46,11 @@ class SpecError(DvidShardsError, ValueError):
 
 class MappingError(DvidShardsError, ValueError):
     """A label mapping given to dvidshards.open cannot be read or is inconsistent."""
+
+
+class GeometryWarning(UserWarning):
+    """Geometry (shard size, volume size, resolution) was inferred from file names, not given."""
+
+
+class IndexRebuiltWarning(UserWarning):
+    """A shard had no chunk index; it was rebuilt from the records' own chunk columns."""

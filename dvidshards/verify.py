@@ -1,17 +1,22 @@
-"""End-to-end checks of an export, shard by shard, in bounded memory."""
+"""End-to-end checks of an export, shard by shard, in bounded memory, on any store.
+
+Every shard is loaded with the eager policy (remotely: one download per shard), so every
+record is checked against its index and its shard's box, and a record that no index row lists
+is found.  Every payload is decompressed, which checks its zstd content checksum; with
+``decode=True`` every block is also decoded and its label list compared with the record's.
+"""
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formats.codec import block_header
-from .dataset import SINGLE_SHARD, Dataset, open_shard, shard_stems
+from .dataset import Dataset, shard_origins
 from .errors import DvidShardsError, MissingShardError
-from .shardfile import decode_record
+from .formats.codec import block_header
+from .formats.labels import Agglomerated
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -27,132 +32,136 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What ``verify`` checked and found."""
+    """What ``verify`` checked and found.  ``checked`` is False when there was nothing to check."""
 
     shards: int = 0
     chunks: int = 0
+    decompressed: int = 0
     decoded: int = 0
     problems: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
+    def checked(self) -> bool:
+        return self.shards > 0
+
+    @property
     def ok(self) -> bool:
-        return not self.problems
+        return self.checked and not self.problems
 
     def summary(self) -> str:
-        head = (f"{self.shards} shards, {self.chunks} chunks, {self.decoded} blocks decoded in "
-                f"{self.seconds:.1f} s: ")
+        head = (f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
+                f"{self.decoded} blocks decoded in {self.seconds:.1f} s: ")
         if self.ok:
             return head + "no problems"
-        lines = [head + f"{len(self.problems)} problems"]
+        lines = [head + (f"{len(self.problems)} problems" if self.problems else "nothing was checked")]
         lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
         if len(self.problems) > 50:
             lines.append(f"  ... and {len(self.problems) - 50} more")
         return "\n".join(lines)
 
 
-class _Progress:
-    """A one-line progress bar on stderr (no dependency)."""
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled = total, label, enabled and total > 0
-        self.n, self.last = 0, 0.0
-
-    def step(self, problems: int) -> None:
-        self.n += 1
-        now = time.monotonic()
-        if self.enabled and (now - self.last > 0.2 or self.n == self.total):
-            self.last = now
-            w = 30
-            k = w * self.n // self.total
-            sys.stderr.write(f"\r{self.label} [{'#' * k}{'.' * (w - k)}] {self.n}/{self.total} shards, "
-                             f"{problems} problems")
-            if self.n == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def _check_records(sf, report: VerifyReport) -> None:
-    """Decode every record of a loaded shard; compare its label list with the record's."""
-    out = np.empty(sf.chunk_size[::-1], np.uint64)
-    for i in range(len(sf)):
-        where = f"{sf.path}: chunk {tuple(int(v) for v in sf.index.coords[i])}"
+def _check_records(shard, report: VerifyReport, decode: bool) -> None:
+    """Decompress (and decode) every record; compare its label list with the block's."""
+    t = shard.table()
+    cs = shard.chunk_size
+    out = np.empty(cs[::-1], np.uint64) if decode else None
+    labels = Agglomerated()
+    for i in range(len(t)):
         try:
-            block = sf.block(i)
-            sv = sf.supervoxels(i)
+            block = t.block(i)
+            report.decompressed += 1
             hdr = block_header(block)
-            if hdr.shape != tuple(sf.chunk_size[::-1]):
-                what = f"block is {hdr.shape[::-1]} voxels (x,y,z), the export's chunks are {sf.chunk_size}"
-                report.problems.append(Problem(sf.path, "BlockDecodeError", f"{where}: {what}"))
+            where = t.where(i)
+            if hdr.shape != tuple(cs[::-1]):
+                report.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: block is "
+                                               f"{hdr.shape[::-1]} voxels (x,y,z), the export's chunks are {cs}"))
                 continue
-            decode_record(block, sf.labels(i), out, where)
-            if not np.array_equal(hdr.labels, sv):
-                report.problems.append(Problem(sf.path, "ChunkIndexError",
-                                               f"{where}: record's supervoxels differ from the block's label list"))
+            if not np.array_equal(hdr.labels, t.supervoxels(i)):
+                report.problems.append(Problem(shard.path, "ChunkIndexError",
+                                               f"{where}: the record's supervoxels differ from the block's label list"))
                 continue
-            report.decoded += 1
+            if decode:
+                t.decode_into(i, out, labels)
+                report.decoded += 1
         except DvidShardsError as e:
-            report.problems.append(Problem(sf.path, type(e).__name__, str(e)))
+            report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
 def verify(source, *, scale=None, decode: bool = False, spec=None, progress: bool = False) -> VerifyReport:
-    """Check an export: indexes against records, shard placement, and (``decode``) every block.
+    """Check an export: indexes against records, shard placement, payload checksums, and
+    (``decode``) every block.
 
     Parameters
     ----------
-    source : path, URL or Dataset
+    source : path, URL, store or Dataset
         The export.
     scale : int, optional
-        Only this scale (default: all).
+        Only this scale (folder number; default: all).
     decode : bool
-        Also decompress and decode every block, checking sizes and label lists.
+        Also decode every block and check its label lists.
     spec : dict or path, optional
         The export's neuroglancer multiscale spec (see ``Dataset``).
     progress : bool
-        Print a progress bar on stderr.
+        Show a progress bar (tqdm) on stderr.
 
     Returns
     -------
     VerifyReport
+        ``report.ok`` is False when a problem was found or nothing was checked.
     """
+    from tqdm.auto import tqdm
+
     t0 = time.monotonic()
     report = VerifyReport()
     try:
-        ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+        ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, policy="eager")
+        scales = ds.scales if scale is None else [ds.scale(scale)]
+        store = ds.store
+        folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isdigit()}
     except DvidShardsError as e:
         report.problems.append(Problem(str(source), type(e).__name__, str(e)))
+        report.seconds = time.monotonic() - t0
         return report
-    scales = ds.scales if scale is None else [ds.scale(scale)]
-    src = ds.source
+    if scale is None:
+        for f in sorted(folders - {s.folder for s in ds.scales}):
+            if shard_origins(store, f):
+                report.problems.append(Problem(store.describe(f), "SpecError",
+                                               f"{store.describe(f)}: holds shards but the spec has no scale {f[1:]}; "
+                                               f"they were not checked"))
     for s in scales:
-        names = set(src.list(s.folder))
-        origins = shard_stems(src, s.folder)
+        try:
+            names = set(store.list_sync(s.folder))
+            origins = shard_origins(store, s.folder)
+        except DvidShardsError as e:
+            report.problems.append(Problem(store.describe(s.folder), type(e).__name__, str(e)))
+            continue
         for name in sorted(names):  # an index with no shard file beside it
             if name.endswith(".csv") and name[:-4] + ".arrow" not in names:
-                report.problems.append(Problem(src.describe(f"{s.folder}/{name}"), "MissingShardError",
-                                               f"{src.describe(f'{s.folder}/{name}')}: index without its .arrow"))
-        bar = _Progress(len(origins), s.folder, progress)
-        for o in origins:
-            stem = f"{s.folder}/{o[0]}_{o[1]}_{o[2]}"
+                w = store.describe(f"{s.folder}/{name}")
+                report.problems.append(Problem(w, "MissingShardError", f"{w}: index without its .arrow"))
+        grid = np.asarray(s.grid)
+        for o in tqdm(origins, desc=f"verify {s.folder}", unit="shard", disable=not progress):
+            key = s.stem(o) + ".arrow"
             report.shards += 1
             try:
-                if s.shard_extent < SINGLE_SHARD and any(v % s.shard_extent for v in o):
-                    raise MissingShardError(f"{src.describe(stem + '.arrow')}: origin {o} is not a multiple of "
-                                            f"the shard extent {s.shard_extent}")
-                sf = open_shard(src, stem, s.chunk_size, box=s.shard_box(o))
-                report.chunks += len(sf)
-                grid = np.asarray(s.grid)
-                beyond = np.flatnonzero((sf.index.coords >= grid).any(axis=1)) if len(sf) else []
+                if not s.is_origin(o):
+                    raise MissingShardError(f"{store.describe(key)}: origin {o} is not a multiple of the shard "
+                                            f"extent {s.shard_extent}")
+                shard = ds.shard(s, o, policy="eager")
+                report.chunks += len(shard)
+                beyond = np.flatnonzero((shard.coords >= grid).any(axis=1)) if len(shard) else []
                 if len(beyond):
-                    c = tuple(int(v) for v in sf.index.coords[beyond[0]])
-                    report.problems.append(Problem(sf.path, "ChunkIndexError",
-                                                   f"{sf.path}: chunk {c} lies outside the volume {s.size}"))
-                if decode:
-                    _check_records(sf, report)
-                del sf
+                    c = tuple(int(v) for v in shard.coords[beyond[0]])
+                    report.problems.append(Problem(shard.path, "ChunkIndexError",
+                                                   f"{shard.path}: chunk {c} lies outside the volume {s.size}"))
+                _check_records(shard, report, decode)
+                del shard
             except DvidShardsError as e:
-                report.problems.append(Problem(src.describe(stem + ".arrow"), type(e).__name__, str(e)))
-            bar.step(len(report.problems))
+                report.problems.append(Problem(store.describe(key), type(e).__name__, str(e)))
+    if report.shards == 0 and not report.problems:
+        report.problems.append(Problem(store.describe(""), "SpecError",
+                                       f"no shard files found under {store.describe('')}"))
     report.seconds = time.monotonic() - t0
     return report
 

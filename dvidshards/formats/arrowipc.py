@@ -15,12 +15,16 @@ import pyarrow as pa
 from ..errors import ShardFormatError
 
 __all__ = [
+    "ARROW_MAGIC",
     "REC_FIELDS",
     "SchemaLayout",
     "batch_rows",
     "file_footer_blocks",
+    "header_rows",
     "is_ipc_file",
     "message_extent",
+    "message_prefix",
+    "raise_error",
     "resolve_rows",
     "scan_stream",
     "schema_from_message",
@@ -30,6 +34,7 @@ ARROW_MAGIC = b"ARROW1"
 CONTINUATION = 0xFFFFFFFF
 HEADER_SCHEMA = 1
 HEADER_RECORD_BATCH = 3
+_LIMIT = 1 << 53  # no file is this long: offsets and lengths below it cannot overflow a sum
 
 # columns of a resolved record (resolve_rows output), offsets absolute in the buffer given
 R_ROWS, R_CX, R_CY, R_CZ, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = range(11)
@@ -52,6 +57,9 @@ _ERRORS = {
     13: "record batch at byte {a}: column length {b} differs from the batch length",
     14: "record batch at byte {a} with size {b} lies past the end of the file",
     15: "record batch at byte {a} claims {b} rows, more than its body can hold",
+    16: "record batch at byte {a}: buffer {b} is not 8-byte aligned",
+    17: "record batch at byte {a}: buffer {b} overlaps or precedes the buffer before it",
+    18: "record batch at byte {a}: offsets of column {b} are not monotone or leave their values buffer",
 }
 
 
@@ -172,7 +180,7 @@ def _scan(b, start, end, offs, lens, rows, fill):
             return code, p, mlen, n
         if mlen <= 8 and body == 0 and htype == 0:
             return 0, p, 0, n  # end-of-stream
-        if p + mlen + body > end:
+        if body > end - p - mlen:
             return 1, p, 0, n
         if htype != HEADER_RECORD_BATCH:
             return 4, p, htype, n
@@ -182,7 +190,7 @@ def _scan(b, start, end, offs, lens, rows, fill):
             if q < 0 or q + 8 > p + mlen:
                 return 3, p, 0, n
             nrows = _i64(b, q) if q > 0 else 0
-            if nrows < 0 or nrows * 12 > body:  # three int32 coordinates per row at least
+            if nrows < 0 or nrows > body // 12:  # three int32 coordinates per row at least
                 return 15, p, nrows, n
             offs[n] = p
             lens[n] = mlen + body
@@ -195,10 +203,11 @@ def _scan(b, start, end, offs, lens, rows, fill):
 @nb.njit(nogil=True, cache=True)
 def _resolve(b, base, offs, lens, rows, layout, top, res):
     """Resolve row rows[i] of the batch message at offs[i] (relative to base) into res[i]."""
+    checked = np.int64(-1)  # file offset of the last batch whose whole layout was validated
     for i in range(offs.shape[0]):
         off = offs[i] - base
         size = lens[i]
-        if off < 0 or size < 8 or off + size > b.shape[0]:
+        if off < 0 or size < 8 or off > b.shape[0] or size > b.shape[0] - off:
             return 14, offs[i], size, i
         end = off + size
         code, mlen, body, htype, hdr = _message(b, off, end)
@@ -206,7 +215,7 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
             return code, offs[i], mlen, i
         if htype != HEADER_RECORD_BATCH:
             return 4, offs[i], htype, i
-        if mlen + body != size:
+        if body != size - mlen:
             return 5, offs[i], size, i
         lo = off + (8 if _u32(b, off) == CONTINUATION else 4)
         hi = off + mlen
@@ -215,7 +224,7 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
         if p < 0 or p + 8 > hi:
             return 3, offs[i], 0, i
         nrows = _i64(b, p) if p > 0 else 0
-        if nrows < 0 or nrows * 12 > body:
+        if nrows < 0 or nrows > body // 12:
             return 15, offs[i], nrows, i
         row = rows[i]
         if row < 0 or row >= nrows:
@@ -244,11 +253,40 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
         nb_ = _u32(b, bv)
         if nb_ != layout[1] or bv + 4 + 16 * nb_ > hi:
             return 7, offs[i], nb_, i
+        prev = np.int64(0)
         for k in range(nb_):
             bo = _i64(b, bv + 4 + 16 * k)
             bl = _i64(b, bv + 4 + 16 * k + 8)
-            if bo < 0 or bl < 0 or bo + bl > body:
+            if bo < 0 or bl < 0 or bo > body or bl > body - bo:
                 return 8, offs[i], k, i
+            if bo % 8 != 0:
+                return 16, offs[i], k, i
+            if bo < prev:
+                return 17, offs[i], k, i
+            prev = bo + bl
+        if offs[i] != checked:  # every row's offsets, once per batch
+            for c in range(3):
+                ob = layout[6 + 3 * c]
+                ow = layout[7 + 3 * c]
+                vb = layout[8 + 3 * c]
+                vw = 1 if c == 2 else 8
+                bo = _i64(b, bv + 4 + 16 * ob)
+                bl = _i64(b, bv + 4 + 16 * ob + 8)
+                vl = _i64(b, bv + 4 + 16 * vb + 8)
+                if nrows >= bl // ow:
+                    return 18, offs[i], c, i
+                q = bstart + bo
+                last = _i32(b, q) if ow == 4 else _i64(b, q)
+                if last < 0:
+                    return 18, offs[i], c, i
+                for r in range(1, nrows + 1):
+                    v = _i32(b, q + r * ow) if ow == 4 else _i64(b, q + r * ow)
+                    if v < last:
+                        return 18, offs[i], c, i
+                    last = v
+                if last > vl // vw:
+                    return 18, offs[i], c, i
+            checked = offs[i]
         # coordinates
         cw = layout[2]
         for a in range(3):
@@ -275,7 +313,7 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
             o1 = _i32(b, q + ow) if ow == 4 else _i64(b, q + ow)
             vo = _i64(b, bv + 4 + 16 * vb)
             vl = _i64(b, bv + 4 + 16 * vb + 8)
-            if o0 < 0 or o1 < o0 or o1 * vw > vl:
+            if o0 < 0 or o1 < o0 or o1 > vl // vw:
                 return 11, offs[i], row, i
             dst = R_PAY if c == 2 else R_LAB + 2 * c
             res[i, dst] = bstart + vo + o0 * vw + base
@@ -323,8 +361,11 @@ def _footer(b, end, offs, lens, fill):
     if fill:
         for k in range(n):
             q = v + 4 + 24 * k
-            offs[k] = _i64(b, q)
-            lens[k] = _i32(b, q + 8) + _i64(b, q + 16)
+            o, meta, body = _i64(b, q), _i32(b, q + 8), _i64(b, q + 16)
+            if o < 0 or meta < 0 or body < 0 or o >= _LIMIT or body >= _LIMIT:
+                return 3, n, 0
+            offs[k] = o
+            lens[k] = meta + body
     return 0, n, lo
 
 
@@ -333,6 +374,44 @@ def _footer(b, end, offs, lens, fill):
 
 def _u8(data) -> np.ndarray:
     return data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+
+
+def raise_error(code: int, a: int, b: int, where: str) -> None:
+    """Raise the ShardFormatError of a kernel error code (used by range-reading loaders)."""
+    _raise(code, a, b, where)
+
+
+def message_prefix(head, off: int, where: str) -> tuple[int, int]:
+    """(prefix length, metadata length) of the IPC message starting at ``head[off:off + 8]``."""
+    head = bytes(head[off:off + 8])
+    if len(head) < 8:
+        raise ShardFormatError(f"{where}: the file ends inside the Arrow message at byte {off}")
+    first = int.from_bytes(head[:4], "little")
+    if first == CONTINUATION:
+        return 8, int.from_bytes(head[4:8], "little", signed=True)
+    return 4, int.from_bytes(head[:4], "little", signed=True)
+
+
+def header_rows(data, off: int, end: int) -> tuple[int, int, int, int, int]:
+    """(code, message length incl. prefix, body length, header type, rows) from a message header.
+
+    ``data[off:end]`` must hold the message's prefix and metadata (its body is not needed).
+    A non-zero code is a kernel error code for ``raise_error``.
+    """
+    b = _u8(data)
+    code, mlen, body, htype, hdr = (int(v) for v in _message(b, off, end))
+    if code != 0:
+        return code, mlen, 0, 0, 0
+    if htype != HEADER_RECORD_BATCH:
+        return 4, htype, 0, htype, 0
+    lo = off + (8 if int.from_bytes(bytes(b[off:off + 4]), "little") == CONTINUATION else 4)
+    q = int(_field(b, hdr, 0, lo, off + mlen))
+    if q < 0 or q + 8 > off + mlen:
+        return 3, 0, 0, htype, 0
+    rows = int.from_bytes(bytes(b[q:q + 8]), "little", signed=True) if q > 0 else 0
+    if rows < 0 or rows > body // 12:
+        return 15, rows, 0, htype, 0
+    return 0, mlen, body, htype, rows
 
 
 def is_ipc_file(head: bytes) -> bool:

@@ -1,4 +1,4 @@
-"""A ByteSource over TensorStore kvstores (gs://, s3://, http(s)://, any kvstore spec).
+"""A ByteStore over TensorStore kvstores (gs://, s3://, http(s)://, any kvstore spec).
 
 Credentials, endpoints and request limits are TensorStore's own settings.  TensorStore retries
 transient HTTP failures itself (its ``*_request_retries`` context resources; bounded defaults are
@@ -14,15 +14,13 @@ import asyncio
 import os
 import random
 import re
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import tensorstore as ts
 
-from .errors import MissingShardError, RemoteReadError, SpecError
-from .sources import ByteSource
+from ..errors import MissingShardError, RemoteReadError, SpecError
+from .base import ByteStore, PastEndError, Stat
 
-__all__ = ["KvStoreSource", "background_loop", "run_sync"]
+__all__ = ["KvStore"]
 
 # TensorStore's own retry resource per driver, and the bounded default used when none is given
 _RETRY_RESOURCE = {"http": "http_request_retries", "s3": "s3_request_retries", "gcs": "gcs_request_retries"}
@@ -36,66 +34,7 @@ _TOTAL_SIZE = re.compile(r"total size (\d+)")
 
 
 
-# --- the per-process I/O loop and decode pool -----------------------------------------------------
-
-_loop_lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_thread: threading.Thread | None = None
-_loop_pid: int | None = None
-_pool: ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
-
-
-def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    loop.run_forever()
-
-
-def background_loop() -> asyncio.AbstractEventLoop:
-    """The asyncio loop (one daemon thread per process) that runs every remote read.
-
-    Created on first use; independent of any loop the caller runs (Jupyter), so blocking on a
-    result from the caller's thread never stalls the I/O.
-    """
-    global _loop, _loop_thread, _loop_pid
-    with _loop_lock:
-        if _loop is None or _loop_pid != os.getpid() or not _loop_thread.is_alive():
-            _loop = asyncio.new_event_loop()
-            _loop_thread = threading.Thread(target=_run_forever, args=(_loop,), name="dvidshards-io", daemon=True)
-            _loop_thread.start()
-            _loop_pid = os.getpid()
-        return _loop
-
-
-def run_sync(coro, timeout: float | None = None):
-    """Run a coroutine on the background loop and wait for its result (not from that loop)."""
-    loop = background_loop()
-    if threading.current_thread() is _loop_thread:
-        coro.close()
-        raise RuntimeError("dvidshards: a blocking remote call was made on the I/O loop thread; await the "
-                           "async variant instead")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
-
-
-def _decode_pool() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _loop_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
-                                       thread_name_prefix="dvidshards-decode")
-            _pool_pid = os.getpid()
-        return _pool
-
-
 # --- errors ---------------------------------------------------------------------------------------
-
-
-class _PastEnd(RemoteReadError):
-    """The byte range asked for lies (partly) past the end of the object."""
-
-    def __init__(self, msg: str, total_size: int | None):
-        super().__init__(msg)
-        self.total_size = total_size
 
 
 def _status(e: BaseException) -> str | None:
@@ -170,7 +109,7 @@ def _base_url(spec: dict) -> str:
         return f"{d}://{path}"
 
 
-class KvStoreSource(ByteSource):
+class KvStore(ByteStore):
     """An export root in any TensorStore kvstore (gs://, s3://, http(s)://, ...).
 
     Parameters
@@ -195,8 +134,8 @@ class KvStoreSource(ByteSource):
 
     Notes
     -----
-    Every method has an ``*_async`` twin run on the per-process I/O loop
-    (``background_loop``); the blocking methods must not be called from that loop.
+    The methods are coroutines run on the per-process I/O loop (``stores.base.background_loop``);
+    the ``*_sync`` twins block and must not be called from that loop.
     The source pickles as its settings (the open kvstore is reopened lazily).
     """
 
@@ -217,7 +156,7 @@ class KvStoreSource(ByteSource):
         self.stats = {"requests": 0, "bytes": 0, "retries": 0}
 
     @classmethod
-    def from_url(cls, url: str, context=None, *, options: dict | None = None, **kwargs) -> KvStoreSource:
+    def from_url(cls, url: str, context=None, *, options: dict | None = None, **kwargs) -> KvStore:
         """A source for a kvstore URL: ``gs://bucket/path/``, ``s3://bucket/path/``, ``https://host/path/``.
 
         Parameters
@@ -246,7 +185,7 @@ class KvStoreSource(ByteSource):
         return cls(spec, context, **kwargs)
 
     def __repr__(self) -> str:
-        return f"KvStoreSource({self.url!r})"
+        return f"KvStore({self.url!r})"
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -282,7 +221,7 @@ class KvStoreSource(ByteSource):
         where = f"{self.describe(key)} {_span(start, stop)}"
         if status == "OUT_OF_RANGE":
             m = _TOTAL_SIZE.search(str(e))
-            return _PastEnd(f"{where}: past the end of the object ({e})", int(m.group(1)) if m else None)
+            return PastEndError(f"{where}: past the end of the object ({e})", int(m.group(1)) if m else None)
         if status == "NOT_FOUND":
             return MissingShardError(f"{self.describe(key)}: not found ({e})")
         return RemoteReadError(f"{where}: {e}")
@@ -323,11 +262,11 @@ class KvStoreSource(ByteSource):
         raise RemoteReadError(f"{self.describe(key)} {_span(start, stop)}: failed after {self.retries + 1} "
                               f"attempts: {last}")
 
-    async def read_async(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
+    async def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes [start, stop) of key (all of it by default; ``start < 0, stop=None``: the last -start bytes)."""
         return await self._read(key, start, stop)
 
-    async def read_many_async(self, key: str, ranges, *, return_exceptions: bool = False) -> list:
+    async def read_ranges(self, key: str, ranges, *, return_exceptions: bool = False) -> list:
         """Several byte ranges of one object, issued together in one ``ts.Batch``, retried separately."""
         ranges = [(int(a), int(b)) for a, b in ranges]
         if not ranges:
@@ -338,45 +277,29 @@ class KvStoreSource(ByteSource):
         return await asyncio.gather(*(self._read(key, a, b, f) for (a, b), f in zip(ranges, futs, strict=True)),
                                     return_exceptions=return_exceptions)
 
-    async def exists_async(self, key: str) -> bool:
+    async def exists(self, key: str) -> bool:
         """Whether key exists (a 1-byte read)."""
         try:
             await self._read(key, 0, 1)
         except MissingShardError:
             return False
-        except _PastEnd:
+        except PastEndError:
             return True  # an empty object
         return True
 
-    async def size_async(self, key: str) -> int:
-        """Length of key: found by bisection with 1-byte reads (about 2 log2(size) requests).
-
-        The read path never needs it.
-        """
-        if not await self.exists_async(key):
+    async def stat(self, key: str) -> Stat:
+        """The object's generation (etag) from a 1-byte read; its size is not known cheaply."""
+        kv = await self._kvstore()
+        try:
+            result = await kv.read(key, byte_range=slice(0, 1))
+        except (ValueError, OSError) as e:
+            raise RemoteReadError(f"{self.describe(key)}: cannot stat ({e})") from None
+        if result.state == "missing":
             raise MissingShardError(f"{self.describe(key)}: no such object")
+        gen = result.stamp.generation
+        return Stat(None, gen.hex() if isinstance(gen, bytes) else str(gen))
 
-        async def has(p: int) -> bool:
-            try:
-                await self._read(key, p, p + 1)
-                return True
-            except _PastEnd:
-                return False
-
-        if not await has(0):
-            return 0
-        lo, hi = 0, 1 << 16  # byte lo exists; find hi past the end
-        while await has(hi):
-            lo, hi = hi, hi * 16
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if await has(mid):
-                lo = mid
-            else:
-                hi = mid
-        return hi
-
-    async def list_async(self, prefix: str = "") -> list[str]:
+    async def list(self, prefix: str = "") -> list[str]:
         """Names directly below the folder prefix (lists every key under it)."""
         kv = await self._kvstore()
         p = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -390,18 +313,3 @@ class KvStoreSource(ByteSource):
         except ValueError as e:
             raise RemoteReadError(f"{self.describe(p)}: cannot list ({e})") from None
         return sorted({k.decode("utf-8", "replace").split("/", 1)[0] for k in keys} - {""})
-
-    def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
-        return run_sync(self.read_async(key, start, stop))
-
-    def read_many(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return run_sync(self.read_many_async(key, ranges))
-
-    def exists(self, key: str) -> bool:
-        return run_sync(self.exists_async(key))
-
-    def size(self, key: str) -> int:
-        return run_sync(self.size_async(key))
-
-    def list(self, prefix: str = "") -> list[str]:
-        return run_sync(self.list_async(prefix))

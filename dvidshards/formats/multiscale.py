@@ -1,0 +1,165 @@
+"""The neuroglancer multiscale spec: one parser and one builder for every JSON it appears in.
+
+DVID's ``export-shards`` takes a neuroglancer multiscale volume spec (``mcns-ng-specs.json``);
+the same shape is an export's ``info`` file, the geometry saved in a consolidated index and the
+``info`` that ``dvidshards view`` serves.  ``Scale`` is one entry of it, with the shard-grid
+arithmetic of DVID's export (shard extent, shard origins, file stems) in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SpecError
+from .sharding import ShardingSpec, dvid_shard_extent, grid_shape
+
+__all__ = ["SINGLE_SHARD", "Scale", "multiscale_info", "parse_json", "parse_multiscale"]
+
+SINGLE_SHARD = 1 << 40  # shard extent when every chunk lives in one shard at the origin
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Geometry of one scale of an export (all vectors x, y, z).
+
+    ``index`` is the scale's folder number (``s{index}``).  ``inferred`` names what was guessed
+    from the files rather than given by a spec or ``info`` (``"size"``, ``"shard_extent"``,
+    ``"resolution"``); ``resolution`` is then ``None`` unless the caller gave one.
+    """
+
+    index: int
+    size: tuple[int, int, int]
+    resolution: tuple[float, float, float] | None
+    shard_extent: int
+    chunk_size: tuple[int, int, int] = (64, 64, 64)
+    voxel_offset: tuple[int, int, int] = (0, 0, 0)
+    key: str = ""
+    sharding: ShardingSpec | None = None
+    inferred: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def folder(self) -> str:
+        """The scale's folder in the export, always ``s{index}``."""
+        return f"s{self.index}"
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Chunks per axis covering the volume from the origin."""
+        end = np.add(self.voxel_offset, self.size)
+        return grid_shape(end, self.chunk_size)
+
+    @property
+    def num_chunk_slots(self) -> int:
+        """Chunks in the volume's bounding grid (present or not)."""
+        return math.prod(self.grid)
+
+    @property
+    def shard_chunks(self) -> int:
+        """Chunks per shard side (the whole grid for a single shard)."""
+        return min(self.shard_extent, SINGLE_SHARD) // self.chunk_size[0]
+
+    def shard_origin(self, x: int, y: int, z: int) -> tuple[int, int, int]:
+        """Voxel origin of the shard file that holds chunk (x, y, z)."""
+        s = self.shard_extent
+        cx, cy, cz = self.chunk_size
+        return (x * cx // s * s, y * cy // s * s, z * cz // s * s)
+
+    def shard_box(self, origin) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk coordinates [lo, hi) of the shard whose voxel origin is given."""
+        cs = np.asarray(self.chunk_size, np.int64)
+        o = np.asarray(origin, np.int64)
+        return o // cs, (o + min(self.shard_extent, SINGLE_SHARD)) // cs
+
+    def stem(self, origin) -> str:
+        """Key of a shard without extension, e.g. ``"s1/30720_24576_28672"``."""
+        return f"{self.folder}/{int(origin[0])}_{int(origin[1])}_{int(origin[2])}"
+
+    def is_origin(self, origin) -> bool:
+        """Whether a voxel origin lies on this scale's shard grid."""
+        return self.shard_extent >= SINGLE_SHARD or not any(int(v) % self.shard_extent for v in origin)
+
+    def to_json(self) -> dict:
+        """The neuroglancer scale entry."""
+        d = {
+            "key": self.key or f"s{self.index}",
+            "size": list(self.size),
+            "resolution": list(self.resolution) if self.resolution is not None else [1.0, 1.0, 1.0],
+            "voxel_offset": list(self.voxel_offset),
+            "chunk_sizes": [list(self.chunk_size)],
+            "encoding": "compressed_segmentation",
+            "compressed_segmentation_block_size": [8, 8, 8],
+        }
+        if self.sharding is not None:
+            d["sharding"] = self.sharding.to_json()
+        return d
+
+
+def multiscale_info(scales: list[Scale]) -> dict:
+    """The neuroglancer ``info`` of a list of scales (what ``parse_multiscale`` reads back)."""
+    return {
+        "@type": "neuroglancer_multiscale_volume",
+        "type": "segmentation",
+        "data_type": "uint64",
+        "num_channels": 1,
+        "scales": [s.to_json() for s in scales],
+    }
+
+
+def _triple(v, what: str, where: str, cast=int) -> tuple:
+    try:
+        t = tuple(cast(x) for x in v)
+    except (TypeError, ValueError, OverflowError):
+        t = ()
+    if len(t) != 3:
+        raise SpecError(f"{where}: {what} must be three numbers, got {v!r}")
+    return t
+
+
+def parse_json(data: bytes, where: str) -> dict:
+    """A JSON object from bytes, or SpecError naming where it came from."""
+    try:
+        obj = json.loads(data)
+    except ValueError as e:
+        raise SpecError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise SpecError(f"{where}: not a JSON object")
+    return obj
+
+
+def parse_multiscale(spec: dict, where: str = "spec") -> list[Scale]:
+    """Scales of a neuroglancer multiscale spec (DVID's export-shards input or an ``info`` file).
+
+    Scale ``i`` of the spec is folder ``s{i}`` of the export, as DVID writes it.
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("scales"), list) or not spec["scales"]:
+        raise SpecError(f"{where}: not a neuroglancer multiscale spec (no 'scales' list)")
+    dtype = spec.get("data_type", "uint64")
+    if dtype != "uint64":
+        raise SpecError(f"{where}: data_type is {dtype!r}; DVID label exports are uint64")
+    scales = []
+    for i, s in enumerate(spec["scales"]):
+        w = f"{where}: scale {i}"
+        if not isinstance(s, dict):
+            raise SpecError(f"{w} is not an object")
+        size = _triple(s.get("size"), "size", w)
+        res = _triple(s.get("resolution"), "resolution", w, float)
+        off = _triple(s.get("voxel_offset", (0, 0, 0)), "voxel_offset", w)
+        cs_list = s.get("chunk_sizes", [[64, 64, 64]])
+        cs = _triple(cs_list[0] if isinstance(cs_list, list) and cs_list else None, "chunk_sizes", w)
+        if min(size) <= 0 or min(cs) <= 0 or not all(r > 0 and math.isfinite(r) for r in res):
+            raise SpecError(f"{w}: sizes and resolutions must be positive")
+        if max(size) >= 1 << 40 or max(cs) > 1024 or min(off) < 0:
+            raise SpecError(f"{w}: size {size}, chunk size {cs} or offset {off} is out of range")
+        sharding = ShardingSpec.from_json(s["sharding"]) if s.get("sharding") else None
+        if sharding is not None:
+            if len(set(cs)) != 1:
+                raise SpecError(f"{w}: DVID's shard naming needs cubic chunks, got {cs}")
+            extent = dvid_shard_extent(sharding, np.add(off, size), cs[0])
+        else:
+            extent = SINGLE_SHARD
+        scales.append(Scale(i, size, res, extent, cs, off, str(s.get("key", f"s{i}")), sharding))
+    return scales

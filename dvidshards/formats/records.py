@@ -1,0 +1,276 @@
+"""RecordTable: DVID block records located in byte buffers, whatever carried them.
+
+Every source of records ends here: a shard file's Arrow IPC bytes (memory-mapped, downloaded or
+fetched by byte range) or a ``pyarrow.RecordBatch`` (Flight, Parquet, any Arrow stream).  A
+table is one int64 array of record locations (``arrowipc.REC_FIELDS`` columns) plus the
+buffers they point into, so a chunk read is a row lookup, a zstd decompression of a slice and
+a nogil decode straight into the caller's array, with no Arrow object built on the way.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import zstandard
+
+from ..errors import BlockDecodeError, ShardFormatError
+from . import arrowipc as ipc
+from .codec import decode_into
+
+__all__ = ["RecordTable", "decompress_block", "max_block_bytes", "normalise_batch"]
+
+R_CX, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = (ipc.R_CX, ipc.R_PAY, ipc.R_PAYLEN, ipc.R_LAB,
+                                                              ipc.R_NLAB, ipc.R_SV, ipc.R_NSV, ipc.R_USIZE)
+_U8, _U64 = np.dtype(np.uint8), np.dtype(np.uint64)
+_frame_content_size, _ZstdError = zstandard.frame_content_size, zstandard.ZstdError
+
+# One decompressor per OS thread, keyed by thread id rather than held in a threading.local:
+# TensorStore's pool threads get a fresh Python thread state (hence a fresh threading.local)
+# for every callback, and a ZSTD_DCtx per chunk cost ~10 % of a read.  A thread id is reused
+# only after its thread ended, so no two live threads share a decompressor.
+_dctxs: dict[int, zstandard.ZstdDecompressor] = {}
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    tid = threading.get_ident()
+    d = _dctxs.get(tid)
+    if d is None:
+        if len(_dctxs) >= 256:  # short-lived threads come and go: drop the stale ones
+            _dctxs.clear()
+        d = _dctxs[tid] = zstandard.ZstdDecompressor()
+    return d
+
+
+def max_block_bytes(chunk_size) -> int:
+    """Largest possible DVID block encoding for a chunk of this size (bounds decompression)."""
+    v = int(np.prod(chunk_size))
+    nsub = v // 512
+    return 16 + 8 * v + 2 * nsub + 4 * v + nsub * 576
+
+
+def _decompress(payload, usize: int, max_bytes: int):
+    try:
+        n = _frame_content_size(payload)
+    except _ZstdError as e:
+        raise BlockDecodeError(f"dvid_compressed_block is not a zstd frame ({e})") from None
+    if n > max_bytes or (usize >= 0 and n >= 0 and n != usize):
+        raise BlockDecodeError(f"zstd frame declares {n} bytes, uncompressed_size is {usize}")
+    try:
+        block = _dctx().decompress(payload, max_output_size=usize if usize > 0 else max_bytes)
+    except _ZstdError as e:
+        raise BlockDecodeError(f"corrupt zstd frame ({e})") from None
+    if usize >= 0 and len(block) != usize:
+        raise BlockDecodeError(f"block is {len(block)} bytes, uncompressed_size says {usize}")
+    return block
+
+
+def decompress_block(payload, usize: int, max_bytes: int, where: str) -> bytes:
+    """zstd-decompress one record's dvid_compressed_block, checking its size claims first.
+
+    ``usize`` is the record's uncompressed_size (-1 when unknown); ``max_bytes`` bounds what a
+    frame may claim (see ``max_block_bytes``).  The frame's content checksum is verified.
+    """
+    try:
+        return _decompress(payload, usize, max_bytes)
+    except BlockDecodeError as e:
+        raise BlockDecodeError(f"{where}: {e}") from None
+
+
+class RecordTable:
+    """Records: chunk coordinates, payloads, uncompressed sizes and the two label lists.
+
+    Build one with ``from_ipc`` (bytes of record batch messages) or ``from_batch`` (a
+    ``pyarrow.RecordBatch``).  ``rec`` is the (n, REC_FIELDS) int64 location array; payload
+    offsets index ``bufs[0]``, label lists ``bufs[1]`` and supervoxel lists ``bufs[2]``.
+    """
+
+    __slots__ = ("_aligned", "_max_block", "bufs", "chunk_size", "path", "rec")
+
+    def __init__(self, rec: np.ndarray, bufs: tuple, path: str, chunk_size=(64, 64, 64)):
+        self.rec = rec
+        self.bufs = bufs
+        self.path = path
+        self.chunk_size = tuple(int(c) for c in chunk_size)
+        self._max_block = max_block_bytes(self.chunk_size)
+        lab, sv = bufs[1], bufs[2]
+        # Arrow aligns buffers to 8 bytes; copy palettes only if a writer did not
+        self._aligned = bool(len(rec) == 0 or (lab.ctypes.data % 8 == 0 and sv.ctypes.data % 8 == 0
+                                               and ((rec[:, R_LAB] | rec[:, R_SV]) % 8 == 0).all()))
+
+    def __len__(self) -> int:
+        return len(self.rec)
+
+    def __repr__(self) -> str:
+        return f"RecordTable({self.path!r}, {len(self)} records)"
+
+    @property
+    def coords(self) -> np.ndarray:
+        """(n, 3) int64 chunk coordinates as the records state them."""
+        return self.rec[:, R_CX:R_CX + 3]
+
+    def where(self, i: int) -> str:
+        """``"path: chunk (x, y, z)"`` of record i, for messages."""
+        return f"{self.path}: chunk {tuple(int(v) for v in self.rec[i, R_CX:R_CX + 3])}"
+
+    def payload(self, i: int) -> np.ndarray:
+        """The zstd frame of record i (a zero-copy uint8 view)."""
+        off, n = int(self.rec[i, R_PAY]), int(self.rec[i, R_PAYLEN])
+        return self.bufs[0][off:off + n]
+
+    def usize(self, i: int) -> int:
+        """Record i's uncompressed_size (-1 when the schema has none)."""
+        return int(self.rec[i, R_USIZE])
+
+    def _u64(self, buf: np.ndarray, off: int, n: int) -> np.ndarray:
+        v = buf[off:off + 8 * n]
+        return v.view(_U64) if self._aligned else v.copy().view(_U64)
+
+    def labels(self, i: int) -> np.ndarray:
+        """The agglomerated label list of record i (zero-copy when aligned)."""
+        return self._u64(self.bufs[1], int(self.rec[i, R_LAB]), int(self.rec[i, R_NLAB]))
+
+    def supervoxels(self, i: int) -> np.ndarray:
+        """The supervoxel list of record i (zero-copy when aligned)."""
+        return self._u64(self.bufs[2], int(self.rec[i, R_SV]), int(self.rec[i, R_NSV]))
+
+    def block(self, i: int) -> bytes:
+        """The uncompressed DVID block of record i (sizes and zstd checksum checked)."""
+        try:
+            return _decompress(self.payload(i), self.usize(i), self._max_block)
+        except BlockDecodeError as e:
+            raise BlockDecodeError(f"{self.where(i)}: {e}") from None
+
+    def decode_into(self, i: int, out: np.ndarray, labels) -> None:
+        """Decode record i into out ((z, y, x) view of any strides, possibly cropped).
+
+        ``labels`` is a LabelSource.  The record's label lists must have one entry per block
+        label; a BlockDecodeError or ShardFormatError names the file and chunk.
+        """
+        r = self.rec[i].tolist()
+        pay = r[R_PAY]
+        try:
+            block = _decompress(self.bufs[0][pay:pay + r[R_PAYLEN]], r[R_USIZE], self._max_block)
+            n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
+            if n >= 0 and n != r[R_NSV]:
+                raise ShardFormatError(f"its label lists have {r[R_NSV]} entries, its block has {n} labels")
+            decode_into(np.frombuffer(block, _U8), labels.palette(self, i), out)
+        except (BlockDecodeError, ShardFormatError) as e:
+            raise type(e)(f"{self.where(i)}: {e}") from None
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_ipc(cls, data, base: int, msg_off, msg_len, rows, layout: ipc.SchemaLayout, path: str,
+                 chunk_size=(64, 64, 64), chunks=None) -> RecordTable:
+        """Records of Arrow IPC record batch messages held in ``data`` (bytes from offset ``base``).
+
+        ``msg_off``/``msg_len`` are each record's batch message offset and length in the file,
+        ``rows`` its row inside that batch; every header, buffer and offset is checked.
+        """
+        u8 = data if isinstance(data, np.ndarray) else np.frombuffer(data, _U8)
+        rec = ipc.resolve_rows(u8, base, msg_off, msg_len, rows, layout, path, chunks=chunks)
+        if base:
+            rec[:, [R_PAY, R_LAB, R_SV]] -= base
+        return cls(rec, (u8, u8, u8), path, chunk_size)
+
+    @classmethod
+    def from_batch(cls, batch, path: str, chunk_size=(64, 64, 64)) -> RecordTable:
+        """Records of a ``pyarrow.RecordBatch`` (or Table) of DVID block records.
+
+        Columns are normalised first (``normalise_batch``).  Buffers are used in place.
+        """
+        batch = normalise_batch(batch, path)
+        n = batch.num_rows
+        rec = np.empty((n, ipc.REC_FIELDS), np.int64)
+        rec[:, ipc.R_ROWS] = n
+        for a, name in enumerate(("chunk_x", "chunk_y", "chunk_z")):
+            rec[:, R_CX + a] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        pay_buf, pay_off, pay_len = _binary(batch.column("dvid_compressed_block"), path)
+        lab_buf, lab_off, nlab = _u64_lists(batch.column("labels"), path, "labels")
+        sv_buf, sv_off, nsv = _u64_lists(batch.column("supervoxels"), path, "supervoxels")
+        bad = np.flatnonzero(nlab != nsv)
+        if bad.size:
+            i = int(bad[0])
+            raise ShardFormatError(f"{path}: chunk {tuple(rec[i, R_CX:R_CX + 3].tolist())}: labels and "
+                                   f"supervoxels lists differ in length ({nlab[i]} vs {nsv[i]})")
+        rec[:, R_PAY], rec[:, R_PAYLEN] = pay_off, pay_len
+        rec[:, R_LAB], rec[:, R_NLAB] = lab_off, nlab
+        rec[:, R_SV], rec[:, R_NSV] = sv_off, nsv
+        if "uncompressed_size" in batch.schema.names:
+            rec[:, R_USIZE] = batch.column("uncompressed_size").to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            rec[:, R_USIZE] = -1
+        return cls(rec, (pay_buf, lab_buf, sv_buf), path, chunk_size)
+
+
+_RENAMES = {"block_coord_x": "chunk_x", "block_coord_y": "chunk_y", "block_coord_z": "chunk_z",
+            "compressed_data": "dvid_compressed_block"}
+
+
+def normalise_batch(batch, path: str):
+    """A RecordBatch with DVID's export column names.
+
+    Renames the prototype's ``block_coord_*`` and ``compressed_data`` columns, and reassembles
+    payloads split over ``bin1..bin4`` (used when ``dvid_compressed_block`` is null).
+    """
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
+            [], schema=batch.schema)
+    names = [_RENAMES.get(n, n) for n in batch.schema.names]
+    if names != batch.schema.names:
+        batch = pa.RecordBatch.from_arrays(batch.columns, names=names)
+    if "bin1" in names:
+        import pyarrow.compute as pc
+
+        bins = [batch.column(b) if b in names else pa.nulls(batch.num_rows, pa.binary()) for b in
+                ("bin1", "bin2", "bin3", "bin4")]
+        bins = [b.cast(pa.large_binary()) for b in bins]
+        joined = pc.binary_join_element_wise(*bins, b"", null_handling="replace", null_replacement=b"")
+        if "dvid_compressed_block" in names:
+            whole = batch.column("dvid_compressed_block").cast(pa.large_binary())
+            joined = pc.if_else(pc.is_null(whole), joined, whole)
+        cols = [c for n, c in zip(names, batch.columns, strict=True) if n not in ("bin1", "bin2", "bin3", "bin4",
+                                                                                   "dvid_compressed_block")]
+        keep = [n for n in names if n not in ("bin1", "bin2", "bin3", "bin4", "dvid_compressed_block")]
+        batch = pa.RecordBatch.from_arrays([*cols, joined], names=[*keep, "dvid_compressed_block"])
+    missing = [c for c in ("chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels", "dvid_compressed_block")
+               if c not in batch.schema.names]
+    if missing:
+        raise ShardFormatError(f"{path}: record batch lacks DVID columns {missing}")
+    for c in batch.schema.names:
+        if batch.column(c).null_count:
+            raise ShardFormatError(f"{path}: column {c!r} has nulls; DVID record columns are non-nullable")
+    return batch
+
+
+def _offsets(arr, path: str, what: str, nvalues: int) -> np.ndarray:
+    """An array's value offsets (respecting its slice), checked monotone and within nvalues."""
+    offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if len(offs) != len(arr) + 1 or (len(offs) and (offs[0] < 0 or offs[-1] > nvalues)) or \
+            (np.diff(offs) < 0).any():
+        raise ShardFormatError(f"{path}: column {what!r} has offsets out of order or out of range")
+    return offs
+
+
+def _binary(arr, path: str):
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        raise ShardFormatError(f"{path}: column 'dvid_compressed_block' has type {arr.type}, expected binary")
+    data = arr.buffers()[2]
+    buf = np.frombuffer(data, _U8) if data is not None else np.zeros(0, _U8)
+    offs = _offsets(arr, path, "dvid_compressed_block", len(buf))
+    return buf, offs[:-1], np.diff(offs)
+
+
+def _u64_lists(arr, path: str, what: str):
+    t = arr.type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type == pa.uint64()):
+        raise ShardFormatError(f"{path}: column {what!r} has type {t}, expected list<uint64>")
+    child = arr.values
+    if child.null_count:
+        raise ShardFormatError(f"{path}: column {what!r} holds null ids")
+    vb = child.buffers()[1]
+    buf = np.frombuffer(vb, _U8) if vb is not None else np.zeros(0, _U8)
+    offs = _offsets(arr, path, what, len(buf) // 8 - child.offset)
+    return buf, 8 * (offs[:-1] + child.offset), np.diff(offs)

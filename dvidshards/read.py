@@ -1,0 +1,438 @@
+"""The read layer: chunk requests over shards, for TensorStore and for bulk reads.
+
+``ChunkReader`` is the one ``virtual_chunked`` read function, for every store and with or
+without a consolidated index.  It holds only picklable settings (store, geometry, label
+source); each process opens shards lazily through its own ``ShardCache``.
+
+* Stores that never wait (local files, memory) are read on TensorStore's callback thread: a
+  lookup, a zstd decompression of a slice of the map and a nogil decode into TensorStore's
+  buffer.
+* Remote stores return a ``ts.Future`` at once: the chunk is queued on the per-process I/O
+  loop, where the chunks of one shard arriving together are merged into as few byte-range
+  requests as possible (the request planner), fetched concurrently and decoded on a thread
+  pool.
+
+``read_box`` is the bulk reader: every chunk of a box decoded in parallel straight into the
+caller's array, with no intermediate buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import tensorstore as ts
+
+from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
+from .formats.labels import LabelSource
+from .formats.multiscale import Scale
+from .shard import Shard, ShardCache, load_shard, merge_ranges, with_chunk
+from .stores.base import ByteStore, background_loop, decode_pool
+
+__all__ = ["ChunkReader", "read_box"]
+
+_MISSING_HINT = ("DVID writes no file for an all-background shard: open with fill_missing_shards=True to read "
+                 "it as 0")
+
+
+class ChunkReader:
+    """``read_function`` of an export scale's virtual_chunked store (pickles without open files).
+
+    Parameters
+    ----------
+    store : ByteStore
+        Where the export is.
+    scale : Scale
+        The scale's geometry.
+    labels : LabelSource
+        Which ids to return.
+    fill_missing_shards : bool
+        Read a missing shard file as background instead of raising MissingShardError.
+    max_shards, max_bytes : int
+        Bounds of the per-process shard cache.
+    consolidated : str, optional
+        Folder of consolidated indexes.
+    policy : "eager", "lazy" or None
+        Validation policy of shard loads (None: eager for local stores, lazy for remote).
+    """
+
+    def __init__(self, store: ByteStore, scale: Scale, labels: LabelSource, *, fill_missing_shards: bool = False,
+                 max_shards: int = 64, max_bytes: int = 512 << 20, consolidated: str | None = None,
+                 policy: str | None = None):
+        if int(max_shards) < 1:
+            raise ValueError("max_shards must be at least 1")
+        self.store = store
+        self.scale = scale
+        self.labels = labels
+        self.fill_missing_shards = bool(fill_missing_shards)
+        self.max_shards = int(max_shards)
+        self.max_bytes = int(max_bytes)
+        self.consolidated = consolidated
+        self.policy = policy
+        self._state = None
+        self._state_lock = threading.Lock()
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_state"] = None
+        d["_state_lock"] = None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._state_lock = threading.Lock()
+
+    # --- per-process state ------------------------------------------------------------------------
+
+    def _proc(self) -> _ProcState:
+        st = self._state
+        if st is None or st.pid != os.getpid():
+            with self._state_lock:
+                if self._state is None or self._state.pid != os.getpid():
+                    self._state = _ProcState(self)
+                st = self._state
+        return st
+
+    @property
+    def cache(self) -> ShardCache:
+        """This process's shard cache."""
+        return self._proc().cache
+
+    async def load(self, origin) -> Shard | None:
+        """Load the shard at origin; None when it is missing and the user asked to fill it."""
+        s, store = self.scale, self.store
+        key = s.stem(origin) + ".arrow"
+        given = None
+        ci = self._proc().consolidated
+        if ci is not None:
+            given = ci.shard_index(origin)
+            if given is None:  # the index saw no such shard: is that still so?
+                if await store.exists(key):
+                    raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: it lists no shard "
+                                          f"{store.describe(key)}, which exists now; run `dvidshards consolidate` "
+                                          f"again")
+                if self.fill_missing_shards:
+                    return None
+                raise MissingShardError(f"{store.describe(key)}: no such shard file ({_MISSING_HINT})")
+            size, stamp = ci.stamp(origin)
+            try:
+                now = await store.stat(key)
+            except MissingShardError:
+                raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} is gone; "
+                                      f"run `dvidshards consolidate` again") from None
+            if (size is not None and now.size is not None and now.size != size) or \
+                    (stamp is not None and now.stamp is not None and now.stamp != stamp):
+                raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} changed "
+                                      f"since it was indexed; run `dvidshards consolidate` again")
+        try:
+            shard = await load_shard(store, s, origin, policy=self.policy, index=given)
+        except MissingShardError as e:
+            if self.fill_missing_shards and not await store.exists(key):
+                return None
+            raise MissingShardError(f"{e} ({_MISSING_HINT})") from None
+        self._proc().observe(shard)
+        return shard
+
+    def shard(self, x: int, y: int, z: int) -> Shard | None:
+        """The shard holding chunk (x, y, z) in this process (None: missing, read as 0)."""
+        try:
+            return self._proc().cache.get_sync(self.scale.shard_origin(x, y, z))
+        except DvidShardsError as e:
+            raise with_chunk(e, (x, y, z)) from None
+
+    def absent(self, shard: Shard | None, x: int, y: int, z: int) -> None:
+        """Check that reading chunk (x, y, z) as background is not a guess (inferred geometry)."""
+        if "shard_extent" not in self.scale.inferred or self.fill_missing_shards:
+            return
+        st = self._proc()
+        local = (x, y, z) - self.scale.shard_box(self.scale.shard_origin(x, y, z))[0]
+        if (local >= st.proven).any():
+            raise SpecError(f"chunk {(x, y, z)}: the shard size {self.scale.shard_extent} was guessed from file "
+                            f"names, but the shards loaded so far hold records only within "
+                            f"{st.proven * self.scale.chunk_size[0]} voxels of their origin, so this chunk may "
+                            f"belong to a missing shard file. Pass the export's spec (spec=...) or "
+                            f"fill_missing_shards=True")
+
+    # --- the TensorStore callback ----------------------------------------------------------------
+
+    def __call__(self, domain: ts.IndexDomain, array: np.ndarray, params=None):
+        cx, cy, cz = self.scale.chunk_size
+        o = domain.origin
+        x, y, z = o[0] // cx, o[1] // cy, o[2] // cz
+        if not self.store.immediate:
+            promise, future = ts.Promise.new()
+            st = self._proc()
+            st.loop.call_soon_threadsafe(st.enqueue, _Request(x, y, z, array, promise))
+            return future
+        shard = self.shard(x, y, z)
+        i = shard.find(x, y, z) if shard is not None else None
+        if i is None:
+            self.absent(shard, x, y, z)
+            array.fill(0)
+        else:
+            shard.decode(i, array.T, self.labels)
+        return None
+
+
+class _ProcState:
+    """A reader's per-process state: shard cache, consolidated index, I/O queue."""
+
+    def __init__(self, reader: ChunkReader):
+        self.reader = reader
+        self.pid = os.getpid()
+        self.cache = ShardCache(reader.load, reader.store, max_shards=reader.max_shards, max_bytes=reader.max_bytes)
+        self.consolidated = None
+        if reader.consolidated is not None:
+            from .consolidated import ConsolidatedIndex, consolidated_paths
+
+            if os.path.exists(consolidated_paths(reader.consolidated, reader.scale.folder)[0]):
+                self.consolidated = ConsolidatedIndex(reader.consolidated, reader.scale.folder)
+        self.proven = np.zeros(3, np.int64)  # chunks from a shard origin that records are seen to reach
+        self._loop = None
+        self.pending: dict = {}
+
+    def observe(self, shard: Shard) -> None:
+        if len(shard):
+            e = shard.extent()
+            p = np.array([1 << int(v - 1).bit_length() for v in e], np.int64)
+            self.proven = np.maximum(self.proven, p)
+
+    @property
+    def loop(self):
+        if self._loop is None:
+            self._loop = background_loop()
+        return self._loop
+
+    # --- remote stores: requests merged per shard on the I/O loop ------------------------------
+
+    def enqueue(self, req: _Request) -> None:
+        try:
+            origin = self.reader.scale.shard_origin(req.x, req.y, req.z)
+        except BaseException as e:
+            req.fail(e)
+            return
+        reqs = self.pending.get(origin)
+        if reqs is None:
+            self.pending[origin] = [req]
+            self.loop.create_task(self.flush(origin))
+        else:
+            reqs.append(req)
+
+    async def flush(self, origin, window: float = 0.001, max_wait: float = 0.010) -> None:
+        import asyncio
+
+        reqs: list[_Request] = []
+        try:
+            try:
+                shard = await self.cache.get(origin)
+            except DvidShardsError as e:
+                q = self.pending[origin][0]
+                raise with_chunk(e, (q.x, q.y, q.z)) from None
+            # gather the rest of this burst of callbacks for the shard
+            t0, n = self.loop.time(), -1
+            while len(self.pending[origin]) != n and self.loop.time() - t0 < max_wait:
+                n = len(self.pending[origin])
+                await asyncio.sleep(window)
+            reqs = self.pending.pop(origin)
+            await self.serve(shard, reqs)
+        except BaseException as e:
+            for q in reqs or self.pending.pop(origin, []):
+                q.fail(e)
+            if not isinstance(e, Exception):
+                raise
+
+    async def serve(self, shard: Shard | None, reqs: list[_Request]) -> None:
+        pool, labels = decode_pool(), self.reader.labels
+        wanted = []
+        for q in reqs:
+            i = shard.find(q.x, q.y, q.z) if shard is not None else None
+            if i is None:
+                try:
+                    self.reader.absent(shard, q.x, q.y, q.z)
+                except BaseException as e:
+                    q.fail(e)
+                    continue
+                pool.submit(_zero, q)
+            else:
+                wanted.append((q, i))
+        if not wanted:
+            return
+        if shard.policy == "eager":  # records already resolved
+            t = shard.table()
+            for q, i in wanted:
+                pool.submit(_decode, t, i, q, labels)
+            return
+        groups = merge_ranges([(*_span(shard, i), (q, i)) for q, i in wanted])
+        bufs = await shard.store.read_ranges(shard.key, [(g[0], g[1]) for g in groups], return_exceptions=True)
+        for g, buf in zip(groups, bufs, strict=True):
+            items = g[2]
+            if isinstance(buf, BaseException):
+                for q, i in items:
+                    q.fail(shard._range_error(buf, i))
+                continue
+            u8 = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
+            try:
+                t = shard._resolve(u8, g[0], np.array([i for _, i in items], np.int64))
+            except BaseException as e:
+                # resolve one by one so that each chunk gets its own error, and good ones read
+                for k, (q, i) in enumerate(items):
+                    try:
+                        tk = shard._resolve(u8, g[0], np.array([i], np.int64))
+                    except BaseException as e1:
+                        q.fail(e1 if isinstance(e1, DvidShardsError) else e)
+                        continue
+                    pool.submit(_decode, tk, 0, q, labels)
+                continue
+            for k, (q, _) in enumerate(items):
+                pool.submit(_decode, t, k, q, labels)
+
+
+def _span(shard: Shard, i: int) -> tuple[int, int]:
+    off, n = shard.batch(i)
+    return off, off + n
+
+
+class _Request:
+    __slots__ = ("x", "y", "z", "array", "promise", "done")
+
+    def __init__(self, x, y, z, array, promise):
+        self.x, self.y, self.z, self.array, self.promise = x, y, z, array, promise
+        self.done = False
+
+    def ok(self) -> None:
+        if not self.done:
+            self.done = True
+            self.array = None
+            self.promise.set_result(None)
+
+    def fail(self, e: BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self.array = None
+            self.promise.set_exception(e)
+
+
+def _zero(req: _Request) -> None:
+    try:
+        req.array.fill(0)
+    except BaseException as e:
+        req.fail(e)
+    else:
+        req.ok()
+
+
+def _decode(table, k: int, req: _Request, labels) -> None:
+    try:
+        table.decode_into(k, req.array.T, labels)
+    except BaseException as e:
+        req.fail(e)
+    else:
+        req.ok()
+
+
+# --- the bulk reader ----------------------------------------------------------------------------
+
+
+def _check_box(box, scale: Scale) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
+    except (TypeError, ValueError):
+        raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
+    vlo = np.asarray(scale.voxel_offset, np.int64)
+    vhi = vlo + np.asarray(scale.size, np.int64)
+    if (lo > hi).any() or (lo < vlo).any() or (hi > vhi).any():
+        raise SpecError(f"box {lo.tolist()}..{hi.tolist()} is not inside scale {scale.index}'s volume "
+                        f"{vlo.tolist()}..{vhi.tolist()}")
+    return lo, hi
+
+
+def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
+    """Decode every chunk of a voxel box into an (x, y, z) array, in parallel, with no copy.
+
+    Parameters
+    ----------
+    reader : ChunkReader
+        The scale, label source and shard cache to read with.
+    box : [[x0, y0, z0], [x1, y1, z1]]
+        Voxels, any alignment, inside the volume.
+    out : numpy.ndarray, optional
+        uint64 array of shape (x1-x0, y1-y0, z1-z0): F-ordered, or any array whose ``.T`` is a
+        (z, y, x) view; default a new F-ordered array.
+    threads : int, optional
+        Decoding threads (default: the number of cores).
+    """
+    scale = reader.scale
+    lo, hi = _check_box(box, scale)
+    shape = tuple(int(v) for v in hi - lo)
+    if out is None:
+        out = np.empty(shape, np.uint64, order="F")
+    elif not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != shape or \
+            not out.flags.writeable:
+        raise SpecError(f"out must be a writable uint64 array of shape {shape}")
+    if 0 in shape:
+        return out
+    cs = np.asarray(scale.chunk_size, np.int64)
+    c0, c1 = lo // cs, (hi - 1) // cs + 1
+    by_shard: dict = {}
+    for cz in range(int(c0[2]), int(c1[2])):
+        for cy in range(int(c0[1]), int(c1[1])):
+            for cx in range(int(c0[0]), int(c1[0])):
+                by_shard.setdefault(scale.shard_origin(cx, cy, cz), []).append((cx, cy, cz))
+    tasks = []
+    for origin, chunks in by_shard.items():
+        for k in range(0, len(chunks), 256):
+            tasks.append((origin, chunks[k:k + 256]))
+
+    def view(c):
+        a = np.maximum(np.asarray(c) * cs, lo)
+        b = np.minimum((np.asarray(c) + 1) * cs, hi)
+        a0, b0 = a - lo, b - lo
+        # the decoder takes (z, y, x) with the chunk's own origin: crop the block's far side only
+        sub = out[a0[0]:b0[0], a0[1]:b0[1], a0[2]:b0[2]].T
+        skip = a - np.asarray(c) * cs  # voxels of the chunk before the box (x, y, z)
+        return sub, skip
+
+    def run(task):
+        origin, chunks = task
+        shard = reader.shard(*chunks[0])
+        rows, targets = [], []
+        for c in chunks:
+            sub, skip = view(c)
+            i = shard.find(*c) if shard is not None else None
+            if i is None:
+                reader.absent(shard, *c)
+                sub.fill(0)
+            else:
+                rows.append(i)
+                targets.append((sub, skip))
+        if not rows:
+            return
+        t = shard.table(rows)
+        for k, (sub, skip) in enumerate(targets):
+            if skip.any():
+                _decode_offset(t, k, sub, skip, reader.labels, scale.chunk_size)
+            else:
+                t.decode_into(k, sub, reader.labels)
+
+    n = threads or os.cpu_count() or 1
+    if n <= 1 or len(tasks) == 1 and len(tasks[0][1]) < 4:
+        for task in tasks:
+            run(task)
+    else:
+        if len(tasks) < n:  # split big shards' chunk lists so every thread has work
+            tasks = [(o, ch[k::n]) for o, ch in tasks for k in range(n) if ch[k::n]]
+        with ThreadPoolExecutor(n, thread_name_prefix="dvidshards-read") as pool:
+            for f in [pool.submit(run, task) for task in tasks]:
+                f.result()
+    return out
+
+
+def _decode_offset(t, k: int, sub: np.ndarray, skip: np.ndarray, labels, chunk_size) -> None:
+    """Decode a chunk cut on its near side: into a scratch chunk, then copy the part in the box."""
+    full = np.empty(tuple(chunk_size[::-1]), np.uint64)
+    t.decode_into(k, full, labels)
+    sx, sy, sz = (int(v) for v in skip)
+    nz, ny, nx = sub.shape
+    sub[...] = full[sz:sz + nz, sy:sy + ny, sx:sx + nx]

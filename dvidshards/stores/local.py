@@ -1,0 +1,84 @@
+"""A directory on a local file system: files opened read-only and memory-mapped."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import MissingShardError
+from .base import ByteStore, PastEndError, Stat
+
+__all__ = ["LocalStore"]
+
+
+class LocalStore(ByteStore):
+    """A local export root; ranges are zero-copy slices of a read-only memory map."""
+
+    mappable = True
+    immediate = True
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = os.fspath(root)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+    def __reduce__(self):
+        return (LocalStore, (self.root,))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LocalStore) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key) if key else self.root
+
+    def describe(self, key: str) -> str:
+        return self._path(key)
+
+    def map(self, key: str) -> np.ndarray:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return np.zeros(0, np.uint8)
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise MissingShardError(f"{path}: cannot open ({e.strerror or e})") from None
+        return np.frombuffer(m, dtype=np.uint8)
+
+    async def read(self, key: str, start: int | None = None, stop: int | None = None):
+        path = self._path(key)
+        if start is None and stop is None:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                raise MissingShardError(f"{path}: cannot read ({e.strerror or e})") from None
+        data = self.map(key)
+        n = data.shape[0]
+        a = (n + start if start < 0 else start) if start is not None else 0
+        b = n if stop is None else stop
+        if a < 0 or b > n or a > b:
+            raise PastEndError(f"{path}: bytes [{start}, {stop}) lie past its end ({n} bytes)", n)
+        return data[a:b]
+
+    async def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    async def list(self, prefix: str = "") -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(prefix)))
+        except OSError:
+            return []
+
+    async def stat(self, key: str) -> Stat:
+        try:
+            st = os.stat(self._path(key))
+        except OSError:
+            raise MissingShardError(f"{self._path(key)}: no such file") from None
+        return Stat(st.st_size, str(st.st_mtime_ns))

@@ -1,0 +1,57 @@
+"""An in-memory store: bytes that arrived by other routes, and tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MissingShardError
+from .base import ByteStore, PastEndError, Stat
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(ByteStore):
+    """Files held as bytes in a dict ``{key: bytes}``; ranges are zero-copy views.
+
+    ``name`` appears in messages (``memory://name/key``).
+    """
+
+    mappable = True
+    immediate = True
+
+    def __init__(self, files: dict | None = None, name: str = "memory"):
+        self.files = {} if files is None else dict(files)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.name!r}, {len(self.files)} files)"
+
+    def describe(self, key: str) -> str:
+        return f"memory://{self.name}/{key}"
+
+    def map(self, key: str) -> np.ndarray:
+        try:
+            return np.frombuffer(self.files[key], np.uint8)
+        except KeyError:
+            raise MissingShardError(f"{self.describe(key)}: no such file") from None
+
+    async def read(self, key: str, start: int | None = None, stop: int | None = None):
+        data = self.map(key)
+        if start is None and stop is None:
+            return data
+        n = data.shape[0]
+        a = (n + start if start < 0 else start) if start is not None else 0
+        b = n if stop is None else stop
+        if a < 0 or b > n or a > b:
+            raise PastEndError(f"{self.describe(key)}: bytes [{start}, {stop}) lie past its end ({n} bytes)", n)
+        return data[a:b]
+
+    async def exists(self, key: str) -> bool:
+        return key in self.files
+
+    async def list(self, prefix: str = "") -> list[str]:
+        p = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        return sorted({k[len(p):].split("/", 1)[0] for k in self.files if k.startswith(p)} - {""})
+
+    async def stat(self, key: str) -> Stat:
+        return Stat(len(self.map(key)), None)
