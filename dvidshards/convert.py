@@ -1,0 +1,844 @@
+"""Convert an export to neuroglancer precomputed or zarr v3, one task per source shard.
+
+``convert(source, dest, format=...)`` (and ``dvidshards convert``) writes:
+
+* **precomputed** — a multiscale segmentation volume, ``compressed_segmentation`` chunks of
+  64³ with 8³ blocks, ``neuroglancer_uint64_sharded_v1`` shards (by default the export's own
+  sharding, so one DVID shard is one output shard; ``shard_bits_extra=n`` splits each into
+  2ⁿ whole output shards). Interior chunks are *transcoded* from the DVID blocks without
+  decoding voxels (:mod:`dvidshards.formats.cseg`, byte-identical to TensorStore's encoder).
+* **zarr3** — a group with one array per scale (``s0``, ``s1``, …), ``sharding_indexed`` with
+  64³ inner chunks compressed by zstd, ``dimension_names`` x, y, z and an OME-Zarr
+  ``multiscales`` entry on the group.
+
+How it is safe and bounded:
+
+* The **planner** proves, per scale, that every output shard is a box of chunks lying inside
+  one source shard's box (identity hash, no shard-number wrap, per-axis containment); a task
+  owns one source shard and therefore all of its output shards, and no two tasks can write the
+  same output shard. Layouts where this does not hold are refused (:class:`ConvertPlanError`).
+* Each output shard is written in **one kvstore transaction of encoded chunks** through
+  TensorStore's ``neuroglancer_uint64_sharded`` or ``zarr3_sharding_indexed`` kvstore driver,
+  so a task holds at most one output shard's encoded bytes, and the cost per chunk does not
+  grow with the shard. Chunks TensorStore must encode (edge chunks cut by the volume bound,
+  zarr3, ``encoder="tensorstore"``) are decoded and written into an unsharded in-memory
+  array of the same geometry and encoding; the chunk's bytes are read back from the memory
+  kvstore. ``info`` / ``zarr.json`` are written by TensorStore's drivers before any data.
+* Background (all-zero) chunks and absent chunks are never written.
+* ``resume=True`` skips output shards that exist with the expected number of chunks; shard
+  files are written whole by the driver, anything else is rewritten.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import resource
+import struct
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+from .errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
+from .formats.cseg import is_background, transcode
+from .formats.multiscale import SINGLE_SHARD
+from .formats.sharding import (
+    ShardingSpec,
+    compressed_morton_code,
+    compressed_z_index_bits,
+    grid_shape,
+    shard_and_minishard,
+    shard_extent_chunks,
+    shard_key,
+)
+
+__all__ = [
+    "FORMATS",
+    "ZARR_INNER_CODECS",
+    "ConvertPlanError",
+    "ConvertReport",
+    "ScalePlan",
+    "add_arguments",
+    "convert",
+    "main",
+    "plan_scale",
+]
+
+FORMATS = ("precomputed", "zarr3")
+ENCODERS = ("transcode", "tensorstore")
+# zarr3 inner chunks: raw little-endian uint64 then zstd (segmentation compresses ~10x)
+ZARR_INNER_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}},
+                     {"name": "zstd", "configuration": {"level": 3, "checksum": False}}]
+ZARR_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+_NO_CHUNK = np.uint64(2**64 - 1)
+
+
+class ConvertPlanError(SpecError):
+    """The planner refuses a layout: output shards could be shared between tasks, or the
+    source geometry cannot be converted chunk for chunk."""
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """What one scale of the output looks like and how source shards map onto it.
+
+    Vectors are x, y, z. ``grid`` is the output chunk grid (from ``voxel_offset``);
+    ``shard_chunks`` the output shard box in chunks; ``cell`` the source shard box side in
+    chunks (source chunk coordinates are absolute, output ones relative to the offset).
+    """
+
+    index: int
+    key: str
+    size: tuple[int, int, int]
+    voxel_offset: tuple[int, int, int]
+    resolution: tuple[float, float, float]
+    chunk: int
+    grid: tuple[int, int, int]
+    shard_chunks: tuple[int, int, int]
+    cell: int
+    sharding: dict | None = None  # output neuroglancer sharding spec (precomputed)
+
+    @property
+    def chunk_offset(self) -> np.ndarray:
+        return np.asarray(self.voxel_offset, np.int64) // self.chunk
+
+    def shard_ids(self, rel: np.ndarray) -> np.ndarray:
+        """Output shard of each relative chunk coordinate: shard number, or a flat box index."""
+        if self.sharding is not None:
+            shard, _ = shard_and_minishard(ShardingSpec.from_json(self.sharding), rel, self.grid)
+            return np.asarray(shard, np.uint64).astype(np.int64)
+        box = rel // np.asarray(self.shard_chunks, np.int64)
+        nb = [-(-g // s) for g, s in zip(self.grid, self.shard_chunks, strict=True)]
+        return (box[:, 2] * nb[1] + box[:, 1]) * nb[0] + box[:, 0]
+
+    def shard_file(self, rel_first: np.ndarray, shard_id: int) -> str:
+        """Key of an output shard file under the output root."""
+        if self.sharding is not None:
+            return f"{self.key}/{shard_key(int(shard_id), int(self.sharding['shard_bits']))}"
+        i, j, k = (int(v) for v in np.asarray(rel_first) // np.asarray(self.shard_chunks))
+        return f"{self.key}/c/{i}/{j}/{k}"
+
+
+def _output_sharding(src: ShardingSpec, extra: int, where: str) -> ShardingSpec:
+    """The export's sharding with ``extra`` more shard bits, taken from minishard then preshift
+    bits, so that every output shard box is a sub-box of a source one."""
+    if extra < 0:
+        raise ConvertPlanError(f"{where}: shard_bits_extra must be >= 0, got {extra}")
+    take_m = min(extra, src.minishard_bits)
+    take_p = extra - take_m
+    if take_p > src.preshift_bits or src.shard_bits + extra > 64:
+        raise ConvertPlanError(f"{where}: cannot split shards {extra} more times: the sharding has "
+                               f"{src.minishard_bits} minishard + {src.preshift_bits} preshift bits")
+    j = src.to_json()
+    j.update(shard_bits=src.shard_bits + extra, minishard_bits=src.minishard_bits - take_m,
+             preshift_bits=src.preshift_bits - take_p)
+    return ShardingSpec.from_json(j)
+
+
+def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
+               sharding: dict | None = None, data_encoding: str = "gzip") -> ScalePlan:
+    """Plan one scale and prove that no two source shards share an output shard.
+
+    Parameters
+    ----------
+    scale : dvidshards.formats.multiscale.Scale
+        The source scale (from the export's spec).
+    fmt : {"precomputed", "zarr3"}
+    shard_bits_extra : int
+        Split every source shard into ``2**n`` output shards.
+    sharding : dict, optional
+        An explicit output ``neuroglancer_uint64_sharded_v1`` spec instead of the export's own
+        (still subject to the proof).
+    data_encoding : {"gzip", "raw"}
+        Precomputed chunk data encoding inside shards with the export's sharding (an explicit
+        ``sharding`` keeps its own).
+
+    Returns
+    -------
+    ScalePlan
+
+    Raises
+    ------
+    ConvertPlanError
+        When the layout cannot be proved task-disjoint or is not chunk-aligned.
+    """
+    where = f"scale {scale.index}"
+    if fmt not in FORMATS:
+        raise SpecError(f"format must be one of {FORMATS}, got {fmt!r}")
+    cs = tuple(int(c) for c in scale.chunk_size)
+    if len(set(cs)) != 1:
+        raise ConvertPlanError(f"{where}: chunks {cs} are not cubic")
+    chunk = cs[0]
+    off = tuple(int(v) for v in scale.voxel_offset)
+    if any(v % chunk for v in off):
+        raise ConvertPlanError(f"{where}: voxel_offset {off} is not a multiple of the chunk size {chunk}: "
+                               f"DVID chunks would straddle output chunks")
+    if scale.resolution is None:
+        raise ConvertPlanError(f"{where}: resolution unknown (geometry inferred); give the export's spec")
+    src = scale.sharding
+    if sharding is not None:
+        out = sharding if isinstance(sharding, ShardingSpec) else ShardingSpec.from_json(sharding)
+        if shard_bits_extra:
+            out = _output_sharding(out, shard_bits_extra, where)
+    elif src is None:
+        raise ConvertPlanError(f"{where}: the export's spec has no sharding; give the spec DVID was given "
+                               f"(--spec) or an output sharding")
+    else:
+        out = _output_sharding(src, shard_bits_extra, where)
+    if out.hash != "identity":
+        raise ConvertPlanError(f"{where}: output sharding hash {out.hash!r} does not make shards boxes of "
+                               f"chunks, so no task can own whole output shards; use 'identity'")
+    if sharding is None:  # the export's bits; chunk data encoded as asked (DVID's specs say raw)
+        out = ShardingSpec.from_json({**out.to_json(), "data_encoding": data_encoding})
+    grid = grid_shape(scale.size, chunk)
+    bits = compressed_z_index_bits(grid)
+    if sum(bits) > out.preshift_bits + out.minishard_bits + out.shard_bits:
+        raise ConvertPlanError(
+            f"{where}: the chunk grid {grid} needs {sum(bits)} Morton bits but the output sharding has "
+            f"{out.preshift_bits + out.minishard_bits + out.shard_bits}: shard numbers would wrap and one "
+            f"output shard would hold chunks of several source shards")
+    box = shard_extent_chunks(out, grid)
+    extent = int(min(scale.shard_extent, SINGLE_SHARD))
+    if extent % chunk:
+        raise ConvertPlanError(f"{where}: source shard extent {extent} is not a multiple of {chunk}")
+    cell = extent // chunk
+    coff = [v // chunk for v in off]
+    # the proof: along each axis every output box interval lies in one source cell
+    for a in range(3):
+        for k in range(-(-grid[a] // box[a])):
+            lo = coff[a] + k * box[a]
+            hi = coff[a] + min((k + 1) * box[a], grid[a]) - 1
+            if lo // cell != hi // cell:
+                ax = "xyz"[a]
+                raise ConvertPlanError(
+                    f"{where}: output shards span {box[a]} chunks along {ax} from chunk {lo}, across source "
+                    f"shards at {ax}={lo // cell * extent} and {ax}={hi // cell * extent} voxels: two tasks "
+                    f"would write one output shard")
+    return ScalePlan(
+        index=scale.index, key=f"s{scale.index}" if fmt == "zarr3" else (scale.key or f"s{scale.index}"),
+        size=tuple(int(v) for v in scale.size), voxel_offset=off,
+        resolution=tuple(float(r) for r in scale.resolution), chunk=chunk, grid=tuple(grid),
+        shard_chunks=tuple(int(b) for b in box), cell=cell,
+        sharding=out.to_json() if fmt == "precomputed" else None,
+    )
+
+
+# --------------------------------------------------------------------------- output metadata
+
+
+def _kvstore_json(dest) -> dict:
+    """The output root as a TensorStore kvstore spec whose path ends with '/'."""
+    import tensorstore as ts
+
+    if isinstance(dest, dict):
+        j = dict(dest)
+    elif isinstance(dest, str) and "://" in dest:
+        j = ts.KvStore.Spec(dest).to_json()
+    else:
+        j = {"driver": "file", "path": os.path.abspath(os.fspath(dest))}
+    p = j.get("path", "")
+    if p and not p.endswith("/"):
+        j["path"] = p + "/"
+    return j
+
+
+def _sub(root: dict, path: str) -> dict:
+    j = dict(root)
+    j["path"] = root.get("path", "") + path
+    return j
+
+
+def _precomputed_spec(kv: dict, sp: ScalePlan, sharded: bool) -> dict:
+    meta = {"key": sp.key, "size": list(sp.size), "voxel_offset": list(sp.voxel_offset),
+            "resolution": list(sp.resolution), "chunk_size": [sp.chunk] * 3,
+            "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8]}
+    if sharded and sp.sharding is not None:
+        meta["sharding"] = sp.sharding
+    return {"driver": "neuroglancer_precomputed", "kvstore": kv,
+            "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
+            "scale_metadata": meta}
+
+
+def _zarr3_metadata(sp: ScalePlan, sharded: bool) -> dict:
+    if sharded:
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [sp.chunk] * 3, "codecs": ZARR_INNER_CODECS,
+            "index_codecs": ZARR_INDEX_CODECS, "index_location": "end"}}]
+        outer = [sp.chunk * b for b in sp.shard_chunks]
+    else:
+        codecs, outer = ZARR_INNER_CODECS, [sp.chunk] * 3
+    return {"shape": list(sp.size), "data_type": "uint64", "fill_value": 0,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": outer}},
+            "codecs": codecs, "dimension_names": ["x", "y", "z"]}
+
+
+def _ome_group(plans: list[ScalePlan], existing: dict | None) -> dict:
+    datasets = {}
+    if existing:
+        for ms in existing.get("attributes", {}).get("ome", {}).get("multiscales", [])[:1]:
+            for d in ms.get("datasets", []):
+                datasets[d["path"]] = d
+    for sp in plans:
+        datasets[sp.key] = {"path": sp.key, "coordinateTransformations": [
+            {"type": "scale", "scale": list(sp.resolution)},
+            {"type": "translation", "translation": [o * r for o, r in zip(sp.voxel_offset, sp.resolution, strict=True)]}]}
+    ordered = [datasets[k] for k in sorted(datasets, key=lambda p: (len(p), p))]
+    return {"zarr_format": 3, "node_type": "group", "attributes": {"ome": {"version": "0.5", "multiscales": [{
+        "name": "segmentation", "axes": [{"name": a, "type": "space", "unit": "nanometer"} for a in "xyz"],
+        "datasets": ordered}]}}}
+
+
+def _create_output(kv: dict, fmt: str, plans: list[ScalePlan], context) -> None:
+    """Write info / zarr.json (TensorStore's drivers) before any data; fail on a mismatch."""
+    import json
+
+    import tensorstore as ts
+
+    try:
+        if fmt == "precomputed":
+            for sp in plans:
+                ts.open(_precomputed_spec(kv, sp, True), create=True, open=True, context=context).result()
+        else:
+            root = ts.KvStore.open(kv, context=context).result()
+            r = root.read("zarr.json").result()
+            existing = json.loads(r.value) if r.state == "value" else None
+            if existing is not None and existing.get("node_type") != "group":
+                raise ConvertPlanError(f"{_describe(kv)}zarr.json exists and is not a zarr v3 group")
+            root.write("zarr.json", json.dumps(_ome_group(plans, existing), indent=1).encode()).result()
+            for sp in plans:
+                ts.open({"driver": "zarr3", "kvstore": _sub(kv, sp.key + "/"),
+                         "metadata": _zarr3_metadata(sp, True)}, create=True, open=True, context=context).result()
+    except ValueError as e:
+        if isinstance(e, DvidShardsError):
+            raise
+        raise ConvertPlanError(f"{_describe(kv)}: existing output does not match this conversion: {e}") from None
+
+
+def _describe(kv: dict) -> str:
+    return f"{kv.get('driver')}://{kv.get('bucket', '')}{'/' if kv.get('bucket') else ''}{kv.get('path', '')}"
+
+
+# --------------------------------------------------------------------------- existing shards
+
+
+def count_shard_chunks(data: bytes, fmt: str, sp: ScalePlan, where: str) -> int:
+    """Chunks held by an output shard file (its index only; raises ShardFormatError)."""
+    if fmt == "zarr3":
+        n = math.prod(sp.shard_chunks)
+        if len(data) < 16 * n + 4:
+            raise ShardFormatError(f"{where}: zarr shard shorter than its index")
+        idx = np.frombuffer(data, "<u8", 2 * n, len(data) - 16 * n - 4)
+        return int((idx[0::2] != _NO_CHUNK).sum())
+    spec = sp.sharding
+    nmini = 1 << int(spec["minishard_bits"])
+    if len(data) < 16 * nmini:
+        raise ShardFormatError(f"{where}: shard shorter than its index")
+    ranges = np.frombuffer(data, "<u8", 2 * nmini).reshape(-1, 2).astype(np.int64)
+    total = 0
+    for lo, hi in ranges:
+        if lo == hi:
+            continue
+        a, b = 16 * nmini + int(lo), 16 * nmini + int(hi)
+        if not 0 <= lo <= hi or b > len(data):
+            raise ShardFormatError(f"{where}: minishard index out of range")
+        raw = data[a:b]
+        if spec.get("minishard_index_encoding", "raw") == "gzip":
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError) as e:
+                raise ShardFormatError(f"{where}: bad gzip minishard index ({e})") from None
+        if len(raw) % 24:
+            raise ShardFormatError(f"{where}: minishard index of {len(raw)} bytes")
+        total += len(raw) // 24
+    return total
+
+
+# --------------------------------------------------------------------------- the task
+
+
+@dataclass
+class _Job:
+    token: str
+    dataset: object
+    fmt: str
+    dest: dict
+    labels: object
+    encoder: str
+    resume: bool
+    plans: dict
+
+
+class _Stager:
+    """Chunks encoded by TensorStore: an unsharded in-memory array of the output's geometry."""
+
+    def __init__(self, fmt: str, sp: ScalePlan, context):
+        import tensorstore as ts
+
+        self.fmt, self.sp = fmt, sp
+        mem = {"driver": "memory", "path": f"stage-{uuid.uuid4().hex}/"}
+        if fmt == "precomputed":
+            self.arr = ts.open(_precomputed_spec(mem, sp, False), create=True, context=context).result()[..., 0]
+        else:
+            self.arr = ts.open({"driver": "zarr3", "kvstore": mem, "metadata": _zarr3_metadata(sp, False)},
+                               create=True, context=context).result()
+        self.kv = ts.KvStore.open(mem, context=context).result()
+
+    def encode(self, rel, vol_zyx: np.ndarray) -> bytes | None:
+        """Encoded bytes of one chunk at relative chunk position ``rel`` (None: all fill)."""
+        sp = self.sp
+        lo = np.asarray(rel, np.int64) * sp.chunk
+        hi = np.minimum(lo + sp.chunk, sp.size)
+        if self.fmt == "precomputed":
+            lo = lo + sp.voxel_offset
+            hi = hi + sp.voxel_offset
+            key = f"{sp.key}/{lo[0]}-{hi[0]}_{lo[1]}-{hi[1]}_{lo[2]}-{hi[2]}"
+        else:
+            key = "c/{}/{}/{}".format(*(int(v) for v in rel))
+        self.arr[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].write(vol_zyx.T).result()
+        r = self.kv.read(key).result()
+        if r.state != "value":
+            return None
+        self.kv.write(key, None).result()  # delete
+        return r.value
+
+
+class _Worker:
+    """Per-process state of one conversion: dataset, label source, stagers, kvstores."""
+
+    def __init__(self, job: _Job):
+        import tensorstore as ts
+
+        from .formats.labels import as_labels
+
+        self.job = job
+        self.ds = job.dataset
+        self.labels = as_labels(job.labels)
+        self.context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
+        self.root = ts.KvStore.open(job.dest, context=self.context).result()
+        self._stagers: dict = {}
+        self._stores: dict = {}
+        self.scratch = None
+
+    def stager(self, sp: ScalePlan) -> _Stager:
+        s = self._stagers.get(sp.index)
+        if s is None:
+            s = self._stagers[sp.index] = _Stager(self.job.fmt, sp, self.context)
+        return s
+
+    def shard_store(self, sp: ScalePlan, shard_file: str):
+        import tensorstore as ts
+
+        if self.job.fmt == "precomputed":
+            kv = self._stores.get(sp.index)
+            if kv is None:
+                kv = self._stores[sp.index] = ts.KvStore.open({
+                    "driver": "neuroglancer_uint64_sharded", "base": _sub(self.job.dest, sp.key + "/"),
+                    "metadata": sp.sharding}, context=self.context).result()
+            return kv
+        return ts.KvStore.open({
+            "driver": "zarr3_sharding_indexed", "base": _sub(self.job.dest, shard_file),
+            "grid_shape": list(sp.shard_chunks), "index_codecs": ZARR_INDEX_CODECS,
+            "index_location": "end"}, context=self.context).result()
+
+
+_WORKERS: dict[str, _Worker] = {}
+
+
+def _worker(job: _Job) -> _Worker:
+    w = _WORKERS.get(job.token)
+    if w is None:
+        _WORKERS.clear()  # one conversion at a time per process
+        w = _WORKERS[job.token] = _Worker(job)
+    return w
+
+
+@dataclass
+class ShardResult:
+    """What one task did (one source shard)."""
+
+    records: int = 0
+    written: int = 0
+    transcoded: int = 0
+    encoded: int = 0  # by TensorStore
+    background: int = 0
+    outside: int = 0
+    shards_written: int = 0
+    shards_skipped: int = 0
+    encoded_bytes: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    max_rss_mib: float = 0.0
+
+    def add(self, o: ShardResult) -> None:
+        for f in ("records", "written", "transcoded", "encoded", "background", "outside", "shards_written",
+                  "shards_skipped", "encoded_bytes", "cpu_s", "wall_s"):
+            setattr(self, f, getattr(self, f) + getattr(o, f))
+        self.max_rss_mib = max(self.max_rss_mib, o.max_rss_mib)
+
+
+def _check_block_shape(block: bytes, chunk: int, where: str) -> None:
+    if len(block) >= 12 and struct.unpack("<3I", block[:12]) != (chunk // 8,) * 3:
+        g = struct.unpack("<3I", block[:12])
+        raise BlockDecodeError(f"{where}: block grid {g} sub-blocks is not a {chunk}³ chunk")
+
+
+def _convert_shard(job: _Job, item) -> ShardResult:
+    """The task: convert every record of one source shard into its (whole) output shards."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    w = _worker(job)
+    k, origin = item
+    sp: ScalePlan = job.plans[k]
+    res = ShardResult()
+    table = w.ds.shard(k, origin).table()
+    res.records = len(table)
+    if not len(table):
+        return res
+    coords = np.asarray(table.coords, np.int64)
+    cell_lo = np.asarray(origin, np.int64) // sp.chunk
+    outside_cell = ((coords < cell_lo) | (coords >= cell_lo + sp.cell)).any(axis=1)
+    if outside_cell.any():
+        i = int(np.flatnonzero(outside_cell)[0])
+        raise ShardFormatError(f"{table.where(i)}: chunk lies outside its shard's box "
+                               f"(origin {tuple(origin)}, {sp.cell} chunks per side)")
+    rel = coords - sp.chunk_offset
+    inside = ((rel >= 0) & (rel < np.asarray(sp.grid))).all(axis=1)
+    res.outside = int((~inside).sum())
+    rows = np.flatnonzero(inside)
+    ids = sp.shard_ids(rel[rows])
+    order = np.argsort(ids, kind="stable")
+    rows, ids = rows[order], ids[order]
+    cuts = np.flatnonzero(np.diff(ids)) + 1
+    for group in np.split(rows, cuts):
+        _write_output_shard(w, sp, table, group, rel, res)
+    res.cpu_s = time.process_time() - c0
+    res.wall_s = time.perf_counter() - t0
+    res.max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return res
+
+
+def _expected_chunks(w: _Worker, table, rows) -> int:
+    # records whose palette is all 0 are background (others almost always are not)
+    n = 0
+    for i in rows:
+        pal = w.labels.palette(table, int(i))
+        pal = table.supervoxels(int(i)) if pal is None else pal
+        n += bool(np.any(pal))
+    return n
+
+
+def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardResult) -> None:
+    import tensorstore as ts
+
+    job = w.job
+    fname = sp.shard_file(rel[rows[0]], int(sp.shard_ids(rel[rows[:1]])[0]))
+    r = w.root.read(fname).result()
+    if r.state == "value":
+        if job.resume and count_shard_chunks(r.value, job.fmt, sp, _describe(job.dest) + fname) == \
+                _expected_chunks(w, table, rows):
+            res.shards_skipped += 1
+            return
+        w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
+    del r
+    kv = w.shard_store(sp, fname)
+    txn = ts.Transaction()
+    kvt = kv.with_transaction(txn)
+    grid = np.asarray(sp.grid)
+    if job.fmt == "precomputed":
+        keys = [struct.pack(">Q", int(c)) for c in
+                np.atleast_1d(compressed_morton_code(rel[rows], sp.grid))]
+    else:
+        inner = rel[rows] % np.asarray(sp.shard_chunks)
+        keys = [struct.pack(">III", *(int(v) for v in c)) for c in inner]
+    transcoding = job.fmt == "precomputed" and job.encoder == "transcode"
+    written = 0
+    for key, i in zip(keys, rows, strict=True):
+        i = int(i)
+        c = rel[i]
+        whole = bool(((c + 1) * sp.chunk <= np.asarray(sp.size)).all()) and bool((c < grid).all())
+        if transcoding and whole:
+            enc = _transcode_record(w, sp, table, i)
+            res.transcoded += 1
+        else:
+            enc = _encode_record(w, sp, table, i, c)
+            res.encoded += 1
+        if enc is None:
+            res.background += 1
+            continue
+        kvt.write(key, enc)
+        res.encoded_bytes += len(enc)
+        written += 1
+    if written:
+        txn.commit_async().result()
+        res.shards_written += 1
+    else:
+        txn.abort()
+    res.written += written
+
+
+def _transcode_record(w: _Worker, sp: ScalePlan, table, i: int) -> bytes | None:
+    block = table.block(i)
+    where = table.where(i)
+    try:
+        _check_block_shape(block, sp.chunk, where)
+        if len(block) >= 16:
+            n = int.from_bytes(block[12:16], "little")
+            nsv = len(table.supervoxels(i))
+            if n != nsv:
+                raise ShardFormatError(f"{where}: its label lists have {nsv} entries, its block has {n} labels")
+        enc = transcode(block, w.labels.palette(table, i))
+    except BlockDecodeError as e:
+        raise BlockDecodeError(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
+    return None if is_background(enc, (sp.chunk,) * 3) else enc
+
+
+def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | None:
+    if w.scratch is None or w.scratch.shape[0] != sp.chunk:
+        w.scratch = np.empty((sp.chunk,) * 3, np.uint64)
+    lo = np.asarray(rel, np.int64) * sp.chunk
+    ext = np.minimum(sp.chunk, np.asarray(sp.size) - lo)  # x, y, z voxels inside the volume
+    view = w.scratch[:ext[2], :ext[1], :ext[0]]
+    table.decode_into(i, view, w.labels)
+    if not view.any():
+        return None
+    return w.stager(sp).encode(rel, view)
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class ConvertReport:
+    """What ``convert`` did.
+
+    ``totals`` sums the tasks' :class:`ShardResult`; ``failed`` maps ``(scale, origin)`` to
+    ``"TypeName: message"``; ``verified`` counts chunks read back and ``mismatches`` lists the
+    ones that differed from the source.
+    """
+
+    dest: str
+    format: str
+    scales: list[int]
+    tasks: int = 0
+    totals: ShardResult = field(default_factory=ShardResult)
+    failed: dict = field(default_factory=dict)
+    verified: int = 0
+    mismatches: list = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.mismatches
+
+    def summary(self) -> str:
+        t = self.totals
+        lines = [
+            f"{self.format} -> {self.dest}: scales {self.scales}, {self.tasks} source shards, "
+            f"{t.shards_written} output shards written, {t.shards_skipped} complete ones skipped",
+            f"  {t.written} chunks written ({t.transcoded} transcoded, {t.encoded} encoded by TensorStore), "
+            f"{t.background} background skipped, {t.outside} outside the volume; "
+            f"{t.encoded_bytes / 2**20:.1f} MiB encoded; {self.elapsed:.1f} s, {t.cpu_s:.1f} CPU s in tasks, "
+            f"peak worker RSS {t.max_rss_mib:.0f} MiB",
+        ]
+        if self.verified or self.mismatches:
+            lines.append(f"  verify: {self.verified} chunks read back, {len(self.mismatches)} differ")
+            lines += [f"    MISMATCH {m}" for m in self.mismatches[:10]]
+        for item, msg in list(self.failed.items())[:10]:
+            lines.append(f"  FAILED s{item[0]}/{item[1][0]}_{item[1][1]}_{item[1][2]}: {msg}")
+        if len(self.failed) > 10:
+            lines.append(f"  ... and {len(self.failed) - 10} more failed")
+        return "\n".join(lines)
+
+
+def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
+            labels="agglomerated", scheduler=None, resume: bool = False, verify: int = 0,
+            encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
+            data_encoding: str = "gzip", progress: bool | None = None, seed: int = 0,
+            _stop_after: int | None = None) -> ConvertReport:
+    """Convert an export to neuroglancer precomputed or zarr v3.
+
+    Parameters
+    ----------
+    source : str, path, URL, kvstore spec or dvidshards.Dataset
+        The export.
+    dest : str, path, URL or kvstore spec dict
+        Output root (a folder, ``gs://…``, ``s3://…`` or a TensorStore kvstore spec).
+    format : {"precomputed", "zarr3"}
+    spec : dict or path, optional
+        The neuroglancer spec DVID was given (default: the export's ``info``).
+    scales : list of int, optional
+        Scale folders to convert (default: all with shards).
+    labels : "agglomerated", "supervoxels" or a mapping (file path, dict, ...)
+        Ids written. A mapping given as an object is pickled to every worker; a path is read
+        by each worker.
+    scheduler : None, "local", "local:N", address or distributed.Client
+        None runs the tasks serially in this process (see ``dvidshards.jobs.run_tasks``).
+    resume : bool
+        Skip output shards that exist with the expected chunk count.
+    verify : int
+        Read this many random source chunks per scale back through TensorStore's own driver
+        and compare them with the source.
+    encoder : {"transcode", "tensorstore"}
+        ``tensorstore`` encodes every precomputed chunk with TensorStore (decoded voxels).
+    shard_bits_extra : int
+        Split each source shard into ``2**n`` output shards (bounds memory per task).
+    sharding : dict, optional
+        An explicit output sharding spec for every scale (must pass the planner's proof).
+    data_encoding : {"gzip", "raw"}
+        Precomputed chunk data encoding with the export's sharding (default gzip: cseg chunks
+        shrink ~7x); an explicit ``sharding`` keeps its own.
+    progress : bool, optional
+        Progress bar (default: on a terminal).
+    seed : int
+        Seed of the verification sample.
+
+    Returns
+    -------
+    ConvertReport
+
+    Raises
+    ------
+    ConvertPlanError, SpecError
+        Before anything is written, when the layout or arguments are refused.
+    """
+    from .dataset import Dataset
+    from .jobs import run_tasks
+
+    t0 = time.perf_counter()
+    if format not in FORMATS:
+        raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
+    if encoder not in ENCODERS:
+        raise SpecError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+    if data_encoding not in ("gzip", "raw"):
+        raise SpecError(f"data_encoding must be 'gzip' or 'raw', got {data_encoding!r}")
+    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+    from .formats.labels import as_labels
+
+    as_labels(labels)  # refuse a bad label argument before starting
+    chosen = [ds.scale(k) for k in scales] if scales is not None else list(ds.scales)
+    plans = {s.index: plan_scale(s, format, shard_bits_extra=shard_bits_extra, sharding=sharding,
+                                 data_encoding=data_encoding) for s in chosen}
+    items = [(k, tuple(int(v) for v in o)) for k in plans for o in ds.shards(k)]
+    if scales is None:  # default: the scales that have shards
+        plans = {k: p for k, p in plans.items() if any(it[0] == k for it in items)}
+    if not plans:
+        raise SpecError(f"{ds!r}: no shards to convert")
+    if len(set(items)) != len(items):
+        raise ConvertPlanError("two tasks for one source shard")
+    kv = _kvstore_json(dest)
+    _check_not_inside(ds, kv)
+    import tensorstore as ts
+
+    _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), ts.Context())
+    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans)
+    if _stop_after is not None:  # tests: run only the first tasks, as if killed
+        items = items[:_stop_after]
+    report = run_tasks(partial(_convert_shard, job), items, scheduler=scheduler,
+                       desc=f"{format} shards", progress=progress)
+    out = ConvertReport(_describe(kv), format, sorted(plans), tasks=len(items), failed=dict(report.failed))
+    for r in report.results.values():
+        out.totals.add(r)
+    if verify:
+        for k in sorted(plans):
+            n, bad = verify_output(ds, kv, format, plans[k], labels, verify, seed=seed)
+            out.verified += n
+            out.mismatches += bad
+    out.elapsed = time.perf_counter() - t0
+    return out
+
+
+def _check_not_inside(ds, kv: dict) -> None:
+    # never write into the export
+    src = getattr(ds.store, "root", None) or getattr(ds.store, "path", None)
+    if kv.get("driver") == "file" and isinstance(src, (str, os.PathLike)):
+        a = os.path.realpath(os.fspath(src))
+        b = os.path.realpath(kv["path"])
+        if b == a or b.startswith(a.rstrip("/") + "/"):
+            raise SpecError(f"output {b} is inside the export {a}; choose another destination")
+
+
+def open_output(kv, fmt: str, sp: ScalePlan):
+    """The converted scale opened with TensorStore's own driver (x, y, z[, channel])."""
+    import tensorstore as ts
+
+    kv = _kvstore_json(kv)
+    if fmt == "precomputed":
+        return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv,
+                        "scale_metadata": {"key": sp.key}}).result()[..., 0]
+    return ts.open({"driver": "zarr3", "kvstore": _sub(kv, sp.key + "/")}).result()
+
+
+def verify_output(ds, dest, fmt: str, sp: ScalePlan, labels, n: int, *, seed: int = 0) -> tuple[int, list]:
+    """Read ``n`` random source chunks of a scale back from the output and compare.
+
+    Returns (chunks compared, list of mismatch descriptions).
+    """
+    rng = np.random.default_rng(seed)
+    origins = ds.shards(sp.index)
+    if not origins or n <= 0:
+        return 0, []
+    arr = open_output(dest, fmt, sp)
+    off = np.asarray(sp.voxel_offset)
+    bad, done = [], 0
+    for _ in range(n):
+        o = origins[int(rng.integers(len(origins)))]
+        coords = ds.shard(sp.index, o).coords
+        if not len(coords):
+            continue
+        c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
+        lo = np.maximum(c * sp.chunk, off)
+        hi = np.minimum((c + 1) * sp.chunk, off + np.asarray(sp.size))
+        if (hi <= lo).any():
+            continue
+        want = ds.read([lo.tolist(), hi.tolist()], scale=sp.index, labels=labels, threads=1)
+        rlo = lo if fmt == "precomputed" else lo - off
+        rhi = rlo + (hi - lo)
+        got = arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
+        done += 1
+        if not np.array_equal(got, want):
+            bad.append(f"s{sp.index} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ")
+    return done, bad
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(p) -> None:
+    """Arguments of ``dvidshards convert``."""
+    p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
+    p.add_argument("dest", help="output root (directory or TensorStore kvstore URL)")
+    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info)")
+    p.add_argument("--scales", type=int, nargs="+", help="scale folders to convert (default: all)")
+    p.add_argument("--labels", default="agglomerated",
+                   help="agglomerated (default), supervoxels, or a mapping file")
+    p.add_argument("--scheduler", default="local",
+                   help="'local' / 'local:N' (a dask LocalCluster, default), a scheduler address, or "
+                        "'serial' to run in this process")
+    p.add_argument("--resume", action="store_true", help="skip output shards already complete")
+    p.add_argument("--verify", type=int, default=0, metavar="N",
+                   help="read N random chunks per scale back with TensorStore and compare")
+    p.add_argument("--encoder", choices=ENCODERS, default="transcode",
+                   help="precomputed chunks: transcode DVID blocks (default) or TensorStore's encoder")
+    p.add_argument("--shard-bits-extra", type=int, default=0, metavar="n",
+                   help="split each source shard into 2^n output shards (bounds memory per task)")
+    p.add_argument("--data-encoding", choices=("gzip", "raw"), default="gzip",
+                   help="precomputed chunk data encoding in shards (default gzip)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main(args) -> int:
+    """Run ``dvidshards convert``; 0 on success, 1 when tasks failed or verification differed."""
+    sched = None if args.scheduler in ("serial", "none", "") else args.scheduler
+    report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
+                     labels=args.labels, scheduler=sched, resume=args.resume, verify=args.verify,
+                     encoder=args.encoder, shard_bits_extra=args.shard_bits_extra,
+                     data_encoding=args.data_encoding, progress=False if args.quiet else None)
+    print(report.summary())
+    return 0 if report.ok else 1
