@@ -1,0 +1,654 @@
+"""PyChunkedGraph (PCG) chunk edges and components: ids, contact kernel and wire format.
+
+Pure functions, no I/O. PCG (CAVEconnectome/PyChunkedGraph) ingests, per layer-1 chunk, a file
+``edges_{x}_{y}_{z}.proto.zst`` (one zstd frame of a ``ChunkEdgesMsg``) and a file
+``components_{x}_{y}_{z}.proto`` (an uncompressed ``ChunkComponentsMsg``)::
+
+    package edges;       message EdgesMsg { bytes node_ids1 = 1; bytes node_ids2 = 2;
+                                            bytes affinities = 3; bytes areas = 4; }
+                         message ChunkEdgesMsg { EdgesMsg in_chunk = 1; EdgesMsg cross_chunk = 2;
+                                                 EdgesMsg between_chunk = 3; }
+    package components;  message ChunkComponentsMsg { repeated uint64 components = 1; }
+
+Arrays are raw little-endian bytes (node ids uint64, affinities float32, areas uint64);
+components are packed varints ``[len(c0), c0..., len(c1), c1...]``. The message classes are
+built at run time from a ``FileDescriptorProto`` in a private descriptor pool (protobuf >= 4,
+the optional extra ``dvidshards[pcg]``; imported only when a message is built).
+
+PCG supervoxel ids carry their chunk: ``layer (8 bits) | x | y | z | counter`` with
+``bits_per_dim = max(spatial_bits, n_layers - 2)`` bits per axis (``IdLayout``). A DVID
+supervoxel spans chunks, so each (DVID supervoxel, PCG chunk) piece becomes one PCG supervoxel:
+its counter is 1 + the rank of the DVID id in the chunk's *id list*, the sorted union of the
+supervoxel lists of the DVID blocks that overlap the chunk. That list depends only on block
+metadata, so a chunk can name its neighbours' pieces without reading their voxels.
+
+``contacts`` scans a chunk read with a one-voxel halo (nogil numba kernel) and counts, per
+pair of pieces, the 6-connected voxel faces where they touch: inside the chunk, and across each
+of the 6 faces to the neighbour's pieces. ``chunk_graph`` turns that into PCG's three edge
+types: ``in`` (both pieces in the chunk, stored once, ``node_ids1 < node_ids2``), ``between``
+(different DVID supervoxels across a face) and ``cross`` (two pieces of the same DVID
+supervoxel across a face, affinity +inf and area 1); between and cross edges have
+``node_ids1`` in the chunk, so the neighbour's file holds them flipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from ..errors import DvidShardsError
+
+__all__ = [
+    "DIRECTIONS",
+    "EDGE_TYPES",
+    "Contacts",
+    "IdLayout",
+    "PcgError",
+    "chunk_graph",
+    "components_path",
+    "contacts",
+    "decode_components",
+    "decode_edges",
+    "edges_path",
+    "encode_components",
+    "encode_edges",
+    "group_components",
+    "layers_for_grid",
+    "message_classes",
+]
+
+EDGE_TYPES = ("in", "between", "cross")
+# face neighbours in the order the kernel reports them: -x, +x, -y, +y, -z, +z
+DIRECTIONS = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0], [0, 0, -1], [0, 0, 1]], np.int64)
+DEFAULT_AFFINITY = np.finfo(np.float32).tiny  # PCG's Edges default (1.1754944e-38)
+_MAX_LIST = 1 << 31  # id list entries the kernel indexes with int64 codes a * n + b
+
+
+class PcgError(DvidShardsError, ValueError):
+    """PCG output cannot be produced or read: id overflow, inconsistent labels, corrupt files."""
+
+
+def edges_path(coords) -> str:
+    """PCG's file name for a chunk's edges: ``edges_{x}_{y}_{z}.proto.zst``."""
+    return "edges_" + "_".join(str(int(c)) for c in coords) + ".proto.zst"
+
+
+def components_path(coords) -> str:
+    """PCG's file name for a chunk's components: ``components_{x}_{y}_{z}.proto``."""
+    return "components_" + "_".join(str(int(c)) for c in coords) + ".proto"
+
+
+# --------------------------------------------------------------------------- ids
+
+
+def layers_for_grid(grid, fanout: int = 2) -> int:
+    """PCG's layer count for a layer-1 grid: ``ceil(log_fanout(max chunks per axis)) + 2``."""
+    n = max(int(v) for v in grid)
+    if n < 1 or fanout < 2:
+        raise PcgError(f"grid {tuple(grid)} and fanout {fanout}: need >= 1 chunk and fanout >= 2")
+    return max(2, math.ceil(math.log(n, fanout) - 1e-12) + 2)
+
+
+@dataclass(frozen=True)
+class IdLayout:
+    """The bit layout of PCG node ids (``pychunkedgraph.graph.utils.generic.compute_bitmasks``).
+
+    Parameters
+    ----------
+    layers : int
+        Number of layers of the graph (PCG: ``ceil(log2(max chunks per axis)) + 2``).
+    spatial_bits : int
+        PCG's ``SPATIAL_BITS`` (default 10): the minimum bits per axis of layer-1 and layer-2
+        chunk coordinates.
+    layer_bits : int
+        PCG's ``LAYER_ID_BITS`` (8).
+    """
+
+    layers: int
+    spatial_bits: int = 10
+    layer_bits: int = 8
+
+    def __post_init__(self):
+        if not (2 <= self.layers < (1 << self.layer_bits)) or self.layer_bits < 1:
+            raise PcgError(f"layers must be in [2, {1 << self.layer_bits}), got {self.layers}")
+        if self.spatial_bits < self.layers - 2:
+            # PCG's compute_bitmasks: "{s} bits is not enough for encoding."
+            raise PcgError(f"spatial_bits {self.spatial_bits} is not enough for {self.layers} layers "
+                           f"(need >= {self.layers - 2})")
+        if self.counter_bits < 1:
+            raise PcgError(f"{self.layer_bits} layer bits and 3 x {self.bits_per_dim} spatial bits leave "
+                           "no bits for the segment counter")
+
+    @property
+    def bits_per_dim(self) -> int:
+        """Bits of each chunk coordinate in a layer-1 id: ``max(spatial_bits, layers - 2)``."""
+        return max(self.spatial_bits, self.layers - 2)
+
+    @property
+    def counter_bits(self) -> int:
+        """Bits left for the segment counter of a layer-1 id."""
+        return 64 - self.layer_bits - 3 * self.bits_per_dim
+
+    @property
+    def max_chunks_per_axis(self) -> int:
+        return 1 << self.bits_per_dim
+
+    def check_grid(self, grid) -> None:
+        """Raise PcgError if a grid of this many chunks per axis does not fit the id bits."""
+        g = [int(v) for v in grid]
+        if any(v > self.max_chunks_per_axis for v in g):
+            raise PcgError(f"{tuple(g)} chunks per axis do not fit {self.bits_per_dim} bits per axis "
+                           f"(at most {self.max_chunks_per_axis}; use a larger chunk size or more spatial bits)")
+
+    def chunk_id(self, x: int, y: int, z: int, layer: int = 1) -> int:
+        """The id of a chunk (counter 0), as a Python int."""
+        b = self.bits_per_dim
+        for v in (x, y, z):
+            if not 0 <= int(v) < (1 << b):
+                raise PcgError(f"chunk ({x}, {y}, {z}) does not fit {b} bits per axis")
+        if not 1 <= layer < (1 << self.layer_bits):
+            raise PcgError(f"layer {layer} out of range")
+        off = 64 - self.layer_bits
+        return (int(layer) << off) | (int(x) << (off - b)) | (int(y) << (off - 2 * b)) | (int(z) << (off - 3 * b))
+
+    def node_ids(self, coords, counters) -> np.ndarray:
+        """Layer-1 ids of pieces with 1-based ``counters`` in chunk ``coords`` (uint64)."""
+        c = np.asarray(counters, dtype=np.int64)
+        if c.size and (c.min() < 1 or c.max() >= (1 << self.counter_bits)):
+            raise PcgError(f"chunk {tuple(int(v) for v in coords)}: {int(c.max())} pieces do not fit the "
+                           f"{self.counter_bits}-bit segment counter")
+        return np.uint64(self.chunk_id(*coords)) | c.astype(np.uint64)
+
+    def decode(self, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Split ids into (layer, x, y, z, counter) arrays."""
+        a = np.asarray(ids, dtype=np.uint64)
+        b, off = self.bits_per_dim, 64 - self.layer_bits
+        m = np.uint64((1 << b) - 1)
+        return (a >> np.uint64(off), (a >> np.uint64(off - b)) & m, (a >> np.uint64(off - 2 * b)) & m,
+                (a >> np.uint64(off - 3 * b)) & m, a & np.uint64((1 << self.counter_bits) - 1))
+
+    def to_json(self) -> dict:
+        return {"layers": self.layers, "spatial_bits": self.spatial_bits, "layer_bits": self.layer_bits,
+                "bits_per_dim": self.bits_per_dim, "counter_bits": self.counter_bits}
+
+
+# --------------------------------------------------------------------------- kernel
+
+_GOLD = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _slot(v, bits):  # pragma: no cover - numba
+    return np.int64((v * _GOLD) >> np.uint64(64 - bits))
+
+
+@nb.njit(nogil=True, cache=True)
+def _build_tables(vals, offs, tk, tv, toff, tbits):  # pragma: no cover - numba
+    """Open-addressing tables id -> list index, one per list vals[offs[t]:offs[t+1]]."""
+    for t in range(offs.shape[0] - 1):
+        mask = (1 << tbits[t]) - 1
+        for j in range(offs[t], offs[t + 1]):
+            v = vals[j]
+            i = _slot(v, tbits[t])
+            while tk[toff[t] + i] != 0:
+                i = (i + 1) & mask
+            tk[toff[t] + i] = v
+            tv[toff[t] + i] = j - offs[t]
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _lookup(tk, tv, off, bits, v):  # pragma: no cover - numba
+    mask = (1 << bits) - 1
+    i = _slot(v, bits)
+    while True:
+        k = tk[off + i]
+        if k == v:
+            return tv[off + i]
+        if k == 0:
+            return -1
+        i = (i + 1) & mask
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _add(pk, pv, bits, key, n):  # pragma: no cover - numba
+    """pv[key] += n in an open-addressing table (-1 = empty); returns 1 for a new key."""
+    mask = (1 << bits) - 1
+    i = _slot(np.uint64(key), bits)
+    while True:
+        k = pk[i]
+        if k == key:
+            pv[i] += n
+            return 0
+        if k == -1:
+            pk[i] = key
+            pv[i] = n
+            return 1
+        i = (i + 1) & mask
+
+
+@nb.njit(nogil=True, cache=True)
+def _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits):  # pragma: no cover - numba
+    """Voxel counts and 6-connected contact counts of a chunk read with a 1-voxel halo.
+
+    vol: (nz+2, ny+2, nx+2) uint64, the chunk at [1:-1] in every axis. Tables (tk, tv at
+    toff[t], 2**tbits[t] slots) map ids to list indexes: t = 0 the chunk's own list (no ids),
+    t = 1 + d face neighbour d (-x,+x,-y,+y,-z,+z; at most mx ids each). counts[i] += voxels
+    of own id i. The pair table (pk, pv, 2**pbits slots) sums contact faces per key:
+    a * no + b (a < b, own indexes) inside the chunk, no * no + (d * no + a) * mx + b across
+    face d. Returns (error, z, y, x): 1 = a chunk voxel not in own, 2 = a halo voxel not in its
+    neighbour's list (at z, y, x), 3 = the pair table is over half full (call again larger).
+    """
+    nz = vol.shape[0] - 2
+    ny = vol.shape[1] - 2
+    nx = vol.shape[2] - 2
+    b0 = tbits[0]
+    limit = (1 << pbits) >> 1
+    used = 0
+    av = np.uint64(0)
+    ai = -1
+    run = 0
+    xv = np.uint64(0)  # id -> index caches of the +x, +y, +z neighbours
+    xi = -1
+    yv = np.uint64(0)
+    yi = -1
+    zv = np.uint64(0)
+    zi = -1
+    for z in range(1, nz + 1):
+        for y in range(1, ny + 1):
+            r = vol[z, y]
+            ry = vol[z, y + 1]
+            rz = vol[z + 1, y]
+            for x in range(1, nx + 1):
+                a = r[x]
+                if a == 0:
+                    continue
+                if a != av or ai < 0:
+                    if ai >= 0:
+                        counts[ai] += run
+                    run = 0
+                    ai = _lookup(tk, tv, 0, b0, a)
+                    av = a
+                    if ai < 0:
+                        return 1, z, y, x
+                run += 1
+                b = r[x + 1]
+                if b != a and b != 0 and x < nx:
+                    if b != xv or xi < 0:
+                        xi = _lookup(tk, tv, 0, b0, b)
+                        xv = b
+                        if xi < 0:
+                            return 1, z, y, x + 1
+                    used += _add(pk, pv, pbits, min(ai, xi) * no + max(ai, xi), 1)
+                b = ry[x]
+                if b != a and b != 0 and y < ny:
+                    if b != yv or yi < 0:
+                        yi = _lookup(tk, tv, 0, b0, b)
+                        yv = b
+                        if yi < 0:
+                            return 1, z, y + 1, x
+                    used += _add(pk, pv, pbits, min(ai, yi) * no + max(ai, yi), 1)
+                b = rz[x]
+                if b != a and b != 0 and z < nz:
+                    if b != zv or zi < 0:
+                        zi = _lookup(tk, tv, 0, b0, b)
+                        zv = b
+                        if zi < 0:
+                            return 1, z + 1, y, x
+                    used += _add(pk, pv, pbits, min(ai, zi) * no + max(ai, zi), 1)
+                if used > limit:
+                    return 3, 0, 0, 0
+    if ai >= 0:
+        counts[ai] += run
+    # the six faces: chunk voxel (inside) against halo voxel (outside); every chunk voxel is
+    # in own by now
+    for d in range(6):
+        axis = d >> 1
+        n = nx if axis == 0 else (ny if axis == 1 else nz)
+        inner = 1 if (d & 1) == 0 else n
+        outer = 0 if (d & 1) == 0 else n + 1
+        n1 = ny if axis == 0 else nx
+        n2 = ny if axis == 2 else nz
+        base = no * no + d * no * mx
+        off = toff[d + 1]
+        bb = tbits[d + 1]
+        av = np.uint64(0)
+        ai = -1
+        bv = np.uint64(0)
+        bi = -1
+        for j in range(1, n2 + 1):
+            for i in range(1, n1 + 1):
+                if axis == 0:
+                    a = vol[j, i, inner]
+                    b = vol[j, i, outer]
+                elif axis == 1:
+                    a = vol[j, inner, i]
+                    b = vol[j, outer, i]
+                else:
+                    a = vol[inner, j, i]
+                    b = vol[outer, j, i]
+                if a == 0 or b == 0:
+                    continue
+                if a != av or ai < 0:
+                    ai = _lookup(tk, tv, 0, b0, a)
+                    av = a
+                if b != bv or bi < 0:
+                    bi = _lookup(tk, tv, off, bb, b)
+                    bv = b
+                if bi < 0 or ai < 0:
+                    if axis == 0:
+                        return 2, j, i, outer
+                    if axis == 1:
+                        return 2, j, outer, i
+                    return 2, outer, j, i
+                used += _add(pk, pv, pbits, base + ai * mx + bi, 1)
+                if used > limit:
+                    return 3, 0, 0, 0
+    return 0, 0, 0, 0
+
+
+@dataclass
+class Contacts:
+    """Voxel and contact counts of one chunk, in indexes of its id lists.
+
+    Attributes
+    ----------
+    voxels : ndarray int64
+        Voxels of each entry of the chunk's id list (0 for ids listed by a block but absent).
+    in_pairs : ndarray (n, 2) int64
+        In-chunk contacts, index pairs ``a < b`` into the chunk's list, sorted.
+    in_area : ndarray int64
+        Contact faces of each in-chunk pair.
+    face_dir, face_pairs, face_area
+        Contacts across the faces: direction (index into ``DIRECTIONS``), (own index,
+        neighbour-list index) and face count, sorted by direction then pair.
+    """
+
+    voxels: np.ndarray
+    in_pairs: np.ndarray
+    in_area: np.ndarray
+    face_dir: np.ndarray
+    face_pairs: np.ndarray
+    face_area: np.ndarray
+
+
+def _sorted_ids(a, what: str) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.uint64).ravel()
+    if a.size >= _MAX_LIST:
+        raise PcgError(f"{what}: {a.size} ids is too many for one chunk")
+    if a.size and (a[0] == 0 or np.any(a[1:] <= a[:-1])):
+        raise PcgError(f"{what}: an id list must be sorted, unique and without 0")
+    return a
+
+
+def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk") -> Contacts:
+    """Count voxels and 6-connected contacts of a chunk read with a one-voxel halo.
+
+    Parameters
+    ----------
+    vol_zyx : ndarray uint64, (nz + 2, ny + 2, nx + 2)
+        Supervoxels of the chunk and a one-voxel halo on every side (0 outside the volume),
+        indexed z, y, x (``read(...).T`` of an x, y, z read). Edges and corners of the halo are
+        not used.
+    own : array of uint64
+        The chunk's id list: sorted, unique, non-zero, holding every supervoxel of the chunk.
+    neighbours : sequence of 6 arrays of uint64
+        The id lists of the face neighbours -x, +x, -y, +y, -z, +z (empty where there is none),
+        each holding every supervoxel of its side of the halo.
+    where : str
+        Location named in errors.
+
+    Returns
+    -------
+    Contacts
+    """
+    vol = np.asarray(vol_zyx)
+    if vol.dtype != np.uint64 or vol.ndim != 3 or min(vol.shape) < 3:
+        raise PcgError(f"{where}: need a (z, y, x) uint64 volume with a 1-voxel halo, got "
+                       f"{vol.shape} {vol.dtype}")
+    vol = np.ascontiguousarray(vol)
+    own = _sorted_ids(own, f"{where}: id list")
+    if len(neighbours) != 6:
+        raise PcgError(f"{where}: need 6 neighbour id lists, got {len(neighbours)}")
+    lists = [_sorted_ids(n, f"{where}: neighbour {tuple(DIRECTIONS[d])} id list") for d, n in enumerate(neighbours)]
+    sizes = [len(own)] + [len(v) for v in lists]
+    no, mx = max(sizes[0], 1), max(max(sizes[1:]), 1)
+    if no * no + 6 * no * mx >= 1 << 62:
+        raise PcgError(f"{where}: id lists of {sizes[0]} and {max(sizes[1:])} ids are too long")
+    offs = np.zeros(8, np.int64)
+    offs[1:] = np.cumsum(sizes)
+    vals = np.concatenate([own, *lists]) if offs[-1] else np.zeros(1, np.uint64)
+    tbits = np.array([max(4, (2 * max(n, 1) - 1).bit_length()) for n in sizes], np.int64)
+    toff = np.zeros(8, np.int64)
+    toff[1:] = np.cumsum(1 << tbits)
+    tk = np.zeros(int(toff[-1]), np.uint64)
+    tv = np.zeros(int(toff[-1]), np.int64)
+    _build_tables(vals, offs, tk, tv, toff, tbits)
+    pbits = 16
+    while True:
+        counts = np.zeros(len(own), np.int64)
+        pk = np.full(1 << pbits, -1, np.int64)
+        pv = np.zeros(1 << pbits, np.int64)
+        err, z, y, x = _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits)
+        if err != 3:
+            break
+        pbits += 3  # rare: many more touching pairs than the first table holds
+    if err:
+        v = int(vol[z, y, x])
+        what = "the chunk's block supervoxel lists" if err == 1 else "its neighbour chunk's block supervoxel lists"
+        raise PcgError(f"{where}: supervoxel {v} at halo voxel (x={x - 1}, y={y - 1}, z={z - 1}) relative to "
+                       f"the chunk is not in {what} (the export's voxels and records disagree)")
+    used = pk >= 0
+    keys, area = pk[used], pv[used]
+    order = np.argsort(keys)
+    keys, area = keys[order], area[order]
+    inn = keys < no * no
+    k, in_area = keys[inn], area[inn]
+    in_pairs = np.stack([k // no, k % no], axis=1)
+    fk, farea = keys[~inn] - no * no, area[~inn]
+    fd, rest = fk // (no * mx), fk % (no * mx)
+    return Contacts(counts, in_pairs.reshape(-1, 2), in_area, fd,
+                    np.stack([rest // mx, rest % mx], axis=1).reshape(-1, 2), farea)
+
+
+def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity: str = "area"):
+    """PCG edges and the pieces of one chunk.
+
+    Parameters
+    ----------
+    c : Contacts
+        From ``contacts``.
+    coords : (x, y, z)
+        The chunk's index in the layer-1 grid.
+    own, neighbours
+        The id lists given to ``contacts``.
+    layout : IdLayout
+    affinity : "area" or "default"
+        Affinity of in and between edges: the contact face count as float32, or PCG's default
+        (float32 tiny). Cross edges always get +inf and area 1.
+
+    Returns
+    -------
+    edges : dict
+        ``{"in" | "between" | "cross": (node_ids1, node_ids2, affinities, areas)}`` (uint64,
+        uint64, float32, uint64), each sorted by (node_ids1, node_ids2).
+    pieces : (ids, supervoxels, voxels)
+        The chunk's pieces (PCG id, DVID supervoxel, voxel count), by id.
+    neighbour_pieces : (ids, supervoxels)
+        The neighbours' pieces that take part in the chunk's between and cross edges.
+    """
+    if affinity not in ("area", "default"):
+        raise PcgError(f"affinity must be 'area' or 'default', got {affinity!r}")
+    own = np.asarray(own, np.uint64)
+    coords = tuple(int(v) for v in coords)
+    present = np.flatnonzero(c.voxels)
+    ids = layout.node_ids(coords, present + 1) if present.size else np.zeros(0, np.uint64)
+    base = np.uint64(layout.chunk_id(*coords))
+
+    def aff(area):
+        if affinity == "area":
+            return area.astype(np.float32)
+        return np.full(area.shape, DEFAULT_AFFINITY, np.float32)
+
+    n1 = base | (c.in_pairs[:, 0] + 1).astype(np.uint64)
+    n2 = base | (c.in_pairs[:, 1] + 1).astype(np.uint64)
+    edges = {"in": (n1, n2, aff(c.in_area), c.in_area.astype(np.uint64))}
+
+    f1, f2, fsv = [], [], []
+    for d in range(6):
+        sel = c.face_dir == d
+        if not sel.any():
+            continue
+        nc = tuple(int(v) for v in np.add(coords, DIRECTIONS[d]))
+        lst = np.asarray(neighbours[d], np.uint64)
+        a, b = c.face_pairs[sel, 0], c.face_pairs[sel, 1]
+        f1.append(base | (a + 1).astype(np.uint64))
+        f2.append(layout.node_ids(nc, b + 1))
+        fsv.append(np.stack([own[a], lst[b]], axis=1))
+    if f1:
+        f1, f2, fsv = np.concatenate(f1), np.concatenate(f2), np.concatenate(fsv)
+    else:
+        f1 = f2 = np.zeros(0, np.uint64)
+        fsv = np.zeros((0, 2), np.uint64)
+    farea = c.face_area.astype(np.uint64)
+    order = np.lexsort((f2, f1))
+    f1, f2, fsv, farea = f1[order], f2[order], fsv[order], farea[order]
+    same = fsv[:, 0] == fsv[:, 1]
+    diff = ~same
+    edges["between"] = (f1[diff], f2[diff], aff(farea[diff]), farea[diff])
+    ns = int(same.sum())
+    edges["cross"] = (f1[same], f2[same], np.full(ns, np.inf, np.float32), np.ones(ns, np.uint64))
+    nb_ids, first = np.unique(f2, return_index=True)
+    pieces = (ids, own[present], c.voxels[present].astype(np.uint64))
+    return edges, pieces, (nb_ids, fsv[first, 1])
+
+
+def group_components(ids, bodies) -> list[np.ndarray]:
+    """Pieces grouped by body: one sorted uint64 array per body, in ascending body order."""
+    ids = np.asarray(ids, np.uint64).ravel()
+    bodies = np.asarray(bodies, np.uint64).ravel()
+    if ids.shape != bodies.shape:
+        raise PcgError(f"{ids.size} pieces but {bodies.size} bodies")
+    order = np.lexsort((ids, bodies))
+    ids, bodies = ids[order], bodies[order]
+    cut = np.flatnonzero(bodies[1:] != bodies[:-1]) + 1
+    return [g for g in np.split(ids, cut) if g.size]
+
+
+# --------------------------------------------------------------------------- wire format
+
+
+@functools.lru_cache(maxsize=1)
+def message_classes():
+    """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)`` built from FileDescriptorProtos.
+
+    They live in a private descriptor pool, so they never clash with PCG's own generated
+    modules if those are imported too. Needs protobuf >= 4 (``pip install dvidshards[pcg]``).
+    """
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    except ImportError:
+        raise PcgError("writing PCG files needs protobuf >= 4: pip install 'dvidshards[pcg]'") from None
+    F = descriptor_pb2.FieldDescriptorProto
+    pool = descriptor_pool.DescriptorPool()
+    edges = descriptor_pb2.FileDescriptorProto(name="dvidshards/pcg/chunkEdges.proto", package="edges",
+                                               syntax="proto3")
+    m = edges.message_type.add(name="EdgesMsg")
+    for i, n in enumerate(("node_ids1", "node_ids2", "affinities", "areas"), 1):
+        m.field.add(name=n, number=i, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
+    m = edges.message_type.add(name="ChunkEdgesMsg")
+    for i, n in enumerate(("in_chunk", "cross_chunk", "between_chunk"), 1):
+        m.field.add(name=n, number=i, type=F.TYPE_MESSAGE, type_name=".edges.EdgesMsg", label=F.LABEL_OPTIONAL)
+    comps = descriptor_pb2.FileDescriptorProto(name="dvidshards/pcg/chunkComponents.proto",
+                                               package="components", syntax="proto3")
+    comps.message_type.add(name="ChunkComponentsMsg").field.add(
+        name="components", number=1, type=F.TYPE_UINT64, label=F.LABEL_REPEATED)
+    pool.Add(edges)
+    pool.Add(comps)
+    get = getattr(message_factory, "GetMessageClass", None)
+    if get is None:  # protobuf < 4.22
+        get = message_factory.MessageFactory(pool).GetPrototype
+    return (get(pool.FindMessageTypeByName("edges.ChunkEdgesMsg")), get(pool.FindMessageTypeByName("edges.EdgesMsg")),
+            get(pool.FindMessageTypeByName("components.ChunkComponentsMsg")))
+
+
+_FIELDS = {"in": "in_chunk", "between": "between_chunk", "cross": "cross_chunk"}
+_DTYPES = ("<u8", "<u8", "<f4", "<u8")
+
+
+def encode_edges(edges: dict) -> bytes:
+    """Serialise ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}`` as a ChunkEdgesMsg.
+
+    Missing types are empty. Like PCG's ``put_chunk_edges`` every sub-message is present, so
+    an empty chunk is ``0a 00 12 00 1a 00``. The caller compresses (PCG: one zstd frame).
+    """
+    chunk_cls, _, _ = message_classes()
+    msg = chunk_cls()
+    for name, field in _FIELDS.items():
+        arrays = edges.get(name)
+        sub = getattr(msg, field)
+        sub.SetInParent()
+        if arrays is None:
+            continue
+        cols = [np.ascontiguousarray(a, dtype=t).ravel() for a, t in zip(arrays, _DTYPES, strict=True)]
+        if len({c.size for c in cols}) != 1:
+            raise PcgError(f"{name} edges: arrays of different lengths {[c.size for c in cols]}")
+        sub.node_ids1, sub.node_ids2, sub.affinities, sub.areas = (c.tobytes() for c in cols)
+    return msg.SerializeToString()
+
+
+def decode_edges(data: bytes, where: str = "edges") -> dict:
+    """Parse a (decompressed) ChunkEdgesMsg into ``{type: (ids1, ids2, affinities, areas)}``."""
+    chunk_cls, _, _ = message_classes()
+    msg = chunk_cls()
+    try:
+        msg.ParseFromString(bytes(data))
+    except Exception as e:  # google.protobuf.message.DecodeError and friends
+        raise PcgError(f"{where}: not a ChunkEdgesMsg ({e})") from None
+    out = {}
+    for name, field in _FIELDS.items():
+        sub = getattr(msg, field)
+        raw = (sub.node_ids1, sub.node_ids2, sub.affinities, sub.areas)
+        sizes = [len(r) for r in raw]
+        if any(s % (4 if t == "<f4" else 8) for s, t in zip(sizes, _DTYPES, strict=True)):
+            raise PcgError(f"{where}: {name} arrays are not whole numbers of items ({sizes} bytes)")
+        cols = tuple(np.frombuffer(r, dtype=t).astype(t[1:]) for r, t in zip(raw, _DTYPES, strict=True))
+        if len({c.size for c in cols}) != 1:
+            raise PcgError(f"{where}: {name} arrays have different lengths {[c.size for c in cols]}")
+        out[name] = cols
+    return out
+
+
+def encode_components(groups) -> bytes:
+    """Serialise groups of ids as a ChunkComponentsMsg: ``[len(g0), g0..., len(g1), g1...]``."""
+    _, _, comp_cls = message_classes()
+    parts = []
+    for g in groups:
+        g = np.asarray(g, np.uint64).ravel()
+        parts += [np.array([g.size], np.uint64), g]
+    msg = comp_cls()
+    if parts:
+        msg.components.extend(np.concatenate(parts).tolist())
+    return msg.SerializeToString()
+
+
+def decode_components(data: bytes, where: str = "components") -> list[np.ndarray]:
+    """Parse a ChunkComponentsMsg into its groups (uint64 arrays, in file order)."""
+    _, _, comp_cls = message_classes()
+    msg = comp_cls()
+    try:
+        msg.ParseFromString(bytes(data))
+    except Exception as e:
+        raise PcgError(f"{where}: not a ChunkComponentsMsg ({e})") from None
+    flat = np.fromiter(msg.components, np.uint64, len(msg.components))
+    groups, i = [], 0
+    while i < flat.size:
+        n = int(flat[i])
+        if n > flat.size - i - 1:
+            raise PcgError(f"{where}: component {len(groups)} claims {n} ids, {flat.size - i - 1} remain")
+        groups.append(flat[i + 1:i + 1 + n])
+        i += 1 + n
+    return groups
