@@ -1,8 +1,30 @@
-"""Supervoxel → body mappings applied at read time, as a palette swap per block."""
+"""Supervoxel → body mappings applied at read time, as a palette swap per block.
+
+`LabelMapping` holds the mapping as two sorted uint64 arrays. It is built from a dict, an
+(n, 2) array, a pandas Series or a file in DVID's ``/mappings`` formats, and every id is
+checked on the way in: a negative, fractional, NaN or non-numeric id is a `MappingError`
+that names where it was (file and line, Series index, dict key, array row) and the value.
+
+Files
+-----
+Text or binary is decided by the content, never by the length:
+
+* text: one ``supervoxel body`` pair per line, separated by a comma, spaces or a tab; an
+  optional header line of names (``sv_id,body_id``), ``#`` comments and blank lines are
+  allowed. Parsed by ``pyarrow.csv`` (multithreaded); a file that is not plain
+  ``id<sep>id`` lines is first normalised by a compiled pass (comments dropped, runs of
+  blanks collapsed) that keeps every line where it was, so errors name the right line.
+* binary: little-endian uint64 pairs (DVID's ``/mappings?format=binary``). Used when asked
+  for (``format="binary"``) or when the bytes cannot be text (NUL and other control bytes,
+  which every binary mapping with ids below 2**56 holds).
+"""
 
 from __future__ import annotations
 
+import codecs
+import math
 import os
+import re
 
 import numba as nb
 import numpy as np
@@ -10,6 +32,26 @@ import numpy as np
 from ..errors import MappingError
 
 __all__ = ["LabelMapping"]
+
+_U64_MAX = (1 << 64) - 1
+_FLOAT_EXACT = float(1 << 53)  # floats at or above hold integers inexactly
+_SNIFF = 1 << 16  # bytes looked at to tell text from binary and find a header
+_BOM = b"\xef\xbb\xbf"
+# bytes no text mapping holds: C0 controls except tab, LF, CR; and DEL
+_NOT_TEXT = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTENT = re.compile(rb"[^\n]")  # in normalised text every non-empty line has content
+_NEWLINE = re.compile(rb"\n")
+_INT = re.compile(r"[0-9]+")
+_SIGNED = re.compile(r"[+-][0-9]+")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # a header's column name
+_NOT_NAMES = {"nan", "na", "null", "none", "inf", "infinity"}
+_NAN = {"nan", "+nan", "-nan", "na", "n/a", "null", "none", "<na>"}
+_RADIX_BITS = 11
+_RADIX = 1 << _RADIX_BITS
+_LIMIT = np.frombuffer(b"18446744073709551615", np.uint8)  # 2**64 - 1
+
+
+# --------------------------------------------------------------------------- kernels
 
 
 @nb.njit(nogil=True, cache=True)
@@ -27,28 +69,281 @@ def _apply(sv, keys, values, out):
         out[i] = values[lo] if lo < n and keys[lo] == s else s
 
 
+@nb.njit(nogil=True, cache=True)
+def _radix_sort_pairs(k, v, k2, v2):
+    """Sort (k, v) by k, stably, with (k2, v2) as scratch; True when the result is in k2, v2.
+
+    LSD radix sort on 11-bit digits; a digit every key shares is skipped. k, v are overwritten.
+    """
+    n = k.shape[0]
+    nd = (64 + _RADIX_BITS - 1) // _RADIX_BITS
+    mask = np.uint64(_RADIX - 1)
+    counts = np.zeros((nd, _RADIX), np.int64)
+    for i in range(n):
+        x = k[i]
+        for d in range(nd):
+            counts[d, np.intp((x >> np.uint64(_RADIX_BITS * d)) & mask)] += 1
+    src_k, src_v, dst_k, dst_v = k, v, k2, v2
+    flips = 0
+    pos = np.empty(_RADIX, np.int64)
+    for d in range(nd):
+        one_bucket = False
+        total = 0
+        for b in range(_RADIX):
+            c = counts[d, b]
+            one_bucket |= c == n
+            pos[b] = total
+            total += c
+        if one_bucket:
+            continue
+        shift = np.uint64(_RADIX_BITS * d)
+        for i in range(n):
+            x = src_k[i]
+            b = np.intp((x >> shift) & mask)
+            p = pos[b]
+            dst_k[p] = x
+            dst_v[p] = src_v[i]
+            pos[b] = p + 1
+        src_k, src_v, dst_k, dst_v = dst_k, dst_v, src_k, src_v
+        flips += 1
+    return flips % 2 == 1
+
+
+@nb.njit(nogil=True, cache=True)
+def _normalise(src, dst):
+    """Copy text ``src`` to ``dst`` with ``#`` comments dropped and blanks (space, tab, CR)
+    collapsed to one space between fields and none at line ends; newlines are kept, so every
+    line stays at its number. Returns the length written (≤ len(src))."""
+    j = 0
+    pending = False  # a blank seen after content on this line
+    content = False
+    comment = False
+    for i in range(src.shape[0]):
+        c = src[i]
+        if c == 10:
+            dst[j] = 10
+            j += 1
+            pending = content = comment = False
+        elif comment:
+            continue
+        elif c == 35:  # '#'
+            comment = True
+        elif c == 32 or c == 9 or c == 13:
+            pending = content
+        else:
+            if pending:
+                dst[j] = 32
+                j += 1
+                pending = False
+            dst[j] = c
+            j += 1
+            content = True
+    return j
+
+
+@nb.njit(nogil=True, cache=True)
+def _first_bad_line(buf, start, line, comma):
+    """First line at or after byte ``start`` (line number ``line``) of normalised text that is
+    neither empty nor ``digits SEP digits`` with both numbers below 2**64; returns (its line
+    number, start, end) or (-1, -1, -1). SEP is ``,`` (with at most one space either side) or
+    one space."""
+    n = buf.shape[0]
+    i = start
+    while i < n:
+        end = i
+        while end < n and buf[end] != 10:
+            end += 1
+        ok = True
+        if end > i:
+            p = i
+            for field in range(2):
+                q = p
+                while q < end and 48 <= buf[q] <= 57:
+                    q += 1
+                nd = q - p
+                if nd == 0:
+                    ok = False
+                    break
+                # more than 20 digits, or 20 digits above 2**64 - 1 (leading zeros count)
+                if nd > 20:
+                    ok = False
+                    break
+                if nd == 20:
+                    for t in range(20):
+                        a, b = buf[p + t], _LIMIT[t]
+                        if a != b:
+                            ok = a < b
+                            break
+                    if not ok:
+                        break
+                p = q
+                if field == 0:
+                    if comma:
+                        if p < end and buf[p] == 32:
+                            p += 1
+                        if p >= end or buf[p] != 44:
+                            ok = False
+                            break
+                        p += 1
+                        if p < end and buf[p] == 32:
+                            p += 1
+                    else:
+                        if p >= end or buf[p] != 32:
+                            ok = False
+                            break
+                        p += 1
+            if ok and p != end:
+                ok = False
+        if not ok:
+            return line, i, end
+        i = end + 1
+        line += 1
+    return -1, -1, -1
+
+
+# --------------------------------------------------------------------------- id checks
+
+
+def _reason(v) -> str | None:
+    """Why a single value is not a uint64 id (None when it is one)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "a boolean, not an integer id"
+    if isinstance(v, (int, np.integer)):
+        v = int(v)
+        if v < 0:
+            return "negative"
+        return None if v <= _U64_MAX else "larger than 2**64 - 1"
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if math.isnan(f):
+            return "NaN (a missing value)"
+        if math.isinf(f) or f != math.floor(f):
+            return "not an integer"
+        if f < 0:
+            return "negative"
+        return None if f < _FLOAT_EXACT else "a float too large to hold an id exactly (use integers)"
+    if isinstance(v, (str, bytes)):
+        return f"text ({type(v).__name__}), not an integer id"
+    if v is None or type(v).__name__ in ("NAType", "NaTType"):
+        return "NaN (a missing value)"
+    return f"a {type(v).__name__}, not an integer id"
+
+
+def _token_reason(s: str) -> str | None:
+    """Why a token of a text mapping is not a uint64 id (None when it is one)."""
+    s = s.strip()
+    if _INT.fullmatch(s):
+        return None if int(s) <= _U64_MAX else "larger than 2**64 - 1"
+    if _SIGNED.fullmatch(s):
+        return "negative" if s[0] == "-" else "not a plain decimal integer (it has a sign)"
+    if not s or s.lower() in _NAN:
+        return "NaN (a missing value)" if s else "empty"
+    try:
+        f = float(s)
+    except ValueError:
+        return "not a number"
+    if math.isnan(f):
+        return "NaN (a missing value)"
+    if math.isinf(f) or f != math.floor(f):
+        return "not an integer"
+    return "negative" if f < 0 else "written as a float, not an integer"
+
+
+def _show(v) -> str:
+    return repr(v.item() if isinstance(v, np.generic) else v)
+
+
+def _fail(source: str, where: str, value, reason: str):
+    raise MappingError(f"{source}: {where} is {_show(value)}, which is {reason}; "
+                       "supervoxel and body ids must be non-negative integers") from None
+
+
+def _ids(a, source: str, where) -> np.ndarray:
+    """``a`` as uint64 ids, or `MappingError` naming ``where(i)`` and the value of the first bad one."""
+    a = np.asarray(a)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    kind = a.dtype.kind
+    if kind == "u":
+        return a.astype(np.uint64, copy=False)
+    if kind == "i":
+        bad = np.flatnonzero(a < 0)
+    elif kind == "f":
+        with np.errstate(invalid="ignore"):
+            ok = (a >= 0) & (a < _FLOAT_EXACT) & (np.floor(a) == a)  # False for NaN
+        bad = np.flatnonzero(~ok)
+    elif kind == "O":
+        bad = np.flatnonzero(np.fromiter((_reason(v) is not None for v in a), bool, a.size))
+    else:
+        bad = np.arange(min(a.size, 1))
+    if bad.size:
+        i = int(bad[0])
+        v = a[i]
+        _fail(source, where(i), v, _reason(v) or f"of dtype {a.dtype}, not an integer id")
+    if kind == "O":
+        return np.fromiter((int(v) for v in a), np.uint64, a.size)
+    return a.astype(np.uint64)
+
+
+# --------------------------------------------------------------------------- the mapping
+
+
 class LabelMapping:
     """A supervoxel → body mapping; supervoxels absent from it keep their id.
 
-    Build it with ``LabelMapping.from_any`` from a dict, an (n, 2) array, a pandas Series
-    (index supervoxels, values bodies) or a file in DVID's ``/mappings`` formats.
+    Build it with `LabelMapping.from_any` from a dict, an (n, 2) array, a pandas Series
+    (index supervoxels, values bodies) or a file in DVID's ``/mappings`` formats, or with
+    `LabelMapping.from_file`.
+
+    Parameters
+    ----------
+    supervoxels, bodies : array_like
+        Equal-length uint64 ids (checked: non-negative integers). A supervoxel listed twice
+        must have the same body both times.
+
+    Attributes
+    ----------
+    keys : numpy.ndarray
+        Sorted unique supervoxel ids (uint64).
+    values : numpy.ndarray
+        Their bodies (uint64), same order.
+
+    Raises
+    ------
+    MappingError
+        A bad id (named with its position and value), unequal lengths, or a supervoxel
+        mapped to two bodies.
     """
 
     __slots__ = ("keys", "values")
 
     def __init__(self, supervoxels, bodies):
-        sv = np.ascontiguousarray(supervoxels, dtype=np.uint64).ravel()
-        body = np.ascontiguousarray(bodies, dtype=np.uint64).ravel()
+        sv = _ids(supervoxels, "mapping", lambda i: f"supervoxel #{i}")
+        body = _ids(bodies, "mapping", lambda i: f"body #{i}")
         if sv.shape != body.shape:
             raise MappingError(f"mapping has {sv.size} supervoxels but {body.size} bodies")
-        order = np.argsort(sv, kind="stable")
-        sv, body = sv[order], body[order]
+        # own copies: the caller's arrays are never sorted in place nor aliased
+        self._set(np.array(sv, np.uint64, order="C"), np.array(body, np.uint64, order="C"))
+
+    @classmethod
+    def _owned(cls, sv: np.ndarray, body: np.ndarray) -> LabelMapping:
+        """A mapping over fresh contiguous uint64 arrays that it may sort in place."""
+        self = cls.__new__(cls)
+        self._set(sv, body)
+        return self
+
+    def _set(self, sv: np.ndarray, body: np.ndarray) -> None:
+        if sv.size > 1 and not (sv[1:] >= sv[:-1]).all():
+            k2, v2 = np.empty_like(sv), np.empty_like(body)
+            if _radix_sort_pairs(sv, body, k2, v2):
+                sv, body = k2, v2
+            del k2, v2
         dup = np.flatnonzero(sv[1:] == sv[:-1])
-        conflict = dup[body[dup] != body[dup + 1]]
-        if conflict.size:
-            i = conflict[0]
-            raise MappingError(f"supervoxel {sv[i]} is mapped to both {body[i]} and {body[i + 1]}")
         if dup.size:
+            conflict = dup[body[dup] != body[dup + 1]]
+            if conflict.size:
+                i = conflict[0]
+                raise MappingError(f"supervoxel {sv[i]} is mapped to both {body[i]} and {body[i + 1]}")
             keep = np.ones(sv.size, bool)
             keep[dup + 1] = False
             sv, body = sv[keep], body[keep]
@@ -67,65 +362,261 @@ class LabelMapping:
         self.keys, self.values = state
 
     def palette(self, supervoxels: np.ndarray) -> np.ndarray:
-        """The bodies of a block's supervoxel list (same order and length)."""
+        """The bodies of a block's supervoxel list (uint64, same order and length)."""
         out = np.empty(supervoxels.shape[0], np.uint64)
         _apply(supervoxels, self.keys, self.values, out)
         return out
 
     def __call__(self, supervoxels) -> np.ndarray:
-        """Map any array of supervoxel ids (for users; the reader uses ``palette``)."""
+        """Map any array of supervoxel ids (for users; the reader uses `palette`)."""
         a = np.ascontiguousarray(supervoxels, dtype=np.uint64)
         return self.palette(a.ravel()).reshape(a.shape)
 
+    # ----------------------------------------------------------------------- builders
+
     @classmethod
     def from_any(cls, obj) -> LabelMapping:
-        """Build a mapping from a dict, (n, 2) array, pandas Series, LabelMapping or file path."""
+        """Build a mapping from a dict, (n, 2) array, pandas Series, LabelMapping or file path.
+
+        Parameters
+        ----------
+        obj : LabelMapping, dict, pandas.Series, array_like or path
+            A dict ``{supervoxel: body}``; a Series whose index holds supervoxels and whose
+            values hold bodies; an (n, 2) array of ``(supervoxel, body)`` rows; a path to a
+            text or binary mapping file (see `from_file`).
+
+        Returns
+        -------
+        LabelMapping
+
+        Raises
+        ------
+        MappingError
+            For anything that is not a mapping, and for every bad id, named by its dict key,
+            Series index, array row or file line, with its value.
+        """
         if isinstance(obj, LabelMapping):
             return obj
         if isinstance(obj, (str, os.PathLike)):
             return cls.from_file(obj)
         if isinstance(obj, dict):
-            return cls(np.fromiter(obj.keys(), np.uint64, len(obj)), np.fromiter(obj.values(), np.uint64, len(obj)))
+            keys = np.fromiter(obj.keys(), object, len(obj))
+            vals = np.fromiter(obj.values(), object, len(obj))
+            sv = _ids(keys, "mapping dict", lambda i: "a key")
+            body = _ids(vals, "mapping dict", lambda i: f"the value of key {_show(keys[i])}")
+            return cls(sv, body)
         if hasattr(obj, "index") and hasattr(obj, "to_numpy") and getattr(obj, "ndim", 0) == 1:
-            return cls(np.asarray(obj.index, dtype=np.uint64), obj.to_numpy(dtype=np.uint64))
+            index = np.asarray(obj.index.to_numpy() if hasattr(obj.index, "to_numpy") else obj.index)
+            sv = _ids(index, "mapping Series", lambda i: f"the index at position {i}")
+            body = _ids(obj.to_numpy(), "mapping Series", lambda i: f"the value at index {_show(index[i])}")
+            return cls(sv, body)
         try:
             a = np.asarray(obj)
         except (TypeError, ValueError) as e:
             raise MappingError(f"cannot use {type(obj).__name__} as a label mapping ({e})") from None
-        if a.ndim != 2 or a.shape[1] != 2 or not np.issubdtype(a.dtype, np.integer):
-            raise MappingError(f"a mapping array must be (n, 2) integers, got shape {a.shape} {a.dtype}")
-        if np.issubdtype(a.dtype, np.signedinteger) and a.size and a.min() < 0:
-            raise MappingError("a mapping array holds negative ids")
-        return cls(a[:, 0], a[:, 1])
+        if a.ndim != 2 or a.shape[1] != 2:
+            raise MappingError(f"a label mapping must be a dict, a pandas Series, a file or an "
+                               f"(n, 2) array of (supervoxel, body) rows; got a {type(obj).__name__} "
+                               f"of shape {a.shape}")
+        sv = _ids(a[:, 0], "mapping array", lambda i: f"row {i} column 0 (supervoxel)")
+        body = _ids(a[:, 1], "mapping array", lambda i: f"row {i} column 1 (body)")
+        return cls(sv, body)
+
 
     @classmethod
-    def from_file(cls, path) -> LabelMapping:
-        """Read DVID's ``/mappings`` formats: text lines ``sv body``, or binary LE uint64 pairs."""
+    def from_file(cls, path, format: str = "auto") -> LabelMapping:
+        """Read a mapping file in DVID's ``/mappings`` formats.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file.
+        format : {"auto", "text", "binary"}, optional
+            ``"text"``: lines ``supervoxel body`` (comma, spaces or a tab between; an
+            optional header line of column names; ``#`` comments and blank lines skipped;
+            ids in decimal, or hexadecimal with ``0x`` as pyarrow reads them).
+            ``"binary"``: little-endian uint64 ``(supervoxel, body)`` pairs. ``"auto"``
+            (default): text unless the first 64 KiB hold bytes no text has (NUL and other
+            control bytes).
+
+        Returns
+        -------
+        LabelMapping
+
+        Raises
+        ------
+        MappingError
+            The file cannot be read; a text line is malformed or holds a negative,
+            fractional, NaN or too large id (the message names the file, the line number
+            and the value); a binary file is not a whole number of 16-byte pairs.
+        """
+        if format not in ("auto", "text", "binary"):
+            raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                head = f.read(_SNIFF)
+                if format == "auto":
+                    format = "binary" if _not_text(head) else "text"
+                if format == "binary":
+                    f.seek(0)
+                    sv, body = _read_binary(f, path)
+                else:
+                    sv, body = _read_text(f, head, path)
         except OSError as e:
             raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
-        head = data[:4096]
-        if head and all(c in b"0123456789 \t\r\n,#" or 97 <= c <= 122 or 65 <= c <= 90 for c in head):
-            return cls._from_text(data, path)
-        if len(data) % 16:
-            raise MappingError(f"{path}: binary mapping is {len(data)} bytes, not a whole number of uint64 pairs")
-        pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
-        return cls(pairs[:, 0], pairs[:, 1])
+        return cls._owned(sv, body)
 
-    @classmethod
-    def _from_text(cls, data: bytes, path: str) -> LabelMapping:
-        rows = []
-        for n, line in enumerate(data.decode("ascii").splitlines(), 1):
-            line = line.split("#", 1)[0].replace(",", " ").split()
-            if not line:
-                continue
-            if len(line) != 2 or not (line[0].isdigit() and line[1].isdigit()):
-                if n == 1 and not any(t.isdigit() for t in line):
-                    continue  # a header line
-                raise MappingError(f"{path}: line {n} is not 'supervoxel body': {' '.join(line)[:60]!r}")
-            rows.append((int(line[0]), int(line[1])))
-        a = np.array(rows, dtype=np.uint64).reshape(-1, 2)
-        return cls(a[:, 0], a[:, 1])
+
+# --------------------------------------------------------------------------- files
+
+
+def _not_text(head: bytes) -> bool:
+    """Whether these first bytes of a file cannot start a text mapping."""
+    if _NOT_TEXT.search(head):
+        return True
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _read_binary(f, path: str) -> tuple[np.ndarray, np.ndarray]:
+    data = f.read()
+    if len(data) % 16:
+        bad = _NOT_TEXT.search(data, 0, _SNIFF)
+        why = "" if bad is None else (f" (and it is not text: byte 0x{bad.group()[0]:02x} at offset "
+                                      f"{bad.start()})")
+        raise MappingError(f"{path}: a binary mapping is little-endian uint64 (supervoxel, body) "
+                           f"pairs, but the file's {len(data)} bytes are not a whole number of "
+                           f"16-byte pairs{why}")
+    pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
+    del data
+    return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64)
+
+
+def _line_at(text, pos: int) -> tuple[int, str]:
+    """End offset and text of the line starting at ``pos`` (``text``: bytes or memoryview)."""
+    m = _NEWLINE.search(text, pos)
+    end = len(text) if m is None else m.start()
+    return end, bytes(text[pos:end]).decode("utf-8", "replace")
+
+
+def _layout(text) -> tuple[int, int, str] | None:
+    """Where the data of normalised text begins: (byte offset, line number from 0, delimiter).
+
+    The first non-empty line is a header when every field is a name (``sv_id body_id``).
+    None when there is no data line.
+    """
+    m = _CONTENT.search(text)
+    if m is None:
+        return None
+    end, line = _line_at(text, m.start())
+    if all(_NAME.fullmatch(t) and t.lower() not in _NOT_NAMES for t in re.split(r" ?, ?| ", line)):
+        m = _CONTENT.search(text, end)
+        if m is None:
+            return None
+        end, line = _line_at(text, m.start())
+    pos = m.start()
+    return pos, bytes(text[:pos]).count(b"\n"), "," if "," in line else " "
+
+
+def _read_text(f, head: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(supervoxels, bodies) of a text mapping file; ``head`` is its first bytes."""
+    import pyarrow as pa
+
+    bom = len(_BOM) if head.startswith(_BOM) else 0
+    # fast path: from the first data line on, plain "id<sep>id" lines straight into pyarrow
+    raw = np.frombuffer(head, np.uint8)[bom:]
+    clean = np.empty_like(raw)
+    where = _layout(memoryview(clean)[:_normalise(raw, clean)])
+    if where is None and len(head) < _SNIFF:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    if where is not None:
+        _, line, delim = where
+        start = bom + _line_offset(raw, line)
+        first = head[start:head.find(b"\n", start) if b"\n" in head[start:] else len(head)]
+        if delim == " " and b"\t" in first and b" " not in first.strip():
+            delim = "\t"
+        with pa.OSFile(path) as src:
+            src.seek(start)
+            try:
+                return _read_pairs(src, delim)
+            except pa.ArrowInvalid:
+                pass
+    # anything else (comments, runs of blanks, trailing blanks, a bad line): normalise it all
+    f.seek(0)
+    raw = np.fromfile(f, np.uint8)
+    clean = np.empty(raw.shape[0] - bom, np.uint8)
+    clean = clean[:_normalise(raw[bom:], clean)]
+    del raw
+    where = _layout(memoryview(clean))
+    if where is None:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    pos, line, delim = where
+    try:
+        return _read_pairs(pa.BufferReader(pa.py_buffer(clean[pos:])), delim)
+    except pa.ArrowInvalid as e:
+        message = str(e)
+    _diagnose(clean, pos, line, delim, path, message)
+    raise AssertionError("unreachable")  # _diagnose raises
+
+
+def _line_offset(raw: np.ndarray, line: int) -> int:
+    """Byte offset of line ``line`` (from 0) in ``raw`` (a file's first bytes)."""
+    if line == 0:
+        return 0
+    return int(np.flatnonzero(raw == 10)[line - 1]) + 1
+
+
+def _read_pairs(src, delim: str) -> tuple[np.ndarray, np.ndarray]:
+    """Two uint64 columns from a CSV stream, each copied into one contiguous array."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    cols = ["sv", "body"]
+    table = pcsv.read_csv(
+        src,
+        read_options=pcsv.ReadOptions(column_names=cols, block_size=16 << 20),
+        parse_options=pcsv.ParseOptions(delimiter=delim, quote_char=False, ignore_empty_lines=True),
+        convert_options=pcsv.ConvertOptions(
+            column_types={c: pa.uint64() for c in cols}, null_values=[], strings_can_be_null=False,
+            quoted_strings_can_be_null=False),
+    )
+    out = []
+    for c in cols:  # the table's chunks of a column are freed once it is copied
+        col = table.column(c)
+        a = np.empty(len(col), np.uint64)
+        pos = 0
+        for chunk in col.chunks:
+            n = len(chunk)
+            a[pos:pos + n] = np.frombuffer(chunk.buffers()[1], np.uint64, n, chunk.offset * 8)
+            pos += n
+        out.append(a)
+        del col, chunk
+        table = table.drop_columns([c])
+        pa.default_memory_pool().release_unused()  # hand the freed column back to the OS now
+    return out[0], out[1]
+
+
+def _diagnose(clean: np.ndarray, pos: int, line: int, delim: str, path: str, message: str) -> None:
+    """Raise a MappingError naming the first bad line of a normalised text mapping and its value."""
+    n, lo, hi = _first_bad_line(clean, pos, line, delim == ",")
+    if n < 0:  # every line is well formed, yet pyarrow refused it
+        raise MappingError(f"{path}: cannot read as a text mapping ('supervoxel body' lines): {message}")
+    n += 1
+    text = bytes(clean[lo:hi]).decode("utf-8", "replace")
+    hint = ("; if this is a binary mapping, pass format='binary'"
+            if _NOT_TEXT.search(bytes(clean[lo:hi])) else "")
+    fields = re.split(r" ?, ?" if delim == "," else " ", text)
+    if len(fields) != 2:
+        sep = "a comma" if delim == "," else "spaces or a tab"
+        raise MappingError(f"{path}: line {n} is {text[:80]!r}: expected two ids (supervoxel, "
+                           f"body) separated by {sep}, found {len(fields)} field(s){hint}")
+    for what, token in zip(("supervoxel", "body"), fields, strict=True):
+        why = _token_reason(token)
+        if why is not None:
+            raise MappingError(f"{path}: line {n}: {what} id {token!r} is {why}; "
+                               f"ids must be non-negative integers{hint}")
+    raise MappingError(f"{path}: line {n} is {text[:80]!r}: cannot read it as 'supervoxel body'{hint}")

@@ -1,11 +1,14 @@
-"""Label mappings: every accepted form, DVID's /mappings files, and bad input."""
+"""Label mappings: every accepted form, DVID's /mappings files, and every bad input a user met."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
 
-from dvidshards import LabelMapping, MappingError
+from dvidshards.errors import MappingError
+from dvidshards.formats.mapping import LabelMapping
 
 SV = np.array([5, 1 << 40, 7, 0, 9], np.uint64)
 
@@ -14,51 +17,192 @@ def _check(m):
     np.testing.assert_array_equal(m.palette(SV), [50, 11, 7, 0, 9])  # unmapped ids keep their id
 
 
-def test_forms(tmp_path):
+def _pairs(m) -> dict[int, int]:
+    return dict(zip(m.keys.tolist(), m.values.tolist(), strict=True))
+
+
+def test_forms():
     _check(LabelMapping.from_any({5: 50, 1 << 40: 11}))
     _check(LabelMapping.from_any(np.array([[5, 50], [1 << 40, 11]], np.uint64)))
     _check(LabelMapping.from_any([[5, 50], [1 << 40, 11], [5, 50]]))  # a repeated identical pair is fine
+    _check(LabelMapping.from_any(np.array([[5.0, 50.0], [float(1 << 40), 11.0]])))  # integral floats
     pd = pytest.importorskip("pandas")
     _check(LabelMapping.from_any(pd.Series([50, 11], index=pd.Index([5, 1 << 40], dtype="uint64"), dtype="uint64")))
+    _check(LabelMapping.from_any(pd.Series([50, 11], index=[5, 1 << 40])))
 
 
-def test_dvid_mapping_files(tmp_path):
-    text = tmp_path / "m.txt"
-    text.write_text(f"5 50\n{1 << 40}\t11\n\n# comment\n")
-    _check(LabelMapping.from_file(text))
-    binary = tmp_path / "m.bin"
-    binary.write_bytes(np.array([[5, 50], [1 << 40, 11]], "<u8").tobytes())
-    _check(LabelMapping.from_any(str(binary)))
+def test_maps_arrays_of_any_shape_and_pickles():
+    m = LabelMapping.from_any({5: 50, (1 << 64) - 1: 3})
+    np.testing.assert_array_equal(m(np.array([[5, 6], [0, (1 << 64) - 1]], np.uint64)), [[50, 6], [0, 3]])
+    again = pickle.loads(pickle.dumps(m))
+    assert _pairs(again) == _pairs(m) == {5: 50, (1 << 64) - 1: 3}
 
 
-def test_maps_arrays_of_any_shape():
-    m = LabelMapping.from_any({5: 50})
-    np.testing.assert_array_equal(m(np.array([[5, 6], [0, 5]])), [[50, 6], [0, 50]])
+def test_sorting_large_unsorted_input_is_exact():
+    rng = np.random.default_rng(4)
+    sv = rng.permutation(np.arange(200_000, dtype=np.uint64) * np.uint64(0x10001) + np.uint64(1 << 50))
+    body = sv // np.uint64(3) + np.uint64(1)
+    sv_in, body_in = sv.copy(), body.copy()
+    m = LabelMapping(sv, body)
+    order = np.argsort(sv_in)
+    np.testing.assert_array_equal(m.keys, sv_in[order])
+    np.testing.assert_array_equal(m.values, body_in[order])
+    np.testing.assert_array_equal(sv, sv_in)  # the caller's arrays are left alone
+    probe = np.concatenate([sv_in[:1000], np.array([3, 4], np.uint64)])
+    np.testing.assert_array_equal(m(probe), np.concatenate([body_in[:1000], [3, 4]]))
 
 
 @pytest.mark.parametrize("obj,match", [
-    ({5: 50, 6: 60, 7: 70} | {}, None),
-    (np.array([[5, 50], [5, 51]]), "mapped to both"),
-    (np.array([[-1, 5]]), "negative"),
-    (np.array([1, 2, 3]), r"\(n, 2\)"),
+    (np.array([[5, 50], [5, 51]]), "supervoxel 5 is mapped to both 50 and 51"),
+    (np.array([[-1, 5]]), r"row 0 column 0 \(supervoxel\) is -1, which is negative"),
+    (np.array([[1, 5], [2, -7]]), r"row 1 column 1 \(body\) is -7, which is negative"),
+    (np.array([[1.7, 5.0]]), r"row 0 column 0 \(supervoxel\) is 1.7, which is not an integer"),
+    (np.array([[2.0, np.nan]]), r"row 0 column 1 \(body\) is nan, which is NaN"),
+    (np.array([[float(1 << 60), 1.0]]), "too large to hold an id exactly"),
+    (np.array([1, 2, 3]), r"\(n, 2\) array"),
+    (np.array([["1", "2"]]), "text"),
     (object(), "must be"),
 ])
-def test_bad_mappings(obj, match):
-    if match is None:
-        assert len(LabelMapping.from_any(obj)) == 3
-        return
+def test_bad_arrays(obj, match):
     with pytest.raises(MappingError, match=match):
         LabelMapping.from_any(obj)
 
 
-def test_bad_files(tmp_path):
-    bad = tmp_path / "bad.txt"
-    bad.write_text("5 50\n6 sixty\n")
-    with pytest.raises(MappingError, match="line 2"):
-        LabelMapping.from_file(bad)
-    odd = tmp_path / "odd.bin"
-    odd.write_bytes(b"\x00\xff" * 9)
-    with pytest.raises(MappingError, match="whole number"):
-        LabelMapping.from_file(odd)
+@pytest.mark.parametrize("obj,match", [
+    ({1.7: 5}, "mapping dict: a key is 1.7, which is not an integer"),
+    ({"5": 50}, "mapping dict: a key is '5', which is text"),
+    ({-5: 50}, "a key is -5, which is negative"),
+    ({True: 5}, "boolean"),
+    ({5: float("nan")}, "the value of key 5 is nan, which is NaN"),
+    ({5: None}, "the value of key 5 is None, which is NaN"),
+    ({5: 1 << 64}, "larger than 2"),
+])
+def test_bad_dicts(obj, match):
+    with pytest.raises(MappingError, match=match):
+        LabelMapping.from_any(obj)
+
+
+def test_bad_series():
+    pd = pytest.importorskip("pandas")
+    s = pd.Series([10.0, np.nan, 30.0], index=[1, 2, 3])  # a NaN turns the values into floats
+    with pytest.raises(MappingError, match=r"the value at index 2 is nan, which is NaN"):
+        LabelMapping.from_any(s)
+    s = pd.Series([10, 20], index=[1.0, 1.7])
+    with pytest.raises(MappingError, match=r"the index at position 1 is 1.7, which is not an integer"):
+        LabelMapping.from_any(s)
+    s = pd.Series([10, 20], index=[1.0, np.nan])
+    with pytest.raises(MappingError, match=r"the index at position 1 is nan"):
+        LabelMapping.from_any(s)
+    s = pd.Series([10, pd.NA], index=[1, 2], dtype="Int64")
+    with pytest.raises(MappingError, match=r"the value at index 2 is (nan|<NA>), which is NaN"):
+        LabelMapping.from_any(s)
+    s = pd.Series([10, -20], index=[1, 2])
+    with pytest.raises(MappingError, match=r"the value at index 2 is -20, which is negative"):
+        LabelMapping.from_any(s)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _load(tmp_path, content: bytes, name="m.txt", **kw):
+    p = tmp_path / name
+    p.write_bytes(content)
+    return LabelMapping.from_file(p, **kw)
+
+
+@pytest.mark.parametrize("content", [
+    b"5 50\n1099511627776 11\n",                      # DVID's text output
+    b"5 50\n1099511627776 11",                        # no final newline
+    b"sv_id,body_id\n5,50\n1099511627776,11\n",       # header and commas
+    b"sv body\r\n5 50\r\n1099511627776 11\r\n",       # header, CRLF
+    b"5\t50\n1099511627776\t11\n",                    # tabs
+    b"5, 50\n1099511627776 ,11\n",                    # blanks around commas
+    b"# exported from DVID\n\n5 50\n\n1099511627776 11\n\n",  # comments and blank lines
+    b"# a comment\nsv body # names\n  5   50  # trailing\n1099511627776\t 11\t\n",  # all at once
+    b"\xef\xbb\xbfsv,body\n5,50\n1099511627776,11\n",  # a UTF-8 byte order mark
+    b"5 50\n1099511627776 11\n3 3\n33 4\n\n",        # 32 bytes: once read as binary by length
+])
+def test_text_files(tmp_path, content):
+    m = _load(tmp_path, content)
+    _check(m)
+    assert set(_pairs(m)) <= {5, 1 << 40, 3, 33}
+
+
+def test_text_file_whose_length_is_a_multiple_of_16(tmp_path):
+    content = b"1 10\n2 20\n33 4\n\n"
+    assert len(content) % 16 == 0
+    assert _pairs(_load(tmp_path, content)) == {1: 10, 2: 20, 33: 4}
+
+
+def test_binary_files(tmp_path):
+    pairs = np.array([[5, 50], [1 << 40, 11]], "<u8")
+    _check(_load(tmp_path, pairs.tobytes(), "m.bin"))  # NUL bytes: cannot be text
+    _check(_load(tmp_path, pairs.tobytes(), "m.bin", format="binary"))
+    # printable bytes are binary only when asked for
+    text_like = np.frombuffer(b"12345678" * 2, "<u8").reshape(1, 2)
+    m = _load(tmp_path, text_like.tobytes(), "odd.bin", format="binary")
+    assert _pairs(m) == {int(text_like[0, 0]): int(text_like[0, 1])}
+    with pytest.raises(MappingError, match="line 1"):
+        _load(tmp_path, text_like.tobytes(), "odd.bin")
+
+
+def test_empty_files(tmp_path):
+    assert len(_load(tmp_path, b"")) == 0
+    assert len(_load(tmp_path, b"sv body\n")) == 0
+    assert len(_load(tmp_path, b"# nothing\n\n")) == 0
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"1 10\n2 20\n-3 30\n", r"line 3: supervoxel id '-3' is negative"),
+    (b"sv_id,body_id\n1,10\n1.7,20\n", r"line 3: supervoxel id '1.7' is not an integer"),
+    (b"1 10\n2 NaN\n", r"line 2: body id 'NaN' is NaN"),
+    (b"1,10\n2,nan\n", r"line 2: body id 'nan' is NaN"),
+    (b"1 10\n2 sixty\n", r"line 2: body id 'sixty' is not a number"),
+    (b"1 10\n2 1e3\n", r"line 2: body id '1e3' is written as a float"),
+    (b"1 10\n2 18446744073709551616\n", r"line 2: body id '18446744073709551616' is larger than 2\*\*64 - 1"),
+    (b"1 10\n2 +20\n", r"line 2: body id '\+20' is not a plain decimal integer"),
+    (b"1 10\n\n# c\n7\n", r"line 4 is '7': expected two ids .* found 1 field"),
+    (b"1 10 5\n", r"line 1 is '1 10 5': expected two ids .* found 3 field"),
+    (b"1,10\n2 20\n", r"line 2 is '2 20': expected two ids .* separated by a comma"),
+    (b"1 10\n2 20\n# ok\n-3 30 # bad\n", r"line 4: supervoxel id '-3' is negative"),
+    (b'"1","10"\n', r"line 1: supervoxel id '\"1\"' is not a number"),
+])
+def test_bad_text_files(tmp_path, content, match):
+    with pytest.raises(MappingError, match=match) as e:
+        _load(tmp_path, content, "bad.txt")
+    assert str(tmp_path / "bad.txt") in str(e.value)
+
+
+def test_bad_line_far_into_a_file(tmp_path):
+    content = b"sv body\n" + b"".join(b"%d %d\n" % (i, i * 10) for i in range(1, 50_001)) + b"7 -70\n1 1\n"
+    with pytest.raises(MappingError, match=r"line 50002: body id '-70' is negative"):
+        _load(tmp_path, content)
+
+
+def test_nul_after_the_first_64_kib_names_the_line(tmp_path):
+    content = b"1 10\n" * 20_000 + b"2 2\x000\n"
+    with pytest.raises(MappingError, match=r"line 20001: .*pass format='binary'"):
+        _load(tmp_path, content)
+
+
+def test_bad_binary_and_unreadable_files(tmp_path):
+    with pytest.raises(MappingError, match="whole number of 16-byte pairs"):
+        _load(tmp_path, b"\x00\xff" * 9, "odd.bin")
     with pytest.raises(MappingError, match="cannot read"):
         LabelMapping.from_file(tmp_path / "absent.txt")
+    with pytest.raises(MappingError, match="cannot read"):
+        LabelMapping.from_file(tmp_path)
+    with pytest.raises(MappingError, match="format must be"):
+        _load(tmp_path, b"1 2\n", format="csv")
+
+
+def test_large_text_file_matches_numpy(tmp_path):
+    rng = np.random.default_rng(9)
+    sv = rng.choice(1 << 45, 300_000, replace=False).astype(np.uint64)
+    body = rng.integers(1, 1 << 40, sv.size, dtype=np.uint64)
+    p = tmp_path / "big.txt"
+    np.savetxt(p, np.stack([sv, body], 1), fmt="%d", delimiter=" ")
+    m = LabelMapping.from_file(p)
+    order = np.argsort(sv)
+    np.testing.assert_array_equal(m.keys, sv[order])
+    np.testing.assert_array_equal(m.values, body[order])
