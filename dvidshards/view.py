@@ -1,0 +1,651 @@
+"""``dvidshards view``: serve an export as a neuroglancer precomputed source and show it.
+
+A small HTTP server (stdlib ``ThreadingHTTPServer`` in a daemon thread, a bounded number of
+chunk requests at work at once) answers the two routes of an unsharded neuroglancer
+``precomputed`` volume:
+
+- ``/{name}/info``: every scale of the export (resolution, voxel offset, size), 64³ chunks,
+  ``compressed_segmentation`` encoding, no sharding;
+- ``/{name}/{key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}``: one chunk, ``compressed_segmentation``
+  bytes, clipped at the volume's upper edge like any precomputed volume.
+
+A chunk with no record (all background) is answered ``404``, which both neuroglancer and
+TensorStore's ``neuroglancer_precomputed`` driver read as all zero. A chunk whose read fails
+(corrupt shard, unreachable bucket) is answered ``500`` with the typed error in the log; the
+server keeps serving every other chunk. CORS headers are set on every answer, so a viewer
+served from any origin can read it.
+
+Chunks are encoded straight from the DVID record when the transcoder
+(``dvidshards.formats.cseg``) applies: a whole 64³ chunk on DVID's grid. Otherwise (a chunk
+cut by the volume edge, a grid not aligned with DVID's, or no transcoder) the voxels are read
+through the export's TensorStore volume and encoded by TensorStore's own precomputed writer
+into a small in-memory volume.
+
+neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards[view]``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+
+from .errors import DvidShardsError, SpecError
+
+__all__ = ["ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
+           "serve", "viewer"]
+
+log = logging.getLogger("dvidshards.view")
+
+_CHUNK = re.compile(r"^(.+)/(\d+)-(\d+)_(\d+)-(\d+)_(\d+)-(\d+)$")
+
+
+@dataclass
+class RouteStats:
+    """Chunks answered by one route: count, bytes sent and seconds spent (end to end)."""
+
+    count: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, n: int, dt: float) -> None:
+        self.count += 1
+        self.bytes += n
+        self.seconds += dt
+
+
+@dataclass
+class ServeStats:
+    """What a server has answered, per route (see `ViewServer.stats`)."""
+
+    transcoded: RouteStats = field(default_factory=RouteStats)  # straight from the DVID record
+    encoded: RouteStats = field(default_factory=RouteStats)  # decoded voxels, TensorStore encoder
+    absent: RouteStats = field(default_factory=RouteStats)  # 404: no record, all background
+    failed: RouteStats = field(default_factory=RouteStats)  # 5xx: read error
+    busy: int = 0  # 503: no worker slot freed in time
+    scales: dict = field(default_factory=dict)  # chunk requests per scale key
+
+    def as_dict(self) -> dict:
+        return {k: (vars(v).copy() if isinstance(v, RouteStats) else
+                    dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
+
+
+class _Encoder:
+    """TensorStore's compressed_segmentation writer, one in-memory volume per scale.
+
+    The in-memory volume has the served scale's geometry, so the key TensorStore writes is
+    the key neuroglancer asked for, and an edge chunk is clipped exactly as in any
+    precomputed volume. One `_Encoder` serves one request at a time (see `ViewVolume`).
+    """
+
+    def __init__(self, scales_json: list[dict]):
+        self._scales = scales_json
+        self._stores: dict[str, object] = {}
+
+    def _store(self, k: int):
+        import tensorstore as ts
+
+        s = self._scales[k]
+        st = self._stores.get(s["key"])
+        if st is None:
+            spec = {
+                "driver": "neuroglancer_precomputed",
+                "kvstore": {"driver": "memory"},
+                "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
+                "scale_metadata": {k2: s[k2] for k2 in ("key", "size", "resolution", "voxel_offset")}
+                | {"chunk_size": s["chunk_sizes"][0], "encoding": "compressed_segmentation",
+                   "compressed_segmentation_block_size": s["compressed_segmentation_block_size"]},
+                "create": True,
+            }
+            st = self._stores[s["key"]] = ts.open(spec, context=ts.Context()).result()
+        return st
+
+    def encode(self, k: int, box: np.ndarray, voxels: np.ndarray) -> bytes:
+        """compressed_segmentation bytes of an (x, y, z) uint64 chunk at box [[x0,y0,z0],[x1,y1,z1]]."""
+        import tensorstore as ts
+
+        st = self._store(k)
+        (x0, y0, z0), (x1, y1, z1) = box
+        st[x0:x1, y0:y1, z0:z1, 0].write(voxels).result()
+        key = f"{self._scales[k]['key']}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}"
+        kv = st.kvstore
+        r = kv.read(key).result()
+        kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+        if r.state != "value":  # TensorStore stores no chunk equal to the fill value
+            raise RuntimeError(f"TensorStore wrote no chunk {key}")
+        return r.value
+
+
+def _as_dataset(source, spec=None):
+    from .dataset import Dataset
+
+    return source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+
+
+def _transcoder():
+    from .formats.cseg import transcode
+
+    return transcode
+
+
+class ViewVolume:
+    """One export, with one label choice, as a precomputed segmentation volume.
+
+    Parameters
+    ----------
+    dataset : Dataset, path or URL
+        The export.
+    labels : "agglomerated", "supervoxels" or a mapping
+        As in `dvidshards.open`.
+    threads : int, optional
+        Chunk requests at work at once (default: CPU count, at least 2).
+    transcode : bool
+        Encode whole DVID-grid chunks straight from their records when the transcoder is
+        available; False always decodes voxels first (for comparison).
+    """
+
+    def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True):
+        from .formats.labels import as_labels
+
+        self.dataset = _as_dataset(dataset)
+        self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
+        self.name = self.labels.name
+        scales = [s.to_json() for s in self.dataset.scales]
+        for s in scales:  # served unsharded: one key per chunk
+            s.pop("sharding", None)
+            s.setdefault("compressed_segmentation_block_size", [8, 8, 8])
+        self.info = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
+                     "num_channels": 1, "scales": scales}
+        self._by_key = {s["key"]: i for i, s in enumerate(scales)}
+        if len(self._by_key) != len(scales):
+            raise SpecError(f"{self.dataset!r}: two scales share a key; keys are {[s['key'] for s in scales]}")
+        self._transcode = _transcoder() if transcode else None
+        n = max(2, os.cpu_count() or 2) if threads is None else int(threads)
+        if n < 1:
+            raise SpecError(f"threads must be at least 1, got {threads}")
+        self.threads = n
+        self._slots: queue.SimpleQueue[_Encoder] = queue.SimpleQueue()
+        for _ in range(n):
+            self._slots.put(_Encoder(scales))
+        self.stats = ServeStats()
+        self._stats_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ViewVolume({self.dataset!r}, labels={self.name!r})"
+
+    def chunk_box(self, key: str, bounds) -> tuple[int, np.ndarray] | None:
+        """(scale number, box) of a chunk request, or None when it is not a chunk of the grid."""
+        k = self._by_key.get(key)
+        if k is None:
+            return None
+        s = self.info["scales"][k]
+        x0, x1, y0, y1, z0, z1 = bounds
+        lo, hi = np.array([x0, y0, z0], np.int64), np.array([x1, y1, z1], np.int64)
+        off, size = np.asarray(s["voxel_offset"], np.int64), np.asarray(s["size"], np.int64)
+        cs = np.asarray(s["chunk_sizes"][0], np.int64)
+        end = off + size
+        if np.any(lo < off) or np.any(lo >= end) or np.any((lo - off) % cs):
+            return None
+        if np.any(hi != np.minimum(lo + cs, end)):
+            return None
+        return k, np.stack([lo, hi])
+
+    def chunk(self, k: int, box: np.ndarray) -> tuple[bytes | None, str]:
+        """compressed_segmentation bytes of one chunk (None: no data, all 0) and the route used."""
+        cs = np.asarray(self.info["scales"][k]["chunk_sizes"][0])
+        lo, hi = box
+        if self._transcode is not None and not np.any(lo % cs) and np.all(hi - lo == cs):  # on DVID's grid
+            return self._chunk_from_record(k, lo // cs), "transcoded"
+        vox = self.dataset.read(box, k, self.labels, threads=1, fill_missing_shards=True)
+        if not vox.any():
+            return None, "encoded"
+        enc = self._slots.get()  # never blocks for long: the server admits `threads` requests
+        try:
+            return enc.encode(k, box, vox), "encoded"
+        finally:
+            self._slots.put(enc)
+
+    def _chunk_from_record(self, k: int, c: np.ndarray):
+        """Transcoded bytes of whole chunk c (None: absent or all background)."""
+        from .errors import BlockDecodeError
+        from .formats.cseg import is_background
+
+        x, y, z = (int(v) for v in c)
+        reader = self.dataset.reader(k, self.labels, fill_missing_shards=True)
+        shard = reader.shard(x, y, z)
+        i = shard.find(x, y, z) if shard is not None else None
+        if i is None:
+            reader.absent(shard, x, y, z)
+            return None
+        t = shard.table([i])
+        try:
+            data = self._transcode(t.block(0), reader.labels.palette(t, 0))
+        except BlockDecodeError as e:
+            if str(e).startswith(t.path):
+                raise
+            raise BlockDecodeError(f"{t.where(0)}: {e}") from None
+        return None if is_background(data, tuple(self.info["scales"][k]["chunk_sizes"][0])[::-1]) else data
+
+    def record(self, k: int, route: str, nbytes: int, dt: float) -> None:
+        key = self.info["scales"][k]["key"]
+        with self._stats_lock:
+            self.stats.scales[key] = self.stats.scales.get(key, 0) + 1
+            if route == "busy":
+                self.stats.busy += 1
+            else:
+                getattr(self.stats, route).add(nbytes, dt)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "dvidshards-view"
+    timeout = 120  # seconds an idle keep-alive connection may hold its thread
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/octet-stream", extra=()) -> None:
+        gz = (self.server.gzip and len(body) > 256 and code == 200
+              and "gzip" in self.headers.get("Accept-Encoding", ""))
+        if gz:
+            body = gzip.compress(body, compresslevel=1)
+        self.send_response(code)
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Access-Control-Expose-Headers", "Content-Length, Content-Encoding")
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _text(self, code: int, msg: str, extra=()) -> None:
+        self._send(code, msg.encode() + b"\n", "text/plain; charset=utf-8", extra)
+
+    def do_OPTIONS(self):  # noqa: N802 - http.server's naming
+        self.send_response(HTTPStatus.NO_CONTENT)
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", "*")
+        self.send_header("Access-Control-Max-Age", "86400")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_HEAD(self):  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self):  # noqa: N802
+        path = unquote(urlsplit(self.path).path).strip("/")
+        name, _, rest = path.partition("/")
+        vol = self.server.volumes.get(name)
+        if vol is None:
+            return self._text(404, f"no volume {name!r}; volumes: {sorted(self.server.volumes)}")
+        if rest == "info":
+            return self._send(200, json.dumps(vol.info).encode(), "application/json")
+        m = _CHUNK.match(rest)
+        req = vol.chunk_box(m.group(1), [int(g) for g in m.groups()[1:]]) if m else None
+        if req is None:
+            return self._text(404, f"not a chunk of this volume: {rest!r}")
+        t0 = time.perf_counter()
+        if not self.server.admit.acquire(timeout=self.server.admit_timeout):
+            vol.record(req[0], "busy", 0, 0.0)
+            return self._text(503, "busy", [("Retry-After", "1")])
+        try:
+            data, route = vol.chunk(*req)
+        except Exception as e:  # a failed chunk never takes the server down
+            msg = f"{type(e).__name__}: {e}"
+            if isinstance(e, DvidShardsError):
+                log.error("chunk %s/%s: %s", name, rest, msg)
+            else:
+                log.exception("chunk %s/%s: %s", name, rest, msg)
+            vol.record(req[0], "failed", 0, time.perf_counter() - t0)
+            return self._text(500, msg)
+        finally:
+            self.server.admit.release()
+        if data is None:
+            vol.record(req[0], "absent", 0, time.perf_counter() - t0)
+            return self._text(404, "no data (background)")
+        self._send(200, data)
+        vol.record(req[0], route, len(data), time.perf_counter() - t0)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+    def handle_error(self, request, client_address):  # a client that went away: not an error
+        log.debug("connection from %s dropped", client_address, exc_info=True)
+
+
+class ViewServer:
+    """A running precomputed server (daemon thread) serving one or more `ViewVolume`.
+
+    Use `serve` to start one. ``with serve(ds) as srv:`` stops it at the end.
+    """
+
+    def __init__(self, bind: str = "127.0.0.1", port: int = 0, *, threads: int | None = None,
+                 gzip: bool = False, host: str | None = None, admit_timeout: float = 60.0):
+        self.threads = max(2, os.cpu_count() or 2) if threads is None else int(threads)
+        self._http = _Server((bind, int(port)), _Handler)
+        self._http.volumes = {}
+        self._http.gzip = bool(gzip)
+        self._http.admit = threading.BoundedSemaphore(self.threads)
+        self._http.admit_timeout = float(admit_timeout)
+        port = self._http.server_address[1]
+        if host is None:
+            host = socket.getfqdn() if bind in ("", "0.0.0.0", "::") else bind
+        self.url = f"http://{host}:{port}"
+        self.port = port
+        self._thread = threading.Thread(target=self._http.serve_forever, name=f"dvidshards-view:{port}",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True) -> str:
+        """Serve a volume; returns its source URL (``precomputed://http://host:port/name``)."""
+        vol = ViewVolume(dataset, labels, threads=self.threads, transcode=transcode)
+        name = name or vol.name
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SpecError(f"volume name {name!r}: use letters, digits, '_', '.', '-'")
+        self._http.volumes[name] = vol
+        return self.source(name)
+
+    def source(self, name: str | None = None) -> str:
+        """neuroglancer source URL of a served volume (the only one when name is None)."""
+        return "precomputed://" + self.http_url(name)
+
+    def http_url(self, name: str | None = None) -> str:
+        """Plain HTTP URL of a served volume's root (for TensorStore's http kvstore)."""
+        if name is None:
+            if len(self._http.volumes) != 1:
+                raise SpecError(f"name one of the served volumes: {sorted(self._http.volumes)}")
+            (name,) = self._http.volumes
+        return f"{self.url}/{name}"
+
+    def volume(self, name: str | None = None) -> ViewVolume:
+        """A served `ViewVolume` (the only one when name is None)."""
+        return self._http.volumes[self.http_url(name).rsplit("/", 1)[1]]
+
+    def stats(self) -> dict:
+        """Per volume: chunks answered per route, bytes and seconds (see `ServeStats`)."""
+        return {n: v.stats.as_dict() for n, v in self._http.volumes.items()}
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ViewServer({self.url!r}, volumes={sorted(self._http.volumes)})"
+
+
+def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0.1",
+          threads: int | None = None, gzip: bool = False, spec=None, transcode: bool = True) -> ViewServer:
+    """Serve an export as a neuroglancer precomputed segmentation source.
+
+    Parameters
+    ----------
+    dataset : Dataset, path or URL
+        The export.
+    labels : "agglomerated", "supervoxels" or a mapping
+        Voxel values (see `dvidshards.open`).
+    port : int
+        0 picks a free port.
+    bind : str
+        Address to listen on; ``0.0.0.0`` serves other machines (URLs then use this host's name).
+    threads : int, optional
+        Chunk requests at work at once (default: CPU count, at least 2).
+    gzip : bool
+        gzip chunk answers to clients that accept it.
+    spec : dict or path, optional
+        The export's multiscale spec when ``dataset`` is a path (see `Dataset`).
+    transcode : bool
+        Encode whole chunks straight from their DVID records when possible.
+
+    Returns
+    -------
+    ViewServer
+        Running in a daemon thread; ``.source()`` is the ``precomputed://`` URL.
+    """
+    srv = ViewServer(bind, port, threads=threads, gzip=gzip)
+    try:
+        srv.add(_as_dataset(dataset, spec), labels, transcode=transcode)
+    except BaseException:
+        srv.close()
+        raise
+    return srv
+
+
+def _neuroglancer():
+    try:
+        import neuroglancer
+    except ImportError:
+        raise SpecError("the viewer needs neuroglancer: pip install 'dvidshards[view]'") from None
+    return neuroglancer
+
+
+def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: str | None = None,
+           server: ViewServer | None = None, port: int = 0, bind: str = "127.0.0.1", spec=None,
+           viewer=None, layer: str = "segmentation"):
+    """A ``neuroglancer.Viewer`` showing an export (its client ships with neuroglancer).
+
+    Parameters
+    ----------
+    dataset : Dataset, path or URL
+        The export.
+    labels : "agglomerated", "supervoxels" or a mapping
+        Voxel values (see `dvidshards.open`).
+    select : iterable of int
+        Bodies (segment ids) to select.
+    position : (x, y, z), optional
+        Starting position in scale-0 voxels (default: the volume's centre).
+    image : str, optional
+        An EM image layer source (any neuroglancer URL: ``precomputed://``, ``zarr://``, ...).
+    server : ViewServer, optional
+        Serve from this server (default: a new one on ``bind``/``port``).
+    port, bind : int, str
+        Where a new server listens, and where neuroglancer's own server listens if it is not
+        running yet.
+    spec : dict or path, optional
+        The export's multiscale spec when ``dataset`` is a path.
+    viewer : neuroglancer.Viewer, optional
+        Add the layer to this viewer instead of a new one.
+    layer : str
+        Name of the segmentation layer.
+
+    Returns
+    -------
+    neuroglancer.Viewer
+        ``.dvidshards_server`` is the `ViewServer` (kept alive with the viewer); in a notebook
+        show it with ``IPython.display.IFrame(v.get_viewer_url(), width="100%", height=600)``.
+    """
+    ds = _as_dataset(dataset, spec)
+    _neuroglancer()
+    own = server is None
+    if own:
+        server = ViewServer(bind, port)
+    try:
+        v = _show(ds, server.add(ds, labels), select=select, position=position, image=image, bind=bind,
+                  viewer=viewer, layer=layer)
+    except BaseException:
+        if own:
+            server.close()
+        raise
+    v.dvidshards_server = server
+    return v
+
+
+def _show(ds, src: str, *, select=(), position=None, image=None, bind="127.0.0.1", viewer=None,
+          layer="segmentation"):
+    """A neuroglancer viewer (new or given) with a segmentation layer on a precomputed source."""
+    ng = _neuroglancer()
+    s0 = ds.scales[0]
+    pos = (np.asarray(s0.voxel_offset) + np.asarray(s0.size) / 2) if position is None else position
+    pos = [float(p) for p in pos]
+    if len(pos) != 3:
+        raise SpecError(f"position must be x y z, got {position!r}")
+    if not ng.server.is_server_running():
+        ng.set_server_bind_address(bind, 0)
+    v = ng.Viewer() if viewer is None else viewer
+    with v.txn() as st:
+        st.dimensions = ng.CoordinateSpace(names=["x", "y", "z"], units="nm", scales=list(s0.resolution))
+        st.position = pos
+        if image:
+            st.layers["image"] = ng.ImageLayer(source=image)
+        st.layers[layer] = ng.SegmentationLayer(source=src, segments=[int(i) for i in (select or ())])
+        st.selected_layer.layer = layer
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# headless browser and screenshots (tests, benchmarks, notebooks)
+
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--use-gl=angle",
+                  "--use-angle=swiftshader", "--enable-unsafe-swiftshader")
+
+
+def find_browser() -> tuple[str, str] | None:
+    """(chromium, chromedriver) executables if both are installed, else None."""
+    import shutil
+
+    for b, d in (("/usr/bin/chromium", "/usr/bin/chromedriver"),):
+        if os.access(b, os.X_OK) and os.access(d, os.X_OK):
+            return b, d
+    b = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    d = shutil.which("chromedriver")
+    return (b, d) if b and d else None
+
+
+def open_browser(url: str, *, size=(1024, 768), browser: tuple[str, str] | None = None):
+    """A headless Chromium (selenium) showing url, with WebGL2 through SwiftShader.
+
+    Raises SpecError when no browser is installed or the page has no WebGL2.
+    """
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        raise SpecError("a headless browser needs selenium: pip install 'dvidshards[view]'") from None
+    found = browser or find_browser()
+    if found is None:
+        raise SpecError("no chromium + chromedriver found (Debian: apt-get install chromium chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for a in (*CHROMIUM_FLAGS, f"--window-size={size[0]},{size[1]}"):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(options=opts, service=Service(found[1]))
+    try:
+        drv.set_page_load_timeout(120)
+        drv.get(url)
+        if not drv.execute_script("return !!document.createElement('canvas').getContext('webgl2')"):
+            raise SpecError(f"{found[0]}: no WebGL2 in the headless page (flags {' '.join(CHROMIUM_FLAGS)})")
+    except BaseException:
+        drv.quit()
+        raise
+    return drv
+
+
+def screenshot(viewer, *, size=None, timeout: float = 120.0, statistics=None):
+    """A neuroglancer screenshot, taken once the visible chunks are loaded, with a timeout.
+
+    ``viewer.screenshot()`` waits forever when no browser shows the viewer or WebGL is
+    missing; this waits ``timeout`` seconds and raises TimeoutError.
+
+    Parameters
+    ----------
+    viewer : neuroglancer.Viewer
+        Shown in a browser (see `open_browser`).
+    size : (width, height), optional
+        Canvas size; UI controls are hidden while it is taken.
+    timeout : float
+        Seconds.
+    statistics : callable, optional
+        Called with neuroglancer's screenshot statistics (chunks loaded so far).
+
+    Returns
+    -------
+    bytes
+        The PNG image.
+    """
+    prior = None
+    if size is not None:
+        prior = viewer.config_state.state
+        with viewer.config_state.txn() as s:
+            s.show_ui_controls = False
+            s.show_panel_borders = False
+            s.viewer_size = [int(size[0]), int(size[1])]
+    try:
+        for _ in range(5):  # the canvas size may lag one frame behind viewer_size
+            done, out = threading.Event(), []
+            viewer.async_screenshot(lambda r, out=out, done=done: (out.append(r), done.set()),
+                                    statistics_callback=statistics)
+            if not done.wait(timeout):
+                raise TimeoutError(f"no neuroglancer screenshot within {timeout:g} s")
+            shot = out[0].screenshot
+            if size is None or (shot.width, shot.height) == (int(size[0]), int(size[1])):
+                return shot.image
+        return shot.image
+    finally:
+        if prior is not None:
+            viewer.config_state.set_state(prior)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def add_arguments(parser) -> None:
+    """Options of ``dvidshards view``."""
+    parser.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
+    parser.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info or inferred)")
+    parser.add_argument("--labels", default="agglomerated",
+                        help="agglomerated (default), supervoxels, or a mapping file")
+    parser.add_argument("--port", type=int, default=0, help="port of the precomputed server (0: any free port)")
+    parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (0.0.0.0: other machines)")
+    parser.add_argument("--select", type=int, nargs="+", default=[], metavar="ID", help="bodies to select")
+    parser.add_argument("--position", type=float, nargs=3, metavar=("X", "Y", "Z"),
+                        help="starting position in scale-0 voxels (default: the centre)")
+    parser.add_argument("--image", metavar="URL", help="an EM image layer (precomputed://, zarr://, ...)")
+    parser.add_argument("--gzip", action="store_true", help="gzip chunk answers")
+    parser.add_argument("--no-viewer", action="store_true", help="only serve the precomputed source")
+
+
+def main(args) -> int:
+    """``dvidshards view``: print the source URL and the viewer URL, serve until Ctrl-C."""
+    logging.basicConfig(level=logging.INFO, format="dvidshards view: %(levelname)s %(message)s")
+    ds = _as_dataset(args.source, args.spec)
+    server = ViewServer(args.bind, args.port, gzip=args.gzip)
+    try:
+        src = server.add(ds, args.labels)
+        print(src, flush=True)
+        if not args.no_viewer:
+            v = _show(ds, src, select=args.select, position=args.position, image=args.image, bind=args.bind)
+            print(f"viewer: {v.get_viewer_url()}", flush=True)
+        print("serving; Ctrl-C to stop", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.close()
