@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,9 @@ import pyarrow as pa
 import tensorstore as ts
 import zstandard
 
+from .errors import SpecError
 from .formats.codec import encode_block
+from .formats.mapping import LabelMapping
 from .formats.sharding import (
     ShardingSpec,
     compressed_z_index_bits,
@@ -112,26 +115,26 @@ RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE = record_schema(False)
 def _check_layout(index: str, container: str, batch_size: int) -> str:
     """Validate the index/container/batch-size combination; return the container to use."""
     if index not in _INDEXES:
-        raise ValueError(f"index must be one of {', '.join(_INDEXES)}, got {index!r}")
+        raise SpecError(f"index must be one of {', '.join(_INDEXES)}, got {index!r}")
     if container not in _CONTAINERS:
-        raise ValueError(f"container must be 'stream' or 'file', got {container!r}")
+        raise SpecError(f"container must be 'stream' or 'file', got {container!r}")
     if (
         isinstance(batch_size, bool)
         or not isinstance(batch_size, (int, np.integer))
         or batch_size < 1
     ):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise SpecError(f"batch_size must be a positive integer, got {batch_size!r}")
     if index == "B" and batch_size != 1:
-        raise ValueError("index variant B has one record per batch: batch_size must be 1")
+        raise SpecError("index variant B has one record per batch: batch_size must be 1")
     if index in ("A", "B") and container != "stream":
-        raise ValueError(f"index variant {index} indexes an IPC stream: container must be 'stream'")
+        raise SpecError(f"index variant {index} indexes an IPC stream: container must be 'stream'")
     return "file" if index == "D" else container
 
 
 def _int32(value: Any, what: str) -> int:
     v = int(value)
     if not -(2**31) <= v < 2**31:
-        raise ValueError(f"{what} {v} does not fit in int32")
+        raise SpecError(f"{what} {v} does not fit in int32")
     return v
 
 
@@ -201,10 +204,10 @@ class _ShardFileWriter:
         if "uncompressed_size" in self.schema.names:
             missing = [i for i, r in enumerate(rows) if "uncompressed_size" not in r]
             if missing:
-                raise ValueError("records lack 'uncompressed_size', which this schema requires")
+                raise SpecError("records lack 'uncompressed_size', which this schema requires")
             sizes = np.array([int(r["uncompressed_size"]) for r in rows], dtype=np.int64)
             if sizes.size and (sizes.min() < 0 or sizes.max() >= 2**32):
-                raise ValueError("uncompressed_size does not fit in uint32")
+                raise SpecError("uncompressed_size does not fit in uint32")
             arrays.append(pa.array(sizes.astype(np.uint32), pa.uint32()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
@@ -414,9 +417,9 @@ def default_sharding(
         If ``shard_chunks`` is not a positive power of two.
     """
     if isinstance(shard_chunks, bool) or not isinstance(shard_chunks, (int, np.integer)):
-        raise ValueError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
+        raise SpecError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
     if shard_chunks < 1 or shard_chunks & (shard_chunks - 1):
-        raise ValueError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
+        raise SpecError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
     per_axis = int(shard_chunks).bit_length() - 1
     total = sum(compressed_z_index_bits(grid_shape(size_voxels, chunk_size)))
     low = min(3 * per_axis, total)
@@ -437,7 +440,7 @@ def _as_spec(value: Any) -> ShardingSpec:
         d = dict(value)
         d.setdefault("@type", "neuroglancer_uint64_sharded_v1")
         return ShardingSpec.from_json(d)
-    raise TypeError(f"sharding must be a ShardingSpec or a JSON dict, got {type(value).__name__}")
+    raise SpecError(f"sharding must be a ShardingSpec or a JSON dict, got {type(value).__name__}")
 
 
 def _sharding_json(spec: ShardingSpec) -> dict[str, Any]:
@@ -462,12 +465,12 @@ class _Volume:
             if store.rank == 4 and store.shape[3] == 1:  # neuroglancer x, y, z, channel
                 store = store[..., 0]
             if store.rank != 3:
-                raise ValueError(f"volume must be 3-D (x, y, z), got rank {store.rank}")
+                raise SpecError(f"volume must be 3-D (x, y, z), got rank {store.rank}")
             store = store[ts.d[:].translate_to[0]]
             kind = np.dtype(store.dtype.numpy_dtype).kind
             self.signed = kind == "i"
             if kind not in "ui":
-                raise ValueError(f"volume must hold integer labels, got {store.dtype}")
+                raise SpecError(f"volume must hold integer labels, got {store.dtype}")
             self.store: ts.TensorStore | None = store
             self.array: np.ndarray | None = None
             self.shape = tuple(int(s) for s in store.shape)
@@ -476,15 +479,15 @@ class _Volume:
             if arr.ndim == 4 and arr.shape[3] == 1:
                 arr = arr[..., 0]
             if arr.ndim != 3:
-                raise ValueError(f"volume must be 3-D (x, y, z), got shape {arr.shape}")
+                raise SpecError(f"volume must be 3-D (x, y, z), got shape {arr.shape}")
             if arr.dtype.kind not in "ui":
-                raise ValueError(f"volume must hold integer labels, got dtype {arr.dtype}")
+                raise SpecError(f"volume must hold integer labels, got dtype {arr.dtype}")
             self.signed = arr.dtype.kind == "i"
             self.store = None
             self.array = arr
             self.shape = tuple(int(s) for s in arr.shape)
         if min(self.shape) < 1:
-            raise ValueError(f"volume must not be empty, got shape {self.shape}")
+            raise SpecError(f"volume must not be empty, got shape {self.shape}")
 
     def as_tensorstore(self) -> ts.TensorStore:
         if self.store is not None:
@@ -498,48 +501,8 @@ class _Volume:
         else:
             out = self.array[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
         if self.signed and out.size and out.min() < 0:
-            raise ValueError("volume holds negative labels")
+            raise SpecError("volume holds negative labels")
         return out.astype(np.uint64, copy=False)
-
-
-class _Mapper:
-    """Supervoxel -> body lookup; ids absent from the mapping map to themselves."""
-
-    def __init__(self, mapping: Any) -> None:
-        if mapping is None:
-            self.keys = self.values = np.zeros(0, np.uint64)
-            return
-        if isinstance(mapping, Mapping):
-            keys = np.fromiter(
-                (int(k) for k in mapping.keys()), dtype=np.uint64, count=len(mapping)
-            )
-            values = np.fromiter(
-                (int(v) for v in mapping.values()), dtype=np.uint64, count=len(mapping)
-            )
-        else:
-            arr = np.asarray(mapping)
-            if arr.ndim != 2 or arr.shape[1] != 2 or (arr.size and arr.dtype.kind not in "ui"):
-                raise ValueError(
-                    f"mapping must be a dict or an (n, 2) integer array, got shape {arr.shape}"
-                )
-            if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
-                raise ValueError("mapping holds negative ids")
-            keys = arr[:, 0].astype(np.uint64)
-            values = arr[:, 1].astype(np.uint64)
-        order = np.argsort(keys, kind="stable")
-        keys, values = keys[order], values[order]
-        dup = np.flatnonzero(keys[1:] == keys[:-1])
-        if dup.size and np.any(values[dup] != values[dup + 1]):
-            raise ValueError(f"mapping gives supervoxel {int(keys[dup[0]])} more than one body")
-        self.keys, self.values = keys, values
-
-    def __call__(self, svs: np.ndarray) -> np.ndarray:
-        if self.keys.size == 0:
-            return svs.copy()
-        idx = np.searchsorted(self.keys, svs)
-        idx_c = np.minimum(idx, self.keys.size - 1)
-        found = self.keys[idx_c] == svs
-        return np.where(found, self.values[idx_c], svs)
 
 
 def _block_label_list(block: bytes) -> np.ndarray:
@@ -582,22 +545,48 @@ def _prepare_dir(root: Path, overwrite: bool) -> None:
     root.mkdir(parents=True, exist_ok=True)
 
 
+def _shard_runs(size: Sequence[int], spec: ShardingSpec) -> list[list[tuple[int, int, int]]]:
+    """Per axis, (origin voxel, first chunk, end chunk) of each shard of a scale."""
+    grid = grid_shape(size, CHUNK_SIZE)
+    extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
+    return [_axis_runs(grid[a], a, extent) for a in range(3)]
+
+
+def _progress(total: int, enabled: bool | None, desc: str):
+    """A tqdm bar on stderr (``enabled`` None: only on a terminal), a no-op without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # progress is cosmetic
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="shard", file=sys.stderr,
+                disable={None: None, True: False}.get(enabled, True), leave=False)
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
 def _write_scale(
     vol: _Volume,
     scale_dir: Path,
-    spec: ShardingSpec,
-    mapper: _Mapper,
+    runs: list[list[tuple[int, int, int]]],
+    mapping: LabelMapping | None,
     compressor: zstandard.ZstdCompressor,
     *,
     batch_size: int,
     index: str,
     container: str,
+    done,
 ) -> int:
     """Write every shard of one scale; returns the number of records written."""
     size = vol.shape
-    grid = grid_shape(size, CHUNK_SIZE)
-    extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
-    runs = [_axis_runs(grid[a], a, extent) for a in range(3)]
     n_written = 0
     cs = CHUNK_SIZE
     for oz, z0c, z1c in runs[2]:
@@ -629,7 +618,7 @@ def _write_scale(
                                     block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
                                 encoded = encode_block(block, subblock_order="sorted")  # as in real export blocks
                                 svs = _block_label_list(encoded)
-                                labels = mapper(svs)
+                                labels = svs.copy() if mapping is None else mapping.palette(svs)
                                 if not labels.any():  # DVID skips all-background blocks
                                     continue
                                 if writer is None:
@@ -659,6 +648,7 @@ def _write_scale(
                     raise
                 if writer is not None:
                     writer.close()
+                done(1)
     return n_written
 
 
@@ -681,6 +671,7 @@ def write_export(
     zstd_level: int = 3,
     info: bool = False,
     overwrite: bool = False,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
     """Write a supervoxel volume as a DVID ``export-shards`` export.
 
@@ -700,8 +691,9 @@ def write_export(
         origin is taken as voxel (0, 0, 0).
     path : str or os.PathLike
         Export root; created if needed.
-    mapping : dict or (n, 2) array_like, optional
-        Supervoxel -> body ids; supervoxels absent from it map to themselves.
+    mapping : LabelMapping, dict, pandas.Series, (n, 2) array_like or path, optional
+        Supervoxel -> body ids (anything `LabelMapping.from_any` takes); supervoxels
+        absent from it map to themselves.
     scales : int, optional
         Number of scales; scale ``k+1`` is the 2×2×2 mode downsampling of scale ``k``
         (``tensorstore.downsample(..., "mode")``, size ``ceil(size / 2)``).
@@ -725,6 +717,9 @@ def write_export(
     overwrite : bool, optional
         Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are removed first;
         nothing else is touched.
+    progress : bool, optional
+        A tqdm bar on stderr, one step per shard box. Default (None): only when stderr is
+        a terminal; ``False``: never; ``True``: always.
 
     Returns
     -------
@@ -739,19 +734,28 @@ def write_export(
     ------
     FileExistsError
         If ``path`` is a non-empty directory and ``overwrite`` is False, or is a file.
-    ValueError
-        For invalid options, a volume that is not 3-D integer data, or a bad mapping.
+    SpecError
+        For invalid options or a volume that is not 3-D non-negative integer data.
+    MappingError
+        For a mapping that `LabelMapping.from_any` refuses.
     """
     container = _check_layout(index, container, batch_size)
     if isinstance(scales, bool) or not isinstance(scales, (int, np.integer)) or scales < 1:
-        raise ValueError(f"scales must be a positive integer, got {scales!r}")
-    res = [float(r) for r in resolution]
-    if len(res) != 3 or any(r <= 0 for r in res):
-        raise ValueError(f"resolution must be 3 positive numbers, got {resolution!r}")
+        raise SpecError(f"scales must be a positive integer, got {scales!r}")
+    try:
+        res = [float(r) for r in resolution]
+    except (TypeError, ValueError):
+        raise SpecError(f"resolution must be 3 positive numbers, got {resolution!r}") from None
+    if len(res) != 3 or not all(0 < r < float("inf") for r in res):
+        raise SpecError(f"resolution must be 3 positive numbers, got {resolution!r}")
     if sharding is not None and shard_chunks is not None:
-        raise ValueError("give either sharding or shard_chunks, not both")
+        raise SpecError("give either sharding or shard_chunks, not both")
+    if isinstance(zstd_level, bool) or not isinstance(zstd_level, (int, np.integer)) or not (
+        -(1 << 17) <= zstd_level <= 22
+    ):
+        raise SpecError(f"zstd_level must be an integer from -131072 to 22, got {zstd_level!r}")
     vol0 = _Volume(volume)
-    mapper = _Mapper(mapping)
+    labels = None if mapping is None else LabelMapping.from_any(mapping)
 
     # volumes of every scale (lazy mode downsampling, read piecewise later)
     vols = [vol0]
@@ -768,7 +772,7 @@ def write_export(
         specs = [default_sharding(v.shape, chunks) for v in vols]
     elif isinstance(sharding, (list, tuple)):
         if len(sharding) != scales:
-            raise ValueError(f"got {len(sharding)} sharding specs for {scales} scales")
+            raise SpecError(f"got {len(sharding)} sharding specs for {scales} scales")
         specs = [_as_spec(s) for s in sharding]
     else:
         specs = [_as_spec(sharding)] * scales
@@ -802,19 +806,23 @@ def write_export(
     compressor = zstandard.ZstdCompressor(
         level=zstd_level, write_checksum=True, write_content_size=True
     )
-    for k, (v, sh) in enumerate(zip(vols, specs, strict=True)):
-        scale_dir = root / f"s{k}"
-        scale_dir.mkdir(exist_ok=True)
-        _write_scale(
-            v,
-            scale_dir,
-            sh,
-            mapper,
-            compressor,
-            batch_size=batch_size,
-            index=index,
-            container=container,
-        )
+    runs = [_shard_runs(v.shape, sh) for v, sh in zip(vols, specs, strict=True)]
+    total = sum(len(r[0]) * len(r[1]) * len(r[2]) for r in runs)
+    with _progress(total, progress, f"writing {root.name or root}") as bar:
+        for k, (v, r) in enumerate(zip(vols, runs, strict=True)):
+            scale_dir = root / f"s{k}"
+            scale_dir.mkdir(exist_ok=True)
+            _write_scale(
+                v,
+                scale_dir,
+                r,
+                labels,
+                compressor,
+                batch_size=batch_size,
+                index=index,
+                container=container,
+                done=bar.update,
+            )
     if info:
         (root / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")
     return ng_spec

@@ -17,7 +17,9 @@ import pytest
 import tensorstore as ts
 import zstandard
 
+from dvidshards.errors import MappingError, SpecError
 from dvidshards.formats.codec import decode_block
+from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.sharding import (
     ShardingSpec,
     dvid_shard_extent,
@@ -257,16 +259,16 @@ def test_repack_matches_real_csv_layout(dvid_data, real_records, tmp_path):
 
 
 def test_write_shard_rejects_bad_layouts(real_records, tmp_path):
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(SpecError, match="batch_size"):
         write_shard(tmp_path / "b", real_records[:3], index="B", batch_size=2)
-    with pytest.raises(ValueError, match="container"):
+    with pytest.raises(SpecError, match="container"):
         write_shard(tmp_path / "a", real_records[:3], index="A", container="file")
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError, match="index must be one of"):
         write_shard(tmp_path / "e", real_records[:3], index="E")
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError, match="batch_size"):
         write_shard(tmp_path / "z", real_records[:3], batch_size=0)
     rec = {k: v for k, v in real_records[0].items() if k != "uncompressed_size"}
-    with pytest.raises(ValueError, match="uncompressed_size"):
+    with pytest.raises(SpecError, match="uncompressed_size"):
         write_shard(tmp_path / "u", [rec], index="A")
 
 
@@ -291,7 +293,7 @@ def test_default_sharding_reproduces_mcns(dvid_data):
 
 
 def test_default_sharding_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError, match="power of two"):
         default_sharding((100, 100, 100), 3)
     spec = default_sharding((200, 150, 130), 2)
     assert spec.preshift_bits + spec.minishard_bits == 3
@@ -497,17 +499,61 @@ def test_write_export_sharding_arguments(synth, tmp_path):
     specs = [default_sharding((100, 100, 64), 1), ShardingSpec.from_json(given)]
     spec = write_export(small, tmp_path / "b", sharding=specs, scales=2)
     assert [ShardingSpec.from_json(s["sharding"]) for s in spec["scales"]] == specs
-    with pytest.raises(ValueError):
-        write_export(small, tmp_path / "c", sharding=given, shard_chunks=2)
-    with pytest.raises(ValueError):
-        write_export(small, tmp_path / "d", sharding=[given], scales=2)
-    with pytest.raises(ValueError):
-        write_export(small, tmp_path / "e", index="B", batch_size=2)
-    with pytest.raises(ValueError):
+    bad = [
+        ("c", {"sharding": given, "shard_chunks": 2}, "not both"),
+        ("d", {"sharding": [given], "scales": 2}, "1 sharding specs for 2 scales"),
+        ("e", {"index": "B", "batch_size": 2}, "batch_size must be 1"),
+        ("g", {"sharding": "32"}, "ShardingSpec or a JSON dict"),
+        ("h", {"sharding": {"shard_bits": 1}}, "sharding spec"),
+        ("i", {"scales": 0}, "scales must be a positive integer"),
+        ("j", {"resolution": (8, 8)}, "resolution must be 3 positive numbers"),
+        ("k", {"resolution": "8nm"}, "resolution must be 3 positive numbers"),
+        ("l", {"resolution": (8, 8, float("nan"))}, "resolution must be 3 positive numbers"),
+        ("m", {"zstd_level": 99}, "zstd_level"),
+    ]
+    for name, kw, match in bad:
+        with pytest.raises(SpecError, match=match):
+            write_export(small, tmp_path / name, **kw)
+    with pytest.raises(SpecError, match="integer labels"):
         write_export(small.astype(np.float32), tmp_path / "f")
-    assert not any((tmp_path / n).exists() for n in "cdef"), (
+    with pytest.raises(SpecError, match="3-D"):
+        write_export(small[0], tmp_path / "f")
+    assert not any((tmp_path / n).exists() for n in "cdefghijklm"), (
         "invalid calls must not create anything"
     )
+
+
+def test_write_export_takes_a_label_mapping_and_refuses_bad_ones(synth, tmp_path):
+    vol, mapping = synth
+    small = np.ascontiguousarray(vol[:100, :90, :70])
+    ref = write_export(small, tmp_path / "ref", mapping=mapping, shard_chunks=2)
+    path = tmp_path / "mapping.txt"
+    path.write_text("sv_id,body_id\n" + "".join(f"{a},{b}\n" for a, b in mapping.tolist()))
+    for i, m in enumerate([LabelMapping.from_any(mapping), str(path)]):
+        spec = write_export(small, tmp_path / f"m{i}", mapping=m, shard_chunks=2)
+        assert spec == ref
+        assert _read_export_scale(tmp_path / f"m{i}" / "s0") == _read_export_scale(tmp_path / "ref" / "s0")
+    svs = np.unique(small)
+    for name, m, match in [
+        ("a", {int(svs[1]): 1.7}, "the value of key .* is 1.7, which is not an integer"),
+        ("b", np.array([[1, -2]]), "row 0 column 1 .* negative"),
+        ("c", [1, 2, 3], r"\(n, 2\) array"),
+        ("d", tmp_path / "absent.txt", "cannot read mapping"),
+    ]:
+        with pytest.raises(MappingError, match=match):
+            write_export(small, tmp_path / name, mapping=m)
+        assert not (tmp_path / name).exists()
+
+
+def test_write_export_progress(synth, tmp_path, capfd):
+    vol, _ = synth
+    small = np.ascontiguousarray(vol[:130, :64, :64])
+    write_export(small, tmp_path / "quiet", shard_chunks=1)  # stderr is not a terminal here
+    write_export(small, tmp_path / "off", shard_chunks=1, progress=False)
+    assert capfd.readouterr().err == ""
+    write_export(small, tmp_path / "on", shard_chunks=1, progress=True)
+    err = capfd.readouterr().err
+    assert "writing on" in err and "/3 " in err  # 3 shard boxes of one chunk each
 
 
 def test_write_export_overwrite(synth, tmp_path):
