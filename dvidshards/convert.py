@@ -540,10 +540,14 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
     fname = sp.shard_file(rel[rows[0]], int(sp.shard_ids(rel[rows[:1]])[0]))
     r = w.root.read(fname).result()
     if r.state == "value":
-        if job.resume and count_shard_chunks(r.value, job.fmt, sp, _describe(job.dest) + fname) == \
-                _expected_chunks(w, table, rows):
-            res.shards_skipped += 1
-            return
+        if job.resume:
+            try:
+                have = count_shard_chunks(r.value, job.fmt, sp, _describe(job.dest) + fname)
+            except ShardFormatError:
+                have = -1  # damaged: rewritten
+            if have == _expected_chunks(w, table, rows):
+                res.shards_skipped += 1
+                return
         w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
     del r
     kv = w.shard_store(sp, fname)

@@ -1,0 +1,362 @@
+"""dvidshards.convert: outputs read back with plain TensorStore, resume, planner refusals, dask."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import dvidshards
+from dvidshards.convert import (
+    ZARR_INDEX_CODECS,
+    ConvertPlanError,
+    convert,
+    count_shard_chunks,
+    plan_scale,
+    verify_output,
+)
+from dvidshards.errors import DvidShardsError, SpecError
+from dvidshards.formats.codec import decode_block
+from dvidshards.formats.mapping import LabelMapping
+from dvidshards.formats.sharding import compressed_morton_code
+from tests.conftest import REAL_SHARD, make_export
+from tests.formats.test_cseg import ts_encode
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """3 scales, 200x170x150 voxels, 2-chunk shards: several shards, edge chunks everywhere."""
+    return make_export(tmp_path_factory.mktemp("conv") / "exp")
+
+
+def read_back(dest, fmt, key, shape=None):
+    """A whole scale read with TensorStore's own driver (not through dvidshards), x, y, z."""
+    if fmt == "precomputed":
+        t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{dest}/",
+                     "scale_metadata": {"key": key}}).result()
+        assert t.domain.inclusive_min[:3] == (0, 0, 0)
+        return t[..., 0].read().result()
+    return ts.open({"driver": "zarr3", "kvstore": f"file://{dest}/{key}/"}).result().read().result()
+
+
+def stored_chunk_keys(dest, fmt, sp):
+    """Chunk keys actually stored in the output (sharded kvstore listing / zarr shard indexes)."""
+    if fmt == "precomputed":
+        kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{dest}/{sp.key}/",
+                              "metadata": sp.sharding}).result()
+        return sorted(struct.unpack(">Q", k)[0] for k in kv.list().result())
+    keys = []
+    for root, _, files in os.walk(f"{dest}/{sp.key}/c"):
+        for f in files:
+            rel = os.path.relpath(os.path.join(root, f), f"{dest}/{sp.key}/c")
+            shard = np.array([int(v) for v in rel.split("/")])
+            kv = ts.KvStore.open({"driver": "zarr3_sharding_indexed", "base": f"file://{dest}/{sp.key}/c/{rel}",
+                                  "grid_shape": list(sp.shard_chunks), "index_codecs": ZARR_INDEX_CODECS}).result()
+            for k in kv.list().result():
+                inner = np.array(struct.unpack(">III", k))
+                keys.append(tuple((shard * sp.shard_chunks + inner).tolist()))
+    return sorted(keys)
+
+
+def nonzero_chunks(vol, chunk=64):
+    out = []
+    for x in range(0, vol.shape[0], chunk):
+        for y in range(0, vol.shape[1], chunk):
+            for z in range(0, vol.shape[2], chunk):
+                if vol[x:x + chunk, y:y + chunk, z:z + chunk].any():
+                    out.append((x // chunk, y // chunk, z // chunk))
+    return out
+
+
+def expected_keys(vol, fmt, sp):
+    nz = nonzero_chunks(vol)
+    if fmt == "precomputed":
+        return sorted(int(compressed_morton_code(c, sp.grid)) for c in nz)
+    return sorted(nz)
+
+
+# --------------------------------------------------------------------------- synthetic exports
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+@pytest.mark.parametrize("labels", ["agglomerated", "supervoxels"])
+def test_synthetic_every_scale_reads_back(export, tmp_path, fmt, labels):
+    dest = tmp_path / "out"
+    rep = convert(export.root, dest, fmt, spec=export.spec, labels=labels, verify=4, progress=False)
+    assert rep.ok, rep.summary()
+    assert rep.verified == 12 and rep.scales == [0, 1, 2]
+    ds = dvidshards.Dataset(export.root, spec=export.spec)
+    for s in ds.scales:
+        sp = plan_scale(s, fmt)
+        want = export.expected(s.index, labels)
+        np.testing.assert_array_equal(read_back(dest, fmt, sp.key), want)
+        # absent and background chunks are not stored; every other chunk is
+        assert stored_chunk_keys(dest, fmt, sp) == expected_keys(want, fmt, sp)
+    t = rep.totals
+    assert t.written == sum(len(nonzero_chunks(export.expected(k, labels))) for k in range(3))
+    if fmt == "precomputed":
+        assert t.transcoded > 0 and t.encoded > 0  # interior chunks transcoded, edge ones not
+        info = json.loads((dest / "info").read_text())
+        assert [s["key"] for s in info["scales"]] == [s["key"] for s in export.spec["scales"]]
+        for got, src in zip(info["scales"], export.spec["scales"], strict=True):
+            assert got["size"] == src["size"] and got["resolution"] == src["resolution"]
+            assert got["encoding"] == "compressed_segmentation"
+            assert {k: v for k, v in got["sharding"].items() if k != "data_encoding"} == \
+                {k: v for k, v in src["sharding"].items() if k != "data_encoding"}
+    else:
+        assert t.transcoded == 0
+        group = json.loads((dest / "zarr.json").read_text())
+        ms = group["attributes"]["ome"]["multiscales"][0]
+        assert [d["path"] for d in ms["datasets"]] == ["s0", "s1", "s2"]
+        assert ms["datasets"][1]["coordinateTransformations"][0]["scale"] == [16.0, 16.0, 16.0]
+        meta = json.loads((dest / "s0" / "zarr.json").read_text())
+        assert meta["dimension_names"] == ["x", "y", "z"]
+        assert meta["codecs"][0]["name"] == "sharding_indexed"
+        assert meta["codecs"][0]["configuration"]["chunk_shape"] == [64, 64, 64]
+
+
+def test_mapping_to_background_writes_no_chunk(export, tmp_path):
+    """A mapping sending bodies to 0: chunks left all-0 are not written, read back as 0."""
+    sv = export.scales[1]
+    ids = np.unique(sv[sv > 0])
+    m = {int(i): (0 if k % 2 else int(i) + 1000) for k, i in enumerate(ids)}
+    for fmt in ("precomputed", "zarr3"):
+        dest = tmp_path / fmt
+        rep = convert(export.root, dest, fmt, spec=export.spec, scales=[1], labels=m, progress=False)
+        assert rep.ok, rep.summary()
+        want = LabelMapping.from_any(m)(sv)
+        sp = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(1), fmt)
+        np.testing.assert_array_equal(read_back(dest, fmt, sp.key), want)
+        assert stored_chunk_keys(dest, fmt, sp) == expected_keys(want, fmt, sp)
+        assert rep.totals.background == len(nonzero_chunks(sv)) - len(nonzero_chunks(want)) > 0
+
+
+def test_tensorstore_encoder_gives_the_same_bytes(export, tmp_path):
+    a = convert(export.root, tmp_path / "a", "precomputed", spec=export.spec, progress=False)
+    b = convert(export.root, tmp_path / "b", "precomputed", spec=export.spec, encoder="tensorstore",
+                progress=False)
+    assert a.ok and b.ok and b.totals.transcoded == 0 and a.totals.transcoded > 0
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+
+
+def tree_bytes(root):
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+def test_shard_bits_extra_splits_shards(tmp_path, fmt):
+    exp = make_export(tmp_path / "exp", shape=(256, 256, 256), scales=1, shard_chunks=2, seed=5)
+    ds = dvidshards.Dataset(exp.root, spec=exp.spec)
+    base = plan_scale(ds.scale(0), fmt)
+    for extra in (0, 1, 3):
+        dest = tmp_path / f"out{extra}"
+        rep = convert(ds, dest, fmt, shard_bits_extra=extra, progress=False)
+        assert rep.ok, rep.summary()
+        sp = plan_scale(ds.scale(0), fmt, shard_bits_extra=extra)
+        assert np.prod(sp.shard_chunks) * 2**extra == np.prod(base.shard_chunks)
+        np.testing.assert_array_equal(read_back(dest, fmt, sp.key), exp.expected(0))
+        assert rep.totals.shards_written > len(ds.shards(0)) or extra == 0
+        if fmt == "precomputed":
+            assert json.loads((dest / "info").read_text())["scales"][0]["sharding"]["shard_bits"] == \
+                exp.spec["scales"][0]["sharding"]["shard_bits"] + extra
+
+
+# --------------------------------------------------------------------------- the real shard
+
+
+@pytest.fixture(scope="module")
+def real_export(dvid_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("real") / "exp"
+    (root / "s1").mkdir(parents=True)
+    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    return root, json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+def test_real_shard_every_chunk(real_export, real_records, tmp_path, fmt):
+    root, spec = real_export
+    dest = tmp_path / "out"
+    for labels in ("agglomerated", "supervoxels"):
+        rep = convert(root, dest / labels, fmt, spec=spec, scales=[1], labels=labels, progress=False)
+        assert rep.ok, rep.summary()
+        assert rep.totals.written == 258 and rep.totals.shards_written == 1
+        assert rep.totals.transcoded == (258 if fmt == "precomputed" else 0)
+        sp = plan_scale(dvidshards.Dataset(root, spec=spec).scale(1), fmt)
+        if fmt == "precomputed":
+            t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{dest / labels}/",
+                         "scale_metadata": {"key": sp.key}}).result()[..., 0]
+            kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded",
+                                  "base": f"file://{dest / labels}/{sp.key}/", "metadata": sp.sharding}).result()
+        else:
+            t = ts.open({"driver": "zarr3", "kvstore": f"file://{dest / labels}/{sp.key}/"}).result()
+        for r in real_records:
+            c = np.array([r["chunk_x"], r["chunk_y"], r["chunk_z"]])
+            pal = np.array(r["labels"], np.uint64) if labels == "agglomerated" else None
+            want = decode_block(r["block"], pal)
+            lo = c * 64
+            got = t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read().result()
+            np.testing.assert_array_equal(got.T, want)
+            if fmt == "precomputed":  # the stored chunk is TensorStore's encoding, byte for byte
+                key = struct.pack(">Q", int(compressed_morton_code(c, sp.grid)))
+                assert kv.read(key).result().value == ts_encode(want)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def mtimes(root):
+    return {os.path.relpath(os.path.join(d, f), root): os.stat(os.path.join(d, f)).st_mtime_ns
+            for d, _, files in os.walk(root) for f in files}
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+def test_resume_after_interruption(export, tmp_path, fmt):
+    dest = tmp_path / "out"
+    first = convert(export.root, dest, fmt, spec=export.spec, progress=False, _stop_after=4)
+    assert first.ok and first.tasks == 4 and first.totals.shards_written == 4
+    before = {k: v for k, v in mtimes(dest).items() if "json" not in k and k != "info"}
+    assert len(before) == 4
+    second = convert(export.root, dest, fmt, spec=export.spec, progress=False, resume=True)
+    assert second.ok, second.summary()
+    assert second.totals.shards_skipped == 4 and second.totals.shards_written == second.tasks - 4
+    after = mtimes(dest)
+    for k, v in before.items():
+        assert after[k] == v, f"{k} was rewritten"
+    for k in range(3):
+        sp = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(k), fmt)
+        np.testing.assert_array_equal(read_back(dest, fmt, sp.key), export.expected(k))
+    # a damaged shard and one with a chunk missing are rewritten, complete ones are not
+    files = sorted(before)
+    with open(dest / files[0], "r+b") as f:
+        f.truncate(20)
+    third = convert(export.root, dest, fmt, spec=export.spec, progress=False, resume=True)
+    assert third.ok and third.totals.shards_written == 1
+    assert mtimes(dest)[files[1]] == before[files[1]]
+    sp0 = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(0), fmt)
+    np.testing.assert_array_equal(read_back(dest, fmt, sp0.key), export.expected(0))
+    # without resume everything is rewritten
+    fourth = convert(export.root, dest, fmt, spec=export.spec, progress=False)
+    assert fourth.totals.shards_skipped == 0 and fourth.totals.shards_written == fourth.tasks
+
+
+def test_count_shard_chunks(export, tmp_path):
+    for fmt in ("precomputed", "zarr3"):
+        dest = tmp_path / fmt
+        convert(export.root, dest, fmt, spec=export.spec, scales=[0], progress=False)
+        sp = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(0), fmt)
+        files = [os.path.join(d, f) for d, _, fs in os.walk(dest / sp.key) for f in fs if f != "zarr.json"]
+        total = sum(count_shard_chunks(open(p, "rb").read(), fmt, sp, p) for p in files)
+        assert total == len(nonzero_chunks(export.expected(0)))
+        with pytest.raises(DvidShardsError):
+            count_shard_chunks(b"\x00" * 7, fmt, sp, "x")
+
+
+# --------------------------------------------------------------------------- planner
+
+
+def test_planner_refusals(export, tmp_path):
+    ds = dvidshards.Dataset(export.root, spec=export.spec)
+    s0 = ds.scale(0)
+    sh = export.spec["scales"][0]["sharding"]
+    dest = tmp_path / "never"
+    cases = [
+        # hashed shards are not boxes: a task cannot own whole output shards
+        dict(sharding={**sh, "hash": "murmurhash3_x86_128"}),
+        # output shard boxes bigger than a source shard: two tasks would share one
+        dict(sharding={**sh, "preshift_bits": sh["preshift_bits"] + 3, "shard_bits": 0}),
+        # too few bits: shard numbers wrap, so far-apart source shards share an output shard
+        dict(sharding={**sh, "shard_bits": 0}),
+        # more splits than bits
+        dict(shard_bits_extra=sh["preshift_bits"] + sh["minishard_bits"] + 1),
+    ]
+    for kw in cases:
+        with pytest.raises(ConvertPlanError):
+            plan_scale(s0, "precomputed", **kw)
+        with pytest.raises(ConvertPlanError):
+            convert(ds, dest, "precomputed", scales=[0], progress=False, **kw)
+        assert not dest.exists()  # refused before writing anything
+    # geometry that cannot be converted chunk for chunk
+    off = dvidshards.formats.multiscale.Scale(0, (100, 100, 100), (8.0, 8.0, 8.0), 128,
+                                              voxel_offset=(32, 0, 0), sharding=s0.sharding)
+    with pytest.raises(ConvertPlanError, match="voxel_offset"):
+        plan_scale(off, "zarr3")
+    nosh = dvidshards.formats.multiscale.Scale(0, (100, 100, 100), (8.0, 8.0, 8.0), 128)
+    with pytest.raises(ConvertPlanError, match="no sharding"):
+        plan_scale(nosh, "precomputed")
+    # a finer output sharding that keeps boxes inside source shards is accepted
+    sp = plan_scale(s0, "precomputed", sharding={**sh, "preshift_bits": 0, "minishard_bits": 0,
+                                                  "shard_bits": sh["shard_bits"] + sh["preshift_bits"]})
+    assert sp.shard_chunks == (1, 1, 1)
+
+
+def test_refuses_bad_arguments(export, tmp_path):
+    with pytest.raises(SpecError):
+        convert(export.root, tmp_path / "x", "n5", spec=export.spec)
+    with pytest.raises(SpecError):
+        convert(export.root, tmp_path / "x", "zarr3", spec=export.spec, encoder="fast")
+    with pytest.raises(SpecError, match="inside the export"):
+        convert(export.root, os.path.join(export.root, "converted"), "zarr3", spec=export.spec)
+    with pytest.raises(DvidShardsError):
+        convert(export.root, tmp_path / "x", "zarr3", spec=export.spec, labels="bodies")
+    # an existing output of other geometry is not overwritten
+    convert(export.root, tmp_path / "y", "precomputed", spec=export.spec, scales=[2], progress=False)
+    other = make_export(tmp_path / "other", shape=(90, 90, 90), scales=3)
+    with pytest.raises(ConvertPlanError):
+        convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], progress=False)
+
+
+# --------------------------------------------------------------------------- failures, verify
+
+
+def test_bad_source_shard_fails_alone(tmp_path):
+    exp = make_export(tmp_path / "exp", scales=1)
+    ds = dvidshards.Dataset(exp.root, spec=exp.spec)
+    victim = ds.shards(0)[1]
+    path = os.path.join(exp.root, "s0", "{}_{}_{}.arrow".format(*victim))
+    data = bytearray(open(path, "rb").read())
+    payload = bytes(ds.shard(0, victim).table().payload(0))
+    start = bytes(data).find(payload)
+    assert start > 0 and len(payload) > 40
+    data[start + 20:start + 30] = b"\xff" * 10  # inside the first record's zstd frame
+    open(path, "wb").write(bytes(data))
+    rep = convert(exp.root, tmp_path / "out", "precomputed", spec=exp.spec, progress=False)
+    assert not rep.ok and list(rep.failed) == [(0, victim)]
+    assert rep.failed[(0, victim)].startswith(("BlockDecodeError", "ShardFormatError"))
+    assert "{}_{}_{}".format(*victim) in rep.failed[(0, victim)]
+    assert rep.totals.shards_written == len(ds.shards(0)) - 1
+
+
+def test_verify_detects_a_changed_chunk(export, tmp_path):
+    dest = tmp_path / "out"
+    convert(export.root, dest, "precomputed", spec=export.spec, scales=[2], progress=False)
+    ds = dvidshards.Dataset(export.root, spec=export.spec)
+    sp = plan_scale(ds.scale(2), "precomputed")
+    assert verify_output(ds, str(dest), "precomputed", sp, "agglomerated", 5) == (5, [])
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{dest}/",
+                 "scale_metadata": {"key": sp.key}}).result()
+    t[..., 0].write(np.uint64(12345)).result()  # the whole scale changed behind our back
+    n, bad = verify_output(ds, str(dest), "precomputed", sp, "agglomerated", 5)
+    assert n == 5 and len(bad) == 5
+
+
+# --------------------------------------------------------------------------- dask
+
+
+def test_local_cluster_equals_serial(tmp_path):
+    pytest.importorskip("distributed")
+    exp = make_export(tmp_path / "exp", shape=(150, 130, 70), scales=1)
+    a = convert(exp.root, tmp_path / "serial", "precomputed", spec=exp.spec, progress=False)
+    b = convert(exp.root, tmp_path / "dask", "precomputed", spec=exp.spec, progress=False,
+                scheduler="local:2")
+    assert a.ok and b.ok and b.tasks == a.tasks > 2
+    assert tree_bytes(tmp_path / "serial") == tree_bytes(tmp_path / "dask")
