@@ -38,6 +38,7 @@ import resource
 import struct
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -373,6 +374,7 @@ class _Job:
     encoder: str
     resume: bool
     plans: dict
+    gzip_level: int = 1
 
 
 class _Stager:
@@ -440,7 +442,8 @@ class _Worker:
             if kv is None:
                 kv = self._stores[sp.index] = ts.KvStore.open({
                     "driver": "neuroglancer_uint64_sharded", "base": _sub(self.job.dest, sp.key + "/"),
-                    "metadata": sp.sharding}, context=self.context).result()
+                    "metadata": {**sp.sharding, "data_encoding": "raw"}},  # gzip done by _gzip
+                    context=self.context).result()
             return kv
         return ts.KvStore.open({
             "driver": "zarr3_sharding_indexed", "base": _sub(self.job.dest, shard_file),
@@ -561,6 +564,7 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
         inner = rel[rows] % np.asarray(sp.shard_chunks)
         keys = [struct.pack(">III", *(int(v) for v in c)) for c in inner]
     transcoding = job.fmt == "precomputed" and job.encoder == "transcode"
+    gz = job.fmt == "precomputed" and sp.sharding.get("data_encoding") == "gzip"
     written = 0
     for key, i in zip(keys, rows, strict=True):
         i = int(i)
@@ -575,6 +579,8 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
         if enc is None:
             res.background += 1
             continue
+        if gz:
+            enc = _gzip(enc, job.gzip_level)
         kvt.write(key, enc)
         res.encoded_bytes += len(enc)
         written += 1
@@ -584,6 +590,13 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
     else:
         txn.abort()
     res.written += written
+
+
+def _gzip(data: bytes, level: int) -> bytes:
+    # TensorStore's sharded writer gzips at level 9 (4.5 ms per real chunk, 3.48 KB); level 1
+    # costs 0.31 ms for 4.41 KB. Any reader of data_encoding gzip reads either.
+    c = zlib.compressobj(level, zlib.DEFLATED, 31)
+    return c.compress(data) + c.flush()
 
 
 def _transcode_record(w: _Worker, sp: ScalePlan, table, i: int) -> bytes | None:
@@ -663,7 +676,7 @@ class ConvertReport:
 def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
             labels="agglomerated", scheduler=None, resume: bool = False, verify: int = 0,
             encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
-            data_encoding: str = "gzip", progress: bool | None = None, seed: int = 0,
+            data_encoding: str = "gzip", gzip_level: int = 1, progress: bool | None = None, seed: int = 0,
             _stop_after: int | None = None) -> ConvertReport:
     """Convert an export to neuroglancer precomputed or zarr v3.
 
@@ -695,8 +708,12 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     sharding : dict, optional
         An explicit output sharding spec for every scale (must pass the planner's proof).
     data_encoding : {"gzip", "raw"}
-        Precomputed chunk data encoding with the export's sharding (default gzip: cseg chunks
-        shrink ~7x); an explicit ``sharding`` keeps its own.
+        Precomputed chunk data encoding with the export's sharding (default gzip: real cseg
+        chunks shrink ~6x); an explicit ``sharding`` keeps its own.
+    gzip_level : int
+        zlib level of gzip chunk data (1-9). The chunks are gzipped here and handed to the
+        sharded kvstore driver as they are (TensorStore's own writer would use level 9, 15x
+        the CPU of level 1 for 20 % smaller chunks).
     progress : bool, optional
         Progress bar (default: on a terminal).
     seed : int
@@ -721,6 +738,8 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
         raise SpecError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
     if data_encoding not in ("gzip", "raw"):
         raise SpecError(f"data_encoding must be 'gzip' or 'raw', got {data_encoding!r}")
+    if not isinstance(gzip_level, int) or not 1 <= gzip_level <= 9:
+        raise SpecError(f"gzip_level must be an integer 1..9, got {gzip_level!r}")
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     from .formats.labels import as_labels
 
@@ -740,7 +759,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     import tensorstore as ts
 
     _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), ts.Context())
-    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans)
+    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level)
     if _stop_after is not None:  # tests: run only the first tasks, as if killed
         items = items[:_stop_after]
     report = run_tasks(partial(_convert_shard, job), items, scheduler=scheduler,
@@ -834,6 +853,8 @@ def add_arguments(p) -> None:
                    help="split each source shard into 2^n output shards (bounds memory per task)")
     p.add_argument("--data-encoding", choices=("gzip", "raw"), default="gzip",
                    help="precomputed chunk data encoding in shards (default gzip)")
+    p.add_argument("--gzip-level", type=int, default=1, choices=range(1, 10), metavar="1-9",
+                   help="zlib level of gzip chunk data (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -843,6 +864,7 @@ def main(args) -> int:
     report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
                      labels=args.labels, scheduler=sched, resume=args.resume, verify=args.verify,
                      encoder=args.encoder, shard_bits_extra=args.shard_bits_extra,
-                     data_encoding=args.data_encoding, progress=False if args.quiet else None)
+                     data_encoding=args.data_encoding, gzip_level=args.gzip_level,
+                     progress=False if args.quiet else None)
     print(report.summary())
     return 0 if report.ok else 1

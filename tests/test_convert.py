@@ -360,3 +360,28 @@ def test_local_cluster_equals_serial(tmp_path):
                 scheduler="local:2")
     assert a.ok and b.ok and b.tasks == a.tasks > 2
     assert tree_bytes(tmp_path / "serial") == tree_bytes(tmp_path / "dask")
+
+
+def test_data_encodings(export, tmp_path):
+    """gzip (done here, any level) and raw chunk data hold the same chunks; TensorStore reads both."""
+    ds = dvidshards.Dataset(export.root, spec=export.spec)
+    sp = plan_scale(ds.scale(1), "precomputed")
+    values = {}
+    for name, kw in {"gzip1": {}, "gzip9": {"gzip_level": 9}, "raw": {"data_encoding": "raw"}}.items():
+        dest = tmp_path / name
+        assert convert(ds, dest, "precomputed", scales=[1], progress=False, **kw).ok
+        info = json.loads((dest / "info").read_text())
+        enc = info["scales"][0]["sharding"]["data_encoding"]
+        assert enc == ("raw" if name == "raw" else "gzip")
+        np.testing.assert_array_equal(read_back(dest, "precomputed", sp.key), export.expected(1))
+        kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{dest}/{sp.key}/",
+                              "metadata": {**sp.sharding, "data_encoding": enc}}).result()
+        values[name] = {k: kv.read(k).result().value for k in kv.list().result()}
+    assert values["gzip1"] == values["gzip9"] == values["raw"] and len(values["raw"]) > 1
+    assert sum(map(os.path.getsize, _files(tmp_path / "gzip1"))) < sum(map(os.path.getsize, _files(tmp_path / "raw")))
+    with pytest.raises(SpecError):
+        convert(ds, tmp_path / "bad", "precomputed", gzip_level=0)
+
+
+def _files(root):
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if "." in f]
