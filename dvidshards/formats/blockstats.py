@@ -1,0 +1,471 @@
+"""Per-label voxel counts and bounding boxes of a DVID label block, without writing voxels.
+
+The block (FORMATS.md §1) is validated like the decoder validates it, then read sub-block by
+sub-block. A sub-block listing one label adds its whole 8³ (cropped to the extent) to that
+label; a sub-block listing none adds to the implicit background. A mixed sub-block is a run
+of packed indices: every value adds one voxel to its local label and sets the x, y and z bits
+of that label's 24-bit presence mask (one OR per voxel); at the end of the sub-block the
+local counts go to the block-label indices the sub-block lists, and each mask gives the exact
+voxel box (first and last set bit per axis). 1-bit sub-blocks are counted a row at a time
+(8 voxels per popcount).
+
+Results are per entry of the block label list, plus one last entry for the voxels of empty
+sub-blocks (nsb = 0, label 0 but not listed). Voxels beyond ``extent`` (the part of an edge
+chunk outside the volume) are not counted. The kernel releases the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+from numba.core import types
+from numba.extending import intrinsic
+
+from ..errors import BlockDecodeError
+from .codec import (
+    _BITS,
+    _E_GRID,
+    _E_IDX_RANGE,
+    _E_IDX_TRUNC,
+    _E_LABELS_TRUNC,
+    _E_NLABELS,
+    _E_NSB_BIG,
+    _E_NSB_TRUNC,
+    _E_SHORT,
+    _E_VAL_RANGE,
+    _E_VAL_TRUNC,
+    _OK,
+    MAX_GRID,
+    MAX_SUBBLOCK_LABELS,
+    _as_u8,
+    _error,
+    _u16,
+    _u32,
+)
+
+__all__ = ["BlockStats", "block_stats", "block_stats_into"]
+
+_E_EXTENT = 100  # negative extent (wrapper checks it; kept for the kernel's own safety)
+
+# first / last set bit of a non-zero byte
+_FIRST8 = np.array([0] + [(i & -i).bit_length() - 1 for i in range(1, 256)], dtype=np.int64)
+_LAST8 = np.array([0] + [i.bit_length() - 1 for i in range(1, 256)], dtype=np.int64)
+_BIG = np.int64(1) << 40
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _add_box(boxes, g, x0, y0, z0, x1, y1, z1):
+    if x0 < boxes[g, 0]:
+        boxes[g, 0] = x0
+    if y0 < boxes[g, 1]:
+        boxes[g, 1] = y0
+    if z0 < boxes[g, 2]:
+        boxes[g, 2] = z0
+    if x1 > boxes[g, 3]:
+        boxes[g, 3] = x1
+    if y1 > boxes[g, 4]:
+        boxes[g, 4] = y1
+    if z1 > boxes[g, 5]:
+        boxes[g, 5] = z1
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, last):
+    # local (sub-block) counts and presence masks -> block-label indices; resets the locals
+    for k in range(c):
+        n = lcnt[k]
+        if n == 0:
+            continue
+        g = _u32(data, start + 4 * k)
+        counts[g] += n
+        m = lmask[k]
+        xm = m & 255
+        ym = (m >> 8) & 255
+        zm = (m >> 16) & 255
+        _add_box(boxes, g, x0 + first[xm], y0 + first[ym], z0 + first[zm],
+                 x0 + last[xm] + 1, y0 + last[ym] + 1, z0 + last[zm] + 1)
+        lcnt[k] = 0
+        lmask[k] = 0
+
+
+@intrinsic
+def _popcount(typingctx, x):
+    """Number of set bits of an int64 (llvm.ctpop)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(context.cast(builder, args[0], signature.args[0], types.int64))
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _swar(data, q, lcnt, lmask, acc, zm, b, c):
+    """A whole sub-block of b = 1, 2 or 3 bits (a literal), c <= 2**b labels, lane-parallel.
+
+    The packed values are read G rows at a time (G = 8, 4, 2: one 64- or 48-bit word of
+    L = 8G lanes, big-endian so lanes stay contiguous). For each local label k the lanes
+    equal to k are those where ``w ^ (k * lo)`` has no bit set: one OR of the b shifted
+    copies, one AND, one popcount. The lanes matched are OR-ed per group position over the
+    8 z-planes; x and y follow from them at the end, z from which planes matched.
+    Returns True if a value >= c (lanes matching no label).
+    """
+    g = 8 if b == 1 else (4 if b == 2 else 2)  # rows per word
+    nl = 8 * g  # lanes per word
+    nbits = b * nl
+    ng = 8 // g  # words per z-plane
+    lo = np.int64(0)
+    for i in range(nl):
+        lo |= np.int64(1) << (b * i)
+    for k in range(c):  # acc[k, word position in the plane]: lanes matched; zm[k]: planes
+        zm[k] = 0
+        for gi in range(ng):
+            acc[k, gi] = 0
+    bad = False
+    for z in range(8):
+        for gi in range(ng):
+            r = q + (8 * z + gi * g) * b
+            w = np.int64(0)
+            for i in range(g * b):
+                w = (w << 8) | np.int64(data[r + i])
+            seen = np.int64(0)
+            for k in range(c):
+                t = w ^ (k * lo)
+                o = t
+                for j in range(1, b):
+                    o |= t >> j
+                eq = lo & ~o
+                if eq != 0:
+                    m = _popcount(eq)
+                    seen += m
+                    lcnt[k] += m
+                    acc[k, gi] |= eq
+                    zm[k] |= np.int64(1) << z
+            bad |= seen != nl
+    for k in range(c):
+        if lcnt[k] == 0:
+            continue
+        xm = np.int64(0)
+        ym = np.int64(0)
+        for gi in range(ng):
+            a = acc[k, gi]
+            for rr in range(g):
+                for x in range(8):
+                    if (a >> (nbits - b * (8 * rr + x + 1))) & 1:
+                        xm |= np.int64(1) << x
+                        ym |= np.int64(1) << (gi * g + rr)
+        lmask[k] = xm | (ym << 8) | (zm[k] << 16)
+    return bad
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _full_mixed(data, q, lcnt, lmask, b, c, check):
+    # a whole 8x8x8 sub-block of b bits (b a literal at the call site, 2..8); True if a value >= c
+    vmask = (np.int64(1) << b) - 1
+    bad = False
+    for z in range(8):
+        for y in range(8):
+            r = q + (8 * z + y) * b
+            w = np.int64(0)
+            for i in range(b):
+                w = (w << 8) | np.int64(data[r + i])
+            rowbits = (np.int64(1) << (8 + y)) | (np.int64(1) << (16 + z))
+            for x in range(8):
+                v = (w >> (b * (7 - x))) & vmask
+                if check:  # v < 2**b <= 256 stays inside lcnt either way
+                    bad |= v >= c
+                lcnt[v] += 1
+                lmask[v] |= rowbits | (np.int64(1) << x)
+    return bad
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _full_mixed9(data, q, lcnt, lmask, c):
+    bad = False
+    for z in range(8):
+        for y in range(8):
+            r = q + (8 * z + y) * 9
+            w = np.int64(0)
+            for i in range(8):
+                w = (w << 8) | np.int64(data[r + i])
+            rowbits = (np.int64(1) << (8 + y)) | (np.int64(1) << (16 + z))
+            for x in range(8):
+                if x < 7:
+                    v = (w >> (55 - 9 * x)) & 511
+                else:
+                    v = ((w & 1) << 8) | np.int64(data[r + 8])
+                bad |= v >= c
+                lcnt[v] += 1
+                lmask[v] |= rowbits | (np.int64(1) << x)
+    return bad
+
+
+@numba.njit(nogil=True, cache=True)
+def _stats_kernel(data, ex, ey, ez, counts, boxes, first, last):
+    """Validate, then count; returns (code, a, b). counts/boxes have N+1 rows, pre-filled."""
+    n = np.int64(data.shape[0])
+    zero = np.int64(0)
+    if n < 16:
+        return _E_SHORT, n, zero
+    gx = _u32(data, 0)
+    gy = _u32(data, 4)
+    gz = _u32(data, 8)
+    if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
+        return _E_GRID, zero, zero
+    nlab = _u32(data, 12)
+    if nlab < 1:
+        return _E_NLABELS, zero, zero
+    if 16 + 8 * nlab > n:
+        return _E_LABELS_TRUNC, nlab, n
+    if ex < 0 or ey < 0 or ez < 0:
+        return _E_EXTENT, zero, zero
+    if counts.shape[0] != nlab + 1 or boxes.shape[0] != nlab + 1 or boxes.shape[1] != 6:
+        return _E_EXTENT, zero, zero
+    ex = min(ex, 8 * gx)
+    ey = min(ey, 8 * gy)
+    ez = min(ez, 8 * gz)
+    if nlab == 1:
+        if ex > 0 and ey > 0 and ez > 0:
+            counts[0] += ex * ey * ez
+            _add_box(boxes, 0, zero, zero, zero, ex, ey, ez)
+        return _OK, zero, zero
+
+    nsub = gx * gy * gz
+    p_nsb = 16 + 8 * nlab
+    p_idx = p_nsb + 2 * nsub
+    if p_idx > n:
+        return _E_NSB_TRUNC, p_idx, n
+    nidx = zero
+    nval = zero
+    for i in range(nsub):
+        c = _u16(data, p_nsb + 2 * i)
+        if c > MAX_SUBBLOCK_LABELS:
+            return _E_NSB_BIG, np.int64(i), c
+        nidx += c
+        nval += 64 * _BITS[c]
+    p_val = p_idx + 4 * nidx
+    if p_val > n:
+        return _E_IDX_TRUNC, p_val, n
+    if p_val + nval > n:
+        return _E_VAL_TRUNC, p_val + nval, n
+    for j in range(nidx):
+        v = _u32(data, p_idx + 4 * j)
+        if v >= nlab:
+            return _E_IDX_RANGE, np.int64(j), v
+
+    lcnt = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)
+    lmask = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)
+    acc = np.zeros((8, 4), dtype=np.int64)
+    zm = np.zeros(8, dtype=np.int64)
+    start = p_idx
+    q = p_val
+    sb = zero
+    for sz in range(gz):
+        z0 = 8 * sz
+        zl = min(8, ez - z0)
+        for sy in range(gy):
+            y0 = 8 * sy
+            yl = min(8, ey - y0)
+            for sx in range(gx):
+                x0 = 8 * sx
+                xl = min(8, ex - x0)
+                c = _u16(data, p_nsb + 2 * sb)
+                b = _BITS[c]
+                if zl > 0 and yl > 0 and xl > 0:
+                    if c <= 1:
+                        g = nlab if c == 0 else _u32(data, start)
+                        counts[g] += xl * yl * zl
+                        _add_box(boxes, g, x0, y0, z0, x0 + xl, y0 + yl, z0 + zl)
+                    else:
+                        bad = False
+                        check = c != (1 << b)
+                        if zl < 8 or yl < 8 or xl < 8:  # cropped: general path
+                            vmask = (np.int64(1) << b) - 1
+                            for z in range(zl):
+                                for y in range(yl):
+                                    r = q + (8 * z + y) * b
+                                    w = np.int64(0)
+                                    for i in range(min(b, 8)):
+                                        w = (w << 8) | np.int64(data[r + i])
+                                    rowbits = (np.int64(1) << (8 + y)) | (np.int64(1) << (16 + z))
+                                    for x in range(xl):
+                                        if b <= 8:
+                                            v = (w >> (b * (7 - x))) & vmask
+                                        elif x < 7:
+                                            v = (w >> (55 - 9 * x)) & 511
+                                        else:
+                                            v = ((w & 1) << 8) | np.int64(data[r + 8])
+                                        if v >= c:
+                                            bad = True
+                                            v = 0
+                                        lcnt[v] += 1
+                                        lmask[v] |= rowbits | (np.int64(1) << x)
+                        elif b == 1:
+                            bad = _swar(data, q, lcnt, lmask, acc, zm, 1, c)
+                        elif b == 2:
+                            bad = _swar(data, q, lcnt, lmask, acc, zm, 2, c)
+                        elif b == 3:
+                            bad = _swar(data, q, lcnt, lmask, acc, zm, 3, c)
+                        elif b == 4:
+                            bad = _full_mixed(data, q, lcnt, lmask, 4, c, check)
+                        elif b == 5:
+                            bad = _full_mixed(data, q, lcnt, lmask, 5, c, check)
+                        elif b == 6:
+                            bad = _full_mixed(data, q, lcnt, lmask, 6, c, check)
+                        elif b == 7:
+                            bad = _full_mixed(data, q, lcnt, lmask, 7, c, check)
+                        elif b == 8:
+                            bad = _full_mixed(data, q, lcnt, lmask, 8, c, check)
+                        else:
+                            bad = _full_mixed9(data, q, lcnt, lmask, c)
+                        if bad:
+                            return _E_VAL_RANGE, sb, c
+                        _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0,
+                                     first, last)
+                start += 4 * c
+                q += 64 * b
+                sb += 1
+    return _OK, zero, zero
+
+
+_SIG = types.UniTuple(types.int64, 3)(
+    types.Array(types.uint8, 1, "C", readonly=True),
+    types.int64,
+    types.int64,
+    types.int64,
+    types.Array(types.int64, 1, "C"),
+    types.Array(types.int64, 2, "C"),
+    types.Array(types.int64, 1, "C", readonly=True),
+    types.Array(types.int64, 1, "C", readonly=True),
+)
+_lock = threading.Lock()
+_kernel = None
+
+
+def _compiled():
+    global _kernel
+    if _kernel is None:
+        with _lock:  # several threads may make the first call at once: compile once
+            if _stats_kernel._can_compile:
+                _stats_kernel.compile(_SIG)
+                _stats_kernel.disable_compile()
+            _kernel = _stats_kernel
+    return _kernel
+
+
+def _prepared(nlab: int) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.zeros(nlab + 1, dtype=np.int64)
+    boxes = np.empty((nlab + 1, 6), dtype=np.int64)
+    boxes[:, :3] = _BIG
+    boxes[:, 3:] = -1
+    return counts, boxes
+
+
+def block_stats_into(data_u8: np.ndarray, extent, counts: np.ndarray, boxes: np.ndarray) -> None:
+    """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point).
+
+    Parameters
+    ----------
+    data_u8 : numpy.ndarray
+        The uncompressed block, 1-D C-contiguous ``uint8``.
+    extent : tuple of 3 int
+        (x, y, z) voxels of the block that lie inside the volume; larger values are clipped
+        to the block.
+    counts : numpy.ndarray
+        ``int64`` of length N + 1 (N = block label list length): voxels are added per entry;
+        the last entry takes the voxels of empty sub-blocks.
+    boxes : numpy.ndarray
+        ``int64`` (N + 1, 6) of (x0, y0, z0, x1, y1, z1), updated by min/max: initialise
+        lows to a large value and highs to -1 (an entry that stays so holds no voxel).
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed (as :func:`~dvidshards.formats.codec.decode_block` would
+        report it) or the arrays do not fit it.
+    """
+    ex, ey, ez = (int(v) for v in extent)
+    if min(ex, ey, ez) < 0:
+        raise BlockDecodeError(f"extent must be non-negative, got {(ex, ey, ez)}")
+    try:
+        code, a, b = _compiled()(data_u8, ex, ey, ez, counts, boxes, _FIRST8, _LAST8)
+    except (TypeError, ValueError) as e:
+        raise BlockDecodeError(f"invalid arguments to block_stats_into: {e}") from e
+    if code == _E_EXTENT:
+        raise BlockDecodeError(
+            f"counts/boxes must have N+1 = {_u32_at(data_u8, 12) + 1} rows "
+            f"(got {counts.shape} and {boxes.shape})"
+        )
+    if code:
+        raise _error(code, a, b, data_u8, None)
+
+
+def _u32_at(d: np.ndarray, p: int) -> int:
+    return int(np.frombuffer(d[p : p + 4].tobytes(), dtype="<u4")[0])
+
+
+class BlockStats:
+    """Voxel counts and exact boxes of one block, per entry of its label list.
+
+    Attributes
+    ----------
+    labels : numpy.ndarray
+        ``uint64`` block label list (N entries).
+    counts : numpy.ndarray
+        ``int64`` (N,) voxels per entry (0 for entries with no voxel inside the extent).
+    boxes : numpy.ndarray
+        ``int64`` (N, 6) of (x0, y0, z0, x1, y1, z1) voxels within the block, upper bounds
+        exclusive; all zeros where ``counts`` is 0.
+    background : int
+        Voxels of empty sub-blocks (label 0 though not listed).
+    background_box : tuple of 6 int
+        Their box, all zeros when there are none.
+    """
+
+    __slots__ = ("labels", "counts", "boxes", "background", "background_box")
+
+    def __init__(self, labels, counts, boxes, background, background_box):
+        self.labels = labels
+        self.counts = counts
+        self.boxes = boxes
+        self.background = background
+        self.background_box = background_box
+
+
+def block_stats(data, extent=None) -> BlockStats:
+    """Count the voxels of each block-label entry and find its exact box, writing no voxels.
+
+    Parameters
+    ----------
+    data : bytes, bytearray, memoryview or numpy.ndarray
+        The uncompressed DVID block (FORMATS.md §1).
+    extent : tuple of 3 int, optional
+        (x, y, z) voxels that lie inside the volume, for a chunk cropped by the volume edge;
+        default: the whole block.
+
+    Returns
+    -------
+    BlockStats
+        Per entry of the label list: voxels and box (x, y, z order, voxels within the block).
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed.
+    """
+    d = _as_u8(data)
+    if d.shape[0] < 16:
+        raise _error(_E_SHORT, d.shape[0], 0, d, None)
+    nlab = _u32_at(d, 12)
+    if nlab < 1:
+        raise _error(_E_NLABELS, 0, 0, d, None)
+    if 16 + 8 * nlab > d.shape[0]:
+        raise _error(_E_LABELS_TRUNC, nlab, d.shape[0], d, None)
+    counts, boxes = _prepared(nlab)
+    block_stats_into(d, (1 << 30,) * 3 if extent is None else extent, counts, boxes)
+    boxes[counts == 0] = 0
+    labels = d[16 : 16 + 8 * nlab].view("<u8").astype(np.uint64)
+    return BlockStats(labels, counts[:nlab], boxes[:nlab], int(counts[nlab]),
+                      tuple(int(v) for v in boxes[nlab]))
