@@ -45,7 +45,7 @@ from .codec import (
     _u32,
 )
 
-__all__ = ["BlockStats", "block_stats", "block_stats_into"]
+__all__ = ["BlockStats", "block_stats", "block_stats_into", "new_accumulators"]
 
 _E_EXTENT = 100  # negative extent (wrapper checks it; kept for the kernel's own safety)
 
@@ -203,8 +203,8 @@ def _full_mixed9(data, q, lcnt, lmask, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _stats_kernel(data, ex, ey, ez, counts, boxes, first, last):
-    """Validate, then count; returns (code, a, b). counts/boxes have N+1 rows, pre-filled."""
+def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
+    """Validate, then count voxels in [l, h); returns (code, a, b). counts/boxes: N+1 rows."""
     n = np.int64(data.shape[0])
     zero = np.int64(0)
     if n < 16:
@@ -219,17 +219,17 @@ def _stats_kernel(data, ex, ey, ez, counts, boxes, first, last):
         return _E_NLABELS, zero, zero
     if 16 + 8 * nlab > n:
         return _E_LABELS_TRUNC, nlab, n
-    if ex < 0 or ey < 0 or ez < 0:
+    if lx < 0 or ly < 0 or lz < 0 or hx < 0 or hy < 0 or hz < 0:
         return _E_EXTENT, zero, zero
     if counts.shape[0] != nlab + 1 or boxes.shape[0] != nlab + 1 or boxes.shape[1] != 6:
         return _E_EXTENT, zero, zero
-    ex = min(ex, 8 * gx)
-    ey = min(ey, 8 * gy)
-    ez = min(ez, 8 * gz)
+    hx = min(hx, 8 * gx)
+    hy = min(hy, 8 * gy)
+    hz = min(hz, 8 * gz)
     if nlab == 1:
-        if ex > 0 and ey > 0 and ez > 0:
-            counts[0] += ex * ey * ez
-            _add_box(boxes, 0, zero, zero, zero, ex, ey, ez)
+        if lx < hx and ly < hy and lz < hz:
+            counts[0] += (hx - lx) * (hy - ly) * (hz - lz)
+            _add_box(boxes, 0, lx, ly, lz, hx, hy, hz)
         return _OK, zero, zero
 
     nsub = gx * gy * gz
@@ -264,33 +264,36 @@ def _stats_kernel(data, ex, ey, ez, counts, boxes, first, last):
     sb = zero
     for sz in range(gz):
         z0 = 8 * sz
-        zl = min(8, ez - z0)
+        za = max(lz - z0, 0)  # voxels [za, zb) of the sub-block are inside
+        zb = min(8, hz - z0)
         for sy in range(gy):
             y0 = 8 * sy
-            yl = min(8, ey - y0)
+            ya = max(ly - y0, 0)
+            yb = min(8, hy - y0)
             for sx in range(gx):
                 x0 = 8 * sx
-                xl = min(8, ex - x0)
+                xa = max(lx - x0, 0)
+                xb = min(8, hx - x0)
                 c = _u16(data, p_nsb + 2 * sb)
                 b = _BITS[c]
-                if zl > 0 and yl > 0 and xl > 0:
+                if za < zb and ya < yb and xa < xb:
                     if c <= 1:
                         g = nlab if c == 0 else _u32(data, start)
-                        counts[g] += xl * yl * zl
-                        _add_box(boxes, g, x0, y0, z0, x0 + xl, y0 + yl, z0 + zl)
+                        counts[g] += (xb - xa) * (yb - ya) * (zb - za)
+                        _add_box(boxes, g, x0 + xa, y0 + ya, z0 + za, x0 + xb, y0 + yb, z0 + zb)
                     else:
                         bad = False
                         check = c != (1 << b)
-                        if zl < 8 or yl < 8 or xl < 8:  # cropped: general path
+                        if za > 0 or ya > 0 or xa > 0 or zb < 8 or yb < 8 or xb < 8:  # cropped
                             vmask = (np.int64(1) << b) - 1
-                            for z in range(zl):
-                                for y in range(yl):
+                            for z in range(za, zb):
+                                for y in range(ya, yb):
                                     r = q + (8 * z + y) * b
                                     w = np.int64(0)
                                     for i in range(min(b, 8)):
                                         w = (w << 8) | np.int64(data[r + i])
                                     rowbits = (np.int64(1) << (8 + y)) | (np.int64(1) << (16 + z))
-                                    for x in range(xl):
+                                    for x in range(xa, xb):
                                         if b <= 8:
                                             v = (w >> (b * (7 - x))) & vmask
                                         elif x < 7:
@@ -335,6 +338,9 @@ _SIG = types.UniTuple(types.int64, 3)(
     types.int64,
     types.int64,
     types.int64,
+    types.int64,
+    types.int64,
+    types.int64,
     types.Array(types.int64, 1, "C"),
     types.Array(types.int64, 2, "C"),
     types.Array(types.int64, 1, "C", readonly=True),
@@ -355,24 +361,17 @@ def _compiled():
     return _kernel
 
 
-def _prepared(nlab: int) -> tuple[np.ndarray, np.ndarray]:
-    counts = np.zeros(nlab + 1, dtype=np.int64)
-    boxes = np.empty((nlab + 1, 6), dtype=np.int64)
-    boxes[:, :3] = _BIG
-    boxes[:, 3:] = -1
-    return counts, boxes
-
-
-def block_stats_into(data_u8: np.ndarray, extent, counts: np.ndarray, boxes: np.ndarray) -> None:
+def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.ndarray) -> None:
     """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point).
 
     Parameters
     ----------
     data_u8 : numpy.ndarray
         The uncompressed block, 1-D C-contiguous ``uint8``.
-    extent : tuple of 3 int
-        (x, y, z) voxels of the block that lie inside the volume; larger values are clipped
-        to the block.
+    lo, hi : tuple of 3 int
+        Count only voxels (x, y, z) with ``lo <= v < hi``, in voxels within the block (the part
+        of an edge chunk inside the volume, or of a chunk inside a box). ``hi`` is clipped to
+        the block.
     counts : numpy.ndarray
         ``int64`` of length N + 1 (N = block label list length): voxels are added per entry;
         the last entry takes the voxels of empty sub-blocks.
@@ -386,11 +385,12 @@ def block_stats_into(data_u8: np.ndarray, extent, counts: np.ndarray, boxes: np.
         If the block is malformed (as :func:`~dvidshards.formats.codec.decode_block` would
         report it) or the arrays do not fit it.
     """
-    ex, ey, ez = (int(v) for v in extent)
-    if min(ex, ey, ez) < 0:
-        raise BlockDecodeError(f"extent must be non-negative, got {(ex, ey, ez)}")
+    lx, ly, lz = (int(v) for v in lo)
+    hx, hy, hz = (int(v) for v in hi)
+    if min(lx, ly, lz, hx, hy, hz) < 0:
+        raise BlockDecodeError(f"box must be non-negative, got {(lx, ly, lz)}..{(hx, hy, hz)}")
     try:
-        code, a, b = _compiled()(data_u8, ex, ey, ez, counts, boxes, _FIRST8, _LAST8)
+        code, a, b = _compiled()(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8)
     except (TypeError, ValueError) as e:
         raise BlockDecodeError(f"invalid arguments to block_stats_into: {e}") from e
     if code == _E_EXTENT:
@@ -400,6 +400,15 @@ def block_stats_into(data_u8: np.ndarray, extent, counts: np.ndarray, boxes: np.
         )
     if code:
         raise _error(code, a, b, data_u8, None)
+
+
+def new_accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed ``counts`` (N+1,) and empty ``boxes`` (N+1, 6) for :func:`block_stats_into`."""
+    counts = np.zeros(nlab + 1, dtype=np.int64)
+    boxes = np.empty((nlab + 1, 6), dtype=np.int64)
+    boxes[:, :3] = _BIG
+    boxes[:, 3:] = -1
+    return counts, boxes
 
 
 def _u32_at(d: np.ndarray, p: int) -> int:
@@ -434,7 +443,7 @@ class BlockStats:
         self.background_box = background_box
 
 
-def block_stats(data, extent=None) -> BlockStats:
+def block_stats(data, extent=None, *, lo=(0, 0, 0)) -> BlockStats:
     """Count the voxels of each block-label entry and find its exact box, writing no voxels.
 
     Parameters
@@ -442,8 +451,10 @@ def block_stats(data, extent=None) -> BlockStats:
     data : bytes, bytearray, memoryview or numpy.ndarray
         The uncompressed DVID block (FORMATS.md §1).
     extent : tuple of 3 int, optional
-        (x, y, z) voxels that lie inside the volume, for a chunk cropped by the volume edge;
+        Count only voxels below these (x, y, z), for a chunk cropped by the volume edge;
         default: the whole block.
+    lo : tuple of 3 int
+        Count only voxels at or above these (x, y, z).
 
     Returns
     -------
@@ -463,8 +474,8 @@ def block_stats(data, extent=None) -> BlockStats:
         raise _error(_E_NLABELS, 0, 0, d, None)
     if 16 + 8 * nlab > d.shape[0]:
         raise _error(_E_LABELS_TRUNC, nlab, d.shape[0], d, None)
-    counts, boxes = _prepared(nlab)
-    block_stats_into(d, (1 << 30,) * 3 if extent is None else extent, counts, boxes)
+    counts, boxes = new_accumulators(nlab)
+    block_stats_into(d, lo, (1 << 30,) * 3 if extent is None else extent, counts, boxes)
     boxes[counts == 0] = 0
     labels = d[16 : 16 + 8 * nlab].view("<u8").astype(np.uint64)
     return BlockStats(labels, counts[:nlab], boxes[:nlab], int(counts[nlab]),

@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dvidshards.errors import BlockDecodeError
-from dvidshards.formats.blockstats import block_stats, block_stats_into
+from dvidshards.formats.blockstats import block_stats, block_stats_into, new_accumulators
 from dvidshards.formats.codec import decode_block, encode_block
 from tests.formats.test_codec import build_block, random_block
 
 
-def brute(block: bytes, extent=None):
+def brute(block: bytes, extent=None, lo=(0, 0, 0)):
     """(counts, boxes, background, background_box) from the decoded voxels, per list entry."""
     n = struct.unpack_from("<I", block, 12)[0]
     pal = np.arange(1, n + 1, dtype=np.uint64)  # 0 = empty sub-block
@@ -23,19 +23,20 @@ def brute(block: bytes, extent=None):
     ex, ey, ez = extent if extent is not None else (8 * gx, 8 * gy, 8 * gz)
     # decode only the extent: values beyond it are never read
     out = np.empty((min(ez, 8 * gz), min(ey, 8 * gy), min(ex, 8 * gx)), np.uint64)
-    vol = decode_block(block, palette=pal, out=out)
+    vol = decode_block(block, palette=pal, out=out)[lo[2]:, lo[1]:, lo[0]:]
     counts = np.bincount(vol.ravel().astype(np.int64), minlength=n + 1)
     boxes = np.zeros((n + 1, 6), dtype=np.int64)
     for k in np.flatnonzero(counts):
         z, y, x = np.nonzero(vol == k)
         boxes[k] = x.min(), y.min(), z.min(), x.max() + 1, y.max() + 1, z.max() + 1
+        boxes[k] += np.tile(lo, 2)
     # slot order of block_stats: entries 0..n-1, then background
     return counts[1:], boxes[1:], int(counts[0]), tuple(int(v) for v in boxes[0])
 
 
-def check(block: bytes, extent=None):
-    s = block_stats(block, extent)
-    counts, boxes, bg, bgbox = brute(block, extent)
+def check(block: bytes, extent=None, lo=(0, 0, 0)):
+    s = block_stats(block, extent, lo=lo)
+    counts, boxes, bg, bgbox = brute(block, extent, lo)
     np.testing.assert_array_equal(s.counts, counts)
     np.testing.assert_array_equal(s.boxes, boxes)
     assert (s.background, s.background_box) == (bg, bgbox)
@@ -53,6 +54,9 @@ def test_random_blocks_every_bit_width(max_sb):
         check(block)
         g = 8 * np.array(grid[::-1])
         check(block, tuple(int(v) for v in rng.integers(0, g + 1)))  # cropped edge chunk
+        lo = tuple(int(v) for v in rng.integers(0, g // 2 + 1))
+        check(block, tuple(int(v) for v in rng.integers(g // 2, g + 1)), lo=lo)  # a box
+        check(block, lo=lo)
 
 
 def test_one_bit_subblocks_and_repeated_labels():
@@ -67,6 +71,7 @@ def test_one_bit_subblocks_and_repeated_labels():
     check(block)
     for ext in [(16, 16, 16), (1, 16, 16), (9, 3, 16), (16, 16, 1), (0, 5, 5), (100, 100, 100)]:
         check(block, ext)
+        check(block, ext, lo=(1, 8, 3))
 
 
 def test_solid_and_single_label_subblocks():
@@ -74,6 +79,10 @@ def test_solid_and_single_label_subblocks():
     s = check(block)
     assert s.counts.tolist() == [64**3] and s.boxes.tolist() == [[0, 0, 0, 64, 64, 64]]
     check(block, (10, 64, 3))
+    s = check(block, (10, 64, 3), lo=(2, 60, 1))
+    assert s.counts.tolist() == [8 * 4 * 2] and s.boxes.tolist() == [[2, 60, 1, 10, 64, 3]]
+    s = check(block, (10, 64, 3), lo=(10, 0, 0))
+    assert s.counts.tolist() == [0]
     s = check(block, (0, 64, 64))
     assert s.counts.tolist() == [0] and s.boxes.tolist() == [[0] * 6]
     # nsb 0/1 only: whole sub-blocks
@@ -82,6 +91,7 @@ def test_solid_and_single_label_subblocks():
     s = check(block)
     assert s.background == 2 * 512 and s.background_box == (0, 0, 0, 8, 8, 16)
     check(block, (12, 5, 16))
+    check(block, (12, 5, 16), lo=(3, 4, 9))
 
 
 @given(st.data())
@@ -96,8 +106,10 @@ def test_encoded_volumes_hypothesis(data):
         vol = np.sort(vol, axis=data.draw(st.integers(0, 2)))
     block = encode_block(vol, subblock_order=data.draw(st.sampled_from(["appearance", "sorted"])))
     ext = data.draw(st.tuples(*[st.integers(0, s + 3) for s in shape[::-1]]))
+    lo = data.draw(st.tuples(*[st.integers(0, s) for s in shape[::-1]]))
     check(block)
     check(block, ext)
+    check(block, ext, lo=lo)
     # per label (the decode of the block itself), labels listed once by the encoder
     s = block_stats(block, ext)
     crop = vol[: ext[2], : ext[1], : ext[0]]
@@ -118,19 +130,20 @@ def test_into_accumulates_and_checks_arrays():
     rng = np.random.default_rng(2)
     block, _ = random_block(rng, (2, 2, 2), 5, max_sb_labels=4)
     d = np.frombuffer(block, np.uint8)
-    counts = np.zeros(6, np.int64)
-    boxes = np.empty((6, 6), np.int64)
-    boxes[:, :3], boxes[:, 3:] = 1 << 40, -1
-    block_stats_into(d, (16, 16, 16), counts, boxes)
-    block_stats_into(d, (16, 16, 16), counts, boxes)
+    counts, boxes = new_accumulators(5)
+    assert counts.shape == (6,) and boxes.shape == (6, 6)
+    block_stats_into(d, (0, 0, 0), (16, 16, 16), counts, boxes)
+    block_stats_into(d, (0, 0, 0), (16, 16, 16), counts, boxes)
     s = block_stats(block)
     np.testing.assert_array_equal(counts[:5], 2 * s.counts)
     with pytest.raises(BlockDecodeError, match="N\\+1 = 6 rows"):
-        block_stats_into(d, (16, 16, 16), np.zeros(5, np.int64), boxes)
+        block_stats_into(d, (0, 0, 0), (16, 16, 16), np.zeros(5, np.int64), boxes)
     with pytest.raises(BlockDecodeError, match="non-negative"):
-        block_stats_into(d, (16, -1, 16), counts, boxes)
+        block_stats_into(d, (0, 0, 0), (16, -1, 16), counts, boxes)
+    with pytest.raises(BlockDecodeError, match="non-negative"):
+        block_stats_into(d, (0, -3, 0), (16, 16, 16), counts, boxes)
     with pytest.raises(BlockDecodeError, match="invalid arguments"):
-        block_stats_into(d, (16, 16, 16), counts.astype(np.int32), boxes)
+        block_stats_into(d, (0, 0, 0), (16, 16, 16), counts.astype(np.int32), boxes)
 
 
 def _decode_error(block: bytes, extent):
