@@ -45,9 +45,7 @@ def _load_spec(spec, store: ByteStore) -> tuple[dict | None, str]:
     if spec is None:
         try:
             data = store.read_sync("info")
-        except (MissingShardError, FileNotFoundError):
-            return None, ""
-        except DvidShardsError:
+        except MissingShardError:
             return None, ""
         return parse_json(bytes(data), store.describe("info")), store.describe("info")
     if isinstance(spec, dict):
@@ -97,6 +95,10 @@ class Dataset:
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
         self.store = as_store(source)
         self.index = os.fspath(index) if index is not None else None
+        if self.index is not None and not os.path.isdir(self.index):
+            from .errors import ChunkIndexError
+
+            raise ChunkIndexError(f"{self.index}: no such folder of consolidated indexes (index=...)")
         if policy not in (None, "eager", "lazy"):
             raise SpecError(f"policy must be 'eager', 'lazy' or None, got {policy!r}")
         self.policy = policy
@@ -153,13 +155,16 @@ class Dataset:
             # the volume ends in the shards at the largest origin along each axis: load those
             top = np.max(origins, axis=0)
             hi = np.zeros(3, np.int64)
+            span = 0  # chunks from its origin that a loaded shard's records reach
             for o in (o for o in origins if any(v == t for v, t in zip(o, top, strict=True))):
                 shard = load_shard_sync(store, probe, o, policy=self.policy)
                 if len(shard):
                     hi = np.maximum(hi, shard.coords.max(axis=0) + 1)
+                    span = max(span, int(shard.extent().max()))
             size = tuple(int(v) * 64 for v in np.maximum(hi, 1))
             inferred = ("size", "shard_extent") + (() if res is not None else ("resolution",))
-            s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred)
+            proven = min(extent, 64 * (1 << (span - 1).bit_length())) if span else 64
+            s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred, proven_extent=proven)
             scales.append(s)
             warnings.warn(f"{store.describe(s.folder)}: no spec or info file: guessed shard size {extent if extent < SINGLE_SHARD else 'one shard'}"
                           f" from {len(origins)} file names and volume size {size} from the last shards' records"
@@ -200,14 +205,49 @@ class Dataset:
     # --- shards ------------------------------------------------------------------------------
 
     def shards(self, scale=0) -> list[tuple[int, int, int]]:
-        """Voxel origins of the shard files present at a scale (lists the folder, or the index)."""
+        """Voxel origins of the shard files present at a scale.
+
+        From the consolidated index, else a folder listing; a store that cannot list (http)
+        probes every origin of the spec's shard grid instead.
+        """
         s = self.scale(scale)
         if self.index is not None:
             from .consolidated import ConsolidatedIndex, consolidated_paths
 
             if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
                 return sorted(ConsolidatedIndex(self.index, s.folder).shards)
-        return shard_origins(self.store, s.folder)
+        try:
+            return shard_origins(self.store, s.folder)
+        except SpecError:
+            if "shard_extent" in s.inferred:
+                raise
+        return self._probe(s)
+
+    def _probe(self, s: Scale) -> list[tuple[int, int, int]]:
+        """Origins of the shard grid whose files exist (concurrent existence checks)."""
+        import asyncio
+        import itertools
+
+        n = [max(1, -(-(o + z) // min(s.shard_extent, SINGLE_SHARD)))
+             for o, z in zip(s.voxel_offset, s.size, strict=True)]
+        e = min(s.shard_extent, SINGLE_SHARD)
+        grid = [(x * e, y * e, z * e) for x, y, z in itertools.product(*(range(k) for k in n))]
+        if len(grid) > 1_000_000:
+            raise SpecError(f"{self.store.describe(s.folder)}: cannot list this store and the shard grid has "
+                            f"{len(grid)} origins; use a consolidated index (index=...)")
+        store = self.store
+
+        async def probe():
+            sem = asyncio.Semaphore(64)
+
+            async def one(o):
+                async with sem:
+                    return o if await store.exists(s.stem(o) + ".arrow") else None
+
+            return await asyncio.gather(*(one(o) for o in grid))
+
+        found = store._sync(probe())
+        return sorted(o for o in found if o is not None)
 
     def shard(self, scale, origin, *, policy: str | None = None, consolidated: bool = True) -> Shard:
         """The loaded, checked shard at a voxel origin (MissingShardError if its file is absent)."""

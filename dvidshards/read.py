@@ -33,6 +33,7 @@ from .stores.base import ByteStore, background_loop, decode_pool
 
 __all__ = ["ChunkReader", "read_box"]
 
+WINDOW, MAX_WAIT = 0.001, 0.010  # s: gather a shard's burst of chunk requests before fetching
 _MISSING_HINT = ("DVID writes no file for an all-background shard: open with fill_missing_shards=True to read "
                  "it as 0")
 
@@ -122,8 +123,10 @@ class ChunkReader:
             except MissingShardError:
                 raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} is gone; "
                                       f"run `dvidshards consolidate` again") from None
+            same_kind = stamp is not None and now.stamp is not None and \
+                stamp.split(":", 1)[0] == now.stamp.split(":", 1)[0]
             if (size is not None and now.size is not None and now.size != size) or \
-                    (stamp is not None and now.stamp is not None and now.stamp != stamp):
+                    (same_kind and now.stamp != stamp):
                 raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} changed "
                                       f"since it was indexed; run `dvidshards consolidate` again")
         try:
@@ -132,7 +135,6 @@ class ChunkReader:
             if self.fill_missing_shards and not await store.exists(key):
                 return None
             raise MissingShardError(f"{e} ({_MISSING_HINT})") from None
-        self._proc().observe(shard)
         return shard
 
     def shard(self, x: int, y: int, z: int) -> Shard | None:
@@ -143,17 +145,22 @@ class ChunkReader:
             raise with_chunk(e, (x, y, z)) from None
 
     def absent(self, shard: Shard | None, x: int, y: int, z: int) -> None:
-        """Check that reading chunk (x, y, z) as background is not a guess (inferred geometry)."""
-        if "shard_extent" not in self.scale.inferred or self.fill_missing_shards:
+        """Check that reading chunk (x, y, z) as background is not a guess (inferred geometry).
+
+        With a shard extent guessed from file names and larger than what the records seen at
+        open prove, a chunk beyond the proven part of its shard might belong to a shard file
+        that is missing: that is a SpecError, not background.
+        """
+        s = self.scale
+        proven = s.proven_extent
+        if proven is None or proven >= s.shard_extent or self.fill_missing_shards:
             return
-        st = self._proc()
-        local = (x, y, z) - self.scale.shard_box(self.scale.shard_origin(x, y, z))[0]
-        if (local >= st.proven).any():
-            raise SpecError(f"chunk {(x, y, z)}: the shard size {self.scale.shard_extent} was guessed from file "
-                            f"names, but the shards loaded so far hold records only within "
-                            f"{st.proven * self.scale.chunk_size[0]} voxels of their origin, so this chunk may "
-                            f"belong to a missing shard file. Pass the export's spec (spec=...) or "
-                            f"fill_missing_shards=True")
+        origin = s.shard_origin(x, y, z)
+        local = [c * n - o for c, n, o in zip((x, y, z), s.chunk_size, origin, strict=True)]
+        if max(local) >= proven:
+            raise SpecError(f"chunk {(x, y, z)}: the shard size {s.shard_extent} was guessed from file names, but "
+                            f"the records seen prove only {proven} voxels, so this chunk may belong to a missing "
+                            f"shard file. Pass the export's spec (spec=...) or fill_missing_shards=True")
 
     # --- the TensorStore callback ----------------------------------------------------------------
 
@@ -189,15 +196,8 @@ class _ProcState:
 
             if os.path.exists(consolidated_paths(reader.consolidated, reader.scale.folder)[0]):
                 self.consolidated = ConsolidatedIndex(reader.consolidated, reader.scale.folder)
-        self.proven = np.zeros(3, np.int64)  # chunks from a shard origin that records are seen to reach
         self._loop = None
         self.pending: dict = {}
-
-    def observe(self, shard: Shard) -> None:
-        if len(shard):
-            e = shard.extent()
-            p = np.array([1 << int(v - 1).bit_length() for v in e], np.int64)
-            self.proven = np.maximum(self.proven, p)
 
     @property
     def loop(self):
@@ -220,9 +220,10 @@ class _ProcState:
         else:
             reqs.append(req)
 
-    async def flush(self, origin, window: float = 0.001, max_wait: float = 0.010) -> None:
+    async def flush(self, origin) -> None:
         import asyncio
 
+        window, max_wait = WINDOW, MAX_WAIT
         reqs: list[_Request] = []
         try:
             try:

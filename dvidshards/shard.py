@@ -272,10 +272,25 @@ class Shard:
     def _range_error(self, e: BaseException, i: int) -> BaseException:
         if isinstance(e, PastEndError):
             off, n = self.batch(i)
-            size = f" ({e.total_size} bytes)" if e.total_size is not None else ""
-            return ShardFormatError(f"{self.where(i)}: truncated: its record batch at bytes [{off}, {off + n}) lies "
-                                    f"past the end of the file{size}")
+            size = f"{e.total_size} of " if e.total_size is not None else ""
+            if _tiles(self.index, self.schema_size):
+                return ShardFormatError(f"{self.where(i)}: truncated: {size}{off + n}+ bytes: its record batch at "
+                                        f"bytes [{off}, {off + n}) lies past the end of the file")
+            return ChunkIndexError(f"{self.where(i)}: its index entry points at bytes [{off}, {off + n}), past the "
+                                   f"end of the file")
         return e
+
+
+def _tiles(index: ShardIndex, schema_size: int) -> bool:
+    """Whether the index's record batches follow each other from the schema with no gap.
+
+    A file shorter than such an index is truncated; otherwise the index itself is wrong.
+    """
+    if not len(index):
+        return False
+    offs, first = np.unique(index.msg_off, return_index=True)
+    lens = index.msg_len[first]
+    return bool(offs[0] <= schema_size + 8 and (offs[1:] == offs[:-1] + lens[:-1]).all())
 
 
 def _subset(t: RecordTable, rows: np.ndarray) -> RecordTable:
@@ -397,10 +412,14 @@ class _Eager:
         if index is None and raw is not None and raw.variant in ("A", "B"):
             index = ShardIndex.from_raw(raw, where)
         if index is not None and len(index):
-            need = int((index.msg_off + index.msg_len).max())
+            ends = index.msg_off + index.msg_len
+            need = int(ends.max())
             if need > size:
-                raise ShardFormatError(f"{where}: truncated: {size} of {need} bytes (its index lists record batches "
-                                       f"up to byte {need})")
+                if _tiles(index, schema_len):
+                    raise ShardFormatError(f"{where}: truncated: {size} of {need} bytes")
+                i = int(np.argmax(ends))
+                raise ChunkIndexError(f"{where}: index entry for chunk {_c(index.coords[i])} points at bytes "
+                                      f"[{index.msg_off[i]}, {need}), past the end of the {size}-byte file")
         if index is not None and not is_file:
             fast = self._by_offsets(index, layout, schema_len, ipc_end)
             if fast is not None:

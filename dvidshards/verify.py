@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dataset import Dataset, shard_origins
-from .errors import DvidShardsError, MissingShardError
+from .errors import DvidShardsError, MissingShardError, SpecError
 from .formats.codec import block_header
 from .formats.labels import Agglomerated
 
@@ -77,7 +77,12 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
                 report.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: block is "
                                                f"{hdr.shape[::-1]} voxels (x,y,z), the export's chunks are {cs}"))
                 continue
-            if not np.array_equal(hdr.labels, t.supervoxels(i)):
+            sv = t.supervoxels(i)
+            if len(sv) != hdr.num_labels:
+                report.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: the block has "
+                                               f"{hdr.num_labels} labels but its record lists {len(sv)}"))
+                continue
+            if not np.array_equal(hdr.labels, sv):
                 report.problems.append(Problem(shard.path, "ChunkIndexError",
                                                f"{where}: the record's supervoxels differ from the block's label list"))
                 continue
@@ -118,7 +123,10 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
         ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, policy="eager")
         scales = ds.scales if scale is None else [ds.scale(scale)]
         store = ds.store
-        folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isdigit()}
+        try:
+            folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isdigit()}
+        except SpecError:  # a store that cannot list (http): the spec's scales are all there is
+            folders = {s.folder for s in ds.scales}
     except DvidShardsError as e:
         report.problems.append(Problem(str(source), type(e).__name__, str(e)))
         report.seconds = time.monotonic() - t0
@@ -131,8 +139,11 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
                                                f"they were not checked"))
     for s in scales:
         try:
-            names = set(store.list_sync(s.folder))
-            origins = shard_origins(store, s.folder)
+            origins = ds.shards(s)
+            try:
+                names = set(store.list_sync(s.folder))
+            except SpecError:
+                names = set()
         except DvidShardsError as e:
             report.problems.append(Problem(store.describe(s.folder), type(e).__name__, str(e)))
             continue

@@ -107,3 +107,18 @@ def make_export(root, shape=(200, 170, 150), *, seed=3, scales=3, **kw) -> Expor
 def synthetic_export(tmp_path_factory) -> Export:
     """200x170x150 voxels, 2-chunk shards (several per axis), 3 scales, a mapping, variant A."""
     return make_export(tmp_path_factory.mktemp("export") / "exp")
+
+
+def load_shard(root, stem: str, *, extent: int | None = None, policy=None, store=None, index=None):
+    """Load one shard by its stem (``"s1/30720_24576_28672"``) through the library's one loader.
+
+    ``extent`` is the shard size in voxels (default: one shard holds every chunk).
+    """
+    from dvidshards.formats.multiscale import SINGLE_SHARD, Scale
+    from dvidshards.shard import load_shard_sync
+    from dvidshards.stores import LocalStore
+
+    folder, name = stem.split("/")
+    origin = tuple(int(v) for v in name.split("_"))
+    scale = Scale(int(folder[1:]), (1 << 30,) * 3, None, extent or SINGLE_SHARD)
+    return load_shard_sync(store or LocalStore(root), scale, origin, policy=policy, index=index)

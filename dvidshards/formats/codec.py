@@ -413,6 +413,9 @@ def _error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
     """Turn a kernel error code into an exception with a readable message."""
     if code == _E_SHORT:
         return BlockDecodeError(f"block is {a} bytes, shorter than the 16-byte header")
+    if bytes(data[:4]) == b"\x28\xb5\x2f\xfd":
+        return BlockDecodeError("these bytes are a zstd frame (magic 28 b5 2f fd), not a DVID block: decompress "
+                                "the record's dvid_compressed_block first")
     g = np.frombuffer(data[:16], dtype="<u4") if len(data) >= 16 else None
     if code == _E_GRID:
         gx, gy, gz = (int(x) for x in g[:3])

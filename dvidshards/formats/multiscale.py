@@ -40,6 +40,8 @@ class Scale:
     key: str = ""
     sharding: ShardingSpec | None = None
     inferred: tuple[str, ...] = field(default=(), compare=False)
+    #: with an inferred shard extent: the extent (voxels) the loaded records prove, never larger
+    proven_extent: int | None = field(default=None, compare=False)
 
     @property
     def folder(self) -> str:

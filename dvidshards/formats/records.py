@@ -153,11 +153,11 @@ class RecordTable:
         try:
             block = _decompress(self.bufs[0][pay:pay + r[R_PAYLEN]], r[R_USIZE], self._max_block)
             n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
-            if n >= 0 and n != r[R_NSV]:
-                raise ShardFormatError(f"its label lists have {r[R_NSV]} entries, its block has {n} labels")
+            if n >= 1 and n != r[R_NSV]:
+                raise BlockDecodeError(f"the block has {n} labels but its record lists {r[R_NSV]}")
             decode_into(np.frombuffer(block, _U8), labels.palette(self, i), out)
-        except (BlockDecodeError, ShardFormatError) as e:
-            raise type(e)(f"{self.where(i)}: {e}") from None
+        except BlockDecodeError as e:
+            raise BlockDecodeError(f"{self.where(i)}: {e}") from None
 
     # --- construction -----------------------------------------------------------------------
 

@@ -128,9 +128,6 @@ class KvStore(ByteStore):
         short, after TensorStore's own retries; then ``RemoteReadError``.
     backoff : float
         First delay between those attempts in seconds, doubled each time (with jitter).
-    cache_bytes : int
-        Byte budget of an LRU of record batch messages kept per reader and process
-        (0: no payload cache).
 
     Notes
     -----
@@ -141,16 +138,15 @@ class KvStore(ByteStore):
 
     mappable = False
 
-    def __init__(self, spec, context=None, *, retries: int = 3, backoff: float = 0.1, cache_bytes: int = 0):
+    def __init__(self, spec, context=None, *, retries: int = 3, backoff: float = 0.1):
         self.spec = _normalise_spec(spec)
         if context is not None and not isinstance(context, (ts.Context, dict)):
             raise SpecError(f"context must be a tensorstore.Context or a dict, got {type(context).__name__}")
-        if int(retries) < 0 or float(backoff) < 0 or int(cache_bytes) < 0:
-            raise ValueError("retries, backoff and cache_bytes must be non-negative")
+        if int(retries) < 0 or float(backoff) < 0:
+            raise SpecError("retries and backoff must be non-negative")
         self.context = context
         self.retries = int(retries)
         self.backoff = float(backoff)
-        self.cache_bytes = int(cache_bytes)
         self.url = _base_url(self.spec)
         self._kv = None
         self.stats = {"requests": 0, "bytes": 0, "retries": 0}
@@ -171,7 +167,7 @@ class KvStore(ByteStore):
             without an ``endpoint``, the AWS SDK variables ``AWS_ENDPOINT_URL_S3`` or
             ``AWS_ENDPOINT_URL`` give it when set (TensorStore itself ignores them).
         **kwargs
-            ``retries``, ``backoff``, ``cache_bytes``: as for the constructor.
+            ``retries``, ``backoff``: as for the constructor.
         """
         try:
             spec = ts.KvStore.Spec(url).to_json()
@@ -297,7 +293,7 @@ class KvStore(ByteStore):
         if result.state == "missing":
             raise MissingShardError(f"{self.describe(key)}: no such object")
         gen = result.stamp.generation
-        return Stat(None, gen.hex() if isinstance(gen, bytes) else str(gen))
+        return Stat(None, "generation:" + (gen.hex() if isinstance(gen, bytes) else str(gen)))
 
     async def list(self, prefix: str = "") -> list[str]:
         """Names directly below the folder prefix (lists every key under it)."""

@@ -81,4 +81,4 @@ class LocalStore(ByteStore):
             st = os.stat(self._path(key))
         except OSError:
             raise MissingShardError(f"{self._path(key)}: no such file") from None
-        return Stat(st.st_size, str(st.st_mtime_ns))
+        return Stat(st.st_size, f"mtime:{st.st_mtime_ns}")

@@ -20,10 +20,11 @@ import tensorstore as ts
 
 import dvidshards
 from dvidshards import ChunkIndexError, MissingShardError, RemoteReadError, SpecError
-from dvidshards.dataset import Dataset, open_shard
-from dvidshards.remote import KvStoreSource, RemoteChunkReader, RemoteShard
-from dvidshards.shardfile import ShardFile
-from dvidshards.sources import LocalSource
+from dvidshards.dataset import Dataset
+from dvidshards.formats.labels import Agglomerated
+from dvidshards.read import ChunkReader
+from dvidshards.stores import run_sync
+from dvidshards.stores.kvstore import KvStore
 from dvidshards.testing.synthetic import neuron_volume
 from dvidshards.writer import write_export
 
@@ -84,8 +85,8 @@ def http(root, mcns_root):
 @pytest.fixture
 def server(http, monkeypatch):
     """The http server with clean counters and no faults (and a patient chunk gatherer)."""
-    monkeypatch.setattr(RemoteChunkReader, "window", 0.005)
-    monkeypatch.setattr(RemoteChunkReader, "max_wait", 0.05)
+    monkeypatch.setattr(dvidshards.read, "WINDOW", 0.005)
+    monkeypatch.setattr(dvidshards.read, "MAX_WAIT", 0.05)
     http.set_faults()
     http.reset_counts()
     yield http
@@ -132,7 +133,7 @@ def test_s3_spec_equals_local(root, s3):
 
 def test_s3_url_equals_local(root, s3, monkeypatch):
     expect = _read(_local(root, "synth")[64:200, 0:150, 30:150])
-    src = KvStoreSource.from_url(f"s3://{BUCKET}/exports/synth", options={"endpoint": s3.endpoint})
+    src = KvStore.from_url(f"s3://{BUCKET}/exports/synth", options={"endpoint": s3.endpoint})
     np.testing.assert_array_equal(_read(dvidshards.open(src, fill_missing_shards=True)[64:200, 0:150, 30:150]), expect)
     # a bare s3:// URL honours the AWS SDK endpoint variable
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
@@ -141,13 +142,12 @@ def test_s3_url_equals_local(root, s3, monkeypatch):
 
 
 def test_s3_lists_and_infers_geometry(root, s3):
-    src = KvStoreSource(s3.spec(BUCKET, "exports/noinfo/"))
-    assert src.list("") == ["s0", "s1"]
-    assert src.list("s1") == sorted(os.listdir(root / "noinfo" / "s1"))
+    src = KvStore(s3.spec(BUCKET, "exports/noinfo/"))
+    assert src.list_sync("") == ["s0", "s1"]
+    assert src.list_sync("s1") == sorted(os.listdir(root / "noinfo" / "s1"))
     ds, local = Dataset(src), Dataset(root / "noinfo")
     assert [s.size for s in ds.scales] == [s.size for s in local.scales]
     assert sorted(ds.shards(0)) == sorted(local.shards(0))
-    assert src.size("s0/0_0_0.arrow") == os.path.getsize(root / "noinfo" / "s0" / "0_0_0.arrow")
 
 
 def test_s3_real_mcns_shard(mcns_root, s3, mcns_spec):
@@ -174,7 +174,7 @@ def test_http_index_variants_equal_local(root, server, name):
 @pytest.mark.parametrize("name", ["Cstream", "Cfile", "D1", "D3"])
 def test_http_legacy_variants_exact_reads(root, server, monkeypatch, name):
     """Tiny speculative reads and scan windows: the exact-read fallbacks give the same volume."""
-    import dvidshards.remote as remote
+    import dvidshards.shard as remote
 
     monkeypatch.setattr(remote, "_HEAD", 16)
     monkeypatch.setattr(remote, "_TAIL", 24)
@@ -236,7 +236,7 @@ def test_http_whole_volume_requests(root, server):
     store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
     np.testing.assert_array_equal(_read(store), _read(_local(root, "synth")))
     stems = sorted(p.stem for p in (root / "synth" / "s0").glob("*.arrow"))
-    assert server.requests["synth/info"] == 2  # exists + read, once per open
+    assert server.requests["synth/info"] == 1  # one read per open
     for stem in stems:
         assert server.requests[f"synth/s0/{stem}.csv"] == 1
         assert server.requests[f"synth/s0/{stem}.arrow"] == 2
@@ -266,7 +266,7 @@ def test_http_mcns_one_chunk_bytes(mcns_root, server, mcns_spec):
 def test_http_faults_still_equal_local(root, server):
     expect = _read(_local(root, "synth"))
     server.set_faults(fail=0.15, drop=0.1, truncate=0.1)
-    src = KvStoreSource.from_url(server.url + "synth/", FAST_TS, retries=6, backoff=0.005)
+    src = KvStore.from_url(server.url + "synth/", FAST_TS, retries=6, backoff=0.005)
     store = dvidshards.open(src, fill_missing_shards=True)
     np.testing.assert_array_equal(_read(store), expect)
     np.testing.assert_array_equal(_read(dvidshards.open(src, scale=1, fill_missing_shards=True)),
@@ -277,7 +277,7 @@ def test_http_faults_still_equal_local(root, server):
 @pytest.mark.parametrize("fault", ["fail", "truncate"])
 def test_http_persistent_faults_raise(root, server, fault):
     spec = Dataset(root / "synth").spec
-    src = KvStoreSource.from_url(server.url + "synth/", FAST_TS, retries=2, backoff=0.005)
+    src = KvStore.from_url(server.url + "synth/", FAST_TS, retries=2, backoff=0.005)
     store = dvidshards.open(src, spec=spec, fill_missing_shards=True)
     server.set_faults(**{fault: 1.0})
     t0 = time.monotonic()
@@ -306,48 +306,36 @@ def test_http_missing_shard(root, server):
 
 
 def test_http_source_api(root, server):
-    src = KvStoreSource.from_url(server.url + "synth")
+    src = KvStore.from_url(server.url + "synth")
     assert src.describe("s0/0_0_0.csv") == server.url + "synth/s0/0_0_0.csv"
     with pytest.raises(MissingShardError, match="nope"):
-        src.read("s0/nope.arrow", 0, 10)
-    assert src.exists("info") and not src.exists("nope")
+        src.read_sync("s0/nope.arrow", 0, 10)
+    assert src.exists_sync("info") and not src.exists_sync("nope")
     with pytest.raises(SpecError, match="info"):
-        src.list("s0")
+        src.list_sync("s0")
     with pytest.raises(SpecError, match="spec="):
         Dataset(server.url + "noinfo")
     data = (root / "synth" / "s0" / "0_0_0.arrow").read_bytes()
-    assert src.read("s0/0_0_0.arrow", 10, 1000) == data[10:1000]
-    assert src.read_many("s0/0_0_0.arrow", [(0, 8), (100, 300)]) == [data[:8], data[100:300]]
-    with pytest.raises(RemoteReadError, match=r"bytes \[10, \d+\).*past the end"):
-        src.read("s0/0_0_0.arrow", 10, len(data) + 5)
-    assert src.size("s0/0_0_0.arrow") == len(data)
+    assert src.read_sync("s0/0_0_0.arrow", 10, 1000) == data[10:1000]
+    assert run_sync(src.read_ranges("s0/0_0_0.arrow", [(0, 8), (100, 300)])) == [data[:8], data[100:300]]
+    with pytest.raises(dvidshards.ShardFormatError, match=r"bytes \[10, \d+\).*past the end"):
+        src.read_sync("s0/0_0_0.arrow", 10, len(data) + 5)
 
 
-def test_remote_shard_matches_shardfile(root, server):
-    src = KvStoreSource.from_url(server.url + "D3")
+def test_remote_shard_matches_local(root, server):
+    from tests.conftest import load_shard
+
+    src = KvStore.from_url(server.url + "D3")
     for stem in ("s0/0_0_0", "s1/0_0_0"):
-        remote, local = open_shard(src, stem), ShardFile(LocalSource(root / "D3"), stem)
-        assert isinstance(remote, RemoteShard) and len(remote) == len(local) > 0
-        np.testing.assert_array_equal(remote.index.coords, local.index.coords)
+        remote, local = load_shard(None, stem, store=src), load_shard(root / "D3", stem)
+        assert remote.policy == "lazy" and local.policy == "eager" and len(remote) == len(local) > 0
+        np.testing.assert_array_equal(remote.coords, local.coords)
         np.testing.assert_array_equal(remote.index.msg_off, local.index.msg_off)
+        rt, lt = remote.table(), local.table()
         for i in (0, len(local) - 1):
-            assert remote.block(i) == local.block(i)
-            np.testing.assert_array_equal(remote.labels(i), local.labels(i))
-            np.testing.assert_array_equal(remote.supervoxels(i), local.supervoxels(i))
-
-
-def test_cache_bytes(root, server):
-    src = KvStoreSource.from_url(server.url + "synth", cache_bytes=4 << 20)
-    store = dvidshards.open(src, fill_missing_shards=True)
-    _read(store[0:64, 0:64, 0:64])
-    server.reset_counts()
-    _read(store[0:64, 0:64, 0:64])
-    assert server.total_requests == 0
-    plain = dvidshards.open(server.url + "synth", fill_missing_shards=True)
-    _read(plain[0:64, 0:64, 0:64])
-    server.reset_counts()
-    _read(plain[0:64, 0:64, 0:64])
-    assert server.total_requests == 1
+            assert rt.block(i) == lt.block(i)
+            np.testing.assert_array_equal(rt.labels(i), lt.labels(i))
+            np.testing.assert_array_equal(rt.supervoxels(i), lt.supervoxels(i))
 
 
 # --- damaged exports ------------------------------------------------------------------------------
@@ -437,14 +425,14 @@ class _LyingKv:
 
 
 def test_short_read_is_retried_never_returned():
-    src = KvStoreSource({"driver": "memory"}, retries=2, backoff=0.001)
+    src = KvStore({"driver": "memory"}, retries=2, backoff=0.001)
     data = bytes(range(256)) * 4
     src._kv = _LyingKv(data, short=2)
-    assert src.read("k", 10, 300) == data[10:300]
+    assert src.read_sync("k", 10, 300) == data[10:300]
     assert src._kv.calls == 3 and src.stats["retries"] == 2
     src._kv = _LyingKv(data, short=3)
     with pytest.raises(RemoteReadError, match=r"memory://k bytes \[10, 300\).*short read: 289 of 290"):
-        src.read("k", 10, 300)
+        src.read_sync("k", 10, 300)
 
 
 # --- processes and event loops --------------------------------------------------------------------
@@ -456,11 +444,11 @@ def _spawn_read(blob: bytes) -> np.ndarray:
 
 
 def test_pickle_into_spawn_process(root, server):
-    src = KvStoreSource.from_url(server.url + "synth")
-    reader = RemoteChunkReader(src, Dataset(src).scale(0), 0)
-    assert reader.shard(0, 0, 0) is not None and reader.loaded == 1
+    src = KvStore.from_url(server.url + "synth")
+    reader = ChunkReader(src, Dataset(src).scale(0), Agglomerated())
+    assert reader.shard(0, 0, 0) is not None and reader.cache.loaded == 1
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._rt is None and copy.loaded == 0 and copy.source.url == src.url
+    assert copy._state is None and copy.cache.loaded == 0 and copy.store.url == src.url
     store = dvidshards.open(server.url + "synth", fill_missing_shards=True)
     server.reset_counts()
     ctx = multiprocessing.get_context("spawn")
@@ -502,18 +490,18 @@ def test_batched_read_is_coalesced(root, server):
 
 
 def test_urls_and_specs():
-    g = KvStoreSource.from_url("gs://my-bucket/exports/seg")
+    g = KvStore.from_url("gs://my-bucket/exports/seg")
     assert g.spec == {"driver": "gcs", "bucket": "my-bucket", "path": "exports/seg/"}
     assert g.describe("s0/0_0_0.arrow") == "gs://my-bucket/exports/seg/s0/0_0_0.arrow"
     assert g._context() is not None  # the bounded gcs retry default is a valid context
-    h = KvStoreSource.from_url("https://example.org/data/seg", cache_bytes=1 << 20)
-    assert h.describe("info") == "https://example.org/data/seg/info" and h.cache_bytes == 1 << 20
-    s = KvStoreSource({"driver": "s3", "bucket": "b-1", "path": "x", "endpoint": "http://127.0.0.1:1"})
+    h = KvStore.from_url("https://example.org/data/seg")
+    assert h.describe("info") == "https://example.org/data/seg/info"
+    s = KvStore({"driver": "s3", "bucket": "b-1", "path": "x", "endpoint": "http://127.0.0.1:1"})
     assert s.spec["path"] == "x/" and s.describe("info") == "s3://b-1/x/info"
     copy = pickle.loads(pickle.dumps(h))
-    assert copy.spec == h.spec and copy.cache_bytes == h.cache_bytes and copy._kv is None
-    assert isinstance(dvidshards.dataset.as_source("gs://my-bucket/exports/seg"), KvStoreSource)
+    assert copy.spec == h.spec and copy._kv is None
+    assert isinstance(dvidshards.stores.as_store("gs://my-bucket/exports/seg"), KvStore)
     with pytest.raises(SpecError):
-        KvStoreSource.from_url("nonsense://x")
+        KvStore.from_url("nonsense://x")
     with pytest.raises(SpecError):
-        KvStoreSource({"bucket": "b-1"})
+        KvStore({"bucket": "b-1"})

@@ -11,11 +11,14 @@ import pytest
 
 import dvidshards
 from dvidshards.dataset import Dataset
-from dvidshards.index import GlobalIndex, parse_csv, parse_footer
-from dvidshards.shardfile import ShardFile
-from dvidshards.sources import LocalSource
+from dvidshards.formats.chunkindex import parse_csv, parse_footer
+from dvidshards.formats.labels import Agglomerated
+from dvidshards.formats.multiscale import Scale
+from dvidshards.read import ChunkReader
+from dvidshards.shard import Shard, _Eager
+from dvidshards.stores import LocalStore
 from dvidshards.writer import write_shard
-from tests.conftest import REAL_SHARD
+from tests.conftest import REAL_SHARD, load_shard
 
 CSVS = {"A": "-newformat.csv", "B": "-offsets.csv", "C": ".csv"}
 
@@ -28,18 +31,19 @@ def _real_shard_dir(tmp_path, dvid_data, variant):
     return d.parent
 
 
-def _contents(sf: ShardFile) -> dict:
+def _contents(sf: Shard) -> dict:
     """chunk -> (labels, supervoxels, block bytes) through the public reading calls."""
     out = {}
-    for i, c in enumerate(sf.index.coords.tolist()):
-        out[tuple(c)] = (sf.labels(i).tolist(), sf.supervoxels(i).tolist(), sf.block(i))
+    t = sf.table()
+    for i, c in enumerate(sf.coords.tolist()):
+        out[tuple(c)] = (t.labels(i).tolist(), t.supervoxels(i).tolist(), t.block(i))
     return out
 
 
 def test_real_shard_three_csv_variants_identical(dvid_data, tmp_path, real_records):
     got = {}
     for v in CSVS:
-        sf = ShardFile(LocalSource(_real_shard_dir(tmp_path, dvid_data, v)), f"s1/{REAL_SHARD}")
+        sf = load_shard(_real_shard_dir(tmp_path, dvid_data, v), f"s1/{REAL_SHARD}")
         assert sf.variant == v and len(sf) == 258 and sf.schema_size == 688
         got[v] = _contents(sf)
     assert got["A"] == got["B"] == got["C"]
@@ -55,7 +59,7 @@ def test_real_shard_repacked(dvid_data, tmp_path, real_records, variant, contain
     (tmp_path / "s1").mkdir()
     recs = list(reversed(real_records))  # any record order
     write_shard(tmp_path / "s1" / REAL_SHARD, recs, batch_size=batch, index=variant, container=container)
-    sf = ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
+    sf = load_shard(tmp_path, f"s1/{REAL_SHARD}")
     assert sf.variant == variant and len(sf) == 258
     ref = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): (r["labels"], r["supervoxels"], r["block"]) for r in recs}
     assert _contents(sf) == ref
@@ -92,7 +96,8 @@ def test_parse_csv_forms():
     (b"# schema_size=688\nx,y,z,foo\n1,2,3,4\n", "unknown chunk index columns"),
     (b"# schema=1\nx,y,z,rec\n", "unrecognised first line"),
     (b"x,y,z,rec\n1,2,3,0\n1,2,3,1\n", "more than once"),
-    (b"x,y,z,rec\n1,2,3,-1\n", "negative rec"),
+    (b"x,y,z,rec\n1,2,3,-1\n", "rec=-1, negative"),
+    (b"# schema_size=688\nx,y,z,offset,size,batch_idx\n1,2,3,4,9223372036854775000,0\n", "beyond any file size"),
     (b"x,y,z,rec\n1,2,three,0\n", "malformed"),
     (b"x,y,z,rec\n1,2,3\n", "malformed"),
     (b"x,y,z,rec\n-1,2,3,0\n", "out of range"),
@@ -111,32 +116,33 @@ def test_parse_footer():
             parse_footer(bad, (64, 64, 64), "f.arrow")
 
 
-def _recording_loader(root):
-    """A shard loader for GlobalIndex that records the origins it loads."""
-    loads, src = [], LocalSource(root)
+def _recording_reader(root, max_shards=64):
+    """A chunk reader of s0 (shard extent 128) whose shard loads are recorded."""
+    scale = Scale(0, (1 << 20,) * 3, None, 128)
+    reader = ChunkReader(LocalStore(root), scale, Agglomerated(), max_shards=max_shards)
+    loads, load = [], reader.load
 
-    def load(origin):
+    async def recording(origin):
         loads.append(origin)
-        return ShardFile(src, f"s0/{origin[0]}_{origin[1]}_{origin[2]}")
+        return await load(origin)
 
-    return loads, load
+    reader.load = recording
+    return loads, reader
 
 
-def test_global_index_is_lazy_and_bounded(synthetic_export):
-    loads, load = _recording_loader(synthetic_export.root)
-    gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
-    assert gi.loaded == 0
-    assert gi.origin(3, 1, 2) == (128, 0, 128)
+def test_shard_cache_is_lazy_and_bounded(synthetic_export):
+    loads, reader = _recording_reader(synthetic_export.root, max_shards=2)
+    assert reader.cache.loaded == 0
+    assert reader.scale.shard_origin(3, 1, 2) == (128, 0, 128)
     for c in [(0, 0, 0), (1, 1, 1), (2, 0, 0), (0, 2, 0), (0, 0, 0)]:
-        gi.shard(*c)
-    assert loads == [(0, 0, 0), (128, 0, 0), (0, 128, 0), (0, 0, 0)] and gi.loaded == 2
+        reader.shard(*c)
+    assert loads == [(0, 0, 0), (128, 0, 0), (0, 128, 0), (0, 0, 0)] and reader.cache.loaded == 2
     # concurrent first touches of one shard load it once
-    loads.clear()
-    gi2 = GlobalIndex(load, 128, (64, 64, 64))
-    ts = [threading.Thread(target=gi2.shard, args=(1, 1, 1)) for _ in range(8)]
+    loads2, reader2 = _recording_reader(synthetic_export.root)
+    ts = [threading.Thread(target=reader2.shard, args=(1, 1, 1)) for _ in range(8)]
     [t.start() for t in ts]
     [t.join() for t in ts]
-    assert loads == [(0, 0, 0)]
+    assert loads2 == [(0, 0, 0)]
 
 
 def test_consolidated_index(synthetic_export, tmp_path):
@@ -157,7 +163,7 @@ def test_consolidated_index(synthetic_export, tmp_path):
     assert main(["consolidate", synthetic_export.root, "--out", inside]) == 2  # never writes into the export
     assert not os.path.exists(inside)
     with pytest.raises(dvidshards.ChunkIndexError, match="outside the export"):
-        from dvidshards.index import write_consolidated
+        from dvidshards.consolidated import write_consolidated
 
         write_consolidated(ds, ds.scales[0], inside)
 
@@ -168,12 +174,11 @@ def _spec_file(ex, tmp_path):
     return str(p)
 
 
-def test_global_index_lru_order(synthetic_export):
+def test_shard_cache_lru_order(synthetic_export):
     """Touching a shard makes it the newest; the least recently touched one is evicted."""
-    loads, load = _recording_loader(synthetic_export.root)
-    gi = GlobalIndex(load, 128, (64, 64, 64), max_shards=2)
+    loads, reader = _recording_reader(synthetic_export.root, max_shards=2)
     for c in [(0, 0, 0), (2, 0, 0), (0, 0, 0), (1, 0, 0), (0, 2, 0), (0, 0, 0), (2, 0, 0)]:
-        gi.shard(*c)
+        reader.shard(*c)
     # (128, 0, 0) was the least recently used when (0, 128, 0) came in
     assert loads == [(0, 0, 0), (128, 0, 0), (0, 128, 0), (128, 0, 0)]
 
@@ -183,8 +188,7 @@ def test_offset_index_loads_without_scan_to_the_same(dvid_data, tmp_path, real_r
     """A stream indexed by byte offsets loads without a scan, to exactly what the full path gives."""
     (tmp_path / "s1").mkdir()
     write_shard(tmp_path / "s1" / REAL_SHARD, list(reversed(real_records)), batch_size=batch, index=variant)
-    src = LocalSource(tmp_path)
-    fast_path = ShardFile._load_by_offsets
+    fast_path = _Eager._by_offsets
     taken = []
 
     def spy(self, *args):
@@ -192,12 +196,12 @@ def test_offset_index_loads_without_scan_to_the_same(dvid_data, tmp_path, real_r
         taken.append(r is not None)
         return r
 
-    monkeypatch.setattr(ShardFile, "_load_by_offsets", spy)
-    fast = ShardFile(src, f"s1/{REAL_SHARD}")
-    monkeypatch.setattr(ShardFile, "_load_by_offsets", lambda self, *args: None)
-    full = ShardFile(src, f"s1/{REAL_SHARD}")
+    monkeypatch.setattr(_Eager, "_by_offsets", spy)
+    fast = load_shard(tmp_path, f"s1/{REAL_SHARD}")
+    monkeypatch.setattr(_Eager, "_by_offsets", lambda self, *args: None)
+    full = load_shard(tmp_path, f"s1/{REAL_SHARD}")
     assert taken == [True] and fast.variant == full.variant == variant
-    np.testing.assert_array_equal(fast.records, full.records)
+    np.testing.assert_array_equal(fast.table().rec, full.table().rec)
     for k in ("coords", "msg_off", "msg_len", "row"):
         np.testing.assert_array_equal(getattr(fast.index, k), getattr(full.index, k))
     assert _contents(fast) == _contents(full)
@@ -213,21 +217,20 @@ def test_offset_index_missing_a_record_same_error(dvid_data, tmp_path, real_reco
     del lines[2 + drop if drop >= 0 else drop]  # after "# schema_size" and the header
     csv.write_text("\n".join(lines) + "\n")
     with pytest.raises(dvidshards.ChunkIndexError, match="has no index entry") as fast:
-        ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
-    monkeypatch.setattr(ShardFile, "_load_by_offsets", lambda self, *args: None)
+        load_shard(tmp_path, f"s1/{REAL_SHARD}")
+    monkeypatch.setattr(_Eager, "_by_offsets", lambda self, *args: None)
     with pytest.raises(dvidshards.ChunkIndexError) as full:
-        ShardFile(LocalSource(tmp_path), f"s1/{REAL_SHARD}")
+        load_shard(tmp_path, f"s1/{REAL_SHARD}")
     assert str(fast.value) == str(full.value)
 
 
 def test_chunk_lookup_grid_and_dict_agree(dvid_data, tmp_path):
     """Dense lookup over the shard's box (the reader's case) and the dict (no box) agree."""
-    src = LocalSource(_real_shard_dir(tmp_path, dvid_data, "A"))
+    root = _real_shard_dir(tmp_path, dvid_data, "A")
     lo = np.array([30720, 24576, 28672]) // 64
-    grid = ShardFile(src, f"s1/{REAL_SHARD}", box=(lo, lo + 32))
-    plain = ShardFile(src, f"s1/{REAL_SHARD}")
-    huge = ShardFile(src, f"s1/{REAL_SHARD}", box=(lo * 0, lo * 0 + (1 << 34)))  # single-shard exports
-    assert grid._grid is not None and plain._grid is None and huge._grid is None
+    grid = load_shard(root, f"s1/{REAL_SHARD}", extent=2048)
+    huge = load_shard(root, f"s1/{REAL_SHARD}")  # single-shard exports
+    plain = huge
     r = np.arange(-1, 33)
     for x in r:
         for y in r:

@@ -62,7 +62,9 @@ def test_chunk_layout_and_units(synthetic_export):
 
 def test_scale_by_resolution_and_dataset(synthetic_export):
     ds = dvidshards.Dataset(synthetic_export.root, spec=synthetic_export.spec)
-    assert ds.scale((16, 16, 16)).index == 1 and ds.scale(32.0).index == 2
+    assert ds.scale((16, 16, 16)).index == 1 and ds.scale(resolution=(32, 32, 32)).index == 2
+    with pytest.raises(dvidshards.SpecError, match="resolution"):
+        ds.scale(32.0)  # a bare number is not a resolution
     assert ds.info["scales"][0]["size"] == list(synthetic_export.sv.shape)
     with pytest.raises(dvidshards.SpecError):
         ds.scale(5)
@@ -72,7 +74,8 @@ def test_scale_by_resolution_and_dataset(synthetic_export):
 
 def test_geometry_inferred_without_spec(synthetic_export):
     """No spec and no info: shard extent from file names, size = whole chunks up to the last one present."""
-    ds = dvidshards.Dataset(synthetic_export.root)
+    with pytest.warns(dvidshards.GeometryWarning, match="guessed shard size 128"):
+        ds = dvidshards.Dataset(synthetic_export.root)
     s0 = ds.scales[0]
     assert s0.shard_extent == 128 and s0.inferred
     nz = np.argwhere(synthetic_export.sv)
