@@ -1,120 +1,306 @@
-"""Command line: ``dvidshards info | demo | verify | consolidate``."""
+"""The ``dvidshards`` command line.
+
+Every command is one row of `COMMANDS`: its name, the object that implements it (``"module"``
+or ``"module:attribute"``, imported only when the command runs) and a one-line help. The
+object exposes ``add_arguments(parser)`` and ``main(args) -> int``.
+
+Exit codes: 0 success; 1 problems found (``verify``); 2 bad input or usage. A user error (any
+`DvidShardsError`, an ``OSError`` on a path, a bad argument) prints one line on stderr, never a
+traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 
-from .errors import DvidShardsError
+from .errors import DvidShardsError, SpecError
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
+#: command name -> (implementation "module[:attribute]", one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("dvidshards.cli:Info", "scales, sizes, resolution, shard and chunk counts, index variants"),
+    "verify": ("dvidshards.cli:Verify", "check an export end to end; exit 1 when problems are found"),
+    "consolidate": ("dvidshards.cli:Consolidate",
+                    "write one chunk index per scale outside the export, so that it opens at once"),
+    "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
+}
 
-def _count_chunks(ds, scale, stems) -> tuple[int, str]:
-    """Chunks listed by a scale's indexes and the index variant(s) seen."""
-    from .dataset import open_shard
-    from .index import parse_csv
-
-    src, total, variants = ds.source, 0, set()
-    for o in stems:
-        stem = f"{scale.folder}/{o[0]}_{o[1]}_{o[2]}"
-        if src.exists(stem + ".csv"):
-            raw = parse_csv(src.read(stem + ".csv"), src.describe(stem + ".csv"))
-            total += len(raw.coords)
-            variants.add(raw.variant)
-        else:
-            sf = open_shard(src, stem, scale.chunk_size)
-            total += len(sf)
-            variants.add(sf.index.variant)
-    return total, "/".join(sorted(variants)) or "-"
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
 
-def cmd_info(args) -> int:
-    from .dataset import SINGLE_SHARD, Dataset
-
-    ds = Dataset(args.source, spec=args.spec)
-    print(f"{ds.source.describe('')}  ({'geometry inferred from files' if ds.spec is None else 'geometry from spec'})")
-    head = f"{'scale':>5} {'key':>10} {'size (x,y,z)':>22} {'resolution':>16} {'shard':>6} {'shards':>7}"
-    print(head + ("" if args.no_chunks else f" {'chunks':>10} {'of grid':>8} index"))
-    for s in ds.scales:
-        stems = ds.shards(s.index)
-        res = "x".join(f"{r:g}" for r in s.resolution)
-        extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
-        line = (f"{s.index:>5} {s.key:>10} {'x'.join(map(str, s.size)):>22} {res:>16} {extent!s:>6} "
-                f"{len(stems):>7}")
-        if not args.no_chunks:
-            n, variant = _count_chunks(ds, s, stems)
-            line += f" {n:>10} {n / s.num_chunk_slots:>8.1%} {variant}"
-        print(line)
-    return 0
+class UsageError(Exception):
+    """A bad command line (raised instead of argparse's exit)."""
 
 
-def cmd_demo(args) -> int:
-    from .demo import run_demo
-
-    run_demo(args.out, size=tuple(args.size), seed=args.seed, png=args.png)
-    return 0
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block, no exit
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def cmd_verify(args) -> int:
-    from .verify import verify
-
-    report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec, progress=not args.quiet)
-    print(report.summary())
-    return 0 if report.ok else 1
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
 
 
-def cmd_consolidate(args) -> int:
-    from .dataset import Dataset
-    from .index import write_consolidated
+def _version() -> str:
+    try:
+        from importlib.metadata import version
 
-    ds = Dataset(args.source, spec=args.spec)
-    scales = ds.scales if args.scale is None else [ds.scale(args.scale)]
-    for s in scales:
-        path, n, shards = write_consolidated(ds, s, args.out)
-        print(f"{s.folder}: {n} chunks in {shards} shards -> {path}")
-    return 0
+        return version("dvidshards")
+    except Exception:  # noqa: BLE001 - not installed: the source tree's version
+        from . import __version__
+
+        return __version__
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; only ``command``'s implementation is imported for its options."""
+    p = _Parser(prog="dvidshards", description="Read, check and index DVID export-shards exports.",
+                epilog="Run 'dvidshards COMMAND --help' for a command's options.")
+    p.add_argument("--version", action="version", version=f"dvidshards {_version()}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, (target, text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=text, description=text)
+        if name == command:
+            _load(target).add_arguments(sp)
+    return p
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and not isinstance(e, DvidShardsError) and e.strerror:
+        where = f"{e.filename}: " if e.filename is not None else ""
+        text = f"{where}{e.strerror}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dvidshards", description="Read DVID export-shards exports.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    def with_source(sp):
-        sp.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
-        sp.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info or inferred)")
-
-    sp = sub.add_parser("info", help="scales, sizes, resolution, shard and chunk counts, index variant")
-    with_source(sp)
-    sp.add_argument("--no-chunks", action="store_true", help="skip counting chunks (reads every index)")
-    sp.set_defaults(func=cmd_info)
-
-    sp = sub.add_parser("demo", help="write a synthetic export, read it back, save a PNG slice")
-    sp.add_argument("--out", help="output folder (default: a new temporary folder)")
-    sp.add_argument("--size", type=int, nargs=3, default=[512, 448, 256], metavar=("X", "Y", "Z"))
-    sp.add_argument("--seed", type=int, default=7)
-    sp.add_argument("--png", help="where to save the slice picture")
-    sp.set_defaults(func=cmd_demo)
-
-    sp = sub.add_parser("verify", help="check an export end to end; exit 1 on problems")
-    with_source(sp)
-    sp.add_argument("--scale", type=int, help="only this scale")
-    sp.add_argument("--decode", action="store_true", help="also decompress and decode every block")
-    sp.add_argument("--quiet", action="store_true", help="no progress bar")
-    sp.set_defaults(func=cmd_verify)
-
-    sp = sub.add_parser("consolidate", help="write one chunk index file per scale for instant opening")
-    with_source(sp)
-    sp.add_argument("--scale", type=int, help="only this scale")
-    sp.add_argument("--out", required=True, help="folder for the index files (never inside the export)")
-    sp.set_defaults(func=cmd_consolidate)
-
-    args = p.parse_args(argv)
+    """Run the command line; returns the exit code (0 ok, 1 problems found, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    command = command if command in COMMANDS else None
     try:
-        return args.func(args)
+        parser = build_parser(command)
+        if not argv:
+            parser.print_help()
+            return EXIT_OK
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError(f"dvidshards: give a command, one of {', '.join(COMMANDS)} "
+                             f"(see dvidshards --help)")
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else EXIT_OK
+    prog = f"dvidshards {args.command}"
+    try:
+        return int(_load(COMMANDS[args.command][0]).main(args))
+    except UsageError as e:
+        text = _one_line(e)
+        print(text if text.startswith(prog) else f"{prog}: {text}", file=sys.stderr)
     except DvidShardsError as e:
-        print(f"dvidshards: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+    except OSError as e:
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- shared checks
+
+
+def progress_wanted(args) -> bool:
+    """Progress bars only on a terminal, and never with --quiet."""
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
+def output_folder(path: str, what: str = "--out", create: bool = True) -> str:
+    """Check before any work that ``path`` is, or can be made, a writable folder (and make it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{what} {path}: exists and is not a folder")
+    if not create:
+        up = os.path.abspath(path)
+        while not os.path.exists(up):
+            up = os.path.dirname(up)
+        if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
+            raise UsageError(f"{what} {path}: cannot create or write the folder here ({up} is not writable)")
+        return path
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {path}: the folder is not writable")
+    return path
+
+
+def output_file(path: str, what: str, suffix: str | None = None) -> str:
+    """Check before any work that a file can be written at ``path`` (its folder exists, writable)."""
+    if suffix and not path.lower().endswith(suffix):
+        raise UsageError(f"{what} {path}: the file name must end in {suffix}")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path}: is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{what} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path}: not writable")
+    return path
+
+
+def _source_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="export root: a folder, gs://, s3://, http(s):// URL or kvstore JSON")
+    p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID's export-shards (JSON file); "
+                                  "default: the export's info file, else geometry inferred from the files")
+
+
+def _scale_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", type=int, metavar="K", help="only scale K (folder sK); default: every scale")
+
+
+# --------------------------------------------------------------------------- commands
+# Thin adapters onto the library: the calls into dataset, verify and consolidated live here only.
+
+
+class Info:
+    """``dvidshards info``."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        _source_arguments(p)
+        p.add_argument("--no-chunks", action="store_true",
+                       help="skip counting chunks (counting reads every shard's index)")
+
+    @staticmethod
+    def main(args) -> int:
+        import warnings
+
+        from .dataset import Dataset
+        from .errors import GeometryWarning
+        from .formats.multiscale import SINGLE_SHARD
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GeometryWarning)  # said in the table instead
+            ds = Dataset(args.source, spec=args.spec)
+        origin = "geometry from spec" if ds.spec is not None else "geometry INFERRED from file names (pass --spec)"
+        print(f"{ds.store.describe('')}  ({origin})")
+        head = f"{'scale':>5} {'key':>10} {'size (x,y,z)':>22} {'resolution':>16} {'shard':>6} {'shards':>7}"
+        print(head + ("" if args.no_chunks else f" {'chunks':>10} {'of grid':>8} index"))
+        for s in ds.scales:
+            origins = ds.shards(s.index)
+            res = "x".join(f"{r:g}" for r in s.resolution) if s.resolution is not None else "unknown"
+            extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
+            mark = "*" if s.inferred else ""
+            line = (f"{s.index:>5} {s.key:>10} {'x'.join(map(str, s.size)) + mark:>22} {res:>16} "
+                    f"{str(extent) + mark:>6} {len(origins):>7}")
+            if not args.no_chunks:
+                n, variants = 0, set()
+                for o in origins:
+                    shard = ds.shard(s.index, o, policy="lazy")
+                    n += len(shard)
+                    variants.add(shard.variant)
+                line += f" {n:>10} {n / s.num_chunk_slots:>8.1%} {'/'.join(sorted(variants)) or '-'}"
+            print(line)
+        if any(s.inferred for s in ds.scales):
+            print("* inferred from the files, not given by a spec")
+        return EXIT_OK
+
+
+class Verify:
+    """``dvidshards verify``."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        _source_arguments(p)
+        _scale_argument(p)
+        p.add_argument("--decode", action="store_true",
+                       help="also decode every block and compare its label list with the record's")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    @staticmethod
+    def main(args) -> int:
+        from .verify import verify
+
+        report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec,
+                        progress=progress_wanted(args))
+        if not report.checked:  # nothing to check is a usage error, never "no problems"
+            why = report.problems[0].message if report.problems else f"no shard files found under {args.source}"
+            raise UsageError(f"dvidshards verify: nothing was checked: {' '.join(why.split())}")
+        print(report.summary())
+        return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+class Consolidate:
+    """``dvidshards consolidate``."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        _source_arguments(p)
+        _scale_argument(p)
+        p.add_argument("--out", required=True, metavar="FOLDER",
+                       help="folder for the index files (created if needed; never inside the export)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    @staticmethod
+    def main(args) -> int:
+        from .consolidated import write_consolidated
+        from .dataset import Dataset
+
+        output_folder(args.out)
+        ds = Dataset(args.source, spec=args.spec)
+        scales = ds.scales if args.scale is None else [ds.scale(args.scale)]
+        for s in scales:
+            path, n, shards = write_consolidated(ds, s, args.out, progress=progress_wanted(args))
+            print(f"{s.folder}: {n} chunks in {shards} shards -> {path}")
+        return EXIT_OK
+
+
+class Demo:
+    """``dvidshards demo``."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        from .demo import DEFAULT_SIZE
+
+        p.add_argument("--out", metavar="FOLDER",
+                       help="keep the export in this folder (default: a temporary folder, removed at the end)")
+        p.add_argument("--size", type=int, nargs=3, default=list(DEFAULT_SIZE), metavar=("X", "Y", "Z"),
+                       help=f"volume size in voxels (default {' '.join(map(str, DEFAULT_SIZE))})")
+        p.add_argument("--seed", type=int, default=7, help="random seed of the synthetic neurons (default 7)")
+        p.add_argument("--png", metavar="FILE",
+                       help="where to save the picture (default: dvidshards-demo.png in the --out folder, "
+                            "else in the current folder)")
+
+    @staticmethod
+    def main(args) -> int:
+        from .demo import check_size, run_demo
+
+        try:
+            size = check_size(args.size)
+        except SpecError as e:
+            raise UsageError(f"dvidshards demo: --size {' '.join(map(str, args.size))}: {e}") from None
+        # every check before any work: nothing is created when an argument is bad
+        if args.out is not None:
+            output_folder(args.out, create=False)
+        if args.png is not None:
+            output_file(args.png, "--png", ".png")
+        elif args.out is None:
+            output_file("dvidshards-demo.png", "the picture (--png)", ".png")
+        png = args.png or os.path.join(args.out or os.curdir, "dvidshards-demo.png")
+        if args.out is not None:
+            output_folder(args.out)
+        result = run_demo(args.out, size=size, seed=args.seed, png=png)
+        return EXIT_OK if result["exact"] else EXIT_PROBLEMS
 
 
 if __name__ == "__main__":
