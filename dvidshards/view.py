@@ -252,6 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "dvidshards-view"
     timeout = 120  # seconds an idle keep-alive connection may hold its thread
+    disable_nagle_algorithm = True  # headers and body go out at once (no 40 ms delayed-ACK stall)
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
