@@ -151,29 +151,50 @@ def test_layers_for_grid(grid, layers):
 # --------------------------------------------------------------------------- kernel
 
 
-def brute_force(vol_xyz, cs):
+def _count_rows(rows: np.ndarray):
+    """Distinct rows (sv, cx, cy, cz)* of an int64 array as tuples, and how often each occurs."""
+    if not len(rows):
+        return [], []
+    cols = []
+    for k in range(rows.shape[1]):  # each column to a dense code, then one int64 key per row
+        u, inv = np.unique(rows[:, k], return_inverse=True)
+        cols.append((u, inv.ravel()))
+    key = np.zeros(len(rows), np.int64)
+    for u, inv in cols:
+        assert (int(key.max()) + 1) * len(u) < 1 << 62
+        key = key * len(u) + inv
+    uk, first, cnt = np.unique(key, return_index=True, return_counts=True)
+    return [tuple(t) for t in rows[first].tolist()], cnt.tolist()
+
+
+def brute_force(vol_xyz, cs, origin=(0, 0, 0)):
     """{((sv, chunk), (sv, chunk)): faces} over 6-connected contacts of different pieces (sorted pairs),
-    and {(sv, chunk): voxels}."""
-    ch = [np.arange(n) // c for n, c in zip(vol_xyz.shape, cs, strict=True)]
-    pairs = Counter()
+    and {(sv, chunk): voxels}; voxel [0, 0, 0] of vol_xyz is at ``origin`` of the chunk grid."""
+    assert vol_xyz.max(initial=0) < 1 << 63
+    vol = vol_xyz.astype(np.int64)
+    ch = [(o + np.arange(n)) // c for o, n, c in zip(origin, vol.shape, cs, strict=True)]
+    rows = [np.zeros((0, 8), np.int64)]
     for ax in range(3):
-        n = vol_xyz.shape[ax]
-        a = np.take(vol_xyz, range(n - 1), axis=ax)
-        b = np.take(vol_xyz, range(1, n), axis=ax)
+        n = vol.shape[ax]
+        a = np.take(vol, range(n - 1), axis=ax)
+        b = np.take(vol, range(1, n), axis=ax)
         ca = [np.take(c, range(n - 1)) if k == ax else c for k, c in enumerate(ch)]
         cb = [np.take(c, range(1, n)) if k == ax else c for k, c in enumerate(ch)]
         cross_chunk = (ca[ax] != cb[ax]).reshape([-1 if k == ax else 1 for k in range(3)])
         m = (a != 0) & (b != 0) & ((a != b) | cross_chunk)
         idx = np.nonzero(m)
-        pa = np.stack([a[idx]] + [ca[k][idx[k]] for k in range(3)], 1)
-        pb = np.stack([b[idx]] + [cb[k][idx[k]] for k in range(3)], 1)
-        for p, q in zip(pa.tolist(), pb.tolist(), strict=True):
-            k1, k2 = (p[0], tuple(p[1:])), (q[0], tuple(q[1:]))
-            pairs[(k1, k2) if k1 < k2 else (k2, k1)] += 1
-    vox = Counter()
-    nz = np.nonzero(vol_xyz)
-    for v, x, y, z in zip(vol_xyz[nz].tolist(), *(c[i] for c, i in zip(ch, nz, strict=True)), strict=True):
-        vox[(v, (int(x), int(y), int(z)))] += 1
+        rows.append(np.stack([a[idx], *(ca[k][idx[k]] for k in range(3)), b[idx], *(cb[k][idx[k]] for k in range(3))],
+                             1))
+    r = np.concatenate(rows)
+    pairs = Counter(dict(zip(*_count_rows(r), strict=True)))
+    canon = Counter()
+    for k, c in pairs.items():
+        p, q = (k[0], k[1:4]), (k[4], k[5:8])
+        canon[(p, q) if p < q else (q, p)] += c
+    pairs = canon
+    nz = np.nonzero(vol)
+    vox = {(k[0], k[1:]): c for k, c in zip(*_count_rows(np.stack([vol[nz], *(c[i] for c, i in zip(ch, nz, strict=True))],
+                                                                        1)), strict=True)}
     return pairs, vox
 
 

@@ -1,0 +1,334 @@
+"""dvidshards.pcg: PCG edges and components files of whole exports, against brute force."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from dvidshards import pcg
+from dvidshards.errors import DvidShardsError
+from dvidshards.formats.mapping import LabelMapping
+from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError
+from tests.conftest import REAL_SHARD
+from tests.formats.test_pcg_format import (
+    brute_force,
+    components_independently,
+    decode_independently,
+)
+
+pytest.importorskip("google.protobuf")
+zstandard = pytest.importorskip("zstandard")
+
+
+def side_table(out):
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(os.path.join(out, "supervoxels.parquet"))
+    assert t.column_names == ["pcg_id", "dvid_supervoxel", "chunk_x", "chunk_y", "chunk_z", "voxels"]
+    return {k: t.column(k).to_numpy() for k in t.column_names}
+
+
+def layout_of(out) -> IdLayout:
+    m = json.loads(open(os.path.join(out, "manifest.json")).read())
+    lay = IdLayout(m["layers"], m["spatial_bits"], m["layer_bits"])
+    assert m["bits_per_dim"] == lay.bits_per_dim and m["counter_bits"] == lay.counter_bits
+    return lay
+
+
+def read_file(out, c):
+    """A chunk's edges decoded with the independent message class (None if there is no file)."""
+    p = os.path.join(out, f"edges_{c[0]}_{c[1]}_{c[2]}.proto.zst")
+    if not os.path.exists(p):
+        return None
+    data = open(p, "rb").read()
+    raw = zstandard.ZstdDecompressor().decompress(data)
+    assert zstandard.get_frame_parameters(data).content_size == len(raw)  # PCG's reader needs it
+    got = decode_independently(raw)
+    lib = pcg.read_chunk_edges(out, c)
+    for t in EDGE_TYPES:
+        for a, b in zip(got[t], lib[t], strict=True):
+            np.testing.assert_array_equal(a, b)
+    return got
+
+
+def check_output(out, ref_vol, origin, cs, chunks, body, piece_of=None):
+    """Compare every chunk file of ``chunks`` with a brute-force reference.
+
+    ref_vol (x, y, z) holds the supervoxels from voxel ``origin`` (in PCG grid voxels, i.e.
+    relative to the volume offset) and must cover every chunk of ``chunks`` plus one voxel.
+    ``body`` maps supervoxel ids to bodies. ``piece_of(pcg_id)`` names pieces of chunks that are
+    not in ``chunks`` (default: the side table must name every piece).
+    """
+    lay = layout_of(out)
+    st = side_table(out)
+    chunks = {tuple(int(v) for v in c) for c in chunks}
+    names = {}
+    for pid, sv, x, y, z, n in zip(*(st[k].tolist() for k in st), strict=True):
+        _, cx, cy, cz, cnt = (int(v[0]) for v in lay.decode([pid]))
+        assert (cx, cy, cz) == (x, y, z) and (x, y, z) in chunks and n > 0
+        names[pid] = (sv, (x, y, z))
+    assert len(names) == len(st["pcg_id"])
+
+    def piece(pid):
+        if pid in names:
+            return names[pid]
+        assert piece_of is not None, f"id {pid} is not in the side table"
+        return piece_of(pid)
+
+    want, want_vox = brute_force(ref_vol, cs, origin)
+    want = {k: v for k, v in want.items() if k[0][1] in chunks or k[1][1] in chunks}
+    want_vox = {k: v for k, v in want_vox.items() if k[1] in chunks}
+    assert {names[p]: n for p, n in zip(st["pcg_id"].tolist(), st["voxels"].tolist(), strict=True)} == want_vox
+    got, seen = {}, Counter()
+    for c in chunks:
+        edges = read_file(out, c)
+        comps = pcg.read_chunk_components(out, c)
+        if edges is None:
+            assert not comps and not any(k[1] == c for k in want_vox)
+            continue
+        nb_ids = set()
+        for t in EDGE_TYPES:
+            n1, n2, aff, area = edges[t]
+            keys = list(zip(n1.tolist(), n2.tolist(), strict=True))
+            assert keys == sorted(keys) and len(set(keys)) == len(keys), t
+            for i, j, a, ar in zip(n1.tolist(), n2.tolist(), aff.tolist(), area.tolist(), strict=True):
+                p, q = piece(i), piece(j)
+                assert p[1] == c, "node_ids1 must lie in the file's chunk"
+                if t == "in":
+                    assert q[1] == c and i < j and p[0] != q[0]
+                else:
+                    assert q[1] != c and int(np.abs(np.subtract(q[1], c)).sum()) == 1
+                    assert (p[0] == q[0]) == (t == "cross")
+                    nb_ids.add(j)
+                k = (p, q) if p < q else (q, p)
+                seen[k] += 1
+                if t == "cross":
+                    assert (a, ar) == (np.inf, 1)
+                    got[k] = want.get(k)
+                else:
+                    assert a == ar  # affinity = contact faces
+                    got[k] = ar
+        # components: the chunk's pieces and the neighbours' pieces of its edges, by body
+        assert all((g[1:] > g[:-1]).all() for g in comps)  # sorted, no repeats
+        mine = [pid for pid, (_, pc) in names.items() if pc == c]
+        members = mine + sorted(nb_ids)
+        by_body = {}
+        for pid in members:
+            by_body.setdefault(int(body(piece(pid)[0])), set()).add(pid)
+        assert {frozenset(g.tolist()) for g in comps} == {frozenset(v) for v in by_body.values()}
+        assert [int(body(piece(int(g[0]))[0])) for g in comps] == sorted(by_body)
+        raw = open(os.path.join(out, f"components_{c[0]}_{c[1]}_{c[2]}.proto"), "rb").read()
+        assert components_independently(raw) == [g.tolist() for g in comps]
+    assert got == want
+    for (p, q), n in seen.items():  # in edges once; between and cross in both chunks' files
+        both = p[1] in chunks and q[1] in chunks
+        assert n == (1 if p[1] == q[1] else (2 if both else 1)), (p, q, n)
+    return got
+
+
+def _body(mapping):
+    m = LabelMapping.from_any(mapping)
+    return lambda sv: m(np.array([sv], np.uint64))[0]
+
+
+def _grid(shape, cs):
+    return [tuple(c) for c in np.ndindex(*(-(-np.asarray(shape) // cs)))]
+
+
+@pytest.mark.parametrize("cs", [(96, 80, 64), (64, 64, 64)])
+def test_synthetic_export_equals_brute_force(tmp_path, synthetic_export, cs):
+    ex = synthetic_export
+    out = tmp_path / "pcg"
+    rep = pcg.write_edges(ex.root, out, cs, spec=ex.spec, progress=False)
+    assert rep.ok and rep.chunks == len(_grid(ex.sv.shape, cs)) and rep.skipped == 0
+    sv = ex.expected(0, "supervoxels")
+    got = check_output(str(out), sv, (0, 0, 0), np.asarray(cs), _grid(sv.shape, cs), _body(ex.mapping))
+    kinds = Counter(("in" if p[1] == q[1] else ("cross" if p[0] == q[0] else "between")) for p, q in got)
+    assert min(kinds["in"], kinds["between"], kinds["cross"]) > 10, kinds  # the volume exercises all three
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["chunk_size"] == list(cs) and m["pieces"] == rep.pieces
+    assert m["voxel_offset"] == [0, 0, 0] and m["layers"] == 4 and m["bits_per_dim"] == 10
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def test_voxel_offset_and_scale(tmp_path, synthetic_export):
+    """The PCG grid starts at the scale's voxel offset; scale 1 of the export."""
+    ex = synthetic_export
+    spec = json.loads(json.dumps(ex.spec))
+    s1 = spec["scales"][1]
+    s1["voxel_offset"] = [32, 0, 16]
+    s1["size"] = [s1["size"][0] - 32, s1["size"][1], s1["size"][2] - 16]
+    cs = np.array([30, 40, 25])
+    rep = pcg.write_edges(ex.root, tmp_path / "o", cs, spec=spec, scale=1, progress=False)
+    assert rep.ok
+    vol = ex.expected(1, "supervoxels")[32:, :, 16:]
+    check_output(str(tmp_path / "o"), vol, (0, 0, 0), cs, _grid(vol.shape, cs), _body(ex.mapping))
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["voxel_offset"] == [32, 0, 16]
+
+
+def test_components_from_a_mapping(tmp_path, synthetic_export):
+    ex = synthetic_export
+    m = ex.mapping.copy()
+    m[::3, 1] = m[0, 1]  # merge some bodies
+    m = m[:-2]  # and leave two supervoxels unmapped (they are their own body)
+    cs = np.array([100, 85, 75])
+    rep = pcg.write_edges(ex.root, tmp_path / "o", cs, spec=ex.spec, labels=m, affinity="default",
+                          progress=False)
+    assert rep.ok
+    lay_edges = pcg.read_chunk_edges(tmp_path / "o", (0, 0, 0))
+    assert (lay_edges["in"][2] == np.finfo(np.float32).tiny).all()
+    body = _body(m)
+    st = side_table(str(tmp_path / "o"))
+    names = dict(zip(st["pcg_id"].tolist(), st["dvid_supervoxel"].tolist(), strict=True))
+    for c in _grid(ex.sv.shape, cs):
+        for g in pcg.read_chunk_components(tmp_path / "o", c):
+            assert len({int(body(names[int(i)])) for i in g}) == 1
+        groups = pcg.read_chunk_components(tmp_path / "o", c)
+        bodies = [int(body(names[int(g[0])])) for g in groups]
+        assert bodies == sorted(set(bodies))
+
+
+def test_resume_and_guards(tmp_path, synthetic_export):
+    ex = synthetic_export
+    cs = (100, 85, 75)
+    out = tmp_path / "o"
+    first = pcg.write_edges(ex.root, out, cs, spec=ex.spec, chunks=[(0, 0, 0), (1, 1, 1)], progress=False)
+    assert first.ok and first.chunks == 2
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".json"}
+    with pytest.raises(PcgError, match="resume"):
+        pcg.write_edges(ex.root, out, cs, spec=ex.spec, progress=False)
+    with pytest.raises(PcgError, match="chunk_size"):
+        pcg.write_edges(ex.root, out, (64, 64, 64), spec=ex.spec, resume=True, progress=False)
+    (out / "edges_1_1_1.proto.zst").unlink()  # an interrupted chunk: its pieces file is written last
+    (out / "pieces" / "1_1_1.npy").unlink()
+    (out / "edges_0_0_0.proto.zst.tmp123").write_bytes(b"partial")  # a crashed writer's leftover
+    rep = pcg.write_edges(ex.root, out, cs, spec=ex.spec, resume=True, progress=False)
+    assert rep.ok and rep.chunks == 8 and rep.skipped == 1
+    assert not (out / "edges_0_0_0.proto.zst.tmp123").exists()  # leftovers of crashed writers are removed
+    for name, data in before.items():
+        if name != "supervoxels.parquet":
+            assert (out / name).read_bytes() == data, name
+    full = pcg.write_edges(ex.root, tmp_path / "fresh", cs, spec=ex.spec, progress=False)
+    for p in (tmp_path / "fresh").iterdir():
+        if p.is_file() and p.suffix != ".json":
+            assert (out / p.name).read_bytes() == p.read_bytes(), p.name  # deterministic output
+    assert full.pieces == rep.pieces
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x").write_text("x")
+    with pytest.raises(PcgError, match="not empty"):
+        pcg.write_edges(ex.root, tmp_path / "junk", cs, spec=ex.spec, progress=False)
+    for k, bad in enumerate(({"affinity": "mean"}, {"level": 30}, {"labels": "supervoxels"},
+                             {"chunks": [(9, 0, 0)]}, {"box": [[0, 0], [1, 1]]})):
+        with pytest.raises(DvidShardsError):
+            pcg.write_edges(ex.root, tmp_path / f"bad{k}", cs, spec=ex.spec, progress=False, **bad)
+        assert not (tmp_path / f"bad{k}").exists()  # nothing written for a bad call
+    with pytest.raises(PcgError, match="chunks per axis"):  # 200 voxels in 1-voxel chunks at 4 spatial bits
+        pcg.write_edges(ex.root, tmp_path / "bad2", (1, 1, 1), spec=ex.spec, layers=3, spatial_bits=4,
+                        progress=False)
+
+
+def test_corrupt_output_files_are_typed(tmp_path):
+    (tmp_path / "edges_0_0_0.proto.zst").write_bytes(b"not zstd")
+    with pytest.raises(PcgError, match="edges_0_0_0"):
+        pcg.read_chunk_edges(tmp_path, (0, 0, 0))
+    (tmp_path / "edges_0_0_1.proto.zst").write_bytes(zstandard.ZstdCompressor().compress(b"\x0a\x09abc"))
+    with pytest.raises(PcgError, match="edges_0_0_1"):
+        pcg.read_chunk_edges(tmp_path, (0, 0, 1))
+    (tmp_path / "components_0_0_0.proto").write_bytes(b"\x0a\x02\x05\x01")
+    with pytest.raises(PcgError, match="components_0_0_0"):
+        pcg.read_chunk_components(tmp_path, (0, 0, 0))
+    assert all(len(a) == 0 for v in pcg.read_chunk_edges(tmp_path, (5, 5, 5)).values() for a in v)
+    assert pcg.read_chunk_components(tmp_path, (5, 5, 5)) == []
+
+
+def test_cli(tmp_path, synthetic_export, capsys):
+    ex = synthetic_export
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(ex.spec))
+    p = argparse.ArgumentParser()
+    pcg.add_arguments(p)
+    args = p.parse_args([ex.root, "--spec", str(spec), "--out", str(tmp_path / "o"), "--chunk-size", "128", "128",
+                         "128", "--box", "0", "0", "0", "100", "100", "100", "--level", "3", "--quiet"])
+    assert pcg.main(args) == 0
+    assert "1 chunks" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "components_0_0_0.proto", "edges_0_0_0.proto.zst", "manifest.json", "pieces", "supervoxels.parquet"]
+
+
+def test_dask_scheduler_matches_serial(tmp_path, synthetic_export):
+    pytest.importorskip("distributed")
+    ex = synthetic_export
+    cs = (100, 85, 75)
+    chunks = [(0, 0, 0), (1, 0, 0), (0, 1, 1)]
+    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks=chunks, progress=False)
+    b = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks=chunks, scheduler="local:1",
+                        progress=False)
+    assert a.ok and b.ok, b.failed
+    for p in (tmp_path / "a").iterdir():
+        if p.is_file() and p.suffix != ".json":
+            assert (tmp_path / "b" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+# --------------------------------------------------------------------------- the real mCNS shard
+
+
+def test_real_shard_equals_brute_force(dvid_data, tmp_path, real_records):
+    """Eight 128³ PCG chunks of the real mCNS shard (scale 1 of the real spec) with their halo."""
+    from dvidshards.formats.codec import decode_block
+
+    root = tmp_path / "export"
+    (root / "s1").mkdir(parents=True)
+    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    cs = np.array([128, 128, 128])
+    chunks = [(x, y, z) for x in (254, 255) for y in (206, 207) for z in (238, 239)]  # the densest part
+    out = tmp_path / "pcg"
+    rep = pcg.write_edges(root, out, cs, spec=spec, scale=1, chunks=chunks, progress=False)
+    assert rep.ok and rep.written == 8, rep.summary()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["layers"] == 12 and m["grid"] == [368, 306, 526]
+
+    # the reference: the records' blocks decoded by the codec into the chunks plus a 1-voxel halo
+    lo = np.array(chunks[0]) * cs - 1
+    hi = (np.array(chunks[-1]) + 1) * cs + 1
+    vol = np.zeros(tuple(hi - lo), np.uint64)
+    svs, body = {}, {}
+    for r in real_records:
+        b = np.array([r["chunk_x"], r["chunk_y"], r["chunk_z"]])
+        svs[tuple(b)] = np.array(r["supervoxels"], np.uint64)
+        for s, lab in zip(r["supervoxels"], r["labels"], strict=True):
+            assert body.setdefault(s, lab) == lab
+        a, e = np.maximum(b * 64, lo), np.minimum(b * 64 + 64, hi)
+        if (e <= a).any():
+            continue
+        blk = decode_block(r["block"]).T  # x, y, z
+        vol[tuple(slice(int(p - q), int(t - q)) for p, t, q in zip(a, e, lo, strict=True))] = \
+            blk[tuple(slice(int(p - q), int(t - q)) for p, t, q in zip(a, e, b * 64, strict=True))]
+    assert vol.any()
+
+    lay = IdLayout(12)
+
+    @functools.cache
+    def id_list(c):  # the naming rule, from the records: sorted union of the overlapping blocks' lists
+        b0, b1 = np.asarray(c) * cs // 64, ((np.asarray(c) + 1) * cs - 1) // 64 + 1
+        parts = [v for k, v in svs.items() if all(p <= x < q for x, p, q in zip(k, b0, b1, strict=True))]
+        u = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        return u[u != 0]
+
+    def piece_of(pid):
+        _, x, y, z, n = (int(v[0]) for v in lay.decode([pid]))
+        return int(id_list((x, y, z))[n - 1]), (x, y, z)
+
+    got = check_output(str(out), vol, lo, cs, chunks, lambda s: body[int(s)], piece_of)
+    assert len(got) > 100
+    st = side_table(str(out))  # the side table follows the same naming rule
+    assert all(piece_of(p) == (s, (x, y, z)) for p, s, x, y, z in
+               zip(*(st[k].tolist() for k in ("pcg_id", "dvid_supervoxel", "chunk_x", "chunk_y", "chunk_z")),
+                   strict=True))
