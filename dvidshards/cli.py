@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from .errors import DvidShardsError, SpecError
 
@@ -81,6 +82,13 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _warning_line(prog: str):
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 problems found, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -102,7 +110,9 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_OK
     prog = f"dvidshards {args.command}"
     try:
-        return int(_load(COMMANDS[args.command][0]).main(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line(prog)
+            return int(_load(COMMANDS[args.command][0]).main(args))
     except UsageError as e:
         text = _one_line(e)
         print(text if text.startswith(prog) else f"{prog}: {text}", file=sys.stderr)
@@ -256,7 +266,7 @@ class Consolidate:
         from .consolidated import write_consolidated
         from .dataset import Dataset
 
-        output_folder(args.out)
+        output_folder(args.out, create=False)  # made by write_consolidated, never inside the export
         ds = Dataset(args.source, spec=args.spec)
         scales = ds.scales if args.scale is None else [ds.scale(args.scale)]
         for s in scales:

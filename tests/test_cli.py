@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import colorsys
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -137,11 +138,21 @@ def test_consolidate(synthetic_export, spec_file, tmp_path, capsys):
 def test_consolidate_bad_out(synthetic_export, spec_file, tmp_path, capsys):
     a_file = tmp_path / "file"
     a_file.write_text("mine")
+    inside = f"{synthetic_export.root}/s0/index"
     for out in ("/proc/dvidshards-unwritable/index", str(a_file), str(a_file / "below"),
-                str(synthetic_export.root) + "/s0"):
+                f"{synthetic_export.root}/s0", inside):
         code, _, err = _run(["consolidate", synthetic_export.root, "--spec", spec_file, "--out", out], capsys)
         assert code == 2 and _one_line(err).startswith("dvidshards consolidate: "), out
     assert a_file.read_text() == "mine"
+    assert not os.path.exists(inside), "nothing may be written into the export"
+
+
+def test_warnings_are_one_line_each(synthetic_export, tmp_path, capsys):
+    code, _, err = _run(["consolidate", synthetic_export.root, "--out", str(tmp_path / "ix"), "--scale", "0"],
+                        capsys)  # no spec: the geometry is guessed, and said so
+    lines = err.strip().splitlines()
+    assert code == 0 and lines and all(line.startswith("dvidshards consolidate: warning: ") for line in lines), err
+    assert any("guessed" in line for line in lines)
 
 
 # --------------------------------------------------------------------------- demo
