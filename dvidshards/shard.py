@@ -45,6 +45,7 @@ from .formats.chunkindex import (
     MAX_BYTE_OFFSET,
     RawIndex,
     ShardIndex,
+    check_coords,
     footer_length,
     pack_key,
     pack_keys,
@@ -466,9 +467,7 @@ class _Eager:
         warnings.warn(f"{self.where}: no chunk index (neither {self.stem}.csv nor a CHUNKIDX footer); rebuilt it "
                       f"from the records' chunk columns ({n} records). `dvidshards consolidate` saves it outside "
                       f"the export", IndexRebuiltWarning, stacklevel=4)
-        from .formats.chunkindex import _check  # noqa: PLC0415  (same package layer)
-
-        _check(coords, self.where)
+        check_coords(coords, self.where)
         return ShardIndex("R", coords, offs[b].astype(np.int64), lens[b].astype(np.int64), r.astype(np.int64))
 
     def _by_offsets(self, index: ShardIndex, layout, schema_len: int, ipc_end: int) -> RecordTable | None:

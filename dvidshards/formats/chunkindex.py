@@ -17,7 +17,7 @@ import pyarrow.csv as pacsv
 
 from ..errors import ChunkIndexError
 
-__all__ = ["FOOTER_MAGIC", "MAX_BYTE_OFFSET", "RawIndex", "ShardIndex", "footer_length", "pack_key", "pack_keys",
+__all__ = ["FOOTER_MAGIC", "MAX_BYTE_OFFSET", "RawIndex", "ShardIndex", "check_coords", "footer_length", "pack_key", "pack_keys",
            "parse_csv", "parse_footer"]
 
 FOOTER_MAGIC = b"CHUNKIDX"
@@ -92,7 +92,7 @@ def _c(c) -> tuple[int, ...]:
     return tuple(int(v) for v in c)
 
 
-def _check(coords: np.ndarray, where: str) -> None:
+def check_coords(coords: np.ndarray, where: str) -> None:
     """Coordinates in range and unique."""
     if coords.size and (coords.min() < 0 or coords.max() >= KEY_LIMIT):
         i = int(np.flatnonzero(((coords < 0) | (coords >= KEY_LIMIT)).any(axis=1))[0])
@@ -142,7 +142,7 @@ def parse_csv(text: bytes, where: str) -> RawIndex:
             raise ChunkIndexError(f"{where}: chunk index has empty fields")
         arrays = {c: _int64s(table.column(c)) for c in cols}
     coords = np.stack([arrays["x"], arrays["y"], arrays["z"]], axis=1).astype(np.int64, copy=False)
-    _check(coords, where)
+    check_coords(coords, where)
     for c in cols[3:]:
         bad = np.flatnonzero((arrays[c] < 0) | (arrays[c] >= MAX_BYTE_OFFSET))
         if bad.size:
@@ -188,5 +188,5 @@ def parse_footer(blob: bytes, chunk_size: tuple[int, int, int], where: str) -> R
             raise ChunkIndexError(f"{where}: CHUNKIDX key {k!r} is not a chunk origin (chunk size {tuple(cs)})")
         coords[i] = vox // cs
         rec[i] = v
-    _check(coords, where)
+    check_coords(coords, where)
     return RawIndex("D", coords, rec=rec)
