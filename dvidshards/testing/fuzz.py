@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -1070,6 +1071,12 @@ def check_export(t: Template, root, bad_box_limit: int = 3) -> dict:
 
     Returns counts of chunk outcomes, the first typed and untyped errors, and verify's verdict.
     """
+    with warnings.catch_warnings():  # e.g. GeometryWarning for exports opened without a spec
+        warnings.simplefilter("ignore")
+        return _check_export(t, root, bad_box_limit)
+
+
+def _check_export(t: Template, root, bad_box_limit: int) -> dict:
     import dvidshards
     from dvidshards.errors import DvidShardsError
 
@@ -1449,13 +1456,15 @@ def plan_requests(templates: list[Template], kind: str, n: int, seed: int, start
 # --------------------------------------------------------------------------- memory cycles
 
 
-def memory_cycles(workdir, cycles: int = 150, warmup: int = 30, seed: int = 0, tracemalloc_top: int = 0) -> dict:
+def memory_cycles(workdir, cycles: int = 150, warmup: int = 30, seed: int = 0, tracemalloc_top: int = 0,
+                  log=None) -> dict:
     """open/read/verify/drop cycles of clean and damaged exports in this process, sampling RSS.
 
     Cycle c uses template ``c % len(templates)``; every third cycle is clean, the others take
     the mutation regions in turn (every shard and CSV region), so all corruption classes recur.
     Returns RSS per cycle (bytes), thread/fd/map counts at the end of warm-up and at the end,
     the classes seen and, with ``tracemalloc_top``, the largest Python allocation growths.
+    ``log``: a file receiving one JSON line per cycle as it ends (survives a crash).
     """
     import tracemalloc
 
@@ -1486,6 +1495,10 @@ def memory_cycles(workdir, cycles: int = 150, warmup: int = 30, seed: int = 0, t
         classes[label][cls] = classes[label].get(cls, 0) + 1
         gc.collect()
         samples.append(rss_bytes())
+        if log is not None:
+            with open(log, "a") as f:
+                f.write(json.dumps({"cycle": c, "template": t.name, "label": label, "class": cls,
+                                    "rss": samples[-1]}) + "\n")
         if c + 1 == warmup:
             counts["warmup"] = _proc_counts()
             if tracemalloc_top:
@@ -1535,6 +1548,7 @@ def main(argv=None) -> int:
     m.add_argument("--warmup", type=int, default=30)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tracemalloc", type=int, default=0)
+    m.add_argument("--log", default=None, help="one JSON line per cycle")
     r = sub.add_parser("repro", help="run one trial in this process and print it")
     r.add_argument("--workdir", required=True)
     r.add_argument("--data", default=None)
@@ -1545,7 +1559,7 @@ def main(argv=None) -> int:
     if not (Path(args.workdir) / "templates").is_dir():
         build_templates(args.workdir, args.data)
     if args.cmd == "memory":
-        res = memory_cycles(args.workdir, args.cycles, args.warmup, args.seed, args.tracemalloc)
+        res = memory_cycles(args.workdir, args.cycles, args.warmup, args.seed, args.tracemalloc, args.log)
         print(json.dumps(res))
         return 0
     kind, seed, trial, name = args.case.split(":")
