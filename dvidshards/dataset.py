@@ -22,7 +22,7 @@ from .errors import DvidShardsError, GeometryWarning, MissingShardError, SpecErr
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
 from .read import ChunkReader, read_box
-from .shard import Shard, load_shard_sync
+from .shard import RecordSource, Shard, load_shard_sync
 from .stores import ByteStore, as_store
 
 __all__ = ["Dataset", "Scale", "open", "shard_origins"]
@@ -42,6 +42,8 @@ def shard_origins(store: ByteStore, folder: str) -> list[tuple[int, int, int]]:
 
 
 def _load_spec(spec, store: ByteStore) -> tuple[dict | None, str]:
+    if spec is None and isinstance(store, RecordSource):
+        raise SpecError(f"{store.describe('')}: give the neuroglancer multiscale spec of these records (spec=...)")
     if spec is None:
         try:
             data = store.read_sync("info")
@@ -93,7 +95,7 @@ class Dataset:
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
-        self.store = as_store(source)
+        self.store = source if isinstance(source, RecordSource) else as_store(source)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):
             from .errors import ChunkIndexError
@@ -103,6 +105,8 @@ class Dataset:
             raise SpecError(f"policy must be 'eager', 'lazy' or None, got {policy!r}")
         self.policy = policy
         res0 = _resolution(resolution, "resolution")
+        if spec is None and isinstance(self.store, RecordSource) and self.store.spec is not None:
+            spec = self.store.spec
         raw, where = _load_spec(spec, self.store)
         if raw is None and self.index is not None:
             from .consolidated import spec_from_consolidated
@@ -216,6 +220,8 @@ class Dataset:
 
             if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
                 return sorted(ConsolidatedIndex(self.index, s.folder).shards)
+        if isinstance(self.store, RecordSource):
+            return sorted(self.store.shard_origins(s))
         try:
             return shard_origins(self.store, s.folder)
         except SpecError:

@@ -56,7 +56,7 @@ from .formats.multiscale import Scale
 from .formats.records import RecordTable
 from .stores.base import ByteStore, PastEndError, drive, run_sync
 
-__all__ = ["POLICIES", "Shard", "ShardCache", "load_shard", "load_shard_sync", "with_chunk"]
+__all__ = ["POLICIES", "RecordSource", "Shard", "ShardCache", "load_shard", "load_shard_sync", "with_chunk"]
 
 POLICIES = ("eager", "lazy")
 _WINDOW, _WINDOW_MAX = 1 << 20, 16 << 20  # stream scan window (lazy, legacy C streams)
@@ -135,7 +135,7 @@ class Shard:
                  layout: ipc.SchemaLayout, schema_size: int, table: RecordTable | None, rebuilt: bool = False):
         self.store = store
         self.key = key
-        self.path = store.describe(key)
+        self.path = store.describe(key) if layout is not None else key
         self.scale = scale
         self.origin = _c(origin)
         self.chunk_size = scale.chunk_size
@@ -151,6 +151,23 @@ class Shard:
         self._make_lookup()
         self.nbytes = int(index.coords.nbytes * 2 + 24 * len(index)
                           + (table.rec.nbytes if table is not None else 0))
+
+    @classmethod
+    def from_records(cls, source, table: RecordTable, scale: Scale, origin) -> Shard:
+        """A shard whose records arrived as a RecordTable (a table, a stream), not as a file.
+
+        The records' own chunk columns are its index: they must be unique and inside the
+        shard's box.  ``source`` is the RecordSource they came from.
+        """
+        from .formats.chunkindex import check_coords as _unique
+
+        coords = np.ascontiguousarray(table.coords, np.int64)
+        _unique(coords, table.path)
+        n = len(coords)
+        zeros = np.zeros(n, np.int64)
+        index = ShardIndex("T", coords, zeros, zeros, np.arange(n, dtype=np.int64))
+        _check_box(index, scale, origin, table.path)
+        return cls(source, table.path, scale, origin, "eager", index, None, 0, table)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -317,6 +334,44 @@ def _concat(parts: list[RecordTable], path: str, chunk_size) -> RecordTable:
     return RecordTable(np.concatenate(recs), (buf, buf, buf), path, chunk_size)
 
 
+class RecordSource:
+    """Block records that do not come as shard files (a table, a Flight stream): the interface.
+
+    A ``Dataset`` over a RecordSource reads, bulk-reads, verifies and converts exactly as over
+    shard files.  Implementations give the multiscale ``spec`` (a neuroglancer multiscale dict),
+    the shard origins holding records, and each shard's records as a ``Shard`` built with
+    ``Shard.from_records``.
+    """
+
+    #: the coroutines complete without waiting (in-memory sources): run them with ``drive``
+    immediate = False
+    mappable = False
+    spec: dict | None = None
+
+    def describe(self, key: str) -> str:
+        """A name for messages."""
+        raise NotImplementedError
+
+    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
+        """Voxel origins of the shards that hold records at a scale."""
+        raise NotImplementedError
+
+    async def load_shard(self, scale: Scale, origin) -> Shard:
+        """The shard's records (MissingShardError when the source has no such shard)."""
+        raise NotImplementedError
+
+    async def exists(self, key: str) -> bool:
+        return False
+
+    def list_sync(self, prefix: str = "") -> list[str]:
+        from .errors import SpecError
+
+        raise SpecError(f"{self.describe(prefix)}: a record source has no folders to list")
+
+    def _sync(self, coro):
+        return drive(coro) if self.immediate else run_sync(coro)
+
+
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -337,6 +392,8 @@ async def load_shard(store: ByteStore, scale: Scale, origin, *, policy: str | No
     index : ShardIndex, optional
         A preloaded index (from a consolidated index) instead of the shard's own.
     """
+    if isinstance(store, RecordSource):
+        return await store.load_shard(scale, origin)
     policy = policy or ("eager" if store.mappable else "lazy")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")

@@ -247,7 +247,13 @@ def normalise_batch(batch, path: str):
 
 def _offsets(arr, path: str, what: str, nvalues: int) -> np.ndarray:
     """An array's value offsets (respecting its slice), checked monotone and within nvalues."""
-    offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    large = pa.types.is_large_binary(arr.type) or pa.types.is_large_list(arr.type)
+    ob = arr.buffers()[1]
+    if ob is None:
+        offs = np.zeros(1, np.int64)
+    else:
+        raw = np.frombuffer(ob, np.int64 if large else np.int32)
+        offs = raw[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
     if len(offs) != len(arr) + 1 or (len(offs) and (offs[0] < 0 or offs[-1] > nvalues)) or \
             (np.diff(offs) < 0).any():
         raise ShardFormatError(f"{path}: column {what!r} has offsets out of order or out of range")
