@@ -45,8 +45,9 @@ from functools import partial
 import numpy as np
 
 from .errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
-from .formats.cseg import is_background, transcode
+from .formats.cseg import transcode_u8
 from .formats.multiscale import SINGLE_SHARD
+from .formats.records import R_NSV
 from .formats.sharding import (
     ShardingSpec,
     compressed_morton_code,
@@ -76,6 +77,8 @@ ZARR_INNER_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}},
                      {"name": "zstd", "configuration": {"level": 3, "checksum": False}}]
 ZARR_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 _NO_CHUNK = np.uint64(2**64 - 1)
+_ZERO8 = bytes(8)
+_U64 = np.dtype(np.uint64)
 
 
 class ConvertPlanError(SpecError):
@@ -486,12 +489,6 @@ class ShardResult:
         self.max_rss_mib = max(self.max_rss_mib, o.max_rss_mib)
 
 
-def _check_block_shape(block: bytes, chunk: int, where: str) -> None:
-    if len(block) >= 12 and struct.unpack("<3I", block[:12]) != (chunk // 8,) * 3:
-        g = struct.unpack("<3I", block[:12])
-        raise BlockDecodeError(f"{where}: block grid {g} sub-blocks is not a {chunk}³ chunk")
-
-
 def _convert_shard(job: _Job, item) -> ShardResult:
     """The task: convert every record of one source shard into its (whole) output shards."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -556,7 +553,8 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
     kv = w.shard_store(sp, fname)
     txn = ts.Transaction()
     kvt = kv.with_transaction(txn)
-    grid = np.asarray(sp.grid)
+    rr = rel[rows]
+    whole = ((rr + 1) * sp.chunk <= np.asarray(sp.size)).all(axis=1).tolist()  # else cut by the bound
     if job.fmt == "precomputed":
         keys = [struct.pack(">Q", int(c)) for c in
                 np.atleast_1d(compressed_morton_code(rel[rows], sp.grid))]
@@ -566,15 +564,17 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
     transcoding = job.fmt == "precomputed" and job.encoder == "transcode"
     gz = job.fmt == "precomputed" and sp.sharding.get("data_encoding") == "gzip"
     written = 0
-    for key, i in zip(keys, rows, strict=True):
-        i = int(i)
-        c = rel[i]
-        whole = bool(((c + 1) * sp.chunk <= np.asarray(sp.size)).all()) and bool((c < grid).all())
-        if transcoding and whole:
-            enc = _transcode_record(w, sp, table, i)
+    nsv = table.rec[:, R_NSV]
+    head = struct.pack("<3I", *(sp.chunk // 8,) * 3)
+    bg_len = 4 + 8 * (sp.chunk // 8) ** 3 + 8  # an all-0 chunk: the header and one table [0]
+    for key, i, full in zip(keys, rows.tolist(), whole, strict=True):
+        if transcoding and full:
+            enc = _transcode_record(w, table, i, head, int(nsv[i]))
+            if len(enc) == bg_len and enc[-8:] == _ZERO8:
+                enc = None
             res.transcoded += 1
         else:
-            enc = _encode_record(w, sp, table, i, c)
+            enc = _encode_record(w, sp, table, i, rel[i])
             res.encoded += 1
         if enc is None:
             res.background += 1
@@ -599,20 +599,21 @@ def _gzip(data: bytes, level: int) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def _transcode_record(w: _Worker, sp: ScalePlan, table, i: int) -> bytes | None:
-    block = table.block(i)
-    where = table.where(i)
+def _transcode_record(w: _Worker, table, i: int, head: bytes, nsv: int) -> bytes:
+    block = table.block(i)  # BlockDecodeError names the file and chunk
     try:
-        _check_block_shape(block, sp.chunk, where)
-        if len(block) >= 16:
-            n = int.from_bytes(block[12:16], "little")
-            nsv = len(table.supervoxels(i))
-            if n != nsv:
-                raise ShardFormatError(f"{where}: its label lists have {nsv} entries, its block has {n} labels")
-        enc = transcode(block, w.labels.palette(table, i))
-    except BlockDecodeError as e:
-        raise BlockDecodeError(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
-    return None if is_background(enc, (sp.chunk,) * 3) else enc
+        if block[:12] != head:
+            raise BlockDecodeError(f"block grid {struct.unpack('<3I', block[:12]) if len(block) >= 12 else ()} "
+                                   f"sub-blocks is not the chunk size {8 * head[0]}³")
+        if int.from_bytes(block[12:16], "little") != nsv:
+            raise ShardFormatError(f"its label lists have {nsv} entries, its block has "
+                                   f"{int.from_bytes(block[12:16], 'little')} labels")
+        pal = w.labels.palette(table, i)
+        if pal is not None and (pal.dtype != _U64 or not pal.flags.c_contiguous):
+            pal = np.ascontiguousarray(pal, _U64)
+        return transcode_u8(np.frombuffer(block, np.uint8), pal)
+    except (BlockDecodeError, ShardFormatError) as e:
+        raise type(e)(f"{table.where(i)}: {e}") from None
 
 
 def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | None:

@@ -18,8 +18,8 @@ single-channel chunk of the block's shape with 8³ blocks:
   each followed by its table unless an identical sorted table was already written, in which case
   the first one is referenced; a table is uint64 values, low word first.
 
-A 1-bit two-label sub-block is a byte-wise bit reversal (inverted when the labels sort the other
-way). The kernel validates the whole block before it reads it (numba does not bounds-check) and
+A 1-bit two-label sub-block is a bit reversal of every byte (inverted when the labels sort the
+other way); 2-bit sub-blocks are remapped 32 voxels at a time on 64-bit words (bit planes). The kernel validates the whole block before it reads it (numba does not bounds-check) and
 releases the GIL.
 """
 
@@ -55,7 +55,7 @@ from .codec import (
     _u64,
 )
 
-__all__ = ["BLOCK", "transcode", "is_background"]
+__all__ = ["BLOCK", "is_background", "transcode", "transcode_u8"]
 
 BLOCK = 8  # compressed_segmentation block size (every axis), as DVID's sub-blocks
 
@@ -83,6 +83,72 @@ def _put32(buf, p, v):
 def _put64(buf, p, v):
     for i in range(8):
         buf[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
+
+
+_M1 = np.uint64(0x5555555555555555)
+_M2 = np.uint64(0x3333333333333333)
+_M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _le64(d, p):
+    w = np.uint64(0)
+    for i in range(8):
+        w |= np.uint64(d[p + i]) << np.uint64(8 * i)
+    return w
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _put_le64(out, p, v):
+    for i in range(8):
+        out[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _scan2(data, q):
+    # bitmask of the 2-bit values of one sub-block, 32 voxels per 64-bit word (bit planes)
+    a0 = np.uint64(0)
+    a1 = np.uint64(0)
+    a2 = np.uint64(0)
+    a3 = np.uint64(0)
+    for k in range(16):
+        w = _le64(data, q + 8 * k)
+        h = (w >> np.uint64(1)) & _M1
+        lo = w & _M1
+        a0 |= ~(h | lo) & _M1
+        a1 |= ~h & lo
+        a2 |= h & ~lo
+        a3 |= h & lo
+    return (np.int64(a0 != 0) | (np.int64(a1 != 0) << 1) | (np.int64(a2 != 0) << 2)
+            | (np.int64(a3 != 0) << 3))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _pack22(data, q, rank, out, pos):
+    # 2-bit MSB-first values -> 2-bit LSB-first ranks, 32 voxels per 64-bit word: reverse the
+    # fields inside each byte, then map each value through rank with bit-plane masks
+    zero = np.uint64(0)
+    ml0 = zero - np.uint64(rank[0] & 1)
+    ml1 = zero - np.uint64(rank[1] & 1)
+    ml2 = zero - np.uint64(rank[2] & 1)
+    ml3 = zero - np.uint64(rank[3] & 1)
+    mh0 = zero - np.uint64((rank[0] >> 1) & 1)
+    mh1 = zero - np.uint64((rank[1] >> 1) & 1)
+    mh2 = zero - np.uint64((rank[2] >> 1) & 1)
+    mh3 = zero - np.uint64((rank[3] >> 1) & 1)
+    for k in range(16):
+        w = _le64(data, q + 8 * k)
+        w = ((w >> np.uint64(4)) & _M4) | ((w & _M4) << np.uint64(4))
+        w = ((w >> np.uint64(2)) & _M2) | ((w & _M2) << np.uint64(2))
+        h = (w >> np.uint64(1)) & _M1
+        lo = w & _M1
+        i0 = ~(h | lo) & _M1
+        i1 = ~h & lo
+        i2 = h & ~lo
+        i3 = h & lo
+        rl = (i0 & ml0) | (i1 & ml1) | (i2 & ml2) | (i3 & ml3)
+        rh = (i0 & mh0) | (i1 & mh1) | (i2 & mh2) | (i3 & mh3)
+        _put_le64(out, pos + 8 * k, rl | (rh << np.uint64(1)))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -118,7 +184,7 @@ def _pack(data, q, b, rank, cb, out, pos):
             out[p + i] = np.uint8((acc >> (8 * i)) & 255)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, inline="always")
 def _rank_table(keys, ks, m, rank, table):
     # sort the m used labels keys[:m] (with their indices ks), deduplicate them into table and
     # set rank[index] = position of its label in table; returns the table length
@@ -254,26 +320,31 @@ def _transcode_kernel(data, pal, use_pal):
         elif c == 2:  # 1 bit, both values valid
             l0 = labs[_u32(data, start)]
             l1 = labs[_u32(data, start + 4)]
-            anyone = 0
-            allone = 255
-            for k in range(64):
-                anyone |= data[q + k]
-                allone &= data[q + k]
+            anyone = np.uint64(0)
+            allone = ~np.uint64(0)
+            for k in range(8):
+                w = _le64(data, q + 8 * k)
+                anyone |= w
+                allone &= w
             if anyone == 0 or l0 == l1:
                 table[0] = l0
-            elif allone == 255:
+            elif allone == ~np.uint64(0):
                 table[0] = l1
             else:
                 nd = 2
                 cb = 1
-                inv = np.uint8(255) if l0 > l1 else np.uint8(0)
+                inv = ~np.uint64(0) if l0 > l1 else np.uint64(0)
                 table[0] = min(l0, l1)
                 table[1] = max(l0, l1)
-                for k in range(64):
-                    out[pos + k] = _REV[data[q + k]] ^ inv
+                for k in range(8):  # reverse the bits of every byte, 8 bytes at a time
+                    w = _le64(data, q + 8 * k)
+                    w = ((w >> np.uint64(1)) & _M1) | ((w & _M1) << np.uint64(1))
+                    w = ((w >> np.uint64(2)) & _M2) | ((w & _M2) << np.uint64(2))
+                    w = ((w >> np.uint64(4)) & _M4) | ((w & _M4) << np.uint64(4))
+                    _put_le64(out, pos + 8 * k, w ^ inv)
         elif b <= 6:  # up to 64 labels: the values that occur as one bitmask
             if b == 2:
-                used = _scan(data, q, 2)
+                used = _scan2(data, q)
             elif b == 3:
                 used = _scan(data, q, 3)
             elif b == 4:
@@ -293,7 +364,9 @@ def _transcode_kernel(data, pal, use_pal):
             nd = _rank_table(keys, ks, m, rank, table)
             cb = _CBITS[nd]
             if cb > 0:
-                if b == 2:
+                if b == 2 and cb == 2:
+                    _pack22(data, q, rank, out, pos)
+                elif b == 2:
                     _pack(data, q, 2, rank, cb, out, pos)
                 elif b == 3:
                     _pack(data, q, 3, rank, cb, out, pos)
@@ -451,6 +524,35 @@ def transcode(block, palette=None) -> bytes:
         code, a, b, out, nbytes = _get_kernel()(d, _as_palette(palette), True)
     if code:
         raise _error(code, a, b, d, None)
+    return out[:nbytes].tobytes()
+
+
+def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
+    """`transcode` without argument conversion (the low-overhead entry point of bulk jobs).
+
+    Parameters
+    ----------
+    data_u8 : numpy.ndarray
+        The uncompressed block, 1-D C-contiguous ``uint8``.
+    palette : numpy.ndarray or None
+        1-D C-contiguous ``uint64``, one entry per block label; None: the block's own labels.
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed or an argument has the wrong type, dtype or layout.
+    """
+    k = _kernel if _kernel is not None else _get_kernel()
+    try:
+        if palette is None:
+            code, a, b, out, nbytes = k(data_u8, _NO_PALETTE, False)
+        else:
+            code, a, b, out, nbytes = k(data_u8, palette, True)
+    except (TypeError, ValueError) as e:  # no matching signature
+        raise BlockDecodeError(f"transcode_u8 takes a 1-D C-contiguous uint8 array and a 1-D C-contiguous "
+                               f"uint64 palette or None ({e})") from None
+    if code:
+        raise _error(code, a, b, data_u8, None)
     return out[:nbytes].tobytes()
 
 

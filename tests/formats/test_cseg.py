@@ -9,7 +9,7 @@ import pytest
 
 from dvidshards.errors import BlockDecodeError
 from dvidshards.formats.codec import decode_block, encode_block
-from dvidshards.formats.cseg import is_background, transcode
+from dvidshards.formats.cseg import is_background, transcode, transcode_u8
 from tests.formats.test_codec import build_block, random_block
 
 
@@ -245,6 +245,19 @@ def test_fuzz_agrees_with_decoder(real_records):
                 transcode(b)
             continue
         check(b)
+
+
+def test_transcode_u8(fib19_block):
+    u8 = np.frombuffer(fib19_block, np.uint8)
+    n = int.from_bytes(fib19_block[12:16], "little")
+    pal = np.arange(5, 5 + n, dtype=np.uint64)
+    assert transcode_u8(u8, None) == transcode(fib19_block)
+    assert transcode_u8(u8, pal) == transcode(fib19_block, pal)
+    for bad in ((u8, pal.astype(np.int64)), (u8[::2], None), (fib19_block, None), (u8, pal[::2])):
+        with pytest.raises(BlockDecodeError):
+            transcode_u8(*bad)
+    with pytest.raises(BlockDecodeError, match="palette has"):
+        transcode_u8(u8, pal[:-1])
 
 
 def test_arguments():

@@ -1,0 +1,399 @@
+"""Converting an export to neuroglancer precomputed / zarr v3 (issue 17): dvidshards vs peers.
+
+Run from the project root::
+
+    python benchmarks/bench_convert.py [--quick] [--workdir DIR] [--data DIR]
+
+Data (built once in the work directory; blocks of the real mCNS shard reused cyclically for the
+large shards, geometry of mCNS scale 1):
+
+* ``real``: the real mCNS shard, 258 chunks;
+* ``syn512``: a 512³ synthetic neuron-like export (one shard of 512 chunks);
+* ``1024``, ``16384``, ``32768``: one shard of that many chunks.
+
+Every measurement runs in a fresh Python process, serially, one after the other; CPU is the
+process's user + system time (all threads), peak RSS the kernel's high-water mark. Variants:
+
+* ``dvidshards``: ``dvidshards.convert.convert`` in the process (scheduler None), precomputed
+  with gzip chunk data (level 1, the default) or raw, or zarr3;
+* ``dvidshards, TS encoder``: ``encoder="tensorstore"`` (decode + TensorStore's encoder);
+* ``commit-every-100 loop``: tensorstore-export's way, written here from its description (its
+  reader is not a dependency): the whole shard loaded in memory with pyarrow, then per chunk
+  zstd-decompress, decode (dvidshards' decoder), transpose, write through TensorStore's
+  ``neuroglancer_precomputed`` driver inside a ``ts.Transaction`` committed every 100 chunks.
+  Its output uses the export's spec as given (raw chunk data, as tensorstore-export writes);
+* ``floor``: zstd-decompress every record and write its already-encoded chunk (computed before
+  the clock starts) through the same staged route, one kvstore transaction per shard, with the
+  same gzip (or raw) as the pipeline; no encode;
+* ``TS staged from memory`` (zarr3): the voxels already decoded in memory, each chunk encoded
+  by TensorStore (unsharded in-memory array) and written through ``zarr3_sharding_indexed``
+  in one transaction per shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common as C
+
+CHUNKS_MCNS = 587_000_000
+PEER_CORE_HOURS = 1015
+SHARD = (30720, 24576, 28672)  # the real shard's origin (mCNS scale 1)
+
+
+# --------------------------------------------------------------------------- data sets
+
+
+def slab_export(workdir: Path, data: Path, n: int, log=print) -> Path:
+    """One mCNS-scale-1 shard holding the first n chunks (z slowest) of its 32³ box."""
+    from dvidshards.writer import write_shard
+
+    if n == 32768:
+        return C.big_shard_export(workdir, data, log=log)
+    params = {"kind": f"slab-{n}", "version": 1}
+    folder = workdir / f"slab-{n}"
+    if C._fresh(folder, params):
+        return folder
+    C._reset(folder)
+    (folder / "s1").mkdir()
+    records = C.real_records(data)
+    lo = [v // C.CHUNK for v in SHARD]
+    write_shard(folder / "s1" / "{}_{}_{}".format(*SHARD),
+                itertools.islice(C.full_shard_records(records, lo), n))
+    C._done(folder, params)
+    return folder
+
+
+def datasets(workdir: Path, data: Path, quick: bool) -> list[dict]:
+    spec = C.mcns_spec(data)
+    out = [{"name": "real", "root": str(C.real_export(workdir, data)), "spec": spec, "scale": 1}]
+    pair = C.synthetic_pair(workdir, 256 if quick else 512)
+    out.append({"name": f"syn{pair.shape[0]}", "root": str(pair.export), "spec": pair.spec, "scale": 0})
+    for n in ((1024,) if quick else (1024, 16384, 32768)):
+        out.append({"name": str(n), "root": str(slab_export(workdir, data, n)), "spec": spec, "scale": 1})
+    return out
+
+
+# --------------------------------------------------------------------------- children
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _warm(ds, scale) -> None:
+    """Load the numba kernels (from numba's cache) before the clock starts."""
+    import numpy as np
+
+    from dvidshards.formats.codec import decode_block
+    from dvidshards.formats.cseg import transcode
+
+    t = ds.shard(scale, ds.shards(scale)[0]).table(np.arange(1))
+    transcode(t.block(0), t.labels(0))
+    decode_block(t.block(0), t.labels(0))
+
+
+def child_dvid(d: dict, out: Path, fmt: str, data_encoding: str, encoder: str, extra: int) -> dict:
+    import dvidshards
+    from dvidshards.convert import convert
+
+    ds = dvidshards.Dataset(d["root"], spec=d["spec"])
+    _warm(ds, d["scale"])
+    base = C.rss()
+    C.reset_peak_rss()
+    c0, t0 = _cpu(), time.perf_counter()
+    rep = convert(ds, out, fmt, scales=[d["scale"]], data_encoding=data_encoding, encoder=encoder,
+                  shard_bits_extra=extra, progress=False)
+    assert rep.ok, rep.summary()
+    return {"chunks": rep.totals.written, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0,
+            "base": base, "peak": C.peak_rss(), "bytes": C._du(out), "shards": rep.totals.shards_written}
+
+
+def child_loop(d: dict, out: Path) -> dict:
+    """tensorstore-export's worker: whole shard in memory, commit every 100 chunks."""
+    import numpy as np
+    import pyarrow as pa
+    import tensorstore as ts
+    import zstandard
+
+    from dvidshards.formats.codec import decode_block
+
+    sc = d["spec"]["scales"][d["scale"]]
+    spec = C.precomputed_spec(out, sc)  # the export's sharding, raw chunk data
+    folder = Path(d["root"]) / f"s{d['scale']}"
+    path = next(folder.glob("*.arrow"))
+    dctx = zstandard.ZstdDecompressor()
+    with pa.OSFile(str(path)) as f:
+        first = next(iter(pa.ipc.open_stream(f)))
+    decode_block(dctx.decompress(first.column("dvid_compressed_block")[0].as_py()))  # numba loaded
+    base = C.rss()
+    C.reset_peak_rss()
+    c0, t0 = _cpu(), time.perf_counter()
+    with pa.OSFile(str(path)) as f:
+        table = pa.ipc.open_stream(f).read_all()  # the whole shard in memory
+    cols = table.to_pydict()
+    store = ts.open(spec, create=True, context=C.context()).result()[ts.d["channel"][0]]
+    txn = ts.Transaction()
+    n = 0
+    for i in range(table.num_rows):
+        block = dctx.decompress(cols["dvid_compressed_block"][i])
+        vol = decode_block(block, np.asarray(cols["labels"][i], np.uint64))
+        x, y, z = (64 * cols[k][i] for k in ("chunk_x", "chunk_y", "chunk_z"))
+        store.with_transaction(txn)[x:x + 64, y:y + 64, z:z + 64].write(vol.transpose(2, 1, 0)).result()
+        n += 1
+        if n % 100 == 0:
+            txn.commit_async().result()
+            txn = ts.Transaction()
+    txn.commit_async().result()
+    return {"chunks": n, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0, "base": base,
+            "peak": C.peak_rss(), "bytes": C._du(out)}
+
+
+def _encoded(d: dict, ds, plan):
+    """Each record's final chunk bytes, computed before the clock (distinct payloads once)."""
+    from dvidshards.formats.cseg import transcode
+
+    cache, out = {}, []
+    for o in ds.shards(d["scale"]):
+        t = ds.shard(d["scale"], o).table()
+        for i in range(len(t)):
+            p = bytes(t.payload(i))
+            if p not in cache:
+                cache[p] = transcode(t.block(i), t.labels(i))
+            out.append(cache[p])
+    return out
+
+
+def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -> dict:
+    """zstd decompression + the staged kvstore write of already-encoded chunks, no encode."""
+    import struct
+
+    import numpy as np
+    import tensorstore as ts
+    import zstandard
+
+    import dvidshards
+    from dvidshards.convert import _gzip, plan_scale
+    from dvidshards.formats.sharding import compressed_morton_code
+
+    ds = dvidshards.Dataset(d["root"], spec=d["spec"])
+    plan = plan_scale(ds.scale(d["scale"]), "precomputed", data_encoding=data_encoding)
+    encoded = _encoded(d, ds, plan)
+    meta = dict(plan.sharding) if ts_gzip else {**plan.sharding, "data_encoding": "raw"}
+    gz = data_encoding == "gzip" and not ts_gzip
+    dctx = zstandard.ZstdDecompressor()
+    base = C.rss()
+    C.reset_peak_rss()
+    c0, t0 = _cpu(), time.perf_counter()
+    kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{out}/{plan.key}/",
+                          "metadata": meta}, context=C.context()).result()
+    n = 0
+    for o in ds.shards(d["scale"]):
+        t = ds.shard(d["scale"], o).table()
+        keys = np.atleast_1d(compressed_morton_code(t.coords - plan.chunk_offset, plan.grid))
+        txn = ts.Transaction()
+        kvt = kv.with_transaction(txn)
+        for i in range(len(t)):
+            dctx.decompress(t.payload(i))
+            v = encoded[n]
+            kvt.write(struct.pack(">Q", int(keys[i])), _gzip(v, 1) if gz else v)
+            n += 1
+        txn.commit_async().result()
+    return {"chunks": n, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0, "base": base,
+            "peak": C.peak_rss(), "bytes": C._du(out)}
+
+
+def child_zarr_ts(d: dict, out: Path) -> dict:
+    """TensorStore writing the same voxels from memory by the staged route (zarr3)."""
+    import struct
+
+    import numpy as np
+    import tensorstore as ts
+
+    import dvidshards
+    from dvidshards.convert import (
+        ZARR_INDEX_CODECS,
+        _create_output,
+        _kvstore_json,
+        _Stager,
+        _sub,
+        plan_scale,
+    )
+    from dvidshards.formats.codec import decode_block
+
+    ds = dvidshards.Dataset(d["root"], spec=d["spec"])
+    plan = plan_scale(ds.scale(d["scale"]), "zarr3")
+    ctx = C.context()
+    vols, cache = [], {}
+    for o in ds.shards(d["scale"]):
+        t = ds.shard(d["scale"], o).table()
+        for i in range(len(t)):
+            p = bytes(t.payload(i))
+            if p not in cache:
+                cache[p] = decode_block(t.block(i), t.labels(i))
+            vols.append((o, t.coords[i] - plan.chunk_offset, cache[p]))
+    kvj = _kvstore_json(out)
+    _create_output(kvj, "zarr3", [plan], ctx)
+    stager = _Stager("zarr3", plan, ctx)
+    stager.encode(vols[0][1], vols[0][2])
+    base = C.rss()
+    C.reset_peak_rss()
+    c0, t0 = _cpu(), time.perf_counter()
+    by_shard: dict = {}
+    for _o, rel, vol in vols:
+        by_shard.setdefault(tuple((rel // plan.shard_chunks).tolist()), []).append((rel, vol))
+    n = 0
+    for sh, items in by_shard.items():
+        kv = ts.KvStore.open({"driver": "zarr3_sharding_indexed",
+                              "base": _sub(kvj, "{}/c/{}/{}/{}".format(plan.key, *sh)),
+                              "grid_shape": list(plan.shard_chunks), "index_codecs": ZARR_INDEX_CODECS,
+                              "index_location": "end"}, context=ctx).result()
+        txn = ts.Transaction()
+        kvt = kv.with_transaction(txn)
+        for rel, vol in items:
+            enc = stager.encode(rel, vol)
+            kvt.write(struct.pack(">III", *(int(v) for v in np.asarray(rel) % plan.shard_chunks)), enc)
+            n += 1
+        txn.commit_async().result()
+    return {"chunks": n, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0, "base": base,
+            "peak": C.peak_rss(), "bytes": C._du(out)}
+
+
+def child(args: list[str]) -> None:
+    kind, dj, out = args[0], json.loads(args[1]), Path(args[2])
+    opts = json.loads(args[3])
+    if kind == "dvid":
+        r = child_dvid(dj, out, **opts)
+    elif kind == "loop":
+        r = child_loop(dj, out)
+    elif kind == "floor":
+        r = child_floor(dj, out, **opts)
+    else:
+        r = child_zarr_ts(dj, out)
+    print(json.dumps(r))
+
+
+def run(kind: str, d: dict, workdir: Path, **opts) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="conv-out-", dir=workdir))
+    shutil.rmtree(out)
+    try:
+        cmd = [sys.executable, __file__, "--child", kind, json.dumps(d), str(out), json.dumps(opts)]
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if r.returncode:
+            raise SystemExit(f"child failed: {kind} {d['name']} {opts}\n{r.stderr[-3000:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    p = C.parser(__doc__.split("\n")[0])
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(args.child)
+        return 0
+    data = C.require_real_data(args.data)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    C.header("dvidshards convert vs tensorstore-export's loop and the floor (issue 17)")
+    sets = datasets(args.workdir, data, args.quick)
+    res: dict = {}
+
+    def m(name, label, kind, **opts):
+        r = run(kind, d, args.workdir, **opts)
+        res[(name, label)] = r
+        print(f"  {name:>6} {label:<34} {r['chunks']:>6} chunks  {1e3 * r['cpu'] / r['chunks']:7.3f} CPU ms/chunk"
+              f"  peak {r['peak'] / C.MIB:7.0f} MiB  ({C.load_text()})", flush=True)
+
+    for d in sets:
+        name = d["name"]
+        m(name, "dvidshards precomputed gzip", "dvid", fmt="precomputed", data_encoding="gzip",
+          encoder="transcode", extra=0)
+        m(name, "dvidshards precomputed raw", "dvid", fmt="precomputed", data_encoding="raw",
+          encoder="transcode", extra=0)
+        m(name, "floor gzip", "floor", data_encoding="gzip")
+        m(name, "floor raw", "floor", data_encoding="raw")
+        if name == "32768":
+            m(name, "dvidshards precomputed gzip, extra 2", "dvid", fmt="precomputed", data_encoding="gzip",
+              encoder="transcode", extra=2)
+            continue
+        m(name, "commit-every-100 loop (raw)", "loop")
+        if name != "16384":
+            m(name, "dvidshards, TS encoder, raw", "dvid", fmt="precomputed", data_encoding="raw",
+              encoder="tensorstore", extra=0)
+        if name == "1024":
+            m(name, "floor, TensorStore's gzip", "floor", data_encoding="gzip", ts_gzip=True)
+        m(name, "dvidshards zarr3", "dvid", fmt="zarr3", data_encoding="raw", encoder="transcode", extra=0)
+        m(name, "zarr3 TS staged from memory", "zarr_ts")
+
+    def cpc(name, label):
+        r = res.get((name, label))
+        return None if r is None else r["cpu"] / r["chunks"]
+
+    rows = []
+    for (name, label), r in res.items():
+        c = r["cpu"] / r["chunks"]
+        loop = cpc(name, "commit-every-100 loop (raw)")
+        floor = cpc(name, "floor gzip" if "gzip" in label and "floor" not in label else "floor raw")
+        rows.append([name, label, r["chunks"], f"{r['chunks'] / r['wall']:.0f}", f"{1e3 * c:.3f}",
+                     f"{r['peak'] / C.MIB:.0f}", f"{r['base'] / C.MIB:.0f}",
+                     f"{loop / c:.1f}x" if loop and "loop" not in label else "",
+                     f"{c / floor:.2f}x" if floor and label.startswith("dvidshards precomputed") else ""])
+    C.table(["shard", "variant", "chunks", "chunks/s", "CPU ms/chunk", "peak RSS MiB", "base RSS MiB",
+             "loop CPU / this", "this / floor"], rows, "Per variant (each in a fresh process, serial)")
+
+    verdicts = []
+    for n_, need in (("16384", 10.0), ("1024", 5.0)):
+        for enc in ("raw", "gzip"):
+            a, b = cpc(n_, f"dvidshards precomputed {enc}"), cpc(n_, "commit-every-100 loop (raw)")
+            if a and b:
+                verdicts.append([f"precomputed {enc}: loop CPU / dvidshards at {n_} chunks >= {need:g}x",
+                                 f"{b / a:.1f}x", C.verdict(b / a >= need)])
+    for d in sets:
+        for enc in ("gzip", "raw"):
+            a, b = cpc(d["name"], f"dvidshards precomputed {enc}"), cpc(d["name"], f"floor {enc}")
+            if a and b:
+                verdicts.append([f"{enc}: dvidshards / floor <= 1.5x ({d['name']})", f"{a / b:.2f}x",
+                                 C.verdict(a / b <= 1.5)])
+    for enc in ("gzip", "raw"):
+        a, b = cpc("16384", f"dvidshards precomputed {enc}"), cpc("1024", f"dvidshards precomputed {enc}")
+        if a and b:
+            verdicts.append([f"{enc}: CPU/chunk at 16,384 <= 1.2x at 1,024", f"{a / b:.2f}x", C.verdict(a / b <= 1.2)])
+    for d in sets:
+        a, b = cpc(d["name"], "dvidshards zarr3"), cpc(d["name"], "zarr3 TS staged from memory")
+        if a and b:
+            verdicts.append([f"zarr3: dvidshards / TS staged from memory <= 1.3x ({d['name']})", f"{a / b:.2f}x",
+                             C.verdict(a / b <= 1.3)])
+    for label in ("dvidshards precomputed gzip", "dvidshards precomputed gzip, extra 2"):
+        r = res.get(("32768", label))
+        if r:
+            verdicts.append([f"peak RSS, 32,768-chunk shard, {label.replace('dvidshards precomputed ', '')}",
+                             f"{r['peak'] / C.MIB:.0f} MiB", "stated" if "extra" not in label else
+                             C.verdict(r["peak"] <= C.GIB)])
+    big = next((s for s in ("32768", "16384", "1024") if cpc(s, "dvidshards precomputed gzip")), None)
+    if big:
+        for enc in ("gzip", "raw"):
+            c = cpc(big, f"dvidshards precomputed {enc}")
+            hours = CHUNKS_MCNS * c / 3600
+            verdicts.append([f"projection, mCNS {CHUNKS_MCNS / 1e6:.0f} M chunks, {enc} (CPU/chunk at {big})",
+                             f"{hours:.0f} core-hours (peer ~{PEER_CORE_HOURS})", C.verdict(hours < 100)])
+    C.table(["target", "measured", "verdict"], verdicts, "Targets")
+    print(f"load average at end: {C.load_text()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
