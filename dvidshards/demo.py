@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -47,12 +48,9 @@ def check_size(size) -> tuple[int, int, int]:
 def _box(size) -> tuple[slice, slice, slice]:
     """The region read back: the middle ~65 % of each axis (crossing shard boundaries when the
     volume spans several shards)."""
-    out = []
-    for n in size:
-        lo = n // 10
-        hi = max(lo + 1, -(-n * 3 // 4))
-        out.append(slice(lo, min(hi, n)))
-    return tuple(out)
+    lo = [n // 10 for n in size]
+    hi = [min(n, max(a + 1, -(-n * 3 // 4))) for a, n in zip(lo, size, strict=True)]
+    return slice(lo[0], hi[0]), slice(lo[1], hi[1]), slice(lo[2], hi[2])
 
 
 def label_colors(labels: np.ndarray) -> np.ndarray:
@@ -237,7 +235,7 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
 
     size = check_size(size)
     temporary = out_dir is None
-    root = tempfile.mkdtemp(prefix="dvidshards-demo-") if temporary else os.fspath(out_dir)
+    root = tempfile.mkdtemp(prefix="dvidshards-demo-") if out_dir is None else os.fspath(out_dir)
     try:
         export = os.path.join(root, "export")
         t = time.perf_counter()
@@ -254,7 +252,7 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
 
         box = _box(size)
         m = LabelMapping.from_any(mapping)
-        result = {"export": None if temporary else export, "spec": spec, "box": box, "seconds": {}, "png": None}
+        result: dict[str, Any] = {"export": None if temporary else export, "spec": spec, "box": box, "seconds": {}, "png": None}
         exact = True
         for labels in ("agglomerated", "supervoxels"):
             # DVID writes no shard file where every block is background: read those as 0

@@ -295,7 +295,7 @@ class _ShardFileWriter:
     def _csv(self) -> str:
         if self.index == "A":
             head = [f"# schema_size={self.schema_size}", "x,y,z,offset,size,batch_idx"]
-            cols = ("x", "y", "z", "offset", "size", "batch_idx")
+            cols: tuple[str, ...] = ("x", "y", "z", "offset", "size", "batch_idx")
         elif self.index == "B":
             head = [f"# schema_size={self.schema_size}", "x,y,z,rec,offset,size"]
             cols = ("x", "y", "z", "rec", "offset", "size")
@@ -492,6 +492,7 @@ class _Volume:
     def as_tensorstore(self) -> ts.TensorStore:
         if self.store is not None:
             return self.store
+        assert self.array is not None
         return ts.array(self.array)  # references the numpy data when it can
 
     def read(self, lo: Sequence[int], hi: Sequence[int]) -> np.ndarray:
@@ -499,6 +500,7 @@ class _Volume:
         if self.store is not None:
             out = self.store[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].read().result()
         else:
+            assert self.array is not None
             out = self.array[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
         if self.signed and out.size and out.min() < 0:
             raise SpecError("volume holds negative labels")

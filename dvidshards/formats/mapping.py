@@ -530,7 +530,7 @@ def _read_text(f, head: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
     # fast path: from the first data line on, plain "id<sep>id" lines straight into pyarrow
     raw = np.frombuffer(head, np.uint8)[bom:]
     clean = np.empty_like(raw)
-    where = _layout(memoryview(clean)[:_normalise(raw, clean)])
+    where = _layout(clean[:_normalise(raw, clean)].data)
     if where is None and len(head) < _SNIFF:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     if where is not None:
@@ -551,7 +551,7 @@ def _read_text(f, head: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
     clean = np.empty(raw.shape[0] - bom, np.uint8)
     clean = clean[:_normalise(raw[bom:], clean)]
     del raw
-    where = _layout(memoryview(clean))
+    where = _layout(clean.data)
     if where is None:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     pos, line, delim = where
