@@ -26,7 +26,7 @@ import numpy as np
 import zstandard
 
 import dvidshards
-from dvidshards.sources import LocalSource
+from dvidshards.stores import LocalStore
 
 GRID = 32  # chunks per axis: 32,768 slots, one chunk per shard
 POOL = 30000
@@ -92,21 +92,21 @@ def build(workdir, counts, log=print) -> dict[int, C.Path]:
 
 
 class Listings:
-    """Counts LocalSource.list calls (folder listings)."""
+    """Counts LocalStore.list calls (folder listings)."""
 
     def __enter__(self):
         self.n = 0
-        self._orig = LocalSource.list
+        self._orig = LocalStore.list
 
-        def counted(src, prefix=""):
+        async def counted(src, prefix=""):
             self.n += 1
-            return self._orig(src, prefix)
+            return await self._orig(src, prefix)
 
-        LocalSource.list = counted
+        LocalStore.list = counted
         return self
 
     def __exit__(self, *exc):
-        LocalSource.list = self._orig
+        LocalStore.list = self._orig
 
 
 _CHILD = r"""

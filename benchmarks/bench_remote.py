@@ -4,7 +4,7 @@ Run from the project root::
 
     python benchmarks/bench_remote.py [--size 256] [--shard-chunks 2] [--batch-size 4] [--latency-ms 20]
 
-Starts its own servers on 127.0.0.1 (the Range-honouring HTTP server of ``tests/servers.py``,
+Starts its own servers on 127.0.0.1 (the Range-honouring HTTP server of ``dvidshards.testing.servers``,
 once as is and once answering every request after ``--latency-ms``, and moto's S3 server),
 writes a synthetic export, then prints one table:
 
@@ -14,7 +14,9 @@ writes a synthetic export, then prints one table:
 * volume: the whole scale 0 in one read (fresh store): seconds, chunks/s, decoded MB/s, requests
   and MB fetched, and the time relative to local.
 
-Requests and bytes are counted by the ``KvStoreSource`` (each attempt TensorStore reports).
+Requests and bytes are counted by the ``KvStore`` byte store (``stores/kvstore.py``: each read
+attempt it issues through TensorStore, and the bytes returned); for http the server's own request
+count is printed too ("server req"), as a check on TensorStore batching or retries.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import common as C  # noqa: E402
+
 import dvidshards  # noqa: E402
-from dvidshards.remote import KvStoreSource  # noqa: E402
+from dvidshards.stores.kvstore import KvStore  # noqa: E402
+from dvidshards.testing.servers import MotoS3, RangeServer  # noqa: E402
 from dvidshards.testing.synthetic import neuron_volume  # noqa: E402
 from dvidshards.writer import write_export  # noqa: E402
-from tests.servers import MotoS3, RangeServer  # noqa: E402
 
 
 def chunk_lists(export: Path, folder: str = "s0") -> list[list[tuple[int, int, int]]]:
@@ -54,19 +58,22 @@ def read_chunk(store, c) -> np.ndarray:
     return store[x:x + 64, y:y + 64, z:z + 64].read(order="F").result()
 
 
-def measure(name: str, make, chunks, repeat: int) -> dict:
+def measure(name: str, make, chunks, repeat: int, server: RangeServer | None = None) -> dict:
     """Cold and warm single chunks, then whole-volume throughput, for one source."""
     row = {"source": name}
     store, src = make()
     counts = []
     for kind, pick in (("cold", 0), ("warm", 1)):
         before = dict(src.stats) if src else None
+        seen = server.total_requests if server else 0
         for shard in chunks:
             read_chunk(store, shard[pick])
         if src:
             n = len(chunks)
             row[f"{kind}_req"] = (src.stats["requests"] - before["requests"]) / n
             row[f"{kind}_kib"] = (src.stats["bytes"] - before["bytes"]) / n / 1024
+        if server:
+            row[f"{kind}_sreq"] = (server.total_requests - seen) / len(chunks)
     times = []
     for _ in range(repeat):
         store, src = make()
@@ -98,7 +105,7 @@ def real_shard(data: Path, tmp: Path) -> list[str] | None:
     lines = []
     with RangeServer(export) as srv:
         for name in ("local", "http"):
-            src = KvStoreSource.from_url(srv.url) if name == "http" else None
+            src = KvStore.from_url(srv.url) if name == "http" else None
             store = dvidshards.open(src or export, scale=1, spec=spec)
             t0 = time.perf_counter()
             for c in chunks:
@@ -137,6 +144,8 @@ def main() -> None:
         shards = sorted((export / "s0").glob("*.arrow"))
         chunks = chunk_lists(export)
         size = sum(p.stat().st_size for p in shards)
+        print(C.machine())
+        print()
         print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
               f"{platform.python_version()}; export {args.size}^3, {len(shards)} shards at s0 "
               f"({size / 1e6:.2f} MB, {args.shard_chunks}^3 chunks per shard, {args.batch_size} records per "
@@ -155,24 +164,26 @@ def main() -> None:
             rows = [
                 measure("local", lambda: (dvidshards.open(export, fill_missing_shards=True), None), chunks,
                         args.repeat),
-                measure("http", remote(lambda: KvStoreSource.from_url(fast.url)), chunks, args.repeat),
-                measure(f"http +{args.latency_ms:g} ms", remote(lambda: KvStoreSource.from_url(slow.url)), chunks,
-                        args.repeat),
-                measure("s3 (moto)", remote(lambda: KvStoreSource(s3.spec("bench", "export/"))), chunks,
+                measure("http", remote(lambda: KvStore.from_url(fast.url)), chunks, args.repeat, fast),
+                measure(f"http +{args.latency_ms:g} ms", remote(lambda: KvStore.from_url(slow.url)), chunks,
+                        args.repeat, slow),
+                measure("s3 (moto)", remote(lambda: KvStore(s3.spec("bench", "export/"))), chunks,
                         args.repeat),
             ]
         real = real_shard(args.data, Path(tmp))
     assert len({r["checksum"] for r in rows}) == 1, "remote and local volumes differ"
     base = rows[0]["time"]
-    cols = ["source", "cold chunk: req", "KiB", "warm chunk: req", "KiB", "volume s", "chunks/s", "MB/s", "req",
-            "MB fetched", "time vs local"]
+    cols = ["source", "cold chunk: req", "server req", "KiB", "warm chunk: req", "server req", "KiB", "volume s",
+            "chunks/s", "MB/s", "req", "MB fetched", "time vs local"]
     table = []
     for r in rows:
         net = "cold_req" in r
         table.append([
             r["source"],
-            f"{r['cold_req']:.1f}" if net else "-", f"{r['cold_kib']:.1f}" if net else "-",
-            f"{r['warm_req']:.1f}" if net else "-", f"{r['warm_kib']:.1f}" if net else "-",
+            f"{r['cold_req']:.1f}" if net else "-", f"{r['cold_sreq']:.1f}" if "cold_sreq" in r else "-",
+            f"{r['cold_kib']:.1f}" if net else "-",
+            f"{r['warm_req']:.1f}" if net else "-", f"{r['warm_sreq']:.1f}" if "warm_sreq" in r else "-",
+            f"{r['warm_kib']:.1f}" if net else "-",
             f"{r['time']:.3f}", f"{r['chunks_s']:.0f}", f"{r['mb_s']:.0f}",
             str(r["vol_req"]) if net else "-", f"{r['vol_mb']:.3f}" if net else "-", f"{r['time'] / base:.2f}x",
         ])

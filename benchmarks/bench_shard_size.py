@@ -12,7 +12,7 @@ Run from the project root::
 Warm: the same 258 blocks are read from each: every real chunk of the small shard, and in the
 big shard one chunk per real block (at a random position of the 32³ box). One chunk per
 ``store[chunk].read(order="F")`` (TensorStore cache off), small and big interleaved chunk by
-chunk, random order, ``--passes`` passes. Also without TensorStore: ``ShardFile.read_into`` into
+chunk, random order, ``--passes`` passes. Also without TensorStore: ``Shard.read_into`` into
 one buffer. Cold: open + first chunk (the shard index is loaded) on fresh stores.
 """
 
@@ -74,24 +74,24 @@ def main(argv=None):
                 lat[name].append(time.perf_counter() - t)
 
     # the same without TensorStore: the shard object's read_into
-    from dvidshards.volume import ChunkReader
+    from dvidshards.formats.labels import Agglomerated
 
+    labels = Agglomerated()
     direct = {"small": [], "big": []}
     out = np.empty((64, 64, 64), np.uint64)
     readers = {}
     for name, root in (("small", small_root), ("big", big_root)):
-        ds = dvidshards.Dataset(root, spec=spec)
-        readers[name] = ChunkReader(ds.source, ds.scale(1), 0).shard(*LO)
+        readers[name] = dvidshards.Dataset(root, spec=spec).shard(1, ORIGIN)
     for _ in range(passes):
         for j in rng.permutation(n):
             for name, c in (("small", small_chunks[j]), ("big", big_chunks[j])):
                 sf = readers[name]
                 t = time.perf_counter()
-                sf.read_into(*(int(v) for v in c), out)
+                sf.read_into(*(int(v) for v in c), out, labels)
                 direct[name].append(time.perf_counter() - t)
 
     rows = []
-    for label, res in (("TensorStore read", lat), ("ShardFile.read_into", direct)):
+    for label, res in (("TensorStore read", lat), ("Shard.read_into", direct)):
         for name in ("small", "big"):
             v = res[name]
             rows.append([label, f"{name} ({len(readers[name]):,} records)", C.ms(C.pct(v, 50), 3),
@@ -117,24 +117,25 @@ def main(argv=None):
     C.table(["shard", "p50 ms", "min ms", "max ms"], rows,
             title=f"Cold: open + first chunk (shard index loaded and checked), {ncold} fresh stores each")
 
-    # where a cold load goes (no TensorStore): the steps of ShardFile's loading, timed alone
+    # where a cold load goes (no TensorStore): the steps of the shard loader, timed alone
     from dvidshards.formats import arrowipc as ipc
-    from dvidshards.index import parse_csv
-    from dvidshards.shardfile import ShardFile
-    from dvidshards.sources import LocalSource
+    from dvidshards.formats.chunkindex import parse_csv
+    from dvidshards.shard import load_shard_sync
+    from dvidshards.stores import LocalStore
 
     rows = []
     stem = f"s1/{C.REAL_SHARD}"
     for name, root in (("small", small_root), ("big", big_root)):
-        src = LocalSource(root)
-        steps = {k: [] for k in ("ShardFile()", "parse_csv", "resolve_rows", "scan_stream (skipped)")}
+        src = LocalStore(root)
+        scale = dvidshards.Dataset(root, spec=spec).scale(1)
+        steps = {k: [] for k in ("load_shard_sync()", "parse_csv", "resolve_rows", "scan_stream (skipped)")}
         for _ in range(ncold):
             t = time.perf_counter()
-            sf = ShardFile(src, stem, (64, 64, 64), box=(LO, LO + 32))
-            steps["ShardFile()"].append(time.perf_counter() - t)
+            sf = load_shard_sync(src, scale, ORIGIN)
+            steps["load_shard_sync()"].append(time.perf_counter() - t)
             data = src.map(stem + ".arrow")
             t = time.perf_counter()
-            parse_csv(src.read(stem + ".csv"), stem)
+            parse_csv(bytes(src.read_sync(stem + ".csv")), stem)
             steps["parse_csv"].append(time.perf_counter() - t)
             t = time.perf_counter()
             ipc.resolve_rows(data, 0, sf.index.msg_off, sf.index.msg_len, sf.index.row, sf.layout, stem)
@@ -144,7 +145,7 @@ def main(argv=None):
             steps["scan_stream (skipped)"].append(time.perf_counter() - t)
             del sf, data
         rows.append([f"{name} ({len(readers[name]):,} records)", *(C.ms(C.med(v), 1) for v in steps.values())])
-    C.table(["shard", "ShardFile() total ms", "parse_csv ms", "resolve_rows ms",
+    C.table(["shard", "load_shard_sync() total ms", "parse_csv ms", "resolve_rows ms",
              "scan_stream ms (not needed for a tiling A/B index)"], rows,
             title=f"Cold shard load without TensorStore (medians of {ncold}; steps re-timed alone, fresh mapping)")
 

@@ -11,7 +11,7 @@ are interleaved round by round; wall time and process CPU time (user + system) p
 
 A second table reads into a preallocated, already-touched output array (``ts.array(out).write
 (store)``), which removes the first-touch page faults of a fresh 1 GiB output from the
-measurement; a third times the callback's own work (``ShardFile.read_into`` of every chunk, no
+measurement; a third times the callback's own work (``Shard.read_into`` of every chunk, no
 TensorStore) on 1 and 2 Python threads.
 """
 
@@ -91,10 +91,8 @@ def main(argv=None):
     del out, dst
 
     # the callback's own work, no TensorStore: every chunk decoded into per-thread buffers
-    from dvidshards.volume import ChunkReader
-
     ds = C.dvidshards.Dataset(pair.export, spec=pair.spec)
-    reader = ChunkReader(ds.source, ds.scale(0), 0)
+    reader = ds.reader(0)  # dvidshards.read.ChunkReader: the virtual_chunked read function
     g = size // 64
     chunks = [(x, y, z) for z in range(g) for y in range(g) for x in range(g)]
     bufs = [np.empty((64, 64, 64), np.uint64) for _ in range(2)]
@@ -105,7 +103,7 @@ def main(argv=None):
             if sf is None:
                 buf.fill(0)
             else:
-                sf.read_into(*c, buf)
+                sf.read_into(*c, buf, reader.labels)
 
     def run(k):
         with ThreadPoolExecutor(k) as pool:
@@ -116,7 +114,7 @@ def main(argv=None):
     C.table(["threads", "ms", "speedup", "CPU user ms"], [
         [k, C.ms(C.med(w3[k])), f"{C.med(w3[1]) / C.med(w3[k]):.2f}", C.ms(C.med([u for u, _ in c3[k]]), 0)]
         for k in (1, 2)],
-        title=f"Callback work only: ShardFile.read_into of all {len(chunks)} chunks, Python threads")
+        title=f"Callback work only: Shard.read_into of all {len(chunks)} chunks, Python threads")
 
     C.table(["target", "measured", "verdict"], [
         [f"{size}³ read: 2 threads ≥ 1.8 × 1 thread", f"{speedup:.2f} ×", C.verdict(speedup >= 1.8)]],

@@ -395,6 +395,32 @@ def full_shard_records(records: list[dict], lo_chunk, n: int = 32, order: str = 
                 k += 1
 
 
+def synthetic_records(workdir: Path, size: int = 256, n_bodies: int = 60, seed: int = 1, log=print) -> list[dict]:
+    """Records (as dicts, pyarrow) of a synthetic neuron-like size³ export written by ``write_export``.
+
+    Needs no real data: the pool ``full_shard_records`` cycles through to fill big shards.
+    """
+    import pyarrow as pa
+
+    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.writer import write_export
+
+    params = {"kind": "synthetic_records", "size": size, "n_bodies": n_bodies, "seed": seed, "version": 1}
+    folder = workdir / f"records-{size}-{n_bodies}-s{seed}"
+    if not _fresh(folder, params):
+        _reset(folder)
+        log(f"writing {folder} (once) ...")
+        sv, mapping = neuron_volume((size,) * 3, n_bodies=n_bodies, seed=seed)
+        write_export(sv, folder / "export", mapping=mapping, shard_chunks=size // CHUNK)
+        _done(folder, params)
+    out = []
+    for arrow in sorted((folder / "export" / "s0").glob("*.arrow")):
+        with pa.OSFile(str(arrow)) as f:
+            for batch in pa.ipc.open_stream(f):
+                out += batch.to_pylist()
+    return out
+
+
 def big_shard_export(workdir: Path, data: Path, shards=((30720, 24576, 28672),), name: str = "big-32768",
                      log=print) -> Path:
     """An mCNS-scale-1 export whose shards each hold all 32³ = 32,768 chunks of their box.
