@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consolidate": ("dvidshards.cli:Consolidate",
                     "write one chunk index per scale outside the export, so that it opens at once"),
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
+    "convert": ("dvidshards.convert",
+                "convert an export to neuroglancer precomputed or zarr v3, one task per source shard"),
 }
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2

@@ -623,9 +623,7 @@ def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | Non
     ext = np.minimum(sp.chunk, np.asarray(sp.size) - lo)  # x, y, z voxels inside the volume
     view = w.scratch[:ext[2], :ext[1], :ext[0]]
     table.decode_into(i, view, w.labels)
-    if not view.any():
-        return None
-    return w.stager(sp).encode(rel, view)
+    return w.stager(sp).encode(rel, view)  # None when all 0: TensorStore stores no such chunk
 
 
 # --------------------------------------------------------------------------- the job
@@ -861,11 +859,13 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     """Run ``dvidshards convert``; 0 on success, 1 when tasks failed or verification differed."""
+    import sys
+
     sched = None if args.scheduler in ("serial", "none", "") else args.scheduler
     report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
                      labels=args.labels, scheduler=sched, resume=args.resume, verify=args.verify,
                      encoder=args.encoder, shard_bits_extra=args.shard_bits_extra,
                      data_encoding=args.data_encoding, gzip_level=args.gzip_level,
-                     progress=False if args.quiet else None)
+                     progress=not args.quiet and sys.stderr.isatty())
     print(report.summary())
     return 0 if report.ok else 1

@@ -385,3 +385,25 @@ def test_data_encodings(export, tmp_path):
 
 def _files(root):
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if "." in f]
+
+
+def test_command_line(export, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(export.spec))
+    dest = tmp_path / "out"
+    code = main(["convert", export.root, str(dest), "--format", "zarr3", "--spec", str(spec), "--scales", "1", "2",
+                 "--scheduler", "serial", "--verify", "3", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "verify: 6 chunks read back, 0 differ" in out
+    for k in (1, 2):
+        np.testing.assert_array_equal(read_back(dest, "zarr3", f"s{k}"), export.expected(k))
+    assert main(["convert", export.root, str(tmp_path / "o2"), "--format", "n5"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    code = main(["convert", export.root, str(tmp_path / "o3"), "--format", "precomputed", "--spec", str(spec),
+                 "--shard-bits-extra", "40", "--scheduler", "serial"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ConvertPlanError" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o3").exists()
