@@ -333,26 +333,47 @@ def _describe(kv: dict) -> str:
 
 
 def count_shard_chunks(data: bytes, fmt: str, sp: ScalePlan, where: str) -> int:
-    """Chunks held by an output shard file (its index only; raises ShardFormatError)."""
+    """Chunks held by an output shard file, from its index (raises ShardFormatError)."""
+    n = len(data)
+
+    def read(a: int, b: int) -> bytes:
+        if b > n:
+            raise ShardFormatError(f"{where}: shard of {n} bytes, its index needs {b}")
+        return data[a:b]
+
+    return _count_chunks(read, n, fmt, sp, where)
+
+
+def _count_chunks(read, size: int, fmt: str, sp: ScalePlan, where: str) -> int:
+    # read(a, b) -> bytes [a, b) of the shard file (a < 0: from the end); reads the index only
     if fmt == "zarr3":
         n = math.prod(sp.shard_chunks)
-        if len(data) < 16 * n + 4:
+        if 0 <= size < 16 * n + 4:
             raise ShardFormatError(f"{where}: zarr shard shorter than its index")
-        idx = np.frombuffer(data, "<u8", 2 * n, len(data) - 16 * n - 4)
+        tail = read(size - 16 * n - 4 if size >= 0 else -(16 * n + 4), size if size >= 0 else None)
+        if len(tail) != 16 * n + 4:
+            raise ShardFormatError(f"{where}: zarr shard shorter than its index")
+        idx = np.frombuffer(tail, "<u8", 2 * n)
         return int((idx[0::2] != _NO_CHUNK).sum())
     spec = sp.sharding
     nmini = 1 << int(spec["minishard_bits"])
-    if len(data) < 16 * nmini:
+    head = read(0, 16 * nmini)
+    if len(head) != 16 * nmini:
         raise ShardFormatError(f"{where}: shard shorter than its index")
-    ranges = np.frombuffer(data, "<u8", 2 * nmini).reshape(-1, 2).astype(np.int64)
+    ranges = np.frombuffer(head, "<u8").reshape(-1, 2)
+    ranges = ranges[ranges[:, 0] != ranges[:, 1]]
+    if not len(ranges):
+        return 0
+    if (ranges[:, 0] > ranges[:, 1]).any() or ranges.max() > 2**40:
+        raise ShardFormatError(f"{where}: minishard index out of range")
+    ranges = ranges.astype(np.int64)
+    a, b = int(ranges[:, 0].min()), int(ranges[:, 1].max())
+    region = read(16 * nmini + a, 16 * nmini + b)
+    if len(region) != b - a:
+        raise ShardFormatError(f"{where}: minishard index out of range")
     total = 0
-    for lo, hi in ranges:
-        if lo == hi:
-            continue
-        a, b = 16 * nmini + int(lo), 16 * nmini + int(hi)
-        if not 0 <= lo <= hi or b > len(data):
-            raise ShardFormatError(f"{where}: minishard index out of range")
-        raw = data[a:b]
+    for lo, hi in ranges.tolist():
+        raw = region[lo - a:hi - a]
         if spec.get("minishard_index_encoding", "raw") == "gzip":
             try:
                 raw = gzip.decompress(raw)
@@ -362,6 +383,26 @@ def count_shard_chunks(data: bytes, fmt: str, sp: ScalePlan, where: str) -> int:
             raise ShardFormatError(f"{where}: minishard index of {len(raw)} bytes")
         total += len(raw) // 24
     return total
+
+
+def _existing_chunks(root, key: str, fmt: str, sp: ScalePlan, where: str) -> int | None:
+    """Chunks in an existing output shard (byte-range reads of its index); None: no file,
+    -1: damaged."""
+    state = {}
+
+    def read(a: int, b: int | None) -> bytes:
+        r = root.read(key, byte_range=slice(a, b)).result()
+        if r.state != "value":
+            state["missing"] = True
+            raise ShardFormatError(f"{where}: missing")
+        return r.value
+
+    try:
+        return _count_chunks(read, -1, fmt, sp, where)
+    except ShardFormatError:
+        return None if state else -1
+    except ValueError:  # OUT_OF_RANGE from TensorStore: shorter than its index
+        return -1
 
 
 # --------------------------------------------------------------------------- the task
@@ -538,18 +579,12 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
 
     job = w.job
     fname = sp.shard_file(rel[rows[0]], int(sp.shard_ids(rel[rows[:1]])[0]))
-    r = w.root.read(fname).result()
-    if r.state == "value":
-        if job.resume:
-            try:
-                have = count_shard_chunks(r.value, job.fmt, sp, _describe(job.dest) + fname)
-            except ShardFormatError:
-                have = -1  # damaged: rewritten
-            if have == _expected_chunks(w, table, rows):
-                res.shards_skipped += 1
-                return
-        w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
-    del r
+    if job.resume:
+        have = _existing_chunks(w.root, fname, job.fmt, sp, _describe(job.dest) + fname)
+        if have is not None and have == _expected_chunks(w, table, rows):
+            res.shards_skipped += 1
+            return
+    w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
     kv = w.shard_store(sp, fname)
     txn = ts.Transaction()
     kvt = kv.with_transaction(txn)
