@@ -148,12 +148,13 @@ def run_child(which: str, path: Path, expect: int) -> dict:
 def main() -> None:
     p = common.parser(__doc__.split("\n")[0])
     p.add_argument("--child", nargs=3, help=argparse_hidden())
+    p.add_argument("--rows", type=int, nargs="+", help="row counts to load (default 10⁶ 10⁷ 10⁸)")
     args = p.parse_args()
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return
     common.header("bench_mapping: LabelMapping.from_file on text mappings")
-    sizes = [10**6, 10**7] if args.quick else [10**6, 10**7, 10**8]
+    sizes = args.rows or ([10**6, 10**7] if args.quick else [10**6, 10**7, 10**8])
     rows, res = [], {}
     for n in sizes:
         path, expect = make_file(args.workdir, n)
