@@ -71,23 +71,23 @@ def _raise(code: int, a: int, b: int, where: str) -> None:
 # --- little-endian readers; callers check bounds first -------------------------------------------
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _u16(b, p):
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8)
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _u32(b, p):
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16) | (np.int64(b[p + 3]) << 24)
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _i32(b, p):
     v = _u32(b, p)
     return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _i64(b, p):
     lo = np.uint64(_u32(b, p))
     hi = np.uint64(_u32(b, p + 4))
@@ -97,7 +97,7 @@ def _i64(b, p):
 # --- flatbuffer tables ---------------------------------------------------------------------------
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _field(b, t, k, lo, hi):
     """Position of field k of the table at t, 0 if absent, -1 if malformed."""
     if t < lo or t + 4 > hi:
@@ -116,7 +116,7 @@ def _field(b, t, k, lo, hi):
     return t + fo
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True)
 def _deref(b, p, lo, hi):
     """Follow the uoffset at p; -1 if it leaves [lo, hi)."""
     if p < lo or p + 4 > hi:

@@ -450,6 +450,19 @@ def _error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
     return BlockDecodeError(f"unknown block decode error {code}")
 
 
+# --------------------------------------------------------------------------- shared building blocks
+# The block layout's readers, bit widths and error codes, for the other kernels that walk DVID
+# blocks (formats.cseg, formats.blockstats): one validation vocabulary, one message table.
+
+BITS = _BITS
+E_OK, E_SHORT, E_GRID, E_NLABELS, E_LABELS_TRUNC, E_PALETTE = _OK, _E_SHORT, _E_GRID, _E_NLABELS, _E_LABELS_TRUNC, \
+    _E_PALETTE
+E_NSB_TRUNC, E_NSB_BIG, E_IDX_TRUNC, E_IDX_RANGE, E_VAL_TRUNC, E_VAL_RANGE = _E_NSB_TRUNC, _E_NSB_BIG, \
+    _E_IDX_TRUNC, _E_IDX_RANGE, _E_VAL_TRUNC, _E_VAL_RANGE
+read_u16, read_u32, read_u64 = _u16, _u32, _u64
+block_error = _error
+
+
 # --------------------------------------------------------------------------- public decode
 
 
@@ -520,6 +533,9 @@ def _as_u8(data) -> np.ndarray:
     if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
     return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+
+
+as_u8 = _as_u8  # bytes-like or uint8 array -> contiguous 1-D uint8 view (shared with cseg, blockstats)
 
 
 def decode_block(data, palette=None, out=None) -> np.ndarray:
