@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import numpy as np
 from .dataset import Dataset
 from .errors import DvidShardsError, SpecError
 from .formats import pcg as fmt
-from .formats.labels import Agglomerated, as_labels
+from .formats.labels import Agglomerated, LabelSource, as_labels
 from .formats.pcg import IdLayout, PcgError
 
 __all__ = ["PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges", "write_edges"]
@@ -96,6 +97,41 @@ class PcgReport:
 # --------------------------------------------------------------------------- the job
 
 
+class _IndexPalette(LabelSource):
+    """Reads 1 + each supervoxel's index in an id list (0 for background): a palette swap per
+    block, so the contact kernel never looks a voxel's id up. ``target`` is set before each read
+    (under the job's lock); compared by identity, so each job gets its own reader."""
+
+    name = "pcg-index"
+
+    def __init__(self):
+        self.target = np.zeros(0, np.uint64)
+        self.where = ""
+
+    def palette(self, table, i: int) -> np.ndarray:
+        sv = table.supervoxels(i)
+        lst = self.target
+        k = np.searchsorted(lst, sv)
+        hit = k < lst.size
+        hit[hit] = lst[k[hit]] == sv[hit]
+        zero = sv == 0
+        if not (hit | zero).all():
+            raise PcgError(f"{table.where(i)}: supervoxel {sv[~(hit | zero)][0]} is not in the id list of "
+                           f"{self.where}")
+        out = k.astype(np.uint64) + np.uint64(1)
+        out[zero] = 0
+        return out
+
+    def __eq__(self, other) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __getstate__(self):
+        return {"target": np.zeros(0, np.uint64), "where": ""}
+
+
 class _Job:
     """One write_edges run: everything a chunk task needs (pickles without open files)."""
 
@@ -115,9 +151,17 @@ class _Job:
         self.lo = np.asarray(s.voxel_offset, np.int64)
         self.hi = self.lo + np.asarray(s.size, np.int64)
         self.grid = -(-(self.hi - self.lo) // self.cs)
+        self.palette = _IndexPalette()
+        self._lock = threading.Lock()
 
     def __getstate__(self):
-        return self.__dict__.copy()
+        d = self.__dict__.copy()
+        d["_lock"] = None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
 
     def box(self, c) -> tuple[np.ndarray, np.ndarray]:
         """Voxel box [a, b) of chunk c, clipped to the volume (empty outside the grid)."""
@@ -210,16 +254,38 @@ class _Job:
 
     # --- voxels -------------------------------------------------------------------------
 
-    def read_halo(self, coords) -> np.ndarray:
-        """The chunk and a one-voxel halo (0 outside the volume), x, y, z F-ordered."""
+    def read_halo(self, coords, lists=None) -> np.ndarray:
+        """The chunk and a one-voxel halo on its faces (0 outside the volume), x, y, z F-ordered.
+
+        Read as the chunk plus six face slabs: the halo's edges and corners are never used, and
+        leaving them out spares decoding the blocks that hold only them. With ``lists`` (the
+        chunk's and its neighbours' id lists) voxels hold 1 + their id's index in the list of
+        their chunk instead of the id.
+        """
         a, b = self.box(coords)
-        ha, hb = a - 1, b + 1
-        out = np.zeros(tuple(int(v) for v in hb - ha), np.uint64, order="F")
-        ca, cb = np.maximum(ha, self.lo), np.minimum(hb, self.hi)
-        oa, ob = ca - ha, cb - ha
-        view = out[oa[0]:ob[0], oa[1]:ob[1], oa[2]:ob[2]]
-        self.ds.read([ca.tolist(), cb.tolist()], scale=self.scale, labels="supervoxels", out=view,
-                     threads=self.threads, fill_missing_shards=self.fill)
+        ha = a - 1
+        out = np.zeros(tuple(int(v) for v in b - a + 2), np.uint64, order="F")
+        boxes = [(a, b)]
+        for ax in range(3):
+            lo, hi = a.copy(), b.copy()
+            lo[ax], hi[ax] = a[ax] - 1, a[ax]
+            boxes.append((lo, hi))
+            lo, hi = a.copy(), b.copy()
+            lo[ax], hi[ax] = b[ax], b[ax] + 1
+            boxes.append((lo, hi))
+        with self._lock:
+            for k, (lo, hi) in enumerate(boxes):
+                lo, hi = np.maximum(lo, self.lo), np.minimum(hi, self.hi)
+                if (hi <= lo).any():
+                    continue  # outside the volume: stays 0
+                if lists is not None:
+                    self.palette.target = lists[k]
+                    self.palette.where = f"PCG chunk {tuple(np.add(coords, fmt.DIRECTIONS[k - 1]) if k else coords)}"
+                oa, ob = lo - ha, hi - ha
+                self.ds.read([lo.tolist(), hi.tolist()], scale=self.scale,
+                             labels="supervoxels" if lists is None else self.palette,
+                             out=out[oa[0]:ob[0], oa[1]:ob[1], oa[2]:ob[2]],
+                             threads=self.threads if k == 0 else 1, fill_missing_shards=self.fill)
         return out
 
     # --- one chunk ----------------------------------------------------------------------
@@ -231,8 +297,8 @@ class _Job:
         lists, table = self.id_lists(coords)
         if lists[0].size == 0:
             return stats
-        vol = self.read_halo(coords)
-        c = fmt.contacts(vol.T, lists[0], lists[1:], where)
+        vol = self.read_halo(coords, lists)
+        c = fmt.contacts(vol.T, lists[0], lists[1:], where, indexed=True)
         edges, pieces, nb = fmt.chunk_graph(c, coords, lists[0], lists[1:], self.layout, self.affinity)
         ids = np.concatenate([pieces[0], nb[0]])
         groups = fmt.group_components(ids, self.body_of(np.concatenate([pieces[1], nb[1]]), table))
@@ -331,7 +397,7 @@ _PARAMS = ("format", "version", "scale", "volume_size", "voxel_offset", "chunk_s
 
 
 def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, spatial_bits: int = 10,
-                labels="agglomerated", affinity: str = "area", level: int = 17, scheduler=None,
+                labels="agglomerated", affinity: str = "area", level: int = 3, scheduler=None,
                 resume: bool = False, spec=None, box=None, chunks=None, threads: int | None = None,
                 fill_missing_shards: bool = True, progress: bool | None = None) -> PcgReport:
     """Write PyChunkedGraph edges and components files for an export's supervoxels.
@@ -358,7 +424,9 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     affinity : "area" or "default"
         Edge affinity: the contact face count, or PCG's default (float32 tiny).
     level : int
-        zstd level of the edges files (PCG's ingest uses 17).
+        zstd level of the edges files. PCG reads any level; its own ingest writes 17, which
+        costs ~35x the CPU of level 3 for files within a few percent of the same size
+        (benchmarks/RESULTS.md).
     scheduler : None, "local", "local:N", address or distributed.Client
         Where tasks run (``dvidshards.jobs.run_tasks``).
     resume : bool
@@ -554,7 +622,8 @@ def add_arguments(p) -> None:
                                      "export's agglomerated labels)")
     p.add_argument("--affinity", choices=("area", "default"), default="area",
                    help="edge affinity: contact face count (default) or PCG's tiny default")
-    p.add_argument("--level", type=int, default=17, help="zstd level of the edges files (default 17, as PCG)")
+    p.add_argument("--level", type=int, default=3,
+                   help="zstd level of the edges files (default 3; PCG's own ingest writes 17)")
     p.add_argument("--box", type=int, nargs=6, metavar=("X0", "Y0", "Z0", "X1", "Y1", "Z1"),
                    help="only chunks overlapping this voxel box")
     p.add_argument("--scheduler", help="dask scheduler: local, local:N or an address (default: serial)")

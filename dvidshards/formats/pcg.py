@@ -231,80 +231,132 @@ def _add(pk, pv, bits, key, n):  # pragma: no cover - numba
 
 
 @nb.njit(nogil=True, cache=True)
-def _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits):  # pragma: no cover - numba
+def _relabel(vol, tk, tv, toff, tbits, out):  # pragma: no cover - numba
+    """out = 1 + list index of each id of vol (0 for 0): the chunk's voxels through table 0,
+    the halo voxels of face d through table 1 + d (edges and corners of the halo stay 0).
+    Returns (error, z, y, x): 1 = a chunk voxel not in its list, 2 = a halo voxel not in its
+    neighbour's list."""
+    nz = vol.shape[0] - 2
+    ny = vol.shape[1] - 2
+    nx = vol.shape[2] - 2
+    for d in range(7):  # d = 0: the chunk; 1 + f: face f (-x, +x, -y, +y, -z, +z)
+        z0, z1, y0, y1, x0, x1 = 1, nz + 1, 1, ny + 1, 1, nx + 1
+        if d > 0:
+            f = d - 1
+            at = 0 if (f & 1) == 0 else (nx, ny, nz)[f >> 1] + 1
+            if f >> 1 == 0:
+                x0, x1 = at, at + 1
+            elif f >> 1 == 1:
+                y0, y1 = at, at + 1
+            else:
+                z0, z1 = at, at + 1
+        off = toff[d]
+        bits = tbits[d]
+        av = np.uint64(0)
+        ai = np.uint64(0)
+        for z in range(z0, z1):
+            for y in range(y0, y1):
+                for x in range(x0, x1):
+                    a = vol[z, y, x]
+                    if a == 0:
+                        out[z, y, x] = 0
+                        continue
+                    if a != av or ai == 0:
+                        i = _lookup(tk, tv, off, bits, a)
+                        if i < 0:
+                            return 1 if d == 0 else 2, z, y, x
+                        av = a
+                        ai = np.uint64(i + 1)
+                    out[z, y, x] = ai
+    return 0, 0, 0, 0
+
+
+@nb.njit(nogil=True, cache=True)
+def _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits):  # pragma: no cover - numba
     """Voxel counts and 6-connected contact counts of a chunk read with a 1-voxel halo.
 
-    vol: (nz+2, ny+2, nx+2) uint64, the chunk at [1:-1] in every axis. Tables (tk, tv at
-    toff[t], 2**tbits[t] slots) map ids to list indexes: t = 0 the chunk's own list (no ids),
-    t = 1 + d face neighbour d (-x,+x,-y,+y,-z,+z; at most mx ids each). counts[i] += voxels
-    of own id i. The pair table (pk, pv, 2**pbits slots) sums contact faces per key:
-    a * no + b (a < b, own indexes) inside the chunk, no * no + (d * no + a) * mx + b across
-    face d. Returns (error, z, y, x): 1 = a chunk voxel not in own, 2 = a halo voxel not in its
-    neighbour's list (at z, y, x), 3 = the pair table is over half full (call again larger).
+    vol: (nz+2, ny+2, nx+2) holding 1 + list index (0: background): in the chunk (vol[1:-1,
+    1:-1, 1:-1]) indexes of the chunk's list (sizes[0] ids), on halo face d (-x,+x,-y,+y,-z,
+    +z) indexes of that neighbour's list (sizes[1 + d] ids, at most mx); the halo's edges and
+    corners are not read. counts[i] += voxels of index i. The pair table (pk, pv, 2**pbits
+    slots, key -1 = empty) sums contact faces per key: a * no + b (a < b, chunk indexes)
+    inside the chunk, no * no + (d * no + a) * mx + b across face d (a chunk, b neighbour).
+    Returns (error, z, y, x): 1 = a chunk value > sizes[0], 2 = a halo value > its list's size
+    (at z, y, x), 3 = the pair table is over half full (call again with a larger one).
     """
     nz = vol.shape[0] - 2
     ny = vol.shape[1] - 2
     nx = vol.shape[2] - 2
-    b0 = tbits[0]
+    no = sizes[0]
+    uno = np.uint64(no)
     limit = (1 << pbits) >> 1
     used = 0
-    av = np.uint64(0)
-    ai = -1
-    run = 0
-    xv = np.uint64(0)  # id -> index caches of the +x, +y, +z neighbours
-    xi = -1
-    yv = np.uint64(0)
-    yi = -1
-    zv = np.uint64(0)
-    zi = -1
+    kx = ky = kz = -1  # pending pair (key, count) per axis: contacts repeat along x
+    cx = cy = cz = 0
     for z in range(1, nz + 1):
         for y in range(1, ny + 1):
             r = vol[z, y]
             ry = vol[z, y + 1]
             rz = vol[z + 1, y]
+            av = np.uint64(0)
+            run = 0
             for x in range(1, nx + 1):
                 a = r[x]
+                if a != av:
+                    if av != 0:
+                        counts[av - 1] += run
+                    if a > uno:
+                        return 1, z, y, x
+                    av = a
+                    run = 0
                 if a == 0:
                     continue
-                if a != av or ai < 0:
-                    if ai >= 0:
-                        counts[ai] += run
-                    run = 0
-                    ai = _lookup(tk, tv, 0, b0, a)
-                    av = a
-                    if ai < 0:
-                        return 1, z, y, x
                 run += 1
-                b = r[x + 1]
-                if b != a and b != 0 and x < nx:
-                    if b != xv or xi < 0:
-                        xi = _lookup(tk, tv, 0, b0, b)
-                        xv = b
-                        if xi < 0:
-                            return 1, z, y, x + 1
-                    used += _add(pk, pv, pbits, min(ai, xi) * no + max(ai, xi), 1)
-                b = ry[x]
-                if b != a and b != 0 and y < ny:
-                    if b != yv or yi < 0:
-                        yi = _lookup(tk, tv, 0, b0, b)
-                        yv = b
-                        if yi < 0:
-                            return 1, z, y + 1, x
-                    used += _add(pk, pv, pbits, min(ai, yi) * no + max(ai, yi), 1)
-                b = rz[x]
-                if b != a and b != 0 and z < nz:
-                    if b != zv or zi < 0:
-                        zi = _lookup(tk, tv, 0, b0, b)
-                        zv = b
-                        if zi < 0:
-                            return 1, z + 1, y, x
-                    used += _add(pk, pv, pbits, min(ai, zi) * no + max(ai, zi), 1)
+                # values of unvisited neighbours are checked when visited: a bad one fails the call
+                if x < nx:
+                    b = r[x + 1]
+                    if b != a and b != 0:
+                        key = np.int64(min(a, b) - 1) * no + np.int64(max(a, b) - 1)
+                        if key == kx:
+                            cx += 1
+                        else:
+                            if cx:
+                                used += _add(pk, pv, pbits, kx, cx)
+                            kx = key
+                            cx = 1
+                if y < ny:
+                    b = ry[x]
+                    if b != a and b != 0:
+                        key = np.int64(min(a, b) - 1) * no + np.int64(max(a, b) - 1)
+                        if key == ky:
+                            cy += 1
+                        else:
+                            if cy:
+                                used += _add(pk, pv, pbits, ky, cy)
+                            ky = key
+                            cy = 1
+                if z < nz:
+                    b = rz[x]
+                    if b != a and b != 0:
+                        key = np.int64(min(a, b) - 1) * no + np.int64(max(a, b) - 1)
+                        if key == kz:
+                            cz += 1
+                        else:
+                            if cz:
+                                used += _add(pk, pv, pbits, kz, cz)
+                            kz = key
+                            cz = 1
                 if used > limit:
                     return 3, 0, 0, 0
-    if ai >= 0:
-        counts[ai] += run
-    # the six faces: chunk voxel (inside) against halo voxel (outside); every chunk voxel is
-    # in own by now
+            if av != 0:
+                counts[av - 1] += run
+    if cx:
+        used += _add(pk, pv, pbits, kx, cx)
+    if cy:
+        used += _add(pk, pv, pbits, ky, cy)
+    if cz:
+        used += _add(pk, pv, pbits, kz, cz)
+    # the six faces: chunk voxel (inside) against halo voxel (outside)
     for d in range(6):
         axis = d >> 1
         n = nx if axis == 0 else (ny if axis == 1 else nz)
@@ -313,12 +365,9 @@ def _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits):  #
         n1 = ny if axis == 0 else nx
         n2 = ny if axis == 2 else nz
         base = no * no + d * no * mx
-        off = toff[d + 1]
-        bb = tbits[d + 1]
-        av = np.uint64(0)
-        ai = -1
-        bv = np.uint64(0)
-        bi = -1
+        nb = np.uint64(sizes[d + 1])
+        pend = -1
+        cnt = 0
         for j in range(1, n2 + 1):
             for i in range(1, n1 + 1):
                 if axis == 0:
@@ -330,23 +379,26 @@ def _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits):  #
                 else:
                     a = vol[inner, j, i]
                     b = vol[outer, j, i]
-                if a == 0 or b == 0:
-                    continue
-                if a != av or ai < 0:
-                    ai = _lookup(tk, tv, 0, b0, a)
-                    av = a
-                if b != bv or bi < 0:
-                    bi = _lookup(tk, tv, off, bb, b)
-                    bv = b
-                if bi < 0 or ai < 0:
+                if b > nb:
                     if axis == 0:
                         return 2, j, i, outer
                     if axis == 1:
                         return 2, j, outer, i
                     return 2, outer, j, i
-                used += _add(pk, pv, pbits, base + ai * mx + bi, 1)
+                if a == 0 or b == 0:
+                    continue
+                key = base + np.int64(a - 1) * mx + np.int64(b - 1)
+                if key == pend:
+                    cnt += 1
+                else:
+                    if cnt:
+                        used += _add(pk, pv, pbits, pend, cnt)
+                    pend = key
+                    cnt = 1
                 if used > limit:
                     return 3, 0, 0, 0
+        if cnt:
+            used += _add(pk, pv, pbits, pend, cnt)
     return 0, 0, 0, 0
 
 
@@ -384,14 +436,14 @@ def _sorted_ids(a, what: str) -> np.ndarray:
     return a
 
 
-def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk") -> Contacts:
+def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk", indexed: bool = False) -> Contacts:
     """Count voxels and 6-connected contacts of a chunk read with a one-voxel halo.
 
     Parameters
     ----------
     vol_zyx : ndarray uint64, (nz + 2, ny + 2, nx + 2)
-        Supervoxels of the chunk and a one-voxel halo on every side (0 outside the volume),
-        indexed z, y, x (``read(...).T`` of an x, y, z read). Edges and corners of the halo are
+        Supervoxels of the chunk and a one-voxel halo on its faces (0 outside the volume),
+        indexed z, y, x (``read(...).T`` of an x, y, z read). The halo's edges and corners are
         not used.
     own : array of uint64
         The chunk's id list: sorted, unique, non-zero, holding every supervoxel of the chunk.
@@ -400,6 +452,10 @@ def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk") -> Cont
         each holding every supervoxel of its side of the halo.
     where : str
         Location named in errors.
+    indexed : bool
+        vol_zyx already holds 1 + the index of each id in its list (0 for background): the
+        chunk's list inside, each neighbour's list on its halo face (a reader's palette swap
+        does this per block, which spares looking every voxel's id up).
 
     Returns
     -------
@@ -414,33 +470,36 @@ def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk") -> Cont
     if len(neighbours) != 6:
         raise PcgError(f"{where}: need 6 neighbour id lists, got {len(neighbours)}")
     lists = [_sorted_ids(n, f"{where}: neighbour {tuple(DIRECTIONS[d])} id list") for d, n in enumerate(neighbours)]
-    sizes = [len(own)] + [len(v) for v in lists]
-    no, mx = max(sizes[0], 1), max(max(sizes[1:]), 1)
+    sizes = np.array([len(own)] + [len(v) for v in lists], np.int64)
+    no, mx = max(int(sizes[0]), 1), max(int(sizes[1:].max()), 1)
     if no * no + 6 * no * mx >= 1 << 62:
-        raise PcgError(f"{where}: id lists of {sizes[0]} and {max(sizes[1:])} ids are too long")
-    offs = np.zeros(8, np.int64)
-    offs[1:] = np.cumsum(sizes)
-    vals = np.concatenate([own, *lists]) if offs[-1] else np.zeros(1, np.uint64)
-    tbits = np.array([max(4, (2 * max(n, 1) - 1).bit_length()) for n in sizes], np.int64)
-    toff = np.zeros(8, np.int64)
-    toff[1:] = np.cumsum(1 << tbits)
-    tk = np.zeros(int(toff[-1]), np.uint64)
-    tv = np.zeros(int(toff[-1]), np.int64)
-    _build_tables(vals, offs, tk, tv, toff, tbits)
+        raise PcgError(f"{where}: id lists of {sizes[0]} and {mx} ids are too long")
+    if not indexed:
+        offs = np.zeros(8, np.int64)
+        offs[1:] = np.cumsum(sizes)
+        vals = np.concatenate([own, *lists]) if offs[-1] else np.zeros(1, np.uint64)
+        tbits = np.array([max(4, (2 * max(int(n), 1) - 1).bit_length()) for n in sizes], np.int64)
+        toff = np.zeros(8, np.int64)
+        toff[1:] = np.cumsum(1 << tbits)
+        tk = np.zeros(int(toff[-1]), np.uint64)
+        tv = np.zeros(int(toff[-1]), np.int64)
+        _build_tables(vals, offs, tk, tv, toff, tbits)
+        ivol = np.zeros_like(vol)
+        err, z, y, x = _relabel(vol, tk, tv, toff, tbits, ivol)
+        if err:
+            _id_error(where, err, int(vol[z, y, x]), z, y, x)
+        vol = ivol
     pbits = 16
     while True:
         counts = np.zeros(len(own), np.int64)
         pk = np.full(1 << pbits, -1, np.int64)
         pv = np.zeros(1 << pbits, np.int64)
-        err, z, y, x = _contact_kernel(vol, tk, tv, toff, tbits, no, mx, counts, pk, pv, pbits)
+        err, z, y, x = _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits)
         if err != 3:
             break
         pbits += 3  # rare: many more touching pairs than the first table holds
     if err:
-        v = int(vol[z, y, x])
-        what = "the chunk's block supervoxel lists" if err == 1 else "its neighbour chunk's block supervoxel lists"
-        raise PcgError(f"{where}: supervoxel {v} at halo voxel (x={x - 1}, y={y - 1}, z={z - 1}) relative to "
-                       f"the chunk is not in {what} (the export's voxels and records disagree)")
+        _id_error(where, err, int(vol[z, y, x]), z, y, x, indexed=True)
     used = pk >= 0
     keys, area = pk[used], pv[used]
     order = np.argsort(keys)
@@ -452,6 +511,15 @@ def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk") -> Cont
     fd, rest = fk // (no * mx), fk % (no * mx)
     return Contacts(counts, in_pairs.reshape(-1, 2), in_area, fd,
                     np.stack([rest // mx, rest % mx], axis=1).reshape(-1, 2), farea)
+
+
+def _id_error(where, err, v, z, y, x, indexed=False):
+    what = "the chunk's" if err == 1 else "its neighbour chunk's"
+    pos = f"(x={x - 1}, y={y - 1}, z={z - 1}) relative to the chunk"
+    if indexed:
+        raise PcgError(f"{where}: index {v} at {pos} is past the end of {what} id list")
+    raise PcgError(f"{where}: supervoxel {v} at {pos} is not in {what} block supervoxel lists (the "
+                   f"export's voxels and records disagree)")
 
 
 def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity: str = "area"):
