@@ -7,6 +7,7 @@ import functools
 import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -332,3 +333,56 @@ def test_real_shard_equals_brute_force(dvid_data, tmp_path, real_records):
     assert all(piece_of(p) == (s, (x, y, z)) for p, s, x, y, z in
                zip(*(st[k].tolist() for k in ("pcg_id", "dvid_supervoxel", "chunk_x", "chunk_y", "chunk_z")),
                    strict=True))
+
+
+def test_index_palette_guards_its_list():
+    class Table:
+        def supervoxels(self, i):
+            return np.array([0, 5, 9], np.uint64)
+
+        def where(self, i):
+            return "s0/0_0_0.arrow: chunk (1, 2, 3)"
+
+    p = pcg._IndexPalette()
+    p.target = np.array([5, 9, 11], np.uint64)
+    assert p.palette(Table(), 0).tolist() == [0, 1, 2]
+    p.target = np.array([5, 11], np.uint64)
+    p.where = "PCG chunk (0, 0, 0)"
+    with pytest.raises(PcgError, match=r"chunk \(1, 2, 3\): supervoxel 9 is not in the id list of PCG chunk"):
+        p.palette(Table(), 0)
+
+
+def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_export, capsys):
+    """A supervoxel with two agglomerated labels in two blocks: that chunk fails, named; others are written."""
+    import pyarrow as pa
+
+    from dvidshards.writer import write_shard
+
+    ex = synthetic_export
+    root = tmp_path / "e"
+    (root / "s0").mkdir(parents=True)
+    for arrow in sorted(Path(ex.root, "s0").glob("*.arrow")):
+        with pa.OSFile(str(arrow)) as f:
+            recs = pa.ipc.open_stream(f).read_all().to_pylist()
+        if arrow.stem == "0_0_0":
+            r = next(r for r in recs if (r["chunk_x"], r["chunk_y"], r["chunk_z"]) == (1, 1, 1) and len(r["labels"]) > 1)
+            r["labels"] = [0] + [v + 1 for v in r["labels"][1:]]
+            bad_sv = r["supervoxels"][1]
+        write_shard(root / "s0" / arrow.stem, recs)
+    spec = json.loads(json.dumps(ex.spec))
+    spec["scales"] = spec["scales"][:1]
+    cs = (64, 64, 64)
+    rep = pcg.write_edges(root, tmp_path / "o", cs, spec=spec, progress=False)
+    assert not rep.ok and rep.written > 0
+    assert all(f"supervoxel {bad_sv} has agglomerated label" in m for m in rep.failed.values())
+    assert (1, 1, 1) in rep.failed and all(abs(np.subtract(c, (1, 1, 1))).sum() <= 1 for c in rep.failed)
+    assert not (tmp_path / "o" / "edges_1_1_1.proto.zst").exists()
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["complete"] is False and m["failed"] == len(rep.failed)
+    p = argparse.ArgumentParser()
+    pcg.add_arguments(p)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    args = p.parse_args([str(root), "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "o"),
+                         "--chunk-size", "64", "64", "64", "--resume", "--quiet"])
+    assert pcg.main(args) == 1
+    assert "FAILED (1, 1, 1)" in capsys.readouterr().out

@@ -406,3 +406,40 @@ def test_corrupt_payloads_are_typed():
 def test_file_names():
     assert pcg.edges_path((1, 2, 3)) == "edges_1_2_3.proto.zst"
     assert pcg.components_path((10, 0, 255)) == "components_10_0_255.proto"
+
+
+def test_indexed_volume_equals_raw_ids():
+    """A volume already holding 1 + list index (the driver's palette swap) gives the same counts."""
+    from dvidshards.testing.synthetic import neuron_volume
+
+    vol, _ = neuron_volume((40, 36, 30), n_bodies=6, svs_per_body=3, seed=2)
+    pad = np.ascontiguousarray(vol.T)  # z, y, x: the outer layer is the halo
+    own = np.unique(pad[1:-1, 1:-1, 1:-1])
+    own = own[own != 0]
+    faces = [pad[1:-1, 1:-1, 0], pad[1:-1, 1:-1, -1], pad[1:-1, 0, 1:-1], pad[1:-1, -1, 1:-1], pad[0, 1:-1, 1:-1],
+             pad[-1, 1:-1, 1:-1]]
+    # neighbour lists with extra ids, so that indexes differ from the chunk's
+    nbs = [np.union1d(np.unique(f[f != 0]), np.array([1, 2, 1 << 41], np.uint64)) for f in faces]
+    idx = np.zeros_like(pad)
+
+    def index(sub, lst, dst):
+        k = np.searchsorted(lst, sub).astype(np.uint64) + 1
+        dst[...] = np.where(sub == 0, 0, k)
+
+    index(pad[1:-1, 1:-1, 1:-1], own, idx[1:-1, 1:-1, 1:-1])
+    for (sl, lst) in zip([np.s_[1:-1, 1:-1, 0], np.s_[1:-1, 1:-1, -1], np.s_[1:-1, 0, 1:-1], np.s_[1:-1, -1, 1:-1],
+                          np.s_[0, 1:-1, 1:-1], np.s_[-1, 1:-1, 1:-1]], nbs, strict=True):
+        index(pad[sl], lst, idx[sl])
+    a = pcg.contacts(pad, own, nbs)
+    b = pcg.contacts(idx, own, nbs, indexed=True)
+    for f in ("voxels", "in_pairs", "in_area", "face_dir", "face_pairs", "face_area"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert len(a.face_area) > 5 and len(a.in_area) > 5
+    bad = idx.copy()
+    bad[3, 3, 3] = len(own) + 1  # past the end of the chunk's list
+    with pytest.raises(PcgError, match="past the end of the chunk's"):
+        pcg.contacts(bad, own, nbs, indexed=True)
+    bad = idx.copy()
+    bad[-1, 5, 5] = len(nbs[5]) + 1  # on the +z halo face
+    with pytest.raises(PcgError, match="past the end of its neighbour"):
+        pcg.contacts(bad, own, nbs, indexed=True)
