@@ -60,7 +60,7 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
         raise ChunkIndexError(f"{folder}: cannot create the index folder ({e.strerror or e})") from None
     chunks_path, shards_path = consolidated_paths(folder, scale.folder)
     origins = sorted(dataset.shards(scale.index))
-    toc = {k: [] for k in _SHARDS_SCHEMA.names}
+    toc: dict[str, list] = {k: [] for k in _SHARDS_SCHEMA.names}
     n = 0
     meta = {b"dvidshards": json.dumps({"version": VERSION, "scale": scale.to_json(), "index": scale.index}).encode()}
     tmp = chunks_path + ".tmp"
@@ -119,7 +119,7 @@ class ConsolidatedIndex:
         if self._chunks.schema.remove_metadata() != _CHUNKS_SCHEMA:
             raise ChunkIndexError(f"{chunks_path}: not a dvidshards consolidated index")
         cols = {k: toc.column(k).to_pylist() for k in _SHARDS_SCHEMA.names}
-        self._toc = {(x, y, z): (a, b, v, size, stamp) for x, y, z, a, b, v, size, stamp in zip(*cols.values(),
+        self._toc: dict[tuple, tuple] = {(x, y, z): (a, b, v, size, stamp) for x, y, z, a, b, v, size, stamp in zip(*cols.values(),
                                                                                                strict=True)}
         self._cols = {k: self._chunks.column(k).combine_chunks().to_numpy() for k in _CHUNKS_SCHEMA.names}
         if sum(e[1] - e[0] for e in self._toc.values()) != len(self):

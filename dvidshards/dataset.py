@@ -30,18 +30,18 @@ __all__ = ["Dataset", "Scale", "open", "shard_origins"]
 _STEM = re.compile(r"^(\d+)_(\d+)_(\d+)$")
 
 
-def shard_origins(store: ByteStore, folder: str) -> list[tuple[int, int, int]]:
+def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
     """Voxel origins of the shard files in one scale folder (lists it)."""
     out = []
     for name in store.list_sync(folder):
         if name.endswith(".arrow"):
             m = _STEM.match(name[:-6])
             if m:
-                out.append(tuple(int(g) for g in m.groups()))
+                out.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
     return sorted(out)
 
 
-def _load_spec(spec, store: ByteStore) -> tuple[dict | None, str]:
+def _load_spec(spec, store) -> tuple[dict | None, str]:
     if spec is None and isinstance(store, RecordSource):
         raise SpecError(f"{store.describe('')}: give the neuroglancer multiscale spec of these records (spec=...)")
     if spec is None:
@@ -95,7 +95,7 @@ class Dataset:
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
-        self.store = source if isinstance(source, RecordSource) else as_store(source)
+        self.store: ByteStore | RecordSource = source if isinstance(source, RecordSource) else as_store(source)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):
             from .errors import ChunkIndexError
@@ -128,7 +128,7 @@ class Dataset:
         return f"Dataset({self.store.describe('')!r}, scales={[s.index for s in self.scales]})"
 
     @property
-    def source(self) -> ByteStore:
+    def source(self) -> ByteStore | RecordSource:
         """The byte store of the export (same as ``store``)."""
         return self.store
 
@@ -156,6 +156,7 @@ class Dataset:
             extent = g or SINGLE_SHARD
             res = tuple(r * 2 ** k for r in res0) if res0 is not None else None
             probe = Scale(k, (1, 1, 1), res, extent, key=f"s{k}")
+            assert isinstance(store, ByteStore)
             # the volume ends in the shards at the largest origin along each axis: load those
             top = np.max(origins, axis=0)
             hi = np.zeros(3, np.int64)
@@ -165,7 +166,8 @@ class Dataset:
                 if len(shard):
                     hi = np.maximum(hi, shard.coords.max(axis=0) + 1)
                     span = max(span, int(shard.extent().max()))
-            size = tuple(int(v) * 64 for v in np.maximum(hi, 1))
+            hx, hy, hz = (int(v) * 64 for v in np.maximum(hi, 1))
+            size = (hx, hy, hz)
             inferred = ("size", "shard_extent") + (() if res is not None else ("resolution",))
             proven = min(extent, 64 * (1 << (span - 1).bit_length())) if span else 64
             s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred, proven_extent=proven)
@@ -183,7 +185,7 @@ class Dataset:
         if resolution is not None or isinstance(which, (tuple, list, np.ndarray)):
             res = _resolution(resolution if resolution is not None else which, "scale")
             for s in self.scales:
-                if s.resolution is not None and np.allclose(s.resolution, res):
+                if s.resolution is not None and res is not None and np.allclose(s.resolution, res):
                     return s
             raise SpecError(f"no scale has resolution {res}; resolutions are "
                             f"{ {s.index: s.resolution for s in self.scales} }")

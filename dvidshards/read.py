@@ -28,7 +28,7 @@ import tensorstore as ts
 from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
-from .shard import Shard, ShardCache, load_shard, merge_ranges, with_chunk
+from .shard import RecordSource, Shard, ShardCache, load_shard, merge_ranges, with_chunk
 from .stores.base import ByteStore, background_loop, decode_pool
 
 __all__ = ["ChunkReader", "read_box"]
@@ -59,7 +59,7 @@ class ChunkReader:
         Validation policy of shard loads (None: eager for local stores, lazy for remote).
     """
 
-    def __init__(self, store: ByteStore, scale: Scale, labels: LabelSource, *, fill_missing_shards: bool = False,
+    def __init__(self, store: ByteStore | RecordSource, scale: Scale, labels: LabelSource, *, fill_missing_shards: bool = False,
                  max_shards: int = 64, max_bytes: int = 512 << 20, consolidated: str | None = None,
                  policy: str | None = None):
         if int(max_shards) < 1:
@@ -72,7 +72,7 @@ class ChunkReader:
         self.max_bytes = int(max_bytes)
         self.consolidated = consolidated
         self.policy = policy
-        self._state = None
+        self._state: _ProcState | None = None
         self._state_lock = threading.Lock()
 
     def __getstate__(self):
@@ -94,6 +94,7 @@ class ChunkReader:
                 if self._state is None or self._state.pid != os.getpid():
                     self._state = _ProcState(self)
                 st = self._state
+        assert st is not None
         return st
 
     @property
@@ -169,13 +170,13 @@ class ChunkReader:
         o = domain.origin
         x, y, z = o[0] // cx, o[1] // cy, o[2] // cz
         if not self.store.immediate:
-            promise, future = ts.Promise.new()
+            promise, future = ts.Promise.new()  # type: ignore[var-annotated]
             st = self._proc()
             st.loop.call_soon_threadsafe(st.enqueue, _Request(x, y, z, array, promise))
             return future
         shard = self.shard(x, y, z)
         i = shard.find(x, y, z) if shard is not None else None
-        if i is None:
+        if shard is None or i is None:
             self.absent(shard, x, y, z)
             array.fill(0)
         else:
@@ -258,7 +259,7 @@ class _ProcState:
                 pool.submit(_zero, q)
             else:
                 wanted.append((q, i))
-        if not wanted:
+        if not wanted or shard is None:
             return
         if shard.policy == "eager":  # records already resolved
             t = shard.table()

@@ -131,8 +131,8 @@ class Shard:
     work and ``read_into`` decodes one chunk.
     """
 
-    def __init__(self, store: ByteStore, key: str, scale: Scale, origin, policy: str, index: ShardIndex,
-                 layout: ipc.SchemaLayout, schema_size: int, table: RecordTable | None, rebuilt: bool = False):
+    def __init__(self, store, key: str, scale: Scale, origin, policy: str, index: ShardIndex,
+                 layout: ipc.SchemaLayout | None, schema_size: int, table: RecordTable | None, rebuilt: bool = False):
         self.store = store
         self.key = key
         self.path = store.describe(key) if layout is not None else key
@@ -147,7 +147,8 @@ class Shard:
         self.rebuilt = rebuilt
         self._table = table
         self.box = scale.shard_box(origin)
-        self._grid = self._lookup = None
+        self._grid: memoryview | None = None
+        self._lookup: dict | None = None
         self._make_lookup()
         self.nbytes = int(index.coords.nbytes * 2 + 24 * len(index)
                           + (table.rec.nbytes if table is not None else 0))
@@ -196,7 +197,7 @@ class Shard:
             c = self.index.coords - lo
             grid = np.full(nx * ny * nz, -1, np.int32)
             grid[(c[:, 2] * ny + c[:, 1]) * nx + c[:, 0]] = np.arange(len(c), dtype=np.int32)
-            self._grid = memoryview(grid)  # item access gives a Python int
+            self._grid = memoryview(grid)  # type: ignore[arg-type]  # item access gives a Python int
             self._grid_box = (*(int(v) for v in lo), nx, ny, nz)
         else:
             self._lookup = dict(zip(pack_keys(self.index.coords).tolist(), range(len(self.index)), strict=True))
@@ -205,6 +206,7 @@ class Shard:
         """Record number of chunk (x, y, z); None when the shard does not hold it (background)."""
         grid = self._grid
         if grid is None:
+            assert self._lookup is not None
             return self._lookup.get(pack_key(x, y, z))
         lx, ly, lz, nx, ny, nz = self._grid_box
         x -= lx
@@ -228,6 +230,7 @@ class Shard:
     def _resolve(self, buf, base: int, rows: np.ndarray) -> RecordTable:
         """Records ``rows`` from bytes ``buf`` holding their batches from file offset ``base``."""
         ix = self.index
+        assert self.layout is not None, "records of a RecordSource are never fetched"
         t = RecordTable.from_ipc(buf, base, ix.msg_off[rows], ix.msg_len[rows], ix.row[rows], self.layout,
                                  self.path, self.chunk_size, chunks=ix.coords[rows])
         bad = np.flatnonzero((t.coords != ix.coords[rows]).any(axis=1))
@@ -363,6 +366,11 @@ class RecordSource:
     async def exists(self, key: str) -> bool:
         return False
 
+    async def stat(self, key: str):
+        from .stores.base import Stat
+
+        return Stat(None, None)
+
     def list_sync(self, prefix: str = "") -> list[str]:
         from .errors import SpecError
 
@@ -375,7 +383,7 @@ class RecordSource:
 # --- loading ----------------------------------------------------------------------------------
 
 
-async def load_shard(store: ByteStore, scale: Scale, origin, *, policy: str | None = None,
+async def load_shard(store: ByteStore | RecordSource, scale: Scale, origin, *, policy: str | None = None,
                      index: ShardIndex | None = None) -> Shard:
     """Load and check the shard at a voxel origin of a scale (see the module docstring).
 
@@ -416,7 +424,7 @@ async def load_shard(store: ByteStore, scale: Scale, origin, *, policy: str | No
     return await _Lazy(store, stem, scale, index).load(policy)
 
 
-def load_shard_sync(store: ByteStore, scale: Scale, origin, *, policy: str | None = None,
+def load_shard_sync(store: ByteStore | RecordSource, scale: Scale, origin, *, policy: str | None = None,
                     index: ShardIndex | None = None) -> Shard:
     """``load_shard`` from a thread (not from the I/O loop)."""
     coro = load_shard(store, scale, origin, policy=policy, index=index)
@@ -771,7 +779,7 @@ class _Lazy:
 
     async def _batch_rows(self, offs: np.ndarray, lens: np.ndarray, raw: RawIndex) -> np.ndarray:
         n = len(offs)
-        if n == len(raw.coords) and (n == 0 or int(raw.rec.max()) == n - 1):
+        if n == len(raw.coords) and (n == 0 or (raw.rec is not None and int(raw.rec.max()) == n - 1)):
             return np.ones(n, np.int64)  # one record per batch (DVID's default), checked per read
         where = self.where
         probes = [(int(o), int(o) + int(min(ln, _HEADER_PROBE)), k) for k, (o, ln) in enumerate(zip(offs, lens,
@@ -829,7 +837,7 @@ class ShardCache:
     without loading it again, until the store is reopened.
     """
 
-    def __init__(self, load, store: ByteStore, *, max_shards: int = 64, max_bytes: int = 512 << 20):
+    def __init__(self, load, store, *, max_shards: int = 64, max_bytes: int = 512 << 20):
         if int(max_shards) < 1:
             raise ValueError("max_shards must be at least 1")
         self._load = load

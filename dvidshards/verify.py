@@ -161,7 +161,7 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
                                             f"extent {s.shard_extent}")
                 shard = ds.shard(s, o, policy="eager")
                 report.chunks += len(shard)
-                beyond = np.flatnonzero((shard.coords >= grid).any(axis=1)) if len(shard) else []
+                beyond = np.flatnonzero((shard.coords >= grid).any(axis=1))
                 if len(beyond):
                     c = tuple(int(v) for v in shard.coords[beyond[0]])
                     report.problems.append(Problem(shard.path, "ChunkIndexError",

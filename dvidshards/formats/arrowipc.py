@@ -507,7 +507,7 @@ class SchemaLayout:
             what = f"missing {missing}" if missing else f"unexpected columns {unknown or names}"
             raise ShardFormatError(f"{where}: schema is not a DVID export schema ({what})")
         node = buf = 0
-        where_col: dict[str, tuple[int, int]] = {}
+        where_col: dict[str, tuple[int, int, pa.DataType]] = {}
         top = []
         for f in schema:
             top.append(node)

@@ -73,10 +73,12 @@ class ShardIndex:
     def from_raw(cls, raw: RawIndex, where: str, batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
                  ) -> ShardIndex:
         """Locate every chunk's record batch; ``batches`` (offsets, lengths, rows) is needed for C and D."""
-        if raw.variant == "A":
-            return cls("A", raw.coords, raw.offset, raw.size, raw.batch_idx)
-        if raw.variant == "B":
-            return cls("B", raw.coords, raw.offset, raw.size, np.zeros(len(raw.coords), np.int64))
+        if raw.variant in ("A", "B"):
+            assert raw.offset is not None and raw.size is not None
+            row = raw.batch_idx if raw.batch_idx is not None else np.zeros(len(raw.coords), np.int64)
+            return cls(raw.variant, raw.coords, raw.offset, raw.size, row)
+        if batches is None or raw.rec is None:
+            raise ChunkIndexError(f"{where}: a variant {raw.variant} index needs the file's record batches")
         offs, lens, rows = batches
         starts = np.concatenate([[0], np.cumsum(rows)])
         bad = np.flatnonzero(raw.rec >= starts[-1])

@@ -416,7 +416,7 @@ def _error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
     if bytes(data[:4]) == b"\x28\xb5\x2f\xfd":
         return BlockDecodeError("these bytes are a zstd frame (magic 28 b5 2f fd), not a DVID block: decompress "
                                 "the record's dvid_compressed_block first")
-    g = np.frombuffer(data[:16], dtype="<u4") if len(data) >= 16 else None
+    g = np.frombuffer(bytes(data[:16]).ljust(16, b"\0"), dtype="<u4")
     if code == _E_GRID:
         gx, gy, gz = (int(x) for x in g[:3])
         return BlockDecodeError(

@@ -51,7 +51,7 @@ class Scale:
     @property
     def grid(self) -> tuple[int, int, int]:
         """Chunks per axis covering the volume from the origin."""
-        end = np.add(self.voxel_offset, self.size)
+        end = [o + s for o, s in zip(self.voxel_offset, self.size, strict=True)]
         return grid_shape(end, self.chunk_size)
 
     @property
@@ -86,7 +86,7 @@ class Scale:
 
     def to_json(self) -> dict:
         """The neuroglancer scale entry."""
-        d = {
+        d: dict = {
             "key": self.key or f"s{self.index}",
             "size": list(self.size),
             "resolution": list(self.resolution) if self.resolution is not None else [1.0, 1.0, 1.0],
@@ -160,7 +160,7 @@ def parse_multiscale(spec: dict, where: str = "spec") -> list[Scale]:
         if sharding is not None:
             if len(set(cs)) != 1:
                 raise SpecError(f"{w}: DVID's shard naming needs cubic chunks, got {cs}")
-            extent = dvid_shard_extent(sharding, np.add(off, size), cs[0])
+            extent = dvid_shard_extent(sharding, [o + z for o, z in zip(off, size, strict=True)], cs[0])
         else:
             extent = SINGLE_SHARD
         scales.append(Scale(i, size, res, extent, cs, off, str(s.get("key", f"s{i}")), sharding))

@@ -482,7 +482,7 @@ def shard_and_minishard(
     ids = np.atleast_1d(compressed_morton_code(chunk_coords, grid_shape))
     hashed = _shift_right(ids, spec.preshift_bits)
     if spec.hash == "murmurhash3_x86_128":
-        hashed = murmurhash3_x86_128_low64(hashed)
+        hashed = np.atleast_1d(murmurhash3_x86_128_low64(hashed))
     minishard = hashed & _low_mask(spec.minishard_bits)
     shard = _shift_right(hashed, spec.minishard_bits) & _low_mask(spec.shard_bits)
     if np.asarray(chunk_coords).ndim == 1:

@@ -8,6 +8,7 @@ complete without suspending, so ``drive`` runs them on the caller's thread with 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -96,7 +97,7 @@ class ByteStore(ABC):
     def exists_sync(self, key: str) -> bool:
         return self._sync(self.exists(key))
 
-    def list_sync(self, prefix: str = "") -> list[str]:
+    def list_sync(self, prefix: str = "") -> "builtins.list[str]":
         return self._sync(self.list(prefix))
 
     def stat_sync(self, key: str) -> Stat:
@@ -136,7 +137,7 @@ def background_loop() -> asyncio.AbstractEventLoop:
     """
     global _loop, _loop_thread, _loop_pid
     with _lock:
-        if _loop is None or _loop_pid != os.getpid() or not _loop_thread.is_alive():
+        if _loop is None or _loop_pid != os.getpid() or _loop_thread is None or not _loop_thread.is_alive():
             _loop = asyncio.new_event_loop()
             _loop_thread = threading.Thread(target=_run_forever, args=(_loop,), name="dvidshards-io", daemon=True)
             _loop_thread.start()
