@@ -30,6 +30,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
     "convert": ("dvidshards.convert",
                 "convert an export to neuroglancer precomputed or zarr v3, one task per source shard"),
+    "stats": ("dvidshards.stats:StatsCommand",
+              "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
+    "label-index": ("dvidshards.stats:LabelIndexCommand",
+                    "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
+    "pcg-edges": ("dvidshards.pcg",
+                  "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
 }
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
