@@ -368,3 +368,47 @@ def test_real_shard(real_export, real_records, tmp_path):
         assert as_dict(t) == want and len(want) > 50
         rep = label_index(ds, 1, tmp_path / labels, labels=labels, progress=False)
         assert rep.ok and read_index(tmp_path / labels) == rows[labels]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_cli_stats_and_label_index(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    out = tmp_path / "sizes.parquet"
+    assert main(["stats", exp.root, "--scale", "1", "--out", str(out), "--quiet"]) == 0
+    t = pq.read_table(out)
+    assert as_dict(t) == brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
+    assert "rows from" in capsys.readouterr().out
+    assert main(["stats", exp.root, "--out", str(tmp_path / "s.csv")]) == 2
+    assert "must end in .parquet" in capsys.readouterr().err
+    assert main(["stats", exp.root, "--out", str(out), "--box", "1,2,3"]) == 2
+    assert "x0,y0,z0,x1,y1,z1" in capsys.readouterr().err
+    box = tmp_path / "box.parquet"
+    assert main(["stats", exp.root, "--out", str(box), "--box", "10,20,30,150,160,140",
+                 "--labels", "supervoxels", "--quiet"]) == 0
+    sl = np.s_[10:150, 20:160, 30:140]
+    sv = exp.expected(0, "supervoxels")[sl]
+    assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
+    idx = tmp_path / "idx"
+    assert main(["label-index", exp.root, "--out", str(idx), "--partitions", "2", "--quiet"]) == 0
+    assert read_index(idx) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+
+
+def test_cli_failed_shard_exit_1_and_resume(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    path, _ = _corrupt_one_record(root)
+    out = tmp_path / "sizes.parquet"
+    assert main(["stats", str(root), "--out", str(out), "--resume", "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert f"FAILED {path}: BlockDecodeError" in text and "--resume" in text
+    assert (tmp_path / "sizes.parquet.parts" / "shards").is_dir()
+    shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
+    assert main(["stats", str(root), "--out", str(out), "--resume", "--quiet"]) == 0
+    assert "(6 resumed, 0 failed)" in capsys.readouterr().out
+    assert as_dict(pq.read_table(out)) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert not (tmp_path / "sizes.parquet.parts").exists()
