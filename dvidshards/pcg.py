@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ MANIFEST = "manifest.json"
 SIDE_TABLE = "supervoxels.parquet"
 PIECES = "pieces"
 FORMAT = "dvidshards-pcg-edges"
+_PIECES_RE = re.compile(r"(\d+)_(\d+)_(\d+)\.npy")
 VERSION = 1
 
 
@@ -153,6 +155,18 @@ class _Job:
         self.grid = -(-(self.hi - self.lo) // self.cs)
         self.palette = _IndexPalette()
         self._lock = threading.Lock()
+        self.group = 1  # chunks per task along each axis
+        self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
+        self.only = None  # or a frozenset of the job's chunks
+
+    def members(self, key) -> list[tuple[int, int, int]]:
+        """The job's chunks in task group ``key``."""
+        g = self.group
+        lo = np.maximum(np.asarray(key, np.int64) * g, self.crange[0])
+        hi = np.minimum((np.asarray(key, np.int64) + 1) * g, self.crange[1])
+        out = [(x, y, z) for z in range(int(lo[2]), int(hi[2])) for y in range(int(lo[1]), int(hi[1]))
+               for x in range(int(lo[0]), int(hi[0]))]
+        return out if self.only is None else [c for c in out if c in self.only]
 
     def __getstate__(self):
         d = self.__dict__.copy()
@@ -319,6 +333,21 @@ def _task(job: _Job, coords) -> dict:
     return job.run(coords)
 
 
+def _task_group(job: _Job, key) -> dict:
+    """The job's chunks in group ``key`` (chunks // chunks_per_task), skipping complete ones."""
+    total = {"chunks": 0, "skipped": 0, "pieces": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": 0}
+    for c in job.members(key):
+        total["chunks"] += 1
+        if os.path.exists(os.path.join(job.out, PIECES, _pieces_name(c))):
+            total["skipped"] += 1
+            continue
+        r = job.run(c)
+        for k in ("pieces", "in", "between", "cross", "bytes"):
+            total[k] += r[k]
+        total["written"] += bool(r["written"])
+    return total
+
+
 def _pieces_name(coords) -> str:
     return "_".join(str(int(v)) for v in coords) + ".npy"
 
@@ -339,15 +368,16 @@ def _put_npy(path: str, a: np.ndarray) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def _job_chunks(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
-    """Chunks of the job: given ones, or those overlapping present shards (and the box)."""
-    grid = job.grid
+def _job_items(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
+    """Task items: chunks (or chunk groups) given, or overlapping present shards (and the box)."""
+    grid, g = job.grid, job.group
     if chunks is not None:
-        out = sorted({tuple(int(v) for v in c) for c in np.asarray(chunks, np.int64).reshape(-1, 3)})
+        out = {tuple(int(v) for v in c) for c in np.asarray(chunks, np.int64).reshape(-1, 3)}
         for c in out:
-            if min(c) < 0 or any(v >= g for v, g in zip(c, grid, strict=True)):
-                raise SpecError(f"chunk {c} is outside the PCG grid {tuple(int(g) for g in grid)}")
-        return out
+            if min(c) < 0 or any(v >= n for v, n in zip(c, grid, strict=True)):
+                raise SpecError(f"chunk {c} is outside the PCG grid {tuple(int(n) for n in grid)}")
+        job.only = frozenset(out)
+        return sorted({tuple(v // g for v in c) for c in out})
     lo, hi = job.lo, job.hi
     if box is not None:
         try:
@@ -355,6 +385,9 @@ def _job_chunks(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
         except (TypeError, ValueError):
             raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
         lo, hi = np.maximum(lo, blo), np.minimum(hi, bhi)
+        if (hi <= lo).any():
+            return []
+        job.crange = ((lo - job.lo) // job.cs, (hi - 1 - job.lo) // job.cs + 1)
     s = job.scale
     extent = min(s.shard_extent, 1 << 40)
     found = set()
@@ -362,7 +395,7 @@ def _job_chunks(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
         a, b = np.maximum(np.asarray(o, np.int64), lo), np.minimum(np.asarray(o, np.int64) + extent, hi)
         if (b <= a).any():
             continue
-        c0, c1 = (a - job.lo) // job.cs, (b - 1 - job.lo) // job.cs + 1
+        c0, c1 = (a - job.lo) // job.cs // g, ((b - 1 - job.lo) // job.cs) // g + 1
         for x in range(int(c0[0]), int(c1[0])):
             for y in range(int(c0[1]), int(c1[1])):
                 for z in range(int(c0[2]), int(c1[2])):
@@ -398,8 +431,9 @@ _PARAMS = ("format", "version", "scale", "volume_size", "voxel_offset", "chunk_s
 
 def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, spatial_bits: int = 10,
                 labels="agglomerated", affinity: str = "area", level: int = 3, scheduler=None,
-                resume: bool = False, spec=None, box=None, chunks=None, threads: int | None = None,
-                fill_missing_shards: bool = True, progress: bool | None = None) -> PcgReport:
+                resume: bool = False, spec=None, box=None, chunks=None, chunks_per_task: int = 1,
+                threads: int | None = None, fill_missing_shards: bool = True,
+                progress: bool | None = None) -> PcgReport:
     """Write PyChunkedGraph edges and components files for an export's supervoxels.
 
     Parameters
@@ -437,6 +471,10 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
         Only chunks overlapping this voxel box.
     chunks : (n, 3) ints, optional
         Only these chunks (PCG grid indices).
+    chunks_per_task : int
+        1 (default): one task per chunk. g > 1: one task per g³ block of chunks, for jobs of
+        millions of chunks (fewer items for the driver and the scheduler to hold); failures are
+        then reported per group, and a task skips its chunks that are already complete.
     threads : int, optional
         Decoding threads per task (default: 1 on a cluster, all cores serially).
     fill_missing_shards : bool
@@ -471,18 +509,29 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     if threads is None and scheduler is not None:
         threads = 1
     job = _Job(ds, s, out, cs, layout, bodies, affinity, level, threads, fill_missing_shards)
+    if int(chunks_per_task) < 1:
+        raise SpecError(f"chunks_per_task must be >= 1, got {chunks_per_task}")
+    job.group = int(chunks_per_task)
     manifest = _manifest(job, source, ds, layout, desc)
-    todo = _job_chunks(job, box, chunks)
+    items = _job_items(job, box, chunks)
     _prepare(out, manifest, resume)
-    done = {c for c in todo if os.path.exists(os.path.join(out, PIECES, _pieces_name(c)))} if resume else set()
-    jr = run_tasks(functools.partial(_task, job), todo, scheduler=scheduler, desc="PCG chunks", done=done,
-                   progress=progress)
-    report = PcgReport(out, chunks=len(todo), failed=dict(jr.failed), skipped=len(jr.skipped))
+    if job.group == 1:
+        done = {c for c in items if os.path.exists(os.path.join(out, PIECES, _pieces_name(c)))} if resume else set()
+        jr = run_tasks(functools.partial(_task, job), items, scheduler=scheduler, desc="PCG chunks", done=done,
+                       progress=progress)
+        report = PcgReport(out, chunks=len(items), failed=dict(jr.failed), skipped=len(jr.skipped))
+    else:  # tasks skip their complete chunks themselves
+        jr = run_tasks(functools.partial(_task_group, job), items, scheduler=scheduler,
+                       desc=f"PCG chunk groups of {job.group}³", progress=progress)
+        report = PcgReport(out, failed=dict(jr.failed))
+        for r in jr.results.values():
+            report.chunks += r["chunks"]
+            report.skipped += r["skipped"]
     for r in jr.results.values():
         for k in fmt.EDGE_TYPES:
             report.edges[k] += r[k]
-    report.pieces, report.written = _side_table(out, todo, layout)
-    manifest.update(complete=report.ok, chunks=len(todo), chunks_written=report.written, pieces=report.pieces,
+    report.pieces, report.written = _side_table(out)
+    manifest.update(complete=report.ok, chunks=report.chunks, chunks_written=report.written, pieces=report.pieces,
                     failed=len(report.failed))
     _put(os.path.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
     report.elapsed = time.perf_counter() - t0
@@ -525,8 +574,8 @@ def _prepare(out: str, manifest: dict, resume: bool) -> None:
     _put(path, json.dumps({**manifest, "complete": False}, indent=1).encode())
 
 
-def _side_table(out: str, chunks, layout: IdLayout, rows_per_group: int = 1 << 20) -> tuple[int, int]:
-    """Write supervoxels.parquet from the pieces files of chunks; (rows, chunks with files)."""
+def _side_table(out: str, rows_per_group: int = 1 << 20) -> tuple[int, int]:
+    """Write supervoxels.parquet from every pieces file in out; (rows, chunks with files)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -534,6 +583,13 @@ def _side_table(out: str, chunks, layout: IdLayout, rows_per_group: int = 1 << 2
                         ("chunk_y", pa.int32()), ("chunk_z", pa.int32()), ("voxels", pa.uint64())])
     path = os.path.join(out, SIDE_TABLE)
     tmp = f"{path}.tmp{os.getpid()}"
+    chunks = []
+    with os.scandir(os.path.join(out, PIECES)) as it:
+        for e in it:
+            m = _PIECES_RE.fullmatch(e.name)
+            if m:
+                chunks.append(tuple(int(v) for v in m.groups()))
+    chunks.sort()
     total = files = 0
     buf: list[np.ndarray] = []
     cbuf: list[np.ndarray] = []
@@ -550,8 +606,6 @@ def _side_table(out: str, chunks, layout: IdLayout, rows_per_group: int = 1 << 2
     with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         for c in chunks:
             p = os.path.join(out, PIECES, _pieces_name(c))
-            if not os.path.exists(p):
-                continue
             try:
                 a = np.load(p)
             except (OSError, ValueError) as e:
@@ -627,6 +681,8 @@ def add_arguments(p) -> None:
     p.add_argument("--box", type=int, nargs=6, metavar=("X0", "Y0", "Z0", "X1", "Y1", "Z1"),
                    help="only chunks overlapping this voxel box")
     p.add_argument("--scheduler", help="dask scheduler: local, local:N or an address (default: serial)")
+    p.add_argument("--chunks-per-task", type=int, default=1, metavar="G",
+                   help="one task per G³ block of chunks (default 1: one task per chunk)")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping complete chunks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -638,7 +694,7 @@ def main(args) -> int:
                          spatial_bits=args.spatial_bits,
                          labels=args.mapping if args.mapping else "agglomerated", affinity=args.affinity,
                          level=args.level, scheduler=args.scheduler, resume=args.resume, spec=args.spec, box=box,
-                         progress=False if args.quiet else None)
+                         chunks_per_task=args.chunks_per_task, progress=False if args.quiet else None)
     print(report.summary(), file=sys.stdout)
     return 0 if report.ok else 1
 

@@ -234,6 +234,28 @@ def test_resume_and_guards(tmp_path, synthetic_export):
                         progress=False)
 
 
+def test_chunk_groups_match_one_chunk_per_task(tmp_path, synthetic_export):
+    ex = synthetic_export
+    cs = (64, 64, 64)
+    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, progress=False)
+    b = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, progress=False)
+    assert a.ok and b.ok and a.chunks == b.chunks == 36 and a.pieces == b.pieces
+    names = sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file() and p.suffix != ".json")
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir() if p.is_file() and p.suffix != ".json")
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    inside = [p for p in sorted((tmp_path / "b" / "pieces").iterdir())
+              if all(int(v) < m for v, m in zip(p.stem.split("_"), (4, 2, 3), strict=True))]
+    for p in inside[1:3]:
+        p.unlink()
+    c = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, resume=True,
+                        box=[[0, 0, 0], [256, 128, 192]], progress=False)
+    assert c.ok and c.chunks == 4 * 2 * 3 and c.skipped == len(inside) - 2  # empty chunks have no files: rerun
+    assert (tmp_path / "b" / "supervoxels.parquet").read_bytes() == (tmp_path / "a" / "supervoxels.parquet").read_bytes()
+    with pytest.raises(DvidShardsError):
+        pcg.write_edges(ex.root, tmp_path / "c", cs, spec=ex.spec, chunks_per_task=0, progress=False)
+
+
 def test_corrupt_output_files_are_typed(tmp_path):
     (tmp_path / "edges_0_0_0.proto.zst").write_bytes(b"not zstd")
     with pytest.raises(PcgError, match="edges_0_0_0"):
