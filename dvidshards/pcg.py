@@ -191,7 +191,7 @@ class _Job:
     def id_lists(self, coords):
         """Id lists of chunk c and its 6 neighbours, and a supervoxel -> body lookup."""
         s = self.scale
-        reader = self.ds.reader(s, "supervoxels", fill_missing_shards=self.fill)
+        reader = self.ds.reader(s, self.palette, fill_missing_shards=self.fill)  # the reads' shard cache
         bcs = np.asarray(s.chunk_size, np.int64)
         boxes = [self.box(coords)] + [self.box(np.add(coords, d)) for d in fmt.DIRECTIONS]
         # DVID blocks overlapping each box
