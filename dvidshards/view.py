@@ -635,6 +635,8 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     """``dvidshards view``: print the source URL and the viewer URL, serve until Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="dvidshards view: %(levelname)s %(message)s")
+    if not args.no_viewer:
+        _neuroglancer()  # before any work
     ds = _as_dataset(args.source, args.spec)
     server = ViewServer(args.bind, args.port, gzip=args.gzip)
     try:

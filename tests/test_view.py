@@ -50,9 +50,12 @@ def get(url: str, headers=None, method="GET"):
         return e.code, e.headers, e.read()
 
 
-def open_scale(url: str, k: int):
+def open_scale(url: str, k: int, concurrency: int | None = None):
+    context = {"cache_pool": {"total_bytes_limit": 0}}
+    if concurrency is not None:
+        context["http_request_concurrency"] = {"limit": concurrency}
     spec = {"driver": "neuroglancer_precomputed", "kvstore": url.rstrip("/") + "/", "scale_index": k,
-            "context": {"cache_pool": {"total_bytes_limit": 0}}}
+            "context": context}
     return ts.open(spec, read=True).result()
 
 
@@ -279,9 +282,12 @@ def test_viewer_state(export):
     ng = pytest.importorskip("neuroglancer")
     from dvidshards.view import viewer
 
-    v = viewer(Dataset(export.root, spec=export.spec), select=[7, 9], position=(10, 20, 30))
+    img = "precomputed://http://127.0.0.1:1/em"
+    v = viewer(Dataset(export.root, spec=export.spec), select=[7, 9], position=(10, 20, 30), image=img)
     try:
         st = v.state
+        assert [lay.name for lay in st.layers] == ["image", "segmentation"]  # segmentation drawn on top
+        assert isinstance(st.layers["image"].layer, ng.ImageLayer) and st.layers["image"].source[0].url == img
         layer = st.layers["segmentation"]
         assert isinstance(layer.layer, ng.SegmentationLayer)
         assert layer.source[0].url == v.dvidshards_server.source()
@@ -373,3 +379,20 @@ def test_corrupt_record_fails_that_chunk_only(export, tmp_path, caplog):
                                               want[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
     logged = [r.getMessage() for r in caplog.records if r.name == "dvidshards.view"]
     assert len(logged) == 1 and "BlockDecodeError" in logged[0] and path.name in logged[0]
+
+
+def test_remote_export_over_http(export):
+    """An export read through byte ranges from an HTTP server is served the same way."""
+    from pathlib import Path
+
+    from dvidshards.testing.servers import RangeServer
+
+    with RangeServer(Path(export.root)) as remote, serve(Dataset(remote.url, spec=export.spec)) as srv:
+        for k in (0, 2):
+            # (TensorStore's HTTP client is shared in a process: keep its requests to the viewer
+            # server fewer than it allows at once, so the server's own remote reads get through)
+            got = open_scale(srv.http_url(), k, concurrency=4)[..., 0].read().result()
+            np.testing.assert_array_equal(got, export.expected(k))
+        st = srv.stats()["agglomerated"]
+        assert st["transcoded"]["count"] > 0 and st["failed"]["count"] == 0
+        assert remote.total_requests > 0
