@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
     "pcg-edges": ("dvidshards.pcg",
                   "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
+    "view": ("dvidshards.view",
+             "serve an export as a neuroglancer precomputed source and open a viewer on it"),
 }
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2

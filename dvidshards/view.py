@@ -163,9 +163,16 @@ class ViewVolume:
         self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
         self.name = self.labels.name
         scales = [s.to_json() for s in self.dataset.scales]
-        for s in scales:  # served unsharded: one key per chunk
-            s.pop("sharding", None)
+        guessed = []
+        for s, sc in zip(scales, self.dataset.scales, strict=True):
+            s.pop("sharding", None)  # served unsharded: one key per chunk
             s.setdefault("compressed_segmentation_block_size", [8, 8, 8])
+            if sc.resolution is None:  # geometry inferred without a resolution: DVID halves each scale
+                s["resolution"] = [float(2 ** sc.index)] * 3
+                guessed.append(f"s{sc.index}: {2 ** sc.index}")
+        if guessed:
+            log.warning("%s: resolution unknown (no spec), served as 2**k per scale (%s); pass the export's "
+                        "spec for nm", self.dataset.store.describe(""), ", ".join(guessed))
         self.info = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
                      "num_channels": 1, "scales": scales}
         self._by_key = {s["key"]: i for i, s in enumerate(scales)}
@@ -502,6 +509,7 @@ def _show(ds, src: str, *, select=(), position=None, image=None, bind="127.0.0.1
     """A neuroglancer viewer (new or given) with a segmentation layer on a precomputed source."""
     ng = _neuroglancer()
     s0 = ds.scales[0]
+    res = list(s0.resolution) if s0.resolution is not None else [float(2 ** s0.index)] * 3  # as served
     pos = (np.asarray(s0.voxel_offset) + np.asarray(s0.size) / 2) if position is None else position
     pos = [float(p) for p in pos]
     if len(pos) != 3:
@@ -510,7 +518,7 @@ def _show(ds, src: str, *, select=(), position=None, image=None, bind="127.0.0.1
         ng.set_server_bind_address(bind, 0)
     v = ng.Viewer() if viewer is None else viewer
     with v.txn() as st:
-        st.dimensions = ng.CoordinateSpace(names=["x", "y", "z"], units="nm", scales=list(s0.resolution))
+        st.dimensions = ng.CoordinateSpace(names=["x", "y", "z"], units="nm", scales=res)
         st.position = pos
         if image:
             st.layers["image"] = ng.ImageLayer(source=image)

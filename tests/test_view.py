@@ -396,3 +396,21 @@ def test_remote_export_over_http(export):
         st = srv.stats()["agglomerated"]
         assert st["transcoded"]["count"] > 0 and st["failed"]["count"] == 0
         assert remote.total_requests > 0
+
+
+def test_inferred_geometry_is_served_with_relative_resolutions(export, caplog):
+    """Without a spec the scales have no resolution: each is served as 2**k, so they stack."""
+    import warnings
+
+    caplog.set_level(logging.WARNING, logger="dvidshards.view")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = Dataset(export.root)
+    assert ds.scales[0].resolution is None
+    with serve(ds) as srv:
+        info = json.loads(get(srv.http_url() + "/info")[2])
+        assert [s["resolution"] for s in info["scales"]] == [[1.0] * 3, [2.0] * 3, [4.0] * 3]
+        got = open_scale(srv.http_url(), 1)[..., 0].read().result()
+        want = export.expected(1)
+        np.testing.assert_array_equal(got[:want.shape[0], :want.shape[1], :want.shape[2]], want)
+    assert any("resolution unknown" in r.getMessage() for r in caplog.records)
