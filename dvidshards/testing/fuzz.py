@@ -54,8 +54,10 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "BAD",
     "CLASSES",
     "CSV_REGIONS",
+    "FAIL",
     "SHARD_REGIONS",
     "Campaign",
     "Mutation",
@@ -72,9 +74,11 @@ SYN_SHAPE = (190, 150, 140)  # 3x3x3 chunks, 2x2x2 shards of 128 voxels, cropped
 MODES = ("agglomerated", "supervoxels")
 KINDS = {"shard": 1, "csv": 2}
 
-# outcome classes, worst first (a trial gets the worst that applies)
-CLASSES = ("crash", "hang", "untyped", "struct_silent", "data_silent", "typed", "exact")
+# outcome classes, worst first (a trial gets the worst that applies); harness_error: a bug of
+# this module (a mutation that could not be built, a worker that exited without a signal)
+CLASSES = ("harness_error", "crash", "hang", "untyped", "struct_silent", "data_silent", "typed", "exact")
 BAD = ("crash", "hang", "untyped", "struct_silent")
+FAIL = ("harness_error",) + BAD  # what a campaign must not see
 
 # region -> weight; regions that do not apply to a template are skipped
 SHARD_REGIONS = {
@@ -183,6 +187,7 @@ class Message:
     kind: str  # "schema", "batch" or "eos"
     bodylen_pos: int = -1
     length_pos: int = -1  # RecordBatch.length (rows)
+    rows: int = 0
     nodes_pos: int = -1  # vector length u32; FieldNode structs follow
     n_nodes: int = 0
     buffers_pos: int = -1
@@ -313,7 +318,8 @@ def arrow_map(data: bytes) -> ArrowMap:
             m.buffers = [(_get(data, m.buffer_pos(k), 8), _get(data, m.buffer_pos(k) + 8, 8))
                          for k in range(m.n_buffers)]
             batch = pa.ipc.read_record_batch(pm, schema)
-            assert _get(data, m.length_pos, 8) == batch.num_rows
+            m.rows = batch.num_rows
+            assert _get(data, m.length_pos, 8) == m.rows
         messages.append(m)
         p = m.end
     roles, nodes = _layout(schema)
@@ -429,6 +435,13 @@ def build_templates(workdir, data_dir=None, synthetic: bool = True, real: bool =
             shutil.copyfile(data_dir / csv, root / "s1" / f"{REAL_SHARD}.csv")
             out.append(Template(f"real-{variant}", str(root), 1, spec, [f"s1/{REAL_SHARD}"], variant, boxes,
                                 list(size), refs))
+        # the A export opened without its spec: geometry inferred from the one shard's records
+        held = np.array([[b[0], b[2], b[4]] for b, r in zip(boxes, refs["agglomerated"], strict=True)
+                         if r != _digest(np.zeros((64, 64, 64), np.uint64))]) // 64
+        shape = [int(v) for v in 64 * (held.max(axis=0) + 1)]
+        root = workdir / "templates" / "real-A-nospec"
+        shutil.copytree(workdir / "templates" / "real-A", root, dirs_exist_ok=True)
+        out.append(Template("real-A-nospec", str(root), 1, None, [f"s1/{REAL_SHARD}"], "A", boxes, shape, refs))
     if synthetic:
         out += _synthetic_templates(workdir)
     for t in out:
@@ -566,8 +579,10 @@ def mutate(rng: np.random.Generator, t: Template, files: _Files, kind: str) -> l
     amap = files.amap(arrow)
     region = _choose_region(rng, SHARD_REGIONS, lambda r: _shard_region_ok(t, amap, r))
     muts = [_ARROW_OPS[region](rng, t, files, arrow, amap, region)]
-    if region in IN_PLACE and rng.random() < 0.15:
-        second = _choose_region(rng, SHARD_REGIONS, lambda r: r in IN_PLACE)
+    # a second structural in-place edit now and then (never mixed with a data-only one, whose
+    # silent difference would then be blamed on the structure)
+    if region in IN_PLACE - DATA_ONLY and rng.random() < 0.15:
+        second = _choose_region(rng, SHARD_REGIONS, lambda r: r in IN_PLACE - DATA_ONLY)
         muts.append(_ARROW_OPS[second](rng, t, files, arrow, amap, second))
     return muts
 
@@ -804,16 +819,11 @@ def _message_order_op(rng, t, files, rel, amap, region):
 def _fix_csv(files: _Files, rel: str, amap: ArrowMap, order: list) -> None:
     """Rewrite a CSV index after the batches were reordered (the export stays valid)."""
     bs = amap.batches
-    rows = []  # (old offset, rows) per batch, in file order
     lines = bytes(files.get(rel)).decode().splitlines()
     head = [ln for ln in lines[:2] if ln.startswith("#") or ln.startswith("x,")]
     body = lines[len(head):]
     cols = head[-1].split(",")
-    # rows per batch from the C index is not in the file: derive it from the A/B entries or
-    # from the batch header
-    data = bytes(files.get(rel[:-4] + ".arrow"))
-    for m in bs:
-        rows.append(_get(data, m.length_pos, 8) if m.length_pos >= 0 else 1)
+    rows = [m.rows for m in bs]  # of the clean file: the batches have already been moved
     new_off, pos = {}, bs[0].offset
     for k in order:
         new_off[bs[k].offset] = pos
@@ -1081,7 +1091,8 @@ def _check_export(t: Template, root, bad_box_limit: int) -> dict:
     from dvidshards.errors import DvidShardsError
 
     out = {"read_ok": 0, "differ": 0, "typed": 0, "untyped": 0, "first_typed": None, "first_untyped": None,
-           "differ_boxes": [], "verify": None, "shape": None}
+           "differ_boxes": [], "verify": None, "shape": None, "unnamed": None}
+    files = [Path(s).name for s in t.stems]
 
     def note(e):
         key = "typed" if isinstance(e, DvidShardsError) else "untyped"
@@ -1106,6 +1117,11 @@ def _check_export(t: Template, root, bad_box_limit: int) -> dict:
                 got = vol[b[0]:b[1], b[2]:b[3], b[4]:b[5]].read(order="F").result()
             except Exception as e:  # noqa: BLE001
                 note(e)
+                msg = str(e)
+                chunk = (b[0] // 64, b[2] // 64, b[4] // 64)
+                if out["unnamed"] is None and isinstance(e, DvidShardsError) and (
+                        str(chunk) not in msg or not any(f in msg for f in files)):
+                    out["unnamed"] = f"chunk {chunk}: {_error(e)}"
                 continue
             if _digest(got) == want:
                 out["read_ok"] += 1
@@ -1156,16 +1172,26 @@ def prepare_trial(t: Template, kind: str, seed: int, trial: int, root: Path) -> 
 
 def run_trial(t: Template, kind: str, seed: int, trial: int, scratch: Path) -> dict:
     """Mutate a copy of t, check it, classify; the copy is left in scratch/trial for the caller."""
+    import traceback
+
     root = scratch / "trial"
-    muts = prepare_trial(t, kind, seed, trial, root)
+    head = {"template": t.name, "kind": kind, "seed": seed, "trial": trial}
+    try:
+        muts = prepare_trial(t, kind, seed, trial, root)
+    except Exception:  # noqa: BLE001 - a bug of the harness, not of the library
+        return head | {"class": "harness_error", "region": "?", "detail": traceback.format_exc(limit=4)}
     t0 = time.perf_counter()
-    res = check_export(t, root)
+    try:
+        res = check_export(t, root)
+    except Exception:  # noqa: BLE001 - check_export classifies library errors itself
+        return head | {"class": "harness_error", "region": muts[0].region, "detail": traceback.format_exc(limit=4),
+                       "mutation": "; ".join(m.describe() for m in muts)}
     data_only = all(m.data_only for m in muts)
     cls = classify(res, data_only)
     region = muts[0].region if len(muts) == 1 else "+".join(m.region for m in muts)
-    return {"template": t.name, "kind": kind, "seed": seed, "trial": trial, "region": region,
-            "mutation": "; ".join(m.describe() for m in muts), "class": cls,
-            "verify_missed": bool(res["differ"]) and res["verify"] == "ok",
+    return head | {
+            "region": region, "mutation": "; ".join(m.describe() for m in muts), "class": cls,
+            "verify_missed": bool(res["differ"]) and res["verify"] == "ok", "unnamed": res["unnamed"],
             "seconds": round(time.perf_counter() - t0, 3),
             "detail": res["first_untyped"] or (res["differ_boxes"][0] if res["differ_boxes"] else None)
             or res["first_typed"] or res.get("verify_problem"),
@@ -1250,7 +1276,9 @@ class _Worker:
             return {"class": "hang", "detail": f"no answer within {timeout:.0f} s"}
         self.proc.wait()
         rc = self.proc.returncode
-        name = signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else f"exit {rc}"
+        if rc >= 0:  # exited without a signal: the harness failed (a Python error in the worker)
+            return {"class": "harness_error", "detail": f"worker exited with {rc}", "stderr": self._tail()}
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else f"signal {-rc}"
         return {"class": "crash", "detail": f"worker died ({name})", "stderr": self._tail()}
 
     def alive(self) -> bool:
@@ -1335,8 +1363,11 @@ class Campaign:
                     w = _Worker(n, self.workdir, self.env, log, self.start_timeout)
                     self.rss.setdefault(w.pid, [(0, w.ready["rss"])])
                 res = {**req, **w.run(req, self.timeout)}
-                if res["class"] in ("crash", "hang"):
-                    self._describe_dead(res)
+                if res["class"] in ("crash", "hang", "harness_error") and not w.alive():
+                    try:
+                        self._describe_dead(res)
+                    except Exception as e:  # noqa: BLE001 - keep the campaign going
+                        res["mutation"] = f"(could not rebuild the mutation: {_error(e)})"
                     w.stop()
                     w = None
                     with self._lock:
@@ -1401,17 +1432,20 @@ class Campaign:
         for r in self.results:
             if kind and r["kind"] != kind:
                 continue
-            for key in (r.get("region") or "?", "total"):
-                row = rows.setdefault(key, {c: 0 for c in CLASSES} | {"verify_missed": 0, "trials": 0})
+            region = r.get("region") or "?"
+            for key in ("two structural edits" if "+" in region else region, "total"):
+                row = rows.setdefault(key, {c: 0 for c in CLASSES} | {"verify_missed": 0, "unnamed": 0,
+                                                                      "trials": 0})
                 row[r["class"]] += 1
                 row["trials"] += 1
                 row["verify_missed"] += bool(r.get("verify_missed"))
+                row["unnamed"] += bool(r.get("unnamed"))
         return rows
 
     def table(self, kind: str | None = None) -> str:
         """Markdown table of classes by region."""
         rows = self.counts(kind)
-        cols = ["trials", *CLASSES[::-1], "verify_missed"]
+        cols = ["trials", *CLASSES[::-1], "verify_missed", "unnamed"]
         names = sorted((k for k in rows if k != "total"), key=lambda k: (-rows[k]["trials"], k)) + ["total"]
         lines = ["| region | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
         for k in names:
@@ -1419,20 +1453,24 @@ class Campaign:
                 lines.append(f"| {k} | " + " | ".join(str(rows[k][c]) for c in cols) + " |")
         return "\n".join(lines)
 
-    def examples(self, classes=BAD + ("verify_missed",), per_key: int = 3) -> list[dict]:
-        """A few results of each bad class and region."""
+    def examples(self, classes=("harness_error",) + BAD + ("verify_missed",), per_key: int = 3) -> list[dict]:
+        """A few results of each bad class and region (``verify_missed``: verify said ok, data differ,
+        outside the data-only regions; ``unnamed``: a typed chunk-read error naming no chunk or file)."""
         seen: dict[tuple, int] = {}
         out = []
         for r in self.results:
-            cls = r["class"] if r["class"] in classes else (
-                "verify_missed" if r.get("verify_missed") and "verify_missed" in classes
-                and r["class"] != "data_silent" else None)
-            if cls is None:
+            if r["class"] in classes:
+                cls, detail = r["class"], r.get("detail")
+            elif "verify_missed" in classes and r.get("verify_missed") and r["class"] != "data_silent":
+                cls, detail = "verify_missed", r.get("detail")
+            elif "unnamed" in classes and r.get("unnamed"):
+                cls, detail = "unnamed", r["unnamed"]
+            else:
                 continue
             key = (cls, r.get("region"))
             seen[key] = seen.get(key, 0) + 1
             if seen[key] <= per_key:
-                out.append(r | {"as": cls})
+                out.append(r | {"as": cls, "detail": detail})
         return out
 
     def rss_table(self) -> str:
