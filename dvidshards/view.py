@@ -15,11 +15,10 @@ TensorStore's ``neuroglancer_precomputed`` driver read as all zero. A chunk whos
 server keeps serving every other chunk. CORS headers are set on every answer, so a viewer
 served from any origin can read it.
 
-Chunks are encoded straight from the DVID record when the transcoder
-(``dvidshards.formats.cseg``) applies: a whole 64³ chunk on DVID's grid. Otherwise (a chunk
-cut by the volume edge, a grid not aligned with DVID's, or no transcoder) the voxels are read
-through the export's TensorStore volume and encoded by TensorStore's own precomputed writer
-into a small in-memory volume.
+A whole 64³ chunk on DVID's grid is transcoded straight from its record
+(``dvidshards.formats.cseg``: no voxel decode). Otherwise (a chunk cut by the volume edge, a
+voxel offset off DVID's grid) the voxels are decoded by the bulk reader (``Dataset.read``) and
+encoded by TensorStore's own precomputed writer into a small in-memory volume.
 
 neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards[view]``).
 """
@@ -38,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -90,9 +90,9 @@ class _Encoder:
     precomputed volume. One `_Encoder` serves one request at a time (see `ViewVolume`).
     """
 
-    def __init__(self, scales_json: list[dict]):
+    def __init__(self, scales_json: list[dict[str, Any]]):
         self._scales = scales_json
-        self._stores: dict[str, object] = {}
+        self._stores: dict[str, Any] = {}
 
     def _store(self, k: int):
         import tensorstore as ts
@@ -134,10 +134,6 @@ def _as_dataset(source, spec=None):
     return source if isinstance(source, Dataset) else Dataset(source, spec=spec)
 
 
-def _transcoder():
-    from .formats.cseg import transcode
-
-    return transcode
 
 
 class ViewVolume:
@@ -152,8 +148,8 @@ class ViewVolume:
     threads : int, optional
         Chunk requests at work at once (default: CPU count, at least 2).
     transcode : bool
-        Encode whole DVID-grid chunks straight from their records when the transcoder is
-        available; False always decodes voxels first (for comparison).
+        Encode whole DVID-grid chunks straight from their records; False always decodes
+        voxels first (for comparison).
     """
 
     def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True):
@@ -173,12 +169,12 @@ class ViewVolume:
         if guessed:
             log.warning("%s: resolution unknown (no spec), served as 2**k per scale (%s); pass the export's "
                         "spec for nm", self.dataset.store.describe(""), ", ".join(guessed))
-        self.info = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
+        self.info: dict[str, Any] = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
                      "num_channels": 1, "scales": scales}
         self._by_key = {s["key"]: i for i, s in enumerate(scales)}
         if len(self._by_key) != len(scales):
             raise SpecError(f"{self.dataset!r}: two scales share a key; keys are {[s['key'] for s in scales]}")
-        self._transcode = _transcoder() if transcode else None
+        self.transcode = bool(transcode)
         n = max(2, os.cpu_count() or 2) if threads is None else int(threads)
         if n < 1:
             raise SpecError(f"threads must be at least 1, got {threads}")
@@ -213,7 +209,7 @@ class ViewVolume:
         """compressed_segmentation bytes of one chunk (None: no data, all 0) and the route used."""
         cs = np.asarray(self.info["scales"][k]["chunk_sizes"][0])
         lo, hi = box
-        if self._transcode is not None and not np.any(lo % cs) and np.all(hi - lo == cs):  # on DVID's grid
+        if self.transcode and not np.any(lo % cs) and np.all(hi - lo == cs):  # on DVID's grid
             return self._chunk_from_record(k, lo // cs), "transcoded"
         vox = self.dataset.read(box, k, self.labels, threads=1, fill_missing_shards=True)
         if not vox.any():
@@ -227,7 +223,7 @@ class ViewVolume:
     def _chunk_from_record(self, k: int, c: np.ndarray):
         """Transcoded bytes of whole chunk c (None: absent or all background)."""
         from .errors import BlockDecodeError
-        from .formats.cseg import is_background
+        from .formats.cseg import is_background, transcode
 
         x, y, z = (int(v) for v in c)
         reader = self.dataset.reader(k, self.labels, fill_missing_shards=True)
@@ -238,7 +234,7 @@ class ViewVolume:
             return None
         t = shard.table([i])
         try:
-            data = self._transcode(t.block(0), reader.labels.palette(t, 0))
+            data = transcode(t.block(0), reader.labels.palette(t, 0))
         except BlockDecodeError as e:
             if str(e).startswith(t.path):
                 raise
@@ -256,6 +252,7 @@ class ViewVolume:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    server: _Server
     protocol_version = "HTTP/1.1"
     server_version = "dvidshards-view"
     timeout = 120  # seconds an idle keep-alive connection may hold its thread
@@ -333,6 +330,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    volumes: dict[str, ViewVolume]
+    gzip: bool
+    admit: threading.BoundedSemaphore
+    admit_timeout: float
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
@@ -491,16 +492,15 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
     ds = _as_dataset(dataset, spec)
     _neuroglancer()
     own = server is None
-    if own:
-        server = ViewServer(bind, port)
+    srv = ViewServer(bind, port) if server is None else server
     try:
-        v = _show(ds, server.add(ds, labels), select=select, position=position, image=image, bind=bind,
+        v = _show(ds, srv.add(ds, labels), select=select, position=position, image=image, bind=bind,
                   viewer=viewer, layer=layer)
     except BaseException:
         if own:
-            server.close()
+            srv.close()
         raise
-    v.dvidshards_server = server
+    v.dvidshards_server = srv
     return v
 
 
@@ -538,9 +538,8 @@ def find_browser() -> tuple[str, str] | None:
     """(chromium, chromedriver) executables if both are installed, else None."""
     import shutil
 
-    for b, d in (("/usr/bin/chromium", "/usr/bin/chromedriver"),):
-        if os.access(b, os.X_OK) and os.access(d, os.X_OK):
-            return b, d
+    if os.access("/usr/bin/chromium", os.X_OK) and os.access("/usr/bin/chromedriver", os.X_OK):
+        return "/usr/bin/chromium", "/usr/bin/chromedriver"
     b = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     d = shutil.which("chromedriver")
     return (b, d) if b and d else None
@@ -606,7 +605,7 @@ def screenshot(viewer, *, size=None, timeout: float = 120.0, statistics=None):
             s.viewer_size = [int(size[0]), int(size[1])]
     try:
         for _ in range(5):  # the canvas size may lag one frame behind viewer_size
-            done, out = threading.Event(), []
+            done, out = threading.Event(), cast(list, [])
             viewer.async_screenshot(lambda r, out=out, done=done: (out.append(r), done.set()),
                                     statistics_callback=statistics)
             if not done.wait(timeout):
