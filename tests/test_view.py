@@ -414,3 +414,21 @@ def test_inferred_geometry_is_served_with_relative_resolutions(export, caplog):
         want = export.expected(1)
         np.testing.assert_array_equal(got[:want.shape[0], :want.shape[1], :want.shape[2]], want)
     assert any("resolution unknown" in r.getMessage() for r in caplog.records)
+
+
+def test_voxel_offset_off_dvids_grid(export):
+    """A volume starting at x=32: the served chunk grid starts there too, so every chunk straddles
+    DVID chunks and is decoded and encoded; TensorStore still reads the volume exactly."""
+    import copy
+
+    spec = copy.deepcopy(export.spec)
+    s0 = spec["scales"][0]
+    s0["voxel_offset"] = [32, 0, 0]
+    s0["size"] = [SHAPE[0] - 32, SHAPE[1], SHAPE[2]]
+    spec["scales"] = [s0]
+    with serve(Dataset(export.root, spec=spec)) as srv:
+        t = open_scale(srv.http_url(), 0)
+        assert list(t.domain.inclusive_min[:3]) == [32, 0, 0]
+        np.testing.assert_array_equal(t[32:, :, :, 0].read().result(), export.expected(0)[32:])
+        st = srv.stats()["agglomerated"]
+        assert st["transcoded"]["count"] == 0 and st["encoded"]["count"] > 0
