@@ -127,6 +127,15 @@ def test_segmentation_is_drawn_where_the_bodies_are(export, browser):
         # the whole picture: every body in its colour, background where there is none
         assert matches(px, img).mean() > 0.99
         assert len(np.unique(lab)) > 2  # more than one body in view
+        # the whole slice, background chunks included: their 404 is drawn as background
+        centre = (SHAPE[0] / 2, SHAPE[1] / 2, z + 0.5)
+        with v.txn() as s:
+            s.position = list(centre)
+        px = pixels(screenshot(v, size=(W, H), timeout=120))
+        lab, img = expected_image(vol, 1, centre, 0.5)
+        assert matches(px, img).mean() > 0.99
+        st = v.dvidshards_server.stats()["agglomerated"]
+        assert st["absent"]["count"] > 0 and st["failed"]["count"] == 0
         # the layer hidden: background only
         with v.txn() as s:
             s.layers["segmentation"].visible = False
