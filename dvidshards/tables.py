@@ -1,0 +1,1461 @@
+"""Block records as tables: sorted Parquet tables, any Arrow table or stream, VastDB, ingest.
+
+The design DVID's export was meant to follow (a Flight stream to N workers writing a table
+sorted by shard and Morton code, with payloads over a cell limit split across
+``bin1..bin4``) made real, with an export's shard files (or a Flight server, see
+``dvidshards.flight``) as the first source.
+
+**The table layout** that `ingest` writes (a folder)::
+
+    TABLE/info                                      neuroglancer multiscale spec + "dvidshards_table"
+    TABLE/s{k}/{shard_id}_{ox}_{oy}_{oz}.parquet    one file per shard, rows sorted by morton
+
+Columns ``shard_id, morton`` (int64: the neuroglancer shard number of the scale's sharding
+spec, 0 without one, and the chunk's compressed Morton code), ``chunk_x/y/z`` (int32),
+``labels``, ``supervoxels`` (list<uint64>), ``dvid_compressed_block`` (binary, null when
+split), ``uncompressed_size`` (uint32) and ``bin1..bin4`` (binary, null unless split).  A
+file appears only complete (written aside, then renamed), so a worker that dies leaves no
+partial shard and a restarted one skips the shards already written.  Row groups are small
+(`ROW_GROUP` rows) with statistics on the keys: a chunk is found from its file name and the
+row groups' ``morton`` ranges.
+
+**`TableSource`** reads such a table, and also any Parquet/Arrow table or stream with DVID's
+record columns (also the prototype's ``block_coord_*`` / ``compressed_data``), a
+``pyarrow.Table``, a ``RecordBatchReader`` or anything with ``__arrow_c_stream__`` (read
+once and indexed in memory).  ``Dataset(TableSource(...))`` is then a volume like the shard
+files: every label mode, the bulk reader, verify, stats and convert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import pyarrow as pa
+
+from .errors import ChunkIndexError, DvidShardsError, MissingShardError, ShardFormatError, SpecError
+from .formats import arrowipc as ipc
+from .formats.multiscale import SINGLE_SHARD, Scale, parse_json, parse_multiscale
+from .formats.records import RecordTable
+from .formats.sharding import compressed_morton_code, dvid_shard_names_collide, shard_and_minishard
+from .shard import RecordSource, Shard
+
+__all__ = [
+    "BINS",
+    "CELL_LIMIT",
+    "ROW_GROUP",
+    "TABLE_SCHEMA",
+    "CellLimitError",
+    "IngestReport",
+    "PartialStreamError",
+    "TableSource",
+    "VastDBSink",
+    "VastDBSource",
+    "add_arguments",
+    "as_record_source",
+    "ingest",
+    "ingest_blocks",
+    "ingest_partition",
+    "main",
+    "partition_plan",
+    "record_batches",
+    "normalise_records",
+    "record_keys",
+    "shard_ids",
+    "split_cells",
+]
+
+CELL_LIMIT = 126 * 1024  # bytes per cell (VastDB's limit, from DVID's design)
+BINS = ("bin1", "bin2", "bin3", "bin4")
+ROW_GROUP = 256  # rows per Parquet row group (benchmarks/bench_sources.py measures the choice)
+BATCH_ROWS = 256  # rows per streamed record batch
+TABLE_VERSION = 1
+_META_KEY = b"dvidshards.table"
+_FILE = re.compile(r"^(\d+)_(\d+)_(\d+)_(\d+)\.parquet$")
+_RECORD_COLUMNS = ("shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels",
+                   "dvid_compressed_block", "uncompressed_size")
+
+#: the stream's schema (Flight) and the table's without the bins
+STREAM_SCHEMA = pa.schema([
+    pa.field("shard_id", pa.int64(), nullable=False),
+    pa.field("morton", pa.int64(), nullable=False),
+    pa.field("chunk_x", pa.int32(), nullable=False),
+    pa.field("chunk_y", pa.int32(), nullable=False),
+    pa.field("chunk_z", pa.int32(), nullable=False),
+    pa.field("labels", pa.list_(pa.uint64()), nullable=False),
+    pa.field("supervoxels", pa.list_(pa.uint64()), nullable=False),
+    pa.field("dvid_compressed_block", pa.binary(), nullable=False),
+    pa.field("uncompressed_size", pa.uint32(), nullable=False),
+])
+TABLE_SCHEMA = pa.schema([*(f for f in STREAM_SCHEMA if f.name != "dvid_compressed_block"),
+                          pa.field("dvid_compressed_block", pa.binary(), nullable=True),
+                          *(pa.field(b, pa.binary(), nullable=True) for b in BINS)])
+
+
+class CellLimitError(DvidShardsError, ValueError):
+    """A record's payload (or label list) does not fit the table's cells (4 bins at most)."""
+
+
+class PartialStreamError(DvidShardsError, OSError):
+    """A record stream ended before it said it was complete (a worker or server died)."""
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def record_keys(scale: Scale, coords) -> tuple[np.ndarray, np.ndarray]:
+    """(shard_id, morton) int64 of chunk coordinates at a scale.
+
+    ``morton`` is the neuroglancer compressed Morton code (chunk id) over the scale's grid;
+    ``shard_id`` the shard number its sharding spec gives (0 without sharding).
+    """
+    c = np.asarray(coords, np.int64).reshape(-1, 3)
+    if not len(c):
+        z = np.zeros(0, np.int64)
+        return z, z.copy()
+    grid = scale.grid
+    bad = np.flatnonzero(((c < 0) | (c >= np.asarray(grid, np.int64))).any(axis=1))
+    if bad.size:
+        raise ChunkIndexError(f"chunk {tuple(int(v) for v in c[bad[0]])} lies outside scale {scale.index}'s "
+                              f"chunk grid {grid}")
+    morton = np.atleast_1d(compressed_morton_code(c, grid))
+    if morton.size and int(morton.max()) >= 1 << 63:
+        raise SpecError(f"scale {scale.index}: chunk ids need 64 bits; the table keys are int64")
+    if scale.sharding is None:
+        sid = np.zeros(len(c), np.uint64)
+    else:
+        sid = np.atleast_1d(shard_and_minishard(scale.sharding, c, grid)[0])
+    return sid.astype(np.int64), morton.astype(np.int64)
+
+
+def shard_ids(scale: Scale, origin) -> np.ndarray:
+    """Sorted shard ids of the chunks of the DVID shard box at a voxel origin.
+
+    One id, unless DVID's cubic naming puts several neuroglancer shards in one file (or the
+    hash is not the identity).
+    """
+    lo, hi = scale.shard_box(origin)
+    hi = np.minimum(hi, np.asarray(scale.grid, np.int64))
+    if (hi <= lo).any():
+        return np.zeros(0, np.int64)
+    sh = scale.sharding
+    if sh is None:
+        return np.zeros(1, np.int64)
+    if sh.hash == "identity" and not dvid_shard_names_collide(sh, np.add(scale.voxel_offset, scale.size),
+                                                              scale.chunk_size[0]):
+        return record_keys(scale, lo[None])[0]
+    axes = [np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi, strict=True)]
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    return np.unique(record_keys(scale, grid)[0])
+
+
+# --- records as record batches --------------------------------------------------------------------
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather_kernel(src, offs, lens, out, out_offs):  # pragma: no cover - compiled
+    p = 0
+    for i in range(offs.shape[0]):
+        o, n = offs[i], lens[i]
+        out_offs[i] = p
+        out[p:p + n] = src[o:o + n]
+        p += n
+    out_offs[offs.shape[0]] = p
+
+
+def _gather(src: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate byte ranges of src: (bytes, int32 or int64 offsets)."""
+    offs = np.ascontiguousarray(offs, np.int64)
+    lens = np.ascontiguousarray(lens, np.int64)
+    n = src.shape[0]
+    if len(offs) and (offs.min() < 0 or lens.min() < 0 or (offs > n - lens).any()):
+        raise ShardFormatError("record byte ranges lie outside their buffers")  # validated upstream
+    total = int(lens.sum())
+    out = np.empty(total, np.uint8)
+    out_offs = np.empty(len(offs) + 1, np.int64)
+    _gather_kernel(src, offs, lens, out, out_offs)
+    return out, out_offs
+
+
+def _binary_array(data: np.ndarray, offs: np.ndarray) -> pa.Array:
+    if offs[-1] < 1 << 31:
+        return pa.Array.from_buffers(pa.binary(), len(offs) - 1, [None, pa.py_buffer(offs.astype(np.int32)),
+                                                                  pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.large_binary(), len(offs) - 1, [None, pa.py_buffer(offs), pa.py_buffer(data)])
+
+
+def _u64_list_array(data: np.ndarray, offs_bytes: np.ndarray) -> pa.Array:
+    values = pa.Array.from_buffers(pa.uint64(), len(data) // 8, [None, pa.py_buffer(data)])
+    return pa.ListArray.from_arrays(pa.array((offs_bytes // 8).astype(np.int32), pa.int32()), values)
+
+
+def records_to_batch(t: RecordTable, rows, shard_id: np.ndarray, morton: np.ndarray,
+                     columns: Iterable[str] | None = None) -> pa.RecordBatch:
+    """Records ``rows`` of a RecordTable as one record batch of `STREAM_SCHEMA` (copied).
+
+    ``shard_id`` and ``morton`` are the rows' keys; ``columns`` projects (default: all).
+    """
+    rows = np.asarray(rows, np.int64)
+    rec = t.rec[rows]
+    cols = list(STREAM_SCHEMA.names) if columns is None else list(columns)
+    arrays = []
+    for name in cols:
+        if name == "shard_id":
+            arrays.append(pa.array(np.asarray(shard_id, np.int64)))
+        elif name == "morton":
+            arrays.append(pa.array(np.asarray(morton, np.int64)))
+        elif name in ("chunk_x", "chunk_y", "chunk_z"):
+            arrays.append(pa.array(rec[:, ipc.R_CX + "xyz".index(name[-1])].astype(np.int32)))
+        elif name == "labels":
+            arrays.append(_u64_list_array(*_gather(t.bufs[1], rec[:, ipc.R_LAB], 8 * rec[:, ipc.R_NLAB])))
+        elif name == "supervoxels":
+            arrays.append(_u64_list_array(*_gather(t.bufs[2], rec[:, ipc.R_SV], 8 * rec[:, ipc.R_NSV])))
+        elif name == "dvid_compressed_block":
+            arrays.append(_binary_array(*_gather(t.bufs[0], rec[:, ipc.R_PAY], rec[:, ipc.R_PAYLEN])))
+        elif name == "uncompressed_size":
+            us = rec[:, ipc.R_USIZE].copy()
+            for k in np.flatnonzero(us < 0):  # schema without the column: the frame says it
+                us[k] = _frame_size(t, int(rows[k]))
+            arrays.append(pa.array(us.astype(np.uint32)))
+        else:
+            raise SpecError(f"unknown record column {name!r}; columns are {list(STREAM_SCHEMA.names)}")
+    schema = pa.schema([STREAM_SCHEMA.field(c) for c in cols])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _frame_size(t: RecordTable, i: int) -> int:
+    import zstandard
+
+    from .errors import BlockDecodeError
+
+    try:
+        n = zstandard.frame_content_size(t.payload(i))
+    except zstandard.ZstdError as e:
+        raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame ({e})") from None
+    if n < 0:
+        n = len(t.block(i))
+    return n
+
+
+def _check_frames(t: RecordTable, rows: np.ndarray) -> None:
+    """Each payload is a zstd frame whose declared size agrees with uncompressed_size (cheap)."""
+    import zstandard
+
+    from .errors import BlockDecodeError
+
+    fcs = zstandard.frame_content_size
+    rec = t.rec
+    for i in rows.tolist():
+        try:
+            n = fcs(t.payload(i))
+        except zstandard.ZstdError as e:
+            raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame ({e})") from None
+        us = int(rec[i, ipc.R_USIZE])
+        if n >= 0 and us >= 0 and n != us:
+            raise BlockDecodeError(f"{t.where(i)}: zstd frame declares {n} bytes, uncompressed_size is {us}")
+
+
+def _chunk_filter(coords: np.ndarray, scale: Scale, box=None, chunks=None) -> np.ndarray:
+    """Boolean mask of records in a voxel box and/or a chunk list."""
+    keep = np.ones(len(coords), bool)
+    if box is not None:
+        lo, hi = (np.asarray(v, np.int64) for v in box)
+        cs = np.asarray(scale.chunk_size, np.int64)
+        c0, c1 = lo // cs, -(-hi // cs)  # chunks intersecting [lo, hi)
+        keep &= ((coords >= c0) & (coords < c1)).all(axis=1)
+    if chunks is not None:
+        want = np.asarray(chunks, np.int64).reshape(-1, 3)
+        from .formats.chunkindex import pack_keys
+
+        keep &= np.isin(pack_keys(coords), pack_keys(want))
+    return keep
+
+
+def record_batches(table: RecordTable, scale: Scale, origin, *, only: Iterable[int] | None = None, box=None,
+                   chunks=None, batch_rows: int = BATCH_ROWS, columns=None, check: bool = True
+                   ) -> Iterator[tuple[pa.RecordBatch, dict]]:
+    """One DVID shard's records as record batches sorted by (shard_id, morton).
+
+    Yields ``(batch, meta)``; batches never span two shard ids, and the last batch of each
+    shard id (possibly empty) has ``meta = {"shard_id", "origin", "records", "end": True}``
+    (``{}`` otherwise).  ``only`` keeps some shard ids; ``box`` (voxels) and ``chunks``
+    keep some chunks; with ``check`` every payload's zstd frame header is checked.
+    """
+    coords = table.coords
+    sid, morton = record_keys(scale, coords)
+    keep = _chunk_filter(coords, scale, box, chunks)
+    if only is not None:
+        keep &= np.isin(sid, np.fromiter(only, np.int64))
+    rows = np.flatnonzero(keep)
+    rows = rows[np.lexsort((morton[rows], sid[rows]))]
+    if check:
+        _check_frames(table, rows)
+    o = [int(v) for v in origin]
+    ids = np.unique(sid[rows]) if len(rows) else np.zeros(0, np.int64)
+    for s in ids.tolist():
+        mine = rows[sid[rows] == s]
+        n = len(mine)
+        for a in range(0, n, batch_rows):
+            part = mine[a:a + batch_rows]
+            last = a + batch_rows >= n
+            meta = {"shard_id": s, "origin": o, "records": n, "end": True} if last else {}
+            yield records_to_batch(table, part, sid[part], morton[part], columns), meta
+
+
+def partition_plan(origins_by_id: dict[int, list], partition: int, of: int, skip=()) -> list[tuple[int, tuple]]:
+    """(shard_id, origin) pairs of a partition (``shard_id % of == partition``), in shard order."""
+    skip = {int(s) for s in skip}
+    out = []
+    for s in sorted(origins_by_id):
+        if s % of == partition and s not in skip:
+            out.extend((s, o) for o in origins_by_id[s])
+    return out
+
+
+def origins_by_shard_id(scale: Scale, origins) -> dict[int, list]:
+    """{shard_id: [DVID shard origins holding it]} of the present DVID shards."""
+    out: dict[int, list] = {}
+    for o in origins:
+        for s in shard_ids(scale, o).tolist():
+            out.setdefault(int(s), []).append(tuple(int(v) for v in o))
+    return out
+
+
+# --- cells --------------------------------------------------------------------------------------
+
+
+def split_cells(batch: pa.RecordBatch, cell_limit: int = CELL_LIMIT, where: str = "") -> pa.RecordBatch:
+    """A stream batch in the table's schema: payloads over ``cell_limit`` split over bin1..bin4.
+
+    A split row has a null ``dvid_compressed_block``; an unsplit row null bins.  A payload
+    over four cells raises `CellLimitError` naming its chunk.
+    """
+    import pyarrow.compute as pc
+
+    if cell_limit < 1:
+        raise SpecError(f"cell_limit must be positive, got {cell_limit}")
+    pay = batch.column("dvid_compressed_block")
+    n = batch.num_rows
+    lens = pc.binary_length(pay).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
+    big = np.flatnonzero(lens > cell_limit)
+    cols = {name: batch.column(name) for name in batch.schema.names}
+    if not big.size:
+        bins = [pa.nulls(n, pa.binary()) for _ in BINS]
+    else:
+        over = big[lens[big] > 4 * cell_limit]
+        if over.size:
+            i = int(over[0])
+            c = tuple(int(batch.column(a)[i].as_py()) for a in ("chunk_x", "chunk_y", "chunk_z"))
+            raise CellLimitError(f"{where + ': ' if where else ''}chunk {c}: its payload is {int(lens[i])} bytes, "
+                                 f"more than 4 cells of {cell_limit} bytes (bin1..bin4); raise the cell limit")
+        mask = np.zeros(n, bool)
+        mask[big] = True
+        data, starts, ends = _binary_parts(pay)
+        bins = []
+        for k in range(4):
+            a = starts + k * cell_limit
+            valid = mask & (a < ends)
+            lens = np.where(valid, np.minimum(a + cell_limit, ends) - a, 0)
+            out, offs = _gather(data, np.where(valid, a, 0), lens)
+            bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
+            bins.append(pa.Array.from_buffers(pa.binary(), n, [bits, pa.py_buffer(offs.astype(np.int32)),
+                                                               pa.py_buffer(out)], null_count=int(n - valid.sum())))
+        if not pa.types.is_binary(pay.type):
+            pay = pay.cast(pa.binary())
+        pay = pc.if_else(pa.array(mask), pa.scalar(None, pa.binary()), pay)
+    cols["dvid_compressed_block"] = pay
+    arrays = [cols[f.name] if f.name not in BINS else bins[BINS.index(f.name)] for f in TABLE_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=TABLE_SCHEMA)
+
+
+def _binary_parts(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data bytes, start offsets, end offsets) of a binary array (its slice respected)."""
+    large = pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    raw = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset:arr.offset + len(arr) + 1]
+    offs = raw.astype(np.int64)
+    return data, offs[:-1], offs[1:]
+
+
+def _reassemble(table: pa.Table, path: str) -> pa.Table:
+    """Payloads split over bin1..bin4 joined back into ``dvid_compressed_block`` (a copy).
+
+    A row's payload is its ``dvid_compressed_block`` (or the prototype's ``compressed_data``)
+    when not null, else its bins in order; a gap in the bins or a row with no payload at all
+    is a ShardFormatError naming the chunk.
+    """
+    import pyarrow.compute as pc
+
+    names = table.schema.names
+    n = table.num_rows
+    whole_name = next((c for c in ("dvid_compressed_block", "compressed_data") if c in names), None)
+    bins = [table.column(b) if b in names else pa.nulls(n, pa.binary()) for b in BINS]
+    valid = np.stack([np.asarray(b.is_valid().to_numpy(zero_copy_only=False), bool) for b in bins], 1) \
+        if n else np.zeros((0, 4), bool)
+    whole = table.column(whole_name) if whole_name else pa.nulls(n, pa.binary())
+    has_whole = np.asarray(whole.is_valid().to_numpy(zero_copy_only=False), bool) if n else np.zeros(0, bool)
+    gap = (~valid[:, :-1] & valid[:, 1:]).any(axis=1) & ~has_whole
+    empty = ~valid.any(axis=1) & ~has_whole
+    bad = np.flatnonzero(gap | empty)
+    if bad.size:
+        i = int(bad[0])
+        cx = "chunk_x" if "chunk_x" in names else "block_coord_x"
+        c = tuple(int(table.column(cx[:-1] + a)[i].as_py()) for a in "xyz")
+        what = "no payload (dvid_compressed_block and bin1..bin4 are null)" if empty[i] else \
+            "a gap in its bins (a null bin before a non-null one)"
+        raise ShardFormatError(f"{path}: chunk {c}: {what}")
+    lb = pa.large_binary()
+    joined = pc.binary_join_element_wise(*(b.cast(lb) for b in bins), pa.scalar(b"", lb),
+                                         null_handling="replace", null_replacement=b"")
+    payload = pc.if_else(pa.array(has_whole), whole.cast(lb), joined) if whole_name else joined
+    keep = [c for c in names if c not in BINS and c != whole_name]
+    return pa.Table.from_arrays([table.column(c) for c in keep] + [payload],
+                                names=keep + ["dvid_compressed_block"])
+
+
+def normalise_records(table, path: str, scale: Scale | None = None, check_keys: bool = True) -> RecordTable:
+    """A RecordTable from a table or batch of records (bins reassembled, keys checked)."""
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    names = table.schema.names
+    present = [b for b in BINS if b in names]
+    if present and all(table.column(b).null_count == table.num_rows for b in present):
+        table = table.drop_columns(present)  # nothing split here: payloads stay zero-copy
+        names = table.schema.names
+    elif present:
+        table = _reassemble(table, path)
+        names = table.schema.names
+    if check_keys and scale is not None and "shard_id" in names and "morton" in names and table.num_rows:
+        cx = "chunk_x" if "chunk_x" in names else "block_coord_x"
+        coords = np.stack([table.column(cx[:-1] + a).to_numpy().astype(np.int64) for a in "xyz"], axis=1)
+        sid, mor = record_keys(scale, coords)
+        got_s = table.column("shard_id").to_numpy().astype(np.int64)
+        got_m = table.column("morton").to_numpy().astype(np.int64)
+        bad = np.flatnonzero((got_s != sid) | (got_m != mor))
+        if bad.size:
+            i = int(bad[0])
+            raise ChunkIndexError(f"{path}: chunk {tuple(int(v) for v in coords[i])} is stored with shard_id "
+                                  f"{got_s[i]}, morton {got_m[i]} but scale {scale.index}'s spec gives "
+                                  f"{sid[i]}, {mor[i]}: the table was written with another spec")
+    cs = scale.chunk_size if scale is not None else (64, 64, 64)
+    return RecordTable.from_batch(table, path, cs)
+
+
+# --- Parquet files ------------------------------------------------------------------------------
+
+
+def _file_name(shard_id: int, origin) -> str:
+    return f"{int(shard_id)}_{int(origin[0])}_{int(origin[1])}_{int(origin[2])}.parquet"
+
+
+def _parquet_options() -> dict:
+    compress = {c: ("zstd" if c in ("labels", "supervoxels", "shard_id", "morton", "chunk_x", "chunk_y",
+                                    "chunk_z", "uncompressed_size") else "none") for c in TABLE_SCHEMA.names}
+    return dict(compression=compress, use_dictionary=False,
+                write_statistics=["shard_id", "morton", "chunk_x", "chunk_y", "chunk_z"])
+
+
+class _ShardFileWriter:
+    """One shard's Parquet file, written aside and renamed into place when complete."""
+
+    def __init__(self, folder: str, shard_id: int, origin, scale: Scale, row_group_size: int, cell_limit: int):
+        import pyarrow.parquet as pq
+
+        self.final = os.path.join(folder, _file_name(shard_id, origin))
+        self.tmp = os.path.join(folder, f".{_file_name(shard_id, origin)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        self.shard_id, self.origin, self.rg, self.cell_limit = int(shard_id), tuple(origin), row_group_size, cell_limit
+        meta = {"version": TABLE_VERSION, "scale": scale.index, "shard_id": self.shard_id,
+                "origin": list(self.origin)}
+        self.schema = TABLE_SCHEMA.with_metadata({_META_KEY: json.dumps(meta).encode()})
+        self.w = pq.ParquetWriter(self.tmp, self.schema, **_parquet_options())
+        self.pending: list[pa.RecordBatch] = []
+        self.npending = 0
+        self.rows = 0
+        self.bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        b = split_cells(batch, self.cell_limit, self.final)
+        self.pending.append(b)
+        self.npending += b.num_rows
+        self.rows += b.num_rows
+        self.bytes += b.nbytes
+        if self.npending >= self.rg:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        if not self.pending:
+            return
+        t = pa.Table.from_batches(self.pending, schema=self.schema)
+        whole = (t.num_rows // self.rg) * self.rg if not final else t.num_rows
+        if whole:
+            self.w.write_table(t.slice(0, whole), row_group_size=self.rg)
+        rest = t.slice(whole)
+        self.pending = rest.to_batches() if rest.num_rows else []
+        self.npending = rest.num_rows
+
+    def close(self) -> str:
+        self._flush(final=True)
+        self.w.close()
+        os.replace(self.tmp, self.final)
+        return self.final
+
+    def abort(self) -> None:
+        try:
+            self.w.close()
+        except Exception:  # noqa: BLE001 - already failing
+            pass
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+def write_table_info(root: str, spec: dict, *, complete: bool, extra: dict | None = None) -> None:
+    """Write ``root/info``: the spec plus the table's own section (atomically)."""
+    d = dict(spec)
+    d["dvidshards_table"] = {"version": TABLE_VERSION, "complete": bool(complete), **(extra or {})}
+    tmp = os.path.join(root, f".info.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(d, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, os.path.join(root, "info"))
+
+
+def read_table_info(root: str) -> dict | None:
+    """The table section and spec of a table folder, or None when it is not one."""
+    path = os.path.join(root, "info")
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        d = parse_json(f.read(), path)
+    return d if isinstance(d.get("dvidshards_table"), dict) else None
+
+
+def table_files(root: str, scale: int) -> dict[int, tuple[tuple, str]]:
+    """{shard_id: (origin, path)} of the complete shard files of a scale folder."""
+    folder = os.path.join(root, f"s{scale}")
+    out = {}
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        m = _FILE.match(name)
+        if m:
+            s, x, y, z = (int(g) for g in m.groups())
+            if s in out:
+                raise ChunkIndexError(f"{folder}: two files for shard id {s}")
+            out[s] = ((x, y, z), os.path.join(folder, name))
+    return out
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+
+def _as_arrow_table(obj) -> pa.Table:
+    if isinstance(obj, pa.Table):
+        return obj
+    if isinstance(obj, pa.RecordBatch):
+        return pa.Table.from_batches([obj])
+    if isinstance(obj, pa.RecordBatchReader):
+        return obj.read_all()
+    if hasattr(obj, "to_table") and not hasattr(obj, "__arrow_c_stream__"):  # pyarrow.dataset
+        return obj.to_table()
+    if hasattr(obj, "__arrow_c_stream__"):
+        return pa.RecordBatchReader.from_stream(obj).read_all()
+    raise SpecError(f"cannot read a {type(obj).__name__} as a table of block records")
+
+
+def _coords_of(table, where: str = "the table") -> np.ndarray:
+    names = table.schema.names
+    for base in ("chunk_", "block_coord_"):
+        cols = [base + a for a in "xyz"]
+        if all(c in names for c in cols):
+            break
+    else:
+        raise ShardFormatError(f"{where} has no chunk_x/y/z (or block_coord_x/y/z) columns: {names}")
+    out = []
+    for c in cols:
+        col = table.column(c)
+        if not pa.types.is_integer(col.type) or col.null_count:
+            raise ShardFormatError(f"{where}: column {c!r} must hold integers without nulls ({col.type})")
+        out.append(np.asarray(col.to_numpy(zero_copy_only=False), np.int64))
+    return np.stack(out, axis=1) if out[0].size else np.zeros((0, 3), np.int64)
+
+
+def _spec_from(spec, schema: pa.Schema | None) -> dict | None:
+    if spec is not None:
+        if isinstance(spec, dict):
+            return spec
+        path = os.fspath(spec)
+        try:
+            with open(path, "rb") as f:
+                return parse_json(f.read(), path)
+        except OSError as e:
+            raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
+    meta = (schema.metadata or {}) if schema is not None else {}
+    if b"dvidshards.spec" in meta:
+        return parse_json(meta[b"dvidshards.spec"], "the table's dvidshards.spec metadata")
+    return None
+
+
+class TableSource(RecordSource):
+    """Block records in a table, as a ``Dataset`` source: ``Dataset(TableSource(...))``.
+
+    Parameters
+    ----------
+    source : path, pyarrow.Table, RecordBatchReader or any object with ``__arrow_c_stream__``
+        A table folder written by `ingest` (with ``info``), a Parquet file or folder, an
+        Arrow IPC/Feather file, or in-memory records.  Streams are read once and indexed in
+        memory.
+    spec : dict or path, optional
+        The neuroglancer multiscale spec of the records (default: the table's ``info`` or its
+        ``dvidshards.spec`` schema metadata).
+    scale : int
+        Scale of the records of a plain table (a table folder names its own scales).
+    partial : bool
+        Read scales of a table folder whose ingest did not finish (absent shards read as missing).
+    """
+
+    immediate = True
+    mappable = False
+
+    def __init__(self, source, *, spec=None, scale: int = 0, partial: bool = False):
+        self._lock = threading.Lock()
+        self._meta: dict = {}
+        self.layout = None
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            self.name = path
+            info = read_table_info(path) if os.path.isdir(path) else None
+            if info is not None:
+                self._done = {int(k) for k in info["dvidshards_table"].get("scales_done", [])}
+                self._partial = bool(partial)
+                self.layout = path
+                self.spec = _spec_from(spec, None) or {k: v for k, v in info.items() if k != "dvidshards_table"}
+                self.scales = {s.index: s for s in parse_multiscale(self.spec, os.path.join(path, "info"))}
+                self._files: dict[int, dict] = {}
+                return
+            self._init_plain(path, spec, scale)
+        else:
+            self.name = f"<{type(source).__name__}>"
+            t = _as_arrow_table(source)
+            self._init_memory(t, spec, scale)
+
+    # --- plain tables: indexed in memory by their coordinates ----------------------------------
+
+    def _init_plain(self, path: str, spec, scale: int) -> None:
+        import pyarrow.parquet as pq
+
+        if not os.path.exists(path):
+            raise SpecError(f"{path}: no such table")
+        low = path.lower()
+        if os.path.isdir(path) or low.endswith((".parquet", ".parq", ".pq")):
+            files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs
+                           if not f.startswith((".", "_")) and f.lower().endswith((".parquet", ".parq", ".pq"))) \
+                if os.path.isdir(path) else [path]
+            if not files:
+                raise SpecError(f"{path}: no Parquet files")
+            self._pq: list = []
+            pieces, coords = [], []
+            for fi, f in enumerate(files):
+                try:
+                    pf = pq.ParquetFile(f)
+                except (OSError, pa.ArrowException) as e:
+                    raise ShardFormatError(f"{f}: cannot read the Parquet file ({e})") from None
+                self._pq.append(f)
+                names = pf.schema_arrow.names
+                cols = [c for c in ("chunk_x", "chunk_y", "chunk_z", "block_coord_x", "block_coord_y",
+                                    "block_coord_z") if c in names]
+                for g in range(pf.num_row_groups):
+                    c = _coords_of(pf.read_row_group(g, columns=cols), f)
+                    coords.append(c)
+                    pieces.append(np.stack([np.full(len(c), fi), np.full(len(c), g), np.arange(len(c))], 1))
+                schema = pf.schema_arrow
+            self.spec = _spec_from(spec, schema)
+            self._setup(np.concatenate(coords) if coords else np.zeros((0, 3), np.int64),
+                        np.concatenate(pieces) if pieces else np.zeros((0, 3), np.int64), scale)
+            self._memory = None
+            return
+        try:
+            with pa.memory_map(path) as src:
+                try:
+                    t = pa.ipc.open_file(src).read_all()
+                except pa.ArrowInvalid:
+                    src.seek(0)
+                    t = pa.ipc.open_stream(src).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SpecError(f"{path}: not a Parquet or Arrow IPC table ({e})") from None
+        self._init_memory(t, spec, scale)
+
+    def _init_memory(self, t: pa.Table, spec, scale: int) -> None:
+        self.spec = _spec_from(spec, t.schema)
+        if self.spec is None:
+            raise SpecError(f"{self.name}: give the neuroglancer multiscale spec of these records (spec=...)")
+        self._memory = t
+        self._setup(_coords_of(t, self.name), None, scale)
+
+    def _setup(self, coords: np.ndarray, where: np.ndarray | None, scale: int) -> None:
+        if self.spec is None:
+            raise SpecError(f"{self.name}: give the neuroglancer multiscale spec of these records (spec=...)")
+        scales = {s.index: s for s in parse_multiscale(self.spec, "spec")}
+        if scale not in scales:
+            raise SpecError(f"{self.name}: scale {scale} is not in the spec (scales {sorted(scales)})")
+        self.scales = scales
+        self.scale_index = int(scale)
+        s = scales[scale]
+        self._where = where
+        if len(coords) and coords.min() < 0:
+            i = int(np.flatnonzero((coords < 0).any(axis=1))[0])
+            raise ChunkIndexError(f"{self.name}: row {i}: negative chunk coordinate {tuple(coords[i])}")
+        cs = np.asarray(s.chunk_size, np.int64)
+        ext = min(s.shard_extent, SINGLE_SHARD)
+        origins = coords * cs // ext * ext
+        self._rows: dict[tuple, np.ndarray] = {}
+        if len(origins):
+            order = np.lexsort(origins.T[::-1])
+            o = origins[order]
+            cut = np.flatnonzero((np.diff(o, axis=0) != 0).any(axis=1)) + 1
+            for part in np.split(order, cut):
+                self._rows[tuple(int(v) for v in origins[part[0]])] = np.sort(part)
+
+    # --- RecordSource ------------------------------------------------------------------------
+
+    def describe(self, key: str) -> str:
+        return f"{self.name}/{key}" if key else self.name
+
+    def _layout_files(self, k: int) -> dict:
+        if k not in self._done and not self._partial:
+            raise SpecError(f"{self.layout}: scale {k} was not ingested completely (info: scales_done "
+                            f"{sorted(self._done)}); run the ingest again, or open with partial=True")
+        f = self._files.get(k)
+        if f is None:
+            f = self._files[k] = table_files(self.layout, k)
+        return f
+
+    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
+        if self.layout is not None:
+            return sorted({o for o, _ in self._layout_files(scale.index).values()})
+        return sorted(self._rows) if scale.index == self.scale_index else []
+
+    async def exists(self, key: str) -> bool:
+        m = re.match(r"^s(\d+)/(\d+)_(\d+)_(\d+)\.arrow$", key)
+        if not m:
+            return False
+        k, *o = (int(g) for g in m.groups())
+        s = self.scales.get(k)
+        return s is not None and tuple(o) in set(self.shard_origins(s))
+
+    async def load_shard(self, scale: Scale, origin) -> Shard:
+        return self.load_shard_sync(scale, origin)
+
+    def load_shard_sync(self, scale: Scale, origin) -> Shard:
+        """The shard's records (MissingShardError when the table has none there)."""
+        o = tuple(int(v) for v in origin)
+        key = scale.stem(o)
+        if self.layout is not None:
+            files = [(s, p) for s, (fo, p) in self._layout_files(scale.index).items() if fo == o]
+            if not files:
+                raise MissingShardError(f"{self.describe(key)}: the table has no records in this shard")
+            parts = [self._read_file(p) for _, p in sorted(files)]
+            t = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            where = files[0][1] if len(files) == 1 else self.describe(key)
+            table = normalise_records(t, where, scale)
+        else:
+            rows = self._rows.get(o) if scale.index == self.scale_index else None
+            if rows is None:
+                raise MissingShardError(f"{self.describe(key)}: the table has no records in this shard")
+            table = normalise_records(self._take(rows), self.describe(key), scale)
+        return Shard.from_records(self, table, scale, o)
+
+    def _take(self, rows: np.ndarray) -> pa.Table:
+        if self._memory is not None:
+            t = self._memory
+            if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+                return t.slice(int(rows[0]), len(rows))  # contiguous (sorted tables): zero-copy
+            return t.take(pa.array(rows))
+        import pyarrow.parquet as pq
+
+        w = self._where[rows]
+        parts = []
+        for (fi, g) in sorted({(int(a), int(b)) for a, b in w[:, :2]}):
+            sel = w[(w[:, 0] == fi) & (w[:, 1] == g), 2]
+            rg = pq.ParquetFile(self._pq[fi]).read_row_group(g)
+            parts.append(rg if len(sel) == rg.num_rows else rg.take(pa.array(sel)))
+        return pa.concat_tables(parts)
+
+    def _read_file(self, path: str) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException) as e:
+            raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
+
+    # --- random access: a batch of chunks by (shard id, morton) -------------------------------
+
+    def _file_meta(self, path: str):
+        m = self._meta.get(path)
+        if m is None:
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(path)
+            md = pf.metadata
+            names = pf.schema_arrow.names
+            im = names.index("morton")
+            ranges = []
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(im).statistics
+                ranges.append((st.min, st.max) if st is not None and st.has_min_max else (None, None))
+            m = self._meta[path] = (md, ranges)
+        return m
+
+    def read_records(self, scale, chunks) -> RecordTable:
+        """The records of a list of chunks (absent ones are left out), reading only their row groups.
+
+        A table folder finds each chunk by its shard file and the row groups' ``morton``
+        statistics; a plain table by its in-memory index.
+        """
+        import pyarrow.parquet as pq
+
+        s = scale if isinstance(scale, Scale) else self.scales[int(scale)]
+        c = np.asarray(chunks, np.int64).reshape(-1, 3)
+        where = self.describe(s.folder)
+        if self.layout is None:
+            parts = []
+            for o in sorted({s.shard_origin(*v) for v in c.tolist()}):
+                if o in self._rows and s.index == self.scale_index:
+                    sh = self.load_shard_sync(s, o)
+                    rows = [r for r in (sh.find(*v) for v in c.tolist()) if r is not None]
+                    if rows:
+                        parts.append(sh.table(np.asarray(rows, np.int64)))
+            return _concat_tables(parts, where, s.chunk_size)
+        inside = ((c >= 0) & (c < np.asarray(s.grid))).all(axis=1)
+        c = c[inside]
+        sid, mor = record_keys(s, c)
+        files = self._layout_files(s.index)
+        tables = []
+        for sh in np.unique(sid).tolist():
+            if sh not in files:
+                continue
+            path = files[sh][1]
+            md, ranges = self._file_meta(path)
+            want = mor[sid == sh]
+            groups = sorted({g for m in want.tolist() for g, (a, b) in enumerate(ranges)
+                             if a is None or a <= m <= b})
+            if not groups:
+                continue
+            t = pq.ParquetFile(path, metadata=md).read_row_groups(groups)
+            got = t.column("morton").to_numpy()
+            hit = np.flatnonzero(np.isin(got, want))
+            if len(hit):
+                tables.append(t.take(pa.array(hit)))
+        if not tables:
+            return _concat_tables([], where, s.chunk_size)
+        return normalise_records(pa.concat_tables(tables), where, s)
+
+
+def _concat_tables(parts: list[RecordTable], where: str, chunk_size) -> RecordTable:
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        z = np.zeros(0, np.uint8)
+        return RecordTable(np.zeros((0, ipc.REC_FIELDS), np.int64), (z, z, z), where, chunk_size)
+    bufs = [np.concatenate([p.bufs[k] for p in parts]) for k in range(3)]
+    recs, pos = [], [0, 0, 0]
+    for p in parts:
+        r = p.rec.copy()
+        for k, col in enumerate((ipc.R_PAY, ipc.R_LAB, ipc.R_SV)):
+            r[:, col] += pos[k]
+            pos[k] += p.bufs[k].shape[0]
+        recs.append(r)
+    return RecordTable(np.concatenate(recs), tuple(bufs), where, chunk_size)
+
+
+def as_record_source(source, *, spec=None, scale: int = 0, **kwargs) -> RecordSource:
+    """The RecordSource for a table, an Arrow stream or a Flight URI (``grpc://host:port``).
+
+    Anything else (an export folder, a store URL) is not a record source: SpecError.
+    """
+    if isinstance(source, RecordSource):
+        return source
+    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        from .flight import FlightSource
+
+        return FlightSource(source, **kwargs)
+    if isinstance(source, (str, os.PathLike)):
+        p = os.fspath(source)
+        if os.path.isdir(p) and read_table_info(p) is None and any(
+                re.fullmatch(r"s\d+", n) for n in os.listdir(p)):
+            if any(f.endswith(".arrow") for n in os.listdir(p) if re.fullmatch(r"s\d+", n)
+                   for f in os.listdir(os.path.join(p, n))):
+                raise SpecError(f"{p}: an export of shard files, not a table (open it with Dataset)")
+    return TableSource(source, spec=spec, scale=scale, **kwargs)
+
+
+# --- VastDB ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A pushed-down selection: an AND of per-column conditions (what VastDB can push down).
+
+    ``terms`` maps a column to ``("isin", values)`` or ``("between", lo, hi)`` (inclusive).
+    ``to_ibis()`` gives the SDK's form, ``to_pyarrow()`` a ``pyarrow.compute`` expression.
+    """
+
+    terms: tuple
+
+    def to_ibis(self):
+        from ibis import _
+
+        expr = None
+        for col, (op, *args) in self.terms:
+            c = getattr(_, col)
+            if op == "isin":  # an OR of equalities on one column: what every SDK version pushes down
+                e = None
+                for v in args[0]:
+                    e = (c == int(v)) if e is None else e | (c == int(v))
+            else:
+                e = (c >= int(args[0])) & (c <= int(args[1]))
+            expr = e if expr is None else expr & e
+        return expr
+
+    def to_pyarrow(self):
+        import pyarrow.compute as pc
+
+        expr = None
+        for col, (op, *args) in self.terms:
+            f = pc.field(col)
+            e = f.isin(list(args[0])) if op == "isin" else (f >= args[0]) & (f <= args[1])
+            expr = e if expr is None else expr & e
+        return expr
+
+
+def shard_predicate(scale: Scale, origin) -> Predicate:
+    """The predicate selecting one DVID shard's records: its shard ids and its chunk box."""
+    lo, hi = scale.shard_box(origin)
+    ids = [int(s) for s in shard_ids(scale, origin)]
+    return Predicate((("shard_id", ("isin", ids)),
+                      ("chunk_x", ("between", int(lo[0]), int(hi[0]) - 1)),
+                      ("chunk_y", ("between", int(lo[1]), int(hi[1]) - 1)),
+                      ("chunk_z", ("between", int(lo[2]), int(hi[2]) - 1))))
+
+
+class VastDBSource(RecordSource):
+    """Records in a VastDB table (or anything with ``select(columns, predicate, config)``).
+
+    Each shard is one ``select`` with its shard ids and chunk box pushed down.  The spec and
+    the shard list are given (VastDB has no listing a reader can trust without a scan):
+    ``origins`` maps a scale to its shard origins, default: one ``select`` of the key
+    columns.  Needs ``pip install dvidshards[vastdb]`` (which pins ``pyarrow<=23.0.1``) for
+    a real table; predicates are ibis expressions when ibis is installed, else `Predicate`.
+    """
+
+    immediate = True
+    mappable = False
+
+    def __init__(self, table, spec: dict, *, origins: dict | None = None, config=None, name: str = "vastdb"):
+        self.table, self.spec, self.config, self.name = table, spec, config, name
+        self.scales = {s.index: s for s in parse_multiscale(spec, name)}
+        self._origins = dict(origins or {})
+
+    def __getstate__(self):
+        raise TypeError("a VastDBSource holds a live table; build it in each worker")
+
+    def describe(self, key: str) -> str:
+        return f"{self.name}/{key}" if key else self.name
+
+    def _predicate(self, p: Predicate):
+        try:
+            import ibis  # noqa: F401
+        except ImportError:
+            return p
+        return p.to_ibis()
+
+    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
+        if scale.index not in self._origins:
+            reader = self.table.select(columns=["chunk_x", "chunk_y", "chunk_z"], predicate=None, config=self.config)
+            c = _coords_of(reader.read_all())
+            o = c * np.asarray(scale.chunk_size) // min(scale.shard_extent, SINGLE_SHARD) * min(
+                scale.shard_extent, SINGLE_SHARD)
+            self._origins[scale.index] = sorted({tuple(int(v) for v in r) for r in o})
+        return list(self._origins[scale.index])
+
+    async def load_shard(self, scale: Scale, origin) -> Shard:
+        o = tuple(int(v) for v in origin)
+        cols = [c for c in TABLE_SCHEMA.names]
+        reader = self.table.select(columns=cols, predicate=self._predicate(shard_predicate(scale, o)),
+                                   config=self.config)
+        t = reader.read_all() if hasattr(reader, "read_all") else _as_arrow_table(reader)
+        if not t.num_rows:
+            raise MissingShardError(f"{self.describe(scale.stem(o))}: the table has no records in this shard")
+        return Shard.from_records(self, normalise_records(t, self.describe(scale.stem(o)), scale), scale, o)
+
+
+class VastDBSink:
+    """Writes shards into a VastDB table with ``table.insert`` (one call per shard).
+
+    A shard already present with the expected row count is skipped (idempotent restarts);
+    present with another count is a `PartialStreamError` (delete its rows first).  Label
+    lists over the cell limit raise `CellLimitError` (VastDB cells hold 126 KB).
+    """
+
+    def __init__(self, table, *, cell_limit: int = CELL_LIMIT, config=None):
+        self.table, self.cell_limit, self.config = table, cell_limit, config
+
+    def present(self, shard_id: int) -> int:
+        p = Predicate((("shard_id", ("isin", [int(shard_id)])),))
+        try:
+            import ibis  # noqa: F401
+
+            pred = p.to_ibis()
+        except ImportError:
+            pred = p
+        return self.table.select(columns=["shard_id"], predicate=pred, config=self.config).read_all().num_rows
+
+    def writer(self, shard_id: int, origin=None) -> _SinkShardWriter:
+        """A shard writer with the interface of the Parquet one (used by `ingest_partition`)."""
+        return _SinkShardWriter(self, shard_id)
+
+    def write_shard(self, shard_id: int, batches: list[pa.RecordBatch], expected: int) -> int:
+        have = self.present(shard_id)
+        if have == expected:
+            return 0
+        if have:
+            raise PartialStreamError(f"VastDB table: shard {shard_id} holds {have} rows, {expected} expected; "
+                                     f"delete them and ingest again")
+        t = pa.Table.from_batches([split_cells(b, self.cell_limit, f"shard {shard_id}") for b in batches],
+                                  schema=TABLE_SCHEMA)
+        for name in ("labels", "supervoxels"):
+            import pyarrow.compute as pc
+
+            n = pc.list_value_length(t.column(name)).to_numpy(zero_copy_only=False) * 8
+            big = np.flatnonzero(n > self.cell_limit)
+            if big.size:
+                i = int(big[0])
+                c = tuple(int(t.column(a)[i].as_py()) for a in ("chunk_x", "chunk_y", "chunk_z"))
+                raise CellLimitError(f"shard {shard_id}: chunk {c}: its {name} list is {n[i]} bytes, more than "
+                                     f"one cell of {self.cell_limit} bytes")
+        self.table.insert(t)
+        return t.num_rows
+
+
+class _SinkShardWriter:
+    def __init__(self, sink: VastDBSink, shard_id: int):
+        self.sink, self.shard_id = sink, int(shard_id)
+        self.batches: list[pa.RecordBatch] = []
+        self.rows = self.bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+        self.bytes += batch.nbytes
+
+    def close(self) -> None:
+        self.sink.write_shard(self.shard_id, self.batches, self.rows)
+
+    def abort(self) -> None:
+        self.batches = []
+
+
+# --- ingest -------------------------------------------------------------------------------------
+
+
+@dataclass
+class IngestReport:
+    """What `ingest` did: shards and records written, per worker, and failures."""
+
+    shards: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    skipped: int = 0
+    failed: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
+        s = (f"{self.records} records in {self.shards} shards ({self.bytes / 1e6:.1f} MB, {rate:.0f} MB/s), "
+             f"{self.skipped} shards already there")
+        if self.failed:
+            s += f"; {len(self.failed)} partitions FAILED: " + "; ".join(f"{k}: {v}" for k, v in self.failed.items())
+        return s
+
+
+def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):
+    """(batch, meta) of a partition read straight from a Dataset (what the Flight server streams)."""
+    plan = partition_plan(origins_by_shard_id(scale, ds.shards(scale.index)), partition, of, skip)
+    shards, records = 0, 0
+    cache: dict = {}
+    for s, o in plan:
+        if o not in cache:
+            cache.clear()
+            cache[o] = ds.shard(scale.index, o).table()
+        for batch, meta in record_batches(cache[o], scale, o, only=[s], batch_rows=batch_rows):
+            records += batch.num_rows
+            if meta:
+                shards += 1
+            yield batch, meta
+    yield pa.RecordBatch.from_pylist([], schema=STREAM_SCHEMA), {"done": True, "shards": shards,
+                                                                  "records": records}
+
+
+def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, cell_limit: int = CELL_LIMIT,
+                     row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, flight_options=None,
+                     spec=None) -> dict:
+    """One worker: pull partition ``partition`` of ``of`` of a scale and write its shard files.
+
+    Shards already in the table are skipped (and not sent); each shard file appears only
+    once complete.  ``source`` is a Flight URI or an export/table/Dataset.  Returns counts.
+    """
+    sink = to if isinstance(to, VastDBSink) else None
+    done: list[int] = []
+    if sink is None:
+        folder = os.path.join(to, f"s{scale}")
+        os.makedirs(folder, exist_ok=True)
+        done = [s for s in table_files(to, scale) if s % of == partition]
+        for name in os.listdir(folder):  # leftovers of a worker of this partition that died
+            m = re.match(r"^\.(\d+)_\d+_\d+_\d+\.parquet\..*\.tmp$", name)
+            if m and int(m.group(1)) % of == partition:
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError:
+                    pass
+    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        from .flight import FlightSource
+
+        fs = FlightSource(source, **(flight_options or {}))
+        sc = fs.scales[scale]
+        stream = fs.scan(scale, partition=partition, of=of, skip=done, batch_rows=batch_rows)
+    else:
+        from .dataset import Dataset
+
+        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
+        sc = ds.scale(scale)
+        stream = _local_scan(ds, sc, partition, of, done, batch_rows)
+    shards = records = nbytes = 0
+    w = None
+    try:
+        got = 0
+        for batch, meta in stream:
+            if meta.get("done"):
+                if w is None and meta.get("records") != got:
+                    raise PartialStreamError(f"{source}: partition {partition}/{of} sent {got} records, its end "
+                                             f"marker says {meta.get('records')}")
+                break
+            got += batch.num_rows
+            if batch.num_rows:
+                sid = batch.column("shard_id")
+                s0 = sid[0].as_py()
+                if w is None:
+                    origin = meta.get("origin") or sc.shard_origin(*(int(batch.column(a)[0].as_py())
+                                                                     for a in ("chunk_x", "chunk_y", "chunk_z")))
+                    w = sink.writer(s0, origin) if sink is not None else \
+                        _ShardFileWriter(folder, s0, origin, sc, row_group_size, cell_limit)
+                elif s0 != w.shard_id:
+                    raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
+                w.add(batch)
+            if meta.get("end"):
+                if w is None:  # an empty shard: nothing to write
+                    continue
+                if meta["shard_id"] != w.shard_id or meta["records"] != w.rows:
+                    raise PartialStreamError(f"{source}: shard {w.shard_id}: received {w.rows} records, the "
+                                             f"stream says {meta.get('records')} for shard {meta.get('shard_id')}")
+                w.close()
+                shards += 1
+                records += w.rows
+                nbytes += w.bytes
+                w = None
+        else:
+            raise PartialStreamError(f"{source}: the stream of partition {partition}/{of} ended early")
+        if w is not None:
+            raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
+    except BaseException:
+        if w is not None:
+            w.abort()
+        raise
+    return {"shards": shards, "records": records, "bytes": nbytes, "skipped": len(done)}
+
+
+def _ingest_task(source, to, n, opts, item):
+    scale, i = item
+    return ingest_partition(source, to, scale, i, n, **dict(opts))
+
+
+def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
+           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, token: str | None = None,
+           tls_root_certs: bytes | None = None, spec=None, scheduler=None) -> IngestReport:
+    """Write a table sorted by (shard_id, morton) from a Flight server or an export.
+
+    ``workers`` workers each pull one partition (``shard_id % workers``) per scale and write
+    one Parquet file per shard.  Run it again after a failure: complete shards are kept and
+    skipped; the table's ``info`` says ``complete: true`` only when every partition finished.
+
+    Parameters
+    ----------
+    source : str or Dataset
+        ``grpc://host:port`` (see ``dvidshards serve-flight``), or an export (path, URL or
+        Dataset) read directly.
+    to : path
+        The table folder (created; an existing table is resumed, anything else refused).
+    workers : int
+        Partitions per scale, pulled concurrently (threads, or tasks on ``scheduler``).
+    scales : list of int, optional
+        Default: every scale.
+    cell_limit : int
+        Largest cell in bytes (126 KB); larger payloads are split over bin1..bin4.
+    row_group_size : int
+        Rows per Parquet row group.
+    batch_rows : int
+        Rows per streamed batch.
+    token, tls_root_certs :
+        Flight bearer token and the server's root certificate (PEM) for ``grpc+tls://``.
+    spec : dict or path, optional
+        The export's spec when it has no info file.
+    scheduler : None, "threads", "local[:N]", address or distributed.Client
+        None or "threads": one thread per worker in this process; else ``run_tasks``.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise SpecError(f"workers must be a positive integer, got {workers!r}")
+    if cell_limit < 1 or row_group_size < 1 or batch_rows < 1:
+        raise SpecError("cell_limit, row_group_size and batch_rows must be positive")
+    sink = to if isinstance(to, VastDBSink) else None
+    to = to if sink is not None else os.fspath(to)
+    flight_opts = {"token": token, "tls_root_certs": tls_root_certs}
+    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        from .flight import FlightSource
+
+        src_spec = FlightSource(source, **flight_opts).spec
+        all_scales = [s.index for s in parse_multiscale(src_spec, source)]
+    else:
+        from .dataset import Dataset
+
+        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
+        if ds.spec is None:
+            raise SpecError(f"{source}: ingest needs the export's spec (spec=...)")
+        src_spec = ds.spec
+        all_scales = [s.index for s in ds.scales]
+        source = ds
+    if sink is None:
+        _prepare_table(to, src_spec)
+    elif scheduler not in (None, "threads"):
+        raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
+    todo = all_scales if scales is None else [int(k) for k in scales]
+    missing = sorted(set(todo) - set(all_scales))
+    if missing:
+        raise SpecError(f"scales {missing} are not in the source (scales {all_scales})")
+    import functools
+
+    opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows),
+            ("flight_options", flight_opts))
+    items = [(k, i) for k in todo for i in range(int(workers))]
+    task = functools.partial(_ingest_task, source, to, int(workers), opts)
+    report = IngestReport()
+    t0 = time.perf_counter()
+    results: dict = {}
+    if scheduler in (None, "threads"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .jobs import describe_exception
+
+        with ThreadPoolExecutor(int(workers), thread_name_prefix="dvidshards-ingest") as pool:
+            futs = {pool.submit(task, it): it for it in items}
+            for f, key in futs.items():
+                try:
+                    results[key] = f.result()
+                except Exception as e:  # noqa: BLE001 - reported per partition
+                    report.failed[f"s{key[0]} partition {key[1]}/{workers}"] = describe_exception(e)
+    else:
+        from .jobs import run_tasks
+
+        jr = run_tasks(task, items, scheduler=scheduler, desc="partitions")
+        results = dict(jr.results)
+        report.failed.update({f"s{k} partition {i}/{workers}": v for (k, i), v in jr.failed.items()})
+    for r in results.values():
+        report.shards += r["shards"]
+        report.records += r["records"]
+        report.bytes += r["bytes"]
+        report.skipped += r["skipped"]
+    report.seconds = time.perf_counter() - t0
+    if not report.failed and sink is None:
+        old = (read_table_info(to) or {}).get("dvidshards_table", {})
+        done = sorted(set(old.get("scales_done", [])) | set(todo))
+        counts = {f"s{k}": len(table_files(to, k)) for k in done}
+        write_table_info(to, src_spec, complete=set(done) == set(all_scales),
+                         extra={"scales_done": done, "shards": counts, "cell_limit": cell_limit})
+    return report
+
+
+def _prepare_table(to: str, spec: dict) -> None:
+    """Create the table folder, or check that it is a table of the same spec (resume)."""
+    if os.path.exists(to) and not os.path.isdir(to):
+        raise SpecError(f"{to}: exists and is not a folder")
+    os.makedirs(to, exist_ok=True)
+    info = read_table_info(to)
+    if info is None:
+        if os.listdir(to):
+            raise SpecError(f"{to}: not empty and not a dvidshards table; give a new folder")
+        write_table_info(to, spec, complete=False)
+        return
+    old = {k: v for k, v in info.items() if k != "dvidshards_table"}
+    if parse_multiscale(old, to) != parse_multiscale(spec, "source"):
+        raise SpecError(f"{to}: a table of another volume (its spec differs from the source's)")
+
+
+# --- /blocks dumps into an export -----------------------------------------------------------------
+
+
+def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compression: str = "auto",
+                  resolution=(8, 8, 8), shard_chunks: int = 32, zstd_level: int = 3) -> dict:
+    """Turn DVID ``/blocks`` dumps (supervoxels) into an export written like DVID's.
+
+    Parameters
+    ----------
+    paths : path or list of paths (or bytes)
+        ``GET …/blocks?supervoxels=true`` responses (see ``dvidshards.formats.blocks``).
+    to : path
+        The export root to create (must not exist or be empty; never written into otherwise).
+    mapping : optional
+        Supervoxel → body mapping (anything ``LabelMapping.from_any`` takes) for the records'
+        agglomerated ``labels``; default: labels = supervoxels.
+    spec : dict or path, optional
+        The neuroglancer multiscale spec; the blocks are its scale ``scale``.  Default: one
+        scale as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³.
+    compression : str
+        What the dumps' payloads hold (``dvidshards.formats.blocks.read_stream``).
+
+    Returns
+    -------
+    dict
+        The spec written to ``to/info``, with ``"records"`` and ``"shards"`` counts added
+        under ``"ingest"``.
+    """
+    import zstandard
+
+    from .formats.blocks import read_stream
+    from .formats.codec import block_header
+    from .formats.mapping import LabelMapping
+    from .writer import default_sharding, write_shard
+
+    to = os.fspath(to)
+    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
+        raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
+    if isinstance(paths, (str, os.PathLike, bytes, bytearray, memoryview)):
+        paths = [paths]
+    m = LabelMapping.from_any(mapping) if mapping is not None else None
+    zc = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True, write_content_size=True)
+    recs: dict[tuple, dict] = {}
+    for p in paths:
+        name = os.fspath(p) if isinstance(p, (str, os.PathLike)) else "<bytes>"
+        for (bx, by, bz), block in read_stream(p, compression=compression):
+            if min(bx, by, bz) < 0:
+                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} has a negative coordinate; exports start "
+                                      f"at chunk (0, 0, 0)")
+            if (bx, by, bz) in recs:
+                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} appears twice in the dumps")
+            svs = np.array(block_header(block).labels, np.uint64)
+            if not svs.any():
+                continue  # all background in both label modes
+            recs[(bx, by, bz)] = {"chunk_x": bx, "chunk_y": by, "chunk_z": bz, "supervoxels": svs,
+                                  "labels": svs.copy() if m is None else m.palette(svs),
+                                  "dvid_compressed_block": zc.compress(block), "uncompressed_size": len(block)}
+    if spec is None:
+        hi = np.max(np.array(list(recs), np.int64), axis=0) + 1 if recs else np.ones(3, np.int64)
+        size = [int(v) * 64 for v in hi]
+        sh = default_sharding(size, shard_chunks)
+        scales_json = [{"chunk_sizes": [[64, 64, 64]], "compressed_segmentation_block_size": [8, 8, 8],
+                        "encoding": "compressed_segmentation", "key": "x".join(f"{r:g}" for r in resolution),
+                        "resolution": [float(r) for r in resolution], "sharding": sh.to_json(), "size": size,
+                        "voxel_offset": [0, 0, 0]}]
+        spec = {"@type": "neuroglancer_multiscale_volume", "data_type": "uint64", "num_channels": 1,
+                "scales": scales_json, "type": "segmentation"}
+        scale = 0
+    else:
+        spec = _spec_from(spec, None)
+    sc = {s.index: s for s in parse_multiscale(spec, "spec")}.get(scale)
+    if sc is None:
+        raise SpecError(f"scale {scale} is not in the spec")
+    grid = np.asarray(sc.grid)
+    by_origin: dict[tuple, list] = {}
+    for c, r in recs.items():
+        if (np.asarray(c) >= grid).any():
+            raise SpecError(f"block {c} lies outside scale {scale}'s chunk grid {tuple(grid)}")
+        by_origin.setdefault(sc.shard_origin(*c), []).append(r)
+    os.makedirs(os.path.join(to, sc.folder), exist_ok=True)
+    for o, rs in sorted(by_origin.items()):
+        rs.sort(key=lambda r: (r["chunk_z"], r["chunk_y"], r["chunk_x"]))  # DVID's ZYX order
+        write_shard(os.path.join(to, sc.stem(o)), rs)
+    with open(os.path.join(to, "info"), "w", encoding="utf-8") as f:
+        json.dump(spec, f, indent=1)
+    return {**spec, "ingest": {"records": len(recs), "shards": len(by_origin)}}
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    """Arguments of ``dvidshards ingest``."""
+    p.add_argument("source", nargs="+",
+                   help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
+    p.add_argument("--to", required=True, metavar="FOLDER",
+                   help="the table folder (from a Flight server or export), or the export to create (from "
+                        "/blocks dumps)")
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="partitions pulled concurrently (default 2)")
+    p.add_argument("--scales", type=int, nargs="+", metavar="K", help="scales to ingest (default: all)")
+    p.add_argument("--spec", help="the neuroglancer multiscale spec (an export without info; or the /blocks "
+                                  "dumps' volume)")
+    p.add_argument("--mapping", help="/blocks dumps: supervoxel -> body mapping file for the agglomerated labels")
+    p.add_argument("--compression", default="auto", choices=("auto", "blocks", "gzip", "lz4", "uncompressed"),
+                   help="/blocks dumps: what the payloads hold (default: tell by content)")
+    p.add_argument("--cell-limit", type=int, default=CELL_LIMIT, metavar="BYTES",
+                   help=f"largest table cell; bigger payloads split over bin1..bin4 (default {CELL_LIMIT})")
+    p.add_argument("--row-group-size", type=int, default=ROW_GROUP, metavar="ROWS",
+                   help=f"rows per Parquet row group (default {ROW_GROUP})")
+    p.add_argument("--token", help="Flight bearer token (default: $DVIDSHARDS_FLIGHT_TOKEN)")
+    p.add_argument("--tls-root-certs", metavar="PEM", help="root certificate of a grpc+tls:// server")
+    p.add_argument("--scheduler", default="threads",
+                   help="'threads' (default), 'local:N' (dask LocalCluster) or a scheduler address")
+
+
+def main(args) -> int:
+    """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
+    from .cli import UsageError
+
+    srcs = args.source
+    flight = [s for s in srcs if s.startswith(("grpc://", "grpc+tcp://", "grpc+tls://"))]
+    if flight or (len(srcs) == 1 and os.path.isdir(srcs[0])):
+        if len(srcs) != 1:
+            raise UsageError("dvidshards ingest: give one Flight server or export")
+        if args.mapping:
+            raise UsageError("dvidshards ingest: --mapping applies to /blocks dumps only")
+        if args.workers < 1:
+            raise UsageError("dvidshards ingest: --workers must be at least 1")
+        certs = None
+        if args.tls_root_certs:
+            with open(args.tls_root_certs, "rb") as f:
+                certs = f.read()
+        report = ingest(srcs[0], args.to, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
+                        row_group_size=args.row_group_size, token=args.token or os.environ.get(
+                            "DVIDSHARDS_FLIGHT_TOKEN"), tls_root_certs=certs, spec=args.spec,
+                        scheduler=None if args.scheduler == "threads" else args.scheduler)
+        print(report.summary())
+        return 0 if report.ok else 1
+    for s in srcs:
+        if not os.path.isfile(s):
+            raise UsageError(f"dvidshards ingest: {s}: no such file (nor a grpc:// URI or export folder)")
+    out = ingest_blocks(srcs, args.to, mapping=args.mapping, spec=args.spec, compression=args.compression)
+    print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.to}")
+    return 0

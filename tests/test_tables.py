@@ -1,0 +1,594 @@
+"""Tables of block records (dvidshards.tables): ingest from Flight and exports, split cells, sources.
+
+Everything runs on loopback: the Flight servers are started here on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dvidshards.dataset import Dataset
+from dvidshards.errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
+from dvidshards.flight import ExportFlightServer, serve
+from dvidshards.tables import (
+    BINS,
+    CELL_LIMIT,
+    CellLimitError,
+    Predicate,
+    TableSource,
+    VastDBSink,
+    VastDBSource,
+    ingest,
+    ingest_blocks,
+    ingest_partition,
+    record_keys,
+    shard_predicate,
+)
+from tests.conftest import REAL_SHARD, make_export
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def brute_morton(c, grid) -> int:
+    """Compressed Morton code by the definition: interleave x, y, z bits, skipping spent axes."""
+    bits = [max(int(g) - 1, 0).bit_length() for g in grid]
+    code, out = 0, 0
+    for b in range(max(bits)):
+        for a in range(3):
+            if b < bits[a]:
+                code |= ((int(c[a]) >> b) & 1) << out
+                out += 1
+    return code
+
+
+def export_records(root: Path, scale: int) -> dict:
+    """{(x, y, z): (labels, supervoxels, payload)} of a scale's shard files, read with pyarrow."""
+    out = {}
+    for f in sorted((root / f"s{scale}").glob("*.arrow")):
+        with pa.OSFile(str(f)) as src:
+            for b in pa.ipc.open_stream(src):
+                d = b.to_pydict()
+                for i in range(b.num_rows):
+                    key = (d["chunk_x"][i], d["chunk_y"][i], d["chunk_z"][i])
+                    assert key not in out
+                    out[key] = (d["labels"][i], d["supervoxels"][i], d["dvid_compressed_block"][i])
+    return out
+
+
+def table_rows(to: Path, scale: int) -> list[dict]:
+    rows = []
+    for f in sorted((to / f"s{scale}").glob("*.parquet")):
+        t = pq.read_table(f)
+        rows.extend(t.to_pylist())
+    return rows
+
+
+def assert_volumes_equal(ds_a: Dataset, ds_b: Dataset, scales) -> None:
+    for k in scales:
+        s = ds_a.scale(k)
+        box = [list(s.voxel_offset), list(np.add(s.voxel_offset, s.size))]
+        for labels in ("agglomerated", "supervoxels"):
+            np.testing.assert_array_equal(ds_a.read(box, scale=k, labels=labels, fill_missing_shards=True),
+                                          ds_b.read(box, scale=k, labels=labels, fill_missing_shards=True))
+
+
+def assert_chunks_equal(ds_a: Dataset, ds_b: Dataset, scale: int, coords) -> None:
+    for c in coords:
+        box = [list(np.asarray(c) * 64), list(np.asarray(c) * 64 + 64)]
+        for labels in ("agglomerated", "supervoxels"):
+            np.testing.assert_array_equal(ds_a.read(box, scale=scale, labels=labels),
+                                          ds_b.read(box, scale=scale, labels=labels))
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """A synthetic 3-scale export with several shards per axis at scale 0, with an info file."""
+    return make_export(tmp_path_factory.mktemp("tables") / "exp", info=True)
+
+
+@pytest.fixture(scope="module")
+def mcns(tmp_path_factory, dvid_data):
+    """The real mCNS shard as scale 1 of an export (spec: mcns-ng-specs.json)."""
+    root = tmp_path_factory.mktemp("mcns") / "mcns"
+    (root / "s1").mkdir(parents=True)
+    os.symlink(dvid_data / f"{REAL_SHARD}.arrow", root / "s1" / f"{REAL_SHARD}.arrow")
+    shutil.copyfile(dvid_data / f"{REAL_SHARD}-newformat.csv", root / "s1" / f"{REAL_SHARD}.csv")
+    return root, dvid_data / "mcns-ng-specs.json"
+
+
+def many_label_volume(shape, labels_per_chunk: dict, seed: int = 0) -> np.ndarray:
+    """(x, y, z) volume; chunks listed get random voxels from their own n labels (big payloads)."""
+    rng = np.random.default_rng(seed)
+    vol = np.zeros(shape, np.uint64)
+    vol[:] = 7  # one smooth body everywhere else
+    base = 1000
+    for (cx, cy, cz), n in labels_per_chunk.items():
+        sl = tuple(slice(64 * c, 64 * c + 64) for c in (cx, cy, cz))
+        vol[sl] = rng.integers(base, base + n, vol[sl].shape).astype(np.uint64)
+        base += n
+    return vol
+
+
+# --- ingest from Flight: round trips ------------------------------------------------------------------
+
+
+def test_ingest_synthetic_from_flight_two_workers(synth, tmp_path):
+    root = Path(synth.root)
+    to = tmp_path / "table"
+    with serve(synth.root) as srv:
+        report = ingest(srv.location, to, workers=2)
+    assert report.ok, report.failed
+    info = json.loads((to / "info").read_text())
+    assert info["dvidshards_table"]["complete"] and info["dvidshards_table"]["scales_done"] == [0, 1, 2]
+    ds = Dataset(synth.root)
+    dt = Dataset(TableSource(to))
+    assert dt.shards(0) == ds.shards(0) and len(ds.shards(0)) > 4
+    for k in range(3):
+        s = ds.scale(k)
+        rows = table_rows(to, k)
+        want = export_records(root, k)
+        got = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): r for r in rows}
+        assert len(got) == len(rows) == len(want)  # no duplicate, no missing row
+        for c, r in got.items():
+            labels, svs, payload = want[c]
+            assert r["labels"] == labels and r["supervoxels"] == svs and r["dvid_compressed_block"] == payload
+            assert r["morton"] == brute_morton(c, s.grid)
+            if s.sharding is not None:
+                low = s.sharding.preshift_bits + s.sharding.minishard_bits
+                assert r["shard_id"] == (r["morton"] >> low) & ((1 << s.sharding.shard_bits) - 1)
+            assert all(r[b] is None for b in BINS)
+        # one file per shard, rows sorted by morton within it, named by shard id and origin
+        for f in (to / f"s{k}").glob("*.parquet"):
+            t = pq.read_table(f)
+            sid, ox, oy, oz = (int(v) for v in f.stem.split("_"))
+            assert set(t.column("shard_id").to_pylist()) == {sid}
+            m = t.column("morton").to_numpy()
+            assert (np.diff(m) > 0).all()
+            cs = np.stack([t.column(a).to_numpy() for a in ("chunk_x", "chunk_y", "chunk_z")], 1)
+            assert {s.shard_origin(*c) for c in cs.tolist()} == {(ox, oy, oz)}
+            assert all(pq.ParquetFile(f).metadata.row_group(g).num_rows <= 256
+                       for g in range(pq.ParquetFile(f).num_row_groups))
+    assert_volumes_equal(ds, dt, range(3))
+    for k in range(3):  # the volumes equal the expected ones too, not only each other
+        s = ds.scale(k)
+        box = [[0, 0, 0], list(s.size)]
+        np.testing.assert_array_equal(dt.read(box, scale=k), synth.expected(k))
+        np.testing.assert_array_equal(dt.read(box, scale=k, labels="supervoxels"), synth.expected(k, "supervoxels"))
+
+
+def test_ingest_real_mcns_shard_from_flight(mcns, tmp_path):
+    root, spec = mcns
+    to = tmp_path / "t"
+    with serve(str(root), spec=str(spec)) as srv:
+        report = ingest(srv.location, to, workers=2, scales=[1])
+    assert report.ok and report.records == 258 and report.shards == 1
+    ds = Dataset(root, spec=spec)
+    dt = Dataset(TableSource(to))
+    coords = ds.shard(1, ds.shards(1)[0]).coords
+    assert len(coords) == 258
+    assert_chunks_equal(ds, dt, 1, coords)
+    with pytest.raises(SpecError, match="not ingested completely"):
+        dt.shards(0)  # scale 0 never ingested: said so, never read as background
+    assert Dataset(TableSource(to, partial=True)).shards(0) == []
+
+
+def test_ingest_from_local_export_without_flight(synth, tmp_path):
+    report = ingest(synth.root, tmp_path / "t", workers=3)
+    assert report.ok
+    assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), range(3))
+
+
+def test_ingest_is_idempotent_and_refuses_other_folders(synth, tmp_path):
+    to = tmp_path / "t"
+    first = ingest(synth.root, to, workers=2)
+    again = ingest(synth.root, to, workers=2)
+    assert again.shards == 0 and again.skipped == first.shards
+    assert len(table_rows(to, 0)) == len(export_records(Path(synth.root), 0))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.txt").write_text("mine")
+    with pytest.raises(SpecError, match="not empty"):
+        ingest(synth.root, other)
+    assert os.listdir(other) == ["x.txt"]
+    small = make_export(tmp_path / "small", shape=(70, 70, 70), scales=1, info=True)
+    with pytest.raises(SpecError, match="another volume"):
+        ingest(small.root, to)
+    with pytest.raises(SpecError):
+        ingest(synth.root, tmp_path / "w", workers=0)
+
+
+# --- split cells ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_export(tmp_path_factory):
+    """Chunks with 16 and 512 random labels (payloads ~130 KB and ~430 KB) next to smooth ones."""
+    from dvidshards.writer import write_export
+
+    vol = many_label_volume((192, 128, 64), {(0, 0, 0): 16, (1, 0, 0): 512, (2, 1, 0): 100})
+    mapping = {1000 + i: 5 + i % 3 for i in range(0, 628, 2)}
+    root = tmp_path_factory.mktemp("big") / "exp"
+    write_export(vol, root, mapping=mapping, scales=1, shard_chunks=2, info=True)
+    return root, vol, mapping
+
+
+def test_big_blocks_split_over_bins_and_reassemble_exactly(big_export, tmp_path):
+    root, vol, mapping = big_export
+    want = export_records(root, 0)
+    sizes = {c: len(p) for c, (_, _, p) in want.items()}
+    assert sum(v > CELL_LIMIT for v in sizes.values()) == 3 and max(sizes.values()) > 3 * CELL_LIMIT
+    to = tmp_path / "t"
+    with serve(str(root)) as srv:
+        assert ingest(srv.location, to, workers=2).ok
+    for r in table_rows(to, 0):
+        c = (r["chunk_x"], r["chunk_y"], r["chunk_z"])
+        pay = want[c][2]
+        if len(pay) > CELL_LIMIT:
+            assert r["dvid_compressed_block"] is None
+            parts = [r[b] for b in BINS]
+            n = -(-len(pay) // CELL_LIMIT)
+            assert all(p is not None and len(p) <= CELL_LIMIT for p in parts[:n])
+            assert all(p is None for p in parts[n:])
+            assert b"".join(parts[:n]) == pay
+        else:
+            assert r["dvid_compressed_block"] == pay and all(r[b] is None for b in BINS)
+    ds, dt = Dataset(root), Dataset(TableSource(to))
+    assert_volumes_equal(ds, dt, [0])
+    box = [[0, 0, 0], list(vol.shape)]
+    np.testing.assert_array_equal(dt.read(box, labels="supervoxels"), vol)
+    from dvidshards.formats.mapping import LabelMapping
+
+    np.testing.assert_array_equal(dt.read(box), LabelMapping.from_any(mapping)(vol))
+
+
+def test_small_cell_limit_splits_real_records(mcns, tmp_path):
+    root, spec = mcns
+    to = tmp_path / "t"
+    sizes = [len(p) for _, _, p in export_records(root, 1).values()]
+    cell = max(sizes) // 4 + 1  # every record fits in 4 cells; most need 2 or more
+    report = ingest(str(root), to, spec=spec, scales=[1], cell_limit=cell, row_group_size=64)
+    assert report.ok, report.failed
+    rows = table_rows(to, 1)
+    split = sum(r["dvid_compressed_block"] is None for r in rows)
+    assert split == sum(n > cell for n in sizes) > 100
+    ds, dt = Dataset(root, spec=spec), Dataset(TableSource(to))
+    assert_chunks_equal(ds, dt, 1, ds.shard(1, ds.shards(1)[0]).coords[::5])
+
+
+def test_payload_over_four_cells_is_a_typed_error(tmp_path):
+    from dvidshards.writer import write_export
+
+    vol = many_label_volume((128, 64, 64), {(1, 0, 0): 4096}, seed=2)
+    root = tmp_path / "exp"
+    write_export(vol, root, scales=1, shard_chunks=2, info=True)
+    big = max(len(p) for _, _, p in export_records(root, 0).values())
+    assert big > 4 * CELL_LIMIT
+    with pytest.raises(CellLimitError, match=r"chunk \(1, 0, 0\).*more than 4 cells") as e:
+        ingest_partition(str(root), str(tmp_path / "t"), 0, 0, 1)
+    assert str(big) in str(e.value)
+    assert not list((tmp_path / "t" / "s0").glob("*.parquet"))  # nothing half written
+    assert not [n for n in os.listdir(tmp_path / "t" / "s0") if n.endswith(".tmp")]
+    with serve(str(root)) as srv:  # through Flight and ingest(): the partition fails, named
+        report = ingest(srv.location, tmp_path / "t2", workers=2)
+    assert not report.ok and any("CellLimitError" in v for v in report.failed.values())
+    assert not json.loads((tmp_path / "t2" / "info").read_text())["dvidshards_table"]["complete"]
+    # a higher limit takes it
+    assert ingest(str(root), tmp_path / "t3", cell_limit=big // 4 + 1).ok
+
+
+# --- worker faults --------------------------------------------------------------------------------
+
+
+class SlowServer(ExportFlightServer):
+    """Serves each shard after a pause, so that a worker can be killed mid-stream."""
+
+    pause = 0.8
+
+    def _table(self, s, origin):
+        time.sleep(self.pause)
+        return super()._table(s, origin)
+
+
+def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
+    to = tmp_path / "t"
+    srv = SlowServer(synth.root).start()
+    try:
+        code = (f"from dvidshards.tables import ingest\n"
+                f"ingest({srv.location!r}, {str(to)!r}, workers=2, scales=[0])\n")
+        p = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT))
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and len(list((to / "s0").glob("*.parquet"))) < 2 \
+                    if (to / "s0").exists() else time.time() < deadline:
+                assert p.poll() is None, "the worker process ended before it was killed"
+                time.sleep(0.02)
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        before = sorted(f.name for f in (to / "s0").glob("*.parquet"))
+        n_shards = len(Dataset(synth.root).shards(0))
+        assert 2 <= len(before) < n_shards, before
+        report = ingest(srv.location, to, workers=2, scales=[0])
+    finally:
+        srv.shutdown()
+    assert report.ok and report.skipped == len(before) and report.shards == n_shards - len(before)
+    assert not [n for n in os.listdir(to / "s0") if n.startswith(".")]  # the dead worker's file is gone
+    rows = table_rows(to, 0)
+    want = export_records(Path(synth.root), 0)
+    keys = [(r["chunk_x"], r["chunk_y"], r["chunk_z"]) for r in rows]
+    assert len(keys) == len(set(keys)) == len(want) and set(keys) == set(want)
+    assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(to, partial=True)), [0])
+
+
+# --- tables and streams as sources -------------------------------------------------------------------
+
+
+def _real_table(dvid_data) -> pa.Table:
+    with pa.OSFile(str(dvid_data / f"{REAL_SHARD}.arrow")) as f:
+        return pa.ipc.open_stream(f).read_all()
+
+
+def _prototype(t: pa.Table, split_at: int | None = None) -> pa.Table:
+    """The DVID prototype's names; payloads over split_at in bin1..bin4 (null compressed_data)."""
+    t = t.rename_columns([{"chunk_x": "block_coord_x", "chunk_y": "block_coord_y", "chunk_z": "block_coord_z",
+                           "dvid_compressed_block": "compressed_data"}.get(n, n) for n in t.schema.names])
+    if split_at is None:
+        return t
+    pays = t.column("compressed_data").to_pylist()
+    assert max(map(len, pays)) <= 4 * split_at
+    bins = [[None] * len(pays) for _ in range(4)]
+    whole = []
+    for i, p in enumerate(pays):
+        if len(p) > split_at:
+            whole.append(None)
+            for k in range(4):
+                piece = p[k * split_at:(k + 1) * split_at]
+                bins[k][i] = piece if piece else None
+        else:
+            whole.append(p)
+    t = t.set_column(t.schema.get_field_index("compressed_data"), "compressed_data", pa.array(whole, pa.binary()))
+    for k in range(4):
+        t = t.append_column(f"bin{k + 1}", pa.array(bins[k], pa.binary()))
+    return t
+
+
+class CStream:
+    """Only ``__arrow_c_stream__`` (like a polars or duckdb result), readable once."""
+
+    def __init__(self, t: pa.Table):
+        self.t, self.used = t, False
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        assert not self.used, "read twice"
+        self.used = True
+        return self.t.__arrow_c_stream__(requested_schema)
+
+
+@pytest.mark.parametrize("form", ["table", "prototype", "prototype-split", "reader", "c-stream", "parquet",
+                                  "feather"])
+def test_any_arrow_table_or_stream_reads_like_the_files(mcns, dvid_data, form, tmp_path):
+    root, spec = mcns
+    t = _real_table(dvid_data)
+    src = {"table": lambda: t, "prototype": lambda: _prototype(t),
+           "prototype-split": lambda: _prototype(t, split_at=max(map(len, t.column(
+               "dvid_compressed_block").to_pylist())) // 4 + 1),
+           "reader": lambda: pa.RecordBatchReader.from_batches(t.schema, t.to_batches()),
+           "c-stream": lambda: CStream(t)}.get(form)
+    if form == "parquet":
+        path = tmp_path / "x.parquet"
+        pq.write_table(t, path, row_group_size=50)
+        source = TableSource(str(path), spec=spec, scale=1)
+    elif form == "feather":
+        path = tmp_path / "x.arrow"
+        with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+        source = TableSource(str(path), spec=spec, scale=1)
+    else:
+        source = TableSource(src(), spec=spec, scale=1)
+    ds, dt = Dataset(root, spec=spec), Dataset(source)
+    assert dt.shards(1) == ds.shards(1) and dt.shards(0) == []
+    coords = ds.shard(1, ds.shards(1)[0]).coords
+    assert_chunks_equal(ds, dt, 1, coords[::3])
+    sh = dt.shard(1, ds.shards(1)[0])
+    assert len(sh) == 258 and sorted(map(tuple, sh.coords.tolist())) == sorted(map(tuple, coords.tolist()))
+
+
+def test_table_payloads_are_zero_copy_when_nothing_is_split(synth, tmp_path):
+    to = tmp_path / "t"
+    ingest(synth.root, to, workers=1, scales=[0])
+    src = TableSource(to, partial=True)
+    s = Dataset(src).scale(0)
+    o = src.shard_origins(s)[0]
+    t = pq.ParquetFile(next((to / "s0").glob(f"*_{o[0]}_{o[1]}_{o[2]}.parquet"))).read()
+    from dvidshards.tables import normalise_records
+
+    single = t.combine_chunks()
+    rt = normalise_records(single, "x", s)
+    col = single.column("dvid_compressed_block").chunk(0)
+    assert rt.bufs[0].ctypes.data == col.buffers()[2].address  # the Parquet buffer itself
+
+
+def test_wrong_spec_and_bad_tables_are_typed(synth, tmp_path, mcns):
+    to = tmp_path / "t"
+    ingest(synth.root, to, workers=1)
+    info = json.loads((to / "info").read_text())
+    assert info["scales"][0]["sharding"]["shard_bits"] == 3
+    info["scales"][0]["sharding"]["shard_bits"] = 1  # same shard boxes, other shard ids
+    (to / "info").write_text(json.dumps(info))
+    dt = Dataset(TableSource(to))
+    with pytest.raises(ChunkIndexError, match="another spec"):
+        dt.read([[128, 128, 128], [192, 170, 150]])  # shard 7, which that spec calls 1
+    with pytest.raises(SpecError, match="spec"):
+        TableSource(pa.table({"chunk_x": [1]}))
+    with pytest.raises(SpecError):
+        TableSource(tmp_path / "nope.parquet", spec=mcns[1])
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(DvidShardsError):
+        TableSource(str(bad), spec=mcns[1])
+    with pytest.raises(DvidShardsError):
+        TableSource(pa.table({"x": [1]}), spec=mcns[1])
+
+
+def test_damaged_table_file_is_typed(synth, tmp_path):
+    to = tmp_path / "t"
+    ingest(synth.root, to, workers=1, scales=[0])
+    f = sorted((to / "s0").glob("*.parquet"))[0]
+    f.write_bytes(f.read_bytes()[:-100])
+    dt = Dataset(TableSource(to, partial=True))
+    o = tuple(int(v) for v in f.stem.split("_")[1:])
+    with pytest.raises(DvidShardsError, match=f.name):
+        dt.shard(0, o)
+    with pytest.raises(MissingShardError):
+        dt.shard(0, (1 << 20, 0, 0))
+
+
+def test_read_records_by_row_group_statistics(synth, tmp_path):
+    to = tmp_path / "t"
+    ingest(synth.root, to, workers=2, scales=[0], row_group_size=2)
+    src = TableSource(to, partial=True)
+    ds = Dataset(synth.root)
+    s = ds.scale(0)
+    allc = ds.chunks(0)
+    rng = np.random.default_rng(3)
+    pick = allc[rng.choice(len(allc), 7, replace=False)]
+    absent = np.array([[3, 2, 2], [0, 0, 9]])  # outside the grid or without a record
+    rt = src.read_records(0, np.concatenate([pick, absent]))
+    assert sorted(map(tuple, rt.coords.tolist())) == sorted(map(tuple, pick.tolist()))
+    for i in range(len(rt)):
+        c = tuple(int(v) for v in rt.coords[i])
+        sh = ds.shard(0, s.shard_origin(*c))
+        assert rt.block(i) == sh.table().block(sh.find(*c))
+        np.testing.assert_array_equal(rt.labels(i), sh.table().labels(sh.find(*c)))
+
+
+def test_record_keys_against_brute_force(mcns, synth):
+    spec = json.loads(Path(mcns[1]).read_text())
+    from dvidshards.formats.multiscale import parse_multiscale
+
+    rng = np.random.default_rng(0)
+    for s in parse_multiscale(spec) + Dataset(synth.root).scales:
+        c = (rng.random((50, 3)) * np.asarray(s.grid)).astype(np.int64)
+        sid, mor = record_keys(s, c)
+        low = s.sharding.preshift_bits + s.sharding.minishard_bits
+        for i in range(len(c)):
+            m = brute_morton(c[i], s.grid)
+            assert mor[i] == m and sid[i] == (m >> low) & ((1 << s.sharding.shard_bits) - 1)
+    with pytest.raises(ChunkIndexError, match="outside"):
+        record_keys(s, [[-1, 0, 0]])
+
+
+# --- VastDB through a fake ------------------------------------------------------------------------
+
+
+class FakeVastTable:
+    """What the adapters use of a ``vastdb`` table: ``insert`` and ``select -> RecordBatchReader``."""
+
+    def __init__(self):
+        import threading
+
+        from dvidshards.tables import TABLE_SCHEMA
+
+        self.data = TABLE_SCHEMA.empty_table()
+        self.predicates: list = []
+        self.inserts = 0
+        self.lock = threading.Lock()
+
+    def insert(self, t: pa.Table):
+        with self.lock:
+            self.inserts += 1
+            self.data = pa.concat_tables([self.data, t])
+
+    def select(self, columns, predicate, config):
+        self.predicates.append(predicate)
+        t = self.data
+        if predicate is not None:
+            assert isinstance(predicate, Predicate)  # ibis is not installed here
+            t = t.filter(predicate.to_pyarrow())
+        t = t.select(columns)
+        return pa.RecordBatchReader.from_batches(t.schema, t.to_batches())
+
+
+def test_vastdb_sink_and_source_with_a_fake(synth):
+    fake = FakeVastTable()
+    sink = VastDBSink(fake)
+    report = ingest(synth.root, sink, workers=2, scales=[0])
+    assert report.ok and fake.inserts == report.shards == len(Dataset(synth.root).shards(0))
+    again = ingest(synth.root, sink, workers=2, scales=[0])  # restart: every shard is there
+    assert again.ok and fake.inserts == report.shards
+    assert fake.data.num_rows == len(export_records(Path(synth.root), 0))
+    src = VastDBSource(fake, Dataset(synth.root).spec)
+    dv = Dataset(src)
+    assert dv.shards(0) == Dataset(synth.root).shards(0)
+    assert_volumes_equal(Dataset(synth.root), dv, [0])
+    # each shard was one select with its shard ids and chunk box pushed down
+    p = fake.predicates[-1]
+    assert [t[0] for t in p.terms] == ["shard_id", "chunk_x", "chunk_y", "chunk_z"]
+
+
+def test_vastdb_cell_limits_with_a_fake(big_export):
+    root, _, _ = big_export
+    fake = FakeVastTable()
+    assert ingest(str(root), VastDBSink(fake), workers=1).ok
+    assert fake.data.column("bin2").null_count < fake.data.num_rows  # big payloads split
+    assert_volumes_equal(Dataset(root), Dataset(VastDBSource(fake, Dataset(root).spec)), [0])
+    report = ingest(str(root), VastDBSink(FakeVastTable(), cell_limit=4000), workers=1)
+    assert not report.ok and any("CellLimitError" in v for v in report.failed.values())
+
+
+def test_vastdb_predicates_serialise_with_the_sdk(synth):
+    pytest.importorskip("vastdb", reason="vastdb SDK not installed (it pins pyarrow<=23.0.1)")
+    import flatbuffers
+    from vastdb.internal_commands import Predicate as SdkPredicate
+
+    from dvidshards.tables import TABLE_SCHEMA
+
+    ds = Dataset(synth.root)
+    for o in ds.shards(0):
+        expr = shard_predicate(ds.scale(0), o).to_ibis()
+        assert SdkPredicate(TABLE_SCHEMA, expr).serialize(flatbuffers.Builder(0))
+
+
+# --- /blocks dumps into an export ---------------------------------------------------------------------
+
+
+def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
+    from dvidshards.formats.blocks import write_stream
+    from tests.formats.test_blocks import _writer_blocks
+
+    blocks = _writer_blocks(Path(synth.root))
+    half = len(blocks) // 2
+    (tmp_path / "a.dat").write_bytes(write_stream(blocks[:half]))
+    (tmp_path / "b.dat").write_bytes(write_stream(blocks[half:], compression="uncompressed"))
+    mapping = tmp_path / "map.csv"
+    np.savetxt(mapping, np.asarray(sorted(synth.mapping.items()) if isinstance(synth.mapping, dict)
+                                   else synth.mapping, np.uint64), fmt="%d", delimiter=",")
+    out = ingest_blocks([tmp_path / "a.dat", tmp_path / "b.dat"], tmp_path / "exp", mapping=mapping,
+                        spec=Dataset(synth.root).spec)
+    assert out["ingest"]["records"] == len(blocks)
+    ds_new = Dataset(tmp_path / "exp")
+    box = [[0, 0, 0], list(ds_new.scale(0).size)]
+    np.testing.assert_array_equal(ds_new.read(box), synth.expected(0))
+    np.testing.assert_array_equal(ds_new.read(box, labels="supervoxels"), synth.expected(0, "supervoxels"))
+    from dvidshards.verify import verify
+
+    assert verify(tmp_path / "exp").ok
+    with pytest.raises(SpecError, match="not an empty folder"):  # never into an existing export
+        ingest_blocks([tmp_path / "a.dat"], tmp_path / "exp")
+    with pytest.raises(ChunkIndexError, match="twice"):
+        ingest_blocks([tmp_path / "a.dat", tmp_path / "a.dat"], tmp_path / "dup")
