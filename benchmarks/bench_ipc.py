@@ -200,10 +200,11 @@ def main(argv=None):
         block = dctx.decompress(payload, max_output_size=usize_col[i].as_py())
         decode_into(np.frombuffer(block, np.uint8), pal, out)
 
+    st = shard.table()  # the loaded shard's records (Shard.table() builds an arange per call)
+
     def loc_shard(c):
         i = shard.find(*c)
-        t = shard.table()
-        return t.payload(i), t.labels(i)
+        return st.payload(i), st.labels(i)
 
     def loc_table(c):
         i = shard.find(*c)
