@@ -157,7 +157,7 @@ class _Job:
         self._lock = threading.Lock()
         self.group = 1  # chunks per task along each axis
         self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
-        self.only = None  # or a frozenset of the job's chunks
+        self.only: frozenset | None = None  # or the job's chunks
 
     def members(self, key) -> list[tuple[int, int, int]]:
         """The job's chunks in task group ``key``."""
@@ -372,12 +372,12 @@ def _job_items(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
     """Task items: chunks (or chunk groups) given, or overlapping present shards (and the box)."""
     grid, g = job.grid, job.group
     if chunks is not None:
-        out = {tuple(int(v) for v in c) for c in np.asarray(chunks, np.int64).reshape(-1, 3)}
+        out = {(int(c[0]), int(c[1]), int(c[2])) for c in np.asarray(chunks, np.int64).reshape(-1, 3)}
         for c in out:
             if min(c) < 0 or any(v >= n for v, n in zip(c, grid, strict=True)):
                 raise SpecError(f"chunk {c} is outside the PCG grid {tuple(int(n) for n in grid)}")
         job.only = frozenset(out)
-        return sorted({tuple(v // g for v in c) for c in out})
+        return sorted({(c[0] // g, c[1] // g, c[2] // g) for c in out})
     lo, hi = job.lo, job.hi
     if box is not None:
         try:
@@ -500,7 +500,9 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     if isinstance(labels, str) and labels == "supervoxels":
         raise SpecError("components group pieces by body: labels must be 'agglomerated' or a mapping")
     src = as_labels(labels)
-    bodies = None if isinstance(src, Agglomerated) else src.mapping
+    bodies = None if isinstance(src, Agglomerated) else getattr(src, "mapping", None)
+    if bodies is None and not isinstance(src, Agglomerated):
+        raise SpecError(f"labels must be 'agglomerated' or a mapping, got {labels!r}")
     desc = "agglomerated" if bodies is None else f"mapping ({len(bodies)} supervoxels)"
     grid = -(-np.asarray(s.size, np.int64) // np.asarray(cs, np.int64))
     layout = IdLayout(int(layers) if layers is not None else fmt.layers_for_grid(grid), int(spatial_bits))

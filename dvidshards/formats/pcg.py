@@ -565,7 +565,9 @@ def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity
     n2 = base | (c.in_pairs[:, 1] + 1).astype(np.uint64)
     edges = {"in": (n1, n2, aff(c.in_area), c.in_area.astype(np.uint64))}
 
-    f1, f2, fsv = [], [], []
+    p1: list[np.ndarray] = []
+    p2: list[np.ndarray] = []
+    psv: list[np.ndarray] = []
     for d in range(6):
         sel = c.face_dir == d
         if not sel.any():
@@ -573,14 +575,12 @@ def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity
         nc = tuple(int(v) for v in np.add(coords, DIRECTIONS[d]))
         lst = np.asarray(neighbours[d], np.uint64)
         a, b = c.face_pairs[sel, 0], c.face_pairs[sel, 1]
-        f1.append(base | (a + 1).astype(np.uint64))
-        f2.append(layout.node_ids(nc, b + 1))
-        fsv.append(np.stack([own[a], lst[b]], axis=1))
-    if f1:
-        f1, f2, fsv = np.concatenate(f1), np.concatenate(f2), np.concatenate(fsv)
-    else:
-        f1 = f2 = np.zeros(0, np.uint64)
-        fsv = np.zeros((0, 2), np.uint64)
+        p1.append(base | (a + 1).astype(np.uint64))
+        p2.append(layout.node_ids(nc, b + 1))
+        psv.append(np.stack([own[a], lst[b]], axis=1))
+    f1 = np.concatenate(p1) if p1 else np.zeros(0, np.uint64)
+    f2 = np.concatenate(p2) if p2 else np.zeros(0, np.uint64)
+    fsv = np.concatenate(psv) if psv else np.zeros((0, 2), np.uint64)
     farea = c.face_area.astype(np.uint64)
     order = np.lexsort((f2, f1))
     f1, f2, fsv, farea = f1[order], f2[order], fsv[order], farea[order]
@@ -712,7 +712,8 @@ def decode_components(data: bytes, where: str = "components") -> list[np.ndarray
     except Exception as e:
         raise PcgError(f"{where}: not a ChunkComponentsMsg ({e})") from None
     flat = np.fromiter(msg.components, np.uint64, len(msg.components))
-    groups, i = [], 0
+    groups: list[np.ndarray] = []
+    i = 0
     while i < flat.size:
         n = int(flat[i])
         if n > flat.size - i - 1:
