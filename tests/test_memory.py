@@ -45,3 +45,7 @@ def test_rss_flat_over_clean_and_damaged_cycles(tmp_path):
     trace = " ".join(f"{v:.0f}" for v in rss[::10])
     assert growth <= LIMIT_MB, (f"RSS grew {growth:.0f} MB after warm-up (at cycle {WARMUP}: {base:.0f} MB; "
                                 f"every 10th cycle: {trace}); process counts {res['counts']}")
+    # what would make it grow over longer runs: maps of dropped shards, threads, open files
+    warm, end = res["counts"]["warmup"], res["counts"]["end"]
+    assert end["deleted_arrow_maps"] <= 2 and end["deleted_fds"] <= 2, res["counts"]
+    assert end["os_threads"] - warm["os_threads"] <= 8 and end["fds"] - warm["fds"] <= 8, res["counts"]

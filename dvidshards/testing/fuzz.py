@@ -113,17 +113,24 @@ def rss_bytes(pid: int | str = "self") -> int:
 
 def _proc_counts() -> dict:
     """Threads, open fds and memory-mapped regions of this process (leak indicators)."""
-    out = {"threads": threading.active_count(), "os_threads": 0, "fds": 0, "maps": 0, "arrow_maps": 0}
+    out = {"threads": threading.active_count(), "os_threads": 0, "fds": 0, "maps": 0, "arrow_maps": 0,
+           "deleted_arrow_maps": 0, "deleted_fds": 0}
     with contextlib.suppress(OSError):
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("Threads:"):
                     out["os_threads"] = int(line.split()[1])
-        out["fds"] = len(os.listdir("/proc/self/fd"))
+        fds = os.listdir("/proc/self/fd")
+        out["fds"] = len(fds)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                out["deleted_fds"] += os.readlink(f"/proc/self/fd/{fd}").endswith("(deleted)")
         with open("/proc/self/maps") as f:
             lines = f.readlines()
         out["maps"] = len(lines)
         out["arrow_maps"] = sum(1 for ln in lines if ".arrow" in ln)
+        # maps of shard files already deleted (earlier trials' copies): something still holds them
+        out["deleted_arrow_maps"] = sum(1 for ln in lines if ".arrow (deleted)" in ln)
     return out
 
 
