@@ -66,6 +66,9 @@ class PcgReport:
         Rows of ``supervoxels.parquet``.
     edges : dict
         Edges written in this run per type (between and cross count each file's copy).
+    isolated : int
+        Pieces written in this run that touch no other piece (no edge at all): PCG's ingest
+        only creates nodes for ids in the edges files, so these would be left out of the graph.
     failed : dict
         ``{chunk: "TypeName: message"}`` of failed chunks (the side table then covers the rest,
         the manifest stays incomplete).
@@ -80,6 +83,7 @@ class PcgReport:
     written: int = 0
     pieces: int = 0
     edges: dict = field(default_factory=lambda: dict.fromkeys(fmt.EDGE_TYPES, 0))
+    isolated: int = 0
     failed: dict = field(default_factory=dict)
     skipped: int = 0
     elapsed: float = 0.0
@@ -92,6 +96,9 @@ class PcgReport:
         e = ", ".join(f"{v} {k}" for k, v in self.edges.items())
         lines = [f"{self.out}: {self.chunks} chunks ({self.written} with files, {self.skipped} resumed), "
                  f"{self.pieces} pieces, edges written now: {e}; {len(self.failed)} failed in {self.elapsed:.1f} s"]
+        if self.isolated:
+            lines.append(f"  note: {self.isolated} pieces written now touch no other piece: no edge names them, "
+                         f"so PCG's ingest will not create them")
         lines += [f"  FAILED {c}: {m}" for c, m in list(self.failed.items())[:10]]
         return "\n".join(lines)
 
@@ -307,7 +314,7 @@ class _Job:
     def run(self, coords) -> dict:
         coords = tuple(int(v) for v in coords)
         where = f"PCG chunk {coords}"
-        stats = {"pieces": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": False}
+        stats = {"pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": False}
         lists, table = self.id_lists(coords)
         if lists[0].size == 0:
             return stats
@@ -324,7 +331,9 @@ class _Job:
         _put(os.path.join(self.out, fmt.components_path(coords)), comp)
         rows = np.stack(pieces, axis=1).astype(np.uint64)
         _put_npy(os.path.join(self.out, PIECES, _pieces_name(coords)), rows)
+        linked = np.concatenate([edges["in"][0], edges["in"][1], edges["between"][0], edges["cross"][0]])
         stats.update(pieces=len(rows), bytes=len(payload) + len(comp), written=True,
+                     isolated=int(np.count_nonzero(~np.isin(pieces[0], linked))),
                      **{k: len(v[0]) for k, v in edges.items()})
         return stats
 
@@ -335,14 +344,15 @@ def _task(job: _Job, coords) -> dict:
 
 def _task_group(job: _Job, key) -> dict:
     """The job's chunks in group ``key`` (chunks // chunks_per_task), skipping complete ones."""
-    total = {"chunks": 0, "skipped": 0, "pieces": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": 0}
+    total = {"chunks": 0, "skipped": 0, "pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0,
+             "written": 0}
     for c in job.members(key):
         total["chunks"] += 1
         if os.path.exists(os.path.join(job.out, PIECES, _pieces_name(c))):
             total["skipped"] += 1
             continue
         r = job.run(c)
-        for k in ("pieces", "in", "between", "cross", "bytes"):
+        for k in ("pieces", "isolated", "in", "between", "cross", "bytes"):
             total[k] += r[k]
         total["written"] += bool(r["written"])
     return total
@@ -532,6 +542,7 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     for r in jr.results.values():
         for k in fmt.EDGE_TYPES:
             report.edges[k] += r[k]
+        report.isolated += r["isolated"]
     report.pieces, report.written = _side_table(out)
     manifest.update(complete=report.ok, chunks=report.chunks, chunks_written=report.written, pieces=report.pieces,
                     failed=len(report.failed))

@@ -150,6 +150,11 @@ def test_synthetic_export_equals_brute_force(tmp_path, synthetic_export, cs):
     assert rep.ok and rep.chunks == len(_grid(ex.sv.shape, cs)) and rep.skipped == 0
     sv = ex.expected(0, "supervoxels")
     got = check_output(str(out), sv, (0, 0, 0), np.asarray(cs), _grid(sv.shape, cs), _body(ex.mapping))
+    st = side_table(str(out))
+    linked = {p for pair in got for p in pair}
+    pieces = {(s, (x, y, z)) for s, x, y, z in zip(*(st[k].tolist() for k in ("dvid_supervoxel", "chunk_x", "chunk_y",
+                                                                            "chunk_z")), strict=True)}
+    assert rep.isolated == len(pieces - linked)
     kinds = Counter(("in" if p[1] == q[1] else ("cross" if p[0] == q[0] else "between")) for p, q in got)
     assert min(kinds["in"], kinds["between"], kinds["cross"]) > 10, kinds  # the volume exercises all three
     m = json.loads((out / "manifest.json").read_text())
