@@ -1,0 +1,393 @@
+"""Arrow Flight (dvidshards.flight): a server for exports and a client source, on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pyarrow.parquet as pq
+import pytest
+
+from dvidshards.dataset import Dataset
+from dvidshards.errors import (
+    DvidShardsError,
+    MissingShardError,
+    RemoteReadError,
+    ShardFormatError,
+    SpecError,
+)
+from dvidshards.flight import ExportFlightServer, FlightAuthError, FlightSource, serve
+from dvidshards.tables import PartialStreamError, ingest, table_files
+from tests.conftest import REAL_SHARD, make_export
+from tests.test_tables import (
+    assert_chunks_equal,
+    assert_volumes_equal,
+    brute_morton,
+    export_records,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    return make_export(tmp_path_factory.mktemp("flight") / "exp", info=True)
+
+
+@pytest.fixture(scope="module")
+def server(synth):
+    with serve(synth.root) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def mcns(tmp_path_factory, dvid_data):
+    root = tmp_path_factory.mktemp("mcnsf") / "mcns"
+    (root / "s1").mkdir(parents=True)
+    os.symlink(dvid_data / f"{REAL_SHARD}.arrow", root / "s1" / f"{REAL_SHARD}.arrow")
+    shutil.copyfile(dvid_data / f"{REAL_SHARD}-newformat.csv", root / "s1" / f"{REAL_SHARD}.csv")
+    return root, dvid_data / "mcns-ng-specs.json"
+
+
+def _get(location: str, ticket: dict, headers=()) -> list:
+    """(batch, metadata) chunks of a raw DoGet."""
+    c = fl.FlightClient(location.replace("grpc://", "grpc+tcp://"))
+    r = c.do_get(fl.Ticket(json.dumps(ticket).encode()), fl.FlightCallOptions(headers=list(headers)))
+    out = []
+    while True:
+        try:
+            ch = r.read_chunk()
+        except StopIteration:
+            return out
+        out.append((ch.data, json.loads(bytes(ch.app_metadata)) if ch.app_metadata is not None else {}))
+
+
+# --- a volume like the shard files ----------------------------------------------------------------
+
+
+def test_flight_source_reads_like_the_files(synth, server):
+    ds, dfl = Dataset(synth.root), Dataset(FlightSource(server.location))
+    assert dfl.spec == ds.spec
+    for k in range(3):
+        assert dfl.shards(k) == ds.shards(k)
+        s = ds.scale(k)
+        box = [[0, 0, 0], list(s.size)]
+        np.testing.assert_array_equal(dfl.read(box, scale=k), synth.expected(k))
+        np.testing.assert_array_equal(dfl.read(box, scale=k, labels="supervoxels"), synth.expected(k, "supervoxels"))
+    # through TensorStore as well
+    vol = dfl.open(0, labels="supervoxels")[10:150, 5:120, 20:140].read(order="F").result()
+    np.testing.assert_array_equal(vol, synth.expected(0, "supervoxels")[10:150, 5:120, 20:140])
+    from dvidshards.verify import verify
+
+    report = verify(dfl, decode=True)
+    assert report.ok and report.checked, report.summary()
+
+
+def test_real_mcns_shard_over_flight(mcns):
+    root, spec = mcns
+    with serve(str(root), spec=str(spec)) as srv:
+        ds, dfl = Dataset(root, spec=spec), Dataset(FlightSource(srv.location))
+        coords = ds.shard(1, ds.shards(1)[0]).coords
+        assert dfl.shards(1) == ds.shards(1) and dfl.shards(0) == []
+        assert_chunks_equal(ds, dfl, 1, coords)
+
+
+def test_flight_info_one_endpoint_per_shard(synth, server):
+    c = fl.FlightClient(server.location.replace("grpc://", "grpc+tcp://"))
+    ds = Dataset(synth.root)
+    for k in range(3):
+        info = c.get_flight_info(fl.FlightDescriptor.for_command(json.dumps({"v": 1, "scale": k})))
+        tickets = [json.loads(ep.ticket.ticket) for ep in info.endpoints]
+        assert sorted(tuple(t["shard"]) for t in tickets) == ds.shards(k)
+        assert all(t["v"] == 1 and t["scale"] == k for t in tickets)
+        assert info.schema.names[:2] == ["shard_id", "morton"]
+        # an endpoint's ticket streams exactly that shard's records
+        t = tickets[-1]
+        batches = [b for b, _ in _get(server.location, t)]
+        got = pa.Table.from_batches(batches)
+        want = ds.shard(k, tuple(t["shard"]))
+        assert got.num_rows == len(want)
+    by_path = c.get_flight_info(fl.FlightDescriptor.for_path("s0"))
+    assert len(by_path.endpoints) == len(ds.shards(0))
+    assert [f.descriptor.command for f in c.list_flights()] and len(list(c.list_flights())) == 3
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_partitions_cover_every_record_once_in_shard_morton_order(synth, server, n):
+    ds = Dataset(synth.root)
+    s = ds.scale(0)
+    want = export_records(Path(synth.root), 0)
+    seen = []
+    for i in range(n):
+        chunks = _get(server.location, {"v": 1, "scale": 0, "partition": i, "of": n})
+        assert chunks[-1][1]["done"] and chunks[-1][0].num_rows == 0
+        keys = []
+        for b, meta in chunks[:-1]:
+            t = b.to_pydict()
+            assert len(set(t["shard_id"])) <= 1  # a batch never spans shards
+            for r in range(b.num_rows):
+                c = (t["chunk_x"][r], t["chunk_y"][r], t["chunk_z"][r])
+                assert t["morton"][r] == brute_morton(c, s.grid)
+                assert t["shard_id"][r] % n == i
+                assert t["dvid_compressed_block"][r] == want[c][2] and t["labels"][r] == want[c][0]
+                keys.append((t["shard_id"][r], t["morton"][r]))
+                seen.append(c)
+            if meta:
+                assert meta["end"] and meta["shard_id"] == t["shard_id"][0] if b.num_rows else True
+        assert keys == sorted(keys)
+        assert chunks[-1][1]["records"] == len(keys)
+    assert sorted(seen) == sorted(want) and len(seen) == len(set(seen))
+
+
+def test_batches_carry_many_records(mcns):
+    root, spec = mcns
+    with serve(str(root), spec=str(spec)) as srv:
+        chunks = _get(srv.location, {"v": 1, "scale": 1, "shard": [30720, 24576, 28672]})
+        sizes = [b.num_rows for b, _ in chunks]
+        assert sizes == [256, 2, 0]  # 258 records in batches of 256, then the done marker
+        assert chunks[1][1] == {"shard_id": chunks[0][0].column("shard_id")[0].as_py(),
+                                "origin": [30720, 24576, 28672], "records": 258, "end": True}
+        one = _get(srv.location, {"v": 1, "scale": 1, "shard": [30720, 24576, 28672], "batch_rows": 1})
+        assert len(one) == 259
+        cols = _get(srv.location, {"v": 1, "scale": 1, "columns": ["chunk_x", "chunk_y", "chunk_z", "labels"]})
+        assert cols[0][0].schema.names == ["chunk_x", "chunk_y", "chunk_z", "labels"]
+
+
+def test_boxes_and_chunk_lists_are_one_doget(synth):
+    calls = []
+
+    class Counting(ExportFlightServer):
+        def do_get(self, context, ticket):
+            calls.append(json.loads(ticket.ticket))
+            return super().do_get(context, ticket)
+
+    ds = Dataset(synth.root)
+    allc = ds.chunks(0)
+    with Counting(synth.root).start() as srv:
+        src = FlightSource(srv.location)
+        pick = allc[::5]
+        rt = src.read_records(0, chunks=np.concatenate([pick, [[3, 2, 2]]]))
+        assert len(calls) == 1 and "chunks" in calls[0]
+        assert sorted(map(tuple, rt.coords.tolist())) == sorted(map(tuple, pick.tolist()))
+        for i in range(len(rt)):
+            c = tuple(int(v) for v in rt.coords[i])
+            sh = ds.shard(0, ds.scale(0).shard_origin(*c))
+            assert rt.block(i) == sh.table().block(sh.find(*c))
+        box = [[60, 0, 70], [130, 64, 140]]
+        rb = src.read_records(0, box=box)
+        assert len(calls) == 2
+        lo, hi = np.asarray(box[0]) // 64, -(-np.asarray(box[1]) // 64)
+        inside = allc[((allc >= lo) & (allc < hi)).all(axis=1)]
+        assert sorted(map(tuple, rb.coords.tolist())) == sorted(map(tuple, inside.tolist()))
+        # a Dataset over Flight loads a shard with one DoGet, then reads it from memory
+        calls.clear()
+        dfl = Dataset(src)
+        dfl.read([[0, 0, 0], [128, 128, 128]])
+        assert len(calls) == 1 and "shard" in calls[0]
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def test_bad_tickets_are_typed(server):
+    src = FlightSource(server.location)
+    for ticket, match in [({"scale": 9}, "scale 9"), ({"scale": 0, "partition": 2, "of": 2}, "partition"),
+                          ({"scale": 0, "columns": ["nope"]}, "columns"), ({"scale": 0, "box": [[0, 0]]}, "box"),
+                          ({"scale": 0, "partition": 0}, "together"), ({"scale": 0, "extra": 1}, "unknown keys")]:
+        with pytest.raises(SpecError, match=match):
+            list(src.stream(ticket))
+    with pytest.raises(fl.FlightServerError, match="version") as e:  # a plain Flight client sees the type too
+        _get(server.location, {"v": 99, "scale": 0})
+    assert json.loads(e.value.extra_info)["type"] == "SpecError"
+    with pytest.raises(MissingShardError):
+        list(src.stream({"scale": 0, "shard": [1 << 20, 0, 0]}))
+
+
+def test_server_error_mid_stream_reaches_the_client_typed(synth, tmp_path):
+    """A damaged shard in the middle of a partition: the batches before it arrive, then its error."""
+    root = tmp_path / "exp"
+    shutil.copytree(synth.root, root)
+    ds = Dataset(root)
+    from dvidshards.tables import origins_by_shard_id
+
+    by_id = origins_by_shard_id(ds.scale(0), ds.shards(0))
+    ids = sorted(by_id)
+    victim = by_id[ids[len(ids) // 2]][0]
+    f = root / "s0" / f"{victim[0]}_{victim[1]}_{victim[2]}.arrow"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with serve(str(root)) as srv:
+        src = FlightSource(srv.location)
+        got = []
+        with pytest.raises(ShardFormatError) as e:
+            for b, meta in src.scan(0, partition=0, of=1):
+                got.append((b, meta))
+        assert f.name in str(e.value) and srv.location in str(e.value)
+        ends = [m["shard_id"] for _, m in got if m.get("end")]
+        assert ends == ids[: len(ids) // 2]  # every shard before the damaged one, complete
+        # ingest: the partition fails, typed; the complete shards are written, the table is not complete
+        report = ingest(srv.location, tmp_path / "t", workers=1, scales=[0])
+        assert not report.ok and "ShardFormatError" in next(iter(report.failed.values()))
+        assert sorted(table_files(tmp_path / "t", 0)) == ids[: len(ids) // 2]
+        assert not json.loads((tmp_path / "t" / "info").read_text())["dvidshards_table"]["complete"]
+        # the Dataset over Flight: the damaged shard's chunks fail typed, the others read
+        dfl = Dataset(src)
+        with pytest.raises(ShardFormatError):
+            dfl.read([list(victim), list(np.minimum(np.asarray(victim) + 64, ds.scale(0).size))])
+
+
+class Cutting(ExportFlightServer):
+    """Ends every stream after its first batch, without an error and without the done marker."""
+
+    def _generate(self, s, t, schema):
+        for item in super()._generate(s, t, schema):
+            yield item
+            return
+
+
+def test_a_cut_stream_is_detected_as_partial(synth, tmp_path):
+    with Cutting(synth.root).start() as srv:
+        src = FlightSource(srv.location)
+        with pytest.raises(PartialStreamError, match="done marker"):
+            list(src.scan(0, partition=0, of=1, batch_rows=1))
+        with pytest.raises(PartialStreamError):
+            Dataset(src).read([[0, 0, 0], [64, 64, 64]])
+        # each partition's first shard has several records, and 1-row batches: cut inside it
+        assert min(len(Dataset(synth.root).shard(0, o)) for o in Dataset(synth.root).shards(0)[:2]) > 1
+        report = ingest(srv.location, tmp_path / "t", workers=2, scales=[0], batch_rows=1)
+        assert not report.ok and all("PartialStreamError" in v for v in report.failed.values())
+        assert table_files(tmp_path / "t", 0) == {}  # no shard file from a cut shard
+        assert not [n for n in os.listdir(tmp_path / "t" / "s0")]
+        # with whole-shard batches the first shard arrives complete (its end marker): kept, exact
+        report = ingest(srv.location, tmp_path / "t2", workers=2, scales=[0])
+        assert not report.ok
+        files = table_files(tmp_path / "t2", 0)
+        assert len(files) == 2
+        for o, path in files.values():
+            assert pq.read_table(path).num_rows == len(Dataset(synth.root).shard(0, o))
+
+
+def test_bearer_auth(synth, tmp_path):
+    with serve(synth.root, token="s3cret") as srv:
+        for token in (None, "wrong", "s3cret "):
+            with pytest.raises(FlightAuthError):
+                FlightSource(srv.location, token=token)
+        with pytest.raises(fl.FlightUnauthenticatedError):  # every call, not only the first
+            _get(srv.location, {"v": 1, "scale": 2}, headers=[(b"authorization", b"Bearer nope")])
+        src = FlightSource(srv.location, token="s3cret")
+        np.testing.assert_array_equal(Dataset(src).read([[0, 0, 0], [50, 43, 38]], scale=2), synth.expected(2))
+        assert ingest(srv.location, tmp_path / "t", workers=2, token="s3cret", scales=[2]).ok
+
+
+def test_ingest_without_the_token_is_refused(synth, tmp_path):
+    with serve(synth.root, token="s3cret") as srv:
+        with pytest.raises(FlightAuthError):
+            ingest(srv.location, tmp_path / "t", workers=2)
+    assert not (tmp_path / "t").exists()
+
+
+def _self_signed():
+    x509 = pytest.importorskip("cryptography.x509")
+    import datetime
+    import ipaddress
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+def test_tls(synth):
+    cert, key = _self_signed()
+    with serve(synth.root, tls=(cert, key), token="t") as srv:
+        assert srv.location.startswith("grpc+tls://127.0.0.1:")
+        src = FlightSource(srv.location, tls_root_certs=cert, token="t")
+        np.testing.assert_array_equal(Dataset(src).read([[0, 0, 0], [50, 43, 38]], scale=2), synth.expected(2))
+        with pytest.raises(RemoteReadError):  # no root certificate: the server is not trusted
+            FlightSource(srv.location, token="t", timeout=10)
+        with pytest.raises(DvidShardsError):  # plain gRPC against a TLS server
+            FlightSource(srv.location.replace("grpc+tls://", "grpc://"), token="t", timeout=10)
+
+
+def test_unreachable_server_is_typed():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RemoteReadError):
+        FlightSource(f"grpc://127.0.0.1:{port}", timeout=5)
+    with pytest.raises(SpecError):
+        FlightSource("http://127.0.0.1:1")
+
+
+def test_a_flight_source_pickles(server):
+    import pickle
+
+    src = FlightSource(server.location)
+    again = pickle.loads(pickle.dumps(Dataset(src)))
+    assert again.shards(0) == Dataset(src).shards(0)
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "dvidshards.cli", "serve-flight", synth.root, "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+    try:
+        line = p.stdout.readline().rstrip("\n")
+        assert re.fullmatch(r"grpc://127\.0\.0\.1:\d+", line), line
+        r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", line, "--to", str(tmp_path / "t"),
+                            "--workers", "2"], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "records in" in r.stdout
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    from dvidshards.tables import TableSource
+
+    assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), [0, 1, 2])
+    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "serve-flight", str(tmp_path / "nope")],
+                       capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_cli_ingest_blocks_dump(synth, tmp_path):
+    from dvidshards.formats.blocks import write_stream
+    from tests.formats.test_blocks import _writer_blocks
+
+    (tmp_path / "d.dat").write_bytes(write_stream(_writer_blocks(Path(synth.root))))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(Dataset(synth.root).spec))
+    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
+                        str(tmp_path / "exp"), "--spec", str(spec)], capture_output=True, text=True,
+                       cwd=str(ROOT), timeout=300)
+    assert r.returncode == 0, r.stderr
+    ds = Dataset(tmp_path / "exp")
+    box = [[0, 0, 0], list(ds.scale(0).size)]
+    np.testing.assert_array_equal(ds.read(box, labels="supervoxels"), synth.expected(0, "supervoxels"))
+    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
+                        str(tmp_path / "exp")], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
+    assert r.returncode == 2 and "not an empty folder" in r.stderr
