@@ -179,9 +179,12 @@ def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):
     return bad != 0
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
-def _full_rows(data, q, lut, out, z0, y0, x0, b, c, check):
-    # a whole 8x8x8 sub-block of b <= 8 bits (b a literal at the call site); True if a value >= c
+@numba.njit(nogil=True, cache=True)
+def _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check):
+    # a whole 8x8x8 sub-block of b <= 8 bits, any strides; True if a value >= c.  One compiled
+    # body for every width (b at run time): sub-blocks wider than 3 bits are rare (0.1 % of
+    # real ones) and the vector path covers 0-3 bits, so unrolling per width bought nothing
+    # but compile time
     mask = (np.int64(1) << b) - 1
     bad = False
     for z in range(8):
@@ -198,7 +201,7 @@ def _full_rows(data, q, lut, out, z0, y0, x0, b, c, check):
     return bad
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):
     bad = False
     for z in range(8):
@@ -347,22 +350,8 @@ def _decode_kernel(data, pal, use_pal, out):
                         elif b == 3 and xvec:
                             ents = (lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7])
                             bad = _vec_rows(data, q, out, z0, y0, x0, 3, ents, c)
-                        elif b == 1:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 1, c, False)
-                        elif b == 2:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 2, c, check)
-                        elif b == 3:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 3, c, check)
-                        elif b == 4:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 4, c, check)
-                        elif b == 5:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 5, c, check)
-                        elif b == 6:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 6, c, check)
-                        elif b == 7:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 7, c, check)
-                        elif b == 8:
-                            bad = _full_rows(data, q, lut, out, z0, y0, x0, 8, c, check)
+                        elif b <= 8:
+                            bad = _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check)
                         else:
                             bad = _full_rows9(data, q, lut, out, z0, y0, x0, c, check)
                         if bad:
