@@ -265,9 +265,9 @@ class Shard:
 
     def table(self, rows=None) -> RecordTable:
         """Validated records (all by default, in index order) for bulk work."""
-        rows = np.arange(len(self)) if rows is None else rows
         if self._table is not None:
-            return _subset(self._table, np.asarray(rows, np.int64)) if len(rows) != len(self) else self._table
+            return self._table if rows is None else _subset(self._table, np.asarray(rows, np.int64))
+        rows = np.arange(len(self)) if rows is None else rows
         return self.store._sync(self.fetch(rows))
 
     def decode(self, i: int, out: np.ndarray, labels) -> None:
