@@ -63,6 +63,7 @@ __all__ = [
     "as_record_source",
     "ingest",
     "ingest_blocks",
+    "frame_sizes",
     "ingest_partition",
     "main",
     "partition_plan",
@@ -245,22 +246,64 @@ def _frame_size(t: RecordTable, i: int) -> int:
     return n
 
 
+@numba.njit(nogil=True, cache=True)
+def _frame_sizes_kernel(buf, offs, lens, out):  # pragma: no cover - compiled
+    """Declared content size of each zstd frame: >= 0, -1 when absent, -2 when not a frame."""
+    n = buf.shape[0]
+    for i in range(offs.shape[0]):
+        o, m = offs[i], lens[i]
+        out[i] = -2
+        if o < 0 or m < 6 or o > n - m:
+            continue
+        if buf[o] != 0x28 or buf[o + 1] != 0xB5 or buf[o + 2] != 0x2F or buf[o + 3] != 0xFD:
+            continue
+        fhd = np.int64(buf[o + 4])
+        if (fhd >> 3) & 1:  # reserved bit
+            continue
+        single = (fhd >> 5) & 1
+        did = fhd & 3
+        p = o + 5 + (0 if single else 1)
+        if did == 1:
+            p += 1
+        elif did == 2:
+            p += 2
+        elif did == 3:
+            p += 4
+        flag = fhd >> 6
+        size = 1 if (flag == 0 and single) else 0 if flag == 0 else 2 if flag == 1 else 4 if flag == 2 else 8
+        if size == 0:
+            out[i] = -1
+            continue
+        if p + size > o + m:
+            continue
+        v = np.int64(0)
+        for k in range(size):
+            v |= np.int64(buf[p + k]) << (8 * k)
+        out[i] = v + 256 if size == 2 else v
+
+
+def frame_sizes(t: RecordTable, rows: np.ndarray) -> np.ndarray:
+    """The content sizes the payloads' zstd frame headers declare (-1 absent, -2 not a frame)."""
+    rec = t.rec[rows]
+    out = np.empty(len(rows), np.int64)
+    _frame_sizes_kernel(t.bufs[0], np.ascontiguousarray(rec[:, ipc.R_PAY]), np.ascontiguousarray(
+        rec[:, ipc.R_PAYLEN]), out)
+    return out
+
+
 def _check_frames(t: RecordTable, rows: np.ndarray) -> None:
     """Each payload is a zstd frame whose declared size agrees with uncompressed_size (cheap)."""
-    import zstandard
-
     from .errors import BlockDecodeError
 
-    fcs = zstandard.frame_content_size
-    rec = t.rec
-    for i in rows.tolist():
-        try:
-            n = fcs(t.payload(i))
-        except zstandard.ZstdError as e:
-            raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame ({e})") from None
-        us = int(rec[i, ipc.R_USIZE])
-        if n >= 0 and us >= 0 and n != us:
-            raise BlockDecodeError(f"{t.where(i)}: zstd frame declares {n} bytes, uncompressed_size is {us}")
+    sizes = frame_sizes(t, rows)
+    us = t.rec[rows, ipc.R_USIZE]
+    bad = np.flatnonzero((sizes == -2) | ((sizes >= 0) & (us >= 0) & (sizes != us)))
+    if bad.size:
+        k = int(bad[0])
+        i = int(rows[k])
+        if sizes[k] == -2:
+            raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame")
+        raise BlockDecodeError(f"{t.where(i)}: zstd frame declares {sizes[k]} bytes, uncompressed_size is {us[k]}")
 
 
 def _chunk_filter(coords: np.ndarray, scale: Scale, box=None, chunks=None) -> np.ndarray:
@@ -285,16 +328,19 @@ def record_batches(table: RecordTable, scale: Scale, origin, *, only: Iterable[i
     """One DVID shard's records as record batches sorted by (shard_id, morton).
 
     Yields ``(batch, meta)``; batches never span two shard ids, and the last batch of each
-    shard id (possibly empty) has ``meta = {"shard_id", "origin", "records", "end": True}``
-    (``{}`` otherwise).  ``only`` keeps some shard ids; ``box`` (voxels) and ``chunks``
-    keep some chunks; with ``check`` every payload's zstd frame header is checked.
+    shard id has ``meta = {"shard_id", "origin", "records", "end": True}`` (``{}``
+    otherwise).  ``only`` keeps some shard ids; ``box`` (voxels) and ``chunks`` keep some
+    chunks; with ``check`` every payload's zstd frame header is checked.
     """
     coords = table.coords
-    sid, morton = record_keys(scale, coords)
-    keep = _chunk_filter(coords, scale, box, chunks)
+    rows = np.flatnonzero(_chunk_filter(coords, scale, box, chunks)) if box is not None or chunks is not None \
+        else np.arange(len(coords))
+    sid_r, mor_r = record_keys(scale, coords[rows])
+    sid = np.zeros(len(coords), np.int64)
+    morton = np.zeros(len(coords), np.int64)
+    sid[rows], morton[rows] = sid_r, mor_r
     if only is not None:
-        keep &= np.isin(sid, np.fromiter(only, np.int64))
-    rows = np.flatnonzero(keep)
+        rows = rows[np.isin(sid_r, np.fromiter(only, np.int64))]
     rows = rows[np.lexsort((morton[rows], sid[rows]))]
     if check:
         _check_frames(table, rows)
@@ -651,6 +697,19 @@ class TableSource(RecordSource):
             t = _as_arrow_table(source)
             self._init_memory(t, spec, scale)
 
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_lock"] = None
+        d["_meta"] = {}
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"TableSource({self.name!r})"
+
     # --- plain tables: indexed in memory by their coordinates ----------------------------------
 
     def _init_plain(self, path: str, spec, scale: int) -> None:
@@ -804,19 +863,31 @@ class TableSource(RecordSource):
     # --- random access: a batch of chunks by (shard id, morton) -------------------------------
 
     def _file_meta(self, path: str):
-        m = self._meta.get(path)
-        if m is None:
-            import pyarrow.parquet as pq
+        """(open ParquetFile, its lock, morton min and max per row group) of a shard file (LRU)."""
+        with self._lock:
+            m = self._meta.pop(path, None)
+            if m is not None:
+                self._meta[path] = m  # most recent last
+                return m
+        import pyarrow.parquet as pq
 
+        try:
             pf = pq.ParquetFile(path)
             md = pf.metadata
-            names = pf.schema_arrow.names
-            im = names.index("morton")
-            ranges = []
+            im = pf.schema_arrow.names.index("morton")
+            lo = np.full(md.num_row_groups, np.iinfo(np.int64).min, np.int64)
+            hi = np.full(md.num_row_groups, np.iinfo(np.int64).max, np.int64)
             for g in range(md.num_row_groups):
                 st = md.row_group(g).column(im).statistics
-                ranges.append((st.min, st.max) if st is not None and st.has_min_max else (None, None))
-            m = self._meta[path] = (md, ranges)
+                if st is not None and st.has_min_max:
+                    lo[g], hi[g] = st.min, st.max
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
+        m = (pf, threading.Lock(), lo, hi)
+        with self._lock:
+            self._meta[path] = m
+            while len(self._meta) > 64:
+                self._meta.pop(next(iter(self._meta)))
         return m
 
     def read_records(self, scale, chunks) -> RecordTable:
@@ -825,7 +896,6 @@ class TableSource(RecordSource):
         A table folder finds each chunk by its shard file and the row groups' ``morton``
         statistics; a plain table by its in-memory index.
         """
-        import pyarrow.parquet as pq
 
         s = scale if isinstance(scale, Scale) else self.scales[int(scale)]
         c = np.asarray(chunks, np.int64).reshape(-1, 3)
@@ -839,8 +909,7 @@ class TableSource(RecordSource):
                     if rows:
                         parts.append(sh.table(np.asarray(rows, np.int64)))
             return _concat_tables(parts, where, s.chunk_size)
-        inside = ((c >= 0) & (c < np.asarray(s.grid))).all(axis=1)
-        c = c[inside]
+        c = c[((c >= 0) & (c < np.asarray(s.grid))).all(axis=1)]
         sid, mor = record_keys(s, c)
         files = self._layout_files(s.index)
         tables = []
@@ -848,13 +917,16 @@ class TableSource(RecordSource):
             if sh not in files:
                 continue
             path = files[sh][1]
-            md, ranges = self._file_meta(path)
+            pf, lock, lo, hi = self._file_meta(path)
             want = mor[sid == sh]
-            groups = sorted({g for m in want.tolist() for g, (a, b) in enumerate(ranges)
-                             if a is None or a <= m <= b})
-            if not groups:
+            groups = np.flatnonzero(((lo[None, :] <= want[:, None]) & (want[:, None] <= hi[None, :])).any(axis=0))
+            if not len(groups):
                 continue
-            t = pq.ParquetFile(path, metadata=md).read_row_groups(groups)
+            try:
+                with lock:  # one reader per open file; small reads run best on this thread
+                    t = pf.read_row_groups(groups.tolist(), use_threads=False)
+            except (OSError, pa.ArrowException) as e:
+                raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
             got = t.column("morton").to_numpy()
             hit = np.flatnonzero(np.isin(got, want))
             if len(hit):
@@ -1209,8 +1281,9 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
     source : str or Dataset
         ``grpc://host:port`` (see ``dvidshards serve-flight``), or an export (path, URL or
         Dataset) read directly.
-    to : path
-        The table folder (created; an existing table is resumed, anything else refused).
+    to : path or VastDBSink
+        The table folder (created; an existing table is resumed, anything else refused), or a
+        VastDB table (threads only; shards already there are skipped).
     workers : int
         Partitions per scale, pulled concurrently (threads, or tasks on ``scheduler``).
     scales : list of int, optional

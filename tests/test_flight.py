@@ -391,3 +391,21 @@ def test_cli_ingest_blocks_dump(synth, tmp_path):
     r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
                         str(tmp_path / "exp")], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
     assert r.returncode == 2 and "not an empty folder" in r.stderr
+
+
+def test_server_checks_payload_frames_before_sending(mcns, real_records, tmp_path):
+    """A record whose zstd frame disagrees with its uncompressed_size: a typed error, not bytes."""
+    from dvidshards.errors import BlockDecodeError
+    from dvidshards.writer import write_shard
+
+    _, spec = mcns
+    recs = [dict(r) for r in real_records]
+    bad = recs[100]
+    bad["uncompressed_size"] += 8
+    (tmp_path / "exp" / "s1").mkdir(parents=True)
+    write_shard(tmp_path / "exp" / "s1" / REAL_SHARD, recs)
+    with serve(str(tmp_path / "exp"), spec=str(spec)) as srv:
+        with pytest.raises(BlockDecodeError) as e:
+            list(FlightSource(srv.location).scan(1))
+    c = (bad["chunk_x"], bad["chunk_y"], bad["chunk_z"])
+    assert f"chunk {c}" in str(e.value) and "uncompressed_size" in str(e.value)

@@ -592,3 +592,52 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
         ingest_blocks([tmp_path / "a.dat"], tmp_path / "exp")
     with pytest.raises(ChunkIndexError, match="twice"):
         ingest_blocks([tmp_path / "a.dat", tmp_path / "a.dat"], tmp_path / "dup")
+
+
+def test_frame_size_kernel_agrees_with_zstandard():
+    """The vectorised frame header parser behind the server's payload check, against zstandard."""
+    import zstandard
+
+    from dvidshards.formats.records import RecordTable
+    from dvidshards.tables import frame_sizes
+
+    rng = np.random.default_rng(4)
+    frames = []
+    for n in (0, 1, 100, 255, 256, 300, 65791, 65792, 70000, 5_000_000):
+        data = rng.integers(0, 4, n, dtype=np.uint8).tobytes()
+        for kw in ({}, {"write_content_size": False}, {"write_checksum": True}, {"level": 19}):
+            frames.append(zstandard.ZstdCompressor(**kw).compress(data))
+        cobj = zstandard.ZstdCompressor().compressobj()  # streamed: no content size
+        frames.append(cobj.compress(data) + cobj.flush())
+    frames += [b"", b"\x28\xb5\x2f", b"nope, not zstd", b"\x28\xb5\x2f\xfd\x08\x00"]  # reserved bit set
+    buf = np.frombuffer(b"".join(frames), np.uint8)
+    offs = np.cumsum([0] + [len(f) for f in frames[:-1]])
+    rec = np.zeros((len(frames), 11), np.int64)
+    from dvidshards.formats import arrowipc as ipc
+
+    rec[:, ipc.R_PAY], rec[:, ipc.R_PAYLEN] = offs, [len(f) for f in frames]
+    z = np.zeros(0, np.uint8)
+    t = RecordTable(rec, (buf, z, z), "x")
+    got = frame_sizes(t, np.arange(len(frames)))
+    for f, g in zip(frames, got, strict=True):
+        try:
+            want = zstandard.frame_content_size(f)
+        except zstandard.ZstdError:
+            want = -2
+        assert g == want, (f[:8], g, want)
+
+
+def test_table_sources_pickle(synth, tmp_path):
+    import pickle
+
+    to = tmp_path / "t"
+    ingest(synth.root, to, workers=1, scales=[0])
+    layout = TableSource(to, partial=True)
+    layout.read_records(0, [[0, 0, 0]])  # opens a Parquet file: that cache must not travel
+    one = {a: pa.array([0], pa.int32()) for a in ("chunk_x", "chunk_y", "chunk_z")}
+    memory = TableSource(pa.table(one), spec=Dataset(synth.root).spec)
+    for src in (layout, memory):
+        again = pickle.loads(pickle.dumps(Dataset(src)))
+        assert again.shards(0) == Dataset(src).shards(0)
+    ds2 = pickle.loads(pickle.dumps(Dataset(TableSource(to, partial=True))))
+    assert_volumes_equal(Dataset(synth.root), ds2, [0])
