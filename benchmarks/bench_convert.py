@@ -11,8 +11,11 @@ large shards, geometry of mCNS scale 1):
 * ``syn512``: a 512³ synthetic neuron-like export (one shard of 512 chunks);
 * ``1024``, ``16384``, ``32768``: one shard of that many chunks.
 
-Every measurement runs in a fresh Python process, serially, one after the other; CPU is the
-process's user + system time (all threads), peak RSS the kernel's high-water mark. Variants:
+Every measurement runs in a fresh Python process, serially, one after the other. The process
+first does the same job on the real shard, untimed (first-use costs of TensorStore's drivers,
+numba's cache and zlib, 0.1-0.4 s, are paid once per worker, not per shard); then CPU is the
+process's user + system time (all threads) and peak RSS the kernel's high-water mark (reset
+before the timed job). Variants:
 
 * ``dvidshards``: ``dvidshards.convert.convert`` in the process (scheduler None), precomputed
   with gzip chunk data (level 1, the default) or raw, or zarr3;
@@ -271,29 +274,27 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
 
 def child(args: list[str]) -> None:
     kind, dj, out = args[0], json.loads(args[1]), Path(args[2])
-    opts = json.loads(args[3])
-    if kind == "dvid":
-        r = child_dvid(dj, out, **opts)
-    elif kind == "loop":
-        r = child_loop(dj, out)
-    elif kind == "floor":
-        r = child_floor(dj, out, **opts)
-    else:
-        r = child_zarr_ts(dj, out)
-    print(json.dumps(r))
+    opts, warm = json.loads(args[3]), json.loads(args[4])
+    fn = {"dvid": child_dvid, "loop": child_loop, "floor": child_floor, "zarr_ts": child_zarr_ts}[kind]
+    # the same job on the real shard first, untimed: first-use costs (TensorStore drivers, numba
+    # and zlib initialisation, ~0.1-0.4 s) are paid once per worker, not per shard
+    fn(warm, out.with_name(out.name + "-warm"), **opts)
+    shutil.rmtree(out.with_name(out.name + "-warm"), ignore_errors=True)
+    print(json.dumps(fn(dj, out, **opts)))
 
 
-def run(kind: str, d: dict, workdir: Path, **opts) -> dict:
+def run(kind: str, d: dict, workdir: Path, warm: dict, **opts) -> dict:
     out = Path(tempfile.mkdtemp(prefix="conv-out-", dir=workdir))
     shutil.rmtree(out)
     try:
-        cmd = [sys.executable, __file__, "--child", kind, json.dumps(d), str(out), json.dumps(opts)]
+        cmd = [sys.executable, __file__, "--child", kind, json.dumps(d), str(out), json.dumps(opts), json.dumps(warm)]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode:
             raise SystemExit(f"child failed: {kind} {d['name']} {opts}\n{r.stderr[-3000:]}")
         return json.loads(r.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out.with_name(out.name + "-warm"), ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- main
@@ -301,7 +302,7 @@ def run(kind: str, d: dict, workdir: Path, **opts) -> dict:
 
 def main(argv=None) -> int:
     p = C.parser(__doc__.split("\n")[0])
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(args.child)
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
     res: dict = {}
 
     def m(name, label, kind, **opts):
-        r = run(kind, d, args.workdir, **opts)
+        r = run(kind, d, args.workdir, sets[0], **opts)
         res[(name, label)] = r
         print(f"  {name:>6} {label:<34} {r['chunks']:>6} chunks  {1e3 * r['cpu'] / r['chunks']:7.3f} CPU ms/chunk"
               f"  peak {r['peak'] / C.MIB:7.0f} MiB  ({C.load_text()})", flush=True)
