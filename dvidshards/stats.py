@@ -42,9 +42,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import BlockDecodeError, ShardFormatError, SpecError
-from .formats.arrowipc import R_NSV
-from .formats.blockstats import block_stats_into, new_accumulators
+from .formats.arrowipc import R_NLAB, R_NSV
+from .formats.blockstats import BlockError, batch_stats
 from .formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
+from .query import _list_values
 
 __all__ = [
     "FAN_IN",
@@ -110,10 +111,14 @@ def _crop(s, box):
     return lo, hi
 
 
+_BATCH = 512  # records decompressed and counted together
+
+
 def _chunk_rows(ds, scale, origin, labels, box):
     """Per chunk of one shard, per block-label entry holding voxels: the raw rows.
 
     Returns (record, supervoxel, body, voxels, boxes (n, 6) absolute, coords (records, 3)).
+    Memory: the shard and one batch of decompressed blocks.
     """
     s = ds.scale(scale)
     src = as_labels(labels)
@@ -125,34 +130,39 @@ def _chunk_rows(ds, scale, origin, labels, box):
     lo = np.clip(vlo - org, 0, cs)
     hi = np.clip(vhi - org, 0, cs)
     todo = np.flatnonzero((hi > lo).all(axis=1))
-    own = isinstance(src, Supervoxels)
-    nsv = t.rec[:, R_NSV]
-    recs, svs, bodies, vox, boxes = [], [], [], [], []
-    for i in todo.tolist():
-        blk = np.frombuffer(t.block(i), np.uint8)
-        nl = int.from_bytes(blk[12:16], "little") if len(blk) >= 16 else -1
+    nsv = np.ascontiguousarray(t.rec[:, R_NSV])
+    parts = []
+    for k in range(0, len(todo), _BATCH):
+        idx = todo[k:k + _BATCH]
+        blocks = [t.block(int(i)) for i in idx]  # zstd: sizes and checksum checked, typed errors
+        offs = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum([len(b) for b in blocks], out=offs[1:])
+        buf = np.frombuffer(b"".join(blocks), np.uint8)
         try:
-            if nl >= 0 and nl != nsv[i]:
-                raise ShardFormatError(f"its label lists have {nsv[i]} entries, its block has {nl} labels")
-            counts, bx = new_accumulators(max(nl, 0))
-            block_stats_into(blk, lo[i], hi[i], counts, bx)
-        except (BlockDecodeError, ShardFormatError) as e:
-            raise type(e)(f"{t.where(i)}: {e}") from None
-        keep = np.flatnonzero(counts[:nl])
-        if not keep.size:
-            continue
-        sv = blk[16:16 + 8 * nl].view("<u8")[keep].astype(np.uint64)
-        body = sv if own else np.asarray(src.palette(t, i), np.uint64)[keep]
-        recs.append(np.full(keep.size, i, np.int64))
-        svs.append(sv)
-        bodies.append(body)
-        vox.append(counts[keep])
-        boxes.append(bx[keep] + np.tile(org[i], 2))
-    if not recs:
+            blk, ent, sv, vox, bx = batch_stats(buf, offs, lo[idx], hi[idx], nsv[idx])
+        except BlockError as e:
+            kind = ShardFormatError if e.list_mismatch else BlockDecodeError
+            raise kind(f"{t.where(int(idx[e.index]))}: {e}") from None
+        rec = idx[blk]
+        bx += np.hstack([org, org])[rec]
+        parts.append((rec, ent, sv, vox, bx))
+    if not parts:
         z = np.zeros(0, np.int64)
         return z, z.astype(np.uint64), z.astype(np.uint64), z, np.zeros((0, 6), np.int64), coords
-    rec, sv, body = np.concatenate(recs), np.concatenate(svs), np.concatenate(bodies)
-    vox, boxes = np.concatenate(vox), np.concatenate(boxes)
+    rec, ent, sv, vox, boxes = (np.concatenate([p[j] for p in parts]) for j in range(5))
+    if isinstance(src, Supervoxels):
+        body = sv
+    elif isinstance(src, Agglomerated):
+        flat, _ = _list_values(t, "labels")
+        first = np.zeros(len(t), np.int64)
+        np.cumsum(t.rec[:-1, R_NLAB], out=first[1:])
+        body = flat[first[rec] + ent]
+    elif isinstance(src, Mapped):
+        body = np.asarray(src.mapping.palette(sv), np.uint64)
+    else:  # another LabelSource: its palette per record
+        pal = {int(i): src.palette(t, int(i)) for i in np.unique(rec)}
+        body = np.array([sv[j] if pal[r] is None else pal[r][e] for j, (r, e) in
+                         enumerate(zip(rec.tolist(), ent.tolist(), strict=True))], np.uint64)
     nz = body != 0
     if not nz.all():
         rec, sv, body, vox, boxes = rec[nz], sv[nz], body[nz], vox[nz], boxes[nz]

@@ -25,27 +25,28 @@ from numba.extending import intrinsic
 
 from ..errors import BlockDecodeError
 from .codec import (
-    _BITS,
-    _E_GRID,
-    _E_IDX_RANGE,
-    _E_IDX_TRUNC,
-    _E_LABELS_TRUNC,
-    _E_NLABELS,
-    _E_NSB_BIG,
-    _E_NSB_TRUNC,
-    _E_SHORT,
-    _E_VAL_RANGE,
-    _E_VAL_TRUNC,
-    _OK,
+    BITS,
+    E_GRID,
+    E_IDX_RANGE,
+    E_IDX_TRUNC,
+    E_LABELS_TRUNC,
+    E_NLABELS,
+    E_NSB_BIG,
+    E_NSB_TRUNC,
+    E_OK,
+    E_SHORT,
+    E_VAL_RANGE,
+    E_VAL_TRUNC,
     MAX_GRID,
     MAX_SUBBLOCK_LABELS,
-    _as_u8,
-    _error,
-    _u16,
-    _u32,
+    as_u8,
+    block_error,
+    read_u16,
+    read_u32,
+    read_u64,
 )
 
-__all__ = ["BlockStats", "block_stats", "block_stats_into", "new_accumulators"]
+__all__ = ["BlockError", "BlockStats", "batch_stats", "block_stats", "block_stats_into", "new_accumulators"]
 
 _E_EXTENT = 100  # negative extent (wrapper checks it; kept for the kernel's own safety)
 
@@ -78,7 +79,7 @@ def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, 
         n = lcnt[k]
         if n == 0:
             continue
-        g = _u32(data, start + 4 * k)
+        g = read_u32(data, start + 4 * k)
         counts[g] += n
         m = lmask[k]
         xm = m & 255
@@ -99,6 +100,128 @@ def _popcount(typingctx, x):
         return builder.ctpop(context.cast(builder, args[0], signature.args[0], types.int64))
 
     return sig, codegen
+
+
+_REV8 = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.int64)
+_LO2 = np.int64(0x5555555555555555)  # of every 2-bit lane
+_HI2 = np.int64(0xAAAAAAAAAAAAAAAA - (1 << 64))  # 2 * _LO2 as int64
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _be64(data, r):
+    # 8 bytes big-endian (LLVM turns this into one load and a byte swap)
+    w = np.int64(0)
+    for i in range(8):
+        w = (w << 8) | np.int64(data[r + i])
+    return w
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _rows_mask(a, rows, rowbits, rev8):
+    """x and y masks of lane bits ``a``: ``rows`` rows of 8 lanes, row 0 in the top bits.
+
+    ``rowbits`` is the bits per row (8 for 1-bit lanes, 16 for 2-bit lanes; then only the low
+    bit of each lane may be set). Returns ``x | y << 8`` for rows 0..rows-1.
+    """
+    f = np.int64(0)
+    ym = np.int64(0)
+    full = (np.int64(1) << rowbits) - 1
+    for r in range(rows):
+        v = (a >> (rowbits * (rows - 1 - r))) & full
+        f |= v
+        if v != 0:
+            ym |= np.int64(1) << r
+    if rowbits == 16:  # gather the even bits: lane x's bit 2 * (7 - x) -> bit 7 - x
+        f = (f | (f >> 1)) & 0x3333
+        f = (f | (f >> 2)) & 0x0F0F
+        f = (f | (f >> 4)) & 0x00FF
+    return rev8[f] | (ym << 8)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _sub1(data, q, lcnt, lmask, rev8):
+    """A whole 1-bit sub-block: each z-plane is one 64-bit word, row y its byte y."""
+    n1 = np.int64(0)
+    a0 = np.int64(0)
+    a1 = np.int64(0)
+    z0 = np.int64(0)
+    z1 = np.int64(0)
+    for z in range(8):
+        w = _be64(data, q + 8 * z)
+        n1 += _popcount(w)
+        a1 |= w
+        a0 |= ~w
+        if w != 0:
+            z1 |= np.int64(1) << z
+        if w != -1:
+            z0 |= np.int64(1) << z
+    lcnt[0] = 512 - n1
+    lcnt[1] = n1
+    if z0 != 0:
+        lmask[0] = _rows_mask(a0, 8, 8, rev8) | (z0 << 16)
+    if z1 != 0:
+        lmask[1] = _rows_mask(a1, 8, 8, rev8) | (z1 << 16)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _halves_mask(a0, a1, rev8):
+    # x | y << 8 of 2-bit lane bits: a0 holds rows 0-3, a1 rows 4-7
+    m0 = _rows_mask(a0, 4, 16, rev8)
+    m1 = _rows_mask(a1, 4, 16, rev8)
+    return (m0 & 255) | (m1 & 255) | (m0 & ~255) | ((m1 >> 8) << 12)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _eq2(w, k):
+    # the low bit of each 2-bit lane of w that equals k
+    t = w ^ k
+    return _LO2 & ~(t | (t >> 1))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _sub2(data, q, c, lcnt, lmask, rev8):
+    """A whole 2-bit sub-block: a z-plane is two 64-bit words of 4 rows; 4 lane values."""
+    n0 = n1 = n2 = n3 = np.int64(0)
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.int64(0)
+    z0 = z1 = z2 = z3 = np.int64(0)
+    for z in range(8):
+        u = _be64(data, q + 16 * z)
+        v = _be64(data, q + 16 * z + 8)
+        e0, f0 = _eq2(u, 0), _eq2(v, 0)
+        e1, f1 = _eq2(u, _LO2), _eq2(v, _LO2)
+        e2, f2 = _eq2(u, _HI2), _eq2(v, _HI2)
+        e3, f3 = _eq2(u, -1), _eq2(v, -1)
+        n0 += _popcount(e0) + _popcount(f0)
+        n1 += _popcount(e1) + _popcount(f1)
+        n2 += _popcount(e2) + _popcount(f2)
+        n3 += _popcount(e3) + _popcount(f3)
+        a00 |= e0
+        a01 |= f0
+        a10 |= e1
+        a11 |= f1
+        a20 |= e2
+        a21 |= f2
+        a30 |= e3
+        a31 |= f3
+        bit = np.int64(1) << z
+        z0 |= bit if (e0 | f0) != 0 else 0
+        z1 |= bit if (e1 | f1) != 0 else 0
+        z2 |= bit if (e2 | f2) != 0 else 0
+        z3 |= bit if (e3 | f3) != 0 else 0
+    lcnt[0] = n0
+    lcnt[1] = n1
+    lcnt[2] = n2
+    lcnt[3] = n3
+    if n0:
+        lmask[0] = _halves_mask(a00, a01, rev8) | (z0 << 16)
+    if n1:
+        lmask[1] = _halves_mask(a10, a11, rev8) | (z1 << 16)
+    if n2:
+        lmask[2] = _halves_mask(a20, a21, rev8) | (z2 << 16)
+    if n3:
+        lmask[3] = _halves_mask(a30, a31, rev8) | (z3 << 16)
+    # lanes holding a value >= c select no label
+    return (c < 4 and n3 != 0) or (c < 3 and n2 != 0)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -203,22 +326,27 @@ def _full_mixed9(data, q, lcnt, lmask, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
+def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
     """Validate, then count voxels in [l, h); returns (code, a, b). counts/boxes: N+1 rows."""
+    return _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
+
+
+@numba.njit(nogil=True, cache=True)
+def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
     n = np.int64(data.shape[0])
     zero = np.int64(0)
     if n < 16:
-        return _E_SHORT, n, zero
-    gx = _u32(data, 0)
-    gy = _u32(data, 4)
-    gz = _u32(data, 8)
+        return E_SHORT, n, zero
+    gx = read_u32(data, 0)
+    gy = read_u32(data, 4)
+    gz = read_u32(data, 8)
     if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return _E_GRID, zero, zero
-    nlab = _u32(data, 12)
+        return E_GRID, zero, zero
+    nlab = read_u32(data, 12)
     if nlab < 1:
-        return _E_NLABELS, zero, zero
+        return E_NLABELS, zero, zero
     if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n
+        return E_LABELS_TRUNC, nlab, n
     if lx < 0 or ly < 0 or lz < 0 or hx < 0 or hy < 0 or hz < 0:
         return _E_EXTENT, zero, zero
     if counts.shape[0] != nlab + 1 or boxes.shape[0] != nlab + 1 or boxes.shape[1] != 6:
@@ -230,30 +358,30 @@ def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
         if lx < hx and ly < hy and lz < hz:
             counts[0] += (hx - lx) * (hy - ly) * (hz - lz)
             _add_box(boxes, 0, lx, ly, lz, hx, hy, hz)
-        return _OK, zero, zero
+        return E_OK, zero, zero
 
     nsub = gx * gy * gz
     p_nsb = 16 + 8 * nlab
     p_idx = p_nsb + 2 * nsub
     if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n
+        return E_NSB_TRUNC, p_idx, n
     nidx = zero
     nval = zero
     for i in range(nsub):
-        c = _u16(data, p_nsb + 2 * i)
+        c = read_u16(data, p_nsb + 2 * i)
         if c > MAX_SUBBLOCK_LABELS:
-            return _E_NSB_BIG, np.int64(i), c
+            return E_NSB_BIG, np.int64(i), c
         nidx += c
-        nval += 64 * _BITS[c]
+        nval += 64 * BITS[c]
     p_val = p_idx + 4 * nidx
     if p_val > n:
-        return _E_IDX_TRUNC, p_val, n
+        return E_IDX_TRUNC, p_val, n
     if p_val + nval > n:
-        return _E_VAL_TRUNC, p_val + nval, n
+        return E_VAL_TRUNC, p_val + nval, n
     for j in range(nidx):
-        v = _u32(data, p_idx + 4 * j)
+        v = read_u32(data, p_idx + 4 * j)
         if v >= nlab:
-            return _E_IDX_RANGE, np.int64(j), v
+            return E_IDX_RANGE, np.int64(j), v
 
     lcnt = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)
     lmask = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)
@@ -274,11 +402,11 @@ def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
                 x0 = 8 * sx
                 xa = max(lx - x0, 0)
                 xb = min(8, hx - x0)
-                c = _u16(data, p_nsb + 2 * sb)
-                b = _BITS[c]
+                c = read_u16(data, p_nsb + 2 * sb)
+                b = BITS[c]
                 if za < zb and ya < yb and xa < xb:
                     if c <= 1:
-                        g = nlab if c == 0 else _u32(data, start)
+                        g = nlab if c == 0 else read_u32(data, start)
                         counts[g] += (xb - xa) * (yb - ya) * (zb - za)
                         _add_box(boxes, g, x0 + xa, y0 + ya, z0 + za, x0 + xb, y0 + yb, z0 + zb)
                     else:
@@ -306,9 +434,9 @@ def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
                                         lcnt[v] += 1
                                         lmask[v] |= rowbits | (np.int64(1) << x)
                         elif b == 1:
-                            bad = _swar(data, q, lcnt, lmask, acc, zm, 1, c)
+                            _sub1(data, q, lcnt, lmask, rev8)
                         elif b == 2:
-                            bad = _swar(data, q, lcnt, lmask, acc, zm, 2, c)
+                            bad = _sub2(data, q, c, lcnt, lmask, rev8)
                         elif b == 3:
                             bad = _swar(data, q, lcnt, lmask, acc, zm, 3, c)
                         elif b == 4:
@@ -324,13 +452,13 @@ def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last):
                         else:
                             bad = _full_mixed9(data, q, lcnt, lmask, c)
                         if bad:
-                            return _E_VAL_RANGE, sb, c
+                            return E_VAL_RANGE, sb, c
                         _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0,
                                      first, last)
                 start += 4 * c
                 q += 64 * b
                 sb += 1
-    return _OK, zero, zero
+    return E_OK, zero, zero
 
 
 _SIG = types.UniTuple(types.int64, 3)(
@@ -343,6 +471,7 @@ _SIG = types.UniTuple(types.int64, 3)(
     types.int64,
     types.Array(types.int64, 1, "C"),
     types.Array(types.int64, 2, "C"),
+    types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.int64, 1, "C", readonly=True),
 )
@@ -359,6 +488,118 @@ def _compiled():
                 _stats_kernel.disable_compile()
             _kernel = _stats_kernel
     return _kernel
+
+
+_E_LIST = 101  # a: the record's list length, b: the block's N
+
+
+@numba.njit(nogil=True, cache=True)
+def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):
+    """Count many blocks (block k = buf[offs[k]:offs[k+1]]); one row per entry with voxels.
+
+    Returns (code, a, b, k, block, entry, label, voxels, boxes): on error, the code of block k.
+    """
+    n = offs.shape[0] - 1
+    total = np.int64(0)
+    most = np.int64(0)
+    for k in range(n):  # rows needed: N of each block whose label list fits (others fail below)
+        a = offs[k]
+        ln = offs[k + 1] - a
+        if ln >= 16:
+            nl = read_u32(buf, a + 12)
+            if 16 + 8 * nl <= ln:
+                total += nl
+                most = max(most, nl)
+    rb = np.empty(total, np.int64)
+    re = np.empty(total, np.int64)
+    rl = np.empty(total, np.uint64)
+    rv = np.empty(total, np.int64)
+    rx = np.empty((total, 6), np.int64)
+    counts = np.empty(most + 1, np.int64)
+    boxes = np.empty((most + 1, 6), np.int64)
+    m = 0
+    for k in range(n):
+        data = buf[offs[k]:offs[k + 1]]
+        nl = read_u32(data, 12) if data.shape[0] >= 16 else np.int64(0)
+        if data.shape[0] >= 16 and 16 + 8 * nl <= data.shape[0] and nl != nlists[k]:
+            return _E_LIST, nlists[k], nl, np.int64(k), rb[:0], re[:0], rl[:0], rv[:0], rx[:0]
+        if data.shape[0] < 16 or 16 + 8 * nl > data.shape[0]:
+            nl = np.int64(0)
+        c = counts[:nl + 1]
+        bx = boxes[:nl + 1]
+        for j in range(nl + 1):
+            c[j] = 0
+            for q in range(3):
+                bx[j, q] = _BIG
+                bx[j, 3 + q] = -1
+        code, a, b = _stats_core(data, lo[k, 0], lo[k, 1], lo[k, 2], hi[k, 0], hi[k, 1], hi[k, 2],
+                                 c, bx, first, last, rev8)
+        if code != E_OK:
+            return code, a, b, np.int64(k), rb[:0], re[:0], rl[:0], rv[:0], rx[:0]
+        for j in range(nl):
+            if c[j] > 0:
+                rb[m] = k
+                re[m] = j
+                rl[m] = read_u64(data, 16 + 8 * j)
+                rv[m] = c[j]
+                for q in range(6):
+                    rx[m, q] = bx[j, q]
+                m += 1
+    return E_OK, np.int64(0), np.int64(0), np.int64(-1), rb[:m], re[:m], rl[:m], rv[:m], rx[:m]
+
+
+class BlockError(BlockDecodeError):
+    """A block of a batch is malformed; ``index`` is its position in the batch."""
+
+    def __init__(self, message: str, index: int, list_mismatch: bool = False):
+        super().__init__(message)
+        self.index = index
+        self.list_mismatch = list_mismatch
+
+
+def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                nlists: np.ndarray):
+    """Counts and boxes of many blocks at once (one compiled loop, no per-block Python).
+
+    Parameters
+    ----------
+    buf : numpy.ndarray
+        The uncompressed blocks back to back, 1-D ``uint8``.
+    offsets : numpy.ndarray
+        ``int64`` (n + 1,): block k is ``buf[offsets[k]:offsets[k + 1]]``.
+    lo, hi : numpy.ndarray
+        ``int64`` (n, 3): count only voxels in [lo, hi) (x, y, z within the block).
+    nlists : numpy.ndarray
+        ``int64`` (n,): the length each block's label list must have (the record's lists).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(block, entry, label, voxels, boxes)``, one row per label-list entry holding voxels:
+        block index, entry index, the entry's label (``uint64``), voxels, and (x0, y0, z0, x1,
+        y1, z1) within the block. Background of empty sub-blocks is not reported.
+
+    Raises
+    ------
+    BlockError
+        For the first malformed block (``.index``); the message is the decoder's.
+    """
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    n = offsets.shape[0] - 1
+    if n < 0 or offsets[0] < 0 or offsets[-1] > buf.shape[0] or (np.diff(offsets) < 0).any():
+        raise BlockDecodeError("batch_stats: offsets must rise within the buffer")
+    lo = np.ascontiguousarray(lo, np.int64).reshape(n, 3)
+    hi = np.ascontiguousarray(hi, np.int64).reshape(n, 3)
+    if (lo < 0).any() or (hi < 0).any():
+        raise BlockDecodeError("batch_stats: lo and hi must be non-negative")
+    nlists = np.ascontiguousarray(nlists, np.int64).reshape(n)
+    code, a, b, k, *rows = _batch_kernel(buf, offsets, lo, hi, nlists, _FIRST8, _LAST8, _REV8)
+    if code == _E_LIST:
+        raise BlockError(f"its label lists have {a} entries, its block has {b} labels", int(k), True)
+    if code:
+        d = buf[offsets[k]:offsets[k + 1]]
+        raise BlockError(str(block_error(code, a, b, d, None)), int(k))
+    return tuple(rows)
 
 
 def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.ndarray) -> None:
@@ -390,7 +631,7 @@ def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.
     if min(lx, ly, lz, hx, hy, hz) < 0:
         raise BlockDecodeError(f"box must be non-negative, got {(lx, ly, lz)}..{(hx, hy, hz)}")
     try:
-        code, a, b = _compiled()(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8)
+        code, a, b = _compiled()(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8, _REV8)
     except (TypeError, ValueError) as e:
         raise BlockDecodeError(f"invalid arguments to block_stats_into: {e}") from e
     if code == _E_EXTENT:
@@ -399,7 +640,7 @@ def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.
             f"(got {counts.shape} and {boxes.shape})"
         )
     if code:
-        raise _error(code, a, b, data_u8, None)
+        raise block_error(code, a, b, data_u8, None)
 
 
 def new_accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -466,14 +707,14 @@ def block_stats(data, extent=None, *, lo=(0, 0, 0)) -> BlockStats:
     BlockDecodeError
         If the block is malformed.
     """
-    d = _as_u8(data)
+    d = as_u8(data)
     if d.shape[0] < 16:
-        raise _error(_E_SHORT, d.shape[0], 0, d, None)
+        raise block_error(E_SHORT, d.shape[0], 0, d, None)
     nlab = _u32_at(d, 12)
     if nlab < 1:
-        raise _error(_E_NLABELS, 0, 0, d, None)
+        raise block_error(E_NLABELS, 0, 0, d, None)
     if 16 + 8 * nlab > d.shape[0]:
-        raise _error(_E_LABELS_TRUNC, nlab, d.shape[0], d, None)
+        raise block_error(E_LABELS_TRUNC, nlab, d.shape[0], d, None)
     counts, boxes = new_accumulators(nlab)
     block_stats_into(d, lo, (1 << 30,) * 3 if extent is None else extent, counts, boxes)
     boxes[counts == 0] = 0

@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dvidshards.errors import BlockDecodeError
-from dvidshards.formats.blockstats import block_stats, block_stats_into, new_accumulators
+from dvidshards.formats.blockstats import (
+    BlockError,
+    batch_stats,
+    block_stats,
+    block_stats_into,
+    new_accumulators,
+)
 from dvidshards.formats.codec import decode_block, encode_block
 from tests.formats.test_codec import build_block, random_block
 
@@ -193,3 +199,50 @@ def test_malformed_blocks_same_errors_as_decoder():
                     block_stats(c, ext)
                 assert str(ei.value) == want
     assert nerr > 20
+
+
+def test_batch_equals_single_blocks():
+    rng = np.random.default_rng(8)
+    blocks, los, his = [], [], []
+    for k in range(40):
+        grid = tuple(int(v) for v in rng.integers(1, 4, 3))
+        if k % 7 == 0:
+            b, _ = build_block(grid, [int(rng.integers(1, 99))])
+        else:
+            b, _ = random_block(rng, grid, 12, max_sb_labels=int(rng.integers(2, 12)))
+        g = 8 * np.array(grid[::-1])
+        lo = rng.integers(0, g // 2 + 1) if k % 3 else np.zeros(3, np.int64)
+        hi = rng.integers(g // 2, g + 5)
+        blocks.append(b), los.append(lo), his.append(hi)
+    blocks.append(blocks[3])  # a block after a long list, and an empty batch below
+    los.append(np.zeros(3, np.int64)), his.append(np.full(3, 64))
+    offs = np.cumsum([0] + [len(b) for b in blocks])
+    buf = np.frombuffer(b"".join(blocks), np.uint8)
+    nl = [struct.unpack_from("<I", b, 12)[0] for b in blocks]
+    blk, ent, lab, vox, box = batch_stats(buf, offs, np.array(los), np.array(his), np.array(nl))
+    rows = set(zip(blk.tolist(), ent.tolist(), lab.tolist(), vox.tolist(), map(tuple, box.tolist()), strict=True))
+    want = set()
+    for k, b in enumerate(blocks):
+        s = block_stats(b, tuple(his[k]), lo=tuple(los[k]))
+        for j in np.flatnonzero(s.counts):
+            want.add((k, int(j), int(s.labels[j]), int(s.counts[j]), tuple(s.boxes[j].tolist())))
+    assert rows == want and len(rows) > 100
+    assert all(len(a) == 0 for a in batch_stats(buf[:0], np.zeros(1), np.zeros((0, 3)), np.zeros((0, 3)), []))
+    # the first bad block is named by its index, with the decoder's message
+    bad = bytearray(blocks[5])
+    struct.pack_into("<I", bad, 8, 0)
+    blocks2 = blocks[:5] + [bytes(bad)] + blocks[6:]
+    buf2 = np.frombuffer(b"".join(blocks2), np.uint8)
+    with pytest.raises(BlockError, match="grid") as ei:
+        batch_stats(buf2, offs, np.array(los), np.array(his), np.array(nl))
+    assert ei.value.index == 5 and isinstance(ei.value, BlockDecodeError)
+    nl2 = list(nl)
+    nl2[9] += 1
+    with pytest.raises(BlockError, match="label lists have") as ei:
+        batch_stats(buf, offs, np.array(los), np.array(his), np.array(nl2))
+    assert ei.value.index == 9 and ei.value.list_mismatch
+    with pytest.raises(BlockDecodeError, match="offsets"):
+        batch_stats(buf, offs[::-1], np.array(los), np.array(his), np.array(nl))
+    trunc = np.frombuffer(blocks[1][:20], np.uint8)  # label list cut short
+    with pytest.raises(BlockError, match="needs"):
+        batch_stats(trunc, np.array([0, 20]), np.zeros((1, 3)), np.full((1, 3), 8), np.array([nl[1]]))
