@@ -125,7 +125,7 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
         stages = [_breakdown(job, c) for c in chunks]
         files = sum(p.stat().st_size for p in out.glob("*.proto*"))
         pieces_bytes = sum(p.stat().st_size for p in (out / pcg.PIECES).glob("*.npy"))
-        pq_rows, _ = pcg._side_table(str(out), chunks, job.layout)
+        pq_rows, _ = pcg._side_table(str(out))
         parquet = (out / pcg.SIDE_TABLE).stat().st_size
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -119,16 +119,9 @@ class _IndexPalette(LabelSource):
 
     def palette(self, table, i: int) -> np.ndarray:
         sv = table.supervoxels(i)
-        lst = self.target
-        k = np.searchsorted(lst, sv)
-        hit = k < lst.size
-        hit[hit] = lst[k[hit]] == sv[hit]
-        zero = sv == 0
-        if not (hit | zero).all():
-            raise PcgError(f"{table.where(i)}: supervoxel {sv[~(hit | zero)][0]} is not in the id list of "
-                           f"{self.where}")
-        out = k.astype(np.uint64) + np.uint64(1)
-        out[zero] = 0
+        out, bad = fmt.list_indexes(self.target, sv)
+        if bad >= 0:
+            raise PcgError(f"{table.where(i)}: supervoxel {sv[bad]} is not in the id list of {self.where}")
         return out
 
     def __eq__(self, other) -> bool:
@@ -255,13 +248,16 @@ class _Job:
             return lists, (empty, empty)
         sv = np.concatenate([svs[k] for k in bodies])
         body = np.concatenate(list(bodies.values()))
-        pairs = np.unique(np.stack([sv, body], axis=1), axis=0)
-        clash = np.flatnonzero(pairs[1:, 0] == pairs[:-1, 0])
+        order = np.argsort(sv)
+        sv, body = sv[order], body[order]
+        same = sv[1:] == sv[:-1]
+        clash = np.flatnonzero(same & (body[1:] != body[:-1]))
         if clash.size:
-            v = pairs[clash[0]]
-            raise PcgError(f"chunk {tuple(coords)}: supervoxel {v[0]} has agglomerated label {v[1]} in one block "
-                           f"and {pairs[clash[0] + 1, 1]} in another (inconsistent export)")
-        return lists, (pairs[:, 0].copy(), pairs[:, 1].copy())
+            k = int(clash[0])
+            raise PcgError(f"chunk {tuple(coords)}: supervoxel {sv[k]} has agglomerated label {body[k]} in one block "
+                           f"and {body[k + 1]} in another (inconsistent export)")
+        keep = np.r_[True, ~same]
+        return lists, (sv[keep], body[keep])
 
     def body_of(self, sv: np.ndarray, table) -> np.ndarray:
         if self.bodies is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "encode_edges",
     "group_components",
     "layers_for_grid",
+    "list_indexes",
     "message_classes",
 ]
 
@@ -228,6 +229,35 @@ def _add(pk, pv, bits, key, n):  # pragma: no cover - numba
             pv[i] = n
             return 1
         i = (i + 1) & mask
+
+
+@nb.njit(nogil=True, cache=True)
+def _list_indexes(lst, ids, out):  # pragma: no cover - numba
+    """out[j] = 1 + index of ids[j] in sorted lst (0 for id 0); returns the first j not found, or -1."""
+    n = lst.shape[0]
+    for j in range(ids.shape[0]):
+        v = ids[j]
+        if v == 0:
+            out[j] = 0
+            continue
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if lst[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == n or lst[lo] != v:
+            return j
+        out[j] = lo + 1
+    return -1
+
+
+def list_indexes(lst: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """1 + the index of each id in a sorted id list (0 for 0), and the first position of an id
+    not in the list (-1 if none): the palette that turns a block's ids into list indexes."""
+    out = np.empty(ids.shape[0], np.uint64)
+    return out, int(_list_indexes(lst, ids, out))
 
 
 @nb.njit(nogil=True, cache=True)
