@@ -414,7 +414,7 @@ def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels_desc: str
     return {
         "format": FORMAT,
         "version": VERSION,
-        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else repr(ds),
+        "source": _describe(source, ds),
         "scale": s.index,
         "resolution": list(s.resolution) if s.resolution is not None else None,
         "volume_size": list(s.size),
@@ -429,6 +429,13 @@ def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels_desc: str
         "components_files": "components_{x}_{y}_{z}.proto",
         "side_table": SIDE_TABLE,
     }
+
+
+def _describe(source, ds: Dataset) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        s = os.fspath(source)
+        return s if "://" in s else os.path.abspath(s)
+    return repr(ds)
 
 
 _PARAMS = ("format", "version", "scale", "volume_size", "voxel_offset", "chunk_size", "grid", "layers",
