@@ -45,7 +45,11 @@ from .errors import ChunkIndexError, DvidShardsError, MissingShardError, ShardFo
 from .formats import arrowipc as ipc
 from .formats.multiscale import SINGLE_SHARD, Scale, parse_json, parse_multiscale
 from .formats.records import RecordTable
-from .formats.sharding import compressed_morton_code, dvid_shard_names_collide, shard_and_minishard
+from .formats.sharding import (
+    compressed_morton_code,
+    dvid_shard_names_collide,
+    murmurhash3_x86_128_low64,
+)
 from .shard import RecordSource, Shard
 
 __all__ = [
@@ -130,10 +134,15 @@ def record_keys(scale: Scale, coords) -> tuple[np.ndarray, np.ndarray]:
     morton = np.atleast_1d(compressed_morton_code(c, grid))
     if morton.size and int(morton.max()) >= 1 << 63:
         raise SpecError(f"scale {scale.index}: chunk ids need 64 bits; the table keys are int64")
-    if scale.sharding is None:
+    sh = scale.sharding
+    if sh is None:
         sid = np.zeros(len(c), np.uint64)
-    else:
-        sid = np.atleast_1d(shard_and_minishard(scale.sharding, c, grid)[0])
+    else:  # neuroglancer's shard number from the chunk id (as shard_and_minishard computes it)
+        hashed = morton >> np.uint64(sh.preshift_bits) if sh.preshift_bits < 64 else np.zeros_like(morton)
+        if sh.hash == "murmurhash3_x86_128":
+            hashed = np.atleast_1d(murmurhash3_x86_128_low64(hashed))
+        sid = hashed >> np.uint64(sh.minishard_bits) if sh.minishard_bits < 64 else np.zeros_like(hashed)
+        sid &= np.uint64((1 << sh.shard_bits) - 1)
     return sid.astype(np.int64), morton.astype(np.int64)
 
 
@@ -912,6 +921,14 @@ class TableSource(RecordSource):
         c = c[((c >= 0) & (c < np.asarray(s.grid))).all(axis=1)]
         sid, mor = record_keys(s, c)
         files = self._layout_files(s.index)
+        ids_at: dict = {}
+        for k, (o, _) in files.items():
+            ids_at.setdefault(o, set()).add(k)
+        for v, k in zip(c.tolist(), sid.tolist(), strict=True):
+            here = ids_at.get(s.shard_origin(*v), set())
+            if here and k not in here:  # the spec's shard id is not the one the table used there
+                raise ChunkIndexError(f"{where}: chunk {tuple(v)} has shard id {k} under this spec, but the table "
+                                      f"stores its shard as {sorted(here)}: the table was written with another spec")
         tables = []
         for sh in np.unique(sid).tolist():
             if sh not in files:
@@ -933,7 +950,14 @@ class TableSource(RecordSource):
                 tables.append(t.take(pa.array(hit)))
         if not tables:
             return _concat_tables([], where, s.chunk_size)
-        return normalise_records(pa.concat_tables(tables), where, s)
+        rt = normalise_records(pa.concat_tables(tables), where, s, check_keys=False)
+        from .formats.chunkindex import pack_keys
+
+        stray = np.flatnonzero(~np.isin(pack_keys(rt.coords), pack_keys(c)))
+        if stray.size:  # a stored key that the spec does not give for its chunk
+            raise ChunkIndexError(f"{where}: chunk {tuple(int(v) for v in rt.coords[stray[0]])} is stored under "
+                                  f"the key of another chunk: the table was written with another spec")
+        return rt
 
 
 def _concat_tables(parts: list[RecordTable], where: str, chunk_size) -> RecordTable:

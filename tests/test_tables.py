@@ -433,6 +433,8 @@ def test_wrong_spec_and_bad_tables_are_typed(synth, tmp_path, mcns):
     dt = Dataset(TableSource(to))
     with pytest.raises(ChunkIndexError, match="another spec"):
         dt.read([[128, 128, 128], [192, 170, 150]])  # shard 7, which that spec calls 1
+    with pytest.raises(ChunkIndexError, match="another spec"):  # point look-ups: never background
+        TableSource(to).read_records(0, [[2, 2, 2]])
     with pytest.raises(SpecError, match="spec"):
         TableSource(pa.table({"chunk_x": [1]}))
     with pytest.raises(SpecError):
