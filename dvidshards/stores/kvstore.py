@@ -25,6 +25,11 @@ __all__ = ["KvStore"]
 # TensorStore's own retry resource per driver, and the bounded default used when none is given
 _RETRY_RESOURCE = {"http": "http_request_retries", "s3": "s3_request_retries", "gcs": "gcs_request_retries"}
 DEFAULT_TS_RETRIES = {"max_retries": 3, "initial_delay": "100ms", "max_delay": "2s"}
+# the store's own request pool: a process that also reads through TensorStore's default context
+# (a viewer reading the server that this store feeds) must not starve the store's requests
+_CONCURRENCY_RESOURCE = {"http": "http_request_concurrency", "s3": "s3_request_concurrency",
+                         "gcs": "gcs_request_concurrency"}
+DEFAULT_CONCURRENCY = {"limit": 32}
 
 # TensorStore absl status codes worth another attempt
 _TRANSIENT = frozenset({"ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL",
@@ -195,8 +200,11 @@ class KvStore(ByteStore):
     def _context(self) -> ts.Context:
         if isinstance(self.context, ts.Context):
             return self.context
-        resource = _RETRY_RESOURCE.get(self.spec["driver"])
-        spec = {} if resource is None else {resource: dict(DEFAULT_TS_RETRIES)}
+        driver = self.spec["driver"]
+        spec: dict = {}
+        if driver in _RETRY_RESOURCE:
+            spec[_RETRY_RESOURCE[driver]] = dict(DEFAULT_TS_RETRIES)
+            spec[_CONCURRENCY_RESOURCE[driver]] = dict(DEFAULT_CONCURRENCY)
         spec.update(self.context or {})
         return ts.Context(spec)
 
