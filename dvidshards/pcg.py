@@ -222,8 +222,7 @@ class _Job:
                     found.append(k)
             if not rows:
                 continue
-            # ascending record numbers (Shard.table returns the whole table, in index order, for
-            # as many rows as the shard holds)
+            # ascending record numbers: file order for lazy (remote) shards' batch fetches
             order = np.argsort(rows)
             rows = [rows[j] for j in order]
             found = [found[j] for j in order]
