@@ -148,7 +148,8 @@ def test_reduce_tree_and_partitions(exp, tmp_path):
     ds = dvidshards.Dataset(exp.root)
     assert len(ds.shards(0)) == 7  # 8 shard boxes, one all background
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
-    for fan_in, parts in [(2, 4), (3, 1), (64, 8)]:  # 3 levels, 2 levels, no merge level
+    # 3 levels, 2 levels, no merge level; 128 buckets: 6-bit shard partials merged into 7-bit files
+    for fan_in, parts in [(2, 4), (3, 1), (64, 8), (3, 128)]:
         t = body_stats(ds, 0, workdir=tmp_path / f"w{fan_in}", partitions=parts, fan_in=fan_in,
                        progress=False)
         assert as_dict(t) == want
@@ -273,8 +274,12 @@ def test_label_index_failure_then_resume(exp, tmp_path):
     shutil.copytree(exp.root, root)
     path, o = _corrupt_one_record(root)
     out = tmp_path / "idx"
-    rep = label_index(root, 0, out, partitions=2, progress=False)
+    # 128 buckets, fan-in 6: the 6 good partials (6-bit row groups) go straight to the 7-bit buckets
+    rep = label_index(root, 0, out, partitions=128, fan_in=6, progress=False)
     assert not rep.ok and list(rep.failed)[0].endswith(os.path.basename(path))
+    want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert read_index(out) == {r for r in want if (r[2] * 64 // 128 * 128, r[3] * 64 // 128 * 128,
+                                                   r[4] * 64 // 128 * 128) != tuple(o)}
     meta = json.loads((out / "_meta.json").read_text())
     assert not meta["complete"] and len(meta["failed_shards"]) == 1
     kept = sorted(os.listdir(out / "_work" / "shards"))
@@ -291,14 +296,15 @@ def test_label_index_failure_then_resume(exp, tmp_path):
 
     shutil.rmtree = spy
     try:
-        rep = label_index(root, 0, out, partitions=2, resume=True, progress=False)
+        rep = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, progress=False)
     finally:
         shutil.rmtree = orig
     assert rep.ok and rep.skipped == 6
     assert seen == mt  # resumed shards were not recomputed
-    assert read_index(out) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert read_index(out) == want  # 7 partials > fan-in 6: a merge level from 6-bit row groups
+    assert len(os.listdir(out)) == 128 + 1
     # resuming a complete index does nothing
-    rep2 = label_index(root, 0, out, partitions=2, resume=True, progress=False)
+    rep2 = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, progress=False)
     assert rep2.ok and rep2.rows == rep.rows and rep2.skipped == 7
 
 
