@@ -49,6 +49,7 @@ from .tables import (
     origins_by_shard_id,
     partition_plan,
     record_batches,
+    select_rows,
     shard_ids,
 )
 
@@ -251,8 +252,8 @@ class ExportFlightServer(fl.FlightServerBase):
     def _origins(self, s: Scale) -> list[tuple]:
         return [tuple(o) for o in self.ds.shards(s.index)]
 
-    def _table(self, s: Scale, origin) -> RecordTable:
-        return self.ds.reader(s.index).cache.get_sync(tuple(origin)).table()
+    def _shard(self, s: Scale, origin) -> Shard:
+        return self.ds.reader(s.index).cache.get_sync(tuple(origin))
 
     def _by_id(self, s: Scale) -> dict:
         p = self._plans.get(s.index)
@@ -356,10 +357,11 @@ class ExportFlightServer(fl.FlightServerBase):
         shards = records = 0
         try:
             for only, origin in self._plan(s, t):
-                table = self._table(s, origin)
-                for batch, meta in record_batches(table, s, origin, only=only, box=t.get("box"),
-                                                  chunks=t.get("chunks"), batch_rows=t["batch_rows"],
-                                                  columns=t.get("columns"), check=self.check):
+                shard = self._shard(s, origin)
+                rows = select_rows(shard, s, t.get("box"), t.get("chunks"))
+                for batch, meta in record_batches(shard.table(), s, origin, rows=rows, only=only,
+                                                  batch_rows=t["batch_rows"], columns=t.get("columns"),
+                                                  check=self.check):
                     records += batch.num_rows
                     if meta:
                         shards += 1

@@ -74,6 +74,7 @@ __all__ = [
     "record_batches",
     "normalise_records",
     "record_keys",
+    "select_rows",
     "shard_ids",
     "split_cells",
 ]
@@ -331,38 +332,70 @@ def _chunk_filter(coords: np.ndarray, scale: Scale, box=None, chunks=None) -> np
     return keep
 
 
-def record_batches(table: RecordTable, scale: Scale, origin, *, only: Iterable[int] | None = None, box=None,
-                   chunks=None, batch_rows: int = BATCH_ROWS, columns=None, check: bool = True
+def select_rows(shard: Shard, scale: Scale, box=None, chunks=None) -> np.ndarray:
+    """Record numbers of a loaded shard in a voxel box and/or a chunk list, by chunk look-up.
+
+    A small selection costs its own size (``Shard.find``), not the shard's; a box larger than
+    the shard's record count is filtered over the records instead.
+    """
+    rows = None
+    if chunks is not None:
+        found = (shard.find(*(int(v) for v in c)) for c in np.asarray(chunks, np.int64).reshape(-1, 3))
+        rows = np.unique(np.fromiter((r for r in found if r is not None), np.int64))
+    if box is not None:
+        cs = np.asarray(scale.chunk_size, np.int64)
+        lo, hi = shard.box
+        c0 = np.maximum(np.asarray(box[0], np.int64) // cs, lo)
+        c1 = np.minimum(-(-np.asarray(box[1], np.int64) // cs), hi)
+        n = int(np.prod(np.maximum(c1 - c0, 0)))
+        if n <= 2 * len(shard):
+            import itertools
+
+            found = (shard.find(x, y, z) for z, y, x in itertools.product(*(range(int(a), int(b)) for a, b in
+                                                                            zip(c0[::-1], c1[::-1], strict=True))))
+            in_box = np.fromiter((r for r in found if r is not None), np.int64)
+        else:
+            in_box = np.flatnonzero(_chunk_filter(shard.coords, scale, box=box))
+        rows = np.sort(in_box) if rows is None else np.intersect1d(rows, in_box)
+    return np.arange(len(shard)) if rows is None else rows
+
+
+def record_batches(table: RecordTable, scale: Scale, origin, *, rows=None, only: Iterable[int] | None = None,
+                   box=None, chunks=None, batch_rows: int = BATCH_ROWS, columns=None, check: bool = True
                    ) -> Iterator[tuple[pa.RecordBatch, dict]]:
     """One DVID shard's records as record batches sorted by (shard_id, morton).
 
     Yields ``(batch, meta)``; batches never span two shard ids, and the last batch of each
     shard id has ``meta = {"shard_id", "origin", "records", "end": True}`` (``{}``
-    otherwise).  ``only`` keeps some shard ids; ``box`` (voxels) and ``chunks`` keep some
-    chunks; with ``check`` every payload's zstd frame header is checked.
+    otherwise).  ``rows`` preselects records (see `select_rows`), else ``box`` (voxels) and
+    ``chunks`` filter them; ``only`` keeps some shard ids; with ``check`` every payload's
+    zstd frame header is checked first.
     """
     coords = table.coords
-    rows = np.flatnonzero(_chunk_filter(coords, scale, box, chunks)) if box is not None or chunks is not None \
-        else np.arange(len(coords))
-    sid_r, mor_r = record_keys(scale, coords[rows])
-    sid = np.zeros(len(coords), np.int64)
-    morton = np.zeros(len(coords), np.int64)
-    sid[rows], morton[rows] = sid_r, mor_r
+    if rows is not None:
+        rows = np.asarray(rows, np.int64)
+    elif box is not None or chunks is not None:
+        rows = np.flatnonzero(_chunk_filter(coords, scale, box, chunks))
+    else:
+        rows = np.arange(len(coords))
+    sid, mor = record_keys(scale, coords[rows])
     if only is not None:
-        rows = rows[np.isin(sid_r, np.fromiter(only, np.int64))]
-    rows = rows[np.lexsort((morton[rows], sid[rows]))]
+        keep = np.isin(sid, np.fromiter(only, np.int64))
+        rows, sid, mor = rows[keep], sid[keep], mor[keep]
+    order = np.lexsort((mor, sid))
+    rows, sid, mor = rows[order], sid[order], mor[order]
     if check:
         _check_frames(table, rows)
     o = [int(v) for v in origin]
-    ids = np.unique(sid[rows]) if len(rows) else np.zeros(0, np.int64)
-    for s in ids.tolist():
-        mine = rows[sid[rows] == s]
-        n = len(mine)
-        for a in range(0, n, batch_rows):
-            part = mine[a:a + batch_rows]
-            last = a + batch_rows >= n
-            meta = {"shard_id": s, "origin": o, "records": n, "end": True} if last else {}
-            yield records_to_batch(table, part, sid[part], morton[part], columns), meta
+    cuts = np.flatnonzero(np.diff(sid)) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)], strict=True):
+        if a == b:
+            continue
+        s, n = int(sid[a]), b - a
+        for k in range(a, b, batch_rows):
+            e = min(k + batch_rows, b)
+            meta = {"shard_id": s, "origin": o, "records": n, "end": True} if e == b else {}
+            yield records_to_batch(table, rows[k:e], sid[k:e], mor[k:e], columns), meta
 
 
 def partition_plan(origins_by_id: dict[int, list], partition: int, of: int, skip=()) -> list[tuple[int, tuple]]:

@@ -299,9 +299,9 @@ class SlowServer(ExportFlightServer):
 
     pause = 0.8
 
-    def _table(self, s, origin):
+    def _shard(self, s, origin):
         time.sleep(self.pause)
-        return super()._table(s, origin)
+        return super()._shard(s, origin)
 
 
 def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
@@ -643,3 +643,26 @@ def test_table_sources_pickle(synth, tmp_path):
         assert again.shards(0) == Dataset(src).shards(0)
     ds2 = pickle.loads(pickle.dumps(Dataset(TableSource(to, partial=True))))
     assert_volumes_equal(Dataset(synth.root), ds2, [0])
+
+
+def test_select_rows_against_brute_force(synth):
+    from dvidshards.tables import select_rows
+
+    ds = Dataset(synth.root)
+    s = ds.scale(0)
+    rng = np.random.default_rng(9)
+    for o in ds.shards(0):
+        sh = ds.shard(0, o)
+        c = sh.coords
+        for _ in range(30):
+            lo = rng.integers(-70, 260, 3)
+            hi = lo + rng.integers(0, 300, 3)
+            box = [lo.tolist(), hi.tolist()]
+            cl, ch = lo // 64, -(-hi // 64)
+            want = np.flatnonzero(((c >= cl) & (c < ch)).all(axis=1))
+            np.testing.assert_array_equal(select_rows(sh, s, box=box), want)
+            pick = rng.integers(0, 4, (5, 3))
+            want_c = np.flatnonzero([tuple(v) in {tuple(p) for p in pick.tolist()} for v in c.tolist()])
+            np.testing.assert_array_equal(select_rows(sh, s, chunks=pick), want_c)
+            np.testing.assert_array_equal(select_rows(sh, s, box=box, chunks=pick), np.intersect1d(want, want_c))
+        np.testing.assert_array_equal(select_rows(sh, s), np.arange(len(sh)))
