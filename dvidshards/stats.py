@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -337,32 +338,50 @@ def _write_atomic(path: str, write) -> None:
         raise
 
 
-def _write_bucketed(path: str, table: pa.Table, kind: str, bits: int) -> int:
-    """Write a partial file: rows grouped by bucket, one row group per non-empty bucket."""
+def _write_bucketed(path: str, tables, kind: str, bits: int) -> int:
+    """Write a partial file from tables (written one at a time): one row group per bucket.
+
+    ``tables`` is a table or an iterable of them whose buckets do not interleave (a merge
+    writes its groups in order). The file's key-value metadata lists each row group's bucket.
+    """
     key, schema, _ = _KIND[kind]
-    b = bucket_of(table[key].to_numpy(), bits) if table.num_rows else np.zeros(0, np.int64)
-    order = np.argsort(b, kind="stable")
-    if table.num_rows and not (np.diff(b) >= 0).all():
-        table, b = table.take(order), b[order]
-    buckets = np.unique(b)
-    bounds = np.searchsorted(b, np.append(buckets, 1 << bits))
+    if isinstance(tables, pa.Table):
+        tables = [tables]
+    buckets: list[int] = []
+    rows = 0
 
     def write(tmp):
-        meta = {b"dvidshards": json.dumps({"bits": bits, "buckets": buckets.tolist()}).encode()}
-        with pq.ParquetWriter(tmp, schema.with_metadata(meta), compression="zstd") as w:
-            for k in range(len(buckets)):
-                part = table.slice(int(bounds[k]), int(bounds[k + 1] - bounds[k]))
-                w.write_table(part, row_group_size=max(part.num_rows, 1))
+        nonlocal rows
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+            for table in tables:
+                if not table.num_rows:
+                    continue
+                b = bucket_of(table[key].to_numpy(), bits)
+                if not (np.diff(b) >= 0).all():
+                    order = np.argsort(b, kind="stable")
+                    table, b = table.take(order), b[order]
+                ub = np.unique(b)
+                bounds = np.searchsorted(b, np.append(ub, 1 << bits))
+                for k in range(len(ub)):
+                    part = table.slice(int(bounds[k]), int(bounds[k + 1] - bounds[k]))
+                    w.write_table(part, row_group_size=max(part.num_rows, 1))
+                buckets.extend(ub.tolist())
+                rows += table.num_rows
+            w.add_key_value_metadata({"dvidshards": json.dumps({"bits": bits, "buckets": buckets})})
 
     _write_atomic(path, write)
-    return table.num_rows
+    return rows
+
+
+def _file_meta(f: pq.ParquetFile) -> dict:
+    return json.loads(f.metadata.metadata[b"dvidshards"])
 
 
 def _read_bucket(path: str, bits: int, bucket: int, kind: str) -> pa.Table:
     """The rows of one bucket (at ``bits`` resolution) of a partial file."""
     key, schema, _ = _KIND[kind]
     f = pq.ParquetFile(path)
-    meta = json.loads(f.schema_arrow.metadata[b"dvidshards"])
+    meta = _file_meta(f)
     fb, groups = meta["bits"], meta["buckets"]
     if fb >= bits:
         rgs = [k for k, g in enumerate(groups) if g >> (fb - bits) == bucket]
@@ -372,7 +391,7 @@ def _read_bucket(path: str, bits: int, bucket: int, kind: str) -> pa.Table:
         t = f.read_row_groups(rgs) if rgs else schema.empty_table()
         if t.num_rows:
             t = t.filter(pa.array(bucket_of(t[key].to_numpy(), bits) == bucket))
-    return t.replace_schema_metadata(None).cast(schema)
+    return t.replace_schema_metadata(None).cast(schema)  # no-op: the files have this schema
 
 
 @dataclass(frozen=True)
@@ -403,20 +422,12 @@ def _shard_task(job: _Job, origin) -> int:
 def _merge_task(job: _Job, item) -> int:
     """One reduce-tree node: item = (level, k, input paths) -> level file k."""
     level, k, inputs = item
-    _, schema, merge = _KIND[job.kind]
+    _, _, merge = _KIND[job.kind]
     out = os.path.join(job.work, f"L{level}", f"{k:06d}.parquet")
-    in_bits = min(_file_bits(p) for p in inputs)
-    parts = []
-    for g in range(1 << in_bits):  # one input bucket group at a time bounds memory
-        t = merge([_read_bucket(p, in_bits, g, job.kind) for p in inputs])
-        if t.num_rows:
-            parts.append(t)
-    merged = pa.concat_tables(parts) if parts else schema.empty_table()
-    return _write_bucketed(out, merged, job.kind, job.bits)
-
-
-def _file_bits(path: str) -> int:
-    return json.loads(pq.read_schema(path).metadata[b"dvidshards"])["bits"]
+    in_bits = min(_file_meta(pq.ParquetFile(p))["bits"] for p in inputs)
+    # one input bucket group at a time, merged and written before the next is read
+    groups = (merge([_read_bucket(p, in_bits, g, job.kind) for p in inputs]) for g in range(1 << in_bits))
+    return _write_bucketed(out, groups, job.kind, job.bits)
 
 
 def _final_task(job: _Job, inputs, bucket: int):
@@ -518,8 +529,6 @@ def _run(ds, scale, labels, box, kind, work, resume, scheduler, partitions, prog
 
     Returns (final results {bucket: result}, IndexReport without path/rows).
     """
-    import time
-
     from .jobs import run_tasks
 
     t0 = time.perf_counter()
