@@ -192,7 +192,7 @@ def main() -> None:
         to = args.workdir / "table-ingest"
         shutil.rmtree(to, ignore_errors=True)
         t0 = time.perf_counter()
-        rep = ingest(uri, to, workers=2, scales=[1])
+        rep = ingest(FlightSource(uri), to, workers=2, scales=[1])
         t_ingest = time.perf_counter() - t0
         assert rep.ok and rep.records == n_rec, rep.summary()
         batches = {}

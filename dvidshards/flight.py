@@ -53,8 +53,8 @@ from .tables import (
     shard_ids,
 )
 
-__all__ = ["TICKET_VERSION", "ExportFlightServer", "FlightAuthError", "FlightSource", "add_arguments", "main",
-           "serve"]
+__all__ = ["TICKET_VERSION", "ExportFlightServer", "FlightAuthError", "FlightSource", "IngestCommand",
+           "add_arguments", "as_record_source", "main", "serve"]
 
 TICKET_VERSION = 1
 _MAX_CHUNKS = 1 << 20
@@ -597,6 +597,30 @@ class FlightSource(RecordSource):
         return Shard.from_records(self, table, scale, o)
 
 
+# --- any record source -----------------------------------------------------------------------
+
+
+def as_record_source(source, *, spec=None, scale: int = 0, **kwargs) -> RecordSource:
+    """The RecordSource for a Flight URI (``grpc://host:port``), a table or an Arrow stream.
+
+    ``kwargs`` go to `FlightSource` (token, tls_root_certs, timeout).  An export of shard files
+    is not a record source (open it with ``Dataset``): SpecError.
+    """
+    from .tables import TableSource, read_table_info
+
+    if isinstance(source, RecordSource):
+        return source
+    if isinstance(source, str) and source.startswith(_SCHEMES):
+        return FlightSource(source, **kwargs)
+    if isinstance(source, (str, os.PathLike)):
+        p = os.fspath(source)
+        if os.path.isdir(p) and read_table_info(p) is None and any(
+                f.endswith(".arrow") for n in os.listdir(p) if n.startswith("s") and n[1:].isdigit()
+                and os.path.isdir(os.path.join(p, n)) for f in os.listdir(os.path.join(p, n))):
+            raise SpecError(f"{p}: an export of shard files, not a table (open it with Dataset)")
+    return TableSource(source, spec=spec, scale=scale)
+
+
 # --- command line -------------------------------------------------------------------------------
 
 
@@ -633,3 +657,65 @@ def main(args) -> int:
     finally:
         server.shutdown()
     return 0
+
+
+class IngestCommand:
+    """``dvidshards ingest``: a Flight server or an export into a table; /blocks dumps into an export."""
+
+    @staticmethod
+    def add_arguments(p) -> None:
+        from .tables import CELL_LIMIT, ROW_GROUP
+
+        p.add_argument("source", nargs="+",
+                       help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
+        p.add_argument("--to", required=True, metavar="FOLDER",
+                       help="the table folder (from a Flight server or an export), or the export to create "
+                            "(from /blocks dumps)")
+        p.add_argument("--workers", type=int, default=2, metavar="N",
+                       help="partitions pulled concurrently (default 2)")
+        p.add_argument("--scales", type=int, nargs="+", metavar="K", help="scales to ingest (default: all)")
+        p.add_argument("--spec", help="the neuroglancer multiscale spec (an export without info; or the "
+                                      "/blocks dumps' volume)")
+        p.add_argument("--mapping",
+                       help="/blocks dumps: supervoxel -> body mapping file for the agglomerated labels")
+        p.add_argument("--compression", default="auto", choices=("auto", "blocks", "gzip", "lz4", "uncompressed"),
+                       help="/blocks dumps: what the payloads hold (default: tell by content)")
+        p.add_argument("--cell-limit", type=int, default=CELL_LIMIT, metavar="BYTES",
+                       help=f"largest table cell; bigger payloads split over bin1..bin4 (default {CELL_LIMIT})")
+        p.add_argument("--row-group-size", type=int, default=ROW_GROUP, metavar="ROWS",
+                       help=f"rows per Parquet row group (default {ROW_GROUP})")
+        p.add_argument("--token", help="Flight bearer token (default: $DVIDSHARDS_FLIGHT_TOKEN)")
+        p.add_argument("--tls-root-certs", metavar="PEM", help="root certificate of a grpc+tls:// server")
+        p.add_argument("--scheduler", default="threads",
+                       help="'threads' (default), 'local:N' (dask LocalCluster) or a scheduler address")
+
+    @staticmethod
+    def main(args) -> int:
+        """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
+        from .cli import UsageError
+        from .tables import ingest, ingest_blocks
+
+        srcs = args.source
+        remote = [s for s in srcs if s.startswith(_SCHEMES)]
+        if remote or (len(srcs) == 1 and os.path.isdir(srcs[0])):
+            if len(srcs) != 1:
+                raise UsageError("dvidshards ingest: give one Flight server or export")
+            if args.mapping:
+                raise UsageError("dvidshards ingest: --mapping applies to /blocks dumps only")
+            if args.workers < 1 or args.cell_limit < 1 or args.row_group_size < 1:
+                raise UsageError("dvidshards ingest: --workers, --cell-limit and --row-group-size must be positive")
+            source = srcs[0]
+            if remote:
+                source = FlightSource(source, token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None,
+                                      tls_root_certs=args.tls_root_certs)
+            report = ingest(source, args.to, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
+                            row_group_size=args.row_group_size, spec=args.spec,
+                            scheduler=None if args.scheduler == "threads" else args.scheduler)
+            print(report.summary())
+            return 0 if report.ok else 1
+        for s in srcs:
+            if not os.path.isfile(s):
+                raise UsageError(f"dvidshards ingest: {s}: no such file (nor a grpc:// URI or export folder)")
+        out = ingest_blocks(srcs, args.to, mapping=args.mapping, spec=args.spec, compression=args.compression)
+        print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.to}")
+        return 0

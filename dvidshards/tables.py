@@ -63,13 +63,10 @@ __all__ = [
     "TableSource",
     "VastDBSink",
     "VastDBSource",
-    "add_arguments",
-    "as_record_source",
     "ingest",
     "ingest_blocks",
     "frame_sizes",
     "ingest_partition",
-    "main",
     "partition_plan",
     "record_batches",
     "normalise_records",
@@ -1010,27 +1007,6 @@ def _concat_tables(parts: list[RecordTable], where: str, chunk_size) -> RecordTa
     return RecordTable(np.concatenate(recs), tuple(bufs), where, chunk_size)
 
 
-def as_record_source(source, *, spec=None, scale: int = 0, **kwargs) -> RecordSource:
-    """The RecordSource for a table, an Arrow stream or a Flight URI (``grpc://host:port``).
-
-    Anything else (an export folder, a store URL) is not a record source: SpecError.
-    """
-    if isinstance(source, RecordSource):
-        return source
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        from .flight import FlightSource
-
-        return FlightSource(source, **kwargs)
-    if isinstance(source, (str, os.PathLike)):
-        p = os.fspath(source)
-        if os.path.isdir(p) and read_table_info(p) is None and any(
-                re.fullmatch(r"s\d+", n) for n in os.listdir(p)):
-            if any(f.endswith(".arrow") for n in os.listdir(p) if re.fullmatch(r"s\d+", n)
-                   for f in os.listdir(os.path.join(p, n))):
-                raise SpecError(f"{p}: an export of shard files, not a table (open it with Dataset)")
-    return TableSource(source, spec=spec, scale=scale, **kwargs)
-
-
 # --- VastDB ------------------------------------------------------------------------------------
 
 
@@ -1242,14 +1218,26 @@ def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: 
                                                                   "records": records}
 
 
+def _is_stream_source(source) -> bool:
+    """A record stream (``dvidshards.flight.FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
+    return callable(getattr(source, "scan", None)) and hasattr(source, "scales") and hasattr(source, "spec")
+
+
+def _no_uri(source) -> None:
+    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        raise SpecError(f"{source}: pass dvidshards.flight.FlightSource({source!r}, token=...) to ingest from a "
+                        f"Flight server (or run `dvidshards ingest {source} --to TABLE`)")
+
+
 def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, cell_limit: int = CELL_LIMIT,
-                     row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, flight_options=None,
-                     spec=None) -> dict:
+                     row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None) -> dict:
     """One worker: pull partition ``partition`` of ``of`` of a scale and write its shard files.
 
     Shards already in the table are skipped (and not sent); each shard file appears only
-    once complete.  ``source`` is a Flight URI or an export/table/Dataset.  Returns counts.
+    once complete.  ``source`` is a record stream (``dvidshards.flight.FlightSource``) or an
+    export/table/Dataset read directly.  Returns counts.
     """
+    _no_uri(source)
     sink = to if isinstance(to, VastDBSink) else None
     done: list[int] = []
     if sink is None:
@@ -1263,12 +1251,9 @@ def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, ce
                     os.unlink(os.path.join(folder, name))
                 except OSError:
                     pass
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        from .flight import FlightSource
-
-        fs = FlightSource(source, **(flight_options or {}))
-        sc = fs.scales[scale]
-        stream = fs.scan(scale, partition=partition, of=of, skip=done, batch_rows=batch_rows)
+    if _is_stream_source(source):
+        sc = source.scales[scale]
+        stream = source.scan(scale, partition=partition, of=of, skip=done, batch_rows=batch_rows)
     else:
         from .dataset import Dataset
 
@@ -1325,8 +1310,8 @@ def _ingest_task(source, to, n, opts, item):
 
 
 def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
-           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, token: str | None = None,
-           tls_root_certs: bytes | None = None, spec=None, scheduler=None) -> IngestReport:
+           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None,
+           scheduler=None) -> IngestReport:
     """Write a table sorted by (shard_id, morton) from a Flight server or an export.
 
     ``workers`` workers each pull one partition (``shard_id % workers``) per scale and write
@@ -1335,9 +1320,9 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
 
     Parameters
     ----------
-    source : str or Dataset
-        ``grpc://host:port`` (see ``dvidshards serve-flight``), or an export (path, URL or
-        Dataset) read directly.
+    source : FlightSource, Dataset, path or URL
+        A Flight server, ``FlightSource("grpc://host:port", token=...)`` (see ``dvidshards
+        serve-flight``), or an export (path, URL or Dataset) read directly.
     to : path or VastDBSink
         The table folder (created; an existing table is resumed, anything else refused), or a
         VastDB table (threads only; shards already there are skipped).
@@ -1351,8 +1336,6 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
         Rows per Parquet row group.
     batch_rows : int
         Rows per streamed batch.
-    token, tls_root_certs :
-        Flight bearer token and the server's root certificate (PEM) for ``grpc+tls://``.
     spec : dict or path, optional
         The export's spec when it has no info file.
     scheduler : None, "threads", "local[:N]", address or distributed.Client
@@ -1364,12 +1347,10 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
         raise SpecError("cell_limit, row_group_size and batch_rows must be positive")
     sink = to if isinstance(to, VastDBSink) else None
     to = to if sink is not None else os.fspath(to)
-    flight_opts = {"token": token, "tls_root_certs": tls_root_certs}
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        from .flight import FlightSource
-
-        src_spec = FlightSource(source, **flight_opts).spec
-        all_scales = [s.index for s in parse_multiscale(src_spec, source)]
+    _no_uri(source)
+    if _is_stream_source(source):
+        src_spec = source.spec
+        all_scales = sorted(source.scales)
     else:
         from .dataset import Dataset
 
@@ -1389,8 +1370,7 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
         raise SpecError(f"scales {missing} are not in the source (scales {all_scales})")
     import functools
 
-    opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows),
-            ("flight_options", flight_opts))
+    opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows))
     items = [(k, i) for k in todo for i in range(int(workers))]
     task = functools.partial(_ingest_task, source, to, int(workers), opts)
     report = IngestReport()
@@ -1531,61 +1511,3 @@ def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compres
     with open(os.path.join(to, "info"), "w", encoding="utf-8") as f:
         json.dump(spec, f, indent=1)
     return {**spec, "ingest": {"records": len(recs), "shards": len(by_origin)}}
-
-
-# --- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(p) -> None:
-    """Arguments of ``dvidshards ingest``."""
-    p.add_argument("source", nargs="+",
-                   help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
-    p.add_argument("--to", required=True, metavar="FOLDER",
-                   help="the table folder (from a Flight server or export), or the export to create (from "
-                        "/blocks dumps)")
-    p.add_argument("--workers", type=int, default=2, metavar="N", help="partitions pulled concurrently (default 2)")
-    p.add_argument("--scales", type=int, nargs="+", metavar="K", help="scales to ingest (default: all)")
-    p.add_argument("--spec", help="the neuroglancer multiscale spec (an export without info; or the /blocks "
-                                  "dumps' volume)")
-    p.add_argument("--mapping", help="/blocks dumps: supervoxel -> body mapping file for the agglomerated labels")
-    p.add_argument("--compression", default="auto", choices=("auto", "blocks", "gzip", "lz4", "uncompressed"),
-                   help="/blocks dumps: what the payloads hold (default: tell by content)")
-    p.add_argument("--cell-limit", type=int, default=CELL_LIMIT, metavar="BYTES",
-                   help=f"largest table cell; bigger payloads split over bin1..bin4 (default {CELL_LIMIT})")
-    p.add_argument("--row-group-size", type=int, default=ROW_GROUP, metavar="ROWS",
-                   help=f"rows per Parquet row group (default {ROW_GROUP})")
-    p.add_argument("--token", help="Flight bearer token (default: $DVIDSHARDS_FLIGHT_TOKEN)")
-    p.add_argument("--tls-root-certs", metavar="PEM", help="root certificate of a grpc+tls:// server")
-    p.add_argument("--scheduler", default="threads",
-                   help="'threads' (default), 'local:N' (dask LocalCluster) or a scheduler address")
-
-
-def main(args) -> int:
-    """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
-    from .cli import UsageError
-
-    srcs = args.source
-    flight = [s for s in srcs if s.startswith(("grpc://", "grpc+tcp://", "grpc+tls://"))]
-    if flight or (len(srcs) == 1 and os.path.isdir(srcs[0])):
-        if len(srcs) != 1:
-            raise UsageError("dvidshards ingest: give one Flight server or export")
-        if args.mapping:
-            raise UsageError("dvidshards ingest: --mapping applies to /blocks dumps only")
-        if args.workers < 1:
-            raise UsageError("dvidshards ingest: --workers must be at least 1")
-        certs = None
-        if args.tls_root_certs:
-            with open(args.tls_root_certs, "rb") as f:
-                certs = f.read()
-        report = ingest(srcs[0], args.to, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
-                        row_group_size=args.row_group_size, token=args.token or os.environ.get(
-                            "DVIDSHARDS_FLIGHT_TOKEN"), tls_root_certs=certs, spec=args.spec,
-                        scheduler=None if args.scheduler == "threads" else args.scheduler)
-        print(report.summary())
-        return 0 if report.ok else 1
-    for s in srcs:
-        if not os.path.isfile(s):
-            raise UsageError(f"dvidshards ingest: {s}: no such file (nor a grpc:// URI or export folder)")
-    out = ingest_blocks(srcs, args.to, mapping=args.mapping, spec=args.spec, compression=args.compression)
-    print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.to}")
-    return 0

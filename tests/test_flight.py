@@ -233,7 +233,7 @@ def test_server_error_mid_stream_reaches_the_client_typed(synth, tmp_path):
         ends = [m["shard_id"] for _, m in got if m.get("end")]
         assert ends == ids[: len(ids) // 2]  # every shard before the damaged one, complete
         # ingest: the partition fails, typed; the complete shards are written, the table is not complete
-        report = ingest(srv.location, tmp_path / "t", workers=1, scales=[0])
+        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=1, scales=[0])
         assert not report.ok and "ShardFormatError" in next(iter(report.failed.values()))
         assert sorted(table_files(tmp_path / "t", 0)) == ids[: len(ids) // 2]
         assert not json.loads((tmp_path / "t" / "info").read_text())["dvidshards_table"]["complete"]
@@ -261,12 +261,12 @@ def test_a_cut_stream_is_detected_as_partial(synth, tmp_path):
             Dataset(src).read([[0, 0, 0], [64, 64, 64]])
         # each partition's first shard has several records, and 1-row batches: cut inside it
         assert min(len(Dataset(synth.root).shard(0, o)) for o in Dataset(synth.root).shards(0)[:2]) > 1
-        report = ingest(srv.location, tmp_path / "t", workers=2, scales=[0], batch_rows=1)
+        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=2, scales=[0], batch_rows=1)
         assert not report.ok and all("PartialStreamError" in v for v in report.failed.values())
         assert table_files(tmp_path / "t", 0) == {}  # no shard file from a cut shard
         assert not [n for n in os.listdir(tmp_path / "t" / "s0")]
         # with whole-shard batches the first shard arrives complete (its end marker): kept, exact
-        report = ingest(srv.location, tmp_path / "t2", workers=2, scales=[0])
+        report = ingest(FlightSource(srv.location), tmp_path / "t2", workers=2, scales=[0])
         assert not report.ok
         files = table_files(tmp_path / "t2", 0)
         assert len(files) == 2
@@ -283,13 +283,13 @@ def test_bearer_auth(synth, tmp_path):
             _get(srv.location, {"v": 1, "scale": 2}, headers=[(b"authorization", b"Bearer nope")])
         src = FlightSource(srv.location, token="s3cret")
         np.testing.assert_array_equal(Dataset(src).read([[0, 0, 0], [50, 43, 38]], scale=2), synth.expected(2))
-        assert ingest(srv.location, tmp_path / "t", workers=2, token="s3cret", scales=[2]).ok
+        assert ingest(FlightSource(srv.location, token="s3cret"), tmp_path / "t", workers=2, scales=[2]).ok
 
 
 def test_ingest_without_the_token_is_refused(synth, tmp_path):
     with serve(synth.root, token="s3cret") as srv:
         with pytest.raises(FlightAuthError):
-            ingest(srv.location, tmp_path / "t", workers=2)
+            ingest(FlightSource(srv.location), tmp_path / "t", workers=2)
     assert not (tmp_path / "t").exists()
 
 
@@ -409,3 +409,19 @@ def test_server_checks_payload_frames_before_sending(mcns, real_records, tmp_pat
             list(FlightSource(srv.location).scan(1))
     c = (bad["chunk_x"], bad["chunk_y"], bad["chunk_z"])
     assert f"chunk {c}" in str(e.value) and "uncompressed_size" in str(e.value)
+
+
+def test_as_record_source_and_uri_strings(synth, server, tmp_path, dvid_data):
+    from dvidshards.flight import as_record_source
+    from dvidshards.tables import TableSource
+
+    assert isinstance(as_record_source(server.location), FlightSource)
+    ingest(synth.root, tmp_path / "t", workers=1, scales=[2])
+    assert isinstance(as_record_source(tmp_path / "t"), TableSource)
+    with pytest.raises(SpecError, match="an export of shard files"):
+        as_record_source(synth.root)
+    t = pa.table({a: pa.array([0], pa.int32()) for a in ("chunk_x", "chunk_y", "chunk_z")})
+    assert isinstance(as_record_source(t, spec=Dataset(synth.root).spec), TableSource)
+    with pytest.raises(SpecError, match="FlightSource"):  # the tables layer takes a source, not a URI
+        ingest(server.location, tmp_path / "u")
+    assert not (tmp_path / "u").exists()

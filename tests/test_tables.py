@@ -21,7 +21,7 @@ import pytest
 
 from dvidshards.dataset import Dataset
 from dvidshards.errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
-from dvidshards.flight import ExportFlightServer, serve
+from dvidshards.flight import ExportFlightServer, FlightSource, serve
 from dvidshards.tables import (
     BINS,
     CELL_LIMIT,
@@ -131,7 +131,7 @@ def test_ingest_synthetic_from_flight_two_workers(synth, tmp_path):
     root = Path(synth.root)
     to = tmp_path / "table"
     with serve(synth.root) as srv:
-        report = ingest(srv.location, to, workers=2)
+        report = ingest(FlightSource(srv.location), to, workers=2)
     assert report.ok, report.failed
     info = json.loads((to / "info").read_text())
     assert info["dvidshards_table"]["complete"] and info["dvidshards_table"]["scales_done"] == [0, 1, 2]
@@ -175,7 +175,7 @@ def test_ingest_real_mcns_shard_from_flight(mcns, tmp_path):
     root, spec = mcns
     to = tmp_path / "t"
     with serve(str(root), spec=str(spec)) as srv:
-        report = ingest(srv.location, to, workers=2, scales=[1])
+        report = ingest(FlightSource(srv.location), to, workers=2, scales=[1])
     assert report.ok and report.records == 258 and report.shards == 1
     ds = Dataset(root, spec=spec)
     dt = Dataset(TableSource(to))
@@ -234,7 +234,7 @@ def test_big_blocks_split_over_bins_and_reassemble_exactly(big_export, tmp_path)
     assert sum(v > CELL_LIMIT for v in sizes.values()) == 3 and max(sizes.values()) > 3 * CELL_LIMIT
     to = tmp_path / "t"
     with serve(str(root)) as srv:
-        assert ingest(srv.location, to, workers=2).ok
+        assert ingest(FlightSource(srv.location), to, workers=2).ok
     for r in table_rows(to, 0):
         c = (r["chunk_x"], r["chunk_y"], r["chunk_z"])
         pay = want[c][2]
@@ -284,7 +284,7 @@ def test_payload_over_four_cells_is_a_typed_error(tmp_path):
     assert not list((tmp_path / "t" / "s0").glob("*.parquet"))  # nothing half written
     assert not [n for n in os.listdir(tmp_path / "t" / "s0") if n.endswith(".tmp")]
     with serve(str(root)) as srv:  # through Flight and ingest(): the partition fails, named
-        report = ingest(srv.location, tmp_path / "t2", workers=2)
+        report = ingest(FlightSource(srv.location), tmp_path / "t2", workers=2)
     assert not report.ok and any("CellLimitError" in v for v in report.failed.values())
     assert not json.loads((tmp_path / "t2" / "info").read_text())["dvidshards_table"]["complete"]
     # a higher limit takes it
@@ -308,8 +308,8 @@ def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
     to = tmp_path / "t"
     srv = SlowServer(synth.root).start()
     try:
-        code = (f"from dvidshards.tables import ingest\n"
-                f"ingest({srv.location!r}, {str(to)!r}, workers=2, scales=[0])\n")
+        code = (f"from dvidshards.flight import FlightSource\nfrom dvidshards.tables import ingest\n"
+                f"ingest(FlightSource({srv.location!r}), {str(to)!r}, workers=2, scales=[0])\n")
         p = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT))
         try:
             deadline = time.time() + 120
@@ -323,7 +323,7 @@ def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
         before = sorted(f.name for f in (to / "s0").glob("*.parquet"))
         n_shards = len(Dataset(synth.root).shards(0))
         assert 2 <= len(before) < n_shards, before
-        report = ingest(srv.location, to, workers=2, scales=[0])
+        report = ingest(FlightSource(srv.location), to, workers=2, scales=[0])
     finally:
         srv.shutdown()
     assert report.ok and report.skipped == len(before) and report.shards == n_shards - len(before)
