@@ -39,8 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("dvidshards.view",
              "serve an export as a neuroglancer precomputed source and open a viewer on it"),
     "serve-flight": ("dvidshards.flight", "serve an export's (or a table's) block records over Arrow Flight"),
-    "ingest": ("dvidshards.flight:IngestCommand", "pull block records from a Flight server or an export into a sorted "
-                                    "Parquet table, or turn DVID /blocks dumps into an export"),
+    "ingest": ("dvidshards.flight:IngestCommand",
+               "pull block records from a Flight server or an export into a sorted Parquet table, or turn "
+               "DVID /blocks dumps into an export"),
 }
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
