@@ -640,12 +640,10 @@ def main(args) -> int:
     """Run ``dvidshards serve-flight``: print the location, then serve until interrupted."""
     import sys
 
-    from .cli import UsageError
-
     if bool(args.tls_cert) != bool(args.tls_key):
-        raise UsageError("dvidshards serve-flight: give --tls-cert and --tls-key together")
+        raise SpecError("give --tls-cert and --tls-key together")
     if not 0 <= args.port <= 65535 or not 1 <= args.batch_rows <= 1 << 16:
-        raise UsageError("dvidshards serve-flight: --port must be 0..65535 and --batch-rows 1..65536")
+        raise SpecError("--port must be 0..65535 and --batch-rows 1..65536")
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     server = serve(args.source, host=args.host, port=args.port, spec=args.spec,
                    token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None, tls=tls,
@@ -692,18 +690,17 @@ class IngestCommand:
     @staticmethod
     def main(args) -> int:
         """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
-        from .cli import UsageError
         from .tables import ingest, ingest_blocks
 
         srcs = args.source
         remote = [s for s in srcs if s.startswith(_SCHEMES)]
         if remote or (len(srcs) == 1 and os.path.isdir(srcs[0])):
             if len(srcs) != 1:
-                raise UsageError("dvidshards ingest: give one Flight server or export")
+                raise SpecError("give one Flight server or export")
             if args.mapping:
-                raise UsageError("dvidshards ingest: --mapping applies to /blocks dumps only")
+                raise SpecError("--mapping applies to /blocks dumps only")
             if args.workers < 1 or args.cell_limit < 1 or args.row_group_size < 1:
-                raise UsageError("dvidshards ingest: --workers, --cell-limit and --row-group-size must be positive")
+                raise SpecError("--workers, --cell-limit and --row-group-size must be positive")
             source = srcs[0]
             if remote:
                 source = FlightSource(source, token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None,
@@ -715,7 +712,7 @@ class IngestCommand:
             return 0 if report.ok else 1
         for s in srcs:
             if not os.path.isfile(s):
-                raise UsageError(f"dvidshards ingest: {s}: no such file (nor a grpc:// URI or export folder)")
+                raise SpecError(f"{s}: no such file (nor a grpc:// URI or export folder)")
         out = ingest_blocks(srcs, args.to, mapping=args.mapping, spec=args.spec, compression=args.compression)
         print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.to}")
         return 0
