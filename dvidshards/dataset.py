@@ -60,6 +60,31 @@ def _load_spec(spec, store) -> tuple[dict | None, str]:
         raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
 
 
+def _record_source(source, spec) -> RecordSource | None:
+    """A Flight URI, a table (an ingested folder, Parquet or Arrow file) or an Arrow stream as a
+    RecordSource (implemented in dvidshards.flight and dvidshards.tables); None for an export."""
+    if isinstance(source, RecordSource):
+        return source
+    table = hasattr(source, "__arrow_c_stream__")
+    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        table = True
+    elif isinstance(source, (str, os.PathLike)):
+        p = os.fspath(source)
+        if os.path.isfile(p) and p.endswith((".parquet", ".arrow", ".feather", ".ipc")):
+            table = True
+        elif os.path.isfile(os.path.join(p, "info")):
+            try:
+                with builtins.open(os.path.join(p, "info"), "rb") as f:
+                    table = b'"dvidshards_table"' in f.read()
+            except OSError:
+                table = False
+    if not table:
+        return None
+    from .flight import as_record_source
+
+    return as_record_source(source, spec=spec)
+
+
 def _resolution(resolution, where: str) -> tuple[float, float, float] | None:
     if resolution is None:
         return None
@@ -95,6 +120,7 @@ class Dataset:
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
+        source = _record_source(source, spec) or source
         self.store: ByteStore | RecordSource = source if isinstance(source, RecordSource) else as_store(source)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):

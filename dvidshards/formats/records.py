@@ -224,16 +224,29 @@ def normalise_batch(batch, path: str):
     if "bin1" in names:
         import pyarrow.compute as pc
 
-        bins = [batch.column(b) if b in names else pa.nulls(batch.num_rows, pa.binary()) for b in
-                ("bin1", "bin2", "bin3", "bin4")]
-        bins = [b.cast(pa.large_binary()) for b in bins]
-        joined = pc.binary_join_element_wise(*bins, b"", null_handling="replace", null_replacement=b"")
-        if "dvid_compressed_block" in names:
-            whole = batch.column("dvid_compressed_block").cast(pa.large_binary())
-            joined = pc.if_else(pc.is_null(whole), joined, whole)
-        cols = [c for n, c in zip(names, batch.columns, strict=True) if n not in ("bin1", "bin2", "bin3", "bin4",
-                                                                                   "dvid_compressed_block")]
-        keep = [n for n in names if n not in ("bin1", "bin2", "bin3", "bin4", "dvid_compressed_block")]
+        n = batch.num_rows
+        bins = [batch.column(b) if b in names else pa.nulls(n, pa.binary()) for b in ("bin1", "bin2", "bin3", "bin4")]
+        whole = batch.column("dvid_compressed_block") if "dvid_compressed_block" in names else pa.nulls(n, pa.binary())
+        # a cell is used only after the one before it, and a record has its payload somewhere
+        valid = [np.asarray(b.is_valid()) for b in bins]
+        for k in range(1, 4):
+            gap = np.flatnonzero(valid[k] & ~valid[k - 1])
+            if gap.size:
+                raise ShardFormatError(f"{path}: row {int(gap[0])} has bin{k + 1} but no bin{k}")
+        has_whole = np.asarray(whole.is_valid())
+        none = np.flatnonzero(~has_whole & ~valid[0])
+        if none.size:
+            raise ShardFormatError(f"{path}: row {int(none[0])} has neither dvid_compressed_block nor bin1")
+        if not any(v.any() for v in valid[1:]) and not has_whole.any():
+            joined = bins[0]  # nothing split: the payloads as they are (zero-copy)
+        else:
+            big = [b.cast(pa.large_binary()) for b in bins]
+            joined = pc.binary_join_element_wise(*big, pa.scalar(b"", pa.large_binary()),
+                                                 null_handling="replace", null_replacement=b"")
+            joined = pc.if_else(pa.array(has_whole), whole.cast(pa.large_binary()), joined)
+        drop = ("bin1", "bin2", "bin3", "bin4", "dvid_compressed_block")
+        cols = [c for nm, c in zip(names, batch.columns, strict=True) if nm not in drop]
+        keep = [nm for nm in names if nm not in drop]
         batch = pa.RecordBatch.from_arrays([*cols, joined], names=[*keep, "dvid_compressed_block"])
     missing = [c for c in ("chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels", "dvid_compressed_block")
                if c not in batch.schema.names]
