@@ -11,6 +11,10 @@ large shards, geometry of mCNS scale 1):
 * ``syn512``: a 512³ synthetic neuron-like export (one shard of 512 chunks);
 * ``1024``, ``16384``, ``32768``: one shard of that many chunks.
 
+First, the transcoder alone: CPU µs per chunk of ``transcode_u8`` on the 258 real blocks (both
+label modes) against ``decode_block`` and ``decode_block`` + TensorStore's encoder (bytes checked
+equal first). ``--transcode-only`` stops there.
+
 Every measurement runs in a fresh Python process, serially, one after the other. The process
 first does the same job on the real shard, untimed (first-use costs of TensorStore's drivers,
 numba's cache and zlib, 0.1-0.4 s, are paid once per worker, not per shard); then CPU is the
@@ -297,12 +301,69 @@ def run(kind: str, d: dict, workdir: Path, warm: dict, **opts) -> dict:
         shutil.rmtree(out.with_name(out.name + "-warm"), ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- the transcoder alone
+
+
+def transcode_section(data: Path, rounds: int) -> None:
+    """µs of CPU per 64³ chunk: transcode vs decode_block (+ TensorStore's encoder), real blocks."""
+    import numpy as np
+    import tensorstore as ts
+    import zstandard
+
+    from dvidshards.formats.codec import decode_block
+    from dvidshards.formats.cseg import transcode_u8
+
+    recs = C.real_records(data)
+    dctx = zstandard.ZstdDecompressor()
+    blocks = [np.frombuffer(dctx.decompress(r["dvid_compressed_block"]), np.uint8) for r in recs]
+    pals = [np.asarray(r["labels"], np.uint64) for r in recs]
+    arr = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "memory"}, "create": True,
+                   "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
+                   "scale_metadata": {"size": [64, 64, 64], "resolution": [8, 8, 8], "chunk_size": [64, 64, 64],
+                                      "encoding": "compressed_segmentation",
+                                      "compressed_segmentation_block_size": [8, 8, 8]}},
+                  context=C.context()).result()[..., 0]
+    kv, key = arr.kvstore, "8_8_8/0-64_0-64_0-64"
+    out = np.empty((64, 64, 64), np.uint64)
+
+    def ts_encode(vol):
+        arr.write(vol.T).result()
+        v = kv.read(key).result().value
+        kv.write(key, None).result()
+        return v
+
+    def dec_enc(b, p):
+        return ts_encode(decode_block(b, p, out))
+
+    assert all(transcode_u8(b, p) == dec_enc(b, p) for b, p in zip(blocks, pals, strict=True))
+    fns = {
+        "transcode, agglomerated": lambda: [transcode_u8(b, p) for b, p in zip(blocks, pals, strict=True)],
+        "transcode, supervoxels": lambda: [transcode_u8(b, None) for b in blocks],
+        "decode_block only": lambda: [decode_block(b, p, out) for b, p in zip(blocks, pals, strict=True)],
+        "decode_block + TensorStore encode": lambda: [dec_enc(b, p) for b, p in zip(blocks, pals, strict=True)],
+    }
+    cpu: dict = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(rounds + 1):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            c0 = _cpu()
+            fns[n]()
+            if r:
+                cpu[n].append((_cpu() - c0) / len(blocks))
+    base = C.med(cpu["transcode, agglomerated"])
+    C.table(["per 64³ chunk (258 real blocks)", "CPU µs (median)", "CPU µs (best)", "/ transcode"],
+            [[n, f"{1e6 * C.med(v):.1f}", f"{1e6 * min(v):.1f}", f"{C.med(v) / base:.1f}x"] for n, v in cpu.items()],
+            f"The transcoder alone (median and best of {rounds} interleaved rounds, process CPU time; "
+            f"bytes equal to TensorStore's on all 258)")
+
+
 # --------------------------------------------------------------------------- main
 
 
 def main(argv=None) -> int:
     p = C.parser(__doc__.split("\n")[0])
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--transcode-only", action="store_true", help="only the transcoder section")
     args = p.parse_args(argv)
     if args.child:
         child(args.child)
@@ -310,6 +371,9 @@ def main(argv=None) -> int:
     data = C.require_real_data(args.data)
     args.workdir.mkdir(parents=True, exist_ok=True)
     C.header("dvidshards convert vs tensorstore-export's loop and the floor (issue 17)")
+    transcode_section(data, 3 if args.quick else 15)
+    if args.transcode_only:
+        return 0
     sets = datasets(args.workdir, data, args.quick)
     res: dict = {}
 
