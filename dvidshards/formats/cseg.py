@@ -33,26 +33,26 @@ from numba.core import types
 
 from ..errors import BlockDecodeError
 from .codec import (
-    BITS as _BITS,
-    E_GRID as _E_GRID,
-    E_IDX_RANGE as _E_IDX_RANGE,
-    E_IDX_TRUNC as _E_IDX_TRUNC,
-    E_LABELS_TRUNC as _E_LABELS_TRUNC,
-    E_NLABELS as _E_NLABELS,
-    E_NSB_BIG as _E_NSB_BIG,
-    E_NSB_TRUNC as _E_NSB_TRUNC,
-    E_OK as _OK,
-    E_PALETTE as _E_PALETTE,
-    E_SHORT as _E_SHORT,
-    E_VAL_RANGE as _E_VAL_RANGE,
-    E_VAL_TRUNC as _E_VAL_TRUNC,
+    BITS,
+    E_GRID,
+    E_IDX_RANGE,
+    E_IDX_TRUNC,
+    E_LABELS_TRUNC,
+    E_NLABELS,
+    E_NSB_BIG,
+    E_NSB_TRUNC,
+    E_OK,
+    E_PALETTE,
+    E_SHORT,
+    E_VAL_RANGE,
+    E_VAL_TRUNC,
     MAX_GRID,
     MAX_SUBBLOCK_LABELS,
-    as_u8 as _as_u8,
-    block_error as _error,
-    read_u16 as _u16,
-    read_u32 as _u32,
-    read_u64 as _u64,
+    as_u8,
+    block_error,
+    read_u16,
+    read_u32,
+    read_u64,
 )
 
 __all__ = ["BLOCK", "is_background", "transcode", "transcode_u8"]
@@ -221,19 +221,19 @@ def _transcode_kernel(data, pal, use_pal):
     zero = np.int64(0)
     nothing = np.empty(0, dtype=np.uint8)
     if n < 16:
-        return _E_SHORT, n, zero, nothing, zero
-    gx = _u32(data, 0)
-    gy = _u32(data, 4)
-    gz = _u32(data, 8)
+        return E_SHORT, n, zero, nothing, zero
+    gx = read_u32(data, 0)
+    gy = read_u32(data, 4)
+    gz = read_u32(data, 8)
     if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return _E_GRID, zero, zero, nothing, zero
-    nlab = _u32(data, 12)
+        return E_GRID, zero, zero, nothing, zero
+    nlab = read_u32(data, 12)
     if nlab < 1:
-        return _E_NLABELS, zero, zero, nothing, zero
+        return E_NLABELS, zero, zero, nothing, zero
     if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n, nothing, zero
+        return E_LABELS_TRUNC, nlab, n, nothing, zero
     if use_pal and np.int64(pal.shape[0]) != nlab:
-        return _E_PALETTE, np.int64(pal.shape[0]), nlab, nothing, zero
+        return E_PALETTE, np.int64(pal.shape[0]), nlab, nothing, zero
     nsub = gx * gy * gz
     hdr = 4 + 8 * nsub  # bytes before the first block's values
 
@@ -244,35 +244,35 @@ def _transcode_kernel(data, pal, use_pal):
         for i in range(nsub):  # (0-bit) values offsets: the output's end, after the table
             _put32(out, 4 + 8 * i, tw)
             _put32(out, 8 + 8 * i, tw if i == 0 else tw + 2)
-        _put64(out, hdr, pal[0] if use_pal else _u64(data, 16))
-        return _OK, zero, zero, out, hdr + 8
+        _put64(out, hdr, pal[0] if use_pal else read_u64(data, 16))
+        return E_OK, zero, zero, out, hdr + 8
 
     # validate everything read below: counts, index array, indices < N, packed value sizes
     p_nsb = 16 + 8 * nlab
     p_idx = p_nsb + 2 * nsub
     if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n, nothing, zero
+        return E_NSB_TRUNC, p_idx, n, nothing, zero
     nidx = zero
     nval = zero
     cap = hdr  # output bound: values at the widest bits plus a whole table per block
     tcap = zero  # bound on the table values written
     for i in range(nsub):
-        c = _u16(data, p_nsb + 2 * i)
+        c = read_u16(data, p_nsb + 2 * i)
         if c > MAX_SUBBLOCK_LABELS:
-            return _E_NSB_BIG, np.int64(i), c, nothing, zero
+            return E_NSB_BIG, np.int64(i), c, nothing, zero
         nidx += c
-        nval += 64 * _BITS[c]
+        nval += 64 * BITS[c]
         cap += 64 * _CBITS[c] + 8 * max(c, 1)
         tcap += max(c, 1)
     p_val = p_idx + 4 * nidx
     if p_val > n:
-        return _E_IDX_TRUNC, p_val, n, nothing, zero
+        return E_IDX_TRUNC, p_val, n, nothing, zero
     if p_val + nval > n:
-        return _E_VAL_TRUNC, p_val + nval, n, nothing, zero
+        return E_VAL_TRUNC, p_val + nval, n, nothing, zero
     for j in range(nidx):
-        v = _u32(data, p_idx + 4 * j)
+        v = read_u32(data, p_idx + 4 * j)
         if v >= nlab:
-            return _E_IDX_RANGE, np.int64(j), v, nothing, zero
+            return E_IDX_RANGE, np.int64(j), v, nothing, zero
 
     labs = np.empty(nlab, dtype=np.uint64)
     if use_pal:
@@ -280,7 +280,7 @@ def _transcode_kernel(data, pal, use_pal):
             labs[j] = pal[j]
     else:
         for j in range(nlab):
-            labs[j] = _u64(data, 16 + 8 * j)
+            labs[j] = read_u64(data, 16 + 8 * j)
 
     out = np.empty(cap, dtype=np.uint8)
     _put32(out, 0, 1)
@@ -308,18 +308,18 @@ def _transcode_kernel(data, pal, use_pal):
     start = p_idx  # byte offset of the current sub-block's indices
     q = p_val  # byte offset of its packed values
     for sb in range(nsub):
-        c = _u16(data, p_nsb + 2 * sb)
-        b = _BITS[c]
+        c = read_u16(data, p_nsb + 2 * sb)
+        b = BITS[c]
         vpos = pos
         nd = 1
         cb = 0
         if c == 0:
             table[0] = 0
         elif c == 1:
-            table[0] = labs[_u32(data, start)]
+            table[0] = labs[read_u32(data, start)]
         elif c == 2:  # 1 bit, both values valid
-            l0 = labs[_u32(data, start)]
-            l1 = labs[_u32(data, start + 4)]
+            l0 = labs[read_u32(data, start)]
+            l1 = labs[read_u32(data, start + 4)]
             anyone = np.uint64(0)
             allone = ~np.uint64(0)
             for k in range(8):
@@ -354,11 +354,11 @@ def _transcode_kernel(data, pal, use_pal):
             else:
                 used = _scan(data, q, 6)
             if c < 64 and (used >> c) != 0:
-                return _E_VAL_RANGE, np.int64(sb), c, nothing, zero
+                return E_VAL_RANGE, np.int64(sb), c, nothing, zero
             m = 0
             for v in range(c):
                 if (used >> v) & 1:
-                    keys[m] = labs[_u32(data, start + 4 * v)]
+                    keys[m] = labs[read_u32(data, start + 4 * v)]
                     ks[m] = v
                     m += 1
             nd = _rank_table(keys, ks, m, rank, table)
@@ -397,10 +397,10 @@ def _transcode_kernel(data, pal, use_pal):
             for k in range(512):
                 v = vals[k]
                 if v >= c:
-                    return _E_VAL_RANGE, np.int64(sb), c, nothing, zero
+                    return E_VAL_RANGE, np.int64(sb), c, nothing, zero
                 if stamp[v] != sb:
                     stamp[v] = sb
-                    keys[m] = labs[_u32(data, start + 4 * v)]
+                    keys[m] = labs[read_u32(data, start + 4 * v)]
                     ks[m] = v
                     m += 1
             nd = _rank_table(keys, ks, m, rank, table)
@@ -454,7 +454,7 @@ def _transcode_kernel(data, pal, use_pal):
         _put32(out, 8 + 8 * sb, (vpos - 4) // 4)
         start += 4 * c
         q += 64 * b
-    return _OK, zero, zero, out, pos
+    return E_OK, zero, zero, out, pos
 
 
 _SIG = types.Tuple(
@@ -517,13 +517,13 @@ def transcode(block, palette=None) -> bytes:
         If the block is malformed (truncated, counts or indices out of range, packed values
         selecting no label) or the palette does not have one entry per block label.
     """
-    d = _as_u8(block)
+    d = as_u8(block)
     if palette is None:
         code, a, b, out, nbytes = _get_kernel()(d, _NO_PALETTE, False)
     else:
         code, a, b, out, nbytes = _get_kernel()(d, _as_palette(palette), True)
     if code:
-        raise _error(code, a, b, d, None)
+        raise block_error(code, a, b, d, None)
     return out[:nbytes].tobytes()
 
 
@@ -552,7 +552,7 @@ def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
         raise BlockDecodeError(f"transcode_u8 takes a 1-D C-contiguous uint8 array and a 1-D C-contiguous "
                                f"uint64 palette or None ({e})") from None
     if code:
-        raise _error(code, a, b, data_u8, None)
+        raise block_error(code, a, b, data_u8, None)
     return out[:nbytes].tobytes()
 
 
