@@ -878,7 +878,8 @@ def add_arguments(p) -> None:
     """Arguments of ``dvidshards convert``."""
     p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
     p.add_argument("dest", help="output root (directory or TensorStore kvstore URL)")
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help="output format: neuroglancer precomputed (sharded, compressed_segmentation) or zarr v3")
     p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info)")
     p.add_argument("--scales", type=int, nargs="+", help="scale folders to convert (default: all)")
     p.add_argument("--labels", default="agglomerated",
