@@ -31,6 +31,7 @@ import hmac
 import json
 import os
 import threading
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -131,7 +132,7 @@ def parse_ticket(raw: bytes, scales: dict) -> dict:
     k = d.get("scale")
     if not isinstance(k, int) or isinstance(k, bool) or k not in scales:
         raise SpecError(f"ticket: scale {k!r} does not exist; scales are {sorted(scales)}")
-    out = {"scale": k}
+    out: dict[str, Any] = {"scale": k}
     if "shard" in d:
         out["shard"] = tuple(_ints(d["shard"], 3, "shard"))
     if "box" in d:
@@ -229,7 +230,7 @@ class ExportFlightServer(fl.FlightServerBase):
         self.batch_rows = int(batch_rows)
         self.check = check
         scheme = "grpc+tls" if tls else "grpc+tcp"
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if tls:
             cert, key = (_pem(v) for v in tls)
             kwargs["tls_certificates"] = [fl.CertKeyPair(cert, key)]
@@ -457,8 +458,8 @@ class FlightSource(RecordSource):
         self.tls_root_certs = _pem(tls_root_certs) if tls_root_certs is not None else None
         self.timeout = timeout
         self.disable_server_verification = disable_server_verification
-        self._client = None
-        self._pid = None
+        self._client: fl.FlightClient | None = None
+        self._pid: int | None = None
         self._lock = threading.Lock()
         self.spec = self._spec()
         self.scales = {s.index: s for s in parse_multiscale(self.spec, uri)}
@@ -484,7 +485,7 @@ class FlightSource(RecordSource):
             with self._lock:
                 if self._client is None or self._pid != os.getpid():
                     uri = self.uri.replace("grpc://", "grpc+tcp://", 1)
-                    kw = {}
+                    kw: dict[str, Any] = {}
                     if self.tls_root_certs is not None:
                         kw["tls_root_certs"] = self.tls_root_certs
                     if self.disable_server_verification:
@@ -543,6 +544,8 @@ class FlightSource(RecordSource):
         """Stream a scale, a partition of its shards, a box or chunks: (batch, meta) pairs."""
         t: dict = {"scale": int(scale), "batch_rows": int(batch_rows)}
         if partition is not None:
+            if of is None:
+                raise TypeError("scan: give partition and of together")
             t.update(partition=int(partition), of=int(of), skip=[int(s) for s in skip])
         if box is not None:
             t["box"] = [[int(v) for v in box[0]], [int(v) for v in box[1]]]
@@ -650,6 +653,7 @@ def main(args) -> int:
                    batch_rows=args.batch_rows)
     print(server.location, flush=True)
     print(f"serving {server.ds.store.describe('')} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    assert server._thread is not None  # serve() starts the server's thread
     try:
         server._thread.join()
     finally:

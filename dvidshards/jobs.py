@@ -142,7 +142,7 @@ def run_tasks(
         raise ValueError("run_tasks: items must be distinct")
     skip = set(done or ())
     report = JobReport()
-    todo = []
+    todo: list[Hashable] = []
     for it in items:
         (report.skipped if it in skip else todo).append(it)
 

@@ -157,8 +157,8 @@ def shard_ids(scale: Scale, origin) -> np.ndarray:
     sh = scale.sharding
     if sh is None:
         return np.zeros(1, np.int64)
-    if sh.hash == "identity" and not dvid_shard_names_collide(sh, np.add(scale.voxel_offset, scale.size),
-                                                              scale.chunk_size[0]):
+    if sh.hash == "identity" and not dvid_shard_names_collide(
+            sh, [o + s for o, s in zip(scale.voxel_offset, scale.size, strict=True)], scale.chunk_size[0]):
         return record_keys(scale, lo[None])[0]
     axes = [np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi, strict=True)]
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
@@ -245,7 +245,8 @@ def _frame_size(t: RecordTable, i: int) -> int:
     from .errors import BlockDecodeError
 
     try:
-        n = zstandard.frame_content_size(t.payload(i))
+        # zstandard's stubs say ByteString; it takes any buffer (a zero-copy uint8 view here)
+        n = zstandard.frame_content_size(t.payload(i))  # type: ignore[arg-type]
     except zstandard.ZstdError as e:
         raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame ({e})") from None
     if n < 0:
@@ -398,7 +399,7 @@ def record_batches(table: RecordTable, scale: Scale, origin, *, rows=None, only:
 def partition_plan(origins_by_id: dict[int, list], partition: int, of: int, skip=()) -> list[tuple[int, tuple]]:
     """(shard_id, origin) pairs of a partition (``shard_id % of == partition``), in shard order."""
     skip = {int(s) for s in skip}
-    out = []
+    out: list[tuple[int, tuple]] = []
     for s in sorted(origins_by_id):
         if s % of == partition and s not in skip:
             out.extend((s, o) for o in origins_by_id[s])
@@ -628,7 +629,7 @@ def read_table_info(root: str) -> dict | None:
 def table_files(root: str, scale: int) -> dict[int, tuple[tuple, str]]:
     """{shard_id: (origin, path)} of the complete shard files of a scale folder."""
     folder = os.path.join(root, f"s{scale}")
-    out = {}
+    out: dict[int, tuple[tuple, str]] = {}
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
@@ -717,7 +718,7 @@ class TableSource(RecordSource):
     def __init__(self, source, *, spec=None, scale: int = 0, partial: bool = False):
         self._lock = threading.Lock()
         self._meta: dict = {}
-        self.layout = None
+        self.layout: str | None = None
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
             self.name = path
@@ -832,6 +833,7 @@ class TableSource(RecordSource):
         return f"{self.name}/{key}" if key else self.name
 
     def _layout_files(self, k: int) -> dict:
+        assert self.layout is not None  # only table folders (with an info) have layout files
         if k not in self._done and not self._partial:
             raise SpecError(f"{self.layout}: scale {k} was not ingested completely (info: scales_done "
                             f"{sorted(self._done)}); run the ingest again, or open with partial=True")
@@ -883,6 +885,7 @@ class TableSource(RecordSource):
             return t.take(pa.array(rows))
         import pyarrow.parquet as pq
 
+        assert self._where is not None  # Parquet tables are indexed with their row locations
         w = self._where[rows]
         parts = []
         for (fi, g) in sorted({(int(a), int(b)) for a, b in w[:, :2]}):

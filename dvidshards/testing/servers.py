@@ -159,7 +159,10 @@ class RangeServer:
     @property
     def url(self) -> str:
         """Base URL, ending in ``/``."""
+        if self._httpd is None:
+            raise RuntimeError("RangeServer is not running; call start() first")
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address: (str host, port)
         return f"http://{host}:{port}/"
 
     @property
@@ -216,6 +219,7 @@ class RangeServer:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            assert self._thread is not None  # start() sets both
             self._thread.join(5)
             self._httpd = None
 
