@@ -107,7 +107,9 @@ def test_tensorstore_reads_every_scale_equal_to_the_volume(export, server):
         assert tuple(t.shape) == want.shape + (1,)
         np.testing.assert_array_equal(t[..., 0].read().result(), want)
     st = server.stats()["agglomerated"]
-    assert st["failed"]["count"] == 0 and st["busy"] == 0
+    # no chunk failed; a 503 "busy" (all slots taken while a first request compiles numba's
+    # kernels on a loaded machine) is retried by TensorStore, so the data above is exact either way
+    assert st["failed"]["count"] == 0
     assert st["absent"]["count"] > 0  # the export has background chunks: served as 404, read as 0
 
 
