@@ -47,8 +47,10 @@ import struct
 import time
 import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING, SupportsFloat, SupportsInt
 
 import numpy as np
 
@@ -65,6 +67,9 @@ from .formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
+
+if TYPE_CHECKING:  # the dataset layer imports tensorstore: convert() loads it on use
+    from .dataset import Dataset
 
 __all__ = [
     "FORMATS",
@@ -121,6 +126,13 @@ class ScalePlan:
     def chunk_offset(self) -> np.ndarray:
         return np.asarray(self.voxel_offset, np.int64) // self.chunk
 
+    def precomputed_sharding(self) -> dict:
+        """The output neuroglancer sharding spec; only precomputed plans have one."""
+        if self.sharding is None:
+            raise ConvertPlanError(f"scale {self.index}: plan has no output sharding "
+                                   f"(planned for zarr3, used as precomputed)")
+        return self.sharding
+
     def shard_ids(self, rel: np.ndarray) -> np.ndarray:
         """Output shard of each relative chunk coordinate: shard number, or a flat box index."""
         if self.sharding is not None:
@@ -136,6 +148,16 @@ class ScalePlan:
             return f"{self.key}/{shard_key(int(shard_id), int(self.sharding['shard_bits']))}"
         i, j, k = (int(v) for v in np.asarray(rel_first) // np.asarray(self.shard_chunks))
         return f"{self.key}/c/{i}/{j}/{k}"
+
+
+def _int3(v: Sequence[SupportsInt]) -> tuple[int, int, int]:
+    x, y, z = v
+    return int(x), int(y), int(z)
+
+
+def _float3(v: Sequence[SupportsFloat]) -> tuple[float, float, float]:
+    x, y, z = v
+    return float(x), float(y), float(z)
 
 
 def _output_sharding(src: ShardingSpec, extra: int, where: str) -> ShardingSpec:
@@ -188,7 +210,7 @@ def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
     if len(set(cs)) != 1:
         raise ConvertPlanError(f"{where}: chunks {cs} are not cubic")
     chunk = cs[0]
-    off = tuple(int(v) for v in scale.voxel_offset)
+    off = _int3(scale.voxel_offset)
     if any(v % chunk for v in off):
         raise ConvertPlanError(f"{where}: voxel_offset {off} is not a multiple of the chunk size {chunk}: "
                                f"DVID chunks would straddle output chunks")
@@ -235,9 +257,9 @@ def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
                     f"would write one output shard")
     return ScalePlan(
         index=scale.index, key=f"s{scale.index}" if fmt == "zarr3" else (scale.key or f"s{scale.index}"),
-        size=tuple(int(v) for v in scale.size), voxel_offset=off,
-        resolution=tuple(float(r) for r in scale.resolution), chunk=chunk, grid=tuple(grid),
-        shard_chunks=tuple(int(b) for b in box), cell=cell,
+        size=_int3(scale.size), voxel_offset=off,
+        resolution=_float3(scale.resolution), chunk=chunk, grid=grid,
+        shard_chunks=_int3(box), cell=cell,
         sharding=out.to_json() if fmt == "precomputed" else None,
     )
 
@@ -268,7 +290,8 @@ def _sub(root: dict, path: str) -> dict:
 
 
 def _precomputed_spec(kv: dict, sp: ScalePlan, sharded: bool) -> dict:
-    meta = {"key": sp.key, "size": list(sp.size), "voxel_offset": list(sp.voxel_offset),
+    meta: dict[str, object] = {
+            "key": sp.key, "size": list(sp.size), "voxel_offset": list(sp.voxel_offset),
             "resolution": list(sp.resolution), "chunk_size": [sp.chunk] * 3,
             "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8]}
     if sharded and sp.sharding is not None:
@@ -363,7 +386,7 @@ def _count_chunks(read, size: int, fmt: str, sp: ScalePlan, where: str) -> int:
             raise ShardFormatError(f"{where}: zarr shard shorter than its index")
         idx = np.frombuffer(tail, "<u8", 2 * n)
         return int((idx[0::2] != _NO_CHUNK).sum())
-    spec = sp.sharding
+    spec = sp.precomputed_sharding()
     nmini = 1 << int(spec["minishard_bits"])
     head = read(0, 16 * nmini)
     if len(head) != 16 * nmini:
@@ -409,6 +432,8 @@ def _existing_chunks(root, key: str, fmt: str, sp: ScalePlan, where: str) -> int
         return _count_chunks(read, -1, fmt, sp, where)
     except ShardFormatError:
         return None if state else -1
+    except ConvertPlanError:  # a plan without sharding used as precomputed: not a damaged file
+        raise
     except ValueError:  # OUT_OF_RANGE from TensorStore: shorter than its index
         return -1
 
@@ -419,7 +444,7 @@ def _existing_chunks(root, key: str, fmt: str, sp: ScalePlan, where: str) -> int
 @dataclass
 class _Job:
     token: str
-    dataset: object
+    dataset: Dataset
     fmt: str
     dest: dict
     labels: object
@@ -478,7 +503,7 @@ class _Worker:
         self.root = ts.KvStore.open(job.dest, context=self.context).result()
         self._stagers: dict = {}
         self._stores: dict = {}
-        self.scratch = None
+        self.scratch: np.ndarray | None = None  # decode buffer of _encode_record
 
     def stager(self, sp: ScalePlan) -> _Stager:
         s = self._stagers.get(sp.index)
@@ -494,7 +519,8 @@ class _Worker:
             if kv is None:
                 kv = self._stores[sp.index] = ts.KvStore.open({
                     "driver": "neuroglancer_uint64_sharded", "base": _sub(self.job.dest, sp.key + "/"),
-                    "metadata": {**sp.sharding, "data_encoding": "raw"}},  # gzip done by _gzip
+                    # chunk data gzipped by _gzip
+                    "metadata": {**sp.precomputed_sharding(), "data_encoding": "raw"}},
                     context=self.context).result()
             return kv
         return ts.KvStore.open({
@@ -605,12 +631,13 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
         inner = rel[rows] % np.asarray(sp.shard_chunks)
         keys = [struct.pack(">III", *(int(v) for v in c)) for c in inner]
     transcoding = job.fmt == "precomputed" and job.encoder == "transcode"
-    gz = job.fmt == "precomputed" and sp.sharding.get("data_encoding") == "gzip"
+    gz = job.fmt == "precomputed" and sp.precomputed_sharding().get("data_encoding") == "gzip"
     written = 0
     nsv = table.rec[:, R_NSV]
     head = struct.pack("<3I", *(sp.chunk // 8,) * 3)
     bg_len = 4 + 8 * (sp.chunk // 8) ** 3 + 8  # an all-0 chunk: the header and one table [0]
     for key, i, full in zip(keys, rows.tolist(), whole, strict=True):
+        enc: bytes | None
         if transcoding and full:
             enc = _transcode_record(w, table, i, head, int(nsv[i]))
             if len(enc) == bg_len and enc[-8:] == _ZERO8:
@@ -660,11 +687,12 @@ def _transcode_record(w: _Worker, table, i: int, head: bytes, nsv: int) -> bytes
 
 
 def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | None:
-    if w.scratch is None or w.scratch.shape[0] != sp.chunk:
-        w.scratch = np.empty((sp.chunk,) * 3, np.uint64)
+    scratch = w.scratch
+    if scratch is None or scratch.shape[0] != sp.chunk:
+        scratch = w.scratch = np.empty((sp.chunk,) * 3, np.uint64)
     lo = np.asarray(rel, np.int64) * sp.chunk
     ext = np.minimum(sp.chunk, np.asarray(sp.size) - lo)  # x, y, z voxels inside the volume
-    view = w.scratch[:ext[2], :ext[1], :ext[0]]
+    view = scratch[:ext[2], :ext[1], :ext[0]]
     table.decode_into(i, view, w.labels)
     return w.stager(sp).encode(rel, view)  # None when all 0: TensorStore stores no such chunk
 
