@@ -109,7 +109,8 @@ def main(argv=None) -> int:
                 tail = [ln for ln in e["stderr"].splitlines() if ln.strip()][-8:]
                 print("  " + "\n  ".join(tail))
         print(f"\nreplay one: python benchmarks/fuzz_shards.py --workdir {workdir} --repro KIND:SEED:TRIAL:TEMPLATE")
-    print(f"failing inputs: {failures}")
+    camp.save(failures / "results.json")
+    print(f"failing inputs, every result and the RSS series (results.json): {failures}")
     total = camp.counts()["total"] if camp.results else {}
     return 1 if any(total.get(c, 0) for c in fuzz.FAIL) else 0
 

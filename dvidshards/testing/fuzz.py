@@ -23,6 +23,11 @@ then opens it with ``dvidshards.open``, reads every chunk in both label modes an
     any other exception: a bug.
 ``crash`` / ``hang``
     the worker process died from a signal, or did not answer within the timeout.
+``harness_error``
+    this module failed (a mutation it could not build, a worker exiting without a signal).
+
+Two flags are counted beside the class: ``verify_missed`` (``verify`` said ok while a read
+differed) and ``unnamed`` (a typed chunk-read error whose message names no chunk or no file).
 
 Trials run in worker processes (`Campaign`), restarted after a crash, a hang or when their
 RSS passes a cap, so every crash is counted and attributed to its trial.  ``python -m
@@ -1481,14 +1486,21 @@ class Campaign:
         return out
 
     def rss_table(self) -> str:
-        """Per worker process: RSS after start-up, peak, last, trials run."""
-        lines = ["| worker pid | trials | RSS ready (MB) | RSS peak (MB) | RSS last (MB) | growth (MB) |",
-                 "|---:|---:|---:|---:|---:|---:|"]
+        """Per worker process: RSS after start-up, at each quarter of its trials, peak and growth."""
+        lines = ["| worker pid | trials | RSS ready | at 25 % | at 50 % | at 75 % | last | peak | growth |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for pid, s in self.rss.items():
-            v = [x for _, x in s]
-            lines.append(f"| {pid} | {s[-1][0]} | {v[0] / 2**20:.0f} | {max(v) / 2**20:.0f} | "
-                         f"{v[-1] / 2**20:.0f} | {(v[-1] - v[0]) / 2**20:+.0f} |")
-        return "\n".join(lines)
+            v = [x / 2**20 for _, x in s]
+            q = [v[min(len(v) - 1, round(f * (len(v) - 1)))] for f in (0.25, 0.5, 0.75)]
+            lines.append(f"| {pid} | {s[-1][0]} | {v[0]:.0f} | " + " | ".join(f"{x:.0f}" for x in q)
+                         + f" | {v[-1]:.0f} | {max(v):.0f} | {v[-1] - v[0]:+.0f} |")
+        return "\n".join(lines) + "\n\n(MB)"
+
+    def save(self, path) -> None:
+        """Every result and each worker's RSS series as JSON."""
+        Path(path).write_text(json.dumps({"results": self.results, "rss": {str(k): v for k, v in self.rss.items()},
+                                          "restarts": self.restarts, "rss_restarts": self.rss_restarts},
+                                         default=str))
 
 
 def plan_requests(templates: list[Template], kind: str, n: int, seed: int, start: int = 0) -> list[dict]:
