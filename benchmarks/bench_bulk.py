@@ -1,0 +1,103 @@
+"""The bulk reader (``Dataset.read``) against the TensorStore path, precomputed and ``np.full``.
+
+Run from the project root::
+
+    python benchmarks/bench_bulk.py [--quick] [--rounds N] [--size 512] [--workdir DIR]
+
+Data: ``common.synthetic_pair`` (a size³ neuron-like export in DVID's layout and the same
+agglomerated voxels as sharded neuroglancer precomputed, written by TensorStore).
+
+Measured in one process, interleaved rounds, medians, with 1 and 2 decoding threads
+(``threads=`` for ``Dataset.read``, ``data_copy_concurrency`` for the TensorStore stores):
+
+1. the aligned size³ box into a preallocated, already-touched array (``out=``): the bulk reader,
+   the TensorStore path of dvidshards, precomputed, and ``out.fill`` (the memory floor);
+2. the same into a fresh array (page zeroing included): the bulk reader vs precomputed vs
+   ``np.full``;
+3. an unaligned box (cut chunks on every side).
+
+Targets (issue 12): into ``out=``, ``Dataset.read`` ≤ 1.5× filling that array; into a fresh
+array, ``Dataset.read`` ≥ 2× faster than precomputed, both with 2 threads.
+"""
+
+from __future__ import annotations
+
+import common as C
+import numpy as np
+import tensorstore as ts
+
+import dvidshards
+
+
+def main(argv=None):
+    ap = C.parser(__doc__)
+    ap.add_argument("--size", type=int, default=None, help="volume side (default 512; --quick 256)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 9; --quick 3)")
+    args = ap.parse_args(argv)
+    size = args.size or (256 if args.quick else 512)
+    rounds = args.rounds or (3 if args.quick else 9)
+    pair = C.synthetic_pair(args.workdir, size)
+    C.header("bench_bulk: Dataset.read vs the TensorStore path, precomputed and the memory floor")
+    ds = dvidshards.Dataset(pair.export, spec=pair.spec)
+    shape = pair.shape
+    box = [[0, 0, 0], list(shape)]
+    ref = ds.read(box)  # warm shard cache, numba, page cache
+    rows_out, rows_new = [], []
+    verdicts = {}
+    for threads in (1, 2):
+        ctx = ts.Context({"data_copy_concurrency": {"limit": threads}, "cache_pool": {"total_bytes_limit": 0}})
+        vol = ds.open(0, context=ctx)
+        pre = pair.open_precomputed(ctx)
+        got = vol.read(order="F").result()
+        if not (np.array_equal(got, ref) and np.array_equal(pre.read(order="F").result(), ref)):
+            raise SystemExit("the stores disagree: rebuild --workdir")
+        del got
+        out = np.empty(shape, np.uint64, order="F")
+        out.fill(1)
+        dst = ts.array(out, copy=False)
+        t = C.alternate({
+            "Dataset.read(out=)": lambda: ds.read(box, out=out, threads=threads),
+            "TensorStore path (dvidshards.open)": lambda: dst.write(vol).result(),
+            "precomputed": lambda: dst.write(pre).result(),
+            "out.fill (floor)": lambda: out.fill(7),
+        }, rounds)
+        floor = C.med(t["out.fill (floor)"])
+        pm = C.med(t["precomputed"])
+        for k, v in t.items():
+            rows_out.append([threads, k, C.ms(C.med(v)), f"{C.med(v) / floor:.2f}", f"{C.med(v) / pm:.2f}"])
+        verdicts[f"out=, {threads} thr: read ÷ fill ≤ 1.5"] = C.med(t["Dataset.read(out=)"]) / floor
+        del out, dst
+        t = C.alternate({
+            "Dataset.read (new array)": lambda: ds.read(box, threads=threads),
+            "precomputed read (new array)": lambda: pre.read(order="F").result(),
+            "np.full (new array)": lambda: np.full(shape, 7, np.uint64, order="F"),
+        }, rounds)
+        pm = C.med(t["precomputed read (new array)"])
+        for k, v in t.items():
+            rows_new.append([threads, k, C.ms(C.med(v)), f"{C.med(v) / pm:.2f}"])
+        verdicts[f"new array, {threads} thr: precomputed ÷ read ≥ 2"] = pm / C.med(t["Dataset.read (new array)"])
+    C.table(["threads", "path", "median ms", "÷ out.fill", "÷ precomputed"], rows_out,
+            title=f"Aligned {size}³ into a preallocated, touched array")
+    C.table(["threads", "path", "median ms", "÷ precomputed"], rows_new, title=f"Aligned {size}³ into a fresh array")
+
+    off = (37, 101, 211) if size >= 512 else (19, 51, 105)
+    ext = tuple(min(s - o, e) for s, o, e in zip(shape, off, (300, 200, 100), strict=True))
+    ubox = [list(off), [o + e for o, e in zip(off, ext, strict=True)]]
+    sl = tuple(slice(a, b) for a, b in zip(*ubox, strict=True))
+    ctx = ts.Context({"data_copy_concurrency": {"limit": 2}, "cache_pool": {"total_bytes_limit": 0}})
+    vol, pre = ds.open(0, context=ctx), pair.open_precomputed(ctx)
+    if not np.array_equal(ds.read(ubox), ref[sl]):
+        raise SystemExit("unaligned read differs")
+    t = C.alternate({"Dataset.read": lambda: ds.read(ubox, threads=2),
+                     "TensorStore path": lambda: vol[sl].read(order="F").result(),
+                     "precomputed": lambda: pre[sl].read(order="F").result()}, rounds)
+    pm = C.med(t["precomputed"])
+    C.table(["path", "median ms", "÷ precomputed"], [[k, C.ms(C.med(v)), f"{C.med(v) / pm:.2f}"] for k, v in t.items()],
+            title=f"Unaligned box {ext} at {off}, 2 threads")
+    C.table(["target", "measured", "verdict"],
+            [[k, f"{v:.2f}", C.verdict(v <= 1.5 if "≤" in k else v >= 2)] for k, v in verdicts.items()],
+            title="Targets (issue 12)")
+
+
+if __name__ == "__main__":
+    main()
