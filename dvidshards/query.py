@@ -46,7 +46,7 @@ def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def _list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
+def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
     """All entries of one list column of a RecordTable, flat, and the record each belongs to."""
     off_col, n_col, buf = (R_LAB, R_NLAB, t.bufs[1]) if which == "labels" else (R_SV, R_NSV, t.bufs[2])
     n = t.rec[:, n_col]
@@ -68,11 +68,11 @@ def _list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
 def _record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
     """Every record's ids under a label source (flat) and the record each belongs to."""
     if isinstance(src, Supervoxels):
-        return _list_values(t, "supervoxels")
+        return list_values(t, "supervoxels")
     if isinstance(src, Mapped):
-        sv, owner = _list_values(t, "supervoxels")
+        sv, owner = list_values(t, "supervoxels")
         return np.asarray(src.mapping.palette(sv), np.uint64), owner
-    return _list_values(t, "labels")
+    return list_values(t, "labels")
 
 
 def _ids(ids) -> np.ndarray:
@@ -218,9 +218,9 @@ class BodyIndex:
         return f"BodyIndex({self.path!r}, scale={self.scale}, labels={self.meta.get('labels')!r})"
 
     def _file(self, body: int) -> str:
-        from .stats import _bucket_name, bucket_of
+        from .stats import bucket_name, bucket_of
 
-        return os.path.join(self.path, _bucket_name(int(bucket_of(np.uint64(body), self.bits)), self.bits))
+        return os.path.join(self.path, bucket_name(int(bucket_of(np.uint64(body), self.bits)), self.bits))
 
     def rows(self, body):
         """All rows of a body as a ``pyarrow.Table`` (body, supervoxel, chunk_x/y/z, voxels)."""
@@ -304,10 +304,10 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
     src = as_labels(labels)
     body = int(body)
     if index is not None:
-        from .stats import _labels_id
+        from .stats import labels_id
 
         idx = index if isinstance(index, BodyIndex) else BodyIndex(index)
-        if idx.scale != s.index or any(idx.meta.get(k) != v for k, v in _labels_id(src).items()):
+        if idx.scale != s.index or any(idx.meta.get(k) != v for k, v in labels_id(src).items()):
             raise SpecError(f"{idx.path}: the index is of scale {idx.scale} with {idx.meta.get('labels')} labels, "
                             f"not scale {s.index} with {src.name} labels")
         chunks = idx.blocks(body)

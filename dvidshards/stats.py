@@ -46,7 +46,7 @@ from .errors import BlockDecodeError, ShardFormatError, SpecError
 from .formats.arrowipc import R_NLAB, R_NSV
 from .formats.blockstats import BlockError, batch_stats
 from .formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
-from .query import _list_values
+from .query import list_values
 
 __all__ = [
     "FAN_IN",
@@ -154,7 +154,7 @@ def _chunk_rows(ds, scale, origin, labels, box):
     if isinstance(src, Supervoxels):
         body = sv
     elif isinstance(src, Agglomerated):
-        flat, _ = _list_values(t, "labels")
+        flat, _ = list_values(t, "labels")
         first = np.zeros(len(t), np.int64)
         np.cumsum(t.rec[:-1, R_NLAB], out=first[1:])
         body = flat[first[rec] + ent]
@@ -437,7 +437,7 @@ def _final_task(job: _Job, inputs, bucket: int):
     if job.kind == "stats":
         return _finish_stats(t)
     t = _finish_index(t)
-    path = os.path.join(job.out, _bucket_name(bucket, job.bits))
+    path = os.path.join(job.out, bucket_name(bucket, job.bits))
     os.makedirs(os.path.dirname(path), exist_ok=True)
 
     def write(tmp):
@@ -450,14 +450,14 @@ def _final_task(job: _Job, inputs, bucket: int):
 _INDEX_ROW_GROUP = 32768
 
 
-def _bucket_name(bucket: int, bits: int) -> str:
+def bucket_name(bucket: int, bits: int) -> str:
     return f"bucket={bucket:0{max(1, (bits + 3) // 4)}x}/part-0.parquet"
 
 
 # --------------------------------------------------------------------------- the job
 
 
-def _labels_id(src) -> dict:
+def labels_id(src) -> dict:
     if isinstance(src, Mapped):
         m = src.mapping
         h = hashlib.sha256(np.ascontiguousarray(m.keys).tobytes())
@@ -472,7 +472,7 @@ def _default_bits(n_shards: int) -> int:
 
 
 def _origins(ds, s, box) -> list[tuple[int, int, int]]:
-    origins = [tuple(int(v) for v in o) for o in ds.shards(s)]
+    origins = [(int(o[0]), int(o[1]), int(o[2])) for o in ds.shards(s)]
     if box is None:
         return origins
     lo, hi = _crop(s, box)
@@ -542,7 +542,7 @@ def _run(ds, scale, labels, box, kind, work, resume, scheduler, partitions, prog
     bits = _default_bits(len(origins)) if partitions is None else _partition_bits(partitions)
     shard_bits = bits if len(origins) <= fan_in else min(bits, _COARSE_BITS)
     ident = {"kind": kind, "scale": s.index, "box": box, "bits": bits, "shard_bits": shard_bits,
-             "chunk_size": list(s.chunk_size), **_labels_id(src)}
+             "chunk_size": list(s.chunk_size), **labels_id(src)}
     os.makedirs(os.path.join(work, "shards"), exist_ok=True)
     id_path = os.path.join(work, "job.json")
     if resume and os.path.exists(id_path):
@@ -664,7 +664,7 @@ def _body_stats(ds, scale, labels, box, scheduler, workdir, resume, partitions, 
         parts = [t for t in results.values() if t.num_rows]
         t = pa.concat_tables(parts) if parts else STATS_SCHEMA.empty_table()
         t = t.sort_by([("voxels", "descending"), ("label", "ascending")])
-        about = {"scale": ds.scale(scale).index, **_labels_id(as_labels(labels)),
+        about = {"scale": ds.scale(scale).index, **labels_id(as_labels(labels)),
                  "box": None if box is None else np.asarray(box).tolist()}
         meta = {b"dvidshards": json.dumps(about).encode(),
                 b"failed_shards": json.dumps(report.failed).encode()}
@@ -729,14 +729,14 @@ def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *,
     src = as_labels(labels)
     if os.path.exists(meta_path) and not os.path.exists(work):
         if resume and old.get("complete") and old.get("scale") == s.index and all(
-                old.get(k) == v for k, v in _labels_id(src).items()):
+                old.get(k) == v for k, v in labels_id(src).items()):
             return IndexReport(path=out, rows=old["rows"], shards=old["shards"], skipped=old["shards"])
         os.remove(meta_path)  # replacing a complete index: it is invalid until rewritten
     results, report, job = _run(ds, scale, labels, None, "index", work, resume, scheduler,
                                 partitions, progress, fan_in, out=out)
     report.rows = int(sum(results.values()))
     report.path = out
-    meta = {"format": _INDEX_FORMAT, "version": 1, "scale": s.index, **_labels_id(src),
+    meta = {"format": _INDEX_FORMAT, "version": 1, "scale": s.index, **labels_id(src),
             "bits": job.bits, "hash": "top bits of (body * 0x9E3779B97F4A7C15 mod 2**64) >> 48",
             "chunk_size": list(s.chunk_size), "voxel_offset": list(s.voxel_offset),
             "size": list(s.size), "rows": report.rows, "shards": report.shards,
