@@ -24,6 +24,14 @@ def test_layers_contract():
     assert "broken" not in r.stdout.lower() or "0 broken" in r.stdout.lower(), r.stdout[-3000:]
 
 
+def test_mypy_passes():
+    exe = Path(sys.executable).with_name("mypy")
+    if not exe.exists():
+        pytest.skip("mypy is not installed (pip install -e '.[test]')")
+    r = subprocess.run([str(exe), "dvidshards"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
 def test_no_module_imports_private_names_of_another():
     offenders = []
     for path in PACKAGE.rglob("*.py"):
