@@ -56,10 +56,10 @@ def main(argv=None):
         out.fill(1)
         dst = ts.array(out, copy=False)
         t = C.alternate({
-            "Dataset.read(out=)": lambda: ds.read(box, out=out, threads=threads),
-            "TensorStore path (dvidshards.open)": lambda: dst.write(vol).result(),
-            "precomputed": lambda: dst.write(pre).result(),
-            "out.fill (floor)": lambda: out.fill(7),
+            "Dataset.read(out=)": lambda out=out, n=threads: ds.read(box, out=out, threads=n),
+            "TensorStore path (dvidshards.open)": lambda dst=dst, vol=vol: dst.write(vol).result(),
+            "precomputed": lambda dst=dst, pre=pre: dst.write(pre).result(),
+            "out.fill (floor)": lambda out=out: out.fill(7),
         }, rounds)
         floor = C.med(t["out.fill (floor)"])
         pm = C.med(t["precomputed"])
@@ -68,8 +68,8 @@ def main(argv=None):
         verdicts[f"out=, {threads} thr: read ÷ fill ≤ 1.5"] = C.med(t["Dataset.read(out=)"]) / floor
         del out, dst
         t = C.alternate({
-            "Dataset.read (new array)": lambda: ds.read(box, threads=threads),
-            "precomputed read (new array)": lambda: pre.read(order="F").result(),
+            "Dataset.read (new array)": lambda n=threads: ds.read(box, threads=n),
+            "precomputed read (new array)": lambda pre=pre: pre.read(order="F").result(),
             "np.full (new array)": lambda: np.full(shape, 7, np.uint64, order="F"),
         }, rounds)
         pm = C.med(t["precomputed read (new array)"])

@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dvidshards.formats.codec import block_header, decode_block, decode_into  # noqa: E402
 from dvidshards.errors import BlockDecodeError  # noqa: E402
+from dvidshards.formats.codec import block_header, decode_block, decode_into  # noqa: E402
 
 REAL_SHARD = "30720_24576_28672.arrow"
 MAX_ALLOC_VOXELS = 1 << 22  # decode_block(out=None) only for declared shapes up to this

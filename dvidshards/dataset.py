@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import tensorstore as ts
 
-from .errors import DvidShardsError, GeometryWarning, MissingShardError, SpecError
+from .errors import GeometryWarning, MissingShardError, SpecError
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
 from .read import ChunkReader, read_box

@@ -279,7 +279,7 @@ class _ProcState:
                 t = shard._resolve(u8, g[0], np.array([i for _, i in items], np.int64))
             except BaseException as e:
                 # resolve one by one so that each chunk gets its own error, and good ones read
-                for k, (q, i) in enumerate(items):
+                for q, i in items:
                     try:
                         tk = shard._resolve(u8, g[0], np.array([i], np.int64))
                     except BaseException as e1:

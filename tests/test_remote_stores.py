@@ -25,10 +25,9 @@ from dvidshards.formats.labels import Agglomerated
 from dvidshards.read import ChunkReader
 from dvidshards.stores import run_sync
 from dvidshards.stores.kvstore import KvStore
+from dvidshards.testing.servers import MotoS3, RangeServer
 from dvidshards.testing.synthetic import neuron_volume
 from dvidshards.writer import write_export
-
-from dvidshards.testing.servers import MotoS3, RangeServer
 
 REAL = "30720_24576_28672"
 BUCKET = "dvid-exports"

@@ -97,11 +97,24 @@ class ByteStore(ABC):
     def exists_sync(self, key: str) -> bool:
         return self._sync(self.exists(key))
 
-    def list_sync(self, prefix: str = "") -> "builtins.list[str]":
+    def list_sync(self, prefix: str = "") -> builtins.list[str]:
         return self._sync(self.list(prefix))
 
     def stat_sync(self, key: str) -> Stat:
         return self._sync(self.stat(key))
+
+
+def slice_range(data, start: int | None, stop: int | None, where: str):
+    """Bytes [start, stop) of an in-memory file (``start < 0, stop=None``: the last -start bytes).
+
+    PastEndError when the range leaves the file, as a remote store would report it.
+    """
+    n = len(data)
+    a = (n + start if start < 0 else start) if start is not None else 0
+    b = n if stop is None else stop
+    if a < 0 or b > n or a > b:
+        raise PastEndError(f"{where}: bytes [{start}, {stop}) lie past its end ({n} bytes)", n)
+    return data[a:b]
 
 
 def drive(coro):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from ..errors import MissingShardError
-from .base import ByteStore, PastEndError, Stat
+from .base import ByteStore, Stat, slice_range
 
 __all__ = ["LocalStore"]
 
@@ -59,13 +59,7 @@ class LocalStore(ByteStore):
                     return f.read()
             except OSError as e:
                 raise MissingShardError(f"{path}: cannot read ({e.strerror or e})") from None
-        data = self.map(key)
-        n = data.shape[0]
-        a = (n + start if start < 0 else start) if start is not None else 0
-        b = n if stop is None else stop
-        if a < 0 or b > n or a > b:
-            raise PastEndError(f"{path}: bytes [{start}, {stop}) lie past its end ({n} bytes)", n)
-        return data[a:b]
+        return slice_range(self.map(key), start, stop, path)
 
     async def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MissingShardError
-from .base import ByteStore, PastEndError, Stat
+from .base import ByteStore, Stat, slice_range
 
 __all__ = ["MemoryStore"]
 
@@ -36,15 +36,7 @@ class MemoryStore(ByteStore):
             raise MissingShardError(f"{self.describe(key)}: no such file") from None
 
     async def read(self, key: str, start: int | None = None, stop: int | None = None):
-        data = self.map(key)
-        if start is None and stop is None:
-            return data
-        n = data.shape[0]
-        a = (n + start if start < 0 else start) if start is not None else 0
-        b = n if stop is None else stop
-        if a < 0 or b > n or a > b:
-            raise PastEndError(f"{self.describe(key)}: bytes [{start}, {stop}) lie past its end ({n} bytes)", n)
-        return data[a:b]
+        return slice_range(self.map(key), start, stop, self.describe(key))
 
     async def exists(self, key: str) -> bool:
         return key in self.files

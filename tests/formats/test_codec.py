@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dvidshards.errors import BlockDecodeError
 from dvidshards.formats.codec import (
     MAX_GRID,
     BlockHeader,
@@ -18,7 +19,6 @@ from dvidshards.formats.codec import (
     decode_into,
     encode_block,
 )
-from dvidshards.errors import BlockDecodeError
 
 # --------------------------------------------------------------------------- helpers
 # An independent, slow, pure-numpy builder of the format: lets the tests write blocks the
