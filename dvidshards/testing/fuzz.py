@@ -55,6 +55,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -390,7 +391,7 @@ def _real_reference(data_dir: Path, boxes: list) -> dict:
                 key = (d["chunk_x"][i], d["chunk_y"][i], d["chunk_z"][i])
                 by_chunk[key] = (decode_block(blk, np.array(d["labels"][i], np.uint64)).T, decode_block(blk).T)
     zero = _digest(np.zeros((64, 64, 64), np.uint64))
-    refs = {m: [] for m in MODES}
+    refs: dict[str, list[str]] = {m: [] for m in MODES}
     for b in boxes:
         got = by_chunk.get((b[0] // 64, b[2] // 64, b[4] // 64))
         for k, m in enumerate(MODES):
@@ -480,10 +481,11 @@ def _synthetic_templates(workdir: Path) -> list[Template]:
         s = np.s_[64 * x:64 * x + 64, 64 * y:64 * y + 64, 64 * z:64 * z + 64]
         if not vols["agglomerated"][s].any():
             vols["supervoxels"][s] = 0
-    variants = [("syn-A1", dict(index="A"), True), ("syn-A3", dict(index="A", batch_size=3), True),
-                ("syn-B", dict(index="B"), True), ("syn-C", dict(index="C"), True),
-                ("syn-Cf", dict(index="C", container="file"), True), ("syn-D", dict(index="D"), True),
-                ("syn-A3-nospec", dict(index="A", batch_size=3), False)]
+    variants: list[tuple[str, dict[str, Any], bool]] = [
+        ("syn-A1", dict(index="A"), True), ("syn-A3", dict(index="A", batch_size=3), True),
+        ("syn-B", dict(index="B"), True), ("syn-C", dict(index="C"), True),
+        ("syn-Cf", dict(index="C", container="file"), True), ("syn-D", dict(index="D"), True),
+        ("syn-A3-nospec", dict(index="A", batch_size=3), False)]
     out = []
     for name, kw, with_spec in variants:
         root = workdir / "templates" / name
@@ -495,7 +497,8 @@ def _synthetic_templates(workdir: Path) -> list[Template]:
             held = np.array([c for c in chunks if vols["agglomerated"][
                 64 * c[0]:64 * c[0] + 64, 64 * c[1]:64 * c[1] + 64, 64 * c[2]:64 * c[2] + 64].any()])
             shape = [int(v) for v in 64 * (held.max(axis=0) + 1)]
-        boxes, refs = [], {m: [] for m in MODES}
+        boxes: list[list[int]] = []
+        refs: dict[str, list[str]] = {m: [] for m in MODES}
         for x, y, z in chunks:
             b = [64 * x, min(64 * x + 64, shape[0]), 64 * y, min(64 * y + 64, shape[1]),
                  64 * z, min(64 * z + 64, shape[2])]
@@ -1102,8 +1105,9 @@ def _check_export(t: Template, root, bad_box_limit: int) -> dict:
     import dvidshards
     from dvidshards.errors import DvidShardsError
 
-    out = {"read_ok": 0, "differ": 0, "typed": 0, "untyped": 0, "first_typed": None, "first_untyped": None,
-           "differ_boxes": [], "verify": None, "shape": None, "unnamed": None}
+    out: dict[str, Any] = {
+        "read_ok": 0, "differ": 0, "typed": 0, "untyped": 0, "first_typed": None, "first_untyped": None,
+        "differ_boxes": [], "verify": None, "shape": None, "unnamed": None}
     files = [Path(s).name for s in t.stems]
 
     def note(e):
@@ -1252,13 +1256,15 @@ class _Worker:
             [sys.executable, "-m", "dvidshards.testing.fuzz", "worker", "--workdir", str(workdir),
              "--scratch", str(self.scratch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logf, env=env, text=True, bufsize=1)
-        self.ready = self._answer(start_timeout)
-        if self.ready is None or "setup_error" in self.ready:
-            raise RuntimeError(f"fuzz worker {n} did not start: {self.ready} (log {log}: {self._tail()})")
+        ready = self._answer(start_timeout)
+        if ready is None or "setup_error" in ready:
+            raise RuntimeError(f"fuzz worker {n} did not start: {ready} (log {log}: {self._tail()})")
+        self.ready: dict = ready
         self.pid = self.proc.pid
 
     def _answer(self, timeout: float) -> dict | None:
         """The next answer line, or None on timeout / EOF."""
+        assert self.proc.stdout is not None  # Popen(stdout=PIPE)
         r, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not r:
             return None
@@ -1274,6 +1280,7 @@ class _Worker:
     def run(self, req: dict, timeout: float) -> dict:
         self.logf.write(f"\n=== trial {req}\n".encode())
         self.logf.flush()
+        assert self.proc.stdin is not None  # Popen(stdin=PIPE)
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -1298,6 +1305,7 @@ class _Worker:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            assert self.proc.stdin is not None  # Popen(stdin=PIPE)
             with contextlib.suppress(BrokenPipeError, OSError):
                 self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
                 self.proc.stdin.flush()
@@ -1529,7 +1537,9 @@ def memory_cycles(workdir, cycles: int = 150, warmup: int = 30, seed: int = 0, t
     scratch = Path(workdir) / "mem"
     scratch.mkdir(exist_ok=True)
     regions = [("shard", r) for r in SHARD_REGIONS] + [("csv", r) for r in CSV_REGIONS]
-    samples, classes, counts = [], {}, {}
+    samples: list[int] = []
+    classes: dict[str, dict[str, int]] = {}
+    counts: dict[str, dict] = {}
     snap = None
     for c in range(cycles):
         t = templates[c % len(templates)]
