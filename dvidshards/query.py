@@ -34,16 +34,7 @@ __all__ = ["BodyIndex", "BodyMask", "body_mask", "chunks_with", "labels_in_box"]
 
 
 def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
-    except (TypeError, ValueError):
-        raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
-    vlo = np.asarray(s.voxel_offset, np.int64)
-    vhi = vlo + np.asarray(s.size, np.int64)
-    if (lo > hi).any() or (lo < vlo).any() or (hi > vhi).any():
-        raise SpecError(f"box {lo.tolist()}..{hi.tolist()} is not inside scale {s.index}'s volume "
-                        f"{vlo.tolist()}..{vhi.tolist()}")
-    return lo, hi
+    return s.check_box(box)
 
 
 def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:

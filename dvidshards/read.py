@@ -337,19 +337,6 @@ def _decode(table, k: int, req: _Request, labels) -> None:
 # --- the bulk reader ----------------------------------------------------------------------------
 
 
-def _check_box(box, scale: Scale) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
-    except (TypeError, ValueError):
-        raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
-    vlo = np.asarray(scale.voxel_offset, np.int64)
-    vhi = vlo + np.asarray(scale.size, np.int64)
-    if (lo > hi).any() or (lo < vlo).any() or (hi > vhi).any():
-        raise SpecError(f"box {lo.tolist()}..{hi.tolist()} is not inside scale {scale.index}'s volume "
-                        f"{vlo.tolist()}..{vhi.tolist()}")
-    return lo, hi
-
-
 def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Decode every chunk of a voxel box into an (x, y, z) array, in parallel, with no copy.
 
@@ -366,7 +353,7 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
         Decoding threads (default: the number of cores).
     """
     scale = reader.scale
-    lo, hi = _check_box(box, scale)
+    lo, hi = scale.check_box(box)
     shape = tuple(int(v) for v in hi - lo)
     if out is None:
         out = np.empty(shape, np.uint64, order="F")

@@ -84,6 +84,19 @@ class Scale:
         """Whether a voxel origin lies on this scale's shard grid."""
         return self.shard_extent >= SINGLE_SHARD or not any(int(v) % self.shard_extent for v in origin)
 
+    def check_box(self, box) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` int64 voxel corners of ``[[x0, y0, z0], [x1, y1, z1]]``, inside the volume."""
+        try:
+            lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
+        except (TypeError, ValueError):
+            raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
+        vlo = np.asarray(self.voxel_offset, np.int64)
+        vhi = vlo + np.asarray(self.size, np.int64)
+        if (lo > hi).any() or (lo < vlo).any() or (hi > vhi).any():
+            raise SpecError(f"box {lo.tolist()}..{hi.tolist()} is not inside scale {self.index}'s volume "
+                            f"{vlo.tolist()}..{vhi.tolist()}")
+        return lo, hi
+
     def to_json(self) -> dict:
         """The neuroglancer scale entry."""
         d: dict = {
