@@ -84,8 +84,8 @@ def http(root, mcns_root):
 @pytest.fixture
 def server(http, monkeypatch):
     """The http server with clean counters and no faults (and a patient chunk gatherer)."""
-    monkeypatch.setattr(dvidshards.read, "WINDOW", 0.005)
-    monkeypatch.setattr(dvidshards.read, "MAX_WAIT", 0.05)
+    monkeypatch.setattr(dvidshards.read, "WINDOW", 0.02)
+    monkeypatch.setattr(dvidshards.read, "MAX_WAIT", 0.2)
     http.set_faults()
     http.reset_counts()
     yield http
@@ -243,7 +243,10 @@ def test_http_whole_volume_requests(root, server):
     server.reset_counts()
     _read(store)
     assert set(server.requests) == {f"synth/s0/{s}.arrow" for s in stems}
-    assert server.total_requests == len(stems)
+    # one merged request per shard; on a loaded machine a shard's burst of callbacks can arrive
+    # in two parts (the planner gathers for at most MAX_WAIT), never more
+    assert len(stems) <= server.total_requests <= len(stems) + 2
+    assert all(server.requests[f"synth/s0/{s}.arrow"] <= 2 for s in stems)
     total = sum((root / "synth" / "s0" / f"{s}.arrow").stat().st_size for s in stems)
     assert server.bytes_sent <= total
 
