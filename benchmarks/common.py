@@ -27,6 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+# benchmarks measure the compiled kernels: numba's own behaviour (compile on the first call and
+# wait), not the first seconds of a fresh process, where formats.jit answers through fallbacks
+# (bench_coldstart measures those, in child processes with the default mode)
+os.environ.setdefault("DVIDSHARDS_KERNELS", "compiled")
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

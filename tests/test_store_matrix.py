@@ -485,3 +485,37 @@ def test_real_shard_reads(real_matrix, store, name):
                 f"{name} on {store}: chunk {c} read other data without an error"
         if not (lazy and name.startswith(NO_ROW)):
             assert errors, f"{name} on {store}: every chunk read exactly despite the damage"
+
+
+# --- the kernels' fallbacks (formats.jit) behave exactly like the compiled kernels ----------------
+
+
+def _outcomes(ds: Dataset, shape) -> list:
+    """Per chunk, via TensorStore and the bulk reader: the data's digest or the error's type and text."""
+    vol = ds.open(0)
+    out = []
+    for c in _chunks(shape):
+        lo, hi = _box(c, shape)
+        for how in ("open", "read"):
+            try:
+                got = (vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result(timeout=60)
+                       if how == "open" else ds.read([lo, hi], 0))
+                out.append((c, how, got.tobytes()))
+            except DvidShardsError as e:
+                out.append((c, how, type(e).__name__, str(e)))
+    return out
+
+
+@pytest.mark.parametrize("store", ["local", "memory"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_fallback_kernels_read_and_verify_identically(matrix, store, name):
+    """A fresh process reads through the fallbacks until numba has compiled: same data, same errors."""
+    from dvidshards.formats import jit
+
+    jit.compile_all()
+    compiled = _outcomes(_dataset(matrix, store, name), SHAPE), verify(_dataset(matrix, store, name)).summary()
+    with jit.fallbacks():
+        fallback = _outcomes(_dataset(matrix, store, name), SHAPE), verify(_dataset(matrix, store, name)).summary()
+    assert fallback[1] == compiled[1]
+    for a, b in zip(fallback[0], compiled[0], strict=True):
+        assert a == b, f"{name} on {store}: chunk {a[0]} via {a[1]}: fallback {a[2:]!r:.200} != compiled {b[2:]!r:.200}"

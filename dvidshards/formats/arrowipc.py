@@ -11,8 +11,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 import pyarrow as pa
+from numba.core import types as nbt
 
 from ..errors import ShardFormatError
+from . import jit
 
 __all__ = [
     "ARROW_MAGIC",
@@ -369,6 +371,41 @@ def _footer(b, end, offs, lens, fill):
     return 0, n, lo
 
 
+# --- compiled, or interpreted until compiled (formats.jit) -------------------------------------------
+# The fallbacks are the kernels' own source run by Python, with the byte readers replaced by
+# int.from_bytes (same values, 20x faster than numpy scalars): ~0.2 ms per record, so a
+# 258-record shard resolves in ~50 ms while numba compiles these kernels (~6 s) in the background.
+
+
+def _py_u16(b, p):
+    return int.from_bytes(b[p:p + 2], "little")
+
+
+def _py_u32(b, p):
+    return int.from_bytes(b[p:p + 4], "little")
+
+
+def _py_i32(b, p):
+    return int.from_bytes(b[p:p + 4], "little", signed=True)
+
+
+def _py_i64(b, p):
+    return int.from_bytes(b[p:p + 8], "little", signed=True)
+
+
+_twin = jit.python_twins(globals(), {"_u16": _py_u16, "_u32": _py_u32, "_i32": _py_i32, "_i64": _py_i64})
+_B = nbt.Array(nbt.uint8, 1, "C", readonly=True)
+_I = nbt.int64
+_IN = nbt.Array(nbt.int64, 1, "C", readonly=True)
+_OUT = nbt.Array(nbt.int64, 1, "C")
+_k_message = jit.kernel(_message, [(_B, _I, _I)], _twin._message, exclusive=True)
+_k_field = jit.kernel(_field, [(_B, _I, _I, _I, _I)], _twin._field, exclusive=True)
+_k_scan = jit.kernel(_scan, [(_B, _I, _I, _OUT, _OUT, _OUT, nbt.boolean)], _twin._scan, exclusive=True)
+_k_footer = jit.kernel(_footer, [(_B, _I, _OUT, _OUT, nbt.boolean)], _twin._footer, exclusive=True)
+_k_resolve = jit.kernel(_resolve, [(_B, _I, _IN, _IN, _IN, _IN, _IN, nbt.Array(nbt.int64, 2, "C"))],
+                        _twin._resolve, exclusive=True)
+
+
 # --- Python-level API ----------------------------------------------------------------------------
 
 
@@ -399,13 +436,13 @@ def header_rows(data, off: int, end: int) -> tuple[int, int, int, int, int]:
     A non-zero code is a kernel error code for ``raise_error``.
     """
     b = _u8(data)
-    code, mlen, body, htype, hdr = (int(v) for v in _message(b, off, end))
+    code, mlen, body, htype, hdr = (int(v) for v in _k_message(b, off, end))
     if code != 0:
         return code, mlen, 0, 0, 0
     if htype != HEADER_RECORD_BATCH:
         return 4, htype, 0, htype, 0
     lo = off + (8 if int.from_bytes(bytes(b[off:off + 4]), "little") == CONTINUATION else 4)
-    q = int(_field(b, hdr, 0, lo, off + mlen))
+    q = int(_k_field(b, hdr, 0, lo, off + mlen))
     if q < 0 or q + 8 > off + mlen:
         return 3, 0, 0, htype, 0
     rows = int.from_bytes(bytes(b[q:q + 8]), "little", signed=True) if q > 0 else 0
@@ -422,7 +459,7 @@ def is_ipc_file(head: bytes) -> bool:
 def message_extent(data, off: int, where: str) -> tuple[int, int, int]:
     """(metadata length incl. prefix, body length, header type) of the message at off."""
     b = _u8(data)
-    code, mlen, body, htype, _ = _message(b, off, b.shape[0])
+    code, mlen, body, htype, _ = _k_message(b, off, b.shape[0])
     if code:
         _raise(code, off, mlen, where)
     return mlen, body, htype
@@ -447,11 +484,11 @@ def scan_stream(data, start: int, end: int, where: str) -> tuple[np.ndarray, np.
     """Offsets, lengths and row counts of every record batch message of a stream in [start, end)."""
     b = _u8(data)
     empty = np.zeros(0, np.int64)
-    code, a, c, n = _scan(b, start, end, empty, empty, empty, False)
+    code, a, c, n = _k_scan(b, start, end, empty, empty, empty, False)
     if code:
         _raise(code, a, c, where)
     offs, lens, rows = (np.empty(n, np.int64) for _ in range(3))
-    code, a, c, _ = _scan(b, start, end, offs, lens, rows, True)
+    code, a, c, _ = _k_scan(b, start, end, offs, lens, rows, True)
     if code:
         _raise(code, a, c, where)
     return offs, lens, rows
@@ -463,11 +500,11 @@ def file_footer_blocks(data, end: int, where: str) -> tuple[np.ndarray, np.ndarr
     if end < 16 or bytes(b[end - 6 : end]) != ARROW_MAGIC:
         raise ShardFormatError(f"{where}: Arrow IPC file does not end with the ARROW1 magic")
     empty = np.zeros(0, np.int64)
-    code, n, _ = _footer(b, end, empty, empty, False)
+    code, n, _ = _k_footer(b, end, empty, empty, False)
     if code:
         raise ShardFormatError(f"{where}: malformed Arrow IPC file footer")
     offs, lens = np.empty(n, np.int64), np.empty(n, np.int64)
-    _footer(b, end, offs, lens, True)
+    _k_footer(b, end, offs, lens, True)
     return offs, lens
 
 
@@ -486,7 +523,7 @@ def resolve_rows(data, base: int, offs, lens, rows, layout: SchemaLayout, where:
     b = _u8(data)
     offs = np.ascontiguousarray(offs, np.int64)
     res = np.empty((len(offs), REC_FIELDS), np.int64)
-    code, a, c, i = _resolve(b, base, offs, np.ascontiguousarray(lens, np.int64),
+    code, a, c, i = _k_resolve(b, base, offs, np.ascontiguousarray(lens, np.int64),
                              np.ascontiguousarray(rows, np.int64), layout.array, layout.top, res)
     if code:
         chunk = f" (chunk {tuple(int(v) for v in chunks[i])})" if chunks is not None and i < len(chunks) else ""

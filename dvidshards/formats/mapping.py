@@ -28,8 +28,10 @@ import re
 
 import numba as nb
 import numpy as np
+from numba.core import types as nbt
 
 from ..errors import MappingError
+from . import jit
 
 __all__ = ["LabelMapping"]
 
@@ -67,6 +69,20 @@ def _apply(sv, keys, values, out):
             else:
                 hi = mid
         out[i] = values[lo] if lo < n and keys[lo] == s else s
+
+
+def _apply_numpy(sv, keys, values, out):
+    """``_apply`` in numpy, used until it is compiled (formats.jit)."""
+    n = keys.shape[0]
+    if n == 0:
+        out[:] = sv
+        return
+    i = np.minimum(np.searchsorted(keys, sv), n - 1)
+    out[:] = np.where(keys[i] == sv, values[i], sv)
+
+
+_U64 = nbt.Array(nbt.uint64, 1, "A", readonly=True)
+_apply_k = jit.kernel(_apply, [(_U64, _U64, _U64, nbt.Array(nbt.uint64, 1, "A"))], _apply_numpy, exclusive=True)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -364,7 +380,7 @@ class LabelMapping:
     def palette(self, supervoxels: np.ndarray) -> np.ndarray:
         """The bodies of a block's supervoxel list (uint64, same order and length)."""
         out = np.empty(supervoxels.shape[0], np.uint64)
-        _apply(supervoxels, self.keys, self.values, out)
+        _apply_k(supervoxels, self.keys, self.values, out)
         return out
 
     def __call__(self, supervoxels) -> np.ndarray:
