@@ -398,6 +398,10 @@ _B = nbt.Array(nbt.uint8, 1, "C", readonly=True)
 _I = nbt.int64
 _IN = nbt.Array(nbt.int64, 1, "C", readonly=True)
 _OUT = nbt.Array(nbt.int64, 1, "C")
+# above this many records (or bytes of stream to scan) the interpreted twin would take longer
+# than compiling (~0.3 ms per record vs ~5 s): the caller compiles and waits
+_WAIT_RECORDS = 4096
+_WAIT_SCAN_BYTES = 16 << 20
 _k_message = jit.kernel(_message, [(_B, _I, _I)], _twin._message, exclusive=True)
 _k_field = jit.kernel(_field, [(_B, _I, _I, _I, _I)], _twin._field, exclusive=True)
 _k_scan = jit.kernel(_scan, [(_B, _I, _I, _OUT, _OUT, _OUT, nbt.boolean)], _twin._scan, exclusive=True)
@@ -484,6 +488,8 @@ def scan_stream(data, start: int, end: int, where: str) -> tuple[np.ndarray, np.
     """Offsets, lengths and row counts of every record batch message of a stream in [start, end)."""
     b = _u8(data)
     empty = np.zeros(0, np.int64)
+    if end - start > _WAIT_SCAN_BYTES:
+        _k_scan.ensure()
     code, a, c, n = _k_scan(b, start, end, empty, empty, empty, False)
     if code:
         _raise(code, a, c, where)
@@ -523,6 +529,8 @@ def resolve_rows(data, base: int, offs, lens, rows, layout: SchemaLayout, where:
     b = _u8(data)
     offs = np.ascontiguousarray(offs, np.int64)
     res = np.empty((len(offs), REC_FIELDS), np.int64)
+    if len(offs) > _WAIT_RECORDS:
+        _k_resolve.ensure()
     code, a, c, i = _k_resolve(b, base, offs, np.ascontiguousarray(lens, np.int64),
                              np.ascontiguousarray(rows, np.int64), layout.array, layout.top, res)
     if code:

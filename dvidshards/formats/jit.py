@@ -88,6 +88,18 @@ class Kernel:
             _queue(self)
         return self.fallback(*args)
 
+    def ensure(self) -> None:
+        """Compile now, in this thread, unless already done (or the mode or ``fallbacks()`` says no).
+
+        For callers about to give the kernel enough work that the fallback would take longer
+        than the compile (the IPC resolver on a shard of many thousand records).
+        """
+        if self._fast is None and self.failed is None and not _forced and mode() != "fallback":
+            try:
+                self.compile()
+            except Exception:
+                pass  # warned about once, by compile(); the fallback answers
+
     def compile(self) -> None:
         """Compile (or load from numba's cache) every signature now, in this thread."""
         with _COMPILE:
