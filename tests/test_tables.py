@@ -249,6 +249,9 @@ def test_big_blocks_split_over_bins_and_reassemble_exactly(big_export, tmp_path)
             assert r["dvid_compressed_block"] == pay and all(r[b] is None for b in BINS)
     ds, dt = Dataset(root), Dataset(TableSource(to))
     assert_volumes_equal(ds, dt, [0])
+    rt = TableSource(to).read_records(0, list(want))  # random access reassembles the split rows too
+    assert {tuple(int(v) for v in rt.coords[i]): rt.payload(i).tobytes() for i in range(len(rt))} == \
+        {c: p for c, (_, _, p) in want.items()}
     box = [[0, 0, 0], list(vol.shape)]
     np.testing.assert_array_equal(dt.read(box, labels="supervoxels"), vol)
     from dvidshards.formats.mapping import LabelMapping
@@ -470,8 +473,11 @@ def test_read_records_by_row_group_statistics(synth, tmp_path):
     rng = np.random.default_rng(3)
     pick = allc[rng.choice(len(allc), 7, replace=False)]
     absent = np.array([[3, 2, 2], [0, 0, 9]])  # outside the grid or without a record
-    rt = src.read_records(0, np.concatenate([pick, absent]))
+    rt = src.read_records(0, np.concatenate([pick, absent, pick[:3]]))  # repeats: each record once
     assert sorted(map(tuple, rt.coords.tolist())) == sorted(map(tuple, pick.tolist()))
+    for c in pick[:3]:  # one chunk: one row of one row group
+        one = src.read_records(0, [c])
+        assert len(one) == 1 and tuple(one.coords[0]) == tuple(c)
     for i in range(len(rt)):
         c = tuple(int(v) for v in rt.coords[i])
         sh = ds.shard(0, s.shard_origin(*c))
@@ -493,6 +499,61 @@ def test_record_keys_against_brute_force(mcns, synth):
             assert mor[i] == m and sid[i] == (m >> low) & ((1 << s.sharding.shard_bits) - 1)
     with pytest.raises(ChunkIndexError, match="outside"):
         record_keys(s, [[-1, 0, 0]])
+
+
+def test_fast_morton_codes_equal_compressed_morton_code():
+    from dvidshards.formats.sharding import compressed_morton_code
+    from dvidshards.tables import _morton
+
+    rng = np.random.default_rng(5)
+    for k in range(200):
+        hi = 40 if k % 3 == 0 else 1 << 21
+        grid = tuple(int(v) for v in rng.integers(1, hi, 3))
+        for n in (1, 3, 8, 9, 300):  # the per-chunk (Python) path and the vector path
+            c = np.stack([rng.integers(0, g, n) for g in grid], axis=1).astype(np.int64)
+            np.testing.assert_array_equal(_morton(c, grid), compressed_morton_code(c, grid))
+
+
+def test_gather_copies_exact_byte_ranges():
+    from dvidshards.errors import ShardFormatError
+    from dvidshards.tables import _gather
+
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 256, 100_000, dtype=np.uint8)
+    lens = rng.integers(0, 3000, 50)
+    offs = rng.integers(0, len(src) - lens)
+    out, o = _gather(src, offs, lens)
+    assert out.tobytes() == b"".join(src[a:a + n].tobytes() for a, n in zip(offs, lens, strict=True))
+    np.testing.assert_array_equal(o, np.concatenate([[0], np.cumsum(lens)]))
+    with pytest.raises(ShardFormatError):
+        _gather(src, [len(src) - 2], [3])
+
+
+def test_stream_batches_are_exact_slices_of_gathered_spans(mcns, monkeypatch):
+    """Batches are slices of a few larger gathers; each carries (over IPC) its own records only."""
+    import dvidshards.tables as tables
+
+    root, spec = mcns
+    ds = Dataset(str(root), spec=str(spec))
+    s, o = ds.scale(1), ds.shards(1)[0]
+    t = ds.shard(1, o).table()
+    sid, mor = record_keys(s, t.coords)
+    order = np.lexsort((mor, sid))
+    whole = tables.records_to_batch(t, order, sid[order], mor[order])
+    monkeypatch.setattr(tables, "GATHER_BYTES", 60_000)  # several spans of several batches
+    got = list(tables.record_batches(t, s, o, batch_rows=7))
+    assert [b.num_rows for b, _ in got] == [7] * (len(t) // 7) + [len(t) % 7]
+    assert [m for _, m in got[:-1]] == [{}] * (len(got) - 1) and got[-1][1]["records"] == len(t)
+    assert pa.Table.from_batches([b for b, _ in got]).equals(pa.Table.from_batches([whole]))
+    span = max(len(b.column("dvid_compressed_block").buffers()[2]) for b, _ in got)
+    for b, _ in got[:5]:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, b.schema) as w:
+            w.write_batch(b)
+        buf = sink.getvalue()
+        assert pa.ipc.open_stream(buf).read_all().equals(pa.Table.from_batches([b]))
+        own = sum(len(b.column("dvid_compressed_block")[i].as_py()) for i in range(b.num_rows))
+        assert len(buf) < own + 20_000 < span  # the slice's own payloads, not its span's
 
 
 # --- VastDB through a fake ------------------------------------------------------------------------
