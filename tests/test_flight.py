@@ -161,6 +161,15 @@ def test_batches_carry_many_records(mcns):
         assert cols[0][0].schema.names == ["chunk_x", "chunk_y", "chunk_z", "labels"]
 
 
+def test_tune_malloc_applies_once_per_process():
+    code = "from dvidshards.flight import tune_malloc as t; print(t(), t(1, 1))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import platform
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert out == ([str(glibc)] * 2)
+
+
 def test_boxes_and_chunk_lists_are_one_doget(synth):
     calls = []
 
