@@ -1,0 +1,204 @@
+"""The bulk reader (``Dataset.read``): run plan, output layouts, threads, absent data and errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import zstandard
+
+import dvidshards
+from dvidshards import read as bulk
+from dvidshards.errors import BlockDecodeError, MissingShardError, SpecError
+from tests.conftest import Export, downsample_mode
+
+SHAPE = (200, 170, 150)  # 4 x 3 x 3 chunks, 2-chunk shards: 2 shards per axis
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    """Chunk (1, 0, 0) all background (no record) and shard 128_128_128 all background (no file)."""
+    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.writer import write_export
+
+    sv, mapping = neuron_volume(SHAPE, n_bodies=10, svs_per_body=4, seed=11)
+    sv[64:128, :64, :64] = 0
+    sv[128:, 128:, 128:] = 0
+    root = tmp_path_factory.mktemp("bulk") / "exp"
+    spec = write_export(sv, root, mapping=mapping, scales=1, shard_chunks=2)
+    assert not os.path.exists(os.path.join(root, "s0", "128_128_128.arrow"))
+    return Export(str(root), spec, sv, mapping, downsample_mode(sv, 1))
+
+
+@pytest.fixture(scope="module")
+def ds(exp):
+    return dvidshards.Dataset(exp.root, spec=exp.spec)
+
+
+def _boxes(rng, n=12):
+    size = np.array(SHAPE)
+    boxes = [[[0, 0, 0], [128, 128, 128]], [[0, 0, 0], [200, 128, 128]], [[3, 5, 7], [9, 6, 8]],
+             [[60, 60, 60], [70, 70, 70]], [[37, 1, 2], [190, 127, 100]], [[199, 127, 0], [200, 128, 128]]]
+    for _ in range(n):
+        a = rng.integers(0, size - 1)
+        b = np.minimum(a + rng.integers(1, 150, 3), size)
+        if not ((b > 128).all()):  # the missing shard is tested apart
+            boxes.append([a.tolist(), b.tolist()])
+    return boxes
+
+
+def _sl(box):
+    return tuple(slice(a, b) for a, b in zip(*box, strict=True))
+
+
+def test_plan_covers_each_chunk_once_inside_its_shard(ds):
+    scale = ds.scale(0)
+    for lo, hi in ([0, 0, 0], list(SHAPE)), ([37, 1, 2], [190, 127, 100]), ([64, 64, 64], [65, 65, 65]):
+        runs = bulk._plan(scale, lo, hi)
+        seen = []
+        for origin, y, z, x0, x1 in runs:
+            assert 1 <= x1 - x0 <= bulk._RUN
+            for x in range(x0, x1):
+                assert scale.shard_origin(x, y, z) == origin
+                seen.append((x, y, z))
+        want = [(x, y, z) for z in range(lo[2] // 64, (hi[2] - 1) // 64 + 1)
+                for y in range(lo[1] // 64, (hi[1] - 1) // 64 + 1) for x in range(lo[0] // 64, (hi[0] - 1) // 64 + 1)]
+        assert seen == want  # memory order of an F-ordered output: x, then y, then z
+
+
+def test_plan_splits_long_rows(ds, monkeypatch):
+    monkeypatch.setattr(bulk, "_RUN", 1)
+    runs = bulk._plan(ds.scale(0), [0, 0, 0], list(SHAPE))
+    assert len(runs) == 4 * 3 * 3 and all(r[4] - r[3] == 1 for r in runs)
+
+
+@pytest.mark.parametrize("order", ["F", "C", "strided"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_boxes_equal_written_volume(exp, ds, order, threads):
+    rng = np.random.default_rng(threads)
+    for labels in ("agglomerated", "supervoxels", {int(s): 7 for s in np.unique(exp.sv)[1::3]}):
+        vol = exp.expected(0, labels)
+        for box in _boxes(rng):
+            want = vol[_sl(box)]
+            shape = want.shape
+            if order == "F":
+                out = np.full(shape, 99, np.uint64, order="F")
+            elif order == "C":
+                out = np.full(shape, 99, np.uint64, order="C")
+            else:  # a view into a bigger array, no axis contiguous
+                big = np.full(tuple(2 * s + 1 for s in shape), 99, np.uint64, order="F")
+                out = big[1::2, 1::2, 1::2]
+            got = ds.read(box, labels=labels, out=out, threads=threads)
+            assert got is out
+            np.testing.assert_array_equal(got, want, err_msg=f"{order} {box} {labels!r}")
+            if order == "strided":
+                assert (big[0::2] == 99).all()  # nothing written outside the view
+
+
+def test_absent_chunk_is_zeroed_in_a_dirty_out(exp, ds):
+    assert ds.shard(0, (0, 0, 0)).find(1, 0, 0) is None  # the fixture's all-background chunk
+    out = np.full((200, 128, 128), 5, np.uint64, order="F")
+    ds.read([[0, 0, 0], [200, 128, 128]], out=out, threads=2)
+    np.testing.assert_array_equal(out, exp.expected(0)[:, :128, :128])
+    assert not out[64:128, :64, :64].any()
+
+
+def test_missing_shard(exp, ds):
+    box = [[100, 100, 100], [200, 170, 150]]
+    with pytest.raises(MissingShardError, match="128_128_128"):
+        ds.read(box, threads=2)
+    out = np.full((100, 70, 50), 5, np.uint64, order="F")
+    ds.read(box, out=out, threads=2, fill_missing_shards=True)
+    np.testing.assert_array_equal(out, exp.expected(0)[_sl(box)])
+    assert not out[28:, 28:, 28:].any()
+
+
+def test_out_is_checked(ds):
+    box = [[0, 0, 0], [10, 10, 10]]
+    for bad in (np.zeros((10, 10, 10), np.int64), np.zeros((10, 10, 9), np.uint64), [[[0]]]):
+        with pytest.raises(SpecError, match="writable uint64"):
+            ds.read(box, out=bad)
+    ro = np.zeros((10, 10, 10), np.uint64)
+    ro.flags.writeable = False
+    with pytest.raises(SpecError):
+        ds.read(box, out=ro)
+    with pytest.raises(SpecError, match="not inside"):
+        ds.read([[0, 0, 0], [201, 10, 10]])
+    assert ds.read([[5, 5, 5], [5, 9, 9]]).shape == (0, 4, 4)
+
+
+def test_batched_zstd_equals_one_chunk_path(exp, ds, monkeypatch):
+    calls = []
+    orig = zstandard.ZstdDecompressor.multi_decompress_to_buffer
+
+    def spy(self, *a, **k):
+        calls.append(1)
+        return orig(self, *a, **k)
+
+    box = [[0, 0, 0], [200, 128, 150]]
+    monkeypatch.setattr(zstandard.ZstdDecompressor, "multi_decompress_to_buffer", spy)
+    fast = ds.read(box, threads=2)
+    assert calls  # runs of two chunks went through one zstd call
+    monkeypatch.setattr(bulk._BulkWorker, "_decompress", lambda self, t, ks: None)
+    slow = ds.read(box, threads=2)
+    np.testing.assert_array_equal(fast, slow)
+    np.testing.assert_array_equal(fast, exp.expected(0)[_sl(box)])
+
+
+def _corrupt(root, spec, origin, chunk):
+    """Flip a byte in the middle of the payload of ``chunk`` in shard ``origin``."""
+    ds = dvidshards.Dataset(root, spec=spec)
+    shard = ds.shard(0, origin)
+    i = shard.find(*chunk)
+    t = shard.table()
+    path = os.path.join(root, "s0", "{}_{}_{}.arrow".format(*origin))
+    data = bytearray(open(path, "rb").read())
+    pay = bytes(t.payload(i))
+    at = data.find(pay)
+    assert at > 0 and data.find(pay, at + 1) < 0
+    data[at + len(pay) // 2] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_corrupt_chunk_is_typed_and_named(exp, tmp_path, threads):
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    _corrupt(str(root), exp.spec, (0, 0, 0), (1, 1, 0))
+    _corrupt(str(root), exp.spec, (128, 128, 0), (2, 2, 1))
+    ds = dvidshards.Dataset(str(root), spec=exp.spec)
+    # the first damaged chunk in reading order (x, then y, then z) is the one reported, every time
+    for _ in range(3):
+        with pytest.raises(BlockDecodeError) as e:
+            ds.read([[0, 0, 0], [200, 170, 150]], threads=threads, fill_missing_shards=True)
+        assert "0_0_0.arrow" in str(e.value) and "chunk (1, 1, 0)" in str(e.value), str(e.value)
+    # the same message as the TensorStore path and a one-chunk read
+    with pytest.raises(BlockDecodeError) as one:
+        ds.read([[64, 64, 0], [128, 128, 64]])
+    with pytest.raises(BlockDecodeError) as via_ts:
+        ds.open(0)[64:128, 64:128, 0:64].read().result()
+    assert str(one.value) == str(e.value) == str(via_ts.value)
+    # the other chunks of the damaged run still read exactly
+    vol = exp.expected(0)
+    np.testing.assert_array_equal(ds.read([[0, 64, 0], [64, 128, 64]], threads=threads), vol[:64, 64:128, :64])
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [200, 64, 150]], threads=threads), vol[:, :64, :])
+
+
+def test_label_count_mismatch_is_typed(exp, ds):
+    """A record whose list length disagrees with its block fails with the one-chunk path's error."""
+    from dvidshards.formats import arrowipc
+
+    shard = ds.reader(0, "agglomerated").shard(0, 0, 0)  # the bulk reader's own cached shard
+    t = shard.table()
+    i = shard.find(0, 0, 0)
+    saved = int(t.rec[i, arrowipc.R_NSV])
+    t.rec[i, arrowipc.R_NSV] = saved + 1
+    try:
+        with pytest.raises(BlockDecodeError, match=r"0_0_0\.arrow: chunk \(0, 0, 0\): the block has \d+ labels"):
+            ds.read([[0, 0, 0], [128, 64, 64]], threads=2)
+    finally:
+        t.rec[i, arrowipc.R_NSV] = saved
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [128, 64, 64]]), exp.expected(0)[:128, :64, :64])
