@@ -26,21 +26,16 @@ from numba.extending import intrinsic
 from ..errors import BlockDecodeError
 from .codec import (
     BITS,
-    E_GRID,
-    E_IDX_RANGE,
-    E_IDX_TRUNC,
     E_LABELS_TRUNC,
     E_NLABELS,
-    E_NSB_BIG,
-    E_NSB_TRUNC,
     E_OK,
     E_SHORT,
     E_VAL_RANGE,
-    E_VAL_TRUNC,
-    MAX_GRID,
     MAX_SUBBLOCK_LABELS,
     as_u8,
     block_error,
+    check_body,
+    check_head,
     read_u16,
     read_u32,
     read_u64,
@@ -333,20 +328,10 @@ def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8
 
 @numba.njit(nogil=True, cache=True)
 def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
-    n = np.int64(data.shape[0])
     zero = np.int64(0)
-    if n < 16:
-        return E_SHORT, n, zero
-    gx = read_u32(data, 0)
-    gy = read_u32(data, 4)
-    gz = read_u32(data, 8)
-    if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return E_GRID, zero, zero
-    nlab = read_u32(data, 12)
-    if nlab < 1:
-        return E_NLABELS, zero, zero
-    if 16 + 8 * nlab > n:
-        return E_LABELS_TRUNC, nlab, n
+    code, ea, eb, gx, gy, gz, nlab = check_head(data)
+    if code != E_OK:
+        return code, ea, eb
     if lx < 0 or ly < 0 or lz < 0 or hx < 0 or hy < 0 or hz < 0:
         return _E_EXTENT, zero, zero
     if counts.shape[0] != nlab + 1 or boxes.shape[0] != nlab + 1 or boxes.shape[1] != 6:
@@ -360,28 +345,9 @@ def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
             _add_box(boxes, 0, lx, ly, lz, hx, hy, hz)
         return E_OK, zero, zero
 
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return E_NSB_TRUNC, p_idx, n
-    nidx = zero
-    nval = zero
-    for i in range(nsub):
-        c = read_u16(data, p_nsb + 2 * i)
-        if c > MAX_SUBBLOCK_LABELS:
-            return E_NSB_BIG, np.int64(i), c
-        nidx += c
-        nval += 64 * BITS[c]
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return E_IDX_TRUNC, p_val, n
-    if p_val + nval > n:
-        return E_VAL_TRUNC, p_val + nval, n
-    for j in range(nidx):
-        v = read_u32(data, p_idx + 4 * j)
-        if v >= nlab:
-            return E_IDX_RANGE, np.int64(j), v
+    code, ea, eb, p_nsb, p_idx, p_val = check_body(data, gx, gy, gz, nlab)
+    if code != E_OK:
+        return code, ea, eb
 
     lcnt = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)
     lmask = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.int64)

@@ -224,22 +224,67 @@ def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):
 
 
 @numba.njit(nogil=True, cache=True)
-def _decode_kernel(data, pal, use_pal, out):
-    """Validate the whole block, then decode it into ``out``; returns (code, a, b)."""
+def _check_head(data):
+    """Check a block's header and label list size: (code, a, b, gx, gy, gz, N).
+
+    The first half of the validation every block walker shares (decode, transcode, statistics):
+    numba does not bounds-check, so nothing reads past what this and `_check_body` approved.
+    """
     n = np.int64(data.shape[0])
     zero = np.int64(0)
     if n < 16:
-        return _E_SHORT, n, zero
+        return _E_SHORT, n, zero, zero, zero, zero, zero
     gx = _u32(data, 0)
     gy = _u32(data, 4)
     gz = _u32(data, 8)
     if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return _E_GRID, zero, zero
+        return _E_GRID, zero, zero, zero, zero, zero, zero
     nlab = _u32(data, 12)
     if nlab < 1:
-        return _E_NLABELS, zero, zero
+        return _E_NLABELS, zero, zero, zero, zero, zero, zero
     if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n
+        return _E_LABELS_TRUNC, nlab, n, zero, zero, zero, zero
+    return _OK, zero, zero, gx, gy, gz, nlab
+
+
+@numba.njit(nogil=True, cache=True)
+def _check_body(data, gx, gy, gz, nlab):
+    """Check a multi-label block's sub-block counts, index array, indices < N and packed value
+    sizes: (code, a, b, offset of the counts, of the indices, of the packed values)."""
+    n = np.int64(data.shape[0])
+    zero = np.int64(0)
+    nsub = gx * gy * gz
+    p_nsb = 16 + 8 * nlab
+    p_idx = p_nsb + 2 * nsub
+    if p_idx > n:
+        return _E_NSB_TRUNC, p_idx, n, zero, zero, zero
+    nidx = zero
+    nval = zero
+    for i in range(nsub):
+        c = _u16(data, p_nsb + 2 * i)
+        if c > MAX_SUBBLOCK_LABELS:
+            return _E_NSB_BIG, np.int64(i), c, zero, zero, zero
+        nidx += c
+        nval += 64 * _BITS[c]
+    p_val = p_idx + 4 * nidx
+    if p_val > n:
+        return _E_IDX_TRUNC, p_val, n, zero, zero, zero
+    if p_val + nval > n:
+        return _E_VAL_TRUNC, p_val + nval, n, zero, zero, zero
+    for j in range(nidx):
+        v = _u32(data, p_idx + 4 * j)
+        if v >= nlab:
+            return _E_IDX_RANGE, np.int64(j), v, zero, zero, zero
+    return _OK, zero, zero, p_nsb, p_idx, p_val
+
+
+@numba.njit(nogil=True, cache=True)
+def _decode_kernel(data, pal, use_pal, out):
+    """Validate the whole block, then decode it into ``out``; returns (code, a, b)."""
+    zero = np.int64(0)
+    code, ea, eb, gx, gy, gz, nlab = _check_head(data)
+    if code != _OK:
+        return code, ea, eb
     if use_pal and np.int64(pal.shape[0]) != nlab:
         return _E_PALETTE, np.int64(pal.shape[0]), nlab
     oz = np.int64(out.shape[0])
@@ -264,28 +309,9 @@ def _decode_kernel(data, pal, use_pal, out):
         return _OK, zero, zero
 
     # validate everything the decode reads: counts, index array, indices < N, packed values
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n
-    nidx = zero
-    nval = zero
-    for i in range(nsub):
-        c = _u16(data, p_nsb + 2 * i)
-        if c > MAX_SUBBLOCK_LABELS:
-            return _E_NSB_BIG, np.int64(i), c
-        nidx += c
-        nval += 64 * _BITS[c]
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return _E_IDX_TRUNC, p_val, n
-    if p_val + nval > n:
-        return _E_VAL_TRUNC, p_val + nval, n
-    for j in range(nidx):
-        v = _u32(data, p_idx + 4 * j)
-        if v >= nlab:
-            return _E_IDX_RANGE, np.int64(j), v
+    code, ea, eb, p_nsb, p_idx, p_val = _check_body(data, gx, gy, gz, nlab)
+    if code != _OK:
+        return code, ea, eb
 
     # block palette first: keeps the palette/label-list choice out of the voxel loops
     labs = np.empty(nlab, dtype=np.uint64)
@@ -524,6 +550,7 @@ E_OK, E_SHORT, E_GRID, E_NLABELS, E_LABELS_TRUNC, E_PALETTE = _OK, _E_SHORT, _E_
 E_NSB_TRUNC, E_NSB_BIG, E_IDX_TRUNC, E_IDX_RANGE, E_VAL_TRUNC, E_VAL_RANGE = _E_NSB_TRUNC, _E_NSB_BIG, \
     _E_IDX_TRUNC, _E_IDX_RANGE, _E_VAL_TRUNC, _E_VAL_RANGE
 read_u16, read_u32, read_u64 = _u16, _u32, _u64
+check_head, check_body = _check_head, _check_body  # the validation walk, in two halves
 block_error = _error
 
 

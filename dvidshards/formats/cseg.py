@@ -34,22 +34,14 @@ from numba.core import types
 from ..errors import BlockDecodeError
 from .codec import (
     BITS,
-    E_GRID,
-    E_IDX_RANGE,
-    E_IDX_TRUNC,
-    E_LABELS_TRUNC,
-    E_NLABELS,
-    E_NSB_BIG,
-    E_NSB_TRUNC,
     E_OK,
     E_PALETTE,
-    E_SHORT,
     E_VAL_RANGE,
-    E_VAL_TRUNC,
-    MAX_GRID,
     MAX_SUBBLOCK_LABELS,
     as_u8,
     block_error,
+    check_body,
+    check_head,
     read_u16,
     read_u32,
     read_u64,
@@ -217,21 +209,11 @@ def _rank_table(keys, ks, m, rank, table):
 @numba.njit(nogil=True, cache=True)
 def _transcode_kernel(data, pal, use_pal):
     """Validate a DVID block and transcode it; returns (code, a, b, out, nbytes)."""
-    n = np.int64(data.shape[0])
     zero = np.int64(0)
     nothing = np.empty(0, dtype=np.uint8)
-    if n < 16:
-        return E_SHORT, n, zero, nothing, zero
-    gx = read_u32(data, 0)
-    gy = read_u32(data, 4)
-    gz = read_u32(data, 8)
-    if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return E_GRID, zero, zero, nothing, zero
-    nlab = read_u32(data, 12)
-    if nlab < 1:
-        return E_NLABELS, zero, zero, nothing, zero
-    if 16 + 8 * nlab > n:
-        return E_LABELS_TRUNC, nlab, n, nothing, zero
+    code, ea, eb, gx, gy, gz, nlab = check_head(data)
+    if code != E_OK:
+        return code, ea, eb, nothing, zero
     if use_pal and np.int64(pal.shape[0]) != nlab:
         return E_PALETTE, np.int64(pal.shape[0]), nlab, nothing, zero
     nsub = gx * gy * gz
@@ -248,31 +230,15 @@ def _transcode_kernel(data, pal, use_pal):
         return E_OK, zero, zero, out, hdr + 8
 
     # validate everything read below: counts, index array, indices < N, packed value sizes
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return E_NSB_TRUNC, p_idx, n, nothing, zero
-    nidx = zero
-    nval = zero
+    code, ea, eb, p_nsb, p_idx, p_val = check_body(data, gx, gy, gz, nlab)
+    if code != E_OK:
+        return code, ea, eb, nothing, zero
     cap = hdr  # output bound: values at the widest bits plus a whole table per block
     tcap = zero  # bound on the table values written
     for i in range(nsub):
         c = read_u16(data, p_nsb + 2 * i)
-        if c > MAX_SUBBLOCK_LABELS:
-            return E_NSB_BIG, np.int64(i), c, nothing, zero
-        nidx += c
-        nval += 64 * BITS[c]
         cap += 64 * _CBITS[c] + 8 * max(c, 1)
         tcap += max(c, 1)
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return E_IDX_TRUNC, p_val, n, nothing, zero
-    if p_val + nval > n:
-        return E_VAL_TRUNC, p_val + nval, n, nothing, zero
-    for j in range(nidx):
-        v = read_u32(data, p_idx + 4 * j)
-        if v >= nlab:
-            return E_IDX_RANGE, np.int64(j), v, nothing, zero
 
     labs = np.empty(nlab, dtype=np.uint64)
     if use_pal:
