@@ -419,6 +419,11 @@ def _decode_numpy(data, pal, use_pal, out):
     compile of ~8 s. On a damaged block ``out`` is left untouched (the kernel may have written
     the sub-blocks before the damage: callers treat ``out`` as undefined after an error).
     """
+    for a, dtype, ndim in ((data, _U8, 1), (pal, _U64, 1), (out, _U64, 3)):
+        # the arguments numba's signature accepts, and nothing else (decode_into names the fault)
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or (
+                ndim == 1 and not a.flags.c_contiguous) or (a is out and not a.flags.writeable):
+            raise TypeError("no matching definition for the decode kernel's signature")
     n = int(data.shape[0])
     if n < 16:
         return _E_SHORT, n, 0

@@ -416,7 +416,19 @@ def test_decode_does_not_write_outside_crop(odd_block):
 # --------------------------------------------------------------------------- argument checks
 
 
-def test_decode_into_rejects_bad_arguments(fib19_block):
+@pytest.mark.parametrize("kernels", ["compiled", "fallback"])
+def test_decode_into_rejects_bad_arguments(fib19_block, kernels):
+    from dvidshards.formats import jit
+
+    if kernels == "compiled":
+        jit.compile_all()
+        _bad_arguments(fib19_block)
+    else:
+        with jit.fallbacks():
+            _bad_arguments(fib19_block)
+
+
+def _bad_arguments(fib19_block):
     data = np.frombuffer(fib19_block, np.uint8)
     out = np.empty((64, 64, 64), np.uint64)
     n = block_header(fib19_block).num_labels
