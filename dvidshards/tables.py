@@ -663,8 +663,10 @@ def _file_name(shard_id: int, origin) -> str:
 def _parquet_options() -> dict:
     compress = {c: ("zstd" if c in ("labels", "supervoxels", "shard_id", "morton", "chunk_x", "chunk_y",
                                     "chunk_z", "uncompressed_size") else "none") for c in TABLE_SCHEMA.names}
+    # bin1's statistics are for its null count: a look-up skips the bins of a row group without
+    # split payloads (min/max of payloads over 4 KB are not stored)
     return dict(compression=compress, use_dictionary=False,
-                write_statistics=["shard_id", "morton", "chunk_x", "chunk_y", "chunk_z"])
+                write_statistics=["shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "bin1"])
 
 
 class _ShardFileWriter:
@@ -1024,10 +1026,11 @@ class TableSource(RecordSource):
     # --- random access: a batch of chunks by (shard id, morton) -------------------------------
 
     def _file_meta(self, path: str):
-        """(open ParquetFile, its lock, morton min and max per row group, columns to read) of a shard file (LRU).
+        """(open ParquetFile, its lock, morton min and max per row group, split, columns) of a shard file (LRU).
 
         The file stays open with its footer parsed: a look-up reads one row group and nothing
-        else.
+        else.  ``split[g]`` is False when row group g's ``bin1`` statistics show it all null
+        (no split payloads: its bins are not read); ``columns`` are (without bins, with them).
         """
         with self._lock:
             m = self._meta.pop(path, None)
@@ -1043,14 +1046,20 @@ class TableSource(RecordSource):
             im = names.index("morton")
             lo = np.full(md.num_row_groups, np.iinfo(np.int64).min, np.int64)
             hi = np.full(md.num_row_groups, np.iinfo(np.int64).max, np.int64)
+            ib = names.index("bin1") if "bin1" in names else None
+            split = np.full(md.num_row_groups, ib is not None, bool)
             for g in range(md.num_row_groups):
-                st = md.row_group(g).column(im).statistics
+                rg = md.row_group(g)
+                st = rg.column(im).statistics
                 if st is not None and st.has_min_max:
                     lo[g], hi[g] = st.min, st.max
+                if ib is not None:
+                    sb = rg.column(ib).statistics
+                    split[g] = not (sb is not None and sb.has_null_count and sb.null_count == rg.num_rows)
         except (OSError, ValueError, pa.ArrowException) as e:
             raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
         cols = [n for n in names if n != "shard_id"]  # the file's name says it
-        m = (pf, threading.Lock(), lo, hi, cols)
+        m = (pf, threading.Lock(), lo, hi, split, ([n for n in cols if n not in BINS], cols))
         with self._lock:
             self._meta[path] = m
             while len(self._meta) > 64:
@@ -1095,7 +1104,7 @@ class TableSource(RecordSource):
             if sh not in files:
                 continue
             path = files[sh][1]
-            pf, lock, lo, hi, cols = self._file_meta(path)
+            pf, lock, lo, hi, split, (plain, cols) = self._file_meta(path)
             want = np.unique(mor[sid == sh]) if len(sid) > 1 else mor
             # row groups of a sorted file hold disjoint, increasing morton ranges
             g = np.searchsorted(hi, want)
@@ -1104,7 +1113,7 @@ class TableSource(RecordSource):
                 continue
             try:
                 with lock:  # one reader per open file; small reads run best on this thread
-                    t = pf.read_row_groups(g.tolist(), columns=cols, use_threads=False)
+                    t = pf.read_row_groups(g.tolist(), columns=cols if split[g].any() else plain, use_threads=False)
             except (OSError, pa.ArrowException) as e:
                 raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
             got = t.column("morton").to_numpy()

@@ -501,6 +501,24 @@ def test_record_keys_against_brute_force(mcns, synth):
         record_keys(s, [[-1, 0, 0]])
 
 
+def test_look_ups_skip_bins_only_where_statistics_say_none_is_split(big_export, tmp_path):
+    root, vol, mapping = big_export
+    want = export_records(root, 0)
+    to = tmp_path / "t"
+    assert ingest(str(root), to, workers=1, row_group_size=2).ok
+    f = sorted((to / "s0").glob("*.parquet"))
+    md = [pq.ParquetFile(x).metadata for x in f]
+    nulls = [m.row_group(g).column(m.schema.names.index("bin1")).statistics.null_count
+             for m in md for g in range(m.num_row_groups)]
+    assert 0 < sum(n < 2 for n in nulls) < len(nulls)  # row groups with and without split rows
+    for x in f[:2]:  # an older file: no bin1 statistics, so every row group's bins are read
+        t = pq.read_table(x)
+        pq.write_table(t, x, row_group_size=2, write_statistics=["shard_id", "morton"])
+    rt = TableSource(to).read_records(0, list(want))
+    assert {tuple(int(v) for v in rt.coords[i]): rt.payload(i).tobytes() for i in range(len(rt))} == \
+        {c: p for c, (_, _, p) in want.items()}
+
+
 def test_fast_morton_codes_equal_compressed_morton_code():
     from dvidshards.formats.sharding import compressed_morton_code
     from dvidshards.tables import _morton
