@@ -340,7 +340,8 @@ def _decode(table, k: int, req: _Request, labels) -> None:
 
 # --- the bulk reader ----------------------------------------------------------------------------
 
-_RUN = 64  # most chunks in one run (one zstd batch)
+_RUN = 64  # most chunks in one row of a run (one zstd batch on local stores)
+_REMOTE_RUN = 256  # most chunks in one run on remote stores (one coalesced fetch of records)
 
 
 def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
@@ -358,12 +359,15 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
     threads : int, optional
         Decoding threads (default: the number of cores).
 
-    The box is cut into runs: the chunks of one shard along one x row of chunks, in memory
-    order of an F-ordered output (x fastest, then y, then z).  Threads take the next run as they
-    finish one, so they write neighbouring rows of the output together and finish together.  A
-    run's payloads are decompressed in one zstd call; each chunk is then decoded straight into
-    the output (any strides; the codec writes rows of 8 voxels as vectors when x is contiguous).
-    Chunks cut on their near side go through a per-thread 64³ scratch block.
+    The box is cut into rows: the chunks of one shard along one x row of chunks, in memory
+    order of an F-ordered output (x fastest, then y, then z).  On local stores each row is a run;
+    on remote ones a run gathers up to 256 chunks of one shard (rows in order), so that its
+    records come in one coalesced fetch, and a shard is split so that every thread has a part.
+    Threads take the next run as they finish one, so they write neighbouring rows of the output
+    together and finish together.  A run's payloads are decompressed in one zstd call; each
+    chunk is then decoded straight into the output (any strides; the codec writes rows of 8
+    voxels as vectors when x is contiguous).  Chunks cut on their near side go through a
+    per-thread 64³ scratch block.
     """
     scale = reader.scale
     lo, hi = scale.check_box(box)
@@ -375,8 +379,10 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
         raise SpecError(f"out must be a writable uint64 array of shape {shape}")
     if 0 in shape:
         return out
-    runs = _plan(scale, [int(v) for v in lo], [int(v) for v in hi])
-    n = max(1, min(int(threads or os.cpu_count() or 1), len(runs)))
+    rows = _plan(scale, [int(v) for v in lo], [int(v) for v in hi])
+    n = max(1, int(threads or os.cpu_count() or 1))
+    runs = [(r[0], [r[1:]]) for r in rows] if reader.store.immediate else _group(rows, n)
+    n = min(n, len(runs))
     if n == 1:
         w = _BulkWorker(reader, out, lo)
         for run in runs:
@@ -405,7 +411,7 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
 
 
 def _plan(scale: Scale, lo: list[int], hi: list[int]) -> list[tuple]:
-    """Runs ``(origin, cy, cz, cx0, cx1)``: chunks cx0..cx1-1 of one shard on one x row, z-major."""
+    """Rows ``(origin, cy, cz, cx0, cx1)``: chunks cx0..cx1-1 of one shard on one x row, z-major."""
     (cx, cy, cz), e = scale.chunk_size, scale.shard_extent
     x0, x1 = lo[0] // cx, (hi[0] - 1) // cx + 1
     runs = []
@@ -417,6 +423,31 @@ def _plan(scale: Scale, lo: list[int], hi: list[int]) -> list[tuple]:
                 b = min(x1, a + _RUN, (origin[0] + e + cx - 1) // cx)  # stay inside the shard
                 runs.append((origin, y, z, a, max(b, a + 1)))
                 a = max(b, a + 1)
+    return runs
+
+
+def _group(rows: list[tuple], threads: int) -> list[tuple]:
+    """Runs ``(origin, [(cy, cz, cx0, cx1), ...])`` of one shard's rows, for remote stores.
+
+    Each run holds at most ``_REMOTE_RUN`` chunks and at most its share of the shard's chunks
+    among ``threads``, so one shard still keeps every thread busy.
+    """
+    by_shard: dict = {}
+    for r in rows:
+        by_shard.setdefault(r[0], []).append(r[1:])
+    runs = []
+    for origin, rs in by_shard.items():
+        total = sum(x1 - x0 for _, _, x0, x1 in rs)
+        cap = max(1, min(_REMOTE_RUN, -(-total // threads)))
+        part: list = []
+        size = 0
+        for r in rs:
+            if part and size + r[3] - r[2] > cap:
+                runs.append((origin, part))
+                part, size = [], 0
+            part.append(r)
+            size += r[3] - r[2]
+        runs.append((origin, part))
     return runs
 
 
@@ -443,28 +474,30 @@ class _BulkWorker:
         return self._scratch
 
     def run(self, run) -> None:
-        origin, y, z, x0, x1 = run
+        origin, chunk_rows = run
         reader, lo, hi, cs = self.reader, self.lo, self.hi, self.cs
         if origin != self._origin:
+            y, z, x0, _ = chunk_rows[0]
             self._shard = reader.shard(x0, y, z)
             self._origin = origin
         shard = self._shard
-        ya, yb = max(y * cs[1], lo[1]), min((y + 1) * cs[1], hi[1])
-        za, zb = max(z * cs[2], lo[2]), min((z + 1) * cs[2], hi[2])
-        row = self.out[:, ya - lo[1]:yb - lo[1], za - lo[2]:zb - lo[2]]
-        near = ya > y * cs[1] or za > z * cs[2]
         rows, targets = [], []
-        for x in range(x0, x1):
-            xa, xb = max(x * cs[0], lo[0]), min((x + 1) * cs[0], hi[0])
-            sub = row[xa - lo[0]:xb - lo[0]].T  # (z, y, x)
-            i = shard.find(x, y, z) if shard is not None else None
-            if i is None:
-                reader.absent(shard, x, y, z)
-                sub.fill(0)
-            else:
-                rows.append(i)
-                skip = (xa - x * cs[0], ya - y * cs[1], za - z * cs[2]) if near or xa > x * cs[0] else None
-                targets.append((sub, skip))
+        for y, z, x0, x1 in chunk_rows:
+            ya, yb = max(y * cs[1], lo[1]), min((y + 1) * cs[1], hi[1])
+            za, zb = max(z * cs[2], lo[2]), min((z + 1) * cs[2], hi[2])
+            row = self.out[:, ya - lo[1]:yb - lo[1], za - lo[2]:zb - lo[2]]
+            near = ya > y * cs[1] or za > z * cs[2]
+            for x in range(x0, x1):
+                xa, xb = max(x * cs[0], lo[0]), min((x + 1) * cs[0], hi[0])
+                sub = row[xa - lo[0]:xb - lo[0]].T  # (z, y, x)
+                i = shard.find(x, y, z) if shard is not None else None
+                if i is None:
+                    reader.absent(shard, x, y, z)
+                    sub.fill(0)
+                else:
+                    rows.append(i)
+                    skip = (xa - x * cs[0], ya - y * cs[1], za - z * cs[2]) if near or xa > x * cs[0] else None
+                    targets.append((sub, skip))
         if not rows:
             return
         assert shard is not None

@@ -74,6 +74,20 @@ def test_plan_splits_long_rows(ds, monkeypatch):
     assert len(runs) == 4 * 3 * 3 and all(r[4] - r[3] == 1 for r in runs)
 
 
+def test_group_remote_runs(ds):
+    rows = bulk._plan(ds.scale(0), [0, 0, 0], list(SHAPE))
+    for threads in (1, 2, 3):
+        runs = bulk._group(rows, threads)
+        assert [(o, r) for o, rs in runs for r in rs] == sorted(
+            [(r[0], r[1:]) for r in rows], key=lambda orr: list(dict.fromkeys(r[0] for r in rows)).index(orr[0]))
+        for origin, rs in runs:
+            n = sum(r[3] - r[2] for r in rs)
+            shard_total = sum(r[4] - r[3] for r in rows if r[0] == origin)
+            assert n <= max(min(bulk._REMOTE_RUN, -(-shard_total // threads)), rs[0][3] - rs[0][2])
+        if threads == 1:
+            assert len(runs) == len({r[0] for r in rows})  # one run per shard
+
+
 @pytest.mark.parametrize("order", ["F", "C", "strided"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_boxes_equal_written_volume(exp, ds, order, threads):
@@ -202,3 +216,12 @@ def test_label_count_mismatch_is_typed(exp, ds):
     finally:
         t.rec[i, arrowipc.R_NSV] = saved
     np.testing.assert_array_equal(ds.read([[0, 0, 0], [128, 64, 64]]), exp.expected(0)[:128, :64, :64])
+
+
+def test_lazy_policy_reads_the_same(exp):
+    """Records fetched per run (lazy shards) rather than indexed in the loaded table."""
+    lazy = dvidshards.Dataset(exp.root, spec=exp.spec, policy="lazy")
+    rng = np.random.default_rng(5)
+    for box in _boxes(rng, 6):
+        np.testing.assert_array_equal(lazy.read(box, threads=2), exp.expected(0)[_sl(box)])
+    assert lazy.reader(0, "agglomerated").shard(0, 0, 0).policy == "lazy"

@@ -507,3 +507,19 @@ def test_urls_and_specs():
         KvStore.from_url("nonsense://x")
     with pytest.raises(SpecError):
         KvStore({"bucket": "b-1"})
+
+
+def test_http_bulk_read_fetches_each_shard_in_one_request_per_thread(root, server):
+    """Dataset.read on a remote store: a shard's records come in at most one request per thread."""
+    ds = Dataset(server.url + "synth")
+    box = [[0, 0, 0], [200, 150, 170]]
+    want = _read(_local(root, "synth"))
+    np.testing.assert_array_equal(ds.read(box, threads=2, fill_missing_shards=True), want)  # loads indexes
+    server.reset_counts()
+    np.testing.assert_array_equal(ds.read(box, threads=2, fill_missing_shards=True), want)
+    stems = sorted(p.stem for p in (root / "synth" / "s0").glob("*.arrow"))
+    assert set(server.requests) <= {f"synth/s0/{s}.arrow" for s in stems}
+    assert all(server.requests[f"synth/s0/{s}.arrow"] <= 2 for s in stems), server.requests
+    server.reset_counts()
+    np.testing.assert_array_equal(ds.read(box, threads=1, fill_missing_shards=True), want)
+    assert all(server.requests[f"synth/s0/{s}.arrow"] == 1 for s in stems), server.requests
