@@ -230,8 +230,9 @@ def _after_fork() -> None:  # a forked child has no compiler thread: start over
     _STATE = threading.Condition()
     _worker = _current = None
     _stopping = False
-    for k in _pending:
-        k._queued = False
+    for k in _KERNELS + _pending:  # the parent's compile in flight does not exist here
+        if not k.ready:
+            k._queued = False
     _pending.clear()
 
 

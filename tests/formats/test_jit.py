@@ -346,3 +346,25 @@ def test_fresh_process_reads_before_numba_has_compiled(tmp_path, small_export):
     assert out["open"] and out["read"]
     # the reads did not wait for numba: when they were done, some kernel was still compiling
     assert set(out["status"].values()) & {"queued", "compiling"}, out["status"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_compiler(monkeypatch):
+    """A child forked while the parent compiles gets no compiler thread: it must start one."""
+    monkeypatch.setenv("DVIDSHARDS_KERNELS", "background")
+    script = textwrap.dedent("""
+        import os, sys, numba
+        from dvidshards.formats import jit
+        k = jit.kernel(numba.njit(cache=False)(lambda a, b: a + b), [(numba.int64, numba.int64)],
+                       lambda a, b: -(a + b))
+        assert k(1, 2) == -3  # queued in the parent, compiling now
+        pid = os.fork()
+        if pid == 0:
+            ok = k(1, 2) == -3 and jit.wait(timeout=120) and k.ready and k(1, 2) == 3
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
