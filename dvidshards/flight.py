@@ -398,24 +398,29 @@ class ExportFlightServer(fl.FlightServerBase):
             origins = [o for o in origins if o in want]
         return [(None, o) for o in sorted(origins, key=lambda o: (int(min(shard_ids(s, o), default=-1)), o))]
 
+    def _spans(self, s: Scale, t: dict):
+        """(batches, meta) of the ticket's records, a gathered span at a time, in stream order."""
+        for only, origin in self._plan(s, t):
+            shard = self._shard(s, origin)
+            rows = select_rows(shard, s, t.get("box"), t.get("chunks"))
+            yield from record_spans(shard.table(), s, origin, rows=rows, only=only, batch_rows=t["batch_rows"],
+                                    columns=t.get("columns"), check=self.check)
+
     def _generate(self, s: Scale, t: dict, schema: pa.Schema):
         shards = records = 0
         try:
-            for only, origin in self._plan(s, t):
-                shard = self._shard(s, origin)
-                rows = select_rows(shard, s, t.get("box"), t.get("chunks"))
-                for batches, meta in record_spans(shard.table(), s, origin, rows=rows, only=only,
-                                                  batch_rows=t["batch_rows"], columns=t.get("columns"),
-                                                  check=self.check):
-                    records += sum(b.num_rows for b in batches)
-                    # a reader is drained by Arrow's C++ stream without coming back to Python:
-                    # per batch, only the one carrying app metadata passes through here
-                    last = [(batches.pop(), pa.py_buffer(json.dumps(meta).encode()))] if meta else []
-                    if batches:
-                        yield pa.RecordBatchReader.from_batches(schema, batches)
-                    if meta:
-                        shards += 1
-                        yield last[0]
+            # the next span is built on another thread (the gather runs without the GIL) while
+            # Arrow's C++ stream sends this one
+            for batches, meta in _ahead(self._spans(s, t)):
+                records += sum(b.num_rows for b in batches)
+                # a reader is drained by Arrow's C++ stream without coming back to Python:
+                # per batch, only the one carrying app metadata passes through here
+                last = [(batches.pop(), pa.py_buffer(json.dumps(meta).encode()))] if meta else []
+                if batches:
+                    yield pa.RecordBatchReader.from_batches(schema, batches)
+                if meta:
+                    shards += 1
+                    yield last[0]
             done = {"done": True, "shards": shards, "records": records}
             yield pa.RecordBatch.from_pylist([], schema=schema), pa.py_buffer(json.dumps(done).encode())
         except Exception as e:  # noqa: BLE001 - typed to the client, mid-stream
@@ -435,6 +440,47 @@ class ExportFlightServer(fl.FlightServerBase):
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _ahead(items, depth: int = 1):
+    """Iterate ``items`` on a thread of its own, ``depth`` items ahead of the caller.
+
+    An exception in ``items`` is raised here, in order; when the caller stops early (a client
+    that hung up closes the generator), the thread stops at its next item.
+    """
+    import queue
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def run():
+        try:
+            for x in items:
+                while not stop.is_set():
+                    try:
+                        q.put(x, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    th = threading.Thread(target=run, name="dvidshards-flight-ahead", daemon=True)
+    th.start()
+    try:
+        while True:
+            x = q.get()
+            if x is end:
+                return
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
 
 
 def _pem(v) -> bytes:

@@ -161,6 +161,41 @@ def test_batches_carry_many_records(mcns):
         assert cols[0][0].schema.names == ["chunk_x", "chunk_y", "chunk_z", "labels"]
 
 
+def test_read_ahead_keeps_order_raises_in_place_and_stops_when_closed():
+    import threading
+    import time
+
+    from dvidshards.flight import _ahead
+
+    assert list(_ahead(iter(range(50)))) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise MissingShardError("shard gone")
+
+    got = []
+    with pytest.raises(MissingShardError, match="shard gone"):
+        for x in _ahead(failing()):
+            got.append(x)
+    assert got == [1, 2]
+    made = []
+
+    def endless():
+        while True:
+            made.append(1)
+            yield len(made)
+
+    g = _ahead(endless())
+    assert next(g) == 1
+    g.close()  # a client that hung up
+    time.sleep(0.5)
+    n = len(made)
+    time.sleep(0.3)
+    assert len(made) == n <= 4
+    assert not any(t.name == "dvidshards-flight-ahead" and t.is_alive() for t in threading.enumerate())
+
+
 def test_tune_malloc_applies_once_per_process():
     code = "from dvidshards.flight import tune_malloc as t; print(t(), t(1, 1))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
