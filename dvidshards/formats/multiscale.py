@@ -8,6 +8,7 @@ arithmetic of DVID's export (shard extent, shard origins, file stems) in one pla
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -48,9 +49,9 @@ class Scale:
         """The scale's folder in the export, always ``s{index}``."""
         return f"s{self.index}"
 
-    @property
+    @functools.cached_property
     def grid(self) -> tuple[int, int, int]:
-        """Chunks per axis covering the volume from the origin."""
+        """Chunks per axis covering the volume from the origin (computed once: a hot path asks)."""
         end = [o + s for o, s in zip(self.voxel_offset, self.size, strict=True)]
         return grid_shape(end, self.chunk_size)
 
