@@ -225,3 +225,15 @@ def test_lazy_policy_reads_the_same(exp):
     for box in _boxes(rng, 6):
         np.testing.assert_array_equal(lazy.read(box, threads=2), exp.expected(0)[_sl(box)])
     assert lazy.reader(0, "agglomerated").shard(0, 0, 0).policy == "lazy"
+
+
+def test_aligned_empty_and_default_out(ds):
+    for shape in ((512, 3, 5), (3, 5, 7), (1, 1, 1)):
+        a = bulk.aligned_empty(shape)
+        assert a.shape == shape and a.dtype == np.uint64 and a.flags.f_contiguous and a.flags.writeable
+        assert a.ctypes.data % 64 == 0
+    c = bulk.aligned_empty((3, 5, 7), order="C")
+    assert c.flags.c_contiguous and c.ctypes.data % 64 == 0
+    got = ds.read([[1, 2, 3], [100, 90, 80]])
+    assert got.flags.f_contiguous and got.ctypes.data % 64 == 0
+    assert ds.read([[0, 0, 0], [0, 4, 4]]).shape == (0, 4, 4)
