@@ -28,7 +28,7 @@ import zstandard
 
 from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
 from .formats.arrowipc import R_NSV, R_PAY, R_PAYLEN, R_USIZE
-from .formats.codec import decode_into
+from .formats.codec import decode_into, decode_row_into
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
 from .formats.records import RecordTable, max_block_bytes
@@ -498,6 +498,7 @@ class _BulkWorker:
             self._origin = origin
         shard = self._shard
         rows, targets = [], []
+        whole = self.out.strides[0] == 8  # x contiguous: whole chunks side by side decode row by row
         for y, z, x0, x1 in chunk_rows:
             ya, yb = max(y * cs[1], lo[1]), min((y + 1) * cs[1], hi[1])
             za, zb = max(z * cs[2], lo[2]), min((z + 1) * cs[2], hi[2])
@@ -513,7 +514,8 @@ class _BulkWorker:
                 else:
                     rows.append(i)
                     skip = (xa - x * cs[0], ya - y * cs[1], za - z * cs[2]) if near or xa > x * cs[0] else None
-                    targets.append((sub, skip))
+                    full = whole and skip is None and sub.shape == cs[::-1]
+                    targets.append((sub, skip, (row, xa - lo[0]) if full else None))
         if not rows:
             return
         assert shard is not None
@@ -523,16 +525,52 @@ class _BulkWorker:
             t = shard.table(rows)
             ks = list(range(len(rows)))
         blocks = self._decompress(t, ks)
-        for j, (sub, skip) in enumerate(targets):
-            k = ks[j]
-            direct = skip is None
-            dst = sub if direct else self.scratch
-            if blocks is None or not _decode_block(t, k, blocks[j], dst, self.labels):
-                t.decode_into(k, dst, self.labels)  # the one-chunk path: its typed error, or the data
-            if not direct:
-                sx, sy, sz = skip or (0, 0, 0)
-                nz, ny, nx = sub.shape
-                sub[...] = dst[sz:sz + nz, sy:sy + ny, sx:sx + nx]
+        j = 0
+        while j < len(targets):
+            e = j + 1
+            place = targets[j][2]
+            if blocks is not None and place is not None:
+                # whole chunks side by side along x: one row-by-row decode writes them in memory order
+                row, xa = place
+                while e < len(targets) and _next_to(targets[e][2], row, xa + (e - j) * cs[0]):
+                    e += 1
+                if e - j > 1 and self._decode_row(t, ks[j:e], [blocks[m] for m in range(j, e)],
+                                                  row[xa:xa + (e - j) * cs[0]].T):
+                    j = e
+                    continue
+            for m in range(j, e):  # one chunk at a time (or again, after a failed row)
+                sub, skip, _ = targets[m]
+                k = ks[m]
+                direct = skip is None
+                dst = sub if direct else self.scratch
+                if blocks is None or not _decode_block(t, k, blocks[m], dst, self.labels):
+                    t.decode_into(k, dst, self.labels)  # the one-chunk path: its typed error, or the data
+                if not direct:
+                    sx, sy, sz = skip or (0, 0, 0)
+                    nz, ny, nx = sub.shape
+                    sub[...] = dst[sz:sz + nz, sy:sy + ny, sx:sx + nx]
+            j = e
+
+    def _decode_row(self, t: RecordTable, ks: list[int], blocks: list, out: np.ndarray) -> bool:
+        """Decode whole chunks that lie side by side along x into ``out`` in memory order.
+
+        False (nothing to report) when a block is damaged or its label lists do not match it:
+        the caller then decodes them one at a time, which raises the typed error.
+        """
+        parts = [np.frombuffer(b, np.uint8) for b in blocks]
+        for k, b in zip(ks, parts, strict=True):
+            if b.shape[0] < 16 or int(b[12:16].view("<u4")[0]) != t.rec[k, R_NSV]:
+                return False
+        offs = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([p.shape[0] for p in parts], out=offs[1:])
+        pals = [p for p in (self.labels.palette(t, k) for k in ks) if p is not None]
+        pal: np.ndarray | None = None
+        poffs: np.ndarray | None = None
+        if pals:  # a palette per record (agglomerated, mapped), or none (supervoxels)
+            pal = np.concatenate(pals)
+            poffs = np.zeros(len(pals) + 1, np.int64)
+            np.cumsum([p.shape[0] for p in pals], out=poffs[1:])
+        return decode_row_into(np.concatenate(parts), offs, pal, poffs, out)
 
     def _decompress(self, t: RecordTable, ks: list[int]):
         """Payloads of records ks of t in one zstd call, or None (each chunk takes the one-chunk path).
@@ -555,6 +593,11 @@ class _BulkWorker:
             return self._dctx.multi_decompress_to_buffer(frames, decompressed_sizes=usize.astype(np.uint64).tobytes())
         except (zstandard.ZstdError, ValueError, TypeError):
             return None
+
+
+def _next_to(place, row: np.ndarray, xa: int) -> bool:
+    """True when a target's whole-chunk place is in the same output row at x offset xa."""
+    return place is not None and place[0] is row and place[1] == xa
 
 
 def _decode_block(t: RecordTable, k: int, block, out: np.ndarray, labels) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 
@@ -749,3 +750,130 @@ def test_first_decode_from_many_threads_at_once():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- a row of blocks
+
+
+def _row_volume(rng, counts, shape=(64, 64, 64)) -> np.ndarray:
+    """A (z, y, x) volume whose 8³ sub-blocks hold the given numbers of labels, cycled."""
+    vol = np.empty(shape, np.uint64)
+    k = 0
+    for sz in range(shape[0] // 8):
+        for sy in range(shape[1] // 8):
+            for sx in range(shape[2] // 8):
+                n = counts[k % len(counts)]
+                k += 1
+                pool = rng.choice(1 << 30, size=n, replace=False).astype(np.uint64) + 1
+                v = rng.permutation(np.concatenate([pool, rng.choice(pool, 512 - n)]))
+                vol[8 * sz:8 * sz + 8, 8 * sy:8 * sy + 8, 8 * sx:8 * sx + 8] = v.reshape(8, 8, 8)
+    return vol
+
+
+def _row_case(rng, k, counts_list):
+    vols = [_row_volume(rng, counts_list[i % len(counts_list)]) for i in range(k)]
+    blocks = [encode_block(v, subblock_order="sorted" if i % 2 else "appearance") for i, v in enumerate(vols)]
+    return vols, blocks
+
+
+def _row_args(blocks, palettes):
+    parts = [np.frombuffer(b, np.uint8) for b in blocks]
+    offs = np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)
+    if palettes is None:
+        return np.concatenate(parts), offs, None, None
+    poffs = np.concatenate([[0], np.cumsum([p.size for p in palettes])]).astype(np.int64)
+    return np.concatenate(parts), offs, np.concatenate(palettes).astype(np.uint64), poffs
+
+
+def _row_both(blocks, palettes, make_out):
+    """(row decode ok, its output) and (every block ok one by one, their output), both in one mode."""
+    from dvidshards.formats.codec import decode_row_into
+
+    out_row, out_one = make_out(), make_out()
+    ok_row = decode_row_into(*_row_args(blocks, palettes), out_row)
+    ok_one = True
+    w = out_one.shape[2] // len(blocks)
+    for i, b in enumerate(blocks):
+        try:
+            decode_into(np.frombuffer(b, np.uint8), None if palettes is None else palettes[i],
+                        out_one[:, :, i * w:(i + 1) * w])
+        except BlockDecodeError:
+            ok_one = False
+    return (ok_row, out_row), (ok_one, out_one)
+
+
+@pytest.mark.parametrize("kernels", ["compiled", "fallback"])
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+def test_decode_row_equals_block_by_block(k, kernels):
+    from dvidshards.formats import jit
+
+    rng = np.random.default_rng(k)
+    counts = [[1], [2, 3], [5, 8, 9], [17, 64, 300, 512], [1, 2, 4, 8]]
+    vols, blocks = _row_case(rng, k, counts)
+    blocks[0] = encode_block(np.full((64, 64, 64), 9, np.uint64)) if k > 2 else blocks[0]  # a solid one
+    if k > 2:
+        vols[0] = np.full((64, 64, 64), 9, np.uint64)
+    if kernels == "compiled":
+        jit.compile_all()
+    for palettes in (None, [rng.integers(0, 1 << 63, block_header(b).num_labels, dtype=np.uint64) for b in blocks]):
+        for layout in ("F", "view"):
+            def make_out(layout=layout):
+                if layout == "F":  # an (x, y, z) F-ordered array's .T
+                    return np.empty((64 * k, 64, 64), np.uint64, order="F").T
+                return np.empty((70, 66, 64 * k + 16), np.uint64)[3:67, 1:65, 8:8 + 64 * k]  # x contiguous, cut
+            with jit.fallbacks() if kernels == "fallback" else contextlib.nullcontext():
+                (ok_row, got), (ok_one, want) = _row_both(blocks, palettes, make_out)
+            assert ok_row and ok_one
+            np.testing.assert_array_equal(got, want)
+            if palettes is None:
+                np.testing.assert_array_equal(got, np.concatenate(vols, axis=2))
+
+
+@pytest.mark.parametrize("kernels", ["compiled", "fallback"])
+def test_decode_row_refuses_what_one_block_decoding_refuses(kernels):
+    """Damage anywhere in a row: False exactly when some block fails alone; else the same voxels."""
+    from dvidshards.formats import jit
+
+    rng = np.random.default_rng(7)
+    _, base = _row_case(rng, 3, [[2, 3, 9], [1, 5, 17], [4]])
+    seen = {True: 0, False: 0}
+    if kernels == "compiled":
+        jit.compile_all()
+    for trial in range(300):
+        blocks = list(base)
+        i = int(rng.integers(0, 3))
+        d = bytearray(blocks[i])
+        what = rng.integers(0, 3)
+        if what == 0:
+            for _ in range(int(rng.integers(1, 4))):
+                d[int(rng.integers(0, min(len(d), 6000)))] = int(rng.integers(0, 256))
+        elif what == 1:
+            d = d[: int(rng.integers(0, len(d)))]
+        else:
+            d[int(rng.integers(0, 16))] = int(rng.integers(0, 256))
+        blocks[i] = bytes(d)
+        with jit.fallbacks() if kernels == "fallback" else contextlib.nullcontext():
+            (ok_row, got), (ok_one, want) = _row_both(blocks, None, lambda: np.zeros((64, 64, 192), np.uint64))
+        assert ok_row == ok_one, trial
+        if ok_row:
+            np.testing.assert_array_equal(got, want)
+        seen[ok_row] += 1
+    assert seen[False] > 50 and seen[True] > 5
+
+
+def test_decode_row_refuses_blocks_that_do_not_fit():
+    from dvidshards.formats.codec import decode_row_into
+
+    rng = np.random.default_rng(3)
+    _, blocks = _row_case(rng, 2, [[2, 3]])
+    small = encode_block(_row_volume(rng, [2], (32, 32, 32)))
+    for kernels in ("compiled", "fallback"):
+        from dvidshards.formats import jit
+
+        with jit.fallbacks() if kernels == "fallback" else contextlib.nullcontext():
+            out = np.zeros((64, 64, 128), np.uint64)
+            assert not decode_row_into(*_row_args([blocks[0], small], None), out)  # another block size
+            assert not decode_row_into(*_row_args(blocks, None), np.zeros((64, 64, 192), np.uint64))  # 3 slots, 2 blocks
+            assert not decode_row_into(*_row_args(blocks, None), np.zeros((128, 64, 64), np.uint64).transpose(2, 1, 0)[:, :, :])  # x strided
+            pal = [np.zeros(block_header(b).num_labels + 1, np.uint64) for b in blocks]
+            assert not decode_row_into(*_row_args(blocks, pal), out)  # palettes one too long
