@@ -334,7 +334,7 @@ class Dataset:
             Destination of shape (x1-x0, y1-y0, z1-z0): F-ordered, or C-ordered so that ``.T``
             is (z, y, x); default a new F-ordered array. Reusing an array: allocate it with
             ``dvidshards.read.aligned_empty(shape)`` (64-byte aligned), into which decoding is
-            ~10% faster than into ``np.empty`` (whose rows straddle cache lines).
+            ~5% faster than into ``np.empty`` (whose rows straddle cache lines).
         threads : int, optional
             Decoding threads (default: all cores).
         """
