@@ -672,8 +672,11 @@ def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | No
     typed error names the damage.
     """
     use_pal = palette is not None
-    code = _row(data, offs, palette if use_pal else _NO_PALETTE,
-                poffs if use_pal else np.zeros(offs.shape[0], np.int64), use_pal, out)[0]
+    try:
+        code = _row(data, offs, palette if use_pal else _NO_PALETTE,
+                    poffs if use_pal else np.zeros(offs.shape[0], np.int64), use_pal, out)[0]
+    except (TypeError, ValueError):  # arguments of other types or layouts: the one-block path decides
+        return False
     return int(code) == _OK
 
 

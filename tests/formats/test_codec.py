@@ -877,3 +877,17 @@ def test_decode_row_refuses_blocks_that_do_not_fit():
             assert not decode_row_into(*_row_args(blocks, None), np.zeros((128, 64, 64), np.uint64).transpose(2, 1, 0)[:, :, :])  # x strided
             pal = [np.zeros(block_header(b).num_labels + 1, np.uint64) for b in blocks]
             assert not decode_row_into(*_row_args(blocks, pal), out)  # palettes one too long
+
+
+def test_decode_row_refuses_arguments_of_other_types():
+    from dvidshards.formats.codec import decode_row_into
+
+    _, blocks = _row_case(np.random.default_rng(4), 2, [[2, 3]])
+    data, offs, _, _ = _row_args(blocks, None)
+    out = np.zeros((64, 64, 128), np.uint64)
+    assert not decode_row_into(data, offs.astype(np.int32), None, None, out)
+    assert not decode_row_into(data, offs, None, None, out.astype(np.int64))
+    pal = [np.zeros(block_header(b).num_labels, np.int64) for b in blocks]
+    d, o, p, po = _row_args(blocks, pal)
+    assert not decode_row_into(d, o, p.astype(np.float64), po, out)
+    assert decode_row_into(data, offs, None, None, out)
