@@ -256,7 +256,7 @@ class Shard:
             parts.append(self._resolve(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf,
                                        g[0], r))
             order.append(r)
-        t = _concat(parts, self.path, self.chunk_size)
+        t = RecordTable.concat(parts, self.path, self.chunk_size)
         cat = np.concatenate(order) if order else np.zeros(0, np.int64)
         if np.array_equal(cat, rows):
             return t
@@ -316,25 +316,6 @@ def _tiles(index: ShardIndex, schema_size: int) -> bool:
 
 def _subset(t: RecordTable, rows: np.ndarray) -> RecordTable:
     return RecordTable(t.rec[rows], t.bufs, t.path, t.chunk_size)
-
-
-def _concat(parts: list[RecordTable], path: str, chunk_size) -> RecordTable:
-    """One table over several fetched buffers (copied into one; lazy fetches only)."""
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        z = np.zeros(0, np.uint8)
-        return RecordTable(np.zeros((0, ipc.REC_FIELDS), np.int64), (z, z, z), path, chunk_size)
-    sizes = [p.bufs[0].shape[0] for p in parts]
-    buf = np.empty(sum(sizes), np.uint8)
-    recs, pos = [], 0
-    for p, n in zip(parts, sizes, strict=True):
-        buf[pos:pos + n] = p.bufs[0]
-        r = p.rec.copy()
-        r[:, [ipc.R_PAY, ipc.R_LAB, ipc.R_SV]] += pos
-        recs.append(r)
-        pos += n
-    return RecordTable(np.concatenate(recs), (buf, buf, buf), path, chunk_size)
 
 
 class RecordSource:

@@ -1095,7 +1095,7 @@ class TableSource(RecordSource):
                     rows = [r for r in (sh.find(*v) for v in c.tolist()) if r is not None]
                     if rows:
                         parts.append(sh.table(np.asarray(rows, np.int64)))
-            return _concat_tables(parts, where, s.chunk_size)
+            return RecordTable.concat(parts, where, s.chunk_size)
         grid = tuple(int(v) for v in s.grid)  # a property that validates: once per call
         c = c[((c >= 0) & (c < np.asarray(grid))).all(axis=1)]
         files = self._layout_files(s.index)
@@ -1128,7 +1128,7 @@ class TableSource(RecordSource):
             elif len(hit):
                 pieces.append(t.take(pa.array(hit)))
         if not pieces:
-            return _concat_tables([], where, s.chunk_size)
+            return RecordTable.concat([], where, s.chunk_size)
         t = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
         rt = _records_of(t, where, s)
         mine = _morton(rt.coords, grid).astype(np.int64)
@@ -1176,23 +1176,6 @@ def _records_of(t: pa.Table, where: str, scale: Scale) -> RecordTable:
     b = t.to_batches()
     batch = b[0] if len(b) == 1 else t.combine_chunks().to_batches()[0]
     return RecordTable.from_batch(batch, where, scale.chunk_size)
-
-
-def _concat_tables(parts: list[RecordTable], where: str, chunk_size) -> RecordTable:
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        z = np.zeros(0, np.uint8)
-        return RecordTable(np.zeros((0, ipc.REC_FIELDS), np.int64), (z, z, z), where, chunk_size)
-    bufs = [np.concatenate([p.bufs[k] for p in parts]) for k in range(3)]
-    recs, pos = [], [0, 0, 0]
-    for p in parts:
-        r = p.rec.copy()
-        for k, col in enumerate((ipc.R_PAY, ipc.R_LAB, ipc.R_SV)):
-            r[:, col] += pos[k]
-            pos[k] += p.bufs[k].shape[0]
-        recs.append(r)
-    return RecordTable(np.concatenate(recs), tuple(bufs), where, chunk_size)
 
 
 # --- VastDB ------------------------------------------------------------------------------------

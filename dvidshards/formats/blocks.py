@@ -47,6 +47,19 @@ class BlockStreamError(DvidShardsError, ValueError):
 
 
 @numba.njit(nogil=True, cache=True)
+def _lz4_length(src, ip, v):  # pragma: no cover - compiled
+    """Add the 255-continued length bytes at ip to v: (length, next position), position -1 if truncated."""
+    while True:
+        if ip >= src.shape[0]:
+            return v, np.int64(-1)
+        b = np.int64(src[ip])
+        ip += 1
+        v += b
+        if b != 255:
+            return v, np.int64(ip)
+
+
+@numba.njit(nogil=True, cache=True)
 def _lz4_kernel(src, dst):  # pragma: no cover - compiled
     """Decode an lz4 block into dst; bytes written, or a negative error code.
 
@@ -57,16 +70,11 @@ def _lz4_kernel(src, dst):  # pragma: no cover - compiled
     while ip < n:
         token = src[ip]
         ip += 1
-        lit = token >> 4
+        lit = np.int64(token >> 4)
         if lit == 15:
-            while True:
-                if ip >= n:
-                    return -1
-                b = src[ip]
-                ip += 1
-                lit += b
-                if b != 255:
-                    break
+            lit, ip = _lz4_length(src, ip, lit)
+            if ip < 0:
+                return -1
         if lit > n - ip:
             return -1
         if lit > cap - op:
@@ -85,14 +93,9 @@ def _lz4_kernel(src, dst):  # pragma: no cover - compiled
             return -3
         mlen = np.int64(token & 15)
         if mlen == 15:
-            while True:
-                if ip >= n:
-                    return -1
-                b = src[ip]
-                ip += 1
-                mlen += b
-                if b != 255:
-                    break
+            mlen, ip = _lz4_length(src, ip, mlen)
+            if ip < 0:
+                return -1
         mlen += 4
         if mlen > cap - op:
             return -2

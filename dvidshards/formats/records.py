@@ -99,6 +99,30 @@ class RecordTable:
         self._aligned = bool(len(rec) == 0 or (lab.ctypes.data % 8 == 0 and sv.ctypes.data % 8 == 0
                                                and ((rec[:, R_LAB] | rec[:, R_SV]) % 8 == 0).all()))
 
+    @classmethod
+    def concat(cls, parts: list[RecordTable], path: str, chunk_size=(64, 64, 64)) -> RecordTable:
+        """One table over the records of several (their buffers copied into one per column).
+
+        Parts whose three buffers are one buffer (byte ranges of a shard file) give a table
+        over one buffer: each byte is copied once.
+        """
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            z = np.zeros(0, np.uint8)
+            return cls(np.zeros((0, ipc.REC_FIELDS), np.int64), (z, z, z), path, chunk_size)
+        shared = all(p.bufs[0] is p.bufs[1] is p.bufs[2] for p in parts)
+        groups = [[R_PAY, R_LAB, R_SV]] if shared else [[R_PAY], [R_LAB], [R_SV]]
+        recs = [p.rec.copy() for p in parts]
+        bufs = []
+        for k, cols in enumerate(groups):
+            pos = 0
+            for p, r in zip(parts, recs, strict=True):
+                r[:, cols] += pos
+                pos += p.bufs[k].shape[0]
+            bufs.append(np.concatenate([p.bufs[k] for p in parts]))
+        return cls(np.concatenate(recs), tuple(bufs * 3 if shared else bufs), path, chunk_size)
+
     def __len__(self) -> int:
         return len(self.rec)
 

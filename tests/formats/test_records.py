@@ -8,6 +8,7 @@ import pytest
 import zstandard
 
 from dvidshards.errors import ShardFormatError
+from dvidshards.formats.arrowipc import R_LAB, R_SV
 from dvidshards.formats.records import RecordTable
 
 PAY = [zstandard.ZstdCompressor().compress(b"x" * 100), zstandard.ZstdCompressor().compress(bytes(range(256)) * 3)]
@@ -66,3 +67,24 @@ def test_sliced_batches_keep_their_offsets():
     b = _batch(dvid_compressed_block=pa.array(PAY)).slice(1, 1)
     t = RecordTable.from_batch(b, "t")
     assert len(t) == 1 and bytes(t.payload(0)) == PAY[1] and t.labels(0).tolist() == [8, 9]
+
+
+def test_concat_keeps_every_record_whether_buffers_are_shared_or_not():
+    parts = [RecordTable.from_batch(_batch(dvid_compressed_block=pa.array(PAY)), "t"),
+             RecordTable.from_batch(_batch(dvid_compressed_block=pa.array(PAY[::-1])), "t")]
+
+    def records(t):
+        return [(bytes(t.payload(i)), t.labels(i).tolist(), t.supervoxels(i).tolist()) for i in range(len(t))]
+
+    t = RecordTable.concat(parts, "t")  # separate buffers per column (tables, Flight)
+    assert records(t) == records(parts[0]) + records(parts[1])
+    one = [RecordTable(p.rec, (b, b, b), "t") for p in parts for b in
+           [np.concatenate([p.bufs[0], p.bufs[1], p.bufs[2]])]]  # one buffer per part (byte ranges of a file)
+    for p, o in zip(parts, one, strict=True):
+        o.rec = p.rec.copy()
+        o.rec[:, R_LAB] += p.bufs[0].shape[0]
+        o.rec[:, R_SV] += p.bufs[0].shape[0] + p.bufs[1].shape[0]
+    t = RecordTable.concat(one, "t")
+    assert t.bufs[0] is t.bufs[1] is t.bufs[2] and t.bufs[0].shape[0] == sum(o.bufs[0].shape[0] for o in one)
+    assert records(t) == records(parts[0]) + records(parts[1])
+    assert RecordTable.concat([], "t").rec.shape == (0, len(t.rec[0])) and RecordTable.concat(parts[:1], "t") is parts[0]
