@@ -16,14 +16,13 @@ chunk outside the volume) are not counted. The kernel releases the GIL.
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
 from ..errors import BlockDecodeError
+from . import jit
 from .codec import (
     BITS,
     E_LABELS_TRUNC,
@@ -441,19 +440,8 @@ _SIG = types.UniTuple(types.int64, 3)(
     types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.int64, 1, "C", readonly=True),
 )
-_lock = threading.Lock()
-_kernel = None
-
-
-def _compiled():
-    global _kernel
-    if _kernel is None:
-        with _lock:  # several threads may make the first call at once: compile once
-            if _stats_kernel._can_compile:
-                _stats_kernel.compile(_SIG)
-                _stats_kernel.disable_compile()
-            _kernel = _stats_kernel
-    return _kernel
+# one signature for every call, compiled (or loaded from numba's cache) at first use
+_kernel = jit.kernel(_stats_kernel, [_SIG.args], None, exclusive=True)
 
 
 _E_LIST = 101  # a: the record's list length, b: the block's N
@@ -597,7 +585,7 @@ def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.
     if min(lx, ly, lz, hx, hy, hz) < 0:
         raise BlockDecodeError(f"box must be non-negative, got {(lx, ly, lz)}..{(hx, hy, hz)}")
     try:
-        code, a, b = _compiled()(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8, _REV8)
+        code, a, b = _kernel(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8, _REV8)
     except (TypeError, ValueError) as e:
         raise BlockDecodeError(f"invalid arguments to block_stats_into: {e}") from e
     if code == _E_EXTENT:

@@ -15,7 +15,6 @@ outputs a general scalar path. The kernels release the GIL.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numba
@@ -404,15 +403,6 @@ _ENCODE_SIG = types.Array(types.uint8, 1, "C")(
 )
 
 
-def _fix_signature(dispatcher, sig):
-    # TensorStore calls the first decode from several pool threads at once: compile once
-    with _compile_lock:
-        if dispatcher._can_compile:
-            dispatcher.compile(sig)
-            dispatcher.disable_compile()
-    return dispatcher
-
-
 def _decode_numpy(data, pal, use_pal, out):
     """``_decode_kernel`` in numpy: the same checks in the same order, the same codes and voxels.
 
@@ -497,7 +487,6 @@ def _decode_numpy(data, pal, use_pal, out):
     return _OK, 0, 0
 
 
-_compile_lock = threading.Lock()
 # the first decodes run _decode_numpy while a background thread compiles the kernel (formats.jit)
 _decode = jit.kernel(_decode_kernel, [_DECODE_SIG.args], _decode_numpy, exclusive=True)
 
@@ -1083,7 +1072,9 @@ def _encode_kernel(vol, sort_subblocks):
     return buf
 
 
-_encode = None
+
+
+_encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], None, exclusive=True)  # compiled at first use
 
 
 def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:
@@ -1129,7 +1120,4 @@ def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:
         vol = vol.astype(np.uint64)
     elif not vol.dtype.isnative:
         vol = vol.astype(np.uint64)
-    global _encode
-    if _encode is None:
-        _encode = _fix_signature(_encode_kernel, _ENCODE_SIG)
     return _encode(vol, subblock_order == "sorted").tobytes()

@@ -25,13 +25,12 @@ releases the GIL.
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
 from numba.core import types
 
 from ..errors import BlockDecodeError
+from . import jit
 from .codec import (
     BITS,
     E_OK,
@@ -430,20 +429,8 @@ _SIG = types.Tuple(
     types.Array(types.uint64, 1, "C", readonly=True),
     types.boolean,
 )
-_compile_lock = threading.Lock()
-_kernel = None
-
-
-def _get_kernel():
-    # compiled (or loaded from numba's cache) once, on first use; one signature for every call
-    global _kernel
-    if _kernel is None:
-        with _compile_lock:
-            if _transcode_kernel._can_compile:
-                _transcode_kernel.compile(_SIG)
-                _transcode_kernel.disable_compile()
-            _kernel = _transcode_kernel
-    return _kernel
+# one signature for every call, compiled (or loaded from numba's cache) at first use
+_kernel = jit.kernel(_transcode_kernel, [_SIG.args], None, exclusive=True)
 
 
 def _as_palette(palette) -> np.ndarray:
@@ -485,9 +472,9 @@ def transcode(block, palette=None) -> bytes:
     """
     d = as_u8(block)
     if palette is None:
-        code, a, b, out, nbytes = _get_kernel()(d, _NO_PALETTE, False)
+        code, a, b, out, nbytes = _kernel(d, _NO_PALETTE, False)
     else:
-        code, a, b, out, nbytes = _get_kernel()(d, _as_palette(palette), True)
+        code, a, b, out, nbytes = _kernel(d, _as_palette(palette), True)
     if code:
         raise block_error(code, a, b, d, None)
     return out[:nbytes].tobytes()
@@ -508,7 +495,7 @@ def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
     BlockDecodeError
         If the block is malformed or an argument has the wrong type, dtype or layout.
     """
-    k = _kernel if _kernel is not None else _get_kernel()
+    k = _kernel
     try:
         if palette is None:
             code, a, b, out, nbytes = k(data_u8, _NO_PALETTE, False)

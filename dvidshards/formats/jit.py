@@ -52,10 +52,11 @@ class Kernel:
     dispatcher then refuses other signatures (numba converts writable and strided arrays to a
     compiled ``readonly``/``'A'`` signature), so no call ever compiles in the caller's thread.
     ``fallback`` takes the same arguments and returns the same result (bit for bit, error codes
-    included): the tests hold each pair to that.
+    included): the tests hold each pair to that. Without one (``None``: kernels off the read
+    path, such as the encoder), the first call compiles the signatures and waits, in any mode.
     """
 
-    def __init__(self, dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any],
+    def __init__(self, dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any] | None,
                  exclusive: bool = False):
         self.dispatcher = dispatcher
         self.signatures = tuple(signatures)
@@ -75,6 +76,9 @@ class Kernel:
         fast = self._fast
         if fast is not None and not _forced:
             return fast(*args)
+        if self.fallback is None:  # nothing else can answer: compile once, for every thread
+            self.compile()
+            return self.dispatcher(*args)
         if _forced:
             return self.fallback(*args)
         m = mode()
@@ -111,6 +115,8 @@ class Kernel:
                 if self.exclusive:
                     self.dispatcher.disable_compile()
             except Exception as e:  # numba cannot compile here: keep the fallback, say so once
+                if self.fallback is None:
+                    raise
                 self.failed = e
                 warnings.warn(f"numba could not compile {self.name} ({type(e).__name__}: {e}); "
                               "the slower fallback is used", RuntimeWarning, stacklevel=2)
@@ -243,7 +249,7 @@ if hasattr(os, "register_at_fork"):
 _KERNELS: list[Kernel] = []
 
 
-def kernel(dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any],
+def kernel(dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any] | None,
            exclusive: bool = False) -> Kernel:
     """Register a :class:`Kernel` (see there)."""
     k = Kernel(dispatcher, signatures, fallback, exclusive)

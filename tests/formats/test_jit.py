@@ -368,3 +368,13 @@ def test_a_forked_child_starts_its_own_compiler(monkeypatch):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_kernel_without_fallback_compiles_at_first_call_in_every_mode(monkeypatch):
+    """Kernels off the read path (encoder, transcoder, statistics) compile once and wait."""
+    for m in ("background", "fallback", "compiled"):
+        monkeypatch.setenv("DVIDSHARDS_KERNELS", m)
+        k = jit.Kernel(numba.njit(cache=False)(_add.py_func), [(numba.int64, numba.int64)], None, exclusive=True)
+        assert k(2, 3) == 5 and k.ready
+        with jit.fallbacks():
+            assert k(2, 3) == 5  # nothing else can answer
