@@ -21,7 +21,7 @@ numba's cache and zlib, 0.1-0.4 s, are paid once per worker, not per shard); the
 process's user + system time (all threads) and peak RSS the kernel's high-water mark (reset
 before the timed job). Variants:
 
-* ``dvidshards``: ``dvidshards.convert.convert`` in the process (scheduler None), precomputed
+* ``dvidshards``: ``dvidshards.jobs.convert.convert`` in the process (scheduler None), precomputed
   with gzip chunk data (level 1, the default) or raw, or zarr3;
 * ``dvidshards, TS encoder``: ``encoder="tensorstore"`` (decode + TensorStore's encoder);
 * ``commit-every-100 loop``: tensorstore-export's way, written here from its description (its
@@ -112,7 +112,7 @@ def _warm(ds, scale) -> None:
 
 def child_dvid(d: dict, out: Path, fmt: str, data_encoding: str, encoder: str, extra: int) -> dict:
     import dvidshards
-    from dvidshards.convert import convert
+    from dvidshards.jobs.convert import convert
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
     _warm(ds, d["scale"])
@@ -190,8 +190,8 @@ def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -
     import zstandard
 
     import dvidshards
-    from dvidshards.convert import _gzip, plan_scale
     from dvidshards.formats.sharding import compressed_morton_code
+    from dvidshards.jobs.convert import _gzip, plan_scale
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
     plan = plan_scale(ds.scale(d["scale"]), "precomputed", data_encoding=data_encoding)
@@ -228,7 +228,8 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
     import tensorstore as ts
 
     import dvidshards
-    from dvidshards.convert import (
+    from dvidshards.formats.codec import decode_block
+    from dvidshards.jobs.convert import (
         ZARR_INDEX_CODECS,
         _create_output,
         _kvstore_json,
@@ -236,7 +237,6 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
         _sub,
         plan_scale,
     )
-    from dvidshards.formats.codec import decode_block
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
     plan = plan_scale(ds.scale(d["scale"]), "zarr3")

@@ -37,7 +37,7 @@ import common as C
 import numpy as np
 
 import dvidshards
-from dvidshards import pcg
+from dvidshards.jobs import pcg
 from dvidshards.formats import pcg as fmt
 
 CS = (256, 256, 256)

@@ -17,7 +17,7 @@ Measures, on one scale of DVID-like records (the real mCNS blocks reused over a 
    same 256-row batches pre-built in the memory of another server process (C++
    ``RecordBatchStream``, read with a bare ``read_chunk`` loop).  The Flight rows run twice:
    with glibc's default malloc in this (client) process, then after
-   ``dvidshards.flight.tune_malloc()``.  Both servers call it (``serve-flight`` does).
+   ``dvidshards.sources.flight.tune_malloc()``.  Both servers call it (``serve-flight`` does).
 3. **Ingest** (Flight server → 2 workers → Parquet) against its floor: the same record
    batches written from memory into Parquet by the same writer, 2 threads.
 
@@ -75,8 +75,8 @@ def floor_server(export: str, spec_path: str) -> None:
     import pyarrow.flight as fl
 
     from dvidshards.dataset import Dataset
-    from dvidshards.flight import tune_malloc
-    from dvidshards.tables import record_batches
+    from dvidshards.sources.flight import tune_malloc
+    from dvidshards.sources.tables import record_batches
 
     tune_malloc()  # as serve-flight does
     ds = Dataset(export, spec=json.loads(open(spec_path).read()))
@@ -181,13 +181,13 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from dvidshards.dataset import Dataset
-    from dvidshards.flight import FlightSource, tune_malloc
     from dvidshards.formats.labels import as_labels
-    from dvidshards.tables import (
+    from dvidshards.jobs.ingest import ingest
+    from dvidshards.sources.flight import FlightSource, tune_malloc
+    from dvidshards.sources.tables import (
         ROW_GROUP,
+        ShardFileWriter,
         TableSource,
-        _ShardFileWriter,
-        ingest,
         record_batches,
         record_keys,
     )
@@ -413,7 +413,7 @@ def main() -> None:
         def write_part(i):
             for sid, (o, bs) in batches.items():
                 if sid % 2 == i:
-                    w = _ShardFileWriter(str(floor_dir / "s1"), sid, o, s, ROW_GROUP, 126 * 1024)
+                    w = ShardFileWriter(str(floor_dir / "s1"), sid, o, s, ROW_GROUP, 126 * 1024)
                     for b in bs:
                         w.add(b)
                     w.close()

@@ -39,7 +39,7 @@ from common import CHUNK, MIB, _done, _fresh, _reset, table  # noqa: E402
 import dvidshards  # noqa: E402
 from dvidshards.formats.blockstats import batch_stats  # noqa: E402
 from dvidshards.formats.records import _dctx  # noqa: E402
-from dvidshards.stats import body_stats, label_index, shard_body_stats, shard_label_index  # noqa: E402
+from dvidshards.jobs.stats import body_stats, label_index, shard_body_stats, shard_label_index  # noqa: E402
 
 REAL_CHUNKS = 587_000_000
 REAL_SHARDS = 26_128
@@ -150,7 +150,7 @@ def todays_way(export: Path, spec: dict, boxes: int, edge: int = 256):
 def merge_cost(ds, scale: int, work: Path) -> float:
     """CPU seconds per row of one reduce pass: the scale's label-index partials (6-bit row groups,
     as the shard tasks write them in a big job) merged into one file of 7-bit buckets."""
-    from dvidshards.stats import _Job, _merge_task, _shard_task
+    from dvidshards.jobs.stats import _Job, _merge_task, _shard_task
 
     (work / "shards").mkdir(parents=True)
     (work / "L1").mkdir()
@@ -213,7 +213,7 @@ def main() -> None:
         today_cpu, today_wall = todays_way(export, spec, boxes=1 if args.quick else 2)
         dask_wall = dask_start = None
         if not args.no_dask:
-            from dvidshards.jobs import _connect
+            from dvidshards.jobs.runner import _connect
 
             w = time.perf_counter()
             client, cluster, _ = _connect("local:2")

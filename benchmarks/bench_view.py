@@ -31,7 +31,8 @@ import numpy as np
 from common import DEFAULT_DATA, REAL_SHARD, header, mcns_spec, med, parser, real_export, table
 
 import dvidshards
-from dvidshards.view import ViewServer, find_browser, open_browser, screenshot
+import dvidshards.serve.view
+from dvidshards.serve.view import ViewServer, find_browser, open_browser, screenshot
 
 
 def build_export(workdir: Path, size, seed: int = 5, log=print) -> tuple[Path, dict]:
@@ -222,7 +223,7 @@ def first_screenshots(export, spec, rounds: int, size=(1024, 768)) -> list[list]
                         v = lv_viewer(dsr, lv, dims, centre)
                         srv = None
                     else:
-                        v = dvidshards.view.viewer(dsr, position=centre)
+                        v = dvidshards.serve.view.viewer(dsr, position=centre)
                         srv = v.dvidshards_server
                     with v.txn() as s:
                         s.layout = "xy"

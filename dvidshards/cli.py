@@ -28,18 +28,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consolidate": ("dvidshards.cli:Consolidate",
                     "write one chunk index per scale outside the export, so that it opens at once"),
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
-    "convert": ("dvidshards.convert",
+    "convert": ("dvidshards.jobs.convert",
                 "convert an export to neuroglancer precomputed or zarr v3, one task per source shard"),
-    "stats": ("dvidshards.stats:StatsCommand",
+    "stats": ("dvidshards.jobs.stats:StatsCommand",
               "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
-    "label-index": ("dvidshards.stats:LabelIndexCommand",
+    "label-index": ("dvidshards.jobs.stats:LabelIndexCommand",
                     "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
-    "pcg-edges": ("dvidshards.pcg",
+    "pcg-edges": ("dvidshards.jobs.pcg",
                   "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
-    "view": ("dvidshards.view",
+    "view": ("dvidshards.serve.view",
              "serve an export as a neuroglancer precomputed source and open a viewer on it"),
-    "serve-flight": ("dvidshards.flight", "serve an export's (or a table's) block records over Arrow Flight"),
-    "ingest": ("dvidshards.flight:IngestCommand",
+    "serve-flight": ("dvidshards.serve.flight", "serve an export's (or a table's) block records over Arrow Flight"),
+    "ingest": ("dvidshards.jobs.ingest:IngestCommand",
                "pull block records from a Flight server or an export into a sorted Parquet table, or turn "
                "DVID /blocks dumps into an export"),
 }
@@ -253,7 +253,7 @@ class Verify:
 
     @staticmethod
     def main(args) -> int:
-        from .verify import verify
+        from .jobs.verify import verify
 
         report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec,
                         progress=progress_wanted(args))

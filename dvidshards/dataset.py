@@ -9,7 +9,9 @@ chunk that could belong to a missing shard file is never read as background on a
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import itertools
 import math
 import os
 import re
@@ -18,11 +20,14 @@ import warnings
 import numpy as np
 import tensorstore as ts
 
-from .errors import GeometryWarning, MissingShardError, SpecError
+from .consolidated import ConsolidatedIndex, consolidated_paths, spec_from_consolidated
+from .errors import ChunkIndexError, GeometryWarning, MissingShardError, SpecError
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
+from .query import BodyIndex, BodyMask, body_mask, chunks_with, labels_in_box
 from .read import ChunkReader, read_box
-from .shard import RecordSource, Shard, load_shard_sync
+from .shard import Shard, load_shard_sync
+from .sources import RecordSource, record_source_of
 from .stores import ByteStore, as_store
 
 __all__ = ["Dataset", "Scale", "open", "shard_origins"]
@@ -60,31 +65,6 @@ def _load_spec(spec, store) -> tuple[dict | None, str]:
         raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
 
 
-def _record_source(source, spec) -> RecordSource | None:
-    """A Flight URI, a table (an ingested folder, Parquet or Arrow file) or an Arrow stream as a
-    RecordSource (implemented in dvidshards.flight and dvidshards.tables); None for an export."""
-    if isinstance(source, RecordSource):
-        return source
-    table = hasattr(source, "__arrow_c_stream__")
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        table = True
-    elif isinstance(source, (str, os.PathLike)):
-        p = os.fspath(source)
-        if os.path.isfile(p) and p.endswith((".parquet", ".arrow", ".feather", ".ipc")):
-            table = True
-        elif os.path.isfile(os.path.join(p, "info")):
-            try:
-                with builtins.open(os.path.join(p, "info"), "rb") as f:
-                    table = b'"dvidshards_table"' in f.read()
-            except OSError:
-                table = False
-    if not table:
-        return None
-    from .flight import as_record_source
-
-    return as_record_source(source, spec=spec)
-
-
 def _resolution(resolution, where: str) -> tuple[float, float, float] | None:
     if resolution is None:
         return None
@@ -120,12 +100,10 @@ class Dataset:
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
-        source = _record_source(source, spec) or source
+        source = record_source_of(source, spec) or source
         self.store: ByteStore | RecordSource = source if isinstance(source, RecordSource) else as_store(source)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):
-            from .errors import ChunkIndexError
-
             raise ChunkIndexError(f"{self.index}: no such folder of consolidated indexes (index=...)")
         if policy not in (None, "eager", "lazy"):
             raise SpecError(f"policy must be 'eager', 'lazy' or None, got {policy!r}")
@@ -135,8 +113,6 @@ class Dataset:
             spec = self.store.spec
         raw, where = _load_spec(spec, self.store)
         if raw is None and self.index is not None:
-            from .consolidated import spec_from_consolidated
-
             raw, where = spec_from_consolidated(self.index), self.index
         self.spec = raw
         if raw is not None:
@@ -244,8 +220,6 @@ class Dataset:
         """
         s = self.scale(scale)
         if self.index is not None:
-            from .consolidated import ConsolidatedIndex, consolidated_paths
-
             if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
                 return sorted(ConsolidatedIndex(self.index, s.folder).shards)
         if isinstance(self.store, RecordSource):
@@ -259,9 +233,6 @@ class Dataset:
 
     def _probe(self, s: Scale) -> list[tuple[int, int, int]]:
         """Origins of the shard grid whose files exist (concurrent existence checks)."""
-        import asyncio
-        import itertools
-
         n = [max(1, -(-(o + z) // min(s.shard_extent, SINGLE_SHARD)))
              for o, z in zip(s.voxel_offset, s.size, strict=True)]
         e = min(s.shard_extent, SINGLE_SHARD)
@@ -298,8 +269,6 @@ class Dataset:
         """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
         s = self.scale(scale)
         if self.index is not None:
-            from .consolidated import ConsolidatedIndex, consolidated_paths
-
             if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
                 return ConsolidatedIndex(self.index, s.folder).chunks()
         parts = [self.shard(s, o).coords for o in self.shards(s)]
@@ -358,37 +327,23 @@ class Dataset:
             **kwargs,
         )
 
-    # --- queries (implemented in dvidshards.query) ----------------------------------------------
+    # --- queries (implemented in dvidshards.query, one layer below) -----------------------------
 
     def labels(self, box, scale=0, labels="agglomerated") -> np.ndarray:
         """Sorted unique ids in a voxel box; whole chunks from their label lists, cut chunks decoded."""
-        from .query import labels_in_box
-
         return labels_in_box(self, box, scale, labels)
 
     def chunks_with(self, ids, scale=0, labels="agglomerated") -> np.ndarray:
         """(n, 3) chunk coordinates whose label lists hold any of ids (no decompression)."""
-        from .query import chunks_with
-
         return chunks_with(self, ids, scale, labels)
 
-    def body_index(self, path):
-        """The label index written by ``dvidshards.stats.label_index``, for per-body look-ups."""
-        from .query import BodyIndex
-
+    def body_index(self, path) -> BodyIndex:
+        """The label index written by ``dvidshards label-index``, for per-body look-ups."""
         return BodyIndex(path)
 
-    def body_mask(self, body, scale=0, labels="agglomerated", index=None):
+    def body_mask(self, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
         """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
-        from .query import body_mask
-
         return body_mask(self, body, scale, labels=labels, index=index)
-
-    def viewer(self, labels="agglomerated", select=None, position=None, **kwargs):
-        """A ``neuroglancer.Viewer`` of the export (needs ``dvidshards[view]``)."""
-        from .view import viewer
-
-        return viewer(self, labels=labels, select=select, position=position, **kwargs)
 
 
 def _missing(ds: Dataset, s: Scale, o) -> Shard:

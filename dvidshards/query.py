@@ -8,7 +8,7 @@ here:
 * :func:`chunks_with` - the chunks whose lists hold any of some ids: a vectorised scan of the
   list columns, no zstd.
 * :class:`BodyIndex` - DVID's ``LabelIndex`` of one body (its chunks, supervoxel sizes, box)
-  from the Parquet dataset written by :func:`dvidshards.stats.label_index`.
+  from the Parquet dataset written by :func:`dvidshards.jobs.stats.label_index`.
 * :func:`body_mask` - a body as a mask over its bounding box, decoding only its chunks (DVID's
   ``sparsevol``).
 
@@ -27,33 +27,15 @@ from typing import NamedTuple
 import numpy as np
 
 from .errors import SpecError
-from .formats.arrowipc import R_LAB, R_NLAB, R_NSV, R_SV
+from .formats.labelindex import INDEX_SCHEMA, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
+from .formats.records import list_values
 
 __all__ = ["BodyIndex", "BodyMask", "body_mask", "chunks_with", "labels_in_box"]
 
 
 def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
     return s.check_box(box)
-
-
-def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
-    """All entries of one list column of a RecordTable, flat, and the record each belongs to."""
-    off_col, n_col, buf = (R_LAB, R_NLAB, t.bufs[1]) if which == "labels" else (R_SV, R_NSV, t.bufs[2])
-    n = t.rec[:, n_col]
-    owner = np.repeat(np.arange(len(t), dtype=np.int64), n)
-    if not len(t):
-        return np.zeros(0, np.uint64), owner
-    off = t.rec[:, off_col]
-    if buf.ctypes.data % 8 == 0 and not (off % 8).any():
-        # one gather over the buffer viewed as uint64 (offsets were checked when the table was built)
-        u64 = buf[:buf.shape[0] // 8 * 8].view("<u8")
-        first = np.repeat(off // 8 - np.concatenate(([0], np.cumsum(n)[:-1])), n)
-        vals = u64[first + np.arange(len(owner), dtype=np.int64)].astype(np.uint64, copy=False)
-    else:
-        get = t.labels if which == "labels" else t.supervoxels
-        vals = np.concatenate([get(i) for i in range(len(t))]).astype(np.uint64, copy=False)
-    return vals, owner
 
 
 def _record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +151,7 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
 
 
 class BodyIndex:
-    """Per-body look-ups in a label index written by :func:`dvidshards.stats.label_index`.
+    """Per-body look-ups in a label index written by :func:`dvidshards.jobs.stats.label_index`.
 
     Parameters
     ----------
@@ -209,8 +191,6 @@ class BodyIndex:
         return f"BodyIndex({self.path!r}, scale={self.scale}, labels={self.meta.get('labels')!r})"
 
     def _file(self, body: int) -> str:
-        from .stats import bucket_name, bucket_of
-
         return os.path.join(self.path, bucket_name(int(bucket_of(np.uint64(body), self.bits)), self.bits))
 
     def rows(self, body):
@@ -218,8 +198,6 @@ class BodyIndex:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
-
-        from .stats import INDEX_SCHEMA
 
         body = int(body)
         if body < 0 or body >= 1 << 64:
@@ -295,8 +273,6 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
     src = as_labels(labels)
     body = int(body)
     if index is not None:
-        from .stats import labels_id
-
         idx = index if isinstance(index, BodyIndex) else BodyIndex(index)
         if idx.scale != s.index or any(idx.meta.get(k) != v for k, v in labels_id(src).items()):
             raise SpecError(f"{idx.path}: the index is of scale {idx.scale} with {idx.meta.get('labels')} labels, "

@@ -26,6 +26,7 @@ import numpy as np
 import tensorstore as ts
 import zstandard
 
+from .consolidated import ConsolidatedIndex, consolidated_paths
 from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
 from .formats.arrowipc import R_NSV, R_PAY, R_PAYLEN, R_USIZE
 from .formats.codec import decode_into, decode_row_into
@@ -197,8 +198,6 @@ class _ProcState:
         self.cache = ShardCache(reader.load, reader.store, max_shards=reader.max_shards, max_bytes=reader.max_bytes)
         self.consolidated = None
         if reader.consolidated is not None:
-            from .consolidated import ConsolidatedIndex, consolidated_paths
-
             if os.path.exists(consolidated_paths(reader.consolidated, reader.scale.folder)[0]):
                 self.consolidated = ConsolidatedIndex(reader.consolidated, reader.scale.folder)
         self._loop = None

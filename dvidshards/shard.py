@@ -54,9 +54,10 @@ from .formats.chunkindex import (
 )
 from .formats.multiscale import Scale
 from .formats.records import RecordTable
+from .sources.base import RecordSource
 from .stores.base import ByteStore, PastEndError, drive, run_sync
 
-__all__ = ["POLICIES", "RecordSource", "Shard", "ShardCache", "load_shard", "load_shard_sync", "with_chunk"]
+__all__ = ["POLICIES", "Shard", "ShardCache", "load_shard", "load_shard_sync", "with_chunk"]
 
 POLICIES = ("eager", "lazy")
 _WINDOW, _WINDOW_MAX = 1 << 20, 16 << 20  # stream scan window (lazy, legacy C streams)
@@ -160,10 +161,8 @@ class Shard:
         The records' own chunk columns are its index: they must be unique and inside the
         shard's box.  ``source`` is the RecordSource they came from.
         """
-        from .formats.chunkindex import check_coords as _unique
-
         coords = np.ascontiguousarray(table.coords, np.int64)
-        _unique(coords, table.path)
+        check_coords(coords, table.path)
         n = len(coords)
         zeros = np.zeros(n, np.int64)
         index = ShardIndex("T", coords, zeros, zeros, np.arange(n, dtype=np.int64))
@@ -244,7 +243,7 @@ class Shard:
         """Validated records ``rows`` (record numbers), fetching their batches when lazy."""
         rows = np.asarray(rows, np.int64)
         if self._table is not None:
-            return _subset(self._table, rows)
+            return self._table.take(rows)
         items = [(*self.batch(int(i)), int(i)) for i in rows]
         groups = merge_ranges([(o, o + n, i) for o, n, i in items])
         bufs = await self.store.read_ranges(self.key, [(g[0], g[1]) for g in groups], return_exceptions=True)
@@ -261,12 +260,12 @@ class Shard:
         if np.array_equal(cat, rows):
             return t
         where = {int(r): k for k, r in enumerate(cat)}
-        return _subset(t, np.array([where[int(r)] for r in rows], np.int64))
+        return t.take(np.array([where[int(r)] for r in rows], np.int64))
 
     def table(self, rows=None) -> RecordTable:
         """Validated records (all by default, in index order) for bulk work."""
         if self._table is not None:
-            return self._table if rows is None else _subset(self._table, np.asarray(rows, np.int64))
+            return self._table if rows is None else self._table.take(rows)
         rows = np.arange(len(self)) if rows is None else rows
         return self.store._sync(self.fetch(rows))
 
@@ -314,53 +313,6 @@ def _tiles(index: ShardIndex, schema_size: int) -> bool:
     return bool(offs[0] <= schema_size + 8 and (offs[1:] == offs[:-1] + lens[:-1]).all())
 
 
-def _subset(t: RecordTable, rows: np.ndarray) -> RecordTable:
-    return RecordTable(t.rec[rows], t.bufs, t.path, t.chunk_size)
-
-
-class RecordSource:
-    """Block records that do not come as shard files (a table, a Flight stream): the interface.
-
-    A ``Dataset`` over a RecordSource reads, bulk-reads, verifies and converts exactly as over
-    shard files.  Implementations give the multiscale ``spec`` (a neuroglancer multiscale dict),
-    the shard origins holding records, and each shard's records as a ``Shard`` built with
-    ``Shard.from_records``.
-    """
-
-    #: the coroutines complete without waiting (in-memory sources): run them with ``drive``
-    immediate = False
-    mappable = False
-    spec: dict | None = None
-
-    def describe(self, key: str) -> str:
-        """A name for messages."""
-        raise NotImplementedError
-
-    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
-        """Voxel origins of the shards that hold records at a scale."""
-        raise NotImplementedError
-
-    async def load_shard(self, scale: Scale, origin) -> Shard:
-        """The shard's records (MissingShardError when the source has no such shard)."""
-        raise NotImplementedError
-
-    async def exists(self, key: str) -> bool:
-        return False
-
-    async def stat(self, key: str):
-        from .stores.base import Stat
-
-        return Stat(None, None)
-
-    def list_sync(self, prefix: str = "") -> list[str]:
-        from .errors import SpecError
-
-        raise SpecError(f"{self.describe(prefix)}: a record source has no folders to list")
-
-    def _sync(self, coro):
-        return drive(coro) if self.immediate else run_sync(coro)
-
-
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -382,7 +334,7 @@ async def load_shard(store: ByteStore | RecordSource, scale: Scale, origin, *, p
         A preloaded index (from a consolidated index) instead of the shard's own.
     """
     if isinstance(store, RecordSource):
-        return await store.load_shard(scale, origin)
+        return Shard.from_records(store, await store.load_records(scale, origin), scale, origin)
     policy = policy or ("eager" if store.mappable else "lazy")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")

@@ -1,4 +1,4 @@
-"""dvidshards.convert: outputs read back with plain TensorStore, resume, planner refusals, dask."""
+"""dvidshards.jobs.convert: outputs read back with plain TensorStore, resume, planner refusals, dask."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 import tensorstore as ts
 
 import dvidshards
-from dvidshards.convert import (
+from dvidshards.errors import DvidShardsError, SpecError
+from dvidshards.formats.codec import decode_block
+from dvidshards.formats.mapping import LabelMapping
+from dvidshards.formats.sharding import compressed_morton_code
+from dvidshards.jobs.convert import (
     ZARR_INDEX_CODECS,
     ConvertPlanError,
     convert,
@@ -19,10 +23,6 @@ from dvidshards.convert import (
     plan_scale,
     verify_output,
 )
-from dvidshards.errors import DvidShardsError, SpecError
-from dvidshards.formats.codec import decode_block
-from dvidshards.formats.mapping import LabelMapping
-from dvidshards.formats.sharding import compressed_morton_code
 from tests.conftest import REAL_SHARD, make_export
 from tests.formats.test_cseg import ts_encode
 

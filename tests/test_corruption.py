@@ -24,7 +24,7 @@ from dvidshards.errors import (
     MissingShardError,
     ShardFormatError,
 )
-from dvidshards.verify import verify
+from dvidshards.jobs.verify import verify
 from dvidshards.writer import write_shard
 from tests.conftest import REAL_SHARD
 

@@ -1,4 +1,4 @@
-"""Arrow Flight (dvidshards.flight): a server for exports and a client source, on loopback."""
+"""Arrow Flight (dvidshards.sources.flight, dvidshards.serve.flight): a server for exports and a client source, on loopback."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from dvidshards.errors import (
     ShardFormatError,
     SpecError,
 )
-from dvidshards.flight import ExportFlightServer, FlightAuthError, FlightSource, serve
-from dvidshards.tables import PartialStreamError, ingest, table_files
+from dvidshards.jobs.ingest import ingest
+from dvidshards.serve.flight import ExportFlightServer, serve
+from dvidshards.sources.flight import FlightAuthError, FlightSource
+from dvidshards.sources.tables import PartialStreamError, table_files
 from tests.conftest import REAL_SHARD, make_export
 from tests.test_tables import (
     assert_chunks_equal,
@@ -85,7 +87,7 @@ def test_flight_source_reads_like_the_files(synth, server):
     # through TensorStore as well
     vol = dfl.open(0, labels="supervoxels")[10:150, 5:120, 20:140].read(order="F").result()
     np.testing.assert_array_equal(vol, synth.expected(0, "supervoxels")[10:150, 5:120, 20:140])
-    from dvidshards.verify import verify
+    from dvidshards.jobs.verify import verify
 
     report = verify(dfl, decode=True)
     assert report.ok and report.checked, report.summary()
@@ -165,7 +167,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_when_closed():
     import threading
     import time
 
-    from dvidshards.flight import _ahead
+    from dvidshards.serve.flight import _ahead
 
     assert list(_ahead(iter(range(50)))) == list(range(50))
 
@@ -197,7 +199,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_when_closed():
 
 
 def test_tune_malloc_applies_once_per_process():
-    code = "from dvidshards.flight import tune_malloc as t; print(t(), t(1, 1))"
+    code = "from dvidshards.sources.flight import tune_malloc as t; print(t(), t(1, 1))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     import platform
 
@@ -260,7 +262,7 @@ def test_server_error_mid_stream_reaches_the_client_typed(synth, tmp_path):
     root = tmp_path / "exp"
     shutil.copytree(synth.root, root)
     ds = Dataset(root)
-    from dvidshards.tables import origins_by_shard_id
+    from dvidshards.sources.tables import origins_by_shard_id
 
     by_id = origins_by_shard_id(ds.scale(0), ds.shards(0))
     ids = sorted(by_id)
@@ -410,7 +412,7 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
-    from dvidshards.tables import TableSource
+    from dvidshards.sources.tables import TableSource
 
     assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), [0, 1, 2])
     r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "serve-flight", str(tmp_path / "nope")],
@@ -456,8 +458,8 @@ def test_server_checks_payload_frames_before_sending(mcns, real_records, tmp_pat
 
 
 def test_as_record_source_and_uri_strings(synth, server, tmp_path, dvid_data):
-    from dvidshards.flight import as_record_source
-    from dvidshards.tables import TableSource
+    from dvidshards.sources import as_record_source
+    from dvidshards.sources.tables import TableSource
 
     assert isinstance(as_record_source(server.location), FlightSource)
     ingest(synth.root, tmp_path / "t", workers=1, scales=[2])

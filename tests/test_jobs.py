@@ -82,7 +82,7 @@ def test_progress_bar_on_request(capsys):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    from dvidshards.jobs import _connect
+    from dvidshards.jobs.runner import _connect
 
     c, cluster, _ = _connect("local:2")
     assert isinstance(c, distributed.Client)

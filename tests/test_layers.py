@@ -43,3 +43,68 @@ def test_no_module_imports_private_names_of_another():
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name} "
                                          f"from {'.' * node.level}{node.module or ''}")
     assert not offenders, "\n".join(offenders)
+
+
+def _imports() -> dict[str, set[str]]:
+    """{module: dvidshards modules it imports anywhere in its file (function level too)}."""
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        name = ".".join(parts)
+        pkg = parts if is_pkg else parts[:-1]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(pkg[:len(pkg) - node.level + 1]) if node.level else ""
+                target = ".".join(p for p in (base, node.module or "") if p)
+                for alias in node.names:
+                    out.add(f"{target}.{alias.name}")
+                out.add(target)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        mods[name] = out
+    known = set(mods)
+    return {m: {t for t in ts if t in known and t != m} for m, ts in mods.items()}
+
+
+def test_no_import_cycles():
+    """Tarjan over the module graph (function-level imports included): every component one module."""
+    graph = {m: ts for m, ts in _imports().items() if m != "dvidshards"}  # the root re-exports
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w == "dvidshards":
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_contract_has_no_ignored_imports():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "ignore_imports" not in text

@@ -1,4 +1,4 @@
-"""dvidshards.pcg: PCG edges and components files of whole exports, against brute force."""
+"""dvidshards.jobs.pcg: PCG edges and components files of whole exports, against brute force."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dvidshards import pcg
+from dvidshards.jobs import pcg
 from dvidshards.errors import DvidShardsError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError

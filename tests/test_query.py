@@ -10,8 +10,8 @@ import pytest
 
 import dvidshards
 from dvidshards.errors import MissingShardError, SpecError
+from dvidshards.jobs.stats import label_index
 from dvidshards.query import BodyIndex, body_mask, chunks_with, labels_in_box
-from dvidshards.stats import label_index
 from tests.conftest import make_export
 
 

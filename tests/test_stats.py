@@ -13,11 +13,11 @@ import pytest
 import dvidshards
 from dvidshards.errors import SpecError
 from dvidshards.formats.codec import decode_block
-from dvidshards.stats import (
+from dvidshards.formats.labelindex import bucket_of
+from dvidshards.jobs.stats import (
     INDEX_SCHEMA,
     STATS_SCHEMA,
     body_stats,
-    bucket_of,
     label_index,
     shard_body_stats,
     shard_label_index,
@@ -106,7 +106,7 @@ def exp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    from dvidshards.jobs import _connect
+    from dvidshards.jobs.runner import _connect
 
     c, cluster, _ = _connect("local:2")
     assert isinstance(c, distributed.Client)

@@ -1,4 +1,4 @@
-"""Tables of block records (dvidshards.tables): ingest from Flight and exports, split cells, sources.
+"""Tables of block records (dvidshards.sources.tables, dvidshards.jobs.ingest): ingest from Flight and exports, split cells, sources.
 
 Everything runs on loopback: the Flight servers are started here on 127.0.0.1.
 """
@@ -21,21 +21,11 @@ import pytest
 
 from dvidshards.dataset import Dataset
 from dvidshards.errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
-from dvidshards.flight import ExportFlightServer, FlightSource, serve
-from dvidshards.tables import (
-    BINS,
-    CELL_LIMIT,
-    CellLimitError,
-    Predicate,
-    TableSource,
-    VastDBSink,
-    VastDBSource,
-    ingest,
-    ingest_blocks,
-    ingest_partition,
-    record_keys,
-    shard_predicate,
-)
+from dvidshards.jobs.ingest import ingest, ingest_blocks, ingest_partition
+from dvidshards.serve.flight import ExportFlightServer, serve
+from dvidshards.sources.flight import FlightSource
+from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, TableSource, record_keys
+from dvidshards.sources.vastdb import Predicate, VastDBSink, VastDBSource, shard_predicate
 from tests.conftest import REAL_SHARD, make_export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,7 +301,7 @@ def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
     to = tmp_path / "t"
     srv = SlowServer(synth.root).start()
     try:
-        code = (f"from dvidshards.flight import FlightSource\nfrom dvidshards.tables import ingest\n"
+        code = (f"from dvidshards.sources.flight import FlightSource\nfrom dvidshards.jobs.ingest import ingest\n"
                 f"ingest(FlightSource({srv.location!r}), {str(to)!r}, workers=2, scales=[0])\n")
         p = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT))
         try:
@@ -418,7 +408,7 @@ def test_table_payloads_are_zero_copy_when_nothing_is_split(synth, tmp_path):
     s = Dataset(src).scale(0)
     o = src.shard_origins(s)[0]
     t = pq.ParquetFile(next((to / "s0").glob(f"*_{o[0]}_{o[1]}_{o[2]}.parquet"))).read()
-    from dvidshards.tables import normalise_records
+    from dvidshards.sources.tables import normalise_records
 
     single = t.combine_chunks()
     rt = normalise_records(single, "x", s)
@@ -521,7 +511,7 @@ def test_look_ups_skip_bins_only_where_statistics_say_none_is_split(big_export, 
 
 def test_fast_morton_codes_equal_compressed_morton_code():
     from dvidshards.formats.sharding import compressed_morton_code
-    from dvidshards.tables import _morton
+    from dvidshards.sources.tables import _morton
 
     rng = np.random.default_rng(5)
     for k in range(200):
@@ -534,7 +524,7 @@ def test_fast_morton_codes_equal_compressed_morton_code():
 
 def test_gather_copies_exact_byte_ranges():
     from dvidshards.errors import ShardFormatError
-    from dvidshards.tables import _gather
+    from dvidshards.sources.tables import _gather
 
     rng = np.random.default_rng(1)
     src = rng.integers(0, 256, 100_000, dtype=np.uint8)
@@ -549,7 +539,7 @@ def test_gather_copies_exact_byte_ranges():
 
 def test_stream_batches_are_exact_slices_of_gathered_spans(mcns, monkeypatch):
     """Batches are slices of a few larger gathers; each carries (over IPC) its own records only."""
-    import dvidshards.tables as tables
+    import dvidshards.sources.tables as tables
 
     root, spec = mcns
     ds = Dataset(str(root), spec=str(spec))
@@ -583,7 +573,7 @@ class FakeVastTable:
     def __init__(self):
         import threading
 
-        from dvidshards.tables import TABLE_SCHEMA
+        from dvidshards.sources.tables import TABLE_SCHEMA
 
         self.data = TABLE_SCHEMA.empty_table()
         self.predicates: list = []
@@ -637,7 +627,7 @@ def test_vastdb_predicates_serialise_with_the_sdk(synth):
     import flatbuffers
     from vastdb.internal_commands import Predicate as SdkPredicate
 
-    from dvidshards.tables import TABLE_SCHEMA
+    from dvidshards.sources.tables import TABLE_SCHEMA
 
     ds = Dataset(synth.root)
     for o in ds.shards(0):
@@ -666,7 +656,7 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     box = [[0, 0, 0], list(ds_new.scale(0).size)]
     np.testing.assert_array_equal(ds_new.read(box), synth.expected(0))
     np.testing.assert_array_equal(ds_new.read(box, labels="supervoxels"), synth.expected(0, "supervoxels"))
-    from dvidshards.verify import verify
+    from dvidshards.jobs.verify import verify
 
     assert verify(tmp_path / "exp").ok
     with pytest.raises(SpecError, match="not an empty folder"):  # never into an existing export
@@ -680,7 +670,7 @@ def test_frame_size_kernel_agrees_with_zstandard():
     import zstandard
 
     from dvidshards.formats.records import RecordTable
-    from dvidshards.tables import frame_sizes
+    from dvidshards.sources.tables import frame_sizes
 
     rng = np.random.default_rng(4)
     frames = []
@@ -725,7 +715,7 @@ def test_table_sources_pickle(synth, tmp_path):
 
 
 def test_select_rows_against_brute_force(synth):
-    from dvidshards.tables import select_rows
+    from dvidshards.sources.tables import select_rows
 
     ds = Dataset(synth.root)
     s = ds.scale(0)

@@ -23,7 +23,7 @@ import pytest
 import tensorstore as ts
 
 from dvidshards.dataset import Dataset
-from dvidshards.view import ViewServer, serve
+from dvidshards.serve.view import ViewServer, serve
 from tests.conftest import make_export
 
 SHAPE = (200, 170, 150)  # not a multiple of 64: every scale has clipped edge chunks
@@ -206,7 +206,7 @@ def test_corrupt_shard_fails_its_chunks_only(export, tmp_path, caplog):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # truncated: the shard cannot be loaded
     want = export.expected(0)
-    caplog.set_level(logging.ERROR, logger="dvidshards.view")
+    caplog.set_level(logging.ERROR, logger="dvidshards.serve.view")
     with serve(ds, threads=2) as srv:
         s = json.loads(get(srv.http_url() + "/info")[2])["scales"][0]
         n_bad = n_ok = 0
@@ -231,7 +231,7 @@ def test_corrupt_shard_fails_its_chunks_only(export, tmp_path, caplog):
         lo = np.array(bad)
         assert get(chunk_url(srv.http_url(), s["key"], lo, np.minimum(lo + 64, s["size"])))[0] == 500
         assert srv.stats()["agglomerated"]["failed"]["count"] == n_bad + 1
-    logged = [r.getMessage() for r in caplog.records if r.name == "dvidshards.view"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "dvidshards.serve.view"]
     assert logged and all(str(path.name) in m for m in logged), logged[:2]
     assert all(("ShardFormatError" in m or "ChunkIndexError" in m) for m in logged)
 
@@ -282,7 +282,7 @@ def test_several_volumes_on_one_server(export):
 
 def test_viewer_state(export):
     ng = pytest.importorskip("neuroglancer")
-    from dvidshards.view import viewer
+    from dvidshards.serve.view import viewer
 
     img = "precomputed://http://127.0.0.1:1/em"
     v = viewer(Dataset(export.root, spec=export.spec), select=[7, 9], position=(10, 20, 30), image=img)
@@ -364,7 +364,7 @@ def test_corrupt_record_fails_that_chunk_only(export, tmp_path, caplog):
     for j in range(at + len(payload) // 2, at + len(payload) // 2 + 8):  # the frame's middle
         data[j] ^= 0xFF
     path.write_bytes(bytes(data))
-    caplog.set_level(logging.ERROR, logger="dvidshards.view")
+    caplog.set_level(logging.ERROR, logger="dvidshards.serve.view")
     with serve(Dataset(str(root), spec=export.spec)) as srv:
         s = srv.volume().info["scales"][0]
         want = export.expected(0)
@@ -379,7 +379,7 @@ def test_corrupt_record_fails_that_chunk_only(export, tmp_path, caplog):
                 assert status == 200
                 np.testing.assert_array_equal(decode_chunk(body, s["key"], lo, hi, s),
                                               want[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
-    logged = [r.getMessage() for r in caplog.records if r.name == "dvidshards.view"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "dvidshards.serve.view"]
     assert len(logged) == 1 and "BlockDecodeError" in logged[0] and path.name in logged[0]
 
 
@@ -404,7 +404,7 @@ def test_inferred_geometry_is_served_with_relative_resolutions(export, caplog):
     """Without a spec the scales have no resolution: each is served as 2**k, so they stack."""
     import warnings
 
-    caplog.set_level(logging.WARNING, logger="dvidshards.view")
+    caplog.set_level(logging.WARNING, logger="dvidshards.serve.view")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds = Dataset(export.root)

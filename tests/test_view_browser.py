@@ -21,7 +21,7 @@ ng = pytest.importorskip("neuroglancer")
 pytest.importorskip("selenium")
 Image = pytest.importorskip("PIL.Image")
 
-from dvidshards.view import find_browser, open_browser, screenshot, viewer  # noqa: E402
+from dvidshards.serve.view import find_browser, open_browser, screenshot, viewer  # noqa: E402
 
 SHAPE = (200, 170, 150)
 W, H = 400, 300  # screenshot size

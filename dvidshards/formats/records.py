@@ -19,7 +19,7 @@ from ..errors import BlockDecodeError, ShardFormatError
 from . import arrowipc as ipc
 from .codec import decode_into
 
-__all__ = ["RecordTable", "decompress_block", "max_block_bytes", "normalise_batch"]
+__all__ = ["RecordTable", "decompress_block", "list_values", "max_block_bytes", "normalise_batch"]
 
 R_CX, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = (ipc.R_CX, ipc.R_PAY, ipc.R_PAYLEN, ipc.R_LAB,
                                                               ipc.R_NLAB, ipc.R_SV, ipc.R_NSV, ipc.R_USIZE)
@@ -122,6 +122,10 @@ class RecordTable:
                 pos += p.bufs[k].shape[0]
             bufs.append(np.concatenate([p.bufs[k] for p in parts]))
         return cls(np.concatenate(recs), tuple(bufs * 3 if shared else bufs), path, chunk_size)
+
+    def take(self, rows) -> RecordTable:
+        """The records ``rows`` (record numbers, in that order), sharing this table's buffers."""
+        return RecordTable(self.rec[np.asarray(rows, np.int64)], self.bufs, self.path, self.chunk_size)
 
     def __len__(self) -> int:
         return len(self.rec)
@@ -317,3 +321,22 @@ def _u64_lists(arr, path: str, what: str):
     buf = np.frombuffer(vb, _U8) if vb is not None else np.zeros(0, _U8)
     offs = _offsets(arr, path, what, len(buf) // 8 - child.offset)
     return buf, 8 * (offs[:-1] + child.offset), np.diff(offs)
+
+
+def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
+    """All entries of one list column of a RecordTable, flat, and the record each belongs to."""
+    off_col, n_col, buf = (R_LAB, R_NLAB, t.bufs[1]) if which == "labels" else (R_SV, R_NSV, t.bufs[2])
+    n = t.rec[:, n_col]
+    owner = np.repeat(np.arange(len(t), dtype=np.int64), n)
+    if not len(t):
+        return np.zeros(0, np.uint64), owner
+    off = t.rec[:, off_col]
+    if buf.ctypes.data % 8 == 0 and not (off % 8).any():
+        # one gather over the buffer viewed as uint64 (offsets were checked when the table was built)
+        u64 = buf[:buf.shape[0] // 8 * 8].view("<u8")
+        first = np.repeat(off // 8 - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+        vals = u64[first + np.arange(len(owner), dtype=np.int64)].astype(np.uint64, copy=False)
+    else:
+        get = t.labels if which == "labels" else t.supervoxels
+        vals = np.concatenate([get(i) for i in range(len(t))]).astype(np.uint64, copy=False)
+    return vals, owner

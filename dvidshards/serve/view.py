@@ -42,12 +42,15 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from .errors import DvidShardsError, SpecError
+from ..dataset import Dataset
+from ..errors import BlockDecodeError, DvidShardsError, SpecError
+from ..formats.cseg import is_background, transcode
+from ..formats.labels import as_labels
 
 __all__ = ["ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
            "serve", "viewer"]
 
-log = logging.getLogger("dvidshards.view")
+log = logging.getLogger(__name__)
 
 _CHUNK = re.compile(r"^(.+)/(\d+)-(\d+)_(\d+)-(\d+)_(\d+)-(\d+)$")
 
@@ -129,8 +132,6 @@ class _Encoder:
 
 
 def _as_dataset(source, spec=None):
-    from .dataset import Dataset
-
     return source if isinstance(source, Dataset) else Dataset(source, spec=spec)
 
 
@@ -153,8 +154,6 @@ class ViewVolume:
     """
 
     def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True):
-        from .formats.labels import as_labels
-
         self.dataset = _as_dataset(dataset)
         self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
         self.name = self.labels.name
@@ -222,9 +221,6 @@ class ViewVolume:
 
     def _chunk_from_record(self, k: int, c: np.ndarray):
         """Transcoded bytes of whole chunk c (None: absent or all background)."""
-        from .errors import BlockDecodeError
-        from .formats.cseg import is_background, transcode
-
         x, y, z = (int(v) for v in c)
         reader = self.dataset.reader(k, self.labels, fill_missing_shards=True)
         shard = reader.shard(x, y, z)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dataset import Dataset, shard_origins
-from .errors import BlockDecodeError, DvidShardsError, MissingShardError, SpecError
-from .formats.codec import block_header, decode_into
+from ..dataset import Dataset, shard_origins
+from ..errors import BlockDecodeError, DvidShardsError, MissingShardError, SpecError
+from ..formats.codec import block_header, decode_into
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 

@@ -33,10 +33,8 @@ import json
 import os
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -44,16 +42,24 @@ import pyarrow as pa
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .errors import ChunkIndexError, DvidShardsError, MissingShardError, ShardFormatError, SpecError
-from .formats import arrowipc as ipc
-from .formats.multiscale import SINGLE_SHARD, Scale, parse_json, parse_multiscale
-from .formats.records import RecordTable
-from .formats.sharding import (
+from ..errors import (
+    BlockDecodeError,
+    ChunkIndexError,
+    DvidShardsError,
+    MissingShardError,
+    ShardFormatError,
+    SpecError,
+)
+from ..formats import arrowipc as ipc
+from ..formats.chunkindex import pack_keys
+from ..formats.multiscale import SINGLE_SHARD, Scale, parse_json, parse_multiscale
+from ..formats.records import RecordTable
+from ..formats.sharding import (
     compressed_z_index_bits,
     dvid_shard_names_collide,
     murmurhash3_x86_128_low64,
 )
-from .shard import RecordSource, Shard
+from .base import RecordSource
 
 __all__ = [
     "BINS",
@@ -61,15 +67,9 @@ __all__ = [
     "ROW_GROUP",
     "TABLE_SCHEMA",
     "CellLimitError",
-    "IngestReport",
     "PartialStreamError",
     "TableSource",
-    "VastDBSink",
-    "VastDBSource",
-    "ingest",
-    "ingest_blocks",
     "frame_sizes",
-    "ingest_partition",
     "partition_plan",
     "record_batches",
     "record_spans",
@@ -326,8 +326,6 @@ def records_to_batch(t: RecordTable, rows, shard_id: np.ndarray, morton: np.ndar
 def _frame_size(t: RecordTable, i: int) -> int:
     import zstandard
 
-    from .errors import BlockDecodeError
-
     try:
         # zstandard's stubs say ByteString; it takes any buffer (a zero-copy uint8 view here)
         n = zstandard.frame_content_size(t.payload(i))  # type: ignore[arg-type]
@@ -385,8 +383,6 @@ def frame_sizes(t: RecordTable, rows: np.ndarray) -> np.ndarray:
 
 def _check_frames(t: RecordTable, rows: np.ndarray) -> None:
     """Each payload is a zstd frame whose declared size agrees with uncompressed_size (cheap)."""
-    from .errors import BlockDecodeError
-
     sizes = frame_sizes(t, rows)
     us = t.rec[rows, ipc.R_USIZE]
     bad = np.flatnonzero((sizes == -2) | ((sizes >= 0) & (us >= 0) & (sizes != us)))
@@ -408,13 +404,11 @@ def _chunk_filter(coords: np.ndarray, scale: Scale, box=None, chunks=None) -> np
         keep &= ((coords >= c0) & (coords < c1)).all(axis=1)
     if chunks is not None:
         want = np.asarray(chunks, np.int64).reshape(-1, 3)
-        from .formats.chunkindex import pack_keys
-
         keep &= np.isin(pack_keys(coords), pack_keys(want))
     return keep
 
 
-def select_rows(shard: Shard, scale: Scale, box=None, chunks=None) -> np.ndarray:
+def select_rows(shard, scale: Scale, box=None, chunks=None) -> np.ndarray:
     """Record numbers of a loaded shard in a voxel box and/or a chunk list, by chunk look-up.
 
     A small selection costs its own size (``Shard.find``), not the shard's; a box larger than
@@ -670,7 +664,7 @@ def _parquet_options() -> dict:
                 write_statistics=["shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "bin1"])
 
 
-class _ShardFileWriter:
+class ShardFileWriter:
     """One shard's Parquet file, written aside and renamed into place when complete."""
 
     def __init__(self, folder: str, shard_id: int, origin, scale: Scale, row_group_size: int, cell_limit: int):
@@ -767,7 +761,7 @@ def table_files(root: str, scale: int) -> dict[int, tuple[tuple, str]]:
 # --- sources ------------------------------------------------------------------------------------
 
 
-def _as_arrow_table(obj) -> pa.Table:
+def as_arrow_table(obj) -> pa.Table:
     if isinstance(obj, pa.Table):
         return obj
     if isinstance(obj, pa.RecordBatch):
@@ -781,7 +775,7 @@ def _as_arrow_table(obj) -> pa.Table:
     raise SpecError(f"cannot read a {type(obj).__name__} as a table of block records")
 
 
-def _coords_of(table, where: str = "the table") -> np.ndarray:
+def coords_of(table, where: str = "the table") -> np.ndarray:
     names = table.schema.names
     for base in ("chunk_", "block_coord_"):
         cols = [base + a for a in "xyz"]
@@ -798,7 +792,7 @@ def _coords_of(table, where: str = "the table") -> np.ndarray:
     return np.stack(out, axis=1) if out[0].size else np.zeros((0, 3), np.int64)
 
 
-def _spec_from(spec, schema: pa.Schema | None) -> dict | None:
+def spec_from(spec, schema: pa.Schema | None) -> dict | None:
     if spec is not None:
         if isinstance(spec, dict):
             return spec
@@ -848,14 +842,14 @@ class TableSource(RecordSource):
                 self._done = {int(k) for k in info["dvidshards_table"].get("scales_done", [])}
                 self._partial = bool(partial)
                 self.layout = path
-                self.spec = _spec_from(spec, None) or {k: v for k, v in info.items() if k != "dvidshards_table"}
+                self.spec = spec_from(spec, None) or {k: v for k, v in info.items() if k != "dvidshards_table"}
                 self.scales = {s.index: s for s in parse_multiscale(self.spec, os.path.join(path, "info"))}
                 self._files: dict[int, dict] = {}
                 return
             self._init_plain(path, spec, scale)
         else:
             self.name = f"<{type(source).__name__}>"
-            t = _as_arrow_table(source)
+            t = as_arrow_table(source)
             self._init_memory(t, spec, scale)
 
     def __getstate__(self):
@@ -898,11 +892,11 @@ class TableSource(RecordSource):
                 cols = [c for c in ("chunk_x", "chunk_y", "chunk_z", "block_coord_x", "block_coord_y",
                                     "block_coord_z") if c in names]
                 for g in range(pf.num_row_groups):
-                    c = _coords_of(pf.read_row_group(g, columns=cols), f)
+                    c = coords_of(pf.read_row_group(g, columns=cols), f)
                     coords.append(c)
                     pieces.append(np.stack([np.full(len(c), fi), np.full(len(c), g), np.arange(len(c))], 1))
                 schema = pf.schema_arrow
-            self.spec = _spec_from(spec, schema)
+            self.spec = spec_from(spec, schema)
             self._setup(np.concatenate(coords) if coords else np.zeros((0, 3), np.int64),
                         np.concatenate(pieces) if pieces else np.zeros((0, 3), np.int64), scale)
             self._memory = None
@@ -919,11 +913,11 @@ class TableSource(RecordSource):
         self._init_memory(t, spec, scale)
 
     def _init_memory(self, t: pa.Table, spec, scale: int) -> None:
-        self.spec = _spec_from(spec, t.schema)
+        self.spec = spec_from(spec, t.schema)
         if self.spec is None:
             raise SpecError(f"{self.name}: give the neuroglancer multiscale spec of these records (spec=...)")
         self._memory = t
-        self._setup(_coords_of(t, self.name), None, scale)
+        self._setup(coords_of(t, self.name), None, scale)
 
     def _setup(self, coords: np.ndarray, where: np.ndarray | None, scale: int) -> None:
         if self.spec is None:
@@ -977,10 +971,10 @@ class TableSource(RecordSource):
         s = self.scales.get(k)
         return s is not None and tuple(o) in set(self.shard_origins(s))
 
-    async def load_shard(self, scale: Scale, origin) -> Shard:
-        return self.load_shard_sync(scale, origin)
+    async def load_records(self, scale: Scale, origin) -> RecordTable:
+        return self.load_records_sync(scale, origin)
 
-    def load_shard_sync(self, scale: Scale, origin) -> Shard:
+    def load_records_sync(self, scale: Scale, origin) -> RecordTable:
         """The shard's records (MissingShardError when the table has none there)."""
         o = tuple(int(v) for v in origin)
         key = scale.stem(o)
@@ -997,7 +991,7 @@ class TableSource(RecordSource):
             if rows is None:
                 raise MissingShardError(f"{self.describe(key)}: the table has no records in this shard")
             table = normalise_records(self._take(rows), self.describe(key), scale)
-        return Shard.from_records(self, table, scale, o)
+        return table
 
     def _take(self, rows: np.ndarray) -> pa.Table:
         if self._memory is not None:
@@ -1091,10 +1085,10 @@ class TableSource(RecordSource):
             parts = []
             for o in sorted({s.shard_origin(*v) for v in c.tolist()}):
                 if o in self._rows and s.index == self.scale_index:
-                    sh = self.load_shard_sync(s, o)
-                    rows = [r for r in (sh.find(*v) for v in c.tolist()) if r is not None]
-                    if rows:
-                        parts.append(sh.table(np.asarray(rows, np.int64)))
+                    t = self.load_records_sync(s, o)
+                    rows = np.flatnonzero(np.isin(pack_keys(np.asarray(t.coords, np.int64)), pack_keys(c)))
+                    if rows.size:
+                        parts.append(t.take(rows))
             return RecordTable.concat(parts, where, s.chunk_size)
         grid = tuple(int(v) for v in s.grid)  # a property that validates: once per call
         c = c[((c >= 0) & (c < np.asarray(grid))).all(axis=1)]
@@ -1176,509 +1170,3 @@ def _records_of(t: pa.Table, where: str, scale: Scale) -> RecordTable:
     b = t.to_batches()
     batch = b[0] if len(b) == 1 else t.combine_chunks().to_batches()[0]
     return RecordTable.from_batch(batch, where, scale.chunk_size)
-
-
-# --- VastDB ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Predicate:
-    """A pushed-down selection: an AND of per-column conditions (what VastDB can push down).
-
-    ``terms`` maps a column to ``("isin", values)`` or ``("between", lo, hi)`` (inclusive).
-    ``to_ibis()`` gives the SDK's form, ``to_pyarrow()`` a ``pyarrow.compute`` expression.
-    """
-
-    terms: tuple
-
-    def to_ibis(self):
-        from ibis import _
-
-        expr = None
-        for col, (op, *args) in self.terms:
-            c = getattr(_, col)
-            if op == "isin":  # an OR of equalities on one column: what every SDK version pushes down
-                e = None
-                for v in args[0]:
-                    e = (c == int(v)) if e is None else e | (c == int(v))
-            else:
-                e = (c >= int(args[0])) & (c <= int(args[1]))
-            expr = e if expr is None else expr & e
-        return expr
-
-    def to_pyarrow(self):
-        import pyarrow.compute as pc
-
-        expr = None
-        for col, (op, *args) in self.terms:
-            f = pc.field(col)
-            e = f.isin(list(args[0])) if op == "isin" else (f >= args[0]) & (f <= args[1])
-            expr = e if expr is None else expr & e
-        return expr
-
-
-def shard_predicate(scale: Scale, origin) -> Predicate:
-    """The predicate selecting one DVID shard's records: its shard ids and its chunk box."""
-    lo, hi = scale.shard_box(origin)
-    ids = [int(s) for s in shard_ids(scale, origin)]
-    return Predicate((("shard_id", ("isin", ids)),
-                      ("chunk_x", ("between", int(lo[0]), int(hi[0]) - 1)),
-                      ("chunk_y", ("between", int(lo[1]), int(hi[1]) - 1)),
-                      ("chunk_z", ("between", int(lo[2]), int(hi[2]) - 1))))
-
-
-class VastDBSource(RecordSource):
-    """Records in a VastDB table (or anything with ``select(columns, predicate, config)``).
-
-    Each shard is one ``select`` with its shard ids and chunk box pushed down.  The spec and
-    the shard list are given (VastDB has no listing a reader can trust without a scan):
-    ``origins`` maps a scale to its shard origins, default: one ``select`` of the key
-    columns.  Needs ``pip install dvidshards[vastdb]`` (which pins ``pyarrow<=23.0.1``) for
-    a real table; predicates are ibis expressions when ibis is installed, else `Predicate`.
-    """
-
-    immediate = True
-    mappable = False
-
-    def __init__(self, table, spec: dict, *, origins: dict | None = None, config=None, name: str = "vastdb"):
-        self.table, self.spec, self.config, self.name = table, spec, config, name
-        self.scales = {s.index: s for s in parse_multiscale(spec, name)}
-        self._origins = dict(origins or {})
-
-    def __getstate__(self):
-        raise TypeError("a VastDBSource holds a live table; build it in each worker")
-
-    def describe(self, key: str) -> str:
-        return f"{self.name}/{key}" if key else self.name
-
-    def _predicate(self, p: Predicate):
-        try:
-            import ibis  # noqa: F401
-        except ImportError:
-            return p
-        return p.to_ibis()
-
-    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
-        if scale.index not in self._origins:
-            reader = self.table.select(columns=["chunk_x", "chunk_y", "chunk_z"], predicate=None, config=self.config)
-            c = _coords_of(reader.read_all())
-            o = c * np.asarray(scale.chunk_size) // min(scale.shard_extent, SINGLE_SHARD) * min(
-                scale.shard_extent, SINGLE_SHARD)
-            self._origins[scale.index] = sorted({tuple(int(v) for v in r) for r in o})
-        return list(self._origins[scale.index])
-
-    async def load_shard(self, scale: Scale, origin) -> Shard:
-        o = tuple(int(v) for v in origin)
-        cols = [c for c in TABLE_SCHEMA.names]
-        reader = self.table.select(columns=cols, predicate=self._predicate(shard_predicate(scale, o)),
-                                   config=self.config)
-        t = reader.read_all() if hasattr(reader, "read_all") else _as_arrow_table(reader)
-        if not t.num_rows:
-            raise MissingShardError(f"{self.describe(scale.stem(o))}: the table has no records in this shard")
-        return Shard.from_records(self, normalise_records(t, self.describe(scale.stem(o)), scale), scale, o)
-
-
-class VastDBSink:
-    """Writes shards into a VastDB table with ``table.insert`` (one call per shard).
-
-    A shard already present with the expected row count is skipped (idempotent restarts);
-    present with another count is a `PartialStreamError` (delete its rows first).  Label
-    lists over the cell limit raise `CellLimitError` (VastDB cells hold 126 KB).
-    """
-
-    def __init__(self, table, *, cell_limit: int = CELL_LIMIT, config=None):
-        self.table, self.cell_limit, self.config = table, cell_limit, config
-
-    def present(self, shard_id: int) -> int:
-        p = Predicate((("shard_id", ("isin", [int(shard_id)])),))
-        try:
-            import ibis  # noqa: F401
-
-            pred = p.to_ibis()
-        except ImportError:
-            pred = p
-        return self.table.select(columns=["shard_id"], predicate=pred, config=self.config).read_all().num_rows
-
-    def writer(self, shard_id: int, origin=None) -> _SinkShardWriter:
-        """A shard writer with the interface of the Parquet one (used by `ingest_partition`)."""
-        return _SinkShardWriter(self, shard_id)
-
-    def write_shard(self, shard_id: int, batches: list[pa.RecordBatch], expected: int) -> int:
-        have = self.present(shard_id)
-        if have == expected:
-            return 0
-        if have:
-            raise PartialStreamError(f"VastDB table: shard {shard_id} holds {have} rows, {expected} expected; "
-                                     f"delete them and ingest again")
-        t = pa.Table.from_batches([split_cells(b, self.cell_limit, f"shard {shard_id}") for b in batches],
-                                  schema=TABLE_SCHEMA)
-        for name in ("labels", "supervoxels"):
-            import pyarrow.compute as pc
-
-            n = pc.list_value_length(t.column(name)).to_numpy(zero_copy_only=False) * 8
-            big = np.flatnonzero(n > self.cell_limit)
-            if big.size:
-                i = int(big[0])
-                c = tuple(int(t.column(a)[i].as_py()) for a in ("chunk_x", "chunk_y", "chunk_z"))
-                raise CellLimitError(f"shard {shard_id}: chunk {c}: its {name} list is {n[i]} bytes, more than "
-                                     f"one cell of {self.cell_limit} bytes")
-        self.table.insert(t)
-        return t.num_rows
-
-
-class _SinkShardWriter:
-    def __init__(self, sink: VastDBSink, shard_id: int):
-        self.sink, self.shard_id = sink, int(shard_id)
-        self.batches: list[pa.RecordBatch] = []
-        self.rows = self.bytes = 0
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-        self.rows += batch.num_rows
-        self.bytes += batch.nbytes
-
-    def close(self) -> None:
-        self.sink.write_shard(self.shard_id, self.batches, self.rows)
-
-    def abort(self) -> None:
-        self.batches = []
-
-
-# --- ingest -------------------------------------------------------------------------------------
-
-
-@dataclass
-class IngestReport:
-    """What `ingest` did: shards and records written, per worker, and failures."""
-
-    shards: int = 0
-    records: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    skipped: int = 0
-    failed: dict = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def summary(self) -> str:
-        rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
-        s = (f"{self.records} records in {self.shards} shards ({self.bytes / 1e6:.1f} MB, {rate:.0f} MB/s), "
-             f"{self.skipped} shards already there")
-        if self.failed:
-            s += f"; {len(self.failed)} partitions FAILED: " + "; ".join(f"{k}: {v}" for k, v in self.failed.items())
-        return s
-
-
-def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):
-    """(batch, meta) of a partition read straight from a Dataset (what the Flight server streams)."""
-    plan = partition_plan(origins_by_shard_id(scale, ds.shards(scale.index)), partition, of, skip)
-    shards, records = 0, 0
-    cache: dict = {}
-    for s, o in plan:
-        if o not in cache:
-            cache.clear()
-            cache[o] = ds.shard(scale.index, o).table()
-        for batch, meta in record_batches(cache[o], scale, o, only=[s], batch_rows=batch_rows):
-            records += batch.num_rows
-            if meta:
-                shards += 1
-            yield batch, meta
-    yield pa.RecordBatch.from_pylist([], schema=STREAM_SCHEMA), {"done": True, "shards": shards,
-                                                                  "records": records}
-
-
-def _is_stream_source(source) -> bool:
-    """A record stream (``dvidshards.flight.FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
-    return callable(getattr(source, "scan", None)) and hasattr(source, "scales") and hasattr(source, "spec")
-
-
-def _no_uri(source) -> None:
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        raise SpecError(f"{source}: pass dvidshards.flight.FlightSource({source!r}, token=...) to ingest from a "
-                        f"Flight server (or run `dvidshards ingest {source} --to TABLE`)")
-
-
-def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, cell_limit: int = CELL_LIMIT,
-                     row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None) -> dict:
-    """One worker: pull partition ``partition`` of ``of`` of a scale and write its shard files.
-
-    Shards already in the table are skipped (and not sent); each shard file appears only
-    once complete.  ``source`` is a record stream (``dvidshards.flight.FlightSource``) or an
-    export/table/Dataset read directly.  Returns counts.
-    """
-    _no_uri(source)
-    sink = to if isinstance(to, VastDBSink) else None
-    done: list[int] = []
-    if sink is None:
-        folder = os.path.join(to, f"s{scale}")
-        os.makedirs(folder, exist_ok=True)
-        done = [s for s in table_files(to, scale) if s % of == partition]
-        for name in os.listdir(folder):  # leftovers of a worker of this partition that died
-            m = re.match(r"^\.(\d+)_\d+_\d+_\d+\.parquet\..*\.tmp$", name)
-            if m and int(m.group(1)) % of == partition:
-                try:
-                    os.unlink(os.path.join(folder, name))
-                except OSError:
-                    pass
-    if _is_stream_source(source):
-        sc = source.scales[scale]
-        stream = source.scan(scale, partition=partition, of=of, skip=done, batch_rows=batch_rows)
-    else:
-        from .dataset import Dataset
-
-        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
-        sc = ds.scale(scale)
-        stream = _local_scan(ds, sc, partition, of, done, batch_rows)
-    shards = records = nbytes = 0
-    w = None
-    try:
-        got = 0
-        for batch, meta in stream:
-            if meta.get("done"):
-                if w is None and meta.get("records") != got:
-                    raise PartialStreamError(f"{source}: partition {partition}/{of} sent {got} records, its end "
-                                             f"marker says {meta.get('records')}")
-                break
-            got += batch.num_rows
-            if batch.num_rows:
-                sid = batch.column("shard_id")
-                s0 = sid[0].as_py()
-                if w is None:
-                    origin = meta.get("origin") or sc.shard_origin(*(int(batch.column(a)[0].as_py())
-                                                                     for a in ("chunk_x", "chunk_y", "chunk_z")))
-                    w = sink.writer(s0, origin) if sink is not None else \
-                        _ShardFileWriter(folder, s0, origin, sc, row_group_size, cell_limit)
-                elif s0 != w.shard_id:
-                    raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
-                w.add(batch)
-            if meta.get("end"):
-                if w is None:  # an empty shard: nothing to write
-                    continue
-                if meta["shard_id"] != w.shard_id or meta["records"] != w.rows:
-                    raise PartialStreamError(f"{source}: shard {w.shard_id}: received {w.rows} records, the "
-                                             f"stream says {meta.get('records')} for shard {meta.get('shard_id')}")
-                w.close()
-                shards += 1
-                records += w.rows
-                nbytes += w.bytes
-                w = None
-        else:
-            raise PartialStreamError(f"{source}: the stream of partition {partition}/{of} ended early")
-        if w is not None:
-            raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
-    except BaseException:
-        if w is not None:
-            w.abort()
-        raise
-    return {"shards": shards, "records": records, "bytes": nbytes, "skipped": len(done)}
-
-
-def _ingest_task(source, to, n, opts, item):
-    scale, i = item
-    return ingest_partition(source, to, scale, i, n, **dict(opts))
-
-
-def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
-           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None,
-           scheduler=None) -> IngestReport:
-    """Write a table sorted by (shard_id, morton) from a Flight server or an export.
-
-    ``workers`` workers each pull one partition (``shard_id % workers``) per scale and write
-    one Parquet file per shard.  Run it again after a failure: complete shards are kept and
-    skipped; the table's ``info`` says ``complete: true`` only when every partition finished.
-
-    Parameters
-    ----------
-    source : FlightSource, Dataset, path or URL
-        A Flight server, ``FlightSource("grpc://host:port", token=...)`` (see ``dvidshards
-        serve-flight``), or an export (path, URL or Dataset) read directly.
-    to : path or VastDBSink
-        The table folder (created; an existing table is resumed, anything else refused), or a
-        VastDB table (threads only; shards already there are skipped).
-    workers : int
-        Partitions per scale, pulled concurrently (threads, or tasks on ``scheduler``).
-    scales : list of int, optional
-        Default: every scale.
-    cell_limit : int
-        Largest cell in bytes (126 KB); larger payloads are split over bin1..bin4.
-    row_group_size : int
-        Rows per Parquet row group.
-    batch_rows : int
-        Rows per streamed batch.
-    spec : dict or path, optional
-        The export's spec when it has no info file.
-    scheduler : None, "threads", "local[:N]", address or distributed.Client
-        None or "threads": one thread per worker in this process; else ``run_tasks``.
-    """
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise SpecError(f"workers must be a positive integer, got {workers!r}")
-    if cell_limit < 1 or row_group_size < 1 or batch_rows < 1:
-        raise SpecError("cell_limit, row_group_size and batch_rows must be positive")
-    sink = to if isinstance(to, VastDBSink) else None
-    to = to if sink is not None else os.fspath(to)
-    _no_uri(source)
-    if _is_stream_source(source):
-        src_spec = source.spec
-        all_scales = sorted(source.scales)
-    else:
-        from .dataset import Dataset
-
-        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
-        if ds.spec is None:
-            raise SpecError(f"{source}: ingest needs the export's spec (spec=...)")
-        src_spec = ds.spec
-        all_scales = [s.index for s in ds.scales]
-        source = ds
-    if sink is None:
-        _prepare_table(to, src_spec)
-    elif scheduler not in (None, "threads"):
-        raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
-    todo = all_scales if scales is None else [int(k) for k in scales]
-    missing = sorted(set(todo) - set(all_scales))
-    if missing:
-        raise SpecError(f"scales {missing} are not in the source (scales {all_scales})")
-    import functools
-
-    opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows))
-    items = [(k, i) for k in todo for i in range(int(workers))]
-    task = functools.partial(_ingest_task, source, to, int(workers), opts)
-    report = IngestReport()
-    t0 = time.perf_counter()
-    results: dict = {}
-    if scheduler in (None, "threads"):
-        from concurrent.futures import ThreadPoolExecutor
-
-        from .jobs import describe_exception
-
-        with ThreadPoolExecutor(int(workers), thread_name_prefix="dvidshards-ingest") as pool:
-            futs = {pool.submit(task, it): it for it in items}
-            for f, key in futs.items():
-                try:
-                    results[key] = f.result()
-                except Exception as e:  # noqa: BLE001 - reported per partition
-                    report.failed[f"s{key[0]} partition {key[1]}/{workers}"] = describe_exception(e)
-    else:
-        from .jobs import run_tasks
-
-        jr = run_tasks(task, items, scheduler=scheduler, desc="partitions")
-        results = dict(jr.results)
-        report.failed.update({f"s{k} partition {i}/{workers}": v for (k, i), v in jr.failed.items()})
-    for r in results.values():
-        report.shards += r["shards"]
-        report.records += r["records"]
-        report.bytes += r["bytes"]
-        report.skipped += r["skipped"]
-    report.seconds = time.perf_counter() - t0
-    if not report.failed and sink is None:
-        old = (read_table_info(to) or {}).get("dvidshards_table", {})
-        done = sorted(set(old.get("scales_done", [])) | set(todo))
-        counts = {f"s{k}": len(table_files(to, k)) for k in done}
-        write_table_info(to, src_spec, complete=set(done) == set(all_scales),
-                         extra={"scales_done": done, "shards": counts, "cell_limit": cell_limit})
-    return report
-
-
-def _prepare_table(to: str, spec: dict) -> None:
-    """Create the table folder, or check that it is a table of the same spec (resume)."""
-    if os.path.exists(to) and not os.path.isdir(to):
-        raise SpecError(f"{to}: exists and is not a folder")
-    os.makedirs(to, exist_ok=True)
-    info = read_table_info(to)
-    if info is None:
-        if os.listdir(to):
-            raise SpecError(f"{to}: not empty and not a dvidshards table; give a new folder")
-        write_table_info(to, spec, complete=False)
-        return
-    old = {k: v for k, v in info.items() if k != "dvidshards_table"}
-    if parse_multiscale(old, to) != parse_multiscale(spec, "source"):
-        raise SpecError(f"{to}: a table of another volume (its spec differs from the source's)")
-
-
-# --- /blocks dumps into an export -----------------------------------------------------------------
-
-
-def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compression: str = "auto",
-                  resolution=(8, 8, 8), shard_chunks: int = 32, zstd_level: int = 3) -> dict:
-    """Turn DVID ``/blocks`` dumps (supervoxels) into an export written like DVID's.
-
-    Parameters
-    ----------
-    paths : path or list of paths (or bytes)
-        ``GET …/blocks?supervoxels=true`` responses (see ``dvidshards.formats.blocks``).
-    to : path
-        The export root to create (must not exist or be empty; never written into otherwise).
-    mapping : optional
-        Supervoxel → body mapping (anything ``LabelMapping.from_any`` takes) for the records'
-        agglomerated ``labels``; default: labels = supervoxels.
-    spec : dict or path, optional
-        The neuroglancer multiscale spec; the blocks are its scale ``scale``.  Default: one
-        scale as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³.
-    compression : str
-        What the dumps' payloads hold (``dvidshards.formats.blocks.read_stream``).
-
-    Returns
-    -------
-    dict
-        The spec written to ``to/info``, with ``"records"`` and ``"shards"`` counts added
-        under ``"ingest"``.
-    """
-    import zstandard
-
-    from .formats.blocks import read_stream
-    from .formats.codec import block_header
-    from .formats.mapping import LabelMapping
-    from .writer import default_sharding, write_shard
-
-    to = os.fspath(to)
-    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
-        raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
-    if isinstance(paths, (str, os.PathLike, bytes, bytearray, memoryview)):
-        paths = [paths]
-    m = LabelMapping.from_any(mapping) if mapping is not None else None
-    zc = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True, write_content_size=True)
-    recs: dict[tuple, dict] = {}
-    for p in paths:
-        name = os.fspath(p) if isinstance(p, (str, os.PathLike)) else "<bytes>"
-        for (bx, by, bz), block in read_stream(p, compression=compression):
-            if min(bx, by, bz) < 0:
-                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} has a negative coordinate; exports start "
-                                      f"at chunk (0, 0, 0)")
-            if (bx, by, bz) in recs:
-                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} appears twice in the dumps")
-            svs = np.array(block_header(block).labels, np.uint64)
-            if not svs.any():
-                continue  # all background in both label modes
-            recs[(bx, by, bz)] = {"chunk_x": bx, "chunk_y": by, "chunk_z": bz, "supervoxels": svs,
-                                  "labels": svs.copy() if m is None else m.palette(svs),
-                                  "dvid_compressed_block": zc.compress(block), "uncompressed_size": len(block)}
-    if spec is None:
-        hi = np.max(np.array(list(recs), np.int64), axis=0) + 1 if recs else np.ones(3, np.int64)
-        size = [int(v) * 64 for v in hi]
-        sh = default_sharding(size, shard_chunks)
-        scales_json = [{"chunk_sizes": [[64, 64, 64]], "compressed_segmentation_block_size": [8, 8, 8],
-                        "encoding": "compressed_segmentation", "key": "x".join(f"{r:g}" for r in resolution),
-                        "resolution": [float(r) for r in resolution], "sharding": sh.to_json(), "size": size,
-                        "voxel_offset": [0, 0, 0]}]
-        spec = {"@type": "neuroglancer_multiscale_volume", "data_type": "uint64", "num_channels": 1,
-                "scales": scales_json, "type": "segmentation"}
-        scale = 0
-    else:
-        spec = _spec_from(spec, None)
-    sc = {s.index: s for s in parse_multiscale(spec, "spec")}.get(scale)
-    if sc is None:
-        raise SpecError(f"scale {scale} is not in the spec")
-    grid = np.asarray(sc.grid)
-    by_origin: dict[tuple, list] = {}
-    for c, r in recs.items():
-        if (np.asarray(c) >= grid).any():
-            raise SpecError(f"block {c} lies outside scale {scale}'s chunk grid {tuple(grid)}")
-        by_origin.setdefault(sc.shard_origin(*c), []).append(r)
-    os.makedirs(os.path.join(to, sc.folder), exist_ok=True)
-    for o, rs in sorted(by_origin.items()):
-        rs.sort(key=lambda r: (r["chunk_z"], r["chunk_y"], r["chunk_x"]))  # DVID's ZYX order
-        write_shard(os.path.join(to, sc.stem(o)), rs)
-    with open(os.path.join(to, "info"), "w", encoding="utf-8") as f:
-        json.dump(spec, f, indent=1)
-    return {**spec, "ingest": {"records": len(recs), "shards": len(by_origin)}}

@@ -27,7 +27,6 @@ Background (label 0) is not reported: absent chunks hold it implicitly.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -42,11 +41,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import BlockDecodeError, ShardFormatError, SpecError
-from .formats.arrowipc import R_NLAB, R_NSV
-from .formats.blockstats import BlockError, batch_stats
-from .formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
-from .query import list_values
+from ..dataset import Dataset
+from ..errors import BlockDecodeError, ShardFormatError, SpecError
+from ..formats.arrowipc import R_NLAB, R_NSV
+from ..formats.blockstats import BlockError, batch_stats
+from ..formats.labelindex import INDEX_FORMAT, INDEX_SCHEMA, bucket_name, bucket_of, labels_id
+from ..formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
+from ..formats.records import list_values
+from .runner import run_tasks
 
 __all__ = [
     "FAN_IN",
@@ -63,15 +65,8 @@ __all__ = [
 ]
 
 FAN_IN = 64  # partial files merged by one reduce task
-HASH_BITS = 16  # bucket ids are the top bits of a 16-bit multiplicative hash of the body id
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _COARSE_BITS = 6  # row groups of the shard partials when they are merged in a tree
 
-INDEX_SCHEMA = pa.schema([
-    ("body", pa.uint64()), ("supervoxel", pa.uint64()),
-    ("chunk_x", pa.int32()), ("chunk_y", pa.int32()), ("chunk_z", pa.int32()),
-    ("voxels", pa.int64()),
-])
 _BOX = ("x0", "y0", "z0", "x1", "y1", "z1")
 STATS_SCHEMA = pa.schema(
     [("label", pa.uint64()), ("voxels", pa.int64()), ("supervoxels", pa.int64()),
@@ -84,19 +79,10 @@ _PARTIAL_SCHEMA = pa.schema(
 )
 
 
-def bucket_of(body, bits: int) -> np.ndarray:
-    """The hash bucket (0 .. 2**bits - 1) of body ids in a ``bits``-bit partition."""
-    b = np.asarray(body, dtype=np.uint64)
-    h = (b * _GOLDEN) >> np.uint64(64 - HASH_BITS)
-    return (h >> np.uint64(HASH_BITS - bits)).astype(np.int64)
-
-
 # --------------------------------------------------------------------------- one shard
 
 
 def _dataset(source):
-    from .dataset import Dataset
-
     return source if isinstance(source, Dataset) else Dataset(source)
 
 
@@ -450,20 +436,7 @@ def _final_task(job: _Job, inputs, bucket: int):
 _INDEX_ROW_GROUP = 32768
 
 
-def bucket_name(bucket: int, bits: int) -> str:
-    return f"bucket={bucket:0{max(1, (bits + 3) // 4)}x}/part-0.parquet"
-
-
 # --------------------------------------------------------------------------- the job
-
-
-def labels_id(src) -> dict:
-    if isinstance(src, Mapped):
-        m = src.mapping
-        h = hashlib.sha256(np.ascontiguousarray(m.keys).tobytes())
-        h.update(np.ascontiguousarray(m.values).tobytes())
-        return {"labels": "mapped", "mapping_sha256": h.hexdigest(), "mapping_size": len(m)}
-    return {"labels": src.name}
 
 
 def _default_bits(n_shards: int) -> int:
@@ -529,8 +502,6 @@ def _run(ds, scale, labels, box, kind, work, resume, scheduler, partitions, prog
 
     Returns (final results {bucket: result}, IndexReport without path/rows).
     """
-    from .jobs import run_tasks
-
     t0 = time.perf_counter()
     ds = _dataset(ds)
     s = ds.scale(scale)
@@ -677,7 +648,6 @@ def _body_stats(ds, scale, labels, box, scheduler, workdir, resume, partitions, 
             shutil.rmtree(work, ignore_errors=True)
 
 
-_INDEX_FORMAT = "dvidshards-label-index"
 
 
 def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *,
@@ -721,7 +691,7 @@ def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *,
     if os.path.exists(meta_path):
         with open(meta_path) as f:
             old = json.load(f)
-        if old.get("format") != _INDEX_FORMAT:
+        if old.get("format") != INDEX_FORMAT:
             raise SpecError(f"{meta_path}: not a dvidshards label index")
     work = os.path.join(out, "_work")
     ds = _dataset(ds)
@@ -736,7 +706,7 @@ def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *,
                                 partitions, progress, fan_in, out=out)
     report.rows = int(sum(results.values()))
     report.path = out
-    meta = {"format": _INDEX_FORMAT, "version": 1, "scale": s.index, **labels_id(src),
+    meta = {"format": INDEX_FORMAT, "version": 1, "scale": s.index, **labels_id(src),
             "bits": job.bits, "hash": "top bits of (body * 0x9E3779B97F4A7C15 mod 2**64) >> 48",
             "chunk_size": list(s.chunk_size), "voxel_offset": list(s.voxel_offset),
             "size": list(s.size), "rows": report.rows, "shards": report.shards,
@@ -798,8 +768,6 @@ class StatsCommand:
 
     @staticmethod
     def main(args) -> int:
-        from .dataset import Dataset
-
         out = os.fspath(args.out)
         if not out.lower().endswith(".parquet"):
             raise SpecError(f"--out {out}: the file name must end in .parquet")
@@ -833,8 +801,6 @@ class LabelIndexCommand:
 
     @staticmethod
     def main(args) -> int:
-        from .dataset import Dataset
-
         ds = Dataset(args.source, spec=args.spec)
         report = label_index(ds, args.scale, args.out, args.labels, args.scheduler,
                              resume=args.resume, partitions=args.partitions, progress=_progress(args))

@@ -50,15 +50,17 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, SupportsFloat, SupportsInt
+from typing import SupportsFloat, SupportsInt
 
 import numpy as np
 
-from .errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
-from .formats.cseg import transcode_u8
-from .formats.multiscale import SINGLE_SHARD
-from .formats.records import R_NSV
-from .formats.sharding import (
+from ..dataset import Dataset
+from ..errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
+from ..formats.cseg import transcode_u8
+from ..formats.labels import as_labels
+from ..formats.multiscale import SINGLE_SHARD
+from ..formats.records import R_NSV
+from ..formats.sharding import (
     ShardingSpec,
     compressed_morton_code,
     compressed_z_index_bits,
@@ -67,9 +69,7 @@ from .formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
-
-if TYPE_CHECKING:  # the dataset layer imports tensorstore: convert() loads it on use
-    from .dataset import Dataset
+from .runner import run_tasks
 
 __all__ = [
     "FORMATS",
@@ -494,8 +494,6 @@ class _Worker:
     def __init__(self, job: _Job):
         import tensorstore as ts
 
-        from .formats.labels import as_labels
-
         self.job = job
         self.ds = job.dataset
         self.labels = as_labels(job.labels)
@@ -798,9 +796,6 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     ConvertPlanError, SpecError
         Before anything is written, when the layout or arguments are refused.
     """
-    from .dataset import Dataset
-    from .jobs import run_tasks
-
     t0 = time.perf_counter()
     if format not in FORMATS:
         raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
@@ -811,8 +806,6 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     if not isinstance(gzip_level, int) or not 1 <= gzip_level <= 9:
         raise SpecError(f"gzip_level must be an integer 1..9, got {gzip_level!r}")
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
-    from .formats.labels import as_labels
-
     as_labels(labels)  # refuse a bad label argument before starting
     chosen = [ds.scale(k) for k in scales] if scales is not None else list(ds.scales)
     plans = {s.index: plan_scale(s, format, shard_bits_extra=shard_bits_extra, sharding=sharding,

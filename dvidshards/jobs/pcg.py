@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dataset import Dataset
-from .errors import DvidShardsError, SpecError
-from .formats import pcg as fmt
-from .formats.labels import Agglomerated, LabelSource, as_labels
-from .formats.pcg import IdLayout, PcgError
+from ..dataset import Dataset
+from ..errors import DvidShardsError, SpecError
+from ..formats import pcg as fmt
+from ..formats.labels import Agglomerated, LabelSource, as_labels
+from ..formats.pcg import IdLayout, PcgError
+from .runner import run_tasks
 
 __all__ = ["PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges", "write_edges"]
 
@@ -498,8 +499,6 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     -------
     PcgReport
     """
-    from .jobs import run_tasks
-
     t0 = time.perf_counter()
     fmt.message_classes()  # fail early without protobuf
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)

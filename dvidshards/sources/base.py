@@ -1,0 +1,53 @@
+"""The record-source interface: block records that do not come as shard files.
+
+A table, an Arrow stream, a Flight server or a VastDB table gives the records of each shard as
+a ``RecordTable``; ``dvidshards.shard`` builds the ``Shard`` from them (the records' own chunk
+columns are its index), so a ``Dataset`` over a record source reads, bulk-reads, verifies and
+converts exactly as over shard files.
+"""
+
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..formats.multiscale import Scale
+from ..formats.records import RecordTable
+from ..stores.base import Stat, drive, run_sync
+
+__all__ = ["RecordSource"]
+
+
+class RecordSource:
+    """Block records that do not come as shard files: the interface.
+
+    Implementations give the multiscale ``spec`` (a neuroglancer multiscale dict), the shard
+    origins holding records, and each shard's records as a ``RecordTable``.
+    """
+
+    #: the coroutines complete without waiting (in-memory sources): run them with ``drive``
+    immediate = False
+    mappable = False
+    spec: dict | None = None
+
+    def describe(self, key: str) -> str:
+        """A name for messages."""
+        raise NotImplementedError
+
+    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
+        """Voxel origins of the shards that hold records at a scale."""
+        raise NotImplementedError
+
+    async def load_records(self, scale: Scale, origin) -> RecordTable:
+        """The records of the shard at a voxel origin (MissingShardError when there are none)."""
+        raise NotImplementedError
+
+    async def exists(self, key: str) -> bool:
+        return False
+
+    async def stat(self, key: str) -> Stat:
+        return Stat(None, None)
+
+    def list_sync(self, prefix: str = "") -> list[str]:
+        raise SpecError(f"{self.describe(prefix)}: a record source has no folders to list")
+
+    def _sync(self, coro):
+        return drive(coro) if self.immediate else run_sync(coro)
