@@ -37,8 +37,8 @@ import common as C
 import numpy as np
 
 import dvidshards
-from dvidshards.jobs import pcg
 from dvidshards.formats import pcg as fmt
+from dvidshards.jobs import pcg
 
 CS = (256, 256, 256)
 

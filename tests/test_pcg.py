@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dvidshards.jobs import pcg
 from dvidshards.errors import DvidShardsError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError
+from dvidshards.jobs import pcg
 from tests.conftest import REAL_SHARD
 from tests.formats.test_pcg_format import (
     brute_force,
