@@ -1,0 +1,152 @@
+"""Tests of dvidshards.formats.mesh: per-cell marching cubes, welding, simplification."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from dvidshards.formats import mesh as M
+
+from .mesh_volume import BODIES, OFFSET, RESOLUTION, SIZE, bodies, body_box
+
+pytest.importorskip("zmesh")
+
+
+@lru_cache(maxsize=4)
+def cell_fragments(reduction_factor: int = 0) -> dict[int, dict[tuple[int, int, int], M.Mesh]]:
+    """body -> cell -> fragment, meshed cell by cell from the body volume."""
+    grid = M.MeshGrid(OFFSET, SIZE, 64)
+    vol = bodies()
+    out: dict[int, dict] = {}
+    for cell in grid.cells():
+        lo, hi = grid.cutout(cell)
+        block = M.cut_padded(vol, OFFSET, lo, hi)
+        for label, m in M.mesh_block(block, lo, reduction_factor=reduction_factor, max_error=4).items():
+            out.setdefault(label, {})[cell] = m
+    return out
+
+
+def test_grid_geometry():
+    g = M.MeshGrid(OFFSET, SIZE, 64)
+    assert g.origin == (0.5, -63.5, 64.5)
+    assert g.shape == (4, 4, 3)
+    assert g.cell_of_chunk((0, 0, 0)) == (1, 1, 1)
+    # the low sliver cell: padding voxel and the volume's first voxel
+    lo, hi = g.cutout((0, 1, 1))
+    assert lo.tolist() == [63, 0, 128] and hi.tolist() == [65, 65, 193]
+    # the last chunk along x (150 = 2 * 64 + 22) with its zero voxel past the volume
+    lo, hi = g.cutout((3, 1, 1))
+    assert lo.tolist() == [192, 0, 128] and hi.tolist() == [215, 65, 193]
+    assert len(list(g.cells())) == 4 * 4 * 3
+    with pytest.raises(M.MeshError):
+        g.cutout((4, 0, 0))
+
+
+def test_cut_padded():
+    vol = np.arange(24, dtype=np.uint64).reshape(2, 3, 4)
+    out = M.cut_padded(vol, (10, 0, 0), (9, -1, 1), (12, 2, 3))
+    assert out.shape == (3, 3, 2)
+    assert (out[0] == 0).all() and (out[:, 0] == 0).all()
+    np.testing.assert_array_equal(out[1:, 1:], vol[:, :2, 1:3])
+
+
+def test_fragments_stay_in_their_cells():
+    g = M.MeshGrid(OFFSET, SIZE, 64)
+    frs = cell_fragments()
+    assert set(frs) == set(BODIES.values())
+    for cells in frs.values():
+        for cell, m in cells.items():
+            lo, hi = g.box(cell)
+            assert (m.vertices >= lo).all() and (m.vertices <= hi).all()
+
+
+@pytest.mark.parametrize("reduction", [0, 8])
+def test_merged_bodies_are_watertight(reduction):
+    voxel_volume = float(np.prod(RESOLUTION))
+    vol = bodies()
+    for body, cells in cell_fragments(reduction).items():
+        assert len(cells) > 1  # every body spans several cells
+        m = M.merge_fragments(cells.values())
+        assert M.is_watertight(m.vertices, m.faces)
+        nm = M.to_nm(m, RESOLUTION)
+        got = M.enclosed_volume(nm.vertices, nm.faces)
+        want = float((vol == body).sum()) * voxel_volume
+        assert abs(got - want) < 0.15 * want, (body, got, want)
+        lo, hi = body_box(body)
+        slack = 0.5 if reduction else 0  # the simplifier may move a vertex a little outwards
+        assert (m.vertices >= lo - slack).all() and (m.vertices <= hi + slack).all()
+
+
+def _triangles(m: M.Mesh) -> np.ndarray:
+    """Faces as sorted rows of corner coordinates, each face rotated to its smallest corner."""
+    t = m.vertices[m.faces].astype(np.float64)  # (n, 3, 3)
+    keys = t[:, :, 0] * 1e8 + t[:, :, 1] * 1e4 + t[:, :, 2]
+    first = np.argmin(keys, axis=1)
+    idx = (first[:, None] + np.arange(3)[None, :]) % 3
+    t = np.take_along_axis(t, idx[:, :, None], axis=1).reshape(-1, 9)
+    return t[np.lexsort(t.T[::-1])]
+
+
+def test_cells_equal_one_whole_mesh():
+    """Meshing cell by cell and welding gives exactly the whole padded volume's mesh."""
+    vol = bodies()
+    lo = np.asarray(OFFSET) - 1
+    whole = M.mesh_block(M.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
+    for body, cells in cell_fragments().items():
+        merged = M.merge_fragments(cells.values())
+        np.testing.assert_array_equal(_triangles(merged), _triangles(whole[body]))
+
+
+def test_simplified_cells_keep_their_seams():
+    full, simp = cell_fragments(0), cell_fragments(8)
+    for body in full:
+        a = M.merge_fragments(full[body].values())
+        b = M.merge_fragments(simp[body].values())
+        assert len(b.faces) < len(a.faces) / 2
+        # second pass: simplify whole cells again, still closed once welded
+        again = [M.simplify(m, 4, 16) for m in simp[body].values()]
+        c = M.merge_fragments(again)
+        assert M.is_watertight(c.vertices, c.faces) and len(c.faces) < len(b.faces)
+
+
+def test_mesh_block_labels_and_errors():
+    block = np.zeros((10, 10, 10), np.uint32)
+    block[2:5, 2:5, 2:5] = 3
+    block[6:9, 6:9, 6:9] = 4
+    out = M.mesh_block(block, (100, 0, 0), labels=[4, 7])
+    assert list(out) == [4]
+    m = out[4]
+    assert M.is_watertight(m.vertices, m.faces)
+    assert m.vertices.min(axis=0).tolist() == [106, 6, 6] and m.vertices.max(axis=0).tolist() == [109, 9, 9]
+    assert M.enclosed_volume(m.vertices, m.faces) > 0
+    with pytest.raises(M.MeshError):
+        M.mesh_block(np.zeros((1, 5, 5), np.uint8))
+    with pytest.raises(M.MeshError):
+        M.mesh_block(np.zeros((5, 5, 5), np.float32))
+
+
+def test_watertight_checker_and_volume():
+    # unit tetrahedron, outward winding
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
+    f = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    assert M.is_watertight(v, f)
+    assert M.enclosed_volume(v, f) == pytest.approx(1 / 6)
+    assert not M.is_watertight(v, f[:3])
+    flipped = f.copy()
+    flipped[0] = flipped[0, ::-1]
+    assert not M.is_watertight(v, flipped) and M.is_watertight(v, flipped, oriented=False)
+    assert not M.is_watertight(v, np.zeros((0, 3), int))
+    with pytest.raises(M.MeshError):
+        M.Mesh(v, [[0, 1, 4]])
+
+
+def test_merge_welds_only_identical_positions():
+    a = M.Mesh([[0, 0, 0], [1, 0, 0], [0, 1, 0]], [[0, 1, 2]])
+    b = M.Mesh([[1, 0, 0], [0, 1, 0], [1, 1, 0.5]], [[0, 2, 1]])
+    m = M.merge_fragments([a, b, M.Mesh.empty()])
+    assert len(m.vertices) == 4 and len(m.faces) == 2
+    assert M.merge_fragments([]).faces.shape == (0, 3)
+    low, high = M.split_by_plane(m, 0, 0.5)
+    assert len(low.faces) == 1 and len(high.faces) == 1
