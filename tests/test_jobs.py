@@ -1,4 +1,5 @@
-"""run_tasks: serial and dask runs, per-item failures, resume, scheduler arguments."""
+"""The task runner: serial, threads and dask runs, per-item failures, resume, the scheduler vocabulary,
+progress lines for batch logs, the shared-work-folder check."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import time
 
 import pytest
 
-from dvidshards.errors import BlockDecodeError
+from dvidshards.errors import BlockDecodeError, RemoteReadError, SpecError
 from dvidshards.jobs import JobReport, describe_exception, run_tasks
+from dvidshards.jobs.runner import TaskRunner, scheduler_of
 
 
 def _square_or_fail(x):
@@ -62,9 +64,9 @@ def test_describe_exception_and_bad_arguments():
     assert run_tasks(_empty_error, [0, 1], progress=False).failed == {0: "RuntimeError", 1: "KeyError"}
     with pytest.raises(ValueError, match="distinct"):
         run_tasks(abs, [1, 1])
-    with pytest.raises(ValueError, match="local:N"):
+    with pytest.raises(SpecError, match="number of workers"):
         run_tasks(abs, [1], scheduler="local:0")
-    with pytest.raises(ValueError, match="scheduler must be"):
+    with pytest.raises(SpecError, match="scheduler must be"):
         run_tasks(abs, [1], scheduler=3)
 
 
@@ -82,14 +84,11 @@ def test_progress_bar_on_request(capsys):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    from dvidshards.jobs.runner import _connect
-
-    c, cluster, _ = _connect("local:2")
-    assert isinstance(c, distributed.Client)
-    assert len(c.nthreads()) == 2 and set(c.nthreads().values()) == {1}
-    yield c
-    c.close()
-    cluster.close()
+    with TaskRunner("local:2") as tr:
+        c = tr.client()
+        assert isinstance(c, distributed.Client)
+        assert len(c.nthreads()) == 2 and set(c.nthreads().values()) == {1}
+        yield c
 
 
 def test_dask_client_matches_serial(client):
@@ -128,3 +127,92 @@ def test_local_scheduler_string():
     pytest.importorskip("distributed")
     rep = run_tasks(math.sqrt, [4, -1], scheduler="local:1", progress=False)
     assert rep.results == {4: 2.0} and rep.failed == {-1: "ValueError: math domain error"}
+
+
+def test_one_vocabulary_for_every_job():
+    assert scheduler_of(None) == ("auto", 0) == scheduler_of("auto")
+    assert scheduler_of("serial") == ("serial", 1)
+    assert scheduler_of("threads:3") == ("threads", 3)
+    assert scheduler_of("local:2") == ("local", 2)
+    assert scheduler_of("tcp://10.0.0.1:8786") == ("address", "tcp://10.0.0.1:8786")
+    assert scheduler_of("node7:8786") == ("address", "tcp://node7:8786")
+    for bad in ("serial:2x", "threads:0", "tcp://nohost", "cluster", "http://x:1", "/tmp/sched:1"):
+        with pytest.raises(SpecError, match="scheduler"):
+            scheduler_of(bad)
+
+
+def test_threads_match_serial_and_auto_picks_threads():
+    items = list(range(30))
+    serial = run_tasks(_square_or_fail, items, scheduler="serial", progress=False)
+    assert serial.scheduler == "serial"
+    threads = run_tasks(_square_or_fail, items, scheduler="threads:3", done={4}, progress=False, max_in_flight=2)
+    assert threads.scheduler == "threads:3" and threads.skipped == [4]
+    assert threads.results == {k: v for k, v in serial.results.items() if k != 4}
+    assert list(threads.failed) == list(serial.failed)  # item order, not completion order
+    auto = run_tasks(_square_or_fail, items, progress=False)
+    assert auto.results == serial.results
+    assert auto.scheduler == ("threads:2" if (__import__("os").cpu_count() or 1) >= 2 else "serial")
+    assert run_tasks(abs, [-1], progress=False).scheduler == "serial"  # one task: no pool
+
+
+def test_threads_run_concurrently():
+    import threading
+
+    seen = set()
+    gate = threading.Barrier(2, timeout=10)
+
+    def meet(x):
+        gate.wait()  # both tasks must be running at once, else this times out
+        seen.add(threading.get_ident())
+        return x
+
+    rep = run_tasks(meet, [1, 2], scheduler="threads:2", progress=False)
+    assert rep.ok and len(seen) == 2
+
+
+def test_unreachable_scheduler_fails_fast():
+    pytest.importorskip("distributed")
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(RemoteReadError, match=f"dask scheduler tcp://127.0.0.1:{port}: cannot connect"):
+        run_tasks(abs, [1, 2], scheduler=f"127.0.0.1:{port}", progress=False)
+    assert time.monotonic() - t < 30  # the connect timeout, not dask's default of 30 s + retries
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch, capsys):
+    import dvidshards.jobs.runner as runner
+
+    monkeypatch.setattr(runner, "PROGRESS_SECONDS", 0.0)  # a line per task
+    run_tasks(_square_or_fail, [0, 1, 2], scheduler="serial", desc="s0 shards")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("dvidshards: s0 shards: 1/3 done (33.3%), 0 failed")
+    assert "3/3 done (100.0%), 1 failed" in err[-1] and "ETA" in err[-1]
+    run_tasks(_square_or_fail, [0, 1, 2], scheduler="serial", desc="x", progress=False)
+    assert capsys.readouterr().err == ""  # --quiet
+
+
+class _FakeClient:
+    """A client whose workers run elsewhere: none of them sees this host's folders."""
+
+    def run(self, fn, *args):
+        return {"tcp://10.1.1.1:40000": False, "tcp://10.1.1.2:40000": False}
+
+
+def test_remote_cluster_without_a_shared_work_folder_is_refused_before_work(tmp_path):
+    tr = TaskRunner("tcp://10.1.1.1:8786")
+    tr._client = _FakeClient()
+    with pytest.raises(SpecError, match=r"work folder .*: 2 of 2 dask workers cannot see it"):
+        tr.check_shared(tmp_path / "work")
+    assert list((tmp_path / "work").iterdir()) == []  # the marker is gone
+    tr.check_shared("gs://bucket/work")  # URLs are shared by construction
+    TaskRunner("local:2").check_shared(tmp_path)  # same host: nothing to check, no cluster started
+
+
+def test_remote_client_that_sees_the_folder_passes(client, tmp_path):
+    tr = TaskRunner(client)
+    assert tr.remote
+    tr.check_shared(tmp_path)

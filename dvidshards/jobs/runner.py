@@ -1,15 +1,28 @@
-"""Run one function over many items, serially or on a dask cluster, and report per-item failures.
+"""Run one function over many items, serially, on threads or on dask, and report per-item failures.
 
-``run_tasks(fn, items)`` is the task runner of the whole-export jobs (statistics, label index,
-conversion, PCG edges). Each item is one task, usually one shard. Serially (``scheduler=None``)
-nothing outside the standard library and tqdm is imported; with a scheduler the items run on
-``dask.distributed`` (``pip install dvidshards[dask]``): ``"local"`` or ``"local:N"`` starts a
-``LocalCluster`` of N single-threaded worker processes (spawned: TensorStore forbids ``fork``
-once its threads run), an address (``"tcp://host:8786"``) or a ``distributed.Client`` uses an
-existing cluster (for example dask-jobqueue on LSF).
+Every whole-export job (statistics, label index, conversion, PCG edges, meshes) runs its tasks
+here. A job opens one :class:`TaskRunner` for all of its phases (map, reduce levels, final
+buckets), so a cluster starts at most once, and calls :meth:`TaskRunner.run` per phase.
+
+The ``scheduler`` vocabulary, the same for every job and the command line (``--scheduler``):
+
+* ``None`` / ``"auto"`` - threads (one per core) when there is more than one task and more than
+  one core, else serial. Never starts a cluster by itself: a cluster pays only when the tasks
+  hold the GIL or the job outgrows this machine.
+* ``"serial"`` - one task after another in this process.
+* ``"threads"`` / ``"threads:N"`` - a pool of N threads in this process (default: one per core).
+  The kernels release the GIL, so decoding-heavy tasks scale; task functions must be
+  thread-safe.
+* ``"local"`` / ``"local:N"`` - a ``dask.distributed.LocalCluster`` of N single-threaded worker
+  processes (spawned: TensorStore forbids ``fork`` once its threads run).
+* an address (``"tcp://host:8786"`` or ``"host:8786"``) or a ``distributed.Client`` - an
+  existing dask cluster (dask-jobqueue on LSF/SLURM, a ``dask scheduler`` with workers).
+  An unreachable address fails within a few seconds.
 
 A task that raises does not stop the job: its item lands in ``JobReport.failed`` with
 ``"TypeName: message"`` (the library's errors name file and chunk) and the other items go on.
+Progress is a tqdm bar on a terminal and, when stderr is not a terminal (a batch system's
+log), one line every ~30 s: done/total, failures, rate and time left.
 """
 
 from __future__ import annotations
@@ -18,16 +31,27 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JobReport", "run_tasks", "describe_exception"]
+from ..errors import RemoteReadError, SpecError
+
+__all__ = ["SCHEDULER_HELP", "JobReport", "TaskRunner", "describe_exception", "job_arguments", "progress_of",
+           "run_tasks", "scheduler_of"]
+
+SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
+                  "local[:N] (a dask LocalCluster of N processes), or a dask scheduler address (tcp://host:8786)")
+#: seconds between progress lines when stderr is not a terminal
+PROGRESS_SECONDS = float(os.environ.get("DVIDSHARDS_PROGRESS_SECONDS", "30"))
+CONNECT_TIMEOUT = 5.0
 
 
 @dataclass
 class JobReport:
-    """What a :func:`run_tasks` call did.
+    """What a :meth:`TaskRunner.run` call did.
 
     Attributes
     ----------
@@ -41,6 +65,8 @@ class JobReport:
         Wall time of the call in seconds.
     dashboard : str or None
         The dask dashboard link, when there was one.
+    scheduler : str
+        Where the tasks ran: ``"serial"``, ``"threads:N"`` or ``"dask"``.
     """
 
     results: dict = field(default_factory=dict)
@@ -48,6 +74,7 @@ class JobReport:
     skipped: list = field(default_factory=list)
     elapsed: float = 0.0
     dashboard: str | None = None
+    scheduler: str = "serial"
 
     @property
     def ok(self) -> bool:
@@ -82,153 +109,350 @@ def _call(fn, item):
         return False, describe_exception(e)
 
 
-def _progress(total: int, desc: str, progress: bool | None):
-    from tqdm.auto import tqdm
-
-    # disable=None: tqdm shows the bar only on a terminal
-    return tqdm(total=total, desc=desc, unit="task", file=sys.stderr,
-                disable=None if progress is None else not progress, dynamic_ncols=True)
+# --------------------------------------------------------------------------- the vocabulary
 
 
-def run_tasks(
-    fn: Callable[[Any], Any],
-    items: Iterable[Hashable],
-    *,
-    scheduler=None,
-    desc: str = "shards",
-    done: Iterable[Hashable] | None = None,
-    progress: bool | None = None,
-    max_in_flight: int | None = None,
-) -> JobReport:
-    """Run ``fn(item)`` for every item; collect results and per-item failures.
+def _count(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SpecError(f"scheduler {what!r}: expected a number of workers >= 1 after ':'")
+    return n
 
-    Parameters
-    ----------
-    fn : callable
-        ``item -> result``. With a scheduler it must be picklable (a top-level function or a
-        ``functools.partial`` of one) and so must items and results.
-    items : iterable of hashable
-        The tasks' inputs, for example shard origins ``(x, y, z)``. Must be distinct.
-    scheduler : None, str or distributed.Client
-        None: serially in this process. ``"local"`` / ``"local:N"``: a new
-        ``dask.distributed.LocalCluster`` with N (default: CPU count) single-threaded spawned
-        worker processes, closed afterwards. Any other string: the address of a running dask
-        scheduler. A ``distributed.Client``: that client's cluster (left open).
-    desc : str
-        Label of the progress bar.
-    done : iterable of hashable, optional
-        Items to skip (already done: resume).
-    progress : bool, optional
-        Show a tqdm bar on stderr. Default: only when stderr is a terminal.
-    max_in_flight : int, optional
-        Tasks submitted to the cluster at once (default: twice the worker threads, at least 4);
-        bounds the memory of results waiting to be collected.
 
-    Returns
-    -------
-    JobReport
-        Results, failures (``"TypeName: message"``), skipped items, elapsed time.
+def scheduler_of(scheduler):
+    """Check and normalise a ``scheduler`` argument (see the module docstring).
+
+    Returns ``("serial", 1)``, ``("threads", n)``, ``("auto", 0)``, ``("local", n)``,
+    ``("address", "tcp://host:port")`` or ``("client", client)``.
 
     Raises
     ------
-    ValueError
-        If items repeat or the scheduler string is malformed.
-    ImportError
-        If a scheduler is given and ``dask.distributed`` is not installed.
+    SpecError
+        A malformed string, with the vocabulary.
     """
-    t0 = time.perf_counter()
-    items = list(items)
-    if len(set(items)) != len(items):
-        raise ValueError("run_tasks: items must be distinct")
-    skip = set(done or ())
-    report = JobReport()
-    todo: list[Hashable] = []
-    for it in items:
-        (report.skipped if it in skip else todo).append(it)
-
     if scheduler is None:
-        with _progress(len(todo), desc, progress) as bar:
-            for it in todo:
-                ok, res = _call(fn, it)
-                if ok:
-                    report.results[it] = res
-                else:
-                    report.failed[it] = res
-                    bar.set_postfix(failed=len(report.failed), refresh=False)
-                bar.update(1)
-    else:
-        _run_dask(fn, todo, scheduler, desc, progress, max_in_flight, report)
-
-    order = {it: k for k, it in enumerate(items)}
-    report.results = dict(sorted(report.results.items(), key=lambda kv: order[kv[0]]))
-    report.failed = dict(sorted(report.failed.items(), key=lambda kv: order[kv[0]]))
-    report.elapsed = time.perf_counter() - t0
-    return report
-
-
-def _local_workers(scheduler: str) -> int | None:
-    if scheduler == "local":
-        return os.cpu_count() or 1
-    if scheduler.startswith("local:"):
-        try:
-            n = int(scheduler[6:])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"scheduler {scheduler!r}: expected 'local:N' with N >= 1")
-        return n
-    return None
-
-
-def _connect(scheduler):
-    """(client, cluster-or-None, close_client) for a scheduler argument."""
-    try:
-        import dask
-        from distributed import Client, LocalCluster
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "a dask scheduler needs dask.distributed: pip install 'dvidshards[dask]'"
-        ) from e
-    if isinstance(scheduler, Client):
-        return scheduler, None, False
+        return ("auto", 0)
     if not isinstance(scheduler, str):
-        raise ValueError(f"scheduler must be None, a string or a distributed.Client, got "
-                         f"{type(scheduler).__name__}")
-    n = _local_workers(scheduler)
-    if n is None:
-        return Client(scheduler), None, True
-    # spawn, not fork: forking a process whose TensorStore threads run can deadlock the child
-    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=":0", silence_logs=logging.ERROR)
-    return Client(cluster), cluster, True
+        try:
+            from distributed import Client
+        except ImportError:  # pragma: no cover - depends on the environment
+            Client = ()  # noqa: N806
+        if Client and isinstance(scheduler, Client):
+            return ("client", scheduler)
+        raise SpecError(f"scheduler must be a string or a distributed.Client, got {type(scheduler).__name__}")
+    s = scheduler.strip()
+    cores = os.cpu_count() or 1
+    name, _, arg = s.partition(":")
+    if s in ("auto", ""):
+        return ("auto", 0)
+    if s == "serial":
+        return ("serial", 1)
+    if name == "threads":
+        return ("threads", _count(arg, s) if arg else cores)
+    if name == "local":
+        return ("local", _count(arg, s) if arg else cores)
+    if "://" in s:
+        scheme, _, rest = s.partition("://")
+        host, _, port = rest.rpartition(":")
+        if scheme in ("tcp", "tls", "inproc", "ucx", "ws", "wss") and host and port.isdigit():
+            return ("address", s)
+    else:
+        host, _, port = s.rpartition(":")
+        if host and port.isdigit() and "/" not in s:
+            return ("address", f"tcp://{s}")
+    raise SpecError(f"scheduler {scheduler!r} is not one of: {SCHEDULER_HELP}")
 
 
-def _dashboard(client) -> str | None:
-    try:
-        link = client.dashboard_link
-    except Exception:  # noqa: BLE001 - no dashboard service (bokeh missing)
-        return None
-    return link or None
+# --------------------------------------------------------------------------- progress
 
 
-def _run_dask(fn, todo, scheduler, desc, progress, max_in_flight, report) -> None:
-    from distributed import as_completed
+class _Progress:
+    """A tqdm bar on a terminal; otherwise a line on stderr every PROGRESS_SECONDS (and at the end)."""
 
-    client, cluster, close = _connect(scheduler)
-    futures = {}
-    try:
-        report.dashboard = _dashboard(client)
-        if report.dashboard and todo:
-            print(f"dask dashboard: {report.dashboard}", file=sys.stderr)
+    def __init__(self, total: int, desc: str, progress: bool | None):
+        self.total, self.desc = total, desc
+        self.done = self.failed = 0
+        self.t0 = self.last = time.monotonic()
+        tty = sys.stderr.isatty()
+        self.bar = None
+        self.lines = False
+        if progress is True or (progress is None and tty):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="task", file=sys.stderr, dynamic_ncols=True)
+        elif progress is None and total:
+            self.lines = True
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        if not ok:
+            self.failed += 1
+        if self.bar is not None:
+            if not ok:
+                self.bar.set_postfix(failed=self.failed, refresh=False)
+            self.bar.update(1)
+        elif self.lines and time.monotonic() - self.last >= PROGRESS_SECONDS:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = now = time.monotonic()
+        dt = max(now - self.t0, 1e-9)
+        rate = self.done / dt
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left != float("inf") else "?"
+        print(f"dvidshards: {self.desc}: {self.done:,}/{self.total:,} done ({self.done / max(self.total, 1):.1%}), "
+              f"{self.failed} failed, {rate:.3g} tasks/s, {now - self.t0:.0f} s so far, ETA {eta}",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.lines and time.monotonic() - self.t0 >= PROGRESS_SECONDS:
+            self._line()  # the final count, when the job ran long enough to print lines
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+class TaskRunner:
+    """Where a job's tasks run; one per job, for all of its phases.
+
+    Parameters
+    ----------
+    scheduler : None, str or distributed.Client
+        See the module docstring.
+    progress : bool, optional
+        True: a tqdm bar; False: nothing; None (default): a bar on a terminal, else a log line
+        every ~30 s.
+    max_in_flight : int, optional
+        Tasks submitted at once (default: twice the workers, at least 4); bounds the memory of
+        pending futures and of results waiting to be collected.
+
+    Examples
+    --------
+    >>> with TaskRunner("threads:2") as tr:  # doctest: +SKIP
+    ...     report = tr.run(work, shards, desc="s0 shards")
+    """
+
+    def __init__(self, scheduler=None, *, progress: bool | None = None, max_in_flight: int | None = None):
+        self.kind, self.arg = scheduler_of(scheduler)
+        self.progress = progress
+        self.max_in_flight = max_in_flight
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
+        self._client = None
+        self._cluster = None
+        self._close_client = False
+        self.dashboard: str | None = None
+
+    def __enter__(self) -> TaskRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TaskRunner({self.kind}{'' if self.kind in ('auto', 'serial') else ':' + str(self.arg)})"
+
+    def close(self) -> None:
+        """Stop the thread pool, close a client and a cluster this runner started."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._client is not None and self._close_client:
+            self._client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+        self._client = self._cluster = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether tasks run in other processes (dask): arguments travel pickled."""
+        return self.kind in ("local", "address", "client")
+
+    @property
+    def remote(self) -> bool:
+        """Whether the workers may run on other hosts (an address or a client given)."""
+        return self.kind in ("address", "client")
+
+    # --- dask ------------------------------------------------------------------------------
+
+    def client(self):
+        """The ``distributed.Client`` (connecting or starting the cluster on first use)."""
+        if self._client is not None:
+            return self._client
+        try:
+            import dask
+            from distributed import Client, LocalCluster
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("a dask scheduler needs dask.distributed: pip install 'dvidshards[dask]'") from e
+        if self.kind == "client":
+            self._client, self._close_client = self.arg, False
+        elif self.kind == "address":
+            try:
+                self._client = Client(self.arg, timeout=f"{CONNECT_TIMEOUT}s")
+            except (OSError, TimeoutError) as e:
+                raise RemoteReadError(f"dask scheduler {self.arg}: cannot connect within {CONNECT_TIMEOUT:g} s "
+                                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+            self._close_client = True
+        elif self.kind == "local":
+            # spawn, not fork: forking a process whose TensorStore threads run can deadlock the child
+            with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+                self._cluster = LocalCluster(n_workers=int(self.arg), threads_per_worker=1, processes=True,
+                                             dashboard_address=":0", silence_logs=logging.ERROR)
+            self._client, self._close_client = Client(self._cluster), True
+        else:
+            raise ValueError(f"{self!r} runs no dask cluster")
+        try:
+            self.dashboard = self._client.dashboard_link or None
+        except Exception:  # noqa: BLE001 - no dashboard service (bokeh missing)
+            self.dashboard = None
+        if self.dashboard:
+            print(f"dask dashboard: {self.dashboard}", file=sys.stderr)
+        return self._client
+
+    def check_shared(self, workdir) -> None:
+        """Before any work: check that every worker sees ``workdir`` (a folder on this host).
+
+        Only a cluster whose workers may run elsewhere (an address, a client) is checked: a
+        marker file written here must be readable by each worker. A URL (``gs://``, ``s3://``)
+        is taken as shared.
+
+        Raises
+        ------
+        SpecError
+            One line naming the folder and how many workers cannot see it.
+        """
+        if not self.remote or workdir is None:
+            return
+        path = os.fspath(workdir)
+        if "://" in path and not path.startswith("file://"):
+            return
+        path = os.path.abspath(path.removeprefix("file://"))
+        os.makedirs(path, exist_ok=True)
+        token = uuid.uuid4().hex
+        marker = os.path.join(path, f".dvidshards-shared-{token}")
+        with open(marker, "w") as f:
+            f.write(token)
+        try:
+            seen = self.client().run(_sees, marker, token)
+        finally:
+            os.remove(marker)
+        blind = sorted(w for w, ok in seen.items() if not ok)
+        if blind:
+            raise SpecError(f"work folder {path}: {len(blind)} of {len(seen)} dask workers cannot see it (first: "
+                            f"{blind[0]}); give --workdir on a file system every worker shares")
+
+    # --- running ---------------------------------------------------------------------------
+
+    def _mode(self, n: int) -> tuple[str, int]:
+        if self.kind == "auto":
+            cores = os.cpu_count() or 1
+            return ("threads", min(cores, n)) if n > 1 and cores > 1 else ("serial", 1)
+        return self.kind, self.arg if isinstance(self.arg, int) else 0
+
+    def run(self, fn: Callable[[Any], Any], items: Iterable[Hashable], *, desc: str = "tasks",
+            done: Iterable[Hashable] | None = None) -> JobReport:
+        """Run ``fn(item)`` for every item not in ``done``; collect results and failures.
+
+        Parameters
+        ----------
+        fn : callable
+            ``item -> result``: picklable on dask (a top-level function or a
+            ``functools.partial`` of one), thread-safe on threads. Results should be small.
+        items : iterable of hashable
+            The tasks' inputs, distinct (e.g. shard origins).
+        desc : str
+            What the tasks are, for progress.
+        done : iterable of hashable, optional
+            Items to skip (resume).
+
+        Returns
+        -------
+        JobReport
+        """
+        t0 = time.perf_counter()
+        items = list(items)
+        if len(set(items)) != len(items):
+            raise ValueError("run_tasks: items must be distinct")
+        skip = set(done or ())
+        report = JobReport()
+        todo: list[Hashable] = []
+        for it in items:
+            (report.skipped if it in skip else todo).append(it)
+        mode, n = self._mode(len(todo))
+        bar = _Progress(len(todo), desc, self.progress)
+        try:
+            if mode == "serial":
+                report.scheduler = "serial"
+                for it in todo:
+                    ok, res = _call(fn, it)
+                    (report.results if ok else report.failed)[it] = res
+                    bar.update(ok)
+            elif mode == "threads":
+                report.scheduler = f"threads:{n}"
+                self._run_threads(fn, todo, n, report, bar)
+            else:
+                report.scheduler = "dask"
+                self._run_dask(fn, todo, report, bar)
+                report.dashboard = self.dashboard
+        finally:
+            bar.close()
+        order = {it: k for k, it in enumerate(items)}
+        report.results = dict(sorted(report.results.items(), key=lambda kv: order[kv[0]]))
+        report.failed = dict(sorted(report.failed.items(), key=lambda kv: order[kv[0]]))
+        report.elapsed = time.perf_counter() - t0
+        return report
+
+    def _window(self, workers: int) -> int:
+        return self.max_in_flight or max(4, 2 * workers)
+
+    def _run_threads(self, fn, todo, n, report, bar) -> None:
+        if self._pool is None or self._pool_size != n:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(n, thread_name_prefix="dvidshards-task")
+            self._pool_size = n
+        pending = iter(todo)
+        running: dict = {}
+
+        def submit() -> bool:
+            it = next(pending, _END)
+            if it is _END:
+                return False
+            running[self._pool.submit(_call, fn, it)] = it  # type: ignore[union-attr]
+            return True
+
+        for _ in range(self._window(n)):
+            if not submit():
+                break
+        try:
+            while running:
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for f in finished:
+                    it = running.pop(f)
+                    ok, res = f.result()
+                    (report.results if ok else report.failed)[it] = res
+                    bar.update(ok)
+                    submit()
+        finally:
+            for f in running:
+                f.cancel()
+
+    def _run_dask(self, fn, todo, report, bar) -> None:
+        from distributed import as_completed
+
+        client = self.client()
         if not todo:
             return
-        if max_in_flight is None:
-            threads = sum(client.nthreads().values()) or 1
-            max_in_flight = max(4, 2 * threads)
-        # fn travels with every task (not scattered once: a dying worker would lose it)
+        threads = sum(client.nthreads().values()) or 1
+        futures: dict = {}
         pending = iter(todo)
 
+        # fn travels with every task (not scattered once: a dying worker would lose it)
         def submit():
             it = next(pending, _END)
             if it is _END:
@@ -237,8 +461,8 @@ def _run_dask(fn, todo, scheduler, desc, progress, max_in_flight, report) -> Non
             futures[f] = it
             return f
 
-        ac = as_completed([f for f in (submit() for _ in range(max_in_flight)) if f is not None])
-        with _progress(len(todo), desc, progress) as bar:
+        ac = as_completed([f for f in (submit() for _ in range(self._window(threads))) if f is not None])
+        try:
             for f in ac:
                 it = futures.pop(f)
                 if f.status == "finished":
@@ -252,22 +476,93 @@ def _run_dask(fn, todo, scheduler, desc, progress, max_in_flight, report) -> Non
                     res = (describe_exception(exc) if exc is not None
                            else f"TaskLost: dask reports the task {f.status}")
                 f.release()
-                if ok:
-                    report.results[it] = res
-                else:
-                    report.failed[it] = res
-                    bar.set_postfix(failed=len(report.failed), refresh=False)
-                bar.update(1)
+                (report.results if ok else report.failed)[it] = res
+                bar.update(ok)
                 nf = submit()
                 if nf is not None:
                     ac.add(nf)
-    finally:
-        if futures:
-            client.cancel(list(futures))
-        if close:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+        finally:
+            if futures:
+                client.cancel(list(futures))
+
+
+def _sees(marker: str, token: str) -> bool:
+    try:
+        with open(marker) as f:
+            return f.read() == token
+    except OSError:
+        return False
 
 
 _END = object()
+
+
+def run_tasks(
+    fn: Callable[[Any], Any],
+    items: Iterable[Hashable],
+    *,
+    scheduler=None,
+    desc: str = "tasks",
+    done: Iterable[Hashable] | None = None,
+    progress: bool | None = None,
+    max_in_flight: int | None = None,
+) -> JobReport:
+    """Run ``fn(item)`` for every item in a :class:`TaskRunner` of its own (one phase jobs).
+
+    Parameters
+    ----------
+    fn, items, desc, done :
+        See :meth:`TaskRunner.run`.
+    scheduler, progress, max_in_flight :
+        See :class:`TaskRunner`.
+
+    Returns
+    -------
+    JobReport
+        Results, failures (``"TypeName: message"``), skipped items, elapsed time.
+
+    Raises
+    ------
+    ValueError
+        If items repeat.
+    SpecError
+        If the scheduler string is malformed.
+    RemoteReadError
+        If a scheduler address cannot be reached.
+    ImportError
+        If a dask scheduler is asked for and ``dask.distributed`` is not installed.
+    """
+    with TaskRunner(scheduler, progress=progress, max_in_flight=max_in_flight) as tr:
+        return tr.run(fn, items, desc=desc, done=done)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def job_arguments(p, *, workdir: bool = True, resume: bool = True, overwrite: bool = False) -> None:
+    """The options every whole-export job shares: ``--scheduler``, ``--workdir``, ``--resume``,
+    ``--overwrite``, ``--quiet`` (one vocabulary and one help text for all)."""
+    p.add_argument("--scheduler", default=None, metavar="WHERE", help=SCHEDULER_HELP)
+    if workdir:
+        p.add_argument("--workdir", default=None, metavar="FOLDER",
+                       help="folder for partial results, visible to every worker (a shared file system on a "
+                            "cluster); default: a temporary folder on this host")
+    if resume:
+        p.add_argument("--resume", action="store_true", help="finish an interrupted run: keep what it completed")
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace the output of an earlier run (default: refuse a non-empty destination)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+
+
+def progress_of(args) -> bool | None:
+    """The ``progress`` argument for a job from its parsed options (``--quiet``: none)."""
+    return False if getattr(args, "quiet", False) else None
+
+
+
+def _connect(scheduler):
+    """(client, cluster or None, close) - the 0.1 helper some tests still use; ``TaskRunner.client()``."""
+    tr = TaskRunner(scheduler)
+    client = tr.client()
+    return client, tr._cluster, tr._close_client
