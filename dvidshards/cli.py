@@ -218,23 +218,29 @@ class Info:
             ds = Dataset(args.source, spec=args.spec)
         origin = "geometry from spec" if ds.spec is not None else "geometry INFERRED from file names (pass --spec)"
         print(f"{ds.store.describe('')}  ({origin})")
-        head = f"{'scale':>5} {'key':>10} {'size (x,y,z)':>22} {'resolution':>16} {'shard':>6} {'shards':>7}"
-        print(head + ("" if args.no_chunks else f" {'chunks':>10} {'of grid':>8} index"))
+        head = ["scale", "key", "size (x,y,z)", "resolution", "shard", "shards"]
+        if not args.no_chunks:
+            head += ["chunks", "of grid", "index"]
+        rows = []
         for s in ds.scales:
             origins = ds.shards(s.index)
             res = "x".join(f"{r:g}" for r in s.resolution) if s.resolution is not None else "unknown"
             extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
             mark = "*" if s.inferred else ""
-            line = (f"{s.index:>5} {s.key:>10} {'x'.join(map(str, s.size)) + mark:>22} {res:>16} "
-                    f"{str(extent) + mark:>6} {len(origins):>7}")
+            row = [str(s.index), s.key, "x".join(map(str, s.size)) + mark, res, f"{extent}{mark}", str(len(origins))]
             if not args.no_chunks:
                 n, variants = 0, set()
                 for o in origins:
                     shard = ds.shard(s.index, o, policy="lazy")
                     n += len(shard)
                     variants.add(shard.variant)
-                line += f" {n:>10} {n / s.num_chunk_slots:>8.1%} {'/'.join(sorted(variants)) or '-'}"
-            print(line)
+                row += [str(n), f"{n / s.num_chunk_slots:.1%}", "/".join(sorted(variants)) or "-"]
+            rows.append(row)
+        # columns as wide as their longest cell (the mCNS keys reach 17 characters)
+        width = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
+        for r in [head, *rows]:
+            print(" ".join(c.ljust(w) if head[k] == "index" else c.rjust(w)
+                           for k, (c, w) in enumerate(zip(r, width, strict=True))).rstrip())
         if any(s.inferred for s in ds.scales):
             print("* inferred from the files, not given by a spec")
         return EXIT_OK

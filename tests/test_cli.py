@@ -99,6 +99,28 @@ def test_info(synthetic_export, spec_file, capsys):
     assert int(rows[0][6]) == n_chunks and rows[0][-1] == "A"
 
 
+def test_info_columns_line_up_for_long_keys(dvid_data, tmp_path, capsys):
+    """mCNS's keys run to 17 characters ("16384x16384x16384"): every column stays aligned."""
+    (tmp_path / "s1").mkdir()
+    for ext in ("arrow", "csv"):
+        shutil.copy(dvid_data / f"30720_24576_28672.{ext}", tmp_path / "s1" / f"30720_24576_28672.{ext}")
+    code, out, _ = _run(["info", str(tmp_path), "--spec", str(dvid_data / "mcns-ng-specs.json"), "--no-chunks"],
+                        capsys)
+    assert code == 0
+    lines = out.splitlines()[1:]
+    head = lines[0]
+    assert head.split() == ["scale", "key", "size", "(x,y,z)", "resolution", "shard", "shards"]
+    ends = [head.index(h) + len(h) for h in ("scale", "key", "(x,y,z)", "resolution", "shard", "shards")]
+    rows = [line for line in lines[1:] if line.strip()[0].isdigit()]
+    assert len(rows) == 12 and "16384x16384x16384" in rows[-1]
+    for r in rows:  # right-aligned cells end where their header ends
+        cells = r.split()
+        pos = 0
+        for c, end in zip(cells, ends, strict=True):
+            pos = r.index(c, pos) + len(c)
+            assert pos == end, (r, c)
+
+
 def test_info_errors_are_one_line(tmp_path, synthetic_export, capsys):
     code, _, err = _run(["info", str(tmp_path / "nowhere")], capsys)
     assert code == 2 and "SpecError" in _one_line(err)
