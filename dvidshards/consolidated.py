@@ -167,7 +167,7 @@ def spec_from_consolidated(folder: str) -> dict | None:
 
     if not os.path.isdir(folder):
         raise ChunkIndexError(f"{folder}: no such folder of consolidated indexes")
-    names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"s\d+\.chunks\.arrow", n)),
+    names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"s[0-9]+\.chunks\.arrow", n)),
                    key=lambda n: int(n[1:].split(".")[0]))
     if not names:
         raise ChunkIndexError(f"{folder}: holds no consolidated index (s0.chunks.arrow, ...); run "

@@ -32,7 +32,7 @@ from .stores import ByteStore, as_store
 
 __all__ = ["Dataset", "Scale", "open", "shard_origins"]
 
-_STEM = re.compile(r"^(\d+)_(\d+)_(\d+)$")
+_STEM = re.compile(r"^([0-9]+)_([0-9]+)_([0-9]+)$")  # ASCII digits: \d also matches other scripts' digits
 
 
 def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
@@ -143,7 +143,7 @@ class Dataset:
         except SpecError:
             raise SpecError(f"{store.describe('')}: this store cannot list folders; give the export's "
                             f"neuroglancer spec (spec=...) or put an 'info' file at its root") from None
-        folders = sorted(int(n[1:]) for n in names if re.fullmatch(r"s\d+", n))
+        folders = sorted(int(n[1:]) for n in names if re.fullmatch(r"s[0-9]+", n))
         if not folders:
             raise SpecError(f"{store.describe('')}: no scale folders s0, s1, ... found")
         scales = []

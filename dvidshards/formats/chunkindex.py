@@ -169,8 +169,8 @@ def parse_footer(blob: bytes, chunk_size: tuple[int, int, int], where: str) -> R
     """Parse the JSON of a CHUNKIDX footer (variant D: keys ``"x_y_z"`` in voxel units)."""
     try:
         obj = json.loads(blob)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ChunkIndexError(f"{where}: CHUNKIDX footer is not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ChunkIndexError(f"{where}: CHUNKIDX footer is not JSON ({str(e)[:80]})") from None
     if not isinstance(obj, dict):
         raise ChunkIndexError(f"{where}: CHUNKIDX footer is not a JSON object")
     n = len(obj)
@@ -179,7 +179,8 @@ def parse_footer(blob: bytes, chunk_size: tuple[int, int, int], where: str) -> R
     cs = np.asarray(chunk_size, np.int64)
     for i, (k, v) in enumerate(obj.items()):
         parts = k.split("_")
-        if (len(parts) != 3 or not all(p.isdigit() for p in parts) or type(v) is not int or v < 0
+        # ASCII digits only: str.isdigit() also accepts '²', on which int() fails
+        if (len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts) or type(v) is not int or v < 0
                 or v >= MAX_BYTE_OFFSET):
             raise ChunkIndexError(f"{where}: bad CHUNKIDX entry {k!r}: {v!r}")
         ints = [int(p) for p in parts]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,13 +126,24 @@ def multiscale_info(scales: list[Scale]) -> dict:
     }
 
 
+def _number(x, cast):
+    """A JSON number as int or float: never a string, a bool, or a fraction cut to an int."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(x)
+    if cast is int and not isinstance(x, numbers.Integral):
+        if not float(x).is_integer():
+            raise ValueError(x)
+    return cast(x)
+
+
 def _triple(v, what: str, where: str, cast=int) -> tuple:
     try:
-        t = tuple(cast(x) for x in v)
+        t = tuple(_number(x, cast) for x in v)
     except (TypeError, ValueError, OverflowError):
         t = ()
     if len(t) != 3:
-        raise SpecError(f"{where}: {what} must be three numbers, got {v!r}")
+        kind = "integers" if cast is int else "numbers"
+        raise SpecError(f"{where}: {what} must be three {kind}, got {v!r}")
     return t
 
 
@@ -139,8 +151,8 @@ def parse_json(data: bytes, where: str) -> dict:
     """A JSON object from bytes, or SpecError naming where it came from."""
     try:
         obj = json.loads(data)
-    except ValueError as e:
-        raise SpecError(f"{where}: not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise SpecError(f"{where}: not valid JSON ({str(e)[:80]})") from None
     if not isinstance(obj, dict):
         raise SpecError(f"{where}: not a JSON object")
     return obj

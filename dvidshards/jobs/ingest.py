@@ -115,7 +115,7 @@ def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, ce
         os.makedirs(folder, exist_ok=True)
         done = [s for s in table_files(to, scale) if s % of == partition]
         for name in os.listdir(folder):  # leftovers of a worker of this partition that died
-            m = re.match(r"^\.(\d+)_\d+_\d+_\d+\.parquet\..*\.tmp$", name)
+            m = re.match(r"^\.([0-9]+)_[0-9]+_[0-9]+_[0-9]+\.parquet\..*\.tmp$", name)
             if m and int(m.group(1)) % of == partition:
                 try:
                     os.unlink(os.path.join(folder, name))

@@ -73,7 +73,7 @@ def _open_dataset(source, spec=None):
         p = os.fspath(source)
         if os.path.isdir(p) and read_table_info(p) is not None:
             return Dataset(TableSource(p), spec=spec)
-        if os.path.isfile(p) or (os.path.isdir(p) and not any(n.startswith("s") and n[1:].isdigit()
+        if os.path.isfile(p) or (os.path.isdir(p) and not any(n.startswith("s") and n[1:].isascii() and n[1:].isdigit()
                                                              for n in os.listdir(p))):
             return Dataset(TableSource(p, spec=spec))
     if not isinstance(source, (str, os.PathLike, pa.Table)) and hasattr(source, "__arrow_c_stream__"):
@@ -149,12 +149,13 @@ class ExportFlightServer(fl.FlightServerBase):
     def _descriptor_scale(self, descriptor) -> tuple[Scale, dict]:
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
             path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
-            if len(path) != 1 or not path[0].startswith("s") or not path[0][1:].isdigit():
+            if len(path) != 1 or not path[0].startswith("s") or not path[0][1:].isascii() \
+                    or not path[0][1:].isdigit():
                 raise SpecError(f"descriptor path must be ['s<k>'], got {path}")
             return self._scale(int(path[0][1:])), {}
         try:
             d = json.loads(bytes(descriptor.command))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise SpecError(f"descriptor command is not JSON ({e})") from None
         if not isinstance(d, dict) or d.get("v") != TICKET_VERSION:
             raise SpecError(f"descriptor command must be {{'v': {TICKET_VERSION}, 'scale': k}}")

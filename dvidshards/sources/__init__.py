@@ -71,7 +71,7 @@ def as_record_source(source, *, spec=None, scale: int = 0, **kwargs) -> RecordSo
     if isinstance(source, (str, os.PathLike)):
         p = os.fspath(source)
         if os.path.isdir(p) and read_table_info(p) is None and any(
-                f.endswith(".arrow") for n in os.listdir(p) if n.startswith("s") and n[1:].isdigit()
+                f.endswith(".arrow") for n in os.listdir(p) if n.startswith("s") and n[1:].isascii() and n[1:].isdigit()
                 and os.path.isdir(os.path.join(p, n)) for f in os.listdir(os.path.join(p, n))):
             raise SpecError(f"{p}: an export of shard files, not a table (open it with Dataset)")
     return TableSource(source, spec=spec, scale=scale)

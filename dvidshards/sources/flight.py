@@ -147,11 +147,19 @@ def ints(v, n: int, what: str) -> list[int]:
     return v
 
 
+def _server_json(raw, uri: str, what: str):
+    """JSON a server sent, or RemoteReadError naming what was malformed (never a bare ValueError)."""
+    try:
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError) as e:
+        raise RemoteReadError(f"{uri}: the server sent malformed {what} ({str(e)[:80]})") from None
+
+
 def parse_ticket(raw: bytes, scales: dict) -> dict:
     """A checked ticket dict (SpecError naming what is wrong)."""
     try:
         d = json.loads(bytes(raw))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise SpecError(f"ticket is not JSON ({e})") from None
     if not isinstance(d, dict):
         raise SpecError("ticket must be a JSON object")
@@ -297,7 +305,12 @@ class FlightSource(RecordSource):
             res = list(self.client.do_action(fl.Action("spec", b""), self._options()))
         except fl.FlightError as e:
             raise client_error(e, self.uri) from None
-        return json.loads(bytes(res[0].body))
+        if not res:
+            raise RemoteReadError(f"{self.uri}: the server sent no spec")
+        d = _server_json(res[0].body, self.uri, "spec")
+        if not isinstance(d, dict):
+            raise RemoteReadError(f"{self.uri}: the server's spec is not a JSON object")
+        return d
 
     def stream(self, ticket: dict):
         """(batch, meta dict) of one DoGet, ending with the ``done`` marker; typed errors.
@@ -321,7 +334,10 @@ class FlightSource(RecordSource):
                 raise client_error(e, self.uri) from None
             except pa.ArrowException as e:
                 raise RemoteReadError(f"{self.uri}: the stream broke after {got} records ({e})") from None
-            meta = json.loads(bytes(chunk.app_metadata)) if chunk.app_metadata is not None else {}
+            meta = _server_json(chunk.app_metadata, self.uri, "batch metadata") \
+                if chunk.app_metadata is not None else {}
+            if not isinstance(meta, dict):
+                raise RemoteReadError(f"{self.uri}: the server's batch metadata is not a JSON object")
             batch = chunk.data
             if meta.get("done"):
                 if meta.get("records") != got:
@@ -374,12 +390,20 @@ class FlightSource(RecordSource):
             info = self.client.get_flight_info(d, self._options())
         except fl.FlightError as e:
             raise client_error(e, self.uri) from None
-        return sorted(tuple(json.loads(bytes(ep.ticket.ticket))["shard"]) for ep in info.endpoints)
+        out = []
+        for ep in info.endpoints:
+            t = _server_json(ep.ticket.ticket, self.uri, "ticket")
+            o = t.get("shard") if isinstance(t, dict) else None
+            if not (isinstance(o, list) and len(o) == 3 and all(type(v) is int and v >= 0 for v in o)):
+                raise RemoteReadError(f"{self.uri}: the server sent a ticket without a shard origin: "
+                                      f"{bytes(ep.ticket.ticket)[:80]!r}")
+            out.append(tuple(o))
+        return sorted(out)
 
     async def exists(self, key: str) -> bool:
         import re
 
-        m = re.match(r"^s(\d+)/(\d+)_(\d+)_(\d+)\.arrow$", key)
+        m = re.match(r"^s([0-9]+)/([0-9]+)_([0-9]+)_([0-9]+)\.arrow$", key)
         if not m:
             return False
         k, *o = (int(g) for g in m.groups())

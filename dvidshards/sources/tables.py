@@ -88,7 +88,7 @@ BATCH_ROWS = 256  # rows per streamed record batch
 GATHER_BYTES = 16 << 20  # records gathered at once by a stream, then sliced into batches (measured: 8-128 MB)
 TABLE_VERSION = 1
 _META_KEY = b"dvidshards.table"
-_FILE = re.compile(r"^(\d+)_(\d+)_(\d+)_(\d+)\.parquet$")
+_FILE = re.compile(r"^([0-9]+)_([0-9]+)_([0-9]+)_([0-9]+)\.parquet$")
 _RECORD_COLUMNS = ("shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels",
                    "dvid_compressed_block", "uncompressed_size")
 
@@ -964,7 +964,7 @@ class TableSource(RecordSource):
         return sorted(self._rows) if scale.index == self.scale_index else []
 
     async def exists(self, key: str) -> bool:
-        m = re.match(r"^s(\d+)/(\d+)_(\d+)_(\d+)\.arrow$", key)
+        m = re.match(r"^s([0-9]+)/([0-9]+)_([0-9]+)_([0-9]+)\.arrow$", key)
         if not m:
             return False
         k, *o = (int(g) for g in m.groups())

@@ -35,7 +35,7 @@ DEFAULT_CONCURRENCY = {"limit": 32}
 _TRANSIENT = frozenset({"ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL",
                         "UNKNOWN", "DATA_LOSS"})
 _STATUS = re.compile(r"^\s*([A-Z][A-Z_]{3,}):")
-_TOTAL_SIZE = re.compile(r"total size (\d+)")
+_TOTAL_SIZE = re.compile(r"total size ([0-9]+)")
 
 
 
