@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from dvidshards.errors import BlockDecodeError
+from dvidshards.formats import cseg, jit
 from dvidshards.formats.codec import decode_block, encode_block
 from dvidshards.formats.cseg import is_background, transcode, transcode_u8
 from tests.formats.test_codec import build_block, random_block
+
+
+@pytest.fixture(params=["compiled", "fallback"])
+def kernels(request):
+    """Run a test through the compiled kernel, then through its numpy fallback (what a fresh
+    worker answers with while numba compiles): both are held to TensorStore's bytes."""
+    if request.param == "compiled":
+        cseg._kernel.compile()
+        yield request.param
+    else:
+        with jit.fallbacks():
+            yield request.param
 
 
 def ts_encode(vol_zyx: np.ndarray) -> bytes | None:
@@ -47,7 +64,7 @@ def check(block, palette=None):
 
 
 @pytest.mark.parametrize("mode", ["agglomerated", "supervoxels"])
-def test_real_shard_bytes_equal_tensorstore(real_records, mode):
+def test_real_shard_bytes_equal_tensorstore(real_records, mode, kernels):
     assert len(real_records) == 258
     for rec in real_records:
         palette = np.array(rec["labels"], np.uint64) if mode == "agglomerated" else None
@@ -60,7 +77,7 @@ def test_real_supervoxel_list_as_palette(real_records):
         assert transcode(rec["block"], np.array(rec["supervoxels"], np.uint64)) == transcode(rec["block"])
 
 
-def test_fib19(fib19_block, fib19_volume):
+def test_fib19(fib19_block, fib19_volume, kernels):
     got = check(fib19_block)
     n = int.from_bytes(fib19_block[12:16], "little")
     rng = np.random.default_rng(1)
@@ -89,7 +106,7 @@ def subblock_volume(rng, per_subblock, shape=(64, 64, 64), pool=None):
 
 
 @pytest.mark.parametrize("order", ["appearance", "sorted"])
-def test_synthetic_label_counts(order):
+def test_synthetic_label_counts(order, kernels):
     rng = np.random.default_rng(7)
     cases = {
         "solid": np.full((64, 64, 64), 12345, np.uint64),
@@ -118,7 +135,7 @@ def test_synthetic_label_counts(order):
             check(block, pal)
 
 
-def test_all_zero_chunk_is_background():
+def test_all_zero_chunk_is_background(kernels):
     block = encode_block(np.zeros((64, 64, 64), np.uint64))
     got = transcode(block)
     assert is_background(got) and ts_encode(np.zeros((64, 64, 64), np.uint64)) is None
@@ -128,13 +145,13 @@ def test_all_zero_chunk_is_background():
     assert not is_background(transcode(encode_block(vol)))
 
 
-def test_non_cubic_block_grid():
+def test_non_cubic_block_grid(kernels):
     rng = np.random.default_rng(3)
     vol = subblock_volume(rng, lambda: int(rng.integers(1, 6)), shape=(16, 40, 8))
     check(encode_block(vol))
 
 
-def test_builder_blocks_unused_duplicate_and_empty():
+def test_builder_blocks_unused_duplicate_and_empty(kernels):
     """Blocks the encoder never writes: nsb == 0, unused and repeated labels, any index order."""
     rng = np.random.default_rng(11)
     for _ in range(30):
@@ -172,7 +189,7 @@ def test_palette_argument_forms(fib19_block):
 # --------------------------------------------------------------------------- malformed blocks
 
 
-def test_truncated_blocks(fib19_block, real_records):
+def test_truncated_blocks(fib19_block, real_records, kernels):
     for block in (fib19_block, real_records[0]["block"], encode_block(np.ones((64, 64, 64), np.uint64))):
         n = len(block)
         for cut in sorted({*range(0, 40), *range(n - 600, n, 7), n - 1}):
@@ -181,7 +198,7 @@ def test_truncated_blocks(fib19_block, real_records):
                     transcode(block[:cut])
 
 
-def test_bad_headers_and_indices(fib19_block):
+def test_bad_headers_and_indices(fib19_block, kernels):
     n = int.from_bytes(fib19_block[12:16], "little")
     with pytest.raises(BlockDecodeError, match="palette has"):
         transcode(fib19_block, np.zeros(n + 1, np.uint64))
@@ -206,7 +223,7 @@ def test_bad_headers_and_indices(fib19_block):
     assert nsb.sum() > 0
 
 
-def test_value_selecting_no_label():
+def test_value_selecting_no_label(kernels):
     # three labels in a sub-block: 2-bit values, and the value 3 selects nothing
     v = np.zeros(512, np.int64)
     v[:3] = [0, 1, 2]
@@ -228,7 +245,7 @@ def test_value_selecting_no_label():
         transcode(bytes(bad))
 
 
-def test_fuzz_agrees_with_decoder(real_records):
+def test_fuzz_agrees_with_decoder(real_records, kernels):
     """Random corruptions: transcode raises exactly when decode_block does, else bytes agree."""
     rng = np.random.default_rng(5)
     blocks = [r["block"] for r in real_records[::25]]
@@ -247,7 +264,7 @@ def test_fuzz_agrees_with_decoder(real_records):
         check(b)
 
 
-def test_transcode_u8(fib19_block):
+def test_transcode_u8(fib19_block, kernels):
     u8 = np.frombuffer(fib19_block, np.uint8)
     n = int.from_bytes(fib19_block[12:16], "little")
     pal = np.arange(5, 5 + n, dtype=np.uint64)
@@ -260,8 +277,55 @@ def test_transcode_u8(fib19_block):
         transcode_u8(u8, pal[:-1])
 
 
-def test_arguments():
+def test_arguments(kernels):
     with pytest.raises(BlockDecodeError):
         transcode(np.zeros(100, np.uint16))
     with pytest.raises(TypeError):
         transcode(12)
+
+
+def test_fallback_equals_kernel_on_random_blocks():
+    """The numpy fallback returns the kernel's bytes, or the kernel's error, block for block."""
+    cseg._kernel.compile()
+    rng = np.random.default_rng(21)
+    for k in range(120):
+        grid = tuple(int(v) for v in rng.integers(1, 4, 3)) if k % 2 else (8, 8, 8)
+        block, _ = random_block(rng, grid, int(rng.integers(1, 600)),
+                                max_sb_labels=int(rng.choice([2, 3, 6, 40, 300, 512])), zero_frac=0.1)
+        if k % 3 == 0:  # damage some: the same code and message from both
+            b = bytearray(block)
+            for _ in range(3):
+                b[int(rng.integers(12, len(b)))] = int(rng.integers(0, 256))
+            block = bytes(b[:len(b) - int(rng.integers(0, 3))])
+        n = int.from_bytes(block[12:16], "little")
+        for pal in (None, rng.integers(0, 5, n).astype(np.uint64)):
+            outcome = []
+            for ctx in (contextlib.nullcontext(), jit.fallbacks()):
+                with ctx:
+                    try:
+                        outcome.append(transcode(block, pal))
+                    except BlockDecodeError as e:
+                        outcome.append(str(e))
+            assert outcome[0] == outcome[1], k
+
+
+def test_fresh_process_answers_before_numba_compiles(tmp_path):
+    """A fresh worker with an empty numba cache: the first transcode answers through the fallback
+    (the kernel is still compiling in the background), with TensorStore's bytes."""
+    vol = (np.arange(64 ** 3, dtype=np.uint64).reshape(64, 64, 64) // 5000) % 7
+    block = encode_block(vol)  # here: the child compiles nothing but what it is tested on
+    code = """if True:
+        import os, sys
+        import numpy as np
+        from dvidshards.formats import cseg
+        got = cseg.transcode(bytes.fromhex(sys.stdin.read()))
+        print(cseg._kernel.ready, got.hex(), flush=True)
+        os._exit(0)  # do not wait for the background compile at exit
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "DVIDSHARDS_KERNELS": "background"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, input=block.hex(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ready, hexbytes = out.stdout.split()
+    assert ready == "False"
+    assert bytes.fromhex(hexbytes) == ts_encode(vol)
