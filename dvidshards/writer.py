@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import struct
 import sys
@@ -66,7 +67,8 @@ D_FOOTER_MAGIC = b"CHUNKIDX"  # variant D: [JSON index][u64 LE length][b"CHUNKID
 _FILE_MAGIC_LEN = 8  # IPC file format: b"ARROW1" + 2 bytes padding before the schema message
 _INDEXES = ("A", "B", "C", "D")
 _CONTAINERS = ("stream", "file")
-_SCALE_DIR = re.compile(r"s\d+")
+_SCALE_DIR = re.compile(r"s[0-9]+")
+_TMP_DIR = re.compile(r"\.dvidshards-write-[0-9]+-[0-9a-f]+\.tmp")  # write_export's work folder
 
 
 def record_schema(with_uncompressed_size: bool = True) -> pa.Schema:
@@ -138,11 +140,26 @@ def _int32(value: Any, what: str) -> int:
     return v
 
 
+def _tmp_name(path: Path) -> Path:
+    """A hidden temporary name beside path (no reader takes ``.name.arrow.<pid>.tmp`` for a shard)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _unlink(path: Path | None) -> None:
+    if path is not None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
 class _ShardFileWriter:
     """Writes one shard's .arrow file record by record and its index on `close`.
 
     Rows are buffered until ``batch_size`` of them form a record batch; byte ranges of
-    every batch message are taken from the file position around each write.
+    every batch message are taken from the file position around each write.  Both files are
+    written under hidden temporary names and renamed into place only when complete, so a
+    refused or interrupted write leaves nothing a reader would take for a shard.
     """
 
     def __init__(
@@ -164,12 +181,15 @@ class _ShardFileWriter:
         self.arrow_path = Path(stem + ".arrow")
         self.index_path = None if index == "D" else Path(stem + ".csv")
         self._base = _FILE_MAGIC_LEN if self.container == "file" else 0
-        self._sink = pa.OSFile(str(self.arrow_path), "wb")
+        self._tmp_arrow = _tmp_name(self.arrow_path)
+        self._tmp_index: Path | None = None
+        self._sink = pa.OSFile(str(self._tmp_arrow), "wb")
         try:
             opener = pa.ipc.new_file if self.container == "file" else pa.ipc.new_stream
             self._writer = opener(self._sink, self.schema)
         except BaseException:
             self._sink.close()
+            _unlink(self._tmp_arrow)
             raise
         self._pending: list[Mapping[str, Any]] = []
         self.schema_size: int | None = None
@@ -185,6 +205,16 @@ class _ShardFileWriter:
             self._flush()
 
     def _batch(self, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+        try:
+            return self._make_batch(rows)
+        except SpecError:
+            raise
+        except KeyError as e:
+            raise SpecError(f"record {len(self.entries)}+: lacks {e}") from None
+        except (TypeError, ValueError, OverflowError, pa.ArrowException) as e:
+            raise SpecError(f"record {len(self.entries)}+ does not fit the record schema: {e}") from None
+
+    def _make_batch(self, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
         coords = {
             k: pa.array(np.array([_int32(r[k], k) for r in rows], dtype=np.int32), pa.int32())
             for k in ("chunk_x", "chunk_y", "chunk_z")
@@ -213,7 +243,7 @@ class _ShardFileWriter:
 
     def _read_schema_size(self) -> int:
         """Length of the schema message actually written (continuation + length + flatbuffer)."""
-        with open(self.arrow_path, "rb") as f:
+        with open(self._tmp_arrow, "rb") as f:
             f.seek(self._base)
             head = f.read(8)
         cont, meta_len = struct.unpack("<Ii", head)
@@ -255,24 +285,35 @@ class _ShardFileWriter:
 
     # ---- finish
     def close(self) -> dict[str, Any]:
-        """Write the last partial batch, the end of the IPC data and the chunk index."""
+        """Write the last partial batch, the end of the IPC data and the chunk index, then put
+        both files in place (the index first: an index without its .arrow is no shard)."""
         if self._closed:
             raise RuntimeError("shard writer already closed")
         self._closed = True
         try:
-            self._flush()
-            self._writer.close()
-            if self.schema_size is None:  # no batch at all: schema written on close
-                self.schema_size = self._read_schema_size()
-            if self.index == "D":
-                c = self.chunk_size  # keys in voxel units, as in the variant D design doc
-                keys = {f"{e['x'] * c}_{e['y'] * c}_{e['z'] * c}": e["rec"] for e in self.entries}
-                index_json = json.dumps(keys, separators=(",", ":")).encode()
-                self._sink.write(index_json + struct.pack("<Q", len(index_json)) + D_FOOTER_MAGIC)
-        finally:
-            self._sink.close()
-        if self.index_path is not None:
-            self.index_path.write_text(self._csv(), encoding="ascii", newline="")
+            try:
+                self._flush()
+                self._writer.close()
+                if self.schema_size is None:  # no batch at all: schema written on close
+                    self.schema_size = self._read_schema_size()
+                if self.index == "D":
+                    c = self.chunk_size  # keys in voxel units, as in the variant D design doc
+                    keys = {f"{e['x'] * c}_{e['y'] * c}_{e['z'] * c}": e["rec"] for e in self.entries}
+                    index_json = json.dumps(keys, separators=(",", ":")).encode()
+                    self._sink.write(index_json + struct.pack("<Q", len(index_json)) + D_FOOTER_MAGIC)
+            finally:
+                self._sink.close()
+            if self.index_path is not None:
+                self._tmp_index = _tmp_name(self.index_path)
+                self._tmp_index.write_text(self._csv(), encoding="ascii", newline="")
+                os.replace(self._tmp_index, self.index_path)
+            else:
+                _unlink(Path(os.fspath(self.arrow_path)[:-len(".arrow")] + ".csv"))  # D: an old CSV would win
+            os.replace(self._tmp_arrow, self.arrow_path)
+        except BaseException:
+            _unlink(self._tmp_arrow)
+            _unlink(self._tmp_index)
+            raise
         return {
             "arrow_path": self.arrow_path,
             "index_path": self.index_path,
@@ -283,7 +324,7 @@ class _ShardFileWriter:
         }
 
     def abort(self) -> None:
-        """Close the files after a failure (the partial .arrow is left for inspection)."""
+        """Close and remove the temporary files after a failure (nothing is put in place)."""
         if not self._closed:
             self._closed = True
             try:
@@ -291,6 +332,7 @@ class _ShardFileWriter:
             except Exception:  # noqa: BLE001 - best effort on an already failing path
                 pass
             self._sink.close()
+            _unlink(self._tmp_arrow)
 
     def _csv(self) -> str:
         if self.index == "A":
@@ -326,7 +368,10 @@ def write_shard(
     ----------
     path_stem : str or os.PathLike
         Path without extension, e.g. ``export/s0/0_0_0``; writes ``{stem}.arrow`` and,
-        except for variant D, ``{stem}.csv``. Existing files are replaced.
+        except for variant D, ``{stem}.csv``. Existing files are replaced (for variant D, an
+        old ``{stem}.csv`` is removed). Both are written under hidden temporary names and
+        renamed into place when complete: records the writer refuses, or an interruption,
+        leave nothing behind (and an existing shard untouched).
     records : iterable of mapping
         Each with ``chunk_x, chunk_y, chunk_z`` (int), ``labels`` and ``supervoxels``
         (sequences of uint64), ``dvid_compressed_block`` (bytes) and, when the schema
@@ -358,7 +403,7 @@ def write_shard(
 
     Raises
     ------
-    ValueError
+    SpecError
         For an unknown variant or container, an invalid combination (B with
         ``batch_size != 1``, A/B with the file container), or records that do not fit
         the schema.
@@ -526,25 +571,32 @@ def _axis_runs(grid_n: int, axis: int, extent: int) -> list[tuple[int, int, int]
     return runs
 
 
-def _prepare_dir(root: Path, overwrite: bool) -> None:
+def _prepare_dir(root: Path, overwrite: bool) -> bool:
+    """Check that root may receive an export and make it; True when it was made here."""
     if root.exists() or root.is_symlink():
         if not root.is_dir():
             raise FileExistsError(f"{root} exists and is not a directory")
-        entries = list(root.iterdir())
-        if entries:
-            if not overwrite:
-                raise FileExistsError(
-                    f"{root} is not empty (pass overwrite=True to replace an export)"
-                )
-            for entry in entries:  # only what an export consists of, never outside root
-                if entry.name == "info" and (entry.is_file() or entry.is_symlink()):
-                    entry.unlink()
-                elif _SCALE_DIR.fullmatch(entry.name):
-                    if entry.is_symlink() or not entry.is_dir():
-                        entry.unlink()
-                    else:
-                        shutil.rmtree(entry)
-    root.mkdir(parents=True, exist_ok=True)
+        if not overwrite and any(e for e in root.iterdir() if not _TMP_DIR.fullmatch(e.name)):
+            raise FileExistsError(
+                f"{root} is not empty (pass overwrite=True to replace an export)"
+            )
+        return False
+    root.mkdir(parents=True)
+    return True
+
+
+def _put_in_place(root: Path, tmp: Path) -> None:
+    """Replace root's export (its ``s<N>`` folders and ``info``) by the complete one in tmp."""
+    for entry in list(root.iterdir()):  # only what an export consists of, never outside root
+        if entry.name == "info" and (entry.is_file() or entry.is_symlink()):
+            entry.unlink()
+        elif _SCALE_DIR.fullmatch(entry.name):
+            if entry.is_symlink() or not entry.is_dir():
+                entry.unlink()
+            else:
+                shutil.rmtree(entry)
+    for entry in sorted(tmp.iterdir(), key=lambda e: e.name != "info"):  # info first, scales after
+        os.replace(entry, root / entry.name)
 
 
 def _shard_runs(size: Sequence[int], spec: ShardingSpec) -> list[list[tuple[int, int, int]]]:
@@ -683,7 +735,9 @@ def write_export(
     with 0) is encoded in DVID's block format, zstd-compressed and written as one record
     with its block label list as ``supervoxels`` and the mapped ids as ``labels``; blocks
     whose mapped labels are all 0 get no record. Records are in ZYX order (z slowest)
-    within each shard. The volume is read one row of chunks of one shard at a time.
+    within each shard. The volume is read one row of chunks of one shard at a time. The
+    scales are written into a hidden folder under ``path`` and moved into place when all are
+    complete: a failed or interrupted write leaves no export (and an overwritten one intact).
 
     Parameters
     ----------
@@ -717,8 +771,8 @@ def write_export(
     info : bool, optional
         Also write the returned spec as JSON to ``{path}/info`` (DVID writes none).
     overwrite : bool, optional
-        Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are removed first;
-        nothing else is touched.
+        Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are replaced by the new
+        export once it is complete; nothing else is touched.
     progress : bool, optional
         A tqdm bar on stderr, one step per shard box. Default (None): only when stderr is
         a terminal; ``False``: never; ``True``: always.
@@ -804,27 +858,37 @@ def write_export(
     }
 
     root = Path(path)
-    _prepare_dir(root, overwrite)
+    made = _prepare_dir(root, overwrite)
     compressor = zstandard.ZstdCompressor(
         level=zstd_level, write_checksum=True, write_content_size=True
     )
     runs = [_shard_runs(v.shape, sh) for v, sh in zip(vols, specs, strict=True)]
     total = sum(len(r[0]) * len(r[1]) * len(r[2]) for r in runs)
-    with _progress(total, progress, f"writing {root.name or root}") as bar:
-        for k, (v, r) in enumerate(zip(vols, runs, strict=True)):
-            scale_dir = root / f"s{k}"
-            scale_dir.mkdir(exist_ok=True)
-            _write_scale(
-                v,
-                scale_dir,
-                r,
-                labels,
-                compressor,
-                batch_size=batch_size,
-                index=index,
-                container=container,
-                done=bar.update,
-            )
-    if info:
-        (root / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")
+    # every scale goes into a hidden work folder first: the export appears only when complete,
+    # and an overwritten one is replaced only then
+    tmp = root / f".dvidshards-write-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        tmp.mkdir()
+        with _progress(total, progress, f"writing {root.name or root}") as bar:
+            for k, (v, r) in enumerate(zip(vols, runs, strict=True)):
+                scale_dir = tmp / f"s{k}"
+                scale_dir.mkdir()
+                _write_scale(
+                    v,
+                    scale_dir,
+                    r,
+                    labels,
+                    compressor,
+                    batch_size=batch_size,
+                    index=index,
+                    container=container,
+                    done=bar.update,
+                )
+        if info:
+            (tmp / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")
+        _put_in_place(root, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made and not any(root.iterdir()):
+            root.rmdir()  # a failed write into a folder it made leaves no folder
     return ng_spec

@@ -12,6 +12,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -116,3 +117,80 @@ def test_10_flight_descriptor_path_with_a_non_ascii_digit_is_a_spec_error(base):
             client.get_flight_info(fl.FlightDescriptor.for_path("s²"))
         assert "descriptor path" in str(e.value)
         assert "ValueError" not in str(e.value)
+
+
+# --- 4c. a refused or interrupted write leaves nothing ---------------------------------------------------
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*"))
+
+
+def test_4c_write_shard_of_records_it_refuses_leaves_no_file(base, tmp_path):
+    from dvidshards.writer import write_shard
+
+    recs = _records((Path(base.root) / "s0" / "0_0_0.arrow").read_bytes())
+    bad = [{k: v for k, v in r.items() if k != "uncompressed_size"} for r in recs]
+    folder = tmp_path / "s0"
+    folder.mkdir()
+    with pytest.raises(SpecError, match="uncompressed_size"):
+        write_shard(folder / "0_0_0", bad)
+    assert _files(folder) == []
+    with pytest.raises(SpecError, match="record"):
+        write_shard(folder / "0_0_0", [{**recs[0], "chunk_x": "left"}])
+    assert _files(folder) == []
+
+
+def test_4c_write_shard_interrupted_leaves_the_old_shard_as_it_was(base, tmp_path):
+    from dvidshards.writer import write_shard
+
+    root = _copy(base, tmp_path)
+    before = {p.name: p.read_bytes() for p in (root / "s0").iterdir()}
+    recs = _records(before["0_0_0.arrow"])
+
+    def interrupted():
+        yield recs[0]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_shard(root / "s0" / "0_0_0", interrupted())
+    assert {p.name: p.read_bytes() for p in (root / "s0").iterdir()} == before
+    want = base.expected(0)[:128, :64, :64]
+    np.testing.assert_array_equal(Dataset(root, spec=base.spec).read([[0, 0, 0], [128, 64, 64]]), want)
+
+
+def test_4c_write_shard_variant_d_over_a_removes_the_old_csv(base, tmp_path):
+    from dvidshards.writer import write_shard
+
+    root = _copy(base, tmp_path)
+    recs = _records((root / "s0" / "0_0_0.arrow").read_bytes())
+    write_shard(root / "s0" / "0_0_0", recs[::-1], index="D")
+    assert not (root / "s0" / "0_0_0.csv").exists()  # else the old index would be read
+    np.testing.assert_array_equal(Dataset(root, spec=base.spec).read([[0, 0, 0], [128, 64, 64]]),
+                                  base.expected(0)[:128, :64, :64])
+
+
+def test_4c_write_export_interrupted_leaves_no_export(base, tmp_path, monkeypatch):
+    import dvidshards.writer as w
+
+    calls = []
+    original = w._write_scale
+
+    def second_scale_fails(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(w, "_write_scale", second_scale_fails)
+    with pytest.raises(KeyboardInterrupt):
+        w.write_export(base.sv, tmp_path / "new", scales=2, shard_chunks=2)
+    assert not (tmp_path / "new").exists()
+    # over an existing export (overwrite=True): the old one stays whole
+    root = _copy(base, tmp_path)
+    before = _files(root)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        w.write_export(base.sv[:100], root, scales=2, shard_chunks=2, overwrite=True)
+    assert _files(root) == before
+    np.testing.assert_array_equal(Dataset(root, spec=base.spec).read([[0, 0, 0], list(SHAPE)]), base.expected(0))
