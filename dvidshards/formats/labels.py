@@ -7,17 +7,26 @@ for one of them, so the choice costs nothing per voxel:
 * ``Agglomerated()`` — the record's ``labels`` list (the bodies at export time);
 * ``Supervoxels()`` — the block's own list (the supervoxel ids);
 * ``Mapped(mapping)`` — a newer supervoxel → body mapping applied to the supervoxel list.
+
+Label sources are what jobs put in their tasks, so each says who it is in one small dict
+(`LabelSource.identity`, for job metadata) and pickles small: a mapping given as a *file*
+pickles as its path and change stamp and is loaded in each process on first use
+(`dvidshards.formats.mapping.load_file`: once per process, memory-mapped from a sidecar shared
+by the processes of a host); a task run after the file changed fails with `MappingError`
+instead of using another mapping. A mapping given as an object (dict, array, Series,
+LabelMapping) pickles by value: 16 bytes per supervoxel in every task that carries it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import MappingError, SpecError
-from .mapping import LabelMapping
+from .mapping import LabelMapping, file_stamp, load_file, prepare_file
 
 if TYPE_CHECKING:
     from .records import RecordTable
@@ -33,6 +42,10 @@ class LabelSource:
     def palette(self, table: RecordTable, i: int) -> np.ndarray | None:
         """The uint64 palette for record i (None: the block's own label list)."""
         raise NotImplementedError
+
+    def identity(self) -> dict:
+        """What identifies this source in job metadata (JSON-able, cheap to compute)."""
+        return {"labels": self.name}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -63,31 +76,108 @@ class Supervoxels(LabelSource):
 
 
 class Mapped(LabelSource):
-    """A supervoxel → body mapping applied at read time; unmapped supervoxels keep their id."""
+    """A supervoxel → body mapping applied at read time; unmapped supervoxels keep their id.
+
+    Parameters
+    ----------
+    mapping : path, LabelMapping, dict, (n, 2) array_like or pandas.Series
+        A mapping file (DVID's ``/mappings`` text or binary pairs) or a mapping object.
+    format : {"auto", "text", "binary"}
+        Of a mapping file (see `LabelMapping.from_file`).
+
+    Notes
+    -----
+    A file is only looked at (its size and modification time, the *stamp*) when the source is
+    made; it is loaded on first use in each process, or now with `load`. The source pickles as
+    (path, stamp): a process that finds the file changed raises `MappingError`. A mapping
+    object is built now and pickles by value.
+    """
 
     name = "mapped"
 
-    def __init__(self, mapping):
-        self.mapping = LabelMapping.from_any(mapping)
+    def __init__(self, mapping, *, format: str = "auto"):
+        self._mapping: LabelMapping | None = None
+        self.path: str | None = None
+        self.stamp: tuple[int, int] | None = None
+        self.format = format
+        if isinstance(mapping, (str, os.PathLike)):
+            if format not in ("auto", "text", "binary"):
+                raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
+            self.path = os.path.abspath(os.fspath(mapping))
+            self.stamp = file_stamp(self.path)
+        else:
+            self._mapping = LabelMapping.from_any(mapping)
+
+    @property
+    def mapping(self) -> LabelMapping:
+        """The mapping (a file's is loaded on first use: `load_file`, once per process)."""
+        m = self._mapping
+        if m is None:
+            assert self.path is not None and self.stamp is not None
+            m = self._mapping = load_file(self.path, self.stamp, self.format)
+        return m
+
+    def load(self) -> LabelMapping:
+        """Load the mapping now (a bad file raises `MappingError` here rather than in a read)."""
+        return self.mapping
+
+    def prepare(self) -> None:
+        """For a job's client: check a mapping file and build its per-host sidecar without
+        holding the mapping here (`dvidshards.formats.mapping.prepare_file`). Nothing to do
+        for a mapping object."""
+        if self.path is not None and self._mapping is None:
+            prepare_file(self.path, self.stamp, self.format)
 
     def palette(self, table: RecordTable, i: int) -> np.ndarray:
         return self.mapping.palette(table.supervoxels(i))
 
+    def identity(self) -> dict:
+        """A file by its path and stamp (nothing read); a mapping object by its content's
+        SHA-256 (one pass over its 16 bytes per supervoxel)."""
+        if self.path is not None:
+            assert self.stamp is not None
+            return {"labels": "mapped", "mapping_file": self.path, "mapping_bytes": self.stamp[0],
+                    "mapping_mtime_ns": self.stamp[1], "mapping_format": self.format}
+        m = self.mapping
+        h = hashlib.sha256(np.ascontiguousarray(m.keys).tobytes())
+        h.update(np.ascontiguousarray(m.values).tobytes())
+        return {"labels": "mapped", "mapping_sha256": h.hexdigest(), "mapping_size": len(m)}
+
+    def __getstate__(self):
+        if self.path is not None:  # by reference: loaded again in the process that runs the task
+            return {"path": self.path, "stamp": self.stamp, "format": self.format}
+        return {"mapping": self._mapping}
+
+    def __setstate__(self, state):
+        self._mapping = state.get("mapping")
+        self.path = state.get("path")
+        self.stamp = tuple(state["stamp"]) if state.get("stamp") is not None else None
+        self.format = state.get("format", "auto")
+
     def __repr__(self) -> str:
-        return f"Mapped({self.mapping!r})"
+        if self.path is not None:
+            return f"Mapped({self.path!r})"
+        return f"Mapped({self._mapping!r})"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Mapped) and other.mapping is self.mapping
+        if not isinstance(other, Mapped):
+            return False
+        if self.path is not None:
+            return (other.path, other.stamp, other.format) == (self.path, self.stamp, self.format)
+        return other.path is None and other._mapping is self._mapping
 
     def __hash__(self) -> int:
-        return id(self.mapping)
+        if self.path is not None:
+            return hash((self.path, self.stamp, self.format))
+        return id(self._mapping)
 
 
 def as_labels(labels) -> LabelSource:
     """A LabelSource from ``"agglomerated"``, ``"supervoxels"``, a LabelSource or a mapping.
 
     A mapping is a LabelMapping, dict, (n, 2) array, pandas Series or the path of a mapping
-    file (DVID's ``/mappings`` text, or binary uint64 pairs).
+    file (DVID's ``/mappings`` text, or binary uint64 pairs). A file is not read here: it is
+    loaded on first use in each process (see `Mapped`); a missing file raises now.
     """
     if isinstance(labels, LabelSource):
         return labels

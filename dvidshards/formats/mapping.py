@@ -17,14 +17,40 @@ Text or binary is decided by the content, never by the length:
 * binary: little-endian uint64 pairs (DVID's ``/mappings?format=binary``). Used when asked
   for (``format="binary"``) or when the bytes cannot be text (NUL and other control bytes,
   which every binary mapping with ids below 2**56 holds).
+
+Supervoxel 0 is background: a mapping may send it to 0 (or leave it out), never to a body.
+
+Once per process, once per host
+-------------------------------
+`load_file` is how jobs and readers load a mapping given as a path: at most once per process
+(cached by path and change stamp, ``(size, mtime_ns)``), and for files of
+``DVIDSHARDS_MAPPING_SIDECAR_BYTES`` (default 8 MiB) or more at most once per host: the first
+process parses the file and writes a *sidecar* (the sorted keys and values as ``.npy`` files,
+written to a temporary folder and renamed) in the cache folder ``DVIDSHARDS_CACHE_DIR``
+(default ``$XDG_CACHE_HOME/dvidshards`` or ``~/.cache/dvidshards``; ``off`` disables it), and
+every process memory-maps it, so the page cache holds one copy for all the workers of a host.
+A file lock makes the other processes wait for that parse instead of repeating it, and a file
+that does not parse leaves its error there for them. Sidecars of older versions of a file, and
+of files that are gone, are deleted when a new one is written.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import hashlib
+import json
 import math
 import os
 import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections import OrderedDict
 
 import numba as nb
 import numpy as np
@@ -33,7 +59,7 @@ from numba.core import types as nbt
 from ..errors import MappingError
 from . import jit
 
-__all__ = ["LabelMapping"]
+__all__ = ["LabelMapping", "cache_info", "clear_cache", "file_stamp", "load_file", "prepare_file"]
 
 _U64_MAX = (1 << 64) - 1
 _FLOAT_EXACT = float(1 << 53)  # floats at or above hold integers inexactly
@@ -301,6 +327,28 @@ def _ids(a, source: str, where) -> np.ndarray:
     return a.astype(np.uint64)
 
 
+def _background_row(sv: np.ndarray, body: np.ndarray) -> int:
+    """Index of the first row mapping supervoxel 0 to a non-zero body, or -1."""
+    zero = np.flatnonzero(sv == 0)
+    if zero.size:
+        bad = zero[body[zero] != 0]
+        if bad.size:
+            return int(bad[0])
+    return -1
+
+
+def _check_background(sv: np.ndarray, body: np.ndarray, source: str, where) -> None:
+    """MappingError naming ``where(i)`` when row i sends supervoxel 0 (background) to a body."""
+    i = _background_row(sv, body)
+    if i >= 0:
+        raise MappingError(_background_message(f"{source}: {where(i)}", int(body[i])))
+
+
+def _background_message(where: str, body: int) -> str:
+    return (f"{where} maps supervoxel 0 to body {body}; 0 is background (no supervoxel) and can only "
+            f"map to 0: remove that row or map it to 0")
+
+
 # --------------------------------------------------------------------------- the mapping
 
 
@@ -327,8 +375,13 @@ class LabelMapping:
     Raises
     ------
     MappingError
-        A bad id (named with its position and value), unequal lengths, or a supervoxel
-        mapped to two bodies.
+        A bad id (named with its position and value), unequal lengths, a supervoxel
+        mapped to two bodies, or supervoxel 0 (background) mapped to a body.
+
+    Notes
+    -----
+    Pickles by value (16 bytes per supervoxel): a mapping object handed to a job travels in
+    every task. Give jobs a mapping *file* instead (`load_file`: loaded once per worker).
     """
 
     __slots__ = ("keys", "values")
@@ -338,6 +391,7 @@ class LabelMapping:
         body = _ids(bodies, "mapping", lambda i: f"body #{i}")
         if sv.shape != body.shape:
             raise MappingError(f"mapping has {sv.size} supervoxels but {body.size} bodies")
+        _check_background(sv, body, "mapping", lambda i: f"row #{i}")
         # own copies: the caller's arrays are never sorted in place nor aliased
         self._set(np.array(sv, np.uint64, order="C"), np.array(body, np.uint64, order="C"))
 
@@ -399,7 +453,8 @@ class LabelMapping:
         obj : LabelMapping, dict, pandas.Series, array_like or path
             A dict ``{supervoxel: body}``; a Series whose index holds supervoxels and whose
             values hold bodies; an (n, 2) array of ``(supervoxel, body)`` rows; a path to a
-            text or binary mapping file (see `from_file`).
+            text or binary mapping file (see `from_file`; loaded through `load_file`, so at most
+            once per process and file version).
 
         Returns
         -------
@@ -414,17 +469,19 @@ class LabelMapping:
         if isinstance(obj, LabelMapping):
             return obj
         if isinstance(obj, (str, os.PathLike)):
-            return cls.from_file(obj)
+            return load_file(obj)
         if isinstance(obj, dict):
             keys = np.fromiter(obj.keys(), object, len(obj))
             vals = np.fromiter(obj.values(), object, len(obj))
             sv = _ids(keys, "mapping dict", lambda i: "a key")
             body = _ids(vals, "mapping dict", lambda i: f"the value of key {_show(keys[i])}")
+            _check_background(sv, body, "mapping dict", lambda i: "key 0")
             return cls(sv, body)
         if hasattr(obj, "index") and hasattr(obj, "to_numpy") and getattr(obj, "ndim", 0) == 1:
             index = np.asarray(obj.index.to_numpy() if hasattr(obj.index, "to_numpy") else obj.index)
             sv = _ids(index, "mapping Series", lambda i: f"the index at position {i}")
             body = _ids(obj.to_numpy(), "mapping Series", lambda i: f"the value at index {_show(index[i])}")
+            _check_background(sv, body, "mapping Series", lambda i: f"the index at position {i}")
             return cls(sv, body)
         try:
             a = np.asarray(obj)
@@ -436,6 +493,7 @@ class LabelMapping:
                                f"of shape {a.shape}")
         sv = _ids(a[:, 0], "mapping array", lambda i: f"row {i} column 0 (supervoxel)")
         body = _ids(a[:, 1], "mapping array", lambda i: f"row {i} column 1 (body)")
+        _check_background(sv, body, "mapping array", lambda i: f"row {i}")
         return cls(sv, body)
 
 
@@ -464,24 +522,52 @@ class LabelMapping:
         MappingError
             The file cannot be read; a text line is malformed or holds a negative,
             fractional, NaN or too large id (the message names the file, the line number
-            and the value); a binary file is not a whole number of 16-byte pairs.
+            and the value); a binary file is not a whole number of 16-byte pairs; supervoxel 0
+            is mapped to a body (named by its line, or pair of a binary file).
+
+        Notes
+        -----
+        Parses the file at every call. `load_file` (what ``from_any``, the readers and the jobs
+        use) parses it once per process, and large files once per host.
         """
-        if format not in ("auto", "text", "binary"):
-            raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
         path = os.fspath(path)
         try:
-            with open(path, "rb") as f:
-                head = f.read(_SNIFF)
-                if format == "auto":
-                    format = "binary" if _not_text(head) else "text"
-                if format == "binary":
-                    f.seek(0)
-                    sv, body = _read_binary(f, path)
-                else:
-                    sv, body = _read_text(f, head, path)
+            sv, body = _parse_file(path, format)
         except OSError as e:
             raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
         return cls._owned(sv, body)
+
+    @classmethod
+    def _sorted(cls, keys: np.ndarray, values: np.ndarray) -> LabelMapping:
+        """A mapping over arrays already sorted, unique and checked (a sidecar's)."""
+        self = cls.__new__(cls)
+        self.keys, self.values = keys, values
+        return self
+
+
+def _check_format(format: str) -> None:
+    if format not in ("auto", "text", "binary"):
+        raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
+
+
+def _parse_file(path: str, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """(supervoxels, bodies) of a mapping file in file order, checked; OSError passes through."""
+    _check_format(format)
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF)
+        if format == "auto":
+            format = "binary" if _not_text(head) else "text"
+        if format == "binary":
+            f.seek(0)
+            sv, body = _read_binary(f, path)
+        else:
+            sv, body = _read_text(f, head, path)
+    i = _background_row(sv, body)
+    if i >= 0:
+        where = (f"{path}: pair #{i} (byte offset {16 * i})" if format == "binary"
+                 else f"{path}: line {_line_of_row(path, i)}")
+        raise MappingError(_background_message(where, int(body[i])))
+    return sv, body
 
 
 # --------------------------------------------------------------------------- files
@@ -586,6 +672,25 @@ def _line_offset(raw: np.ndarray, line: int) -> int:
     return int(np.flatnonzero(raw == 10)[line - 1]) + 1
 
 
+def _line_of_row(path: str, row: int) -> int:
+    """Line number (from 1) of data row ``row`` (from 0) of a text mapping (for error messages)."""
+    raw = np.fromfile(path, np.uint8)
+    bom = len(_BOM) if raw[:3].tobytes() == _BOM else 0
+    clean = np.empty(raw.shape[0] - bom, np.uint8)
+    clean = clean[:_normalise(raw[bom:], clean)]
+    del raw
+    where = _layout(clean.data)
+    if where is None:
+        return 0
+    pos, line, _ = where
+    text = clean[pos:]
+    nl = np.flatnonzero(text == 10)
+    starts = np.concatenate([[0], nl + 1])
+    ends = np.concatenate([nl, [text.size]])
+    full = np.flatnonzero(ends > starts)
+    return line + int(full[row]) + 1 if row < full.size else 0
+
+
 def _read_pairs(src, delim: str) -> tuple[np.ndarray, np.ndarray]:
     """Two uint64 columns from a CSV stream, each copied into one contiguous array."""
     import pyarrow as pa
@@ -636,3 +741,347 @@ def _diagnose(clean: np.ndarray, pos: int, line: int, delim: str, path: str, mes
             raise MappingError(f"{path}: line {n}: {what} id {token!r} is {why}; "
                                f"ids must be non-negative integers{hint}")
     raise MappingError(f"{path}: line {n} is {text[:80]!r}: cannot read it as 'supervoxel body'{hint}")
+
+
+# --------------------------------------------------------------------------- once per process
+
+
+_SIDECAR_VERSION = 1
+_CACHE_ENV = "DVIDSHARDS_CACHE_DIR"
+_SIDECAR_ENV = "DVIDSHARDS_MAPPING_SIDECAR_BYTES"
+_SIDECAR_BYTES = 8 << 20  # smaller files parse in well under a second: no sidecar
+_MEMORY_ENTRIES = 4  # mappings kept per process (the newest)
+_memory: OrderedDict = OrderedDict()
+_lock = threading.RLock()
+_stats = {"parsed": 0, "opened": 0, "hits": 0}
+_warned: set = set()
+
+
+def file_stamp(path) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of a mapping file: what says that it changed.
+
+    Raises
+    ------
+    MappingError
+        The file does not exist or cannot be read.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise MappingError(f"{path}: mapping file not found" if isinstance(e, FileNotFoundError)
+                           else f"{path}: cannot read mapping ({e.strerror or e})") from None
+    if not os.path.isfile(path):
+        raise MappingError(f"{path}: cannot read mapping (not a file)")
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+def cache_info() -> dict:
+    """What this process's mapping cache did: ``parsed`` (files parsed here), ``opened``
+    (sidecars memory-mapped), ``hits`` (loads answered from memory), ``entries`` (held now)."""
+    with _lock:
+        return {**_stats, "entries": len(_memory)}
+
+
+def clear_cache() -> None:
+    """Forget this process's loaded mappings and counters (the sidecars on disk stay)."""
+    with _lock:
+        _memory.clear()
+        for k in _stats:
+            _stats[k] = 0
+
+
+def _cache_root() -> str | None:
+    """The mapping sidecar folder, or None when the disk cache is off."""
+    env = os.environ.get(_CACHE_ENV)
+    if env is not None:
+        if env.strip().lower() in ("", "0", "off", "none", "no"):
+            return None
+        base = env
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "dvidshards")
+    return os.path.join(os.path.abspath(base), "mappings")
+
+
+def _sidecar_bytes() -> int:
+    try:
+        return int(os.environ.get(_SIDECAR_ENV, _SIDECAR_BYTES))
+    except ValueError:
+        return _SIDECAR_BYTES
+
+
+def _names(path: str, stamp: tuple[int, int], format: str) -> tuple[str, str]:
+    """(prefix shared by every version of this file, this version's sidecar name)."""
+    prefix = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    version = hashlib.sha256(f"{stamp[0]}:{stamp[1]}:{format}:{_SIDECAR_VERSION}".encode()).hexdigest()[:16]
+    return prefix, f"{prefix}-{version}"
+
+
+def load_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
+    """A mapping file, loaded at most once per process and version of the file.
+
+    The first load in a process reads the file's sidecar (memory-mapped, read-only) when the
+    disk cache has one, else parses the file (`LabelMapping.from_file`) and, for large files,
+    writes the sidecar for the other processes of the host (see the module docstring).
+    Thread-safe: concurrent callers wait for one load.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The mapping file.
+    stamp : (size, mtime_ns), optional
+        The version the caller planned with (`file_stamp`): if the file differs now, the load
+        fails instead of using another mapping.
+    format : {"auto", "text", "binary"}
+        As in `LabelMapping.from_file`.
+
+    Returns
+    -------
+    LabelMapping
+        Shared by every caller of this process; its arrays may be read-only memory maps.
+
+    Raises
+    ------
+    MappingError
+        The file is missing, unreadable or malformed (line and value named), or it changed
+        since ``stamp``.
+    """
+    _check_format(format)
+    path = os.path.abspath(os.fspath(path))
+    now = file_stamp(path)
+    if stamp is not None and tuple(stamp) != now:
+        raise MappingError(f"{path}: the mapping file changed after the job was planned (size {stamp[0]} -> "
+                           f"{now[0]} bytes, modified {stamp[1]} -> {now[1]} ns); run the job again to use it")
+    key = (path, now, format)
+    with _lock:
+        m = _memory.get(key)
+        if m is not None:
+            _memory.move_to_end(key)
+            _stats["hits"] += 1
+            return m
+        root = _cache_root() if now[0] >= _sidecar_bytes() else None
+        m = _load_via_sidecar(root, path, now, format) if root is not None else None
+        if m is None:
+            m = _parse_checked(path, now, format)
+        _memory[key] = m
+        while len(_memory) > _MEMORY_ENTRIES:
+            _memory.popitem(last=False)
+        return m
+
+
+def prepare_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
+    """Check a mapping file and build its sidecar without holding the mapping in this process.
+
+    For a job's client: a bad file fails here, before any task, and the workers of this host
+    then memory-map the sidecar. A file that gets a sidecar (``DVIDSHARDS_MAPPING_SIDECAR_BYTES``
+    or more, disk cache on) is parsed in a child process, so this process's memory does not
+    grow with the mapping; a small one (or any, with the cache off) is loaded here.
+
+    Raises
+    ------
+    MappingError
+        As `load_file`.
+    """
+    _check_format(format)
+    path = os.path.abspath(os.fspath(path))
+    now = file_stamp(path)
+    if stamp is not None and tuple(stamp) != now:
+        load_file(path, stamp, format)  # raises: changed
+    root = _cache_root() if now[0] >= _sidecar_bytes() else None
+    if root is None or not _writable(root):
+        load_file(path, now, format)
+        return
+    with _lock:
+        if (path, now, format) in _memory:
+            return
+    folder = os.path.join(root, _names(path, now, format)[1])
+    if _open_sidecar(folder, path, now, format) is not None:
+        return
+    r = subprocess.run([sys.executable, "-c", "import sys; from dvidshards.formats.mapping import _child_main; "
+                        "sys.exit(_child_main(sys.argv[1:]))", root, path, str(now[0]), str(now[1]), format],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        return
+    if r.returncode == 3:
+        raise MappingError(r.stdout.strip() or f"{path}: cannot read mapping")
+    tail = " ".join((r.stderr or "").split()[-40:])
+    raise MappingError(f"{path}: loading the mapping in a child process failed (exit {r.returncode}: {tail})")
+
+
+def _child_main(argv: list[str]) -> int:
+    """``prepare_file``'s child: build the sidecar; exit 3 with the MappingError on stdout."""
+    root, path, size, mtime, format = argv
+    try:
+        m = _load_via_sidecar(root, path, (int(size), int(mtime)), format)
+        if m is None:
+            raise MappingError(f"{path}: cannot write the mapping cache in {root}")
+    except MappingError as e:
+        print(str(e))
+        return 3
+    return 0
+
+
+def _writable(root: str) -> bool:
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError:
+        pass
+    ok = os.access(root, os.W_OK | os.X_OK)
+    if not ok and root not in _warned:
+        _warned.add(root)
+        warnings.warn(f"mapping cache folder {root} is not writable: each process parses large mapping files itself "
+                      f"(set {_CACHE_ENV} to a writable folder, or 'off')", stacklevel=3)
+    return ok
+
+
+def _parse_checked(path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
+    """Parse the file; MappingError if it changed while it was read."""
+    try:
+        sv, body = _parse_file(path, format)
+    except OSError as e:
+        raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
+    if file_stamp(path) != stamp:
+        raise MappingError(f"{path}: the mapping file changed while it was read; run again")
+    m = LabelMapping._owned(sv, body)
+    _stats["parsed"] += 1
+    return m
+
+
+def _open_sidecar(folder: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
+    """The sidecar in ``folder`` memory-mapped, or None when it is absent or not this file's."""
+    try:
+        with open(os.path.join(folder, "meta.json"), "rb") as f:
+            meta = json.loads(f.read())
+        want = {"version": _SIDECAR_VERSION, "path": path, "size": stamp[0], "mtime_ns": stamp[1], "format": format}
+        if any(meta.get(k) != v for k, v in want.items()):
+            return None
+        keys = np.load(os.path.join(folder, "keys.npy"), mmap_mode="r", allow_pickle=False)
+        values = np.load(os.path.join(folder, "values.npy"), mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    rows = meta.get("rows")
+    for a in (keys, values):
+        if a.dtype != np.uint64 or a.ndim != 1 or a.shape[0] != rows:
+            return None
+    _stats["opened"] += 1
+    # plain read-only ndarray views over the maps (numba types them as arrays)
+    return LabelMapping._sorted(np.asarray(keys), np.asarray(values))
+
+
+def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
+    """The mapping from its sidecar, building the sidecar first (once per host) if needed.
+
+    None when the cache folder cannot be written (the caller parses in memory).
+    """
+    if not _writable(root):
+        return None
+    prefix, name = _names(path, stamp, format)
+    folder = os.path.join(root, name)
+    m = _open_sidecar(folder, path, stamp, format)
+    if m is not None:
+        return m
+    with _file_lock(os.path.join(root, name + ".lock")):
+        m = _open_sidecar(folder, path, stamp, format)  # another process built it while we waited
+        if m is not None:
+            return m
+        err = os.path.join(root, name + ".error")
+        try:
+            with open(err, encoding="utf-8") as f:
+                raise MappingError(f.read())
+        except FileNotFoundError:
+            pass
+        try:
+            parsed = _parse_checked(path, stamp, format)
+        except MappingError as e:
+            if "changed" not in str(e) and "cannot read mapping" not in str(e):
+                _write_atomic(err, str(e).encode())  # the other processes fail at once
+            raise
+        try:
+            _write_sidecar(root, folder, parsed, path, stamp, format)
+        except OSError:
+            return parsed
+        del parsed
+        _prune(root, prefix, name)
+        return _open_sidecar(folder, path, stamp, format)
+
+
+def _write_sidecar(root: str, folder: str, m: LabelMapping, path: str, stamp, format: str) -> None:
+    tmp = os.path.join(root, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        np.save(os.path.join(tmp, "keys.npy"), m.keys)
+        np.save(os.path.join(tmp, "values.npy"), m.values)
+        meta = {"version": _SIDECAR_VERSION, "path": path, "size": stamp[0], "mtime_ns": stamp[1], "format": format,
+                "rows": len(m)}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not os.path.isdir(folder):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prune(root: str, prefix: str, keep: str) -> None:
+    """Delete sidecars of other versions of this file, of files that are gone or changed, and
+    temporary folders of writers that died a day ago."""
+    entries = []
+    with contextlib.suppress(OSError), os.scandir(root) as it:
+        entries = list(it)
+    for e in entries:
+        name = e.name
+        if name == keep or name.startswith(keep + "."):
+            continue
+        if name.startswith(".tmp-"):
+            with contextlib.suppress(OSError):
+                if e.stat().st_mtime < time.time() - 86400:
+                    shutil.rmtree(e.path, ignore_errors=True)
+            continue
+        stem = name.split(".", 1)[0]
+        stale = stem.startswith(prefix + "-")
+        if not stale and e.is_dir() and "-" in stem and not name.startswith("."):
+            try:
+                with open(os.path.join(e.path, "meta.json"), "rb") as f:
+                    meta = json.loads(f.read())
+                st = os.stat(meta["path"])
+                stale = (st.st_size, st.st_mtime_ns) != (meta["size"], meta["mtime_ns"])
+            except FileNotFoundError:
+                stale = True
+            except (OSError, ValueError, KeyError, TypeError):
+                stale = False
+        if stale and not name.endswith(".lock"):
+            if e.is_dir():
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(e.path)
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """An exclusive lock between processes (fcntl; none where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

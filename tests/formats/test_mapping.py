@@ -206,3 +206,151 @@ def test_large_text_file_matches_numpy(tmp_path):
     order = np.argsort(sv)
     np.testing.assert_array_equal(m.keys, sv[order])
     np.testing.assert_array_equal(m.values, body[order])
+
+
+# --------------------------------------------------------------------------- issue 23 item 7: 0 is background
+
+
+@pytest.mark.parametrize("content,name,match", [
+    (b"1 10\n0 42\n", "m.txt", r"m.txt: line 2 maps supervoxel 0 to body 42"),
+    (b"# DVID\nsv body\n\n1 10\n\n# more\n0 42\n", "m.txt", r"m.txt: line 7 maps supervoxel 0 to body 42"),
+    (b"sv_id,body_id\n1,10\n00,7\n", "m.csv", r"m.csv: line 3 maps supervoxel 0 to body 7"),
+    (np.array([[1, 10], [0, 42]], "<u8").tobytes(), "m.bin", r"m.bin: pair #1 \(byte offset 16\) maps supervoxel 0"),
+])
+def test_issue23_7_mapping_file_sending_0_to_a_body_is_refused(tmp_path, content, name, match):
+    with pytest.raises(MappingError, match=match) as e:
+        _load(tmp_path, content, name)
+    assert str(tmp_path / name) in str(e.value) and "background" in str(e.value)
+
+
+def test_issue23_7_mapping_objects_sending_0_to_a_body_are_refused():
+    pd = pytest.importorskip("pandas")
+    for obj, match in [({1: 10, 0: 42}, "mapping dict: key 0 maps supervoxel 0 to body 42"),
+                       (np.array([[1, 10], [0, 42]]), "mapping array: row 1 maps supervoxel 0 to body 42"),
+                       (pd.Series([10, 42], index=[1, 0]), "mapping Series: the index at position 1 maps")]:
+        with pytest.raises(MappingError, match=match):
+            LabelMapping.from_any(obj)
+    with pytest.raises(MappingError, match="row #0 maps supervoxel 0 to body 3"):
+        LabelMapping(np.array([0], np.uint64), np.array([3], np.uint64))
+
+
+def test_issue23_7_zero_to_zero_is_fine(tmp_path):
+    m = _load(tmp_path, b"0 0\n5 50\n")
+    np.testing.assert_array_equal(m.palette(SV), [50, 1 << 40, 7, 0, 9])
+    assert _pairs(LabelMapping.from_any({0: 0, 5: 50})) == {0: 0, 5: 50}
+
+
+# --------------------------------------------------------------------------- issue 22 item 4: once per process
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private mapping cache folder, with sidecars for files of any size; memory cleared."""
+    from dvidshards.formats import mapping as mod
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("DVIDSHARDS_CACHE_DIR", str(folder))
+    monkeypatch.setenv("DVIDSHARDS_MAPPING_SIDECAR_BYTES", "0")
+    mod.clear_cache()
+    yield folder / "mappings"
+    mod.clear_cache()
+
+
+def _mapping_file(tmp_path, n=5000, seed=0, name="map.txt"):
+    rng = np.random.default_rng(seed)
+    sv = rng.choice(1 << 40, n, replace=False).astype(np.uint64) + np.uint64(1)
+    body = sv // np.uint64(7) + np.uint64(1)
+    p = tmp_path / name
+    p.write_text("sv body\n" + "".join(f"{a} {b}\n" for a, b in zip(sv.tolist(), body.tolist(), strict=True)))
+    return p, sv, body
+
+
+def test_issue22_4_a_mapping_file_is_parsed_once_and_shared_through_its_sidecar(tmp_path, cache):
+    from dvidshards.formats import mapping as mod
+
+    p, sv, body = _mapping_file(tmp_path)
+    a = mod.load_file(p)
+    b = LabelMapping.from_any(str(p))  # what readers and jobs call: the same object
+    assert a is b and mod.cache_info()["parsed"] == 1 and mod.cache_info()["hits"] == 1
+    np.testing.assert_array_equal(a(sv), body)
+    sidecars = [d for d in cache.iterdir() if d.is_dir()]
+    assert len(sidecars) == 1 and {f.name for f in sidecars[0].iterdir()} == {"keys.npy", "values.npy", "meta.json"}
+    mod.clear_cache()  # as a new process of the same host: memory-maps the sidecar, parses nothing
+    c = mod.load_file(p)
+    assert mod.cache_info()["parsed"] == 0 and mod.cache_info()["opened"] == 1
+    assert not c.keys.flags.writeable and isinstance(c.keys.base, np.memmap)
+    np.testing.assert_array_equal(c(sv), body)
+    assert pickle.loads(pickle.dumps(c)).palette(sv[:5]).tolist() == body[:5].tolist()  # by value
+
+
+def test_issue22_4_a_changed_file_gets_a_new_sidecar_and_the_old_one_goes(tmp_path, cache):
+    from dvidshards.formats import mapping as mod
+
+    p, sv, body = _mapping_file(tmp_path)
+    planned = mod.file_stamp(p)
+    mod.load_file(p)
+    p.write_text(f"{sv[0]} 99\n")
+    with pytest.raises(MappingError, match="changed after the job was planned"):
+        mod.load_file(p, planned)
+    assert mod.load_file(p)(sv[:2]).tolist() == [99, sv[1]]
+    assert len([d for d in cache.iterdir() if d.is_dir()]) == 1  # the old version's sidecar is deleted
+
+
+def test_issue22_4_a_bad_file_fails_every_process_without_parsing_again(tmp_path, cache):
+    from dvidshards.formats import mapping as mod
+
+    p = tmp_path / "bad.txt"
+    p.write_text("1 10\n2 -20\n")
+    for _ in range(2):
+        with pytest.raises(MappingError, match="line 2: body id '-20' is negative"):
+            mod.load_file(p)
+        mod.clear_cache()
+    assert [f.suffix for f in cache.iterdir() if not f.name.endswith(".lock")] == [".error"]
+
+
+def test_issue22_4_prepare_parses_in_a_child_process(tmp_path, cache):
+    from dvidshards.formats import mapping as mod
+
+    p, sv, body = _mapping_file(tmp_path, seed=1)
+    mod.prepare_file(p)
+    assert mod.cache_info()["parsed"] == 0  # not in this process
+    np.testing.assert_array_equal(mod.load_file(p)(sv), body)
+    assert mod.cache_info() == {"parsed": 0, "opened": 1, "hits": 0, "entries": 1}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 10\n0 42\n")
+    with pytest.raises(MappingError, match="line 2 maps supervoxel 0 to body 42"):
+        mod.prepare_file(bad)
+
+
+def test_issue22_4_the_disk_cache_can_be_off(tmp_path, cache, monkeypatch):
+    from dvidshards.formats import mapping as mod
+
+    monkeypatch.setenv("DVIDSHARDS_CACHE_DIR", "off")
+    p, sv, body = _mapping_file(tmp_path, n=100)
+    np.testing.assert_array_equal(mod.load_file(p)(sv), body)
+    mod.prepare_file(p)
+    assert not cache.exists() and mod.cache_info()["parsed"] == 1
+
+
+def test_issue22_4_mapped_file_pickles_as_its_path_and_fails_when_the_file_changed(tmp_path, cache):
+    from dvidshards.formats import mapping as mod
+    from dvidshards.formats.labels import Mapped, as_labels
+
+    p, sv, body = _mapping_file(tmp_path, n=20_000)
+    src = as_labels(str(p))
+    assert isinstance(src, Mapped) and mod.cache_info()["parsed"] == 0  # nothing read yet
+    ident = src.identity()
+    assert ident == {"labels": "mapped", "mapping_file": str(p), "mapping_bytes": p.stat().st_size,
+                     "mapping_mtime_ns": p.stat().st_mtime_ns, "mapping_format": "auto"}
+    assert mod.cache_info()["parsed"] == 0  # the identity reads nothing either
+    blob = pickle.dumps(src)
+    assert len(blob) < 400 < 16 * 20_000  # by reference
+    again = pickle.loads(blob)
+    assert again == src and hash(again) == hash(src)
+    np.testing.assert_array_equal(again.mapping(sv), body)
+    obj = Mapped({5: 50})
+    assert len(pickle.dumps(obj)) > 0 and pickle.loads(pickle.dumps(obj)).mapping(np.array([5], np.uint64)) == [50]
+    assert obj.identity()["labels"] == "mapped" and len(obj.identity()["mapping_sha256"]) == 64
+    p.write_text("1 10\n")  # the file changes after planning
+    with pytest.raises(MappingError, match="changed after the job was planned"):
+        pickle.loads(blob).load()
