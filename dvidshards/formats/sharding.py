@@ -24,11 +24,12 @@ Two layers live here:
 
 from __future__ import annotations
 
+import gzip
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from numba import njit
@@ -39,6 +40,7 @@ __all__ = [
     "HASH_FUNCTIONS",
     "ENCODINGS",
     "SHARDING_TYPE",
+    "ShardFileWriter",
     "ShardingSpec",
     "compressed_morton_code",
     "compressed_z_index_bits",
@@ -51,6 +53,7 @@ __all__ = [
     "shard_extent_chunks",
     "shard_filename_stem",
     "shard_key",
+    "shard_of_key",
 ]
 
 SHARDING_TYPE = "neuroglancer_uint64_sharded_v1"
@@ -720,3 +723,123 @@ def shard_key(shard_number: int, shard_bits: int) -> str:
         raise ValueError(f"shard number {shard_number!r} is not in [0, 2**{shard_bits})")
     width = math.ceil(int(shard_bits) / 4)
     return f"{int(shard_number):0{width}x}.shard"
+
+
+# --------------------------------------------------------------------------------------
+# writing a shard file as its entries arrive
+# --------------------------------------------------------------------------------------
+
+
+def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
+    """(shard, minishard) of one uint64 key (a chunk id or a segment id) under ``spec``."""
+    k = int(key)
+    if not 0 <= k < 1 << 64:
+        raise ValueError(f"key {key!r} is not a uint64")
+    h = k >> spec.preshift_bits if spec.preshift_bits < 64 else 0
+    if spec.hash == "murmurhash3_x86_128":
+        h = int(murmurhash3_x86_128_low64(np.uint64(h)))
+    mini = h & ((1 << spec.minishard_bits) - 1)
+    shard = (h >> spec.minishard_bits if spec.minishard_bits < 64 else 0) & ((1 << spec.shard_bits) - 1)
+    return shard, mini
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+class ShardFileWriter:
+    """Write one ``neuroglancer_uint64_sharded_v1`` shard file as its entries arrive.
+
+    The layout is TensorStore's: the shard index (``2**minishard_bits`` pairs of u64 [start,
+    end) of each minishard index, relative to the end of the shard index; (0, 0) for an empty
+    minishard), then per minishard in order its entries (keys ascending) followed by its
+    minishard index (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes). Memory
+    is one minishard's index, whatever the size of the shard: entries go to ``file`` as they
+    come, and the shard index is written over its placeholder by :meth:`finish`.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    file : binary file
+        Open for writing and seekable, positioned at its start (empty).
+    compress : callable, optional
+        ``bytes -> bytes`` gzip of a minishard index when ``minishard_index_encoding`` is gzip
+        (default: Python's ``gzip`` at level 9, mtime 0; pass TensorStore's own to match its
+        bytes exactly: zlib builds differ).
+
+    Notes
+    -----
+    Entries are written as given: with ``data_encoding`` gzip the caller passes gzipped bytes.
+    Keys must come in the order of the file: by minishard, then ascending, all in one shard.
+    """
+
+    def __init__(self, spec: ShardingSpec, file: BinaryIO, compress: Callable[[bytes], bytes] | None = None):
+        if not isinstance(spec, ShardingSpec):
+            raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.file = file
+        self.compress = compress or _gzip
+        self.shard: int | None = None
+        self.entries = 0
+        self._nmini = 1 << spec.minishard_bits
+        self._ranges = np.zeros((self._nmini, 2), "<u8")
+        self._mini = -1
+        self._keys: list[int] = []
+        self._starts: list[int] = []
+        self._sizes: list[int] = []
+        self._pos = 0  # bytes written after the shard index
+        file.write(bytes(16 * self._nmini))
+
+    def add(self, key: int, value: bytes) -> None:
+        """Append the entry ``key`` holding ``value``.
+
+        Raises
+        ------
+        ValueError
+            If the key belongs to another shard than the earlier ones, or comes out of order.
+        """
+        shard, mini = shard_of_key(self.spec, key)
+        if self.shard is None:
+            self.shard = shard
+        elif shard != self.shard:
+            raise ValueError(f"key {key} belongs to shard {shard}, this file holds shard {self.shard}")
+        if mini != self._mini:
+            if mini < self._mini:
+                raise ValueError(f"key {key} of minishard {mini} comes after minishard {self._mini}")
+            self._flush()
+            self._mini = mini
+        elif self._keys and int(key) <= self._keys[-1]:
+            raise ValueError(f"key {key} comes after key {self._keys[-1]} of its minishard")
+        self.file.write(value)
+        self._keys.append(int(key))
+        self._starts.append(self._pos)
+        self._sizes.append(len(value))
+        self._pos += len(value)
+        self.entries += 1
+
+    def _flush(self) -> None:
+        if not self._keys:
+            return
+        keys = np.asarray(self._keys, np.uint64)
+        st = np.asarray(self._starts, np.uint64)
+        sz = np.asarray(self._sizes, np.uint64)
+        prev_end = np.concatenate([np.zeros(1, np.uint64), st[:-1] + sz[:-1]])
+        idx = np.concatenate([np.diff(keys, prepend=np.uint64(0)), st - prev_end, sz]).astype("<u8").tobytes()
+        if self.spec.minishard_index_encoding == "gzip":
+            idx = self.compress(idx)
+        self._ranges[self._mini] = (self._pos, self._pos + len(idx))
+        self.file.write(idx)
+        self._pos += len(idx)
+        self._keys, self._starts, self._sizes = [], [], []
+
+    def finish(self) -> int:
+        """Write the last minishard index and the shard index; returns the entries written.
+
+        The file then holds the whole shard (``16 * 2**minishard_bits`` bytes of zeros when no
+        entry was added: write no such file, TensorStore does not).
+        """
+        self._flush()
+        self.file.seek(0)
+        self.file.write(self._ranges.tobytes())
+        self.file.seek(0, 2)
+        return self.entries

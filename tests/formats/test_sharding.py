@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import struct
@@ -13,6 +14,7 @@ import pytest
 
 from dvidshards.errors import SpecError
 from dvidshards.formats.sharding import (
+    ShardFileWriter,
     ShardingSpec,
     compressed_morton_code,
     compressed_z_index_bits,
@@ -25,6 +27,7 @@ from dvidshards.formats.sharding import (
     shard_extent_chunks,
     shard_filename_stem,
     shard_key,
+    shard_of_key,
 )
 
 M64 = (1 << 64) - 1
@@ -673,3 +676,73 @@ def test_dvid_invalid_arguments():
         dvid_shard_extent(spec(1, 1, 1), (64, 0, 64))
     with pytest.raises(ValueError):
         shard_filename_stem((1, 2))
+
+
+# --------------------------------------------------------------------------------------
+# ShardFileWriter: shard files written as their entries arrive
+# --------------------------------------------------------------------------------------
+
+
+def _write_shards(spec, entries, compress=None):
+    """{file name: bytes} from ShardFileWriter, entries fed in file order."""
+    groups: dict = {}
+    for k in entries:
+        shard, mini = shard_of_key(spec, k)
+        groups.setdefault(shard, []).append((mini, k))
+    out = {}
+    for shard, keys in groups.items():
+        f = io.BytesIO()
+        w = ShardFileWriter(spec, f, compress)
+        for _, k in sorted(keys):
+            w.add(k, entries[k])
+        assert w.finish() == len(keys)
+        out[shard_key(shard, spec.shard_bits)] = f.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("spec", [
+    ShardingSpec(1, 2, 2, "murmurhash3_x86_128"),
+    ShardingSpec(2, 3, 1, "identity"),  # empty minishards: (0, 0) in the shard index
+    ShardingSpec(0, 0, 0, "identity"),
+])
+def test_shard_writer_bytes_equal_tensorstore(tmp_path, spec):
+    ts = pytest.importorskip("tensorstore")
+    rng = np.random.default_rng(9)
+    entries = {int(k): rng.bytes(int(rng.integers(1, 300))) for k in rng.integers(0, 2**9, 70)}
+    kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{tmp_path}/",
+                          "metadata": spec.to_json()}).result()
+    with ts.Transaction() as txn:
+        for key, value in entries.items():
+            kv.with_transaction(txn)[key.to_bytes(8, "big")] = value
+    files = _write_shards(spec, entries)
+    assert sorted(files) == sorted(p.name for p in tmp_path.iterdir())
+    for name, blob in files.items():
+        assert (tmp_path / name).read_bytes() == blob
+
+
+def test_shard_writer_gzip_index_read_by_tensorstore(tmp_path):
+    ts = pytest.importorskip("tensorstore")
+    spec = ShardingSpec(3, 4, 1, "identity", minishard_index_encoding="gzip")
+    rng = np.random.default_rng(4)
+    entries = {int(k): rng.bytes(int(rng.integers(0, 50))) for k in rng.choice(2**12, 900, replace=False)}
+    for name, blob in _write_shards(spec, entries).items():
+        (tmp_path / name).write_bytes(blob)
+    kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{tmp_path}/",
+                          "metadata": spec.to_json()}).result()
+    assert sorted(int.from_bytes(k, "big") for k in kv.list().result()) == sorted(entries)
+    for key, value in list(entries.items())[:200]:
+        assert kv.read(key.to_bytes(8, "big")).result().value == value
+
+
+def test_shard_writer_refuses_keys_out_of_order():
+    spec = ShardingSpec(0, 2, 1, "identity")  # key = shard << 2 | minishard
+    w = ShardFileWriter(spec, io.BytesIO())
+    w.add(1, b"a")
+    with pytest.raises(ValueError, match="shard"):
+        w.add(4, b"b")  # shard 1
+    with pytest.raises(ValueError, match="minishard"):
+        w.add(0, b"c")  # minishard 0 after minishard 1
+    with pytest.raises(ValueError, match="after key"):
+        w.add(1, b"d")
+    f = io.BytesIO()
+    assert ShardFileWriter(spec, f).finish() == 0 and f.getvalue() == bytes(16 * 4)
