@@ -248,7 +248,7 @@ class BodyMask(NamedTuple):
     box: list | None
 
 
-def body_mask(ds, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
+def body_mask(ds, body, scale=0, labels="agglomerated", index=None, *, chunks=None) -> BodyMask:
     """A body's voxels as a boolean mask over its exact bounding box (DVID's ``sparsevol``).
 
     Only the chunks holding the body are decompressed and decoded: those listed by ``index``
@@ -262,6 +262,8 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
     labels : "agglomerated", "supervoxels" or a mapping
     index : BodyIndex or path, optional
         A label index of the same scale and label source.
+    chunks : array_like of int, shape (n, 3), optional
+        The chunks holding the body, when already known (``index`` is then not used).
 
     Returns
     -------
@@ -272,7 +274,9 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
     s = ds.scale(scale)
     src = as_labels(labels)
     body = int(body)
-    if index is not None:
+    if chunks is not None:
+        chunks = np.asarray(chunks, np.int64).reshape(-1, 3)
+    elif index is not None:
         idx = index if isinstance(index, BodyIndex) else BodyIndex(index)
         if idx.scale != s.index or any(idx.meta.get(k) != v for k, v in labels_id(src).items()):
             raise SpecError(f"{idx.path}: the index is of scale {idx.scale} with {idx.meta.get('labels')} labels, "

@@ -25,7 +25,7 @@ zmesh is optional (``pip install 'dvidshards[mesh]'``) and imported on use.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +41,13 @@ __all__ = [
     "enclosed_volume",
     "is_watertight",
     "mesh_block",
+    "mesh_cells",
     "merge_fragments",
     "simplify",
     "split_by_plane",
     "to_nm",
+    "to_obj",
+    "to_ply",
 ]
 
 #: vertices handed to the simplifier are snapped to 1/LATTICE voxel (zmesh packs coordinates)
@@ -319,6 +322,148 @@ def mesh_block(
             v = (m.vertices.astype(np.float64) + off).astype(np.float32)
             out[label] = Mesh(v, m.faces)
     return out
+
+
+def _faces(arr: np.ndarray | None):
+    """The three low faces of a decoded (z, y, x) chunk: x = 0 (z, y), y = 0 (z, x), z = 0 (y, x)."""
+    if arr is None or not arr.any():
+        return None
+    return arr[:, :, 0].copy(), arr[:, 0, :].copy(), arr[0, :, :].copy()
+
+
+def mesh_cells(
+    decode: Callable[[tuple[int, int, int]], np.ndarray | None],
+    chunks,
+    chunk: int = 64,
+    *,
+    labels: Sequence[int] | None = None,
+    reduction_factor: int = 0,
+    max_error: float = 8,
+) -> Iterator[tuple[tuple[int, int, int], dict[int, Mesh]]]:
+    """Mesh the cells of some chunks, each chunk decoded once, neighbours' faces borrowed.
+
+    The cell of chunk ``c`` meshes the cubes between the voxel centres ``c * chunk .. (c + 1) *
+    chunk`` (its cutout is the chunk plus one voxel on the + sides, corner box ``[c * chunk +
+    0.5, (c + 1) * chunk + 0.5]``): the cell `MeshGrid` numbers ``c + 1`` on a grid whose
+    offset is a multiple of ``chunk``. Neighbouring cells meet exactly, so the fragments of a
+    body weld into one watertight surface (`merge_fragments`). A volume's first cell along an
+    axis is that of chunk ``-1`` relative to it (``decode`` returns None outside the volume).
+
+    Cells are visited in descending (z, y, x) order: a cell's + neighbours are decoded before
+    it, and only their low faces are kept, for two planes of chunks at most.
+
+    Parameters
+    ----------
+    decode : callable
+        ``chunk (x, y, z) -> (z, y, x)`` array of shape ``(chunk,) * 3`` of unsigned labels,
+        or None for an all-background chunk (absent, outside the volume). Called once per
+        chunk of ``chunks`` and once per + neighbour outside them.
+    chunks : array_like of int, shape (n, 3)
+        Chunk coordinates (x, y, z) whose cells to mesh; duplicates are ignored.
+    chunk : int, optional
+        Chunk edge in voxels.
+    labels : sequence of int, optional
+        Labels to mesh (default: every non-zero label).
+    reduction_factor, max_error :
+        Per-cell simplification (see `mesh_block`); vertices on cell faces never move.
+
+    Yields
+    ------
+    (x, y, z), dict of int to Mesh
+        A chunk of ``chunks`` and the meshes of its cell in absolute voxel corner
+        coordinates; cells without a surface are skipped.
+    """
+    n = int(chunk)
+    if n < 2:
+        raise MeshError(f"chunk must be at least 2 voxels, got {chunk!r}")
+    c = np.asarray(chunks, np.int64).reshape(-1, 3)
+    if not len(c):
+        return
+    c = np.unique(c, axis=0)
+    c = c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))[::-1]]  # descending z, then y, then x
+    faces: dict[tuple[int, int, int], tuple | None] = {}
+    zcur = None
+
+    def borrowed(key):
+        if key not in faces:
+            faces[key] = _faces(_checked(decode(key), key))
+        return faces[key]
+
+    def _checked(arr, key):
+        if arr is None:
+            return None
+        a = np.asarray(arr)
+        if a.shape != (n, n, n) or a.dtype.kind not in "ub":
+            raise MeshError(f"decode({key}) gave {a.dtype} {a.shape}, expected unsigned ({n}, {n}, {n})")
+        return a
+
+    for x, y, z in c.tolist():
+        if z != zcur:  # a new plane: faces of chunks two planes up are no longer needed
+            zcur = z
+            for k in [k for k in faces if k[2] > z + 1]:
+                del faces[k]
+        key = (x, y, z)
+        own = _checked(decode(key), key)
+        faces[key] = _faces(own)
+        fx = borrowed((x + 1, y, z))
+        fy = borrowed((x, y + 1, z))
+        fz = borrowed((x, y, z + 1))
+        exy = borrowed((x + 1, y + 1, z))
+        exz = borrowed((x + 1, y, z + 1))
+        eyz = borrowed((x, y + 1, z + 1))
+        cor = borrowed((x + 1, y + 1, z + 1))
+        if own is None and all(f is None for f in (fx, fy, fz, exy, exz, eyz, cor)):
+            continue
+        dtype = own.dtype if own is not None else next(f[0].dtype for f in (fx, fy, fz, exy, exz, eyz, cor)
+                                                         if f is not None)
+        block = np.zeros((n + 1,) * 3, dtype)  # (z, y, x)
+        if own is not None:
+            block[:n, :n, :n] = own
+        if fx is not None:
+            block[:n, :n, n] = fx[0]
+        if fy is not None:
+            block[:n, n, :n] = fy[1]
+        if fz is not None:
+            block[n, :n, :n] = fz[2]
+        if exy is not None:
+            block[:n, n, n] = exy[0][:, 0]
+        if exz is not None:
+            block[n, :n, n] = exz[0][0, :]
+        if eyz is not None:
+            block[n, n, :n] = eyz[1][0, :]
+        if cor is not None:
+            block[n, n, n] = cor[0][0, 0]
+        if not block.any():
+            continue
+        if block.dtype == bool:
+            block = block.view(np.uint8)
+        out = mesh_block(block.T, (x * n, y * n, z * n), labels, reduction_factor=reduction_factor,
+                         max_error=max_error)
+        if out:
+            yield key, out
+
+
+# --------------------------------------------------------------------------------------
+# files
+# --------------------------------------------------------------------------------------
+
+
+def to_ply(mesh: Mesh) -> bytes:
+    """Binary little-endian PLY bytes of a mesh (float32 x, y, z; uint32 triangle indices)."""
+    head = (f"ply\nformat binary_little_endian 1.0\ncomment dvidshards\nelement vertex {len(mesh.vertices)}\n"
+            "property float x\nproperty float y\nproperty float z\n"
+            f"element face {len(mesh.faces)}\nproperty list uchar uint vertex_indices\nend_header\n")
+    f = np.zeros(len(mesh.faces), np.dtype([("n", "u1"), ("v", "<u4", (3,))]))
+    f["n"] = 3
+    f["v"] = mesh.faces
+    return head.encode() + mesh.vertices.astype("<f4").tobytes() + f.tobytes()
+
+
+def to_obj(mesh: Mesh) -> bytes:
+    """Wavefront OBJ text of a mesh (``v x y z`` lines, then 1-based ``f a b c`` lines)."""
+    v = "".join(f"v {a:.9g} {b:.9g} {c:.9g}\n" for a, b, c in mesh.vertices.tolist())
+    f = "".join(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in mesh.faces.tolist())
+    return ("# dvidshards\n" + v + f).encode()
 
 
 # --------------------------------------------------------------------------------------

@@ -403,6 +403,7 @@ def encode_object(
     chunk_shape,
     bits: int = 16,
     compression_level: int = 7,
+    vertex_offsets=None,
 ) -> tuple[bytes, bytes]:
     """Manifest and fragment data of one object from its levels of detail.
 
@@ -416,6 +417,9 @@ def encode_object(
         Level-0 node size (e.g. ``MeshGrid.cell``).
     bits : {10, 16}
     compression_level : int, optional
+    vertex_offsets : array_like, shape (num_lods, 3), optional
+        Per level, what the viewer adds to every decoded vertex (stored model units); the
+        meshes of ``lods`` are given *without* it, inside their nodes' boxes. Default 0.
 
     Returns
     -------
@@ -442,9 +446,11 @@ def encode_object(
             sz.append(len(blob))
         positions.append(pos)
         sizes.append(np.asarray(sz, np.int64))
+    vo = np.zeros((len(lods), 3)) if vertex_offsets is None else np.asarray(vertex_offsets, np.float64)
+    if vo.shape != (len(lods), 3) or not np.isfinite(vo).all():
+        raise MeshFormatError(f"vertex_offsets must be {len(lods)} x 3 finite numbers, got {vertex_offsets!r}")
     m = Manifest(tuple(chunk.tolist()), tuple(origin.tolist()),
-                 tuple(float(2**j) for j in range(len(lods))), np.zeros((len(lods), 3)),
-                 tuple(positions), tuple(sizes))
+                 tuple(float(2**j) for j in range(len(lods))), vo, tuple(positions), tuple(sizes))
     return encode_manifest(m), b"".join(data)
 
 
