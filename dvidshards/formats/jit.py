@@ -4,11 +4,22 @@ numba compiles a kernel on its first call. For the read path that is ~17 CPU sec
 fresh install, and ~0.5 s even to load the compiled code from numba's cache in a new process.
 A :class:`Kernel` pairs a numba dispatcher with a *fallback* that computes the same result
 without compiling: a numpy version, or the kernel's own Python source run by the interpreter
-(:func:`python_twins`). Until the dispatcher is ready, calls go to the fallback and a background
-thread compiles (or loads from the cache) the kernels that have been called, in the order they
-were first called; from then on calls go to the compiled code. A fresh process reads its first
-chunk in well under a second, and a long job loses nothing: the fallback works while the
-compiler runs on the other core.
+(:func:`python_twins`). Until the dispatcher is ready, calls go to the fallback, and the kernels
+that have been called are made ready behind the caller, in the order they were first called;
+from then on calls go to the compiled code. A fresh process reads its first chunk in well under
+a second, and a long job loses nothing: the fallback works while the compiler runs on the other
+core.
+
+Where the compiling happens: a kernel already in numba's on-disk cache is loaded by a
+background thread of this process. A kernel missing from the cache is compiled by a *helper
+process* (one per process that needs it, at low CPU priority, one compile at a time per cache
+folder across processes), which writes numba's cache; the background thread then loads it from
+there. So a process never has a compile running inside it when its work is done: it exits at
+once, and the helper finishes the kernels it was asked for, leaving the cache whole for the next
+process (numba writes each cache file to a temporary name and renames it, so a file is never
+seen half written). Kernels numba cannot cache (``cache=False``, or defined where a new process
+cannot import them) are compiled by the background thread itself, as is everything when the
+helper cannot be started; a process exiting during such a compile waits for it.
 
 ``DVIDSHARDS_KERNELS`` chooses the behaviour, read at each first call:
 
@@ -24,7 +35,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
+import importlib
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import types
 import warnings
@@ -66,6 +83,8 @@ class Kernel:
         self.failed: BaseException | None = None
         self._fast: Callable[..., Any] | None = None
         self._queued = False
+        self._awaiting = False  # sent to the helper process, not answered yet
+        self._helped = False  # the helper has answered: compile (load) it here
 
     @property
     def ready(self) -> bool:
@@ -99,6 +118,7 @@ class Kernel:
         than the compile (the IPC resolver on a shard of many thousand records).
         """
         if self._fast is None and self.failed is None and not _forced and mode() != "fallback":
+            _await_helper(self)  # compiling it here as well would only take the helper's core
             try:
                 self.compile()
             except Exception:
@@ -147,59 +167,240 @@ def fallbacks() -> Iterator[None]:
 
 _COMPILE = threading.RLock()  # one compile at a time (numba has its own lock too)
 _STATE = threading.Condition()
-_pending: list[Kernel] = []
+_pending: list[Kernel] = []  # called, waiting for the background thread
+_sent: dict[str, Kernel] = {}  # with the helper process, by name
 _worker: threading.Thread | None = None
 _stopping = False
-_current: Kernel | None = None
+_current: Kernel | None = None  # the kernel the background thread is handling
+_here = False  # the background thread is inside numba in this process (a compile or a cache load)
+_helper: subprocess.Popen | None = None
+_helper_broken = False  # it could not be started, or it died: compile here
+_inherited: list[subprocess.Popen] = []  # a forked child keeps its parent's helper pipes open, unused
+_HELPER_ENV = "_DVIDSHARDS_KERNEL_HELPER"  # set in a helper: it starts no helper of its own
+_HELPER_WAIT = 600.0  # ensure() waits this long for the helper, then compiles itself
+_HELPER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+                "from dvidshards.formats.jit import _helper_main; _helper_main()")
 
 
 def _queue(k: Kernel) -> None:
-    global _worker
     with _STATE:
         if k._queued or _stopping:
             return
         k._queued = True
         _pending.append(k)
-        if _worker is None:
-            _worker = threading.Thread(target=_run, name="dvidshards-kernels", daemon=True)
-            _worker.start()
+        _start_worker()
         _STATE.notify_all()
 
 
+def _start_worker() -> None:  # under _STATE
+    global _worker
+    if _worker is None:
+        _worker = threading.Thread(target=_run, name="dvidshards-kernels", daemon=True)
+        _worker.start()
+
+
 def _run() -> None:
-    global _current, _worker
+    global _current, _worker, _here
     try:  # Linux: a low CPU priority for this thread alone, so it yields to the work it speeds up
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
         pass
     while True:
         with _STATE:
+            while not _stopping and not _pending and _sent:  # the helper's answers come back here
+                _STATE.wait()
             if _stopping or not _pending:
                 _current = None
                 _worker = None
                 _STATE.notify_all()
                 return
-            _current = _pending.pop(0)
-            k = _current
-        try:
-            k.compile()
-        except Exception:
-            pass  # recorded on the kernel and warned about; the fallback stays in use
+            k = _current = _pending.pop(0)
+            _here = True  # the cache look-up below starts numba's code generator
+        if k.ready or k.failed is not None or not _send_to_helper(k):
+            try:
+                k.compile()  # a load from the cache when the helper compiled it
+            except Exception:
+                pass  # recorded on the kernel and warned about; the fallback stays in use
         with _STATE:
+            _here = False
             _current = None
             _STATE.notify_all()
+
+
+def _cacheable(k: Kernel) -> bool:
+    """Whether a new process can compile ``k`` into numba's cache (a registered kernel with
+    ``cache=True``, defined at the top of an importable module)."""
+    f = k.dispatcher.py_func
+    if k not in _KERNELS or "<" in f.__qualname__ or f.__module__ in (None, "__main__"):
+        return False
+    try:
+        from numba.core.caching import NullCache
+        return not isinstance(k.dispatcher._cache, NullCache)
+    except Exception:  # another numba: do not guess
+        return False
+
+
+def _in_cache(k: Kernel) -> bool:
+    """Whether numba's on-disk cache holds every signature of ``k`` for this machine (numba's
+    own index and keys: a load then needs no compile). False when it cannot tell."""
+    d = k.dispatcher
+    try:
+        cache = d._cache
+        codegen = d.targetctx.codegen()
+        index = cache._cache_file._load_index()  # {} when the source or numba changed
+        return all(cache._index_key(sig, codegen) in index for sig in k.signatures)
+    except Exception:
+        return False
+
+
+def _send_to_helper(k: Kernel) -> bool:
+    """Ask the helper process to compile ``k`` into numba's cache; False: compile it here."""
+    global _helper, _helper_broken
+    if k._helped or _helper_broken or os.environ.get(_HELPER_ENV) or not _cacheable(k) or _in_cache(k):
+        return False
+    if _helper is None:
+        try:
+            _helper = _start_helper()
+        except (OSError, ValueError):
+            _helper_broken = True
+            return False
+    with _STATE:  # registered first: the answer can come before write() returns
+        k._awaiting = True
+        _sent[k.name] = k
+    try:
+        assert _helper.stdin is not None
+        _helper.stdin.write(k.name + "\n")
+        _helper.stdin.flush()
+    except (OSError, ValueError):  # it died (its listener hands back anything else it held)
+        _helper_broken = True
+        with _STATE:
+            _sent.pop(k.name, None)
+            k._awaiting = False
+        return False
+    return True
+
+
+def _start_helper() -> subprocess.Popen:
+    if not sys.executable:
+        raise OSError("no Python executable to start a helper process with")
+    env = dict(os.environ, **{_HELPER_ENV: "1"})
+    proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE, json.dumps(sys.path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, text=True, close_fds=True)
+    threading.Thread(target=_listen, args=(proc,), name="dvidshards-kernel-helper", daemon=True).start()
+    return proc
+
+
+def _listen(proc: subprocess.Popen) -> None:
+    """Read the helper's answers (one kernel name a line, once it is in numba's cache, or once
+    it failed there: either way this process compiles it next, which loads it or says why not)."""
+    global _helper_broken
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            with _STATE:
+                _answered(line.strip())
+    except (OSError, ValueError):
+        pass
+    with _STATE:  # the helper is gone: what it did not answer is compiled here
+        if proc is _helper:
+            _helper_broken = True
+            for name in list(_sent):
+                _answered(name)
+
+
+def _answered(name: str) -> None:  # under _STATE
+    k = _sent.pop(name, None)
+    if k is None:
+        return
+    k._awaiting = False
+    k._helped = True
+    if not _stopping:
+        _pending.append(k)
+        _start_worker()
+    _STATE.notify_all()
+
+
+def _await_helper(k: Kernel, timeout: float = _HELPER_WAIT) -> None:
+    with _STATE:
+        _STATE.wait_for(lambda: not k._awaiting, timeout)
+
+
+def _helper_main() -> None:
+    """The helper process: compile each kernel named on stdin into numba's cache, in order, and
+    write its name back. It goes on after its parent has exited, until it has compiled every
+    kernel it was sent (end of stdin)."""
+    try:
+        os.nice(10)
+    except (AttributeError, OSError):
+        pass
+    answer = True
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        try:
+            k = _registered(name)
+            with _cache_lock(k):  # helpers of other processes: one compiles, the others load
+                k.compile()
+        except Exception:
+            pass  # the parent compiles it itself and reports what went wrong
+        if answer:
+            try:
+                sys.stdout.write(name + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                answer = False  # the parent has exited: finish the cache for the next process
+    if not answer:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
+
+
+def _registered(name: str) -> Kernel:
+    importlib.import_module(name.rpartition(".")[0])
+    for k in _KERNELS:
+        if k.name == name:
+            return k
+    raise LookupError(f"no kernel {name} registered")
+
+
+def _lock_path(k: Kernel) -> str:
+    """The lock file of the numba cache folder ``k`` is written to (numba picks the folder from
+    ``NUMBA_CACHE_DIR`` and the source file's folder: so does this)."""
+    source = os.path.dirname(os.path.abspath(k.dispatcher.py_func.__code__.co_filename))
+    tag = hashlib.sha1(f"{os.environ.get('NUMBA_CACHE_DIR', '')}|{source}".encode()).hexdigest()[:16]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"dvidshards-numba-{uid}-{tag}.lock")
+
+
+@contextlib.contextmanager
+def _cache_lock(k: Kernel) -> Iterator[None]:
+    """An exclusive lock per numba cache folder, across processes (none where flock is missing)."""
+    try:
+        import fcntl
+        f = open(_lock_path(k), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def wait(timeout: float | None = None) -> bool:
     """Block until every kernel called so far is compiled; False if ``timeout`` ran out first."""
     with _STATE:
-        return _STATE.wait_for(lambda: not _pending and _current is None, timeout)
+        return _STATE.wait_for(lambda: not _pending and not _sent and _current is None, timeout)
 
 
 def compile_all() -> None:
     """Compile (or load from the cache) every kernel registered so far, in this thread."""
     for k in list(_KERNELS):
         if not k.ready and k.failed is None:
+            _await_helper(k)
             try:
                 k.compile()
             except Exception:
@@ -210,6 +411,7 @@ def status() -> dict[str, str]:
     """``{kernel name: 'compiled' | 'queued' | 'compiling' | 'failed'}`` for the kernels called so far."""
     with _STATE:
         out = {k.name: "queued" for k in _pending}
+        out.update({name: "compiling" for name in _sent})
         if _current is not None:
             out[_current.name] = "compiling"
     for k in _KERNELS:
@@ -219,27 +421,32 @@ def status() -> dict[str, str]:
 
 
 def _stop() -> None:
-    # At exit: start no further compile, and let the one running finish (its cache entry is
-    # written whole); tearing LLVM down under a compiling thread can crash the exit.
+    # At exit: start nothing more. Kernels with the helper are its business now (it finishes
+    # them into the cache). Only numba work inside this process is waited for: tearing LLVM
+    # down under a compiling thread can crash the exit; a cache load takes a fraction of a second.
     global _stopping
     with _STATE:
         _stopping = True
         _pending.clear()
-        t = _worker
+        t = _worker if _here else None
     if t is not None and t is not threading.current_thread():
         t.join(timeout=120)
 
 
-def _after_fork() -> None:  # a forked child has no compiler thread: start over
-    global _COMPILE, _STATE, _worker, _current, _stopping
+def _after_fork() -> None:  # a forked child has no background thread and no helper: start over
+    global _COMPILE, _STATE, _worker, _current, _stopping, _here, _helper, _helper_broken
     _COMPILE = threading.RLock()
     _STATE = threading.Condition()
     _worker = _current = None
-    _stopping = False
-    for k in _KERNELS + _pending:  # the parent's compile in flight does not exist here
+    _stopping = _here = _helper_broken = False
+    if _helper is not None:  # its pipes are the parent's: keep them open and unused
+        _inherited.append(_helper)
+    _helper = None
+    for k in _KERNELS + _pending + list(_sent.values()):  # the parent's work in flight is not here
         if not k.ready:
-            k._queued = False
+            k._queued = k._awaiting = k._helped = False
     _pending.clear()
+    _sent.clear()
 
 
 atexit.register(_stop)

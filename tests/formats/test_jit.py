@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numba
@@ -378,3 +379,74 @@ def test_a_kernel_without_fallback_compiles_at_first_call_in_every_mode(monkeypa
         assert k(2, 3) == 5 and k.ready
         with jit.fallbacks():
             assert k(2, 3) == 5  # nothing else can answer
+
+
+# --- the helper process ----------------------------------------------------------------------------
+
+_CALLER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    from dvidshards.formats import jit, mapping
+    keys, values = np.array([1, 2], np.uint64), np.array([5, 6], np.uint64)
+    out = np.zeros(3, np.uint64)
+    mapping._apply_k(np.array([1, 2, 3], np.uint64), keys, values, out)  # the fallback answers
+    got = out.tolist()
+    for _ in range(6000):  # until the kernel is with the helper (it is blocked on the test's lock)
+        if jit.status().get(mapping._apply_k.name) == "compiling" and jit._helper is not None:
+            break
+        time.sleep(0.01)
+    print(json.dumps({"got": got, "status": jit.status(), "helper": jit._helper.pid}))
+""")
+
+_LOADER = textwrap.dedent("""
+    import json
+    import numpy as np
+    from dvidshards.formats import jit, mapping
+    cached = jit._in_cache(mapping._apply_k)
+    keys, values = np.array([1, 2], np.uint64), np.array([5, 6], np.uint64)
+    out = np.zeros(3, np.uint64)
+    mapping._apply_k(np.array([1, 2, 3], np.uint64), keys, values, out)
+    jit.wait(timeout=300)
+    d = mapping._apply_k.dispatcher
+    got = np.zeros(3, np.uint64)
+    mapping._apply_k(np.array([1, 2, 3], np.uint64), keys, values, got)
+    print(json.dumps({"cached": cached, "ready": mapping._apply_k.ready, "helper": jit._helper is not None,
+                      "hits": sum(d._cache_hits.values()), "misses": sum(d._cache_misses.values()),
+                      "got": got.tolist() if (got == out).all() else None}))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX: flock")
+def test_exit_leaves_the_compile_to_the_helper_which_fills_the_cache(tmp_path, monkeypatch):
+    """A process exits while its kernel is still being compiled: the helper process (blocked here
+    on the cache lock the test holds) finishes it into numba's cache, where the next process
+    loads it without compiling and without a helper."""
+    import fcntl
+
+    from dvidshards.formats import mapping
+
+    cache = tmp_path / "numba"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    env.pop("DVIDSHARDS_KERNELS", None)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    with open(jit._lock_path(mapping._apply_k), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            r = subprocess.run([sys.executable, "-c", _CALLER], capture_output=True, text=True, env=env,
+                               timeout=300, cwd=str(tmp_path))  # a wait for the helper would never end
+            assert r.returncode == 0, r.stderr
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            assert out["got"] == [5, 6, 3] and out["status"][mapping._apply_k.name] == "compiling", out
+            os.kill(out["helper"], 0)  # still there, after its parent has gone
+            assert not list(cache.rglob("mapping._apply-*.nbi"))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    for _ in range(3000):  # the helper compiles now
+        if list(cache.rglob("mapping._apply-*.nbi")):
+            break
+        time.sleep(0.1)
+    r = subprocess.run([sys.executable, "-c", _LOADER], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"cached": True, "ready": True, "helper": False, "hits": 1, "misses": 0, "got": [5, 6, 3]}, out
