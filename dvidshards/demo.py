@@ -1,8 +1,9 @@
 """``dvidshards demo``: write a realistic synthetic export, read it back across shards, check it
-voxel for voxel, and draw a slice as a two-panel figure (needs matplotlib: ``dvidshards[demo]``).
+voxel for voxel, and draw a slice as a two-panel PNG figure.
 
-Everything but the picture needs only the core dependencies. Without an output folder the export
-goes to a temporary folder that is removed at the end.
+Everything, the picture included, needs only the core dependencies (the PNG is written with numpy
+and zlib). Without an output folder the export goes to a temporary folder that is removed at the
+end.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import json
 import math
 import os
 import shutil
+import struct
 import tempfile
 import time
+import zlib
 from typing import Any
 
 import numpy as np
 
 from .errors import SpecError
 
-__all__ = ["DEFAULT_SIZE", "check_size", "label_colors", "region_colors", "run_demo", "save_figure"]
+__all__ = ["DEFAULT_SIZE", "check_size", "draw_text", "label_colors", "png_bytes", "region_colors", "run_demo",
+           "save_figure", "text_width"]
 
 DEFAULT_SIZE = (512, 448, 256)
 MAX_VOXELS = 1 << 28  # 2 GiB of uint64 supervoxels in memory
@@ -163,44 +167,125 @@ def _nice_length(max_nm: float) -> float:
     return max(m * k for m in (1, 2, 5) if m * k <= max_nm)
 
 
+# --- the picture: numpy and zlib only (a PNG is a few zlib-compressed chunks) --------------------
+
+# A 5×7 pixel font (2 more rows for descenders), printable ASCII from " " on: one word per
+# character, one base-32 digit per row (bit 4 the leftmost pixel), trailing empty rows left out.
+_GLYPHS = (
+    "0 4444404 AAA AAVAVAA 4FKE5U4 OP248J3 CIK8LID 448 2488842 8422248 04LEL4 044V44 00000C48 "
+    "000V 00000CC 01248G EHJLPHE 4C4444E EH1248V V2421HE 26AIV22 VGU11HE 68GUHHE V124888 "
+    "EHHEHHE EHHF12C 0CC0CC 0CC0C48 248G842 00V0V 8421248 EH12404 EH1DLLE EHHHVHH UHHUHHU "
+    "EHGGGHE SIHHHIS VGGUGGV VGGUGGG EHGNHHF HHHVHHH E44444E 72222IC HIKOKIH GGGGGGV HRLLHHH "
+    "HHPLJHH EHHHHHE UHHUGGG EHHHLID UHHUKIH FGGE11U V444444 HHHHHHE HHHHHA4 HHHLLLA HHA4AHH "
+    "HHHA444 V1248GV E88888E 0G8421 E22222E 4AH 000000V 842 00E1FHF GGMPHHU 00EGGHE 11DJHHF "
+    "00EHVGE 698S888 00FHHHF1E GGMPHHH 40C444E 2062222IC GGIKOKI C44444E 00QLLLL 00MPHHH "
+    "00EHHHE 00UHHHUGG 00FHHHF11 00MPGGG 00FGE1U 88S8896 00HHHJD 00HHHA4 00HHLLA 00HA4AH "
+    "00HHHHF1E 00V248V 2448442 4444444 8442448 008L2 "
+)
+_B32 = "0123456789ABCDEFGHIJKLMNOPQRSTUV"
+_FONT = {chr(32 + i): np.array([[(_B32.index(d) >> (4 - c)) & 1 for c in range(5)] for d in g.ljust(9, "0")], bool)
+         for i, g in enumerate(_GLYPHS.split())}
+PANEL = 480  # longest side of a panel in pixels
+_TEXT = 2  # pixels per font pixel
+_MARGIN = 16
+
+
+def text_width(s: str, scale: int = _TEXT) -> int:
+    """Width in pixels of ``s`` drawn by `draw_text`."""
+    return 6 * scale * len(s) - scale if s else 0
+
+
+def draw_text(img: np.ndarray, x: int, y: int, s: str, color=(0, 0, 0), scale: int = _TEXT) -> None:
+    """Draw ``s`` into an (h, w, 3) uint8 image, top left corner at pixel (x, y), clipped to the
+    image. Characters outside printable ASCII are drawn as ``?``."""
+    h, w = img.shape[:2]
+    for i, ch in enumerate(s):
+        glyph = np.kron(_FONT.get(ch, _FONT["?"]), np.ones((scale, scale), bool))
+        x0, y0 = x + 6 * scale * i, y
+        gy, gx = slice(max(0, -y0), min(glyph.shape[0], h - y0)), slice(max(0, -x0), min(glyph.shape[1], w - x0))
+        if gy.start >= gy.stop or gx.start >= gx.stop:
+            continue
+        region = img[y0 + gy.start:y0 + gy.stop, x0 + gx.start:x0 + gx.stop]
+        region[glyph[gy, gx]] = color
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """An (h, w, 3) uint8 image as the bytes of an 8-bit RGB PNG file."""
+    rgb = np.ascontiguousarray(rgb, np.uint8)
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or not rgb.shape[0] or not rgb.shape[1]:
+        raise ValueError(f"expected a non-empty (h, w, 3) image, got shape {rgb.shape}")
+    h, w = rgb.shape[:2]
+    rows = np.zeros((h, 1 + 3 * w), np.uint8)  # each row: filter type 0 (none), then its pixels
+    rows[:, 1:] = rgb.reshape(h, 3 * w)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6)) + chunk(b"IEND", b""))
+
+
+def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Nearest-neighbour resampling of an (h0, w0, 3) image to (h, w, 3)."""
+    ys = (np.arange(h) * img.shape[0]) // h
+    xs = (np.arange(w) * img.shape[1]) // w
+    return img[ys[:, None], xs[None, :]]
+
+
+def _scale_bar(panel: np.ndarray, nm_per_px: float) -> None:
+    """A white bar of a round length in nm with its label, lower right, on a dark box."""
+    h, w = panel.shape[:2]
+    bar = _nice_length(w * nm_per_px / 4)
+    n = int(round(bar / nm_per_px)) if bar else 0
+    label = f"{bar:g} nm"
+    if n < 4 or h < 40 or w < text_width(label) + 24:
+        return
+    bw, bh = max(n, text_width(label)) + 12, 7 * _TEXT + 18
+    x0, y0 = w - bw - 8, h - bh - 8
+    box = panel[y0:y0 + bh, x0:x0 + bw]
+    box[:] = (box * 0.4).astype(np.uint8)
+    x = x0 + bw - 6 - n
+    panel[y0 + bh - 10:y0 + bh - 6, x:x + n] = 255
+    draw_text(panel, x0 + bw - 6 - text_width(label), y0 + 5, label, color=(255, 255, 255))
+
+
 def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: int, resolution,
                 origin=(0, 0)) -> None:
-    """Save the two-panel figure of one z slice: bodies, and the same region as supervoxels.
+    """Save the two-panel figure of one z slice as a PNG: bodies, and the same region as supervoxels.
 
     ``bodies`` and ``supervoxels`` are (x, y) slices; ``resolution`` the voxel size (x, y, z) in
-    nm; ``z`` the slice's voxel index; ``origin`` the (x, y) voxel of the slice's first pixel.
-    Needs matplotlib (imported here, drawn without pyplot so no global state changes).
+    nm; ``z`` the slice's voxel index; ``origin`` the (x, y) voxel of the slice's first pixel
+    (kept for callers; the scale bar needs only the voxel size). Drawn with numpy and zlib: no
+    plotting library.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from mpl_toolkits.axes_grid1.anchored_artists import AnchoredSizeBar
-
-    body_rgb, sv_rgb = region_colors(bodies.T, supervoxels.T)
+    body_rgb, sv_rgb = region_colors(bodies.T, supervoxels.T)  # rows are y (down), columns x
     h, w = body_rgb.shape[:2]
     rx, ry, rz = (float(r) for r in resolution)
-    extent = (origin[0] * rx, (origin[0] + w) * rx, (origin[1] + h) * ry, origin[1] * ry)  # nm, y down
-    panel_w = 5.0
-    fig = Figure(figsize=(2 * panel_w + 0.3, panel_w * h / w + 0.75), dpi=120, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    # panels keep the voxels' aspect ratio (x and y voxel sizes may differ)
+    f = PANEL / max(w * rx, h * ry)
+    pw, ph = max(1, round(w * rx * f)), max(1, round(h * ry * f))
     n_b = len(np.unique(bodies[bodies != 0]))
     n_s = len(np.unique(supervoxels[supervoxels != 0]))
-    bar = _nice_length(w * rx / 4)
-    for ax, img, title in ((axes[0], body_rgb, f"Bodies (agglomerated): {n_b}"),
-                           (axes[1], sv_rgb, f"Same region, supervoxels: {n_s}")):
-        ax.imshow(img, extent=extent, interpolation="nearest")
-        ax.set_title(title, fontsize=11)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if bar:
-            sb = AnchoredSizeBar(ax.transData, bar, f"{bar:g} nm", "lower right", pad=0.3, borderpad=0.6,
-                                 sep=3, color="white", frameon=True, size_vertical=h * ry / 120,
-                                 fontproperties={"size": 9})
-            sb.patch.set(facecolor="black", edgecolor="none", alpha=0.6)
-            ax.add_artist(sb)
-    fig.suptitle(f"Synthetic DVID export, z slice {z} ({z * rz:g} nm); voxels {rx:g} × {ry:g} × {rz:g} nm; "
-                 f"each supervoxel a shade of its body's colour", fontsize=10)
-    fig.savefig(path)
+    titles = (f"Bodies (agglomerated): {n_b}", f"Same region, supervoxels: {n_s}")
+    lines = (f"Synthetic DVID export, z slice {z} ({z * rz:g} nm), voxels {rx:g} x {ry:g} x {rz:g} nm",
+             "each supervoxel is a shade of its body's colour")
+    line = 9 * _TEXT + 6
+    pw_min = max(pw, max(text_width(t) for t in titles))
+    width = max(3 * _MARGIN + 2 * pw_min, 2 * _MARGIN + max(text_width(s) for s in lines))
+    top = _MARGIN + len(lines) * line + 10
+    height = top + line + ph + _MARGIN
+    img = np.full((height, width, 3), 255, np.uint8)
+    for i, s in enumerate(lines):
+        draw_text(img, (width - text_width(s)) // 2, _MARGIN + i * line, s)
+    gap = (width - 2 * pw) // 3
+    for k, (rgb, title) in enumerate(zip((body_rgb, sv_rgb), titles, strict=True)):
+        x0 = gap + k * (pw + gap)
+        draw_text(img, x0 + (pw - text_width(title)) // 2, top, title)
+        panel = _resize(np.round(rgb * 255).astype(np.uint8), ph, pw)
+        _scale_bar(panel, rx * w / pw)
+        img[top + line:top + line + ph, x0:x0 + pw] = panel
+    with open(path, "wb") as out:
+        out.write(png_bytes(img))
 
 
 def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, png: str | None = None,
@@ -217,7 +302,7 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
     seed : int
         Seed of the synthetic neurons.
     png : str, optional
-        Where to save the figure (needs matplotlib; without it one line says how to get it).
+        Where to save the figure (a PNG file).
     echo : callable
         Receives each line of the report.
 
@@ -226,7 +311,7 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
     dict
         ``export``, ``spec``, ``box``, ``agglomerated`` and ``supervoxels`` (the box read back),
         ``exact`` (both equal the volume written), ``seconds`` (read times), ``png`` (None when
-        no picture was drawn), ``z`` (slice drawn).
+        no picture was asked for), ``z`` (slice drawn).
     """
     import dvidshards
     from dvidshards.formats.mapping import LabelMapping
@@ -279,16 +364,11 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
         z = max(range(sup.shape[2]), key=lambda k: (len(np.unique(sup[:, :, k])), -k))  # the busiest slice
         result["z"] = box[2].start + z
         if png is not None:
-            try:
-                import matplotlib  # noqa: F401
-            except ImportError:
-                echo("no picture: matplotlib is not installed (pip install 'dvidshards[demo]' to draw it)")
-            else:
-                save_figure(png, result["agglomerated"][:, :, z], sup[:, :, z], z=result["z"],
-                            resolution=RESOLUTION, origin=(box[0].start, box[1].start))
-                result["png"] = png
-                echo(f"saved {png}: z slice {result['z']}, bodies (left) and the same region as "
-                     f"supervoxels (right)")
+            save_figure(png, result["agglomerated"][:, :, z], sup[:, :, z], z=result["z"],
+                        resolution=RESOLUTION, origin=(box[0].start, box[1].start))
+            result["png"] = png
+            echo(f"saved {png}: z slice {result['z']}, bodies (left) and the same region as "
+                 f"supervoxels (right)")
         return result
     finally:
         if temporary:  # the export goes with its temporary folder
