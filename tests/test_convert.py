@@ -144,9 +144,12 @@ def test_tensorstore_encoder_gives_the_same_bytes(export, tmp_path):
 
 
 def tree_bytes(root):
+    """Every output file's bytes but the manifest's (it records the arguments and times)."""
     out = {}
     for d, _, files in os.walk(root):
         for f in files:
+            if f == "dvidshards.json":
+                continue
             p = os.path.join(d, f)
             out[os.path.relpath(p, root)] = open(p, "rb").read()
     return out
@@ -308,11 +311,20 @@ def test_refuses_bad_arguments(export, tmp_path):
         convert(export.root, os.path.join(export.root, "converted"), "zarr3", spec=export.spec)
     with pytest.raises(DvidShardsError):
         convert(export.root, tmp_path / "x", "zarr3", spec=export.spec, labels="bodies")
-    # an existing output of other geometry is not overwritten
+    # an existing output of another conversion is not overwritten, nor resumed
     convert(export.root, tmp_path / "y", "precomputed", spec=export.spec, scales=[2], progress=False)
+    before = tree_bytes(tmp_path / "y")
     other = make_export(tmp_path / "other", shape=(90, 90, 90), scales=3)
+    for resume in (False, True):
+        with pytest.raises(SpecError, match="another conversion"):
+            convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], resume=resume,
+                    progress=False)
+    assert tree_bytes(tmp_path / "y") == before
+    # metadata of other geometry and no manifest (an older output): refused by the driver's check
+    os.remove(tmp_path / "y" / "dvidshards.json")
     with pytest.raises(ConvertPlanError):
-        convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], progress=False)
+        convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], resume=True,
+                progress=False)
 
 
 # --------------------------------------------------------------------------- failures, verify
@@ -407,3 +419,32 @@ def test_command_line(export, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "ConvertPlanError" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o3").exists()
+
+
+# --------------------------------------------------------------------------- issue 22 item 5: bounded memory
+
+
+@pytest.mark.parametrize("data_encoding", ["raw", "gzip"])
+def test_22_5_streamed_shards_are_tensorstores_bytes(export, tmp_path, data_encoding):
+    """A local output shard is built on disk chunk by chunk; its bytes are what TensorStore's own
+    sharded writer makes of the same chunk values (gzip minishard indexes included)."""
+    dest = tmp_path / "out"
+    rep = convert(export.root, dest, "precomputed", spec=export.spec, data_encoding=data_encoding, progress=False)
+    assert rep.ok and rep.complete, rep.summary()
+    for s in dvidshards.Dataset(export.root, spec=export.spec).scales:
+        sp = plan_scale(s, "precomputed", data_encoding=data_encoding)
+        meta = {**sp.sharding, "data_encoding": "raw"}  # stored values as they are
+        assert meta["minishard_index_encoding"] == "gzip"
+        ours = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{dest}/{sp.key}/",
+                                "metadata": meta}).result()
+        again = tmp_path / "ts" / sp.key
+        theirs = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{again}/",
+                                  "metadata": meta}).result()
+        with ts.Transaction() as txn:
+            for key in ours.list().result():
+                theirs.with_transaction(txn)[key] = ours.read(key).result().value
+        files = sorted(os.listdir(dest / sp.key))
+        assert files and files == sorted(os.listdir(again))
+        for f in files:
+            assert (dest / sp.key / f).read_bytes() == (again / f).read_bytes(), f
+    assert not [p for p in dest.rglob("*.tmp")]

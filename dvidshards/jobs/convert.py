@@ -40,10 +40,12 @@ How it is safe and bounded:
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import os
 import resource
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -61,6 +63,7 @@ from ..formats.labels import as_labels
 from ..formats.multiscale import SINGLE_SHARD
 from ..formats.records import R_NSV
 from ..formats.sharding import (
+    ShardFileWriter,
     ShardingSpec,
     compressed_morton_code,
     compressed_z_index_bits,
@@ -69,18 +72,20 @@ from ..formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
-from .runner import run_tasks
+from .runner import TaskRunner, job_arguments, progress_of
 
 __all__ = [
     "FORMATS",
     "ZARR_INNER_CODECS",
     "ConvertPlanError",
     "ConvertReport",
+    "MANIFEST",
     "ScalePlan",
     "add_arguments",
     "convert",
     "main",
     "plan_scale",
+    "read_manifest",
 ]
 
 FORMATS = ("precomputed", "zarr3")
@@ -89,6 +94,7 @@ ENCODERS = ("transcode", "tensorstore")
 ZARR_INNER_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}},
                      {"name": "zstd", "configuration": {"level": 3, "checksum": False}}]
 ZARR_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+MANIFEST = "dvidshards.json"  # in the destination: what wrote it, how far it got, "complete"
 _NO_CHUNK = np.uint64(2**64 - 1)
 _ZERO8 = bytes(8)
 _U64 = np.dtype(np.uint64)
@@ -453,6 +459,11 @@ class _Job:
     plans: dict
     gzip_level: int = 1
 
+    @property
+    def local_root(self) -> str | None:
+        """The destination folder when it is a local file system (shards are streamed to disk)."""
+        return self.dest["path"] if self.dest.get("driver") == "file" else None
+
 
 class _Stager:
     """Chunks encoded by TensorStore: an unsharded in-memory array of the output's geometry."""
@@ -488,8 +499,30 @@ class _Stager:
         return r.value
 
 
+class _TsGzip:
+    """TensorStore's own gzip of a minishard index (its zlib build's bytes, not Python's): the
+    index written as the one value of a 0-bit sharded store with gzip data, on the memory kvstore."""
+
+    def __init__(self, context):
+        import tensorstore as ts
+
+        mem = {"driver": "memory", "path": f"gz-{uuid.uuid4().hex}/"}
+        self.kv = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": mem, "metadata": {
+            "@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0, "minishard_bits": 0, "shard_bits": 0,
+            "hash": "identity", "data_encoding": "gzip", "minishard_index_encoding": "raw"}},
+            context=context).result()
+        self.mem = ts.KvStore.open(mem, context=context).result()
+
+    def __call__(self, data: bytes) -> bytes:
+        self.kv.write(_ZERO8, data).result()
+        raw = self.mem.read("0.shard").result().value  # shard index (16), the value, its index (24)
+        start, size = struct.unpack_from("<QQ", raw, len(raw) - 16)
+        return bytes(raw[16 + start:16 + start + size])
+
+
 class _Worker:
-    """Per-process state of one conversion: dataset, label source, stagers, kvstores."""
+    """Per-process state of one conversion: dataset, label source, kvstores; and per thread
+    (the "threads" scheduler runs tasks side by side on this one object) stagers and buffers."""
 
     def __init__(self, job: _Job):
         import tensorstore as ts
@@ -499,27 +532,43 @@ class _Worker:
         self.labels = as_labels(job.labels)
         self.context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
         self.root = ts.KvStore.open(job.dest, context=self.context).result()
-        self._stagers: dict = {}
         self._stores: dict = {}
-        self.scratch: np.ndarray | None = None  # decode buffer of _encode_record
+        self._lock = threading.Lock()
+        self.local = threading.local()  # stagers, scratch, gzip of this thread
+
+    @property
+    def scratch(self) -> np.ndarray | None:
+        return getattr(self.local, "scratch", None)
+
+    @scratch.setter
+    def scratch(self, a: np.ndarray) -> None:
+        self.local.scratch = a
 
     def stager(self, sp: ScalePlan) -> _Stager:
-        s = self._stagers.get(sp.index)
+        stagers = self.local.__dict__.setdefault("stagers", {})
+        s = stagers.get(sp.index)
         if s is None:
-            s = self._stagers[sp.index] = _Stager(self.job.fmt, sp, self.context)
+            s = stagers[sp.index] = _Stager(self.job.fmt, sp, self.context)
         return s
+
+    def gzip_index(self) -> _TsGzip:
+        g = getattr(self.local, "gzip", None)
+        if g is None:
+            g = self.local.gzip = _TsGzip(self.context)
+        return g
 
     def shard_store(self, sp: ScalePlan, shard_file: str):
         import tensorstore as ts
 
         if self.job.fmt == "precomputed":
-            kv = self._stores.get(sp.index)
-            if kv is None:
-                kv = self._stores[sp.index] = ts.KvStore.open({
-                    "driver": "neuroglancer_uint64_sharded", "base": _sub(self.job.dest, sp.key + "/"),
-                    # chunk data gzipped by _gzip
-                    "metadata": {**sp.precomputed_sharding(), "data_encoding": "raw"}},
-                    context=self.context).result()
+            with self._lock:
+                kv = self._stores.get(sp.index)
+                if kv is None:
+                    kv = self._stores[sp.index] = ts.KvStore.open({
+                        "driver": "neuroglancer_uint64_sharded", "base": _sub(self.job.dest, sp.key + "/"),
+                        # chunk data gzipped by _gzip
+                        "metadata": {**sp.precomputed_sharding(), "data_encoding": "raw"}},
+                        context=self.context).result()
             return kv
         return ts.KvStore.open({
             "driver": "zarr3_sharding_indexed", "base": _sub(self.job.dest, shard_file),
@@ -528,14 +577,16 @@ class _Worker:
 
 
 _WORKERS: dict[str, _Worker] = {}
+_WORKERS_LOCK = threading.Lock()
 
 
 def _worker(job: _Job) -> _Worker:
-    w = _WORKERS.get(job.token)
-    if w is None:
-        _WORKERS.clear()  # one conversion at a time per process
-        w = _WORKERS[job.token] = _Worker(job)
-    return w
+    with _WORKERS_LOCK:
+        w = _WORKERS.get(job.token)
+        if w is None:
+            _WORKERS.clear()  # one conversion at a time per process
+            w = _WORKERS[job.token] = _Worker(job)
+        return w
 
 
 @dataclass
@@ -564,7 +615,7 @@ class ShardResult:
 
 def _convert_shard(job: _Job, item) -> ShardResult:
     """The task: convert every record of one source shard into its (whole) output shards."""
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), time.process_time()  # with threads: the process, others included
     w = _worker(job)
     k, origin = item
     sp: ScalePlan = job.plans[k]
@@ -607,8 +658,6 @@ def _expected_chunks(w: _Worker, table, rows) -> int:
 
 
 def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardResult) -> None:
-    import tensorstore as ts
-
     job = w.job
     fname = sp.shard_file(rel[rows[0]], int(sp.shard_ids(rel[rows[:1]])[0]))
     if job.resume:
@@ -616,48 +665,100 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
         if have is not None and have == _expected_chunks(w, table, rows):
             res.shards_skipped += 1
             return
+    rr = rel[rows]
+    whole = ((rr + 1) * sp.chunk <= np.asarray(sp.size)).all(axis=1)  # else cut by the bound
+    if job.fmt == "precomputed":
+        keys = np.atleast_1d(compressed_morton_code(rr, sp.grid)).astype(np.uint64)
+        if job.local_root is not None:
+            _stream_precomputed(w, sp, table, rows, rr, whole, keys, fname, res)
+            return
+        pieces = ((struct.pack(">Q", int(c)), i, r, f) for c, i, r, f in zip(keys, rows, rr, whole, strict=True))
+    else:
+        inner = rr % np.asarray(sp.shard_chunks)
+        pieces = ((struct.pack(">III", *(int(v) for v in c)), i, r, f) for c, i, r, f in
+                  zip(inner, rows, rr, whole, strict=True))
+    _transaction_write(w, sp, table, fname, pieces, res)
+
+
+def _chunk_bytes(w: _Worker, sp: ScalePlan, table, i: int, rel, full: bool, res: ShardResult) -> bytes | None:
+    """One output chunk's stored bytes (None: background, not stored)."""
+    job = w.job
+    enc: bytes | None
+    if job.fmt == "precomputed" and job.encoder == "transcode" and full:
+        enc = _transcode_record(w, table, i, sp)
+        res.transcoded += 1
+        if len(enc) == 4 + 8 * (sp.chunk // 8) ** 3 + 8 and enc[-8:] == _ZERO8:  # an all-0 chunk
+            enc = None
+    else:
+        enc = _encode_record(w, sp, table, i, rel)
+        res.encoded += 1
+    if enc is None:
+        res.background += 1
+        return None
+    if job.fmt == "precomputed" and sp.precomputed_sharding().get("data_encoding") == "gzip":
+        enc = _gzip(enc, job.gzip_level)
+    res.encoded_bytes += len(enc)
+    res.written += 1
+    return enc
+
+
+def _stream_precomputed(w: _Worker, sp: ScalePlan, table, rows, rr, whole, keys, fname: str,
+                        res: ShardResult) -> None:
+    """A local output shard built on disk as its chunks are encoded, minishard by minishard
+    (formats.sharding.ShardFileWriter), then renamed over the old one: memory is one chunk and
+    one minishard index, whatever the size of the shard."""
+    spec = ShardingSpec.from_json(sp.precomputed_sharding())
+    mini = (keys >> np.uint64(spec.preshift_bits)) & np.uint64((1 << spec.minishard_bits) - 1) \
+        if spec.preshift_bits < 64 else np.zeros_like(keys)
+    order = np.lexsort((keys, mini))  # the file's order (identity hash: the planner's proof)
+    path = os.path.join(w.job.local_root or "", fname)
+    tmp = f"{path}.{w.job.token}.{threading.get_ident()}.tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    gz = w.gzip_index()
+    try:
+        with open(tmp, "wb") as f:
+            out = ShardFileWriter(spec, f, gz)
+            for j in order.tolist():
+                enc = _chunk_bytes(w, sp, table, int(rows[j]), rr[j], bool(whole[j]), res)
+                if enc is not None:
+                    out.add(int(keys[j]), enc)
+            n = out.finish()
+            f.flush()
+            os.fsync(f.fileno())
+        if n:
+            os.replace(tmp, path)  # whole or not at all: resume never sees half a shard
+            res.shards_written += 1
+        else:
+            os.unlink(tmp)
+            if os.path.exists(path):
+                os.unlink(path)  # an earlier run's shard: this one holds only background
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _transaction_write(w: _Worker, sp: ScalePlan, table, fname: str, pieces, res: ShardResult) -> None:
+    """A remote output shard (or a zarr3 one): its encoded chunks in one kvstore transaction of
+    TensorStore's sharded driver, which assembles the file at commit (memory: the shard's
+    encoded bytes)."""
+    import tensorstore as ts
+
     w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
     kv = w.shard_store(sp, fname)
     txn = ts.Transaction()
     kvt = kv.with_transaction(txn)
-    rr = rel[rows]
-    whole = ((rr + 1) * sp.chunk <= np.asarray(sp.size)).all(axis=1).tolist()  # else cut by the bound
-    if job.fmt == "precomputed":
-        keys = [struct.pack(">Q", int(c)) for c in
-                np.atleast_1d(compressed_morton_code(rel[rows], sp.grid))]
-    else:
-        inner = rel[rows] % np.asarray(sp.shard_chunks)
-        keys = [struct.pack(">III", *(int(v) for v in c)) for c in inner]
-    transcoding = job.fmt == "precomputed" and job.encoder == "transcode"
-    gz = job.fmt == "precomputed" and sp.precomputed_sharding().get("data_encoding") == "gzip"
     written = 0
-    nsv = table.rec[:, R_NSV]
-    head = struct.pack("<3I", *(sp.chunk // 8,) * 3)
-    bg_len = 4 + 8 * (sp.chunk // 8) ** 3 + 8  # an all-0 chunk: the header and one table [0]
-    for key, i, full in zip(keys, rows.tolist(), whole, strict=True):
-        enc: bytes | None
-        if transcoding and full:
-            enc = _transcode_record(w, table, i, head, int(nsv[i]))
-            if len(enc) == bg_len and enc[-8:] == _ZERO8:
-                enc = None
-            res.transcoded += 1
-        else:
-            enc = _encode_record(w, sp, table, i, rel[i])
-            res.encoded += 1
-        if enc is None:
-            res.background += 1
-            continue
-        if gz:
-            enc = _gzip(enc, job.gzip_level)
-        kvt.write(key, enc)
-        res.encoded_bytes += len(enc)
-        written += 1
+    for key, i, rel, full in pieces:
+        enc = _chunk_bytes(w, sp, table, int(i), rel, bool(full), res)
+        if enc is not None:
+            kvt.write(key, enc)
+            written += 1
     if written:
         txn.commit_async().result()
         res.shards_written += 1
     else:
         txn.abort()
-    res.written += written
 
 
 def _gzip(data: bytes, level: int) -> bytes:
@@ -667,8 +768,10 @@ def _gzip(data: bytes, level: int) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def _transcode_record(w: _Worker, table, i: int, head: bytes, nsv: int) -> bytes:
+def _transcode_record(w: _Worker, table, i: int, sp: ScalePlan) -> bytes:
     block = table.block(i)  # BlockDecodeError names the file and chunk
+    head = struct.pack("<3I", *(sp.chunk // 8,) * 3)
+    nsv = int(table.rec[i, R_NSV])
     try:
         if block[:12] != head:
             raise BlockDecodeError(f"block grid {struct.unpack('<3I', block[:12]) if len(block) >= 12 else ()} "
@@ -716,6 +819,7 @@ class ConvertReport:
     verified: int = 0
     mismatches: list = field(default_factory=list)
     elapsed: float = 0.0
+    complete: bool = False  # what the manifest says: every source shard converted, none failed
 
     @property
     def ok(self) -> bool:
@@ -734,6 +838,7 @@ class ConvertReport:
         if self.verified or self.mismatches:
             lines.append(f"  verify: {self.verified} chunks read back, {len(self.mismatches)} differ")
             lines += [f"    MISMATCH {m}" for m in self.mismatches[:10]]
+        lines.append(f"  {MANIFEST}: " + ("complete" if self.complete else "INCOMPLETE: the output is partial"))
         for item, msg in list(self.failed.items())[:10]:
             lines.append(f"  FAILED s{item[0]}/{item[1][0]}_{item[1][1]}_{item[1][2]}: {msg}")
         if len(self.failed) > 10:
@@ -742,18 +847,24 @@ class ConvertReport:
 
 
 def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
-            labels="agglomerated", scheduler=None, resume: bool = False, verify: int = 0,
-            encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
+            labels="agglomerated", scheduler=None, resume: bool = False, overwrite: bool = False,
+            verify: int = 0, encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
             data_encoding: str = "gzip", gzip_level: int = 1, progress: bool | None = None, seed: int = 0,
-            _stop_after: int | None = None) -> ConvertReport:
+            command: str | None = None, _stop_after: int | None = None) -> ConvertReport:
     """Convert an export to neuroglancer precomputed or zarr v3.
+
+    The destination gets a manifest, ``dvidshards.json``: the arguments, per scale the source
+    shards done and failed, and ``"complete"``, written ``false`` before any data and ``true``
+    only when every task succeeded (``dvidshards verify DEST`` reports it).
 
     Parameters
     ----------
     source : str, path, URL, kvstore spec or dvidshards.Dataset
         The export.
     dest : str, path, URL or kvstore spec dict
-        Output root (a folder, ``gs://…``, ``s3://…`` or a TensorStore kvstore spec).
+        Output root (a folder, ``gs://…``, ``s3://…`` or a TensorStore kvstore spec). It must be
+        empty or hold this conversion's own earlier output (a manifest with the same
+        arguments), unless ``resume`` or ``overwrite``.
     format : {"precomputed", "zarr3"}
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``).
@@ -762,17 +873,24 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     labels : "agglomerated", "supervoxels" or a mapping (file path, dict, ...)
         Ids written. A mapping given as an object is pickled to every worker; a path is read
         by each worker.
-    scheduler : None, "local", "local:N", address or distributed.Client
-        None runs the tasks serially in this process (see ``dvidshards.jobs.run_tasks``).
+    scheduler : None, str or distributed.Client
+        Where tasks run (``dvidshards.jobs.runner``): None / "auto" (threads when there are
+        several tasks and cores, else serial), "serial", "threads[:N]", "local[:N]", a dask
+        scheduler address or a client.
     resume : bool
-        Skip output shards that exist with the expected chunk count.
+        Finish an interrupted run: the manifest's arguments must match; output shards that
+        exist with the expected chunk count are kept.
+    overwrite : bool
+        Replace an earlier output: the manifest, metadata and the scale folders this run writes
+        are deleted first (other files in the destination are left alone).
     verify : int
         Read this many random source chunks per scale back through TensorStore's own driver
         and compare them with the source.
     encoder : {"transcode", "tensorstore"}
         ``tensorstore`` encodes every precomputed chunk with TensorStore (decoded voxels).
     shard_bits_extra : int
-        Split each source shard into ``2**n`` output shards (bounds memory per task).
+        Split each source shard into ``2**n`` output shards (changes the output geometry; not
+        needed to bound memory on a local destination).
     sharding : dict, optional
         An explicit output sharding spec for every scale (must pass the planner's proof).
     data_encoding : {"gzip", "raw"}
@@ -783,9 +901,11 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
         sharded kvstore driver as they are (TensorStore's own writer would use level 9, 15x
         the CPU of level 1 for 20 % smaller chunks).
     progress : bool, optional
-        Progress bar (default: on a terminal).
+        Progress bar (default: on a terminal; log lines otherwise).
     seed : int
         Seed of the verification sample.
+    command : str, optional
+        The command line, recorded in the manifest.
 
     Returns
     -------
@@ -794,7 +914,8 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     Raises
     ------
     ConvertPlanError, SpecError
-        Before anything is written, when the layout or arguments are refused.
+        Before anything is written, when the layout, the arguments or the destination are
+        refused.
     """
     t0 = time.perf_counter()
     if format not in FORMATS:
@@ -805,29 +926,47 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
         raise SpecError(f"data_encoding must be 'gzip' or 'raw', got {data_encoding!r}")
     if not isinstance(gzip_level, int) or not 1 <= gzip_level <= 9:
         raise SpecError(f"gzip_level must be an integer 1..9, got {gzip_level!r}")
+    if resume and overwrite:
+        raise SpecError("give --resume or --overwrite, not both")
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     as_labels(labels)  # refuse a bad label argument before starting
     chosen = [ds.scale(k) for k in scales] if scales is not None else list(ds.scales)
     plans = {s.index: plan_scale(s, format, shard_bits_extra=shard_bits_extra, sharding=sharding,
                                  data_encoding=data_encoding) for s in chosen}
-    items = [(k, tuple(int(v) for v in o)) for k in plans for o in ds.shards(k)]
+    by_scale = {k: [tuple(int(v) for v in o) for o in ds.shards(k)] for k in plans}
     if scales is None:  # default: the scales that have shards
-        plans = {k: p for k, p in plans.items() if any(it[0] == k for it in items)}
+        plans = {k: p for k, p in plans.items() if by_scale[k]}
     if not plans:
         raise SpecError(f"{ds!r}: no shards to convert")
+    items = [(k, o) for k in sorted(plans) for o in by_scale[k]]
     if len(set(items)) != len(items):
         raise ConvertPlanError("two tasks for one source shard")
     kv = _kvstore_json(dest)
     _check_not_inside(ds, kv)
     import tensorstore as ts
 
-    _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), ts.Context())
+    context = ts.Context()
+    root = ts.KvStore.open(kv, context=context).result()
+    arguments = {"source": _source_name(source, ds), "format": format, "scales": sorted(plans),
+                 "labels": labels if isinstance(labels, str) else f"<{type(labels).__name__}>",
+                 "encoder": encoder, "shard_bits_extra": shard_bits_extra, "sharding": sharding,
+                 "data_encoding": data_encoding, "gzip_level": gzip_level}
+    keys = [plans[k].key for k in sorted(plans)]
+    _check_destination(root, kv, format, keys, arguments, resume, overwrite)  # refuses: nothing touched
+    if overwrite:
+        _delete_own(root, kv, format, keys)
+    manifest: dict = {"dvidshards": {"job": "convert", "version": _version()}, "complete": False,
+                "command": command, "arguments": arguments, "spec": ds.spec,
+                "scales": {str(k): {"key": plans[k].key, "source_shards": len(by_scale[k]), "done": 0,
+                                    "failed": {}} for k in sorted(plans)},
+                "started": _now(), "finished": None}
+    _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
+    _write_manifest(root, manifest)  # before any data: an interrupted output says it is incomplete
     job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level)
-    if _stop_after is not None:  # tests: run only the first tasks, as if killed
-        items = items[:_stop_after]
-    report = run_tasks(partial(_convert_shard, job), items, scheduler=scheduler,
-                       desc=f"{format} shards", progress=progress)
-    out = ConvertReport(_describe(kv), format, sorted(plans), tasks=len(items), failed=dict(report.failed))
+    run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
+    with TaskRunner(scheduler, progress=progress) as tr:
+        report = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
+    out = ConvertReport(_describe(kv), format, sorted(plans), tasks=len(run_items), failed=dict(report.failed))
     for r in report.results.values():
         out.totals.add(r)
     if verify:
@@ -835,8 +974,144 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
             n, bad = verify_output(ds, kv, format, plans[k], labels, verify, seed=seed)
             out.verified += n
             out.mismatches += bad
+    per_scale: dict = manifest["scales"]
+    for k, _o in report.results:
+        per_scale[str(k)]["done"] += 1
+    for (k, o), msg in report.failed.items():
+        per_scale[str(k)]["failed"]["_".join(map(str, o))] = msg
+    manifest["tasks"] = {"total": len(items), "run": len(run_items), "failed": len(report.failed)}
+    manifest["written"] = {"shards": out.totals.shards_written, "kept": out.totals.shards_skipped,
+                           "chunks": out.totals.written, "bytes": out.totals.encoded_bytes}
+    if verify:
+        manifest["verified"] = {"chunks": out.verified, "mismatches": out.mismatches[:100]}
+    out.complete = out.ok and len(run_items) == len(items)
+    manifest["complete"] = out.complete
+    manifest["finished"] = _now()
+    _write_manifest(root, manifest)
     out.elapsed = time.perf_counter() - t0
     return out
+
+
+# --------------------------------------------------------------------------- the manifest and the destination
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _source_name(source, ds: Dataset) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        s = os.fspath(source)
+        return s if "://" in s else os.path.abspath(s)
+    return ds.store.describe("")
+
+
+def _write_manifest(root, manifest: dict) -> None:
+    root.write(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode()).result()
+
+
+def read_manifest(dest) -> dict | None:
+    """The manifest ``dvidshards.json`` of a conversion output (None when there is none).
+
+    Raises
+    ------
+    SpecError
+        When the file is there but is not a manifest (damaged, or another program's).
+    """
+    import tensorstore as ts
+
+    kv = _kvstore_json(dest)
+    r = ts.KvStore.open(kv).result().read(MANIFEST).result()
+    if r.state != "value":
+        return None
+    return _parse_manifest(r.value, _describe(kv) + MANIFEST)
+
+
+def _parse_manifest(data: bytes, where: str) -> dict:
+    try:
+        m = json.loads(data)
+    except ValueError as e:
+        raise SpecError(f"{where}: not a dvidshards manifest ({e})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("dvidshards"), dict) or "complete" not in m:
+        raise SpecError(f"{where}: not a dvidshards manifest (no 'dvidshards' and 'complete' members)")
+    return m
+
+
+def _top_names(root, kv: dict) -> set[str]:
+    """Names directly under the destination (an absent folder: none)."""
+    if kv.get("driver") == "file":
+        p = kv["path"]
+        if not os.path.exists(p):
+            return set()
+        if not os.path.isdir(p):
+            raise SpecError(f"destination {p} exists and is not a folder")
+        return set(os.listdir(p))
+    return {(k.decode() if isinstance(k, bytes) else k).split("/", 1)[0] for k in root.list().result()}
+
+
+def _check_destination(root, kv: dict, fmt: str, keys: list[str], arguments: dict, resume: bool,
+                       overwrite: bool) -> None:
+    """Refuse a destination holding anything but this conversion's own earlier output (unless
+    ``overwrite``), and a resume of another conversion; raises before anything is written."""
+    names = _top_names(root, kv)
+    if not names or overwrite:
+        return
+    where = _describe(kv)
+    manifest = None
+    if MANIFEST in names:
+        r = root.read(MANIFEST).result()
+        manifest = _parse_manifest(r.value, where + MANIFEST) if r.state == "value" else None
+    ours = {MANIFEST, "info" if fmt == "precomputed" else "zarr.json", *keys}
+    if manifest is not None:
+        ours |= {v.get("key", "") for v in manifest.get("scales", {}).values() if isinstance(v, dict)}
+    foreign = sorted(names - ours)
+    if manifest is None and resume and not foreign:
+        return  # an output of a version that wrote no manifest: its metadata is checked next
+    if manifest is None or manifest["dvidshards"].get("job") != "convert":
+        shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+        raise SpecError(f"destination {where} is not empty and holds no conversion manifest ({MANIFEST}): "
+                        f"{shown}; choose an empty destination, or pass --overwrite to replace what a "
+                        f"conversion there would write")
+    if foreign and not resume:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise SpecError(f"destination {where} holds files that are not this conversion's output: {shown}; "
+                        f"choose an empty destination, or pass --overwrite")
+    old = manifest.get("arguments", {})
+    diff = [k for k in arguments if k != "source" and old.get(k) != arguments[k]]
+    if old.get("source") != arguments["source"]:
+        diff.insert(0, "source")
+    if diff:
+        k = diff[0]
+        raise SpecError(f"destination {where} holds the output of another conversion ({k} was {old.get(k)!r}, now "
+                        f"{arguments[k]!r}); {'resume needs the same arguments' if resume else 'choose another destination'}"
+                        f", or pass --overwrite")
+
+
+def _delete_own(root, kv: dict, fmt: str, keys: list[str]) -> None:
+    """--overwrite: delete the manifest, the metadata and the scale folders this run writes."""
+    import shutil
+
+    import tensorstore as ts
+
+    meta = "info" if fmt == "precomputed" else "zarr.json"
+    for name in (MANIFEST, meta):
+        root.write(name, None).result()
+    for key in keys:
+        if kv.get("driver") == "file":
+            p = os.path.join(kv["path"], key)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.unlink(p)
+        else:
+            root.delete_range(ts.KvStore.KeyRange(key + "/", key + "0")).result()  # '0' follows '/'
+            root.write(key, None).result()
 
 
 def _check_not_inside(ds, kv: dict) -> None:
@@ -898,39 +1173,38 @@ def verify_output(ds, dest, fmt: str, sp: ScalePlan, labels, n: int, *, seed: in
 def add_arguments(p) -> None:
     """Arguments of ``dvidshards convert``."""
     p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
-    p.add_argument("dest", help="output root (directory or TensorStore kvstore URL)")
+    p.add_argument("dest", help="output root (directory or TensorStore kvstore URL); empty, or this conversion's "
+                                "own earlier output")
     p.add_argument("--format", required=True, choices=FORMATS,
                    help="output format: neuroglancer precomputed (sharded, compressed_segmentation) or zarr v3")
     p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info)")
     p.add_argument("--scales", type=int, nargs="+", help="scale folders to convert (default: all)")
     p.add_argument("--labels", default="agglomerated",
                    help="agglomerated (default), supervoxels, or a mapping file")
-    p.add_argument("--scheduler", default="local",
-                   help="'local' / 'local:N' (a dask LocalCluster, default), a scheduler address, or "
-                        "'serial' to run in this process")
-    p.add_argument("--resume", action="store_true", help="skip output shards already complete")
+    job_arguments(p, workdir=False, resume=True, overwrite=True)
     p.add_argument("--verify", type=int, default=0, metavar="N",
                    help="read N random chunks per scale back with TensorStore and compare")
     p.add_argument("--encoder", choices=ENCODERS, default="transcode",
                    help="precomputed chunks: transcode DVID blocks (default) or TensorStore's encoder")
     p.add_argument("--shard-bits-extra", type=int, default=0, metavar="n",
-                   help="split each source shard into 2^n output shards (bounds memory per task)")
+                   help="split each source shard into 2^n output shards (changes the output geometry)")
     p.add_argument("--data-encoding", choices=("gzip", "raw"), default="gzip",
                    help="precomputed chunk data encoding in shards (default gzip)")
     p.add_argument("--gzip-level", type=int, default=1, choices=range(1, 10), metavar="1-9",
                    help="zlib level of gzip chunk data (default 1)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def main(args) -> int:
-    """Run ``dvidshards convert``; 0 on success, 1 when tasks failed or verification differed."""
+    """Run ``dvidshards convert``; 0 when the output is complete, 1 when tasks failed or
+    verification differed (the manifest says incomplete), 2 when refused before any work."""
+    import shlex
     import sys
 
-    sched = None if args.scheduler in ("serial", "none", "") else args.scheduler
     report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
-                     labels=args.labels, scheduler=sched, resume=args.resume, verify=args.verify,
-                     encoder=args.encoder, shard_bits_extra=args.shard_bits_extra,
-                     data_encoding=args.data_encoding, gzip_level=args.gzip_level,
-                     progress=not args.quiet and sys.stderr.isatty())
+                     labels=args.labels, scheduler=args.scheduler, resume=args.resume,
+                     overwrite=args.overwrite, verify=args.verify, encoder=args.encoder,
+                     shard_bits_extra=args.shard_bits_extra, data_encoding=args.data_encoding,
+                     gzip_level=args.gzip_level, progress=progress_of(args),
+                     command=shlex.join(["dvidshards", *sys.argv[1:]]) if sys.argv[1:2] == ["convert"] else None)
     print(report.summary())
-    return 0 if report.ok else 1
+    return 0 if report.ok and report.complete else 1
