@@ -69,7 +69,7 @@ from ..formats.multilod import (
 )
 from ..formats.multiscale import parse_json
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
-from .runner import TaskRunner, job_arguments, progress_of
+from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
 
 __all__ = [
     "FAN_IN",
@@ -601,6 +601,7 @@ def meshes(source, dest, *, scales=(0,), labels="agglomerated", legacy: bool = F
         raise MeshesError("the legacy mesh format has one level of detail: give one scale")
     if resume and overwrite:
         raise MeshesError("give --resume or --overwrite, not both")
+    scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
     if mesh_dir in ("", ".", "..") or "/" in mesh_dir or mesh_dir == "info":
         raise MeshesError(f"mesh_dir {mesh_dir!r}: give a plain folder name")
     for j, k in enumerate(scales):

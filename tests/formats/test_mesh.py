@@ -150,3 +150,57 @@ def test_merge_welds_only_identical_positions():
     assert M.merge_fragments([]).faces.shape == (0, 3)
     low, high = M.split_by_plane(m, 0, 0.5)
     assert len(low.faces) == 1 and len(high.faces) == 1
+
+
+def test_mesh_cells_equal_the_grid_cells():
+    """mesh_cells (each chunk decoded once, neighbours' faces borrowed) == MeshGrid cutouts."""
+    vol = bodies()
+    off = np.asarray(OFFSET)
+    decoded = []
+
+    def decode(c):
+        decoded.append(tuple(c))
+        lo = np.asarray(c) * 64
+        block = M.cut_padded(vol, OFFSET, np.maximum(lo, off), lo + 64)  # zero outside the volume
+        out = np.zeros((64, 64, 64), vol.dtype)
+        a = np.maximum(lo, off) - lo
+        out[a[0]:a[0] + block.shape[0], a[1]:a[1] + block.shape[1], a[2]:a[2] + block.shape[2]] = block
+        return out.T.copy() if out.any() else None  # (z, y, x)
+
+    g = M.MeshGrid(OFFSET, SIZE, 64)
+    first = off // 64
+    chunks = [np.asarray(cell) + first - 1 for cell in g.cells()]
+    got = {tuple(int(v) for v in np.asarray(c) - first + 1): out for c, out in M.mesh_cells(decode, chunks)}
+    assert len(decoded) == len(set(decoded))  # every chunk decoded once
+    want = cell_fragments()
+    for body, cells in want.items():
+        for cell, m in cells.items():
+            np.testing.assert_array_equal(_triangles(got[cell][body]), _triangles(m))
+    assert sum(len(v) for v in got.values()) == sum(len(v) for v in want.values())
+    # a mask decoder (bool) and one label
+    def mask(c):
+        a = decode(c)
+        return None if a is None else a == 2
+
+    frs = [out[1] for _, out in M.mesh_cells(mask, chunks, labels=[1])]
+    m = M.merge_fragments(frs)
+    assert M.is_watertight(m.vertices, m.faces)
+    with pytest.raises(M.MeshError):
+        list(M.mesh_cells(lambda c: np.zeros((8, 8, 8), np.uint8), [(0, 0, 0)]))
+
+
+def test_ply_and_obj_files():
+    m = M.merge_fragments(cell_fragments()[2].values())
+    ply = M.to_ply(m)
+    head, _, rest = ply.partition(b"end_header\n")
+    assert b"binary_little_endian" in head and f"element vertex {len(m.vertices)}".encode() in head
+    v = np.frombuffer(rest, "<f4", 3 * len(m.vertices)).reshape(-1, 3)
+    f = np.frombuffer(rest, np.dtype([("n", "u1"), ("v", "<u4", (3,))]), offset=v.nbytes)
+    np.testing.assert_array_equal(v, m.vertices)
+    np.testing.assert_array_equal(f["v"], m.faces)
+    assert (f["n"] == 3).all() and len(f) == len(m.faces)
+    lines = M.to_obj(m).decode().splitlines()
+    vs = np.array([[float(x) for x in ln.split()[1:]] for ln in lines if ln.startswith("v ")], np.float32)
+    fs = np.array([[int(x) - 1 for x in ln.split()[1:]] for ln in lines if ln.startswith("f ")])
+    np.testing.assert_array_equal(vs, m.vertices)
+    np.testing.assert_array_equal(fs, m.faces)

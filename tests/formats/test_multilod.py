@@ -231,3 +231,20 @@ def test_shard_files_byte_identical_to_tensorstore(tmp_path):
     assert sorted(files) == sorted(p.name for p in tmp_path.iterdir())
     for name, blob in files.items():
         assert (tmp_path / name).read_bytes() == blob
+
+
+def test_vertex_offsets_shift_decoded_levels():
+    lods = objects()[1]
+    shift = np.array([[0, 0, 0], [-63.5, -63.5, -63.5], [2.0, 0.0, -1.0]])[:len(lods)]
+    man, data = ML.encode_object(lods, GRID.origin, GRID.cell, BITS, vertex_offsets=shift)
+    plain_man, plain = encoded()[1]
+    m = ML.decode_manifest(man)
+    np.testing.assert_array_equal(m.vertex_offsets, shift.astype(np.float32))
+    assert data == plain  # the fragments are the same; the viewer adds the offsets
+    for lod in range(len(lods)):
+        a = ML.decode_object(m, data, lod, BITS)
+        b = ML.decode_object(ML.decode_manifest(plain_man), plain, lod, BITS)
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_allclose(x.vertices, y.vertices + shift[lod].astype(np.float32), atol=1e-3)
+    with pytest.raises(ML.MeshFormatError):
+        ML.encode_object(lods, GRID.origin, GRID.cell, BITS, vertex_offsets=np.zeros((len(lods) + 1, 3)))

@@ -1,0 +1,307 @@
+"""Body: chunks, size, box, mask, sparsevol and mesh of one body, against brute force over the
+volumes the export was written from, and sparsevol bytes against a reference encoder written
+the way DVID's Go code walks blocks (independent of ``formats.sparsevol``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import dvidshards
+from dvidshards import cli
+from dvidshards.bodies import Body, chunk_decoder
+from dvidshards.errors import MissingShardError, SpecError
+from dvidshards.formats import mesh as M
+from dvidshards.formats import sparsevol as SV
+from dvidshards.jobs.stats import label_index
+from tests.conftest import REAL_SHARD, make_export
+
+pytest.importorskip("zmesh")
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    e = make_export(tmp_path_factory.mktemp("bodies") / "exp", shape=(200, 170, 150), seed=7, scales=2,
+                    resolution=(8, 8, 16))
+    with open(os.path.join(e.root, "info"), "w") as f:
+        json.dump(e.spec, f)
+    return e
+
+
+@pytest.fixture(scope="module")
+def ds(exp):
+    return dvidshards.Dataset(exp.root)
+
+
+def _mapping(exp):
+    svs = np.unique(exp.scales[0])
+    svs = svs[svs != 0]
+    return {int(s): 5000 + int(s) % 5 for s in svs[1::2]}
+
+
+def _some_ids(vol, n=4):
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    order = np.argsort(counts)
+    pick = order[np.linspace(0, len(order) - 1, n).astype(int)]  # small to large
+    return [int(v) for v in ids[pick]]
+
+
+def _brute(vol, b):
+    m = vol == b
+    idx = np.argwhere(m)
+    lo, hi = idx.min(axis=0), idx.max(axis=0) + 1
+    return int(m.sum()), [lo.tolist(), hi.tolist()], m[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+
+
+def test_size_box_mask_equal_brute_force(exp, ds):
+    for scale in (0, 1):
+        for labels in ("agglomerated", "supervoxels", _mapping(exp)):
+            vol = exp.expected(scale, labels)
+            for b in _some_ids(vol, 3):
+                body = Body(ds, b, scale, labels)
+                size, box, mask = _brute(vol, b)
+                assert body.size == size
+                assert body.box == box
+                got = body.mask()
+                assert got.box == box
+                np.testing.assert_array_equal(got.mask, mask)
+                chunks = {tuple(c) for c in (np.argwhere(vol == b) // 64).tolist()}
+                assert {tuple(c) for c in body.chunks.tolist()} == chunks
+
+
+def test_label_index_answers_the_same(exp, ds, tmp_path):
+    vol = exp.expected(0)
+    label_index(ds, 0, tmp_path / "idx", scheduler="serial")
+    for b in _some_ids(vol, 4):
+        plain, indexed = Body(ds, b), Body(ds, b, index=tmp_path / "idx")
+        np.testing.assert_array_equal(indexed.chunks, plain.chunks)
+        assert indexed.size == plain.size == int((vol == b).sum())
+        assert indexed.box == plain.box
+        np.testing.assert_array_equal(indexed.supervoxels(), plain.supervoxels())
+        np.testing.assert_array_equal(indexed.supervoxels(), np.unique(exp.sv[vol == b]))
+        assert indexed.sparsevol() == plain.sparsevol()
+    with pytest.raises(SpecError, match="supervoxels"):
+        Body(ds, 1, labels="supervoxels", index=tmp_path / "idx")
+
+
+# --------------------------------------------------------------------------- sparsevol
+
+
+def reference_rles(mask: np.ndarray, offset, block: int = 64) -> bytes:
+    """DVID's sparsevol stream, block by block and row by row as ``labels.WriteRLEs`` writes it.
+
+    A run reaching a block's +x face waits in a buffer keyed by its row and continues in the
+    x-successor block; the buffer is flushed (here sorted by z, y) when the next block holding
+    the body is not that successor. ``mask`` is indexed [x, y, z] from ``offset``.
+    """
+    off = np.asarray(offset, np.int64)
+    nz = np.argwhere(mask) + off
+    present = sorted({(int(z), int(y), int(x)) for x, y, z in np.unique(nz // block, axis=0)})
+    out: list[tuple[int, int, int, int]] = []
+    buf: dict[tuple[int, int], list[int]] = {}
+    prev = None
+
+    def flush():
+        for key in sorted(buf, key=lambda yz: (yz[1], yz[0])):
+            out.append(tuple(buf[key]))
+        buf.clear()
+
+    for bz, by, bx in present:
+        if prev is not None and (bz, by, bx - 1) != prev:
+            flush()
+        lo = np.array([bx, by, bz]) * block
+        sub = np.zeros((block,) * 3, bool)  # [x, y, z] of this block
+        a = np.maximum(lo, off)
+        b = np.minimum(lo + block, off + mask.shape)
+        if (b > a).all():
+            sub[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1], a[2] - lo[2]:b[2] - lo[2]] = \
+                mask[a[0] - off[0]:b[0] - off[0], a[1] - off[1]:b[1] - off[1], a[2] - off[2]:b[2] - off[2]]
+        for z in range(block):
+            for y in range(block):
+                key = (lo[1] + y, lo[2] + z)
+                run = buf.pop(key, None)
+                row = sub[:, y, z]
+                if not row.any():
+                    if run is not None:
+                        out.append(tuple(run))
+                    continue
+                d = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+                for s, e in zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True):
+                    if s > 0 and run is not None:
+                        out.append(tuple(run))
+                        run = None
+                    if run is None:
+                        run = [int(lo[0]) + s, int(key[0]), int(key[1]), e - s]
+                    else:
+                        run[3] += e - s
+                    if e < block:
+                        out.append(tuple(run))
+                        run = None
+                if run is not None:
+                    buf[key] = run
+        prev = (bz, by, bx)
+    flush()
+    return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(out)) + b"".join(struct.pack("<4i", *r) for r in out)
+
+
+def reference_coarse(mask: np.ndarray, offset, block: int = 64) -> bytes:
+    blocks = np.unique((np.argwhere(mask) + np.asarray(offset)) // block, axis=0)
+    spans: list[list[int]] = []
+    for bx, by, bz in sorted(blocks.tolist(), key=lambda c: (c[2], c[1], c[0])):
+        if spans and spans[-1][1:3] == [by, bz] and spans[-1][0] + spans[-1][3] == bx:
+            spans[-1][3] += 1
+        else:
+            spans.append([bx, by, bz, 1])
+    return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(spans)) + b"".join(struct.pack("<4i", *s) for s in spans)
+
+
+def test_reference_encoder_agrees_with_the_naive_one():
+    from tests.formats.test_sparsevol import naive_dvid_bytes, random_body
+
+    rng = np.random.default_rng(5)
+    for offset, block in (((3, 70, 5), 8), ((-9, 0, 17), 16)):
+        m = random_body(rng, (40, 21, 19))
+        assert reference_rles(m, offset, block) == naive_dvid_bytes(m, offset, block)
+
+
+def test_sparsevol_bytes_equal_the_reference(exp, ds):
+    for labels in ("agglomerated", "supervoxels"):
+        vol = exp.expected(0, labels)
+        for b in _some_ids(vol, 3):
+            body = Body(ds, b, labels=labels)
+            _, box, mask = _brute(vol, b)
+            got = body.sparsevol()
+            assert got == reference_rles(mask, box[0])
+            assert body.sparsevol_coarse() == reference_coarse(mask, box[0])
+            runs = SV.decode(body.sparsevol(order="zyx"))
+            np.testing.assert_array_equal(SV.mask_from_runs(runs, *box), mask)
+            assert SV.voxel_count(SV.decode(got)) == body.size
+    vol = exp.expected(1)
+    b = _some_ids(vol, 1)[0]
+    _, box, mask = _brute(vol, b)
+    assert Body(ds, b, scale=0).sparsevol(scale=1) == reference_rles(mask, box[0])
+
+
+@pytest.fixture(scope="module")
+def real_ds(dvid_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("realbody")
+    (root / "s1").mkdir()
+    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    return dvidshards.Dataset(str(root), spec=spec)
+
+
+def test_sparsevol_of_a_real_body(real_ds):
+    body = Body(real_ds, 1538452683, scale=1)  # 22 chunks of the real shard, runs across block faces
+    c = body.chunks
+    assert len(c) == 22
+    lo, hi = c.min(axis=0) * 64, (c.max(axis=0) + 1) * 64
+    vol = real_ds.open(1)[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result()  # TensorStore
+    mask = vol == np.uint64(body.id)
+    idx = np.argwhere(mask)
+    assert body.size == int(mask.sum())
+    assert body.box == [(idx.min(axis=0) + lo).tolist(), (idx.max(axis=0) + 1 + lo).tolist()]
+    got = body.sparsevol()
+    assert got == reference_rles(mask, lo)
+    assert body.sparsevol_coarse() == reference_coarse(mask, lo)
+    runs = SV.decode(got)
+    assert (runs[:, 3] > 1).any() and ((runs[:, 0] % 64) + runs[:, 3] > 64).any()  # runs cross block faces
+
+
+# --------------------------------------------------------------------------- meshes
+
+
+def test_mesh_is_one_closed_surface_in_nm(exp, ds):
+    vol = exp.expected(0)
+    res = np.array([8.0, 8.0, 16.0])
+    for b in _some_ids(vol, 3):
+        body = Body(ds, b)
+        m = body.mesh()
+        assert M.is_watertight(m.vertices, m.faces)
+        size, box, _ = _brute(vol, b)
+        assert abs(M.enclosed_volume(m.vertices, m.faces) / (size * res.prod()) - 1) < 0.05
+        v = m.vertices / res
+        assert (v.min(axis=0) >= np.array(box[0])).all() and (v.max(axis=0) <= np.array(box[1])).all()
+        coarse = body.mesh(1, units="voxels")
+        assert M.is_watertight(coarse.vertices, coarse.faces) and len(coarse.faces) < len(m.faces)
+        simple = body.mesh(reduction_factor=4, max_error=2)
+        assert M.is_watertight(simple.vertices, simple.faces) and len(simple.faces) < len(m.faces)
+
+
+def test_chunk_decoder_matches_the_bulk_reader(exp, ds):
+    decode = chunk_decoder(ds, 0, fill_missing_shards=True)
+    vol = exp.expected(0)
+    for c in [(0, 0, 0), (3, 2, 2), (1, 1, 1), (3, 1, 0)]:  # partial edge chunks; (3, 2, 2) in no shard
+        a = decode(c)
+        want = np.zeros((64, 64, 64), np.uint64)
+        part = vol[c[0] * 64:(c[0] + 1) * 64, c[1] * 64:(c[1] + 1) * 64, c[2] * 64:(c[2] + 1) * 64]
+        want[:part.shape[2], :part.shape[1], :part.shape[0]] = part.T
+        if a is None:
+            assert not want.any()
+        else:
+            np.testing.assert_array_equal(a, want)
+    assert decode((-1, 0, 0)) is None and decode((4, 0, 0)) is None
+    with pytest.raises(MissingShardError):
+        chunk_decoder(ds, 0)((3, 2, 2))
+
+
+def test_bad_ids_and_absent_bodies(ds):
+    for bad in (0, -1, 2**64, 1.5, "7", True):
+        with pytest.raises(SpecError):
+            Body(ds, bad)
+    body = Body(ds, 123456789)  # no such body
+    assert len(body.chunks) == 0 and body.size == 0 and body.box is None
+    assert body.mask().box is None and len(body.mesh().faces) == 0
+    with pytest.raises(SpecError, match="no voxel"):
+        body.sparsevol()
+    with pytest.raises(SpecError, match="no chunk"):
+        body.sparsevol_coarse()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+@pytest.fixture
+def body_cli(monkeypatch):
+    monkeypatch.setitem(cli.COMMANDS, "body", ("dvidshards.jobs.meshes:BodyCommand", "one body"))
+    return cli.main
+
+
+def _read_ply(data: bytes) -> M.Mesh:
+    head, _, rest = data.partition(b"end_header\n")
+    lines = head.decode().splitlines()
+    nv = int(next(x for x in lines if x.startswith("element vertex")).split()[-1])
+    nf = int(next(x for x in lines if x.startswith("element face")).split()[-1])
+    v = np.frombuffer(rest, "<f4", 3 * nv).reshape(nv, 3)
+    f = np.frombuffer(rest, np.dtype([("n", "u1"), ("v", "<u4", (3,))]), nf, 12 * nv)
+    assert (f["n"] == 3).all()
+    return M.Mesh(v, f["v"])
+
+
+def test_body_command(exp, ds, tmp_path, body_cli, capsys):
+    vol = exp.expected(0)
+    b = _some_ids(vol, 1)[0]
+    rle, ply, obj = tmp_path / "b.rle", tmp_path / "b.ply", tmp_path / "b.obj"
+    assert body_cli(["body", exp.root, str(b), "--size", "--box", "--sparsevol", str(rle), "--mesh", str(ply)]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    size, box, mask = _brute(vol, b)
+    assert facts["size"] == size and facts["box"] == box
+    assert rle.read_bytes() == reference_rles(mask, box[0])
+    m = _read_ply(ply.read_bytes())
+    assert M.is_watertight(m.vertices, m.faces) and len(m.faces) == facts["mesh"]["faces"]
+    assert body_cli(["body", exp.root, str(b), "--mesh", str(obj), "--labels", "agglomerated"]) == 0
+    text = obj.read_text().splitlines()
+    assert sum(x.startswith("v ") for x in text) == len(m.vertices)
+    assert sum(x.startswith("f ") for x in text) == len(m.faces)
+    capsys.readouterr()
+    assert body_cli(["body", exp.root, "123456789"]) == 1  # absent
+    assert "no voxel" in capsys.readouterr().err
+    assert body_cli(["body", exp.root, str(b), "--mesh", str(tmp_path / "b.stl")]) == 2
+    assert ".ply or .obj" in capsys.readouterr().err
+    assert body_cli(["body", exp.root, "abc"]) == 2
+    assert not (tmp_path / "b.stl").exists()
