@@ -458,11 +458,13 @@ class _Job:
     resume: bool
     plans: dict
     gzip_level: int = 1
+    only: frozenset | None = None
+    stream: bool = True
 
     @property
     def local_root(self) -> str | None:
         """The destination folder when it is a local file system (shards are streamed to disk)."""
-        return self.dest["path"] if self.dest.get("driver") == "file" else None
+        return self.dest["path"] if self.dest.get("driver") == "file" and self.stream else None
 
 
 class _Stager:
@@ -616,6 +618,8 @@ class ShardResult:
 def _convert_shard(job: _Job, item) -> ShardResult:
     """The task: convert every record of one source shard into its (whole) output shards."""
     t0, c0 = time.perf_counter(), time.process_time()  # with threads: the process, others included
+    if job.only is not None and item not in job.only:
+        return ShardResult()
     w = _worker(job)
     k, origin = item
     sp: ScalePlan = job.plans[k]
@@ -850,7 +854,8 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
             labels="agglomerated", scheduler=None, resume: bool = False, overwrite: bool = False,
             verify: int = 0, encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
             data_encoding: str = "gzip", gzip_level: int = 1, progress: bool | None = None, seed: int = 0,
-            command: str | None = None, _stop_after: int | None = None) -> ConvertReport:
+            command: str | None = None, _stop_after: int | None = None, _only=None,
+            _stream: bool = True) -> ConvertReport:
     """Convert an export to neuroglancer precomputed or zarr v3.
 
     The destination gets a manifest, ``dvidshards.json``: the arguments, per scale the source
@@ -962,7 +967,10 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
                 "started": _now(), "finished": None}
     _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
     _write_manifest(root, manifest)  # before any data: an interrupted output says it is incomplete
-    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level)
+    # benchmarks: _only, the tasks that do their work (the others return at once); _stream=False,
+    # the route of remote destinations (one transaction per output shard) on a local one
+    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level,
+               None if _only is None else frozenset(_only), _stream)
     run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
     with TaskRunner(scheduler, progress=progress) as tr:
         report = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
@@ -984,7 +992,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
                            "chunks": out.totals.written, "bytes": out.totals.encoded_bytes}
     if verify:
         manifest["verified"] = {"chunks": out.verified, "mismatches": out.mismatches[:100]}
-    out.complete = out.ok and len(run_items) == len(items)
+    out.complete = out.ok and len(run_items) == len(items) and _only is None
     manifest["complete"] = out.complete
     manifest["finished"] = _now()
     _write_manifest(root, manifest)

@@ -2,22 +2,38 @@
 
 Every shard is loaded with the eager policy (remotely: one download per shard), so every
 record is checked against its index and its shard's box, and a record that no index row lists
-is found.  Every payload is decompressed, which checks its zstd content checksum; with
-``decode=True`` every block is also decoded and its label list compared with the record's.
+is found.  A shard without its index (no ``.csv`` and no footer) is a problem: DVID always
+writes one, so its absence means an incomplete copy (the reader rebuilds it, and says so).
+Every payload is decompressed, which checks its zstd content checksum; with ``decode=True``
+every block is also decoded and its label list compared with the record's.
+
+The output of ``dvidshards convert`` (a folder holding ``dvidshards.json``) is checked from its
+manifest: the run's state (complete, or the scales and shards done and failed), and with
+``spot_check=N`` N random chunks per scale read back through TensorStore and compared with the
+source the manifest names.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..dataset import Dataset, shard_origins
-from ..errors import BlockDecodeError, DvidShardsError, MissingShardError, SpecError
+from ..errors import (
+    BlockDecodeError,
+    DvidShardsError,
+    IndexRebuiltWarning,
+    MissingShardError,
+    SpecError,
+)
 from ..formats.codec import block_header, decode_into
+from .convert import MANIFEST, plan_scale, read_manifest, verify_output
 
-__all__ = ["Problem", "VerifyReport", "verify"]
+__all__ = ["Problem", "VerifyReport", "verify", "verify_conversion"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,7 @@ class VerifyReport:
     decoded: int = 0
     problems: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
+    manifest: dict | None = None  # a conversion output's manifest (then shards counts its source shards)
 
     @property
     def checked(self) -> bool:
@@ -49,11 +66,28 @@ class VerifyReport:
         return self.checked and not self.problems
 
     def summary(self) -> str:
+        if self.manifest is not None:
+            return self._manifest_summary()
         head = (f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
                 f"{self.decoded} blocks decoded in {self.seconds:.1f} s: ")
         if self.ok:
             return head + "no problems"
         lines = [head + (f"{len(self.problems)} problems" if self.problems else "nothing was checked")]
+        lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
+        if len(self.problems) > 50:
+            lines.append(f"  ... and {len(self.problems) - 50} more")
+        return "\n".join(lines)
+
+
+    def _manifest_summary(self) -> str:
+        m = self.manifest or {}
+        args = m.get("arguments", {})
+        head = (f"{args.get('format', '?')} conversion of {args.get('source', '?')} ({m.get('command') or 'Python API'}): "
+                f"{self.shards} source shards in {len(m.get('scales', {}))} scales, manifest says "
+                f"{'complete' if m.get('complete') is True else 'INCOMPLETE'}")
+        if self.chunks:
+            head += f"; {self.chunks} chunks compared with the source"
+        lines = [head + (": no problems" if self.ok else f": {len(self.problems)} problems")]
         lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
         if len(self.problems) > 50:
             lines.append(f"  ... and {len(self.problems) - 50} more")
@@ -94,7 +128,63 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
             report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
-def verify(source, *, scale=None, decode: bool = False, spec=None, progress: bool = False) -> VerifyReport:
+def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyReport | None:
+    """Check a ``dvidshards convert`` output from its manifest (None: ``source`` holds none).
+
+    Problems: the manifest says incomplete (each failed source shard named, scales not
+    finished), and with ``spot_check`` chunks that differ from the source named in the
+    manifest (or a source that cannot be opened).
+    """
+    t0 = time.monotonic()
+    if isinstance(source, Dataset) or not isinstance(source, (str, os.PathLike, dict)):
+        return None
+    try:
+        m = read_manifest(source)
+    except DvidShardsError as e:
+        report = VerifyReport(problems=[Problem(str(source), type(e).__name__, str(e))])
+        report.manifest = {}
+        return report
+    except (ValueError, OSError):  # not a kvstore TensorStore can open: not a conversion output
+        return None
+    if m is None:
+        return None
+    report = VerifyReport(manifest=m)
+    where = f"{os.fspath(source) if not isinstance(source, dict) else source}/{MANIFEST}"
+    scales = m.get("scales", {})
+    for k, v in scales.items():
+        report.shards += int(v.get("source_shards", 0))
+        for origin, msg in v.get("failed", {}).items():
+            report.problems.append(Problem(f"s{k}/{origin}", "ConversionFailed",
+                                           f"{where}: source shard s{k}/{origin} was not converted: {msg}"))
+        todo = int(v.get("source_shards", 0)) - int(v.get("done", 0)) - len(v.get("failed", {}))
+        if todo > 0:
+            report.problems.append(Problem(where, "Incomplete", f"{where}: scale {k}: {todo} of "
+                                           f"{v.get('source_shards')} source shards not converted"))
+    if m.get("complete") is not True and not report.problems:
+        report.problems.append(Problem(where, "Incomplete", f"{where}: the conversion did not finish "
+                                       f"(started {m.get('started')}, never marked complete)"))
+    for msg in m.get("verified", {}).get("mismatches", []):
+        report.problems.append(Problem(where, "Mismatch", f"{where}: at conversion time: {msg}"))
+    if spot_check > 0:
+        args = m.get("arguments", {})
+        try:
+            ds = Dataset(args["source"], spec=m.get("spec"))
+            for k in sorted(scales, key=int):
+                sp = plan_scale(ds.scale(int(k)), args["format"], shard_bits_extra=args.get("shard_bits_extra", 0),
+                                sharding=args.get("sharding"), data_encoding=args.get("data_encoding", "gzip"))
+                labels = args.get("labels", "agglomerated")
+                n, bad = verify_output(ds, source, args["format"], sp, labels, spot_check, seed=seed)
+                report.chunks += n
+                report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
+        except (DvidShardsError, KeyError, ValueError, OSError) as e:
+            report.problems.append(Problem(where, type(e).__name__, f"{where}: spot check against the source "
+                                           f"{args.get('source')!r} failed: {e}"))
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def verify(source, *, scale=None, decode: bool = False, spec=None, progress: bool = False,
+           spot_check: int = 0) -> VerifyReport:
     """Check an export: indexes against records, shard placement, payload checksums, and
     (``decode``) every block.
 
@@ -111,6 +201,9 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
     progress : bool
         Show a progress bar (tqdm) on stderr.
 
+    spot_check : int
+        For a ``dvidshards convert`` output: chunks per scale to compare with the source.
+
     Returns
     -------
     VerifyReport
@@ -119,6 +212,10 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
     from tqdm.auto import tqdm
 
     t0 = time.monotonic()
+    if scale is None and spec is None:
+        conv = verify_conversion(source, spot_check=spot_check)
+        if conv is not None:
+            return conv
     report = VerifyReport()
     try:
         ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, policy="eager")
@@ -160,8 +257,16 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
                 if not s.is_origin(o):
                     raise MissingShardError(f"{store.describe(key)}: origin {o} is not a multiple of the shard "
                                             f"extent {s.shard_extent}")
-                shard = ds.shard(s, o, policy="eager")
+                with warnings.catch_warnings():  # reported below as a problem, not warned about
+                    warnings.simplefilter("ignore", IndexRebuiltWarning)
+                    shard = ds.shard(s, o, policy="eager")
                 report.chunks += len(shard)
+                if shard.rebuilt:
+                    report.problems.append(Problem(store.describe(key), "MissingShardError",
+                                                   f"{store.describe(s.stem(o) + '.csv')}: no chunk index (neither "
+                                                   f"the .csv beside {key} nor a CHUNKIDX footer): DVID always "
+                                                   f"writes one, so this copy is incomplete (rebuilt from the "
+                                                   f"records to check them)"))
                 beyond = np.flatnonzero((shard.coords >= grid).any(axis=1))
                 if len(beyond):
                     c = tuple(int(v) for v in shard.coords[beyond[0]])

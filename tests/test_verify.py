@@ -1,0 +1,148 @@
+"""dvidshards verify: a shard without its index file (issue 23 item 9) on every store, and the
+output of ``dvidshards convert`` checked from its manifest (issue 23 item 4)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from dvidshards import Dataset, verify
+from dvidshards.cli import main as cli
+from dvidshards.errors import IndexRebuiltWarning
+from dvidshards.jobs.convert import convert
+from dvidshards.stores import MemoryStore
+from dvidshards.testing.servers import MotoS3, RangeServer
+from tests.conftest import make_export
+
+BUCKET = "verify"
+STEM = "s0/0_0_0"
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A clean export and a copy whose shard 0_0_0 lost its index file, both served over HTTP and S3."""
+    base = tmp_path_factory.mktemp("verify")
+    exp = make_export(base / "clean", (130, 100, 70), seed=5, scales=1, shard_chunks=2)
+    shutil.copytree(exp.root, base / "noindex")
+    (base / "noindex" / f"{STEM}.csv").unlink()
+    with RangeServer(base) as http:
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            yield exp, base, http, None
+            return
+        with MotoS3() as s3:
+            for name in ("clean", "noindex"):
+                s3.upload_dir(BUCKET, base / name, name + "/")
+            yield exp, base, http, s3
+
+
+def _dataset(exports, store: str, name: str) -> Dataset:
+    exp, base, http, s3 = exports
+    if store == "local":
+        src = base / name
+    elif store == "memory":
+        src = MemoryStore({p.relative_to(base / name).as_posix(): p.read_bytes()
+                           for p in (base / name).rglob("*") if p.is_file()}, name=name)
+    elif store == "http":
+        src = http.url + name + "/"
+    else:
+        if s3 is None:
+            pytest.skip("moto is not installed")
+        src = s3.spec(BUCKET, name + "/")
+    return Dataset(src, spec=exp.spec)
+
+
+# --------------------------------------------------------------------------- issue 23 item 9
+
+
+@pytest.mark.parametrize("store", ["local", "memory", "http", "s3"])
+def test_23_9_shard_without_index_file_is_a_problem(exports, store):
+    clean = verify(_dataset(exports, store, "clean"))
+    assert clean.ok, clean.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IndexRebuiltWarning)  # a problem in the report, not a warning
+        report = verify(_dataset(exports, store, "noindex"))
+    assert not report.ok
+    missing = [p for p in report.problems if "no chunk index" in p.message]
+    assert len(missing) == 1 and "0_0_0" in missing[0].message, report.summary()
+    assert missing[0].kind == "MissingShardError" and "no problems" not in report.summary()
+    assert report.shards == clean.shards and report.chunks == clean.chunks  # the records were still checked
+
+
+def test_23_9_cli_exits_1_on_a_missing_index(exports, capsys):
+    exp, base, _, _ = exports
+    spec = base / "spec.json"
+    spec.write_text(json.dumps(exp.spec))
+    assert cli(["verify", str(base / "clean"), "--spec", str(spec), "--quiet"]) == 0
+    assert cli(["verify", str(base / "noindex"), "--spec", str(spec), "--quiet"]) == 1
+    out = capsys.readouterr()
+    assert "0_0_0.csv" in out.out and "no chunk index" in out.out and "warning" not in out.err
+
+
+# --------------------------------------------------------------------------- issue 23 item 4: convert outputs
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A complete precomputed conversion, and one where a damaged source shard failed."""
+    base = tmp_path_factory.mktemp("conv")
+    exp = make_export(base / "exp", (200, 170, 150), scales=1, shard_chunks=2)
+    rep = convert(exp.root, base / "good", "precomputed", spec=exp.spec, progress=False)
+    assert rep.ok and rep.complete
+    bad_root = base / "damaged"
+    shutil.copytree(exp.root, bad_root)
+    victim = sorted((bad_root / "s0").glob("*.arrow"))[1]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    rep = convert(bad_root, base / "partial", "precomputed", spec=exp.spec, progress=False)
+    assert not rep.ok and not rep.complete and len(rep.failed) == 1
+    return exp, base, victim.stem
+
+
+def test_23_4_verify_reads_a_complete_manifest(converted):
+    exp, base, _ = converted
+    report = verify(str(base / "good"), spot_check=3)
+    assert report.ok, report.summary()
+    assert report.manifest["complete"] is True and report.chunks == 3
+    assert "complete" in report.summary() and "no problems" in report.summary()
+
+
+def test_23_4_verify_names_the_failed_shard_of_a_partial_output(converted, capsys):
+    exp, base, victim = converted
+    report = verify(str(base / "partial"))
+    assert not report.ok and report.manifest["complete"] is False
+    assert any(victim in p.message for p in report.problems), report.summary()
+    assert "INCOMPLETE" in report.summary()
+    assert cli(["verify", str(base / "partial"), "--quiet"]) == 1
+    assert victim in capsys.readouterr().out
+    assert cli(["verify", str(base / "good"), "--quiet"]) == 0
+
+
+def test_23_4_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
+    exp, base, _ = converted
+    dest = tmp_path / "good"
+    shutil.copytree(base / "good", dest)
+    m = json.loads((dest / "dvidshards.json").read_text())
+    key = m["scales"]["0"]["key"]
+    for f in (dest / key).glob("*.shard"):  # another volume's chunks under the same names
+        data = bytearray(f.read_bytes())
+        data[-30:] = bytes(30)  # the minishard index and its last chunk's tail
+        f.write_bytes(bytes(data))
+    report = verify(str(dest), spot_check=20)
+    assert not report.ok, report.summary()
+
+
+def test_23_4_interrupted_conversion_says_incomplete(converted, tmp_path):
+    exp, base, _ = converted
+    dest = tmp_path / "out"
+    rep = convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, _stop_after=2)
+    assert rep.ok and not rep.complete
+    report = verify(str(dest))
+    assert not report.ok and any("not converted" in p.message for p in report.problems), report.summary()
+    convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, resume=True)
+    assert verify(str(dest)).ok
+    assert json.loads((Path(dest) / "dvidshards.json").read_text())["complete"] is True
