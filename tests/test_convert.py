@@ -448,3 +448,139 @@ def test_22_5_streamed_shards_are_tensorstores_bytes(export, tmp_path, data_enco
         for f in files:
             assert (dest / sp.key / f).read_bytes() == (again / f).read_bytes(), f
     assert not [p for p in dest.rglob("*.tmp")]
+
+
+_DENSE = """if True:
+    import json, resource, sys
+    import numpy as np
+    import dvidshards
+    import tensorstore as ts
+    from dvidshards.jobs.convert import convert, plan_scale
+    from dvidshards.testing.procedural import ProceduralStore
+    store = ProceduralStore()
+    ds = dvidshards.Dataset(store, spec=store.spec)
+    origins = store.shard_origins(0)
+    o = next(o for o in origins[len(origins) // 2:] if len(store.shard_chunks(0, o)) == 32768)
+    rep = convert(ds, sys.argv[1], "precomputed", scales=[0], data_encoding="raw", scheduler="serial",
+                  progress=False, _only={(0, tuple(o))})
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sp = plan_scale(ds.scale(0), "precomputed", data_encoding="raw")
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": "file://" + sys.argv[1] + "/",
+                 "scale_metadata": {"key": sp.key}}).result()[..., 0]
+    rng = np.random.default_rng(0)
+    coords = store.shard_chunks(0, o)
+    same = 0
+    for c in coords[rng.choice(len(coords), 12, replace=False)]:
+        lo = np.asarray(c) * 64
+        got = t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read().result()
+        same += bool(np.array_equal(got.T, store.chunk_volume(0, *c)))
+    print(json.dumps({"peak": peak, "written": rep.totals.written, "shards": rep.totals.shards_written,
+                      "bytes": rep.totals.encoded_bytes, "same": same, "ok": rep.ok}))
+"""
+
+
+@pytest.mark.slow
+def test_22_5_dense_32768_chunk_shard_raw_under_1_gib(tmp_path):
+    """A full mCNS shard (32,768 chunks, raw chunk data: ~0.8 GB of output) converts in a fresh
+    process whose peak RSS stays under 1 GiB, without changing the output geometry."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _DENSE, str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["ok"] and r["written"] == 32768 and r["shards"] == 1 and r["same"] == 12
+    assert r["bytes"] > 600 << 20  # the output shard is most of a GiB ...
+    assert r["peak"] < 1 << 30, f"peak RSS {r['peak'] / 2**20:.0f} MiB"  # ... and never held in memory
+
+
+# --------------------------------------------------------------------------- issue 23: outputs that say so
+
+
+def _damage_one_shard(exp):
+    ds = dvidshards.Dataset(exp.root, spec=exp.spec)
+    victim = ds.shards(0)[1]
+    path = os.path.join(exp.root, "s0", "{}_{}_{}.arrow".format(*victim))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    return ds, victim
+
+
+def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, capsys):
+    from dvidshards.cli import main
+
+    exp = make_export(tmp_path / "exp", scales=1)
+    ds, victim = _damage_one_shard(exp)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(exp.spec))
+    dest = tmp_path / "out"
+    assert main(["convert", exp.root, str(dest), "--format", "precomputed", "--spec", str(spec), "--quiet"]) == 1
+    assert "INCOMPLETE" in capsys.readouterr().out
+    m = json.loads((dest / "dvidshards.json").read_text())
+    name = "{}_{}_{}".format(*victim)
+    assert m["complete"] is False and list(m["scales"]["0"]["failed"]) == [name]
+    assert m["scales"]["0"]["done"] == len(ds.shards(0)) - 1 == m["scales"]["0"]["source_shards"] - 1
+    assert m["command"].startswith("dvidshards convert") and m["arguments"]["format"] == "precomputed"
+    assert main(["verify", str(dest), "--quiet"]) == 1
+    assert name in capsys.readouterr().out
+
+
+def test_23_4_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export, tmp_path):
+    dest = tmp_path / "out"
+    rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, _stop_after=3)
+    m = json.loads((dest / "dvidshards.json").read_text())
+    assert rep.ok and not rep.complete and m["complete"] is False and m["tasks"]["run"] == 3
+    with pytest.raises(SpecError, match="another conversion"):  # resume needs the same arguments
+        convert(export.root, dest, "zarr3", spec=export.spec, scales=[0], progress=False, resume=True)
+    rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, resume=True)
+    assert rep.ok and rep.complete and rep.totals.shards_skipped == 3
+    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+
+
+def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(export.spec))
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("my notes")
+    (dest / "info").write_text("{}")
+    before = tree_bytes(dest)
+    args = ["convert", export.root, str(dest), "--format", "precomputed", "--spec", str(spec), "--quiet",
+            "--scales", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert tree_bytes(dest) == before  # nothing touched
+    with pytest.raises(SpecError):
+        convert(export.root, dest, "precomputed", spec=export.spec, scales=[2], resume=True, progress=False)
+    assert tree_bytes(dest) == before
+    # --overwrite: this conversion's files replaced, the others left alone
+    assert main(args + ["--overwrite"]) == 0
+    assert (dest / "notes.txt").read_text() == "my notes"
+    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+    sp = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(2), "precomputed")
+    np.testing.assert_array_equal(read_back(dest, "precomputed", sp.key), export.expected(2))
+    # its own earlier output: run again (rewritten) or resumed, with the notes beside it
+    assert main(args + ["--resume"]) == 0
+    assert main(args) == 2  # without a flag the notes are still not this conversion's
+
+
+def test_22_6_one_scheduler_vocabulary(export, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(export.spec))
+    outs = {}
+    for sched in ("serial", "threads:2", None):
+        dest = tmp_path / f"out-{sched}"
+        extra = ["--scheduler", sched] if sched else []
+        assert main(["convert", export.root, str(dest), "--format", "precomputed", "--spec", str(spec),
+                     "--quiet", *extra]) == 0
+        outs[sched] = tree_bytes(dest)
+    assert outs["serial"] == outs["threads:2"] == outs[None]
+    assert main(["convert", export.root, str(tmp_path / "bad"), "--format", "precomputed", "--spec", str(spec),
+                 "--scheduler", "cluster please"]) == 2
+    assert "scheduler" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -72,7 +72,7 @@ from ..formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
-from .runner import TaskRunner, job_arguments, progress_of
+from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
 
 __all__ = [
     "FORMATS",
@@ -933,6 +933,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
         raise SpecError(f"gzip_level must be an integer 1..9, got {gzip_level!r}")
     if resume and overwrite:
         raise SpecError("give --resume or --overwrite, not both")
+    scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     as_labels(labels)  # refuse a bad label argument before starting
     chosen = [ds.scale(k) for k in scales] if scales is not None else list(ds.scales)
@@ -1205,14 +1206,32 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     """Run ``dvidshards convert``; 0 when the output is complete, 1 when tasks failed or
     verification differed (the manifest says incomplete), 2 when refused before any work."""
-    import shlex
-    import sys
-
     report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
                      labels=args.labels, scheduler=args.scheduler, resume=args.resume,
                      overwrite=args.overwrite, verify=args.verify, encoder=args.encoder,
                      shard_bits_extra=args.shard_bits_extra, data_encoding=args.data_encoding,
                      gzip_level=args.gzip_level, progress=progress_of(args),
-                     command=shlex.join(["dvidshards", *sys.argv[1:]]) if sys.argv[1:2] == ["convert"] else None)
+                     command=_command_line(args))
     print(report.summary())
     return 0 if report.ok and report.complete else 1
+
+
+def _command_line(args) -> str:
+    """The command as it was given (options at their defaults left out), for the manifest."""
+    import shlex
+
+    words = ["dvidshards", "convert", args.source, args.dest]
+    for name, value in vars(args).items():
+        if name in ("source", "dest", "command", "quiet") or value in (None, False) or name.startswith("_"):
+            continue
+        if (name, value) in (("labels", "agglomerated"), ("verify", 0), ("encoder", "transcode"),
+                             ("shard_bits_extra", 0), ("data_encoding", "gzip"), ("gzip_level", 1)):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [flag, *map(str, value)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
