@@ -1,4 +1,5 @@
-"""body_stats and label_index vs brute force over the written volumes, serial and on dask."""
+"""body_stats, write_body_stats and label_index vs brute force over written volumes, serial, on
+threads and on dask; the outputs they refuse to write, and what they leave when shards fail."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ import pyarrow.parquet as pq
 import pytest
 
 import dvidshards
-from dvidshards.errors import SpecError
+from dvidshards.errors import MappingError, SpecError
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.labelindex import bucket_of
+from dvidshards.jobs.runner import TaskRunner
 from dvidshards.jobs.stats import (
     INDEX_SCHEMA,
     STATS_SCHEMA,
+    JobError,
     body_stats,
     label_index,
     shard_body_stats,
     shard_label_index,
+    write_body_stats,
 )
 from tests.conftest import REAL_SHARD, make_export
 
@@ -106,13 +110,62 @@ def exp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    from dvidshards.jobs.runner import _connect
-
-    c, cluster, _ = _connect("local:2")
+    tr = TaskRunner("local:2")
+    c = tr.client()
     assert isinstance(c, distributed.Client)
     yield c
-    c.close()
-    cluster.close()
+    tr.close()
+
+
+def read_dataset(out) -> dict:
+    """{label: row} of a statistics dataset folder, checking that each file holds its bucket only."""
+    meta = json.loads((out / "_meta.json").read_text())
+    rows = {}
+    for b in range(1 << meta["bits"]):
+        t = pq.read_table(out / f"bucket={b:0{max(1, (meta['bits'] + 3) // 4)}x}" / "part-0.parquet")
+        assert t.schema.remove_metadata() == STATS_SCHEMA
+        lab = t["label"].to_numpy()
+        assert (bucket_of(lab, meta["bits"]) == b).all()
+        v = t["voxels"].to_numpy()
+        assert (np.diff(v) <= 0).all()  # in a bucket: voxels descending
+        rows.update(as_dict(t))
+    return rows
+
+
+def _corrupt_one_record(root, scale=0):
+    ds = dvidshards.Dataset(root)
+    o = ds.shards(scale)[3]
+    t = ds.shard(scale, o).table()
+    path = os.path.join(root, f"s{scale}", f"{o[0]}_{o[1]}_{o[2]}.arrow")
+    data = bytearray(open(path, "rb").read())
+    pay = bytes(t.payload(len(t) - 1))
+    at = data.find(pay)
+    assert at > 0 and len(pay) > 20
+    data[at + len(pay) // 2] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return path, o
+
+
+@pytest.fixture
+def damaged(exp, tmp_path):
+    """A copy of the export with one record of one s0 shard damaged: (root, shard path, origin, good bytes)."""
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    path, o = _corrupt_one_record(root)
+    good = open(os.path.join(exp.root, "s0", os.path.basename(path)), "rb").read()
+    return root, path, o, good
+
+
+def tree(folder) -> dict:
+    """{relative path: (size, mtime_ns)} of every file under a folder (to show nothing changed)."""
+    folder = str(folder)
+    out = {}
+    for d, _, files in os.walk(folder):
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            out[os.path.relpath(os.path.join(d, f), folder)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 # --------------------------------------------------------------------------- body_stats
@@ -172,12 +225,146 @@ def test_shard_function_is_plain(exp):
 
 
 def test_dask_equals_serial(exp, client, tmp_path):
-    serial = body_stats(exp.root, 0, progress=False)
+    serial = body_stats(exp.root, 0, scheduler="serial", progress=False)
     t = body_stats(exp.root, 0, scheduler=client, fan_in=2, partitions=2, progress=False)
     assert t.equals(serial)
     rep = label_index(exp.root, 0, tmp_path / "idx", scheduler=client, fan_in=3, partitions=4,
                       progress=False)
     assert rep.ok and read_index(tmp_path / "idx") == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+    rep = write_body_stats(exp.root, tmp_path / "sizes.parquet", scheduler=client, fan_in=3, progress=False)
+    assert rep.ok and as_dict(pq.read_table(tmp_path / "sizes.parquet")) == as_dict(serial)
+
+
+def test_body_stats_refuses_a_table_above_max_rows(exp, tmp_path):
+    n = len(brute_stats(exp.expected(0), exp.expected(0, "supervoxels")))
+    with pytest.raises(SpecError, match=f"{n} bodies, more than max_rows=3") as e:
+        body_stats(exp.root, 0, workdir=tmp_path / "w", max_rows=3, progress=False)
+    assert "write_body_stats" in str(e.value)
+    assert len(read_dataset_files(tmp_path / "w" / "table")) == n  # the complete dataset, where it says
+
+
+def read_dataset_files(folder) -> dict:
+    return as_dict(pq.read_table(folder))
+
+
+# --------------------------------------------------------------------------- issue 22, item 3: reductions on the workers
+
+
+def test_issue22_item3_stats_dataset_written_by_the_workers(exp, tmp_path):
+    out = tmp_path / "sizes"
+    rep = write_body_stats(exp.root, out, 0, partitions=4, fan_in=3, progress=False)
+    want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert rep.ok and rep.rows == len(want) and rep.path == str(out)
+    assert read_dataset(out) == want
+    assert as_dict(pq.read_table(out)) == want  # readable as one hive-partitioned dataset
+    meta = json.loads((out / "_meta.json").read_text())
+    assert meta["format"] == "dvidshards-body-stats" and meta["complete"] and meta["rows"] == len(want)
+    assert meta["bits"] == 2 and meta["labels"] == "agglomerated" and "voxels descending" in meta["order"]
+    assert sorted(os.listdir(out)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)]  # no _work left
+
+
+def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
+    out = tmp_path / "sizes.parquet"
+    rep = write_body_stats(exp.root, out, 1, "supervoxels", partitions=8, progress=False)
+    t = pq.read_table(out)
+    sv = exp.expected(1, "supervoxels")
+    assert rep.ok and as_dict(t) == brute_stats(sv, sv)
+    b = bucket_of(t["label"].to_numpy(), 3)
+    assert (np.diff(b) >= 0).all()  # grouped by bucket, in bucket order
+    for k in np.unique(b):
+        assert (np.diff(t["voxels"].to_numpy()[b == k]) <= 0).all()
+    about = json.loads(t.schema.metadata[b"dvidshards"])
+    assert about["complete"] and about["scale"] == 1 and about["labels"] == "supervoxels"
+    assert sorted(os.listdir(tmp_path)) == ["sizes.parquet"]  # work folder sizes.parquet.parts removed
+
+
+def test_issue22_item3_workdir_is_any_path_or_an_s3_url(exp, tmp_path):
+    from dvidshards.testing.servers import MotoS3
+
+    with MotoS3() as s3:
+        s3.bucket("work")
+        url = f"s3://work/job1?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        out = tmp_path / "sizes"
+        rep = write_body_stats(exp.root, out, 0, workdir=url, fan_in=4, partitions=2, progress=False)
+        assert rep.ok and read_dataset(out) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+        assert s3.client().list_objects_v2(Bucket="work").get("KeyCount", 0) == 0  # emptied after a complete run
+        # and the outputs themselves can live in a bucket
+        idx = f"s3://work/idx?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = label_index(exp.root, 0, idx, partitions=2, progress=False)
+        keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket="work")["Contents"]
+                      if not o["Key"].endswith("/"))  # (pyarrow's folder markers)
+        assert rep.ok and keys == ["idx/_meta.json", "idx/bucket=0/part-0.parquet", "idx/bucket=1/part-0.parquet"]
+
+
+def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatch, capsys):
+    from dvidshards.cli import main
+
+    seen = []
+
+    def blind(self, workdir):
+        seen.append(os.fspath(workdir))
+        raise SpecError(f"work folder {workdir}: 2 of 2 dask workers cannot see it (first: tcp://w:1); give "
+                        f"--workdir on a file system every worker shares")
+
+    monkeypatch.setattr(TaskRunner, "check_shared", blind)
+    out = tmp_path / "sizes"
+    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "cannot see it" in err
+    assert seen == [str(out)] and not out.exists()  # checked before any work, nothing left
+
+
+def test_issue22_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
+    import dvidshards.jobs.stats as stats
+
+    made, phases = [], []
+
+    class Counting(TaskRunner):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+        def run(self, fn, items, *, desc="tasks", done=None):
+            phases.append(desc)
+            return super().run(fn, items, desc=desc, done=done)
+
+    monkeypatch.setattr(stats, "TaskRunner", Counting)
+    rep = write_body_stats(exp.root, tmp_path / "s.parquet", fan_in=2, partitions=2, progress=False)
+    assert rep.ok and len(made) == 1
+    assert phases == ["s0 shards", "merge level 1", "merge level 2", "buckets", "one file"]  # 7 -> 4 -> 2 files
+
+
+def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
+    import pickle
+
+    import dvidshards.jobs.stats as stats
+
+    svs = np.unique(exp.scales[0])
+    svs = svs[svs != 0]
+    mapping = {int(s): 5000 + int(s) % 5 for s in svs}
+    path = tmp_path / "map.txt"
+    path.write_text("".join(f"{k} {v}\n" for k, v in mapping.items()) + "".join(
+        f"{10**9 + k} 7\n" for k in range(20000)))  # rows for absent supervoxels: a bigger file
+    carried = []
+    orig = stats._shard_task
+
+    def spy(job, origin):
+        carried.append(len(pickle.dumps(job)))
+        return orig(job, origin)
+
+    monkeypatch.setattr(stats, "_shard_task", spy)
+    rep = write_body_stats(exp.root, tmp_path / "sizes", 0, str(path), scheduler="serial", progress=False)
+    assert rep.ok and read_dataset(tmp_path / "sizes") == brute_stats(exp.expected(0, mapping),
+                                                                      exp.expected(0, "supervoxels"))
+    assert carried and max(carried) < 4096 < path.stat().st_size // 10  # the path, not 16 B per supervoxel
+    meta = json.loads((tmp_path / "sizes" / "_meta.json").read_text())
+    assert meta["labels"] == "mapped" and meta["mapping_file"] == str(path) and "mapping_sha256" not in meta
+    # the label index names the mapping the same way, and BodyIndex users of the same file match it
+    rep = label_index(exp.root, 0, tmp_path / "idx", str(path), progress=False)
+    assert rep.ok and json.loads((tmp_path / "idx" / "_meta.json").read_text())["mapping_file"] == str(path)
+    with pytest.raises(MappingError, match="not found"):
+        write_body_stats(exp.root, tmp_path / "other", 0, str(tmp_path / "nope.txt"), progress=False)
+    assert not (tmp_path / "other").exists()
 
 
 # --------------------------------------------------------------------------- label index
@@ -198,15 +385,12 @@ def test_label_index_equals_brute_force(exp, tmp_path):
         assert t.schema.remove_metadata() == INDEX_SCHEMA
         body = t["body"].to_numpy()
         assert (bucket_of(body, 2) == b).all() and (np.diff(body.astype(np.float64)) >= 0).all()
-    # supervoxels: body == supervoxel; a rerun replaces the index
-    rep = label_index(exp.root, 1, out, labels="supervoxels", progress=False)
+    # supervoxels: body == supervoxel; overwrite replaces the index
+    rep = label_index(exp.root, 1, out, labels="supervoxels", overwrite=True, progress=False)
     got = read_index(out)
     assert got == brute_index(exp.expected(1, "supervoxels"), exp.expected(1, "supervoxels"))
     assert all(r[0] == r[1] for r in got)
     assert json.loads((out / "_meta.json").read_text())["scale"] == 1
-    (out / "notmine.txt").write_text("x")
-    with pytest.raises(SpecError, match="not empty and not a label index"):
-        label_index(exp.root, 0, out)
 
 
 def test_shard_label_index_rows(exp):
@@ -224,101 +408,80 @@ def test_shard_label_index_rows(exp):
 # --------------------------------------------------------------------------- failures and resume
 
 
-def _corrupt_one_record(root, scale=0):
-    ds = dvidshards.Dataset(root)
-    o = ds.shards(scale)[3]
-    t = ds.shard(scale, o).table()
-    path = os.path.join(root, f"s{scale}", f"{o[0]}_{o[1]}_{o[2]}.arrow")
-    data = bytearray(open(path, "rb").read())
-    pay = bytes(t.payload(len(t) - 1))
-    at = data.find(pay)
-    assert at > 0 and len(pay) > 20
-    data[at + len(pay) // 2] ^= 0xFF
-    with open(path, "wb") as f:
-        f.write(bytes(data))
-    return path, o
+def test_corrupt_shard_fails_its_task_and_resumes(exp, damaged, tmp_path, monkeypatch):
+    import dvidshards.jobs.stats as stats
 
-
-def test_corrupt_shard_fails_its_task_and_resumes(exp, tmp_path):
-    root = tmp_path / "exp"
-    shutil.copytree(exp.root, root)
-    path, o = _corrupt_one_record(root)
-    good = open(os.path.join(exp.root, "s0", os.path.basename(path)), "rb").read()
+    root, path, o, good = damaged
     work = tmp_path / "work"
-    with pytest.warns(RuntimeWarning, match="1 shard\\(s\\) failed") as w:
-        t = body_stats(root, 0, workdir=work, progress=False)
-    assert os.path.basename(path) in str(w[0].message) and "BlockDecodeError" in str(w[0].message)
-    failed = json.loads(t.schema.metadata[b"failed_shards"])
-    assert list(failed) == [os.path.join(str(root), "s0", os.path.basename(path))] or \
-        os.path.basename(path) in next(iter(failed))
-    msg = next(iter(failed.values()))
-    assert msg.startswith("BlockDecodeError:") and "chunk (" in msg
-    # the other shards are there, the failed one wrote nothing
+    with pytest.raises(JobError, match="1 of 7 shards failed") as e:
+        body_stats(root, 0, workdir=work, progress=False)
+    msg = str(e.value)
+    assert os.path.basename(path) in msg and "BlockDecodeError" in msg and "chunk (" in msg and str(work) in msg
+    assert list(e.value.report.failed) == [path]
+    # the other shards are there, the failed one wrote nothing; no reduce ran
     parts = sorted(os.listdir(work / "shards"))
-    assert len(parts) == 6 and f"{o[0]}_{o[1]}_{o[2]}.parquet" not in parts
-    assert not [p for p in parts if ".tmp" in p]
-    want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert as_dict(t) != want
+    assert len(parts) == 6 and f"{o[0]}_{o[1]}_{o[2]}.arrow" not in parts
+    assert sorted(os.listdir(work)) == ["manifest.json", "shards"]
+    manifest = json.loads((work / "manifest.json").read_text())
+    assert list(manifest["failed"]) == [path] and manifest["failed"][path].startswith("BlockDecodeError:")
     # fix the shard and resume: only it runs again
     with open(path, "wb") as f:
         f.write(good)
-    mt = {p: os.stat(work / "shards" / p).st_mtime_ns for p in parts}
-    t = body_stats(root, 0, workdir=work, resume=True, progress=False)
-    assert as_dict(t) == want
-    assert not work.exists()
-    assert mt  # (the kept partials were reused: their files were not rewritten before removal)
+    ran = []
+    orig = stats.shard_body_stats
+    monkeypatch.setattr(stats, "shard_body_stats", lambda ds, scale, origin, *a: ran.append(origin) or
+                        orig(ds, scale, origin, *a))
+    t = body_stats(root, 0, workdir=work, resume=True, scheduler="serial", progress=False)
+    assert as_dict(t) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert ran == [o] and not work.exists()
 
 
-def test_label_index_failure_then_resume(exp, tmp_path):
-    root = tmp_path / "exp"
-    shutil.copytree(exp.root, root)
-    path, o = _corrupt_one_record(root)
+def test_label_index_failure_then_resume(exp, damaged, tmp_path, monkeypatch):
+    import dvidshards.jobs.stats as stats
+
+    root, path, o, good = damaged
     out = tmp_path / "idx"
-    # 128 buckets, fan-in 6: the 6 good partials (6-bit row groups) go straight to the 7-bit buckets
+    # 128 buckets, fan-in 6: the 6 good partials (6-bit batches) go straight to the 7-bit buckets
     rep = label_index(root, 0, out, partitions=128, fan_in=6, progress=False)
-    assert not rep.ok and list(rep.failed)[0].endswith(os.path.basename(path))
+    assert not rep.ok and list(rep.failed) == [path]
     want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
     assert read_index(out) == {r for r in want if (r[2] * 64 // 128 * 128, r[3] * 64 // 128 * 128,
                                                    r[4] * 64 // 128 * 128) != tuple(o)}
     meta = json.loads((out / "_meta.json").read_text())
-    assert not meta["complete"] and len(meta["failed_shards"]) == 1
-    kept = sorted(os.listdir(out / "_work" / "shards"))
-    assert len(kept) == 6
-    mt = {p: os.stat(out / "_work" / "shards" / p).st_mtime_ns for p in kept}
+    assert not meta["complete"] and list(meta["failed_shards"]) == [path]
+    with pytest.warns(RuntimeWarning, match="incomplete"):
+        dvidshards.Dataset(root).body_index(out)
+    assert len(os.listdir(out / "_work" / "shards")) == 6
     shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
-    seen = {}
-    orig = shutil.rmtree
-
-    def spy(p, *a, **k):  # look at the partials just before the finished run removes them
-        if str(p).endswith("_work"):
-            seen.update({q: os.stat(out / "_work" / "shards" / q).st_mtime_ns for q in kept})
-        return orig(p, *a, **k)
-
-    shutil.rmtree = spy
-    try:
-        rep = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, progress=False)
-    finally:
-        shutil.rmtree = orig
-    assert rep.ok and rep.skipped == 6
-    assert seen == mt  # resumed shards were not recomputed
-    assert read_index(out) == want  # 7 partials > fan-in 6: a merge level from 6-bit row groups
+    ran = []
+    orig = stats.shard_label_index
+    monkeypatch.setattr(stats, "shard_label_index", lambda ds, scale, origin, *a: ran.append(origin) or
+                        orig(ds, scale, origin, *a))
+    rep = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, scheduler="serial", progress=False)
+    assert rep.ok and rep.skipped == 6 and ran == [o]  # resumed shards were not recomputed
+    assert read_index(out) == want  # 7 partials > fan-in 6: a merge level from 6-bit batches
     assert len(os.listdir(out)) == 128 + 1
     # resuming a complete index does nothing
     rep2 = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, progress=False)
-    assert rep2.ok and rep2.rows == rep.rows and rep2.skipped == 7
+    assert rep2.ok and rep2.rows == rep.rows and rep2.skipped == 7 and ran == [o]
 
 
-def test_resume_refuses_other_parameters(exp, tmp_path):
-    root = tmp_path / "exp"
-    shutil.copytree(exp.root, root)
-    _corrupt_one_record(root)
+def test_resume_refuses_other_parameters(damaged, tmp_path):
+    root = damaged[0]
     work = tmp_path / "w"
-    with pytest.warns(RuntimeWarning):
+    with pytest.raises(JobError):
         body_stats(root, 0, workdir=work, progress=False)
     with pytest.raises(SpecError, match="other parameters"):
         body_stats(root, 0, "supervoxels", workdir=work, resume=True)
+    with pytest.raises(SpecError, match="earlier run; --resume to finish it, --overwrite"):
+        body_stats(root, 0, workdir=work)
     with pytest.raises(SpecError, match="workdir"):
         body_stats(root, 0, resume=True)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    with pytest.raises(SpecError, match="not a dvidshards work folder"):
+        body_stats(root, 0, workdir=tmp_path / "mine", overwrite=True)
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
 
 
 # --------------------------------------------------------------------------- the real shard
@@ -387,9 +550,10 @@ def test_cli_stats_and_label_index(exp, tmp_path, capsys):
     t = pq.read_table(out)
     assert as_dict(t) == brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
     assert "rows from" in capsys.readouterr().out
-    assert main(["stats", exp.root, "--out", str(tmp_path / "s.csv")]) == 2
-    assert "must end in .parquet" in capsys.readouterr().err
-    assert main(["stats", exp.root, "--out", str(out), "--box", "1,2,3"]) == 2
+    folder = tmp_path / "sizes"
+    assert main(["stats", exp.root, "--scale", "1", "--out", str(folder), "--quiet"]) == 0
+    assert read_dataset(folder) == as_dict(t)
+    assert main(["stats", exp.root, "--out", str(tmp_path / "s.parquet"), "--box", "1,2,3"]) == 2
     assert "x0,y0,z0,x1,y1,z1" in capsys.readouterr().err
     box = tmp_path / "box.parquet"
     assert main(["stats", exp.root, "--out", str(box), "--box", "10,20,30,150,160,140",
@@ -402,19 +566,125 @@ def test_cli_stats_and_label_index(exp, tmp_path, capsys):
     assert read_index(idx) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
 
 
-def test_cli_failed_shard_exit_1_and_resume(exp, tmp_path, capsys):
+# --------------------------------------------------------------------------- issue 23, from the user's side
+
+
+def test_issue23_item2_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     root = tmp_path / "exp"
     shutil.copytree(exp.root, root)
-    path, _ = _corrupt_one_record(root)
-    out = tmp_path / "sizes.parquet"
-    assert main(["stats", str(root), "--out", str(out), "--resume", "--quiet"]) == 1
+    shutil.rmtree(root / "s0")  # the info still lists scale 0
+    before = tree(tmp_path)
+    for cmd, out in (("stats", tmp_path / "sizes.parquet"), ("stats", tmp_path / "sizes"),
+                     ("label-index", tmp_path / "idx")):
+        assert main([cmd, str(root), "--scale", "0", "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "s0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert tree(tmp_path) == before  # nothing written
+    with pytest.raises(SpecError, match="s0"):
+        body_stats(root, 0, progress=False)
+    assert main(["stats", str(root), "--scale", "1", "--out", str(tmp_path / "s1.parquet"), "--quiet"]) == 0
+
+
+def test_issue23_item3_box_outside_the_volume(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    for box in ("150,100,100,260,160,140", "-5,0,0,10,10,10", "10,10,10,5,20,20"):
+        assert main(["stats", exp.root, "--out", str(tmp_path / "b.parquet"), f"--box={box}", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "not inside scale 0's volume" in err and "[0, 0, 0]..[200, 170, 150]" in err
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(SpecError, match="not inside"):
+        body_stats(exp.root, 0, box=[[150, 100, 100], [260, 160, 140]])
+    with pytest.raises(SpecError, match="not inside"):
+        shard_body_stats(exp.root, 0, (0, 0, 0), box=[[0, 0, 0], [300, 10, 10]])
+
+
+@pytest.mark.parametrize("form", ["sizes.parquet", "sizes"])
+def test_issue23_item4a_damaged_shard_writes_nothing_at_out(exp, damaged, tmp_path, capsys, form):
+    from dvidshards.cli import main
+
+    root, path, _, good = damaged
+    out = tmp_path / form
+    work = tmp_path / ("sizes.parquet.parts" if form.endswith(".parquet") else "sizes/_work")
+    assert main(["stats", str(root), "--out", str(out), "--quiet"]) == 1
     text = capsys.readouterr().out
-    assert f"FAILED {path}: BlockDecodeError" in text and "--resume" in text
-    assert (tmp_path / "sizes.parquet.parts" / "shards").is_dir()
+    assert f"FAILED {path}: BlockDecodeError" in text and "--resume" in text and str(work) in text
+    assert not out.exists() if form.endswith(".parquet") else os.listdir(out) == ["_work"]
+    manifest = json.loads((work / "manifest.json").read_text())
+    assert list(manifest["failed"]) == [path] and len(os.listdir(work / "shards")) == 6
+    # without --resume the partial results are not thrown away
+    assert main(["stats", str(root), "--out", str(out), "--quiet"]) == 2
+    assert "--resume to finish it" in capsys.readouterr().err
     shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
     assert main(["stats", str(root), "--out", str(out), "--resume", "--quiet"]) == 0
     assert "(6 resumed, 0 failed)" in capsys.readouterr().out
-    assert as_dict(pq.read_table(out)) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert not (tmp_path / "sizes.parquet.parts").exists()
+    want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert (as_dict(pq.read_table(out)) if form.endswith(".parquet") else read_dataset(out)) == want
+    assert not work.exists()
+
+
+@pytest.mark.parametrize("cmd", ["stats", "label-index"])
+def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, capsys, cmd):
+    from dvidshards.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "bucket=0").mkdir()
+    before = tree(tmp_path)
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        assert main([cmd, exp.root, "--out", str(out), "--quiet", *flags]) == 2
+        assert "not empty and not an earlier" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+    # its own earlier output: refused without a flag, replaced with --overwrite, kept with --resume
+    new = tmp_path / "new"
+    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2"]) == 0
+    capsys.readouterr()
+    done = tree(new)
+    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2"]) == 2
+    assert "--overwrite to replace it" in capsys.readouterr().err and tree(new) == done
+    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2", "--resume"]) == 0
+    assert tree(new) == done
+    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "4", "--resume"]) == 2
+    assert "other parameters" in capsys.readouterr().err and tree(new) == done
+    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "4", "--overwrite"]) == 0
+    assert sorted(os.listdir(new)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)]
+
+
+def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa_table(), other)
+    before = tree(tmp_path)
+    for flags in ([], ["--overwrite"]):
+        assert main(["stats", exp.root, "--out", str(other), "--quiet", *flags]) == 2
+        assert "not a dvidshards statistics file" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+    out = tmp_path / "sizes.parquet"
+    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 0
+    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 2
+    assert "--overwrite to replace it" in capsys.readouterr().err
+    assert main(["stats", exp.root, "--out", str(out), "--quiet", "--labels", "supervoxels", "--overwrite"]) == 0
+    sv = exp.expected(0, "supervoxels")
+    assert as_dict(pq.read_table(out)) == brute_stats(sv, sv)
+
+
+def pa_table():
+    import pyarrow as pa
+
+    return pa.table({"x": [1, 2]})
+
+
+def test_issue23_item11_scheduler_vocabulary(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
+    for k, sched in enumerate(("serial", "threads:2", "auto")):
+        out = tmp_path / f"s{k}.parquet"
+        assert main(["stats", exp.root, "--scale", "1", "--out", str(out), "--scheduler", sched, "--quiet"]) == 0
+        assert as_dict(pq.read_table(out)) == want
+    assert main(["stats", exp.root, "--out", str(tmp_path / "x.parquet"), "--scheduler", "nonsense"]) == 2
+    assert "is not one of" in capsys.readouterr().err and not (tmp_path / "x.parquet").exists()

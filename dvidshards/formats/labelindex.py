@@ -7,12 +7,8 @@ the file of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk) and
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pyarrow as pa
-
-from .labels import Mapped
 
 __all__ = ["HASH_BITS", "INDEX_FORMAT", "INDEX_SCHEMA", "bucket_name", "bucket_of", "labels_id"]
 
@@ -40,10 +36,6 @@ def bucket_name(bucket: int, bits: int) -> str:
 
 
 def labels_id(src) -> dict:
-    """What identifies a label source in job metadata (a mapping by its content's hash)."""
-    if isinstance(src, Mapped):
-        m = src.mapping
-        h = hashlib.sha256(np.ascontiguousarray(m.keys).tobytes())
-        h.update(np.ascontiguousarray(m.values).tobytes())
-        return {"labels": "mapped", "mapping_sha256": h.hexdigest(), "mapping_size": len(m)}
-    return {"labels": src.name}
+    """What identifies a label source in job metadata: ``src.identity()`` (cheap: a mapping file
+    by its path and change stamp, nothing parsed; a mapping object by its content's hash)."""
+    return dict(src.identity())
