@@ -30,9 +30,16 @@ zstandard = pytest.importorskip("zstandard")
 def side_table(out):
     import pyarrow.parquet as pq
 
-    t = pq.read_table(os.path.join(out, "supervoxels.parquet"))
+    t = pcg.read_side_table(out)
     assert t.column_names == ["pcg_id", "dvid_supervoxel", "chunk_x", "chunk_y", "chunk_z", "voxels"]
+    folder = pq.read_table(os.path.join(out, "supervoxels"))  # the folder reads as one table too
+    assert folder.num_rows == t.num_rows and folder.sort_by("pcg_id").equals(t.replace_schema_metadata(None))
     return {k: t.column(k).to_numpy() for k in t.column_names}
+
+
+def files(out) -> dict:
+    """The edges and components files of an output, by name."""
+    return {p.name: p.read_bytes() for p in Path(out).iterdir() if p.name.startswith(("edges_", "components_"))}
 
 
 def layout_of(out) -> IdLayout:
@@ -206,31 +213,33 @@ def test_resume_and_guards(tmp_path, synthetic_export):
     out = tmp_path / "o"
     first = pcg.write_edges(ex.root, out, cs, spec=ex.spec, chunks=[(0, 0, 0), (1, 1, 1)], progress=False)
     assert first.ok and first.chunks == 2
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".json"}
+    before = files(out)
     with pytest.raises(PcgError, match="resume"):
         pcg.write_edges(ex.root, out, cs, spec=ex.spec, progress=False)
     with pytest.raises(PcgError, match="chunk_size"):
         pcg.write_edges(ex.root, out, (64, 64, 64), spec=ex.spec, resume=True, progress=False)
-    (out / "edges_1_1_1.proto.zst").unlink()  # an interrupted chunk: its pieces file is written last
-    (out / "pieces" / "1_1_1.npy").unlink()
-    (out / "edges_0_0_0.proto.zst.tmp123").write_bytes(b"partial")  # a crashed writer's leftover
+    parts = sorted(p.name for p in (out / "supervoxels").iterdir())
+    assert parts == ["0_0_0.parquet", "1_1_1.parquet"]  # one task per source shard here: one chunk each
+    (out / "edges_1_1_1.proto.zst").unlink()  # an interrupted task: its side-table part is written last
+    (out / "supervoxels" / "1_1_1.parquet").unlink()
+    (out / ".tmp").mkdir(exist_ok=True)
+    (out / ".tmp" / "edges_0_0_0.proto.zst.123.abcd").write_bytes(b"partial")  # a crashed writer's leftover
     rep = pcg.write_edges(ex.root, out, cs, spec=ex.spec, resume=True, progress=False)
     assert rep.ok and rep.chunks == 8 and rep.skipped == 1
-    assert not (out / "edges_0_0_0.proto.zst.tmp123").exists()  # leftovers of crashed writers are removed
+    assert not (out / ".tmp").exists()  # leftovers of crashed writers are removed
     for name, data in before.items():
-        if name != "supervoxels.parquet":
-            assert (out / name).read_bytes() == data, name
+        assert (out / name).read_bytes() == data, name
     full = pcg.write_edges(ex.root, tmp_path / "fresh", cs, spec=ex.spec, progress=False)
-    for p in (tmp_path / "fresh").iterdir():
-        if p.is_file() and p.suffix != ".json":
-            assert (out / p.name).read_bytes() == p.read_bytes(), p.name  # deterministic output
-    assert full.pieces == rep.pieces
+    assert files(tmp_path / "fresh") == files(out)  # deterministic output
+    assert pcg.read_side_table(tmp_path / "fresh").equals(pcg.read_side_table(out))
+    assert full.pieces == rep.pieces and full.written == rep.written
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("x")
     with pytest.raises(PcgError, match="not empty"):
         pcg.write_edges(ex.root, tmp_path / "junk", cs, spec=ex.spec, progress=False)
     for k, bad in enumerate(({"affinity": "mean"}, {"level": 30}, {"labels": "supervoxels"},
-                             {"chunks": [(9, 0, 0)]}, {"box": [[0, 0], [1, 1]]})):
+                             {"chunks": [(9, 0, 0)]}, {"box": [[0, 0], [1, 1]]}, {"box": [[500, 0, 0], [600, 9, 9]]},
+                             {"scheduler": "lokal"}, {"chunks_per_task": 0}, {"resume": True, "overwrite": True})):
         with pytest.raises(DvidShardsError):
             pcg.write_edges(ex.root, tmp_path / f"bad{k}", cs, spec=ex.spec, progress=False, **bad)
         assert not (tmp_path / f"bad{k}").exists()  # nothing written for a bad call
@@ -242,23 +251,22 @@ def test_resume_and_guards(tmp_path, synthetic_export):
 def test_chunk_groups_match_one_chunk_per_task(tmp_path, synthetic_export):
     ex = synthetic_export
     cs = (64, 64, 64)
-    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, progress=False)
+    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks_per_task=1, progress=False)
     b = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, progress=False)
-    assert a.ok and b.ok and a.chunks == b.chunks == 36 and a.pieces == b.pieces
-    names = sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file() and p.suffix != ".json")
-    assert names == sorted(p.name for p in (tmp_path / "b").iterdir() if p.is_file() and p.suffix != ".json")
-    for n in names:
-        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
-    inside = [p for p in sorted((tmp_path / "b" / "pieces").iterdir())
-              if all(int(v) < m for v, m in zip(p.stem.split("_"), (4, 2, 3), strict=True))]
-    for p in inside[1:3]:
-        p.unlink()
-    c = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, resume=True,
+    c = pcg.write_edges(ex.root, tmp_path / "c", cs, spec=ex.spec, progress=False)  # default: per source shard
+    assert a.ok and b.ok and c.ok and a.chunks == b.chunks == c.chunks == 36 and a.pieces == b.pieces == c.pieces
+    assert (a.tasks, b.tasks, c.tasks) == (36, 2 * 1 * 1, 2 * 2 * 2)
+    assert files(tmp_path / "a") == files(tmp_path / "b") == files(tmp_path / "c")
+    table = pcg.read_side_table(tmp_path / "a")
+    assert pcg.read_side_table(tmp_path / "b").equals(table) and pcg.read_side_table(tmp_path / "c").equals(table)
+    (tmp_path / "b" / "supervoxels" / "0_0_0.parquet").unlink()  # the task of chunks x 0:3, y 0:3, z 0:3
+    d = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, resume=True,
                         box=[[0, 0, 0], [256, 128, 192]], progress=False)
-    assert c.ok and c.chunks == 4 * 2 * 3 and c.skipped == len(inside) - 2  # empty chunks have no files: rerun
-    assert (tmp_path / "b" / "supervoxels.parquet").read_bytes() == (tmp_path / "a" / "supervoxels.parquet").read_bytes()
-    with pytest.raises(DvidShardsError):
-        pcg.write_edges(ex.root, tmp_path / "c", cs, spec=ex.spec, chunks_per_task=0, progress=False)
+    assert d.ok and d.chunks == 4 * 2 * 3 and d.skipped == 1 * 2 * 3  # task (1, 0, 0)'s chunks in the box were done
+    assert pcg.read_side_table(tmp_path / "b").num_rows < table.num_rows  # chunks y 2:3 of task 0 are not done yet
+    e = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, resume=True, progress=False)  # their cut
+    assert e.ok and e.skipped == 36 - 3 * 1 * 3 and pcg.read_side_table(tmp_path / "b").equals(table)
+    assert files(tmp_path / "b") == files(tmp_path / "a")
 
 
 def test_corrupt_output_files_are_typed(tmp_path):
@@ -284,9 +292,9 @@ def test_cli(tmp_path, synthetic_export, capsys):
     args = p.parse_args([ex.root, "--spec", str(spec), "--out", str(tmp_path / "o"), "--chunk-size", "128", "128",
                          "128", "--box", "0", "0", "0", "100", "100", "100", "--level", "3", "--quiet"])
     assert pcg.main(args) == 0
-    assert "1 chunks" in capsys.readouterr().out
+    assert "1 chunks in 1 tasks" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "components_0_0_0.proto", "edges_0_0_0.proto.zst", "manifest.json", "pieces", "supervoxels.parquet"]
+        "components_0_0_0.proto", "edges_0_0_0.proto.zst", "manifest.json", "supervoxels"]
 
 
 def test_dask_scheduler_matches_serial(tmp_path, synthetic_export):
@@ -413,3 +421,103 @@ def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_expo
                          "--chunk-size", "64", "64", "64", "--resume", "--quiet"])
     assert pcg.main(args) == 1
     assert "FAILED (1, 1, 1)" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- issue 22 item 3, issue 23
+
+
+def test_issue22_3_tasks_are_source_shards_and_carry_no_mapping(tmp_path, synthetic_export, monkeypatch):
+    """Default tasks: one per source shard (planned without a loop over chunks), each a small
+    record; a mapping file travels as its path (a big mapping object would travel by value)."""
+    import pickle
+
+    from dvidshards.jobs import runner
+
+    ex = synthetic_export
+    seen = {}
+    real_run = runner.TaskRunner.run
+
+    def spy(self, fn, items, **kw):
+        items = list(items)
+        seen["bytes"] = max(len(pickle.dumps((fn, it))) for it in items)
+        seen["tasks"] = len(items)
+        return real_run(self, fn, items, **kw)
+
+    monkeypatch.setattr(runner.TaskRunner, "run", spy)
+    big = np.concatenate([ex.mapping, np.stack([np.arange(1, 100_001, dtype=np.uint64) + np.uint64(1 << 40)] * 2, 1)])
+    path = tmp_path / "mappings.txt"
+    np.savetxt(path, big, fmt="%d")
+    rep = pcg.write_edges(ex.root, tmp_path / "o", (64, 64, 64), spec=ex.spec, labels=str(path),
+                          scheduler="threads:2", progress=False)
+    shards = len(list(Path(ex.root, "s0").glob("*.arrow")))
+    assert rep.ok and rep.tasks == seen["tasks"] == shards and rep.chunks == 36  # 128³ shards: 2³ chunks each
+    assert seen["bytes"] < 8_000 < 16 * len(big)
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["components"]["mapping_file"] == str(path) and m["chunks_per_task"] == [2, 2, 2]
+    ref = pcg.write_edges(ex.root, tmp_path / "ref", (64, 64, 64), spec=ex.spec, labels=big, chunks_per_task=1,
+                          progress=False)
+    assert ref.ok and ref.tasks == 36 and ref.pieces == rep.pieces
+    assert files(tmp_path / "o") == files(tmp_path / "ref")  # same output as one chunk per task
+
+
+def test_issue22_3_plan_over_the_procedural_mcns_export_is_per_shard():
+    """pcg-edges over the mCNS-shaped export's s0 at 256³: ~26 K tasks of 8³ chunks (not 13 M)."""
+    from dvidshards import Dataset
+    from dvidshards.formats import pcg as fmt
+    from dvidshards.testing.procedural import ProceduralStore
+
+    store = ProceduralStore()
+    ds = Dataset(store, spec=store.spec)
+    s = ds.scale(0)
+    grid = -(-np.asarray(s.size) // 256)
+    job = pcg._Job(ds, s, "/nonexistent", (256, 256, 256), IdLayout(fmt.layers_for_grid(grid)), None, "area", 3, 1,
+                   True)
+    tasks = pcg._plan(job, None, None, None)
+    assert job.group == (8, 8, 8) and len(tasks) == len(store.shard_origins(0)) <= pcg.MAX_TASKS
+    assert {t.key for t in tasks} == {tuple(v // 2048 for v in o) for o in store.shard_origins(0)}
+
+
+def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_export, capsys):
+    from dvidshards import cli
+    from dvidshards.errors import SpecError
+
+    ex = synthetic_export
+    root = tmp_path / "only-s0"
+    root.mkdir()
+    (root / "s0").symlink_to(Path(ex.root, "s0"))
+    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))  # lists 3 scales
+    with pytest.raises(SpecError, match=r"scale 1 has no folder in this export \(it has s0\)"):
+        pcg.write_edges(root, tmp_path / "o", (64, 64, 64), spec=ex.spec, scale=1, progress=False)
+    assert not (tmp_path / "o").exists()
+    code = cli.main(["pcg-edges", str(root), "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "o"),
+                     "--chunk-size", "64", "64", "64", "--scale", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "SpecError" in err and "no folder" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_issue23_5_an_output_folder_with_other_files_is_refused(tmp_path, synthetic_export, capsys):
+    from dvidshards import cli
+
+    ex = synthetic_export
+    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
+    args = [str(ex.root), "--spec", str(tmp_path / "spec.json"), "--chunk-size", "64", "64", "64", "--box", "0", "0",
+            "0", "64", "64", "64", "--quiet", "--scheduler", "serial"]
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    for extra in ([], ["--resume"], ["--overwrite"]):  # not pcg-edges output: refused with every option
+        assert cli.main(["pcg-edges", "--out", str(out)] + args + extra) == 2
+        assert "not empty" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # nothing touched
+    out = tmp_path / "o"
+    assert cli.main(["pcg-edges", "--out", str(out)] + args) == 0
+    first = files(out)
+    assert cli.main(["pcg-edges", "--out", str(out)] + args) == 2  # its own output: --resume or --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    (out / "edges_0_0_0.proto.zst").write_bytes(b"stale")
+    assert cli.main(["pcg-edges", "--out", str(out)] + args + ["--overwrite"]) == 0
+    assert files(out) == first and json.loads((out / "manifest.json").read_text())["complete"] is True
+    assert cli.main(["pcg-edges", "--out", str(out)] + args + ["--scheduler", "nowhere"]) == 2
+    assert "scheduler 'nowhere'" in capsys.readouterr().err
+    assert files(out) == first

@@ -1,35 +1,46 @@
 """Supervoxel adjacency for PyChunkedGraph: per-chunk edges and components files from an export.
 
-``write_edges`` runs one task per PCG layer-1 chunk (``dvidshards.jobs.run_tasks``, serially or
-on dask). A task
+``write_edges`` cuts the PCG layer-1 grid into *tasks* of ``chunks_per_task`` chunks per axis
+(default: one source shard's worth, so ~26 K tasks for mCNS s0 at 256³, grown if needed to stay
+under ``MAX_TASKS``) and runs them with `dvidshards.jobs.runner` (serially, on threads or on
+dask; a bounded number in flight). The planner lists the shard files once and computes the
+tasks that overlap them with numpy: nothing on the client loops over chunks, and a task is a
+small record (its grid key). For each of its chunks a task
 
 1. takes the supervoxel lists of the DVID blocks overlapping the chunk and its 6 face
    neighbours from the shard records (no decoding) and builds each chunk's id list: the
    chunk's pieces ((DVID supervoxel, PCG chunk) pairs) are numbered in that sorted order, so
-   neighbouring tasks agree on each other's PCG ids without reading each other's voxels;
+   neighbouring chunks agree on each other's PCG ids without reading each other's voxels;
 2. reads the chunk plus a one-voxel halo as supervoxels with the bulk reader (0 outside the
    volume) and counts voxels and contact faces (``dvidshards.formats.pcg.contacts``);
-3. writes ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg in one zstd frame),
+3. writes ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg in one zstd frame) and
    ``components_{x}_{y}_{z}.proto`` (the chunk's pieces and the neighbour pieces of its
-   between/cross edges, grouped by body: the records' agglomerated labels or a mapping) and
-   last ``pieces/{x}_{y}_{z}.npy`` (its rows of the side table), each to a temporary name then
-   renamed, so a chunk whose pieces file exists is complete (``resume=True`` skips it).
+   between/cross edges, grouped by body: the records' agglomerated labels or a mapping, which
+   a mapping file passes by reference and each worker loads once), each to a temporary name
+   under ``.tmp/`` then renamed.
 
-At the end ``supervoxels.parquet`` (pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels)
-is built from the pieces files and ``manifest.json`` is completed. Chunks whose blocks list no
-supervoxel get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]``
-(protobuf).
+Last, the task writes its rows of the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet``
+(pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata
+lists the chunks it covers: that file is the task's completion record, so ``resume=True``
+redoes only chunks that no part covers, and a chunk that failed is left out of it. The
+side table is the folder (``pyarrow.parquet.read_table(out / "supervoxels")``, or
+`read_side_table`); the client only adds up counts. ``manifest.json`` is written first as
+incomplete and completed at the end. Chunks whose blocks list no supervoxel get no files (PCG
+reads a missing file as no edges). Needs ``dvidshards[pcg]`` (protobuf).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,18 +48,25 @@ import numpy as np
 from ..dataset import Dataset
 from ..errors import DvidShardsError, SpecError
 from ..formats import pcg as fmt
-from ..formats.labels import Agglomerated, LabelSource, as_labels
+from ..formats.labels import Agglomerated, LabelSource, Mapped, as_labels
+from ..formats.multiscale import SINGLE_SHARD
 from ..formats.pcg import IdLayout, PcgError
-from .runner import run_tasks
+from ..sources.base import RecordSource
+from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
 
-__all__ = ["PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges", "write_edges"]
+__all__ = ["MAX_TASKS", "PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges",
+           "read_side_table", "write_edges"]
 
 MANIFEST = "manifest.json"
-SIDE_TABLE = "supervoxels.parquet"
-PIECES = "pieces"
+SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
+TMP = ".tmp"
 FORMAT = "dvidshards-pcg-edges"
-_PIECES_RE = re.compile(r"(\d+)_(\d+)_(\d+)\.npy")
-VERSION = 1
+VERSION = 2  # 1: one supervoxels.parquet built on the client from per-chunk pieces/ files
+MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
+COVERED = b"dvidshards.covered"
+_OWN = re.compile(r"(edges_\d+_\d+_\d+\.proto\.zst|components_\d+_\d+_\d+\.proto|manifest\.json|supervoxels"
+                  r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp\d+)?")
+_COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
 
 
 @dataclass
@@ -62,19 +80,21 @@ class PcgReport:
     chunks : int
         Chunks of the job (done now, done before, or empty).
     written : int
-        Chunks with files (now and in earlier runs).
+        Chunks with files (now and in earlier runs), over the job's tasks.
     pieces : int
-        Rows of ``supervoxels.parquet``.
+        Rows of the side table over the job's tasks.
     edges : dict
         Edges written in this run per type (between and cross count each file's copy).
     isolated : int
         Pieces written in this run that touch no other piece (no edge at all): PCG's ingest
         only creates nodes for ids in the edges files, so these would be left out of the graph.
     failed : dict
-        ``{chunk: "TypeName: message"}`` of failed chunks (the side table then covers the rest,
-        the manifest stays incomplete).
+        ``{chunk: "TypeName: message"}`` of failed chunks, and ``{"chunks [x0:x1, ...]": ...}``
+        of tasks that failed as a whole (the manifest stays incomplete; resume redoes them).
     skipped : int
         Chunks skipped as complete (resume).
+    tasks : int
+        Tasks of the job.
     elapsed : float
         Seconds.
     """
@@ -87,6 +107,7 @@ class PcgReport:
     isolated: int = 0
     failed: dict = field(default_factory=dict)
     skipped: int = 0
+    tasks: int = 0
     elapsed: float = 0.0
 
     @property
@@ -95,13 +116,35 @@ class PcgReport:
 
     def summary(self) -> str:
         e = ", ".join(f"{v} {k}" for k, v in self.edges.items())
-        lines = [f"{self.out}: {self.chunks} chunks ({self.written} with files, {self.skipped} resumed), "
-                 f"{self.pieces} pieces, edges written now: {e}; {len(self.failed)} failed in {self.elapsed:.1f} s"]
+        lines = [f"{self.out}: {self.chunks} chunks in {self.tasks} tasks ({self.written} with files, {self.skipped} "
+                 f"resumed), {self.pieces} pieces, edges written now: {e}; {len(self.failed)} failed in "
+                 f"{self.elapsed:.1f} s"]
         if self.isolated:
             lines.append(f"  note: {self.isolated} pieces written now touch no other piece: no edge names them, "
                          f"so PCG's ingest will not create them")
         lines += [f"  FAILED {c}: {m}" for c, m in list(self.failed.items())[:10]]
+        if len(self.failed) > 10:
+            lines.append(f"  ... and {len(self.failed) - 10} more")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One task: block ``key`` of the task grid (``chunks_per_task`` chunks per axis), or the
+    chunks of it that were asked for (``only``)."""
+
+    key: tuple[int, ...]
+    only: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return "_".join(str(int(v)) for v in self.key) + ".parquet"
+
+    def describe(self, group) -> str:
+        if self.only is not None:
+            return f"chunks {list(self.only)[:4]}{' ...' if len(self.only) > 4 else ''}"
+        lo = [k * g for k, g in zip(self.key, group, strict=True)]
+        return "chunks " + ", ".join(f"{n} {a}:{a + g}" for n, a, g in zip("xyz", lo, group, strict=True))
 
 
 # --------------------------------------------------------------------------- the job
@@ -138,14 +181,15 @@ class _IndexPalette(LabelSource):
 class _Job:
     """One write_edges run: everything a chunk task needs (pickles without open files)."""
 
-    def __init__(self, ds: Dataset, scale, out: str, chunk_size, layout: IdLayout, bodies, affinity: str,
-                 level: int, threads: int | None, fill_missing_shards: bool):
+    def __init__(self, ds: Dataset, scale, out: str, chunk_size, layout: IdLayout, mapped: Mapped | None,
+                 affinity: str, level: int, threads: int | None, fill_missing_shards: bool):
         self.ds = ds
         self.scale = ds.scale(scale)
         self.out = out
         self.cs = np.asarray(chunk_size, np.int64)
         self.layout = layout
-        self.bodies = bodies  # None: the records' agglomerated labels; else a LabelMapping
+        # None: the records' agglomerated labels; else the mapping (a file travels as its path)
+        self.mapped = mapped
         self.affinity = affinity
         self.level = int(level)
         self.threads = threads
@@ -156,18 +200,22 @@ class _Job:
         self.grid = -(-(self.hi - self.lo) // self.cs)
         self.palette = _IndexPalette()
         self._lock = threading.Lock()
-        self.group = 1  # chunks per task along each axis
+        self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task along each axis
         self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
-        self.only: frozenset | None = None  # or the job's chunks
 
-    def members(self, key) -> list[tuple[int, int, int]]:
-        """The job's chunks in task group ``key``."""
-        g = self.group
-        lo = np.maximum(np.asarray(key, np.int64) * g, self.crange[0])
-        hi = np.minimum((np.asarray(key, np.int64) + 1) * g, self.crange[1])
-        out = [(x, y, z) for z in range(int(lo[2]), int(hi[2])) for y in range(int(lo[1]), int(hi[1]))
-               for x in range(int(lo[0]), int(hi[0]))]
-        return out if self.only is None else [c for c in out if c in self.only]
+    def members(self, task: _Task) -> list[tuple[int, ...]]:
+        """The job's chunks in a task: its block of the task grid within the job's chunk range,
+        or its chunks given."""
+        if task.only is not None:
+            return list(task.only)
+        g = np.asarray(self.group, np.int64)
+        k = np.asarray(task.key, np.int64)
+        lo = np.maximum(k * g, self.crange[0])
+        hi = np.minimum((k + 1) * g, self.crange[1])
+        if (hi <= lo).any():
+            return []
+        zyx = np.indices(tuple(int(v) for v in (hi - lo)[::-1])).reshape(3, -1).T  # x fastest
+        return [tuple(c) for c in (zyx[:, ::-1] + lo).tolist()]
 
     def __getstate__(self):
         d = self.__dict__.copy()
@@ -231,7 +279,7 @@ class _Job:
             for j, k in enumerate(found):
                 sv = t.supervoxels(j)
                 svs[k] = sv
-                if self.bodies is None:
+                if self.mapped is None:
                     lab = t.labels(j)
                     if lab.shape != sv.shape:
                         raise PcgError(f"{t.where(j)}: {len(lab)} labels for {len(sv)} supervoxels")
@@ -242,7 +290,7 @@ class _Job:
             parts = [svs[k] for k in keys if k in svs]
             u = np.unique(np.concatenate(parts)) if parts else empty
             lists.append(u[1:] if u.size and u[0] == 0 else u)
-        if self.bodies is not None:
+        if self.mapped is not None:
             return lists, None
         if not bodies:
             return lists, (empty, empty)
@@ -260,8 +308,8 @@ class _Job:
         return lists, (sv[keep], body[keep])
 
     def body_of(self, sv: np.ndarray, table) -> np.ndarray:
-        if self.bodies is not None:
-            return self.bodies(sv)
+        if self.mapped is not None:
+            return self.mapped.mapping(sv)  # a file: loaded once per process
         keys, vals = table
         i = np.searchsorted(keys, sv)
         ok = (i < keys.size) & (keys[np.minimum(i, max(keys.size - 1, 0))] == sv) if keys.size else sv != sv
@@ -307,13 +355,15 @@ class _Job:
 
     # --- one chunk ----------------------------------------------------------------------
 
-    def run(self, coords) -> dict:
+    def run(self, coords) -> tuple[dict, np.ndarray]:
+        """Write one chunk's edges and components files; (counts, its side-table rows (n, 3):
+        PCG id, DVID supervoxel, voxels)."""
         coords = tuple(int(v) for v in coords)
         where = f"PCG chunk {coords}"
         stats = {"pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": False}
         lists, table = self.id_lists(coords)
         if lists[0].size == 0:
-            return stats
+            return stats, np.zeros((0, 3), np.uint64)
         vol = self.read_halo(coords, lists)
         c = fmt.contacts(vol.T, lists[0], lists[1:], where, indexed=True)
         edges, pieces, nb = fmt.chunk_graph(c, coords, lists[0], lists[1:], self.layout, self.affinity)
@@ -322,68 +372,193 @@ class _Job:
         import zstandard
 
         payload = zstandard.ZstdCompressor(level=self.level).compress(fmt.encode_edges(edges))
-        _put(os.path.join(self.out, fmt.edges_path(coords)), payload)
+        _put(self.out, fmt.edges_path(coords), payload)
         comp = fmt.encode_components(groups)
-        _put(os.path.join(self.out, fmt.components_path(coords)), comp)
+        _put(self.out, fmt.components_path(coords), comp)
         rows = np.stack(pieces, axis=1).astype(np.uint64)
-        _put_npy(os.path.join(self.out, PIECES, _pieces_name(coords)), rows)
         linked = np.concatenate([edges["in"][0], edges["in"][1], edges["between"][0], edges["cross"][0]])
         stats.update(pieces=len(rows), bytes=len(payload) + len(comp), written=True,
                      isolated=int(np.count_nonzero(~np.isin(pieces[0], linked))),
                      **{k: len(v[0]) for k, v in edges.items()})
-        return stats
+        return stats, rows
 
 
-def _task(job: _Job, coords) -> dict:
-    return job.run(coords)
+def _run_task(job: _Job, task: _Task) -> dict:
+    """Every chunk of a task not covered yet, then the task's side-table part.
 
-
-def _task_group(job: _Job, key) -> dict:
-    """The job's chunks in group ``key`` (chunks // chunks_per_task), skipping complete ones."""
-    total = {"chunks": 0, "skipped": 0, "pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0,
-             "written": 0}
-    for c in job.members(key):
-        total["chunks"] += 1
-        if os.path.exists(os.path.join(job.out, PIECES, _pieces_name(c))):
-            total["skipped"] += 1
-            continue
-        r = job.run(c)
-        for k in ("pieces", "isolated", "in", "between", "cross", "bytes"):
-            total[k] += r[k]
-        total["written"] += bool(r["written"])
+    A chunk that raises a `DvidShardsError` is reported in ``failed`` and left out of the part
+    (resume retries it); the other chunks go on. Returns counts only.
+    """
+    members = job.members(task)
+    part = os.path.join(job.out, SIDE_TABLE, task.name)
+    old_rows, covered = _read_part(part)
+    todo = [c for c in members if c not in covered]
+    total: dict = dict.fromkeys(_COUNTS, 0)
+    failed: dict = {}
+    total.update(chunks=len(members), skipped=len(members) - len(todo), failed=failed)
+    if todo:
+        rows, done = [], []
+        for c in todo:
+            try:
+                r, piece_rows = job.run(c)
+            except DvidShardsError as e:
+                failed[c] = f"{type(e).__name__}: {e}"
+                continue
+            for k in _COUNTS:
+                total[k] += r[k]
+            rows.append((c, piece_rows))
+            done.append(c)
+        old_rows, covered = _write_part(job.out, task.name, old_rows, rows, covered | set(done))
+    total["part_rows"] = len(old_rows[0]) if old_rows is not None else 0
+    total["part_written"] = len(np.unique(old_rows[1], axis=0)) if old_rows is not None and len(old_rows[1]) else 0
     return total
 
 
-def _pieces_name(coords) -> str:
-    return "_".join(str(int(v)) for v in coords) + ".npy"
+_SCHEMA_FIELDS = (("pcg_id", "uint64"), ("dvid_supervoxel", "uint64"), ("chunk_x", "int32"), ("chunk_y", "int32"),
+                  ("chunk_z", "int32"), ("voxels", "uint64"))
 
 
-def _put(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([(n, getattr(pa, t)()) for n, t in _SCHEMA_FIELDS])
+
+
+def _read_part(path: str):
+    """((rows (n, 3) uint64, chunks (n, 3) int32) or None, covered chunks) of a task's part."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(path)
+    except FileNotFoundError:
+        return None, set()
+    except (OSError, pa.ArrowException) as e:
+        raise PcgError(f"{path}: unreadable side-table part ({e}); delete it and resume") from None
+    meta = t.schema.metadata or {}
+    try:
+        covered = {tuple(int(v) for v in c) for c in json.loads(meta[COVERED])}
+    except (KeyError, ValueError, TypeError):
+        raise PcgError(f"{path}: a side-table part without its list of covered chunks; delete it and resume") from None
+    if t.schema.names != [n for n, _ in _SCHEMA_FIELDS]:
+        raise PcgError(f"{path}: not a side-table part (columns {t.schema.names})")
+    rows = np.stack([t.column(n).to_numpy().astype(np.uint64) for n in ("pcg_id", "dvid_supervoxel", "voxels")], 1)
+    chunks = np.stack([t.column(n).to_numpy().astype(np.int32) for n in ("chunk_x", "chunk_y", "chunk_z")], 1)
+    return (rows, chunks), covered
+
+
+def _write_part(out: str, name: str, old, new: list, covered: set):
+    """Write a task's part: the old rows and the new chunks' rows, sorted by PCG id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [old[0]] if old is not None else []
+    chunks = [old[1]] if old is not None else []
+    for c, r in new:
+        rows.append(r.reshape(-1, 3))
+        chunks.append(np.broadcast_to(np.asarray(c, np.int32), (len(r), 3)))
+    a = np.concatenate(rows) if rows else np.zeros((0, 3), np.uint64)
+    c = np.concatenate(chunks) if chunks else np.zeros((0, 3), np.int32)
+    order = np.argsort(a[:, 0], kind="stable")
+    a, c = a[order], c[order]
+    meta = {COVERED: json.dumps(sorted(covered)).encode()}
+    table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_schema().with_metadata(meta))
+    tmp = _tmp_name(out, name)
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, os.path.join(out, SIDE_TABLE, name))
+    return (a, c), covered
+
+
+def _tmp_name(out: str, name: str) -> str:
+    return os.path.join(out, TMP, f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+
+
+def _put(out: str, name: str, data: bytes) -> None:
+    """Write ``out/name`` through a temporary file in ``out/.tmp`` (same file system: atomic)."""
+    tmp = _tmp_name(out, name)
     with open(tmp, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)
+    os.replace(tmp, os.path.join(out, name))
 
 
-def _put_npy(path: str, a: np.ndarray) -> None:
-    tmp = f"{path}.tmp{os.getpid()}.npy"
-    np.save(tmp, a)
-    os.replace(tmp, path)
+# --------------------------------------------------------------------------- planning
 
 
-# --------------------------------------------------------------------------- driver
+def _present_shards(ds: Dataset, s) -> list:
+    """Origins of the scale's shard files; SpecError when the export has no folder for the scale."""
+    origins = ds.shards(s)
+    if origins or isinstance(ds.store, RecordSource):
+        return origins
+    try:
+        names = ds.store.list_sync("")
+    except (DvidShardsError, OSError):
+        return origins  # a store that cannot list (http): the probe found no shard
+    if s.folder not in names:
+        have = sorted((n for n in names if re.fullmatch(r"s\d+", n)), key=lambda n: int(n[1:]))
+        raise SpecError(f"{ds.store.describe(s.folder)}: scale {s.index} has no folder in this export (it has "
+                        f"{', '.join(have) if have else 'no scale folders'})")
+    return origins
 
 
-def _job_items(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
-    """Task items: chunks (or chunk groups) given, or overlapping present shards (and the box)."""
-    grid, g = job.grid, job.group
+def _task_keys(job: _Job, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Task-grid keys (k, 3) of the blocks of ``g`` chunks that overlap a shard inside [lo, hi)."""
+    if not len(origins):
+        return np.zeros((0, 3), np.int64)
+    extent = min(job.scale.shard_extent, SINGLE_SHARD)
+    a = np.maximum(origins, lo)
+    b = np.minimum(origins + extent, hi)
+    keep = (b > a).all(axis=1)
+    a, b = a[keep], b[keep]
+    k0 = (a - job.lo) // job.cs // g
+    k1 = (b - 1 - job.lo) // job.cs // g + 1
+    span = (k1 - k0).max(axis=0) if len(k0) else np.zeros(3, np.int64)
+    keys = []
+    for dx in range(int(span[0])):  # a shard spans few task blocks per axis: loops over offsets, not shards
+        for dy in range(int(span[1])):
+            for dz in range(int(span[2])):
+                k = k0 + (dx, dy, dz)
+                keys.append(k[(k < k1).all(axis=1)])
+    return np.unique(np.concatenate(keys), axis=0) if keys else np.zeros((0, 3), np.int64)
+
+
+def _group_of(chunks_per_task, job: _Job) -> np.ndarray | None:
+    """Chunks per task per axis given (None: the default, per source shard)."""
+    if chunks_per_task is None:
+        return None
+    try:
+        g = np.broadcast_to(np.asarray(chunks_per_task, np.int64), (3,)).copy()
+    except (TypeError, ValueError):
+        g = np.zeros(3, np.int64)
+    if isinstance(chunks_per_task, bool) or (g < 1).any():
+        raise SpecError(f"chunks_per_task must be a positive integer or three, got {chunks_per_task!r}")
+    return g
+
+
+def _default_group(job: _Job, origins: np.ndarray) -> np.ndarray:
+    """One source shard's worth of chunks per axis, doubled until the whole scale has at most
+    ``MAX_TASKS`` tasks. Depends only on the export and the chunk size (not on a box or chunk
+    list), so every run into one folder cuts the grid the same way."""
+    extent = min(job.scale.shard_extent, SINGLE_SHARD)
+    g = np.minimum(np.maximum(extent // job.cs, 1), job.grid)
+    while len(_task_keys(job, origins, g, job.lo, job.hi)) > MAX_TASKS and (g < job.grid).any():
+        g = np.minimum(g * 2, job.grid)
+    return g
+
+
+def _plan(job: _Job, box, chunks, group: np.ndarray | None) -> list[_Task]:
+    """The job's tasks: for chunks given, their task blocks; else the blocks overlapping shards
+    (and the box). Sets ``job.group`` and ``job.crange``."""
+    grid = job.grid
+    arr = None
     if chunks is not None:
-        out = {(int(c[0]), int(c[1]), int(c[2])) for c in np.asarray(chunks, np.int64).reshape(-1, 3)}
-        for c in out:
-            if min(c) < 0 or any(v >= n for v, n in zip(c, grid, strict=True)):
-                raise SpecError(f"chunk {c} is outside the PCG grid {tuple(int(n) for n in grid)}")
-        job.only = frozenset(out)
-        return sorted({(c[0] // g, c[1] // g, c[2] // g) for c in out})
+        try:
+            arr = np.asarray(chunks, np.int64).reshape(-1, 3)
+        except (TypeError, ValueError):
+            raise SpecError(f"chunks must be (n, 3) chunk indices, got {chunks!r}") from None
+        bad = ((arr < 0) | (arr >= grid)).any(axis=1)
+        if bad.any():
+            raise SpecError(f"chunk {tuple(int(v) for v in arr[bad][0])} is outside the PCG grid "
+                            f"{tuple(int(v) for v in grid)}")
     lo, hi = job.lo, job.hi
     if box is not None:
         try:
@@ -392,24 +567,24 @@ def _job_items(job: _Job, box, chunks) -> list[tuple[int, int, int]]:
             raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
         lo, hi = np.maximum(lo, blo), np.minimum(hi, bhi)
         if (hi <= lo).any():
-            return []
+            raise SpecError(f"box {[blo.tolist(), bhi.tolist()]} does not overlap scale {job.scale.index}'s volume "
+                            f"{[job.lo.tolist(), job.hi.tolist()]}")
         job.crange = ((lo - job.lo) // job.cs, (hi - 1 - job.lo) // job.cs + 1)
-    s = job.scale
-    extent = min(s.shard_extent, 1 << 40)
-    found = set()
-    for o in job.ds.shards(s):
-        a, b = np.maximum(np.asarray(o, np.int64), lo), np.minimum(np.asarray(o, np.int64) + extent, hi)
-        if (b <= a).any():
-            continue
-        c0, c1 = (a - job.lo) // job.cs // g, ((b - 1 - job.lo) // job.cs) // g + 1
-        for x in range(int(c0[0]), int(c1[0])):
-            for y in range(int(c0[1]), int(c1[1])):
-                for z in range(int(c0[2]), int(c1[2])):
-                    found.add((x, y, z))
-    return sorted(found)
+    origins = np.asarray(_present_shards(job.ds, job.scale), np.int64).reshape(-1, 3)
+    g = group if group is not None else _default_group(job, origins)
+    job.group = tuple(int(v) for v in g)
+    if arr is not None:
+        arr = np.unique(arr, axis=0)
+        keys, inv = np.unique(arr // g, axis=0, return_inverse=True)
+        members: list[list] = [[] for _ in range(len(keys))]
+        for c, k in zip(arr.tolist(), inv.ravel().tolist(), strict=True):  # the chunks asked for, not the grid
+            members[k].append(tuple(c))
+        return [_Task(tuple(int(v) for v in k), tuple(m)) for k, m in zip(keys.tolist(), members, strict=True)]
+    keys = _task_keys(job, origins, g, lo, hi)
+    return [_Task((int(x), int(y), int(z))) for x, y, z in keys.tolist()]
 
 
-def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels_desc: str) -> dict:
+def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels: dict) -> dict:
     s = job.scale
     return {
         "format": FORMAT,
@@ -424,10 +599,11 @@ def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels_desc: str
         **layout.to_json(),
         "affinity": job.affinity,
         "compression_level": job.level,
-        "components": labels_desc,
+        "components": labels,
+        "chunks_per_task": list(job.group),
         "edges": "edges_{x}_{y}_{z}.proto.zst",
         "components_files": "components_{x}_{y}_{z}.proto",
-        "side_table": SIDE_TABLE,
+        "side_table": SIDE_TABLE + "/{kx}_{ky}_{kz}.parquet (one file per task; read the folder as one table)",
     }
 
 
@@ -439,13 +615,13 @@ def _describe(source, ds: Dataset) -> str:
 
 
 _PARAMS = ("format", "version", "scale", "volume_size", "voxel_offset", "chunk_size", "grid", "layers",
-           "spatial_bits", "layer_bits", "affinity", "components")
+           "spatial_bits", "layer_bits", "affinity", "components", "chunks_per_task")
 
 
 def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, spatial_bits: int = 10,
                 labels="agglomerated", affinity: str = "area", level: int = 3, scheduler=None,
-                resume: bool = False, spec=None, box=None, chunks=None, chunks_per_task: int = 1,
-                threads: int | None = None, fill_missing_shards: bool = True,
+                resume: bool = False, overwrite: bool = False, spec=None, box=None, chunks=None,
+                chunks_per_task=None, threads: int | None = None, fill_missing_shards: bool = True,
                 progress: bool | None = None) -> PcgReport:
     """Write PyChunkedGraph edges and components files for an export's supervoxels.
 
@@ -454,50 +630,68 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     source : path, URL, kvstore spec or Dataset
         The export.
     out : path
-        Output folder (local). Holds ``edges_*.proto.zst``, ``components_*.proto``,
-        ``pieces/``, ``supervoxels.parquet`` and ``manifest.json``.
+        Output folder (local or shared by the workers): empty, new, or this job's earlier output
+        (with ``resume`` or ``overwrite``). Holds ``edges_*.proto.zst``, ``components_*.proto``,
+        ``supervoxels/`` (the side table, one Parquet file per task) and ``manifest.json``.
     chunk_size : (x, y, z)
         PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``, e.g. (256, 256, 256)); the grid
         starts at the scale's voxel offset.
     scale : int
-        Scale (folder number) to build the graph of.
+        Scale (folder number) to build the graph of; a scale the export has no folder for is a
+        SpecError.
     layers : int, optional
         PCG layer count; default ``ceil(log2(max chunks per axis)) + 2`` as PCG computes it.
     spatial_bits : int
         PCG's ``SPATIAL_BITS`` (10).
     labels : "agglomerated" or a mapping
         Bodies for the components files: the records' agglomerated labels, or a supervoxel ->
-        body mapping (dict, (n, 2) array, Series, LabelMapping or mapping file).
+        body mapping. Give a large mapping as a *file*: it is checked here (parsed once per host,
+        in a child process, into a memory-mapped sidecar), travels in the tasks as its path and
+        is loaded once per worker. A mapping object (dict, (n, 2) array, Series, LabelMapping)
+        travels in every task (16 bytes per supervoxel).
     affinity : "area" or "default"
         Edge affinity: the contact face count, or PCG's default (float32 tiny).
     level : int
         zstd level of the edges files. PCG reads any level; its own ingest writes 17, which
         costs ~35x the CPU of level 3 for files within a few percent of the same size
         (benchmarks/RESULTS.md).
-    scheduler : None, "local", "local:N", address or distributed.Client
-        Where tasks run (``dvidshards.jobs.run_tasks``).
+    scheduler : None, "auto", "serial", "threads[:N]", "local[:N]", address or distributed.Client
+        Where tasks run (`dvidshards.jobs.runner.TaskRunner`).
     resume : bool
-        Continue a run into ``out`` with the same parameters, skipping complete chunks.
+        Continue a run into ``out`` with the same parameters: chunks a side-table part covers
+        are skipped, failed and unfinished ones redone.
+    overwrite : bool
+        Delete this job's earlier output in ``out`` (only files it writes) and start again.
     spec : dict or path, optional
         The export's neuroglancer spec (see ``Dataset``).
     box : [[x0, y0, z0], [x1, y1, z1]], optional
-        Only chunks overlapping this voxel box.
+        Only chunks overlapping this voxel box (which must overlap the volume).
     chunks : (n, 3) ints, optional
         Only these chunks (PCG grid indices).
-    chunks_per_task : int
-        1 (default): one task per chunk. g > 1: one task per g³ block of chunks, for jobs of
-        millions of chunks (fewer items for the driver and the scheduler to hold); failures are
-        then reported per group, and a task skips its chunks that are already complete.
+    chunks_per_task : int or (3 ints), optional
+        Chunks per task along each axis. Default: one source shard's worth (shard extent //
+        chunk size; 8³ = 512 chunks for mCNS shards at 256³), doubled until the job has at most
+        ``MAX_TASKS`` tasks. A task skips its chunks that are already covered.
     threads : int, optional
-        Decoding threads per task (default: 1 on a cluster, all cores serially).
+        Decoding threads per task (default: all cores when tasks run one at a time, else 1).
     fill_missing_shards : bool
         Read shard files that do not exist as background (DVID writes none for empty shards).
     progress : bool, optional
-        tqdm bar (default: when stderr is a terminal).
+        tqdm bar on a terminal, else a log line every ~30 s (default); False: nothing.
 
     Returns
     -------
     PcgReport
+
+    Raises
+    ------
+    SpecError
+        Bad arguments, a scale without folder, a box outside the volume.
+    PcgError
+        ``out`` holds something other than this job's earlier output (or, without ``resume``
+        / ``overwrite``, holds that); a resume with other parameters.
+    MappingError
+        A mapping file that cannot be used (file and line named).
     """
     t0 = time.perf_counter()
     fmt.message_classes()  # fail early without protobuf
@@ -508,46 +702,52 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
         raise SpecError(f"affinity must be 'area' or 'default', got {affinity!r}")
     if not 1 <= int(level) <= 22:
         raise SpecError(f"zstd level must be in 1..22, got {level}")
+    if resume and overwrite:
+        raise SpecError("give resume or overwrite, not both")
     if isinstance(labels, str) and labels == "supervoxels":
         raise SpecError("components group pieces by body: labels must be 'agglomerated' or a mapping")
     src = as_labels(labels)
-    bodies = None if isinstance(src, Agglomerated) else getattr(src, "mapping", None)
-    if bodies is None and not isinstance(src, Agglomerated):
+    if not isinstance(src, (Agglomerated, Mapped)):
         raise SpecError(f"labels must be 'agglomerated' or a mapping, got {labels!r}")
-    desc = "agglomerated" if bodies is None else f"mapping ({len(bodies)} supervoxels)"
+    mapped = src if isinstance(src, Mapped) else None
+    runner = TaskRunner(scheduler, progress=progress)  # checks the scheduler before anything is written
     grid = -(-np.asarray(s.size, np.int64) // np.asarray(cs, np.int64))
     layout = IdLayout(int(layers) if layers is not None else fmt.layers_for_grid(grid), int(spatial_bits))
     layout.check_grid(grid)
     out = os.path.abspath(os.fspath(out))
-    if threads is None and scheduler is not None:
-        threads = 1
-    job = _Job(ds, s, out, cs, layout, bodies, affinity, level, threads, fill_missing_shards)
-    if int(chunks_per_task) < 1:
-        raise SpecError(f"chunks_per_task must be >= 1, got {chunks_per_task}")
-    job.group = int(chunks_per_task)
-    manifest = _manifest(job, source, ds, layout, desc)
-    items = _job_items(job, box, chunks)
-    _prepare(out, manifest, resume)
-    if job.group == 1:
-        done = {c for c in items if os.path.exists(os.path.join(out, PIECES, _pieces_name(c)))} if resume else set()
-        jr = run_tasks(functools.partial(_task, job), items, scheduler=scheduler, desc="PCG chunks", done=done,
-                       progress=progress)
-        report = PcgReport(out, chunks=len(items), failed=dict(jr.failed), skipped=len(jr.skipped))
-    else:  # tasks skip their complete chunks themselves
-        jr = run_tasks(functools.partial(_task_group, job), items, scheduler=scheduler,
-                       desc=f"PCG chunk groups of {job.group}³", progress=progress)
-        report = PcgReport(out, failed=dict(jr.failed))
-        for r in jr.results.values():
-            report.chunks += r["chunks"]
-            report.skipped += r["skipped"]
+    job = _Job(ds, s, out, cs, layout, mapped, affinity, level, threads, fill_missing_shards)
+    group = _group_of(chunks_per_task, job)
+    old = _existing(out)
+    if group is None and resume and old is not None and old.get("chunks_per_task"):
+        group = _group_of(old["chunks_per_task"], job)  # the earlier run's cut
+    items = _plan(job, box, chunks, group)
+    if mapped is not None:
+        mapped.prepare()  # a bad file fails now; large ones get their per-host sidecar
+    manifest = _manifest(job, source, ds, layout, src.identity())
+    kind, _ = scheduler_of(scheduler)
+    if threads is None and not (kind == "serial" or len(items) <= 1):
+        job.threads = 1  # tasks run side by side: one decoding thread each
+    _prepare(out, manifest, old, resume, overwrite)
+    report = PcgReport(out, tasks=len(items))
+    with runner:
+        jr = runner.run(functools.partial(_run_task, job), items, desc=f"PCG tasks of {'×'.join(map(str, job.group))} "
+                                                                         f"chunks")
+    for t, msg in jr.failed.items():
+        report.failed[t.describe(job.group)] = msg
     for r in jr.results.values():
+        report.chunks += r["chunks"]
+        report.skipped += r["skipped"]
+        report.pieces += r["part_rows"]
+        report.written += r["part_written"]
         for k in fmt.EDGE_TYPES:
             report.edges[k] += r[k]
         report.isolated += r["isolated"]
-    report.pieces, report.written = _side_table(out)
+        report.failed.update(r["failed"])
     manifest.update(complete=report.ok, chunks=report.chunks, chunks_written=report.written, pieces=report.pieces,
-                    failed=len(report.failed))
-    _put(os.path.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+                    tasks=report.tasks, failed=len(report.failed))
+    _write_manifest(out, manifest)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.join(out, TMP))  # when empty
     report.elapsed = time.perf_counter() - t0
     return report
 
@@ -562,80 +762,64 @@ def _triple(v, what: str) -> tuple[int, int, int]:
     return t
 
 
-def _prepare(out: str, manifest: dict, resume: bool) -> None:
-    """Create out, or check that it holds a run with the same parameters (resume)."""
+def _existing(out: str) -> dict | None:
+    """The manifest of earlier output in ``out`` (None: none)."""
     path = os.path.join(out, MANIFEST)
-    if os.path.exists(path):
-        try:
-            with open(path, "rb") as f:
-                old = json.loads(f.read())
-        except (OSError, ValueError) as e:
-            raise PcgError(f"{path}: unreadable manifest ({e})") from None
-        if not resume:
-            raise PcgError(f"{out} already holds PCG output; pass resume=True (--resume) to continue it, or "
-                           f"choose a new folder")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            old = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise PcgError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(old, dict) or old.get("format") != FORMAT:
+        raise PcgError(f"{out} holds a {MANIFEST} that is not pcg-edges output; choose an empty or new folder")
+    return old
+
+
+def _prepare(out: str, manifest: dict, old: dict | None, resume: bool, overwrite: bool) -> None:
+    """Create ``out``; refuse anything in it but this job's earlier output (resume: with the same
+    parameters; overwrite: deleted first)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PcgError(f"{out} exists and is not a folder")
+    if old is None:
+        if os.path.isdir(out):
+            with os.scandir(out) as it:
+                first = next(iter(it), None)
+            if first is not None:
+                raise PcgError(f"{out} is not empty ({first.name!r} ...) and holds no pcg-edges output; choose an "
+                               f"empty or new folder")
+    elif resume:
         diff = [k for k in _PARAMS if old.get(k) != manifest.get(k)]
         if diff:
-            raise PcgError(f"{path}: cannot resume with different parameters: "
+            raise PcgError(f"{os.path.join(out, MANIFEST)}: cannot resume with different parameters: "
                            + ", ".join(f"{k} {old.get(k)!r} -> {manifest.get(k)!r}" for k in diff))
-        for folder in (out, os.path.join(out, PIECES)):  # leftovers of interrupted writes
-            for name in os.listdir(folder) if os.path.isdir(folder) else ():
-                if ".tmp" in name and (name.startswith(("edges_", "components_", SIDE_TABLE)) or folder != out):
-                    os.remove(os.path.join(folder, name))
-    elif os.path.isdir(out) and os.listdir(out):
-        raise PcgError(f"{out} is not empty and holds no {MANIFEST}; choose an empty or new folder")
-    os.makedirs(os.path.join(out, PIECES), exist_ok=True)
-    _put(path, json.dumps({**manifest, "complete": False}, indent=1).encode())
+        shutil.rmtree(os.path.join(out, TMP), ignore_errors=True)  # leftovers of interrupted writes
+    elif overwrite:
+        _remove_own(out)
+    else:
+        raise PcgError(f"{out} already holds pcg-edges output; pass resume=True (--resume) to continue it, "
+                       f"overwrite=True (--overwrite) to replace it, or choose a new folder")
+    os.makedirs(os.path.join(out, SIDE_TABLE), exist_ok=True)
+    os.makedirs(os.path.join(out, TMP), exist_ok=True)
+    _write_manifest(out, {**manifest, "complete": False})
 
 
-def _side_table(out: str, rows_per_group: int = 1 << 20) -> tuple[int, int]:
-    """Write supervoxels.parquet from every pieces file in out; (rows, chunks with files)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pa.schema([("pcg_id", pa.uint64()), ("dvid_supervoxel", pa.uint64()), ("chunk_x", pa.int32()),
-                        ("chunk_y", pa.int32()), ("chunk_z", pa.int32()), ("voxels", pa.uint64())])
-    path = os.path.join(out, SIDE_TABLE)
-    tmp = f"{path}.tmp{os.getpid()}"
-    chunks = []
-    with os.scandir(os.path.join(out, PIECES)) as it:
+def _remove_own(out: str) -> None:
+    """Delete the files this job writes (any version) from ``out``; nothing else."""
+    os.remove(os.path.join(out, MANIFEST))  # first: an interrupted delete leaves no output that looks whole
+    with os.scandir(out) as it:
         for e in it:
-            m = _PIECES_RE.fullmatch(e.name)
-            if m:
-                chunks.append(tuple(int(v) for v in m.groups()))
-    chunks.sort()
-    total = files = 0
-    buf: list[np.ndarray] = []
-    cbuf: list[np.ndarray] = []
-    n = 0
+            if not _OWN.fullmatch(e.name):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path)
+            else:
+                os.remove(e.path)
 
-    def flush(writer):
-        nonlocal buf, cbuf, n
-        if not buf:
-            return
-        a, c = np.concatenate(buf), np.concatenate(cbuf)
-        writer.write_table(pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=schema))
-        buf, cbuf, n = [], [], 0
 
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        for c in chunks:
-            p = os.path.join(out, PIECES, _pieces_name(c))
-            try:
-                a = np.load(p)
-            except (OSError, ValueError) as e:
-                raise PcgError(f"{p}: unreadable pieces file ({e}); delete it and resume") from None
-            if a.dtype != np.uint64 or a.ndim != 2 or a.shape[1] != 3:
-                raise PcgError(f"{p}: not a pieces table ((n, 3) uint64)")
-            files += 1
-            buf.append(a)
-            cbuf.append(np.broadcast_to(np.asarray(c, np.int32), (len(a), 3)))
-            n += len(a)
-            total += len(a)
-            if n >= rows_per_group:
-                flush(writer)
-        flush(writer)
-    os.replace(tmp, path)
-    return total, files
+def _write_manifest(out: str, manifest: dict) -> None:
+    _put(out, MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
 # --------------------------------------------------------------------------- reading back
@@ -673,6 +857,30 @@ def read_chunk_components(path, coords) -> list[np.ndarray]:
     return fmt.decode_components(data, f)
 
 
+def read_side_table(path):
+    """The side table of a pcg-edges output as one table, sorted by ``pcg_id``.
+
+    ``pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels``: every piece (DVID supervoxel
+    in a PCG chunk) of the chunks done. For large outputs read the folder ``supervoxels/`` with
+    ``pyarrow.dataset`` instead (one file per task).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(os.fspath(path), SIDE_TABLE)
+    if not os.path.isdir(folder):
+        raise PcgError(f"{folder}: no side table (not a pcg-edges output of version {VERSION})")
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet"))
+    parts = []
+    for n in names:
+        try:
+            parts.append(pq.read_table(os.path.join(folder, n)).replace_schema_metadata(None))
+        except (OSError, pa.ArrowException) as e:
+            raise PcgError(f"{os.path.join(folder, n)}: unreadable side-table part ({e})") from None
+    t = pa.concat_tables(parts) if parts else _schema().empty_table()
+    return t.sort_by("pcg_id")
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -680,25 +888,25 @@ def add_arguments(p) -> None:
     """Arguments of ``dvidshards pcg-edges``."""
     p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
     p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info or inferred)")
-    p.add_argument("--out", required=True, help="output folder (PCG's edges and components files)")
+    p.add_argument("--out", required=True, help="output folder (PCG's edges and components files); empty, new, or "
+                                                "an earlier pcg-edges output with --resume or --overwrite")
     p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
                    help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
     p.add_argument("--scale", type=int, default=0, help="scale folder number (default 0)")
     p.add_argument("--layers", type=int, help="PCG layer count (default: from the grid, as PCG computes it)")
     p.add_argument("--spatial-bits", type=int, default=10, help="PCG SPATIAL_BITS (default 10)")
     p.add_argument("--mapping", help="supervoxel -> body mapping file for the components (default: the "
-                                     "export's agglomerated labels)")
+                                     "export's agglomerated labels); loaded once per worker")
     p.add_argument("--affinity", choices=("area", "default"), default="area",
                    help="edge affinity: contact face count (default) or PCG's tiny default")
     p.add_argument("--level", type=int, default=3,
                    help="zstd level of the edges files (default 3; PCG's own ingest writes 17)")
     p.add_argument("--box", type=int, nargs=6, metavar=("X0", "Y0", "Z0", "X1", "Y1", "Z1"),
                    help="only chunks overlapping this voxel box")
-    p.add_argument("--scheduler", help="dask scheduler: local, local:N or an address (default: serial)")
-    p.add_argument("--chunks-per-task", type=int, default=1, metavar="G",
-                   help="one task per G³ block of chunks (default 1: one task per chunk)")
-    p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping complete chunks")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--chunks-per-task", type=int, default=None, metavar="G",
+                   help="one task per G³ block of chunks (default: one source shard's worth, at most "
+                        f"{MAX_TASKS:,} tasks)")
+    job_arguments(p, workdir=False, resume=True, overwrite=True)
 
 
 def main(args) -> int:
@@ -707,8 +915,9 @@ def main(args) -> int:
     report = write_edges(args.source, args.out, args.chunk_size, scale=args.scale, layers=args.layers,
                          spatial_bits=args.spatial_bits,
                          labels=args.mapping if args.mapping else "agglomerated", affinity=args.affinity,
-                         level=args.level, scheduler=args.scheduler, resume=args.resume, spec=args.spec, box=box,
-                         chunks_per_task=args.chunks_per_task, progress=False if args.quiet else None)
+                         level=args.level, scheduler=args.scheduler, resume=args.resume,
+                         overwrite=getattr(args, "overwrite", False), spec=args.spec, box=box,
+                         chunks_per_task=args.chunks_per_task, progress=progress_of(args))
     print(report.summary(), file=sys.stdout)
     return 0 if report.ok else 1
 
