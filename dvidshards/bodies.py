@@ -338,7 +338,8 @@ class Body:
             raise SpecError(f"body {self.id} has no chunk at scale {self.scale}")
         return encode_coarse(c)
 
-    def mesh(self, scale=None, *, units: str = "nm", reduction_factor: int = 0, max_error: float = 8) -> Mesh:
+    def mesh(self, scale=None, *, units: str = "nm", reduction_factor: int = 0, max_error: float = 8,
+             chunks=None) -> Mesh:
         """One watertight mesh of the body from its chunks' cells (marching cubes, zmesh).
 
         Parameters
@@ -350,6 +351,9 @@ class Body:
         reduction_factor, max_error :
             Per-cell simplification (``formats.mesh.mesh_block``); cell faces are kept, so the
             welded mesh stays closed. 0 keeps every marching-cubes triangle.
+        chunks : array_like of int, shape (n, 3), optional
+            Chunks to look in, a superset of the body's at that scale (e.g. a label index's
+            blocks of a finer scale, coarsened); default `chunks_at`.
 
         Returns
         -------
@@ -370,7 +374,7 @@ class Body:
             raise SpecError(f"scale {s.index}: meshing needs cubic chunks, got {s.chunk_size}")
         decode = chunk_decoder(self.ds, s.index, self.labels)
         target = np.uint64(self.id)
-        chunks = self.chunks_at(s.index)
+        chunks = self.chunks_at(s.index) if chunks is None else np.asarray(chunks, np.int64).reshape(-1, 3)
         holds = {tuple(c) for c in chunks.tolist()}
 
         def mask(c):

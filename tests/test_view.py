@@ -92,6 +92,7 @@ def test_info_is_the_datasets_info_unsharded(export, server):
     assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
     info = json.loads(body)
     want = ds.info
+    assert info.pop("mesh") == "mesh"  # its mesh source
     assert {k: v for k, v in info.items() if k != "scales"} == {k: v for k, v in want.items() if k != "scales"}
     assert len(info["scales"]) == len(want["scales"]) == 3
     for got, ref in zip(info["scales"], want["scales"], strict=True):
@@ -434,3 +435,120 @@ def test_voxel_offset_off_dvids_grid(export):
         np.testing.assert_array_equal(t[32:, :, :, 0].read().result(), export.expected(0)[32:])
         st = srv.stats()["agglomerated"]
         assert st["transcoded"]["count"] == 0 and st["encoded"]["count"] > 0
+
+
+# --------------------------------------------------------------------------- meshes
+
+
+def _legacy_fragment(data: bytes):
+    from dvidshards.formats.multilod import decode_legacy_fragment
+
+    return decode_legacy_fragment(data)
+
+
+def test_meshes_on_demand(export, server):
+    from dvidshards.formats import mesh as M
+
+    pytest.importorskip("zmesh")
+    base = server.http_url()
+    info = json.loads(get(base + "/info")[2])
+    assert info["mesh"] == "mesh"
+    status, _, body = get(base + "/mesh/info")
+    assert status == 200 and json.loads(body) == {"@type": "neuroglancer_legacy_mesh"}
+    vol = export.expected(0)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    b = int(ids[np.argmax(counts)])
+    status, _, body = get(f"{base}/mesh/{b}:0")
+    assert status == 200 and json.loads(body) == {"fragments": [f"{b}:0:mesh"]}
+    status, _, data = get(f"{base}/mesh/{b}:0:mesh")
+    assert status == 200
+    m = M.merge_fragments([_legacy_fragment(data)])
+    assert M.is_watertight(m.vertices, m.faces)
+    st = server.stats()["agglomerated"]
+    assert st["meshes"]["count"] == 1 and sum(st["mesh_scales"].values()) == 1
+    k = [s["key"] for s in info["scales"]].index(next(iter(st["mesh_scales"])))
+    res = np.array(info["scales"][k]["resolution"])
+    idx = np.argwhere(vol == b)
+    lo, hi = idx.min(axis=0) * 8.0, (idx.max(axis=0) + 1) * 8.0  # scale-0 nm (resolution 8)
+    assert (m.vertices >= lo - res).all() and (m.vertices <= hi + res).all()  # a coarser scale: within a voxel
+    want = counts.max() * 8.0**3
+    assert abs(M.enclosed_volume(m.vertices, m.faces) / want - 1) < (0.15 if k == 0 else 0.5)
+    assert get(f"{base}/mesh/{b}:0:mesh")[2] == data  # cached: computed once
+    assert server.stats()["agglomerated"]["meshes"]["count"] == 1
+    status, _, data = get(f"{base}/mesh/123456789:0:mesh")  # no such body: an empty fragment
+    assert status == 200 and len(_legacy_fragment(data).faces) == 0
+    assert get(f"{base}/mesh/{b}:1")[0] == 404 and get(f"{base}/mesh/x")[0] == 404
+
+
+def test_mesh_scale_follows_the_budget(export):
+    from dvidshards.formats import mesh as M
+
+    pytest.importorskip("zmesh")
+    ds = Dataset(export.root, spec=export.spec)
+    vol = export.expected(0)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    b = int(ids[np.argmax(counts)])
+    keys = [s.to_json()["key"] for s in ds.scales]
+    for budget, key in ((1e-6, keys[-1]), (60.0, keys[0])):
+        with serve(ds, mesh_budget=budget) as srv:
+            status, _, data = get(f"{srv.http_url()}/mesh/{b}:0:mesh")
+            assert status == 200
+            assert srv.stats()["agglomerated"]["mesh_scales"] == {key: 1}
+            m = M.merge_fragments([_legacy_fragment(data)])
+            assert M.is_watertight(m.vertices, m.faces)
+            if key == keys[0]:  # full resolution: the body's own volume
+                assert abs(M.enclosed_volume(m.vertices, m.faces) / (counts.max() * 512.0) - 1) < 0.05
+
+
+def test_serves_a_meshes_output(export, tmp_path):
+    pytest.importorskip("zmesh")
+    CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
+    from dvidshards.formats import mesh as M
+    from dvidshards.jobs.meshes import meshes
+
+    ds = Dataset(export.root, spec=export.spec)
+    assert meshes(ds, tmp_path / "m", scheduler="serial", progress=False).ok
+    with serve(ds, meshes=tmp_path / "m") as srv:
+        base = srv.http_url()
+        assert json.loads(get(base + "/mesh/info")[2])["@type"] == "neuroglancer_multilod_draco"
+        shard = sorted(f for f in os.listdir(tmp_path / "m" / "mesh") if f.endswith(".shard"))[0]
+        whole = (tmp_path / "m" / "mesh" / shard).read_bytes()
+        status, headers, part = get(f"{base}/mesh/{shard}", {"Range": "bytes=5-99"})
+        assert status == 206 and part == whole[5:100]
+        assert headers["Content-Range"] == f"bytes 5-99/{len(whole)}"
+        assert get(f"{base}/mesh/{shard}", {"Range": "bytes=-10"})[2] == whole[-10:]
+        assert get(f"{base}/mesh/{shard}", {"Range": f"bytes={len(whole)}-"})[0] == 416
+        assert get(f"{base}/mesh/{shard}")[2] == whole
+        for hidden in ("dvidshards.json", "../info", "_work/x"):
+            assert get(f"{base}/mesh/{hidden}")[0] == 404
+        # cloud-volume reads the served meshes over HTTP, equal to the files
+        vol = export.expected(0)
+        b = int(np.unique(vol[vol != 0])[0])
+        served = CloudVolume(base, progress=False, use_https=False).mesh.get(b)[b]
+        local = CloudVolume(f"file://{tmp_path / 'm'}", progress=False).mesh.get(b)[b]
+        np.testing.assert_array_equal(served.vertices, local.vertices)
+        m = M.merge_fragments([M.Mesh(served.vertices, served.faces)])
+        assert M.is_watertight(m.vertices, m.faces)
+    man = tmp_path / "m" / "mesh" / "dvidshards.json"
+    man.write_text(json.dumps({**json.loads(man.read_text()), "complete": False}))
+    from dvidshards.errors import SpecError
+
+    with pytest.raises(SpecError, match="incomplete"):
+        serve(ds, meshes=tmp_path / "m")
+    with pytest.raises(SpecError, match="meshes output"):
+        serve(ds, meshes=tmp_path)
+
+
+def test_port_in_use_is_named_in_one_line(export):
+    from dvidshards.errors import SpecError
+
+    with serve(Dataset(export.root, spec=export.spec)) as srv:
+        with pytest.raises(SpecError, match=f"port {srv.port} on 127.0.0.1 is in use"):
+            ViewServer("127.0.0.1", srv.port)
+        spec = os.path.join(os.path.dirname(export.root), "spec.json")
+        with open(spec, "w") as f:
+            json.dump(export.spec, f)
+        r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "view", export.root, "--spec", spec,
+                            "--no-viewer", "--port", str(srv.port)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2
+        assert r.stderr.strip().count("\n") == 0 and f"port {srv.port}" in r.stderr and "in use" in r.stderr

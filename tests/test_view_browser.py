@@ -226,3 +226,68 @@ def test_view_notebook_executes(monkeypatch):
 
     px = pixels(base64.b64decode(pngs[0]))
     assert len(np.unique(px.reshape(-1, 3), axis=0)) > 10  # bodies drawn, not an empty canvas
+
+
+def show_3d(drv, v, body: int, position, scale: float) -> None:
+    """Load the viewer in the browser: the 3D panel only, one body selected, no slices."""
+    with v.txn() as s:
+        s.layout = "3d"
+        s.position = [float(p) for p in position]
+        s.projection_scale = scale
+        s.show_slices = False
+        s.show_scale_bar = s.show_axis_lines = s.show_default_annotations = False
+        s.projection_background_color = "#000000"
+        s.layers["segmentation"].segments = [body]
+    drv.get(v.get_viewer_url())
+
+
+def mesh_pixels(px: np.ndarray, body: int) -> np.ndarray:
+    """Pixels drawn in the body's colour, shaded: not background, hue near the segment's."""
+    colour = np.array(rgb(ng.segment_colors.hex_string_from_segment_id(0, body)), np.float64)
+    lit = (px != BACKGROUND).any(axis=-1) & (px.sum(axis=-1) > 30)
+    cos = (px @ colour) / (np.linalg.norm(px, axis=-1) * np.linalg.norm(colour) + 1e-9)
+    return lit & (cos > 0.97)
+
+
+def _biggest_body(vol):
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    b = int(ids[np.argmax(counts)])
+    idx = np.argwhere(vol == b)
+    return b, (idx.min(axis=0) + idx.max(axis=0) + 1) / 2, float((idx.max(axis=0) - idx.min(axis=0)).max())
+
+
+@pytest.mark.slow
+def test_a_selected_body_shows_its_mesh_in_3d(export, browser, tmp_path):
+    """On demand, then from a ``dvidshards meshes`` output (sharded multi-resolution Draco, read
+    by neuroglancer through HTTP ranges): the body's surface, in its colour, the same picture."""
+    pytest.importorskip("zmesh")
+    from dvidshards.jobs.meshes import meshes as make_meshes
+
+    vol = export.expected(0)
+    body, centre, extent = _biggest_body(vol)
+    ds = Dataset(export.root, spec=export.spec)
+    assert make_meshes(ds, tmp_path / "m", scheduler="serial", progress=False).ok
+    shots = {}
+    for source, meshes in (("on demand", None), ("meshes output", tmp_path / "m")):
+        v = viewer(ds, position=centre, meshes=meshes, mesh_budget=60.0)  # full resolution on demand
+        try:
+            show_3d(browser, v, body, centre, scale=extent * 1.1)  # voxels across the panel
+            px = shots[source] = pixels(screenshot(v, size=(W, H), timeout=120))
+            on = mesh_pixels(px, body)
+            assert on.mean() > 0.05, (source, on.mean())  # the body's surface, in its colour
+            ys, xs = np.nonzero(on)
+            assert abs(xs.mean() - W / 2) < W / 4 and abs(ys.mean() - H / 2) < H / 4  # around the centre
+            st = v.dvidshards_server.stats()["agglomerated"]
+            if meshes is None:
+                assert st["meshes"]["count"] == 1 and st["mesh_files"]["count"] == 0
+            else:
+                assert st["meshes"]["count"] == 0 and st["mesh_files"]["count"] >= 2  # info + shard ranges
+            # no body selected: nothing in the 3D panel
+            with v.txn() as s:
+                s.layers["segmentation"].segments = []
+            empty = pixels(screenshot(v, size=(W, H), timeout=120))
+            assert (empty == BACKGROUND).all(axis=-1).mean() > 0.999
+        finally:
+            v.dvidshards_server.close()
+    a, b = (mesh_pixels(shots[k], body) for k in ("on demand", "meshes output"))
+    assert (a == b).mean() > 0.99  # the same surface from both sources

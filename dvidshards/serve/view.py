@@ -7,7 +7,13 @@ chunk requests at work at once) answers the two routes of an unsharded neuroglan
 - ``/{name}/info``: every scale of the export (resolution, voxel offset, size), 64³ chunks,
   ``compressed_segmentation`` encoding, no sharding;
 - ``/{name}/{key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}``: one chunk, ``compressed_segmentation``
-  bytes, clipped at the volume's upper edge like any precomputed volume.
+  bytes, clipped at the volume's upper edge like any precomputed volume;
+- ``/{name}/mesh/...``: the volume's mesh source (its ``info`` names it). Without a meshes
+  output, meshes are made on demand in neuroglancer's legacy format: ``mesh/{id}:0`` lists one
+  fragment, ``mesh/{id}:0:mesh``, computed from the body's chunks (``dvidshards.bodies.Body``)
+  at the finest scale expected to take under ``mesh_budget`` seconds (2 s), then cached. Given
+  a ``dvidshards meshes`` output (``meshes=``), its files are served instead (HTTP ranges for
+  the sharded format).
 
 A chunk with no record (all background) is answered ``404``, which both neuroglancer and
 TensorStore's ``neuroglancer_precomputed`` driver read as all zero. A chunk whose read fails
@@ -25,6 +31,7 @@ neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import logging
@@ -34,6 +41,7 @@ import re
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,12 +50,16 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from ..bodies import Body
 from ..dataset import Dataset
 from ..errors import BlockDecodeError, DvidShardsError, SpecError
 from ..formats.cseg import is_background, transcode
 from ..formats.labels import as_labels
+from ..formats.mesh import Mesh, to_nm
+from ..formats.multilod import LEGACY_TYPE, MULTILOD_TYPE, encode_legacy_fragment, legacy_info
+from ..query import BodyIndex
 
-__all__ = ["ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
+__all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
            "serve", "viewer"]
 
 log = logging.getLogger(__name__)
@@ -79,6 +91,9 @@ class ServeStats:
     failed: RouteStats = field(default_factory=RouteStats)  # 5xx: read error
     busy: int = 0  # 503: no worker slot freed in time
     scales: dict = field(default_factory=dict)  # chunk requests per scale key
+    meshes: RouteStats = field(default_factory=RouteStats)  # bodies meshed on demand
+    mesh_scales: dict = field(default_factory=dict)  # on-demand meshes per scale key
+    mesh_files: RouteStats = field(default_factory=RouteStats)  # files of a meshes output served
 
     def as_dict(self) -> dict:
         return {k: (vars(v).copy() if isinstance(v, RouteStats) else
@@ -151,9 +166,16 @@ class ViewVolume:
     transcode : bool
         Encode whole DVID-grid chunks straight from their records; False always decodes
         voxels first (for comparison).
+    meshes : path, optional
+        A ``dvidshards meshes`` output to serve as the mesh source (default: on demand).
+    mesh_budget : float
+        Seconds an on-demand mesh should take (see `MeshSource`).
+    index : BodyIndex or path, optional
+        A label index, to find a body's chunks for its on-demand mesh.
     """
 
-    def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True):
+    def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True,
+                 meshes=None, mesh_budget: float = 2.0, index=None):
         self.dataset = _as_dataset(dataset)
         self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
         self.name = self.labels.name
@@ -169,7 +191,7 @@ class ViewVolume:
             log.warning("%s: resolution unknown (no spec), served as 2**k per scale (%s); pass the export's "
                         "spec for nm", self.dataset.store.describe(""), ", ".join(guessed))
         self.info: dict[str, Any] = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
-                     "num_channels": 1, "scales": scales}
+                     "num_channels": 1, "scales": scales, "mesh": "mesh"}
         self._by_key = {s["key"]: i for i, s in enumerate(scales)}
         if len(self._by_key) != len(scales):
             raise SpecError(f"{self.dataset!r}: two scales share a key; keys are {[s['key'] for s in scales]}")
@@ -183,6 +205,7 @@ class ViewVolume:
             self._slots.put(_Encoder(scales))
         self.stats = ServeStats()
         self._stats_lock = threading.Lock()
+        self.mesh = MeshSource(self, meshes, budget=mesh_budget, index=index)
 
     def __repr__(self) -> str:
         return f"ViewVolume({self.dataset!r}, labels={self.name!r})"
@@ -247,6 +270,201 @@ class ViewVolume:
                 getattr(self.stats, route).add(nbytes, dt)
 
 
+_SEGMENT = re.compile(r"^(\d+):0$")
+_FRAGMENT = re.compile(r"^(\d+):0:mesh$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class MeshSource:
+    """The mesh source of one served volume: a meshes output's files, or meshes on demand.
+
+    Parameters
+    ----------
+    volume : ViewVolume
+        The served volume (its dataset, labels and served resolutions).
+    meshes : path, optional
+        A ``dvidshards meshes`` output: the precomputed dataset folder (whose ``info`` names its
+        mesh directory) or the mesh directory itself. Its files are served as they are.
+    budget : float
+        Seconds an on-demand mesh should take: the finest scale expected to fit is meshed.
+    cache_bytes : int
+        On-demand meshes kept (encoded), least recently used dropped first.
+    index : BodyIndex or path, optional
+        A label index, to find a body's chunks without scanning the records' lists.
+    """
+
+    def __init__(self, volume: ViewVolume, meshes=None, *, budget: float = 2.0, cache_bytes: int = 256 << 20,
+                 index=None):
+        self.volume = volume
+        self.budget = float(budget)
+        self.cache_bytes = int(cache_bytes)
+        self.index = None if index is None else index if isinstance(index, BodyIndex) else BodyIndex(index)
+        self.folder = None if meshes is None else _mesh_folder(os.fspath(meshes))
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._cached = 0
+        self._busy: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.cell_seconds = 0.01  # learned: seconds to mesh one cell (decode + marching cubes)
+
+    def __repr__(self) -> str:
+        return f"MeshSource({self.folder or 'on demand'})"
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def answer(self, rel: str, range_header: str | None) -> tuple[int, bytes, str, list]:
+        """(status, body, content type, extra headers) of a request under ``mesh/``."""
+        if self.folder is not None:
+            return self._file(rel, range_header)
+        if rel == "info":
+            return 200, json.dumps(legacy_info()).encode(), "application/json", []
+        m = _SEGMENT.match(rel)
+        if m:
+            return 200, json.dumps({"fragments": [f"{int(m.group(1))}:0:mesh"]}).encode(), "application/json", []
+        m = _FRAGMENT.match(rel)
+        if m and 0 < int(m.group(1)) < 1 << 64:
+            return 200, self.fragment(int(m.group(1))), "application/octet-stream", []
+        return 404, f"no mesh file {rel!r}\n".encode(), "text/plain; charset=utf-8", []
+
+    def _file(self, rel: str, range_header: str | None) -> tuple[int, bytes, str, list]:
+        assert self.folder is not None
+        path = os.path.normpath(os.path.join(self.folder, rel))
+        if not path.startswith(self.folder + os.sep) or os.path.basename(path).startswith((".", "_")) \
+                or rel.endswith(".json") or not os.path.isfile(path):
+            return 404, f"no mesh file {rel!r}\n".encode(), "text/plain; charset=utf-8", []
+        t0 = time.perf_counter()
+        size = os.path.getsize(path)
+        ctype = "application/json" if rel == "info" else "application/octet-stream"
+        m = _RANGE.match((range_header or "").strip())
+        with open(path, "rb") as f:
+            if m is None or (not m.group(1) and not m.group(2)):
+                data = f.read()
+                code, extra = 200, [("Accept-Ranges", "bytes")]
+            else:
+                a, b = m.groups()
+                start = int(a) if a else max(0, size - int(b))
+                end = min(int(b), size - 1) if a and b else size - 1
+                if start >= size or end < start:
+                    return 416, b"", "text/plain", [("Content-Range", f"bytes */{size}")]
+                f.seek(start)
+                data = f.read(end - start + 1)
+                code, extra = 206, [("Content-Range", f"bytes {start}-{end}/{size}"), ("Accept-Ranges", "bytes")]
+        with self.volume._stats_lock:
+            self.volume.stats.mesh_files.add(len(data), time.perf_counter() - t0)
+        return code, data, ctype, extra
+
+    # --- on demand --------------------------------------------------------------------------
+
+    def fragment(self, body: int) -> bytes:
+        """A body's legacy mesh fragment (nm), computed once and cached; empty when absent."""
+        while True:
+            with self._lock:
+                data = self._cache.get(body)
+                if data is not None:
+                    self._cache.move_to_end(body)
+                    return data
+                ev = self._busy.get(body)
+                if ev is None:
+                    ev = self._busy[body] = threading.Event()
+                    break
+            ev.wait()  # another request is meshing this body
+        try:
+            data = self._compute(body)
+            with self._lock:
+                self._cache[body] = data
+                self._cached += len(data)
+                while self._cached > self.cache_bytes and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._cached -= len(old)
+            return data
+        finally:
+            with self._lock:
+                self._busy.pop(body, None)
+            ev.set()
+
+    def choose_scale(self, body: Body) -> tuple[int | None, np.ndarray]:
+        """(position of the served scale to mesh, the body's chunks there); None: no voxel.
+
+        From the coarsest scale down, the chunks holding the body are found (the label index,
+        or the records' lists of that scale) and the cost estimated from the cells to mesh;
+        the finest scale whose estimate fits the budget wins.
+        """
+        t0 = time.perf_counter()
+        scales = self.volume.dataset.scales
+        chosen: tuple[int | None, np.ndarray] = (None, np.zeros((0, 3), np.int64))
+        for k in range(len(scales) - 1, -1, -1):
+            c = self._chunks(body, scales[k])
+            if not len(c):
+                continue
+            spent = time.perf_counter() - t0
+            if chosen[0] is not None and spent + _cells(c) * self.cell_seconds > self.budget:
+                break
+            chosen = (k, c)
+            if spent > self.budget / 2:
+                break
+        return chosen
+
+    def _chunks(self, body: Body, s) -> np.ndarray:
+        idx = body.index
+        if idx is not None and idx.scale < s.index and idx.scale == self.volume.dataset.scales[0].index:
+            # the index's scale-0 blocks, coarsened: a superset of the chunks (no scan)
+            c = body.chunks_at(idx.scale) >> (s.index - idx.scale)
+            return np.unique(c, axis=0) if len(c) else c
+        return body.chunks_at(s.index)
+
+    def _compute(self, body_id: int) -> bytes:
+        t0 = time.perf_counter()
+        vol = self.volume
+        body = Body(vol.dataset, body_id, vol.dataset.scales[0].index, vol.labels, index=self.index)
+        k, chunks = self.choose_scale(body)
+        if k is None:
+            return encode_legacy_fragment(Mesh.empty())
+        t1 = time.perf_counter()
+        mesh = body.mesh(vol.dataset.scales[k].index, units="voxels", chunks=chunks)
+        dt = time.perf_counter() - t1
+        self.cell_seconds = 0.5 * self.cell_seconds + 0.5 * dt / max(_cells(chunks), 1)
+        data = encode_legacy_fragment(to_nm(mesh, vol.info["scales"][k]["resolution"]))
+        key = vol.info["scales"][k]["key"]
+        with vol._stats_lock:
+            vol.stats.meshes.add(len(data), time.perf_counter() - t0)
+            vol.stats.mesh_scales[key] = vol.stats.mesh_scales.get(key, 0) + 1
+        log.info("mesh of body %d: scale %s, %d chunks, %d triangles, %.2f s", body_id, key, len(chunks),
+                 len(mesh.faces), time.perf_counter() - t0)
+        return data
+
+
+def _cells(chunks: np.ndarray) -> int:
+    """Cells meshed for a body in these chunks: each chunk and its - neighbours."""
+    d = np.array([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], np.int64)
+    return len(np.unique((np.asarray(chunks, np.int64)[:, None, :] - d[None]).reshape(-1, 3), axis=0))
+
+
+def _mesh_folder(path: str) -> str:
+    """The mesh directory of a meshes output (the dataset folder or the mesh folder itself)."""
+    folder = os.path.abspath(path)
+    info_path = os.path.join(folder, "info")
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: not a meshes output (cannot read its info: {e})") from None
+    if isinstance(info, dict) and isinstance(info.get("mesh"), str):
+        folder = os.path.join(folder, info["mesh"])
+        try:
+            with open(os.path.join(folder, "info")) as f:
+                info = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SpecError(f"{folder}: no mesh info ({e})") from None
+    if not (isinstance(info, dict) and info.get("@type") in (MULTILOD_TYPE, LEGACY_TYPE)):
+        raise SpecError(f"{path}: neither a precomputed dataset with meshes nor a mesh folder")
+    manifest = os.path.join(folder, "dvidshards.json")
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            if not json.load(f).get("complete", False):
+                raise SpecError(f"{manifest}: the meshes output is incomplete (run dvidshards meshes --resume)")
+    return folder
+
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -298,6 +516,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._text(404, f"no volume {name!r}; volumes: {sorted(self.server.volumes)}")
         if rest == "info":
             return self._send(200, json.dumps(vol.info).encode(), "application/json")
+        if rest.startswith("mesh/"):
+            return self._mesh(vol, name, rest[5:])
         m = _CHUNK.match(rest)
         req = vol.chunk_box(m.group(1), [int(g) for g in m.groups()[1:]]) if m else None
         if req is None:
@@ -325,6 +545,37 @@ class _Handler(BaseHTTPRequestHandler):
         vol.record(req[0], route, len(data), time.perf_counter() - t0)
 
 
+    def _mesh(self, vol: ViewVolume, name: str, rel: str):
+        ranged = "Range" in self.headers
+        if not ranged and not self.server.admit.acquire(timeout=self.server.admit_timeout):
+            return self._text(503, "busy", [("Retry-After", "1")])
+        try:
+            code, body, ctype, extra = vol.mesh.answer(rel, self.headers.get("Range"))
+        except Exception as e:  # a failed mesh never takes the server down
+            msg = f"{type(e).__name__}: {e}"
+            if isinstance(e, DvidShardsError):
+                log.error("mesh %s/%s: %s", name, rel, msg)
+            else:
+                log.exception("mesh %s/%s: %s", name, rel, msg)
+            return self._text(500, msg)
+        finally:
+            if not ranged:
+                self.server.admit.release()
+        if code in (206, 416):  # a byte range is sent as it is (never gzipped)
+            self.send_response(code)
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.send_header("Access-Control-Expose-Headers", "Content-Length, Content-Range, Accept-Ranges")
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in extra:
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return None
+        return self._send(code, body, ctype, extra)
+
+
 class _Server(ThreadingHTTPServer):
     volumes: dict[str, ViewVolume]
     gzip: bool
@@ -347,7 +598,14 @@ class ViewServer:
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, *, threads: int | None = None,
                  gzip: bool = False, host: str | None = None, admit_timeout: float = 60.0):
         self.threads = max(2, os.cpu_count() or 2) if threads is None else int(threads)
-        self._http = _Server((bind, int(port)), _Handler)
+        try:
+            self._http = _Server((bind, int(port)), _Handler)
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                why = "is in use" if e.errno == errno.EADDRINUSE else "is not allowed"
+                raise SpecError(f"port {port} on {bind or '0.0.0.0'} {why}: pick another --port (0: any free "
+                                f"port)") from None
+            raise SpecError(f"cannot listen on {bind}:{port} ({e.strerror or e})") from None
         self._http.volumes = {}
         self._http.gzip = bool(gzip)
         self._http.admit = threading.BoundedSemaphore(self.threads)
@@ -361,9 +619,14 @@ class ViewServer:
                                         daemon=True)
         self._thread.start()
 
-    def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True) -> str:
-        """Serve a volume; returns its source URL (``precomputed://http://host:port/name``)."""
-        vol = ViewVolume(dataset, labels, threads=self.threads, transcode=transcode)
+    def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True,
+            meshes=None, mesh_budget: float = 2.0, index=None) -> str:
+        """Serve a volume; returns its source URL (``precomputed://http://host:port/name``).
+
+        ``meshes``, ``mesh_budget`` and ``index`` choose its mesh source (see `ViewVolume`).
+        """
+        vol = ViewVolume(dataset, labels, threads=self.threads, transcode=transcode, meshes=meshes,
+                         mesh_budget=mesh_budget, index=index)
         name = name or vol.name
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SpecError(f"volume name {name!r}: use letters, digits, '_', '.', '-'")
@@ -406,7 +669,8 @@ class ViewServer:
 
 
 def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0.1",
-          threads: int | None = None, gzip: bool = False, spec=None, transcode: bool = True) -> ViewServer:
+          threads: int | None = None, gzip: bool = False, spec=None, transcode: bool = True,
+          meshes=None, mesh_budget: float = 2.0, index=None) -> ViewServer:
     """Serve an export as a neuroglancer precomputed segmentation source.
 
     Parameters
@@ -427,6 +691,12 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
         The export's multiscale spec when ``dataset`` is a path (see `Dataset`).
     transcode : bool
         Encode whole chunks straight from their DVID records when possible.
+    meshes : path, optional
+        A ``dvidshards meshes`` output served as the mesh source (default: meshes on demand).
+    mesh_budget : float
+        Seconds an on-demand mesh should take; the finest scale expected to fit is meshed.
+    index : BodyIndex or path, optional
+        A label index, to find a body's chunks for its on-demand mesh without a scan.
 
     Returns
     -------
@@ -435,7 +705,8 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
     """
     srv = ViewServer(bind, port, threads=threads, gzip=gzip)
     try:
-        srv.add(_as_dataset(dataset, spec), labels, transcode=transcode)
+        srv.add(_as_dataset(dataset, spec), labels, transcode=transcode, meshes=meshes, mesh_budget=mesh_budget,
+                index=index)
     except BaseException:
         srv.close()
         raise
@@ -452,7 +723,7 @@ def _neuroglancer():
 
 def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: str | None = None,
            server: ViewServer | None = None, port: int = 0, bind: str = "127.0.0.1", spec=None,
-           viewer=None, layer: str = "segmentation"):
+           viewer=None, layer: str = "segmentation", meshes=None, mesh_budget: float = 2.0, index=None):
     """A ``neuroglancer.Viewer`` showing an export (its client ships with neuroglancer).
 
     Parameters
@@ -478,6 +749,8 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
         Add the layer to this viewer instead of a new one.
     layer : str
         Name of the segmentation layer.
+    meshes, mesh_budget, index :
+        The mesh source (see `serve`): selected bodies show in the 3D panel.
 
     Returns
     -------
@@ -490,7 +763,7 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
     own = server is None
     srv = ViewServer(bind, port) if server is None else server
     try:
-        v = _show(ds, srv.add(ds, labels), select=select, position=position, image=image, bind=bind,
+        v = _show(ds, srv.add(ds, labels, meshes=meshes, mesh_budget=mesh_budget, index=index), select=select, position=position, image=image, bind=bind,
                   viewer=viewer, layer=layer)
     except BaseException:
         if own:
@@ -632,6 +905,11 @@ def add_arguments(parser) -> None:
                         help="starting position in scale-0 voxels (default: the centre)")
     parser.add_argument("--image", metavar="URL", help="an EM image layer (precomputed://, zarr://, ...)")
     parser.add_argument("--gzip", action="store_true", help="gzip chunk answers")
+    parser.add_argument("--meshes", metavar="DEST",
+                        help="serve the meshes of a 'dvidshards meshes' output (default: meshes made on demand)")
+    parser.add_argument("--index", metavar="FOLDER", help="a label index, to find a body's chunks for its mesh")
+    parser.add_argument("--mesh-budget", type=float, default=2.0, metavar="SECONDS",
+                        help="time an on-demand mesh should take: the finest scale that fits is meshed (default 2)")
     parser.add_argument("--no-viewer", action="store_true", help="only serve the precomputed source")
 
 
@@ -643,7 +921,7 @@ def main(args) -> int:
     ds = _as_dataset(args.source, args.spec)
     server = ViewServer(args.bind, args.port, gzip=args.gzip)
     try:
-        src = server.add(ds, args.labels)
+        src = server.add(ds, args.labels, meshes=args.meshes, mesh_budget=args.mesh_budget, index=args.index)
         print(src, flush=True)
         if not args.no_viewer:
             v = _show(ds, src, select=args.select, position=args.position, image=args.image, bind=args.bind)
