@@ -3,6 +3,26 @@
 Run from the project root::
 
     python benchmarks/bench_convert.py [--quick] [--workdir DIR] [--data DIR]
+    python benchmarks/bench_convert.py --issue22 [dense,first,schedulers,plan] [--quick]
+
+``--issue22`` runs the sections of issue 22 instead (no real data needed), each measurement in
+a fresh Python process:
+
+* ``dense``: a dense 32,768-chunk s0 shard of the procedural mCNS export
+  (`dvidshards.testing.procedural`), raw chunk data, converted with the export's own geometry:
+  peak RSS of the streamed route (local destinations: the shard file built on disk) against one
+  kvstore transaction per output shard (the route of remote destinations, and of every
+  destination before);
+* ``first``: the first task of a fresh worker with an empty ``NUMBA_CACHE_DIR``: the transcode
+  kernel compiled in the caller's thread before any chunk (``DVIDSHARDS_KERNELS=compiled``,
+  what every worker did before) against the default (numpy fallback while numba compiles in the
+  background);
+* ``schedulers``: wall time of a whole convert of a synthetic export of a few dozen shards with
+  ``--scheduler serial``, the default (``auto``) and ``local:2``;
+* ``plan``: all 12 scales of the procedural mCNS export planned and submitted (serially, and
+  with the default scheduler), a random sample of s0 tasks executed, the others returning at
+  once: client peak RSS, planning time, tasks, bytes per pickled task, overhead per task, and
+  the projected core-hours of mCNS from the sample's CPU per chunk.
 
 Data (built once in the work directory; blocks of the real mCNS shard reused cyclically for the
 large shards, geometry of mCNS scale 1):
@@ -301,6 +321,169 @@ def run(kind: str, d: dict, workdir: Path, warm: dict, **opts) -> dict:
         shutil.rmtree(out.with_name(out.name + "-warm"), ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- issue 22
+
+
+def _dense_origin(store):
+    origins = store.shard_origins(0)
+    return next(o for o in origins[len(origins) // 2:] if len(store.shard_chunks(0, o)) == 32768)
+
+
+def i22_child(kind: str, opts: dict) -> dict:
+    """One issue-22 measurement, in this (fresh) process."""
+    import pickle
+    import random
+    from functools import partial
+
+    import dvidshards
+    from dvidshards.jobs import convert as CV
+    from dvidshards.testing.procedural import ProceduralStore
+
+    t0, c0 = time.perf_counter(), _cpu()
+    out = opts["out"]
+    if kind == "dense":
+        store = ProceduralStore()
+        ds = dvidshards.Dataset(store, spec=store.spec)
+        o = _dense_origin(store)
+        t0, c0 = time.perf_counter(), _cpu()
+        rep = CV.convert(ds, out, "precomputed", scales=[0], data_encoding="raw", scheduler="serial",
+                         progress=False, _only={(0, tuple(o))}, _stream=opts["stream"])
+        return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "peak": C.peak_rss(),
+                "chunks": rep.totals.written, "bytes": rep.totals.encoded_bytes, "ok": rep.ok}
+    if kind == "first":
+        spec = json.loads(Path(opts["spec"]).read_text())
+        ds = dvidshards.Dataset(opts["export"], spec=spec)
+        t1 = time.perf_counter()
+        rep = CV.convert(ds, out, "precomputed", scales=[0], scheduler="serial", progress=False, _stop_after=1)
+        return {"import_open": t1 - t0, "first_task": time.perf_counter() - t1, "cpu": _cpu() - c0,
+                "peak": C.peak_rss(), "chunks": rep.totals.written, "ok": rep.ok}
+    if kind == "schedulers":
+        spec = json.loads(Path(opts["spec"]).read_text())
+        rep = CV.convert(opts["export"], out, "precomputed", spec=spec, scheduler=opts["scheduler"], progress=False)
+        return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "tasks": rep.tasks, "ok": rep.ok,
+                "task_cpu": rep.totals.cpu_s}
+    if kind == "plan":
+        store = ProceduralStore()
+        ds = dvidshards.Dataset(store, spec=store.spec)
+        plans = {s.index: CV.plan_scale(s, "precomputed") for s in ds.scales}
+        items = [(k, tuple(int(v) for v in o)) for k in plans for o in ds.shards(k)]
+        t_plan = time.perf_counter() - t0
+        rng = random.Random(opts["seed"])
+        s0 = [it for it in items if it[0] == 0]
+        sample = set(rng.sample(s0, opts["sample"]))
+        job = CV._Job("x", ds, "precomputed", CV._kvstore_json(out), "agglomerated", "transcode", False, plans)
+        task_bytes = len(pickle.dumps((partial(CV._convert_shard, job), items[0])))
+        t1 = time.perf_counter()
+        rep = CV.convert(ds, out, "precomputed", scheduler=opts["scheduler"], progress=False, _only=sample)
+        wall = time.perf_counter() - t1
+        chunks_by_scale = {}
+        for k in plans:
+            origins = [it for it in items if it[0] == k]
+            pick = rng.sample(origins, min(len(origins), 200))
+            chunks_by_scale[k] = len(origins) * sum(len(store.shard_chunks(k, o)) for _, o in pick) / len(pick)
+        return {"plan": t_plan, "tasks": len(items), "task_bytes": task_bytes, "run_wall": wall,
+                "sample": len(sample), "sample_wall": rep.totals.wall_s, "sample_cpu": rep.totals.cpu_s,
+                "sample_records": rep.totals.records, "sample_written": rep.totals.written,
+                "worker_peak": rep.totals.max_rss_mib, "peak": C.peak_rss(), "ok": rep.ok,
+                "chunks_total": sum(chunks_by_scale.values()), "chunks_s0": chunks_by_scale[0]}
+    raise SystemExit(f"unknown issue-22 measurement {kind}")
+
+
+def i22_run(kind: str, opts: dict, env: dict | None = None) -> dict:
+    import os
+
+    cmd = [sys.executable, __file__, "--i22-child", kind, json.dumps(opts)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
+    shutil.rmtree(opts["out"], ignore_errors=True)
+    if r.returncode:
+        raise SystemExit(f"child failed: {kind} {opts}\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def issue22(args, sections: list[str]) -> None:
+    import os
+
+    work = args.workdir / "issue22"
+    work.mkdir(parents=True, exist_ok=True)
+    C.header("dvidshards convert at mCNS scale (issue 22 items 5, 6, 7 and 2)")
+
+    def out():
+        d = Path(tempfile.mkdtemp(prefix="out-", dir=work))
+        shutil.rmtree(d)
+        return str(d)
+
+    def export(name, shape, scales, shard_chunks):
+        from dvidshards.testing.synthetic import neuron_volume
+        from dvidshards.writer import write_export
+
+        root = work / name
+        spec = work / f"{name}.spec.json"
+        if not spec.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            sv, mapping = neuron_volume(shape, n_bodies=40, svs_per_body=4, seed=3)
+            spec.write_text(json.dumps(write_export(sv, root, mapping=mapping, scales=scales,
+                                                    shard_chunks=shard_chunks)))
+        return str(root), str(spec)
+
+    if "dense" in sections:
+        rows = []
+        for label, stream in (("one transaction per output shard (before; remote destinations)", False),
+                              ("streamed to disk (local destinations)", True)):
+            r = i22_run("dense", {"out": out(), "stream": stream})
+            rows.append([label, r["chunks"], f"{r['bytes'] / C.MIB:.0f}", f"{r['peak'] / C.MIB:.0f}",
+                         f"{r['wall']:.1f}", f"{1e3 * r['cpu'] / r['chunks']:.3f}",
+                         C.verdict(r["peak"] <= C.GIB) if stream else ""])
+        C.table(["route", "chunks", "output MiB", "peak RSS MiB", "wall s", "CPU ms/chunk", "<= 1 GiB"], rows,
+                "Dense 32,768-chunk shard, raw chunk data, export's geometry (fresh process each)")
+    if "first" in sections:
+        root, spec = export("first", (512, 512, 320), 1, 4)
+        rows = []
+        for label, mode in (("compile, then convert (before: DVIDSHARDS_KERNELS=compiled)", "compiled"),
+                            ("default: numpy fallback while numba compiles", "background")):
+            for trial in range(1 if args.quick else 2):
+                cache = Path(tempfile.mkdtemp(prefix="numba-", dir=work))
+                r = i22_run("first", {"out": out(), "export": root, "spec": spec},
+                            {"NUMBA_CACHE_DIR": str(cache), "DVIDSHARDS_KERNELS": mode})
+                shutil.rmtree(cache, ignore_errors=True)
+                rows.append([label, trial + 1, r["chunks"], f"{r['import_open']:.2f}", f"{r['first_task']:.2f}",
+                             f"{r['cpu']:.1f}", f"{r['peak'] / C.MIB:.0f}"])
+        C.table(["first task of a fresh worker, empty NUMBA_CACHE_DIR", "trial", "chunks", "import+open s",
+                 "first task s", "process CPU s", "peak RSS MiB"], rows)
+    if "schedulers" in sections:
+        root, spec = export("sched", (512, 384, 320), 2, 2)
+        nshards = sum(1 for _ in Path(root).rglob("*.arrow"))
+        res = {}
+        for sched in ("serial", None, "local:2"):
+            walls = [i22_run("schedulers", {"out": out(), "export": root, "spec": spec, "scheduler": sched})["wall"]
+                     for _ in range(1 if args.quick else 3)]
+            res[sched] = min(walls)
+        rows = [[s or "default (auto)", f"{w:.2f}", f"{w / res['serial']:.2f}x",
+                 C.verdict(w <= 1.5 * res["serial"]) if s != "local:2" else ""] for s, w in res.items()]
+        C.table(["--scheduler", "wall s (best)", "/ serial", "<= 1.5x serial"], rows,
+                f"Whole convert of a {nshards}-shard synthetic export, precomputed (fresh process each, "
+                f"{os.cpu_count()} cores)")
+    if "plan" in sections:
+        rows = []
+        proj = []
+        for sched in ("serial", None):
+            r = i22_run("plan", {"out": out(), "scheduler": sched, "sample": 3 if args.quick else 10, "seed": 1})
+            over = (r["run_wall"] - r["sample_wall"]) / max(1, r["tasks"] - r["sample"])
+            rows.append([sched or "default (auto)", r["tasks"], f"{r['plan']:.1f}", f"{r['run_wall']:.1f}",
+                         f"{r['peak'] / C.MIB:.0f}", r["task_bytes"], f"{1e3 * over:.2f}", r["sample"],
+                         f"{r['worker_peak']:.0f}",
+                         C.verdict(r["peak"] <= 2 * C.GIB and r["plan"] <= 120)])
+            cpc = r["sample_cpu"] / max(1, r["sample_records"])
+            proj.append([sched or "default (auto)", r["sample_records"], f"{1e3 * cpc:.3f}",
+                         f"{r['chunks_s0'] / 1e6:.0f} M", f"{r['chunks_total'] / 1e6:.0f} M",
+                         f"{r['chunks_total'] * cpc / 3600:.0f}"])
+        C.table(["scheduler", "tasks (12 scales)", "planning s", "submit+run s", "client peak RSS MiB",
+                 "bytes per pickled task", "overhead ms per task", "tasks executed", "worker peak MiB",
+                 "peak <= 2 GiB, plan <= 2 min"], rows, "Procedural mCNS export, all 12 scales: plan and submit "
+                                                         "every task, execute a random sample of s0 shards")
+        C.table(["scheduler", "chunks in sample", "CPU ms per chunk", "chunks s0 (est.)", "chunks, 12 scales (est.)",
+                 "projected core-hours"], proj, "Projection (procedural chunks; CPU per chunk of the sample)")
+
+
 # --------------------------------------------------------------------------- the transcoder alone
 
 
@@ -364,9 +547,18 @@ def main(argv=None) -> int:
     p = C.parser(__doc__.split("\n")[0])
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     p.add_argument("--transcode-only", action="store_true", help="only the transcoder section")
+    p.add_argument("--issue22", nargs="?", const="dense,first,schedulers,plan", default=None, metavar="SECTIONS",
+                   help="the issue-22 sections instead (comma separated: dense, first, schedulers, plan)")
+    p.add_argument("--i22-child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(args.child)
+        return 0
+    if args.i22_child:
+        print(json.dumps(i22_child(args.i22_child[0], json.loads(args.i22_child[1]))))
+        return 0
+    if args.issue22:
+        issue22(args, args.issue22.split(","))
         return 0
     data = C.require_real_data(args.data)
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -462,7 +462,7 @@ _DENSE = """if True:
     origins = store.shard_origins(0)
     o = next(o for o in origins[len(origins) // 2:] if len(store.shard_chunks(0, o)) == 32768)
     rep = convert(ds, sys.argv[1], "precomputed", scales=[0], data_encoding="raw", scheduler="serial",
-                  progress=False, _only={(0, tuple(o))})
+                  labels="supervoxels", progress=False, _only={(0, tuple(o))})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sp = plan_scale(ds.scale(0), "precomputed", data_encoding="raw")
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": "file://" + sys.argv[1] + "/",

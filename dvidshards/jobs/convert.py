@@ -17,24 +17,39 @@ How it is safe and bounded:
   one source shard's box (identity hash, no shard-number wrap, per-axis containment); a task
   owns one source shard and therefore all of its output shards, and no two tasks can write the
   same output shard. Layouts where this does not hold are refused (:class:`ConvertPlanError`).
-* Each output shard is written in **one kvstore transaction of encoded chunks** through
-  TensorStore's ``neuroglancer_uint64_sharded`` or ``zarr3_sharding_indexed`` kvstore driver,
-  so a task holds at most one output shard's encoded bytes, and the cost per chunk does not
-  grow with the shard. Chunks TensorStore must encode (edge chunks cut by the volume bound,
-  zarr3, ``encoder="tensorstore"``) are decoded and written into an unsharded in-memory
-  array of the same geometry and encoding; the chunk's bytes are read back from the memory
-  kvstore. ``info`` and the arrays' ``zarr.json`` are written by TensorStore's drivers before
-  any data (the zarr group's ``zarr.json`` through TensorStore's kvstore: it has no group
-  driver).
+* On a **local destination** a precomputed output shard is built on disk as its chunks are
+  encoded, minishard by minishard (:class:`dvidshards.formats.sharding.ShardFileWriter`, with
+  TensorStore's own gzip for the minishard indexes: byte-identical to its sharded writer), then
+  renamed over the old file: a task holds one chunk and one minishard index, whatever the size
+  of the shard (a dense 32,768-chunk shard with raw chunk data: ~0.8 GB of output, 0.72 GiB peak
+  RSS, most of it the source shard; one transaction: 1.4 GiB). On other kvstores (gs://, s3://)
+  and for zarr3, each output shard is written in **one kvstore transaction of encoded chunks**
+  through TensorStore's ``neuroglancer_uint64_sharded`` or ``zarr3_sharding_indexed`` driver:
+  a task holds one output shard's encoded bytes (zarr3's are zstd-compressed, ~4 KB a chunk).
+  Either way the cost per chunk does not grow with the shard. Chunks TensorStore must encode
+  (edge chunks cut by the volume bound, zarr3, ``encoder="tensorstore"``) are decoded and
+  written into an unsharded in-memory array of the same geometry and encoding; the chunk's
+  bytes are read back from the memory kvstore. ``info`` and the arrays' ``zarr.json`` are
+  written by TensorStore's drivers before any data (the zarr group's ``zarr.json`` through
+  TensorStore's kvstore: it has no group driver).
+* The destination holds a **manifest**, ``dvidshards.json``: the command and arguments, per
+  scale the source shards done and failed, ``"complete": false`` from before the first chunk
+  until every task has succeeded. ``dvidshards verify DEST`` reports it. A destination holding
+  anything but this conversion's own earlier output is refused before anything is written
+  (``overwrite=True`` replaces this conversion's files and leaves others alone).
 * Precomputed chunk data is gzipped here (zlib level 1 by default, ``gzip_level``) and handed to
   the sharded kvstore driver as is: TensorStore's own writer compresses at level 9, which
   costs ~15x the CPU of level 1 for chunks ~20 % smaller; readers decode either.
 * Background (all-zero) chunks and absent chunks are never written; records outside the volume
   are counted and skipped.
 * ``resume=True`` skips output shards that exist with the expected number of chunks (records
-  whose palette is not all 0), reading only their index; shard files are written whole by the
-  driver, anything else is deleted and rewritten. Resume assumes the same arguments as the
-  interrupted run.
+  whose palette is not all 0), reading only their index; shard files are written whole, anything
+  else is deleted and rewritten. The manifest's arguments must match the interrupted run's; the
+  manifest is made complete when the resumed run succeeds.
+* Tasks run where ``scheduler`` says (:mod:`dvidshards.jobs.runner`: in this process, on
+  threads by default, or on dask), one :class:`~dvidshards.jobs.runner.TaskRunner` per job.
+  The transcode kernel answers through its numpy fallback while numba compiles it in the
+  background, so a fresh worker's first task does not wait for the compiler.
 """
 
 from __future__ import annotations
@@ -1005,9 +1020,12 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
 
 
 def _version() -> str:
-    from .. import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    return __version__
+    try:
+        return version("dvidshards")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without installation
+        return "unknown"
 
 
 def _now() -> str:

@@ -31,7 +31,8 @@ from ..errors import (
     SpecError,
 )
 from ..formats.codec import block_header, decode_into
-from .convert import MANIFEST, plan_scale, read_manifest, verify_output
+
+MANIFEST = "dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_conversion"]
 
@@ -128,6 +129,76 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
             report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
+def _kvstore(dest) -> dict:
+    import tensorstore as ts
+
+    if isinstance(dest, dict):
+        j = dict(dest)
+    elif "://" in os.fspath(dest):
+        j = ts.KvStore.Spec(os.fspath(dest)).to_json()
+    else:
+        j = {"driver": "file", "path": os.path.abspath(os.fspath(dest))}
+    if j.get("path") and not j["path"].endswith("/"):
+        j["path"] += "/"
+    return j
+
+
+def _read_manifest(kv: dict, where: str) -> dict | None:
+    import json
+
+    import tensorstore as ts
+
+    r = ts.KvStore.open(kv).result().read(MANIFEST).result()
+    if r.state != "value":
+        return None
+    try:
+        m = json.loads(r.value)
+    except ValueError as e:
+        raise SpecError(f"{where}: not a dvidshards manifest ({e})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("dvidshards"), dict) or "complete" not in m:
+        raise SpecError(f"{where}: not a dvidshards manifest (no 'dvidshards' and 'complete' members)")
+    return m
+
+
+def _spot_check(ds: Dataset, kv: dict, fmt: str, k: int, key: str, labels, n: int, rng) -> tuple[int, list[str]]:
+    """Read ``n`` random source chunks of scale ``k`` back from the output with TensorStore's own
+    driver (opened from the output's metadata) and compare them with the source."""
+    import tensorstore as ts
+
+    s = ds.scale(k)
+    origins = ds.shards(k)
+    if not origins:
+        return 0, []
+    if fmt == "precomputed":
+        arr = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv,
+                       "scale_metadata": {"key": key}}).result()[..., 0]
+    else:
+        sub = dict(kv)
+        sub["path"] = kv.get("path", "") + key + "/"
+        arr = ts.open({"driver": "zarr3", "kvstore": sub}).result()
+    off = np.asarray(s.voxel_offset, np.int64)
+    size = np.asarray(s.size, np.int64)
+    chunk = np.asarray(s.chunk_size, np.int64)
+    done, bad = 0, []
+    for _ in range(n):
+        o = origins[int(rng.integers(len(origins)))]
+        coords = ds.shard(k, o).coords
+        if not len(coords):
+            continue
+        c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
+        lo, hi = np.maximum(c * chunk, off), np.minimum((c + 1) * chunk, off + size)
+        if (hi <= lo).any():
+            continue
+        want = ds.read([lo.tolist(), hi.tolist()], scale=k, labels=labels, threads=1)
+        rlo = lo if fmt == "precomputed" else lo - off
+        rhi = rlo + (hi - lo)
+        got = arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
+        done += 1
+        if not np.array_equal(got, want):
+            bad.append(f"s{k} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ from the source")
+    return done, bad
+
+
 def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyReport | None:
     """Check a ``dvidshards convert`` output from its manifest (None: ``source`` holds none).
 
@@ -136,12 +207,14 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
     manifest (or a source that cannot be opened).
     """
     t0 = time.monotonic()
-    if isinstance(source, Dataset) or not isinstance(source, (str, os.PathLike, dict)):
+    if not isinstance(source, (str, os.PathLike, dict)):
         return None
+    where = f"{source if isinstance(source, dict) else os.fspath(source)}/{MANIFEST}"
     try:
-        m = read_manifest(source)
+        kv = _kvstore(source)
+        m = _read_manifest(kv, where)
     except DvidShardsError as e:
-        report = VerifyReport(problems=[Problem(str(source), type(e).__name__, str(e))])
+        report = VerifyReport(problems=[Problem(where, type(e).__name__, str(e))])
         report.manifest = {}
         return report
     except (ValueError, OSError):  # not a kvstore TensorStore can open: not a conversion output
@@ -149,7 +222,6 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
     if m is None:
         return None
     report = VerifyReport(manifest=m)
-    where = f"{os.fspath(source) if not isinstance(source, dict) else source}/{MANIFEST}"
     scales = m.get("scales", {})
     for k, v in scales.items():
         report.shards += int(v.get("source_shards", 0))
@@ -167,13 +239,12 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
         report.problems.append(Problem(where, "Mismatch", f"{where}: at conversion time: {msg}"))
     if spot_check > 0:
         args = m.get("arguments", {})
+        rng = np.random.default_rng(seed)
         try:
             ds = Dataset(args["source"], spec=m.get("spec"))
             for k in sorted(scales, key=int):
-                sp = plan_scale(ds.scale(int(k)), args["format"], shard_bits_extra=args.get("shard_bits_extra", 0),
-                                sharding=args.get("sharding"), data_encoding=args.get("data_encoding", "gzip"))
-                labels = args.get("labels", "agglomerated")
-                n, bad = verify_output(ds, source, args["format"], sp, labels, spot_check, seed=seed)
+                n, bad = _spot_check(ds, kv, args["format"], int(k), scales[k]["key"],
+                                     args.get("labels", "agglomerated"), spot_check, rng)
                 report.chunks += n
                 report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
         except (DvidShardsError, KeyError, ValueError, OSError) as e:
