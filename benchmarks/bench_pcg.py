@@ -23,12 +23,28 @@ Data sets:
 
 The projection to the real export's s0 (``mcns-ng-specs.json`` scale 0) scales the measured
 per-chunk CPU time and output size to its 256³ grid.
+
+Planning at full size (issue 22 items 2-3): ``pcg-edges`` over the procedural mCNS export's s0
+(``dvidshards.testing.procedural.ProceduralStore``: ~26 K shard files of 2048³, 256³ PCG chunks),
+in a fresh child process standing for the client: planning time, client peak RSS, tasks, bytes
+per pickled task; then every task (``--submit-tasks``, default all) submitted through the job's
+runner to a LocalCluster of 2 workers with a stand-in task function (unpickles the real task,
+lists its chunks, returns a result of the real shape), for the scheduler overhead per task and
+the client's peak RSS while it holds the results. Baseline in the same child: the planner before
+(one item per chunk, a Python triple loop per shard) timed on ``--old-shards`` shards and scaled
+to all. Last, ``--sample`` random tasks (default 2) run for real, each in a fresh process as on
+a worker: wall and CPU time, peak RSS, result size. ``--mcns-only`` skips the per-chunk tables::
+
+    python benchmarks/bench_pcg.py --mcns-only [--sample 2] [--sample-chunks K] [--submit-tasks N]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +64,8 @@ def _job(root, spec, scale, out, level):
     s = ds.scale(scale)
     grid = -(-np.asarray(s.size) // CS)
     layout = fmt.IdLayout(fmt.layers_for_grid(grid))
-    Path(out, pcg.PIECES).mkdir(parents=True, exist_ok=True)
+    Path(out, pcg.SIDE_TABLE).mkdir(parents=True, exist_ok=True)
+    Path(out, pcg.TMP).mkdir(parents=True, exist_ok=True)
     return pcg._Job(ds, s, str(out), CS, layout, None, "area", level, 1, True)
 
 
@@ -124,23 +141,225 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
                         results[c] = res
         stages = [_breakdown(job, c) for c in chunks]
         files = sum(p.stat().st_size for p in out.glob("*.proto*"))
-        pieces_bytes = sum(p.stat().st_size for p in (out / pcg.PIECES).glob("*.npy"))
-        pq_rows, _ = pcg._side_table(str(out))
-        parquet = (out / pcg.SIDE_TABLE).stat().st_size
+        (a, _), _ = pcg._write_part(str(out), "all.parquet", None, [(c, results[c][1]) for c in chunks], set(chunks))
+        pq_rows = len(a)
+        parquet = (out / pcg.SIDE_TABLE / "all.parquet").stat().st_size
+        pieces_bytes = parquet  # the side-table part is the resume record now
     finally:
         shutil.rmtree(out, ignore_errors=True)
     vox = float(np.mean([np.prod(np.subtract(*job.box(c)[::-1])) for c in chunks]))
     return {"name": name, "chunks": len(chunks), "voxels": vox, "wall": wall, "cpu": cpu, "stages": stages,
-            "files": files, "pieces_bytes": pieces_bytes, "parquet": parquet, "rows": pq_rows, "results": results}
+            "files": files, "pieces_bytes": pieces_bytes, "parquet": parquet, "rows": pq_rows}
+
+
+# --------------------------------------------------------------------------- mCNS planning (issue 22)
+
+
+def _mcns_job(out: str):
+    from dvidshards.testing.procedural import ProceduralStore
+
+    store = ProceduralStore()
+    ds = dvidshards.Dataset(store, spec=store.spec)
+    s = ds.scale(0)
+    grid = -(-np.asarray(s.size) // CS)
+    layout = fmt.IdLayout(fmt.layers_for_grid(grid))
+    return pcg._Job(ds, s, out, CS, layout, None, "area", 3, 1, True), store
+
+
+def _dry_task(job, task):
+    """Stand-in task: the real task unpickled, its chunks listed, a result of the real shape."""
+    members = job.members(task)
+    return {**dict.fromkeys(pcg._COUNTS, 0), "chunks": len(members), "skipped": 0, "failed": {}, "part_rows": 0,
+            "part_written": 0}
+
+
+def _old_items(job, origins) -> set:
+    """The planner before (commit 842aed7, ``_job_items`` with one chunk per task): a Python
+    triple loop over the chunks of every shard."""
+    lo, hi, g = job.lo, job.hi, 1
+    extent = min(job.scale.shard_extent, 1 << 40)
+    found = set()
+    for o in origins:
+        a, b = np.maximum(np.asarray(o, np.int64), lo), np.minimum(np.asarray(o, np.int64) + extent, hi)
+        if (b <= a).any():
+            continue
+        c0, c1 = (a - job.lo) // job.cs // g, ((b - 1 - job.lo) // job.cs) // g + 1
+        for x in range(int(c0[0]), int(c1[0])):
+            for y in range(int(c0[1]), int(c1[1])):
+                for z in range(int(c0[2]), int(c1[2])):
+                    found.add((x, y, z))
+    return found
+
+
+def child_plan(args) -> None:
+    """The client: plan, pickle, submit; one JSON line."""
+    import functools
+    import pickle
+    import tracemalloc
+
+    from dvidshards.jobs.runner import TaskRunner
+
+    res = {"rss_start": C.rss()}
+    t = time.perf_counter()
+    job, store = _mcns_job(str(args.workdir / "pcg-mcns-plan"))
+    res["open_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tasks = pcg._plan(job, None, None, None)
+    res["plan_s"] = time.perf_counter() - t
+    res["plan_peak"] = C.peak_rss()
+    res.update(tasks=len(tasks), group=list(job.group), shards=len(store.shard_origins(0)),
+               grid=[int(v) for v in job.grid], chunks=int(sum(len(job.members(k)) for k in tasks)))
+    fn = functools.partial(pcg._run_task, job)
+    rng = np.random.default_rng(0)
+    sizes = [len(pickle.dumps((fn, tasks[int(i)]))) for i in rng.integers(0, len(tasks), 200)]
+    res.update(task_bytes_mean=float(np.mean(sizes)), task_bytes_max=int(max(sizes)))
+    res["result_bytes"] = len(pickle.dumps(_dry_task(job, tasks[0])))
+    # the planner before, on a sample of shards
+    origins = store.shard_origins(0)
+    k = min(args.old_shards, len(origins))
+    tracemalloc.start()
+    t = time.perf_counter()
+    old = _old_items(job, origins[:k])
+    dt = time.perf_counter() - t
+    mem = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    res["old"] = {"shards": k, "items": len(old), "seconds": dt, "bytes": mem}
+    one = {"pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": False}
+    res["old"]["result_bytes"] = sys.getsizeof(one) + sum(sys.getsizeof(v) + sys.getsizeof(k) for k, v in one.items())
+    del old
+    # submission of every task through the runner, stand-in work
+    n = min(args.submit_tasks or len(tasks), len(tasks))
+    with TaskRunner("local:2", progress=False) as tr:
+        tr.client()
+        C.reset_peak_rss()
+        before = C.rss()
+        t = time.perf_counter()
+        rep = tr.run(functools.partial(_dry_task, job), tasks[:n], desc="PCG tasks (stand-in)")
+        res["submit"] = {"tasks": n, "seconds": time.perf_counter() - t, "failed": len(rep.failed),
+                         "chunks": int(sum(r["chunks"] for r in rep.results.values())), "rss_before": before,
+                         "peak": C.peak_rss()}
+    print(json.dumps(res))
+
+
+def child_task(path: str) -> None:
+    """One real task in a fresh process (as a worker runs it); one JSON line."""
+    import pickle
+    import resource
+
+    with open(path, "rb") as f:
+        fn, task = pickle.load(f)
+    w, c = time.perf_counter(), time.process_time()
+    r = fn(task)
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "result_bytes": len(pickle.dumps(r)), "chunks": r["chunks"], "pieces": r["part_rows"],
+                      "written": r["part_written"], "failed": len(r["failed"]),
+                      "edges": sum(r[k] for k in fmt.EDGE_TYPES), "load": C.load_text()}))
+
+
+def _child(args_list: list[str]) -> dict:
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, *args_list], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"child {args_list} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def mcns(args) -> None:
+    import functools
+    import pickle
+
+    C.header("bench_pcg: planning pcg-edges over the procedural mCNS s0 (256³ chunks)")
+    extra = ["--workdir", str(args.workdir), "--old-shards", str(args.old_shards)]
+    if args.submit_tasks:
+        extra += ["--submit-tasks", str(args.submit_tasks)]
+    p = _child(["--child-plan", *extra])
+    old = p["old"]
+    scale_up = p["shards"] / old["shards"]
+    old_items = old["items"] * scale_up
+    sub = p["submit"]
+    per_task = sub["seconds"] / sub["tasks"]
+    rows = [
+        ["tasks", f"{p['tasks']:,} (blocks of {'×'.join(map(str, p['group']))} chunks)",
+         f"{old_items:,.0f} (one per chunk)", f"{old_items / p['tasks']:,.0f} × fewer"],
+        ["chunks covered", f"{p['chunks']:,}", f"{old_items:,.0f}", "same"],
+        ["planning time", f"{p['plan_s']:.2f} s", f"{old['seconds'] * scale_up:,.0f} s (est. from {old['shards']} shards)",
+         f"{old['seconds'] * scale_up / p['plan_s']:,.0f} ×"],
+        ["client peak RSS after planning", f"{p['plan_peak'] / C.MIB:,.0f} MiB",
+         f"+{old['bytes'] * scale_up / C.MIB:,.0f} MiB for the item set alone (est.)", ""],
+        ["bytes per pickled task (fn + item)", f"{p['task_bytes_mean']:,.0f} (max {p['task_bytes_max']:,})",
+         "same job + a chunk (+16 B per supervoxel of a mapping object)", ""],
+        ["results held by the client", f"{p['tasks']:,} × {p['result_bytes']} B pickled",
+         f"{old_items:,.0f} × ~{old['result_bytes']} B", ""],
+        [f"submit + run {sub['tasks']:,} stand-in tasks on local:2", f"{sub['seconds']:.0f} s = {per_task * 1e3:.1f} ms "
+         f"per task; {sub['failed']} failed", f"{old_items * per_task / 3600:,.1f} h of overhead at that rate", ""],
+        ["client peak RSS during submission", f"{sub['peak'] / C.MIB:,.0f} MiB (before: {sub['rss_before'] / C.MIB:,.0f})",
+         "", f"target ≤ 2 GiB: {C.verdict(max(sub['peak'], p['plan_peak']) <= 2 * C.GIB)}"],
+    ]
+    C.table(["", "now", "before (one task per chunk)", "ratio"], rows,
+            f"pcg-edges plan over the procedural mCNS s0: {p['shards']:,} shard files, grid "
+            f"{'×'.join(map(str, p['grid']))} chunks of 256³")
+    print(f"planning ≤ 2 min: {C.verdict(p['plan_s'] <= 120)}; no per-chunk loop on the client; load {C.load_text()}")
+
+    # a random sample of real tasks, each in a fresh process
+    out = args.workdir / "pcg-mcns-sample"
+    shutil.rmtree(out, ignore_errors=True)
+    (out / pcg.SIDE_TABLE).mkdir(parents=True)
+    (out / pcg.TMP).mkdir()
+    job, _ = _mcns_job(str(out))
+    tasks = pcg._plan(job, None, None, None)
+    rng = np.random.default_rng(args.seed)
+    srows = []
+    for i in rng.choice(len(tasks), args.sample, replace=False):
+        task = tasks[int(i)]
+        if args.sample_chunks:
+            task = pcg._Task(task.key, tuple(job.members(task)[:args.sample_chunks]))
+        f = out / f"task-{i}.pkl"
+        f.write_bytes(pickle.dumps((functools.partial(pcg._run_task, job), task)))
+        r = _child(["--child-task", str(f)])
+        srows.append([str(task.key), r["chunks"], r["written"], f"{r['pieces']:,}", f"{r['edges']:,}", r["failed"],
+                      f"{r['wall']:.1f}", f"{r['cpu']:.1f}", f"{r['cpu'] / max(r['chunks'], 1) * 1e3:.0f}",
+                      f"{r['peak'] / C.MIB:,.0f}", r["result_bytes"], r["load"]])
+    C.table(["task key", "chunks", "with files", "pieces", "edges", "failed", "wall s", "CPU s", "CPU ms per chunk",
+             "peak RSS MiB", "result bytes", "load average"], srows,
+            "Sample tasks run for real (fresh process each, 1 decoding thread, zstd 3)")
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def main(argv=None):
     ap = C.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds over the chunks (default 5; --quick 1)")
     ap.add_argument("--level", type=int, default=3, help="zstd level of the edges files (default 3; PCG writes 17)")
+    ap.add_argument("--mcns-only", action="store_true", help="only the procedural mCNS planning and sample tasks")
+    ap.add_argument("--no-mcns", action="store_true", help="skip the procedural mCNS planning and sample tasks")
+    ap.add_argument("--sample", type=int, default=None, help="random mCNS tasks run for real (default 2; --quick 1)")
+    ap.add_argument("--sample-chunks", type=int, default=None,
+                    help="run only the first K chunks of each sampled task (default all; --quick 16)")
+    ap.add_argument("--submit-tasks", type=int, default=None,
+                    help="stand-in tasks submitted to local:2 (default all; --quick 2000)")
+    ap.add_argument("--old-shards", type=int, default=300, help="shards the old planner is timed on (default 300)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the task sample")
+    ap.add_argument("--child-plan", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-task", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 5)
+    if args.child_plan:
+        child_plan(args)
+        return
+    if args.child_task:
+        child_task(args.child_task)
+        return
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.sample is None:
+        args.sample = 1 if args.quick else 2
+    if args.quick:
+        args.sample_chunks = args.sample_chunks or 16
+        args.submit_tasks = args.submit_tasks or 2000
+    if not args.no_mcns:
+        mcns(args)
+    if args.mcns_only:
+        return
+    rounds = args.rounds or (1 if args.quick else 5)
     C.header("bench_pcg: PCG edges + components per 256³ chunk vs bulk read of chunk + halo")
 
     runs = []
@@ -202,7 +421,7 @@ def main(argv=None):
                              f"{n * per_chunk_bytes / 1e12:.1f} TB",
                              f"{n * r['pieces_bytes'] / r['chunks'] / 1e12:.2f} TB"])
         C.table(["per-chunk cost from", "chunks with data", "chunks", "core-hours", "floor core-hours",
-                 "edges + components + parquet", "pieces/ (resume record)"], prow,
+                 "edges + components + parquet", "of which side table (resume record)"], prow,
                 f"Projection: mCNS s0 ({'×'.join(map(str, s0.size))} voxels = {voxels:.2e}; 256³ grid "
                 f"{'×'.join(map(str, grid))} = {slots / 1e6:.1f} M chunks, {fmt.layers_for_grid(grid)} layers)")
     print(f"load average at end: {C.load_text()}")

@@ -413,7 +413,7 @@ def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_expo
     assert (1, 1, 1) in rep.failed and all(abs(np.subtract(c, (1, 1, 1))).sum() <= 1 for c in rep.failed)
     assert not (tmp_path / "o" / "edges_1_1_1.proto.zst").exists()
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["complete"] is False and m["failed"] == len(rep.failed)
+    assert m["complete"] is False and m["failed"] == len(rep.failed) == rep.failed_chunks
     p = argparse.ArgumentParser()
     pcg.add_arguments(p)
     (tmp_path / "spec.json").write_text(json.dumps(spec))

@@ -67,6 +67,8 @@ COVERED = b"dvidshards.covered"
 _OWN = re.compile(r"(edges_\d+_\d+_\d+\.proto\.zst|components_\d+_\d+_\d+\.proto|manifest\.json|supervoxels"
                   r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp\d+)?")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
+_FAILED_PER_TASK = 8  # failed chunks a task reports by name (all are counted)
+_FAILED_NAMED = 1000  # and the report keeps by name
 
 
 @dataclass
@@ -89,8 +91,11 @@ class PcgReport:
         Pieces written in this run that touch no other piece (no edge at all): PCG's ingest
         only creates nodes for ids in the edges files, so these would be left out of the graph.
     failed : dict
-        ``{chunk: "TypeName: message"}`` of failed chunks, and ``{"chunks [x0:x1, ...]": ...}``
-        of tasks that failed as a whole (the manifest stays incomplete; resume redoes them).
+        ``{chunk: "TypeName: message"}`` of failed chunks (up to 8 per task, 1,000 in all), and
+        ``{"chunks x a:b, y c:d, z e:f": ...}`` of tasks that failed as a whole (the manifest
+        stays incomplete; resume redoes them).
+    failed_chunks : int
+        Chunks that failed, all counted (a task that failed as a whole counts its chunks).
     skipped : int
         Chunks skipped as complete (resume).
     tasks : int
@@ -106,6 +111,7 @@ class PcgReport:
     edges: dict = field(default_factory=lambda: dict.fromkeys(fmt.EDGE_TYPES, 0))
     isolated: int = 0
     failed: dict = field(default_factory=dict)
+    failed_chunks: int = 0
     skipped: int = 0
     tasks: int = 0
     elapsed: float = 0.0
@@ -117,7 +123,7 @@ class PcgReport:
     def summary(self) -> str:
         e = ", ".join(f"{v} {k}" for k, v in self.edges.items())
         lines = [f"{self.out}: {self.chunks} chunks in {self.tasks} tasks ({self.written} with files, {self.skipped} "
-                 f"resumed), {self.pieces} pieces, edges written now: {e}; {len(self.failed)} failed in "
+                 f"resumed), {self.pieces} pieces, edges written now: {e}; {self.failed_chunks} chunks failed in "
                  f"{self.elapsed:.1f} s"]
         if self.isolated:
             lines.append(f"  note: {self.isolated} pieces written now touch no other piece: no edge names them, "
@@ -395,14 +401,16 @@ def _run_task(job: _Job, task: _Task) -> dict:
     todo = [c for c in members if c not in covered]
     total: dict = dict.fromkeys(_COUNTS, 0)
     failed: dict = {}
-    total.update(chunks=len(members), skipped=len(members) - len(todo), failed=failed)
+    total.update(chunks=len(members), skipped=len(members) - len(todo), failed=failed, failed_count=0)
     if todo:
         rows, done = [], []
         for c in todo:
             try:
                 r, piece_rows = job.run(c)
             except DvidShardsError as e:
-                failed[c] = f"{type(e).__name__}: {e}"
+                total["failed_count"] += 1
+                if len(failed) < _FAILED_PER_TASK:  # results stay small however much fails
+                    failed[c] = f"{type(e).__name__}: {e}"
                 continue
             for k in _COUNTS:
                 total[k] += r[k]
@@ -734,6 +742,7 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
                                                                          f"chunks")
     for t, msg in jr.failed.items():
         report.failed[t.describe(job.group)] = msg
+        report.failed_chunks += len(job.members(t))
     for r in jr.results.values():
         report.chunks += r["chunks"]
         report.skipped += r["skipped"]
@@ -742,9 +751,12 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
         for k in fmt.EDGE_TYPES:
             report.edges[k] += r[k]
         report.isolated += r["isolated"]
-        report.failed.update(r["failed"])
+        for c, msg in r["failed"].items():
+            if len(report.failed) < _FAILED_NAMED:
+                report.failed[c] = msg
+        report.failed_chunks += r["failed_count"]
     manifest.update(complete=report.ok, chunks=report.chunks, chunks_written=report.written, pieces=report.pieces,
-                    tasks=report.tasks, failed=len(report.failed))
+                    tasks=report.tasks, failed=report.failed_chunks)
     _write_manifest(out, manifest)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.join(out, TMP))  # when empty
