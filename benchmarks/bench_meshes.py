@@ -1,0 +1,221 @@
+"""Meshes for every body: ``dvidshards meshes`` vs igneous' mesh forge, and view's first mesh.
+
+Data: ``common.synthetic_pair`` (a size³ neuron-like export, default 512³ with 200 bodies of 8
+supervoxels, and its precomputed twin holding the same agglomerated labels as sharded
+compressed_segmentation, written by TensorStore: "the converted precomputed volume").
+
+Measured, serially (one core), CPU seconds of the process (or child process) doing the work:
+
+* ``dvidshards meshes`` straight from the export (map: per-chunk marching cubes, merge: per
+  body levels of detail, Draco, shard files), with lod 0 unsimplified (the default) and with
+  igneous-like simplification (``reduction_factor`` 100, ``max_error`` 40, as igneous'
+  ``MeshTask`` defaults);
+* igneous (``igneous-pipeline``, run by ``--igneous-python``, a venv of its own:
+  ``python -m venv /work/venv-igneous && /work/venv-igneous/bin/pip install igneous-pipeline``):
+  ``create_meshing_tasks(sharded=True)`` (the forge) then ``create_sharded_multires_mesh_tasks``
+  (the merge) on the precomputed twin, through a ``LocalTaskQueue(parallel=1)``;
+* the conversion igneous needs first: ``dvidshards convert`` of the export (CPU seconds);
+* ``dvidshards view``: wall time of the first (uncached) on-demand mesh of a body spanning at
+  least 8 chunks, with the default 2 s budget and at full resolution.
+
+Run: ``.venv/bin/python benchmarks/bench_meshes.py [--quick] [--igneous-python PATH]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import table  # noqa: E402
+
+import dvidshards  # noqa: E402
+from dvidshards.bodies import Body  # noqa: E402
+from dvidshards.jobs.convert import convert  # noqa: E402
+from dvidshards.jobs.meshes import meshes  # noqa: E402
+from dvidshards.serve.view import serve  # noqa: E402
+
+IGNEOUS = """
+import json, resource, sys, time
+from taskqueue import LocalTaskQueue
+import igneous.task_creation as tc
+path = sys.argv[1]
+tq = LocalTaskQueue(parallel=1, progress=False)
+t0 = time.perf_counter()
+c0 = resource.getrusage(resource.RUSAGE_SELF)
+tq.insert(tc.create_meshing_tasks(path, mip=0, shape=(448, 448, 448), sharded=True, mesh_dir="mesh",
+                                  spatial_index=True))
+tq.execute(progress=False)
+c1 = resource.getrusage(resource.RUSAGE_SELF)
+t1 = time.perf_counter()
+tq.insert(tc.create_sharded_multires_mesh_tasks(path, num_lod=0, mesh_dir="mesh", progress=False))
+tq.execute(progress=False)
+c2 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = lambda a, b: (b.ru_utime + b.ru_stime) - (a.ru_utime + a.ru_stime)
+print(json.dumps({"forge_cpu": cpu(c0, c1), "merge_cpu": cpu(c1, c2), "wall": time.perf_counter() - t0,
+                  "forge_wall": t1 - t0, "peak_rss": c2.ru_maxrss * 1024}))
+"""
+
+
+def cpu_now() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def ours(ds, dest: Path, **kw) -> dict:
+    shutil.rmtree(dest, ignore_errors=True)
+    c0, t0 = cpu_now(), time.perf_counter()
+    rep = meshes(ds, dest, scheduler="serial", progress=False, **kw)
+    cpu, wall = cpu_now() - c0, time.perf_counter() - t0
+    assert rep.ok, rep.summary()
+    return {"bodies": rep.bodies, "cpu": cpu, "wall": wall, "fragments": rep.fragments,
+            "bytes": sum(p.stat().st_size for p in (dest / "mesh").glob("*.shard"))}
+
+
+def igneous(python: str, precomputed: Path, work: Path) -> dict | None:
+    if not python or not Path(python).exists():
+        return None
+    dest = work / "igneous-precomputed"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(precomputed, dest)
+    script = work / "igneous_run.py"
+    script.write_text(IGNEOUS)
+    r = subprocess.run([python, str(script), f"file://{dest}"], capture_output=True, text=True)
+    if r.returncode:
+        print(r.stderr[-3000:], file=sys.stderr)
+        return None
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    mesh = dest / "mesh"
+    out["bytes"] = sum(p.stat().st_size for p in mesh.glob("*.shard"))
+    out["bodies"] = _count_bodies(dest)
+    return out
+
+
+def _count_bodies(dest: Path) -> int | None:
+    try:
+        from cloudvolume import CloudVolume
+
+        cv = CloudVolume(f"file://{dest}", progress=False)
+        return len(cv.mesh.reader.list_segids()) if hasattr(cv.mesh.reader, "list_segids") else None
+    except Exception:  # noqa: BLE001 - the count is informative only
+        return None
+
+
+def faces_of(dest: Path, ids) -> int:
+    from cloudvolume import CloudVolume
+
+    cv = CloudVolume(f"file://{dest}", progress=False)
+    n = 0
+    for b in ids:
+        m = cv.mesh.get(int(b))
+        m = m[int(b)] if isinstance(m, dict) else m
+        n += len(m.faces)
+    return n
+
+
+def view_latency(ds, body: int, budget: float) -> dict:
+    with serve(ds, mesh_budget=budget) as srv:
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(f"{srv.http_url()}/mesh/{body}:0:mesh", timeout=600) as r:
+            data = r.read()
+        dt = time.perf_counter() - t0
+        st = srv.stats()["agglomerated"]
+    return {"seconds": dt, "scale": next(iter(st["mesh_scales"])), "bytes": len(data)}
+
+
+def main() -> None:
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--igneous-python", default="/work/venv-igneous/bin/python",
+                   help="python of a venv with igneous-pipeline installed (skipped when absent)")
+    args = p.parse_args()
+    common.header("bench_meshes: dvidshards meshes vs igneous mesh forge; view's first mesh")
+    size, n_bodies = (256, 40) if args.quick else (512, 200)
+    pair = common.synthetic_pair(args.workdir, size, n_bodies=n_bodies, svs_per_body=8)
+    spec = json.loads((pair.folder / "spec.json").read_text())
+    ds = dvidshards.Dataset(pair.folder / "export", spec=spec)
+    work = Path(tempfile.mkdtemp(prefix="bench-meshes-", dir=args.workdir))
+    try:
+        vol_ids = None
+        rows = []
+        # conversion (what igneous needs first)
+        c0, t0 = cpu_now(), time.perf_counter()
+        rep = convert(ds, work / "converted", "precomputed", scheduler="serial", progress=False)
+        conv_cpu, conv_wall = cpu_now() - c0, time.perf_counter() - t0
+        assert rep.ok
+        a = ours(ds, work / "ours")
+        b = ours(ds, work / "ours-simplified", reduction_factor=100, max_error=40)
+        ig = igneous(args.igneous_python, pair.precomputed, work)
+        n = a["bodies"]
+        vol_ids = _sample_ids(ds)
+        fa = faces_of(work / "ours", vol_ids)
+        fb = faces_of(work / "ours-simplified", vol_ids)
+        rows.append(["dvidshards meshes (lod 0 unsimplified)", n, f"{a['cpu']:.1f}", f"{n / a['cpu']:.2f}",
+                     f"{a['bytes'] / 1e6:.1f}", fa // len(vol_ids), "1.00"])
+        rows.append(["dvidshards meshes (reduction 100, max_error 40)", b["bodies"], f"{b['cpu']:.1f}",
+                     f"{b['bodies'] / b['cpu']:.2f}", f"{b['bytes'] / 1e6:.1f}", fb // len(vol_ids),
+                     f"{b['cpu'] / a['cpu']:.2f}"])
+        if ig is not None:
+            ig_cpu = ig["forge_cpu"] + ig["merge_cpu"]
+            fi = faces_of(work / "igneous-precomputed", vol_ids)
+            rows.append(["igneous forge + merge (on the precomputed twin)", ig.get("bodies") or n, f"{ig_cpu:.1f}",
+                         f"{n / ig_cpu:.2f}", f"{ig['bytes'] / 1e6:.1f}", fi // len(vol_ids),
+                         f"{ig_cpu / a['cpu']:.2f}"])
+            rows.append(["igneous + dvidshards convert first", n, f"{ig_cpu + conv_cpu:.1f}",
+                         f"{n / (ig_cpu + conv_cpu):.2f}", "", "", f"{(ig_cpu + conv_cpu) / a['cpu']:.2f}"])
+        table(["job", "bodies", "CPU s", "bodies / core-s", "MB", "faces / body (lod 0)",
+                     "CPU vs ours"], rows,
+                    title=f"{size}³ export, {n_bodies} bodies: meshing every body, one core")
+        print(f"\nconvert (serial): {conv_cpu:.1f} CPU s, {conv_wall:.1f} s wall; "
+              f"ours wall {a['wall']:.1f} s" + (f"; igneous wall {ig['wall']:.1f} s" if ig else
+                                                 "; igneous not run (no --igneous-python venv)"))
+        # view: first mesh of a body spanning >= 8 chunks
+        body, nchunks = _big_body(ds)
+        rows = []
+        for budget in (2.0, 1e9):
+            r = view_latency(ds, body, budget)
+            rows.append([f"{budget:g}" if budget < 1e6 else "none (full resolution)", body, nchunks,
+                         r["scale"], f"{r['seconds']:.2f}", f"{r['bytes'] / 1e6:.2f}"])
+        table(["budget s", "body", "s0 chunks", "scale meshed", "first mesh s", "MB"], rows,
+                    title="dvidshards view: first (uncached) mesh of a body")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _sample_ids(ds, n: int = 10) -> list[int]:
+    s = ds.scale(0)
+    t = ds.shard(s, ds.shards(0)[0]).table()
+    from dvidshards.formats.records import list_values
+
+    vals, _ = list_values(t, "labels")
+    u = np.unique(vals)
+    u = u[u != 0]
+    return [int(v) for v in u[:: max(1, len(u) // n)][:n]]
+
+
+def _big_body(ds) -> tuple[int, int]:
+    """A body spanning at least 8 chunks (the one with the most chunks of the first shard)."""
+    from dvidshards.formats.records import list_values
+
+    t = ds.shard(0, ds.shards(0)[0]).table()
+    vals, _ = list_values(t, "labels")
+    u, c = np.unique(vals[vals != 0], return_counts=True)
+    b = int(u[np.argmax(c)])
+    n = len(Body(ds, b).chunks)
+    assert n >= 8, n
+    return b, n
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
