@@ -11,6 +11,21 @@ Each child checks what it loaded against an order-independent checksum of the ge
 
     python benchmarks/bench_mapping.py            # 10⁶ (new and old), 10⁷, 10⁸
     python benchmarks/bench_mapping.py --quick    # 10⁶ and 10⁷ only
+
+Workers (issue 22 item 4): ``--workers`` instead runs ``--tasks`` (default 1,000) trivial tasks
+on a dask LocalCluster of 2 worker processes, each applying the job's mapping (``--workers-rows``
+rows, default 10⁸; a text file) to a palette of 1,000 supervoxels, with the mapping given as a
+*file* (``as_labels(path)``: pickled as path + stamp, loaded once per worker through the
+memory-mapped sidecar). Two runs: "cold" (no sidecar yet: the workers race, one parses under
+the lock, the other waits and maps its sidecar) and "prepared" (the client builds the sidecar in
+a child process first, then every worker only maps it). Measured: loads per worker, time per
+task (wall, and inside the task), worker RSS (anonymous and file-backed pages), client peak
+RSS, bytes per pickled task. The baselines, measured in child processes of the same run: the
+parse per task that ``--labels FILE`` cost stats/label-index before (``LabelMapping.from_file``),
+and the ``LabelMapping`` pickled into every task that pcg did (its pickle size and ``loads``
+time)::
+
+    python benchmarks/bench_mapping.py --workers [--tasks 1000] [--workers-rows 100000000]
 """
 
 from __future__ import annotations
@@ -35,7 +50,12 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 def _rows(n: int, seed: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows [start, stop) of an n-row mapping: unique supervoxels, shuffled by a bijection."""
-    i = np.arange(start, stop, dtype=np.uint64)
+    return _rows_at(n, seed, np.arange(start, stop, dtype=np.uint64))
+
+
+def _rows_at(n: int, seed: int, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``i`` of an n-row mapping (see `_rows`)."""
+    i = np.asarray(i, np.uint64)
     # a bijection of [0, n) scrambles the order without holding a permutation of n in memory
     a = np.uint64(2_654_435_761 if n % 2_654_435_761 else 40_503)
     j = (i * a + np.uint64(seed)) % np.uint64(n)
@@ -145,13 +165,155 @@ def run_child(which: str, path: Path, expect: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------------- workers (issue 22 item 4)
+
+
+def _palette_task(labels, palette, item):
+    """One trivial task: the job's mapping applied to a palette; (checksum, seconds, loads here)."""
+    from dvidshards.formats import mapping as mod
+
+    t = time.perf_counter()
+    before = mod.cache_info()
+    out = labels.mapping.palette(palette)
+    dt = time.perf_counter() - t
+    after = mod.cache_info()
+    with np.errstate(over="ignore"):
+        return int(np.sum(out, dtype=np.uint64)), dt, after["parsed"] - before["parsed"] + after["opened"] - before["opened"]
+
+
+def _worker_memory():
+    from dvidshards.formats import mapping as mod
+
+    st = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            st[k] = int(v.split()[0]) * 1024
+    return {**st, **mod.cache_info()}
+
+
+def child_pickle(path: str) -> None:
+    """Baseline: a LabelMapping pickled into a task, as pcg did; size and unpickle time."""
+    import pickle
+
+    from dvidshards.formats.mapping import LabelMapping
+
+    m = LabelMapping.from_file(path)
+    blob = pickle.dumps(m, protocol=5)
+    del m
+    t = time.perf_counter()
+    again = pickle.loads(blob)
+    dt = time.perf_counter() - t
+    print(json.dumps({"bytes": len(blob), "loads": dt, "rows": len(again)}))
+
+
+def _cluster_run(path: Path, n: int, tasks: int, prepare: bool) -> dict:
+    import functools
+
+    import cloudpickle
+
+    from dvidshards.formats.labels import as_labels
+    from dvidshards.jobs.runner import TaskRunner
+
+    palette, body = _rows_at(n, 1, np.random.default_rng(3).integers(0, n, 1000))
+    with np.errstate(over="ignore"):
+        want = int(np.sum(body, dtype=np.uint64))
+    with TaskRunner("local:2", progress=False) as tr:
+        client = tr.client()
+        client.run(lambda: __import__("dvidshards.formats.mapping"))  # import outside the timings
+        common.reset_peak_rss()
+        base = common.rss()
+        t = time.perf_counter()
+        src = as_labels(str(path))
+        if prepare:
+            src.prepare()
+        plan = time.perf_counter() - t
+        fn = functools.partial(_palette_task, src, palette)
+        task_bytes = len(cloudpickle.dumps((fn, 0)))
+        t = time.perf_counter()
+        rep = tr.run(fn, range(tasks), desc="palette tasks")
+        wall = time.perf_counter() - t
+        client_peak = common.peak_rss()
+        mem = client.run(_worker_memory)
+    res = list(rep.results.values())
+    inside = sorted(r[1] for r in res)
+    return {"ok": rep.ok and all(r[0] == want for r in res), "failed": len(rep.failed), "plan": plan,
+            "wall": wall, "per_task": wall / tasks, "inside_med": inside[len(inside) // 2],
+            "inside_max": inside[-1], "opened": [w["opened"] for w in mem.values()],
+            "parsed": [w["parsed"] for w in mem.values()], "hits": sum(w["hits"] for w in mem.values()),
+            "worker_rss": [w["VmRSS"] for w in mem.values()], "worker_hwm": [w["VmHWM"] for w in mem.values()],
+            "worker_anon": [w["RssAnon"] for w in mem.values()], "worker_file": [w["RssFile"] for w in mem.values()],
+            "client_peak": client_peak, "client_base": base, "task_bytes": task_bytes}
+
+
+def workers(args) -> None:
+    import shutil
+    import tempfile
+
+    n = args.workers_rows
+    common.header(f"bench_mapping --workers: a {n:,}-row mapping file over {args.tasks:,} tasks on 2 dask workers")
+    path, expect = make_file(args.workdir, n)
+    cache = Path(tempfile.mkdtemp(prefix="mapcache-", dir=args.workdir))
+    os.environ["DVIDSHARDS_CACHE_DIR"] = str(cache)  # the workers inherit it; a fresh cache
+    try:
+        runs = {}
+        for name, prepare in (("cold (workers race)", False), ("prepared by the client", True)):
+            shutil.rmtree(cache / "mappings", ignore_errors=True)
+            runs[name] = _cluster_run(path, n, args.tasks, prepare)
+            print(f"  {name}: {json.dumps(runs[name])}")
+        sidecar = sum(f.stat().st_size for f in (cache / "mappings").rglob("*.npy"))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    parse = run_child("new", path, expect)
+    out = subprocess.run([sys.executable, __file__, "--child-pickle", str(path)], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"pickle child failed:\n{out.stderr}")
+    pk = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = []
+    for name, r in runs.items():
+        rows.append([f"file, {name}", "yes" if r["ok"] else f"NO ({r['failed']} failed)", f"{r['plan']:.1f}",
+                     " / ".join(str(v) for v in r["parsed"]), " / ".join(str(v) for v in r["opened"]),
+                     f"{r['per_task'] * 1e3:.1f}", f"{r['inside_med'] * 1e3:.2f} (max {r['inside_max']:.1f} s)",
+                     " / ".join(f"{a / common.MIB:.0f}+{f / common.MIB:.0f}" for a, f in
+                                zip(r["worker_anon"], r["worker_file"], strict=True)),
+                     " / ".join(f"{v / common.MIB:.0f}" for v in r["worker_hwm"]),
+                     f"{r['client_peak'] / common.MIB:.0f} (+{(r['client_peak'] - r['client_base']) / common.MIB:.0f})",
+                     f"{r['task_bytes']:,}"])
+    per_task_parse = parse["seconds"]
+    rows.append(["baseline: parse per task (stats before)", "-", "-", f"{args.tasks:,} (one per task)", "0",
+                 f"{per_task_parse * 1e3:,.0f} (one parse)", "-",
+                 f"peak {parse['peak'] / common.MIB:,.0f} per parse", "-", "-", "~300"])
+    rows.append(["baseline: LabelMapping pickled per task (pcg before)", "-", "-", "0 (one unpickle per task)", "0",
+                 f"≥ {pk['loads'] * 1e3:,.0f} (unpickle only)", "-", f"+{pk['bytes'] / common.MIB:,.0f} per task held",
+                 "-", f"+{pk['bytes'] / common.MIB:,.0f} per task submitted", f"{pk['bytes']:,}"])
+    common.table(["mapping given as", "exact", "client plan s", "parses per worker", "sidecar maps per worker",
+                  "wall per task ms", "in-task ms (median)", "worker RSS MiB (anon+file)", "worker peak MiB",
+                  "client peak MiB (+ during job)", "bytes per pickled task"], rows,
+                 title=f"{n:,}-row mapping, {args.tasks:,} palette tasks (1,000 ids each) on a LocalCluster of 2 workers")
+    best = runs["prepared by the client"]
+    print(f"sidecar on disk: {sidecar / common.MIB:,.0f} MiB (shared by the workers through the page cache)")
+    print(f"per task: {best['per_task'] * 1e3:.1f} ms wall vs {per_task_parse:.1f} s re-parsing "
+          f"({per_task_parse / best['per_task']:,.0f} × less) and {pk['bytes'] / best['task_bytes']:,.0f} × fewer "
+          f"bytes per task than a pickled LabelMapping; load average {common.load_text()}")
+
+
 def main() -> None:
     p = common.parser(__doc__.split("\n")[0])
     p.add_argument("--child", nargs=3, help=argparse_hidden())
+    p.add_argument("--child-pickle", help=argparse_hidden())
     p.add_argument("--rows", type=int, nargs="+", help="row counts to load (default 10⁶ 10⁷ 10⁸)")
+    p.add_argument("--workers", action="store_true", help="the once-per-worker measurement (see above)")
+    p.add_argument("--tasks", type=int, default=1000, help="tasks of --workers (default 1,000)")
+    p.add_argument("--workers-rows", type=int, default=10**8, help="mapping rows of --workers (default 10⁸)")
     args = p.parse_args()
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
+        return
+    if args.child_pickle:
+        child_pickle(args.child_pickle)
+        return
+    if args.workers:
+        workers(args)
         return
     common.header("bench_mapping: LabelMapping.from_file on text mappings")
     sizes = args.rows or ([10**6, 10**7] if args.quick else [10**6, 10**7, 10**8])
