@@ -141,8 +141,11 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
                         results[c] = res
         stages = [_breakdown(job, c) for c in chunks]
         files = sum(p.stat().st_size for p in out.glob("*.proto*"))
-        (a, _), _ = pcg._write_part(str(out), "all.parquet", None, [(c, results[c][1]) for c in chunks], set(chunks))
-        pq_rows = len(a)
+        part = pcg._Part()
+        for c in chunks:
+            part.add(c, results[c][1], results[c][0]["written"])
+        pcg._write_part(str(out), "all.parquet", part)
+        pq_rows = part.rows
         parquet = (out / pcg.SIDE_TABLE / "all.parquet").stat().st_size
         pieces_bytes = parquet  # the side-table part is the resume record now
     finally:

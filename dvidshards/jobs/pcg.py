@@ -63,7 +63,8 @@ TMP = ".tmp"
 FORMAT = "dvidshards-pcg-edges"
 VERSION = 2  # 1: one supervoxels.parquet built on the client from per-chunk pieces/ files
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
-COVERED = b"dvidshards.covered"
+COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
+WRITTEN = b"dvidshards.written"  # and those with files
 _OWN = re.compile(r"(edges_\d+_\d+_\d+\.proto\.zst|components_\d+_\d+_\d+\.proto|manifest\.json|supervoxels"
                   r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp\d+)?")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
@@ -396,14 +397,12 @@ def _run_task(job: _Job, task: _Task) -> dict:
     (resume retries it); the other chunks go on. Returns counts only.
     """
     members = job.members(task)
-    part = os.path.join(job.out, SIDE_TABLE, task.name)
-    old_rows, covered = _read_part(part)
-    todo = [c for c in members if c not in covered]
+    part = _read_part(os.path.join(job.out, SIDE_TABLE, task.name))
+    todo = [c for c in members if c not in part.covered]
     total: dict = dict.fromkeys(_COUNTS, 0)
     failed: dict = {}
     total.update(chunks=len(members), skipped=len(members) - len(todo), failed=failed, failed_count=0)
     if todo:
-        rows, done = [], []
         for c in todo:
             try:
                 r, piece_rows = job.run(c)
@@ -414,12 +413,31 @@ def _run_task(job: _Job, task: _Task) -> dict:
                 continue
             for k in _COUNTS:
                 total[k] += r[k]
-            rows.append((c, piece_rows))
-            done.append(c)
-        old_rows, covered = _write_part(job.out, task.name, old_rows, rows, covered | set(done))
-    total["part_rows"] = len(old_rows[0]) if old_rows is not None else 0
-    total["part_written"] = len(np.unique(old_rows[1], axis=0)) if old_rows is not None and len(old_rows[1]) else 0
+            part.add(c, piece_rows, bool(r["written"]))
+        _write_part(job.out, task.name, part)
+    total["part_rows"] = part.rows
+    total["part_written"] = len(part.written)
     return total
+
+
+class _Part:
+    """A task's side-table part: its rows and the chunks it covers (done) and wrote files for."""
+
+    def __init__(self, rows=None, chunks=None, covered=(), written=()):
+        self.parts = [] if rows is None else [(rows, chunks)]
+        self.covered = set(covered)
+        self.written = set(written)
+
+    @property
+    def rows(self) -> int:
+        return sum(len(r) for r, _ in self.parts)
+
+    def add(self, c, rows: np.ndarray, written: bool) -> None:
+        rows = rows.reshape(-1, 3)
+        self.parts.append((rows, np.broadcast_to(np.asarray(c, np.int32), (len(rows), 3))))
+        self.covered.add(c)
+        if written:
+            self.written.add(c)
 
 
 _SCHEMA_FIELDS = (("pcg_id", "uint64"), ("dvid_supervoxel", "uint64"), ("chunk_x", "int32"), ("chunk_y", "int32"),
@@ -432,49 +450,43 @@ def _schema():
     return pa.schema([(n, getattr(pa, t)()) for n, t in _SCHEMA_FIELDS])
 
 
-def _read_part(path: str):
-    """((rows (n, 3) uint64, chunks (n, 3) int32) or None, covered chunks) of a task's part."""
+def _read_part(path: str) -> _Part:
+    """A task's part as written (empty when there is none)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         t = pq.read_table(path)
     except FileNotFoundError:
-        return None, set()
+        return _Part()
     except (OSError, pa.ArrowException) as e:
         raise PcgError(f"{path}: unreadable side-table part ({e}); delete it and resume") from None
     meta = t.schema.metadata or {}
     try:
-        covered = {tuple(int(v) for v in c) for c in json.loads(meta[COVERED])}
+        covered, written = ({tuple(int(v) for v in c) for c in json.loads(meta[k])} for k in (COVERED, WRITTEN))
     except (KeyError, ValueError, TypeError):
-        raise PcgError(f"{path}: a side-table part without its list of covered chunks; delete it and resume") from None
+        raise PcgError(f"{path}: a side-table part without its lists of chunks; delete it and resume") from None
     if t.schema.names != [n for n, _ in _SCHEMA_FIELDS]:
         raise PcgError(f"{path}: not a side-table part (columns {t.schema.names})")
     rows = np.stack([t.column(n).to_numpy().astype(np.uint64) for n in ("pcg_id", "dvid_supervoxel", "voxels")], 1)
     chunks = np.stack([t.column(n).to_numpy().astype(np.int32) for n in ("chunk_x", "chunk_y", "chunk_z")], 1)
-    return (rows, chunks), covered
+    return _Part(rows, chunks, covered, written)
 
 
-def _write_part(out: str, name: str, old, new: list, covered: set):
-    """Write a task's part: the old rows and the new chunks' rows, sorted by PCG id."""
+def _write_part(out: str, name: str, part: _Part) -> None:
+    """Write a task's part: its rows sorted by PCG id, its chunk lists in the metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [old[0]] if old is not None else []
-    chunks = [old[1]] if old is not None else []
-    for c, r in new:
-        rows.append(r.reshape(-1, 3))
-        chunks.append(np.broadcast_to(np.asarray(c, np.int32), (len(r), 3)))
-    a = np.concatenate(rows) if rows else np.zeros((0, 3), np.uint64)
-    c = np.concatenate(chunks) if chunks else np.zeros((0, 3), np.int32)
+    a = np.concatenate([r for r, _ in part.parts]) if part.parts else np.zeros((0, 3), np.uint64)
+    c = np.concatenate([k for _, k in part.parts]) if part.parts else np.zeros((0, 3), np.int32)
     order = np.argsort(a[:, 0], kind="stable")
     a, c = a[order], c[order]
-    meta = {COVERED: json.dumps(sorted(covered)).encode()}
+    meta = {COVERED: json.dumps(sorted(part.covered)).encode(), WRITTEN: json.dumps(sorted(part.written)).encode()}
     table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_schema().with_metadata(meta))
     tmp = _tmp_name(out, name)
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, os.path.join(out, SIDE_TABLE, name))
-    return (a, c), covered
 
 
 def _tmp_name(out: str, name: str) -> str:
