@@ -16,7 +16,10 @@ Measured, serially (one core), CPU seconds of the process (or child process) doi
   (the merge) on the precomputed twin, through a ``LocalTaskQueue(parallel=1)``;
 * the conversion igneous needs first: ``dvidshards convert`` of the export (CPU seconds);
 * ``dvidshards view``: wall time of the first (uncached) on-demand mesh of a body spanning at
-  least 8 chunks, with the default 2 s budget and at full resolution.
+  least 8 chunks, with the default 2 s budget and at full resolution;
+* peak RSS of a ``dvidshards meshes`` run in a fresh process (serial), beside the size of the
+  fragments it made and the volume it read: the job streams fragments to disk and merges one
+  body at a time, so its peak follows the largest body and the shard index, not the export.
 
 Run: ``.venv/bin/python benchmarks/bench_meshes.py [--quick] [--igneous-python PATH]``.
 """
@@ -188,8 +191,41 @@ def main() -> None:
                          r["scale"], f"{r['seconds']:.2f}", f"{r['bytes'] / 1e6:.2f}"])
         table(["budget s", "body", "s0 chunks", "scale meshed", "first mesh s", "MB"], rows,
                     title="dvidshards view: first (uncached) mesh of a body")
+        rows = []
+        sizes = [(128, 10), (size, n_bodies)] if args.quick else [(256, 40), (size, n_bodies)]
+        for sz, nb in sizes:
+            pr = common.synthetic_pair(args.workdir, sz, n_bodies=nb, svs_per_body=8)
+            r = peak_rss(pr, work)
+            rows.append([f"{sz}³", nb, r["fragments"], f"{sz ** 3 * 8 / 2**20:.0f}", f"{r['peak_rss'] / 2**20:.0f}"])
+        table(["export", "bodies", "cell fragments", "volume as uint64 MiB", "peak RSS MiB"], rows,
+              title="dvidshards meshes: peak RSS of a whole run (fresh process, serial)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+RSS = """
+import json, resource, sys
+import dvidshards
+from dvidshards.jobs.meshes import meshes
+ds = dvidshards.Dataset(sys.argv[1], spec=json.loads(open(sys.argv[2]).read()))
+rep = meshes(ds, sys.argv[3], scheduler="serial", progress=False)
+print(json.dumps({"ok": rep.ok, "bodies": rep.bodies, "fragments": rep.fragments,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def peak_rss(pair, work: Path) -> dict:
+    """Peak RSS of a meshes run in a fresh process, and the bytes of fragments it wrote."""
+    dest = work / "rss"
+    shutil.rmtree(dest, ignore_errors=True)
+    script = work / "rss_run.py"
+    script.write_text(RSS)
+    r = subprocess.run([sys.executable, str(script), str(pair.folder / "export"), str(pair.folder / "spec.json"),
+                        str(dest)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(common.ROOT)))
+    if r.returncode:
+        raise RuntimeError(r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
 
 
 def _sample_ids(ds, n: int = 10) -> list[int]:

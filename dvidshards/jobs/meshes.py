@@ -39,6 +39,8 @@ The command line's adapter classes, ``MeshesCommand`` and ``BodyCommand``, sit a
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import json
 import math
 import mmap
@@ -213,14 +215,16 @@ def _read_index(f) -> np.ndarray:
     return np.frombuffer(f.read(n * _INDEX.itemsize), _INDEX)
 
 
-def _read_bucket(path: str, bucket: int) -> bytes:
+def _section(path: str, bucket: int):
+    """The bytes of one bucket of a fragment file (a memoryview of the mapped file; empty: none)."""
     with open(path, "rb") as f:
         idx = _read_index(f)
-        k = np.searchsorted(idx["bucket"], np.uint64(bucket))
-        if k == len(idx) or int(idx["bucket"][k]) != bucket:
-            return b""
-        f.seek(int(idx["off"][k]))
-        return f.read(int(idx["len"][k]))
+        k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
+        if k == len(idx) or int(idx["bucket"][k]) != bucket or not int(idx["len"][k]):
+            return memoryview(b"")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # pages come and go: no copy held
+    off, n = int(idx["off"][k]), int(idx["len"][k])
+    return memoryview(mm)[off:off + n]
 
 
 def _buckets_of(path: str) -> np.ndarray:
@@ -235,22 +239,36 @@ def _entry(body: int, cell, scale: int, m: Mesh) -> bytes:
     return h.tobytes() + m.vertices.astype("<f4").tobytes() + m.faces.astype("<u4").tobytes()
 
 
-def _entries(data: bytes):
-    """(body, (x, y, z), scale, Mesh) of every fragment in a bucket's bytes."""
+def _scan(data, where: str = ""):
+    """(body, raw entry) of every fragment in a bucket's bytes, in file order (sorted by body)."""
     pos, n = 0, len(data)
     while pos < n:
         if pos + _HEAD.itemsize > n:
-            raise SpecError("fragment data truncated")
+            raise SpecError(f"{where}: fragment data truncated")
         h = np.frombuffer(data, _HEAD, 1, pos)[0]
-        pos += _HEAD.itemsize
-        nv, nf = int(h["nv"]), int(h["nf"])
-        if pos + 12 * (nv + nf) > n:
-            raise SpecError("fragment data truncated")
-        v = np.frombuffer(data, "<f4", 3 * nv, pos).reshape(nv, 3)
-        pos += 12 * nv
-        f = np.frombuffer(data, "<u4", 3 * nf, pos).reshape(nf, 3)
-        pos += 12 * nf
-        yield int(h["body"]), (int(h["x"]), int(h["y"]), int(h["z"])), int(h["scale"]), Mesh(v, f)
+        end = pos + _HEAD.itemsize + 12 * (int(h["nv"]) + int(h["nf"]))
+        if end > n:
+            raise SpecError(f"{where}: fragment data truncated")
+        yield int(h["body"]), data[pos:end]
+        pos = end
+
+
+def _parse(raw) -> tuple[int, tuple[int, int, int], int, Mesh]:
+    """(body, cell, scale, Mesh) of one raw fragment entry."""
+    h = np.frombuffer(raw, _HEAD, 1, 0)[0]
+    nv, nf = int(h["nv"]), int(h["nf"])
+    v = np.frombuffer(raw, "<f4", 3 * nv, _HEAD.itemsize).reshape(nv, 3)
+    f = np.frombuffer(raw, "<u4", 3 * nf, _HEAD.itemsize + 12 * nv).reshape(nf, 3)
+    return int(h["body"]), (int(h["x"]), int(h["y"]), int(h["z"])), int(h["scale"]), Mesh(v, f)
+
+
+def _by_body(files, bucket: int):
+    """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge of the
+    files' body-sorted sections): one body's fragments in memory at a time."""
+    streams = [_scan(_section(p, bucket), p) for p in files]
+    merged = heapq.merge(*streams, key=lambda e: e[0])
+    for body, group in itertools.groupby(merged, key=lambda e: e[0]):
+        yield body, [raw for _, raw in group]
 
 
 # --------------------------------------------------------------------------- map: one source shard
@@ -321,7 +339,7 @@ def _map_task(job: MeshJob, item) -> dict:
 
 
 def _regroup_task(job: MeshJob, item) -> int:
-    """Merge a group of fragment files into one, bucket by bucket (memory: one bucket)."""
+    """Merge a group of fragment files into one, bucket by bucket, body by body (memory: one body)."""
     level, k, files = item
     path = os.path.join(job.work, f"L{level}", f"{k:06d}.frag")
 
@@ -332,10 +350,10 @@ def _regroup_task(job: MeshJob, item) -> int:
         with open(tmp, "wb") as out:
             for b in [int(v) for v in buckets]:
                 start = pos
-                for p in files:
-                    data = _read_bucket(p, b)
-                    out.write(data)
-                    pos += len(data)
+                for _, raws in _by_body(files, b):  # stays sorted by body
+                    for raw in raws:
+                        out.write(raw)
+                        pos += len(raw)
                 index.append((b, start, pos - start))
             _write_footer(out, index)
 
@@ -389,20 +407,18 @@ def _done_path(job: MeshJob, bucket: int) -> str:
 
 
 def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
-    """Every body of one bucket: levels of detail, encoded, the bucket's files written."""
+    """Every body of one bucket, one at a time: levels of detail, encoded, the bucket's files written.
+
+    Memory: one body's fragments, and the bucket's encoded output (Draco-compressed)."""
     ds = job.dataset
-    by_body: dict[int, dict[int, dict]] = {}
-    for p in files:
-        for body, cell, scale, m in _entries(_read_bucket(p, bucket)):
-            by_body.setdefault(body, {}).setdefault(scale, {})[cell] = m
     s0 = ds.scale(job.scales[0])
     first0, _, cs = _grid(s0)
     origin = first0 * cs + 0.5 - cs
     n = 0
     if job.legacy:
         res = s0.resolution if s0.resolution is not None else [1.0, 1.0, 1.0]
-        for body in sorted(by_body):
-            merged = merge_fragments(by_body[body].get(job.scales[0], {}).values())
+        for body, frags in _bodies(files, bucket):
+            merged = merge_fragments(frags.get(job.scales[0], {}).values())
             if not len(merged.faces):
                 continue
             for rel, blob in legacy_files({body: merged}, res).items():
@@ -411,8 +427,8 @@ def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
             n += 1
     else:
         manifests, datas = {}, {}
-        for body in sorted(by_body):
-            lods, offsets = _body_lods(job, by_body.pop(body), ds)
+        for body, frags in _bodies(files, bucket):
+            lods, offsets = _body_lods(job, frags, ds)
             if not lods or not lods[0]:
                 continue
             manifests[body], datas[body] = encode_object(lods, origin, (cs, cs, cs), job.bits,
@@ -426,6 +442,16 @@ def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
             _replace_atomic(os.path.join(job.mesh_dir, name), lambda tmp, b=blob: _write_bytes(tmp, b))
     _replace_atomic(_done_path(job, bucket), lambda tmp: _write_bytes(tmp, str(n).encode()))
     return n
+
+
+def _bodies(files, bucket: int):
+    """``(body, {scale: {cell: Mesh}})`` of one bucket, body by body in id order."""
+    for body, raws in _by_body(files, bucket):
+        frags: dict[int, dict[tuple[int, int, int], Mesh]] = {}
+        for raw in raws:
+            _, cell, scale, m = _parse(raw)
+            frags.setdefault(scale, {})[cell] = m
+        yield body, frags
 
 
 def _write_bytes(path: str, data: bytes) -> None:
