@@ -124,7 +124,7 @@ class Body:
     computed on each call.
     """
 
-    def __init__(self, ds, id, scale=0, labels="agglomerated", index=None):  # noqa: A002 - DVID's name
+    def __init__(self, ds, id, scale=0, labels="agglomerated", index=None) -> None:  # noqa: A002 - DVID's name
         if not isinstance(id, (int, np.integer)) or isinstance(id, bool):
             raise SpecError(f"body id must be an integer, got {id!r}")
         body = int(id)
