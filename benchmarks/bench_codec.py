@@ -7,7 +7,10 @@ Run from the project root::
 All numbers come from this one process. Per block: dvidshards ``decode_into`` into a
 preallocated 64³ uint64 buffer, a vectorised numpy reference decoder (no numba) into the same
 buffer, and ``out.fill`` of that buffer (the memory floor). Then the 258 real blocks decoded
-on 1 thread vs 2 threads (``ThreadPoolExecutor``, one output buffer per thread).
+on 1 thread vs 2 threads (``ThreadPoolExecutor``, one output buffer per thread). Last, the cost
+of the read-time check that a record's supervoxel list is its block's label list (issue 23):
+``RecordTable.decode_into`` of the real shard's records (zstd + check + decode, agglomerated
+palette) with the check and as it was before it, interleaved, in this thread's CPU time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dvidshards.errors import BlockDecodeError  # noqa: E402
 from dvidshards.formats.codec import block_header, decode_into  # noqa: E402
 
 REAL_SHARD = "30720_24576_28672.arrow"
@@ -115,6 +119,57 @@ def thread_run(blocks, nthreads: int, repeat: int, fill: bool = False) -> list[f
     return times
 
 
+def check_cost(data_dir: Path, repeat: int) -> None:
+    """Per record: the label-list check alone, and RecordTable.decode_into with it on and off."""
+    import pyarrow as pa
+
+    from dvidshards.formats import records
+    from dvidshards.formats.labels import as_labels
+
+    with pa.OSFile(str(data_dir / REAL_SHARD)) as f:
+        t = records.RecordTable.from_batch(pa.ipc.open_stream(f).read_all(), REAL_SHARD)
+    blocks = [t.block(i) for i in range(len(t))]
+    out = np.empty((64, 64, 64), np.uint64)
+    agg = as_labels("agglomerated")
+    rows = range(len(t))
+
+    def per_record_us(fn) -> float:
+        c = time.thread_time()
+        for i in rows:
+            fn(i)
+        return (time.thread_time() - c) / len(t) * 1e6
+
+    def decode(i):
+        t.decode_into(i, out, agg)
+
+    def decode_before(i):  # decode_into as it was before the check (the label counts compared)
+        r = t.rec[i].tolist()
+        pay = r[records.R_PAY]
+        try:
+            block = records._decompress(t.bufs[0][pay:pay + r[records.R_PAYLEN]], r[records.R_USIZE], t._max_block)
+            n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
+            if n >= 1 and n != r[records.R_NSV]:
+                raise BlockDecodeError(f"the block has {n} labels but its record lists {r[records.R_NSV]}")
+            decode_into(np.frombuffer(block, np.uint8), agg.palette(t, i), out)
+        except BlockDecodeError as e:
+            raise BlockDecodeError(f"{t.where(i)}: {e}") from None
+
+    res: dict[str, list[float]] = {"check alone": [], "on": [], "off": []}
+    for r in range(repeat):
+        order = [("on", decode), ("off", decode_before)] if r % 2 else [("off", decode_before), ("on", decode)]
+        for k, fn in order:
+            res[k].append(per_record_us(fn))
+        res["check alone"].append(per_record_us(lambda i: t.labels_match(i, blocks[i])))
+    on, off = statistics.median(res["on"]), statistics.median(res["off"])
+    alone = statistics.median(res["check alone"])
+    nsv = [len(t.supervoxels(i)) for i in rows]
+    print(f"\n# read-time label-list check, {len(t)} real mCNS records (labels/record median "
+          f"{int(np.median(nsv))}, max {max(nsv)}), this thread's CPU time, median of {repeat} interleaved passes")
+    print("| RecordTable.decode_into µs/record, with the check | as before it | ratio | check alone µs (labels_match) |")
+    print("|---|---|---|---|")
+    print(f"| {on:.1f} | {off:.1f} | {on / off:.4f} | {alone:.2f} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -199,6 +254,7 @@ def main(argv=None) -> int:
     print(
         f"\n# whole decode_into call on a 24-byte 8³ solid block (Python + dispatch + kernel): {min(calls):.2f} µs"
     )
+    check_cost(args.data, args.repeat)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"\n# 1-min load average at the end: {load:.2f} (other processes on the machine skew thread scaling)"

@@ -16,7 +16,12 @@ default ``data_copy_concurrency`` (= CPU count), interleaved rounds, medians:
    trivial-fill floor (a ``virtual_chunked`` store like dvidshards' whose callback only fills);
 2. unaligned boxes at odd offsets;
 3. single 64³ chunks in random order with warm shard indexes (per-chunk latency);
-4. single random 64³ chunks right after opening (cold shard index; the OS page cache is warm).
+4. single random 64³ chunks right after opening (cold shard index; the OS page cache is warm);
+5. the read-time check that each record's supervoxel list is its block's label list (issue 23):
+   the aligned read (TensorStore, and the bulk reader ``Dataset.read``) with the check and with
+   the two methods it changed as they were before it (``without_check``) in this same process,
+   interleaved, in wall time and in the process's CPU
+   time (all threads), which other processes on a loaded machine disturb far less.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ import common as C
 import numpy as np
 import tensorstore as ts
 
+import dvidshards
+from dvidshards.errors import BlockDecodeError
+from dvidshards.formats import records
+from dvidshards.formats.codec import decode_into
+
 UNALIGNED = [  # (offset, shape), x y z
     ((37, 101, 211), (300, 200, 100)),
     ((130, 7, 333), (200, 300, 150)),
@@ -35,8 +45,73 @@ UNALIGNED = [  # (offset, shape), x y z
 ]
 
 
+# --- the reads as they were before the label-list check (issue 23), to time it in this process ---
+
+def _decode_into_before(self, i, out, labels):
+    """RecordTable.decode_into before the check: the label counts compared, not the lists."""
+    r = self.rec[i].tolist()
+    pay = r[records.R_PAY]
+    try:
+        block = records._decompress(self.bufs[0][pay:pay + r[records.R_PAYLEN]], r[records.R_USIZE],
+                                    self._max_block)
+        n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
+        if n >= 1 and n != r[records.R_NSV]:
+            raise BlockDecodeError(f"the block has {n} labels but its record lists {r[records.R_NSV]}")
+        decode_into(np.frombuffer(block, np.uint8), labels.palette(self, i), out)
+    except BlockDecodeError as e:
+        raise BlockDecodeError(f"{self.where(i)}: {e}") from None
+
+
+def _labels_match_before(self, i, b):
+    """The bulk reader's test before the check: the block's label count against the record's."""
+    return int(b[12:16].view("<u4")[0]) == self.rec[i, records.R_NSV]
+
+
+def without_check(fn):
+    """fn run with the reads as they were before the check."""
+    def run():
+        saved = records.RecordTable.decode_into, records.RecordTable.labels_match
+        records.RecordTable.decode_into = _decode_into_before
+        records.RecordTable.labels_match = _labels_match_before
+        try:
+            return fn()
+        finally:
+            records.RecordTable.decode_into, records.RecordTable.labels_match = saved
+    return run
+
+
 def _box(store, off, shape):
     return store[tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))]
+
+
+def check_section(d, pair, size: int, rounds: int) -> dict[str, float]:
+    """Section 5: the aligned read with the label-list check and as before it; CPU-time ratios."""
+    ds = dvidshards.Dataset(pair.export, spec=pair.spec)
+    whole = [[0, 0, 0], list(pair.shape)]
+    bulk_out = np.empty(pair.shape, np.uint64, order="F")
+    variants = {"TensorStore read": lambda: d.read(order="F").result(),
+                "Dataset.read (bulk)": lambda: ds.read(whole, out=bulk_out)}
+    check_rows, check_ratio = [], {}
+    for name, fn in variants.items():
+        fns = {"on": fn, "off": without_check(fn)}
+        wall: dict = {"on": [], "off": []}
+        cpu: dict = {"on": [], "off": []}
+        for r in range(1 + 2 * rounds):  # interleaved, alternating which goes first
+            for k in (("on", "off") if r % 2 else ("off", "on")):
+                t0, c0 = time.perf_counter(), time.process_time()
+                fns[k]()
+                if r:
+                    wall[k].append(time.perf_counter() - t0)
+                    cpu[k].append(time.process_time() - c0)
+        check_ratio[name] = C.med(np.divide(cpu["on"], cpu["off"]))
+        check_rows.append([name, C.ms(C.med(wall["on"])), C.ms(C.med(wall["off"])),
+                           f"{C.med(np.divide(wall['on'], wall['off'])):.3f}", C.ms(C.med(cpu["on"])),
+                           C.ms(C.med(cpu["off"])), f"{check_ratio[name]:.3f}"])
+    C.table(["aligned read", "check wall ms", "before wall ms", "wall ÷ before", "check CPU ms", "before CPU ms",
+             "CPU ÷ before"], check_rows,
+            title=f"Read-time label-list check (N uint64 compares per chunk), aligned {size}³, medians of "
+                  f"{2 * rounds} interleaved rounds (per-round ratios)")
+    return check_ratio
 
 
 def main(argv=None):
@@ -45,6 +120,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds per read (default 11; --quick 3)")
     ap.add_argument("--chunks", type=int, default=None, help="random single chunks (default 300; --quick 60)")
     ap.add_argument("--cold", type=int, default=None, help="cold opens (default 30; --quick 8)")
+    ap.add_argument("--check-only", action="store_true", help="only section 5 (the label-list check)")
     args = ap.parse_args(argv)
     size = args.size or (256 if args.quick else 512)
     rounds = args.rounds or (3 if args.quick else 11)
@@ -67,6 +143,10 @@ def main(argv=None):
     p = pair.open_precomputed(C.context())
     f = C.fill_store(pair.shape, ctx=C.context())
     C.warm(d)
+    if args.check_only:
+        ratio = check_section(d, pair, size, rounds)
+        print(f"label-list check: {ratio}; load average at end: {C.load_text()}")
+        return
     a = d.read(order="F").result()
     b = p.read(order="F").result()
     if not np.array_equal(a, b):
@@ -152,12 +232,17 @@ def main(argv=None):
             title=f"Single random 64³ chunk from a freshly opened volume (cold shard index), {ncold} opens")
     cold_p50 = C.med(cold["dvidshards"][1])
 
+    check_ratio = check_section(d, pair, size, rounds)
+
     C.table(["target", "measured", "verdict"], [
         [f"aligned {size}³: dvidshards ≤ 1.0 × precomputed", f"{aligned_ratio:.3f} × (trivial-fill floor "
          f"{floor_ratio:.3f} ×); into a preallocated array {C.med(tp['dvidshards']) / pm2:.3f} ×",
          C.verdict(aligned_ratio <= 1.0)],
         ["random 64³ chunk, cold shard index ≤ 20 ms", f"{cold_p50 * 1e3:.2f} ms (p50)", C.verdict(cold_p50 <= 0.020)],
         ["random 64³ chunk, warm ≤ 1 ms (p50)", f"{warm_p50 * 1e3:.3f} ms", C.verdict(warm_p50 <= 0.001)],
+        [f"label-list check on the aligned {size}³ read ≤ 2 % (CPU time)",
+         ", ".join(f"{k} {v:.3f} ×" for k, v in check_ratio.items()),
+         C.verdict(max(check_ratio.values()) <= 1.02)],
     ], title="Targets")
     print(f"load average at end: {C.load_text()}")
 

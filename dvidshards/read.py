@@ -28,7 +28,7 @@ import zstandard
 
 from .consolidated import ConsolidatedIndex, consolidated_paths
 from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
-from .formats.arrowipc import R_NSV, R_PAY, R_PAYLEN, R_USIZE
+from .formats.arrowipc import R_PAY, R_PAYLEN, R_USIZE
 from .formats.codec import decode_into, decode_row_into
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
@@ -560,7 +560,7 @@ class _BulkWorker:
         """
         parts = [np.frombuffer(b, np.uint8) for b in blocks]
         for k, b in zip(ks, parts, strict=True):
-            if b.shape[0] < 16 or int(b[12:16].view("<u4")[0]) != t.rec[k, R_NSV]:
+            if b.shape[0] < 16 or not t.labels_match(k, b):
                 return False
         offs = np.zeros(len(parts) + 1, np.int64)
         np.cumsum([p.shape[0] for p in parts], out=offs[1:])
@@ -604,7 +604,7 @@ def _next_to(place, row: np.ndarray, xa: int) -> bool:
 def _decode_block(t: RecordTable, k: int, block, out: np.ndarray, labels) -> bool:
     """Decode record k of t from its decompressed block; False: leave it to the one-chunk path."""
     b = np.frombuffer(block, np.uint8)
-    if int(b[12:16].view("<u4")[0]) != t.rec[k, R_NSV]:
+    if b.shape[0] < 16 or not t.labels_match(k, b):
         return False
     try:
         decode_into(b, labels.palette(t, k), out)

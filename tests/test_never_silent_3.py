@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import dvidshards
 from dvidshards import ChunkIndexError, Dataset, SpecError
 from dvidshards.formats.multiscale import parse_multiscale
 from tests.conftest import make_export
@@ -194,3 +195,81 @@ def test_4c_write_export_interrupted_leaves_no_export(base, tmp_path, monkeypatc
         w.write_export(base.sv[:100], root, scales=2, shard_chunks=2, overwrite=True)
     assert _files(root) == before
     np.testing.assert_array_equal(Dataset(root, spec=base.spec).read([[0, 0, 0], list(SHAPE)]), base.expected(0))
+
+
+# --- 6. a record whose supervoxel list is not in its block's order -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reordered(base, tmp_path_factory):
+    """The export with one record of s0/0_0_0 holding its (supervoxel, label) pairs sorted by id,
+    not in its block's order (the block itself untouched)."""
+    from dvidshards.formats.codec import block_header
+    from dvidshards.writer import write_shard
+
+    root = Path(tmp_path_factory.mktemp("reordered")) / "exp"
+    shutil.copytree(base.root, root)
+    recs = _records((root / "s0" / "0_0_0.arrow").read_bytes())
+    import zstandard
+
+    for r in recs:
+        own = block_header(zstandard.ZstdDecompressor().decompress(r["dvid_compressed_block"])).labels.tolist()
+        pairs = sorted(zip(r["supervoxels"], r["labels"], strict=True))
+        if len(set(r["labels"])) > 1 and [p[0] for p in pairs] != own:
+            r["supervoxels"], r["labels"] = [p[0] for p in pairs], [p[1] for p in pairs]
+            chunk = (r["chunk_x"], r["chunk_y"], r["chunk_z"])
+            break
+    else:
+        pytest.fail("no record with labels of several bodies in an unsorted block order")
+    write_shard(root / "s0" / "0_0_0", recs)
+    return root, chunk
+
+
+def _chunk_box(c):
+    lo = [64 * v for v in c]
+    return [lo, [min(a + 64, s) for a, s in zip(lo, SHAPE, strict=True)]]
+
+
+def _reads(ds, box, labels):
+    """Every read path a user has: TensorStore, bulk whole chunks (row decode), bulk one chunk,
+    bulk cropped chunk (scratch path), Shard.read_into."""
+    (x0, y0, z0), (x1, y1, z1) = box
+    vol = ds.open(0, labels=labels)
+    yield "open", lambda: vol[x0:x1, y0:y1, z0:z1].read(order="F").result(timeout=60)
+    yield "read row", lambda: ds.read([[0, 0, 0], [128, 64, 64]] if x0 < 128 else box, labels=labels)
+    yield "read chunk", lambda: ds.read(box, labels=labels)
+    yield "read cropped", lambda: ds.read([[x0 + 3, y0 + 1, z0 + 2], [x1 - 1, y1, z1]], labels=labels)
+    from dvidshards.formats.labels import as_labels
+
+    out = np.empty((z1 - z0, y1 - y0, x1 - x0), np.uint64)
+    shard = ds.shard(0, (0, 0, 0))
+    yield "read_into", lambda: shard.read_into(x0 // 64, y0 // 64, z0 // 64, out, as_labels(labels))
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+@pytest.mark.parametrize("labels", ["agglomerated", "supervoxels", "mapping"])
+def test_6_record_with_supervoxels_in_another_order_is_an_error_on_every_read_path(base, reordered, policy,
+                                                                                   labels):
+    from dvidshards import BlockDecodeError
+
+    root, chunk = reordered
+    lab = base.mapping if labels == "mapping" else labels
+    ds = Dataset(root, spec=base.spec, policy=policy)
+    for how, read in _reads(ds, _chunk_box(chunk), lab):
+        with pytest.raises(BlockDecodeError, match="supervoxel list is not its block's label list") as e:
+            read()
+        msg = str(e.value)
+        assert "0_0_0.arrow" in msg and f"chunk {chunk}" in msg, (how, msg)
+        assert "same ids in another order" in msg, (how, msg)
+    # the other chunks of the shard read exactly
+    other = [[0, 0, 0], [64, 64, 64]] if chunk != (0, 0, 0) else [[64, 0, 0], [128, 64, 64]]
+    want = base.expected(0, lab)
+    (x0, y0, z0), (x1, y1, z1) = other
+    np.testing.assert_array_equal(ds.read(other, labels=lab), want[x0:x1, y0:y1, z0:z1])
+
+
+def test_6_verify_reports_the_reordered_record(base, reordered):
+    root, chunk = reordered
+    report = dvidshards.verify(str(root), spec=base.spec)
+    assert not report.ok
+    assert any(f"chunk {chunk}" in p.message and "0_0_0" in p.message for p in report.problems), report.summary()

@@ -21,6 +21,7 @@ from .codec import decode_into
 
 __all__ = ["RecordTable", "decompress_block", "list_values", "max_block_bytes", "normalise_batch"]
 
+# R_SV and R_NSV are adjacent (one slice gives both)
 R_CX, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = (ipc.R_CX, ipc.R_PAY, ipc.R_PAYLEN, ipc.R_LAB,
                                                               ipc.R_NLAB, ipc.R_SV, ipc.R_NSV, ipc.R_USIZE)
 _U8, _U64 = np.dtype(np.uint8), np.dtype(np.uint64)
@@ -66,6 +67,24 @@ def _decompress(payload, usize: int, max_bytes: int):
     return block
 
 
+def _labels_match(labels: bytes, sv: bytes) -> bool:
+    """A block's label list (bytes 16..16+8N) equals a record's supervoxel list (N u64 compares)."""
+    return labels == sv
+
+
+def _mismatch(block, sv: np.ndarray) -> str:
+    """What differs between a block's label list and a record's supervoxel list (for messages)."""
+    b = bytes(memoryview(block)[:16])
+    n = int.from_bytes(b[12:16], "little") if len(b) >= 16 else -1
+    if n != len(sv):
+        return f"the block has {n} labels but its record lists {len(sv)}"
+    own = np.frombuffer(bytes(memoryview(block)[16:16 + 8 * n]), "<u8")
+    j = int(np.flatnonzero(own != sv)[0])
+    how = ("the same ids in another order" if np.array_equal(np.sort(own), np.sort(sv)) else "other ids")
+    return (f"the record's supervoxel list is not its block's label list ({how}: entry {j} is {int(sv[j])} in "
+            f"the record, {int(own[j])} in the block), so its labels cannot be matched to the block's voxels")
+
+
 def decompress_block(payload, usize: int, max_bytes: int, where: str) -> bytes:
     """zstd-decompress one record's dvid_compressed_block, checking its size claims first.
 
@@ -86,7 +105,7 @@ class RecordTable:
     offsets index ``bufs[0]``, label lists ``bufs[1]`` and supervoxel lists ``bufs[2]``.
     """
 
-    __slots__ = ("_aligned", "_max_block", "bufs", "chunk_size", "path", "rec")
+    __slots__ = ("_aligned", "_max_block", "_svmv", "bufs", "chunk_size", "path", "rec")
 
     def __init__(self, rec: np.ndarray, bufs: tuple, path: str, chunk_size=(64, 64, 64)):
         self.rec = rec
@@ -94,6 +113,7 @@ class RecordTable:
         self.path = path
         self.chunk_size = tuple(int(c) for c in chunk_size)
         self._max_block = max_block_bytes(self.chunk_size)
+        self._svmv = memoryview(bufs[2])  # slicing a memoryview costs half of slicing the array
         lab, sv = bufs[1], bufs[2]
         # Arrow aligns buffers to 8 bytes; copy palettes only if a writer did not
         self._aligned = bool(len(rec) == 0 or (lab.ctypes.data % 8 == 0 and sv.ctypes.data % 8 == 0
@@ -122,6 +142,9 @@ class RecordTable:
                 pos += p.bufs[k].shape[0]
             bufs.append(np.concatenate([p.bufs[k] for p in parts]))
         return cls(np.concatenate(recs), tuple(bufs * 3 if shared else bufs), path, chunk_size)
+
+    def __reduce__(self):
+        return (RecordTable, (self.rec, self.bufs, self.path, self.chunk_size))
 
     def take(self, rows) -> RecordTable:
         """The records ``rows`` (record numbers, in that order), sharing this table's buffers."""
@@ -164,25 +187,48 @@ class RecordTable:
         return self._u64(self.bufs[2], int(self.rec[i, R_SV]), int(self.rec[i, R_NSV]))
 
     def block(self, i: int) -> bytes:
-        """The uncompressed DVID block of record i (sizes and zstd checksum checked)."""
+        """The uncompressed DVID block of record i (sizes and zstd checksum checked).
+
+        Its label list must be the record's supervoxel list, entry for entry: the record's
+        ``labels`` (and any mapping of its supervoxels) are palettes indexed by block label.
+        """
         try:
-            return _decompress(self.payload(i), self.usize(i), self._max_block)
+            block = _decompress(self.payload(i), self.usize(i), self._max_block)
         except BlockDecodeError as e:
             raise BlockDecodeError(f"{self.where(i)}: {e}") from None
+        if len(block) >= 16 and not self.labels_match(i, block):
+            raise BlockDecodeError(f"{self.where(i)}: {_mismatch(block, self.supervoxels(i))}")
+        return block
+
+    def labels_match(self, i: int, block) -> bool:
+        """Whether record i's supervoxel list is its block's label list, entry for entry.
+
+        ``block`` is the decompressed block (bytes-like or uint8 array).  N uint64 compares at
+        the label list's fixed offset (byte 16): a list in another order, even the same ids
+        sorted, would pair the record's labels with the wrong voxels.
+        """
+        off, n = self.rec[i, R_SV:R_NSV + 1].tolist()
+        head = bytes(memoryview(block)[12:16 + 8 * n]) if not isinstance(block, np.ndarray) else \
+            block[12:16 + 8 * n].tobytes()
+        return n < 1 << 32 and head[:4] == n.to_bytes(4, "little") and \
+            _labels_match(head[4:], self._svmv[off:off + 8 * n].tobytes())
 
     def decode_into(self, i: int, out: np.ndarray, labels) -> None:
         """Decode record i into out ((z, y, x) view of any strides, possibly cropped).
 
-        ``labels`` is a LabelSource.  The record's label lists must have one entry per block
-        label; a BlockDecodeError or ShardFormatError names the file and chunk.
+        ``labels`` is a LabelSource.  The record's supervoxel list must be the block's label
+        list (see ``labels_match``), whatever the label source; a BlockDecodeError or
+        ShardFormatError names the file and chunk.
         """
         r = self.rec[i].tolist()
         pay = r[R_PAY]
         try:
             block = _decompress(self.bufs[0][pay:pay + r[R_PAYLEN]], r[R_USIZE], self._max_block)
             n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
-            if n >= 1 and n != r[R_NSV]:
-                raise BlockDecodeError(f"the block has {n} labels but its record lists {r[R_NSV]}")
+            if n >= 1 and len(block) >= 16 + 8 * n:  # else the decoder names the damage
+                sv = r[R_SV]
+                if n != r[R_NSV] or not _labels_match(block[16:16 + 8 * n], self._svmv[sv:sv + 8 * n].tobytes()):
+                    raise BlockDecodeError(_mismatch(block, self.supervoxels(i)))
             decode_into(np.frombuffer(block, _U8), labels.palette(self, i), out)
         except BlockDecodeError as e:
             raise BlockDecodeError(f"{self.where(i)}: {e}") from None

@@ -43,7 +43,7 @@ def test_prototype_names_and_split_cells_reassemble():
                          "bin3": pa.array([None, p[500:]], pa.binary()), "bin4": pa.array([None, None], pa.binary())})
     t = RecordTable.from_batch(b, "t")
     assert [bytes(t.payload(i)) for i in range(2)] == PAY
-    assert t.block(1) == bytes(range(256)) * 3
+    assert zstandard.ZstdDecompressor().decompress(bytes(t.payload(1))) == bytes(range(256)) * 3
 
 
 def test_only_bin1_is_zero_copy():
@@ -88,3 +88,56 @@ def test_concat_keeps_every_record_whether_buffers_are_shared_or_not():
     assert t.bufs[0] is t.bufs[1] is t.bufs[2] and t.bufs[0].shape[0] == sum(o.bufs[0].shape[0] for o in one)
     assert records(t) == records(parts[0]) + records(parts[1])
     assert RecordTable.concat([], "t").rec.shape == (0, len(t.rec[0])) and RecordTable.concat(parts[:1], "t") is parts[0]
+
+
+def _dvid_records(sv_lists, label_lists):
+    """A table of 64³ DVID blocks whose label lists are the given ones (a block per list)."""
+    from dvidshards.formats.codec import encode_block
+
+    blocks = []
+    for sv in sv_lists:
+        vol = np.zeros((64, 64, 64), np.uint64)
+        for k, v in enumerate(sv):  # one slab per label, in list order: the block lists them so
+            vol[k * 64 // len(sv):(k + 1) * 64 // len(sv)] = v
+        blocks.append(encode_block(vol))
+    n = len(blocks)
+    b = pa.record_batch({
+        "chunk_x": pa.array(range(n), pa.int32()), "chunk_y": pa.array([0] * n, pa.int32()),
+        "chunk_z": pa.array([0] * n, pa.int32()),
+        "labels": pa.array(label_lists, pa.list_(pa.uint64())),
+        "supervoxels": pa.array([sv for sv in sv_lists], pa.list_(pa.uint64())),
+        "dvid_compressed_block": pa.array([zstandard.ZstdCompressor().compress(x) for x in blocks]),
+        "uncompressed_size": pa.array([len(x) for x in blocks], pa.uint32())})
+    return RecordTable.from_batch(b, "t.arrow"), blocks
+
+
+def test_labels_match_is_the_block_label_list_entry_for_entry():
+    from dvidshards.formats.codec import block_header
+
+    t, blocks = _dvid_records([[5, 3, 9], [4]], [[50, 30, 90], [40]])
+    assert block_header(blocks[0]).labels.tolist() == [5, 3, 9]
+    assert t.labels_match(0, blocks[0]) and t.labels_match(1, blocks[1])
+    assert t.labels_match(0, np.frombuffer(blocks[0], np.uint8))  # bytes or a uint8 view
+    assert not t.labels_match(1, blocks[0]) and not t.labels_match(0, blocks[0][:30])
+
+
+def test_a_record_listing_its_supervoxels_sorted_is_a_typed_error_on_decode_and_block():
+    from dvidshards.errors import BlockDecodeError
+    from dvidshards.formats.labels import as_labels
+
+    # block order 5, 3, 9; the record lists the same pairs sorted by supervoxel
+    t, blocks = _dvid_records([[5, 3, 9]], [[50, 30, 90]])
+    good = np.empty((64, 64, 64), np.uint64)
+    t.decode_into(0, good, as_labels("agglomerated"))
+    assert np.unique(good).tolist() == [30, 50, 90]
+    bad = RecordTable.from_batch(pa.record_batch({
+        "chunk_x": pa.array([0], pa.int32()), "chunk_y": pa.array([0], pa.int32()), "chunk_z": pa.array([0], pa.int32()),
+        "labels": pa.array([[30, 50, 90]], pa.list_(pa.uint64())),
+        "supervoxels": pa.array([[3, 5, 9]], pa.list_(pa.uint64())),
+        "dvid_compressed_block": pa.array([zstandard.ZstdCompressor().compress(blocks[0])]),
+        "uncompressed_size": pa.array([len(blocks[0])], pa.uint32())}), "t.arrow")
+    for labels in ("agglomerated", "supervoxels", {3: 1, 5: 2, 9: 3}):
+        with pytest.raises(BlockDecodeError, match=r"t.arrow: chunk \(0, 0, 0\): .*same ids in another order"):
+            bad.decode_into(0, np.empty((64, 64, 64), np.uint64), as_labels(labels))
+    with pytest.raises(BlockDecodeError, match="entry 0 is 3 in the record, 5 in the block"):
+        bad.block(0)
