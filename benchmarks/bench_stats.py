@@ -150,13 +150,13 @@ def todays_way(export: Path, spec: dict, boxes: int, edge: int = 256):
 def merge_cost(ds, scale: int, work: Path) -> float:
     """CPU seconds per row of one reduce pass: the scale's label-index partials (6-bit row groups,
     as the shard tasks write them in a big job) merged into one file of 7-bit buckets."""
-    from dvidshards.jobs.stats import _Job, _merge_task, _shard_task
+    from dvidshards.jobs.stats import _Job, _merge_task, _shard_rel, _shard_task
+    from dvidshards.jobs.workdir import WorkDir
 
-    (work / "shards").mkdir(parents=True)
-    (work / "L1").mkdir()
-    job = _Job(ds, scale, "agglomerated", None, "index", str(work), 7, 6)
+    work.mkdir(parents=True)
+    job = _Job(ds, scale, "agglomerated", None, "index", WorkDir(work), 7, 6)
     rows = sum(_shard_task(job, o) for o in ds.shards(scale))
-    files = tuple(str(work / "shards" / f"{o[0]}_{o[1]}_{o[2]}.parquet") for o in ds.shards(scale))
+    files = tuple(_shard_rel(o) for o in ds.shards(scale))
     (c, _), n = cpu_wall(lambda: _merge_task(job, (1, 0, files)))
     assert n == rows
     return c / rows
@@ -200,10 +200,10 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-stats-"))
     try:
-        body_stats(ds, 0, progress=False)  # compile / load kernels
-        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats(ds, 0, progress=False))
+        body_stats(ds, 0, scheduler="serial", progress=False)  # compile / load kernels
+        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats(ds, 0, scheduler="serial", progress=False))
         bodies = t.num_rows
-        (ix_cpu, ix_wall), rep = cpu_wall(lambda: label_index(ds, 0, tmp / "idx", progress=False))
+        (ix_cpu, ix_wall), rep = cpu_wall(lambda: label_index(ds, 0, tmp / "idx", scheduler="serial", overwrite=True, progress=False))
         idx_bytes = du(tmp / "idx")
         (map_cpu, _), _ = cpu_wall(lambda: [shard_body_stats(ds, 0, o) for o in ds.shards(0)])
         (ix_map, _), _ = cpu_wall(lambda: [shard_label_index(ds, 0, o) for o in ds.shards(0)])
@@ -213,10 +213,11 @@ def main() -> None:
         today_cpu, today_wall = todays_way(export, spec, boxes=1 if args.quick else 2)
         dask_wall = dask_start = None
         if not args.no_dask:
-            from dvidshards.jobs.runner import _connect
+            from dvidshards.jobs.runner import TaskRunner
 
             w = time.perf_counter()
-            client, cluster, _ = _connect("local:2")
+            runner = TaskRunner("local:2")
+            client = runner.client()
             body_stats(ds, 0, scheduler=client, progress=False)  # workers load the kernels once
             dask_start = time.perf_counter() - w
             try:
@@ -228,8 +229,7 @@ def main() -> None:
                     assert t2.equals(t)
                 dask_wall = min(runs)
             finally:
-                client.close()
-                cluster.close()
+                runner.close()
 
         per = st_cpu / nchunks
         rows = [
@@ -264,9 +264,9 @@ def main() -> None:
                                            log=lambda s_: print(s_, file=sys.stderr))
             rds = dvidshards.Dataset(real, spec=common.mcns_spec(args.data))
             rn = len(rds.chunks(1))
-            body_stats(rds, 1, progress=False)
-            (rc, rw), rt = cpu_wall(lambda: body_stats(rds, 1, progress=False))
-            (ric, riw), rrep = cpu_wall(lambda: label_index(rds, 1, tmp / "ridx", progress=False))
+            body_stats(rds, 1, scheduler="serial", progress=False)
+            (rc, rw), rt = cpu_wall(lambda: body_stats(rds, 1, scheduler="serial", progress=False))
+            (ric, riw), rrep = cpu_wall(lambda: label_index(rds, 1, tmp / "ridx", scheduler="serial", overwrite=True, progress=False))
             rbytes = du(tmp / "ridx")
             rzs, rks, _ = floor_parts(rds, 1)
             rper, riper = rc / rn, ric / rn

@@ -688,3 +688,26 @@ def test_issue23_item11_scheduler_vocabulary(exp, tmp_path, capsys):
         assert as_dict(pq.read_table(out)) == want
     assert main(["stats", exp.root, "--out", str(tmp_path / "x.parquet"), "--scheduler", "nonsense"]) == 2
     assert "is not one of" in capsys.readouterr().err and not (tmp_path / "x.parquet").exists()
+
+
+# --------------------------------------------------------------------------- issue 22's held-out bar, small
+
+
+@pytest.mark.slow
+def test_issue22_held_out_client_does_not_grow_with_bodies(tmp_path, monkeypatch):
+    """stats on an external dask scheduler + 2 workers over two exports of the same size (2.6 K and
+    139 K bodies): both tables exact, the client's peak RSS grows by at most 64 MiB
+    (benchmarks/bench_stats_client.py runs 18 K and 1.1 M bodies)."""
+    import importlib.util
+
+    pytest.importorskip("distributed")
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_stats_client.py")
+    monkeypatch.setenv("DVIDSHARDS_KERNELS", os.environ.get("DVIDSHARDS_KERNELS", "background"))  # restored after
+    monkeypatch.syspath_prepend(os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location("bench_stats_client", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.held_out(tmp_path, (256, 256, 128), (16, 4), log=lambda s: None)
+    assert all(r["ok"] for r in res["results"].values()), res
+    assert [r["rows"] for r in res["results"].values()] == [2601, 139425]
+    assert res["growth"] <= 64 << 20

@@ -768,8 +768,6 @@ def _execute(tr: TaskRunner, ds, s, origins, labels, ident: dict, box, kind: str
     final ``{bucket: rows}``.
     """
     t0 = time.perf_counter()
-    if fan_in < 2:
-        raise SpecError(f"fan_in must be at least 2, got {fan_in}")
     shard_bits = bits if len(origins) <= fan_in else min(bits, _COARSE_BITS)
     ident = {**ident, "bits": bits, "shard_bits": shard_bits}
     if resume and _is_work(work):
@@ -852,7 +850,9 @@ def _meta(fmt: str, s, ident: dict, bits: int, report: IndexReport, **more) -> d
 MAX_TABLE_ROWS = 1 << 22  # body_stats returns at most this many rows as one table (~350 MB)
 
 
-def _bits(origins, partitions) -> int:
+def _bits(origins, partitions, fan_in: int = FAN_IN) -> int:
+    if fan_in < 2:
+        raise SpecError(f"fan_in must be at least 2, got {fan_in}")
     return _default_bits(len(origins)) if partitions is None else _partition_bits(partitions)
 
 
@@ -924,7 +924,7 @@ def write_body_stats(ds, out, scale=0, labels="agglomerated", box=None, schedule
     if workdir is not None or single:
         _check_work(work, resume, overwrite)
     origins = _origins(ds, s, box)
-    bits = _bits(origins, partitions)
+    bits = _bits(origins, partitions, fan_in)
     labels_arg = _labels_arg(labels)
     ident = _ident("stats", s, box, _labels_identity(labels_arg))
     path = parent.describe(name) if single else outd.describe()
@@ -1029,7 +1029,7 @@ def body_stats(ds, scale=0, labels="agglomerated", box=None, scheduler=None, *, 
     if not temp:
         _check_work(work, resume, overwrite)
     origins = _origins(ds, s, box)
-    bits = _bits(origins, partitions)
+    bits = _bits(origins, partitions, fan_in)
     labels_arg = _labels_arg(labels)
     ident = _ident("stats", s, box, _labels_identity(labels_arg))
     dest = work.child("table")
@@ -1107,7 +1107,7 @@ def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *,
     if workdir is not None:
         _check_work(work, resume, overwrite)
     origins = _origins(ds, s, None)
-    bits = _bits(origins, partitions)
+    bits = _bits(origins, partitions, fan_in)
     labels_arg = _labels_arg(labels)
     ident = _ident("index", s, None, _labels_identity(labels_arg))
     if resume and old is not None and old.get("complete"):
