@@ -307,9 +307,11 @@ def _map_task(job: MeshJob, item) -> dict:
     s = ds.scale(scale)
     path = _frag_path(job, scale, origin)
     src = as_labels(job.labels)
-    coords = np.asarray(ds.shard(s, origin).coords, np.int64)
-    cells = _shard_cells(s, origin, coords)
     _, _, cs = _grid(s)
+    shard = ds.reader(s, src, fill_missing_shards=True).shard(*(int(v) // cs for v in origin))  # the decoder's too
+    if shard is None:
+        raise SpecError(f"{ds.store.describe(s.stem(origin) + '.arrow')}: listed but not found")
+    cells = _shard_cells(s, origin, np.asarray(shard.coords, np.int64))
     decode = chunk_decoder(ds, s.index, src, fill_missing_shards=True)  # listed shards only; others: none
     reduction = job.reduction_factor if scale == job.scales[0] else 0  # coarser lods: no triangle may cross
     unsorted = f"{path}.unsorted-{uuid.uuid4().hex[:12]}"
