@@ -160,7 +160,7 @@ class _Task:
 class _IndexPalette(LabelSource):
     """Reads 1 + each supervoxel's index in an id list (0 for background): a palette swap per
     block, so the contact kernel never looks a voxel's id up. ``target`` is set before each read
-    (under the job's lock); compared by identity, so each job gets its own reader."""
+    (one palette per thread); compared by identity, so each gets its own reader."""
 
     name = "pcg-index"
 
@@ -205,8 +205,7 @@ class _Job:
         self.lo = np.asarray(s.voxel_offset, np.int64)
         self.hi = self.lo + np.asarray(s.size, np.int64)
         self.grid = -(-(self.hi - self.lo) // self.cs)
-        self.palette = _IndexPalette()
-        self._lock = threading.Lock()
+        self._local = threading.local()  # a palette (and so a reader) per thread
         self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task along each axis
         self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
 
@@ -224,14 +223,22 @@ class _Job:
         zyx = np.indices(tuple(int(v) for v in (hi - lo)[::-1])).reshape(3, -1).T  # x fastest
         return [tuple(c) for c in (zyx[:, ::-1] + lo).tolist()]
 
+    @property
+    def palette(self) -> _IndexPalette:
+        """This thread's index palette: tasks on threads read side by side, each with its own."""
+        p = getattr(self._local, "palette", None)
+        if p is None:
+            p = self._local.palette = _IndexPalette()
+        return p
+
     def __getstate__(self):
         d = self.__dict__.copy()
-        d["_lock"] = None
+        d["_local"] = None
         return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
-        self._lock = threading.Lock()
+        self._local = threading.local()
 
     def box(self, c) -> tuple[np.ndarray, np.ndarray]:
         """Voxel box [a, b) of chunk c, clipped to the volume (empty outside the grid)."""
@@ -345,19 +352,19 @@ class _Job:
             lo, hi = a.copy(), b.copy()
             lo[ax], hi[ax] = b[ax], b[ax] + 1
             boxes.append((lo, hi))
-        with self._lock:
-            for k, (lo, hi) in enumerate(boxes):
-                lo, hi = np.maximum(lo, self.lo), np.minimum(hi, self.hi)
-                if (hi <= lo).any():
-                    continue  # outside the volume: stays 0
-                if lists is not None:
-                    self.palette.target = lists[k]
-                    self.palette.where = f"PCG chunk {tuple(np.add(coords, fmt.DIRECTIONS[k - 1]) if k else coords)}"
-                oa, ob = lo - ha, hi - ha
-                self.ds.read([lo.tolist(), hi.tolist()], scale=self.scale,
-                             labels="supervoxels" if lists is None else self.palette,
-                             out=out[oa[0]:ob[0], oa[1]:ob[1], oa[2]:ob[2]],
-                             threads=self.threads if k == 0 else 1, fill_missing_shards=self.fill)
+        palette = self.palette
+        for k, (lo, hi) in enumerate(boxes):
+            lo, hi = np.maximum(lo, self.lo), np.minimum(hi, self.hi)
+            if (hi <= lo).any():
+                continue  # outside the volume: stays 0
+            if lists is not None:
+                palette.target = lists[k]
+                palette.where = f"PCG chunk {tuple(np.add(coords, fmt.DIRECTIONS[k - 1]) if k else coords)}"
+            oa, ob = lo - ha, hi - ha
+            self.ds.read([lo.tolist(), hi.tolist()], scale=self.scale,
+                         labels="supervoxels" if lists is None else palette,
+                         out=out[oa[0]:ob[0], oa[1]:ob[1], oa[2]:ob[2]],
+                         threads=self.threads if k == 0 else 1, fill_missing_shards=self.fill)
         return out
 
     # --- one chunk ----------------------------------------------------------------------
