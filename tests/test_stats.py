@@ -8,6 +8,7 @@ import os
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -278,6 +279,7 @@ def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["sizes.parquet"]  # work folder sizes.parquet.parts removed
 
 
+@pytest.mark.slow
 def test_issue22_item3_workdir_is_any_path_or_an_s3_url(exp, tmp_path):
     from dvidshards.testing.servers import MotoS3
 
@@ -294,6 +296,14 @@ def test_issue22_item3_workdir_is_any_path_or_an_s3_url(exp, tmp_path):
         keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket="work")["Contents"]
                       if not o["Key"].endswith("/"))  # (pyarrow's folder markers)
         assert rep.ok and keys == ["idx/_meta.json", "idx/bucket=0/part-0.parquet", "idx/bucket=1/part-0.parquet"]
+        # one file in a bucket, with its work folder beside it
+        url = f"s3://work/out/sizes.parquet?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = write_body_stats(exp.root, url, 0, partitions=2, progress=False)
+        body = s3.client().get_object(Bucket="work", Key="out/sizes.parquet")["Body"].read()
+        assert rep.ok and as_dict(pq.read_table(pa.BufferReader(body))) == brute_stats(
+            exp.expected(0), exp.expected(0, "supervoxels"))
+        assert not [o for o in s3.client().list_objects_v2(Bucket="work", Prefix="out/")["Contents"]
+                    if ".parts" in o["Key"] and not o["Key"].endswith("/")]
 
 
 def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatch, capsys):
@@ -362,6 +372,12 @@ def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     # the label index names the mapping the same way, and BodyIndex users of the same file match it
     rep = label_index(exp.root, 0, tmp_path / "idx", str(path), progress=False)
     assert rep.ok and json.loads((tmp_path / "idx" / "_meta.json").read_text())["mapping_file"] == str(path)
+    body = 5003
+    m, box = dvidshards.Dataset(exp.root).body_mask(body, 0, labels=str(path), index=tmp_path / "idx")
+    vol = exp.expected(0, mapping)
+    x, y, z = np.nonzero(vol == body)
+    assert box == [[int(x.min()), int(y.min()), int(z.min())], [int(x.max()) + 1, int(y.max()) + 1, int(z.max()) + 1]]
+    assert int(m.sum()) == int((vol == body).sum())
     with pytest.raises(MappingError, match="not found"):
         write_body_stats(exp.root, tmp_path / "other", 0, str(tmp_path / "nope.txt"), progress=False)
     assert not (tmp_path / "other").exists()
@@ -673,8 +689,6 @@ def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, 
 
 
 def pa_table():
-    import pyarrow as pa
-
     return pa.table({"x": [1, 2]})
 
 
