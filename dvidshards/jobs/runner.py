@@ -139,9 +139,10 @@ def scheduler_of(scheduler):
         try:
             from distributed import Client
         except ImportError:  # pragma: no cover - depends on the environment
-            Client = ()  # noqa: N806
-        if Client and isinstance(scheduler, Client):
-            return ("client", scheduler)
+            pass
+        else:
+            if isinstance(scheduler, Client):
+                return ("client", scheduler)
         raise SpecError(f"scheduler must be a string or a distributed.Client, got {type(scheduler).__name__}")
     s = scheduler.strip()
     cores = os.cpu_count() or 1
@@ -306,8 +307,9 @@ class TaskRunner:
             self._client, self._close_client = Client(self._cluster), True
         else:
             raise ValueError(f"{self!r} runs no dask cluster")
-        try:
-            self.dashboard = self._client.dashboard_link or None
+        try:  # a scheduler started with --no-dashboard has no dashboard service
+            self.dashboard = self._client.dashboard_link if self._client.scheduler_info().get(
+                "services", {}).get("dashboard") else None
         except Exception:  # noqa: BLE001 - no dashboard service (bokeh missing)
             self.dashboard = None
         if self.dashboard:
