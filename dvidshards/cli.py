@@ -4,7 +4,8 @@ Every command is one row of `COMMANDS`: its name, the object that implements it 
 or ``"module:attribute"``, imported only when the command runs) and a one-line help. The
 object exposes ``add_arguments(parser)`` and ``main(args) -> int``.
 
-Exit codes: 0 success; 1 problems found (``verify``); 2 bad input or usage. A user error (any
+Exit codes: 0 success; 1 problems found (``verify``, a job that did not complete: ``JobError``);
+2 bad input or usage. A user error (any
 `DvidShardsError`, an ``OSError`` on a path, a bad argument) prints one line on stderr, never a
 traceback.
 """
@@ -17,7 +18,7 @@ import os
 import sys
 import warnings
 
-from .errors import DvidShardsError, SpecError
+from .errors import DvidShardsError, JobError, SpecError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -130,6 +131,9 @@ def main(argv=None) -> int:
     except UsageError as e:
         text = _one_line(e)
         print(text if text.startswith(prog) else f"{prog}: {text}", file=sys.stderr)
+    except JobError as e:  # the job ran and did not complete: problems found, partial results kept
+        print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_PROBLEMS
     except DvidShardsError as e:
         print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
     except OSError as e:

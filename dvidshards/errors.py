@@ -8,6 +8,7 @@ __all__ = [
     "DvidShardsError",
     "GeometryWarning",
     "IndexRebuiltWarning",
+    "JobError",
     "MappingError",
     "MissingShardError",
     "RemoteReadError",
@@ -46,6 +47,18 @@ class SpecError(DvidShardsError, ValueError):
 
 class MappingError(DvidShardsError, ValueError):
     """A label mapping given to dvidshards.open cannot be read or is inconsistent."""
+
+
+class JobError(DvidShardsError, RuntimeError):
+    """A whole-export job that did not complete: its failed tasks are named, its partial results
+    kept where the message says (for ``--resume``); ``report`` is what the job did, when known."""
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.report))
 
 
 class GeometryWarning(UserWarning):

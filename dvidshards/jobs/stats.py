@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..dataset import Dataset
-from ..errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
+from ..errors import BlockDecodeError, JobError, ShardFormatError, SpecError
 from ..formats.arrowipc import R_NLAB, R_NSV
 from ..formats.blockstats import BlockError, batch_stats
 from ..formats.labelindex import INDEX_FORMAT, INDEX_SCHEMA, bucket_name, bucket_of, labels_id
@@ -73,7 +73,6 @@ __all__ = [
     "STATS_ORDER",
     "STATS_SCHEMA",
     "IndexReport",
-    "JobError",
     "LabelIndexCommand",
     "StatsCommand",
     "body_stats",
@@ -503,20 +502,6 @@ STATS_FORMAT = "dvidshards-body-stats"
 _MANIFEST = "manifest.json"
 _HASH = "top bits of (body * 0x9E3779B97F4A7C15 mod 2**64) >> 48"
 STATS_ORDER = "grouped by hash bucket of the label (bucket_of(label, bits)); in a bucket, voxels descending, then label"
-
-
-class JobError(DvidShardsError, RuntimeError):
-    """A whole-export job that did not complete: its failed tasks are named, its partial results kept.
-
-    Attributes
-    ----------
-    report : IndexReport
-        What the job did (failed shards, where the partial results are).
-    """
-
-    def __init__(self, message: str, report=None):
-        super().__init__(message)
-        self.report = report
 
 
 def _default_bits(n_shards: int) -> int:
