@@ -275,7 +275,8 @@ def mesh_block(
         Labels to return (default: every non-zero label present).
     reduction_factor : int, optional
         zmesh simplification target (faces / factor); 0 keeps the marching-cubes mesh.
-        Vertices on the block's faces are never moved.
+        Vertices on the block's faces are never moved; a vertex the simplifier puts outside
+        the box of the cubes (``[0.5, shape - 0.5]``) is clipped back onto it.
     max_error : float, optional
         zmesh's error bound for that simplification (its ``Mesher.get(max_error=)`` at voxel
         resolution 1).
@@ -319,8 +320,10 @@ def mesh_block(
                        max_error=float(max_error), voxel_centered=True)
         mesher.erase(label)
         if len(m.faces):
-            v = (m.vertices.astype(np.float64) + off).astype(np.float32)
-            out[label] = Mesh(v, m.faces)
+            v = m.vertices.astype(np.float64)
+            if reduction_factor:  # the quadric optimum may leave the cubes' box: keep fragments in their cell
+                v = np.clip(v, 0.5, np.asarray(b.shape, np.float64) - 0.5)
+            out[label] = Mesh((v + off).astype(np.float32), m.faces)
     return out
 
 

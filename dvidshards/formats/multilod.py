@@ -404,6 +404,7 @@ def encode_object(
     bits: int = 16,
     compression_level: int = 7,
     vertex_offsets=None,
+    tolerance: float = 1e-3,
 ) -> tuple[bytes, bytes]:
     """Manifest and fragment data of one object from its levels of detail.
 
@@ -420,6 +421,9 @@ def encode_object(
     vertex_offsets : array_like, shape (num_lods, 3), optional
         Per level, what the viewer adds to every decoded vertex (stored model units); the
         meshes of ``lods`` are given *without* it, inside their nodes' boxes. Default 0.
+    tolerance : float, optional
+        How far (in box fractions) a vertex may lie outside its node's box; it is clipped
+        onto the box (simplified levels may poke out a little), beyond it is an error.
 
     Returns
     -------
@@ -441,7 +445,7 @@ def encode_object(
         sz = []
         for p in pos:
             blob = encode_fragment(level[(int(p[0]), int(p[1]), int(p[2]))], origin + size * p, size,
-                                   bits, compression_level)
+                                   bits, compression_level, tolerance)
             data.append(blob)
             sz.append(len(blob))
         positions.append(pos)
