@@ -259,14 +259,19 @@ class Verify:
         _scale_argument(p)
         p.add_argument("--decode", action="store_true",
                        help="also decode every block and compare its label list with the record's")
+        p.add_argument("--spot-check", type=int, default=0, metavar="N",
+                       help="a convert output (a folder with dvidshards.json): also compare N random chunks with "
+                            "the source its manifest names")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     @staticmethod
     def main(args) -> int:
         from .jobs.verify import verify
 
+        if args.spot_check < 0:
+            raise UsageError(f"dvidshards verify: --spot-check {args.spot_check}: give a number of chunks >= 0")
         report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec,
-                        progress=progress_wanted(args))
+                        progress=progress_wanted(args), spot_check=args.spot_check)
         if not report.checked:  # nothing to check is a usage error, never "no problems"
             why = report.problems[0].message if report.problems else f"no shard files found under {args.source}"
             raise UsageError(f"dvidshards verify: nothing was checked: {' '.join(why.split())}")

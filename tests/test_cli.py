@@ -294,3 +294,22 @@ def test_region_colors_neighbours_differ_and_supervoxels_shade_their_body():
 def test_label_colors():
     rgb = label_colors(np.array([[0, 1], [2, 1]], np.uint64))
     assert (rgb[0, 0] == 0).all() and (rgb[0, 1] == rgb[1, 1]).all() and (rgb[0, 1] != rgb[1, 0]).any()
+
+
+def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_path, capsys):
+    """`dvidshards verify OUT --spot-check N` compares N chunks of a conversion with its source."""
+    out = tmp_path / "out"
+    code, _, _ = _run(["convert", synthetic_export.root, str(out), "--format", "precomputed", "--spec", spec_file,
+                       "--quiet"], capsys)
+    assert code == 0
+    code, text, _ = _run(["verify", str(out), "--spot-check", "5", "--quiet"], capsys)
+    assert code == 0 and "no problems" in text
+    m = json.loads((out / "dvidshards.json").read_text())
+    for f in (out / m["scales"]["0"]["key"]).glob("*.shard"):
+        data = bytearray(f.read_bytes())
+        data[-30:] = bytes(30)  # the minishard index and its last chunk's tail
+        f.write_bytes(bytes(data))
+    code, text, _ = _run(["verify", str(out), "--spot-check", "40", "--quiet"], capsys)
+    assert code == 1
+    code, _, err = _run(["verify", str(out), "--spot-check", "-1"], capsys)
+    assert code == 2 and "--spot-check -1" in _one_line(err)

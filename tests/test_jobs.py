@@ -216,3 +216,15 @@ def test_remote_client_that_sees_the_folder_passes(client, tmp_path):
     tr = TaskRunner(client)
     assert tr.remote
     tr.check_shared(tmp_path)
+
+
+def _spin(x):
+    t = time.thread_time()
+    while time.thread_time() - t < 0.05:
+        pass
+    return x
+
+
+def test_task_cpu_counts_each_tasks_own_thread():
+    rep = run_tasks(_spin, range(4), scheduler="threads:2", progress=False)
+    assert 0.18 < rep.task_cpu < 1.0  # 4 x 50 ms of the tasks' own threads, not the process's

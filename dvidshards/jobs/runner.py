@@ -67,6 +67,9 @@ class JobReport:
         The dask dashboard link, when there was one.
     scheduler : str
         Where the tasks ran: ``"serial"``, ``"threads:N"`` or ``"dask"``.
+    task_cpu : float
+        CPU seconds of the tasks themselves (each task's own thread, wherever it ran): the
+        figure to project core-hours from, also when threads overlap.
     """
 
     results: dict = field(default_factory=dict)
@@ -75,6 +78,7 @@ class JobReport:
     elapsed: float = 0.0
     dashboard: str | None = None
     scheduler: str = "serial"
+    task_cpu: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -102,11 +106,13 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def _call(fn, item):
-    # runs in the worker: exceptions become data, so unpicklable exceptions cannot lose the message
+    # runs in the worker: exceptions become data, so unpicklable exceptions cannot lose the message;
+    # the task's own thread CPU travels back with its result
+    t = time.thread_time()
     try:
-        return True, fn(item)
+        return True, fn(item), time.thread_time() - t
     except Exception as e:  # noqa: BLE001 - every task failure is reported, the job goes on
-        return False, describe_exception(e)
+        return False, describe_exception(e), time.thread_time() - t
 
 
 # --------------------------------------------------------------------------- the vocabulary
@@ -391,8 +397,9 @@ class TaskRunner:
             if mode == "serial":
                 report.scheduler = "serial"
                 for it in todo:
-                    ok, res = _call(fn, it)
+                    ok, res, cpu = _call(fn, it)
                     (report.results if ok else report.failed)[it] = res
+                    report.task_cpu += cpu
                     bar.update(ok)
             elif mode == "threads":
                 report.scheduler = f"threads:{n}"
@@ -436,8 +443,9 @@ class TaskRunner:
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for f in finished:
                     it = running.pop(f)
-                    ok, res = f.result()
+                    ok, res, cpu = f.result()
                     (report.results if ok else report.failed)[it] = res
+                    report.task_cpu += cpu
                     bar.update(ok)
                     submit()
         finally:
@@ -468,7 +476,8 @@ class TaskRunner:
             for f in ac:
                 it = futures.pop(f)
                 if f.status == "finished":
-                    ok, res = f.result()
+                    ok, res, cpu = f.result()
+                    report.task_cpu += cpu
                 else:  # the task could not run: worker died (KilledWorker), cancelled, ...
                     try:
                         exc = f.exception()
