@@ -552,3 +552,29 @@ def test_port_in_use_is_named_in_one_line(export):
                             "--no-viewer", "--port", str(srv.port)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2
         assert r.stderr.strip().count("\n") == 0 and f"port {srv.port}" in r.stderr and "in use" in r.stderr
+
+
+def test_mesh_chunks_from_a_label_index(export, tmp_path, monkeypatch):
+    """With a label index, a coarser scale's chunks come from the index's blocks (no scan of
+    the lists): the same mesh as without it."""
+    pytest.importorskip("zmesh")
+    from dvidshards.jobs.stats import label_index
+
+    ds = Dataset(export.root, spec=export.spec)
+    label_index(ds, 0, tmp_path / "idx", scheduler="serial")
+    vol = export.expected(0)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    b = int(ids[np.argmax(counts)])
+    import dvidshards.bodies
+
+    scans = []
+    real = dvidshards.bodies.chunks_with
+    monkeypatch.setattr(dvidshards.bodies, "chunks_with", lambda *a, **k: scans.append(a[2]) or real(*a, **k))
+    got = {}
+    for index in (None, tmp_path / "idx"):
+        scans.clear()
+        with serve(ds, mesh_budget=1e-6, index=index) as srv:  # the coarsest scale
+            got[index is None] = get(f"{srv.http_url()}/mesh/{b}:0:mesh")[2]
+            assert list(srv.stats()["agglomerated"]["mesh_scales"]) == [ds.scales[-1].to_json()["key"]]
+        assert scans == ([] if index else [2])  # the lists of the coarsest scale scanned, or nothing
+    assert got[True] == got[False] and len(got[True]) > 1000
