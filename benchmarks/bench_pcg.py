@@ -36,6 +36,23 @@ to all. Last, ``--sample`` random tasks (default 2) run for real, each in a fres
 a worker: wall and CPU time, peak RSS, result size. ``--mcns-only`` skips the per-chunk tables::
 
     python benchmarks/bench_pcg.py --mcns-only [--sample 2] [--sample-chunks K] [--submit-tasks N]
+
+Last ``--mcns-only`` run (2026-11-26, 2 cores shared, load average 3-13; times inflated)::
+
+    procedural mCNS s0: 26,456 shard files, grid 368×306×526 chunks of 256³
+                                           now                              before (one task per chunk)
+    tasks                                  26,456 (blocks of 8×8×8 chunks)  13,545,472
+    planning time                          0.62 s                           53 s (est. from 300 shards)
+    client peak RSS after planning         207 MiB                          +1,180 MiB for the item set alone
+    bytes per pickled task (fn + item)     4,648                            same job + a chunk
+    results held by the client             26,456 × 145 B                   13,545,472 × ~851 B
+    submit + run all 26,456 stand-ins      529 s = 20.0 ms per task         75 h of overhead at that rate
+    client peak RSS during submission      424 MiB (before 237)             target <= 2 GiB: met
+
+    sample tasks (fresh process, 1 decoding thread, zstd 3, load 4.5)
+    task key      chunks  with files  pieces  edges      wall s  CPU s  CPU ms/chunk  peak RSS MiB  result bytes
+    (22, 13, 13)  512     512         76,932  1,258,536  123.2   58.5   114           627           179
+    (23, 7, 16)   512     258         34,998  537,351    27.4    24.3   48            626           175
 """
 
 from __future__ import annotations
@@ -270,10 +287,13 @@ def _child(args_list: list[str]) -> dict:
 
 
 def mcns(args) -> None:
-    import functools
-    import pickle
-
     C.header("bench_pcg: planning pcg-edges over the procedural mCNS s0 (256³ chunks)")
+    if not args.sample_only:
+        plan_table(args)
+    sample_tasks(args)
+
+
+def plan_table(args) -> None:
     extra = ["--workdir", str(args.workdir), "--old-shards", str(args.old_shards)]
     if args.submit_tasks:
         extra += ["--submit-tasks", str(args.submit_tasks)]
@@ -305,7 +325,13 @@ def mcns(args) -> None:
             f"{'×'.join(map(str, p['grid']))} chunks of 256³")
     print(f"planning ≤ 2 min: {C.verdict(p['plan_s'] <= 120)}; no per-chunk loop on the client; load {C.load_text()}")
 
-    # a random sample of real tasks, each in a fresh process
+
+
+def sample_tasks(args) -> None:
+    """A random sample of real tasks, each in a fresh process."""
+    import functools
+    import pickle
+
     out = args.workdir / "pcg-mcns-sample"
     shutil.rmtree(out, ignore_errors=True)
     (out / pcg.SIDE_TABLE).mkdir(parents=True)
@@ -343,6 +369,7 @@ def main(argv=None):
                     help="stand-in tasks submitted to local:2 (default all; --quick 2000)")
     ap.add_argument("--old-shards", type=int, default=300, help="shards the old planner is timed on (default 300)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the task sample")
+    ap.add_argument("--sample-only", action="store_true", help="skip the planning table (with --mcns-only)")
     ap.add_argument("--child-plan", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-task", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
