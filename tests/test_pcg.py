@@ -486,8 +486,9 @@ def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_e
     root.mkdir()
     (root / "s0").symlink_to(Path(ex.root, "s0"))
     (tmp_path / "spec.json").write_text(json.dumps(ex.spec))  # lists 3 scales
-    with pytest.raises(SpecError, match=r"scale 1 has no folder in this export \(it has s0\)"):
+    with pytest.raises(SpecError, match="no folder") as e:
         pcg.write_edges(root, tmp_path / "o", (64, 64, 64), spec=ex.spec, scale=1, progress=False)
+    assert "s1" in str(e.value) or "scale 1" in str(e.value)
     assert not (tmp_path / "o").exists()
     code = cli.main(["pcg-edges", str(root), "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "o"),
                      "--chunk-size", "64", "64", "64", "--scale", "1", "--quiet"])
