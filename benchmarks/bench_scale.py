@@ -1,0 +1,196 @@
+"""Every whole-export job planned, submitted and sampled over an mCNS-shaped export (issue 22).
+
+The export is ``dvidshards.testing.procedural.ProceduralStore``: the real mCNS geometry (12
+scales, ~26,500 shard files at s0 holding ~6*10^8 chunks, ~10^8 supervoxels), synthesized on
+demand, nothing stored. For each job, in a fresh process of its own (so that its peak RSS is its
+own):
+
+* **plan** - open the export and run the job's public entry point until its first phase hands
+  its tasks to the task runner: planning time (from the start of the process's work), client
+  peak RSS, number of tasks, bytes per pickled task (the task function and item, as dask sends
+  them);
+* **submit** - every task of that phase submitted through a dask ``LocalCluster`` of 2 workers
+  with a stand-in body (the real function and item travel, nothing is computed): scheduler
+  overhead per task and the client's peak RSS while it holds the bounded window of futures
+  (``--submit N`` caps the number of tasks; 0 skips);
+* **sample** - ``--sample K`` random real tasks, each in a fresh process: wall, CPU and peak
+  RSS of the task, and the core-hours projected for the whole phase (mean task CPU x tasks).
+
+Targets (issue 22): client peak <= 2 GiB and planning <= 2 min for every job.
+
+Run: ``python benchmarks/bench_scale.py`` (all jobs; ``--jobs stats,convert``;
+``--sample 1``; ``--submit 2000``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common as C
+
+JOBS = ("stats", "label-index", "convert", "pcg-edges", "meshes")
+CLIENT_TARGET_MIB = 2048
+PLAN_TARGET_S = 120
+
+
+class _Planned(BaseException):  # not an Exception: no job catches it on its way out
+    pass
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _start(job: str, out: Path):
+    """The job's public entry point over the procedural export (runs until its first phase)."""
+    from dvidshards import Dataset
+    from dvidshards.testing.procedural import ProceduralStore
+
+    store = ProceduralStore()
+    ds = Dataset(store, spec=store.spec)
+    if job == "stats":
+        from dvidshards.jobs.stats import write_body_stats
+
+        write_body_stats(ds, out / "stats", scale=0, scheduler="serial", progress=False)
+    elif job == "label-index":
+        from dvidshards.jobs.stats import label_index
+
+        label_index(ds, 0, out=out / "index", scheduler="serial", progress=False)
+    elif job == "convert":
+        from dvidshards.jobs.convert import convert
+
+        convert(ds, out / "precomputed", "precomputed", scheduler="serial", progress=False)
+    elif job == "pcg-edges":
+        from dvidshards.jobs.pcg import write_edges
+
+        write_edges(ds, out / "pcg", (256, 256, 256), scheduler="serial", progress=False)
+    elif job == "meshes":
+        from dvidshards.jobs.meshes import meshes
+
+        meshes(ds, out / "meshes", scales=(0,), scheduler="serial", progress=False)
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+
+
+class _Stub:
+    """A stand-in task body: carries the real function (its pickled bytes travel), runs nothing."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, item):
+        return None
+
+
+def _child(job: str, mode: str, arg: int) -> dict:
+    """One measurement in this (fresh) process; returns a dict printed as JSON."""
+    from dvidshards.jobs import runner
+
+    t0 = time.perf_counter()
+    got: dict = {"job": job}
+    real = runner.TaskRunner.run
+
+    def run(self, fn, items, *, desc="tasks", done=None):
+        items = list(items)
+        got["plan_s"] = time.perf_counter() - t0
+        got["tasks"] = len(items)
+        got["desc"] = desc
+        got["plan_peak_mib"] = _peak_mib()
+        sample = random.Random(1).sample(items, min(20, len(items)))
+        sizes = [len(pickle.dumps((fn, it), protocol=5)) for it in sample]
+        got["task_bytes"] = sum(sizes) / max(len(sizes), 1)
+        if mode == "submit" and arg:
+            todo = items[:arg]
+            with runner.TaskRunner("local:2", progress=False) as tr:
+                tr.client()
+                t = time.perf_counter()
+                rep = real(tr, _Stub(fn), todo, desc="stand-in")
+                got["submit_n"] = len(todo)
+                got["overhead_ms"] = (time.perf_counter() - t) / max(len(todo), 1) * 1e3
+                got["submit_failed"] = len(rep.failed)
+            got["submit_peak_mib"] = _peak_mib()
+        elif mode == "sample":
+            it = random.Random(arg).choice(items)
+            got["item"] = repr(it)[:80]
+            base = _peak_mib()
+            c, t = time.process_time(), time.perf_counter()
+            res = fn(it)
+            got["task_s"] = time.perf_counter() - t
+            got["task_cpu_s"] = time.process_time() - c
+            got["task_peak_mib"] = _peak_mib()
+            got["task_rss_before_mib"] = base
+            got["result_bytes"] = len(pickle.dumps(res, protocol=5))
+        raise _Planned
+
+    runner.TaskRunner.run = run  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory(prefix="dvidshards-scale-") as tmp:
+        try:
+            _start(job, Path(tmp))
+        except _Planned:
+            pass
+    return got
+
+
+def _spawn(job: str, mode: str, arg: int, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", job, mode, str(arg)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(C.ROOT))
+    for line in r.stdout.splitlines()[::-1]:
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{job} {mode}: no result (exit {r.returncode}):\n{r.stderr[-3000:]}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        job, mode, arg = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        print(json.dumps(_child(job, mode, arg)))
+        return
+    p = C.parser(__doc__)
+    p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
+    p.add_argument("--submit", type=int, default=3000,
+                   help="tasks submitted with a stand-in body to measure scheduler overhead (0: skip)")
+    p.add_argument("--sample", type=int, default=1, help="random real tasks executed per job, each in a fresh process")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
+    args = p.parse_args()
+    jobs = [j for j in args.jobs.split(",") if j]
+    C.header("bench_scale: every job over the procedural mCNS export")
+    rows, samples = [], []
+    for job in jobs:
+        plan = _spawn(job, "plan", 0, args.timeout)
+        sub = _spawn(job, "submit", args.submit, args.timeout) if args.submit else {}
+        got = [_spawn(job, "sample", k, args.timeout) for k in range(args.sample)]
+        samples += got
+        ok = plan["plan_s"] <= PLAN_TARGET_S and max(plan["plan_peak_mib"], sub.get("submit_peak_mib", 0)) \
+            <= CLIENT_TARGET_MIB
+        cpu = [g["task_cpu_s"] for g in got]
+        proj = (sum(cpu) / len(cpu)) * plan["tasks"] / 3600 if cpu else float("nan")
+        rows.append([job, plan["desc"], f"{plan['tasks']:,}", f"{plan['plan_s']:.2f}",
+                     f"{plan['plan_peak_mib']:.0f}",
+                     f"{sub['submit_peak_mib']:.0f}" if sub else "-",
+                     f"{plan['task_bytes']:,.0f}",
+                     f"{sub['overhead_ms']:.2f} ({sub['submit_n']:,})" if sub else "-",
+                     f"{proj:,.1f}" if cpu else "-", C.verdict(ok)])
+        print(f"  {job}: planned {plan['tasks']:,} tasks in {plan['plan_s']:.2f} s", file=sys.stderr, flush=True)
+    C.table(["job", "first phase", "tasks", "plan s", "client peak MiB (plan)", "client peak MiB (submit)",
+                   "bytes per task", "overhead ms per task (n)", "projected core-h", "targets"], rows,
+                  title=f"Planning and submission over ProceduralStore() (s0: 26,456 shards), targets: plan <= "
+                        f"{PLAN_TARGET_S} s, client <= {CLIENT_TARGET_MIB} MiB")
+    if samples:
+        C.table(["job", "task", "wall s", "CPU s", "peak MiB (process)", "RSS before MiB", "result bytes"],
+                      [[g["job"], g["item"], f"{g['task_s']:.1f}", f"{g['task_cpu_s']:.1f}",
+                        f"{g['task_peak_mib']:.0f}", f"{g['task_rss_before_mib']:.0f}", f"{g['result_bytes']:,}"]
+                       for g in samples], title="Sampled real tasks (each in a fresh process)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DVIDSHARDS_KERNELS", "compiled")
+    main()
