@@ -43,7 +43,6 @@ import heapq
 import itertools
 import json
 import math
-import mmap
 import os
 import shutil
 import struct
@@ -176,7 +175,7 @@ def _write_sorted(path: str, unsorted: str, table: np.ndarray) -> None:
         with open(tmp, "wb") as out:
             index = []
             if len(table):
-                with open(unsorted, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as src:
+                with open(unsorted, "rb") as src:  # plain reads: nothing of the file stays mapped
                     pos = 0
                     cur, start = None, 0
                     for bk, off, n in zip(table["bucket"].tolist(), table["off"].tolist(), table["len"].tolist(),
@@ -185,7 +184,8 @@ def _write_sorted(path: str, unsorted: str, table: np.ndarray) -> None:
                             if cur is not None:
                                 index.append((cur, start, pos - start))
                             cur, start = bk, pos
-                        out.write(src[off:off + n])
+                        src.seek(off)
+                        out.write(src.read(n))
                         pos += n
                     index.append((cur, start, pos - start))
             _write_footer(out, index)
@@ -215,16 +215,14 @@ def _read_index(f) -> np.ndarray:
     return np.frombuffer(f.read(n * _INDEX.itemsize), _INDEX)
 
 
-def _section(path: str, bucket: int):
-    """The bytes of one bucket of a fragment file (a memoryview of the mapped file; empty: none)."""
+def _span(path: str, bucket: int) -> tuple[int, int]:
+    """(offset, length) of one bucket in a fragment file ((0, 0): none)."""
     with open(path, "rb") as f:
         idx = _read_index(f)
-        k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
-        if k == len(idx) or int(idx["bucket"][k]) != bucket or not int(idx["len"][k]):
-            return memoryview(b"")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # pages come and go: no copy held
-    off, n = int(idx["off"][k]), int(idx["len"][k])
-    return memoryview(mm)[off:off + n]
+    k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
+    if k == len(idx) or int(idx["bucket"][k]) != bucket:
+        return 0, 0
+    return int(idx["off"][k]), int(idx["len"][k])
 
 
 def _buckets_of(path: str) -> np.ndarray:
@@ -239,18 +237,28 @@ def _entry(body: int, cell, scale: int, m: Mesh) -> bytes:
     return h.tobytes() + m.vertices.astype("<f4").tobytes() + m.faces.astype("<u4").tobytes()
 
 
-def _scan(data, where: str = ""):
-    """(body, raw entry) of every fragment in a bucket's bytes, in file order (sorted by body)."""
-    pos, n = 0, len(data)
-    while pos < n:
-        if pos + _HEAD.itemsize > n:
-            raise SpecError(f"{where}: fragment data truncated")
-        h = np.frombuffer(data, _HEAD, 1, pos)[0]
-        end = pos + _HEAD.itemsize + 12 * (int(h["nv"]) + int(h["nf"]))
-        if end > n:
-            raise SpecError(f"{where}: fragment data truncated")
-        yield int(h["body"]), data[pos:end]
-        pos = end
+def _scan(path: str, bucket: int):
+    """(body, raw entry) of every fragment of a bucket of a file, in file order (sorted by body).
+
+    Entries are read one at a time (plain reads, no mapping), so only the current ones are held.
+    """
+    off, n = _span(path, bucket)
+    if not n:
+        return
+    with open(path, "rb") as f:
+        f.seek(off)
+        pos = 0
+        while pos < n:
+            head = f.read(_HEAD.itemsize)
+            if len(head) < _HEAD.itemsize or pos + _HEAD.itemsize > n:
+                raise SpecError(f"{path}: fragment data truncated")
+            h = np.frombuffer(head, _HEAD, 1)[0]
+            size = 12 * (int(h["nv"]) + int(h["nf"]))
+            rest = f.read(size)
+            if len(rest) < size or pos + _HEAD.itemsize + size > n:
+                raise SpecError(f"{path}: fragment data truncated")
+            yield int(h["body"]), head + rest
+            pos += _HEAD.itemsize + size
 
 
 def _parse(raw) -> tuple[int, tuple[int, int, int], int, Mesh]:
@@ -264,8 +272,8 @@ def _parse(raw) -> tuple[int, tuple[int, int, int], int, Mesh]:
 
 def _by_body(files, bucket: int):
     """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge of the
-    files' body-sorted sections): one body's fragments in memory at a time."""
-    streams = [_scan(_section(p, bucket), p) for p in files]
+    files' body-sorted sections, read entry by entry): one body's fragments in memory at a time."""
+    streams = [_scan(p, bucket) for p in files]
     merged = heapq.merge(*streams, key=lambda e: e[0])
     for body, group in itertools.groupby(merged, key=lambda e: e[0]):
         yield body, [raw for _, raw in group]
