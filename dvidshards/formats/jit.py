@@ -168,18 +168,21 @@ def fallbacks() -> Iterator[None]:
 _COMPILE = threading.RLock()  # one compile at a time (numba has its own lock too)
 _STATE = threading.Condition()
 _pending: list[Kernel] = []  # called, waiting for the background thread
-_sent: dict[str, Kernel] = {}  # with the helper process, by name
+_sent: dict[str, tuple[Kernel, subprocess.Popen]] = {}  # with a helper process, by name
 _worker: threading.Thread | None = None
 _stopping = False
 _current: Kernel | None = None  # the kernel the background thread is handling
 _here = False  # the background thread is inside numba in this process (a compile or a cache load)
 _helper: subprocess.Popen | None = None
-_helper_broken = False  # it could not be started, or it died: compile here
+_helper_starts = 0
+_helper_broken = False  # it could not be started, died, or was started too often: compile here
 _inherited: list[subprocess.Popen] = []  # a forked child keeps its parent's helper pipes open, unused
 _HELPER_ENV = "_DVIDSHARDS_KERNEL_HELPER"  # set in a helper: it starts no helper of its own
 _HELPER_WAIT = 600.0  # ensure() waits this long for the helper, then compiles itself
+_HELPER_IDLE = 60.0  # a helper with nothing to do for this long exits (a new one starts when needed)
+_HELPER_STARTS = 8  # helpers per process at most
 _HELPER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-                "from dvidshards.formats.jit import _helper_main; _helper_main()")
+                "from dvidshards.formats.jit import _helper_main; _helper_main(float(sys.argv[2]))")
 
 
 def _queue(k: Kernel) -> None:
@@ -254,37 +257,47 @@ def _in_cache(k: Kernel) -> bool:
 
 
 def _send_to_helper(k: Kernel) -> bool:
-    """Ask the helper process to compile ``k`` into numba's cache; False: compile it here."""
-    global _helper, _helper_broken
-    if k._helped or _helper_broken or os.environ.get(_HELPER_ENV) or not _cacheable(k) or _in_cache(k):
+    """Ask a helper process to compile ``k`` into numba's cache (True), or say to compile it here."""
+    global _helper, _helper_broken, _helper_starts
+    if k._helped or os.environ.get(_HELPER_ENV) or not _cacheable(k) or _in_cache(k):
         return False
-    if _helper is None:
-        try:
-            _helper = _start_helper()
-        except (OSError, ValueError):
-            _helper_broken = True
+    with _STATE:
+        if _helper_broken or _stopping:
             return False
-    with _STATE:  # registered first: the answer can come before write() returns
-        k._awaiting = True
-        _sent[k.name] = k
+        proc = _helper
+        if proc is None:
+            if _helper_starts >= _HELPER_STARTS:
+                _helper_broken = True
+                return False
+            _helper_starts += 1
+            try:
+                proc = _helper = _start_helper()
+            except (OSError, ValueError):
+                _helper_broken = True
+                return False
+        k._awaiting = True  # registered first: the answer can come before write() returns
+        _sent[k.name] = (k, proc)
     try:
-        assert _helper.stdin is not None
-        _helper.stdin.write(k.name + "\n")
-        _helper.stdin.flush()
-    except (OSError, ValueError):  # it died (its listener hands back anything else it held)
-        _helper_broken = True
+        assert proc.stdin is not None
+        proc.stdin.write(k.name + "\n")
+        proc.stdin.flush()
+    except (OSError, ValueError):  # it has just exited (idle) or died: send again to a new one
         with _STATE:
-            _sent.pop(k.name, None)
-            k._awaiting = False
-        return False
+            if _helper is proc:
+                _helper = None
+            if _sent.get(k.name, (None, None))[1] is proc:
+                del _sent[k.name]
+                k._awaiting = False
+                _pending.insert(0, k)
+        return True
     return True
 
 
-def _start_helper() -> subprocess.Popen:
+def _start_helper() -> subprocess.Popen:  # under _STATE
     if not sys.executable:
         raise OSError("no Python executable to start a helper process with")
     env = dict(os.environ, **{_HELPER_ENV: "1"})
-    proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE, json.dumps(sys.path)],
+    proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE, json.dumps(sys.path), str(_HELPER_IDLE)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env=env, text=True, close_fds=True)
     threading.Thread(target=_listen, args=(proc,), name="dvidshards-kernel-helper", daemon=True).start()
@@ -292,29 +305,36 @@ def _start_helper() -> subprocess.Popen:
 
 
 def _listen(proc: subprocess.Popen) -> None:
-    """Read the helper's answers (one kernel name a line, once it is in numba's cache, or once
-    it failed there: either way this process compiles it next, which loads it or says why not)."""
-    global _helper_broken
+    """Read a helper's answers: one kernel name a line, once it is in numba's cache or once it
+    failed there (either way this process compiles it next, which loads it or says why not)."""
+    global _helper, _helper_broken
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
             with _STATE:
-                _answered(line.strip())
+                _answered(line.strip(), proc)
     except (OSError, ValueError):
         pass
-    with _STATE:  # the helper is gone: what it did not answer is compiled here
-        if proc is _helper:
+    try:  # it has closed its end: it is exiting (idle, or its work is done) or it died
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+    with _STATE:
+        if _helper is proc:
+            _helper = None
+        if code != 0:  # killed or crashed: compile here from now on
             _helper_broken = True
-            for name in list(_sent):
-                _answered(name)
+        for name in [n for n, (_, p) in _sent.items() if p is proc]:
+            _answered(name, proc, compiled=False)
 
 
-def _answered(name: str) -> None:  # under _STATE
-    k = _sent.pop(name, None)
-    if k is None:
+def _answered(name: str, proc: subprocess.Popen, compiled: bool = True) -> None:  # under _STATE
+    k, p = _sent.get(name, (None, None))
+    if k is None or p is not proc:
         return
+    del _sent[name]
     k._awaiting = False
-    k._helped = True
+    k._helped = compiled or _helper_broken  # not compiled: to the next helper, if there is one
     if not _stopping:
         _pending.append(k)
         _start_worker()
@@ -326,17 +346,32 @@ def _await_helper(k: Kernel, timeout: float = _HELPER_WAIT) -> None:
         _STATE.wait_for(lambda: not k._awaiting, timeout)
 
 
-def _helper_main() -> None:
+def _helper_main(idle: float = _HELPER_IDLE) -> None:
     """The helper process: compile each kernel named on stdin into numba's cache, in order, and
-    write its name back. It goes on after its parent has exited, until it has compiled every
-    kernel it was sent (end of stdin)."""
+    write its name back. It goes on after its parent has exited until it has compiled every
+    kernel it was sent (end of stdin); it exits after ``idle`` seconds without work."""
+    import select
+
     try:
         os.nice(10)
     except (AttributeError, OSError):
         pass
-    answer = True
-    for line in sys.stdin:
-        name = line.strip()
+    fd, buf, answer = sys.stdin.fileno(), b"", True
+    while True:
+        while b"\n" not in buf:
+            try:
+                ready = select.select([fd], [], [], idle)[0]
+            except (OSError, ValueError):  # no select on this pipe: read without the idle limit
+                ready = [fd]
+            data = os.read(fd, 4096) if ready else b""
+            if not data:  # idle, or the parent has closed its end with everything sent
+                if not answer:
+                    with contextlib.suppress(OSError, ValueError):
+                        sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
+                return
+            buf += data
+        line, _, buf = buf.partition(b"\n")
+        name = line.decode().strip()
         if not name:
             continue
         try:
@@ -351,9 +386,6 @@ def _helper_main() -> None:
                 sys.stdout.flush()
             except (OSError, ValueError):
                 answer = False  # the parent has exited: finish the cache for the next process
-    if not answer:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
 
 
 def _registered(name: str) -> Kernel:
@@ -434,15 +466,16 @@ def _stop() -> None:
 
 
 def _after_fork() -> None:  # a forked child has no background thread and no helper: start over
-    global _COMPILE, _STATE, _worker, _current, _stopping, _here, _helper, _helper_broken
+    global _COMPILE, _STATE, _worker, _current, _stopping, _here, _helper, _helper_broken, _helper_starts
     _COMPILE = threading.RLock()
     _STATE = threading.Condition()
     _worker = _current = None
     _stopping = _here = _helper_broken = False
+    _helper_starts = 0
     if _helper is not None:  # its pipes are the parent's: keep them open and unused
         _inherited.append(_helper)
     _helper = None
-    for k in _KERNELS + _pending + list(_sent.values()):  # the parent's work in flight is not here
+    for k in _KERNELS + _pending + [k for k, _ in _sent.values()]:  # the parent's work in flight is not here
         if not k.ready:
             k._queued = k._awaiting = k._helped = False
     _pending.clear()

@@ -450,3 +450,56 @@ def test_exit_leaves_the_compile_to_the_helper_which_fills_the_cache(tmp_path, m
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"cached": True, "ready": True, "helper": False, "hits": 1, "misses": 0, "got": [5, 6, 3]}, out
+
+
+_TWO_KERNELS = textwrap.dedent("""
+    import numba
+    from dvidshards.formats import jit
+
+    def _twice(a):
+        return 2 * a
+
+    def _thrice(a):
+        return 3 * a
+
+    twice = jit.kernel(numba.njit(cache=True)(_twice), [(numba.int64,)], lambda a: -2 * a)
+    thrice = jit.kernel(numba.njit(cache=True)(_thrice), [(numba.int64,)], lambda a: -3 * a)
+""")
+
+_IDLE_CALLER = textwrap.dedent("""
+    import json, time
+    from dvidshards.formats import jit
+    import twokernels as m
+    jit._HELPER_IDLE = 0.5
+    out = {"first": m.twice(4)}  # the fallback (negative) answers
+    assert jit.wait(timeout=300)
+    out["twice"] = m.twice(4)
+    first = jit._helper
+    for _ in range(3000):  # the idle helper goes away, and is reaped
+        if jit._helper is None and first.poll() is not None:
+            break
+        time.sleep(0.01)
+    out["exited"] = first.returncode
+    out["second"] = m.thrice(4)
+    assert jit.wait(timeout=300)
+    out["thrice"] = m.thrice(4)
+    out["starts"] = jit._helper_starts
+    out["broken"] = jit._helper_broken
+    print(json.dumps(out))
+""")
+
+
+def test_an_idle_helper_exits_and_a_new_one_starts_when_needed(tmp_path):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "twokernels.py").write_text(_TWO_KERNELS)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "mods"), str(ROOT)]))
+    env.pop("DVIDSHARDS_KERNELS", None)
+    r = subprocess.run([sys.executable, "-c", _IDLE_CALLER], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"first": -8, "twice": 8, "exited": 0, "second": -12, "thrice": 12, "starts": 2,
+                   "broken": False}, out
+    assert list((tmp_path / "numba").rglob("twokernels._thrice-*.nbi"))  # compiled by the second helper
+
