@@ -21,7 +21,13 @@ default ``data_copy_concurrency`` (= CPU count), interleaved rounds, medians:
    the aligned read (TensorStore, and the bulk reader ``Dataset.read``) with the check and with
    the two methods it changed as they were before it (``without_check``) in this same process,
    interleaved, in wall time and in the process's CPU
-   time (all threads), which other processes on a loaded machine disturb far less.
+   time (all threads), which other processes on a loaded machine disturb far less;
+6. what checking the spec against the files costs on an export of mCNS size (issue 23): the
+   procedural mCNS store (``dvidshards.testing.procedural``, 26,456 shard files at ``s0``) and
+   a local folder of the same 52,912 names (empty files, made once in ``--workdir``): a full
+   listing check (what a job's ``Dataset.shards`` and an open with a consolidated index do),
+   the sample an open takes of a local folder, the existence probes next to the first shards
+   a reader loads, and open + first chunk with these checks and without them.
 """
 
 from __future__ import annotations
@@ -114,6 +120,82 @@ def check_section(d, pair, size: int, rounds: int) -> dict[str, float]:
     return check_ratio
 
 
+def spec_check_section(workdir, rounds: int) -> None:
+    """Section 6: the cost of checking the spec against the files, at mCNS size."""
+    import os
+
+    from dvidshards import dataset as dataset_mod
+    from dvidshards import read as read_mod
+    from dvidshards.read import check_scale
+    from dvidshards.shard import neighbour_origins, parse_shard_names
+    from dvidshards.stores import LocalStore
+    from dvidshards.testing.procedural import ProceduralStore
+
+    proc = ProceduralStore()
+    spec = proc.spec
+    s0 = dvidshards.Dataset(proc, spec=spec).scale(0)
+    names = proc.list_sync("s0")
+    folder = workdir / "mcns-names" / "s0"
+    if not folder.is_dir() or len(os.listdir(folder)) != len(names):
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in names:
+            (folder / n).touch()
+    local = LocalStore(folder.parent)
+    origins = parse_shard_names(names)
+    first = origins[len(origins) // 2]
+
+    def timed(fn, n=rounds):
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+        return C.med(out)
+
+    rows = [
+        ["list s0 (the store's own cost)", f"{len(names):,} names",
+         C.ms(timed(lambda: proc.list_sync("s0"))), C.ms(timed(lambda: local.list_sync("s0")))],
+        ["names -> origins, checked against the spec", f"{len(origins):,} origins",
+         C.ms(timed(lambda: parse_shard_names(names))), "same"],
+        ["full listing check (check_scale)", "a job's shards(), an open with index=",
+         C.ms(timed(lambda: proc._sync(check_scale(proc, s0)))),
+         C.ms(timed(lambda: local._sync(check_scale(local, s0))))],
+        ["sample at open (sample_scale, 256 names)", "local folders only",
+         "-", C.ms(timed(lambda: dataset_mod.Dataset(folder.parent, spec=spec)._sample(s0)), 2)],
+        ["existence probes next to one shard", f"{len(neighbour_origins(s0, first))} names",
+         C.ms(timed(lambda: [proc.exists_sync(s0.stem(o) + ".arrow") for o in neighbour_origins(s0, first)]), 2),
+         C.ms(timed(lambda: [local.exists_sync(s0.stem(o) + ".arrow") for o in neighbour_origins(s0, first)]), 2)],
+    ]
+    C.table(["step", "what", "procedural mCNS ms", "local folder of the names ms"], rows,
+            title="Checking the spec against the files at mCNS size (medians)")
+
+    # open + first chunk, procedural mCNS, with the checks and without them (same process, interleaved)
+    present = [c for c in proc.shard_chunks(0, first)[:1]]
+    x, y, z = (int(v) for v in present[0])
+
+    def open_and_read():
+        v = dvidshards.open(proc, spec=spec)
+        v[64 * x:64 * x + 64, 64 * y:64 * y + 64, 64 * z:64 * z + 64].read(order="F").result()
+
+    def without_checks():
+        saved = read_mod.probe_neighbours, dataset_mod.sample_scale
+
+        async def nothing(*a, **k):
+            return None
+
+        read_mod.probe_neighbours, dataset_mod.sample_scale = nothing, nothing
+        try:
+            open_and_read()
+        finally:
+            read_mod.probe_neighbours, dataset_mod.sample_scale = saved
+
+    open_and_read()
+    t = C.alternate({"with the checks": open_and_read, "without": without_checks}, rounds)
+    C.table(["procedural mCNS s0", "open + first chunk p50 ms", "÷ without"],
+            [[k, C.ms(C.med(v), 2), f"{C.med(v) / C.med(t['without']):.3f}"] for k, v in t.items()],
+            title="Open + first chunk of the mCNS-sized export (the first load probes its neighbours)")
+
+
 def main(argv=None):
     ap = C.parser(__doc__)
     ap.add_argument("--size", type=int, default=None, help="volume side in voxels (default 512; --quick 256)")
@@ -121,12 +203,18 @@ def main(argv=None):
     ap.add_argument("--chunks", type=int, default=None, help="random single chunks (default 300; --quick 60)")
     ap.add_argument("--cold", type=int, default=None, help="cold opens (default 30; --quick 8)")
     ap.add_argument("--check-only", action="store_true", help="only section 5 (the label-list check)")
+    ap.add_argument("--spec-check-only", action="store_true", help="only section 6 (checking the spec)")
     args = ap.parse_args(argv)
     size = args.size or (256 if args.quick else 512)
     rounds = args.rounds or (3 if args.quick else 11)
     nchunks = args.chunks or (60 if args.quick else 300)
     ncold = args.cold or (8 if args.quick else 30)
 
+    if args.spec_check_only:
+        C.header("bench_read: checking the spec against the files at mCNS size")
+        spec_check_section(args.workdir, rounds)
+        print(f"load average at end: {C.load_text()}")
+        return
     pair = C.synthetic_pair(args.workdir, size)
     C.header("bench_read: dvidshards vs neuroglancer precomputed (TensorStore), cache off")
     st = pair.stats
@@ -233,6 +321,7 @@ def main(argv=None):
     cold_p50 = C.med(cold["dvidshards"][1])
 
     check_ratio = check_section(d, pair, size, rounds)
+    spec_check_section(args.workdir, rounds)
 
     C.table(["target", "measured", "verdict"], [
         [f"aligned {size}³: dvidshards ≤ 1.0 × precomputed", f"{aligned_ratio:.3f} × (trivial-fill floor "

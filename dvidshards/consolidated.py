@@ -9,6 +9,7 @@ not list whose file appeared since, is a typed "stale index" error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,9 +19,10 @@ import pyarrow.feather  # noqa: F401  (pa.feather)
 
 from .errors import ChunkIndexError
 from .formats.chunkindex import ShardIndex, pack_keys
-from .formats.multiscale import parse_multiscale
+from .formats.multiscale import Scale, parse_multiscale
 
-__all__ = ["ConsolidatedIndex", "consolidated_paths", "spec_from_consolidated", "write_consolidated"]
+__all__ = ["ConsolidatedIndex", "consolidated_paths", "scales_from_consolidated", "spec_from_consolidated",
+           "write_consolidated"]
 
 VERSION = 2
 _CHUNKS_SCHEMA = pa.schema([
@@ -45,6 +47,9 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
 
     ``dataset`` is a ``Dataset``.  Streams shard by shard (one record batch each), so memory
     stays bounded whatever the export's size.  Returns (chunks file path, chunks, shards).
+    A scale the export has no folder for, or whose files do not fit the geometry, is a
+    SpecError before anything is written.  The geometry is saved with the index, guessed
+    parts included (``Scale.inferred``), so that it opens as it was.
     """
     store = dataset.store
     if store.mappable and hasattr(store, "root"):
@@ -54,15 +59,17 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
             raise ChunkIndexError(f"{folder}: consolidated indexes go outside the export ({root}), never into it")
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ChunkIndexError(f"{folder}: exists and is not a folder")
+    origins = sorted(dataset.shards(scale.index))  # listed and checked first: a missing folder writes nothing
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         raise ChunkIndexError(f"{folder}: cannot create the index folder ({e.strerror or e})") from None
     chunks_path, shards_path = consolidated_paths(folder, scale.folder)
-    origins = sorted(dataset.shards(scale.index))
     toc: dict[str, list] = {k: [] for k in _SHARDS_SCHEMA.names}
     n = 0
-    meta = {b"dvidshards": json.dumps({"version": VERSION, "scale": scale.to_json(), "index": scale.index}).encode()}
+    meta = {b"dvidshards": json.dumps({"version": VERSION, "scale": scale.to_json(), "index": scale.index,
+                                       "shard_extent": scale.shard_extent, "inferred": list(scale.inferred),
+                                       "proven_extent": scale.proven_extent}).encode()}
     tmp = chunks_path + ".tmp"
     bar = _bar(len(origins), f"consolidate {scale.folder}", progress)
     try:
@@ -112,8 +119,12 @@ class ConsolidatedIndex:
             toc = pa.feather.read_table(shards_path, memory_map=True)
         except (OSError, pa.ArrowInvalid) as e:
             raise ChunkIndexError(f"{chunks_path}: unreadable consolidated index ({e})") from None
-        self.meta = json.loads((self._chunks.schema.metadata or {}).get(b"dvidshards", b"{}"))
-        if self.meta.get("version") != VERSION or toc.schema.remove_metadata() != _SHARDS_SCHEMA:
+        try:
+            self.meta = json.loads((self._chunks.schema.metadata or {}).get(b"dvidshards", b"{}"))
+        except (ValueError, RecursionError):
+            self.meta = None
+        if not isinstance(self.meta, dict) or self.meta.get("version") != VERSION or \
+                toc.schema.remove_metadata() != _SHARDS_SCHEMA:
             raise ChunkIndexError(f"{chunks_path}: written by another version of dvidshards; run "
                                   f"`dvidshards consolidate` again")
         if self._chunks.schema.remove_metadata() != _CHUNKS_SCHEMA:
@@ -162,7 +173,43 @@ class ConsolidatedIndex:
 
 
 def spec_from_consolidated(folder: str) -> dict | None:
-    """The multiscale geometry stored in a folder of consolidated indexes (None if it holds none)."""
+    """The multiscale spec stored in a folder of consolidated indexes (None if it holds none).
+
+    The neuroglancer form of ``scales_from_consolidated``: geometry that was inferred from the
+    files (no sharding spec) does not survive it; open such an index with ``Dataset(index=)``.
+    """
+    return _consolidated_metas(folder)[0]
+
+
+def scales_from_consolidated(folder: str) -> tuple[dict | None, list[Scale]] | None:
+    """(spec, scales) saved in a folder of consolidated indexes, as they were when it was written.
+
+    ``spec`` is None when the geometry was inferred from the files (then ``Scale.inferred``
+    names what was guessed and units stay unknown); the scales always carry the shard extent
+    that was used, which the neuroglancer form cannot hold without a sharding spec.  None when
+    the folder does not hold scales 0, 1, ... of one export.
+    """
+    spec, metas = _consolidated_metas(folder)
+    if spec is None:
+        return None
+    scales = parse_multiscale(spec, folder)
+    out = []
+    for s, m in zip(scales, metas, strict=True):
+        extent = m.get("shard_extent")
+        if type(extent) is not int or extent <= 0:  # written before the extent was saved: the spec's own
+            out.append(s)
+            continue
+        inferred = tuple(str(v) for v in m.get("inferred") or ())
+        proven = m.get("proven_extent")
+        out.append(dataclasses.replace(
+            s, shard_extent=extent, inferred=inferred, proven_extent=proven if type(proven) is int else None,
+            resolution=None if "resolution" in inferred else s.resolution))
+    if any(s.inferred for s in out):
+        spec = None
+    return spec, out
+
+
+def _consolidated_metas(folder: str) -> tuple[dict | None, list[dict]]:
     import re
 
     if not os.path.isdir(folder):
@@ -174,8 +221,8 @@ def spec_from_consolidated(folder: str) -> dict | None:
                               f"`dvidshards consolidate`")
     metas = [ConsolidatedIndex(folder, n.split(".")[0]).meta for n in names]
     if [m.get("index") for m in metas] != list(range(len(metas))):
-        return None
+        return None, metas
     spec = {"@type": "neuroglancer_multiscale_volume", "data_type": "uint64", "num_channels": 1,
-            "scales": [m["scale"] for m in metas]}
+            "scales": [m.get("scale") for m in metas]}
     parse_multiscale(spec, folder)  # check it
-    return spec
+    return spec, metas

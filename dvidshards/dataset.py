@@ -20,30 +20,28 @@ import warnings
 import numpy as np
 import tensorstore as ts
 
-from .consolidated import ConsolidatedIndex, consolidated_paths, spec_from_consolidated
+from .consolidated import ConsolidatedIndex, consolidated_paths, scales_from_consolidated
 from .errors import ChunkIndexError, GeometryWarning, MissingShardError, SpecError
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, labels_in_box
-from .read import ChunkReader, read_box
-from .shard import Shard, load_shard_sync
+from .read import ChunkReader, check_scale, read_box
+from .shard import (
+    ScaleFiles,
+    Shard,
+    load_shard_sync,
+    parse_shard_names,
+    sample_scale,
+    scale_folders,
+)
 from .sources import RecordSource, record_source_of
 from .stores import ByteStore, as_store
 
 __all__ = ["Dataset", "Scale", "open", "shard_origins"]
 
-_STEM = re.compile(r"^([0-9]+)_([0-9]+)_([0-9]+)$")  # ASCII digits: \d also matches other scripts' digits
-
-
 def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
-    """Voxel origins of the shard files in one scale folder (lists it)."""
-    out = []
-    for name in store.list_sync(folder):
-        if name.endswith(".arrow"):
-            m = _STEM.match(name[:-6])
-            if m:
-                out.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return sorted(out)
+    """Voxel origins of the shard files in one scale folder (lists it; nothing is checked)."""
+    return parse_shard_names(store.list_sync(folder))
 
 
 def _load_spec(spec, store) -> tuple[dict | None, str]:
@@ -97,6 +95,15 @@ class Dataset:
         Scale 0's voxel size in nm when geometry is inferred (scale k: 2**k times it).
     policy : "eager", "lazy" or None
         Shard validation policy (None: eager for local files and memory, lazy for remote).
+
+    Notes
+    -----
+    The geometry is checked against the export's files, by name only: a shard file off a
+    scale's shard grid, or outside its volume, is a SpecError naming it (the spec is another
+    volume's), and a scale the spec lists but the export has no folder for is a SpecError
+    (reads: unless ``fill_missing_shards``).  Jobs check when they list a scale (``shards``);
+    ``open``/``read`` check a sample of a local folder's names at once, and each process
+    looks for off-grid files next to the first shards it loads (a remote listing is slow).
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
@@ -112,18 +119,29 @@ class Dataset:
         if spec is None and isinstance(self.store, RecordSource) and self.store.spec is not None:
             spec = self.store.spec
         raw, where = _load_spec(spec, self.store)
-        if raw is None and self.index is not None:
-            raw, where = spec_from_consolidated(self.index), self.index
-        self.spec = raw
+        saved = scales_from_consolidated(self.index) if raw is None and self.index is not None else None
+        self.spec: dict | None
         if raw is not None:
+            self.spec = raw
             self.scales = parse_multiscale(raw, where)
+            self.geometry = ("the spec" if where == "spec" else f"the info file {where}"
+                             if spec is None else f"the spec {where}")
+        elif saved is not None:
+            self.spec, self.scales = saved
+            self.geometry = f"the geometry saved in the consolidated index {self.index}"
         else:
+            self.spec = None
             self.scales = self._infer(res0)
+            self.geometry = "the geometry inferred from the file names"
         self._readers: dict = {}
+        self._files: dict[int, ScaleFiles] = {}
+        self._sampled: dict[int, bool | None] = {}
 
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_readers"] = {}
+        d["_files"] = {}  # never ship listings with tasks: each process checks once
+        d["_sampled"] = {}
         return d
 
     def __repr__(self) -> str:
@@ -212,23 +230,48 @@ class Dataset:
 
     # --- shards ------------------------------------------------------------------------------
 
+    def _consolidated(self, s: Scale) -> ConsolidatedIndex | None:
+        if self.index is not None and os.path.exists(consolidated_paths(self.index, s.folder)[0]):
+            return ConsolidatedIndex(self.index, s.folder)
+        return None
+
+    def files(self, scale=0, *, refresh: bool = False) -> ScaleFiles:
+        """A listing of a scale's folder, checked (``read.check_scale``); kept for this Dataset.
+
+        Shard files off the scale's shard grid or outside its volume are a SpecError naming
+        one (the spec is not the export's), and a consolidated index that lists other shard
+        files than the folder holds is stale (ChunkIndexError).  Names only, no file is read.
+        ``shards`` (every job) lists again each time; a read lists only with a consolidated
+        index (once), else it checks a sample of names at open and probes next to the first
+        shards it loads (see ``ChunkReader``): a listing of a 26,500-shard scale costs ~70 ms.
+        """
+        s = self.scale(scale)
+        f = self._files.get(s.index)
+        if f is None or refresh:
+            f = self.store._sync(check_scale(self.store, s, self._consolidated(s), self.geometry))
+            self._files[s.index] = f
+        return f
+
     def shards(self, scale=0) -> list[tuple[int, int, int]]:
         """Voxel origins of the shard files present at a scale.
 
-        From the consolidated index, else a folder listing; a store that cannot list (http)
-        probes every origin of the spec's shard grid instead.
+        A folder listing, checked (``files``): a scale the export has no folder for is a
+        SpecError.  A store that cannot list (http) takes them from the consolidated index, or
+        else probes every origin of the spec's shard grid.
         """
         s = self.scale(scale)
-        if self.index is not None:
-            if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
-                return sorted(ConsolidatedIndex(self.index, s.folder).shards)
         if isinstance(self.store, RecordSource):
             return sorted(self.store.shard_origins(s))
-        try:
-            return shard_origins(self.store, s.folder)
-        except SpecError:
-            if "shard_extent" in s.inferred:
-                raise
+        f = self.files(s, refresh=True)
+        f.require_folder()
+        if f.origins is not None:
+            return list(f.origins)
+        ci = self._consolidated(s)
+        if ci is not None:
+            return sorted(ci.shards)
+        if "shard_extent" in s.inferred:
+            raise SpecError(f"{self.store.describe(s.folder)}: this store cannot list folders; give the export's "
+                            f"neuroglancer spec (spec=...) or a consolidated index (index=...)")
         return self._probe(s)
 
     def _probe(self, s: Scale) -> list[tuple[int, int, int]]:
@@ -261,6 +304,9 @@ class Dataset:
         if not s.is_origin(o):
             raise MissingShardError(f"{self.store.describe(s.stem(o) + '.arrow')}: origin {o} is not on the shard "
                                     f"grid (shard extent {s.shard_extent} voxels)")
+        f = self._files.get(s.index)
+        if (f.folder if f is not None else self._sample(s)) is False:
+            self._no_folder(s)
         if consolidated and self.index is not None and policy is None:
             return self.reader(s).cache.get_sync(o) or _missing(self, s, o)
         return load_shard_sync(self.store, s, o, policy=policy or self.policy)
@@ -268,9 +314,10 @@ class Dataset:
     def chunks(self, scale=0) -> np.ndarray:
         """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
         s = self.scale(scale)
-        if self.index is not None:
-            if os.path.exists(consolidated_paths(self.index, s.folder)[0]):
-                return ConsolidatedIndex(self.index, s.folder).chunks()
+        ci = self._consolidated(s)
+        if ci is not None:
+            self.files(s).require_folder()
+            return ci.chunks()
         parts = [self.shard(s, o).coords for o in self.shards(s)]
         return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
 
@@ -284,9 +331,42 @@ class Dataset:
         key = (s.index, src, bool(fill_missing_shards), int(max_shards))
         r = self._readers.get(key)
         if r is None:
-            r = self._readers[key] = ChunkReader(self.store, s, src, fill_missing_shards=fill_missing_shards,
-                                                 max_shards=max_shards, consolidated=self.index, policy=self.policy)
+            r = self._new_reader(s, src, fill_missing_shards, max_shards)
+            self._readers[key] = r
         return r
+
+    def _new_reader(self, s: Scale, labels, fill_missing_shards: bool, max_shards: int) -> ChunkReader:
+        """A reader of a scale whose files were checked here, so that a wrong geometry fails at open.
+
+        A full check when this Dataset listed the scale (``shards``) or has its consolidated
+        index (``files``: listed once, compared with the index); else the cheap sample of
+        ``_sample`` (the reader then probes next to its first shards, see ``ChunkReader``).
+        """
+        files = self._files.get(s.index)
+        if files is None and self._consolidated(s) is not None:
+            files = self.files(s)
+        if files is not None:
+            if not fill_missing_shards:
+                files.require_folder()
+        elif self._sample(s) is False and not fill_missing_shards:
+            self._no_folder(s)
+        r = ChunkReader(self.store, s, labels, fill_missing_shards=fill_missing_shards, max_shards=max_shards,
+                        consolidated=self.index, policy=self.policy, geometry=self.geometry)
+        if files is not None:
+            r.checked(files)
+        return r
+
+    def _no_folder(self, s: Scale) -> None:
+        """The SpecError of a scale the export has no folder for."""
+        assert isinstance(self.store, ByteStore)
+        others = self.store._sync(scale_folders(self.store))
+        ScaleFiles(s, self.store.describe(s.folder), None, False, others).require_folder()
+
+    def _sample(self, s: Scale) -> bool | None:
+        """``shard.sample_scale`` once per scale: whether the folder exists (None: unknown)."""
+        if s.index not in self._sampled:
+            self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
+        return self._sampled[s.index]
 
     def read(self, box, scale=0, labels="agglomerated", out=None, threads: int | None = None, *,
              fill_missing_shards: bool = False) -> np.ndarray:
@@ -313,8 +393,7 @@ class Dataset:
              max_shards: int = 64) -> ts.TensorStore:
         """The scale as a ``tensorstore.TensorStore``; see ``dvidshards.open``."""
         s = self.scale(scale)
-        reader = ChunkReader(self.store, s, as_labels(labels), fill_missing_shards=fill_missing_shards,
-                             max_shards=max_shards, consolidated=self.index, policy=self.policy)
+        reader = self._new_reader(s, as_labels(labels), fill_missing_shards, max_shards)
         kwargs = {} if context is None else {"context": context}
         units = [ts.Unit(r, "nm") for r in s.resolution] if s.resolution is not None else None
         return ts.virtual_chunked(

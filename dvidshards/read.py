@@ -18,6 +18,7 @@ caller's array, with no intermediate buffer.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,20 +28,59 @@ import tensorstore as ts
 import zstandard
 
 from .consolidated import ConsolidatedIndex, consolidated_paths
-from .errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
+from .errors import ChunkIndexError, DvidShardsError, MissingShardError, RemoteReadError, SpecError
 from .formats.arrowipc import R_PAY, R_PAYLEN, R_USIZE
 from .formats.codec import decode_into, decode_row_into
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
 from .formats.records import RecordTable, max_block_bytes
-from .shard import RecordSource, Shard, ShardCache, load_shard, merge_ranges, with_chunk
+from .shard import (
+    RecordSource,
+    ScaleFiles,
+    Shard,
+    ShardCache,
+    check_origins,
+    list_scale,
+    load_shard,
+    merge_ranges,
+    probe_neighbours,
+    with_chunk,
+)
 from .stores.base import ByteStore, background_loop, decode_pool
 
-__all__ = ["ChunkReader", "aligned_empty", "read_box"]
+__all__ = ["ChunkReader", "aligned_empty", "check_scale", "read_box"]
 
 WINDOW, MAX_WAIT = 0.001, 0.010  # s: gather a shard's burst of chunk requests before fetching
+_PROBED_SHARDS = 3  # shards per process and scale whose neighbours are probed when nothing was listed (local)
 _MISSING_HINT = ("DVID writes no file for an all-background shard: open with fill_missing_shards=True to read "
                  "it as 0")
+
+
+async def check_scale(store: ByteStore | RecordSource, scale: Scale, consolidated: ConsolidatedIndex | None = None,
+                      geometry: str = "the spec") -> ScaleFiles:
+    """List a scale's folder once and check it: geometry (``shard.list_scale``) and index.
+
+    With a consolidated index, the listed shard files must be the ones it lists: a shard file
+    that appeared since, or one that is gone, is a ChunkIndexError "the consolidated index is
+    stale".  A store that cannot list (http) is not checked here; the shard loader then asks
+    the store about each absent shard it is asked for.
+    """
+    files = await list_scale(store, scale, geometry, check=False)
+    if consolidated is not None and files.origins is not None:
+        listed, indexed = set(files.origins), set(consolidated.shards)
+        new, gone = sorted(listed - indexed), sorted(indexed - listed)
+        if new:
+            key = scale.stem(new[0]) + ".arrow"
+            raise ChunkIndexError(f"{consolidated.path}: the consolidated index is stale: it lists no shard "
+                                  f"{store.describe(key)}, which exists now ({len(new)} such files); run "
+                                  f"`dvidshards consolidate` again")
+        if gone:
+            key = scale.stem(gone[0]) + ".arrow"
+            raise ChunkIndexError(f"{consolidated.path}: the consolidated index is stale: {store.describe(key)} is "
+                                  f"gone ({len(gone)} such files); run `dvidshards consolidate` again")
+    if files.origins:
+        check_origins(scale, files.origins, store, geometry)
+    return files
 
 
 class ChunkReader:
@@ -62,11 +102,29 @@ class ChunkReader:
         Folder of consolidated indexes.
     policy : "eager", "lazy" or None
         Validation policy of shard loads (None: eager for local stores, lazy for remote).
+    geometry : str
+        Where the scale's geometry came from, for messages ("the spec", ...).
+
+    How each process checks the scale's files against its geometry, names only:
+
+    * with a consolidated index, it lists the folder once before its first shard load
+      (``check_scale``): shard files off the scale's grid or outside its volume are a
+      SpecError, and an index that lists other shard files than the folder is stale;
+    * otherwise it lists nothing (opening a 26,500-shard scale must not cost a listing): with
+      its first three shard loads (remote stores: the first, concurrently with it) it looks
+      for files between the grid's origins next to that shard (``shard.probe_neighbours``, an
+      existence check each; a spec with larger shards than the export's would read their
+      chunks as background); ``Dataset.open`` has sampled the folder first where that is cheap;
+    * a check done by whoever built the reader in this process (``checked``) counts.
+
+    A scale the export has no folder for is a SpecError where that is known, unless
+    ``fill_missing_shards`` (then it reads as 0); elsewhere each missing shard is a
+    MissingShardError.
     """
 
     def __init__(self, store: ByteStore | RecordSource, scale: Scale, labels: LabelSource, *, fill_missing_shards: bool = False,
                  max_shards: int = 64, max_bytes: int = 512 << 20, consolidated: str | None = None,
-                 policy: str | None = None):
+                 policy: str | None = None, geometry: str = "the spec"):
         if int(max_shards) < 1:
             raise ValueError("max_shards must be at least 1")
         self.store = store
@@ -77,14 +135,54 @@ class ChunkReader:
         self.max_bytes = int(max_bytes)
         self.consolidated = consolidated
         self.policy = policy
+        self.geometry = geometry
         self._state: _ProcState | None = None
         self._state_lock = threading.Lock()
+        self._files: tuple[int, ScaleFiles] | None = None  # (pid, check) done by whoever built the reader
 
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_state"] = None
         d["_state_lock"] = None
+        d["_files"] = None  # never ship the listing with a task: each process checks once
         return d
+
+    def checked(self, files: ScaleFiles) -> None:
+        """Take a check of the scale's files done in this process (``Dataset.open``) as this process's."""
+        self._files = (os.getpid(), files)
+        st = self._state
+        if st is not None and st.pid == os.getpid() and st.files is None:
+            st.files = files
+
+    async def files(self) -> ScaleFiles:
+        """This process's check of the scale's files (``check_scale``), run once per process."""
+        st = self._proc()
+        if st.files is not None:
+            return st.files
+        if st.files_error is not None:
+            raise st.files_error
+        if self.store.immediate:  # never suspends: one thread checks, the others wait for it
+            with st.files_lock:
+                if st.files is None and st.files_error is None:
+                    try:
+                        st.files = await check_scale(self.store, self.scale, st.consolidated, self.geometry)
+                    except DvidShardsError as e:
+                        st.files_error = e
+                        raise
+                if st.files_error is not None:
+                    raise st.files_error
+                assert st.files is not None
+                return st.files
+        if st.files_task is None:  # on the I/O loop: one listing, every load waits for it
+            st.files_task = asyncio.ensure_future(check_scale(self.store, self.scale, st.consolidated,
+                                                              self.geometry))
+        try:
+            files = await asyncio.shield(st.files_task)
+        except RemoteReadError:
+            st.files_task = None  # transient: the next load lists again
+            raise
+        st.files = files
+        return files
 
     def __setstate__(self, d):
         self.__dict__.update(d)
@@ -111,12 +209,20 @@ class ChunkReader:
         """Load the shard at origin; None when it is missing and the user asked to fill it."""
         s, store = self.scale, self.store
         key = s.stem(origin) + ".arrow"
+        st = self._proc()
+        if st.files_error is not None:
+            raise st.files_error
+        ci = st.consolidated
+        files = st.files if st.files is not None or ci is None else await self.files()
+        if files is not None and not files.folder:
+            if self.fill_missing_shards:
+                return None
+            files.require_folder()
         given = None
-        ci = self._proc().consolidated
         if ci is not None:
             given = ci.shard_index(origin)
-            if given is None:  # the index saw no such shard: is that still so?
-                if await store.exists(key):
+            if given is None:  # the index saw no such shard: is that still so? (the listing said, if any)
+                if (files is None or files.origins is None) and await store.exists(key):
                     raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: it lists no shard "
                                           f"{store.describe(key)}, which exists now; run `dvidshards consolidate` "
                                           f"again")
@@ -135,13 +241,40 @@ class ChunkReader:
                     (same_kind and now.stamp != stamp):
                 raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} changed "
                                       f"since it was indexed; run `dvidshards consolidate` again")
+        probe = None
+        if files is None and isinstance(store, ByteStore) and "shard_extent" not in s.inferred and \
+                st.probes < (_PROBED_SHARDS if store.immediate else 1):
+            st.probes += 1  # the folder was not listed: look for files between the grid's origins
+            if store.immediate:
+                await self._probe(origin)
+            else:  # concurrently with the load: no latency added
+                probe = asyncio.ensure_future(self._probe(origin))
         try:
             shard = await load_shard(store, s, origin, policy=self.policy, index=given)
         except MissingShardError as e:
+            if probe is not None:
+                await probe
             if self.fill_missing_shards and not await store.exists(key):
                 return None
             raise MissingShardError(f"{e} ({_MISSING_HINT})") from None
+        except BaseException:
+            if probe is not None:
+                probe.cancel()
+            raise
+        if probe is not None:
+            await probe
         return shard
+
+    async def _probe(self, origin) -> None:
+        """``shard.probe_neighbours`` of one shard; a SpecError is this process's answer from then on."""
+        assert isinstance(self.store, ByteStore)
+        try:
+            await probe_neighbours(self.store, self.scale, origin, self.geometry)
+        except SpecError as e:
+            self._proc().files_error = e
+            raise
+        except DvidShardsError:  # the store failed to answer (a remote fault): ask again with a later shard
+            self._proc().probes -= 1
 
     def shard(self, x: int, y: int, z: int) -> Shard | None:
         """The shard holding chunk (x, y, z) in this process (None: missing, read as 0)."""
@@ -200,6 +333,12 @@ class _ProcState:
         if reader.consolidated is not None:
             if os.path.exists(consolidated_paths(reader.consolidated, reader.scale.folder)[0]):
                 self.consolidated = ConsolidatedIndex(reader.consolidated, reader.scale.folder)
+        done = reader._files
+        self.files: ScaleFiles | None = done[1] if done is not None and done[0] == self.pid else None
+        self.files_error: DvidShardsError | None = None
+        self.files_lock = threading.Lock()
+        self.files_task: asyncio.Future | None = None
+        self.probes = 0
         self._loop = None
         self.pending: dict = {}
 
@@ -225,8 +364,6 @@ class _ProcState:
             reqs.append(req)
 
     async def flush(self, origin) -> None:
-        import asyncio
-
         window, max_wait = WINDOW, MAX_WAIT
         reqs: list[_Request] = []
         try:

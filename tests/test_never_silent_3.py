@@ -273,3 +273,307 @@ def test_6_verify_reports_the_reordered_record(base, reordered):
     report = dvidshards.verify(str(root), spec=base.spec)
     assert not report.ok
     assert any(f"chunk {chunk}" in p.message and "0_0_0" in p.message for p in report.problems), report.summary()
+
+
+# --- 1. a spec for another volume -------------------------------------------------------------------------
+
+
+def _other_spec(base, **changes) -> dict:
+    """base's spec with its scale entries changed (e.g. another sharding or size)."""
+    spec = json.loads(json.dumps(base.spec))
+    for s in spec["scales"]:
+        for k, v in changes.items():
+            if v is None:
+                s.pop(k, None)
+            else:
+                s[k] = v(s) if callable(v) else v
+    return spec
+
+
+def _bigger_shards(s):
+    sh = dict(s["sharding"])
+    sh["minishard_bits"] = sh["minishard_bits"] + 3  # shards of 256 voxels instead of 128
+    sh["shard_bits"] = max(0, sh["shard_bits"] - 3)
+    return sh
+
+
+OTHER_SPECS = {
+    "shards of 256 voxels": dict(sharding=_bigger_shards),
+    "no sharding (one shard)": dict(sharding=None),
+    "a smaller volume": dict(size=lambda s: [min(v, 100) for v in s["size"]]),
+}
+
+
+def _spec_error_names_a_file(e, base_root) -> None:
+    msg = str(e.value)
+    assert "this shard file" in msg and ".arrow" in msg and str(base_root) in msg, msg
+    assert "not this export's" in msg, msg
+
+
+@pytest.mark.parametrize("other", list(OTHER_SPECS))
+def test_1_open_with_the_spec_of_another_volume_is_a_spec_error_at_open(base, other):
+    spec = _other_spec(base, **OTHER_SPECS[other])
+    with pytest.raises(SpecError, match="not on the shard grid|outside the volume") as e:
+        dvidshards.open(base.root, spec=spec)
+    _spec_error_names_a_file(e, base.root)
+    ds = Dataset(base.root, spec=spec)
+    for call in (lambda: ds.read([[0, 0, 0], [64, 64, 64]]), lambda: ds.shards(0), lambda: ds.open(0),
+                 lambda: ds.chunks(0), lambda: ds.open(0, fill_missing_shards=True)):
+        with pytest.raises(SpecError, match="not on the shard grid|outside the volume"):
+            call()
+
+
+def test_1_the_export_s_own_spec_opens_and_reads_exactly(base):
+    vol = dvidshards.open(base.root, spec=base.spec)
+    np.testing.assert_array_equal(vol.read(order="F").result(), base.expected(0))
+
+
+@pytest.mark.parametrize("store", ["memory", "s3"])
+def test_1_another_volume_s_spec_is_a_spec_error_on_other_stores(base, store, tmp_path):
+    from dvidshards.stores import MemoryStore
+
+    spec = _other_spec(base, **OTHER_SPECS["shards of 256 voxels"])
+    files = {p.relative_to(base.root).as_posix(): p.read_bytes() for p in Path(base.root).rglob("*") if p.is_file()}
+    if store == "memory":
+        src, ctx = MemoryStore(files, name="exp"), None
+    else:
+        pytest.importorskip("moto.server")
+        from dvidshards.testing.servers import MotoS3
+
+        ctx = MotoS3().start()
+        for k, v in files.items():
+            ctx.upload("ns3", "exp/" + k, v)
+        src = ctx.spec("ns3", "exp/")
+    try:
+        # at open (memory: every name is at hand) or at the first read (s3: a listing is not free,
+        # the reader looks next to the first shards it loads)
+        with pytest.raises(SpecError, match="128_0_0.arrow: this shard file is not on the shard grid"):
+            dvidshards.open(src, spec=spec).read().result()
+        with pytest.raises(SpecError, match="128_0_0.arrow: this shard file is not on the shard grid"):
+            Dataset(src, spec=spec).read([[0, 0, 0], [64, 64, 64]])
+        with pytest.raises(SpecError, match="not on the shard grid"):
+            Dataset(src, spec=spec).shards(0)  # a job's listing
+        np.testing.assert_array_equal(Dataset(src, spec=base.spec).read([[0, 0, 0], list(SHAPE)]),
+                                      base.expected(0))
+    finally:
+        if ctx is not None:
+            ctx.stop()
+
+
+def test_1_cli_with_another_volume_s_spec_exits_2_naming_a_file(base, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    spec = tmp_path / "other.json"
+    spec.write_text(json.dumps(_other_spec(base, **OTHER_SPECS["shards of 256 voxels"])))
+    for argv in (["info", base.root, "--spec", str(spec), "--no-chunks"],
+                 ["consolidate", base.root, "--spec", str(spec), "--out", str(tmp_path / "idx")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "SpecError" in err and "128_0_0.arrow" in err and "not on the shard grid" in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "idx").exists()  # nothing written
+
+
+def test_1_a_job_worker_checks_the_files_of_its_scale_once(base, tmp_path):
+    """A reader pickled to another process lists the scale itself (never carries the listing)."""
+    import pickle
+
+    from dvidshards.formats.labels import as_labels
+    from dvidshards.read import ChunkReader
+    from dvidshards.stores import LocalStore
+
+    spec = _other_spec(base, **OTHER_SPECS["shards of 256 voxels"])
+    s = Dataset(base.root, spec=spec).scale(0)
+    reader = pickle.loads(pickle.dumps(ChunkReader(LocalStore(base.root), s, as_labels("agglomerated"))))
+    with pytest.raises(SpecError, match="not on the shard grid"):
+        reader.shard(0, 0, 0)
+    good = Dataset(base.root, spec=base.spec).reader(0)
+    assert len(pickle.dumps(good)) < 4096  # no listing in the task
+
+
+# --- 2. a scale the spec lists but the export lacks -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def only_s1(base, tmp_path_factory):
+    root = Path(tmp_path_factory.mktemp("only_s1")) / "exp"
+    shutil.copytree(base.root, root)
+    shutil.rmtree(root / "s0")
+    return root
+
+
+def test_2_a_scale_without_a_folder_is_a_spec_error_for_listing_and_reading(base, only_s1):
+    ds = Dataset(only_s1, spec=base.spec)
+    for call in (lambda: ds.shards(0), lambda: ds.read([[0, 0, 0], [64, 64, 64]], 0), lambda: ds.open(0),
+                 lambda: ds.chunks(0), lambda: ds.shard(0, (0, 0, 0)),
+                 lambda: dvidshards.open(only_s1, spec=base.spec, scale=0)):
+        with pytest.raises(SpecError, match="has no folder s0") as e:
+            call()
+        assert str(only_s1) in str(e.value)
+    # scale 1 is there and reads exactly
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], 1), base.expected(1))
+
+
+def test_2_fill_missing_shards_reads_a_missing_scale_as_background(base, only_s1):
+    vol = dvidshards.open(only_s1, spec=base.spec, scale=0, fill_missing_shards=True)
+    assert not vol.read().result().any()
+    ds = Dataset(only_s1, spec=base.spec)
+    assert not ds.read([[0, 0, 0], [100, 64, 64]], 0, fill_missing_shards=True).any()
+
+
+def test_2_an_empty_scale_folder_is_all_background_not_an_error(base, tmp_path):
+    root = _copy(base, tmp_path)
+    for p in (root / "s0").iterdir():
+        p.unlink()
+    ds = Dataset(root, spec=base.spec)
+    assert ds.shards(0) == []
+    with pytest.raises(dvidshards.MissingShardError, match="fill_missing_shards"):
+        ds.read([[0, 0, 0], [64, 64, 64]], 0)
+
+
+@pytest.mark.parametrize("store", ["memory", "s3"])
+def test_2_a_scale_without_a_folder_on_other_stores(base, only_s1, store):
+    from dvidshards.stores import MemoryStore
+
+    files = {p.relative_to(only_s1).as_posix(): p.read_bytes() for p in only_s1.rglob("*") if p.is_file()}
+    ctx = None
+    if store == "memory":
+        src = MemoryStore(files, name="only_s1")
+    else:
+        pytest.importorskip("moto.server")
+        from dvidshards.testing.servers import MotoS3
+
+        ctx = MotoS3().start()
+        for k, v in files.items():
+            ctx.upload("ns3b", "exp/" + k, v)
+        src = ctx.spec("ns3b", "exp/")
+    try:
+        ds = Dataset(src, spec=base.spec)
+        with pytest.raises(SpecError, match="has no folder s0"):
+            ds.shards(0)
+        with pytest.raises(SpecError, match="has no folder s0"):
+            ds.read([[0, 0, 0], [64, 64, 64]], 0)
+        assert len(ds.shards(1)) == 1
+    finally:
+        if ctx is not None:
+            ctx.stop()
+
+
+def test_2_consolidate_refuses_a_scale_without_a_folder_and_writes_nothing_for_it(base, only_s1, tmp_path, capsys):
+    from dvidshards.cli import main
+    from dvidshards.consolidated import write_consolidated
+
+    ds = Dataset(only_s1, spec=base.spec)
+    with pytest.raises(SpecError, match="has no folder s0"):
+        write_consolidated(ds, ds.scale(0), str(tmp_path / "idx"))
+    assert not (tmp_path / "idx").exists()
+    assert main(["consolidate", str(only_s1), "--spec", _spec_file(base, tmp_path), "--scale", "1",
+                 "--out", str(tmp_path / "idx1")]) == 0
+    assert sorted(p.name for p in (tmp_path / "idx1").iterdir()) == ["s1.chunks.arrow", "s1.shards.arrow"]
+    assert main(["consolidate", str(only_s1), "--spec", _spec_file(base, tmp_path), "--scale", "0",
+                 "--out", str(tmp_path / "idx0")]) == 2
+    assert "has no folder s0" in capsys.readouterr().err
+    assert not (tmp_path / "idx0").exists()
+
+
+def _spec_file(base, tmp_path) -> str:
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(base.spec))
+    return str(p)
+
+
+# --- 8. a stale consolidated index: a shard appeared since --------------------------------------------
+
+
+def _consolidate(root, out, spec=None):
+    from dvidshards.consolidated import write_consolidated
+
+    ds = Dataset(root, spec=spec)
+    for s in ds.scales:
+        write_consolidated(ds, s, str(out))
+    return out
+
+
+@pytest.mark.parametrize("with_spec", [True, False])
+def test_8_a_shard_that_appeared_since_consolidate_is_a_stale_index(base, tmp_path, with_spec):
+    import warnings
+
+    from dvidshards.errors import GeometryWarning
+
+    root = _copy(base, tmp_path)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for p in (root / "s0").glob("128_0_0.*"):
+        shutil.move(p, aside / p.name)
+    spec = base.spec if with_spec else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GeometryWarning)  # consolidating without a spec: geometry guessed
+        idx = _consolidate(root, tmp_path / "idx", spec)
+    for p in aside.iterdir():
+        shutil.move(p, root / "s0" / p.name)
+    for fill in (False, True):
+        with pytest.raises(ChunkIndexError, match="the consolidated index is stale") as e:
+            dvidshards.open(root, spec=spec, index=idx, fill_missing_shards=fill)
+        assert "128_0_0.arrow" in str(e.value) and "dvidshards consolidate" in str(e.value)
+    ds = Dataset(root, spec=spec, index=idx)
+    for call in (lambda: ds.shards(0), lambda: ds.read([[128, 0, 0], [256, 64, 64]]), lambda: ds.chunks(0)):
+        with pytest.raises(ChunkIndexError, match="stale"):
+            call()
+
+
+def test_8_a_shard_gone_since_consolidate_is_a_stale_index(base, tmp_path):
+    root = _copy(base, tmp_path)
+    idx = _consolidate(root, tmp_path / "idx", base.spec)
+    for p in (root / "s0").glob("256_0_0.*"):
+        p.unlink()
+    with pytest.raises(ChunkIndexError, match="stale: .*256_0_0.arrow is gone"):
+        dvidshards.open(root, spec=base.spec, index=idx)
+
+
+def test_8_an_index_written_without_a_spec_opens_with_the_geometry_it_was_written_with(base, tmp_path):
+    import warnings
+
+    from dvidshards.errors import GeometryWarning
+
+    root = _copy(base, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GeometryWarning)
+        guessed = Dataset(root)
+        idx = _consolidate(root, tmp_path / "idx")
+    ds = Dataset(root, index=idx)
+    assert ds.spec is None  # guessed geometry is never passed off as a spec
+    for a, b in zip(ds.scales, guessed.scales, strict=True):
+        assert (a.size, a.shard_extent, a.resolution, a.inferred, a.proven_extent) == \
+            (b.size, b.shard_extent, b.resolution, b.inferred, b.proven_extent)
+    box = [[0, 0, 0], list(SHAPE)]
+    np.testing.assert_array_equal(ds.read(box), base.expected(0))
+
+
+def test_8_reads_of_absent_shards_do_not_ask_the_store_about_each(base, tmp_path):
+    """With an index and a listable store, the folder is listed once; absent shards cost no request."""
+    from dvidshards.stores import MemoryStore
+
+    root = _copy(base, tmp_path)
+    for p in (root / "s0").glob("128_0_0.*"):
+        p.unlink()
+    idx = _consolidate(root, tmp_path / "idx", base.spec)
+
+    class Counting(MemoryStore):
+        calls = {"exists": 0, "list": 0}
+
+        async def exists(self, key):
+            self.calls["exists"] += 1
+            return await super().exists(key)
+
+        async def list(self, prefix=""):
+            self.calls["list"] += 1
+            return await super().list(prefix)
+
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    store = Counting(files)
+    vol = dvidshards.open(store, spec=base.spec, index=idx, fill_missing_shards=True)
+    got = vol.read(order="F").result()
+    want = base.expected(0).copy()
+    want[128:256] = 0
+    np.testing.assert_array_equal(got, want)
+    assert store.calls["exists"] == 0 and store.calls["list"] == 1, store.calls

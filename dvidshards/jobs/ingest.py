@@ -304,6 +304,9 @@ def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compres
     spec : dict or path, optional
         The neuroglancer multiscale spec; the blocks are its scale ``scale``.  Default: one
         scale as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³.
+        The ``info`` written lists the spec's scales up to ``scale`` only (the export has no
+        folder for the coarser ones); with ``scale`` > 0 the finer scales have no folder
+        either, and reading them is a SpecError, never background.
     compression : str
         What the dumps' payloads hold (``dvidshards.formats.blocks.read_stream``).
 
@@ -353,6 +356,7 @@ def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compres
     sc = {s.index: s for s in parse_multiscale(spec, "spec")}.get(scale)
     if sc is None:
         raise SpecError(f"scale {scale} is not in the spec")
+    spec = {**spec, "scales": list(spec["scales"][:scale + 1])}  # no scale the export has no folder for
     grid = np.asarray(sc.grid)
     by_origin: dict[tuple, list] = {}
     for c, r in recs.items():

@@ -82,6 +82,17 @@ class ByteStore(ABC):
         """Size and change stamp of key (None where the store cannot tell cheaply)."""
         return Stat(None, None)
 
+    async def is_folder(self, prefix: str) -> bool:
+        """Whether the folder prefix exists (object stores: whether anything lies under it)."""
+        return bool(await self.list(prefix))
+
+    async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
+        """Up to n ``.arrow`` names of a folder, if this store gives them cheaply (None: it cannot).
+
+        Object stores list every key of a prefix (TensorStore has no limit): they give None.
+        """
+        return None
+
     def map(self, key: str) -> np.ndarray:
         """A read-only uint8 view of the whole of key; only for ``mappable`` stores."""
         raise NotImplementedError(f"{type(self).__name__} cannot memory-map {self.describe(key)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import mmap
 import os
 
@@ -69,6 +70,23 @@ class LocalStore(ByteStore):
             return sorted(os.listdir(self._path(prefix)))
         except OSError:
             return []
+
+    async def is_folder(self, prefix: str) -> bool:
+        return os.path.isdir(self._path(prefix))
+
+    async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
+        """Up to n ``.arrow`` names, in directory order, reading no more of the folder than that."""
+        out: list[str] = []
+        try:
+            with os.scandir(self._path(prefix)) as it:
+                for entry in it:
+                    if entry.name.endswith(".arrow"):
+                        out.append(entry.name)
+                        if len(out) >= n:
+                            break
+        except OSError:
+            return []
+        return out
 
     async def stat(self, key: str) -> Stat:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from ..errors import MissingShardError
@@ -44,6 +46,9 @@ class MemoryStore(ByteStore):
     async def list(self, prefix: str = "") -> list[str]:
         p = prefix.strip("/") + "/" if prefix.strip("/") else ""
         return sorted({k[len(p):].split("/", 1)[0] for k in self.files if k.startswith(p)} - {""})
+
+    async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
+        return [k for k in await self.list(prefix) if k.endswith(".arrow")]  # in memory: every name is cheap
 
     async def stat(self, key: str) -> Stat:
         return Stat(len(self.map(key)), None)
