@@ -278,7 +278,7 @@ def test_http_mcns_one_chunk_bytes(mcns_root, server, mcns_spec):
 def test_http_faults_still_equal_local(root, server):
     expect = _read(_local(root, "synth"))
     server.set_faults(fail=0.15, drop=0.1, truncate=0.1)
-    src = KvStore.from_url(server.url + "synth/", FAST_TS, retries=6, backoff=0.005)
+    src = KvStore.from_url(server.url + "synth/", retries=6, backoff=0.005)  # one retry layer: the store's
     store = dvidshards.open(src, fill_missing_shards=True)
     np.testing.assert_array_equal(_read(store), expect)
     np.testing.assert_array_equal(_read(dvidshards.open(src, scale=1, fill_missing_shards=True)),
@@ -289,7 +289,7 @@ def test_http_faults_still_equal_local(root, server):
 @pytest.mark.parametrize("fault", ["fail", "truncate"])
 def test_http_persistent_faults_raise(root, server, fault):
     spec = Dataset(root / "synth").spec
-    src = KvStore.from_url(server.url + "synth/", FAST_TS, retries=2, backoff=0.005)
+    src = KvStore.from_url(server.url + "synth/", retries=2, backoff=0.005)
     store = dvidshards.open(src, spec=spec, fill_missing_shards=True)
     server.set_faults(**{fault: 1.0})
     t0 = time.monotonic()
@@ -297,8 +297,9 @@ def test_http_persistent_faults_raise(root, server, fault):
         _read(store[0:64, 0:64, 0:64])
     assert server.url + "synth/s0/0_0_0.csv" in str(e.value)
     assert time.monotonic() - t0 < 10
-    # (1 + 2 TensorStore retries) per attempt, 3 attempts (other names: the spec's check, given up)
-    assert server.requests["synth/s0/0_0_0.csv"] == 3 * 3
+    # one retry layer (issue 23): 1 + 2 attempts (other names: the spec's check, given up)
+    assert server.requests["synth/s0/0_0_0.csv"] == 3
+    assert "failed after 3 attempts" in str(e.value)
     with pytest.raises(RemoteReadError, match=r"synth/info"):
         Dataset(src)
 
@@ -534,3 +535,28 @@ def test_http_bulk_read_fetches_each_shard_in_one_request_per_thread(root, serve
     server.reset_counts()
     np.testing.assert_array_equal(ds.read(box, threads=1, fill_missing_shards=True), want)
     assert all(server.requests[f"synth/s0/{s}.arrow"] == 1 for s in stems), server.requests
+
+
+# --- one retry layer (issue 23 item 11) -------------------------------------------------------------
+
+
+def test_a_context_with_tensorstore_retries_is_the_only_retry_layer(root, server):
+    """TensorStore's retries (the caller's context) are not multiplied by the store's."""
+    spec = Dataset(root / "synth").spec
+    src = KvStore.from_url(server.url + "synth/", FAST_TS, retries=5, backoff=0.005)
+    server.set_faults(fail=1.0)
+    with pytest.raises(RemoteReadError, match="failed after 1 attempt"):
+        _read(dvidshards.open(src, spec=spec, fill_missing_shards=True)[0:64, 0:64, 0:64])
+    assert server.requests["synth/s0/0_0_0.csv"] == 1 + 2  # TensorStore's, not (1 + 5) x 3
+
+
+def test_no_network_fails_after_the_store_s_attempts_in_bounded_time():
+    """A host that refuses every connection (no network): 1 + retries attempts, then RemoteReadError."""
+    from dvidshards.testing.servers import free_port
+
+    src = KvStore.from_url(f"http://127.0.0.1:{free_port()}/exp/", retries=3, backoff=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteReadError, match=r"s0/0_0_0.csv .*failed after 4 attempts"):
+        src.read_sync("s0/0_0_0.csv")
+    assert src.stats["requests"] == 4 and src.stats["retries"] == 3
+    assert time.monotonic() - t0 < 10
