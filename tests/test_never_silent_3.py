@@ -459,7 +459,7 @@ def test_2_a_scale_without_a_folder_on_other_stores(base, only_s1, store):
             ctx.stop()
 
 
-def test_2_consolidate_refuses_a_scale_without_a_folder_and_writes_nothing_for_it(base, only_s1, tmp_path, capsys):
+def test_2_11_consolidate_refuses_a_scale_without_a_folder_and_writes_nothing_for_it(base, only_s1, tmp_path, capsys):
     from dvidshards.cli import main
     from dvidshards.consolidated import write_consolidated
 
@@ -577,3 +577,72 @@ def test_8_reads_of_absent_shards_do_not_ask_the_store_about_each(base, tmp_path
     want[128:256] = 0
     np.testing.assert_array_equal(got, want)
     assert store.calls["exists"] == 0 and store.calls["list"] == 1, store.calls
+
+
+# --- 11. rough edges --------------------------------------------------------------------------------------
+
+
+def test_11_serve_flight_on_a_busy_port_is_one_line_naming_the_port(base, capsys):
+    import socket
+
+    from dvidshards.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve-flight", base.root, "--spec", _spec_file(base, Path(base.root).parent),
+                     "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"127.0.0.1:{port}" in err and "in use" in err, err
+
+
+def test_11_serve_flight_from_python_on_a_busy_port_is_an_os_error_naming_it(base):
+    import errno
+    import socket
+
+    from dvidshards.serve.flight import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}") as e:
+            serve(base.root, spec=base.spec, port=port)
+    assert e.value.errno == errno.EADDRINUSE
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_11_a_wrong_path_says_what_is_wrong_with_it(tmp_path, capsys, what):
+    from dvidshards.cli import main
+
+    path = tmp_path / "exp"
+    if what == "file":
+        path.write_text("not an export")
+    with pytest.raises(SpecError, match="no such folder" if what == "missing" else "is a file, not a folder"):
+        dvidshards.open(path)
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert ("no such folder" if what == "missing" else "is a file, not a folder") in err, err
+    assert "not a directory" not in err
+
+
+def test_11_ingest_reports_a_real_rate_or_none(base, tmp_path, capsys):
+    import re
+
+    from dvidshards.cli import main
+
+    assert main(["ingest", base.root, "--to", str(tmp_path / "table"), "--spec",
+                 _spec_file(base, tmp_path)]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"\(([0-9.]+) (k|M|G)?B in [0-9.]+ s(, ([0-9.]+) (k|M|G)?B/s)?\)", out)
+    assert m, out
+    assert " 0 MB/s" not in out
+    if m.group(3):  # a rate, when one is told, is not zero
+        assert float(m.group(4)) > 0
+    # again: every shard already there, nothing moved, no rate
+    assert main(["ingest", base.root, "--to", str(tmp_path / "table"), "--spec",
+                 _spec_file(base, tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "B/s" not in out and "already there" in out, out

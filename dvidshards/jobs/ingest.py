@@ -62,12 +62,28 @@ class IngestReport:
         return not self.failed
 
     def summary(self) -> str:
-        rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
-        s = (f"{self.records} records in {self.shards} shards ({self.bytes / 1e6:.1f} MB, {rate:.0f} MB/s), "
-             f"{self.skipped} shards already there")
+        """One line: records, shards, bytes and their rate (none when nothing was moved), skips, failures."""
+        rate = _rate(self.bytes, self.seconds)
+        s = (f"{self.records} records in {self.shards} shards ({_size(self.bytes)} in {self.seconds:.1f} s"
+             f"{', ' + rate if rate else ''}), {self.skipped} shards already there")
         if self.failed:
             s += f"; {len(self.failed)} partitions FAILED: " + "; ".join(f"{k}: {v}" for k, v in self.failed.items())
         return s
+
+
+def _size(nbytes: float) -> str:
+    """A byte count in the largest unit that keeps it >= 1, three significant digits."""
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= k:
+            return f"{nbytes / k:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _rate(nbytes: int, seconds: float) -> str | None:
+    """``"12.3 MB/s"``, or None when there is no rate to tell (nothing moved, or no time)."""
+    if nbytes <= 0 or seconds <= 0:
+        return None
+    return _size(nbytes / seconds) + "/s"
 
 
 def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):

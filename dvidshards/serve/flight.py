@@ -6,6 +6,7 @@ The protocol (descriptors, tickets, batches, errors, auth) is described in
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import os
@@ -61,6 +62,29 @@ class _BearerFactory(fl.ServerMiddlewareFactory):
         return None
 
 
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why host:port cannot be listened on (port in use, address not here), as an OSError naming
+    them, or None when a socket binds there (port 0 always binds)."""
+    import socket
+
+    if not port:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as b:
+        return OSError(errno.EADDRNOTAVAIL, f"cannot serve on {host}:{port}: {b.strerror or b}")
+    for family, kind, proto, _, addr in infos[:1]:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a port in TIME_WAIT is free
+                s.bind(addr)
+        except OSError as b:
+            hint = (f" (another program listens on port {port}: give another --port, or 0 for any free port)"
+                    if b.errno == errno.EADDRINUSE else "")
+            return OSError(b.errno, f"cannot serve on {host}:{port}: {b.strerror}{hint}")
+    return None
+
+
 def _open_dataset(source, spec=None):
     """A Dataset over an export, a table, a Flight URI or a record source."""
     if isinstance(source, Dataset):
@@ -102,7 +126,14 @@ class ExportFlightServer(fl.FlightServerBase):
             kwargs["tls_certificates"] = [fl.CertKeyPair(cert, key)]
         if token:
             kwargs["middleware"] = {"auth": _BearerFactory(token)}
-        super().__init__(f"{scheme}://{host}:{int(port)}", **kwargs)
+        busy = _bind_error(host, int(port))  # before gRPC tries (and logs its own lines)
+        if busy is not None:
+            raise busy
+        try:
+            super().__init__(f"{scheme}://{host}:{int(port)}", **kwargs)
+        except pa.ArrowException as e:  # gRPC says only "Server did not start properly"
+            raise _bind_error(host, int(port)) or OSError(
+                errno.EIO, f"cannot serve on {host}:{port}: the Flight server did not start ({e})") from None
         self.host = host
         self.location = f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
         self._thread: threading.Thread | None = None

@@ -27,7 +27,9 @@ def as_store(source) -> ByteStore:
             return KvStore.from_url(s)
         s = s[len("file://"):] if s.startswith("file://") else s
         if not os.path.isdir(s):
-            raise SpecError(f"{s}: not a directory (an export holds folders s0, s1, ...)")
+            if not os.path.exists(s):
+                raise SpecError(f"{s}: no such folder (an export is a folder holding s0, s1, ...)")
+            raise SpecError(f"{s}: is a file, not a folder (an export is a folder holding s0, s1, ...)")
         return LocalStore(s)
     if isinstance(source, dict):
         from .kvstore import KvStore
