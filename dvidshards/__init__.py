@@ -9,6 +9,7 @@ import sys
 import types
 import warnings
 
+from .bodies import Body
 from .dataset import Dataset, Scale, open
 from .errors import (
     BlockDecodeError,
@@ -31,6 +32,7 @@ from .writer import write_export, write_shard
 
 __all__ = [
     "Agglomerated",
+    "Body",
     "BlockDecodeError",
     "BlockHeader",
     "ChunkIndexError",

@@ -35,6 +35,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
     "label-index": ("dvidshards.jobs.stats:LabelIndexCommand",
                     "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
+    "body": ("dvidshards.jobs.meshes:BodyCommand",
+             "one body: size, box, supervoxels, DVID sparsevol (and -coarse) bytes, its mesh as .ply/.obj"),
+    "meshes": ("dvidshards.jobs.meshes:MeshesCommand",
+               "neuroglancer multi-resolution (or legacy) meshes of every body into a precomputed dataset, one task "
+               "per shard"),
     "pcg-edges": ("dvidshards.jobs.pcg",
                   "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
     "view": ("dvidshards.serve.view",
