@@ -41,6 +41,8 @@ SLOW = {
     "tests/test_convert.py::test_22_5_dense_32768_chunk_shard_raw_under_1_gib": "a production-size (32,768-chunk) shard",
     "tests/testing/test_procedural.py::test_full_shard_builds_in_seconds_and_verifies": "a production-size (32,768-chunk) shard",
     "tests/test_jobs.py::test_local_scheduler_string": "dask LocalCluster",
+    "tests/test_jobs.py::test_unreachable_scheduler_fails_fast": "waits out a dask connection timeout",
+    "tests/test_tables.py::test_worker_killed_mid_stream_and_restarted": "kills and restarts an ingest worker process",
     "tests/test_meshes.py::test_on_a_local_dask_cluster": "dask LocalCluster",
     "tests/test_pcg.py::test_dask_scheduler_matches_serial": "dask LocalCluster",
     "tests/test_mapping_workers.py::test_issue22_4_dask_workers_load_a_mapping_file_once_each": "dask LocalCluster",
