@@ -221,6 +221,7 @@ class Info:
         from .dataset import Dataset
         from .errors import GeometryWarning
         from .formats.multiscale import SINGLE_SHARD
+        from .sources import RecordSource
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GeometryWarning)  # said in the table instead
@@ -231,9 +232,15 @@ class Info:
         if not args.no_chunks:
             head += ["chunks", "of grid", "index"]
         rows = []
+        absent = []
         for s in ds.scales:
-            origins = ds.shards(s.index)
             res = "x".join(f"{r:g}" for r in s.resolution) if s.resolution is not None else "unknown"
+            if not isinstance(ds.store, RecordSource) and not ds.files(s.index).folder:
+                absent.append(s.folder)  # a scale the spec lists and the export lacks: said, not counted
+                rows.append([str(s.index), s.key, "x".join(map(str, s.size)), res, "-", "no folder"]
+                            + ([] if args.no_chunks else ["-", "-", "-"]))
+                continue
+            origins = ds.shards(s.index)
             extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
             mark = "*" if s.inferred else ""
             row = [str(s.index), s.key, "x".join(map(str, s.size)) + mark, res, f"{extent}{mark}", str(len(origins))]
@@ -250,6 +257,8 @@ class Info:
         for r in [head, *rows]:
             print(" ".join(c.ljust(w) if head[k] == "index" else c.rjust(w)
                            for k, (c, w) in enumerate(zip(r, width, strict=True))).rstrip())
+        if absent:
+            print(f"no folder for {', '.join(absent)}: the spec lists these scales, this export does not hold them")
         if any(s.inferred for s in ds.scales):
             print("* inferred from the files, not given by a spec")
         return EXIT_OK
