@@ -312,6 +312,8 @@ class Consolidate:
         output_folder(args.out, create=False)  # made by write_consolidated, never inside the export
         ds = Dataset(args.source, spec=args.spec)
         scales = ds.scales if args.scale is None else [ds.scale(args.scale)]
+        for s in scales:  # every scale checked (folder, spec against the file names) before any is written
+            ds.shards(s.index)
         for s in scales:
             path, n, shards = write_consolidated(ds, s, args.out, progress=progress_wanted(args))
             print(f"{s.folder}: {n} chunks in {shards} shards -> {path}")

@@ -160,6 +160,17 @@ def test_consolidate(synthetic_export, spec_file, tmp_path, capsys):
                                                                       "s2.chunks.arrow"]
 
 
+def test_consolidate_of_every_scale_writes_nothing_when_one_scale_has_no_folder(synthetic_export, spec_file,
+                                                                                  tmp_path, capsys):
+    root = tmp_path / "exp"
+    shutil.copytree(synthetic_export.root, root)
+    shutil.rmtree(root / "s2")  # the spec lists s2; the export lacks it
+    out_dir = tmp_path / "index"
+    code, out, err = _run(["consolidate", str(root), "--spec", spec_file, "--out", str(out_dir)], capsys)
+    assert code == 2 and "has no folder s2" in _one_line(err) and out == ""
+    assert not out_dir.exists()  # s0's and s1's index files are not left behind
+
+
 def test_consolidate_bad_out(synthetic_export, spec_file, tmp_path, capsys):
     a_file = tmp_path / "file"
     a_file.write_text("mine")

@@ -136,7 +136,8 @@ def test_one_vocabulary_for_every_job():
     assert scheduler_of("local:2") == ("local", 2)
     assert scheduler_of("tcp://10.0.0.1:8786") == ("address", "tcp://10.0.0.1:8786")
     assert scheduler_of("node7:8786") == ("address", "tcp://node7:8786")
-    for bad in ("serial:2x", "threads:0", "tcp://nohost", "cluster", "http://x:1", "/tmp/sched:1"):
+    for bad in ("serial:2x", "threads:0", "tcp://nohost", "cluster", "http://x:1", "/tmp/sched:1", "node7:87²6",
+                "tcp://node7:8\u0667"):
         with pytest.raises(SpecError, match="scheduler"):
             scheduler_of(bad)
 

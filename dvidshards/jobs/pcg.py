@@ -65,8 +65,8 @@ VERSION = 2  # 1: one supervoxels.parquet built on the client from per-chunk pie
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
 COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
 WRITTEN = b"dvidshards.written"  # and those with files
-_OWN = re.compile(r"(edges_\d+_\d+_\d+\.proto\.zst|components_\d+_\d+_\d+\.proto|manifest\.json|supervoxels"
-                  r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp\d+)?")
+_OWN = re.compile(r"(edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|manifest\.json|supervoxels"
+                  r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp[0-9]+)?")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
 _FAILED_PER_TASK = 8  # failed chunks a task reports by name (all are counted)
 _FAILED_NAMED = 1000  # and the report keeps by name
@@ -521,7 +521,7 @@ def _present_shards(ds: Dataset, s) -> list:
     except (DvidShardsError, OSError):
         return origins  # a store that cannot list (http): the probe found no shard
     if s.folder not in names:
-        have = sorted((n for n in names if re.fullmatch(r"s\d+", n)), key=lambda n: int(n[1:]))
+        have = sorted((n for n in names if re.fullmatch(r"s[0-9]+", n)), key=lambda n: int(n[1:]))
         raise SpecError(f"{ds.store.describe(s.folder)}: scale {s.index} has no folder in this export (it has "
                         f"{', '.join(have) if have else 'no scale folders'})")
     return origins

@@ -164,11 +164,11 @@ def scheduler_of(scheduler):
     if "://" in s:
         scheme, _, rest = s.partition("://")
         host, _, port = rest.rpartition(":")
-        if scheme in ("tcp", "tls", "inproc", "ucx", "ws", "wss") and host and port.isdigit():
+        if scheme in ("tcp", "tls", "inproc", "ucx", "ws", "wss") and host and port.isascii() and port.isdigit():
             return ("address", s)
     else:
         host, _, port = s.rpartition(":")
-        if host and port.isdigit() and "/" not in s:
+        if host and port.isascii() and port.isdigit() and "/" not in s:
             return ("address", f"tcp://{s}")
     raise SpecError(f"scheduler {scheduler!r} is not one of: {SCHEDULER_HELP}")
 

@@ -644,7 +644,7 @@ def _check_work(work: WorkDir, resume: bool, overwrite: bool) -> None:
 def _clear_work(work: WorkDir) -> None:
     """Delete this library's files from a work folder (not the folder)."""
     for name in work.listdir():
-        if name in ("shards", "table") or name == _MANIFEST or (name[:1] == "L" and name[1:].isdigit()) \
+        if name in ("shards", "table") or name == _MANIFEST or (name[:1] == "L" and name[1:].isascii() and name[1:].isdigit()) \
                 or is_temporary(name):
             if work.is_dir(name):
                 work.rmtree(name)

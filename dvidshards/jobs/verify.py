@@ -293,7 +293,7 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
         scales = ds.scales if scale is None else [ds.scale(scale)]
         store = ds.store
         try:
-            folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isdigit()}
+            folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isascii() and n[1:].isdigit()}
         except SpecError:  # a store that cannot list (http): the spec's scales are all there is
             folders = {s.folder for s in ds.scales}
     except DvidShardsError as e:

@@ -64,7 +64,7 @@ __all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_brow
 
 log = logging.getLogger(__name__)
 
-_CHUNK = re.compile(r"^(.+)/(\d+)-(\d+)_(\d+)-(\d+)_(\d+)-(\d+)$")
+_CHUNK = re.compile(r"^(.+)/([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)$")
 
 
 @dataclass
@@ -270,9 +270,9 @@ class ViewVolume:
                 getattr(self.stats, route).add(nbytes, dt)
 
 
-_SEGMENT = re.compile(r"^(\d+):0$")
-_FRAGMENT = re.compile(r"^(\d+):0:mesh$")
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_SEGMENT = re.compile(r"^([0-9]+):0$")
+_FRAGMENT = re.compile(r"^([0-9]+):0:mesh$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 
 
 class MeshSource:
