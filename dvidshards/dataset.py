@@ -20,6 +20,8 @@ import warnings
 import numpy as np
 import tensorstore as ts
 
+from .arrays import to_dask as dask_array
+from .bodies import Body
 from .consolidated import ConsolidatedIndex, consolidated_paths, scales_from_consolidated
 from .errors import ChunkIndexError, GeometryWarning, MissingShardError, SpecError
 from .formats.labels import as_labels
@@ -423,6 +425,15 @@ class Dataset:
     def body_mask(self, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
         """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
         return body_mask(self, body, scale, labels=labels, index=index)
+
+    def body(self, id, scale=0, labels="agglomerated", index=None) -> Body:  # noqa: A002 - DVID's name
+        """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""
+        return Body(self, id, scale, labels, index=index)
+
+    def to_dask(self, scale=0, labels="agglomerated", *, chunks=None, box=None, fill_missing_shards: bool = False):
+        """A scale as a lazy dask array (x, y, z) over the bulk reader, one read per chunk-aligned block
+        (needs ``dvidshards[dask]``)."""
+        return dask_array(self, scale, labels, chunks=chunks, box=box, fill_missing_shards=fill_missing_shards)
 
 
 def _missing(ds: Dataset, s: Scale, o) -> Shard:

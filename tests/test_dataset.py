@@ -151,3 +151,19 @@ def test_threads_agree_with_serial(synthetic_export):
         futs = [pool.submit(lambda b=b: vol[b].read(order="F").result()) for b in boxes]
         for f, want in zip(futs, serial, strict=True):
             np.testing.assert_array_equal(f.result(timeout=120), want)
+
+
+def test_body_and_to_dask_methods_delegate(tmp_path):
+    """ds.body(id) and ds.to_dask() are the Body API and arrays.to_dask on this dataset."""
+    pytest.importorskip("dask.array")
+    from dvidshards.bodies import Body
+    from tests.conftest import make_export
+
+    exp = make_export(tmp_path / "exp", shape=(130, 100, 70), seed=5, scales=1)
+    ds = dvidshards.Dataset(exp.root, spec=exp.spec)
+    bodies = exp.expected(0)
+    ids, counts = np.unique(bodies[bodies != 0], return_counts=True)
+    b = ds.body(int(ids[np.argmax(counts)]))
+    assert isinstance(b, Body) and b.size == int(counts.max())
+    a = ds.to_dask(0, "supervoxels", chunks=64, fill_missing_shards=True)
+    np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv)
