@@ -53,11 +53,11 @@ def slots() -> np.ndarray:
 
 def build(workdir, counts, log=print) -> dict[int, C.Path]:
     """The pool of tiny shards and one export per count (hard links into the pool)."""
-    from dvidshards.formats.codec import encode_block
+    from dvidshards.formats.codec import block_header, encode_block
     from dvidshards.testing.synthetic import neuron_volume
     from dvidshards.writer import write_shard
 
-    params = {"kind": "open-pool", "grid": GRID, "pool": POOL, "version": 1}
+    params = {"kind": "open-pool", "grid": GRID, "pool": POOL, "version": 2}
     pool = workdir / "open-pool"
     coords = slots()
     if not C._fresh(pool, params):
@@ -67,7 +67,7 @@ def build(workdir, counts, log=print) -> dict[int, C.Path]:
         log(f"writing {POOL} tiny shards into {pool} (once) ...")
         vol, _ = neuron_volume((64, 64, 64), n_bodies=6, seed=2)
         block = encode_block(vol.T)
-        svs = np.unique(vol)
+        svs = block_header(block).labels.copy()  # the block's own label list, in its order
         payload = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(block)
         for x, y, z in coords.tolist():
             write_shard(pool / "s0" / f"{64 * x}_{64 * y}_{64 * z}",
