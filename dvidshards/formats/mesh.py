@@ -275,8 +275,9 @@ def mesh_block(
         Labels to return (default: every non-zero label present).
     reduction_factor : int, optional
         zmesh simplification target (faces / factor); 0 keeps the marching-cubes mesh.
-        Vertices on the block's faces are never moved; a vertex the simplifier puts outside
-        the box of the cubes (``[0.5, shape - 0.5]``) is clipped back onto it.
+        Vertices on the block's faces are never moved; a vertex the simplifier puts outside the
+        label's voxel box or the cubes' box (``[0.5, shape - 0.5]``) is clipped back onto them,
+        so a simplified body stays inside its voxel box and its fragments inside their cells.
     max_error : float, optional
         zmesh's error bound for that simplification (its ``Mesher.get(max_error=)`` at voxel
         resolution 1).
@@ -321,10 +322,23 @@ def mesh_block(
         mesher.erase(label)
         if len(m.faces):
             v = m.vertices.astype(np.float64)
-            if reduction_factor:  # the quadric optimum may leave the cubes' box: keep fragments in their cell
-                v = np.clip(v, 0.5, np.asarray(b.shape, np.float64) - 0.5)
+            if reduction_factor:  # the quadric optimum may leave the label's box (and the cell): put it back
+                lo, hi = _label_box(b, label)
+                cube = np.asarray(b.shape, np.float64) - 0.5
+                v = np.clip(v, np.maximum(lo, 0.5), np.minimum(hi + 1, cube))  # its voxel box, in its cell
             out[label] = Mesh((v + off).astype(np.float32), m.faces)
     return out
+
+
+def _label_box(b: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) voxel index per axis of ``label`` in ``b``."""
+    m = b == np.uint64(label)
+    lo, hi = np.zeros(3), np.asarray(b.shape, np.float64) - 1  # absent: the whole block
+    for ax in range(3):
+        nz = np.flatnonzero(m.any(axis=tuple(a for a in range(3) if a != ax)))
+        if nz.size:
+            lo[ax], hi[ax] = nz[0], nz[-1]
+    return lo, hi
 
 
 def _faces(arr: np.ndarray | None):

@@ -575,7 +575,7 @@ class MeshesReport:
 
 
 def meshes(source, dest, *, scales=(0,), labels="agglomerated", legacy: bool = False, lods: int = 1,
-           bits: int = 16, reduction_factor: int = 0, max_error: float = 8.0, mesh_dir: str = "mesh",
+           bits: int = 16, reduction_factor: int = 100, max_error: float = 40.0, mesh_dir: str = "mesh",
            scheduler=None, workdir=None, resume: bool = False, overwrite: bool = False,
            progress: bool | None = None, spec=None, command: list | None = None) -> MeshesReport:
     """Mesh every body of an export into a precomputed dataset folder.
@@ -599,7 +599,8 @@ def meshes(source, dest, *, scales=(0,), labels="agglomerated", legacy: bool = F
     bits : {10, 16}
         Draco vertex quantisation bits.
     reduction_factor, max_error : int, float
-        Per-cell simplification of lod 0 (0: every marching-cubes triangle).
+        Per-cell simplification of lod 0, igneous' defaults (100, 40). 0: every marching-cubes
+        triangle - exact, but a dense 2048³ shard then makes tens of GB of fragments.
     mesh_dir : str
         Name of the mesh directory inside ``dest``.
     scheduler : see :class:`dvidshards.jobs.runner.TaskRunner`
@@ -781,8 +782,11 @@ class MeshesCommand:
                        help="with one scale: levels of detail simplified from lod 0 (default 1)")
         p.add_argument("--legacy", action="store_true", help="neuroglancer's legacy single-resolution format")
         p.add_argument("--bits", type=int, default=16, choices=(10, 16), help="Draco quantisation bits")
-        p.add_argument("--reduction", type=int, default=0, metavar="R",
-                       help="simplify lod 0 per cell to 1/R of its triangles (default 0: none)")
+        p.add_argument("--reduction", type=int, default=100, metavar="R",
+                       help="simplify lod 0 per cell to about 1/R of its triangles (default 100, as igneous; 0: "
+                            "every marching-cubes triangle, ~40 GB of fragments per dense mCNS shard)")
+        p.add_argument("--max-error", type=float, default=40.0, metavar="E",
+                       help="the simplifier's error bound (zmesh's knob, default 40 as igneous)")
         p.add_argument("--mesh-dir", default="mesh", help="mesh folder inside DEST (default: mesh)")
         job_arguments(p, workdir=True, resume=True, overwrite=True)
 
@@ -791,7 +795,8 @@ class MeshesCommand:
         scales = _scales_arg(args.scales)
         ds = Dataset(args.source, spec=args.spec)
         report = meshes(ds, args.dest, scales=scales, labels=args.labels, legacy=args.legacy, lods=args.lods,
-                        bits=args.bits, reduction_factor=args.reduction, mesh_dir=args.mesh_dir,
+                        bits=args.bits, reduction_factor=args.reduction, max_error=args.max_error,
+                        mesh_dir=args.mesh_dir,
                         scheduler=args.scheduler, workdir=args.workdir, resume=args.resume,
                         overwrite=args.overwrite, progress=progress_of(args), command=["dvidshards", "meshes"]
                         + sys.argv[2:])
