@@ -14,7 +14,9 @@ own):
   overhead per task and the client's peak RSS while it holds the bounded window of futures
   (``--submit N`` caps the number of tasks; 0 skips);
 * **sample** - ``--sample K`` random real tasks, each in a fresh process: wall, CPU and peak
-  RSS of the task, and the core-hours projected for the whole phase (mean task CPU x tasks).
+  RSS of the task, and the core-hours projected for the whole phase: CPU per chunk of the
+  sampled tasks times the phase's chunks (estimated from 200 random shards per scale; every
+  task of these jobs covers one source shard).
 
 Targets (issue 22): client peak <= 2 GiB and planning <= 2 min for every job.
 
@@ -50,12 +52,44 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+_STORE = None
+
+
+def _store():
+    global _STORE
+    if _STORE is None:
+        from dvidshards.testing.procedural import ProceduralStore
+
+        _STORE = ProceduralStore()
+    return _STORE
+
+
+def _task_shard(job: str, item) -> tuple[int, tuple]:
+    """(scale, origin) of the source shard a task covers."""
+    if job == "pcg-edges":  # a block of 8x8x8 PCG chunks of 256³: one 2048³ source shard
+        return 0, tuple(int(k) * 2048 for k in item.key)
+    if job in ("convert", "meshes"):
+        return int(item[0]), tuple(item[1])
+    return 0, tuple(item)
+
+
+def _census(scales: list[int], n: int = 200) -> dict:
+    """{scale: estimated chunks} from ``n`` random shards per scale."""
+    store = _store()
+    out = {}
+    for k in scales:
+        origins = store.shard_origins(k)
+        pick = random.Random(k).sample(origins, min(n, len(origins)))
+        mean = sum(len(store.shard_chunks(k, o)) for o in pick) / max(len(pick), 1)
+        out[k] = mean * len(origins)
+    return out
+
+
 def _start(job: str, out: Path):
     """The job's public entry point over the procedural export (runs until its first phase)."""
     from dvidshards import Dataset
-    from dvidshards.testing.procedural import ProceduralStore
 
-    store = ProceduralStore()
+    store = _store()
     ds = Dataset(store, spec=store.spec)
     if job == "stats":
         from dvidshards.jobs.stats import write_body_stats
@@ -121,6 +155,8 @@ def _child(job: str, mode: str, arg: int) -> dict:
         elif mode == "sample":
             it = random.Random(arg).choice(items)
             got["item"] = repr(it)[:80]
+            scale, origin = _task_shard(job, it)
+            got["chunks"] = len(_store().shard_chunks(scale, origin))
             base = _peak_mib()
             c, t = time.process_time(), time.perf_counter()
             res = fn(it)
@@ -152,7 +188,10 @@ def _spawn(job: str, mode: str, arg: int, timeout: float) -> dict:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         job, mode, arg = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        print(json.dumps(_child(job, mode, arg)))
+        if mode == "census":
+            print(json.dumps({str(k): v for k, v in _census(list(range(arg))).items()}))
+        else:
+            print(json.dumps(_child(job, mode, arg)))
         return
     p = C.parser(__doc__)
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, of {', '.join(JOBS)}")
@@ -164,6 +203,9 @@ def main() -> None:
     jobs = [j for j in args.jobs.split(",") if j]
     C.header("bench_scale: every job over the procedural mCNS export")
     rows, samples = [], []
+    census = {int(k): v for k, v in _spawn("-", "census", 12, args.timeout).items()} if args.sample else {}
+    if census:
+        print(f"  estimated chunks: s0 {census[0]:,.0f}, all scales {sum(census.values()):,.0f}", file=sys.stderr)
     for job in jobs:
         plan = _spawn(job, "plan", 0, args.timeout)
         sub = _spawn(job, "submit", args.submit, args.timeout) if args.submit else {}
@@ -172,7 +214,9 @@ def main() -> None:
         ok = plan["plan_s"] <= PLAN_TARGET_S and max(plan["plan_peak_mib"], sub.get("submit_peak_mib", 0)) \
             <= CLIENT_TARGET_MIB
         cpu = [g["task_cpu_s"] for g in got]
-        proj = (sum(cpu) / len(cpu)) * plan["tasks"] / 3600 if cpu else float("nan")
+        chunks = sum(census.values()) if job == "convert" else census.get(0, 0)
+        per_chunk = sum(cpu) / max(sum(g["chunks"] for g in got), 1)
+        proj = per_chunk * chunks / 3600 if cpu else float("nan")
         rows.append([job, plan["desc"], f"{plan['tasks']:,}", f"{plan['plan_s']:.2f}",
                      f"{plan['plan_peak_mib']:.0f}",
                      f"{sub['submit_peak_mib']:.0f}" if sub else "-",
@@ -181,12 +225,14 @@ def main() -> None:
                      f"{proj:,.1f}" if cpu else "-", C.verdict(ok)])
         print(f"  {job}: planned {plan['tasks']:,} tasks in {plan['plan_s']:.2f} s", file=sys.stderr, flush=True)
     C.table(["job", "first phase", "tasks", "plan s", "client peak MiB (plan)", "client peak MiB (submit)",
-                   "bytes per task", "overhead ms per task (n)", "projected core-h", "targets"], rows,
+                   "bytes per task", "overhead ms per task (n)", "projected core-h (CPU per chunk x chunks)", "targets"], rows,
                   title=f"Planning and submission over ProceduralStore() (s0: 26,456 shards), targets: plan <= "
                         f"{PLAN_TARGET_S} s, client <= {CLIENT_TARGET_MIB} MiB")
     if samples:
-        C.table(["job", "task", "wall s", "CPU s", "peak MiB (process)", "RSS before MiB", "result bytes"],
-                      [[g["job"], g["item"], f"{g['task_s']:.1f}", f"{g['task_cpu_s']:.1f}",
+        C.table(["job", "task", "chunks", "wall s", "CPU s", "CPU ms per chunk", "peak MiB (process)",
+                 "RSS before MiB", "result bytes"],
+                      [[g["job"], g["item"], f"{g['chunks']:,}", f"{g['task_s']:.1f}", f"{g['task_cpu_s']:.1f}",
+                        f"{g['task_cpu_s'] / max(g['chunks'], 1) * 1e3:.2f}",
                         f"{g['task_peak_mib']:.0f}", f"{g['task_rss_before_mib']:.0f}", f"{g['result_bytes']:,}"]
                        for g in samples], title="Sampled real tasks (each in a fresh process)")
 
