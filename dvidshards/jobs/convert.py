@@ -87,6 +87,7 @@ from ..formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
+from .outputs import compare_chunks, kvstore_root, open_scale
 from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
 
 __all__ = [
@@ -286,22 +287,6 @@ def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
 
 
 # --------------------------------------------------------------------------- output metadata
-
-
-def _kvstore_json(dest) -> dict:
-    """The output root as a TensorStore kvstore spec whose path ends with '/'."""
-    import tensorstore as ts
-
-    if isinstance(dest, dict):
-        j = dict(dest)
-    elif isinstance(dest, str) and "://" in dest:
-        j = ts.KvStore.Spec(dest).to_json()
-    else:
-        j = {"driver": "file", "path": os.path.abspath(os.fspath(dest))}
-    p = j.get("path", "")
-    if p and not p.endswith("/"):
-        j["path"] = p + "/"
-    return j
 
 
 def _sub(root: dict, path: str) -> dict:
@@ -962,7 +947,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     items = [(k, o) for k in sorted(plans) for o in by_scale[k]]
     if len(set(items)) != len(items):
         raise ConvertPlanError("two tasks for one source shard")
-    kv = _kvstore_json(dest)
+    kv = kvstore_root(dest)
     _check_not_inside(ds, kv)
     import tensorstore as ts
 
@@ -1053,7 +1038,7 @@ def read_manifest(dest) -> dict | None:
     """
     import tensorstore as ts
 
-    kv = _kvstore_json(dest)
+    kv = kvstore_root(dest)
     r = ts.KvStore.open(kv).result().read(MANIFEST).result()
     if r.state != "value":
         return None
@@ -1152,14 +1137,8 @@ def _check_not_inside(ds, kv: dict) -> None:
 
 
 def open_output(kv, fmt: str, sp: ScalePlan):
-    """The converted scale opened with TensorStore's own driver (x, y, z[, channel])."""
-    import tensorstore as ts
-
-    kv = _kvstore_json(kv)
-    if fmt == "precomputed":
-        return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv,
-                        "scale_metadata": {"key": sp.key}}).result()[..., 0]
-    return ts.open({"driver": "zarr3", "kvstore": _sub(kv, sp.key + "/")}).result()
+    """The converted scale opened with TensorStore's own driver (x, y, z)."""
+    return open_scale(kvstore_root(kv), fmt, sp.key)
 
 
 def verify_output(ds, dest, fmt: str, sp: ScalePlan, labels, n: int, *, seed: int = 0) -> tuple[int, list]:
@@ -1167,31 +1146,9 @@ def verify_output(ds, dest, fmt: str, sp: ScalePlan, labels, n: int, *, seed: in
 
     Returns (chunks compared, list of mismatch descriptions).
     """
-    rng = np.random.default_rng(seed)
-    origins = ds.shards(sp.index)
-    if not origins or n <= 0:
+    if n <= 0 or not ds.shards(sp.index):
         return 0, []
-    arr = open_output(dest, fmt, sp)
-    off = np.asarray(sp.voxel_offset)
-    bad, done = [], 0
-    for _ in range(n):
-        o = origins[int(rng.integers(len(origins)))]
-        coords = ds.shard(sp.index, o).coords
-        if not len(coords):
-            continue
-        c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
-        lo = np.maximum(c * sp.chunk, off)
-        hi = np.minimum((c + 1) * sp.chunk, off + np.asarray(sp.size))
-        if (hi <= lo).any():
-            continue
-        want = ds.read([lo.tolist(), hi.tolist()], scale=sp.index, labels=labels, threads=1)
-        rlo = lo if fmt == "precomputed" else lo - off
-        rhi = rlo + (hi - lo)
-        got = arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
-        done += 1
-        if not np.array_equal(got, want):
-            bad.append(f"s{sp.index} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ")
-    return done, bad
+    return compare_chunks(ds, open_output(dest, fmt, sp), fmt, sp.index, labels, n, np.random.default_rng(seed))
 
 
 # --------------------------------------------------------------------------- command line

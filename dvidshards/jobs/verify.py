@@ -31,6 +31,7 @@ from ..errors import (
     SpecError,
 )
 from ..formats.codec import block_header, decode_into
+from .outputs import compare_chunks, kvstore_root, open_scale
 
 MANIFEST = "dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
 
@@ -129,20 +130,6 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
             report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
-def _kvstore(dest) -> dict:
-    import tensorstore as ts
-
-    if isinstance(dest, dict):
-        j = dict(dest)
-    elif "://" in os.fspath(dest):
-        j = ts.KvStore.Spec(os.fspath(dest)).to_json()
-    else:
-        j = {"driver": "file", "path": os.path.abspath(os.fspath(dest))}
-    if j.get("path") and not j["path"].endswith("/"):
-        j["path"] += "/"
-    return j
-
-
 def _read_manifest(kv: dict, where: str) -> dict | None:
     import json
 
@@ -160,45 +147,6 @@ def _read_manifest(kv: dict, where: str) -> dict | None:
     return m
 
 
-def _spot_check(ds: Dataset, kv: dict, fmt: str, k: int, key: str, labels, n: int, rng) -> tuple[int, list[str]]:
-    """Read ``n`` random source chunks of scale ``k`` back from the output with TensorStore's own
-    driver (opened from the output's metadata) and compare them with the source."""
-    import tensorstore as ts
-
-    s = ds.scale(k)
-    origins = ds.shards(k)
-    if not origins:
-        return 0, []
-    if fmt == "precomputed":
-        arr = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv,
-                       "scale_metadata": {"key": key}}).result()[..., 0]
-    else:
-        sub = dict(kv)
-        sub["path"] = kv.get("path", "") + key + "/"
-        arr = ts.open({"driver": "zarr3", "kvstore": sub}).result()
-    off = np.asarray(s.voxel_offset, np.int64)
-    size = np.asarray(s.size, np.int64)
-    chunk = np.asarray(s.chunk_size, np.int64)
-    done, bad = 0, []
-    for _ in range(n):
-        o = origins[int(rng.integers(len(origins)))]
-        coords = ds.shard(k, o).coords
-        if not len(coords):
-            continue
-        c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
-        lo, hi = np.maximum(c * chunk, off), np.minimum((c + 1) * chunk, off + size)
-        if (hi <= lo).any():
-            continue
-        want = ds.read([lo.tolist(), hi.tolist()], scale=k, labels=labels, threads=1)
-        rlo = lo if fmt == "precomputed" else lo - off
-        rhi = rlo + (hi - lo)
-        got = arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
-        done += 1
-        if not np.array_equal(got, want):
-            bad.append(f"s{k} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ from the source")
-    return done, bad
-
-
 def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyReport | None:
     """Check a ``dvidshards convert`` output from its manifest (None: ``source`` holds none).
 
@@ -211,7 +159,7 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
         return None
     where = f"{source if isinstance(source, dict) else os.fspath(source)}/{MANIFEST}"
     try:
-        kv = _kvstore(source)
+        kv = kvstore_root(source)
         m = _read_manifest(kv, where)
     except DvidShardsError as e:
         report = VerifyReport(problems=[Problem(where, type(e).__name__, str(e))])
@@ -243,8 +191,9 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
         try:
             ds = Dataset(args["source"], spec=m.get("spec"))
             for k in sorted(scales, key=int):
-                n, bad = _spot_check(ds, kv, args["format"], int(k), scales[k]["key"],
-                                     args.get("labels", "agglomerated"), spot_check, rng)
+                arr = open_scale(kv, args["format"], scales[k]["key"])
+                n, bad = compare_chunks(ds, arr, args["format"], int(k), args.get("labels", "agglomerated"),
+                                        spot_check, rng)
                 report.chunks += n
                 report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
         except (DvidShardsError, KeyError, ValueError, OSError) as e:
