@@ -64,6 +64,16 @@ __all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_brow
 
 log = logging.getLogger(__name__)
 
+
+def _logged(what: str, where: str, e: BaseException) -> str:
+    """Log a failed request (a typed error in one line, anything else with its traceback); its text."""
+    msg = f"{type(e).__name__}: {e}"
+    if isinstance(e, DvidShardsError):
+        log.error("%s %s: %s", what, where, msg)
+    else:
+        log.exception("%s %s: %s", what, where, msg)
+    return msg
+
 _CHUNK = re.compile(r"^(.+)/([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)$")
 
 
@@ -529,11 +539,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             data, route = vol.chunk(*req)
         except Exception as e:  # a failed chunk never takes the server down
-            msg = f"{type(e).__name__}: {e}"
-            if isinstance(e, DvidShardsError):
-                log.error("chunk %s/%s: %s", name, rest, msg)
-            else:
-                log.exception("chunk %s/%s: %s", name, rest, msg)
+            msg = _logged("chunk", f"{name}/{rest}", e)
             vol.record(req[0], "failed", 0, time.perf_counter() - t0)
             return self._text(500, msg)
         finally:
@@ -552,12 +558,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             code, body, ctype, extra = vol.mesh.answer(rel, self.headers.get("Range"))
         except Exception as e:  # a failed mesh never takes the server down
-            msg = f"{type(e).__name__}: {e}"
-            if isinstance(e, DvidShardsError):
-                log.error("mesh %s/%s: %s", name, rel, msg)
-            else:
-                log.exception("mesh %s/%s: %s", name, rel, msg)
-            return self._text(500, msg)
+            return self._text(500, _logged("mesh", f"{name}/{rel}", e))
         finally:
             if not ranged:
                 self.server.admit.release()
