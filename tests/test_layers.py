@@ -128,3 +128,30 @@ def test_architecture_md_lists_every_module():
     files = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
     assert files - named == set(), f"modules missing from ARCHITECTURE.md: {sorted(files - named)}"
     assert named - files == set(), f"ARCHITECTURE.md names modules that do not exist: {sorted(named - files)}"
+
+
+def test_moved_modules_keep_their_old_paths_for_one_release():
+    """0.1's module paths import and forward to the new modules, with a DeprecationWarning naming the new one."""
+    code = """if True:
+        import warnings
+        import dvidshards
+        from dvidshards.jobs.stats import body_stats
+        from dvidshards.sources.flight import FlightSource
+        for old, name, new in [("dvidshards.flight", "FlightSource", FlightSource),
+                               ("dvidshards.stats", "body_stats", body_stats)]:
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                mod = __import__(old, fromlist=[name])
+                assert getattr(mod, name) is new
+            msgs = [str(w.message) for w in got if issubclass(w.category, DeprecationWarning)]
+            assert any(f"{old}.{name} is deprecated: use dvidshards." in m for m in msgs), msgs
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            from dvidshards.tables import TableSource
+            from dvidshards.convert import convert
+            from dvidshards.view import viewer
+        assert TableSource is dvidshards.sources.TableSource
+        assert sum(issubclass(w.category, DeprecationWarning) for w in got) == 3, got
+    """
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
