@@ -403,6 +403,58 @@ _ENCODE_SIG = types.Array(types.uint8, 1, "C")(
 )
 
 
+def _head_numpy(data: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
+    """``_check_head`` in numpy (Python ints): (code, a, b, gx, gy, gz, N)."""
+    n = int(data.shape[0])
+    if n < 16:
+        return _E_SHORT, n, 0, 0, 0, 0, 0
+    gx, gy, gz, nlab = (int(v) for v in np.frombuffer(data, "<u4", 4))
+    if not (1 <= gx <= MAX_GRID and 1 <= gy <= MAX_GRID and 1 <= gz <= MAX_GRID):
+        return _E_GRID, 0, 0, 0, 0, 0, 0
+    if nlab < 1:
+        return _E_NLABELS, 0, 0, 0, 0, 0, 0
+    if 16 + 8 * nlab > n:
+        return _E_LABELS_TRUNC, nlab, n, 0, 0, 0, 0
+    return _OK, 0, 0, gx, gy, gz, nlab
+
+
+def _body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int):
+    """``_check_body`` in numpy: (code, a, b, nsb, idx, p_val), with the sub-blocks' label
+    counts (``int64``) and index array (``<u4``) in place of their offsets (None on an error)."""
+    n = int(data.shape[0])
+    nsub = gx * gy * gz
+    p_nsb = 16 + 8 * nlab
+    p_idx = p_nsb + 2 * nsub
+    if p_idx > n:
+        return _E_NSB_TRUNC, p_idx, n, None, None, 0
+    nsb = np.frombuffer(data, "<u2", nsub, p_nsb).astype(np.int64)
+    big = np.flatnonzero(nsb > MAX_SUBBLOCK_LABELS)
+    if big.size:
+        return _E_NSB_BIG, int(big[0]), int(nsb[big[0]]), None, None, 0
+    nidx = int(nsb.sum())
+    p_val = p_idx + 4 * nidx
+    if p_val > n:
+        return _E_IDX_TRUNC, p_val, n, None, None, 0
+    nval = 64 * int(_BITS[nsb].sum())
+    if p_val + nval > n:
+        return _E_VAL_TRUNC, p_val + nval, n, None, None, 0
+    idx = np.frombuffer(data, "<u4", nidx, p_idx)
+    bad = np.flatnonzero(idx >= nlab)
+    if bad.size:
+        return _E_IDX_RANGE, int(bad[0]), int(idx[bad[0]]), None, None, 0
+    return _OK, 0, 0, nsb, idx, p_val
+
+
+def _values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray):
+    """The packed values of sub-blocks, grouped by bit width: yields (b, positions, values) with
+    ``values`` (len(positions), 512) ``int64`` for the sub-blocks ``q[positions]`` (their value
+    offsets) of ``b`` bits (0-bit sub-blocks are skipped)."""
+    for b in np.unique(bits[bits > 0]).tolist():
+        sel = np.flatnonzero(bits == b)
+        raw = data[q[sel][:, None] + np.arange(64 * b)]
+        yield b, sel, np.unpackbits(raw, axis=1).reshape(sel.size, 512, b) @ (1 << np.arange(b - 1, -1, -1))
+
+
 def _decode_numpy(data, pal, use_pal, out):
     """``_decode_kernel`` in numpy: the same checks in the same order, the same codes and voxels.
 
@@ -415,16 +467,9 @@ def _decode_numpy(data, pal, use_pal, out):
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or (
                 ndim == 1 and not a.flags.c_contiguous) or (a is out and not a.flags.writeable):
             raise TypeError("no matching definition for the decode kernel's signature")
-    n = int(data.shape[0])
-    if n < 16:
-        return _E_SHORT, n, 0
-    gx, gy, gz, nlab = (int(v) for v in np.frombuffer(data, "<u4", 4))
-    if not (1 <= gx <= MAX_GRID and 1 <= gy <= MAX_GRID and 1 <= gz <= MAX_GRID):
-        return _E_GRID, 0, 0
-    if nlab < 1:
-        return _E_NLABELS, 0, 0
-    if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n
+    code, a, b, gx, gy, gz, nlab = _head_numpy(data)
+    if code:
+        return code, a, b
     if use_pal and int(pal.shape[0]) != nlab:
         return _E_PALETTE, int(pal.shape[0]), nlab
     oz, oy, ox = (int(v) for v in out.shape)
@@ -434,26 +479,10 @@ def _decode_numpy(data, pal, use_pal, out):
     if nlab == 1:
         out[...] = labs[0]
         return _OK, 0, 0
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n
-    nsb = np.frombuffer(data, "<u2", nsub, p_nsb).astype(np.int64)
-    big = np.flatnonzero(nsb > MAX_SUBBLOCK_LABELS)
-    if big.size:
-        return _E_NSB_BIG, int(big[0]), int(nsb[big[0]])
+    code, a, b, nsb, idx, p_val = _body_numpy(data, gx, gy, gz, nlab)
+    if code:
+        return code, a, b
     bits = _BITS[nsb]
-    nidx = int(nsb.sum())
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return _E_IDX_TRUNC, p_val, n
-    if p_val + 64 * int(bits.sum()) > n:
-        return _E_VAL_TRUNC, p_val + 64 * int(bits.sum()), n
-    idx = np.frombuffer(data, "<u4", nidx, p_idx)
-    bad = np.flatnonzero(idx >= nlab)
-    if bad.size:
-        return _E_IDX_RANGE, int(bad[0]), int(idx[bad[0]])
     lut = np.asarray(labs, dtype=np.uint64)[idx]  # each sub-block's labels, one after another
     start = np.cumsum(nsb) - nsb
     q = p_val + np.cumsum(64 * bits) - 64 * bits
@@ -466,10 +495,7 @@ def _decode_numpy(data, pal, use_pal, out):
     vox[one] = lut[start[ids[one]]][:, None]
     bad = np.zeros((ids.size, 512), bool)
     w = bits[ids]
-    for b in np.unique(w[w > 0]).tolist():
-        sel = np.flatnonzero(w == b)
-        raw = data[q[ids[sel]][:, None] + np.arange(64 * b)]
-        vi = np.unpackbits(raw, axis=1).reshape(sel.size, 512, b) @ (1 << np.arange(b - 1, -1, -1))
+    for _b, sel, vi in _values_numpy(data, q[ids], w):
         cs = c[sel][:, None]
         bad[sel] = vi >= cs
         vox[sel] = lut[start[ids[sel]][:, None] + np.minimum(vi, cs - 1)]
@@ -724,6 +750,7 @@ E_NSB_TRUNC, E_NSB_BIG, E_IDX_TRUNC, E_IDX_RANGE, E_VAL_TRUNC, E_VAL_RANGE = _E_
     _E_IDX_TRUNC, _E_IDX_RANGE, _E_VAL_TRUNC, _E_VAL_RANGE
 read_u16, read_u32, read_u64 = _u16, _u32, _u64
 check_head, check_body = _check_head, _check_body  # the validation walk, in two halves
+head_numpy, body_numpy, values_numpy = _head_numpy, _body_numpy, _values_numpy  # ... and in numpy
 block_error = _error
 
 

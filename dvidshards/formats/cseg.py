@@ -38,27 +38,20 @@ from ..errors import BlockDecodeError
 from . import jit
 from .codec import (
     BITS,
-    E_GRID,
-    E_IDX_RANGE,
-    E_IDX_TRUNC,
-    E_LABELS_TRUNC,
-    E_NLABELS,
-    E_NSB_BIG,
-    E_NSB_TRUNC,
     E_OK,
     E_PALETTE,
-    E_SHORT,
     E_VAL_RANGE,
-    E_VAL_TRUNC,
-    MAX_GRID,
     MAX_SUBBLOCK_LABELS,
     as_u8,
     block_error,
+    body_numpy,
     check_body,
     check_head,
+    head_numpy,
     read_u16,
     read_u32,
     read_u64,
+    values_numpy,
 )
 
 __all__ = ["BLOCK", "is_background", "transcode", "transcode_u8"]
@@ -460,16 +453,9 @@ def _transcode_numpy(data, pal, use_pal):
                 or not a.flags.c_contiguous:
             raise TypeError("no matching definition for the transcode kernel's signature")
     nothing = np.empty(0, dtype=np.uint8)
-    n = int(data.shape[0])
-    if n < 16:
-        return E_SHORT, n, 0, nothing, 0
-    gx, gy, gz, nlab = (int(v) for v in np.frombuffer(data, "<u4", 4))
-    if not (1 <= gx <= MAX_GRID and 1 <= gy <= MAX_GRID and 1 <= gz <= MAX_GRID):
-        return E_GRID, 0, 0, nothing, 0
-    if nlab < 1:
-        return E_NLABELS, 0, 0, nothing, 0
-    if 16 + 8 * nlab > n:
-        return E_LABELS_TRUNC, nlab, n, nothing, 0
+    code, a, b, gx, gy, gz, nlab = head_numpy(data)
+    if code:
+        return code, a, b, nothing, 0
     if use_pal and int(pal.shape[0]) != nlab:
         return E_PALETTE, int(pal.shape[0]), nlab, nothing, 0
     labs = pal if use_pal else np.frombuffer(data, "<u8", nlab, 16)
@@ -483,35 +469,18 @@ def _transcode_numpy(data, pal, use_pal):
         head[2] = tw
         out = np.frombuffer(head.tobytes() + np.asarray(labs[:1], "<u8").tobytes(), np.uint8)
         return E_OK, 0, 0, out, out.size
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return E_NSB_TRUNC, p_idx, n, nothing, 0
-    nsb = np.frombuffer(data, "<u2", nsub, p_nsb).astype(np.int64)
-    big = np.flatnonzero(nsb > MAX_SUBBLOCK_LABELS)
-    if big.size:
-        return E_NSB_BIG, int(big[0]), int(nsb[big[0]]), nothing, 0
+    code, a, b, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
+    if code:
+        return code, a, b, nothing, 0
     bits = BITS[nsb]
-    nidx = int(nsb.sum())
-    p_val = p_idx + 4 * nidx
-    nval = 64 * int(bits.sum())
-    if p_val > n:
-        return E_IDX_TRUNC, p_val, n, nothing, 0
-    if p_val + nval > n:
-        return E_VAL_TRUNC, p_val + nval, n, nothing, 0
-    idx = np.frombuffer(data, "<u4", nidx, p_idx)
-    bad = np.flatnonzero(idx >= nlab)
-    if bad.size:
-        return E_IDX_RANGE, int(bad[0]), int(idx[bad[0]]), nothing, 0
+    nidx = idx.size
     # each sub-block's labels one after another, then a 0 for the sub-blocks without labels
     lut = np.concatenate([np.asarray(labs, np.uint64)[idx], np.zeros(1, np.uint64)])
     start = np.where(nsb > 0, np.cumsum(nsb) - nsb, nidx)
     q = p_val + np.cumsum(64 * bits) - 64 * bits
     vi = np.zeros((nsub, 512), np.int64)
-    for b in np.unique(bits[bits > 0]).tolist():
-        sel = np.flatnonzero(bits == b)
-        raw = data[q[sel][:, None] + np.arange(64 * b)]
-        vi[sel] = np.unpackbits(raw, axis=1).reshape(sel.size, 512, b) @ (1 << np.arange(b - 1, -1, -1))
+    for _b, sel, v in values_numpy(data, q, bits):
+        vi[sel] = v
     over = ((vi >= nsb[:, None]) & (bits > 0)[:, None]).any(axis=1)
     if over.any():
         sb = int(np.argmax(over))
