@@ -140,6 +140,37 @@ def run_child(export, spec, chunk, cache_dir: str | None, profile: bool = False)
     return out
 
 
+_STATS_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from dvidshards.formats import blockstats, jit
+if sys.argv[2] == "before":  # block statistics without its numpy fallback, as before issue 22's follow-up
+    blockstats._kernel.fallback = blockstats._batch.fallback = None
+from dvidshards.jobs.stats import body_stats
+t1 = time.perf_counter()
+t = body_stats(sys.argv[1], 0, "agglomerated", spec=None if sys.argv[3] == "-" else sys.argv[3],
+               scheduler="serial", progress=False)
+t2 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "stats": t2 - t1, "rows": t.num_rows, "ready": blockstats._batch.ready}))
+import os
+os._exit(0)  # what is still compiling is the helper's (as a worker that goes on to its next task)
+"""
+
+
+def run_stats_child(export, spec, cache_dir: str, before: bool) -> dict:
+    """A fresh worker's first ``stats`` work (the demo export at s0, serial), cold numba cache."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    env.pop("DVIDSHARDS_KERNELS", None)
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", _STATS_CHILD, str(export), "before" if before else "now", str(spec)],
+                       capture_output=True, text=True, env=env, cwd=str(C.ROOT), check=False)
+    if r.returncode:
+        raise SystemExit(f"stats child failed:\n{r.stderr}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["wall"] = time.perf_counter() - t
+    return out
+
+
 def _helpers_running(tag: str) -> bool:
     """Whether a process whose environment carries ``tag`` (a kernel helper left behind) runs."""
     for env in glob.glob("/proc/[0-9]*/environ"):
@@ -205,6 +236,14 @@ def main(argv=None):
                 key = "cold, in-process compile (before)" if in_process else "cold, helper process (now)"
                 exits[key].append(run_cli(export, spec, d, in_process))
             exits["warm"].append(run_cli(export, spec, os.path.join(tmp, f"exit{i}-0"), False))
+        first_stats: dict = {"numpy fallback while numba compiles (now)": [],
+                             "compile first (before: no fallback for block statistics)": []}
+        for i in range(repeat):
+            for before, key in ((False, "numpy fallback while numba compiles (now)"),
+                                (True, "compile first (before: no fallback for block statistics)")):
+                d = os.path.join(tmp, f"stats{i}-{int(before)}")
+                os.mkdir(d)
+                first_stats[key].append(run_stats_child(export, spec, d, before))
         prof = None
         if args.profile:
             d = os.path.join(tmp, "profile")
@@ -229,6 +268,11 @@ def main(argv=None):
             [[k, f"{C.med([r['wall'] for r in v]):.2f}", f"{C.med([r['lag'] for r in v]):.2f}",
               f"{max(r['lag'] for r in v):.2f}", f"{C.med([r['helper_done'] for r in v]):.2f}"] for k, v in exits.items()],
             title=f"`dvidshards verify --decode` of the demo export: the wait after the work (medians of {repeat})")
+    C.table(["block statistics", "body_stats s", "process wall s", "bodies", "kernel compiled by the end"],
+            [[k, f"{C.med([r['stats'] for r in v]):.2f}", f"{C.med([r['wall'] for r in v]):.2f}", v[0]["rows"],
+              ", ".join(sorted({str(r["ready"]) for r in v}))] for k, v in first_stats.items()],
+            title=f"A fresh worker's first stats work, cold numba cache: `body_stats` of the demo export at s0, "
+                  f"serial (medians of {repeat})")
     cold = C.med([r["import"] + r["open"] + r["first"] for r in res["cold"]])
     warm = C.med([r["import"] + r["open"] + r["first"] for r in res["warm"]])
     cold_first = C.med([r["first"] for r in res["cold"]])

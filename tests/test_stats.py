@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +16,7 @@ import pytest
 
 import dvidshards
 from dvidshards.errors import MappingError, SpecError
+from dvidshards.formats import jit
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.labelindex import bucket_of
 from dvidshards.jobs.runner import TaskRunner
@@ -551,8 +554,33 @@ def test_real_shard(real_export, real_records, tmp_path):
         t = body_stats(ds, 1, labels, progress=False)
         check_sorted(t)
         assert as_dict(t) == want and len(want) > 50
+        if labels == "agglomerated":
+            with jit.fallbacks():  # what a fresh worker answers with while numba compiles
+                assert as_dict(body_stats(ds, 1, labels, progress=False)) == want
         rep = label_index(ds, 1, tmp_path / labels, labels=labels, progress=False)
         assert rep.ok and read_index(tmp_path / labels) == rows[labels]
+
+
+def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
+    """A process with an empty numba cache: its first stats task answers through the numpy
+    fallbacks (block statistics included) while the kernels compile elsewhere; the same table."""
+    code = """if True:
+        import json, os, sys
+        from dvidshards.formats import blockstats
+        from dvidshards.jobs.stats import body_stats
+        t = body_stats(sys.argv[1], 0, "agglomerated", scheduler="serial", progress=False)
+        rows = sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names))))
+        print(json.dumps([blockstats._batch.ready, rows]), flush=True)
+        os._exit(0)  # leave the compile to the helper process
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "DVIDSHARDS_KERNELS": "background"}
+    out = subprocess.run([sys.executable, "-c", code, exp.root], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    ready, rows = json.loads(out.stdout)
+    t = body_stats(exp.root, 0, "agglomerated", progress=False)
+    assert ready is False
+    assert rows == sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names), strict=True)))
 
 
 # --------------------------------------------------------------------------- command line

@@ -33,11 +33,14 @@ from .codec import (
     MAX_SUBBLOCK_LABELS,
     as_u8,
     block_error,
+    body_numpy,
     check_body,
     check_head,
+    head_numpy,
     read_u16,
     read_u32,
     read_u64,
+    values_numpy,
 )
 
 __all__ = ["BlockError", "BlockStats", "batch_stats", "block_stats", "block_stats_into", "new_accumulators"]
@@ -440,8 +443,105 @@ _SIG = types.UniTuple(types.int64, 3)(
     types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.int64, 1, "C", readonly=True),
 )
-# one signature for every call, compiled (or loaded from numba's cache) at first use
-_kernel = jit.kernel(_stats_kernel, [_SIG.args], None, exclusive=True)
+
+
+_I64 = np.dtype(np.int64)
+_FLAT = np.arange(512)
+_VX, _VY, _VZ = _FLAT % 8, _FLAT // 8 % 8, _FLAT // 64  # voxel k of a sub-block's packed values
+_MIXED_BATCH = 4096  # mixed sub-blocks unpacked at once by the fallback (16 MiB of values)
+
+
+def _check_args(data, counts, boxes, *tables) -> None:
+    """Refuse what the kernel's signature refuses (block_stats_into names the fault)."""
+    ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.c_contiguous
+    for a, ndim, out in ((counts, 1, True), (boxes, 2, True), *((t, 1, False) for t in tables)):
+        ok = ok and isinstance(a, np.ndarray) and a.dtype == _I64 and a.ndim == ndim and a.flags.c_contiguous \
+            and (a.flags.writeable or not out)
+    if not ok:
+        raise TypeError("no matching definition for the block statistics kernel's signature")
+
+
+def _add_boxes(boxes, g, x0, y0, z0, x1, y1, z1) -> None:
+    for j, v in enumerate((x0, y0, z0)):
+        np.minimum.at(boxes[:, j], g, v)
+    for j, v in enumerate((x1, y1, z1)):
+        np.maximum.at(boxes[:, 3 + j], g, v)
+
+
+def _stats_numpy(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
+    """``_stats_kernel`` in numpy: the same checks in the same order, the same codes, counts and boxes.
+
+    Answers while the kernel compiles (formats.jit), so a fresh worker's first stats task, or a
+    notebook's first ``body(...).size``, does not wait ~12 CPU-s for numba. Solid sub-blocks add
+    their cropped volume and box; mixed ones are unpacked (a bounded number at a time, in the
+    kernel's order, so the first bad value found is the kernel's) and counted voxel by voxel.
+    """
+    _check_args(data, counts, boxes, first, last, rev8)
+    code, a, b, gx, gy, gz, nlab = head_numpy(data)
+    if code:
+        return code, a, b
+    lx, ly, lz, hx, hy, hz = (int(v) for v in (lx, ly, lz, hx, hy, hz))
+    if min(lx, ly, lz, hx, hy, hz) < 0:
+        return _E_EXTENT, 0, 0
+    if counts.shape[0] != nlab + 1 or boxes.shape[0] != nlab + 1 or boxes.shape[1] != 6:
+        return _E_EXTENT, 0, 0
+    hx, hy, hz = min(hx, 8 * gx), min(hy, 8 * gy), min(hz, 8 * gz)
+    inside = lx < hx and ly < hy and lz < hz
+    if nlab == 1:
+        if inside:
+            counts[0] += (hx - lx) * (hy - ly) * (hz - lz)
+            _add_boxes(boxes, [0], lx, ly, lz, hx, hy, hz)
+        return E_OK, 0, 0
+    code, a, b, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
+    if code or not inside:
+        return code, a, b
+    bits = BITS[nsb]
+    start = np.cumsum(nsb) - nsb
+    q = p_val + np.cumsum(64 * bits) - 64 * bits
+    # the sub-blocks the box reaches, in the kernel's (z, y, x) order, and the part of each inside
+    sz, sy, sx = (np.arange(lo // 8, -(-hi // 8)) for lo, hi in ((lz, hz), (ly, hy), (lx, hx)))
+    shape = (sz.size, sy.size, sx.size)
+    ids = ((sz[:, None, None] * gy + sy[:, None]) * gx + sx).reshape(-1)
+    z0, y0, x0 = (np.broadcast_to(8 * v, shape).reshape(-1) for v in (sz[:, None, None], sy[:, None], sx))
+    za, ya, xa = (np.maximum(lo - o, 0) for lo, o in ((lz, z0), (ly, y0), (lx, x0)))
+    zb, yb, xb = (np.minimum(8, hi - o) for hi, o in ((hz, z0), (hy, y0), (hx, x0)))
+    c = nsb[ids]
+    solid = np.flatnonzero(c <= 1)
+    if solid.size:
+        g = np.full(solid.size, nlab, np.int64)
+        one = c[solid] == 1
+        g[one] = idx[start[ids[solid[one]]]]
+        np.add.at(counts, g, ((xb - xa) * (yb - ya) * (zb - za))[solid])
+        _add_boxes(boxes, g, *(v[solid] for v in (x0 + xa, y0 + ya, z0 + za, x0 + xb, y0 + yb, z0 + zb)))
+    mixed = np.flatnonzero(c > 1)
+    for p in range(0, mixed.size, _MIXED_BATCH):
+        m = mixed[p:p + _MIXED_BATCH]
+        vi = np.empty((m.size, 512), np.int64)
+        for _b, sel, v in values_numpy(data, q[ids[m]], bits[ids[m]]):
+            vi[sel] = v
+        over = vi >= c[m][:, None]
+        if (za[m] == 0).all() and (ya[m] == 0).all() and (xa[m] == 0).all() and (zb[m] == 8).all() \
+                and (yb[m] == 8).all() and (xb[m] == 8).all():  # whole sub-blocks (most of them)
+            bad = over.any(axis=1)
+            rows, k = np.repeat(np.arange(m.size), 512), np.tile(_FLAT, m.size)
+        else:
+            keep = ((_VZ >= za[m][:, None]) & (_VZ < zb[m][:, None]) & (_VY >= ya[m][:, None])
+                    & (_VY < yb[m][:, None]) & (_VX >= xa[m][:, None]) & (_VX < xb[m][:, None]))
+            bad = (keep & over).any(axis=1)
+            rows, k = np.nonzero(keep)
+        if bad.any():
+            r = int(np.argmax(bad))
+            return E_VAL_RANGE, int(ids[m[r]]), int(c[m[r]])
+        g = idx[start[ids[m]][rows] + vi[rows, k]].astype(np.int64)
+        counts += np.bincount(g, minlength=nlab + 1)
+        x, y, z = x0[m][rows] + _VX[k], y0[m][rows] + _VY[k], z0[m][rows] + _VZ[k]
+        _add_boxes(boxes, g, x, y, z, x + 1, y + 1, z + 1)
+    return E_OK, 0, 0
+
+
+# one signature for every call; until it is compiled (or loaded from numba's cache) in the
+# background, the numpy version answers
+_kernel = jit.kernel(_stats_kernel, [_SIG.args], _stats_numpy, exclusive=True)
 
 
 _E_LIST = 101  # a: the record's list length, b: the block's N
@@ -502,6 +602,40 @@ def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):
     return E_OK, np.int64(0), np.int64(0), np.int64(-1), rb[:m], re[:m], rl[:m], rv[:m], rx[:m]
 
 
+def _batch_numpy(buf, offs, lo, hi, nlists, first, last, rev8):
+    """``_batch_kernel`` block by block through ``_stats_numpy``: the same rows, the same codes."""
+    _check_args(buf, offs, np.zeros((0, 6), np.int64), nlists, first, last, rev8)
+    for a in (lo, hi):
+        if not (isinstance(a, np.ndarray) and a.dtype == _I64 and a.ndim == 2 and a.flags.c_contiguous):
+            raise TypeError("no matching definition for the block statistics kernel's signature")
+    rows = []
+    for k in range(offs.shape[0] - 1):
+        data = buf[offs[k]:offs[k + 1]]
+        n = data.shape[0]
+        nl = int(np.frombuffer(data, "<u4", 1, 12)[0]) if n >= 16 else 0
+        if n >= 16 and 16 + 8 * nl <= n and nl != nlists[k]:
+            return (_E_LIST, int(nlists[k]), nl, k, *_NO_ROWS)
+        if n < 16 or 16 + 8 * nl > n:
+            nl = 0
+        counts, boxes = new_accumulators(nl)
+        code, a, b = _stats_numpy(data, *lo[k], *hi[k], counts, boxes, first, last, rev8)
+        if code != E_OK:
+            return (code, a, b, k, *_NO_ROWS)
+        j = np.flatnonzero(counts[:nl] > 0)
+        rows.append((np.full(j.size, k, np.int64), j, np.frombuffer(data, "<u8", nl, 16)[j].astype(np.uint64),
+                     counts[j], boxes[j]))
+    if not rows:
+        return (E_OK, 0, 0, -1, *_NO_ROWS)
+    return (E_OK, 0, 0, -1, *(np.concatenate([r[i] for r in rows]) for i in range(5)))
+
+
+_NO_ROWS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64),
+            np.zeros((0, 6), np.int64))
+_BATCH_SIG = (types.Array(types.uint8, 1, "C", readonly=True), *(types.Array(types.int64, d, "C", readonly=True)
+                                                                 for d in (1, 2, 2, 1, 1, 1, 1)))
+_batch = jit.kernel(_batch_kernel, [_BATCH_SIG], _batch_numpy, exclusive=True)
+
+
 class BlockError(BlockDecodeError):
     """A block of a batch is malformed; ``index`` is its position in the batch."""
 
@@ -547,7 +681,7 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
     if (lo < 0).any() or (hi < 0).any():
         raise BlockDecodeError("batch_stats: lo and hi must be non-negative")
     nlists = np.ascontiguousarray(nlists, np.int64).reshape(n)
-    code, a, b, k, *rows = _batch_kernel(buf, offsets, lo, hi, nlists, _FIRST8, _LAST8, _REV8)
+    code, a, b, k, *rows = _batch(buf, offsets, lo, hi, nlists, _FIRST8, _LAST8, _REV8)
     if code == _E_LIST:
         raise BlockError(f"its label lists have {a} entries, its block has {b} labels", int(k), True)
     if code:

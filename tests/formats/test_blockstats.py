@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dvidshards.errors import BlockDecodeError
+from dvidshards.formats import blockstats, jit
 from dvidshards.formats.blockstats import (
     BlockError,
     batch_stats,
@@ -19,6 +20,19 @@ from dvidshards.formats.blockstats import (
 )
 from dvidshards.formats.codec import decode_block, encode_block
 from tests.formats.test_codec import build_block, random_block
+
+
+@pytest.fixture(autouse=True, params=["compiled", "fallback"])
+def kernels(request):
+    """Every test through the compiled kernels, then through their numpy fallbacks (what a fresh
+    worker or notebook answers with while numba compiles): both are held to brute force."""
+    if request.param == "compiled":
+        blockstats._kernel.compile()
+        blockstats._batch.compile()
+        yield request.param
+    else:
+        with jit.fallbacks():
+            yield request.param
 
 
 def brute(block: bytes, extent=None, lo=(0, 0, 0)):
@@ -101,7 +115,8 @@ def test_solid_and_single_label_subblocks():
 
 
 @given(st.data())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 def test_encoded_volumes_hypothesis(data):
     shape = data.draw(st.tuples(*[st.sampled_from([8, 16, 24]) for _ in range(3)]))
     k = data.draw(st.sampled_from([1, 2, 3, 5, 16, 300]))
@@ -246,3 +261,4 @@ def test_batch_equals_single_blocks():
     trunc = np.frombuffer(blocks[1][:20], np.uint8)  # label list cut short
     with pytest.raises(BlockError, match="needs"):
         batch_stats(trunc, np.array([0, 20]), np.zeros((1, 3)), np.full((1, 3), 8), np.array([nl[1]]))
+

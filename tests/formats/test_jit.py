@@ -23,11 +23,13 @@ import pytest
 
 from dvidshards import Dataset
 from dvidshards.errors import DvidShardsError
-from dvidshards.formats import codec, jit
+from dvidshards.formats import blockstats, codec, jit
+from dvidshards.formats.blockstats import new_accumulators
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.stores import MemoryStore
 from dvidshards.testing.fuzz import arrow_map
 from tests.conftest import REAL_SHARD, load_shard, make_export
+from tests.formats.test_codec import random_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,6 +174,67 @@ def test_codec_fallback_reports_damage_like_the_kernel(seed):
         assert fallback == compiled, (seed, trial)
         errors += compiled[0] == "error"
     assert errors > 100  # the damage was seen
+
+
+def _raw_stats(fn, *args):
+    """What a kernel (or its fallback) returns, arrays as lists, or the exception's type and text."""
+    try:
+        r = fn(*args)
+    except (TypeError, ValueError) as e:
+        return type(e).__name__
+    return [v.tolist() if isinstance(v, np.ndarray) else int(v) for v in r]
+
+
+def test_block_statistics_fallbacks_return_what_the_kernels_return():
+    """Codes, counts and boxes, element for element, on random, cropped and damaged blocks; the
+    batch kernel's rows too."""
+    blockstats._kernel.compile()
+    blockstats._batch.compile()
+    rng = np.random.default_rng(5)
+    tables = (blockstats._FIRST8, blockstats._LAST8, blockstats._REV8)
+    blocks, los, his, nls = [], [], [], []
+    errors = 0
+    for k in range(150):
+        grid = tuple(int(v) for v in rng.integers(1, 4, 3)) if k % 2 else (8, 8, 8)
+        block, _ = random_block(rng, grid, int(rng.integers(1, 300)),
+                                max_sb_labels=int(rng.choice([2, 3, 4, 6, 9, 40, 300, 512])), zero_frac=0.15)
+        if k % 3 == 0:  # damage some: the header, the index arrays, the packed values, the length
+            b = bytearray(block)
+            for _ in range(int(rng.integers(1, 4))):
+                b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+            block = bytes(b[:len(b) - int(rng.integers(0, 3))])
+        d = np.frombuffer(block, np.uint8)
+        g = 8 * np.array(grid)
+        lo = rng.integers(0, g // 2 + 1) if k % 4 else np.zeros(3, np.int64)
+        hi = rng.integers(g // 2, g + 9)
+        n = int.from_bytes(block[12:16], "little") if len(block) >= 16 and 16 + 8 * int.from_bytes(
+            block[12:16], "little") <= len(block) else 0
+        outs = []
+        for fn in (blockstats._stats_kernel, blockstats._stats_numpy):
+            counts, boxes = new_accumulators(n)
+            r = _raw_stats(fn, d, *(int(v) for v in lo), *(int(v) for v in hi), counts, boxes, *tables)
+            outs.append((r, counts.tolist(), boxes.tolist()) if r[0] == 0 else r)
+        assert outs[0] == outs[1], k
+        errors += outs[0][0] != 0 if isinstance(outs[0], list) else 0
+        blocks.append(block), los.append(lo), his.append(hi), nls.append(n)
+    assert errors > 20
+    args = (np.array(los, np.int64), np.array(his, np.int64), np.array(nls, np.int64), *tables)
+    for end in (len(blocks), 1, 0):  # the whole batch (fails at its first damaged block), one good block, none
+        ok = [i for i in range(len(blocks)) if _raw_stats(blockstats._stats_kernel, np.frombuffer(blocks[i], np.uint8),
+                                                       *(int(v) for v in los[i]), *(int(v) for v in his[i]),
+                                                       *new_accumulators(nls[i]), *tables)[0] == 0]
+        sel = ok[:end] if end < len(blocks) else list(range(len(blocks)))
+        o = np.cumsum([0] + [len(blocks[i]) for i in sel]).astype(np.int64)
+        b = np.frombuffer(b"".join(blocks[i] for i in sel), np.uint8)
+        a = tuple(x[sel] for x in args[:3]) + tables
+        want = _raw_stats(blockstats._batch_kernel, b, o, *a)
+        assert _raw_stats(blockstats._batch_numpy, b, o, *a) == want
+        assert (want[0] != 0) == (end == len(blocks))
+    # arguments the signature refuses are refused by both
+    counts, boxes = new_accumulators(3)
+    for fn in (blockstats._kernel.dispatcher, blockstats._stats_numpy):
+        with pytest.raises(TypeError):
+            fn(np.zeros(40, np.uint8), 0, 0, 0, 8, 8, 8, counts.astype(np.int32), boxes, *tables)
 
 
 # --- the Arrow IPC reader ----------------------------------------------------------------------
