@@ -146,10 +146,11 @@ t0 = time.perf_counter()
 from dvidshards.formats import blockstats, jit
 if sys.argv[2] == "before":  # block statistics without its numpy fallback, as before issue 22's follow-up
     blockstats._kernel.fallback = blockstats._batch.fallback = None
+import dvidshards
 from dvidshards.jobs.stats import body_stats
 t1 = time.perf_counter()
-t = body_stats(sys.argv[1], 0, "agglomerated", spec=None if sys.argv[3] == "-" else sys.argv[3],
-               scheduler="serial", progress=False)
+ds = dvidshards.Dataset(sys.argv[1], spec=json.loads(open(sys.argv[3]).read()))
+t = body_stats(ds, 0, "agglomerated", scheduler="serial", progress=False)
 t2 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "stats": t2 - t1, "rows": t.num_rows, "ready": blockstats._batch.ready}))
 import os

@@ -88,7 +88,7 @@ from ..formats.sharding import (
     shard_key,
 )
 from .outputs import compare_chunks, kvstore_root, open_scale
-from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
+from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
 
 __all__ = [
     "FORMATS",
@@ -843,11 +843,8 @@ class ConvertReport:
             lines.append(f"  verify: {self.verified} chunks read back, {len(self.mismatches)} differ")
             lines += [f"    MISMATCH {m}" for m in self.mismatches[:10]]
         lines.append(f"  {MANIFEST}: " + ("complete" if self.complete else "INCOMPLETE: the output is partial"))
-        for item, msg in list(self.failed.items())[:10]:
-            lines.append(f"  FAILED s{item[0]}/{item[1][0]}_{item[1][1]}_{item[1][2]}: {msg}")
-        if len(self.failed) > 10:
-            lines.append(f"  ... and {len(self.failed) - 10} more failed")
-        return "\n".join(lines)
+        return "\n".join(lines + failure_lines(self.failed, name=lambda i: f"s{i[0]}/{i[1][0]}_{i[1][1]}_{i[1][2]}",
+                                                rest=f" (all in {MANIFEST})"))
 
 
 def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002

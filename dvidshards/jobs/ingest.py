@@ -42,7 +42,7 @@ from ..sources.tables import (
 )
 from ..sources.vastdb import VastDBSink
 from ..writer import default_sharding, write_shard
-from .runner import describe_exception, run_tasks
+from .runner import describe_exception, failure_lines, run_tasks
 
 __all__ = ["IngestCommand", "IngestReport", "ingest", "ingest_blocks", "ingest_partition"]
 
@@ -67,7 +67,7 @@ class IngestReport:
         s = (f"{self.records} records in {self.shards} shards ({_size(self.bytes)} in {self.seconds:.1f} s"
              f"{', ' + rate if rate else ''}), {self.skipped} shards already there")
         if self.failed:
-            s += f"; {len(self.failed)} partitions FAILED: " + "; ".join(f"{k}: {v}" for k, v in self.failed.items())
+            s = "\n".join([f"{s}; {len(self.failed)} partitions FAILED:", *failure_lines(self.failed)])
         return s
 
 

@@ -70,7 +70,7 @@ from ..formats.multilod import (
 )
 from ..formats.multiscale import parse_json
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
-from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
+from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
 
 __all__ = [
     "FAN_IN",
@@ -568,10 +568,7 @@ class MeshesReport:
     def summary(self) -> str:
         lines = [f"{self.bodies} bodies from {self.shards} shards ({self.skipped} resumed, {len(self.failed)} "
                  f"failed) in {self.elapsed:.1f} s -> {self.path}" + ("" if self.ok else " (INCOMPLETE)")]
-        lines += [f"  FAILED {k}: {v}" for k, v in list(self.failed.items())[:10]]
-        if len(self.failed) > 10:
-            lines.append(f"  ... and {len(self.failed) - 10} more")
-        return "\n".join(lines)
+        return "\n".join(lines + failure_lines(self.failed, rest=f" (all in {os.path.join(self.path, MANIFEST)})"))
 
 
 def meshes(source, dest, *, scales=(0,), labels="agglomerated", legacy: bool = False, lods: int = 1,

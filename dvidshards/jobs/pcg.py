@@ -52,7 +52,7 @@ from ..formats.labels import Agglomerated, LabelSource, Mapped, as_labels
 from ..formats.multiscale import SINGLE_SHARD
 from ..formats.pcg import IdLayout, PcgError
 from ..sources.base import RecordSource
-from .runner import TaskRunner, job_arguments, progress_of, scheduler_of
+from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
 
 __all__ = ["MAX_TASKS", "PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges",
            "read_side_table", "write_edges"]
@@ -129,10 +129,7 @@ class PcgReport:
         if self.isolated:
             lines.append(f"  note: {self.isolated} pieces written now touch no other piece: no edge names them, "
                          f"so PCG's ingest will not create them")
-        lines += [f"  FAILED {c}: {m}" for c, m in list(self.failed.items())[:10]]
-        if len(self.failed) > 10:
-            lines.append(f"  ... and {len(self.failed) - 10} more")
-        return "\n".join(lines)
+        return "\n".join(lines + failure_lines(self.failed))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ log), one line every ~30 s: done/total, failures, rate and time left.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -39,7 +40,7 @@ from typing import Any
 
 from ..errors import RemoteReadError, SpecError
 
-__all__ = ["SCHEDULER_HELP", "JobReport", "TaskRunner", "describe_exception", "job_arguments", "progress_of",
+__all__ = ["SCHEDULER_HELP", "JobReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments", "progress_of",
            "run_tasks", "scheduler_of"]
 
 SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
@@ -91,12 +92,16 @@ class JobReport:
             f"{len(self.results)} done, {len(self.failed)} failed, {len(self.skipped)} skipped"
             f" in {self.elapsed:.1f} s"
         ]
-        for k, (item, msg) in enumerate(self.failed.items()):
-            if k == limit:
-                lines.append(f"  ... and {len(self.failed) - limit} more")
-                break
-            lines.append(f"  FAILED {item}: {msg}")
-        return "\n".join(lines)
+        return "\n".join(lines + failure_lines(self.failed, limit))
+
+
+def failure_lines(failed: dict, limit: int = 10, name=str, rest: str = "") -> list[str]:
+    """``  FAILED item: message`` for the first ``limit`` failures, then how many more (``rest``
+    says where they all are): a summary stays a screen long when thousands of shards failed."""
+    lines = [f"  FAILED {name(item)}: {msg}" for item, msg in itertools.islice(failed.items(), limit)]
+    if len(failed) > limit:
+        lines.append(f"  ... and {len(failed) - limit} more{rest}")
+    return lines
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -61,7 +61,7 @@ from ..formats.blockstats import BlockError, batch_stats
 from ..formats.labelindex import INDEX_FORMAT, INDEX_SCHEMA, bucket_name, bucket_of, labels_id
 from ..formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
 from ..formats.records import list_values
-from .runner import TaskRunner, job_arguments, progress_of
+from .runner import TaskRunner, failure_lines, job_arguments, progress_of
 from .workdir import WorkDir, is_temporary, is_url
 
 __all__ = [
@@ -585,12 +585,7 @@ class IndexReport:
     def summary(self, limit: int = 20) -> str:
         lines = [f"{self.rows} rows from {self.shards} shards ({self.skipped} resumed, "
                  f"{len(self.failed)} failed) in {self.elapsed:.1f} s" + (f" -> {self.path}" if self.path else "")]
-        for k, (item, msg) in enumerate(self.failed.items()):
-            if k == limit:
-                lines.append(f"  ... and {len(self.failed) - limit} more (all in {self.work}/{_MANIFEST})")
-                break
-            lines.append(f"  FAILED {item}: {msg}")
-        return "\n".join(lines)
+        return "\n".join(lines + failure_lines(self.failed, limit, rest=f" (all in {self.work}/{_MANIFEST})"))
 
 
 def _partition_bits(partitions: int) -> int:
