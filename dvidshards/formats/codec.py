@@ -1101,7 +1101,65 @@ def _encode_kernel(vol, sort_subblocks):
 
 
 
-_encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], None, exclusive=True)  # compiled at first use
+def _encode_numpy(vol, sort_subblocks):
+    """``_encode_kernel`` in numpy: the same bytes.
+
+    Answers while the kernel compiles (formats.jit), so a fresh install's first ``write_export``
+    (the demo's, say) does not wait for numba. Per sub-block, a stable sort finds the distinct
+    labels and where each first appears; their local order is that of first appearance (or of the
+    labels, ``sort_subblocks``); the block list is the order of first appearance in the stream of
+    sub-block lists; values are packed MSB-first, ``b`` bits each.
+    """
+    if not isinstance(vol, np.ndarray) or vol.dtype != _U64 or vol.ndim != 3:
+        raise TypeError("no matching definition for the encode kernel's signature")
+    nz, ny, nx = vol.shape
+    gz, gy, gx = nz // 8, ny // 8, nx // 8
+    nsub = gz * gy * gx
+    # (sub-block, voxel): sub-blocks and their voxels both in z, y, x order
+    sub = vol[:8 * gz, :8 * gy, :8 * gx].reshape(gz, 8, gy, 8, gx, 8).transpose(0, 2, 4, 1, 3, 5).reshape(nsub, 512)
+    o = np.argsort(sub, axis=1, kind="stable")  # equal labels keep their voxel order: a run starts at its first
+    srt = np.take_along_axis(sub, o, axis=1)
+    new = np.ones((nsub, 512), bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    cnt = new.sum(axis=1)
+    run = np.cumsum(new, axis=1) - 1  # each sorted voxel's distinct label, in label order, per sub-block
+    first = (np.cumsum(cnt) - cnt)[:, None]
+    rows, k = np.nonzero(new)  # the distinct labels, sub-block by sub-block, in label order
+    lab, pos = srt[rows, k], o[rows, k]
+    if sort_subblocks:
+        local = run
+        stream = lab
+    else:  # by first appearance
+        order = np.lexsort((pos, rows))
+        rank = np.empty(order.size, np.int64)
+        rank[order] = np.arange(order.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        local = rank[first + run]
+        stream = lab[order]
+    vi = np.empty((nsub, 512), np.int64)
+    np.put_along_axis(vi, o, local, axis=1)
+    uniq, at = np.unique(stream, return_index=True)
+    labels = stream[np.sort(at)]  # the block list: first appearance in the stream
+    head = np.array([gx, gy, gz, labels.size], "<u4").tobytes()
+    if labels.size == 1:
+        return np.frombuffer(head + labels.astype("<u8").tobytes(), np.uint8).copy()
+    where = np.empty(uniq.size, np.int64)  # label -> its place in the block list
+    where[np.searchsorted(uniq, labels)] = np.arange(labels.size)
+    sbidx = where[np.searchsorted(uniq, stream)]
+    bits = _BITS[cnt]
+    packed = [b""] * nsub
+    for b in np.unique(bits[bits > 0]).tolist():
+        sel = np.flatnonzero(bits == b)
+        planes = (vi[sel][:, :, None] >> np.arange(b - 1, -1, -1)) & 1  # MSB first
+        for i, row in zip(sel.tolist(), np.packbits(planes.reshape(sel.size, 512 * b).astype(np.uint8), axis=1),
+                          strict=True):
+            packed[i] = row.tobytes()
+    body = (labels.astype("<u8").tobytes() + cnt.astype("<u2").tobytes() + sbidx.astype("<u4").tobytes()
+            + b"".join(packed))
+    return np.frombuffer(head + body, np.uint8).copy()
+
+
+# compiled in the background at first use; until then the numpy version answers
+_encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], _encode_numpy, exclusive=True)
 
 
 def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:

@@ -70,7 +70,7 @@ class Kernel:
     compiled ``readonly``/``'A'`` signature), so no call ever compiles in the caller's thread.
     ``fallback`` takes the same arguments and returns the same result (bit for bit, error codes
     included): the tests hold each pair to that. Without one (``None``: kernels off the read
-    path, such as the encoder), the first call compiles the signatures and waits, in any mode.
+    path), the first call compiles the signatures and waits, in any mode.
     """
 
     def __init__(self, dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any] | None,
