@@ -18,5 +18,6 @@ def test_quickstart_notebook_executes(dvid_data, monkeypatch):
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "exact: True" in outputs
+    assert "body size exact: True" in outputs and "faces" in outputs  # the Body API: size, sparsevol, mesh
     assert "real bodies in this slab" in outputs
     assert any(o.get("output_type") == "display_data" for c in nb.cells for o in c.get("outputs", []))
