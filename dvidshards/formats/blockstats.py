@@ -448,7 +448,7 @@ _SIG = types.UniTuple(types.int64, 3)(
 _I64 = np.dtype(np.int64)
 _FLAT = np.arange(512)
 _VX, _VY, _VZ = _FLAT % 8, _FLAT // 8 % 8, _FLAT // 64  # voxel k of a sub-block's packed values
-_MIXED_BATCH = 4096  # mixed sub-blocks unpacked at once by the fallback (16 MiB of values)
+_MIXED_BATCH = 4096  # sub-blocks handled at once by the fallback (at most 16 MiB of unpacked values)
 
 
 def _check_args(data, counts, boxes, *tables) -> None:
@@ -498,24 +498,28 @@ def _stats_numpy(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
     bits = BITS[nsb]
     start = np.cumsum(nsb) - nsb
     q = p_val + np.cumsum(64 * bits) - 64 * bits
-    # the sub-blocks the box reaches, in the kernel's (z, y, x) order, and the part of each inside
+    # the sub-blocks the box reaches, in the kernel's (z, y, x) order (a bounded number at a time:
+    # a hostile header may declare 128³ of them), and the part of each inside the box
     sz, sy, sx = (np.arange(lo // 8, -(-hi // 8)) for lo, hi in ((lz, hz), (ly, hy), (lx, hx)))
     shape = (sz.size, sy.size, sx.size)
-    ids = ((sz[:, None, None] * gy + sy[:, None]) * gx + sx).reshape(-1)
-    z0, y0, x0 = (np.broadcast_to(8 * v, shape).reshape(-1) for v in (sz[:, None, None], sy[:, None], sx))
-    za, ya, xa = (np.maximum(lo - o, 0) for lo, o in ((lz, z0), (ly, y0), (lx, x0)))
-    zb, yb, xb = (np.minimum(8, hi - o) for hi, o in ((hz, z0), (hy, y0), (hx, x0)))
-    c = nsb[ids]
-    solid = np.flatnonzero(c <= 1)
-    if solid.size:
-        g = np.full(solid.size, nlab, np.int64)
-        one = c[solid] == 1
-        g[one] = idx[start[ids[solid[one]]]]
-        np.add.at(counts, g, ((xb - xa) * (yb - ya) * (zb - za))[solid])
-        _add_boxes(boxes, g, *(v[solid] for v in (x0 + xa, y0 + ya, z0 + za, x0 + xb, y0 + yb, z0 + zb)))
-    mixed = np.flatnonzero(c > 1)
-    for p in range(0, mixed.size, _MIXED_BATCH):
-        m = mixed[p:p + _MIXED_BATCH]
+    total = sz.size * sy.size * sx.size
+    for p0 in range(0, total, _MIXED_BATCH):
+        iz, iy, ix = np.unravel_index(np.arange(p0, min(total, p0 + _MIXED_BATCH)), shape)
+        ids = (sz[iz] * gy + sy[iy]) * gx + sx[ix]
+        z0, y0, x0 = 8 * sz[iz], 8 * sy[iy], 8 * sx[ix]
+        za, ya, xa = (np.maximum(lo - o, 0) for lo, o in ((lz, z0), (ly, y0), (lx, x0)))
+        zb, yb, xb = (np.minimum(8, hi - o) for hi, o in ((hz, z0), (hy, y0), (hx, x0)))
+        c = nsb[ids]
+        solid = np.flatnonzero(c <= 1)
+        if solid.size:
+            g = np.full(solid.size, nlab, np.int64)
+            one = c[solid] == 1
+            g[one] = idx[start[ids[solid[one]]]]
+            np.add.at(counts, g, ((xb - xa) * (yb - ya) * (zb - za))[solid])
+            _add_boxes(boxes, g, *(v[solid] for v in (x0 + xa, y0 + ya, z0 + za, x0 + xb, y0 + yb, z0 + zb)))
+        m = np.flatnonzero(c > 1)
+        if not m.size:
+            continue
         vi = np.empty((m.size, 512), np.int64)
         for _b, sel, v in values_numpy(data, q[ids[m]], bits[ids[m]]):
             vi[sel] = v
@@ -529,7 +533,7 @@ def _stats_numpy(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
                     & (_VY < yb[m][:, None]) & (_VX >= xa[m][:, None]) & (_VX < xb[m][:, None]))
             bad = (keep & over).any(axis=1)
             rows, k = np.nonzero(keep)
-        if bad.any():
+        if bad.any():  # solid sub-blocks cannot be bad: the first bad mixed one is the kernel's
             r = int(np.argmax(bad))
             return E_VAL_RANGE, int(ids[m[r]]), int(c[m[r]])
         g = idx[start[ids[m]][rows] + vi[rows, k]].astype(np.int64)

@@ -230,6 +230,19 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
         want = _raw_stats(blockstats._batch_kernel, b, o, *a)
         assert _raw_stats(blockstats._batch_numpy, b, o, *a) == want
         assert (want[0] != 0) == (end == len(blocks))
+    # a header declaring 128³ sub-blocks (4 MiB of counts, all empty but a few): the fallback walks
+    # them a bounded number at a time and agrees with the kernel
+    g = 128
+    nsb = np.zeros(g ** 3, "<u2")
+    nsb[[5, 70_000, g ** 3 - 1]] = 1
+    hostile = np.frombuffer(np.array([g, g, g, 2], "<u4").tobytes() + np.array([5, 6], "<u8").tobytes()
+                            + nsb.tobytes() + np.array([1, 0, 1], "<u4").tobytes(), np.uint8)
+    outs = []
+    for fn in (blockstats._stats_kernel, blockstats._stats_numpy):
+        counts, boxes = new_accumulators(2)
+        outs.append((_raw_stats(fn, hostile, 0, 0, 0, 1 << 30, 1 << 30, 1 << 30, counts, boxes, *tables),
+                     counts.tolist(), boxes.tolist()))
+    assert outs[0] == outs[1] and outs[0][1] == [512, 1024, 1024 ** 3 - 1536]
     # arguments the signature refuses are refused by both
     counts, boxes = new_accumulators(3)
     for fn in (blockstats._kernel.dispatcher, blockstats._stats_numpy):
