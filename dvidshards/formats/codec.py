@@ -1158,7 +1158,9 @@ def _encode_numpy(vol, sort_subblocks):
     return np.frombuffer(head + body, np.uint8).copy()
 
 
-# compiled in the background at first use; until then the numpy version answers
+# compiled in the background at first use; until then the numpy version answers (up to 128³:
+# larger volumes compile first)
+_FALLBACK_VOXELS = 128 ** 3
 _encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], _encode_numpy, exclusive=True)
 
 
@@ -1205,4 +1207,6 @@ def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:
         vol = vol.astype(np.uint64)
     elif not vol.dtype.isnative:
         vol = vol.astype(np.uint64)
+    if vol.size > _FALLBACK_VOXELS:  # the numpy fallback's temporaries are ~6x the volume: compile
+        _encode.ensure()
     return _encode(vol, subblock_order == "sorted").tobytes()
