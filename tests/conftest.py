@@ -36,6 +36,7 @@ SLOW = {
     "tests/test_layers.py::test_mypy_passes": "mypy over the whole package (a cold mypy cache in CI)",
     "tests/test_store_matrix.py::*-http]": "remote-store matrix (tests/test_remote_stores.py keeps http in the default tier)",
     "tests/test_store_matrix.py::*-s3]": "remote-store matrix (tests/test_remote_stores.py keeps s3 in the default tier)",
+    "tests/test_store_matrix.py::*-gcs]": "remote-store matrix (tests/test_remote_stores.py keeps gcs in the default tier)",
     "tests/test_corruption.py::test_eight_threads_random_boxes_match_serial": "8-thread soak",
     "tests/test_convert.py::test_local_cluster_equals_serial": "dask LocalCluster",
     "tests/test_convert.py::test_22_5_dense_32768_chunk_shard_raw_under_1_gib": "a production-size (32,768-chunk) shard",

@@ -1,8 +1,9 @@
 """Issue 11: the corruption matrix runs on every store.
 
 Every corruption class is applied to a small export written by ``write_export`` (and, when
-../shared is present, to the real mCNS shard), then run through four byte stores: a local
-folder, ``MemoryStore``, a loopback HTTP range server and a loopback S3 server (moto).  On each:
+../shared is present, to the real mCNS shard), then run through five byte stores: a local
+folder, ``MemoryStore``, a loopback HTTP range server, a loopback S3 server (moto) and a Google
+Cloud Storage emulator (``gs://`` URLs, as a user gives them).  On each:
 
 * ``verify`` reports the damage (not ok, a problem naming the damaged shard);
 * every chunk read through ``Dataset.open(k)`` and ``Dataset.read(box, k)`` raises a typed
@@ -24,7 +25,7 @@ import pytest
 from dvidshards import Dataset, DvidShardsError, verify
 from dvidshards.stores import MemoryStore
 from dvidshards.testing.fuzz import arrow_map
-from dvidshards.testing.servers import MotoS3, RangeServer
+from dvidshards.testing.servers import FakeGCS, MotoS3, RangeServer
 from dvidshards.writer import write_shard
 from tests.conftest import REAL_SHARD, make_export
 
@@ -231,7 +232,7 @@ def _slug(name: str) -> str:
 class Matrix:
     def __init__(self, root: Path, spec: dict, expected: np.ndarray, files: dict, hidden: dict):
         self.root, self.spec, self.expected, self.files, self.hidden = root, spec, expected, files, hidden
-        self.http = self.s3 = None
+        self.http = self.s3 = self.gcs = None
 
 
 @pytest.fixture(scope="module")
@@ -261,14 +262,25 @@ def matrix(tmp_path_factory):
         except ImportError:
             yield m
             return
-        with MotoS3() as s3:
+        with MotoS3() as s3, _gcs() as gcs:
             for name in CASES:
                 s3.upload_dir(BUCKET, m.root / _slug(name), _slug(name) + "/")
-            m.s3 = s3
+                if gcs is not None:
+                    gcs.upload_dir(BUCKET, m.root / _slug(name), _slug(name) + "/")
+            m.s3, m.gcs = s3, gcs
             yield m
 
 
-STORES = ["local", "memory", "http", "s3"]
+def _gcs():
+    """The Google Cloud Storage emulator, or nothing when it is not installed."""
+    try:
+        import gcp_storage_emulator  # noqa: F401
+    except ImportError:
+        return contextlib.nullcontext()
+    return FakeGCS()
+
+
+STORES = ["local", "memory", "http", "s3", "gcs"]
 
 
 def _dataset(m: Matrix, store: str, name: str, policy=None) -> Dataset:
@@ -278,10 +290,14 @@ def _dataset(m: Matrix, store: str, name: str, policy=None) -> Dataset:
         src = MemoryStore(m.files[name], name=_slug(name))
     elif store == "http":
         src = m.http.url + _slug(name) + "/"
-    else:
+    elif store == "s3":
         if m.s3 is None:
             pytest.skip("moto is not installed")
         src = m.s3.spec(BUCKET, _slug(name) + "/")
+    else:
+        if m.gcs is None:
+            pytest.skip("gcp-storage-emulator is not installed")
+        src = f"gs://{BUCKET}/{_slug(name)}/"
     return Dataset(src, spec=m.spec, policy=policy)
 
 
@@ -353,7 +369,7 @@ def test_verify_reports_every_class(matrix, store, name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_reads_are_exact_or_typed(matrix, store, name):
     ds = _dataset(matrix, store, name)
-    lazy = store in ("http", "s3")  # the remote default
+    lazy = store in ("http", "s3", "gcs")  # the remote default
     out = _check_reads(ds, matrix.expected, matrix.hidden.get(name), lazy, f"{name} on {store}")
     if out["background"]:
         assert name.startswith(NO_ROW), out

@@ -363,7 +363,9 @@ def _create_output(kv: dict, fmt: str, plans: list[ScalePlan], context) -> None:
 
 
 def _describe(kv: dict) -> str:
-    return f"{kv.get('driver')}://{kv.get('bucket', '')}{'/' if kv.get('bucket') else ''}{kv.get('path', '')}"
+    driver = str(kv.get("driver"))
+    scheme = {"gcs": "gs"}.get(driver, driver)  # the URL a user writes: gs://
+    return f"{scheme}://{kv.get('bucket', '')}{'/' if kv.get('bucket') else ''}{kv.get('path', '')}"
 
 
 # --------------------------------------------------------------------------- existing shards

@@ -18,7 +18,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-__all__ = ["MotoS3", "RangeServer", "free_port"]
+__all__ = ["FakeGCS", "MotoS3", "RangeServer", "free_port"]
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -312,3 +312,176 @@ class MotoS3:
         """TensorStore kvstore spec of ``s3://bucket/path`` on this server."""
         return {"driver": "s3", "bucket": bucket, "path": path, "endpoint": self.endpoint,
                 "aws_region": self.REGION}
+
+
+def _patch_emulator() -> None:
+    """Teach the emulator three things real GCS does and TensorStore uses: ``objects.list`` with
+    ``startOffset``/``endOffset`` (TensorStore lists a key range with them, and the emulator would
+    return the whole bucket), suffix byte ranges (``Range: bytes=-N``, the footer read of a shard
+    without a CSV index), and the ``x-goog-generation`` header of a download (what TensorStore's
+    conditional writes compare). Patched once per process."""
+    import json
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    if getattr(objects, "_dvidshards_patched", False):
+        return
+    list_objects, download_object = objects.ls, objects.download
+
+    def ls(request, response, storage, *args, **kwargs):
+        list_objects(request, response, storage, *args, **kwargs)
+        lo, hi = (request.query.get(k, [None])[0] for k in ("startOffset", "endOffset"))
+        if (lo or hi) and response.status == HTTPStatus.OK:
+            body = json.loads(response._content)
+            body["items"] = [o for o in body.get("items", []) if (not lo or o["name"] >= lo)
+                             and (not hi or o["name"] < hi)]
+            response.json(body)
+
+    def download(request, response, storage, *args, **kwargs):
+        suffix = re.fullmatch(r"\s*bytes=-(\d+)\s*", request.get_header("range", "") or "")
+        if suffix:
+            try:
+                size = len(storage.get_file(request.params["bucket_name"], request.params["object_id"]))
+            except Exception:  # noqa: BLE001 - the handler answers 404 itself
+                size = None
+            if size is not None:
+                headers = request._request_handler.headers
+                del headers["range"]
+                headers["Range"] = f"bytes={max(0, size - int(suffix[1]))}-"
+        download_object(request, response, storage, *args, **kwargs)
+        if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            try:
+                obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            except Exception:  # noqa: BLE001 - answered already
+                return
+            response["x-goog-generation"] = str(obj["generation"])  # what conditional writes compare
+            response["x-goog-metageneration"] = str(obj.get("metageneration", 1))
+
+    for _, handlers in server.HANDLERS:
+        for fn, patched in ((list_objects, ls), (download_object, download)):
+            if handlers.get(server.GET) is fn:
+                handlers[server.GET] = patched
+    objects.download = download  # objects.get (``alt=media``) calls it by name
+    objects._dvidshards_patched = True
+
+
+def _threaded_run(api) -> None:
+    """The emulator's API thread, serving each connection on a thread of its own: its one-thread
+    server stalls when a client holds a response open while it sends another request (TensorStore
+    and pyarrow both read in parallel)."""
+    from functools import partial
+
+    from gcp_storage_emulator.server import RequestHandler
+
+    api._httpd = ThreadingHTTPServer((api._host, api._port), partial(RequestHandler, api._storage))
+    api._httpd.daemon_threads = True
+    api.is_running.set()
+    api._httpd.serve_forever()
+
+
+class FakeGCS:
+    """A Google Cloud Storage emulator (``gcp-storage-emulator``, in memory) on 127.0.0.1.
+
+    TensorStore's gcs driver takes its endpoint from the environment, not from its spec: while
+    running, this sets ``TENSORSTORE_GCS_HTTP_URL`` (read each time a gcs kvstore is opened, and
+    inherited by processes started meanwhile) and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (no search
+    for credentials). So ``gs://bucket/path`` URLs and ``{"driver": "gcs"}`` specs reach it as they
+    are. (pyarrow's GCS file system, which work folders use, does not work with it: its reads of
+    an open file stall.)
+    """
+
+    _ENV = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+
+    def __init__(self):
+        self._server = None
+        self.port: int | None = None
+        self._env: dict[str, str | None] = {}
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeGCS:
+        import logging
+
+        from gcp_storage_emulator.server import create_server
+
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)  # a 404 is an answer here
+        _patch_emulator()
+        self.port = free_port()
+        self._server = create_server("127.0.0.1", self.port, in_memory=True)
+        self._server._api.run = _threaded_run.__get__(self._server._api)
+        self._server.start()
+        for k, v in zip(self._ENV, (self.endpoint, "testing"), strict=True):
+            self._env[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        for k, v in self._env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._env.clear()
+
+    def __enter__(self) -> FakeGCS:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _call(self, method: str, route: str, body: dict | None = None):
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.endpoint}/storage/v1/{route}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+
+    def bucket(self, bucket: str) -> None:
+        """Create the bucket unless it exists (GCS bucket names have at least 3 characters)."""
+        import urllib.error
+
+        try:
+            self._call("POST", "b?project=test", {"name": bucket})
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # already there
+                raise
+
+    def upload(self, bucket: str, key: str, data: bytes) -> None:
+        """Put one object (creating the bucket if needed)."""
+        import tensorstore as ts
+
+        self.bucket(bucket)
+        ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result().write(key, data).result()
+
+    def upload_dir(self, bucket: str, local, prefix: str) -> None:
+        """Create the bucket if needed and upload every file under ``local`` to ``prefix``."""
+        import tensorstore as ts
+
+        self.bucket(bucket)
+        kv = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+        local = Path(local)
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                kv.write(prefix + p.relative_to(local).as_posix(), p.read_bytes()).result()
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """The object names under ``prefix``, sorted."""
+        import tensorstore as ts
+
+        kv = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+        return sorted(k.decode() for k in kv.list(ts.KvStore.KeyRange(prefix, prefix + "\xff") if prefix else
+                                                  ts.KvStore.KeyRange()).result())
+
+    def spec(self, bucket: str, path: str) -> dict:
+        """TensorStore kvstore spec of ``gs://bucket/path`` (the endpoint is in the environment)."""
+        return {"driver": "gcs", "bucket": bucket, "path": path}
