@@ -230,39 +230,23 @@ class RangeServer:
         self.stop()
 
 
-class MotoS3:
-    """moto's S3 server on 127.0.0.1 (any credentials accepted), with upload helpers.
-
-    Sets dummy ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (and region) in the environment
-    while running, since TensorStore's s3 driver signs every request.
-    """
-
-    REGION = "us-east-1"
+class _LoopbackServer:
+    """A server on 127.0.0.1 that sets environment variables while it runs (restored at stop);
+    a context manager. Subclasses start ``self._server`` in ``start`` and call ``_set_env``."""
 
     def __init__(self):
         self._server = None
-        self.port = None
+        self.port: int | None = None
         self._env: dict[str, str | None] = {}
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> MotoS3:
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-        for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                     ("AWS_DEFAULT_REGION", self.REGION), ("AWS_REGION", self.REGION)):
-            self._env[k] = os.environ.get(k)
+    def _set_env(self, values: dict[str, str]) -> None:
+        for k, v in values.items():
+            self._env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
-        self.port = free_port()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        return self
 
     def stop(self) -> None:
         if self._server is not None:
@@ -275,11 +259,38 @@ class MotoS3:
                 os.environ[k] = v
         self._env.clear()
 
-    def __enter__(self) -> MotoS3:
+    def start(self):
+        raise NotImplementedError
+
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class MotoS3(_LoopbackServer):
+    """moto's S3 server on 127.0.0.1 (any credentials accepted), with upload helpers.
+
+    Sets dummy ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (and region) in the environment
+    while running, since TensorStore's s3 driver signs every request.
+    """
+
+    REGION = "us-east-1"
+
+    def start(self) -> MotoS3:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+        self._set_env({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": self.REGION, "AWS_REGION": self.REGION})
+        self.port = free_port()
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        return self
 
     def client(self):
         import boto3
@@ -381,7 +392,7 @@ def _threaded_run(api) -> None:
     api._httpd.serve_forever()
 
 
-class FakeGCS:
+class FakeGCS(_LoopbackServer):
     """A Google Cloud Storage emulator (``gcp-storage-emulator``, in memory) on 127.0.0.1.
 
     TensorStore's gcs driver takes its endpoint from the environment, not from its spec: while
@@ -391,17 +402,6 @@ class FakeGCS:
     are. (pyarrow's GCS file system, which work folders use, does not work with it: its reads of
     an open file stall.)
     """
-
-    _ENV = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
-
-    def __init__(self):
-        self._server = None
-        self.port: int | None = None
-        self._env: dict[str, str | None] = {}
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeGCS:
         import logging
@@ -414,27 +414,8 @@ class FakeGCS:
         self._server = create_server("127.0.0.1", self.port, in_memory=True)
         self._server._api.run = _threaded_run.__get__(self._server._api)
         self._server.start()
-        for k, v in zip(self._ENV, (self.endpoint, "testing"), strict=True):
-            self._env[k] = os.environ.get(k)
-            os.environ[k] = v
+        self._set_env({"TENSORSTORE_GCS_HTTP_URL": self.endpoint, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "testing"})
         return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-        for k, v in self._env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        self._env.clear()
-
-    def __enter__(self) -> FakeGCS:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def _call(self, method: str, route: str, body: dict | None = None):
         import json
