@@ -93,24 +93,25 @@ def server(http, monkeypatch):
     http.set_faults()
 
 
+def _publish(server, root: Path, mcns_root: Path):
+    """Upload the synthetic export, its copy without info and the real mCNS shard to a bucket server."""
+    for local, prefix in ((root / "synth", "synth"), (root / "noinfo", "noinfo"), (mcns_root / "mcnsA", "mcns")):
+        server.upload_dir(BUCKET, local, f"exports/{prefix}/")
+    return server
+
+
 @pytest.fixture(scope="module")
 def s3(root, mcns_root):
     pytest.importorskip("moto.server")
     with MotoS3() as m:
-        m.upload_dir(BUCKET, root / "synth", "exports/synth/")
-        m.upload_dir(BUCKET, root / "noinfo", "exports/noinfo/")
-        m.upload_dir(BUCKET, mcns_root / "mcnsA", "exports/mcns/")
-        yield m
+        yield _publish(m, root, mcns_root)
 
 
 @pytest.fixture(scope="module")
 def gcs(root, mcns_root):
     pytest.importorskip("gcp_storage_emulator")
     with FakeGCS() as g:
-        g.upload_dir(BUCKET, root / "synth", "exports/synth/")
-        g.upload_dir(BUCKET, root / "noinfo", "exports/noinfo/")
-        g.upload_dir(BUCKET, mcns_root / "mcnsA", "exports/mcns/")
-        yield g
+        yield _publish(g, root, mcns_root)
 
 
 @pytest.fixture(scope="module")
