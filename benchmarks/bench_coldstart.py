@@ -93,7 +93,7 @@ print(json.dumps({"import": t1 - t0, "open": t2 - t1, "first": t3 - t2, "second"
 def build(workdir, log=print):
     """The demo's export (once): returns (export folder, spec path, chunk origin with foreground)."""
     from dvidshards.demo import DEFAULT_SIZE, RESOLUTION, SHARD_CHUNKS
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     params = {"kind": "coldstart-demo", "size": list(DEFAULT_SIZE), "shard_chunks": SHARD_CHUNKS,

@@ -9,7 +9,7 @@ Run from the project root::
 a fresh Python process:
 
 * ``dense``: a dense 32,768-chunk s0 shard of the procedural mCNS export
-  (`dvidshards.testing.procedural`), raw chunk data, converted with the export's own geometry:
+  (`tests.support.procedural`), raw chunk data, converted with the export's own geometry:
   peak RSS of the streamed route (local destinations: the shard file built on disk) against one
   kvstore transaction per output shard (the route of remote destinations, and of every
   destination before);
@@ -337,7 +337,7 @@ def i22_child(kind: str, opts: dict) -> dict:
 
     import dvidshards
     from dvidshards.jobs import convert as CV
-    from dvidshards.testing.procedural import ProceduralStore
+    from tests.support.procedural import ProceduralStore
 
     t0, c0 = time.perf_counter(), _cpu()
     out = opts["out"]
@@ -414,7 +414,7 @@ def issue22(args, sections: list[str]) -> None:
         return str(d)
 
     def export(name, shape, scales, shard_chunks):
-        from dvidshards.testing.synthetic import neuron_volume
+        from dvidshards.demo.neurons import neuron_volume
         from dvidshards.writer import write_export
 
         root = work / name

@@ -25,7 +25,7 @@ The projection to the real export's s0 (``mcns-ng-specs.json`` scale 0) scales t
 per-chunk CPU time and output size to its 256³ grid.
 
 Planning at full size (issue 22 items 2-3): ``pcg-edges`` over the procedural mCNS export's s0
-(``dvidshards.testing.procedural.ProceduralStore``: ~26 K shard files of 2048³, 256³ PCG chunks),
+(``tests.support.procedural.ProceduralStore``: ~26 K shard files of 2048³, 256³ PCG chunks),
 in a fresh child process standing for the client: planning time, client peak RSS, tasks, bytes
 per pickled task; then every task (``--submit-tasks``, default all) submitted through the job's
 runner to a LocalCluster of 2 workers with a stand-in task function (unpickles the real task,
@@ -176,7 +176,7 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
 
 
 def _mcns_job(out: str):
-    from dvidshards.testing.procedural import ProceduralStore
+    from tests.support.procedural import ProceduralStore
 
     store = ProceduralStore()
     ds = dvidshards.Dataset(store, spec=store.spec)

@@ -23,7 +23,7 @@ default ``data_copy_concurrency`` (= CPU count), interleaved rounds, medians:
    interleaved, in wall time and in the process's CPU
    time (all threads), which other processes on a loaded machine disturb far less;
 6. what checking the spec against the files costs on an export of mCNS size (issue 23): the
-   procedural mCNS store (``dvidshards.testing.procedural``, 26,456 shard files at ``s0``) and
+   procedural mCNS store (``tests.support.procedural``, 26,456 shard files at ``s0``) and
    a local folder of the same 52,912 names (empty files, made once in ``--workdir``): a full
    listing check (what a job's ``Dataset.shards`` and an open with a consolidated index do),
    the sample an open takes of a local folder, the existence probes next to the first shards
@@ -129,7 +129,7 @@ def spec_check_section(workdir, rounds: int) -> None:
     from dvidshards.read import check_scale
     from dvidshards.shard import neighbour_origins, parse_shard_names
     from dvidshards.stores import LocalStore
-    from dvidshards.testing.procedural import ProceduralStore
+    from tests.support.procedural import ProceduralStore
 
     proc = ProceduralStore()
     spec = proc.spec

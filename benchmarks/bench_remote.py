@@ -4,7 +4,7 @@ Run from the project root::
 
     python benchmarks/bench_remote.py [--size 256] [--shard-chunks 2] [--batch-size 4] [--latency-ms 20]
 
-Starts its own servers on 127.0.0.1 (the Range-honouring HTTP server of ``dvidshards.testing.servers``,
+Starts its own servers on 127.0.0.1 (the Range-honouring HTTP server of ``tests.support.servers``,
 once as is and once answering every request after ``--latency-ms``, and moto's S3 server),
 writes a synthetic export, then prints one table:
 
@@ -39,8 +39,8 @@ import common as C  # noqa: E402
 
 import dvidshards  # noqa: E402
 from dvidshards.stores.kvstore import KvStore  # noqa: E402
-from dvidshards.testing.servers import MotoS3, RangeServer  # noqa: E402
-from dvidshards.testing.synthetic import neuron_volume  # noqa: E402
+from tests.support.servers import MotoS3, RangeServer  # noqa: E402
+from dvidshards.demo.neurons import neuron_volume  # noqa: E402
 from dvidshards.writer import write_export  # noqa: E402
 
 

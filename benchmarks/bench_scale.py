@@ -1,6 +1,6 @@
 """Every whole-export job planned, submitted and sampled over an mCNS-shaped export (issue 22).
 
-The export is ``dvidshards.testing.procedural.ProceduralStore``: the real mCNS geometry (12
+The export is ``tests.support.procedural.ProceduralStore``: the real mCNS geometry (12
 scales, ~26,500 shard files at s0 holding ~6*10^8 chunks, ~10^8 supervoxels), synthesized on
 demand, nothing stored. For each job, in a fresh process of its own (so that its peak RSS is its
 own):
@@ -58,7 +58,7 @@ _STORE = None
 def _store():
     global _STORE
     if _STORE is None:
-        from dvidshards.testing.procedural import ProceduralStore
+        from tests.support.procedural import ProceduralStore
 
         _STORE = ProceduralStore()
     return _STORE

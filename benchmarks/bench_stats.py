@@ -51,7 +51,7 @@ def tiled_export(workdir: Path, base: int, tiles: int, seed: int = 1, log=print)
     import tensorstore as ts
 
     from dvidshards.formats.mapping import LabelMapping
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     params = {"kind": "stats_tiled", "base": base, "tiles": tiles, "seed": seed, "version": 1}

@@ -13,7 +13,7 @@ voxel counts also with ``np.bincount`` over the volume. Baseline in the same run
 gathers the table (``body_stats()``, what ``stats`` did before) over the same cluster.
 Target: the client's peak grows by at most 64 MiB from 18 K to 1.1 M bodies.
 
-Part 2, procedural mCNS ``s0`` (``dvidshards.testing.procedural``: 26,456 shards of ~22.5 K chunks,
+Part 2, procedural mCNS ``s0`` (``tests.support.procedural``: 26,456 shards of ~22.5 K chunks,
 nothing stored): in child processes, (a) planning: open, list the shards, plan the job, pickle a
 task; (b) the whole job's client side with every task stubbed (26 K shard tasks, the merge tree
 and the final buckets through one ``TaskRunner`` on threads); (c) a random sample of real shard
@@ -245,7 +245,7 @@ _PLAN = _HWM_FN + r"""
 import json, os, pickle, sys, time, functools
 t0 = time.perf_counter()
 import dvidshards
-from dvidshards.testing.procedural import ProceduralStore
+from tests.support.procedural import ProceduralStore
 import dvidshards.jobs.stats as st
 from dvidshards.jobs.workdir import WorkDir
 kind = sys.argv[1]
@@ -270,7 +270,7 @@ _STUB = _HWM_FN + r"""
 import json, sys, time
 t0 = time.perf_counter()
 import dvidshards
-from dvidshards.testing.procedural import ProceduralStore
+from tests.support.procedural import ProceduralStore
 import dvidshards.jobs.stats as st
 st._shard_task = lambda job, origin: 0
 st._merge_task = lambda job, item: 0
@@ -291,7 +291,7 @@ _TASK = r"""
 import json, os, resource, sys, time
 os.environ.setdefault("DVIDSHARDS_KERNELS", "compiled")
 import dvidshards
-from dvidshards.testing.procedural import ProceduralStore
+from tests.support.procedural import ProceduralStore
 import dvidshards.jobs.stats as st
 from dvidshards.jobs.workdir import WorkDir
 kind, work, k = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -37,7 +37,7 @@ from dvidshards.serve.view import ViewServer, find_browser, open_browser, screen
 
 def build_export(workdir: Path, size, seed: int = 5, log=print) -> tuple[Path, dict]:
     """A 3-scale synthetic export (built once, kept in workdir)."""
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     folder = workdir / f"view-{'x'.join(map(str, size))}-s{seed}"

@@ -308,7 +308,7 @@ def synthetic_pair(workdir: Path, size: int = 512, *, n_bodies: int = 200, svs_p
     """
     import hashlib
 
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     writer = hashlib.sha1((ROOT / "dvidshards" / "writer.py").read_bytes()).hexdigest()[:12]
@@ -407,7 +407,7 @@ def synthetic_records(workdir: Path, size: int = 256, n_bodies: int = 60, seed: 
     """
     import pyarrow as pa
 
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     params = {"kind": "synthetic_records", "size": size, "n_bodies": n_bodies, "seed": seed, "version": 1}

@@ -7,7 +7,7 @@ Run from the project root::
 Templates: the real mCNS shard (scale 1) with each of its three CSV indexes (variants A, B, C;
 needs ``--data``) and synthetic exports written by ``dvidshards.writer`` (variants A with 1 and
 3 rows per batch, B, C, C in an IPC file, D, and A opened without a spec). Every trial mutates one
-region of one shard or index (see ``dvidshards.testing.fuzz``), reads every chunk in both label
+region of one shard or index (see ``tests.support.fuzz``), reads every chunk in both label
 modes, runs ``verify(decode=True)`` and is classified; a worker that dies or hangs is counted
 and restarted. Prints one table per kind, the worker RSS over the run, and for every bad class
 a few examples with their reproducer (``--repro KIND:SEED:TRIAL:TEMPLATE`` replays one trial in
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dvidshards.testing import fuzz  # noqa: E402
+from tests.support import fuzz  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "dvid"
 

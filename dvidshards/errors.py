@@ -11,6 +11,10 @@ __all__ = [
     "JobError",
     "MappingError",
     "MissingShardError",
+    "NotExportedError",
+    "NotFoundError",
+    "OutputError",
+    "OutputLockedError",
     "RemoteReadError",
     "ShardFormatError",
     "SpecError",
@@ -43,6 +47,25 @@ class RemoteReadError(DvidShardsError, OSError):
 
 class SpecError(DvidShardsError, ValueError):
     """A dataset description (neuroglancer spec, info file, scale choice, source) is invalid."""
+
+
+class NotExportedError(SpecError):
+    """A scale the spec lists but the export does not hold (DVID exports scale 0 only by default): the
+    message names the scale and how to make it (``dvidshards downsample``)."""
+
+
+class NotFoundError(DvidShardsError, LookupError):
+    """A label (body or supervoxel) asked for by id is not in the export at that scale; the message
+    says what the id is instead when it is known (e.g. a supervoxel of another body)."""
+
+
+class OutputError(DvidShardsError, OSError):
+    """A job's destination cannot be used: an unknown scheme, an unreachable bucket, no permission,
+    a full disk, or a folder holding something else. One line naming the path and what to do."""
+
+
+class OutputLockedError(OutputError):
+    """Another job holds the lock on this output; the message names it (host, pid, start time)."""
 
 
 class MappingError(DvidShardsError, ValueError):

@@ -40,7 +40,7 @@ SLOW = {
     "tests/test_corruption.py::test_eight_threads_random_boxes_match_serial": "8-thread soak",
     "tests/test_convert.py::test_local_cluster_equals_serial": "dask LocalCluster",
     "tests/test_convert.py::test_22_5_dense_32768_chunk_shard_raw_under_1_gib": "a production-size (32,768-chunk) shard",
-    "tests/testing/test_procedural.py::test_full_shard_builds_in_seconds_and_verifies": "a production-size (32,768-chunk) shard",
+    "tests/test_procedural.py::test_full_shard_builds_in_seconds_and_verifies": "a production-size (32,768-chunk) shard",
     "tests/test_jobs.py::test_local_scheduler_string": "dask LocalCluster",
     "tests/test_jobs.py::test_unreachable_scheduler_fails_fast": "waits out a dask connection timeout",
     "tests/test_tables.py::test_worker_killed_mid_stream_and_restarted": "kills and restarts an ingest worker process",
@@ -134,7 +134,7 @@ def downsample_mode(vol: np.ndarray, k: int) -> list[np.ndarray]:
 
 
 def make_export(root, shape=(200, 170, 150), *, seed=3, scales=3, **kw) -> Export:
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     sv, mapping = neuron_volume(shape, n_bodies=10, svs_per_body=4, seed=seed)

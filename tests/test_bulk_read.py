@@ -20,7 +20,7 @@ SHAPE = (200, 170, 150)  # 4 x 3 x 3 chunks, 2-chunk shards: 2 shards per axis
 @pytest.fixture(scope="module")
 def exp(tmp_path_factory):
     """Chunk (1, 0, 0) all background (no record) and shard 128_128_128 all background (no file)."""
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     sv, mapping = neuron_volume(SHAPE, n_bodies=10, svs_per_body=4, seed=11)

@@ -456,7 +456,7 @@ _DENSE = """if True:
     import dvidshards
     import tensorstore as ts
     from dvidshards.jobs.convert import convert, plan_scale
-    from dvidshards.testing.procedural import ProceduralStore
+    from tests.support.procedural import ProceduralStore
     store = ProceduralStore()
     ds = dvidshards.Dataset(store, spec=store.spec)
     origins = store.shard_origins(0)

@@ -1,12 +1,12 @@
 """A bounded, seeded fuzz run: mutated shards and indexes give exact data or a typed error.
 
-Every trial runs in a worker process (dvidshards.testing.fuzz.Campaign), so a crash or a hang
+Every trial runs in a worker process (tests.support.fuzz.Campaign), so a crash or a hang
 is counted against the trial that caused it. The full campaign is benchmarks/fuzz_shards.py.
 """
 
 from __future__ import annotations
 
-from dvidshards.testing import fuzz
+from tests.support import fuzz
 
 
 def _run(workdir, templates, shard: int, csv: int, seed: int) -> fuzz.Campaign:

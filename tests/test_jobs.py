@@ -239,7 +239,7 @@ def test_work_folder_on_a_bucket_without_folder_marker_objects():
     import pyarrow.fs as pafs
 
     from dvidshards.jobs.workdir import WorkDir
-    from dvidshards.testing.servers import FakeGCS
+    from tests.support.servers import FakeGCS
 
     with FakeGCS() as g:
         g.bucket("work")

@@ -1,6 +1,6 @@
 """RSS stays flat over open/read/verify/drop cycles of clean and damaged exports, in one process.
 
-The cycles run in a child process (``python -m dvidshards.testing.fuzz memory``) so that the
+The cycles run in a child process (``python -m tests.support.fuzz memory``) so that the
 measurement starts from a clean interpreter and a crash is reported rather than fatal. Every
 third cycle reads a clean export; the others take every mutation region of the fuzz harness in
 turn (schema, batch headers, buffers, list offsets, labels, payload, end-of-stream, message
@@ -26,7 +26,7 @@ LIMIT_MB = 100
 
 def test_rss_flat_over_clean_and_damaged_cycles(tmp_path):
     log = tmp_path / "cycles.jsonl"
-    cmd = [sys.executable, "-m", "dvidshards.testing.fuzz", "memory", "--workdir", str(tmp_path / "work"),
+    cmd = [sys.executable, "-m", "tests.support.fuzz", "memory", "--workdir", str(tmp_path / "work"),
            "--cycles", str(CYCLES), "--warmup", str(WARMUP), "--seed", "3", "--log", str(log)]
     if (DVID_DATA / f"{REAL_SHARD}.arrow").is_file():
         cmd += ["--data", str(DVID_DATA)]

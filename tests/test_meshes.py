@@ -17,7 +17,7 @@ from dvidshards.bodies import Body
 from dvidshards.formats import mesh as M
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.jobs.meshes import MANIFEST, MeshesError, meshes
-from dvidshards.testing.synthetic import neuron_volume
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.writer import write_export
 
 pytest.importorskip("zmesh")

@@ -29,9 +29,9 @@ from dvidshards import (
     write_export,
 )
 from dvidshards.stores import MemoryStore
-from dvidshards.testing.fuzz import arrow_map
-from dvidshards.testing.servers import RangeServer
-from dvidshards.testing.synthetic import neuron_volume
+from tests.support.fuzz import arrow_map
+from tests.support.servers import RangeServer
+from dvidshards.demo.neurons import neuron_volume
 from tests.conftest import make_export
 
 SHAPE = (300, 100, 70)  # shards of 128 voxels at x = 0, 128, 256

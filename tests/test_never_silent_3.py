@@ -338,7 +338,7 @@ def test_1_another_volume_s_spec_is_a_spec_error_on_other_stores(base, store, tm
         src, ctx = MemoryStore(files, name="exp"), None
     else:
         pytest.importorskip("moto.server")
-        from dvidshards.testing.servers import MotoS3
+        from tests.support.servers import MotoS3
 
         ctx = MotoS3().start()
         for k, v in files.items():
@@ -441,7 +441,7 @@ def test_2_a_scale_without_a_folder_on_other_stores(base, only_s1, store):
         src = MemoryStore(files, name="only_s1")
     else:
         pytest.importorskip("moto.server")
-        from dvidshards.testing.servers import MotoS3
+        from tests.support.servers import MotoS3
 
         ctx = MotoS3().start()
         for k, v in files.items():
@@ -651,7 +651,7 @@ def test_11_ingest_reports_a_real_rate_or_none(base, tmp_path, capsys):
 def test_1_mcns_sized_export_opened_with_larger_shards_fails_at_the_first_read():
     """The procedural mCNS store cannot hand out a cheap sample of names: the first load's
     probes find the files between the larger grid's origins (no listing of ~26,500 names)."""
-    from dvidshards.testing.procedural import ProceduralStore, mcns_spec
+    from tests.support.procedural import ProceduralStore, mcns_spec
 
     store = ProceduralStore(shrink=8)
     spec = mcns_spec(8)

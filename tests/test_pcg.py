@@ -464,7 +464,7 @@ def test_issue22_3_plan_over_the_procedural_mcns_export_is_per_shard():
     """pcg-edges over the mCNS-shaped export's s0 at 256³: ~26 K tasks of 8³ chunks (not 13 M)."""
     from dvidshards import Dataset
     from dvidshards.formats import pcg as fmt
-    from dvidshards.testing.procedural import ProceduralStore
+    from tests.support.procedural import ProceduralStore
 
     store = ProceduralStore()
     ds = Dataset(store, spec=store.spec)

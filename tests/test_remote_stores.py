@@ -26,8 +26,8 @@ from dvidshards.formats.labels import Agglomerated
 from dvidshards.read import ChunkReader
 from dvidshards.stores import run_sync
 from dvidshards.stores.kvstore import KvStore
-from dvidshards.testing.servers import FakeGCS, MotoS3, RangeServer
-from dvidshards.testing.synthetic import neuron_volume
+from tests.support.servers import FakeGCS, MotoS3, RangeServer
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.writer import write_export
 
 REAL = "30720_24576_28672"
@@ -616,7 +616,7 @@ def test_a_context_with_tensorstore_retries_is_the_only_retry_layer(root, server
 
 def test_no_network_fails_after_the_store_s_attempts_in_bounded_time():
     """A host that refuses every connection (no network): 1 + retries attempts, then RemoteReadError."""
-    from dvidshards.testing.servers import free_port
+    from tests.support.servers import free_port
 
     src = KvStore.from_url(f"http://127.0.0.1:{free_port()}/exp/", retries=3, backoff=0.01)
     t0 = time.monotonic()

@@ -284,7 +284,7 @@ def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
 
 @pytest.mark.slow
 def test_issue22_item3_workdir_is_any_path_or_an_s3_url(exp, tmp_path):
-    from dvidshards.testing.servers import MotoS3
+    from tests.support.servers import MotoS3
 
     with MotoS3() as s3:
         s3.bucket("work")

@@ -24,8 +24,8 @@ import pytest
 
 from dvidshards import Dataset, DvidShardsError, verify
 from dvidshards.stores import MemoryStore
-from dvidshards.testing.fuzz import arrow_map
-from dvidshards.testing.servers import FakeGCS, MotoS3, RangeServer
+from tests.support.fuzz import arrow_map
+from tests.support.servers import FakeGCS, MotoS3, RangeServer
 from dvidshards.writer import write_shard
 from tests.conftest import REAL_SHARD, make_export
 

@@ -15,7 +15,7 @@ from dvidshards.cli import main as cli
 from dvidshards.errors import IndexRebuiltWarning
 from dvidshards.jobs.convert import convert
 from dvidshards.stores import MemoryStore
-from dvidshards.testing.servers import MotoS3, RangeServer
+from tests.support.servers import MotoS3, RangeServer
 from tests.conftest import make_export
 
 BUCKET = "verify"

@@ -388,7 +388,7 @@ def test_remote_export_over_http(export):
     """An export read through byte ranges from an HTTP server is served the same way."""
     from pathlib import Path
 
-    from dvidshards.testing.servers import RangeServer
+    from tests.support.servers import RangeServer
 
     with RangeServer(Path(export.root)) as remote, serve(Dataset(remote.url, spec=export.spec)) as srv:
         for k in (0, 2):

@@ -27,7 +27,7 @@ from dvidshards.formats.sharding import (
     grid_shape,
     shard_filename_stem,
 )
-from dvidshards.testing.synthetic import neuron_volume
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.writer import (
     D_FOOTER_MAGIC,
     RECORD_SCHEMA,

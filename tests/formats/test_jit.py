@@ -27,7 +27,7 @@ from dvidshards.formats import blockstats, codec, jit
 from dvidshards.formats.blockstats import new_accumulators
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.stores import MemoryStore
-from dvidshards.testing.fuzz import arrow_map
+from tests.support.fuzz import arrow_map
 from tests.conftest import REAL_SHARD, load_shard, make_export
 from tests.formats.test_codec import random_block
 

@@ -274,7 +274,7 @@ def test_contacts_random_volumes(seed, shape, cs):
 
 
 def test_contacts_neuron_volume():
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
 
     vol, _ = neuron_volume((70, 60, 50), n_bodies=8, svs_per_body=4, seed=4)
     check_against_brute_force(np.ascontiguousarray(vol), np.array([32, 24, 20]))
@@ -410,7 +410,7 @@ def test_file_names():
 
 def test_indexed_volume_equals_raw_ids():
     """A volume already holding 1 + list index (the driver's palette swap) gives the same counts."""
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
 
     vol, _ = neuron_volume((40, 36, 30), n_bodies=6, svs_per_body=3, seed=2)
     pad = np.ascontiguousarray(vol.T)  # z, y, x: the outer layer is the halo

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SpecError
+from dvidshards.errors import SpecError
 
 __all__ = ["DEFAULT_SIZE", "check_size", "draw_text", "label_colors", "png_bytes", "region_colors", "run_demo",
            "save_figure", "text_width"]
@@ -315,7 +315,7 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
     """
     import dvidshards
     from dvidshards.formats.mapping import LabelMapping
-    from dvidshards.testing.synthetic import neuron_volume
+    from dvidshards.demo.neurons import neuron_volume
     from dvidshards.writer import write_export
 
     size = check_size(size)

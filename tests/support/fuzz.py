@@ -31,7 +31,7 @@ differed) and ``unnamed`` (a typed chunk-read error whose message names no chunk
 
 Trials run in worker processes (`Campaign`), restarted after a crash, a hang or when their
 RSS passes a cap, so every crash is counted and attributed to its trial.  ``python -m
-dvidshards.testing.fuzz worker|memory|repro`` are the entry points the campaign, the tests
+tests.support.fuzz worker|memory|repro`` are the entry points the campaign, the tests
 and benchmarks/fuzz_shards.py use.
 """
 
@@ -379,7 +379,7 @@ def _real_reference(data_dir: Path, boxes: list) -> dict:
     import pyarrow as pa
     import zstandard
 
-    from ..formats.codec import decode_block
+    from dvidshards.formats.codec import decode_block
 
     dctx = zstandard.ZstdDecompressor()
     by_chunk = {}
@@ -467,8 +467,8 @@ def build_templates(workdir, data_dir=None, synthetic: bool = True, real: bool =
 
 
 def _synthetic_templates(workdir: Path) -> list[Template]:
-    from ..writer import write_export
-    from .synthetic import neuron_volume
+    from dvidshards.writer import write_export
+    from dvidshards.demo.neurons import neuron_volume
 
     sv, mapping = neuron_volume(SYN_SHAPE, n_bodies=14, svs_per_body=4, seed=7)
     grid = [-(-s // 64) for s in SYN_SHAPE]
@@ -1253,7 +1253,7 @@ class _Worker:
         self.log = log
         self.logf = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dvidshards.testing.fuzz", "worker", "--workdir", str(workdir),
+            [sys.executable, "-m", "tests.support.fuzz", "worker", "--workdir", str(workdir),
              "--scratch", str(self.scratch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logf, env=env, text=True, bufsize=1)
         ready = self._answer(start_timeout)
@@ -1603,7 +1603,7 @@ def _trial_for_region(t: Template, kind: str, region: str, seed: int, c: int) ->
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dvidshards.testing.fuzz", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.support.fuzz", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="trial server used by Campaign")
     w.add_argument("--workdir", required=True)

@@ -18,7 +18,7 @@ import dvidshards
 from dvidshards.errors import MissingShardError
 from dvidshards.formats.multiscale import parse_multiscale
 from dvidshards.stores.base import ByteStore, PastEndError
-from dvidshards.testing.procedural import MCNS_SIZE, ProceduralStore, mcns_spec
+from tests.support.procedural import MCNS_SIZE, ProceduralStore, mcns_spec
 from dvidshards.writer import RECORD_SCHEMA, write_shard
 
 MCNS_SHARDS = 46 * 39 * 66  # the s0 shard grid: 118,404 slots
@@ -346,7 +346,7 @@ def test_seed_changes_ids_not_presence(small):
 
 
 def test_module_imports_only_what_it_may():
-    import dvidshards.testing.procedural as mod
+    import tests.support.procedural as mod
 
     tree = ast.parse(Path(mod.__file__).read_text())
     third = {"numpy", "numba", "pyarrow", "zstandard", "tensorstore", "tqdm"}

@@ -60,11 +60,11 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from ..errors import MissingShardError, SpecError
-from ..formats.codec import encode_block
-from ..formats.multiscale import SINGLE_SHARD, Scale, parse_multiscale
-from ..stores.base import ByteStore, PastEndError, Stat
-from ..writer import CHUNK_SIZE, RECORD_SCHEMA, default_sharding
+from dvidshards.errors import MissingShardError, SpecError
+from dvidshards.formats.codec import encode_block
+from dvidshards.formats.multiscale import SINGLE_SHARD, Scale, parse_multiscale
+from dvidshards.stores.base import ByteStore, PastEndError, Stat
+from dvidshards.writer import CHUNK_SIZE, RECORD_SCHEMA, default_sharding
 
 __all__ = ["MCNS_SIZE", "ProceduralStore", "mcns_spec"]
 
