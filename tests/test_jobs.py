@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dvidshards.errors import BlockDecodeError, RemoteReadError, SpecError
-from dvidshards.jobs import JobReport, describe_exception, run_tasks
+from dvidshards.jobs import PhaseReport, describe_exception, run_tasks
 from dvidshards.jobs.runner import TaskRunner, scheduler_of
 
 
@@ -28,7 +28,7 @@ def _empty_error(x):
 def test_serial_results_failures_in_item_order():
     items = [5, 0, 1, 2, 3, 4]
     rep = run_tasks(_square_or_fail, items, progress=False)
-    assert isinstance(rep, JobReport)
+    assert isinstance(rep, PhaseReport)
     assert list(rep.results) == [0, 1, 3, 4]  # order of items, not of completion
     assert rep.results == {0: 0, 1: 1, 3: 9, 4: 16}
     assert rep.failed == {

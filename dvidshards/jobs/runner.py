@@ -19,7 +19,7 @@ The ``scheduler`` vocabulary, the same for every job and the command line (``--s
   existing dask cluster (dask-jobqueue on LSF/SLURM, a ``dask scheduler`` with workers).
   An unreachable address fails within a few seconds.
 
-A task that raises does not stop the job: its item lands in ``JobReport.failed`` with
+A task that raises does not stop the job: its item lands in ``PhaseReport.failed`` with
 ``"TypeName: message"`` (the library's errors name file and chunk) and the other items go on.
 Progress is a tqdm bar on a terminal and, when stderr is not a terminal (a batch system's
 log), one line every ~30 s: done/total, failures, rate and time left.
@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import RemoteReadError, SpecError
 
-__all__ = ["SCHEDULER_HELP", "JobReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments", "progress_of",
+__all__ = ["SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments", "progress_of",
            "run_tasks", "scheduler_of"]
 
 SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
@@ -51,8 +51,9 @@ CONNECT_TIMEOUT = 5.0
 
 
 @dataclass
-class JobReport:
-    """What a :meth:`TaskRunner.run` call did.
+class PhaseReport:
+    """What one :meth:`TaskRunner.run` call (one phase of a job) did; a job counts its phases into
+    its :class:`dvidshards.jobs.output.JobReport` with :meth:`~dvidshards.jobs.output.Output.add`.
 
     Attributes
     ----------
@@ -368,7 +369,7 @@ class TaskRunner:
         return self.kind, self.arg if isinstance(self.arg, int) else 0
 
     def run(self, fn: Callable[[Any], Any], items: Iterable[Hashable], *, desc: str = "tasks",
-            done: Iterable[Hashable] | None = None) -> JobReport:
+            done: Iterable[Hashable] | None = None) -> PhaseReport:
         """Run ``fn(item)`` for every item not in ``done``; collect results and failures.
 
         Parameters
@@ -385,14 +386,14 @@ class TaskRunner:
 
         Returns
         -------
-        JobReport
+        PhaseReport
         """
         t0 = time.perf_counter()
         items = list(items)
         if len(set(items)) != len(items):
             raise ValueError("run_tasks: items must be distinct")
         skip = set(done or ())
-        report = JobReport()
+        report = PhaseReport()
         todo: list[Hashable] = []
         for it in items:
             (report.skipped if it in skip else todo).append(it)
@@ -522,7 +523,7 @@ def run_tasks(
     done: Iterable[Hashable] | None = None,
     progress: bool | None = None,
     max_in_flight: int | None = None,
-) -> JobReport:
+) -> PhaseReport:
     """Run ``fn(item)`` for every item in a :class:`TaskRunner` of its own (one phase jobs).
 
     Parameters
@@ -534,7 +535,7 @@ def run_tasks(
 
     Returns
     -------
-    JobReport
+    PhaseReport
         Results, failures (``"TypeName: message"``), skipped items, elapsed time.
 
     Raises

@@ -1,0 +1,1191 @@
+"""Where every job writes, and how its output says what it holds.
+
+Every whole-export job (convert, stats, label-index, meshes, pcg-edges, ingest, downsample) writes
+through this module, so that the same rules hold for all of them:
+
+* **One destination parser** (:meth:`Destination.of`): a local path, ``file://``, ``gs://``,
+  ``s3://`` (``?endpoint_override=host:port&scheme=http&region=r`` accepted), ``memory://`` or a
+  TensorStore kvstore spec dict. Anything else (``http://``, ``grpc://``, a path that starts like a
+  URL with a slash missing, ``gs:/bucket``) is refused in one line before any work, and nothing
+  local is ever named like a URL. :meth:`Destination.probe` then checks, within a deadline, that
+  the destination can be written: a bucket that does not answer fails in seconds, not minutes.
+  Local files go through the operating system (atomic renames, errno messages); buckets through
+  TensorStore's kvstore, the stack the readers use, with bounded retries and timeouts.
+* **Errors that name the path**: a full disk, a read-only or forbidden folder, an unreachable
+  bucket are one :class:`~dvidshards.errors.OutputError` line naming the path and what to do.
+* **A lock on every output** (:class:`Lock`): ``dvidshards.lock`` in the output folder (beside a
+  one-file output: ``NAME.dvidshards.lock``), created exclusively (``O_EXCL`` locally, a write
+  conditional on the key being absent in a bucket), refreshed by a heartbeat. A second job is
+  refused naming the first (job, host, pid, start time); a lock whose owner died (same host: the
+  process is gone; another host: no heartbeat for :data:`STALE_SECONDS`) is taken over with
+  ``--resume``.
+* **One manifest schema** (``dvidshards.json``, :func:`read_manifest`): job, library version,
+  parameters, command, source (URL), scales, ``complete``, ``status`` (``running``, ``complete``,
+  ``incomplete``, ``interrupted``), failed tasks with their reasons, task counts, job-specific
+  totals, start and end times. It is written ``complete: false`` before the first task and final
+  at the end, from the same :class:`JobReport` the job returns and prints: the two cannot
+  disagree. ``dvidshards verify DEST`` reads any job's manifest.
+* **Refuse / resume / overwrite**: a destination that is empty (or absent) is used; one holding
+  this job's own earlier output needs ``resume`` (same parameters; the job skips what is done)
+  or ``overwrite`` (the job's own files are deleted first, others left alone); anything else is
+  refused before any work.
+* **One failure contract**: :meth:`Output.finish` returns the :class:`JobReport` when the output
+  is complete; otherwise it raises :class:`~dvidshards.errors.JobError` carrying the report,
+  unless the caller passed ``allow_partial=True``. The command line prints the summary and exits
+  1. An interrupted job (Ctrl-C, SIGTERM) leaves ``status: interrupted`` and says how to finish.
+
+A job reads as plan → tasks → reduce; this module is only the frame around them::
+
+    with Output(dest, job="convert", parameters=params, source=ds, scales=[0, 1],
+                resume=resume, overwrite=overwrite, own=own_names) as out:
+        ...  # out.destination, out.previous (the earlier manifest when resuming)
+        phase = runner.run(task, items, done=...)
+        out.add(phase, name=str)
+        return out.finish(totals=..., notes=[...], allow_partial=allow_partial)
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import JobError, OutputError, OutputLockedError, SpecError
+
+__all__ = [
+    "LOCK",
+    "MANIFEST",
+    "STALE_SECONDS",
+    "Destination",
+    "JobReport",
+    "Lock",
+    "Output",
+    "check_apart",
+    "library_version",
+    "read_manifest",
+]
+
+MANIFEST = "dvidshards.json"
+LOCK = "dvidshards.lock"
+SCHEMA = 1  # the manifest's schema version
+#: seconds without a heartbeat after which another host's lock counts as abandoned
+STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
+HEARTBEAT_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_HEARTBEAT_SECONDS", "60"))
+#: seconds a bucket has to answer the probe before a job is refused
+PROBE_SECONDS = float(os.environ.get("DVIDSHARDS_PROBE_SECONDS", "30"))
+#: seconds one remote operation may take (a write of a large output shard included)
+REMOTE_SECONDS = float(os.environ.get("DVIDSHARDS_REMOTE_SECONDS", "600"))
+_TMP = ".tmp-"
+_WRITABLE_SCHEMES = ("gs", "s3", "memory")
+_RETRIES = {"gcs": "gcs_request_retries", "s3": "s3_request_retries"}
+
+
+def library_version() -> str:
+    """The installed dvidshards version (``unknown`` in a source tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dvidshards")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without installation
+        return "unknown"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+# --------------------------------------------------------------------------- the destination
+
+
+def _os_error(e: OSError, where: str, doing: str) -> OutputError:
+    """One line naming the path, for the errors users hit (full disk, permissions, not a folder)."""
+    code = e.errno
+    if code == errno.ENOSPC or code == errno.EDQUOT:
+        why = "no space left on the device (free some space, then run the same command with --resume)"
+    elif code in (errno.EACCES, errno.EPERM):
+        why = "permission denied (choose a destination you can write to)"
+    elif code == errno.EROFS:
+        why = "the file system is read-only (choose a destination you can write to)"
+    elif code == errno.ENOTDIR:
+        why = "a file is in the way where a folder is needed"
+    elif code == errno.EISDIR:
+        why = "a folder is in the way where a file is needed"
+    else:
+        why = e.strerror or _one_line(e)
+    return OutputError(f"{where}: cannot {doing}: {why}")
+
+
+def _ts_error(e: BaseException, where: str, doing: str) -> OutputError:
+    text = _one_line(e)
+    if isinstance(e, TimeoutError):
+        text = "no answer in time (is the bucket reachable from this machine?)"
+    return OutputError(f"{where}: cannot {doing}: {text}")
+
+
+def _parse_url(text: str, what: str) -> tuple[str, dict | None, str | None]:
+    """``(url, kvstore spec or None, local path or None)`` of a user's destination string."""
+    if text.startswith("file://"):
+        return os.path.abspath(text[len("file://"):]), None, os.path.abspath(text[len("file://"):])
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if m is None:
+        first = text.replace("\\", "/").split("/", 1)[0]
+        if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+:", first):
+            raise OutputError(f"{what} {text!r} looks like a URL with a slash missing ({first}//...); "
+                              f"give {first}//bucket/path or a local path")
+        path = os.path.abspath(os.path.expanduser(text))
+        return path, None, path
+    scheme = m.group(1).lower()
+    if scheme not in _WRITABLE_SCHEMES:
+        raise OutputError(f"{what} {text}: a job writes to a local folder, gs://, s3:// or memory://, "
+                          f"not {scheme}://")
+    base, _, query = text.partition("?")
+    import tensorstore as ts
+
+    try:
+        spec = ts.KvStore.Spec(base).to_json()
+    except ValueError as e:
+        raise OutputError(f"{what} {text}: not a storage URL ({_one_line(e)})") from None
+    if query:
+        if scheme != "s3":
+            raise OutputError(f"{what} {text}: only s3:// URLs take options after '?'")
+        opts = dict(p.partition("=")[::2] for p in query.split("&") if p)
+        unknown = sorted(set(opts) - {"endpoint_override", "scheme", "region"})
+        if unknown:
+            raise OutputError(f"{what} {text}: unknown option {unknown[0]!r} (endpoint_override, scheme, region)")
+        if "endpoint_override" in opts:
+            spec["endpoint"] = f"{opts.get('scheme', 'https')}://{opts['endpoint_override']}"
+        if "region" in opts:
+            spec["aws_region"] = opts["region"]
+    if spec.get("driver") == "s3" and "endpoint" not in spec:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            spec["endpoint"] = endpoint
+    if spec.get("driver") in ("gcs", "s3") and not spec.get("bucket"):
+        raise OutputError(f"{what} {text}: no bucket named")
+    return text, spec, None
+
+
+class Destination:
+    """Where a job writes: a local folder (or file) or a prefix in a bucket, one API over both.
+
+    Keys (``rel``) are ``/``-joined names under the root. Writes are atomic: a local file is
+    written under a hidden temporary name (``.NAME.tmp-XXXX``, which readers skip) and renamed;
+    an object in a bucket appears whole. It pickles as its location, so a worker opens it with its
+    own credentials.
+
+    Use :meth:`of` to make one (it refuses what cannot be written).
+    """
+
+    def __init__(self, url: str, spec: dict | None, path: str | None):
+        self.url = url
+        self.path = path  # local: the absolute path
+        self.spec = spec  # remote: the TensorStore kvstore spec of the root (path ends with '/')
+        if spec is not None:
+            p = spec.get("path", "")
+            if p and not p.endswith("/"):
+                spec["path"] = p + "/"
+        self._kv = None
+        self._kv_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, dest, *, what: str = "destination") -> Destination:
+        """The destination a user named: a path, a URL or a kvstore spec dict (or a Destination).
+
+        Raises
+        ------
+        OutputError
+            A location no job can write to (an unknown scheme, a URL missing a slash, ...), in one
+            line, before anything is touched.
+        """
+        if isinstance(dest, Destination):
+            return dest
+        if isinstance(dest, dict):
+            spec = dict(dest)
+            if spec.get("driver") == "file":
+                path = os.path.abspath(spec.get("path", ""))
+                return cls(path, None, path)
+            if spec.get("driver") not in ("gcs", "s3", "memory"):
+                raise OutputError(f"{what}: a job writes to a local folder, gcs, s3 or memory, not the "
+                                  f"{spec.get('driver')!r} kvstore driver")
+            return cls(_spec_url(spec), spec, None)
+        try:
+            text = os.fspath(dest)
+        except TypeError:
+            raise OutputError(f"{what} must be a path, a URL or a kvstore spec dict, got {type(dest).__name__}") from None
+        if not text:
+            raise OutputError(f"{what} is empty")
+        url, spec, path = _parse_url(text, what)
+        return cls(url, spec, path)
+
+    # --- identity --------------------------------------------------------------------------------
+
+    def __reduce__(self):
+        return (Destination, (self.url, self.spec, self.path))
+
+    def __repr__(self) -> str:
+        return f"Destination({self.url!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Destination) and (self.path, self.spec) == (other.path, other.spec)
+
+    def __hash__(self) -> int:
+        return hash((self.path, json.dumps(self.spec, sort_keys=True)))
+
+    @property
+    def local(self) -> bool:
+        """Whether this is a path on this host's file system."""
+        return self.path is not None
+
+    @property
+    def kvstore(self) -> dict:
+        """The root as a TensorStore kvstore spec (path ending with '/'), for TensorStore's drivers."""
+        if self.path is not None:
+            return {"driver": "file", "path": self.path.rstrip("/") + "/"}
+        assert self.spec is not None
+        return dict(self.spec)
+
+    def describe(self, rel: str = "") -> str:
+        """``rel`` as the user would name it (for messages)."""
+        if self.path is not None:
+            return os.path.join(self.path, rel) if rel else self.path
+        base = self.url.split("?", 1)[0].rstrip("/")
+        return f"{base}/{rel}" if rel else base
+
+    def child(self, rel: str) -> Destination:
+        """The folder ``rel`` under this one, as a Destination of its own."""
+        rel = rel.strip("/")
+        if self.path is not None:
+            p = os.path.join(self.path, rel)
+            return Destination(p, None, p)
+        assert self.spec is not None
+        spec = dict(self.spec)
+        spec["path"] = spec.get("path", "") + rel + "/"
+        base, sep, query = self.url.partition("?")
+        return Destination(f"{base.rstrip('/')}/{rel}{sep}{query}", spec, None)
+
+    def parent_and_name(self) -> tuple[Destination, str]:
+        """The folder holding this location and its last name (for one-file outputs)."""
+        if self.path is not None:
+            folder, name = os.path.split(self.path.rstrip("/"))
+            return Destination(folder, None, folder), name
+        assert self.spec is not None
+        p = self.spec.get("path", "").rstrip("/")
+        folder, _, name = p.rpartition("/")
+        spec = dict(self.spec)
+        spec["path"] = folder + "/" if folder else ""
+        base, sep, query = self.url.partition("?")
+        return Destination(base.rstrip("/").rpartition("/")[0] + sep + query, spec, None), name
+
+    def contains(self, other: Destination) -> bool:
+        """Whether ``other`` is this location or inside it."""
+        if self.path is not None and other.path is not None:
+            a, b = os.path.realpath(self.path), os.path.realpath(other.path)
+            return b == a or b.startswith(a.rstrip("/") + "/")
+        if self.spec is not None and other.spec is not None:
+            a_rest = {k: v for k, v in self.spec.items() if k != "path"}
+            b_rest = {k: v for k, v in other.spec.items() if k != "path"}
+            return a_rest == b_rest and other.spec.get("path", "").startswith(self.spec.get("path", ""))
+        return False
+
+    # --- the remote store --------------------------------------------------------------------------
+
+    def _store(self):
+        if self._kv is None:
+            with self._kv_lock:
+                if self._kv is None:
+                    import tensorstore as ts
+
+                    assert self.spec is not None
+                    ctx: dict = {}
+                    res = _RETRIES.get(self.spec.get("driver", ""))
+                    if res is not None:
+                        ctx[res] = {"max_retries": 4, "initial_delay": "200ms", "max_delay": "5s"}
+                    try:
+                        self._kv = ts.KvStore.open(self.spec, context=ts.Context(ctx)).result(timeout=PROBE_SECONDS)
+                    except Exception as e:  # noqa: BLE001 - every failure is one line naming the bucket
+                        raise _ts_error(e, self.describe(), "open it") from None
+        return self._kv
+
+    def _remote(self, fn: Callable[[Any], Any], rel: str, doing: str, timeout: float = REMOTE_SECONDS):
+        kv = self._store()
+        try:
+            return fn(kv).result(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - every failure is one line naming the object
+            raise _ts_error(e, self.describe(rel), doing) from None
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of ``rel``, or None when it does not exist."""
+        if self.path is not None:
+            try:
+                with open(os.path.join(self.path, rel), "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+            except IsADirectoryError:
+                raise OutputError(f"{self.describe(rel)}: is a folder, not a file") from None
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "read it") from None
+        r = self._remote(lambda kv: kv.read(rel), rel, "read it")
+        return bytes(r.value) if r.state == "value" else None
+
+    def open_input(self, rel: str):
+        """``rel`` as a readable, seekable binary file (a bucket object is read whole)."""
+        if self.path is not None:
+            try:
+                return open(os.path.join(self.path, rel), "rb")
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "read it") from None
+        data = self.read(rel)
+        if data is None:
+            raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
+        return io.BytesIO(data)
+
+    def exists(self, rel: str = "") -> bool:
+        """Whether a file or a non-empty folder ``rel`` exists."""
+        if self.path is not None:
+            return os.path.exists(os.path.join(self.path, rel))
+        if rel and self.read(rel) is not None:
+            return True
+        return bool(self.list(rel))
+
+    def is_dir(self, rel: str = "") -> bool:
+        """Whether ``rel`` is a folder (in a bucket: a prefix holding objects)."""
+        if self.path is not None:
+            return os.path.isdir(os.path.join(self.path, rel))
+        return bool(self.list(rel))
+
+    def list(self, rel: str = "") -> list[str]:
+        """Names (files and folders) directly under ``rel``, sorted; ``[]`` when it is missing.
+
+        Temporary files of interrupted writes are left out.
+        """
+        if self.path is not None:
+            p = os.path.join(self.path, rel)
+            try:
+                names = os.listdir(p)
+            except FileNotFoundError:
+                return []
+            except NotADirectoryError:
+                raise OutputError(f"{self.describe(rel)}: is a file, not a folder") from None
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "list it") from None
+            return sorted(n for n in names if not is_temporary(n))
+        import tensorstore as ts
+
+        prefix = rel.strip("/") + "/" if rel.strip("/") else ""
+        keys = self._remote(lambda kv: kv.list(ts.KvStore.KeyRange(prefix, _prefix_end(prefix)) if prefix
+                                                else ts.KvStore.KeyRange()), rel, "list it")
+        names = {(k.decode() if isinstance(k, bytes) else k)[len(prefix):].split("/", 1)[0] for k in keys}
+        return sorted(n for n in names if n and not is_temporary(n))
+
+    # --- writing -----------------------------------------------------------------------------------
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Write ``data`` to ``rel`` atomically (never seen half written)."""
+        if self.path is not None:
+            target = os.path.join(self.path, rel)
+            folder, name = os.path.split(target)
+            tmp = os.path.join(folder, f".{name}{_TMP}{uuid.uuid4().hex[:12]}")
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target)
+            except OSError as e:
+                _unlink_quietly(tmp)
+                raise _os_error(e, self.describe(rel), "write it") from None
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
+            return
+        self._remote(lambda kv: kv.write(rel, data), rel, "write it")
+
+    def write_with(self, rel: str, write: Callable[[Any], object]) -> None:
+        """Call ``write(file)`` with a binary file open for writing, then publish it at ``rel``
+        atomically (locally: streamed to a temporary file and renamed; in a bucket: buffered)."""
+        if self.path is not None:
+            target = os.path.join(self.path, rel)
+            folder, name = os.path.split(target)
+            tmp = os.path.join(folder, f".{name}{_TMP}{uuid.uuid4().hex[:12]}")
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    write(f)
+                os.replace(tmp, target)
+            except OSError as e:
+                _unlink_quietly(tmp)
+                raise _os_error(e, self.describe(rel), "write it") from None
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
+            return
+        buf = io.BytesIO()
+        write(buf)
+        self.write(rel, buf.getvalue())
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write ``rel`` only if it does not exist (atomically); False when it already did."""
+        if self.path is not None:
+            target = os.path.join(self.path, rel)
+            try:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "create it") from None
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except OSError as e:
+                _unlink_quietly(target)
+                raise _os_error(e, self.describe(rel), "write it") from None
+            return True
+        absent = self._remote(lambda kv: kv.read(rel), rel, "read it")
+        if absent.state == "value":
+            return False
+        stamp = self._remote(lambda kv: kv.write(rel, data, if_equal=absent.stamp.generation), rel, "create it")
+        return bool(stamp.generation)
+
+    def replace_if(self, rel: str, data: bytes, expected: bytes) -> bool:
+        """Write ``rel`` only if it still holds ``expected``; False when it changed (or is gone)."""
+        if self.path is not None:  # a lock is refreshed only by its owner: compare, then rename
+            if self.read(rel) != expected:
+                return False
+            self.write(rel, data)
+            return True
+        r = self._remote(lambda kv: kv.read(rel), rel, "read it")
+        if r.state != "value" or bytes(r.value) != expected:
+            return False
+        stamp = self._remote(lambda kv: kv.write(rel, data, if_equal=r.stamp.generation), rel, "write it")
+        return bool(stamp.generation)
+
+    def delete(self, rel: str) -> None:
+        """Delete file ``rel`` if it exists."""
+        if self.path is not None:
+            try:
+                os.unlink(os.path.join(self.path, rel))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "delete it") from None
+            return
+        self._remote(lambda kv: kv.write(rel, None), rel, "delete it")
+
+    def rmtree(self, rel: str = "") -> None:
+        """Delete ``rel`` (a file, or a folder and everything in it) if it exists."""
+        if self.path is not None:
+            p = os.path.join(self.path, rel)
+            try:
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p)
+                elif os.path.lexists(p):
+                    os.unlink(p)
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "delete it") from None
+            return
+        import tensorstore as ts
+
+        prefix = rel.strip("/") + "/" if rel.strip("/") else ""
+        self._remote(lambda kv: kv.delete_range(ts.KvStore.KeyRange(prefix, _prefix_end(prefix)) if prefix
+                                                else ts.KvStore.KeyRange()), rel, "delete it")
+        if rel.strip("/"):
+            self._remote(lambda kv: kv.write(rel.strip("/"), None), rel, "delete it")
+
+    def local_path(self, rel: str = "") -> str:
+        """The local path of ``rel`` (only for local destinations: writers that stream to a file)."""
+        if self.path is None:
+            raise ValueError(f"{self.describe()} is not on this host's file system")
+        return os.path.join(self.path, rel)
+
+    def makedirs(self, rel: str = "") -> None:
+        """Make folder ``rel`` locally (a bucket has no folders: nothing to do)."""
+        if self.path is not None:
+            try:
+                os.makedirs(os.path.join(self.path, rel), exist_ok=True)
+            except OSError as e:
+                raise _os_error(e, self.describe(rel), "make the folder") from None
+
+    # --- before any work ---------------------------------------------------------------------------
+
+    def probe(self, *, kind: str = "folder") -> None:
+        """Check that a job can write here, before any work; one OutputError line otherwise.
+
+        Locally: the nearest existing folder on the path is a folder, writable, with space left
+        (nothing is created). In a bucket: a probe object is written and deleted within
+        :data:`PROBE_SECONDS`.
+        """
+        if self.path is not None:
+            target = self.path
+            if os.path.exists(target):
+                if kind == "folder" and not os.path.isdir(target):
+                    raise OutputError(f"{target}: is a file; a folder is needed here")
+                if kind == "file" and os.path.isdir(target):
+                    raise OutputError(f"{target}: is a folder; a file is needed here")
+            probe = target if os.path.isdir(target) else os.path.dirname(target)
+            while not os.path.exists(probe):
+                probe = os.path.dirname(probe)
+            if not os.path.isdir(probe):
+                raise OutputError(f"{self.describe()}: cannot make the folder: {probe} is a file")
+            if not os.access(probe, os.W_OK | os.X_OK):
+                why = "read-only file system" if _read_only(probe) else "permission denied"
+                raise OutputError(f"{self.describe()}: cannot write there: {why} ({probe}); choose a destination "
+                                  f"you can write to")
+            try:
+                st = os.statvfs(probe)
+            except OSError:
+                return
+            if st.f_flag & getattr(os, "ST_RDONLY", 1):
+                raise OutputError(f"{self.describe()}: cannot write there: read-only file system ({probe})")
+            free = st.f_bavail * st.f_frsize
+            if free < 1 << 20:
+                raise OutputError(f"{self.describe()}: cannot write there: no space left on the device ({free:,} "
+                                  f"bytes free at {probe})")
+            return
+        key = f".dvidshards-probe-{uuid.uuid4().hex[:12]}"
+        deadline = time.monotonic() + PROBE_SECONDS
+        try:
+            kv = self._store()
+            kv.write(key, b"probe").result(timeout=max(1.0, deadline - time.monotonic()))
+            kv.write(key, None).result(timeout=max(1.0, deadline - time.monotonic()))
+        except OutputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure is one line naming the bucket
+            raise _ts_error(e, self.describe(), "write there") from None
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_RDONLY", 1))
+    except OSError:
+        return False
+
+
+def _spec_url(spec: dict) -> str:
+    d, path = spec.get("driver"), spec.get("path", "")
+    if d == "gcs":
+        return f"gs://{spec.get('bucket', '')}/{path}"
+    if d == "s3":
+        return f"s3://{spec.get('bucket', '')}/{path}"
+    return f"{d}://{path}"
+
+
+def _prefix_end(prefix: str) -> str:
+    """The first key after every key starting with ``prefix`` ('/' + 1 is '0')."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_empty_dirs(path: str) -> None:
+    """Remove ``path`` and its parents while they are empty folders (what a refused job made)."""
+    while path and os.path.isdir(path):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of :meth:`Destination.write`'s temporary names."""
+    return name.startswith(".") and _TMP in name
+
+
+def check_apart(dest: Destination, *, workdir: Destination | None = None, source=None,
+                what: str = "output") -> None:
+    """Refuse, before any work, an output inside the source export or sharing a folder with the
+    work folder (the job would read or delete its own output)."""
+    if workdir is not None and (dest.contains(workdir) or workdir.contains(dest)):
+        raise OutputError(f"{what} {dest.describe()} and the work folder {workdir.describe()} overlap; give "
+                          f"--workdir a folder of its own (or leave it out)")
+    if source is not None:
+        root = _source_root(source)
+        if root is not None and (root.contains(dest) or dest == root):
+            raise OutputError(f"{what} {dest.describe()} is inside the export {root.describe()}; a job never "
+                              f"writes into its source: choose another destination")
+
+
+def _source_root(source) -> Destination | None:
+    """The export's root as a Destination when it is a plain location (for the overlap check)."""
+    store = getattr(source, "store", None)
+    for attr in ("root", "path"):
+        p = getattr(store, attr, None)
+        if isinstance(p, (str, os.PathLike)):
+            try:
+                return Destination.of(p)
+            except OutputError:
+                return None
+    spec = getattr(store, "spec", None)
+    if isinstance(spec, dict) and spec.get("driver") in ("gcs", "s3", "memory"):
+        return Destination.of(spec)
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            return Destination.of(source)
+        except OutputError:
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+class Lock:
+    """An exclusive lock on one output, held while a job writes it.
+
+    Parameters
+    ----------
+    dest : Destination
+        The output's folder.
+    name : str
+        The lock's key in it (``dvidshards.lock``; ``NAME.dvidshards.lock`` for a one-file output).
+    job : str
+        The job's name, for the message a second job gets.
+    """
+
+    def __init__(self, dest: Destination, job: str, name: str = LOCK):
+        self.dest, self.job, self.name = dest, job, name
+        self.token = uuid.uuid4().hex
+        self.started = _now()
+        self._body: bytes | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _content(self) -> bytes:
+        return json.dumps({"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
+                           "started": self.started, "heartbeat": time.time(), "token": self.token}).encode()
+
+    def owner(self) -> dict | None:
+        """The current holder's record (None when unlocked or unreadable)."""
+        data = self.dest.read(self.name)
+        if data is None:
+            return None
+        try:
+            d = json.loads(data)
+        except ValueError:
+            return {"job": "?", "host": "?", "pid": 0, "started": "?", "heartbeat": 0, "raw": data}
+        return d if isinstance(d, dict) else None
+
+    def acquire(self, *, take_over: bool = False) -> None:
+        """Take the lock, or raise OutputLockedError naming its holder.
+
+        A lock whose holder is gone (the process died on this host, or no heartbeat for
+        :data:`STALE_SECONDS` from another host) is taken over when ``take_over`` (``--resume``).
+        """
+        body = self._content()
+        if self.dest.create(self.name, body):
+            self._body = body
+            self._start_heartbeat()
+            return
+        owner = self.owner() or {}
+        raw = self.dest.read(self.name)
+        who = (f"`dvidshards {owner.get('job', '?')}` (host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, "
+               f"started {owner.get('started', '?')})")
+        where = self.dest.describe(self.name)
+        if not _gone(owner):
+            raise OutputLockedError(f"{self.dest.describe()} is being written by {who}; wait for it to finish or "
+                                    f"stop it (its lock: {where})")
+        if not take_over:
+            raise OutputLockedError(f"{self.dest.describe()} was being written by {who}, which is gone; run the "
+                                    f"same command with --resume to take its lock over and finish the output")
+        if raw is None or not self.dest.replace_if(self.name, body, raw):
+            raise OutputLockedError(f"{self.dest.describe()}: another job took the lock over at the same time "
+                                    f"({where})")
+        self._body = body
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="dvidshards-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            body = self._content()
+            try:
+                if self._body is not None and self.dest.replace_if(self.name, body, self._body):
+                    self._body = body
+            except OutputError:  # a transient failure: the next beat tries again
+                pass
+
+    @property
+    def held(self) -> bool:
+        return self._body is not None
+
+    def release(self) -> None:
+        """Give the lock back (only if it is still ours)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._body is None:
+            return
+        try:
+            if self.dest.read(self.name) == self._body:
+                self.dest.delete(self.name)
+        except OutputError:
+            pass
+        self._body = None
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _gone(owner: dict) -> bool:
+    """Whether a lock's holder is no longer running."""
+    if not owner:
+        return True
+    try:
+        beat = float(owner.get("heartbeat", 0))
+    except (TypeError, ValueError):
+        beat = 0.0
+    if owner.get("host") == socket.gethostname():
+        try:
+            pid = int(owner.get("pid", 0))
+        except (TypeError, ValueError):
+            return True
+        if pid <= 0:
+            return True
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return time.time() - beat > STALE_SECONDS
+    return time.time() - beat > STALE_SECONDS
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def _parse_manifest(data: bytes, where: str) -> dict:
+    try:
+        m = json.loads(data)
+    except ValueError as e:
+        raise SpecError(f"{where}: not a dvidshards manifest ({_one_line(e)[:80]})") from None
+    if not isinstance(m, dict) or "complete" not in m or not isinstance(m.get("job"), str):
+        raise SpecError(f"{where}: not a dvidshards manifest (no 'job' and 'complete' members)")
+    return m
+
+
+def read_manifest(dest) -> dict | None:
+    """The manifest of any job's output: ``dvidshards.json`` in a folder, or the ``dvidshards``
+    metadata of a one-file Parquet output. None when there is none.
+
+    Raises
+    ------
+    SpecError
+        The file is there but is not a manifest (damaged, or another program's).
+    OutputError
+        The location cannot be read.
+    """
+    d = Destination.of(dest, what="output")
+    if d.local and os.path.isfile(d.path or ""):
+        return _file_manifest(d)
+    data = d.read(MANIFEST)
+    if data is None:
+        if not d.local and d.read("") is None:
+            folder, name = d.parent_and_name()
+            if name and folder.read(name) is not None:
+                return _file_manifest(d)
+        return None
+    return _parse_manifest(data, d.describe(MANIFEST))
+
+
+def _file_manifest(d: Destination) -> dict | None:
+    import pyarrow.parquet as pq
+
+    folder, name = d.parent_and_name()
+    try:
+        with folder.open_input(name) as f:
+            md = pq.ParquetFile(f).schema_arrow.metadata or {}
+    except Exception:  # noqa: BLE001 - not a Parquet file: no manifest in it
+        return None
+    raw = md.get(b"dvidshards")
+    return None if raw is None else _parse_manifest(raw, d.describe())
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class JobReport:
+    """What a job did, the same for every job; its manifest is written from it.
+
+    Attributes
+    ----------
+    job : str
+        The job (``convert``, ``stats``, ``downsample``, ...).
+    dest : str
+        The output, as the user named it.
+    scales : list of int
+        The scales the job worked on.
+    tasks : int
+        Tasks planned.
+    done : int
+        Tasks that succeeded in this run.
+    skipped : int
+        Tasks done by an earlier run and kept (``resume``).
+    failed : dict
+        ``{task: "TypeName: message"}`` of the tasks that failed (their files and chunks named).
+    complete : bool
+        Whether the output is whole: every task done and nothing else went wrong.
+    status : str
+        ``complete``, ``incomplete`` or ``interrupted``.
+    totals : object
+        The job's own figures (chunks written, bodies, ...), with ``to_json()`` or a dict.
+    notes : list of str
+        The job's own summary lines.
+    elapsed, task_cpu : float
+        Wall seconds of the job and CPU seconds of its tasks.
+    """
+
+    job: str
+    dest: str
+    scales: list = field(default_factory=list)
+    tasks: int = 0
+    done: int = 0
+    skipped: int = 0
+    failed: dict = field(default_factory=dict)
+    complete: bool = False
+    status: str = "running"
+    totals: Any = None
+    notes: list = field(default_factory=list)
+    elapsed: float = 0.0
+    task_cpu: float = 0.0
+    dashboard: str | None = None
+    manifest: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the output is complete and no task failed."""
+        return self.complete and not self.failed
+
+    def summary(self, limit: int = 10) -> str:
+        """A few lines: what was done, the job's own figures, the first failures, and what to do."""
+        state = "complete" if self.complete else ("INTERRUPTED" if self.status == "interrupted" else "INCOMPLETE")
+        kept = f", {self.skipped:,} kept from an earlier run" if self.skipped else ""
+        lines = [f"{self.job} -> {self.dest}: {state}: {self.done:,} of {self.tasks:,} tasks done{kept}, "
+                 f"{len(self.failed):,} failed; {self.elapsed:.1f} s, {self.task_cpu:.1f} CPU s in tasks"]
+        lines += [f"  {n}" for n in self.notes]
+        for item, msg in list(self.failed.items())[:limit]:
+            lines.append(f"  FAILED {item}: {msg}")
+        if len(self.failed) > limit:
+            lines.append(f"  ... and {len(self.failed) - limit:,} more" +
+                         (f" (all in {self.manifest})" if self.manifest else ""))
+        if not self.complete:
+            where = f" (its {self.manifest} says so)" if self.manifest else ""
+            lines.append(f"  the output is incomplete{where}; fix the cause and run the same command with --resume "
+                         f"to finish it")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        t = self.totals
+        if t is not None and hasattr(t, "to_json"):
+            t = t.to_json()
+        return {"tasks": {"total": self.tasks, "done": self.done, "kept": self.skipped, "failed": len(self.failed)},
+                "failed": dict(self.failed), "totals": t, "notes": list(self.notes),
+                "elapsed_s": round(self.elapsed, 3), "task_cpu_s": round(self.task_cpu, 3)}
+
+
+# --------------------------------------------------------------------------- the frame of a job
+
+
+class Output:
+    """The frame every job runs in: destination checked, lock taken, manifest kept, report made.
+
+    Parameters
+    ----------
+    dest : path, URL, kvstore spec dict or Destination
+        The output: a folder (``kind="folder"``) or one file (``kind="file"``, e.g. a Parquet
+        table; its manifest is the file's own metadata, written by the job, and the lock lies
+        beside it).
+    job : str
+        The job's name (``convert``, ``stats``, ...).
+    parameters : dict
+        The arguments that decide the output's content (JSON). ``resume`` needs the same ones.
+    source : optional
+        The export (a path, URL or Dataset): recorded in the manifest, and an output inside it
+        is refused.
+    scales : list of int
+    command : str, optional
+        The command line, recorded in the manifest.
+    resume, overwrite : bool
+        See the module docstring.
+    own : callable, optional
+        ``name -> bool``: whether a top-level name of the destination is this job's output
+        (deleted by ``overwrite``; with ``resume``, anything else there is refused). Default:
+        everything but the manifest, the lock and hidden names is the job's.
+    workdir : Destination, optional
+        The job's work folder: it is locked too, and must not overlap the output.
+    """
+
+    def __init__(self, dest, *, job: str, parameters: dict, source=None, scales: Iterable[int] = (),
+                 command: str | None = None, resume: bool = False, overwrite: bool = False,
+                 own: Callable[[str], bool] | None = None, kind: str = "folder",
+                 workdir: Destination | None = None):
+        if resume and overwrite:
+            raise SpecError("give resume or overwrite, not both")
+        if kind not in ("folder", "file"):
+            raise ValueError(kind)
+        self.destination = Destination.of(dest)
+        self.job, self.parameters, self.kind = job, parameters, kind
+        self.scales = [int(k) for k in scales]
+        self.command, self.resume, self.overwrite = command, resume, overwrite
+        self.source = source
+        self.workdir = Destination.of(workdir, what="work folder") if workdir is not None else None
+        self.own = own
+        self.previous: dict | None = None
+        self.report = JobReport(job, self.destination.describe(), list(self.scales))
+        self._t0 = time.perf_counter()
+        self._locks: list[Lock] = []
+        self._finished = False
+        self._manifest: dict | None = None
+        if kind == "file":
+            self.folder, self.name = self.destination.parent_and_name()
+            self.report.manifest = None
+        else:
+            self.folder, self.name = self.destination, ""
+            self.report.manifest = MANIFEST
+
+    # --- opening -----------------------------------------------------------------------------------
+
+    def __enter__(self) -> Output:
+        made = self.folder.local and not os.path.exists(self.folder.local_path())
+        try:
+            self.open()
+        except BaseException:
+            self._release()
+            if made:  # refused: leave no folder behind that was not there before
+                _remove_empty_dirs(self.folder.local_path())
+            raise
+        return self
+
+    def open(self) -> None:
+        """Check the destination, take the locks, write the manifest ``complete: false``."""
+        check_apart(self.destination, workdir=self.workdir, source=self.source)
+        self.destination.probe(kind=self.kind)
+        if self.workdir is not None:
+            self.workdir.probe()
+        lock_name = f"{self.name}.{LOCK}" if self.kind == "file" else LOCK
+        self._locks.append(Lock(self.folder, self.job, lock_name))
+        if self.workdir is not None:
+            self._locks.append(Lock(self.workdir, self.job))
+        for lock in self._locks:
+            lock.acquire(take_over=self.resume)
+        if self.kind == "folder":
+            self._check_folder()
+            self._manifest = self._new_manifest()
+            self._write_manifest()
+        else:
+            self._check_file()
+
+    def _is_own(self, name: str) -> bool:
+        if name in (MANIFEST, LOCK) or name.startswith("."):
+            return False
+        return True if self.own is None else bool(self.own(name))
+
+    def _check_folder(self) -> None:
+        d = self.destination
+        names = [n for n in d.list() if n not in (LOCK,) and not n.startswith(".")]
+        has_manifest = MANIFEST in names
+        prev = None
+        if has_manifest:
+            data = d.read(MANIFEST)
+            prev = _parse_manifest(data, d.describe(MANIFEST)) if data is not None else None
+        rest = [n for n in names if n != MANIFEST]
+        if not names:
+            return
+        if self.overwrite:
+            self.previous = None
+            for n in rest:
+                if self._is_own(n):
+                    d.rmtree(n)
+            if has_manifest:
+                d.delete(MANIFEST)
+            return
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        if prev is None:
+            raise OutputError(f"{d.describe()} is not empty and holds no dvidshards output ({shown}); choose an "
+                              f"empty destination, or pass --overwrite to replace what this job would write there")
+        if prev.get("job") != self.job:
+            raise OutputError(f"{d.describe()} holds the output of `dvidshards {prev.get('job')}`, not "
+                              f"{self.job}; choose another destination, or pass --overwrite")
+        if not self.resume:
+            state = "complete" if prev.get("complete") else "incomplete"
+            raise OutputError(f"{d.describe()} holds an earlier {self.job} output ({state}); pass --resume to "
+                              f"finish it, or --overwrite to start again")
+        foreign = [n for n in rest if not self._is_own(n)]
+        if foreign:
+            raise OutputError(f"{d.describe()} holds files that are not this job's output: "
+                              f"{', '.join(foreign[:5])}; choose another destination, or pass --overwrite")
+        self._check_same(prev)
+        self.previous = prev
+
+    def _check_same(self, prev: dict) -> None:
+        old = prev.get("parameters", {})
+        for k in sorted(set(old) | set(self.parameters)):
+            if old.get(k) != self.parameters.get(k):
+                raise OutputError(f"{self.destination.describe()} holds a {self.job} output made with other "
+                                  f"parameters ({k} was {old.get(k)!r}, now {self.parameters.get(k)!r}); "
+                                  f"--resume needs the same ones: run the same command, or pass --overwrite")
+
+    def _check_file(self) -> None:
+        d = self.folder
+        if d.read(self.name) is None:
+            return
+        if self.overwrite:
+            return  # replaced atomically when the job writes it
+        prev = read_manifest(self.destination)
+        if prev is None or prev.get("job") != self.job:
+            raise OutputError(f"{self.destination.describe()} exists and is not a {self.job} output; choose "
+                              f"another name, or pass --overwrite")
+        if not self.resume:
+            raise OutputError(f"{self.destination.describe()} exists (an earlier {self.job} output); pass "
+                              f"--overwrite to replace it")
+        self._check_same(prev)
+        self.previous = prev
+
+    def _new_manifest(self) -> dict:
+        source = None
+        if self.source is not None:
+            root = _source_root(self.source)
+            source = {"url": root.describe() if root is not None else repr(self.source)}
+        return {"dvidshards": {"manifest": SCHEMA, "version": library_version()}, "job": self.job,
+                "parameters": self.parameters, "command": self.command, "source": source,
+                "scales": self.scales, "complete": False, "status": "running",
+                "started": (self.previous or {}).get("started") or _now(), "updated": _now(), "finished": None}
+
+    def manifest(self) -> dict:
+        """The manifest as it stands (for one-file outputs: to embed in the file's metadata)."""
+        if self._manifest is None:
+            self._manifest = self._new_manifest()
+        return self._manifest
+
+    def _write_manifest(self) -> None:
+        if self.kind == "folder" and self._manifest is not None:
+            self._manifest["updated"] = _now()
+            self.destination.write(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
+
+    # --- while running -----------------------------------------------------------------------------
+
+    def add(self, phase, name: Callable[[Any], str] = str) -> None:
+        """Count one :meth:`TaskRunner.run` phase into the report (failures named by ``name``)."""
+        self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
+        self.report.done += len(phase.results)
+        self.report.skipped += len(phase.skipped)
+        for item, msg in phase.failed.items():
+            self.report.failed[name(item)] = msg
+        self.report.task_cpu += phase.task_cpu
+        if getattr(phase, "dashboard", None):
+            self.report.dashboard = phase.dashboard
+
+    def fail(self, item: str, message: str) -> None:
+        """Record a failure that is not a task's (e.g. a check after the tasks)."""
+        self.report.failed[item] = message
+
+    def update(self, **members) -> None:
+        """Merge members into the manifest and write it (job-specific progress, e.g. per-scale keys)."""
+        self.manifest().update(members)
+        self._write_manifest()
+
+    # --- the end -----------------------------------------------------------------------------------
+
+    def finish(self, *, totals=None, notes: Iterable[str] = (), complete: bool | None = None,
+               allow_partial: bool = False, write: Callable[[dict], None] | None = None) -> JobReport:
+        """Write the final manifest, release the locks, and return the report.
+
+        Parameters
+        ----------
+        totals, notes :
+            The job's own figures and summary lines.
+        complete : bool, optional
+            Whether the output is whole (default: no task failed).
+        allow_partial : bool
+            Return an incomplete report instead of raising.
+        write : callable, optional
+            One-file outputs: ``write(manifest)`` publishes the file with the final manifest in its
+            metadata (called only when the output is complete).
+
+        Raises
+        ------
+        JobError
+            The output is incomplete and ``allow_partial`` is false; ``.report`` is the report.
+        """
+        r = self.report
+        r.totals = totals if totals is not None else r.totals
+        r.notes = list(notes)
+        r.complete = (not r.failed) if complete is None else bool(complete) and not r.failed
+        r.status = "complete" if r.complete else "incomplete"
+        r.elapsed = time.perf_counter() - self._t0
+        m = self.manifest()
+        m.update({"complete": r.complete, "status": r.status, "finished": _now(), **r.to_json()})
+        try:
+            if self.kind == "file":
+                if r.complete and write is not None:
+                    write(m)
+            else:
+                self._write_manifest()
+        finally:
+            self._finished = True
+            self._release()
+        if not r.complete and not allow_partial:
+            raise JobError(r.summary(), r)
+        return r
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if self._finished:
+            return
+        try:
+            if exc is not None and self._manifest is not None and self.kind == "folder":
+                interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+                self._manifest.update({"complete": False, "status": "interrupted" if interrupted else "incomplete",
+                                       "error": f"{type(exc).__name__}: {_one_line(exc)}", "finished": _now(),
+                                       **self.report.to_json()})
+                try:
+                    self._write_manifest()
+                except OutputError:
+                    pass
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self._locks:
+                msg = (f"dvidshards {self.job}: interrupted: {self.destination.describe()} is incomplete"
+                       + (f" (its {MANIFEST} says so)" if self.kind == "folder" else "")
+                       + "; run the same command with --resume to finish it")
+                print(msg, file=sys.stderr, flush=True)
+                if hasattr(exc, "add_note"):
+                    exc.add_note(msg)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+        self._locks = []
