@@ -1,8 +1,11 @@
 """``dvidshards demo``: write a realistic synthetic export, read it back across shards, check it
-voxel for voxel, and draw a slice as a two-panel PNG figure.
+voxel for voxel, and draw a slice as a PNG figure.
 
-Everything, the picture included, needs only the core dependencies (the PNG is written with numpy
-and zlib). Without an output folder the export goes to a temporary folder that is removed at the
+The export is written as DVID writes one today: scale 0 only, with a spec that lists every
+scale. The coarser scales are then made the way DVID makes its own pyramid, by
+``dvidshards downsample``, and read back together with scale 0 as one dataset. The figure is
+drawn with matplotlib (``pip install 'dvidshards[demo]'``), imported only when a figure is
+asked for. Without an output folder the export goes to a temporary folder that is removed at the
 end.
 """
 
@@ -13,26 +16,30 @@ import json
 import math
 import os
 import shutil
-import struct
 import tempfile
 import time
-import zlib
 from typing import Any
 
 import numpy as np
 
-from dvidshards.errors import SpecError
+from dvidshards.errors import DvidShardsError, SpecError
 
-__all__ = ["DEFAULT_SIZE", "check_size", "draw_text", "label_colors", "png_bytes", "region_colors", "run_demo",
-           "save_figure", "text_width"]
+__all__ = ["DEFAULT_SIZE", "DemoDependencyError", "check_size", "dvid_downsample", "label_colors",
+           "region_colors", "run_demo", "save_figure"]
 
 DEFAULT_SIZE = (512, 448, 256)
 MAX_VOXELS = 1 << 28  # 2 GiB of uint64 supervoxels in memory
 SHARD_CHUNKS = 2  # 128-voxel shards, so that even a small demo volume spans several shard files
 RESOLUTION = (8.0, 8.0, 8.0)
+SCALES = 3  # scales listed in the spec; the export holds scale 0, downsample makes the rest
 # well separated hues (degrees) for bodies; supervoxels are lighter or darker shades of them
 _HUES = (0, 28, 52, 95, 145, 178, 205, 235, 275, 305, 330)
 _SHADES = (0.36, 0.50, 0.64, 0.78)
+_INSTALL = "pip install 'dvidshards[demo]'"
+
+
+class DemoDependencyError(DvidShardsError, ImportError):
+    """The demo's figure needs matplotlib, which is not installed; the message says how to get it."""
 
 
 def check_size(size) -> tuple[int, int, int]:
@@ -46,7 +53,7 @@ def check_size(size) -> tuple[int, int, int]:
     if math.prod(s) > MAX_VOXELS:
         raise SpecError(f"{math.prod(s):,} voxels is more than the demo's {MAX_VOXELS:,} "
                         f"({MAX_VOXELS * 8 >> 30} GiB in memory)")
-    return s
+    return s[0], s[1], s[2]
 
 
 def _box(size) -> tuple[slice, slice, slice]:
@@ -55,6 +62,59 @@ def _box(size) -> tuple[slice, slice, slice]:
     lo = [n // 10 for n in size]
     hi = [min(n, max(a + 1, -(-n * 3 // 4))) for a, n in zip(lo, size, strict=True)]
     return slice(lo[0], hi[0]), slice(lo[1], hi[1]), slice(lo[2], hi[2])
+
+
+def _coarse_box(box, k: int) -> tuple[slice, ...]:
+    """The voxels of scale ``k`` covering ``box`` (scale-0 slices)."""
+    return tuple(slice(b.start >> k, max((b.start >> k) + 1, -(-b.stop >> k))) for b in box)
+
+
+# --- DVID's downsampling rule, in plain numpy (the reference the pyramid is checked against) -----
+
+
+def dvid_downsample(volume: np.ndarray, *, slab: int = 16) -> np.ndarray:
+    """One 2×2×2 downsampling step by DVID's rule (``downresArray`` in DVID's
+    ``datatype/common/labels/compressed.go``), written plainly in numpy.
+
+    Each output voxel is the most frequent **non-zero** label of its 2×2×2 cell, ties going to
+    the smaller id; 0 only when all eight voxels are 0. Voxels past an odd edge count as 0, so
+    the result has ``ceil(n / 2)`` voxels per axis.
+
+    Parameters
+    ----------
+    volume : numpy.ndarray
+        Labels indexed ``[x, y, z]``.
+    slab : int, optional
+        Output z planes computed at a time (bounds the temporaries).
+
+    Returns
+    -------
+    numpy.ndarray
+        Same dtype, indexed ``[x, y, z]`` (Fortran order).
+    """
+    v = np.asarray(volume)
+    if v.ndim != 3:
+        raise ValueError(f"expected a 3-D volume, got shape {v.shape}")
+    nx, ny, nz = v.shape
+    ox, oy, oz = -(-nx // 2), -(-ny // 2), -(-nz // 2)
+    out = np.zeros((ox, oy, oz), v.dtype, order="F")
+    for z0 in range(0, oz, slab):
+        z1 = min(oz, z0 + slab)
+        part = v[:, :, 2 * z0:2 * z1]
+        padded = np.zeros((2 * ox, 2 * oy, 2 * (z1 - z0)), v.dtype)
+        padded[:nx, :ny, :part.shape[2]] = part
+        cells = padded.reshape(ox, 2, oy, 2, z1 - z0, 2).transpose(0, 2, 4, 1, 3, 5).reshape(-1, 8)
+        s = np.sort(cells, axis=1)
+        count = np.zeros(s.shape, np.int8)
+        for k in range(8):
+            count += s == s[:, k:k + 1]
+        count[s == 0] = -1  # 0 wins only when all eight are 0 (then every count is -1)
+        # the first maximum of a sorted row is the smallest of the most frequent ids
+        out[:, :, z0:z1] = s[np.arange(len(s)), count.argmax(axis=1)].reshape(ox, oy, z1 - z0)
+    return out
+
+
+# --- colours -------------------------------------------------------------------------------------
 
 
 def label_colors(labels: np.ndarray) -> np.ndarray:
@@ -115,7 +175,8 @@ def _hue_distance(a: int, b: int) -> int:
     return min(d, 360 - d)
 
 
-def region_colors(bodies: np.ndarray, supervoxels: np.ndarray, background=(0.1, 0.1, 0.1)):
+def region_colors(bodies: np.ndarray, supervoxels: np.ndarray, background=(0.1, 0.1, 0.1), *,
+                  more_bodies=()) -> tuple[np.ndarray, ...]:
     """Colours for one 2-D slice: bodies in distinct hues, each supervoxel a shade of its body's hue.
 
     Neighbouring bodies (within 2 pixels) get different hues; neighbouring supervoxels of the
@@ -126,16 +187,22 @@ def region_colors(bodies: np.ndarray, supervoxels: np.ndarray, background=(0.1, 
     bodies, supervoxels : numpy.ndarray
         The same 2-D region as agglomerated and as supervoxel ids (0 = background).
     background : RGB tuple, optional
+    more_bodies : sequence of numpy.ndarray, optional
+        Other 2-D images of body ids (e.g. the region at a coarser scale), any shape, painted
+        with the same hue per body; their neighbours are kept apart too.
 
     Returns
     -------
-    body_rgb, sv_rgb : numpy.ndarray
-        float RGB images, shape ``bodies.shape + (3,)``.
+    body_rgb, sv_rgb, *more_rgb : numpy.ndarray
+        float RGB images, shape ``bodies.shape + (3,)`` (``more_rgb``: each image's shape).
     """
-    body_ids = np.unique(bodies[bodies != 0])
-    hue = _greedy_colours(body_ids, _neighbours(bodies), len(_HUES), _hue_distance)
+    images = [np.asarray(bodies), *(np.asarray(b) for b in more_bodies)]
+    body_ids = np.unique(np.concatenate([b[b != 0].ravel() for b in images]))
+    pairs = [_neighbours(b) for b in images]
+    hue = _greedy_colours(body_ids, np.concatenate(pairs) if pairs else np.zeros((0, 2)), len(_HUES),
+                          _hue_distance)
     sv_ids, first = np.unique(supervoxels, return_index=True)
-    sv_body = bodies.ravel()[first]
+    sv_body = np.asarray(bodies).ravel()[first]
     keep = sv_ids != 0
     sv_ids, sv_body = sv_ids[keep], sv_body[keep]
     sv_pairs = _neighbours(supervoxels)
@@ -153,10 +220,28 @@ def region_colors(bodies: np.ndarray, supervoxels: np.ndarray, background=(0.1, 
         pos = np.minimum(np.searchsorted(ids, img), len(ids) - 1)
         return lut[np.where(ids[pos] == img, pos + 1, 0)]
 
-    body_rgb = paint(bodies, body_ids, lambda b: rgb(_HUES[hue[b]], 0.55))
+    def body_colour(b):
+        return rgb(_HUES[hue[b]], 0.55)
+
+    body_rgb = paint(images[0], body_ids, body_colour)
     sv_rgb = paint(supervoxels, sv_ids,
                    lambda s: rgb(_HUES[hue.get(owner[s], 0)], _SHADES[shade[s]]) if owner[s] else (0.5, 0.5, 0.5))
-    return body_rgb, sv_rgb
+    return (body_rgb, sv_rgb, *(paint(b, body_ids, body_colour) for b in images[1:]))
+
+
+# --- the figure (matplotlib, imported on use) ----------------------------------------------------
+
+
+def _matplotlib():
+    """matplotlib's Figure and its Agg canvas (no display needed), or DemoDependencyError."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from mpl_toolkits.axes_grid1.anchored_artists import AnchoredSizeBar
+    except ImportError:
+        raise DemoDependencyError(f"the demo draws its figure with matplotlib, which is not installed: "
+                                  f"{_INSTALL}") from None
+    return Figure, FigureCanvasAgg, AnchoredSizeBar
 
 
 def _nice_length(max_nm: float) -> float:
@@ -167,155 +252,171 @@ def _nice_length(max_nm: float) -> float:
     return max(m * k for m in (1, 2, 5) if m * k <= max_nm)
 
 
-# --- the picture: numpy and zlib only (a PNG is a few zlib-compressed chunks) --------------------
-
-# A 5×7 pixel font (2 more rows for descenders), printable ASCII from " " on: one word per
-# character, one base-32 digit per row (bit 4 the leftmost pixel), trailing empty rows left out.
-_GLYPHS = (
-    "0 4444404 AAA AAVAVAA 4FKE5U4 OP248J3 CIK8LID 448 2488842 8422248 04LEL4 044V44 00000C48 "
-    "000V 00000CC 01248G EHJLPHE 4C4444E EH1248V V2421HE 26AIV22 VGU11HE 68GUHHE V124888 "
-    "EHHEHHE EHHF12C 0CC0CC 0CC0C48 248G842 00V0V 8421248 EH12404 EH1DLLE EHHHVHH UHHUHHU "
-    "EHGGGHE SIHHHIS VGGUGGV VGGUGGG EHGNHHF HHHVHHH E44444E 72222IC HIKOKIH GGGGGGV HRLLHHH "
-    "HHPLJHH EHHHHHE UHHUGGG EHHHLID UHHUKIH FGGE11U V444444 HHHHHHE HHHHHA4 HHHLLLA HHA4AHH "
-    "HHHA444 V1248GV E88888E 0G8421 E22222E 4AH 000000V 842 00E1FHF GGMPHHU 00EGGHE 11DJHHF "
-    "00EHVGE 698S888 00FHHHF1E GGMPHHH 40C444E 2062222IC GGIKOKI C44444E 00QLLLL 00MPHHH "
-    "00EHHHE 00UHHHUGG 00FHHHF11 00MPGGG 00FGE1U 88S8896 00HHHJD 00HHHA4 00HHLLA 00HA4AH "
-    "00HHHHF1E 00V248V 2448442 4444444 8442448 008L2 "
-)
-_B32 = "0123456789ABCDEFGHIJKLMNOPQRSTUV"
-_FONT = {chr(32 + i): np.array([[(_B32.index(d) >> (4 - c)) & 1 for c in range(5)] for d in g.ljust(9, "0")], bool)
-         for i, g in enumerate(_GLYPHS.split())}
-PANEL = 480  # longest side of a panel in pixels
-_TEXT = 2  # pixels per font pixel
-_MARGIN = 16
+def _length_label(nm: float) -> str:
+    return f"{nm / 1000:g} µm" if nm >= 1000 else f"{nm:g} nm"
 
 
-def text_width(s: str, scale: int = _TEXT) -> int:
-    """Width in pixels of ``s`` drawn by `draw_text`."""
-    return 6 * scale * len(s) - scale if s else 0
-
-
-def draw_text(img: np.ndarray, x: int, y: int, s: str, color=(0, 0, 0), scale: int = _TEXT) -> None:
-    """Draw ``s`` into an (h, w, 3) uint8 image, top left corner at pixel (x, y), clipped to the
-    image. Characters outside printable ASCII are drawn as ``?``."""
-    h, w = img.shape[:2]
-    for i, ch in enumerate(s):
-        glyph = np.kron(_FONT.get(ch, _FONT["?"]), np.ones((scale, scale), bool))
-        x0, y0 = x + 6 * scale * i, y
-        gy, gx = slice(max(0, -y0), min(glyph.shape[0], h - y0)), slice(max(0, -x0), min(glyph.shape[1], w - x0))
-        if gy.start >= gy.stop or gx.start >= gx.stop:
-            continue
-        region = img[y0 + gy.start:y0 + gy.stop, x0 + gx.start:x0 + gx.stop]
-        region[glyph[gy, gx]] = color
-
-
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """An (h, w, 3) uint8 image as the bytes of an 8-bit RGB PNG file."""
-    rgb = np.ascontiguousarray(rgb, np.uint8)
-    if rgb.ndim != 3 or rgb.shape[2] != 3 or not rgb.shape[0] or not rgb.shape[1]:
-        raise ValueError(f"expected a non-empty (h, w, 3) image, got shape {rgb.shape}")
-    h, w = rgb.shape[:2]
-    rows = np.zeros((h, 1 + 3 * w), np.uint8)  # each row: filter type 0 (none), then its pixels
-    rows[:, 1:] = rgb.reshape(h, 3 * w)
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6)) + chunk(b"IEND", b""))
-
-
-def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
-    """Nearest-neighbour resampling of an (h0, w0, 3) image to (h, w, 3)."""
-    ys = (np.arange(h) * img.shape[0]) // h
-    xs = (np.arange(w) * img.shape[1]) // w
-    return img[ys[:, None], xs[None, :]]
-
-
-def _scale_bar(panel: np.ndarray, nm_per_px: float) -> None:
-    """A white bar of a round length in nm with its label, lower right, on a dark box."""
-    h, w = panel.shape[:2]
-    bar = _nice_length(w * nm_per_px / 4)
-    n = int(round(bar / nm_per_px)) if bar else 0
-    label = f"{bar:g} nm"
-    if n < 4 or h < 40 or w < text_width(label) + 24:
-        return
-    bw, bh = max(n, text_width(label)) + 12, 7 * _TEXT + 18
-    x0, y0 = w - bw - 8, h - bh - 8
-    box = panel[y0:y0 + bh, x0:x0 + bw]
-    box[:] = (box * 0.4).astype(np.uint8)
-    x = x0 + bw - 6 - n
-    panel[y0 + bh - 10:y0 + bh - 6, x:x + n] = 255
-    draw_text(panel, x0 + bw - 6 - text_width(label), y0 + 5, label, color=(255, 255, 255))
+def _count(img: np.ndarray) -> int:
+    return len(np.unique(img[img != 0]))
 
 
 def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: int, resolution,
-                origin=(0, 0)) -> None:
-    """Save the two-panel figure of one z slice as a PNG: bodies, and the same region as supervoxels.
+                origin=(0, 0), coarse=None, shard_extent=None) -> list[tuple[int, int, int, int]]:
+    """Save the figure of one z slice as a PNG: bodies, the same region as supervoxels, and
+    optionally the same region at a coarser scale.
 
-    ``bodies`` and ``supervoxels`` are (x, y) slices; ``resolution`` the voxel size (x, y, z) in
-    nm; ``z`` the slice's voxel index; ``origin`` the (x, y) voxel of the slice's first pixel
-    (kept for callers; the scale bar needs only the voxel size). Drawn with numpy and zlib: no
-    plotting library.
+    Parameters
+    ----------
+    path : str
+        The PNG file.
+    bodies, supervoxels : numpy.ndarray
+        The scale-0 slice, indexed (x, y), as agglomerated and as supervoxel ids.
+    z : int
+        The slice's scale-0 voxel index.
+    resolution : (x, y, z)
+        Scale 0's voxel size in nm.
+    origin : (x, y), optional
+        The scale-0 voxel of the slice's first pixel.
+    coarse : (k, bodies_k, origin_k), optional
+        A third panel: scale ``k``'s bodies over the same region, indexed (x, y), with its first
+        pixel's voxel in scale-``k`` voxels. Drawn with the same colour per body.
+    shard_extent : dict, optional
+        Shard side in voxels per scale index (e.g. ``{0: 128, 1: 128}``): shard boundaries are
+        drawn as dashed lines.
+
+    Returns
+    -------
+    list of (left, top, right, bottom)
+        Each panel's pixel box in the saved image (row 0 at the top), left to right.
+
+    Raises
+    ------
+    DemoDependencyError
+        Without matplotlib.
     """
-    body_rgb, sv_rgb = region_colors(bodies.T, supervoxels.T)  # rows are y (down), columns x
-    h, w = body_rgb.shape[:2]
+    Figure, FigureCanvasAgg, AnchoredSizeBar = _matplotlib()
     rx, ry, rz = (float(r) for r in resolution)
-    # panels keep the voxels' aspect ratio (x and y voxel sizes may differ)
-    f = PANEL / max(w * rx, h * ry)
-    pw, ph = max(1, round(w * rx * f)), max(1, round(h * ry * f))
-    n_b = len(np.unique(bodies[bodies != 0]))
-    n_s = len(np.unique(supervoxels[supervoxels != 0]))
-    titles = (f"Bodies (agglomerated): {n_b}", f"Same region, supervoxels: {n_s}")
-    lines = (f"Synthetic DVID export, z slice {z} ({z * rz:g} nm), voxels {rx:g} x {ry:g} x {rz:g} nm",
-             "each supervoxel is a shade of its body's colour")
-    line = 9 * _TEXT + 6
-    pw_min = max(pw, max(text_width(t) for t in titles))
-    width = max(3 * _MARGIN + 2 * pw_min, 2 * _MARGIN + max(text_width(s) for s in lines))
-    top = _MARGIN + len(lines) * line + 10
-    height = top + line + ph + _MARGIN
-    img = np.full((height, width, 3), 255, np.uint8)
-    for i, s in enumerate(lines):
-        draw_text(img, (width - text_width(s)) // 2, _MARGIN + i * line, s)
-    gap = (width - 2 * pw) // 3
-    for k, (rgb, title) in enumerate(zip((body_rgb, sv_rgb), titles, strict=True)):
-        x0 = gap + k * (pw + gap)
-        draw_text(img, x0 + (pw - text_width(title)) // 2, top, title)
-        panel = _resize(np.round(rgb * 255).astype(np.uint8), ph, pw)
-        _scale_bar(panel, rx * w / pw)
-        img[top + line:top + line + ph, x0:x0 + pw] = panel
-    with open(path, "wb") as out:
-        out.write(png_bytes(img))
+    more = [] if coarse is None else [np.asarray(coarse[1]).T]
+    rgbs = region_colors(bodies.T, supervoxels.T, more_bodies=more)  # rows are y (down), columns x
+    images = [np.round(np.asarray(c) * 255).astype(np.uint8) for c in rgbs]
+    w, h = bodies.shape
+    x0, y0 = origin[0] * rx, origin[1] * ry
+    extent = (x0, x0 + w * rx, y0 + h * ry, y0)  # nm; y grows downwards as in neuroglancer's xy view
+    panels = [(images[0], extent, 0, f"Bodies (agglomerated), {_count(bodies)} in view"),
+              (images[1], extent, 0, f"Same region, supervoxels, {_count(supervoxels)} in view")]
+    if coarse is not None:
+        k, ck, corigin = coarse
+        f = 2 ** int(k)
+        cw, ch = np.asarray(ck).shape
+        cx0, cy0 = corigin[0] * rx * f, corigin[1] * ry * f
+        panels.append((images[2], (cx0, cx0 + cw * rx * f, cy0 + ch * ry * f, cy0), int(k),
+                       f"Bodies at s{k} ({rx * f:g} nm), made by downsample"))
+
+    aspect = (h * ry) / (w * rx)
+    panel_in = 3.4
+    fig = Figure(figsize=(len(panels) * panel_in + 0.3, panel_in * aspect + 1.05), dpi=150,
+                 facecolor="white", layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), sharex=True, sharey=True, squeeze=False)[0]
+    bar = _nice_length(w * rx / 4)
+    for ax, (img, ext, k, title) in zip(axes, panels, strict=True):
+        ax.imshow(img, extent=ext, interpolation="nearest", resample=False)
+        ax.set_xlim(extent[0], extent[1])
+        ax.set_ylim(extent[2], extent[3])
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_color("0.6")
+        side = (shard_extent or {}).get(k)
+        if side:
+            step_x, step_y = side * rx * 2 ** k, side * ry * 2 ** k
+            for xb in np.arange(math.ceil(extent[0] / step_x) * step_x, extent[1], step_x)[:64]:
+                ax.axvline(xb, color="white", lw=0.7, ls=(0, (4, 3)), alpha=0.55)
+            for yb in np.arange(math.ceil(extent[3] / step_y) * step_y, extent[2], step_y)[:64]:
+                ax.axhline(yb, color="white", lw=0.7, ls=(0, (4, 3)), alpha=0.55)
+        if bar:
+            ax.add_artist(AnchoredSizeBar(ax.transData, bar, _length_label(bar), "lower right", pad=0.4,
+                                          borderpad=0.5, sep=3, frameon=False, color="white",
+                                          size_vertical=max(w * rx / 150, rx), fontproperties={"size": 8}))
+    fig.suptitle(f"A synthetic DVID export read back across shard files\n"
+                 f"z slice {z} ({z * rz:g} nm), voxels {rx:g} × {ry:g} × {rz:g} nm", fontsize=10)
+    notes = ["each supervoxel is a shade of its body's colour"]
+    if shard_extent:
+        notes.append("dashed lines: shard file boundaries")
+    if coarse is not None:
+        notes.append(f"s{coarse[0]} made from s0 by DVID's rule (most frequent non-zero supervoxel), "
+                     f"then mapped to bodies")
+    fig.supxlabel("   ·   ".join(notes), fontsize=8, color="0.3")
+    fig.savefig(path, dpi=fig.dpi, facecolor="white")
+    height = fig.canvas.get_width_height()[1]
+    boxes = []
+    for ax in axes:
+        e = ax.get_window_extent()
+        boxes.append((math.ceil(e.x0), math.ceil(height - e.y1), math.floor(e.x1), math.floor(height - e.y0)))
+    return boxes
+
+
+# --- the demo ------------------------------------------------------------------------------------
+
+
+def _full_spec(spec0: dict, n_scales: int) -> dict:
+    """The spec one gives DVID's export-shards: ``spec0``'s scale 0 and ``n_scales - 1`` coarser
+    scales (sizes halved, rounding up; the same sharding rule)."""
+    from dvidshards.writer import default_sharding
+
+    s0 = spec0["scales"][0]
+    scales = [s0]
+    for k in range(1, n_scales):
+        size = [-(-n >> k) for n in s0["size"]]
+        res = [r * 2 ** k for r in s0["resolution"]]
+        sharding = default_sharding(size, SHARD_CHUNKS).to_json()
+        if sharding.get("data_encoding", "raw") == "raw":
+            sharding.pop("data_encoding", None)
+        scales.append({**s0, "key": "x".join(f"{r:g}" for r in res), "resolution": res, "size": size,
+                       "sharding": {key: sharding[key] for key in sorted(sharding)}})
+    return {**spec0, "scales": scales}
 
 
 def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, png: str | None = None,
              echo=print) -> dict:
-    """Write a synthetic multi-scale export, read a box across shard boundaries, check it, draw it.
+    """Write a synthetic export, make its coarser scales, read a box across shard boundaries,
+    check it, draw it.
 
     Parameters
     ----------
     out_dir : str, optional
-        Folder for the export (``out_dir/export``, and ``out_dir/spec.json``); kept. Default: a
-        temporary folder, removed before returning.
+        Folder for the export (``out_dir/export``, its scale 0), the coarser scales
+        (``out_dir/pyramid``) and the spec (``out_dir/spec.json``); kept. Default: a temporary
+        folder, removed before returning.
     size : (x, y, z)
         Volume size in voxels (see `check_size`).
     seed : int
         Seed of the synthetic neurons.
     png : str, optional
-        Where to save the figure (a PNG file).
+        Where to save the figure (a PNG file; needs matplotlib).
     echo : callable
         Receives each line of the report.
 
     Returns
     -------
     dict
-        ``export``, ``spec``, ``box``, ``agglomerated`` and ``supervoxels`` (the box read back),
-        ``exact`` (both equal the volume written), ``seconds`` (read times), ``png`` (None when
-        no picture was asked for), ``z`` (slice drawn).
+        ``export``, ``pyramid``, ``spec``, ``box``, ``agglomerated`` and ``supervoxels`` (the
+        box read back at scale 0), ``coarse`` (scale -> the box's bodies read at that scale),
+        ``exact`` (every read equals the volume written, the coarse scales DVID's rule applied
+        to it), ``seconds`` (read times), ``png`` (None when no picture was asked for), ``z``
+        (slice drawn), ``panels`` (the figure's panel pixel boxes).
+
+    Raises
+    ------
+    DemoDependencyError
+        A figure asked for without matplotlib installed (before any work).
     """
+    if png is not None:
+        _matplotlib()  # before any work: a missing plotting library is said at once
     import dvidshards
-    from dvidshards.formats.mapping import LabelMapping
     from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.formats.mapping import LabelMapping
     from dvidshards.writer import write_export
 
     size = check_size(size)
@@ -325,19 +426,20 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
         export = os.path.join(root, "export")
         t = time.perf_counter()
         sv, mapping = neuron_volume(size, n_bodies=40, svs_per_body=6, seed=seed)
-        spec = write_export(sv, export, mapping=mapping, scales=3, resolution=RESOLUTION,
-                            shard_chunks=SHARD_CHUNKS, overwrite=True)
+        # as DVID's export-shards writes by default: scale 0 only, the spec listing every scale
+        spec = _full_spec(write_export(sv, export, mapping=mapping, scales=1, resolution=RESOLUTION,
+                                       shard_chunks=SHARD_CHUNKS, overwrite=True), SCALES)
         with open(os.path.join(root, "spec.json"), "w") as f:  # DVID writes no spec: keep it beside
             json.dump(spec, f, indent=1)
         ds = dvidshards.Dataset(export, spec=spec)
-        n_shards = [len(ds.shards(s.index)) for s in ds.scales]
         echo(f"wrote {export if not temporary else 'a temporary export'}: {'x'.join(map(str, size))} voxels, "
-             f"{len(mapping)} supervoxels in {len(np.unique(mapping[:, 1]))} bodies, scales "
-             f"{[s.index for s in ds.scales]}, shard files per scale {n_shards} ({time.perf_counter() - t:.1f} s)")
+             f"{len(mapping)} supervoxels in {len(np.unique(mapping[:, 1]))} bodies, scale 0 in "
+             f"{len(ds.shards(0))} shard files ({time.perf_counter() - t:.1f} s)")
 
         box = _box(size)
         m = LabelMapping.from_any(mapping)
-        result: dict[str, Any] = {"export": None if temporary else export, "spec": spec, "box": box, "seconds": {}, "png": None}
+        result: dict[str, Any] = {"export": None if temporary else export, "pyramid": None, "spec": spec,
+                                  "box": box, "seconds": {}, "png": None, "coarse": {}, "panels": None}
         exact = True
         for labels in ("agglomerated", "supervoxels"):
             # DVID writes no shard file where every block is background: read those as 0
@@ -353,19 +455,15 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
                  f"{(a == 0).mean():.0%} background, exact: {same}")
             result[labels] = a
             result["seconds"][labels] = dt
-        if len(ds.scales) > 1:
-            s1 = dvidshards.open(export, scale=1, spec=spec, fill_missing_shards=True)
-            sub = tuple(slice(b.start // 2, max(b.start // 2 + 1, b.stop // 2)) for b in box)
-            small = s1[sub].read(order="F").result()
-            echo(f"     scale 1: {small.shape} at {RESOLUTION[0] * 2:g} nm, {len(np.unique(small[small != 0]))} bodies")
         result["exact"] = exact
 
         sup = result["supervoxels"]
         z = max(range(sup.shape[2]), key=lambda k: (len(np.unique(sup[:, :, k])), -k))  # the busiest slice
         result["z"] = box[2].start + z
         if png is not None:
-            save_figure(png, result["agglomerated"][:, :, z], sup[:, :, z], z=result["z"],
-                        resolution=RESOLUTION, origin=(box[0].start, box[1].start))
+            result["panels"] = save_figure(
+                png, result["agglomerated"][:, :, z], sup[:, :, z], z=result["z"], resolution=RESOLUTION,
+                origin=(box[0].start, box[1].start), shard_extent={0: ds.scale(0).shard_extent})
             result["png"] = png
             echo(f"saved {png}: z slice {result['z']}, bodies (left) and the same region as "
                  f"supervoxels (right)")
