@@ -11,7 +11,7 @@ import pytest
 import tensorstore as ts
 
 import dvidshards
-from dvidshards.errors import DvidShardsError, SpecError
+from dvidshards.errors import DvidShardsError, JobError, OutputError, SpecError
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.sharding import compressed_morton_code
@@ -88,7 +88,7 @@ def test_synthetic_every_scale_reads_back(export, tmp_path, fmt, labels):
     dest = tmp_path / "out"
     rep = convert(export.root, dest, fmt, spec=export.spec, labels=labels, verify=4, progress=False)
     assert rep.ok, rep.summary()
-    assert rep.verified == 12 and rep.scales == [0, 1, 2]
+    assert rep.totals.verified == 12 and rep.scales == [0, 1, 2]
     ds = dvidshards.Dataset(export.root, spec=export.spec)
     for s in ds.scales:
         sp = plan_scale(s, fmt)
@@ -225,8 +225,8 @@ def mtimes(root):
 @pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
 def test_resume_after_interruption(export, tmp_path, fmt):
     dest = tmp_path / "out"
-    first = convert(export.root, dest, fmt, spec=export.spec, progress=False, _stop_after=4)
-    assert first.ok and first.tasks == 4 and first.totals.shards_written == 4
+    first = convert(export.root, dest, fmt, spec=export.spec, progress=False, _stop_after=4, allow_partial=True)
+    assert not first.complete and not first.failed and first.done == 4 and first.totals.shards_written == 4
     before = {k: v for k, v in mtimes(dest).items() if "json" not in k and k != "info"}
     assert len(before) == 4
     second = convert(export.root, dest, fmt, spec=export.spec, progress=False, resume=True)
@@ -247,8 +247,10 @@ def test_resume_after_interruption(export, tmp_path, fmt):
     assert mtimes(dest)[files[1]] == before[files[1]]
     sp0 = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(0), fmt)
     np.testing.assert_array_equal(read_back(dest, fmt, sp0.key), export.expected(0))
-    # without resume everything is rewritten
-    fourth = convert(export.root, dest, fmt, spec=export.spec, progress=False)
+    # without resume an earlier output is refused; with overwrite everything is rewritten
+    with pytest.raises(OutputError, match="--resume"):
+        convert(export.root, dest, fmt, spec=export.spec, progress=False)
+    fourth = convert(export.root, dest, fmt, spec=export.spec, progress=False, overwrite=True)
     assert fourth.totals.shards_skipped == 0 and fourth.totals.shards_written == fourth.tasks
 
 
@@ -307,7 +309,7 @@ def test_refuses_bad_arguments(export, tmp_path):
         convert(export.root, tmp_path / "x", "n5", spec=export.spec)
     with pytest.raises(SpecError):
         convert(export.root, tmp_path / "x", "zarr3", spec=export.spec, encoder="fast")
-    with pytest.raises(SpecError, match="inside the export"):
+    with pytest.raises(OutputError, match="inside the export"):
         convert(export.root, os.path.join(export.root, "converted"), "zarr3", spec=export.spec)
     with pytest.raises(DvidShardsError):
         convert(export.root, tmp_path / "x", "zarr3", spec=export.spec, labels="bodies")
@@ -316,15 +318,18 @@ def test_refuses_bad_arguments(export, tmp_path):
     before = tree_bytes(tmp_path / "y")
     other = make_export(tmp_path / "other", shape=(90, 90, 90), scales=3)
     for resume in (False, True):
-        with pytest.raises(SpecError, match="another conversion"):
+        with pytest.raises(OutputError, match="--resume" if not resume else "another source"):
             convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], resume=resume,
                     progress=False)
     assert tree_bytes(tmp_path / "y") == before
     # metadata of other geometry and no manifest (an older output): refused by the driver's check
     os.remove(tmp_path / "y" / "dvidshards.json")
-    with pytest.raises(ConvertPlanError):
+    with pytest.raises(OutputError, match="holds no dvidshards output"):
         convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], resume=True,
                 progress=False)
+    # --overwrite replaces the conversion's own files (info included): the other geometry is written
+    assert convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], overwrite=True,
+                   progress=False).ok
 
 
 # --------------------------------------------------------------------------- failures, verify
@@ -341,10 +346,13 @@ def test_bad_source_shard_fails_alone(tmp_path):
     assert start > 0 and len(payload) > 40
     data[start + 20:start + 30] = b"\xff" * 10  # inside the first record's zstd frame
     open(path, "wb").write(bytes(data))
-    rep = convert(exp.root, tmp_path / "out", "precomputed", spec=exp.spec, progress=False)
-    assert not rep.ok and list(rep.failed) == [(0, victim)]
-    assert rep.failed[(0, victim)].startswith(("BlockDecodeError", "ShardFormatError"))
-    assert "{}_{}_{}".format(*victim) in rep.failed[(0, victim)]
+    with pytest.raises(JobError) as err:
+        convert(exp.root, tmp_path / "out", "precomputed", spec=exp.spec, progress=False)
+    rep = err.value.report
+    name = "s0/{}_{}_{}".format(*victim)
+    assert not rep.ok and list(rep.failed) == [name] and name in str(err.value)
+    assert rep.failed[name].startswith(("BlockDecodeError", "ShardFormatError"))
+    assert "{}_{}_{}".format(*victim) in rep.failed[name]
     assert rep.totals.shards_written == len(ds.shards(0)) - 1
 
 
@@ -519,19 +527,20 @@ def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, ca
     assert "INCOMPLETE" in capsys.readouterr().out
     m = json.loads((dest / "dvidshards.json").read_text())
     name = "{}_{}_{}".format(*victim)
-    assert m["complete"] is False and list(m["scales"]["0"]["failed"]) == [name]
-    assert m["scales"]["0"]["done"] == len(ds.shards(0)) - 1 == m["scales"]["0"]["source_shards"] - 1
-    assert m["command"].startswith("dvidshards convert") and m["arguments"]["format"] == "precomputed"
+    assert m["complete"] is False and m["status"] == "incomplete" and list(m["failed"]) == ["s0/" + name]
+    assert m["tasks"]["done"] == len(ds.shards(0)) - 1 == m["tasks"]["total"] - 1
+    assert m["job"] == "convert" and m["command"].startswith("dvidshards convert")
+    assert m["parameters"]["format"] == "precomputed"
     assert main(["verify", str(dest), "--quiet"]) == 1
     assert name in capsys.readouterr().out
 
 
 def test_23_4_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export, tmp_path):
     dest = tmp_path / "out"
-    rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, _stop_after=3)
+    rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, _stop_after=3, allow_partial=True)
     m = json.loads((dest / "dvidshards.json").read_text())
-    assert rep.ok and not rep.complete and m["complete"] is False and m["tasks"]["run"] == 3
-    with pytest.raises(SpecError, match="another conversion"):  # resume needs the same arguments
+    assert not rep.failed and not rep.complete and m["complete"] is False and m["tasks"]["done"] == 3
+    with pytest.raises(OutputError, match="other parameters"):  # resume needs the same arguments
         convert(export.root, dest, "zarr3", spec=export.spec, scales=[0], progress=False, resume=True)
     rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, resume=True)
     assert rep.ok and rep.complete and rep.totals.shards_skipped == 3
@@ -554,7 +563,7 @@ def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys
     err = capsys.readouterr().err
     assert "notes.txt" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert tree_bytes(dest) == before  # nothing touched
-    with pytest.raises(SpecError):
+    with pytest.raises(OutputError):
         convert(export.root, dest, "precomputed", spec=export.spec, scales=[2], resume=True, progress=False)
     assert tree_bytes(dest) == before
     # --overwrite: this conversion's files replaced, the others left alone
@@ -565,7 +574,7 @@ def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys
     np.testing.assert_array_equal(read_back(dest, "precomputed", sp.key), export.expected(2))
     # its own earlier output: run again (rewritten) or resumed, with the notes beside it
     assert main(args + ["--resume"]) == 0
-    assert main(args) == 2  # without a flag the notes are still not this conversion's
+    assert main(args) == 2  # without a flag an earlier output is refused
 
 
 def test_22_6_one_scheduler_vocabulary(export, tmp_path, capsys):

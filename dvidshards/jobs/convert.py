@@ -72,7 +72,7 @@ from typing import SupportsFloat, SupportsInt
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import BlockDecodeError, DvidShardsError, ShardFormatError, SpecError
+from ..errors import BlockDecodeError, DvidShardsError, OutputError, ShardFormatError, SpecError
 from ..formats.cseg import transcode_u8
 from ..formats.labels import as_labels
 from ..formats.multiscale import SINGLE_SHARD
@@ -87,15 +87,28 @@ from ..formats.sharding import (
     shard_extent_chunks,
     shard_key,
 )
+from .options import (
+    add_dest,
+    add_job_options,
+    add_labels,
+    add_scales,
+    add_source,
+    command_line,
+    dest_of,
+    job_options,
+    scales_of,
+)
+from .output import Destination, JobReport, Output
+from .output import read_manifest as _read_manifest
 from .outputs import compare_chunks, kvstore_root, open_scale
-from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
+from .runner import TaskRunner, scheduler_of
 
 __all__ = [
     "FORMATS",
     "ZARR_INNER_CODECS",
     "ConvertPlanError",
-    "ConvertReport",
-    "MANIFEST",
+    "ConvertTotals",
+    "ShardResult",
     "ScalePlan",
     "add_arguments",
     "convert",
@@ -110,7 +123,6 @@ ENCODERS = ("transcode", "tensorstore")
 ZARR_INNER_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}},
                      {"name": "zstd", "configuration": {"level": 3, "checksum": False}}]
 ZARR_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
-MANIFEST = "dvidshards.json"  # in the destination: what wrote it, how far it got, "complete"
 _NO_CHUNK = np.uint64(2**64 - 1)
 _ZERO8 = bytes(8)
 _U64 = np.dtype(np.uint64)
@@ -338,7 +350,6 @@ def _ome_group(plans: list[ScalePlan], existing: dict | None) -> dict:
 
 def _create_output(kv: dict, fmt: str, plans: list[ScalePlan], context) -> None:
     """Write info / zarr.json (TensorStore's drivers) before any data; fail on a mismatch."""
-    import json
 
     import tensorstore as ts
 
@@ -359,7 +370,14 @@ def _create_output(kv: dict, fmt: str, plans: list[ScalePlan], context) -> None:
     except ValueError as e:
         if isinstance(e, DvidShardsError):
             raise
-        raise ConvertPlanError(f"{_describe(kv)}: existing output does not match this conversion: {e}") from None
+        text = " ".join(str(e).split()).split(" [tensorstore_spec=", 1)[0]
+        status = text.split(":", 1)[0]
+        if status in ("PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"):
+            why = {"PERMISSION_DENIED": "permission denied", "RESOURCE_EXHAUSTED": "no space left (or a quota)"}.get(
+                status, text[:160])
+            raise OutputError(f"{_describe(kv)}: cannot write the output's metadata: {why}") from None
+        raise ConvertPlanError(f"{_describe(kv)}: existing output does not match this conversion "
+                               f"({text[:200]}); choose another destination or pass --overwrite") from None
 
 
 def _describe(kv: dict) -> str:
@@ -595,7 +613,7 @@ def _worker(job: _Job) -> _Worker:
 
 @dataclass
 class ShardResult:
-    """What one task did (one source shard)."""
+    """What one task did (one source shard); summed over tasks, a conversion's ``report.totals``."""
 
     records: int = 0
     written: int = 0
@@ -609,6 +627,9 @@ class ShardResult:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     max_rss_mib: float = 0.0
+
+    def to_json(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
     def add(self, o: ShardResult) -> None:
         for f in ("records", "written", "transcoded", "encoded", "background", "outside", "shards_written",
@@ -808,104 +829,82 @@ def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | Non
 
 
 @dataclass
-class ConvertReport:
-    """What ``convert`` did.
+class ConvertTotals(ShardResult):
+    """A conversion's figures: the tasks' :class:`ShardResult` summed, and the read-back check."""
 
-    ``totals`` sums the tasks' :class:`ShardResult`; ``failed`` maps ``(scale, origin)`` to
-    ``"TypeName: message"``; ``verified`` counts chunks read back and ``mismatches`` lists the
-    ones that differed from the source.
-    """
-
-    dest: str
-    format: str
-    scales: list[int]
-    tasks: int = 0
-    totals: ShardResult = field(default_factory=ShardResult)
-    failed: dict = field(default_factory=dict)
     verified: int = 0
     mismatches: list = field(default_factory=list)
-    elapsed: float = 0.0
-    complete: bool = False  # what the manifest says: every source shard converted, none failed
 
-    @property
-    def ok(self) -> bool:
-        return not self.failed and not self.mismatches
 
-    def summary(self) -> str:
-        t = self.totals
-        lines = [
-            f"{self.format} -> {self.dest}: scales {self.scales}, {self.tasks} source shards, "
-            f"{t.shards_written} output shards written, {t.shards_skipped} complete ones skipped",
-            f"  {t.written} chunks written ({t.transcoded} transcoded, {t.encoded} encoded by TensorStore), "
-            f"{t.background} background skipped, {t.outside} outside the volume; "
-            f"{t.encoded_bytes / 2**20:.1f} MiB encoded; {self.elapsed:.1f} s, {t.cpu_s:.1f} CPU s in tasks, "
-            f"peak worker RSS {t.max_rss_mib:.0f} MiB",
-        ]
-        if self.verified or self.mismatches:
-            lines.append(f"  verify: {self.verified} chunks read back, {len(self.mismatches)} differ")
-            lines += [f"    MISMATCH {m}" for m in self.mismatches[:10]]
-        lines.append(f"  {MANIFEST}: " + ("complete" if self.complete else "INCOMPLETE: the output is partial"))
-        return "\n".join(lines + failure_lines(self.failed, name=lambda i: f"s{i[0]}/{i[1][0]}_{i[1][1]}_{i[1][2]}",
-                                                rest=f" (all in {MANIFEST})"))
+def _task_name(item) -> str:
+    k, o = item
+    return f"s{k}/{o[0]}_{o[1]}_{o[2]}"
+
+
+def _notes(fmt: str, t: ShardResult, verified: int, mismatches: list) -> list[str]:
+    lines = [f"{fmt}: {t.shards_written:,} output shards written, {t.shards_skipped:,} complete ones kept; "
+             f"{t.written:,} chunks written ({t.transcoded:,} transcoded, {t.encoded:,} encoded by TensorStore), "
+             f"{t.background:,} background skipped, {t.outside:,} outside the volume; "
+             f"{t.encoded_bytes / 2**20:.1f} MiB encoded; peak worker RSS {t.max_rss_mib:.0f} MiB"]
+    if verified or mismatches:
+        lines.append(f"verify: {verified:,} chunks read back, {len(mismatches):,} differ")
+    return lines
 
 
 def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
-            labels="agglomerated", scheduler=None, resume: bool = False, overwrite: bool = False,
-            verify: int = 0, encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
-            data_encoding: str = "gzip", gzip_level: int = 1, progress: bool | None = None, seed: int = 0,
-            command: str | None = None, _stop_after: int | None = None, _only=None,
-            _stream: bool = True) -> ConvertReport:
+            labels="agglomerated", scheduler=None, workdir=None, resume: bool = False, overwrite: bool = False,
+            progress: bool | None = None, allow_partial: bool = False, verify: int = 0,
+            encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
+            data_encoding: str = "gzip", gzip_level: int = 1, seed: int = 0, command: str | None = None,
+            _stop_after: int | None = None, _only=None, _stream: bool = True) -> JobReport:
     """Convert an export to neuroglancer precomputed or zarr v3.
 
-    The destination gets a manifest, ``dvidshards.json``: the arguments, per scale the source
-    shards done and failed, and ``"complete"``, written ``false`` before any data and ``true``
-    only when every task succeeded (``dvidshards verify DEST`` reports it).
+    The output stands on :mod:`dvidshards.jobs.output`: refused before any work unless empty (or
+    this conversion's own earlier output with ``resume``/``overwrite``), locked while written, and
+    holding a manifest ``dvidshards.json`` that says ``"complete": false`` until every task has
+    succeeded (``dvidshards verify DEST`` reads it).
 
     Parameters
     ----------
     source : str, path, URL, kvstore spec or dvidshards.Dataset
         The export.
     dest : str, path, URL or kvstore spec dict
-        Output root (a folder, ``gs://…``, ``s3://…`` or a TensorStore kvstore spec). It must be
-        empty or hold this conversion's own earlier output (a manifest with the same
-        arguments), unless ``resume`` or ``overwrite``.
+        Output root: a folder, ``gs://…``, ``s3://…`` or a TensorStore kvstore spec.
     format : {"precomputed", "zarr3"}
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``).
     scales : list of int, optional
-        Scale folders to convert (default: all with shards).
+        Scales to convert (default: every scale the export holds).
     labels : "agglomerated", "supervoxels" or a mapping (file path, dict, ...)
         Ids written. A mapping given as an object is pickled to every worker; a path is read
         by each worker.
     scheduler : None, str or distributed.Client
-        Where tasks run (``dvidshards.jobs.runner``): None / "auto" (threads when there are
-        several tasks and cores, else serial), "serial", "threads[:N]", "local[:N]", a dask
-        scheduler address or a client.
+        Where tasks run (:mod:`dvidshards.jobs.runner`).
+    workdir : path or URL, optional
+        The work folder (unused by a conversion of scales the export holds).
     resume : bool
-        Finish an interrupted run: the manifest's arguments must match; output shards that
-        exist with the expected chunk count are kept.
+        Finish an interrupted run: the same arguments; output shards that exist with the
+        expected chunk count are kept.
     overwrite : bool
-        Replace an earlier output: the manifest, metadata and the scale folders this run writes
-        are deleted first (other files in the destination are left alone).
+        Replace an earlier output: the metadata and the scale folders this run writes are
+        deleted first (other files in the destination are left alone).
+    progress : bool, optional
+        Progress bar (default: on a terminal; log lines otherwise).
+    allow_partial : bool
+        Return the report of an incomplete output instead of raising JobError.
     verify : int
-        Read this many random source chunks per scale back through TensorStore's own driver
-        and compare them with the source.
+        Read this many random chunks per scale back through TensorStore's own driver and
+        compare them with the source.
     encoder : {"transcode", "tensorstore"}
         ``tensorstore`` encodes every precomputed chunk with TensorStore (decoded voxels).
     shard_bits_extra : int
-        Split each source shard into ``2**n`` output shards (changes the output geometry; not
-        needed to bound memory on a local destination).
+        Split each source shard into ``2**n`` output shards (changes the output geometry).
     sharding : dict, optional
         An explicit output sharding spec for every scale (must pass the planner's proof).
     data_encoding : {"gzip", "raw"}
-        Precomputed chunk data encoding with the export's sharding (default gzip: real cseg
-        chunks shrink ~6x); an explicit ``sharding`` keeps its own.
+        Precomputed chunk data encoding with the export's sharding (default gzip).
     gzip_level : int
-        zlib level of gzip chunk data (1-9). The chunks are gzipped here and handed to the
-        sharded kvstore driver as they are (TensorStore's own writer would use level 9, 15x
-        the CPU of level 1 for 20 % smaller chunks).
-    progress : bool, optional
-        Progress bar (default: on a terminal; log lines otherwise).
+        zlib level of gzip chunk data (1-9).
     seed : int
         Seed of the verification sample.
     command : str, optional
@@ -913,15 +912,17 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
 
     Returns
     -------
-    ConvertReport
+    JobReport
+        ``totals`` is a :class:`ConvertTotals`: the tasks' figures summed, and the read-back check.
 
     Raises
     ------
-    ConvertPlanError, SpecError
-        Before anything is written, when the layout, the arguments or the destination are
-        refused.
+    ConvertPlanError, SpecError, OutputError
+        Before anything is written, when the layout, the arguments or the destination are refused.
+    JobError
+        The output is incomplete (a task failed, a chunk read back differed) and ``allow_partial``
+        is false; ``.report`` is the report.
     """
-    t0 = time.perf_counter()
     if format not in FORMATS:
         raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
     if encoder not in ENCODERS:
@@ -931,208 +932,64 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     if not isinstance(gzip_level, int) or not 1 <= gzip_level <= 9:
         raise SpecError(f"gzip_level must be an integer 1..9, got {gzip_level!r}")
     if resume and overwrite:
-        raise SpecError("give --resume or --overwrite, not both")
+        raise SpecError("give resume or overwrite, not both")
     scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
+    destination = Destination.of(dest)
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     as_labels(labels)  # refuse a bad label argument before starting
-    chosen = [ds.scale(k) for k in scales] if scales is not None else list(ds.scales)
+    wanted = scales_of(scales)
+    chosen = [ds.scale(k) for k in wanted] if wanted is not None else list(ds.scales)
     plans = {s.index: plan_scale(s, format, shard_bits_extra=shard_bits_extra, sharding=sharding,
                                  data_encoding=data_encoding) for s in chosen}
     by_scale = {k: [tuple(int(v) for v in o) for o in ds.shards(k)] for k in plans}
-    if scales is None:  # default: the scales that have shards
+    if wanted is None:  # default: the scales that have shards
         plans = {k: p for k, p in plans.items() if by_scale[k]}
     if not plans:
         raise SpecError(f"{ds!r}: no shards to convert")
     items = [(k, o) for k in sorted(plans) for o in by_scale[k]]
     if len(set(items)) != len(items):
         raise ConvertPlanError("two tasks for one source shard")
-    kv = kvstore_root(dest)
-    _check_not_inside(ds, kv)
+    params = {"format": format, "scales": sorted(plans),
+              "labels": labels if isinstance(labels, str) else f"<{type(labels).__name__}>",
+              "encoder": encoder, "shard_bits_extra": shard_bits_extra, "sharding": sharding,
+              "data_encoding": data_encoding, "gzip_level": gzip_level}
+    keys = {plans[k].key for k in plans}
+    meta = "info" if format == "precomputed" else "zarr.json"
     import tensorstore as ts
 
-    context = ts.Context()
-    root = ts.KvStore.open(kv, context=context).result()
-    arguments = {"source": _source_name(source, ds), "format": format, "scales": sorted(plans),
-                 "labels": labels if isinstance(labels, str) else f"<{type(labels).__name__}>",
-                 "encoder": encoder, "shard_bits_extra": shard_bits_extra, "sharding": sharding,
-                 "data_encoding": data_encoding, "gzip_level": gzip_level}
-    keys = [plans[k].key for k in sorted(plans)]
-    _check_destination(root, kv, format, keys, arguments, resume, overwrite)  # refuses: nothing touched
-    if overwrite:
-        _delete_own(root, kv, format, keys)
-    manifest: dict = {"dvidshards": {"job": "convert", "version": _version()}, "complete": False,
-                "command": command, "arguments": arguments, "spec": ds.spec,
-                "scales": {str(k): {"key": plans[k].key, "source_shards": len(by_scale[k]), "done": 0,
-                                    "failed": {}} for k in sorted(plans)},
-                "started": _now(), "finished": None}
-    _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
-    _write_manifest(root, manifest)  # before any data: an interrupted output says it is incomplete
-    # benchmarks: _only, the tasks that do their work (the others return at once); _stream=False,
-    # the route of remote destinations (one transaction per output shard) on a local one
-    job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level,
-               None if _only is None else frozenset(_only), _stream)
-    run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
-    with TaskRunner(scheduler, progress=progress) as tr:
-        report = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
-    out = ConvertReport(_describe(kv), format, sorted(plans), tasks=len(run_items), failed=dict(report.failed))
-    for r in report.results.values():
-        out.totals.add(r)
-    if verify:
-        for k in sorted(plans):
-            n, bad = verify_output(ds, kv, format, plans[k], labels, verify, seed=seed)
-            out.verified += n
-            out.mismatches += bad
-    per_scale: dict = manifest["scales"]
-    for k, _o in report.results:
-        per_scale[str(k)]["done"] += 1
-    for (k, o), msg in report.failed.items():
-        per_scale[str(k)]["failed"]["_".join(map(str, o))] = msg
-    manifest["tasks"] = {"total": len(items), "run": len(run_items), "failed": len(report.failed)}
-    manifest["written"] = {"shards": out.totals.shards_written, "kept": out.totals.shards_skipped,
-                           "chunks": out.totals.written, "bytes": out.totals.encoded_bytes}
-    if verify:
-        manifest["verified"] = {"chunks": out.verified, "mismatches": out.mismatches[:100]}
-    out.complete = out.ok and len(run_items) == len(items) and _only is None
-    manifest["complete"] = out.complete
-    manifest["finished"] = _now()
-    _write_manifest(root, manifest)
-    out.elapsed = time.perf_counter() - t0
-    return out
-
-
-# --------------------------------------------------------------------------- the manifest and the destination
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dvidshards")
-    except PackageNotFoundError:  # pragma: no cover - a source tree without installation
-        return "unknown"
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _source_name(source, ds: Dataset) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        s = os.fspath(source)
-        return s if "://" in s else os.path.abspath(s)
-    return ds.store.describe("")
-
-
-def _write_manifest(root, manifest: dict) -> None:
-    root.write(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode()).result()
+    with Output(destination, job="convert", parameters=params, source=ds, scales=sorted(plans),
+                command=command, resume=resume, overwrite=overwrite,
+                own=lambda name: name == meta or name in keys) as out:
+        out.update(format=format, keys={str(k): plans[k].key for k in sorted(plans)})
+        kv = destination.kvstore
+        context = ts.Context()
+        _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
+        # benchmarks: _only, the tasks that do their work (the others return at once); _stream=False,
+        # the route of remote destinations (one transaction per output shard) on a local one
+        job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level,
+                   None if _only is None else frozenset(_only), _stream)
+        run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
+        with TaskRunner(scheduler, progress=progress) as tr:
+            phase = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
+        out.add(phase, name=_task_name)
+        out.report.tasks = len(items)
+        totals = ConvertTotals()
+        for r in phase.results.values():
+            totals.add(r)
+        if verify:
+            for k in sorted(plans):
+                n, bad = verify_output(ds, kv, format, plans[k], labels, verify, seed=seed)
+                totals.verified += n
+                totals.mismatches += bad
+            for m in totals.mismatches:
+                out.fail(f"verify {m.split(':', 1)[0]}", m.split(": ", 1)[-1])
+        return out.finish(totals=totals, notes=_notes(format, totals, totals.verified, totals.mismatches),
+                          complete=len(run_items) == len(items) and _only is None, allow_partial=allow_partial)
 
 
 def read_manifest(dest) -> dict | None:
-    """The manifest ``dvidshards.json`` of a conversion output (None when there is none).
-
-    Raises
-    ------
-    SpecError
-        When the file is there but is not a manifest (damaged, or another program's).
-    """
-    import tensorstore as ts
-
-    kv = kvstore_root(dest)
-    r = ts.KvStore.open(kv).result().read(MANIFEST).result()
-    if r.state != "value":
-        return None
-    return _parse_manifest(r.value, _describe(kv) + MANIFEST)
-
-
-def _parse_manifest(data: bytes, where: str) -> dict:
-    try:
-        m = json.loads(data)
-    except ValueError as e:
-        raise SpecError(f"{where}: not a dvidshards manifest ({e})") from None
-    if not isinstance(m, dict) or not isinstance(m.get("dvidshards"), dict) or "complete" not in m:
-        raise SpecError(f"{where}: not a dvidshards manifest (no 'dvidshards' and 'complete' members)")
-    return m
-
-
-def _top_names(root, kv: dict) -> set[str]:
-    """Names directly under the destination (an absent folder: none)."""
-    if kv.get("driver") == "file":
-        p = kv["path"]
-        if not os.path.exists(p):
-            return set()
-        if not os.path.isdir(p):
-            raise SpecError(f"destination {p} exists and is not a folder")
-        return set(os.listdir(p))
-    return {(k.decode() if isinstance(k, bytes) else k).split("/", 1)[0] for k in root.list().result()}
-
-
-def _check_destination(root, kv: dict, fmt: str, keys: list[str], arguments: dict, resume: bool,
-                       overwrite: bool) -> None:
-    """Refuse a destination holding anything but this conversion's own earlier output (unless
-    ``overwrite``), and a resume of another conversion; raises before anything is written."""
-    names = _top_names(root, kv)
-    if not names or overwrite:
-        return
-    where = _describe(kv)
-    manifest = None
-    if MANIFEST in names:
-        r = root.read(MANIFEST).result()
-        manifest = _parse_manifest(r.value, where + MANIFEST) if r.state == "value" else None
-    ours = {MANIFEST, "info" if fmt == "precomputed" else "zarr.json", *keys}
-    if manifest is not None:
-        ours |= {v.get("key", "") for v in manifest.get("scales", {}).values() if isinstance(v, dict)}
-    foreign = sorted(names - ours)
-    if manifest is None and resume and not foreign:
-        return  # an output of a version that wrote no manifest: its metadata is checked next
-    if manifest is None or manifest["dvidshards"].get("job") != "convert":
-        shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
-        raise SpecError(f"destination {where} is not empty and holds no conversion manifest ({MANIFEST}): "
-                        f"{shown}; choose an empty destination, or pass --overwrite to replace what a "
-                        f"conversion there would write")
-    if foreign and not resume:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise SpecError(f"destination {where} holds files that are not this conversion's output: {shown}; "
-                        f"choose an empty destination, or pass --overwrite")
-    old = manifest.get("arguments", {})
-    diff = [k for k in arguments if k != "source" and old.get(k) != arguments[k]]
-    if old.get("source") != arguments["source"]:
-        diff.insert(0, "source")
-    if diff:
-        k = diff[0]
-        raise SpecError(f"destination {where} holds the output of another conversion ({k} was {old.get(k)!r}, now "
-                        f"{arguments[k]!r}); {'resume needs the same arguments' if resume else 'choose another destination'}"
-                        f", or pass --overwrite")
-
-
-def _delete_own(root, kv: dict, fmt: str, keys: list[str]) -> None:
-    """--overwrite: delete the manifest, the metadata and the scale folders this run writes."""
-    import shutil
-
-    import tensorstore as ts
-
-    meta = "info" if fmt == "precomputed" else "zarr.json"
-    for name in (MANIFEST, meta):
-        root.write(name, None).result()
-    for key in keys:
-        if kv.get("driver") == "file":
-            p = os.path.join(kv["path"], key)
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            elif os.path.exists(p):
-                os.unlink(p)
-        else:
-            root.delete_range(ts.KvStore.KeyRange(key + "/", key + "0")).result()  # '0' follows '/'
-            root.write(key, None).result()
-
-
-def _check_not_inside(ds, kv: dict) -> None:
-    # never write into the export
-    src = getattr(ds.store, "root", None) or getattr(ds.store, "path", None)
-    if kv.get("driver") == "file" and isinstance(src, (str, os.PathLike)):
-        a = os.path.realpath(os.fspath(src))
-        b = os.path.realpath(kv["path"])
-        if b == a or b.startswith(a.rstrip("/") + "/"):
-            raise SpecError(f"output {b} is inside the export {a}; choose another destination")
+    """The manifest of a conversion output (None when there is none): :func:`dvidshards.jobs.output.read_manifest`."""
+    return _read_manifest(dest)
 
 
 def open_output(kv, fmt: str, sp: ScalePlan):
@@ -1155,16 +1012,13 @@ def verify_output(ds, dest, fmt: str, sp: ScalePlan, labels, n: int, *, seed: in
 
 def add_arguments(p) -> None:
     """Arguments of ``dvidshards convert``."""
-    p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
-    p.add_argument("dest", help="output root (directory or TensorStore kvstore URL); empty, or this conversion's "
-                                "own earlier output")
+    add_source(p)
+    add_dest(p, what="output root: empty, or this conversion's own earlier output", old=())
     p.add_argument("--format", required=True, choices=FORMATS,
                    help="output format: neuroglancer precomputed (sharded, compressed_segmentation) or zarr v3")
-    p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info)")
-    p.add_argument("--scales", type=int, nargs="+", help="scale folders to convert (default: all)")
-    p.add_argument("--labels", default="agglomerated",
-                   help="agglomerated (default), supervoxels, or a mapping file")
-    job_arguments(p, workdir=False, resume=True, overwrite=True)
+    add_scales(p)
+    add_labels(p)
+    add_job_options(p)
     p.add_argument("--verify", type=int, default=0, metavar="N",
                    help="read N random chunks per scale back with TensorStore and compare")
     p.add_argument("--encoder", choices=ENCODERS, default="transcode",
@@ -1177,35 +1031,19 @@ def add_arguments(p) -> None:
                    help="zlib level of gzip chunk data (default 1)")
 
 
+_DEFAULTS = {"labels": "agglomerated", "verify": 0, "encoder": "transcode", "shard_bits_extra": 0,
+             "data_encoding": "gzip", "gzip_level": 1}
+
+
 def main(args) -> int:
-    """Run ``dvidshards convert``; 0 when the output is complete, 1 when tasks failed or
-    verification differed (the manifest says incomplete), 2 when refused before any work."""
-    report = convert(args.source, args.dest, args.format, spec=args.spec, scales=args.scales,
-                     labels=args.labels, scheduler=args.scheduler, resume=args.resume,
-                     overwrite=args.overwrite, verify=args.verify, encoder=args.encoder,
+    """Run ``dvidshards convert``; 0 when the output is complete, 1 when it is not (the manifest
+    says so), 2 when refused before any work."""
+    report = convert(args.source, dest_of(args), args.format, spec=args.spec, scales=args.scales,
+                     labels=args.labels, verify=args.verify, encoder=args.encoder,
                      shard_bits_extra=args.shard_bits_extra, data_encoding=args.data_encoding,
-                     gzip_level=args.gzip_level, progress=progress_of(args),
-                     command=_command_line(args))
+                     gzip_level=args.gzip_level, allow_partial=True,
+                     command=command_line("convert", args, skip=[k for k, v in _DEFAULTS.items()
+                                                                  if getattr(args, k) == v]),
+                     **job_options(args))
     print(report.summary())
-    return 0 if report.ok and report.complete else 1
-
-
-def _command_line(args) -> str:
-    """The command as it was given (options at their defaults left out), for the manifest."""
-    import shlex
-
-    words = ["dvidshards", "convert", args.source, args.dest]
-    for name, value in vars(args).items():
-        if name in ("source", "dest", "command", "quiet") or value in (None, False) or name.startswith("_"):
-            continue
-        if (name, value) in (("labels", "agglomerated"), ("verify", 0), ("encoder", "transcode"),
-                             ("shard_bits_extra", 0), ("data_encoding", "gzip"), ("gzip_level", 1)):
-            continue
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif isinstance(value, list):
-            words += [flag, *map(str, value)]
-        else:
-            words += [flag, str(value)]
-    return shlex.join(words)
+    return 0 if report.ok else 1

@@ -943,8 +943,8 @@ class Output:
         See the module docstring.
     own : callable, optional
         ``name -> bool``: whether a top-level name of the destination is this job's output
-        (deleted by ``overwrite``; with ``resume``, anything else there is refused). Default:
-        everything but the manifest, the lock and hidden names is the job's.
+        (deleted by ``overwrite``, which leaves other names alone). Default: everything but the
+        manifest, the lock and hidden names is the job's.
     workdir : Destination, optional
         The job's work folder: it is locked too, and must not overlap the output.
     """
@@ -1044,14 +1044,15 @@ class Output:
             state = "complete" if prev.get("complete") else "incomplete"
             raise OutputError(f"{d.describe()} holds an earlier {self.job} output ({state}); pass --resume to "
                               f"finish it, or --overwrite to start again")
-        foreign = [n for n in rest if not self._is_own(n)]
-        if foreign:
-            raise OutputError(f"{d.describe()} holds files that are not this job's output: "
-                              f"{', '.join(foreign[:5])}; choose another destination, or pass --overwrite")
         self._check_same(prev)
         self.previous = prev
 
     def _check_same(self, prev: dict) -> None:
+        mine = (self._new_manifest().get("source") or {}).get("url")
+        theirs = (prev.get("source") or {}).get("url")
+        if mine != theirs:
+            raise OutputError(f"{self.destination.describe()} holds a {self.job} output of another source "
+                              f"({theirs}, now {mine}); choose another destination, or pass --overwrite")
         old = prev.get("parameters", {})
         for k in sorted(set(old) | set(self.parameters)):
             if old.get(k) != self.parameters.get(k):
