@@ -4,10 +4,16 @@ DVID's ``export-shards`` takes a neuroglancer multiscale volume spec (``mcns-ng-
 the same shape is an export's ``info`` file, the geometry saved in a consolidated index and the
 ``info`` that ``dvidshards view`` serves.  ``Scale`` is one entry of it, with the shard-grid
 arithmetic of DVID's export (shard extent, shard origins, file stems) in one place.
+
+DVID has named its shard files two ways (FORMATS.md §3a): ``Scale.naming`` says which one a
+scale's files follow, and ``Scale.shard_extent`` is always the extent of the *files* under that
+naming, so that everything that finds a chunk's file (``shard_origin``, ``stem``, ``shard_box``)
+is one code path for both.  ``naming_of_origins`` decides the generation from file names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -17,9 +23,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SpecError
-from .sharding import ShardingSpec, dvid_shard_extent, grid_shape
+from .sharding import (
+    DVID_NAMING_CHANGE,
+    NAMINGS,
+    ShardingSpec,
+    dvid_namings_agree,
+    dvid_old_shard_extent,
+    dvid_shard_extent,
+    grid_shape,
+)
 
-__all__ = ["SINGLE_SHARD", "Scale", "multiscale_info", "parse_json", "parse_multiscale"]
+__all__ = ["SINGLE_SHARD", "Scale", "multiscale_info", "naming_note", "naming_of_origins", "parse_json", "parse_multiscale"]
 
 SINGLE_SHARD = 1 << 40  # shard extent when every chunk lives in one shard at the origin
 
@@ -31,6 +45,11 @@ class Scale:
     ``index`` is the scale's folder number (``s{index}``).  ``inferred`` names what was guessed
     from the files rather than given by a spec or ``info`` (``"size"``, ``"shard_extent"``,
     ``"resolution"``); ``resolution`` is then ``None`` unless the caller gave one.
+
+    ``shard_extent`` is the voxel extent of the export's shard *files* at this scale, under the
+    scale's ``naming``: ``"current"`` (DVID since 2026-03-21, `dvid_shard_extent`) or ``"old"``
+    (before, `dvid_old_shard_extent`: where the neuroglancer shard is larger than that cube, one
+    shard spans several files).  ``with_naming`` gives the scale under the other generation.
     """
 
     index: int
@@ -44,6 +63,54 @@ class Scale:
     inferred: tuple[str, ...] = field(default=(), compare=False)
     #: with an inferred shard extent: the extent (voxels) the loaded records prove, never larger
     proven_extent: int | None = field(default=None, compare=False)
+    #: DVID's naming generation of the scale's shard files: "current" or "old" (see the class doc)
+    naming: str = "current"
+
+    def __post_init__(self) -> None:
+        if self.naming not in NAMINGS:
+            raise SpecError(f"scale {self.index}: naming must be one of {', '.join(NAMINGS)}, got {self.naming!r}")
+
+    def extent_of(self, naming: str) -> int:
+        """Shard file extent (voxels) of this scale's files under a naming generation.
+
+        Without a sharding spec (one shard, or an extent guessed from file names) both
+        generations give ``shard_extent``.
+        """
+        if naming not in NAMINGS:
+            raise SpecError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
+        if self.sharding is None or naming == self.naming:
+            return self.shard_extent
+        if naming == "old":
+            return dvid_old_shard_extent(self.sharding, self.chunk_size[0])
+        end = [o + z for o, z in zip(self.voxel_offset, self.size, strict=True)]
+        return dvid_shard_extent(self.sharding, end, self.chunk_size[0])
+
+    @functools.cached_property
+    def namings_differ(self) -> bool:
+        """Whether DVID's two naming generations put some chunk of this scale in different files.
+
+        Only then do the file names have to be read to know how the export is laid out.
+        """
+        if self.sharding is None or "shard_extent" in self.inferred:
+            return False
+        end = [o + z for o, z in zip(self.voxel_offset, self.size, strict=True)]
+        return not dvid_namings_agree(self.sharding, end, self.chunk_size[0])
+
+    def with_naming(self, naming: str) -> Scale:
+        """This scale with its shard files named under ``naming`` (``shard_extent`` to match)."""
+        if naming == self.naming:
+            return self
+        return dataclasses.replace(self, shard_extent=self.extent_of(naming), naming=naming)
+
+    def fits(self, origins, extent: int | None = None) -> np.ndarray:
+        """Per origin, whether a file there lies on the shard grid of ``extent`` (default the
+        scale's) and meets the volume: (n,) bool of an (n, 3) array of voxel origins."""
+        o = np.asarray(origins, np.int64).reshape(-1, 3)
+        e = min(self.shard_extent if extent is None else extent, SINGLE_SHARD)
+        lo = np.asarray(self.voxel_offset, np.int64)
+        hi = lo + np.asarray(self.size, np.int64)
+        on = ~(o % e != 0).any(axis=1) if e < SINGLE_SHARD else ~(o != 0).any(axis=1)
+        return on & ~((o >= hi) | (o + e <= lo)).any(axis=1)
 
     @property
     def folder(self) -> str:
@@ -113,6 +180,34 @@ class Scale:
         if self.sharding is not None:
             d["sharding"] = self.sharding.to_json()
         return d
+
+
+def naming_of_origins(scale: Scale, origins) -> str | None:
+    """DVID's naming generation that a scale's shard file names follow, or None when they cannot tell.
+
+    A name fits a generation when it lies on that generation's shard grid and meets the volume.
+    When every name fits exactly one generation's grid, that one; when every name fits both
+    (the generations agree there, or the names are too few to tell), None: read the scale as
+    today's DVID names it.  When some fit neither, the generation that more names fit (ties:
+    current), so that the check of the names (``shard.check_origins``) names a file that fits
+    neither.
+    """
+    o = np.asarray(origins, np.int64).reshape(-1, 3)
+    if not len(o) or not scale.namings_differ:
+        return None
+    fit = {n: scale.fits(o, scale.extent_of(n)) for n in NAMINGS}
+    if fit["current"].all() and fit["old"].all():
+        return None
+    return "old" if int(fit["old"].sum()) > int(fit["current"].sum()) else "current"
+
+
+def naming_note(scale: Scale) -> str:
+    """How the two naming generations differ at a scale, for messages ("" where they agree)."""
+    if not scale.namings_differ:
+        return ""
+    other = "old" if scale.naming == "current" else "current"
+    when = f"before {DVID_NAMING_CHANGE}" if other == "old" else f"since {DVID_NAMING_CHANGE}"
+    return f", or {scale.extent_of(other)} voxels as DVID named files {when}"
 
 
 def multiscale_info(scales: list[Scale]) -> dict:

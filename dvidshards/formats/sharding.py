@@ -20,6 +20,13 @@ Two layers live here:
   ``min(grid, 2**bits_taken)`` chunks, and ``S`` is the largest of the three extents
   times the chunk size (``datatype/labelmap/export.go`` in janelia-flyem/dvid,
   ``shardHandler.Initialize`` and ``shardOriginFromChunkCoord``).
+
+  That is the naming since DVID's commit "Fix Morton code and shard extent computation to match
+  tensorstore" (2026-03-21).  Before it, ``S`` was ``2 ** ((18 + preshift_bits + minishard_bits)
+  // 3)`` voxels (18 = 3 * log2 64) whatever the grid (`dvid_old_shard_extent`): where the
+  neuroglancer shard is larger than that cube on some axis, one shard is split over several
+  files (FORMATS.md §3a).  `dvid_namings_agree` tells whether the two generations name every
+  chunk's file alike at a scale.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ __all__ = [
     "ShardingSpec",
     "compressed_morton_code",
     "compressed_z_index_bits",
+    "DVID_NAMING_CHANGE",
+    "NAMINGS",
+    "dvid_namings_agree",
+    "dvid_old_shard_extent",
     "dvid_shard_extent",
     "dvid_shard_names_collide",
     "dvid_shard_origin",
@@ -58,6 +69,9 @@ __all__ = [
 
 SHARDING_TYPE = "neuroglancer_uint64_sharded_v1"
 HASH_FUNCTIONS = ("identity", "murmurhash3_x86_128")
+#: DVID's shard-file naming generations: today's extent, and the cubic one before DVID_NAMING_CHANGE
+NAMINGS = ("current", "old")
+DVID_NAMING_CHANGE = "2026-03-21"  # DVID commit "Fix Morton code and shard extent computation to match tensorstore"
 ENCODINGS = ("raw", "gzip")
 
 
@@ -600,6 +614,69 @@ def dvid_shard_extent(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size
     chunk = _cubic_chunk_size(chunk_size)
     grid = grid_shape(size_voxels, chunk)
     return max(_box_chunks(spec, grid)) * chunk
+
+
+def dvid_old_shard_extent(spec: ShardingSpec, chunk_size: int = 64) -> int:
+    """Shard extent ``S`` in voxels of DVID's file names before 2026-03-21 (`DVID_NAMING_CHANGE`).
+
+    ``S = 2 ** ((18 + preshift_bits + minishard_bits) // 3)`` voxels for DVID's 64-voxel chunks
+    (18 = 3 * log2 64), one cube whatever the grid: that is
+    ``chunk * 2 ** ((preshift_bits + minishard_bits) // 3)``. With the mCNS spec: 2048 voxels at
+    s0-s6 (as today), then 1024, 512, 256, 128, 64 at s7-s11 where today's `dvid_shard_extent`
+    is 1088, 576, 320, 192, 128.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    chunk_size : int, optional
+        Cubic chunk size in voxels, a power of two; DVID exports always use 64.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    SpecError
+        If the chunk size is not a power of two.
+    """
+    if not isinstance(spec, ShardingSpec):
+        raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
+    chunk = _cubic_chunk_size(chunk_size)
+    if chunk & (chunk - 1):
+        raise SpecError(f"DVID's old shard naming needs a power-of-two chunk size, got {chunk}")
+    return chunk << ((spec.preshift_bits + spec.minishard_bits) // 3)
+
+
+def dvid_namings_agree(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64) -> bool:
+    """Whether DVID's two naming generations give every chunk of a scale the same file.
+
+    True when ``floor(chunk * c / S) * S`` is the same with `dvid_shard_extent` and with
+    `dvid_old_shard_extent` for every chunk coordinate ``c`` of the grid, on every axis: the
+    file names alone then cannot tell the generations apart, and need not. False at the mCNS
+    spec's s7-s11.
+
+    Parameters
+    ----------
+    spec : ShardingSpec
+    size_voxels : sequence of 3 int
+        Volume size of the scale in voxels (x, y, z), from the origin.
+    chunk_size : int, optional
+
+    Returns
+    -------
+    bool
+    """
+    chunk = _cubic_chunk_size(chunk_size)
+    new = dvid_shard_extent(spec, size_voxels, chunk)
+    old = dvid_old_shard_extent(spec, chunk)
+    if new == old:
+        return True
+    for g in grid_shape(size_voxels, chunk):
+        v = np.arange(g, dtype=np.int64) * chunk
+        if not np.array_equal(v // new * new, v // old * old):
+            return False
+    return True
 
 
 def dvid_shard_names_collide(

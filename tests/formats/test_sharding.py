@@ -746,3 +746,85 @@ def test_shard_writer_refuses_keys_out_of_order():
         w.add(1, b"d")
     f = io.BytesIO()
     assert ShardFileWriter(spec, f).finish() == 0 and f.getvalue() == bytes(16 * 4)
+
+
+# --------------------------------------------------------------------------------------
+# DVID's two shard-file naming generations (FORMATS.md §3a)
+# --------------------------------------------------------------------------------------
+
+
+def _ref_old_extent(sharding: dict) -> int:
+    """DVID before 2026-03-21, as FORMATS.md §3a writes it: one cube whatever the grid."""
+    return 2 ** ((18 + sharding["preshift_bits"] + sharding["minishard_bits"]) // 3)
+
+
+def _ref_agree(old: int, new: int, size) -> bool:
+    """Brute force: every chunk of the grid gets the same file origin under both extents."""
+    for n in size:
+        for c in range(-(-n // 64)):
+            if c * 64 // old * old != c * 64 // new * new:
+                return False
+    return True
+
+
+def test_dvid_old_shard_extent_mcns(dvid_data):
+    """The real spec: 2048 at s0-s6 (as today), then 1024..64 where today's extent is 1088..128."""
+    from dvidshards.formats.sharding import dvid_namings_agree, dvid_old_shard_extent
+
+    scales = _mcns_scales(dvid_data)
+    old = [dvid_old_shard_extent(ShardingSpec.from_json(s["sharding"])) for s in scales]
+    new = [dvid_shard_extent(ShardingSpec.from_json(s["sharding"]), s["size"]) for s in scales]
+    assert old == [_ref_old_extent(s["sharding"]) for s in scales]
+    assert old == [2048] * 7 + [1024, 512, 256, 128, 64]
+    assert new == [2048] * 7 + [1088, 576, 320, 192, 128]
+    agree = [dvid_namings_agree(ShardingSpec.from_json(s["sharding"]), s["size"]) for s in scales]
+    assert agree == [True] * 7 + [False] * 5
+
+
+def test_dvid_namings_agree_against_brute_force():
+    """Random specs and volumes; also: wherever the old cube is the larger, the two name files alike
+    (so an old file is always inside one of today's shard cells)."""
+    from dvidshards.formats.sharding import dvid_namings_agree, dvid_old_shard_extent
+
+    rng = np.random.default_rng(21)
+    seen = {True: 0, False: 0}
+    for _ in range(400):
+        size = [int(v) for v in rng.integers(1, 3000, 3)]
+        sp = spec(int(rng.integers(0, 10)), int(rng.integers(0, 7)), 20)
+        old, new = dvid_old_shard_extent(sp), dvid_shard_extent(sp, size)
+        agree = dvid_namings_agree(sp, size)
+        assert agree == _ref_agree(old, new, size), (size, sp)
+        assert agree or old < new
+        seen[agree] += 1
+    assert min(seen.values()) > 20  # both cases were exercised
+    with pytest.raises(SpecError, match="power-of-two"):
+        dvid_old_shard_extent(spec(3, 3, 0), chunk_size=48)
+
+
+def test_scale_naming_and_naming_of_origins(dvid_data):
+    from dvidshards.formats.multiscale import naming_of_origins, parse_multiscale
+
+    scales = parse_multiscale(json.loads((dvid_data / "mcns-ng-specs.json").read_text()))
+    assert [s.naming for s in scales] == ["current"] * 12
+    assert [s.namings_differ for s in scales] == [False] * 7 + [True] * 5
+    s9 = scales[9]
+    old = s9.with_naming("old")
+    assert (old.shard_extent, old.naming, old.extent_of("current")) == (256, "old", 320)
+    assert old.with_naming("current") == s9 and s9.with_naming("current") is s9
+    assert old.shard_origin(0, 0, 4) == (0, 0, 256) and s9.shard_origin(0, 0, 4) == (0, 0, 0)
+    assert old.stem((0, 0, 256)) == "s9/0_0_256"
+    assert naming_of_origins(s9, [(0, 0, 0), (0, 0, 256)]) == "old"  # the real export's two files
+    tall = parse_multiscale({"scales": [{**json.loads((dvid_data / "mcns-ng-specs.json").read_text())["scales"][9],
+                                         "size": [184, 153, 800]}]})[0]  # today's shards: 512 voxels along z
+    assert (tall.shard_extent, tall.extent_of("old")) == (512, 256)
+    assert naming_of_origins(tall, [(0, 0, 0), (0, 0, 512)]) is None  # today's names fit the old cube too
+    assert naming_of_origins(tall, [(0, 0, 0), (0, 0, 256), (0, 0, 512)]) == "old"
+    assert naming_of_origins(s9, [(0, 0, 0)]) is None  # fits both: today's naming reads it exactly
+    assert naming_of_origins(s9, []) is None
+    assert naming_of_origins(scales[0], [(0, 0, 2048)]) is None  # the generations agree at s0
+    # names that fit neither: the generation more of them fit, so that the check names the misfit
+    assert naming_of_origins(s9, [(0, 0, 0), (0, 0, 256), (0, 0, 100)]) == "old"
+    assert naming_of_origins(s9, [(0, 0, 100)]) == "current"
+    assert list(s9.fits([(0, 0, 256), (0, 0, 0), (0, 0, 320)])) == [False, True, False]  # 320: past z = 263
+    with pytest.raises(SpecError, match="naming"):
+        s9.with_naming("older")
