@@ -29,6 +29,19 @@ What DVID emits (``labels.WriteRLEs`` in ``datatype/common/labels/compressed.go`
 * Coarse spans: the label index's blocks sorted (z, y, x), consecutive x merged
   (``IZYXSlice.WriteSerializedRLEs`` in ``dvid/``): deterministic.
 
+`RunOrder` gives the same order block by block (what a server streams), also under DVID's
+``minx`` .. ``maxz`` bounds: there a run is held for the next block when it reaches the last
+voxel the row scan visits (the block's +x face or ``maxx``), as ``writeRLEs`` does.
+
+The other two ``format`` values of ``GET .../sparsevol/<label>``:
+
+* ``srles``: the spans alone, no header (16 bytes each, in the same order).
+* ``blocks`` (``labels.WriteBinaryBlocks``): a header ``u32 gx, gy, gz`` (sub-blocks per block
+  axis) and ``u64 label``, then per block holding the body ``i32 x, y, z`` (its first voxel)
+  and a content byte: 0 background only, 1 foreground only, 2 both, followed then by one
+  record per 8x8x8 sub-block (z, y, x order): a content byte, and for 2 a 64-byte mask, one
+  bit per voxel, x fastest then y then z, least significant bit first. See `binary_block`.
+
 Runs here are ``int32`` arrays of shape ``(n, 4)``: columns x, y, z, length.
 """
 
@@ -41,11 +54,16 @@ import numpy as np
 from ..errors import DvidShardsError
 
 __all__ = [
+    "BLOCKS_HEADER",
     "HEADER",
+    "RunOrder",
     "SparsevolError",
+    "binary_block",
     "blocks_from_runs",
+    "clip_runs",
     "coarse_runs",
     "decode",
+    "decode_blocks",
     "dvid_order",
     "encode_coarse",
     "encode_runs",
@@ -57,6 +75,8 @@ __all__ = [
 ]
 
 HEADER = struct.Struct("<BBBBII")  # descriptor, ndim, run dim, reserved, voxels, spans
+BLOCKS_HEADER = struct.Struct("<IIIQ")  # format=blocks: sub-blocks per axis (x, y, z), label
+_SUB = 8  # sub-block edge of format=blocks (DVID's SubBlockSize)
 _I32 = np.iinfo(np.int32)
 _ORDERS = ("dvid", "zyx")
 
@@ -420,3 +440,213 @@ def encode_coarse(blocks) -> bytes:
     """
     runs = coarse_runs(blocks)
     return HEADER.pack(0, 3, 0, 0, 0, len(runs)) + runs.astype("<i4").tobytes()
+
+
+# --------------------------------------------------------------------------- bounds, streaming
+
+
+def clip_runs(runs, lo, hi) -> np.ndarray:
+    """Runs cut to DVID's ``minx`` .. ``maxz`` bounds (inclusive voxel coordinates).
+
+    Parameters
+    ----------
+    runs : array_like of int, shape (n, 4)
+    lo, hi : sequence of 3 int
+        Smallest and largest voxel kept along x, y, z (both inclusive, as DVID's bounds).
+
+    Returns
+    -------
+    numpy.ndarray of int32, shape (m, 4)
+        The runs' parts inside the bounds, in their order; runs wholly outside dropped.
+    """
+    a = _as_runs(runs)
+    lo_, hi_ = np.asarray(lo, np.int64).reshape(3), np.asarray(hi, np.int64).reshape(3)
+    keep = (a[:, 1] >= lo_[1]) & (a[:, 1] <= hi_[1]) & (a[:, 2] >= lo_[2]) & (a[:, 2] <= hi_[2])
+    a = a[keep]
+    x0 = np.maximum(a[:, 0], lo_[0])
+    x1 = np.minimum(a[:, 0] + a[:, 3] - 1, hi_[0])
+    ok = x1 >= x0
+    out = a[ok].copy()
+    out[:, 0] = x0[ok]
+    out[:, 3] = x1[ok] - x0[ok] + 1
+    return out.astype(np.int32)
+
+
+class RunOrder:
+    """DVID's sparsevol run order, computed block by block (``labels.WriteRLEs``).
+
+    Feed the blocks holding the body in ascending (z, y, x) block order with `add`, each
+    with the body's runs inside it (cut at the block's x faces, any order); each call
+    returns the runs that are final, in DVID's order; `finish` returns the rest. The
+    concatenation equals `dvid_order` of all the runs when no bounds are given.
+
+    Parameters
+    ----------
+    block_size : int
+        DVID block edge (64).
+    maxx : int, optional
+        DVID's ``maxx`` bound: a row scan stops there, so a run reaching it is held for the
+        next block like one reaching the block's +x face.
+
+    Notes
+    -----
+    Memory is bounded by one row of blocks: the runs held are at most one per (y, z) row of
+    a block.
+    """
+
+    def __init__(self, block_size: int = 64, maxx: int | None = None):
+        if not isinstance(block_size, (int, np.integer)) or block_size < 1:
+            raise SparsevolError(f"block_size must be a positive integer, got {block_size!r}")
+        self.b = int(block_size)
+        self.maxx = None if maxx is None else int(maxx)
+        self._prev: tuple[int, int, int] | None = None
+        self._held = np.zeros((0, 4), np.int64)
+
+    def _flush(self) -> np.ndarray:
+        h = self._held
+        self._held = np.zeros((0, 4), np.int64)
+        return h[np.lexsort((h[:, 1], h[:, 2]))] if len(h) else h  # DVID: Go map order; here (z, y)
+
+    def add(self, block, runs) -> np.ndarray:
+        """The runs made final by one more block (int32 (n, 4), in DVID's order).
+
+        Raises
+        ------
+        SparsevolError
+            If blocks do not come in ascending (z, y, x) order, or a run is not inside its block.
+        """
+        bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
+        if self._prev is not None and (bz, by, bx) <= self._prev[::-1]:
+            raise SparsevolError(f"block {(bx, by, bz)} after {self._prev}: blocks must come in (z, y, x) order")
+        b = self.b
+        x0 = bx * b
+        a = merge_runs(runs).astype(np.int64)
+        if len(a) and ((a[:, 0] < x0) | (a[:, 0] + a[:, 3] > x0 + b) | (a[:, 1] // b != by)
+                       | (a[:, 2] // b != bz)).any():
+            raise SparsevolError(f"a run is not inside block {(bx, by, bz)}")
+        out = []
+        if self._prev is not None and self._prev != (bx - 1, by, bz):
+            out.append(self._flush())
+        held = self._held
+        if len(held):
+            first = a[a[:, 0] == x0]  # runs starting at the block's -x face continue a held run
+            hk = held[:, 1] + (held[:, 2] << 32)
+            fk = first[:, 1] + (first[:, 2] << 32)
+            cont = np.isin(hk, fk)
+            if cont.any():
+                order = np.argsort(fk)
+                pos = order[np.searchsorted(fk, hk[cont], sorter=order)]
+                joined = held[cont].copy()
+                joined[:, 3] += first[pos, 3]
+                a = np.concatenate([a[~np.isin(np.arange(len(a)), np.flatnonzero(a[:, 0] == x0)[pos])], joined])
+            a = np.concatenate([a, held[~cont]])  # not continued: written at its row's start here
+        stop = x0 + b if self.maxx is None else min(x0 + b, self.maxx + 1)
+        hold = a[:, 0] + a[:, 3] == stop
+        self._held = a[hold]
+        done = a[~hold]
+        out.append(done[np.lexsort((done[:, 0], done[:, 1], done[:, 2]))])
+        self._prev = (bx, by, bz)
+        return np.concatenate(out).astype(np.int32)
+
+    def finish(self) -> np.ndarray:
+        """The runs still held after the last block (int32 (n, 4))."""
+        self._prev = None
+        return self._flush().astype(np.int32)
+
+
+# --------------------------------------------------------------------------- format=blocks
+
+
+def binary_block(offset, mask_zyx) -> bytes:
+    """One block of DVID's ``sparsevol?format=blocks`` stream (``WriteBinaryBlock``).
+
+    Parameters
+    ----------
+    offset : sequence of 3 int
+        Voxel coordinate (x, y, z) of the block's first voxel.
+    mask_zyx : array_like of bool, shape (nz, ny, nx)
+        The body's voxels in the block, each side a multiple of 8.
+
+    Returns
+    -------
+    bytes
+        ``i32 x, y, z``, a content byte (1: every voxel is the body) and, for a block that
+        mixes, one record per sub-block. An all-background block gives content 0.
+    """
+    m = np.asarray(mask_zyx, bool)
+    if m.ndim != 3 or any(n % _SUB or n == 0 for n in m.shape):
+        raise SparsevolError(f"block mask must be 3-d with sides multiples of {_SUB}, got {m.shape}")
+    head = np.asarray(offset, np.int64).reshape(3)
+    if (head < _I32.min).any() or (head > _I32.max).any():
+        raise SparsevolError(f"block offset {head.tolist()} out of int32 range")
+    start = head.astype("<i4").tobytes()
+    if m.all():
+        return start + b"\x01"
+    if not m.any():
+        return start + b"\x00"
+    gz, gy, gx = (n // _SUB for n in m.shape)
+    sub = m.reshape(gz, _SUB, gy, _SUB, gx, _SUB).transpose(0, 2, 4, 1, 3, 5).reshape(-1, _SUB ** 3)
+    full, some = sub.all(axis=1), sub.any(axis=1)
+    flag = np.where(full, 1, np.where(some, 2, 0)).astype(np.uint8)
+    size = 1 + 64 * (flag == 2)
+    pos = np.concatenate([[0], np.cumsum(size)])
+    out = np.zeros(int(pos[-1]), np.uint8)
+    out[pos[:-1]] = flag
+    mixed = np.flatnonzero(flag == 2)
+    if mixed.size:
+        bits = np.packbits(sub[mixed], axis=1, bitorder="little")  # (k, 64): x fastest, LSB first
+        out[(pos[mixed] + 1)[:, None] + np.arange(64)] = bits
+    return start + b"\x02" + out.tobytes()
+
+
+def decode_blocks(data) -> tuple[int, list[tuple[tuple[int, int, int], np.ndarray]]]:
+    """Read DVID's ``sparsevol?format=blocks`` bytes.
+
+    Returns
+    -------
+    (label, blocks)
+        The header's label and ``[((x, y, z) offset, mask (nz, ny, nx) bool), ...]``.
+
+    Raises
+    ------
+    SparsevolError
+        If the stream is truncated or holds a content byte other than 0, 1 or 2.
+    """
+    buf = bytes(memoryview(data).cast("B"))
+    if len(buf) < BLOCKS_HEADER.size:
+        raise SparsevolError(f"format=blocks stream of {len(buf)} bytes is shorter than its 20-byte header")
+    gx, gy, gz, label = BLOCKS_HEADER.unpack_from(buf, 0)
+    if not (0 < gx <= 128 and 0 < gy <= 128 and 0 < gz <= 128):
+        raise SparsevolError(f"format=blocks header claims {gx}x{gy}x{gz} sub-blocks")
+    nsub = gx * gy * gz
+    p, out = BLOCKS_HEADER.size, []
+    while p < len(buf):
+        if p + 13 > len(buf):
+            raise SparsevolError(f"truncated block header at byte {p}")
+        off = struct.unpack_from("<3i", buf, p)
+        flag = buf[p + 12]
+        p += 13
+        if flag in (0, 1):
+            m = np.full((gz * _SUB, gy * _SUB, gx * _SUB), bool(flag))
+        elif flag == 2:
+            sub = np.zeros((nsub, _SUB ** 3), bool)
+            for k in range(nsub):
+                if p >= len(buf):
+                    raise SparsevolError(f"truncated sub-block {k} of block {off}")
+                f = buf[p]
+                p += 1
+                if f == 1:
+                    sub[k] = True
+                elif f == 2:
+                    if p + 64 > len(buf):
+                        raise SparsevolError(f"truncated mask of sub-block {k} of block {off}")
+                    sub[k] = np.unpackbits(np.frombuffer(buf, np.uint8, 64, p), bitorder="little").astype(bool)
+                    p += 64
+                elif f != 0:
+                    raise SparsevolError(f"sub-block {k} of block {off} has content byte {f}")
+            m = sub.reshape(gz, gy, gx, _SUB, _SUB, _SUB).transpose(0, 3, 1, 4, 2, 5).reshape(
+                gz * _SUB, gy * _SUB, gx * _SUB)
+        else:
+            raise SparsevolError(f"block {off} has content byte {flag}")
+        out.append((off, m))
+    return int(label), out

@@ -17,16 +17,25 @@ import pytest
 from dvidshards.formats import sparsevol as sv
 
 
-def naive_dvid_bytes(mask: np.ndarray, offset, block: int) -> bytes:
-    """DVID's sparsevol stream by loops over voxels (mask indexed [x, y, z])."""
+def naive_dvid_bytes(mask: np.ndarray, offset, block: int, bounds=None) -> bytes:
+    """DVID's sparsevol stream by loops over voxels (mask indexed [x, y, z]).
+
+    ``bounds`` ((minx, miny, minz), (maxx, maxy, maxz)), inclusive, is DVID's exact bounded
+    scan: blocks outside the block bounds are skipped, rows outside them not scanned, and a
+    row scan stops at maxx, so a run reaching maxx waits in the buffer like one reaching the
+    block's +x face (``writeRLEs`` with ``bounds.Voxel.Adjust``).
+    """
     ox, oy, oz = (int(v) for v in offset)
     nx, ny, nz = mask.shape
+    lo, hi = bounds if bounds is not None else ((-(2**31),) * 3, (2**31 - 1,) * 3)
     present = set()
     for x in range(nx):
         for y in range(ny):
             for z in range(nz):
                 if mask[x, y, z]:
-                    present.add(((oz + z) // block, (oy + y) // block, (ox + x) // block))
+                    b = ((oz + z) // block, (oy + y) // block, (ox + x) // block)
+                    if all(lo[a] // block <= b[2 - a] <= hi[a] // block for a in range(3)):
+                        present.add(b)
     out: list[tuple[int, int, int, int]] = []
     buf: dict[tuple[int, int], list[int]] = {}  # (y, z) -> [x, y, z, length]
     prev = None
@@ -39,10 +48,10 @@ def naive_dvid_bytes(mask: np.ndarray, offset, block: int) -> bytes:
     for bz, by, bx in sorted(present):
         if prev is not None and (bz, by, bx - 1) != prev:
             flush()
-        for z in range(bz * block, (bz + 1) * block):
-            for y in range(by * block, (by + 1) * block):
+        for z in range(max(bz * block, lo[2]), min((bz + 1) * block, hi[2] + 1)):
+            for y in range(max(by * block, lo[1]), min((by + 1) * block, hi[1] + 1)):
                 run = buf.pop((y, z), None)
-                for x in range(bx * block, (bx + 1) * block):
+                for x in range(max(bx * block, lo[0]), min((bx + 1) * block, hi[0] + 1)):
                     i, j, k = x - ox, y - oy, z - oz
                     fg = 0 <= i < nx and 0 <= j < ny and 0 <= k < nz and bool(mask[i, j, k])
                     if fg:
@@ -208,3 +217,146 @@ def test_bad_runs_rejected():
         sv.encode_runs([[0, 0, 0, 1]], order="xyz")
     with pytest.raises(sv.SparsevolError):
         sv.runs_from_mask(np.zeros((2, 2), bool))
+
+
+# --------------------------------------------------------------------------- streaming order, bounds
+
+
+def _stream(mask, offset, block, bounds=None, *, empty_blocks=()):
+    """RunOrder fed block by block, as a server does; ``empty_blocks`` are fed with no runs
+    (blocks whose lists hold the body but whose runs are all outside the bounds)."""
+    lo, hi = bounds if bounds is not None else ((-(2**31),) * 3, (2**31 - 1,) * 3)
+    runs = sv.runs_from_mask(mask, offset)
+    if bounds is not None:
+        runs = sv.clip_runs(runs, lo, hi)
+    cut = []  # runs cut at block faces, grouped by block
+    for x, y, z, n in runs.tolist():
+        while n:
+            e = min(x + n, (x // block + 1) * block)
+            cut.append((z // block, y // block, x // block, x, y, z, e - x))
+            n -= e - x
+            x = e
+    by_block: dict = {}
+    for bz, by, bx, *r in cut:
+        by_block.setdefault((bz, by, bx), []).append(r)
+    for b in empty_blocks:
+        by_block.setdefault(b, [])
+    order = sv.RunOrder(block, maxx=None if bounds is None else hi[0])
+    out = [order.add((bx, by, bz), np.array(by_block[(bz, by, bx)], np.int64).reshape(-1, 4))
+           for bz, by, bx in sorted(by_block)]
+    out.append(order.finish())
+    a = np.concatenate(out)
+    return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(a)) + a.astype("<i4").tobytes()
+
+
+@pytest.mark.parametrize("seed,shape,offset,block", CASES)
+def test_streamed_order_equals_dvid_order(seed, shape, offset, block):
+    rng = np.random.default_rng(300 + seed)
+    mask = random_body(rng, shape)
+    assert _stream(mask, offset, block) == naive_dvid_bytes(mask, offset, block)
+    assert _stream(mask, offset, block) == sv.encode_runs(sv.runs_from_mask(mask, offset), block_size=block)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounded_stream_equals_dvids_bounded_scan(seed):
+    rng = np.random.default_rng(400 + seed)
+    shape, offset, block = (45, 30, 26), (5 * seed - 9, 3, 17), 8
+    mask = random_body(rng, shape)
+    a = rng.integers(-5, 20, 3) + np.array(offset)
+    b = a + rng.integers(4, 40, 3)
+    lo, hi = a.tolist(), b.tolist()
+    if seed == 0:
+        lo[0] = None  # one side unbounded
+    lo_ = [v if v is not None else -(2**31) for v in lo]
+    got = _stream(mask, offset, block, (lo_, hi))
+    assert got == naive_dvid_bytes(mask, offset, block, (lo_, hi))
+    # the same voxels as the mask cut to the box
+    runs = sv.decode(got)
+    want = mask.copy()
+    for ax in range(3):
+        idx = np.arange(shape[ax]) + offset[ax]
+        keep = (idx >= lo_[ax]) & (idx <= hi[ax])
+        want = np.compress(keep, want, axis=ax) if not keep.all() else want
+    assert sv.voxel_count(runs) == int(want.sum())
+
+
+def test_blocks_without_runs_in_the_bounds_change_nothing():
+    """A block listing the body with no run in the bounds is scanned by DVID (no flush there):
+    feeding it empty gives the same bytes as skipping it."""
+    mask = np.zeros((24, 8, 8), bool)
+    mask[0:8, 2, 0] = True  # reaches block 0's +x face: held
+    mask[10, 6, 0] = True  # block 1 holds the body only outside maxy = 5
+    mask[18, 3, 0] = True
+    bounds = ((-(2**31),) * 3, (2**31 - 1, 5, 2**31 - 1))
+    want = naive_dvid_bytes(mask, (0, 0, 0), 8, bounds)  # scans block 1: writes the held run there
+    assert _stream(mask, (0, 0, 0), 8, bounds, empty_blocks=[(0, 0, 1)]) == want
+    assert _stream(mask, (0, 0, 0), 8, bounds) == want
+    assert sv.decode(want).tolist() == [[0, 2, 0, 8], [18, 3, 0, 1]]
+
+
+def test_run_order_rejects_disorder():
+    order = sv.RunOrder(8)
+    order.add((1, 0, 0), np.zeros((0, 4), int))
+    with pytest.raises(sv.SparsevolError, match="order"):
+        order.add((0, 0, 0), np.zeros((0, 4), int))
+    with pytest.raises(sv.SparsevolError, match="not inside"):
+        sv.RunOrder(8).add((0, 0, 0), [[6, 0, 0, 4]])
+
+
+def test_clip_runs():
+    runs = np.array([[0, 0, 0, 10], [5, 1, 0, 2], [0, 5, 0, 3], [8, 2, 7, 1]])
+    got = sv.clip_runs(runs, (2, 0, 0), (6, 4, 6))
+    np.testing.assert_array_equal(got, [[2, 0, 0, 5], [5, 1, 0, 2]])
+
+
+# --------------------------------------------------------------------------- format=blocks
+
+
+def naive_binary_blocks(mask_zyx, offset) -> bytes:
+    """``WriteBinaryBlock`` by loops: flags per sub-block, bits LSB first, x fastest."""
+    out = bytearray(struct.pack("<3i", *offset))
+    if mask_zyx.all():
+        return bytes(out + b"\x01")
+    if not mask_zyx.any():
+        return bytes(out + b"\x00")
+    out += b"\x02"
+    gz, gy, gx = (n // 8 for n in mask_zyx.shape)
+    for sz, sy, sx in itertools.product(range(gz), range(gy), range(gx)):
+        sub = mask_zyx[sz * 8:sz * 8 + 8, sy * 8:sy * 8 + 8, sx * 8:sx * 8 + 8]
+        if sub.all():
+            out += b"\x01"
+        elif not sub.any():
+            out += b"\x00"
+        else:
+            bits = bytearray(64)
+            for i, v in enumerate(sub.reshape(-1).tolist()):  # z, y, x with x fastest
+                if v:
+                    bits[i // 8] |= 1 << (i % 8)
+            out += b"\x02" + bits
+    return bytes(out)
+
+
+def test_binary_block_equals_naive_and_decodes():
+    rng = np.random.default_rng(11)
+    masks = [np.zeros((16, 16, 16), bool), np.ones((16, 16, 16), bool), rng.random((16, 24, 8)) < 0.3]
+    m = np.zeros((16, 16, 16), bool)
+    m[:8, :8, :8] = True
+    m[8:, 8:, 8:] = rng.random((8, 8, 8)) < 0.5
+    masks.append(m)
+    stream = sv.BLOCKS_HEADER.pack(2, 2, 2, 77)
+    for k, mask in enumerate(masks):
+        got = sv.binary_block((64 * k, -64, 5), mask)
+        assert got == naive_binary_blocks(mask, (64 * k, -64, 5))
+        if mask.shape == (16, 16, 16):
+            stream += got
+    label, blocks = sv.decode_blocks(stream)
+    assert label == 77 and len(blocks) == 3
+    for (off, got), mask, k in zip(blocks, [masks[0], masks[1], masks[3]], (0, 1, 3), strict=True):
+        assert off == (64 * k, -64, 5)
+        np.testing.assert_array_equal(got, mask)
+    with pytest.raises(sv.SparsevolError, match="truncated"):
+        sv.decode_blocks(stream[:-3])
+    with pytest.raises(sv.SparsevolError, match="content byte"):
+        sv.decode_blocks(sv.BLOCKS_HEADER.pack(2, 2, 2, 1) + struct.pack("<3i", 0, 0, 0) + b"\x07")
+    with pytest.raises(sv.SparsevolError, match="multiples"):
+        sv.binary_block((0, 0, 0), np.zeros((4, 8, 8), bool))
