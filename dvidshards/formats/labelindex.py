@@ -3,6 +3,19 @@
 ``dvidshards label-index`` writes ``out/bucket=HH/part-0.parquet`` files (every row of a body in
 the file of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk) and
 ``out/_meta.json``; ``dvidshards.query.BodyIndex`` reads them.  Pure: no I/O here.
+
+DVID's own serialization of one body's index (``GET .../index/<label>``) is the protobuf
+message ``LabelIndex`` of ``datatype/common/proto/labelops.proto``::
+
+    message SVCount { map<uint64, uint32> counts = 1; }
+    message LabelIndex {
+        map<uint64, SVCount> blocks = 1;  // key: encode_block_index(x, y, z)
+        uint64 label = 2; uint64 last_mut_id = 3;
+        string last_mod_time = 4; string last_mod_user = 5; string last_mod_app = 6;
+    }
+
+`encode_label_index` writes it (map entries sorted by key, fields at their proto3 defaults
+left out) and `decode_label_index` reads it, with plain varint code: no protobuf runtime.
 """
 
 from __future__ import annotations
@@ -10,7 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["HASH_BITS", "INDEX_FORMAT", "INDEX_SCHEMA", "bucket_name", "bucket_of", "labels_id"]
+from ..errors import DvidShardsError
+
+__all__ = ["HASH_BITS", "INDEX_FORMAT", "INDEX_SCHEMA", "LabelIndexError", "bucket_name", "bucket_of",
+           "decode_block_index", "decode_label_index", "encode_block_index", "encode_label_index", "labels_id"]
 
 INDEX_FORMAT = "dvidshards-label-index"
 HASH_BITS = 16  # bucket ids are the top bits of a 16-bit multiplicative hash of the body id
@@ -39,3 +55,216 @@ def labels_id(src) -> dict:
     """What identifies a label source in job metadata: ``src.identity()`` (cheap: a mapping file
     by its path and change stamp, nothing parsed; a mapping object by its content's hash)."""
     return dict(src.identity())
+
+
+# --------------------------------------------------------------------------- DVID's LabelIndex protobuf
+
+
+class LabelIndexError(DvidShardsError, ValueError):
+    """A LabelIndex protobuf is malformed, or a block coordinate does not fit DVID's block index."""
+
+
+_AXIS = (1 << 20) - 1  # 20 bits of magnitude per axis, bit 20 the sign
+
+
+def encode_block_index(blocks) -> np.ndarray:
+    """DVID's packed block index (``labels.EncodeBlockIndex``) of (n, 3) block coordinates.
+
+    Each axis is 21 bits, sign and magnitude (bit 20 the sign): z in bits 42..62, y in 21..41,
+    x in 0..20.
+
+    Raises
+    ------
+    LabelIndexError
+        If a coordinate's magnitude exceeds 2**20 - 1.
+    """
+    c = np.asarray(blocks, np.int64).reshape(-1, 3)
+    if len(c) and np.abs(c).max() > _AXIS:
+        raise LabelIndexError(f"block coordinates beyond +-{_AXIS} do not fit DVID's block index")
+    part = np.abs(c).astype(np.uint64) | np.where(c < 0, np.uint64(1 << 20), np.uint64(0))
+    return (part[:, 2] << np.uint64(42)) | (part[:, 1] << np.uint64(21)) | part[:, 0]
+
+
+def decode_block_index(keys) -> np.ndarray:
+    """(n, 3) int32 block coordinates (x, y, z) of DVID's packed block indexes."""
+    k = np.asarray(keys, np.uint64).reshape(-1)
+    out = np.empty((len(k), 3), np.int64)
+    for a, shift in enumerate((0, 21, 42)):
+        v = (k >> np.uint64(shift)) & np.uint64((1 << 21) - 1)
+        mag = (v & np.uint64(_AXIS)).astype(np.int64)
+        out[:, a] = np.where(v & np.uint64(1 << 20), -mag, mag)
+    return out.astype(np.int32)
+
+
+def _varints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf varints of uint64 values: (bytes, length of each)."""
+    v = np.asarray(v, np.uint64).reshape(-1)
+    n = np.ones(len(v), np.int64)
+    for k in range(1, 10):
+        n += (v >> np.uint64(7 * k)) != 0
+    start = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+    out = np.empty(int(n.sum()), np.uint8)
+    for k in range(10):
+        sel = np.flatnonzero(n > k)
+        if not sel.size:
+            break
+        byte = (v[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        out[start[sel] + k] = byte.astype(np.uint8) | np.where(n[sel] > k + 1, 0x80, 0).astype(np.uint8)
+    return out, n
+
+
+def _rows(*cols) -> tuple[np.ndarray, np.ndarray]:
+    """Rows made of columns side by side: each column a constant ``bytes`` or ``(data, lengths)``
+    (ragged, one piece a row). Returns (bytes, row lengths)."""
+    n = next(len(c[1]) for c in cols if not isinstance(c, bytes))
+    lens = [np.full(n, len(c), np.int64) if isinstance(c, bytes) else c[1] for c in cols]
+    total = np.sum(lens, axis=0)
+    start = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
+    out = np.empty(int(total.sum()), np.uint8)
+    at = start.copy()
+    for c, ln in zip(cols, lens, strict=True):
+        if isinstance(c, bytes):
+            if c:
+                out[at[:, None] + np.arange(len(c))] = np.frombuffer(c, np.uint8)
+        else:
+            data, _ = c
+            piece = np.repeat(at, ln) + (np.arange(len(data)) - np.repeat(np.cumsum(ln) - ln, ln))
+            out[piece] = data
+        at += ln
+    return out, total
+
+
+def _segments(data: np.ndarray, lens: np.ndarray, group: np.ndarray, ngroups: int):
+    """Rows concatenated per group (rows sorted by group): (bytes, length of each group)."""
+    return data, np.bincount(group, weights=lens, minlength=ngroups).astype(np.int64)
+
+
+def _field(tag: int, value) -> bytes:
+    data, _ = _varints(np.array([value], np.uint64))
+    return bytes([tag]) + data.tobytes()
+
+
+def _string(tag: int, text: str) -> bytes:
+    raw = text.encode()
+    return bytes([tag]) + _varints(np.array([len(raw)], np.uint64))[0].tobytes() + raw if raw else b""
+
+
+def encode_label_index(label: int, blocks, supervoxels, voxels, *, last_mut_id: int = 0, last_mod_time: str = "",
+                       last_mod_user: str = "", last_mod_app: str = "") -> bytes:
+    """DVID's ``LabelIndex`` protobuf of one body (``GET .../index/<label>``).
+
+    Parameters
+    ----------
+    label : int
+    blocks : array_like of int, shape (n, 3)
+        Block coordinates (x, y, z), one row per (block, supervoxel).
+    supervoxels, voxels : array_like of int, shape (n,)
+        The supervoxel of each row and its voxels in that block (< 2**32).
+
+    Returns
+    -------
+    bytes
+        Map entries sorted by block index, then supervoxel; rows of one (block, supervoxel)
+        summed.
+    """
+    c = np.asarray(blocks, np.int64).reshape(-1, 3)
+    sv = np.asarray(supervoxels, np.uint64).reshape(-1)
+    vox = np.asarray(voxels, np.int64).reshape(-1)
+    if not (len(c) == len(sv) == len(vox)):
+        raise LabelIndexError("blocks, supervoxels and voxels must have one row each")
+    out = b""
+    if len(c):
+        key = encode_block_index(c)
+        order = np.lexsort((sv, key))
+        key, sv, vox = key[order], sv[order], vox[order]
+        new = np.ones(len(key), bool)
+        new[1:] = (key[1:] != key[:-1]) | (sv[1:] != sv[:-1])
+        first = np.flatnonzero(new)
+        key, sv, vox = key[first], sv[first], np.add.reduceat(vox, first)
+        if (vox < 0).any() or (vox >= 1 << 32).any():
+            raise LabelIndexError("a supervoxel count does not fit uint32")
+        # SVCount.counts entries: {1: sv, 2: count}, each as field 1 of SVCount
+        entry = _rows(b"\x08", _varints(sv), b"\x10", _varints(vox.astype(np.uint64)))
+        counts = _rows(b"\x0a", _varints(entry[1].astype(np.uint64)), entry)
+        bstart = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+        group = np.cumsum(np.concatenate([[True], key[1:] != key[:-1]])) - 1
+        svcount = _segments(counts[0], counts[1], group, len(bstart))
+        bentry = _rows(b"\x08", _varints(key[bstart]), b"\x12", _varints(svcount[1].astype(np.uint64)), svcount)
+        top = _rows(b"\x0a", _varints(bentry[1].astype(np.uint64)), bentry)
+        out = top[0].tobytes()
+    out += _field(0x10, int(label)) if int(label) else b""
+    out += _field(0x18, int(last_mut_id)) if int(last_mut_id) else b""
+    return out + _string(0x22, last_mod_time) + _string(0x2A, last_mod_user) + _string(0x32, last_mod_app)
+
+
+def _read_varint(buf: bytes, p: int, end: int) -> tuple[int, int]:
+    v, shift = 0, 0
+    while True:
+        if p >= end or shift > 63:
+            raise LabelIndexError(f"truncated or overlong varint at byte {p}")
+        b = buf[p]
+        p += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v & ((1 << 64) - 1), p
+
+
+def _fields(buf: bytes, p: int, end: int):
+    """(field number, wire type, value or (start, end)) of a message's fields."""
+    while p < end:
+        tag, p = _read_varint(buf, p, end)
+        num, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v, p = _read_varint(buf, p, end)
+            yield num, wire, v
+        elif wire == 2:
+            n, p = _read_varint(buf, p, end)
+            if p + n > end:
+                raise LabelIndexError(f"field {num} claims {n} bytes past the end of its message")
+            yield num, wire, (p, p + n)
+            p += n
+        elif wire == 1:
+            p += 8
+        elif wire == 5:
+            p += 4
+        else:
+            raise LabelIndexError(f"field {num} has wire type {wire}")
+        if p > end:
+            raise LabelIndexError("a fixed-size field runs past the end of its message")
+
+
+def decode_label_index(data) -> dict:
+    """Read a ``LabelIndex`` protobuf.
+
+    Returns
+    -------
+    dict
+        ``label``, ``last_mut_id``, ``last_mod_time``, ``last_mod_user``, ``last_mod_app`` and
+        ``blocks``: ``{(x, y, z): {supervoxel: voxels}}``.
+    """
+    buf = bytes(memoryview(data).cast("B"))
+    out: dict = {"label": 0, "last_mut_id": 0, "last_mod_time": "", "last_mod_user": "", "last_mod_app": "",
+                 "blocks": {}}
+    names = {4: "last_mod_time", 5: "last_mod_user", 6: "last_mod_app"}
+    for num, wire, v in _fields(buf, 0, len(buf)):
+        if num == 1 and wire == 2:
+            key = 0
+            counts: dict[int, int] = {}
+            for n2, w2, v2 in _fields(buf, *v):
+                if n2 == 1 and w2 == 0:
+                    key = v2
+                elif n2 == 2 and w2 == 2:
+                    for n3, w3, v3 in _fields(buf, *v2):
+                        if n3 == 1 and w3 == 2:
+                            e = dict((n4, v4) for n4, w4, v4 in _fields(buf, *v3) if w4 == 0)
+                            counts[e.get(1, 0)] = counts.get(e.get(1, 0), 0) + e.get(2, 0)
+            x, y, z = (int(a) for a in decode_block_index([key])[0])
+            out["blocks"][(x, y, z)] = counts
+        elif num == 2 and wire == 0:
+            out["label"] = v
+        elif num == 3 and wire == 0:
+            out["last_mut_id"] = v
+        elif num in names and wire == 2:
+            out[names[num]] = buf[v[0]:v[1]].decode("utf-8", "replace")
+    return out
