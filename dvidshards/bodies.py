@@ -11,8 +11,12 @@ export without a whole-export job first:
   index's voxel counts, else counted in the body's blocks without writing a voxel
   (``formats.blockstats``).
 * :meth:`Body.mask`, :meth:`Body.runs`, :meth:`Body.sparsevol`, :meth:`Body.sparsevol_coarse` -
-  decoding only the body's chunks; the sparse volumes are DVID's binary RLE bytes
-  (``formats.sparsevol``).
+  decoding only the body's chunks; the sparse volumes are DVID's bytes in its three formats
+  (``formats.sparsevol``), also block by block (:meth:`Body.sparsevol_parts`, what a server
+  streams) and under DVID's ``minx`` .. ``maxz`` bounds.
+* :attr:`Body.exists` - whether a chunk lists the body (the label index, else the lists); an
+  id with no voxel raises `NotFoundError` from every other answer, saying what the id is
+  instead when that is cheap to know (a supervoxel of body B).
 * :meth:`Body.mesh` - one watertight surface from per-chunk marching cubes
   (``formats.mesh.mesh_cells``: neighbouring cells meet exactly, welded into one mesh), in nm.
 
@@ -22,22 +26,57 @@ The dataset is duck-typed (``scale``, ``shards``, ``shard``, ``reader``, ``read`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .errors import BlockDecodeError, ShardFormatError, SpecError
+from .errors import BlockDecodeError, NotFoundError, ShardFormatError, SpecError
 from .formats.blockstats import BlockError, batch_stats
 from .formats.labelindex import labels_id
 from .formats.labels import Supervoxels, as_labels
 from .formats.mesh import Mesh, merge_fragments, mesh_cells, to_nm
 from .formats.records import R_NSV
-from .formats.sparsevol import encode_coarse, encode_runs, merge_runs, runs_from_mask
-from .query import BodyIndex, BodyMask, body_mask, chunks_with
+from .formats.sparsevol import (
+    BLOCKS_HEADER,
+    HEADER,
+    RunOrder,
+    SparsevolError,
+    binary_block,
+    clip_runs,
+    encode_coarse,
+    merge_runs,
+    runs_from_mask,
+)
+from .query import BodyIndex, BodyMask, body_mask, chunks_with, record_ids
 
-__all__ = ["Body", "chunk_decoder", "mesh_chunks"]
+__all__ = ["FORMATS", "Body", "chunk_decoder", "mesh_chunks", "parse_bounds"]
 
 _U64 = 1 << 64
+_I32 = (-(1 << 31), (1 << 31) - 1)
+FORMATS = ("rles", "srles", "blocks")  # DVID's sparsevol formats
+
+
+def parse_bounds(bounds) -> tuple[np.ndarray, np.ndarray] | None:
+    """DVID's ``minx`` .. ``maxz`` bounds as (lo, hi) int64 arrays, both inclusive; None: none.
+
+    ``bounds`` is ``((minx, miny, minz), (maxx, maxy, maxz))`` in voxels of the scale, any
+    entry None (unbounded), or None.
+    """
+    if bounds is None:
+        return None
+    try:
+        lo_, hi_ = bounds
+        lo_, hi_ = list(lo_), list(hi_)
+        if len(lo_) != 3 or len(hi_) != 3:
+            raise ValueError
+        lo = np.array([_I32[0] if v is None else int(v) for v in lo_], np.int64)
+        hi = np.array([_I32[1] if v is None else int(v) for v in hi_], np.int64)
+    except (TypeError, ValueError):
+        raise SpecError(f"bounds must be ((minx, miny, minz), (maxx, maxy, maxz)), entries int or None; "
+                        f"got {bounds!r}") from None
+    if (lo < _I32[0]).any() or (hi > _I32[1]).any():
+        raise SpecError(f"bounds {bounds!r} exceed int32")
+    return lo, hi
 
 
 def chunk_decoder(ds, scale=0, labels="agglomerated", *, fill_missing_shards: bool = False
@@ -143,6 +182,7 @@ class Body:
             self.index = idx
         self._chunks: dict[int, np.ndarray] = {}
         self._stats: dict[int, tuple[int, list | None]] = {}
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __repr__(self) -> str:
         return f"Body({self.id}, scale={self.scale}, labels={self.labels.name!r})"
@@ -155,23 +195,113 @@ class Body:
     def chunks_at(self, scale=None) -> np.ndarray:
         """(n, 3) int64 chunk coordinates (x, y, z) holding the body at a scale, sorted z, y, x.
 
-        From the label index when it is of that scale; else from the records' label lists
-        (no decompression: a scan of the scale's shard tables).
+        From the label index when it is of that scale. When it is of a finer scale, its blocks
+        coarsened (DVID's rule: a coarse voxel takes a label of its finer cell) are the
+        candidates, kept where the records' lists hold the body (no decompression). Else a scan
+        of the scale's lists. Empty when no chunk holds the body (see `exists`).
         """
         s = self._scale(scale)
         c = self._chunks.get(s.index)
         if c is None:
-            if self.index is not None and self.index.scale == s.index:
-                c = self.index.blocks(self.id)
+            idx = self.index
+            if idx is not None and idx.scale == s.index:
+                c = idx.blocks(self.id)
+            elif idx is not None and idx.scale < s.index and self._coarsens(idx, s):
+                fine = idx.blocks(self.id) >> (s.index - idx.scale)
+                c = self._listed(s, np.unique(fine, axis=0) if len(fine) else fine)
             else:
                 c = chunks_with(self.ds, [self.id], s.index, self.labels)
             self._chunks[s.index] = c
         return c
 
+    def _coarsens(self, idx: BodyIndex, s) -> bool:
+        """Whether scale ``s`` is ``idx``'s scale downsampled by 2 per level, with its chunk size."""
+        try:
+            fine = self.ds.scale(idx.scale)
+        except SpecError:
+            return False
+        k = s.index - idx.scale
+        return tuple(fine.chunk_size) == tuple(s.chunk_size) and all(
+            -(-int(n) // (1 << k)) == int(m) for n, m in zip(fine.size, s.size, strict=True))
+
+    def _listed(self, s, candidates) -> np.ndarray:
+        """The candidate chunks whose records' lists hold the body, sorted z, y, x."""
+        reader = self.ds.reader(s, self.labels)
+        keep: list[np.ndarray] = []
+        target = np.uint64(self.id)
+        for group in _by_shard(s, candidates):
+            shard = reader.shard(*(int(v) for v in group[0]))
+            if shard is None:
+                continue
+            found = [(i, c) for i, c in ((shard.find(*(int(v) for v in c)), c) for c in group) if i is not None]
+            if not found:
+                continue
+            t = shard.table(np.asarray([i for i, _ in found], np.int64))
+            vals, owner = record_ids(t, self.labels)
+            hit = np.unique(owner[vals == target])
+            keep.extend(found[int(k)][1] for k in hit)
+        c = np.asarray(keep, np.int64).reshape(-1, 3)
+        return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
+
     @property
     def chunks(self) -> np.ndarray:
-        """(n, 3) chunk coordinates (x, y, z) holding the body at its scale (see `chunks_at`)."""
-        return self.chunks_at()
+        """(n, 3) chunk coordinates (x, y, z) holding the body at its scale (see `chunks_at`).
+
+        Raises
+        ------
+        NotFoundError
+            If no chunk holds the body at its scale (the message says what the id is instead,
+            when known).
+        """
+        c = self.chunks_at()
+        if not len(c):
+            raise self.not_found()
+        return c
+
+    @property
+    def exists(self) -> bool:
+        """Whether a chunk holds the body at its scale: the label index's rows, else the records'
+        lists (no block decompressed; without an index, a scan of the scale's lists, kept)."""
+        return bool(len(self.chunks_at()))
+
+    def not_found(self, scale=None, why: str = "") -> NotFoundError:
+        """The error for this id having no voxel at a scale, saying what the id is instead.
+
+        Without a label index the records' lists are looked at (as finding the body's chunks
+        did): an id that is a supervoxel of another body says so, as does a body asked for as
+        a supervoxel. With an index no scan is made.
+        """
+        s = self._scale(scale)
+        kind = "supervoxel" if isinstance(self.labels, Supervoxels) else "body"
+        where = f" at scale {s.index}" + (f" {why}" if why else "")
+        if why:
+            return NotFoundError(f"{kind} {self.id} has no voxel{where}")
+        if self.index is not None and self.index.scale <= s.index:
+            return NotFoundError(f"{kind} {self.id} is not in the label index {self.index.path}{where} (a "
+                                 f"supervoxel id? pass labels='supervoxels')")
+        if not isinstance(self.labels, Supervoxels):
+            c = chunks_with(self.ds, [self.id], s.index, "supervoxels")
+            if len(c):
+                b = self._body_of_supervoxel(s, c[0])
+                return NotFoundError(f"{self.id} is a supervoxel of body {b}{where}, not a body: ask for body {b}, "
+                                     f"or pass labels='supervoxels'")
+        elif len(chunks_with(self.ds, [self.id], s.index, "agglomerated")):
+            return NotFoundError(f"{self.id} is a body{where}, not a supervoxel: its supervoxels are "
+                                 f"Body({self.id}).supervoxels()")
+        return NotFoundError(f"{self.id} is not in this export at scale {s.index} ({self.labels.name} labels)")
+
+    def _body_of_supervoxel(self, s, chunk) -> int:
+        reader = self.ds.reader(s, self.labels)
+        x, y, z = (int(v) for v in chunk)
+        shard = reader.shard(x, y, z)
+        i = shard.find(x, y, z) if shard is not None else None
+        if shard is None or i is None:
+            return 0
+        t = shard.table(np.asarray([i], np.int64))
+        svs = t.supervoxels(0)
+        pal = self.labels.palette(t, 0)
+        pal = svs if pal is None else np.asarray(pal, np.uint64)
+        return int(pal[np.flatnonzero(svs == np.uint64(self.id))[0]])
 
     def _count(self, s) -> tuple[int, list | None]:
         """(voxels, exact box) at a scale, counted in the body's blocks (no voxel written)."""
@@ -187,6 +317,7 @@ class Body:
         lo = np.full(3, np.iinfo(np.int64).max)
         hi = np.full(3, np.iinfo(np.int64).min)
         target = np.uint64(self.id)
+        rows_c, rows_sv, rows_n = [np.zeros((0, 3), np.int64)], [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
         for group in _by_shard(s, chunks):
             shard = reader.shard(*(int(v) for v in group[0]))
             if shard is None:
@@ -224,37 +355,101 @@ class Body:
             b = bx[hit] + np.hstack([org, org])[blk[hit]]
             lo = np.minimum(lo, b[:, :3].min(axis=0))
             hi = np.maximum(hi, b[:, 3:].max(axis=0))
+            rows_c.append(org[blk[hit]] // cs)
+            rows_sv.append(sv[hit].astype(np.uint64))
+            rows_n.append(vox[hit].astype(np.int64))
         box = [lo.tolist(), hi.tolist()] if total else None
         self._stats[s.index] = (total, box)
+        self._rows[s.index] = (np.concatenate(rows_c), np.concatenate(rows_sv), np.concatenate(rows_n))
         return total, box
 
-    def size_at(self, scale=None) -> int:
-        """Voxels of the body at a scale (the label index's count when it is of that scale)."""
+    def supervoxel_counts(self, scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The body's label index at a scale: one row per (chunk, supervoxel) holding it.
+
+        From the label index when it is of that scale, else counted in the body's blocks.
+
+        Returns
+        -------
+        (chunks, supervoxels, voxels)
+            (n, 3) int64 chunk coordinates, ``uint64`` supervoxels, ``int64`` voxels.
+
+        Raises
+        ------
+        NotFoundError
+            If the body has no voxel at that scale.
+        """
         s = self._scale(scale)
         if self.index is not None and self.index.scale == s.index:
-            return self.index.size(self.id)
-        return self._count(s)[0]
+            t = self.index.rows(self.id)
+            c = np.stack([t[k].to_numpy().astype(np.int64) for k in ("chunk_x", "chunk_y", "chunk_z")], axis=1)
+            out = (c.reshape(-1, 3), t["supervoxel"].to_numpy().astype(np.uint64),
+                   t["voxels"].to_numpy().astype(np.int64))
+        else:
+            self._count(s)
+            out = self._rows[s.index]
+        if not int(out[2].sum()):
+            raise self.not_found(s.index)
+        return out
+
+    def supervoxel_sizes(self, scale=None) -> dict[int, int]:
+        """``{supervoxel: voxels}`` of the body at a scale, sorted by supervoxel (DVID's
+        ``/supervoxel-sizes``); NotFoundError if it has no voxel."""
+        _, sv, n = self.supervoxel_counts(scale)
+        u, inv = np.unique(sv, return_inverse=True)
+        tot = np.bincount(inv.reshape(-1), weights=n, minlength=len(u)).astype(np.int64)
+        return dict(zip(u.tolist(), tot.tolist(), strict=True))
+
+    def size_at(self, scale=None) -> int:
+        """Voxels of the body at a scale (the label index's count when it is of that scale).
+
+        Raises
+        ------
+        NotFoundError
+            If the body has no voxel at that scale.
+        """
+        s = self._scale(scale)
+        if self.index is not None and self.index.scale == s.index:
+            n = self.index.size(self.id)
+        else:
+            n = self._count(s)[0]
+        if not n:
+            raise self.not_found(s.index)
+        return n
 
     @property
     def size(self) -> int:
-        """Voxels of the body at its scale (DVID's ``/size``)."""
+        """Voxels of the body at its scale (DVID's ``/size``); NotFoundError if none."""
         return self.size_at()
 
-    def box_at(self, scale=None) -> list | None:
-        """Exact voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` at a scale (None: no voxel)."""
-        return self._count(self._scale(scale))[1]
+    def box_at(self, scale=None) -> list:
+        """Exact voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` at a scale; NotFoundError if no voxel."""
+        s = self._scale(scale)
+        box = self._count(s)[1]
+        if box is None:
+            raise self.not_found(s.index)
+        return box
 
     @property
-    def box(self) -> list | None:
+    def box(self) -> list:
         """Exact voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` at its scale, upper bound exclusive."""
         return self.box_at()
 
     def supervoxels(self) -> np.ndarray:
-        """Sorted supervoxel ids of the body (from the label index, else the records' lists)."""
+        """Sorted supervoxel ids of the body (from the label index, else the records' lists).
+
+        Raises
+        ------
+        NotFoundError
+            If the body has no voxel at its scale.
+        """
         if self.index is not None:
-            return np.asarray(sorted(self.index.supervoxel_sizes(self.id)), np.uint64)
+            svs = np.asarray(sorted(self.index.supervoxel_sizes(self.id)), np.uint64)
+            if not len(svs):
+                raise self.not_found()
+            return svs
         if isinstance(self.labels, Supervoxels):
-            return np.array([self.id], np.uint64) if len(self.chunks) else np.zeros(0, np.uint64)
+            self.chunks  # noqa: B018 - NotFoundError when absent
+            return np.array([self.id], np.uint64)
         s = self.ds.scale(self.scale)
         reader = self.ds.reader(s, self.labels)
         found = [np.zeros(0, np.uint64)]
@@ -269,9 +464,18 @@ class Body:
                 svs = t.supervoxels(k)
                 pal = self.labels.palette(t, k)
                 found.append(svs[np.asarray(pal, np.uint64) == np.uint64(self.id)])
-        return np.unique(np.concatenate(found))
+        out = np.unique(np.concatenate(found))
+        if not len(out):
+            raise self.not_found()
+        return out
 
     # --- voxels -----------------------------------------------------------------------------
+
+    def _present(self, s) -> np.ndarray:
+        c = self.chunks_at(s.index)
+        if not len(c):
+            raise self.not_found(s.index)
+        return c
 
     def mask(self, scale=None) -> BodyMask:
         """The body as a boolean (x, y, z) mask over its exact box, decoding only its chunks.
@@ -279,63 +483,170 @@ class Body:
         Returns
         -------
         BodyMask
-            ``(mask, box)``; an empty mask and box None when the body has no voxel.
+            ``(mask, box)``.
+
+        Raises
+        ------
+        NotFoundError
+            If the body has no voxel at that scale.
         """
         s = self._scale(scale)
-        return body_mask(self.ds, self.id, s.index, self.labels, chunks=self.chunks_at(s.index))
+        m = body_mask(self.ds, self.id, s.index, self.labels, chunks=self._present(s))
+        if m.box is None:
+            raise self.not_found(s.index)
+        return m
+
+    def block_masks(self, scale=None, bounds=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The body's chunks one by one, in (z, y, x) order: ``(chunk (x, y, z), mask (z, y, x))``.
+
+        Each mask covers the whole chunk (voxels outside the volume False). ``bounds``
+        (`parse_bounds`) keeps the chunks that DVID's block bounds keep (the masks are not
+        cut). One chunk is decoded at a time.
+        """
+        s = self._scale(scale)
+        c = self._present(s)
+        b = parse_bounds(bounds)
+        if b is not None:
+            cs = np.asarray(s.chunk_size, np.int64)
+            c = c[((c >= b[0] // cs) & (c <= b[1] // cs)).all(axis=1)]
+        decode = chunk_decoder(self.ds, s.index, self.labels)
+        target = np.uint64(self.id)
+        shape = tuple(int(v) for v in np.asarray(s.chunk_size)[::-1])
+        for cc in c:
+            a = decode(cc)
+            yield cc, (a == target) if a is not None else np.zeros(shape, bool)
 
     def runs(self, scale=None) -> np.ndarray:
-        """Maximal x-runs of the body, sorted (z, y, x): int32 (n, 4) rows x, y, z, length."""
-        s = self._scale(scale)
-        decode = chunk_decoder(self.ds, s.index, self.labels)
-        cs = np.asarray(s.chunk_size, np.int64)
-        target = np.uint64(self.id)
-        parts = []
-        for c in self.chunks_at(s.index):
-            a = decode(c)
-            if a is None:
-                continue
-            m = a == target
-            if m.any():
-                parts.append(runs_from_mask(m.T, c * cs))
-        return merge_runs(*parts)
+        """Maximal x-runs of the body, sorted (z, y, x): int32 (n, 4) rows x, y, z, length.
 
-    def sparsevol(self, scale=None, order: str = "dvid") -> bytes:
-        """DVID's ``GET .../sparsevol/<id>?scale=N`` bytes (legacy ``rles`` format).
+        Raises
+        ------
+        NotFoundError
+            If the body has no voxel at that scale.
+        """
+        s = self._scale(scale)
+        cs = np.asarray(s.chunk_size, np.int64)
+        parts = [runs_from_mask(m.T, c * cs) for c, m in self.block_masks(s.index) if m.any()]
+        out = merge_runs(*parts)
+        if not len(out):
+            raise self.not_found(s.index)
+        return out
+
+    def sparsevol_parts(self, scale=None, format: str = "rles", bounds=None) -> Iterator[bytes]:  # noqa: A002 - DVID's name
+        """DVID's ``GET .../sparsevol/<id>`` bytes, block by block (what a server streams).
+
+        ``format="srles"`` and ``"blocks"`` pieces concatenate to the response. For ``"rles"``
+        the pieces are the spans without the 12-byte header (its span count is known only at
+        the end: `sparsevol` adds it, a server counts the bytes). Memory: one chunk and the
+        runs held for the next block (one row of blocks).
+
+        Parameters
+        ----------
+        scale : int, optional
+            Voxels of this scale (default: the body's).
+        format : {"rles", "srles", "blocks"}
+        bounds : ((minx, miny, minz), (maxx, maxy, maxz)), optional
+            DVID's inclusive voxel bounds (entries may be None): chunks outside them are
+            skipped and runs cut (``blocks``: chunks only, as DVID does).
+
+        Raises
+        ------
+        NotFoundError
+            If no chunk of the body lies within the bounds at that scale.
+        """
+        if format not in FORMATS:
+            raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
+        s = self._scale(scale)
+        cs = np.asarray(s.chunk_size, np.int64)
+        b = parse_bounds(bounds)
+        masks = self.block_masks(s.index, bounds)
+        first = next(masks, None)
+        if first is None:
+            raise self.not_found(s.index, "within the bounds")
+        if format == "blocks":
+            g = [int(v) // 8 for v in s.chunk_size]
+            yield BLOCKS_HEADER.pack(g[0], g[1], g[2], self.id)
+            c, m = first
+            yield binary_block(c * cs, m)
+            for c, m in masks:
+                yield binary_block(c * cs, m)
+            return
+        if len({int(v) for v in s.chunk_size}) != 1:
+            raise SpecError(f"scale {s.index}: DVID's run order needs cubic chunks, got {s.chunk_size}")
+        order = RunOrder(int(cs[0]), maxx=None if b is None or b[1][0] >= _I32[1] else int(b[1][0]))
+        for c, m in _chain(first, masks):
+            r = runs_from_mask(m.T, c * cs) if m.any() else np.zeros((0, 4), np.int32)
+            if b is not None:
+                r = clip_runs(r, *b)
+            done = order.add(c, r)
+            if len(done):
+                yield done.astype("<i4").tobytes()
+        done = order.finish()
+        if len(done):
+            yield done.astype("<i4").tobytes()
+
+    def sparsevol(self, scale=None, order: str = "dvid", *, format: str = "rles",  # noqa: A002 - DVID's name
+                  bounds=None) -> bytes:
+        """DVID's ``GET .../sparsevol/<id>?scale=N&format=...`` bytes.
 
         Parameters
         ----------
         scale : int, optional
             Runs in voxels of this scale (default: the body's).
         order : {"dvid", "zyx"}
-            ``"dvid"``: the order DVID streams runs in (block by block; see
-            `dvidshards.formats.sparsevol.dvid_order`); ``"zyx"``: sorted.
+            Runs of ``rles``/``srles``: ``"dvid"``, the order DVID streams them in (block by
+            block; see `dvidshards.formats.sparsevol.RunOrder`); ``"zyx"``: sorted.
+        format : {"rles", "srles", "blocks"}
+            Legacy RLEs with their header (default), streaming RLEs, or binary blocks.
+        bounds : ((minx, miny, minz), (maxx, maxy, maxz)), optional
+            DVID's inclusive voxel bounds (see `sparsevol_parts`). As DVID, an ``rles`` answer
+            with chunks in the bounds but no voxel is empty (no header).
 
         Raises
         ------
-        SpecError
-            If the body has no voxel (DVID answers 404).
+        NotFoundError
+            If the body has no voxel at that scale (DVID answers 404), or no chunk within the
+            bounds.
         """
-        s = self._scale(scale)
-        runs = self.runs(s.index)
-        if not len(runs):
-            raise SpecError(f"body {self.id} has no voxel at scale {s.index}")
-        return encode_runs(runs, order=order, block_size=int(s.chunk_size[0]))
+        if order not in ("dvid", "zyx"):
+            raise SpecError(f"order must be 'dvid' or 'zyx', got {order!r}")
+        data = b"".join(self.sparsevol_parts(scale, format, bounds))
+        if format == "blocks":
+            return data
+        if order == "zyx":
+            runs = merge_runs(np.frombuffer(data, "<i4").reshape(-1, 4)) if data else np.zeros((0, 4), np.int32)
+            data = runs.astype("<i4").tobytes()
+        if format == "srles":
+            return data
+        n = len(data) // 16
+        if not n:
+            if bounds is None:
+                raise self.not_found(scale)
+            return b""
+        if n > 0xFFFFFFFF:
+            raise SparsevolError(f"{n} spans do not fit the u32 span count")
+        return HEADER.pack(0, 3, 0, 0, 0, n) + data
 
-    def sparsevol_coarse(self) -> bytes:
+    def sparsevol_coarse(self, scale=None, bounds=None) -> bytes:
         """DVID's ``GET .../sparsevol-coarse/<id>`` bytes: runs of the chunks holding the body.
 
-        Block coordinates of the body's scale (DVID's are those of scale 0, its label index's
-        blocks); no block is decompressed.
+        Block coordinates of a scale (default the body's; DVID's are those of scale 0, its
+        label index's blocks); no block is decompressed. ``bounds`` (voxels, inclusive) keeps
+        the blocks DVID's block bounds keep.
 
         Raises
         ------
-        SpecError
-            If no chunk holds the body.
+        NotFoundError
+            If no chunk holds the body (within the bounds).
         """
-        c = self.chunks
-        if not len(c):
-            raise SpecError(f"body {self.id} has no chunk at scale {self.scale}")
+        s = self._scale(scale)
+        c = self._present(s)
+        b = parse_bounds(bounds)
+        if b is not None:
+            cs = np.asarray(s.chunk_size, np.int64)
+            c = c[((c >= b[0] // cs) & (c <= b[1] // cs)).all(axis=1)]
+            if not len(c):
+                raise self.not_found(s.index, "within the bounds")
         return encode_coarse(c)
 
     def mesh(self, scale=None, *, units: str = "nm", reduction_factor: int = 0, max_error: float = 8,
@@ -358,12 +669,14 @@ class Body:
         Returns
         -------
         Mesh
-            Empty when the body has no voxel at that scale.
+            Empty when ``chunks`` are given and hold no voxel of the body.
 
         Raises
         ------
         SpecError
             If ``units="nm"`` and the scale's resolution is unknown (geometry inferred).
+        NotFoundError
+            If ``chunks`` are not given and no chunk holds the body at that scale.
         """
         if units not in ("nm", "voxels"):
             raise SpecError(f"units must be 'nm' or 'voxels', got {units!r}")
@@ -374,7 +687,7 @@ class Body:
             raise SpecError(f"scale {s.index}: meshing needs cubic chunks, got {s.chunk_size}")
         decode = chunk_decoder(self.ds, s.index, self.labels)
         target = np.uint64(self.id)
-        chunks = self.chunks_at(s.index) if chunks is None else np.asarray(chunks, np.int64).reshape(-1, 3)
+        chunks = self._present(s) if chunks is None else np.asarray(chunks, np.int64).reshape(-1, 3)
         holds = {tuple(c) for c in chunks.tolist()}
 
         def mask(c):
@@ -392,6 +705,11 @@ class Body:
                  for m in out.items()]
         mesh = merge_fragments(frags)
         return to_nm(mesh, s.resolution) if units == "nm" and len(mesh.faces) else mesh
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
 
 
 def _by_shard(s, chunks) -> list[np.ndarray]:

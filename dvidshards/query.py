@@ -11,6 +11,13 @@ here:
   from the Parquet dataset written by :func:`dvidshards.jobs.stats.label_index`.
 * :func:`body_mask` - a body as a mask over its bounding box, decoding only its chunks (DVID's
   ``sparsevol``).
+* :func:`label_at` - the ids at voxels (DVID's ``/labels``): one zstd frame per chunk holding
+  points, no voxel decoded (the points' entries are read from the block's packed values),
+  nothing at all in a solid chunk.
+* :func:`unique` - the ids in a box with their voxel counts (cloud-volume's ``unique``): solid
+  chunks from their lists, the others counted in their blocks without writing a voxel.
+* :func:`mapping` - the export's own supervoxel -> body pairs, from the records' two lists
+  (DVID's ``/mappings``), no block decompressed.
 
 The lists name the labels a block holds: DVID lists exactly those, so a chunk inside the box
 holds every label of its list. Background (0) is reported when a chunk of the box is absent
@@ -26,19 +33,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import SpecError
+from .errors import BlockDecodeError, ShardFormatError, SpecError
+from .formats.blockstats import BlockError, batch_stats
+from .formats.codec import block_header
 from .formats.labelindex import INDEX_SCHEMA, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
-from .formats.records import list_values
+from .formats.mapping import LabelMapping
+from .formats.records import R_NSV, list_values
 
-__all__ = ["BodyIndex", "BodyMask", "body_mask", "chunks_with", "labels_in_box"]
+__all__ = ["BodyIndex", "BodyMask", "body_mask", "chunks_with", "held_scales", "label_at", "labels_in_box",
+           "mapping", "record_ids", "unique"]
 
 
 def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
     return s.check_box(box)
 
 
-def _record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
+def record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
     """Every record's ids under a label source (flat) and the record each belongs to."""
     if isinstance(src, Supervoxels):
         return list_values(t, "supervoxels")
@@ -78,7 +89,7 @@ def chunks_with(ds, ids, scale=0, labels="agglomerated") -> np.ndarray:
     out = []
     for o in ds.shards(s):
         t = ds.shard(s, o).table()
-        vals, owner = _record_ids(t, src)
+        vals, owner = record_ids(t, src)
         hit = np.unique(owner[np.isin(vals, want)])
         if hit.size:
             out.append(np.asarray(t.coords, np.int64)[hit])
@@ -136,7 +147,7 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
                 whole = ((c * cs >= lo) & ((c + 1) * cs <= hi)).all(axis=1)
                 if whole.any():
                     t = shard.table(rows[whole])
-                    vals, _ = _record_ids(t, src)
+                    vals, _ = record_ids(t, src)
                     found.append(np.unique(vals))
                 for cc in c[~whole]:  # cut by the box: decode the part inside
                     a = np.maximum(cc * cs, lo)
@@ -145,6 +156,339 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
     if present < int(np.prod(chi - clo)):
         found.append(np.zeros(1, np.uint64))  # absent chunks are background
     return np.unique(np.concatenate(found))
+
+
+# --------------------------------------------------------------------------- points
+
+
+def _points(points) -> np.ndarray:
+    p = np.asarray(points)
+    if p.size == 0:
+        return np.zeros((0, 3), np.int64)
+    if p.ndim == 1 and p.shape[0] == 3:
+        p = p.reshape(1, 3)
+    if p.ndim != 2 or p.shape[1] != 3:
+        raise SpecError(f"points must be (n, 3) voxel coordinates x, y, z; got shape {p.shape}")
+    if p.dtype.kind not in "ui":
+        if p.dtype.kind != "f" or not np.isfinite(p).all() or (p != np.round(p)).any():
+            raise SpecError(f"points must be integer voxel coordinates, got {p.dtype} values")
+    return p.astype(np.int64)
+
+
+def _entries_at(block, xyz: np.ndarray) -> np.ndarray:
+    """Label-list entries of voxels (x, y, z within the block) read from a DVID block's packed
+    values (format §1), no voxel decoded; -1 for a voxel of an empty sub-block (background).
+
+    Every size the block declares is checked (``block_header``) and every index read here is
+    checked against the label list before use.
+    """
+    h = block_header(block)
+    d = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8)
+    n = h.num_labels
+    gz, gy, gx = h.grid
+    nz, ny, nx = h.shape
+    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    if ((xyz < 0) | (xyz >= np.array([nx, ny, nz]))).any():
+        raise BlockDecodeError(f"a point lies outside the block's {nx}x{ny}x{nz} voxels")
+    if n == 1:
+        return np.zeros(len(xyz), np.int64)
+    nsub = gx * gy * gz
+    p_nsb = 16 + 8 * n
+    nsb = d[p_nsb:p_nsb + 2 * nsub].view("<u2").astype(np.int64)
+    p_idx = p_nsb + 2 * nsub
+    idx = d[p_idx:p_idx + 4 * int(nsb.sum())].view("<u4").astype(np.int64)
+    bits = np.zeros(nsub, np.int64)
+    many = nsb > 1
+    bits[many] = np.ceil(np.log2(nsb[many])).astype(np.int64)
+    first = np.concatenate([[0], np.cumsum(nsb)[:-1]])
+    p_val = p_idx + 4 * len(idx)
+    vstart = p_val + np.concatenate([[0], np.cumsum(64 * bits)[:-1]])
+    sb = ((z // 8) * gy + y // 8) * gx + x // 8
+    b = bits[sb]
+    v = np.zeros(len(xyz), np.int64)
+    packed = b > 0
+    if packed.any():
+        bit = (((z % 8) * 8 + y % 8) * 8 + x % 8)[packed] * b[packed]  # MSB-first within the sub-block
+        at = vstart[sb[packed]] + bit // 8
+        pad = np.concatenate([d, np.zeros(3, np.uint8)])  # a value spans at most 2 bytes (b <= 9)
+        word = (pad[at].astype(np.int64) << 16) | (pad[at + 1].astype(np.int64) << 8) | pad[at + 2]
+        v[packed] = (word >> (24 - bit % 8 - b[packed])) & ((1 << b[packed]) - 1)
+    bad = v >= np.maximum(nsb[sb], 1)
+    if bad.any():
+        raise BlockDecodeError(f"a packed value {int(v[bad][0])} exceeds its sub-block's "
+                               f"{int(nsb[sb][bad][0])} labels")
+    out = np.where(nsb[sb] == 0, -1, idx[np.minimum(first[sb] + v, max(len(idx) - 1, 0))] if len(idx) else -1)
+    if (out >= n).any():
+        raise BlockDecodeError(f"a sub-block index {int(out.max())} is past the {n}-label list")
+    return out.astype(np.int64)
+
+
+def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
+    """The ids at voxels (DVID's ``/labels``, cloud-volume's ``download_point``).
+
+    Points are grouped by chunk: a solid chunk answers from its lists; any other costs one
+    zstd decompression, after which each point's label-list entry is read from the block's
+    packed values (no voxel decoded).
+
+    Parameters
+    ----------
+    ds : Dataset
+    points : array_like of int, shape (n, 3)
+        Voxel coordinates x, y, z of the scale, inside the volume.
+    scale : int
+    labels : "agglomerated", "supervoxels" or a mapping
+    fill_missing_shards : bool
+        Read a missing shard file as background instead of raising MissingShardError.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` (n,), 0 for background.
+
+    Raises
+    ------
+    SpecError
+        If a point is outside the volume (the message names the first).
+    """
+    s = ds.scale(scale)
+    src = as_labels(labels)
+    p = _points(points)
+    out = np.zeros(len(p), np.uint64)
+    if not len(p):
+        return out
+    vlo = np.asarray(s.voxel_offset, np.int64)
+    vhi = vlo + np.asarray(s.size, np.int64)
+    outside = np.flatnonzero(((p < vlo) | (p >= vhi)).any(axis=1))
+    if outside.size:
+        raise SpecError(f"point {p[outside[0]].tolist()} (#{int(outside[0])}) is outside scale {s.index}'s "
+                        f"volume {vlo.tolist()}..{vhi.tolist()}")
+    cs = np.asarray(s.chunk_size, np.int64)
+    c = p // cs
+    chunks, inv = np.unique(c, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(chunks) + 1))
+    reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
+    for group in _group_by_shard(s, chunks):
+        first = chunks[group[0]]
+        shard = reader.shard(*(int(v) for v in first))
+        if shard is None:
+            continue
+        rows, which = [], []
+        for k in group:
+            x, y, z = (int(v) for v in chunks[k])
+            i = shard.find(x, y, z)
+            if i is None:
+                reader.absent(shard, x, y, z)
+                continue
+            rows.append(i)
+            which.append(k)
+        if not rows:
+            continue
+        t = shard.table(np.asarray(rows, np.int64))
+        for r, k in enumerate(which):
+            sel = order[bounds[k]:bounds[k + 1]]
+            pal = src.palette(t, r)
+            pal = t.supervoxels(r) if pal is None else np.asarray(pal, np.uint64)
+            if int(t.rec[r, R_NSV]) == 1:  # solid: the list says it all
+                out[sel] = pal[0]
+                continue
+            ent = _entries_at(t.block(r), p[sel] - chunks[k] * cs)
+            out[sel] = np.where(ent >= 0, pal[np.maximum(ent, 0)], np.uint64(0))
+    return out
+
+
+def _group_by_shard(s, chunks) -> list[np.ndarray]:
+    """Positions of chunks grouped by the shard holding them (each group non-empty)."""
+    c = np.asarray(chunks, np.int64).reshape(-1, 3)
+    if not len(c):
+        return []
+    e = np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // np.asarray(s.chunk_size, np.int64)
+    _, inv = np.unique(c // np.maximum(e, 1), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    return [np.flatnonzero(inv == k) for k in range(int(inv.max()) + 1)]
+
+
+# --------------------------------------------------------------------------- unique, mapping
+
+
+def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fill_missing_shards: bool = False):
+    """The ids in a voxel box, with their voxel counts if asked (cloud-volume's ``unique``).
+
+    A solid chunk answers from its lists (its count is the part of the box it covers); a chunk
+    wholly inside the box answers ids from its lists too; the others are counted in their
+    blocks (``formats.blockstats``: zstd, then counts, no voxel written). Absent chunks are
+    background.
+
+    Parameters
+    ----------
+    ds : Dataset
+    box : [[x0, y0, z0], [x1, y1, z1]]
+        Voxels (upper bound exclusive), inside the volume.
+    scale : int
+    labels : "agglomerated", "supervoxels" or a mapping
+    counts : bool
+        Also return each id's voxels in the box.
+    fill_missing_shards : bool
+        Read a missing shard file as background instead of raising MissingShardError.
+
+    Returns
+    -------
+    numpy.ndarray or (numpy.ndarray, numpy.ndarray)
+        Sorted ``uint64`` ids (0 for background), and with ``counts`` their ``int64`` voxels.
+    """
+    s = ds.scale(scale)
+    src = as_labels(labels)
+    lo, hi = _box(box, s)
+    ids_parts, cnt_parts = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
+    if (hi <= lo).any():
+        return (ids_parts[0], cnt_parts[0]) if counts else ids_parts[0]
+    cs = np.asarray(s.chunk_size, np.int64)
+    clo, chi = lo // cs, -(-hi // cs)
+    reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
+    so = min(s.shard_extent, 1 << 40) // cs
+    background = int(np.prod(hi - lo))  # voxels not yet accounted for by a chunk
+    for sx in range(clo[0] // so[0], (chi[0] - 1) // so[0] + 1):
+        for sy in range(clo[1] // so[1], (chi[1] - 1) // so[1] + 1):
+            for sz in range(clo[2] // so[2], (chi[2] - 1) // so[2] + 1):
+                first = np.maximum(clo, np.array([sx, sy, sz]) * so)
+                shard = reader.shard(*(int(v) for v in first))
+                if shard is None:
+                    continue
+                c = np.asarray(shard.coords, np.int64)
+                rows = np.flatnonzero(((c >= clo) & (c < chi)).all(axis=1))
+                if not rows.size:
+                    continue
+                c = c[rows]
+                org = c * cs
+                a = np.maximum(org, lo) - org
+                b = np.minimum(org + cs, hi) - org
+                t = shard.table(rows)
+                solid = t.rec[:, R_NSV] == 1
+                whole = ((a == 0) & (b == cs)).all(axis=1)
+                listed = solid | (whole & ~counts)
+                for k in np.flatnonzero(listed):
+                    pal = src.palette(t, int(k))
+                    pal = t.supervoxels(int(k)) if pal is None else np.asarray(pal, np.uint64)
+                    nvox = int(np.prod(b[k] - a[k]))
+                    background -= nvox  # DVID lists exactly the labels a block holds
+                    if solid[k]:
+                        ids_parts.append(pal[:1])
+                        cnt_parts.append(np.array([nvox], np.int64))
+                    else:
+                        ids_parts.append(np.unique(pal))
+                rest = np.flatnonzero(~listed)
+                if rest.size:
+                    got_ids, got_n = _count_blocks(t, rest, a[rest], b[rest], src)
+                    ids_parts.append(got_ids)
+                    cnt_parts.append(got_n)
+                    background -= int(got_n.sum())  # empty sub-blocks are not reported: background
+    # what no chunk accounted for lies in absent chunks or empty sub-blocks: background
+    ids = np.concatenate(ids_parts + [np.zeros(1 if background else 0, np.uint64)])
+    if not counts:
+        return np.unique(ids)
+    n = np.concatenate(cnt_parts + [np.array([background] if background else [], np.int64)])
+    u, inv = np.unique(ids, return_inverse=True)
+    tot = np.bincount(inv.reshape(-1), weights=n, minlength=len(u)).astype(np.int64)
+    keep = tot > 0
+    return u[keep], tot[keep]
+
+
+def _count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, voxels) counted in records ``rows`` of a table inside [a, b) of each (no voxel written)."""
+    blocks = [t.block(int(k)) for k in rows]
+    offs = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(x) for x in blocks], out=offs[1:])
+    try:
+        blk, ent, sv, vox, _ = batch_stats(np.frombuffer(b"".join(blocks), np.uint8), offs, a, b,
+                                           np.ascontiguousarray(t.rec[rows, R_NSV]))
+    except BlockError as e:
+        kind = ShardFormatError if e.list_mismatch else BlockDecodeError
+        raise kind(f"{t.where(int(rows[int(e.index)]))}: {e}") from None
+    ids = sv.astype(np.uint64)
+    for k in np.unique(blk).tolist():
+        pal = src.palette(t, int(rows[k]))
+        if pal is not None:
+            sel = blk == k
+            ids[sel] = np.asarray(pal, np.uint64)[ent[sel]]
+    return ids, vox.astype(np.int64)
+
+
+def held_scales(ds) -> list[int]:
+    """The scales the export holds (a folder with shard files), finest first.
+
+    A spec may list more scales than an export holds (DVID exports scale 0 by default; FORMATS
+    §3a); this lists each scale's folder once.
+    """
+    out = []
+    for s in ds.scales:
+        try:
+            if ds.shards(s.index):
+                out.append(s.index)
+        except SpecError:
+            continue
+    return out
+
+
+def mapping(ds, *, scale=None, supervoxels=None, table: bool = False):
+    """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``).
+
+    Every record pairs its block's supervoxels with their agglomerated labels at export time;
+    this collects the pairs of a scale's shards, no block decompressed.
+
+    Parameters
+    ----------
+    ds : Dataset
+    scale : int, optional
+        Default: the finest scale the export holds (the one holding every supervoxel).
+    supervoxels : array_like of int, optional
+        Only these supervoxels (the others are not looked at).
+    table : bool
+        Return a ``pyarrow.Table`` (``supervoxel``, ``body``; sorted by supervoxel) instead of
+        a `LabelMapping`.
+
+    Returns
+    -------
+    LabelMapping or pyarrow.Table
+        Every supervoxel found (0 excluded), identity pairs included.
+
+    Raises
+    ------
+    ShardFormatError
+        If two records pair one supervoxel with different bodies (not one export).
+
+    Notes
+    -----
+    Memory grows with the supervoxels returned (16 bytes each); pass ``supervoxels`` for a
+    few, or read the pairs of a label index (``dvidshards label-index``) bucket by bucket.
+    """
+    if scale is None:
+        held = held_scales(ds)
+        if not held:
+            raise SpecError(f"{ds.store.describe('')}: the export holds no scale")
+        scale = held[0]
+    s = ds.scale(scale)
+    want = None if supervoxels is None else _ids(supervoxels)
+    parts_sv, parts_b = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+    for o in ds.shards(s):
+        t = ds.shard(s, o).table()
+        sv, _ = list_values(t, "supervoxels")
+        lab, _ = list_values(t, "labels")
+        keep = sv != 0 if want is None else np.isin(sv, want) & (sv != 0)
+        pairs = np.unique(np.stack([sv[keep], lab[keep]], axis=1), axis=0)
+        parts_sv.append(pairs[:, 0])
+        parts_b.append(pairs[:, 1])
+    pairs = np.unique(np.stack([np.concatenate(parts_sv), np.concatenate(parts_b)], axis=1), axis=0)
+    dup = np.flatnonzero(pairs[1:, 0] == pairs[:-1, 0])
+    if dup.size:
+        k = int(dup[0])
+        raise ShardFormatError(f"{ds.store.describe(s.folder)}: supervoxel {int(pairs[k, 0])} belongs to body "
+                               f"{int(pairs[k, 1])} in one record and {int(pairs[k + 1, 1])} in another")
+    if table:
+        import pyarrow as pa
+
+        return pa.table({"supervoxel": pa.array(pairs[:, 0], pa.uint64()), "body": pa.array(pairs[:, 1], pa.uint64())})
+    return LabelMapping(pairs[:, 0], pairs[:, 1])
 
 
 # --------------------------------------------------------------------------- label index
@@ -206,6 +550,26 @@ class BodyIndex:
         if not os.path.exists(path):
             return INDEX_SCHEMA.empty_table()
         return pq.read_table(path, filters=pc.field("body") == pa.scalar(body, pa.uint64()))
+
+    def pairs(self):
+        """The (supervoxel, body) pairs of the index, one bucket file at a time.
+
+        Yields
+        ------
+        (numpy.ndarray, numpy.ndarray)
+            ``uint64`` supervoxels (sorted, each once: a body's rows are all in one bucket) and
+            their bodies. Memory: one bucket's two columns.
+        """
+        import pyarrow.parquet as pq
+
+        for name in sorted(os.listdir(self.path)):
+            path = os.path.join(self.path, name, "part-0.parquet")
+            if not name.startswith("bucket=") or not os.path.exists(path):
+                continue
+            t = pq.read_table(path, columns=["supervoxel", "body"])
+            pairs = np.unique(np.stack([t["supervoxel"].to_numpy().astype(np.uint64),
+                                        t["body"].to_numpy().astype(np.uint64)], axis=1), axis=0)
+            yield pairs[:, 0], pairs[:, 1]
 
     def blocks(self, body) -> np.ndarray:
         """(n, 3) int64 chunk coordinates holding the body, sorted by z, y, x."""

@@ -14,7 +14,7 @@ import pytest
 import dvidshards
 from dvidshards import cli
 from dvidshards.bodies import Body, chunk_decoder
-from dvidshards.errors import MissingShardError, SpecError
+from dvidshards.errors import MissingShardError, NotFoundError, SpecError
 from dvidshards.formats import mesh as M
 from dvidshards.formats import sparsevol as SV
 from dvidshards.jobs.stats import label_index
@@ -50,6 +50,13 @@ def _some_ids(vol, n=4):
     return [int(v) for v in ids[pick]]
 
 
+def _a_supervoxel_of_another_body(exp):
+    vol, sv = exp.expected(0), exp.expected(0, "supervoxels")
+    pairs = np.unique(np.stack([sv[vol > 0], vol[vol > 0]], axis=1), axis=0)
+    s, b = next(p for p in pairs if p[0] != p[1] and not (vol == p[0]).any())
+    return int(s), int(b)
+
+
 def _brute(vol, b):
     m = vol == b
     idx = np.argwhere(m)
@@ -75,7 +82,7 @@ def test_size_box_mask_equal_brute_force(exp, ds):
 
 def test_label_index_answers_the_same(exp, ds, tmp_path):
     vol = exp.expected(0)
-    label_index(ds, 0, tmp_path / "idx", scheduler="serial")
+    label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     for b in _some_ids(vol, 4):
         plain, indexed = Body(ds, b), Body(ds, b, index=tmp_path / "idx")
         np.testing.assert_array_equal(indexed.chunks, plain.chunks)
@@ -255,12 +262,62 @@ def test_bad_ids_and_absent_bodies(ds):
         with pytest.raises(SpecError):
             Body(ds, bad)
     body = Body(ds, 123456789)  # no such body
-    assert len(body.chunks) == 0 and body.size == 0 and body.box is None
-    assert body.mask().box is None and len(body.mesh().faces) == 0
-    with pytest.raises(SpecError, match="no voxel"):
-        body.sparsevol()
-    with pytest.raises(SpecError, match="no chunk"):
-        body.sparsevol_coarse()
+    assert not body.exists and len(body.chunks_at()) == 0
+    for ask in (lambda: body.chunks, lambda: body.size, lambda: body.box, body.mask, body.runs, body.sparsevol,
+                body.sparsevol_coarse, body.supervoxels, body.mesh, lambda: body.size_at(1)):
+        with pytest.raises(NotFoundError, match="123456789 is not in this export at scale"):
+            ask()
+    assert len(body.mesh(chunks=[[0, 0, 0]]).faces) == 0  # chunks given: an empty mesh, as the viewer asks
+    assert not issubclass(NotFoundError, SpecError)
+
+
+def test_issue31_12_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
+    """Issue 31 item 12: a supervoxel id as a body said size 0, box None, then SpecError."""
+    vol, sv = exp.expected(0), exp.expected(0, "supervoxels")
+    pairs = np.unique(np.stack([sv[vol > 0], vol[vol > 0]], axis=1), axis=0)
+    s, b = (int(v) for v in next(p for p in pairs if p[0] != p[1] and not (vol == p[0]).any()))
+    body = Body(ds, s)
+    assert not body.exists
+    for ask in (lambda: body.size, lambda: body.box, body.sparsevol, lambda: body.chunks):
+        with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b} at scale 0"):
+            ask()
+    assert Body(ds, s, labels="supervoxels").size == int((sv == s).sum())
+    small = np.zeros((70, 64, 64), np.uint64)  # bodies whose ids are no supervoxel's
+    small[:40], small[40:] = 11, 12
+    from dvidshards.writer import write_export
+
+    write_export(small, tmp_path / "small", mapping={11: 900, 12: 900})
+    other = dvidshards.Dataset(str(tmp_path / "small"))
+    assert Body(other, 900).size == small.size
+    with pytest.raises(NotFoundError, match="900 is a body at scale 0, not a supervoxel"):
+        Body(other, 900, labels="supervoxels").size_at()
+    with pytest.raises(NotFoundError, match="11 is a supervoxel of body 900 at scale 0"):
+        Body(other, 11).box_at()
+    label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
+    indexed = Body(ds, s, index=tmp_path / "idx")
+    assert not indexed.exists  # from the index's rows: no scan
+    with pytest.raises(NotFoundError, match="not in the label index"):
+        indexed.sparsevol()
+    with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b}"):
+        ds.body(s).size_at()
+
+
+def test_index_of_scale_0_finds_the_chunks_of_scale_1(exp, ds, tmp_path, monkeypatch):
+    """A scale-0 label index gives a coarser scale's chunks without a scan: its blocks coarsened,
+    kept where the records' lists hold the body (what DVID does with its scale-0 index)."""
+    import dvidshards.bodies as B
+
+    label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
+    vol1 = exp.expected(1)
+    for b in _some_ids(vol1, 4):
+        plain = Body(ds, b, 1)
+        want, rles = plain.chunks, plain.sparsevol()
+        with monkeypatch.context() as m:
+            m.setattr(B, "chunks_with", lambda *a, **k: pytest.fail("scanned the lists"))
+            body = Body(ds, b, 1, index=tmp_path / "idx")
+            np.testing.assert_array_equal(body.chunks, want)
+            assert body.size == int((vol1 == b).sum())
+            assert body.sparsevol() == rles
 
 
 # --------------------------------------------------------------------------- command line
@@ -299,8 +356,12 @@ def test_body_command(exp, ds, tmp_path, body_cli, capsys):
     assert sum(x.startswith("v ") for x in text) == len(m.vertices)
     assert sum(x.startswith("f ") for x in text) == len(m.faces)
     capsys.readouterr()
-    assert body_cli(["body", exp.root, "123456789"]) == 1  # absent
-    assert "no voxel" in capsys.readouterr().err
+    assert body_cli(["body", exp.root, "123456789"]) == 2  # absent: a bad id, one line
+    assert "NotFoundError: 123456789 is not in this export at scale 0" in capsys.readouterr().err
+    sv, b = _a_supervoxel_of_another_body(exp)
+    assert body_cli(["body", exp.root, str(sv), "--size"]) == 2
+    err = capsys.readouterr().err
+    assert f"{sv} is a supervoxel of body {b}" in err and len(err.strip().splitlines()) == 1
     assert body_cli(["body", exp.root, str(b), "--mesh", str(tmp_path / "b.stl")]) == 2
     assert ".ply or .obj" in capsys.readouterr().err
     assert body_cli(["body", exp.root, "abc"]) == 2

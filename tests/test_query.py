@@ -130,7 +130,7 @@ def test_chunks_with_equal_brute_force(exp, ds, monkeypatch):
 @pytest.fixture(scope="module")
 def index(exp, tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "idx"
-    rep = label_index(exp.root, 0, out, partitions=4, progress=False)
+    rep = label_index(exp.root, out, scale=0, partitions=4, progress=False)
     assert rep.ok
     return out
 
