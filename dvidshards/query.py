@@ -366,7 +366,7 @@ def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fil
                 t = shard.table(rows)
                 solid = t.rec[:, R_NSV] == 1
                 whole = ((a == 0) & (b == cs)).all(axis=1)
-                listed = solid | (whole & ~counts)
+                listed = solid | (whole & (not counts))
                 for k in np.flatnonzero(listed):
                     pal = src.palette(t, int(k))
                     pal = t.supervoxels(int(k)) if pal is None else np.asarray(pal, np.uint64)

@@ -178,3 +178,151 @@ def test_body_mask_equals_volume(exp, ds, index):
         ds.body_mask(int(bodies[0]), 1, index=index)
     with pytest.raises(SpecError, match="supervoxels labels"):
         ds.body_mask(int(bodies[0]), 0, "supervoxels", index=index)
+
+
+# --------------------------------------------------------------------------- label_at, unique, mapping
+
+
+def test_label_at_equals_brute_force(exp, ds, monkeypatch):
+    from dvidshards.formats.records import RecordTable
+
+    rng = np.random.default_rng(2)
+    for scale in (0, 1):
+        size = np.array(ds.scale(scale).size)
+        missing = _missing_shard_boxes(ds, scale)
+        for labels in ("agglomerated", "supervoxels", _mapping(exp)):
+            vol = exp.expected(scale, labels)
+            pts = rng.integers(0, size, (400, 3))
+            pts = np.concatenate([pts, [[0, 0, 0], (size - 1).tolist()], np.argwhere(vol > 0)[::997]])
+            bad = np.array([any((p >= m[0]).all() and (p < m[1]).all() for m in missing) for p in pts])
+            got = dvidshards.query.label_at(ds, pts[~bad], scale=scale, labels=labels)
+            assert got.dtype == np.uint64
+            np.testing.assert_array_equal(got, vol[tuple(pts[~bad].T)])
+            filled = dvidshards.query.label_at(ds, pts, scale=scale, labels=labels, fill_missing_shards=True)
+            np.testing.assert_array_equal(filled, np.where(bad, 0, vol[tuple(pts.T)]))
+            if bad.any():
+                with pytest.raises(MissingShardError):
+                    dvidshards.query.label_at(ds, pts[bad][:1], scale=scale, labels=labels)
+    # one zstd frame per chunk holding points, none for a solid chunk; no voxel decoded
+    calls = []
+    orig = RecordTable.block
+    monkeypatch.setattr(RecordTable, "block", lambda self, i: calls.append(i) or orig(self, i))
+    monkeypatch.setattr(RecordTable, "decode_into", lambda *a: pytest.fail("decoded voxels"))
+    pts = np.argwhere(exp.expected(0) > 0)[::50]
+    got = dvidshards.query.label_at(ds, pts)
+    np.testing.assert_array_equal(got, exp.expected(0)[tuple(pts.T)])
+    assert 0 < len(calls) <= len(np.unique(pts // 64, axis=0))
+    with pytest.raises(SpecError, match=r"point \[200, 0, 0\] \(#1\) is outside"):
+        dvidshards.query.label_at(ds, [[0, 0, 0], [200, 0, 0]])
+    with pytest.raises(SpecError, match="integer"):
+        dvidshards.query.label_at(ds, [[0.5, 0, 0]])
+    assert dvidshards.query.label_at(ds, np.zeros((0, 3), int)).shape == (0,)
+
+
+def test_entries_read_from_packed_values_equal_the_decoder(fib19_block, fib19_volume):
+    """The point lookup reads DVID's own block (fib19) like the decoder, voxel for voxel."""
+    from dvidshards import query
+    from dvidshards.formats.codec import block_header
+
+    rng = np.random.default_rng(3)
+    xyz = np.concatenate([rng.integers(0, 64, (3000, 3)), [[0, 0, 0], [63, 63, 63]]])
+    ent = query._entries_at(fib19_block, xyz)  # the private helper under test
+    labels = block_header(fib19_block).labels
+    want = fib19_volume[xyz[:, 2], xyz[:, 1], xyz[:, 0]]
+    np.testing.assert_array_equal(np.where(ent >= 0, labels[np.maximum(ent, 0)], 0), want)
+
+
+def test_unique_with_counts_equals_brute_force(exp, ds, monkeypatch):
+    from dvidshards.formats.records import RecordTable
+
+    rng = np.random.default_rng(5)
+    for scale in (0, 1):
+        size = np.array(ds.scale(scale).size)
+        missing = _missing_shard_boxes(ds, scale)
+        for labels in ("agglomerated", "supervoxels", _mapping(exp)):
+            vol = exp.expected(scale, labels)
+            boxes = [[[0, 0, 0], size.tolist()], [[64, 0, 0], [128, 64, 64]], [[3, 5, 7], [70, 66, 68]]]
+            for _ in range(6):
+                a = rng.integers(0, size)
+                boxes.append([a.tolist(), (a + rng.integers(1, 140, 3)).tolist()])
+            for lo, hi in boxes:
+                hi = np.minimum(hi, size).tolist()
+                u, n = np.unique(vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], return_counts=True)
+                kw = dict(scale=scale, labels=labels)
+                if any((np.array(lo) < m[1]).all() and (np.array(hi) > m[0]).all() for m in missing):
+                    with pytest.raises(MissingShardError):
+                        dvidshards.query.unique(ds, [lo, hi], **kw)
+                    got_u, got_n = dvidshards.query.unique(ds, [lo, hi], counts=True, fill_missing_shards=True, **kw)
+                else:
+                    got_u, got_n = dvidshards.query.unique(ds, [lo, hi], counts=True, **kw)
+                    np.testing.assert_array_equal(dvidshards.query.unique(ds, [lo, hi], **kw), u)
+                np.testing.assert_array_equal(got_u, u)
+                np.testing.assert_array_equal(got_n, n)
+    # whole chunks answer ids from their lists: no zstd
+    monkeypatch.setattr(RecordTable, "block", lambda *a: pytest.fail("decompressed a block"))
+    np.testing.assert_array_equal(dvidshards.query.unique(ds, [[0, 0, 0], [128, 128, 128]]),
+                                  np.unique(exp.expected(0)[:128, :128, :128]))
+    assert dvidshards.query.unique(ds, [[5, 5, 5], [5, 9, 9]], counts=True)[0].size == 0
+
+
+def test_unique_counts_solid_chunks_without_decompressing(tmp_path, monkeypatch):
+    from dvidshards.formats.records import RecordTable
+    from dvidshards.writer import write_export
+
+    vol = np.zeros((128, 64, 64), np.uint64)
+    vol[:64] = 7  # a solid chunk
+    vol[64:, :32] = 9  # a mixed one
+    write_export(vol, tmp_path / "e", mapping={7: 70, 9: 90}, info=True)
+    ds = dvidshards.Dataset(str(tmp_path / "e"))
+    calls = []
+    orig = RecordTable.block
+    monkeypatch.setattr(RecordTable, "block", lambda self, i: calls.append(i) or orig(self, i))
+    u, n = dvidshards.query.unique(ds, [[10, 0, 0], [100, 64, 64]], counts=True)
+    assert u.tolist() == [0, 70, 90] and n.tolist() == [36 * 32 * 64, 54 * 64 * 64, 36 * 32 * 64]
+    assert len(calls) == 1  # the mixed chunk only
+
+
+def test_mapping_from_the_records(exp, ds, monkeypatch):
+    import zstandard
+
+    monkeypatch.setattr(zstandard.ZstdDecompressor, "decompress", lambda *a, **k: pytest.fail("decompressed"))
+    m = dvidshards.query.mapping(ds)
+    sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
+    pairs = np.unique(np.stack([sv[sv > 0], body[sv > 0]], axis=1), axis=0)
+    np.testing.assert_array_equal(m.keys, pairs[:, 0])
+    np.testing.assert_array_equal(m.values, pairs[:, 1])
+    t = dvidshards.query.mapping(ds, table=True, supervoxels=pairs[::3, 0].tolist() + [12345])
+    assert t.column_names == ["supervoxel", "body"]
+    np.testing.assert_array_equal(t["supervoxel"].to_numpy(), pairs[::3, 0])
+    np.testing.assert_array_equal(t["body"].to_numpy(), pairs[::3, 1])
+    assert dvidshards.query.held_scales(ds) == [0, 1]
+
+
+def test_body_index_pairs(exp, index):
+    bi = BodyIndex(index)
+    got = np.concatenate([np.stack(p, axis=1) for p in bi.pairs()])
+    sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
+    want = np.unique(np.stack([sv[sv > 0], body[sv > 0]], axis=1), axis=0)
+    np.testing.assert_array_equal(got[np.lexsort((got[:, 1], got[:, 0]))], want)
+
+
+def test_entries_of_a_damaged_block_are_an_error(fib19_block):
+    from dvidshards import query
+    from dvidshards.errors import BlockDecodeError
+    from dvidshards.formats.codec import block_header
+
+    h = block_header(fib19_block)
+    n = h.num_labels
+    nsub = 8 ** 3
+    raw = bytearray(fib19_block)
+    p_idx = 16 + 8 * n + 2 * nsub
+    nsb = np.frombuffer(bytes(raw[16 + 8 * n:p_idx]), "<u2")
+    k = int(np.flatnonzero(nsb > 1)[0])  # a sub-block with packed values
+    first = int(nsb[:k].sum())
+    raw[p_idx + 4 * first:p_idx + 4 * first + 4] = np.array([n + 5], "<u4").tobytes()  # index past the list
+    sb = np.array([[(k % 8) * 8, (k // 8 % 8) * 8, (k // 64) * 8]])
+    pts = sb + np.argwhere(np.ones((8, 8, 8), bool))[:, ::-1]
+    with pytest.raises(BlockDecodeError, match="past the"):
+        query._entries_at(bytes(raw), pts)
+    with pytest.raises(BlockDecodeError):
+        query._entries_at(fib19_block[:200], pts)  # truncated: the header's sizes do not fit
