@@ -4,7 +4,9 @@
 outside the export: ``s{k}.chunks.arrow`` (one row per chunk) and ``s{k}.shards.arrow`` (one row
 per shard: its rows, index variant, and the size and change stamp of its file when indexed).
 A consolidated index knows what it saw: a shard it lists whose file changed, or a shard it does
-not list whose file appeared since, is a typed "stale index" error.
+not list whose file appeared since, is a typed "stale index" error.  It saves each scale's
+geometry with the file extent and naming generation its shard files were read with
+(``Scale.shard_extent``, ``Scale.naming``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow.feather  # noqa: F401  (pa.feather)
 from .errors import ChunkIndexError
 from .formats.chunkindex import ShardIndex, pack_keys
 from .formats.multiscale import Scale, parse_multiscale
+from .formats.sharding import NAMINGS
 
 __all__ = ["ConsolidatedIndex", "consolidated_paths", "scales_from_consolidated", "spec_from_consolidated",
            "write_consolidated"]
@@ -52,11 +55,12 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
     parts included (``Scale.inferred``), so that it opens as it was.
     """
     store = dataset.store
-    if store.mappable and hasattr(store, "root"):
-        root = os.path.realpath(store.root)
-        real = os.path.realpath(folder)
-        if real == root or real.startswith(root + os.sep):
-            raise ChunkIndexError(f"{folder}: consolidated indexes go outside the export ({root}), never into it")
+    for st in getattr(store, "stores", [store]):  # every root of a layered dataset
+        if st.mappable and hasattr(st, "root"):
+            root = os.path.realpath(st.root)
+            real = os.path.realpath(folder)
+            if real == root or real.startswith(root + os.sep):
+                raise ChunkIndexError(f"{folder}: consolidated indexes go outside the export ({root}), never into it")
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ChunkIndexError(f"{folder}: exists and is not a folder")
     origins = sorted(dataset.shards(scale.index))  # listed and checked first: a missing folder writes nothing
@@ -69,7 +73,7 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
     n = 0
     meta = {b"dvidshards": json.dumps({"version": VERSION, "scale": scale.to_json(), "index": scale.index,
                                        "shard_extent": scale.shard_extent, "inferred": list(scale.inferred),
-                                       "proven_extent": scale.proven_extent}).encode()}
+                                       "proven_extent": scale.proven_extent, "naming": scale.naming}).encode()}
     tmp = chunks_path + ".tmp"
     bar = _bar(len(origins), f"consolidate {scale.folder}", progress)
     try:
@@ -201,9 +205,11 @@ def scales_from_consolidated(folder: str) -> tuple[dict | None, list[Scale]] | N
             continue
         inferred = tuple(str(v) for v in m.get("inferred") or ())
         proven = m.get("proven_extent")
+        saved_naming = m.get("naming")
+        naming = saved_naming if isinstance(saved_naming, str) and saved_naming in NAMINGS else "current"
         out.append(dataclasses.replace(
             s, shard_extent=extent, inferred=inferred, proven_extent=proven if type(proven) is int else None,
-            resolution=None if "resolution" in inferred else s.resolution))
+            resolution=None if "resolution" in inferred else s.resolution, naming=naming))
     if any(s.inferred for s in out):
         spec = None
     return spec, out

@@ -15,7 +15,9 @@ import itertools
 import math
 import os
 import re
+import sys
 import warnings
+from types import FrameType
 
 import numpy as np
 import tensorstore as ts
@@ -31,15 +33,222 @@ from .read import ChunkReader, check_scale, read_box
 from .shard import (
     ScaleFiles,
     Shard,
+    check_origins,
+    held_scales,
     load_shard_sync,
+    not_exported_error,
     parse_shard_names,
     sample_scale,
     scale_folders,
+    scale_naming,
 )
 from .sources import RecordSource, record_source_of
-from .stores import ByteStore, as_store
+from .stores import ByteStore, Stat, as_store
 
-__all__ = ["Dataset", "Scale", "open", "shard_origins"]
+__all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Scale", "open", "shard_origins"]
+
+MANIFEST = "dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
+_SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
+_PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
+
+
+class IncompleteScalesWarning(UserWarning):
+    """A downsample destination's manifest says its scales are not complete (a job still running, or
+    stopped): chunks of its unfinished shards are missing."""
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside dvidshards, for the function calling this.
+
+    Level 1 is the function that calls ``warnings.warn``; every frame of the dvidshards package
+    above it is skipped, so that a warning points at the user's code whatever the call path.
+    """
+    level = 1
+    f: FrameType | None = sys._getframe(2)  # the frame of whoever called the function warning
+    while f is not None and f.f_globals.get("__name__", "").partition(".")[0] == "dvidshards":
+        f = f.f_back
+        level += 1
+    return level + 1
+
+
+class LayeredStore(ByteStore):
+    """Several export roots read as one: scale ``k``'s keys (``s{k}/...``) come from the root ``route``
+    gives it; other keys (``info``) from the first root holding them.
+
+    What ``Dataset([export, dest])`` (and a downsample destination, over its source) reads
+    through: every reader, job and message then sees one export whose scale folders live in
+    different places, and each file keeps its own path (``describe``).  Pickles when its
+    stores do.
+    """
+
+    def __init__(self, stores, route: dict[int, int] | None = None):
+        self.stores = list(stores)
+        self.route: dict[int, int] = dict(route or {})
+        self.mappable = all(st.mappable for st in self.stores)
+        self.immediate = all(st.immediate for st in self.stores)
+
+    @property
+    def base(self) -> ByteStore:
+        """The first root (the source export): what the commands a message suggests start from."""
+        return self.stores[0]
+
+    def __reduce__(self):
+        return (LayeredStore, (self.stores, self.route))
+
+    def __repr__(self) -> str:
+        return f"LayeredStore({self.stores!r}, route={self.route!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LayeredStore) and other.stores == self.stores and other.route == self.route
+
+    def __hash__(self) -> int:
+        return hash((tuple(id(st) for st in self.stores), tuple(sorted(self.route.items()))))
+
+    def _of(self, key: str) -> ByteStore | None:
+        m = _SCALE_KEY.match(key)
+        if m is None:
+            return None
+        return self.stores[self.route.get(int(m.group(1)), 0)]
+
+    def describe(self, key: str) -> str:
+        st = self._of(key)
+        if st is not None:
+            return st.describe(key)
+        if not key:
+            return " + ".join(dict.fromkeys(st.describe("") for st in self.stores))
+        return self.stores[0].describe(key)
+
+    async def read(self, key: str, start: int | None = None, stop: int | None = None):
+        st = self._of(key)
+        if st is not None:
+            return await st.read(key, start, stop)
+        for st in self.stores[:-1]:
+            try:
+                return await st.read(key, start, stop)
+            except MissingShardError:
+                continue
+        return await self.stores[-1].read(key, start, stop)
+
+    async def read_ranges(self, key: str, ranges, *, return_exceptions: bool = False) -> builtins.list:
+        st = self._of(key) or self.stores[0]
+        return await st.read_ranges(key, ranges, return_exceptions=return_exceptions)
+
+    async def exists(self, key: str) -> bool:
+        st = self._of(key)
+        if st is not None:
+            return await st.exists(key)
+        for st in self.stores:
+            if await st.exists(key):
+                return True
+        return False
+
+    async def list(self, prefix: str = "") -> builtins.list[str]:
+        st = self._of(prefix)
+        if st is not None:
+            return await st.list(prefix)
+        names: set[str] = set()
+        for st in self.stores:
+            names.update(await st.list(prefix))
+        return sorted(names)
+
+    async def stat(self, key: str) -> Stat:
+        return await (self._of(key) or self.stores[0]).stat(key)
+
+    async def is_folder(self, prefix: str) -> bool:
+        st = self._of(prefix)
+        if st is not None:
+            return await st.is_folder(prefix)
+        for st in self.stores:
+            if await st.is_folder(prefix):
+                return True
+        return False
+
+    async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
+        st = self._of(prefix)
+        return await st.sample(prefix, n) if st is not None else None
+
+    def map(self, key: str):
+        return (self._of(key) or self.stores[0]).map(key)
+
+
+def _downsample_manifest(store: ByteStore) -> dict | None:
+    """A downsample job's manifest at the root of store (None: no manifest, or another job's)."""
+    try:
+        data = store.read_sync(MANIFEST)
+    except MissingShardError:
+        return None
+    where = store.describe(MANIFEST)
+    m = parse_json(bytes(data), where)
+    if m.get("job") != "downsample":
+        return None
+    src = m.get("source")
+    url = src.get("url") if isinstance(src, dict) else None
+    scales = m.get("scales")
+    if not isinstance(url, str) or not url or not isinstance(scales, list) or \
+            not all(type(k) is int and k >= 0 for k in scales) or not isinstance(m.get("complete"), bool):
+        raise SpecError(f"{where}: a downsample manifest needs source.url (the export it was made from), "
+                        f"scales (a list of scale numbers) and complete (true or false)")
+    return m
+
+
+def _manifest_source(url: str, dest: ByteStore):
+    """The source a downsample manifest names: a URL, or a path (relative ones from a local destination)."""
+    if "://" in url or os.path.isabs(url) or not hasattr(dest, "root"):
+        return url
+    return os.path.normpath(os.path.join(dest.root, url))
+
+
+def _layers(store: ByteStore, depth: int = 0) -> builtins.list[tuple[ByteStore, frozenset[int] | None, dict | None]]:
+    """(store, scales it is known to hold or None, manifest) for a root and, when it is a downsample
+    destination, the roots under it (its source first)."""
+    m = _downsample_manifest(store)
+    if m is None:
+        return [(store, None, None)]
+    if depth > 8:
+        raise SpecError(f"{store.describe(MANIFEST)}: downsample manifests name each other's outputs in a loop")
+    source = as_store(_manifest_source(m["source"]["url"], store))
+    return [*_layers(source, depth + 1), (store, frozenset(m["scales"]), m)]
+
+
+async def _present(store: ByteStore, indices: builtins.list[int], known: dict[int, bool]) -> set[int]:
+    """The scale numbers among ``indices`` whose folder the root holds.
+
+    A local folder (a store that never waits) is listed once.  Elsewhere a root listing would
+    list every file of the export, so scale folders are listed from the coarsest, a few at once
+    (an absent one costs one request, a coarse one a few names), until one is found: an export
+    holds a prefix of its spec's scales (FORMATS.md §3a), so that one and every finer scale are
+    there.  Scale 0 is never listed: it is taken as present.  ``known`` holds what listings
+    already said.
+    """
+    if store.immediate:
+        names = set(await store.list(""))
+        return {k for k in indices if f"s{k}" in names}
+    todo = sorted(indices, reverse=True)
+    while todo:
+        k = todo[0]
+        if k in known:
+            todo.pop(0)
+            if known[k]:
+                return {j for j in indices if j <= k}
+            continue
+        group = [j for j in todo[:_PRESENCE_GROUP] if j not in known and j > 0]
+        if not group:
+            break
+        found = await asyncio.gather(*(store.list(f"s{j}") for j in group))
+        known.update({j: bool(f) for j, f in zip(group, found, strict=True)})
+    return {j for j in indices if j == 0}
+
+
+def _drive_all(store, coros) -> builtins.list:
+    """Run coroutines on a store: one after the other when it never waits, else together."""
+    coros = builtins.list(coros)
+    if store.immediate:
+        return [store._sync(c) for c in coros]
+
+    async def together():
+        return await asyncio.gather(*coros)
+
+    return store._sync(together())
 
 def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
     """Voxel origins of the shard files in one scale folder (lists it; nothing is checked)."""
@@ -84,8 +293,13 @@ class Dataset:
 
     Parameters
     ----------
-    source : str, path, URL, kvstore spec dict or ByteStore
-        The export root (holding ``s0``, ``s1``, ...).
+    source : str, path, URL, kvstore spec dict or ByteStore, or a list of them
+        The export root (holding ``s0``, ``s1``, ...).  A list of roots is one multiscale
+        dataset: scale ``k`` is read from the first root holding folder ``s{k}`` (an export and
+        the destination of ``dvidshards downsample``).  A root holding a downsample manifest
+        (``dvidshards.json`` with ``"job": "downsample"``) is read over the source it names, its
+        own scales from it and the others from the source: ``Dataset(dest)`` is the whole
+        pyramid (``IncompleteScalesWarning`` when the manifest says its scales are not complete).
     spec : dict or path, optional
         The neuroglancer multiscale spec given to DVID's export-shards (``mcns-ng-specs.json``).
         Default: an ``info`` file at the root, else the geometry saved in ``index``, else
@@ -100,17 +314,23 @@ class Dataset:
 
     Notes
     -----
+    An export may hold any prefix of its spec's scales (DVID exports scale 0 only by default):
+    ``exported`` lists the scale numbers present, and ``require_scale(k)`` is the check every
+    read and job makes (``NotExportedError``, one line naming how to make the scale).  Where
+    DVID's two shard-file naming generations differ (FORMATS.md §3a; the mCNS spec's s7-s11),
+    the generation of each scale is read from its file names at open (``Scale.naming``).
+
     The geometry is checked against the export's files, by name only: a shard file off a
-    scale's shard grid, or outside its volume, is a SpecError naming it (the spec is another
-    volume's), and a scale the spec lists but the export has no folder for is a SpecError
-    (reads: unless ``fill_missing_shards``).  Jobs check when they list a scale (``shards``);
-    ``open``/``read`` check a sample of a local folder's names at once, and each process
-    looks for off-grid files next to the first shards it loads (a remote listing is slow).
+    scale's shard grid (under either naming generation), or outside its volume, is a SpecError
+    naming it (the spec is another volume's), and a scale the spec lists but the export has no
+    folder for is a ``NotExportedError`` (reads: unless ``fill_missing_shards``).  Jobs check
+    when they list a scale (``shards``); ``open``/``read`` check a sample of a local folder's
+    names at once, and each process looks for off-grid files next to the first shards it loads
+    (a remote listing is slow).
     """
 
     def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
-        source = record_source_of(source, spec) or source
-        self.store: ByteStore | RecordSource = source if isinstance(source, RecordSource) else as_store(source)
+        layers = self._open_roots(source, spec)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):
             raise ChunkIndexError(f"{self.index}: no such folder of consolidated indexes (index=...)")
@@ -122,6 +342,13 @@ class Dataset:
             spec = self.store.spec
         raw, where = _load_spec(spec, self.store)
         saved = scales_from_consolidated(self.index) if raw is None and self.index is not None else None
+        self._exported: tuple[int, ...] | None = None
+        self._listed: dict[int, bool] = {}  # scale folders a listing at open found (True) or not (False)
+        self._seen: dict[int, builtins.list] = {}  # shard origins the naming detection saw, checked at first use
+        if layers is not None:
+            folders = [s.index for s in (parse_multiscale(raw, where) if raw is not None else saved[1]
+                                         if saved is not None else [])] or None
+            self._route(layers, folders)
         self.spec: dict | None
         if raw is not None:
             self.spec = raw
@@ -135,15 +362,64 @@ class Dataset:
             self.spec = None
             self.scales = self._infer(res0)
             self.geometry = "the geometry inferred from the file names"
+        self.scales = self._named(self.scales)
         self._readers: dict = {}
         self._files: dict[int, ScaleFiles] = {}
         self._sampled: dict[int, bool | None] = {}
+
+    def _open_roots(self, source, spec) -> builtins.list | None:
+        """Set ``store`` from the root(s); the layers of several roots (None for one plain root)."""
+        roots = builtins.list(source) if isinstance(source, (builtins.list, tuple)) else [source]
+        if not roots:
+            raise SpecError("give an export root (or a list of them)")
+        if len(roots) == 1:
+            one = record_source_of(roots[0], spec) or roots[0]
+            if isinstance(one, RecordSource):
+                self.store: ByteStore | RecordSource = one
+                return None
+            store = as_store(one)
+            layers = _layers(store)
+            if len(layers) == 1:
+                self.store = store
+                return None
+        else:
+            layers = []
+            for r in roots:
+                if isinstance(r, RecordSource) or record_source_of(r, spec) is not None:
+                    raise SpecError(f"{r!r}: a record source cannot be one of several roots; give export folders")
+                layers += _layers(as_store(r))
+        self.store = LayeredStore([st for st, _, _ in layers])
+        for st, _, m in layers:
+            if m is not None and not m["complete"]:
+                warnings.warn(f"{st.describe('')}: the downsampled scales {held_scales(m['scales'])} are not "
+                              f"complete ({MANIFEST} says complete: false): chunks of the shards not made yet are "
+                              f"missing; finish them by running the same dvidshards downsample command with --resume",
+                              IncompleteScalesWarning, stacklevel=_caller_stacklevel())
+        return layers
+
+    def _route(self, layers, indices: builtins.list[int] | None) -> None:
+        """Give each scale the first root holding its folder (``LayeredStore.route``)."""
+        assert isinstance(self.store, LayeredStore)
+        route: dict[int, int] = {}
+        for i, (st, held, _) in enumerate(layers):
+            if held is None:
+                if indices is None:  # geometry inferred from the folders: every root is listed
+                    names = st.list_sync("")
+                    held = frozenset(int(n[1:]) for n in names if re.fullmatch(r"s[0-9]+", n))
+                else:
+                    held = frozenset(st._sync(_present(st, indices, {})))
+            for k in sorted(held):
+                route.setdefault(k, i)
+        self.store.route = route
+        self._exported = tuple(sorted(route))
 
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_readers"] = {}
         d["_files"] = {}  # never ship listings with tasks: each process checks once
         d["_sampled"] = {}
+        d["_listed"] = {}
+        d["_seen"] = {}
         return d
 
     def __repr__(self) -> str:
@@ -153,6 +429,73 @@ class Dataset:
     def source(self) -> ByteStore | RecordSource:
         """The byte store of the export (same as ``store``)."""
         return self.store
+
+    # --- which scales, and how their files are named ---------------------------------------------
+
+    @property
+    def exported(self) -> tuple[int, ...]:
+        """The scale numbers this export holds (a folder ``s{k}`` each), ascending.
+
+        An export holds any prefix of its spec's scales (DVID exports scale 0 only by default);
+        with several roots (``Dataset([export, dest])``, a downsample destination) every scale
+        some root holds.  ``require_scale`` is the check.  Known at no cost for several roots and
+        inferred geometry; otherwise found once, on first use: a local root is listed, an object
+        store's scale folders are listed coarse to fine until one is found (scale 0 is never
+        listed); a record source holds every scale of its spec.
+        """
+        if self._exported is None:
+            indices = [s.index for s in self.scales]
+            if isinstance(self.store, RecordSource) or all("shard_extent" in s.inferred for s in self.scales):
+                self._exported = tuple(indices)
+            else:
+                try:
+                    got = self.store._sync(_present(self.store, indices, dict(self._listed)))
+                except SpecError:  # a store that cannot list (http): every scale of the spec is taken as there
+                    got = set(indices)
+                self._exported = tuple(sorted(got))
+        return self._exported
+
+    def require_scale(self, scale=0) -> Scale:
+        """The scale (``Dataset.scale``), or ``NotExportedError`` when the export does not hold it.
+
+        One line: ``scale 2 is not exported in EXPORT (it has no folder s2; it holds s0); make it
+        with: dvidshards downsample EXPORT DEST``.  A scale the spec does not list at all is the
+        SpecError of ``scale``.
+        """
+        s = self.scale(scale)
+        if s.index not in self.exported:
+            raise not_exported_error(self.store, s.index, self.exported)
+        return s
+
+    def _named(self, scales: builtins.list[Scale]) -> builtins.list[Scale]:
+        """The scales with the naming generation of their files (``Scale.naming``) where the two differ.
+
+        Names only, and only of the scales where DVID's generations name files differently (the
+        mCNS spec's s7-s11: a few files each); a consolidated index's shard list is used instead
+        of a listing when there is one.
+        """
+        todo = [s for s in scales if s.namings_differ and "shard_extent" not in s.inferred]
+        if not todo or isinstance(self.store, RecordSource):
+            return scales
+        if self._exported is not None:  # several roots: only the scales some root holds
+            todo = [s for s in todo if s.index in self._exported]
+        given = {}
+        for s in todo:
+            ci = self._consolidated(s)
+            given[s.index] = ci.shards if ci is not None else None
+        store = self.store
+        found = _drive_all(store, (scale_naming(store, s, given[s.index]) for s in todo))
+        named = {}
+        for s, (naming, seen) in zip(todo, found, strict=True):
+            if seen is not None:
+                self._seen[s.index] = seen
+                if seen:
+                    self._listed[s.index] = True
+                elif not store.immediate:  # an object store's empty listing: no such folder
+                    self._listed[s.index] = False
+            if naming is not None:
+                named[s.index] = s.with_naming(naming)
+        return [named.get(s.index, s) for s in scales]
 
     # --- geometry ----------------------------------------------------------------------------
 
@@ -194,12 +537,14 @@ class Dataset:
             proven = min(extent, 64 * (1 << (span - 1).bit_length())) if span else 64
             s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred, proven_extent=proven)
             scales.append(s)
-            warnings.warn(f"{store.describe(s.folder)}: no spec or info file: guessed shard size {extent if extent < SINGLE_SHARD else 'one shard'}"
-                          f" from {len(origins)} file names and volume size {size} from the last shards' records"
-                          f"{'' if res is not None else '; units unknown'}. Pass spec= (the neuroglancer spec "
-                          f"given to DVID's export-shards) for exact geometry", GeometryWarning, stacklevel=3)
         if not scales:
             raise SpecError(f"{store.describe('')}: no shard files in any scale folder")
+        # one warning per Dataset, about no scale in particular, pointing at the caller's code (``info``
+        # and ``Scale.inferred`` say what was guessed at each scale)
+        warnings.warn(f"{store.describe('')}: no spec or info file: each scale's shard size and volume size are "
+                      f"guessed from its file names{'' if res0 is not None else '; units unknown'} (dvidshards "
+                      f"info shows them). Pass spec= (the neuroglancer spec given to DVID's export-shards) for exact "
+                      f"geometry", GeometryWarning, stacklevel=_caller_stacklevel())
         return scales
 
     def scale(self, which=0, *, resolution=None) -> Scale:
@@ -211,7 +556,10 @@ class Dataset:
                     return s
             raise SpecError(f"no scale has resolution {res}; resolutions are "
                             f"{ {s.index: s.resolution for s in self.scales} }")
-        if isinstance(which, Scale):
+        if isinstance(which, Scale):  # one of ours; or the same scale parsed from the spec: ours (its naming)
+            mine = next((s for s in self.scales if s.index == which.index), None)
+            if mine is not None and which.with_naming(mine.naming) == mine:
+                return mine
             return which
         if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
             for s in self.scales:
@@ -264,6 +612,7 @@ class Dataset:
         s = self.scale(scale)
         if isinstance(self.store, RecordSource):
             return sorted(self.store.shard_origins(s))
+        self.require_scale(s)
         f = self.files(s, refresh=True)
         f.require_folder()
         if f.origins is not None:
@@ -307,7 +656,7 @@ class Dataset:
             raise MissingShardError(f"{self.store.describe(s.stem(o) + '.arrow')}: origin {o} is not on the shard "
                                     f"grid (shard extent {s.shard_extent} voxels)")
         f = self._files.get(s.index)
-        if (f.folder if f is not None else self._sample(s)) is False:
+        if s.index not in self.exported or (f.folder if f is not None else self._sample(s)) is False:
             self._no_folder(s)
         if consolidated and self.index is not None and policy is None:
             return self.reader(s).cache.get_sync(o) or _missing(self, s, o)
@@ -344,6 +693,8 @@ class Dataset:
         index (``files``: listed once, compared with the index); else the cheap sample of
         ``_sample`` (the reader then probes next to its first shards, see ``ChunkReader``).
         """
+        if not fill_missing_shards:
+            self.require_scale(s)
         files = self._files.get(s.index)
         if files is None and self._consolidated(s) is not None:
             files = self.files(s)
@@ -359,15 +710,26 @@ class Dataset:
         return r
 
     def _no_folder(self, s: Scale) -> None:
-        """The SpecError of a scale the export has no folder for."""
-        assert isinstance(self.store, ByteStore)
-        others = self.store._sync(scale_folders(self.store))
-        ScaleFiles(s, self.store.describe(s.folder), None, False, others).require_folder()
+        """The NotExportedError of a scale the export has no folder for."""
+        held = self.exported if s.index not in self.exported else None
+        if held is None and isinstance(self.store, ByteStore):
+            folders = self.store._sync(scale_folders(self.store))
+            held = None if folders is None else tuple(int(f[1:]) for f in folders)
+        raise not_exported_error(self.store, s.index, held)
 
     def _sample(self, s: Scale) -> bool | None:
-        """``shard.sample_scale`` once per scale: whether the folder exists (None: unknown)."""
+        """``shard.sample_scale`` once per scale: whether the folder exists (None: unknown).
+
+        Where the naming detection at open listed the scale's names, those are checked instead
+        (against the grid of the naming chosen: a name that fits neither is the SpecError).
+        """
         if s.index not in self._sampled:
-            self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
+            seen = self._seen.get(s.index)
+            if seen:
+                check_origins(s, seen, self.store, self.geometry)
+                self._sampled[s.index] = True
+            else:
+                self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
         return self._sampled[s.index]
 
     def read(self, box, scale=0, labels="agglomerated", out=None, threads: int | None = None, *,

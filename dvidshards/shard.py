@@ -26,13 +26,14 @@ a list in another order would pair the record's labels with the wrong voxels.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import mmap
 import re
 import threading
 import warnings
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from .errors import (
     DvidShardsError,
     IndexRebuiltWarning,
     MissingShardError,
+    NotExportedError,
     RemoteReadError,
     ShardFormatError,
     SpecError,
@@ -57,14 +59,14 @@ from .formats.chunkindex import (
     parse_csv,
     parse_footer,
 )
-from .formats.multiscale import SINGLE_SHARD, Scale
+from .formats.multiscale import SINGLE_SHARD, Scale, naming_note, naming_of_origins
 from .formats.records import RecordTable
 from .sources.base import RecordSource
 from .stores.base import ByteStore, PastEndError, drive, run_sync
 
-__all__ = ["POLICIES", "ScaleFiles", "Shard", "ShardCache", "check_origins", "list_scale", "load_shard",
-           "load_shard_sync", "neighbour_origins", "parse_shard_names", "probe_neighbours", "sample_scale",
-           "scale_folders", "with_chunk"]
+__all__ = ["POLICIES", "ScaleFiles", "Shard", "ShardCache", "check_origins", "held_scales", "list_scale", "load_shard",
+           "load_shard_sync", "neighbour_origins", "not_exported_error", "not_exported_note", "parse_shard_names", "probe_neighbours",
+           "sample_scale", "scale_folders", "scale_naming", "with_chunk"]
 
 POLICIES = ("eager", "lazy")
 _WINDOW, _WINDOW_MAX = 1 << 20, 16 << 20  # stream scan window (lazy, legacy C streams)
@@ -158,15 +160,18 @@ class ScaleFiles:
     folder: bool
     #: with no folder: the scale folders the export has (None: not listed)
     others: tuple[str, ...] | None = None
+    #: the store listed (for the message of a scale it does not hold)
+    store: ByteStore | RecordSource | None = field(default=None, compare=False, repr=False)
 
     def require_folder(self) -> None:
-        """SpecError when the export has no folder for the scale."""
+        """NotExportedError (a SpecError) when the export has no folder for the scale."""
         if not self.folder:
+            held = None if self.others is None else [int(f[1:]) for f in self.others]
+            if self.store is not None:
+                raise not_exported_error(self.store, self.scale.index, held)
             s = self.scale
-            has = "" if self.others is None else f" (it has {', '.join(self.others) or 'no scale folder'})"
-            raise SpecError(f"no shard files found under {self.where}: scale {s.index} has no folder in this "
-                            f"export{has}; the spec lists scale {s.index}, the export has no folder {s.folder} (is "
-                            f"it the spec given to DVID's export-shards for this export?)")
+            raise NotExportedError(f"scale {s.index} is not exported in {self.where} (it has no folder {s.folder}); "
+                                   f"make it with: dvidshards downsample EXPORT DEST")
 
 
 async def scale_folders(store: ByteStore) -> tuple[str, ...] | None:
@@ -205,7 +210,7 @@ async def list_scale(store: ByteStore | RecordSource, scale: Scale, geometry: st
     folder = bool(names) or await store.is_folder(scale.folder)
     if origins and check:
         check_origins(scale, origins, store, geometry)
-    return ScaleFiles(scale, where, tuple(origins), folder, None if folder else await scale_folders(store))
+    return ScaleFiles(scale, where, tuple(origins), folder, None if folder else await scale_folders(store), store)
 
 
 async def sample_scale(store: ByteStore | RecordSource, scale: Scale, geometry: str = "the spec",
@@ -228,6 +233,60 @@ async def sample_scale(store: ByteStore | RecordSource, scale: Scale, geometry: 
         check_origins(scale, origins, store, geometry)
         return True
     return await store.is_folder(scale.folder)
+
+
+async def scale_naming(store: ByteStore | RecordSource, scale: Scale, origins=None,
+                       n: int = 256) -> tuple[str | None, list[tuple[int, int, int]] | None]:
+    """DVID's naming generation of a scale's shard files, from their names: (naming, the names seen).
+
+    Only where the two generations differ (``Scale.namings_differ``).  ``origins`` (a
+    consolidated index's shards) are used when given; else a sample of ``n`` names where the
+    store gives one cheaply (a local folder), read whole only when the sample cannot tell; else
+    the folder's listing (an object store; small at the coarse scales where the generations
+    differ with DVID's specs); a store that cannot list is asked whether files exist at the
+    origins only the old generation uses (up to 4,096).  ``naming`` is None when the names cannot
+    tell (then today's naming reads them exactly: see ``naming_of_origins``).  The names seen
+    (origins; None when nothing was listed) are for the caller to check against the grid of the
+    naming chosen (``check_origins``): a name that fits neither generation is the SpecError of
+    a spec that is not the export's.
+    """
+    if isinstance(store, RecordSource) or not scale.namings_differ:
+        return None, None
+    if origins is not None:
+        return naming_of_origins(scale, origins), None
+    names = await store.sample(scale.folder, n)
+    if names is not None:
+        seen = parse_shard_names(names)
+        got = naming_of_origins(scale, seen)
+        if got is not None or len(names) < n:
+            return got, seen
+    try:
+        names = await store.list(scale.folder)
+    except SpecError:  # the store cannot list (http)
+        return await _probe_naming(store, scale), None
+    seen = parse_shard_names(names)
+    return naming_of_origins(scale, seen), seen
+
+
+async def _probe_naming(store: ByteStore, scale: Scale, limit: int = 4096) -> str | None:
+    """"old" when a shard file exists at an origin only the old naming uses (None: none found or too many)."""
+    old, new = scale.extent_of("old"), scale.extent_of("current")
+    lo = np.asarray(scale.voxel_offset, np.int64)
+    hi = lo + np.asarray(scale.size, np.int64)
+    axes = [range(int(a) // old * old, int(b), old) for a, b in zip(lo, hi, strict=True)]
+    if np.prod([len(a) for a in axes]) > limit * 8:
+        return None
+    only_old = [o for o in itertools.product(*axes) if any(v % new for v in o)][:limit]
+    keys = [scale.stem(o) + ".arrow" for o in only_old]
+    sem = asyncio.Semaphore(64)
+
+    async def one(k):
+        async with sem:
+            return await store.exists(k)
+
+    found = [await store.exists(k) for k in keys] if store.immediate else \
+        await asyncio.gather(*(one(k) for k in keys))
+    return "old" if any(found) else None
 
 
 def neighbour_origins(scale: Scale, origin) -> list[tuple[int, int, int]]:
@@ -267,33 +326,72 @@ async def probe_neighbours(store: ByteStore, scale: Scale, origin, geometry: str
     hits = [k for k, f in zip(keys, found, strict=True) if f]
     if hits:
         e = min(scale.shard_extent, SINGLE_SHARD)
-        grid = f"shards of {e} voxels" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
+        grid = f"shards of {e} voxels{naming_note(scale)}" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
         raise SpecError(f"{store.describe(hits[0])}: this shard file is not on the shard grid of {geometry} (scale "
                         f"{scale.index}: {grid}), so the chunks it holds would read as background: that geometry is "
                         f"not this export's; give the spec given to DVID's export-shards")
 
 
 def check_origins(scale: Scale, origins, store, geometry: str = "the spec") -> None:
-    """SpecError naming a shard file off the scale's shard grid or outside its volume."""
+    """SpecError naming a shard file off the scale's shard grid or outside its volume.
+
+    The grid is the one of the scale's naming generation (``Scale.naming``); where DVID's two
+    generations differ, the message gives both extents (a file that fits neither means the
+    geometry is another export's).
+    """
     o = np.asarray(origins, np.int64).reshape(-1, 3)
+    fit = scale.fits(o)
+    bad = np.flatnonzero(~fit)
+    if not bad.size:
+        return
     e = min(scale.shard_extent, SINGLE_SHARD)
     lo = np.asarray(scale.voxel_offset, np.int64)
     hi = lo + np.asarray(scale.size, np.int64)
-    off = (o % e != 0).any(axis=1) if e < SINGLE_SHARD else (o != 0).any(axis=1)
-    out = ((o >= hi) | (o + e <= lo)).any(axis=1)
-    bad = np.flatnonzero(off | out)
-    if not bad.size:
-        return
     i = int(bad[0])
     name = store.describe(scale.stem(o[i]) + ".arrow")
-    if off[i]:
-        grid = f"shards of {e} voxels" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
+    off = (o[i] % e != 0).any() if e < SINGLE_SHARD else (o[i] != 0).any()
+    if off:
+        grid = f"shards of {e} voxels{naming_note(scale)}" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
         why = f"is not on the shard grid of {geometry} (scale {scale.index}: {grid})"
     else:
         why = (f"lies outside the volume of {geometry} (scale {scale.index}: voxels {lo.tolist()} to "
                f"{hi.tolist()})")
     raise SpecError(f"{name}: this shard file {why}: that geometry is not this export's ({int(bad.size)} of "
                     f"{len(o)} files do not fit); give the spec given to DVID's export-shards")
+
+
+def held_scales(held) -> str:
+    """Scale folders as a short phrase: "s0", "s0-s3", "s0-s6, s10, s11" or "no scale"."""
+    ks = sorted({int(k) for k in held})
+    if not ks:
+        return "no scale"
+    runs: list[list[int]] = []
+    for k in ks:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"s{r[0]}-s{r[-1]}" if len(r) > 2 else ", ".join(f"s{k}" for k in r) for r in runs)
+
+
+def not_exported_note(store, indices) -> str:
+    """The line ``info`` and ``verify`` print under their report for the scales an export does not hold."""
+    source = getattr(store, "base", store).describe("")
+    return (f"not exported: {held_scales(indices)} (the spec lists them, this export does not hold them; make them "
+            f"with: dvidshards downsample {source} DEST)")
+
+
+def not_exported_error(store, index: int, held) -> NotExportedError:
+    """The one-line error of a scale the spec lists and the export does not hold.
+
+    ``held``: the scale numbers the export holds (None: not known).  The command it suggests
+    makes the scale from the finest one present (``dvidshards downsample``).
+    """
+    root = store.describe("")
+    source = getattr(store, "base", store).describe("")
+    has = f"; it holds {held_scales(held)}" if held is not None else ""
+    return NotExportedError(f"scale {index} is not exported in {root} (it has no folder s{index}{has}); make it "
+                            f"with: dvidshards downsample {source} DEST")
 
 
 # --- the Shard --------------------------------------------------------------------------------

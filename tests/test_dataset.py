@@ -74,8 +74,9 @@ def test_scale_by_resolution_and_dataset(synthetic_export):
 
 def test_geometry_inferred_without_spec(synthetic_export):
     """No spec and no info: shard extent from file names, size = whole chunks up to the last one present."""
-    with pytest.warns(dvidshards.GeometryWarning, match="guessed shard size 128"):
+    with pytest.warns(dvidshards.GeometryWarning, match="guessed from its file names") as rec:
         ds = dvidshards.Dataset(synthetic_export.root)
+    assert len(rec) == 1 and rec[0].filename == __file__  # once, and at the caller's line
     s0 = ds.scales[0]
     assert s0.shard_extent == 128 and s0.inferred
     nz = np.argwhere(synthetic_export.sv)
