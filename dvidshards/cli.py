@@ -218,9 +218,10 @@ class Info:
     def main(args) -> int:
         import warnings
 
-        from .dataset import Dataset
+        from .dataset import Dataset, LayeredStore
         from .errors import GeometryWarning
         from .formats.multiscale import SINGLE_SHARD
+        from .shard import held_scales, not_exported_note
         from .sources import RecordSource
 
         with warnings.catch_warnings():
@@ -228,22 +229,28 @@ class Info:
             ds = Dataset(args.source, spec=args.spec)
         origin = "geometry from spec" if ds.spec is not None else "geometry INFERRED from file names (pass --spec)"
         print(f"{ds.store.describe('')}  ({origin})")
-        head = ["scale", "key", "size (x,y,z)", "resolution", "shard", "shards"]
+        if isinstance(ds.store, LayeredStore):  # several roots: where each scale comes from
+            for i, root in enumerate(ds.store.stores):
+                ks = [k for k, r in ds.store.route.items() if r == i]
+                print(f"  {held_scales(ks)} from {root.describe('')}")
+        head = ["scale", "key", "size (x,y,z)", "resolution", "shard", "naming", "shards"]
         if not args.no_chunks:
             head += ["chunks", "of grid", "index"]
         rows = []
-        absent = []
         for s in ds.scales:
             res = "x".join(f"{r:g}" for r in s.resolution) if s.resolution is not None else "unknown"
-            if not isinstance(ds.store, RecordSource) and not ds.files(s.index).folder:
-                absent.append(s.folder)  # a scale the spec lists and the export lacks: said, not counted
-                rows.append([str(s.index), s.key, "x".join(map(str, s.size)), res, "-", "no folder"]
+            if s.index not in ds.exported:  # a scale the spec lists and the export lacks: said, not counted
+                rows.append([str(s.index), s.key, "x".join(map(str, s.size)), res, "-", "-", "not exported"]
                             + ([] if args.no_chunks else ["-", "-", "-"]))
                 continue
+            if not isinstance(ds.store, RecordSource):
+                ds.files(s.index)  # listed and checked (names against the grid of the scale's naming)
             origins = ds.shards(s.index)
             extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
             mark = "*" if s.inferred else ""
-            row = [str(s.index), s.key, "x".join(map(str, s.size)) + mark, res, f"{extent}{mark}", str(len(origins))]
+            naming = "?" if "shard_extent" in s.inferred else s.naming if s.namings_differ else "either"
+            row = [str(s.index), s.key, "x".join(map(str, s.size)) + mark, res, f"{extent}{mark}", naming,
+                   str(len(origins))]
             if not args.no_chunks:
                 n, variants = 0, set()
                 for o in origins:
@@ -257,8 +264,12 @@ class Info:
         for r in [head, *rows]:
             print(" ".join(c.ljust(w) if head[k] == "index" else c.rjust(w)
                            for k, (c, w) in enumerate(zip(r, width, strict=True))).rstrip())
+        absent = [s.index for s in ds.scales if s.index not in ds.exported]
         if absent:
-            print(f"no folder for {', '.join(absent)}: the spec lists these scales, this export does not hold them")
+            print(not_exported_note(ds.store, absent))
+        if any(s.naming == "old" for s in ds.scales):
+            print("naming old: shard files named as DVID did before 2026-03-21 (one cube per scale: a neuroglancer "
+                  "shard can span several files); current: as DVID names them since; either: both name them alike")
         if any(s.inferred for s in ds.scales):
             print("* inferred from the files, not given by a spec")
         return EXIT_OK
@@ -311,12 +322,22 @@ class Consolidate:
 
         output_folder(args.out, create=False)  # made by write_consolidated, never inside the export
         ds = Dataset(args.source, spec=args.spec)
-        scales = ds.scales if args.scale is None else [ds.scale(args.scale)]
+        if args.scale is None:  # every scale the export holds; the spec's others are said
+            scales = [s for s in ds.scales if s.index in ds.exported]
+        else:
+            scales = [ds.require_scale(args.scale)]
+        if not scales:
+            raise UsageError(f"dvidshards consolidate: {args.source} holds no scale folder s0, s1, ...")
         for s in scales:  # every scale checked (folder, spec against the file names) before any is written
             ds.shards(s.index)
         for s in scales:
             path, n, shards = write_consolidated(ds, s, args.out, progress=progress_wanted(args))
             print(f"{s.folder}: {n} chunks in {shards} shards -> {path}")
+        absent = [s.index for s in ds.scales if s.index not in ds.exported]
+        if args.scale is None and absent:
+            from .shard import not_exported_note
+
+            print(not_exported_note(ds.store, absent))
         return EXIT_OK
 
 

@@ -387,7 +387,9 @@ class Dataset:
             for r in roots:
                 if isinstance(r, RecordSource) or record_source_of(r, spec) is not None:
                     raise SpecError(f"{r!r}: a record source cannot be one of several roots; give export folders")
-                layers += _layers(as_store(r))
+                for layer in _layers(as_store(r)):  # a destination's source given in the list too: once
+                    if not any(layer[0] == st for st, _, _ in layers):
+                        layers.append(layer)
         self.store = LayeredStore([st for st, _, _ in layers])
         for st, _, m in layers:
             if m is not None and not m["complete"]:

@@ -43,8 +43,10 @@ from .errors import SpecError
 from .formats.codec import encode_block
 from .formats.mapping import LabelMapping
 from .formats.sharding import (
+    NAMINGS,
     ShardingSpec,
     compressed_z_index_bits,
+    dvid_old_shard_extent,
     dvid_shard_extent,
     dvid_shard_origin,
     grid_shape,
@@ -599,10 +601,13 @@ def _put_in_place(root: Path, tmp: Path) -> None:
         os.replace(entry, root / entry.name)
 
 
-def _shard_runs(size: Sequence[int], spec: ShardingSpec) -> list[list[tuple[int, int, int]]]:
-    """Per axis, (origin voxel, first chunk, end chunk) of each shard of a scale."""
+def _shard_runs(size: Sequence[int], spec: ShardingSpec, naming: str = "current") -> list[list[tuple[int, int, int]]]:
+    """Per axis, (origin voxel, first chunk, end chunk) of each shard file of a scale under a naming."""
     grid = grid_shape(size, CHUNK_SIZE)
-    extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
+    if naming == "old":
+        extent = dvid_old_shard_extent(spec, CHUNK_SIZE)
+    else:
+        extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
     return [_axis_runs(grid[a], a, extent) for a in range(3)]
 
 
@@ -638,8 +643,12 @@ def _write_scale(
     index: str,
     container: str,
     done,
+    zero_blocks: bool = False,
 ) -> int:
-    """Write every shard of one scale; returns the number of records written."""
+    """Write every shard of one scale; returns the number of records written.
+
+    ``zero_blocks``: also a record for every all-background block of the grid (DVID before 2026-03-27).
+    """
     size = vol.shape
     n_written = 0
     cs = CHUNK_SIZE
@@ -658,12 +667,12 @@ def _write_scale(
                                 min((zc + 1) * cs, size[2]),
                             )
                             row = vol.read(lo, hi)
-                            if not row.any():
+                            if not zero_blocks and not row.any():
                                 continue
                             row_zyx = row.transpose(2, 1, 0)
                             for xc in range(x0c, x1c):
                                 part = row_zyx[:, :, (xc - x0c) * cs : (xc - x0c + 1) * cs]
-                                if not part.any():
+                                if not zero_blocks and not part.any():
                                     continue
                                 if part.shape == (cs, cs, cs):
                                     block = np.ascontiguousarray(part)
@@ -673,7 +682,7 @@ def _write_scale(
                                 encoded = encode_block(block, subblock_order="sorted")  # as in real export blocks
                                 svs = _block_label_list(encoded)
                                 labels = svs.copy() if mapping is None else mapping.palette(svs)
-                                if not labels.any():  # DVID skips all-background blocks
+                                if not zero_blocks and not labels.any():  # DVID skips all-background blocks
                                     continue
                                 if writer is None:
                                     stem = scale_dir / shard_filename_stem((ox, oy, oz))
@@ -726,6 +735,9 @@ def write_export(
     info: bool = False,
     overwrite: bool = False,
     progress: bool | None = None,
+    naming: str = "current",
+    zero_blocks: bool = False,
+    only_scales: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Write a supervoxel volume as a DVID ``export-shards`` export.
 
@@ -776,6 +788,18 @@ def write_export(
     progress : bool, optional
         A tqdm bar on stderr, one step per shard box. Default (None): only when stderr is
         a terminal; ``False``: never; ``True``: always.
+    naming : {"current", "old"}, optional
+        DVID's shard-file naming generation (FORMATS.md §3a): ``"current"`` (since 2026-03-21,
+        `dvid_shard_extent`) or ``"old"`` (before: one cube of `dvid_old_shard_extent` voxels
+        per scale, so that a neuroglancer shard larger than that cube on some axis is split
+        over several files, as in the real mCNS export).
+    zero_blocks : bool, optional
+        Also write a record for every all-background block of the grid (its agglomerated
+        labels all 0), as DVID did before 2026-03-27; default: skip them, as DVID does now.
+    only_scales : sequence of int, optional
+        Write only these scale folders (the spec still lists every scale): an export holding
+        a prefix of its spec's scales (``[0]``: DVID's default since 2026-03-29), or the coarse
+        scales of a downsample destination.
 
     Returns
     -------
@@ -810,6 +834,11 @@ def write_export(
         -(1 << 17) <= zstd_level <= 22
     ):
         raise SpecError(f"zstd_level must be an integer from -131072 to 22, got {zstd_level!r}")
+    if naming not in NAMINGS:
+        raise SpecError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
+    written = list(range(scales)) if only_scales is None else sorted({int(k) for k in only_scales})
+    if any(not 0 <= k < scales for k in written):
+        raise SpecError(f"only_scales must be scale numbers from 0 to {scales - 1}, got {only_scales!r}")
     vol0 = _Volume(volume)
     labels = None if mapping is None else LabelMapping.from_any(mapping)
 
@@ -862,8 +891,8 @@ def write_export(
     compressor = zstandard.ZstdCompressor(
         level=zstd_level, write_checksum=True, write_content_size=True
     )
-    runs = [_shard_runs(v.shape, sh) for v, sh in zip(vols, specs, strict=True)]
-    total = sum(len(r[0]) * len(r[1]) * len(r[2]) for r in runs)
+    runs = [_shard_runs(v.shape, sh, naming) for v, sh in zip(vols, specs, strict=True)]
+    total = sum(len(r[0]) * len(r[1]) * len(r[2]) for k, r in enumerate(runs) if k in written)
     # every scale goes into a hidden work folder first: the export appears only when complete,
     # and an overwritten one is replaced only then
     tmp = root / f".dvidshards-write-{os.getpid()}-{secrets.token_hex(4)}.tmp"
@@ -871,6 +900,8 @@ def write_export(
         tmp.mkdir()
         with _progress(total, progress, f"writing {root.name or root}") as bar:
             for k, (v, r) in enumerate(zip(vols, runs, strict=True)):
+                if k not in written:
+                    continue
                 scale_dir = tmp / f"s{k}"
                 scale_dir.mkdir()
                 _write_scale(
@@ -883,6 +914,7 @@ def write_export(
                     index=index,
                     container=container,
                     done=bar.update,
+                    zero_blocks=zero_blocks,
                 )
         if info:
             (tmp / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")

@@ -31,6 +31,7 @@ from ..errors import (
     SpecError,
 )
 from ..formats.codec import block_header, decode_into
+from ..shard import not_exported_note
 from .outputs import compare_chunks, kvstore_root, open_scale
 
 MANIFEST = "dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
@@ -58,6 +59,10 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
     manifest: dict | None = None  # a conversion output's manifest (then shards counts its source shards)
+    #: scales the spec lists and the export does not hold (not problems: said under the summary, as ``info`` does)
+    not_exported: list[int] = field(default_factory=list)
+    #: the export's store, to name it in the line about scales not exported
+    store: object = field(default=None, repr=False, compare=False)
 
     @property
     def checked(self) -> bool:
@@ -72,13 +77,14 @@ class VerifyReport:
             return self._manifest_summary()
         head = (f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
                 f"{self.decoded} blocks decoded in {self.seconds:.1f} s: ")
+        note = [not_exported_note(self.store, self.not_exported)] if self.not_exported and self.store else []
         if self.ok:
-            return head + "no problems"
+            return "\n".join([head + "no problems", *note])
         lines = [head + (f"{len(self.problems)} problems" if self.problems else "nothing was checked")]
         lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
         if len(self.problems) > 50:
             lines.append(f"  ... and {len(self.problems) - 50} more")
-        return "\n".join(lines)
+        return "\n".join(lines + note)
 
 
     def _manifest_summary(self) -> str:
@@ -142,6 +148,8 @@ def _read_manifest(kv: dict, where: str) -> dict | None:
         m = json.loads(r.value)
     except ValueError as e:
         raise SpecError(f"{where}: not a dvidshards manifest ({e})") from None
+    if isinstance(m, dict) and m.get("job") == "downsample":  # an export made by downsample: verified as one
+        return None
     if not isinstance(m, dict) or not isinstance(m.get("dvidshards"), dict) or "complete" not in m:
         raise SpecError(f"{where}: not a dvidshards manifest (no 'dvidshards' and 'complete' members)")
     return m
@@ -213,7 +221,8 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
     source : path, URL, store or Dataset
         The export.
     scale : int, optional
-        Only this scale (folder number; default: all).
+        Only this scale (folder number; default: every scale the export holds; the spec's others
+        are listed in ``report.not_exported``, not problems).
     decode : bool
         Also decode every block and check its label lists.
     spec : dict or path, optional
@@ -239,8 +248,12 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
     report = VerifyReport()
     try:
         ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, policy="eager")
-        scales = ds.scales if scale is None else [ds.scale(scale)]
-        store = ds.store
+        if scale is None:  # every scale the export holds; the others are said, as info says them
+            scales = [s for s in ds.scales if s.index in ds.exported]
+            report.not_exported = [s.index for s in ds.scales if s.index not in ds.exported]
+        else:
+            scales = [ds.require_scale(scale)]
+        store = report.store = ds.store
         try:
             folders = {n for n in store.list_sync("") if n[:1] == "s" and n[1:].isascii() and n[1:].isdigit()}
         except SpecError:  # a store that cannot list (http): the spec's scales are all there is

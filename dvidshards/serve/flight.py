@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hmac
+import itertools
 import json
 import os
 import threading
@@ -19,7 +20,8 @@ import pyarrow.flight as fl
 
 from ..dataset import Dataset
 from ..errors import MissingShardError, SpecError
-from ..formats.multiscale import Scale
+from ..formats.multiscale import SINGLE_SHARD, Scale
+from ..formats.records import RecordTable
 from ..shard import Shard
 from ..sources.base import RecordSource
 from ..sources.flight import (
@@ -116,7 +118,9 @@ class ExportFlightServer(fl.FlightServerBase):
         self.ds = _open_dataset(source, spec)
         if self.ds.spec is None:
             raise SpecError(f"{self.ds.store.describe('')}: serving needs the export's spec (spec=...)")
-        self.scales = {s.index: s for s in self.ds.scales}
+        # clients read the spec, so they name shards as today's DVID does: a scale whose files DVID
+        # named the old way (one cube per scale, FORMATS.md §3a) is served by today's shard grid
+        self.scales = {s.index: s.with_naming("current") for s in self.ds.scales}
         self.batch_rows = int(batch_rows)
         self.check = check
         scheme = "grpc+tls" if tls else "grpc+tcp"
@@ -138,6 +142,7 @@ class ExportFlightServer(fl.FlightServerBase):
         self.location = f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
         self._thread: threading.Thread | None = None
         self._plans: dict = {}
+        self._old_files: dict[int, set] = {}  # the shard files of scales named the old way
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -148,10 +153,54 @@ class ExportFlightServer(fl.FlightServerBase):
             raise SpecError(f"scale {k!r} does not exist; scales are {sorted(self.scales)}") from None
 
     def _origins(self, s: Scale) -> list[tuple]:
-        return [tuple(o) for o in self.ds.shards(s.index)]
+        """The shard origins served at a scale, on today's grid (``s``: a scale of ``self.scales``)."""
+        files = [tuple(int(v) for v in o) for o in self.ds.shards(s.index)]
+        f = self.ds.scale(s.index)
+        if f.naming == s.naming:
+            return files
+        cells = set()  # today's shard cells the old files' boxes meet, inside the grid
+        e = min(s.shard_extent, SINGLE_SHARD) // s.chunk_size[0]
+        grid = np.asarray(s.grid, np.int64)
+        for o in files:
+            lo, hi = f.shard_box(o)
+            hi = np.minimum(hi, grid)
+            if (hi <= lo).any():
+                continue
+            rng = [range(int(a) // e, (int(b) - 1) // e + 1) for a, b in zip(lo, hi, strict=True)]
+            cells |= {tuple(int(c) * e * n for c, n in zip(cell, s.chunk_size, strict=True))
+                      for cell in itertools.product(*rng)}
+        return sorted(cells)
 
     def _shard(self, s: Scale, origin) -> Shard:
-        return self.ds.reader(s.index).cache.get_sync(tuple(origin))
+        """The shard served at an origin of ``s``'s grid: the export's shard file, or, where DVID named
+        the files the old way, the records of every file meeting that shard's box."""
+        o = tuple(int(v) for v in origin)
+        f = self.ds.scale(s.index)
+        reader = self.ds.reader(s.index)
+        if f.naming == s.naming:
+            return reader.cache.get_sync(o)
+        lo, hi = s.shard_box(o)
+        hi = np.minimum(hi, np.asarray(s.grid, np.int64))
+        e = min(f.shard_extent, SINGLE_SHARD) // f.chunk_size[0]
+        files = self._old_files.get(s.index)
+        if files is None:
+            files = self._old_files[s.index] = {tuple(int(v) for v in p) for p in self.ds.shards(s.index)}
+        rng = [range(int(a) // e, (int(b) - 1) // e + 1) for a, b in zip(lo, hi, strict=True)]
+        parts = []
+        for cell in itertools.product(*rng):
+            fo = tuple(int(c) * e * n for c, n in zip(cell, f.chunk_size, strict=True))
+            if fo not in files:
+                continue
+            shard = reader.cache.get_sync(fo)
+            c = shard.coords
+            inside = np.flatnonzero(((c >= lo) & (c < hi)).all(axis=1))
+            if len(inside):
+                parts.append(shard.table(inside))
+        if not parts:
+            raise MissingShardError(f"{self.ds.store.describe(s.stem(o) + '.arrow')}: no shard file holds a chunk "
+                                    f"of this shard")
+        table = RecordTable.concat(parts, self.ds.store.describe(s.stem(o)), s.chunk_size)
+        return Shard.from_records(self.ds.store, table, s, o)
 
     def _by_id(self, s: Scale) -> dict:
         p = self._plans.get(s.index)
