@@ -206,7 +206,12 @@ def _layers(store: ByteStore, depth: int = 0) -> builtins.list[tuple[ByteStore, 
         return [(store, None, None)]
     if depth > 8:
         raise SpecError(f"{store.describe(MANIFEST)}: downsample manifests name each other's outputs in a loop")
-    source = as_store(_manifest_source(m["source"]["url"], store))
+    url = _manifest_source(m["source"]["url"], store)
+    try:
+        source = as_store(url)
+    except SpecError as e:
+        raise SpecError(f"{store.describe(MANIFEST)}: the export this was downsampled from cannot be opened: "
+                        f"{e}") from None
     return [*_layers(source, depth + 1), (store, frozenset(m["scales"]), m)]
 
 

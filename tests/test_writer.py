@@ -17,6 +17,7 @@ import pytest
 import tensorstore as ts
 import zstandard
 
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.errors import MappingError, SpecError
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.mapping import LabelMapping
@@ -27,7 +28,6 @@ from dvidshards.formats.sharding import (
     grid_shape,
     shard_filename_stem,
 )
-from dvidshards.demo.neurons import neuron_volume
 from dvidshards.writer import (
     D_FOOTER_MAGIC,
     RECORD_SCHEMA,
@@ -633,3 +633,46 @@ def test_neuron_volume_validation():
         neuron_volume((0, 10, 10))
     vol, mapping = neuron_volume((20, 30, 40), n_bodies=0)
     assert vol.shape == (20, 30, 40) and not vol.any() and mapping.shape == (0, 2)
+
+
+def test_write_export_old_naming_one_cube_per_scale(synth, tmp_path):
+    """naming="old": files named by DVID's cube of 2**((18 + preshift + minishard) // 3) voxels."""
+    from dvidshards import Dataset
+    from dvidshards.formats.sharding import dvid_old_shard_extent
+
+    vol, mapping = synth
+    sh = ShardingSpec(preshift_bits=1, minishard_bits=0, shard_bits=5, hash="identity")  # today: 2x1x1 chunks
+    assert (dvid_old_shard_extent(sh), dvid_shard_extent(sh, vol.shape)) == (64, 128)
+    for naming, side in (("old", 64), ("current", 128)):
+        spec = write_export(vol, tmp_path / naming, mapping=mapping, sharding=sh, naming=naming)
+        recs = _read_export_scale(tmp_path / naming / "s0")
+        for (x, y, z), (stem, _) in recs.items():  # brute force: floor(64 c / S) S per axis, S a cube
+            assert stem == "_".join(str(64 * c // side * side) for c in (x, y, z))
+        ds = Dataset(tmp_path / naming, spec=spec)
+        assert ds.scale(0).naming == naming and ds.scale(0).shard_extent == side
+        got = ds.read([[0, 0, 0], list(vol.shape)], labels="supervoxels", fill_missing_shards=True)
+        np.testing.assert_array_equal(got, vol)
+    with pytest.raises(SpecError, match="naming must be one of current, old"):
+        write_export(vol, tmp_path / "bad", naming="older")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_write_export_zero_blocks_and_only_scales(tmp_path):
+    """zero_blocks: a record for every block, as DVID before 2026-03-27; only_scales: some folders only."""
+    vol = np.zeros((128, 64, 70), dtype=np.uint64)
+    vol[:64, :, :] = 7  # block (0,0,0): supervoxel 7, mapped to 0
+    vol[64:, 10:20, 3:9] = 9  # block (1,0,0); block (1,0,1) all background
+    spec = write_export(vol, tmp_path / "e", mapping={7: 0}, shard_chunks=1, zero_blocks=True)
+    recs = _read_export_scale(tmp_path / "e" / "s0")
+    assert set(recs) == {(x, 0, z) for x in (0, 1) for z in (0, 1)}
+    assert recs[(0, 0, 0)][1]["labels"] == [0] and recs[(1, 0, 1)][1]["supervoxels"] == [0]
+    from dvidshards import Dataset
+
+    ds = Dataset(tmp_path / "e", spec=spec)
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [128, 64, 70]]), np.where(vol == 7, 0, vol))
+    spec = write_export(vol, tmp_path / "p", scales=3, only_scales=[0, 2], shard_chunks=1, info=True)
+    assert len(spec["scales"]) == 3 and sorted(p.name for p in (tmp_path / "p").iterdir()) == ["info", "s0", "s2"]
+    for bad in ([3], [-1]):
+        with pytest.raises(SpecError, match="only_scales"):
+            write_export(vol, tmp_path / "q", scales=3, only_scales=bad)
+    assert not (tmp_path / "q").exists()
