@@ -89,10 +89,14 @@ class VerifyReport:
 
     def _manifest_summary(self) -> str:
         m = self.manifest or {}
-        args = m.get("arguments", {})
-        head = (f"{args.get('format', '?')} conversion of {args.get('source', '?')} ({m.get('command') or 'Python API'}): "
-                f"{self.shards} source shards in {len(m.get('scales', {}))} scales, manifest says "
-                f"{'complete' if m.get('complete') is True else 'INCOMPLETE'}")
+        job = m.get("job", "?")
+        params = m.get("parameters") or {}
+        src = (m.get("source") or {}).get("url", "?") if isinstance(m.get("source"), dict) else "?"
+        what = f"{m.get('format') or params.get('format', '?')} conversion" if job == "convert" else f"{job} output"
+        unit = "source shards" if job == "convert" else "tasks"
+        scales = m.get("scales") or []
+        head = (f"{what} of {src} ({m.get('command') or 'Python API'}): {self.shards} {unit} in {len(scales)} "
+                f"scales, manifest says {'complete' if m.get('complete') is True else 'INCOMPLETE'}")
         if self.chunks:
             head += f"; {self.chunks} chunks compared with the source"
         lines = [head + (": no problems" if self.ok else f": {len(self.problems)} problems")]
@@ -137,6 +141,7 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
 
 
 def _read_manifest(kv: dict, where: str) -> dict | None:
+    """A job's manifest at the root of an output (None: none, or a downsample's: an export, verified as one)."""
     import json
 
     import tensorstore as ts
@@ -155,12 +160,13 @@ def _read_manifest(kv: dict, where: str) -> dict | None:
     return m
 
 
-def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyReport | None:
-    """Check a ``dvidshards convert`` output from its manifest (None: ``source`` holds none).
+def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) -> VerifyReport | None:
+    """Check a job's output from its manifest (``dvidshards.json``; None: ``source`` holds none).
 
-    Problems: the manifest says incomplete (each failed source shard named, scales not
-    finished), and with ``spot_check`` chunks that differ from the source named in the
-    manifest (or a source that cannot be opened).
+    Problems: the manifest says incomplete (each failed task named with its reason, the count
+    of tasks not done), and for a ``convert`` output with ``spot_check``, chunks that differ from
+    the source the manifest names (opened with ``spec`` when given, else the manifest's ``spec``
+    member, else the source's own info file), or a source that cannot be opened.  A downsample destination is an export: None (``verify`` checks it as one).
     """
     t0 = time.monotonic()
     if not isinstance(source, (str, os.PathLike, dict)):
@@ -173,40 +179,45 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0) -> VerifyRe
         report = VerifyReport(problems=[Problem(where, type(e).__name__, str(e))])
         report.manifest = {}
         return report
-    except (ValueError, OSError):  # not a kvstore TensorStore can open: not a conversion output
+    except (ValueError, OSError):  # not a kvstore TensorStore can open: not a job's output
         return None
     if m is None:
         return None
     report = VerifyReport(manifest=m)
-    scales = m.get("scales", {})
-    for k, v in scales.items():
-        report.shards += int(v.get("source_shards", 0))
-        for origin, msg in v.get("failed", {}).items():
-            report.problems.append(Problem(f"s{k}/{origin}", "ConversionFailed",
-                                           f"{where}: source shard s{k}/{origin} was not converted: {msg}"))
-        todo = int(v.get("source_shards", 0)) - int(v.get("done", 0)) - len(v.get("failed", {}))
-        if todo > 0:
-            report.problems.append(Problem(where, "Incomplete", f"{where}: scale {k}: {todo} of "
-                                           f"{v.get('source_shards')} source shards not converted"))
+    job = m.get("job", "?")
+    tasks = m.get("tasks") if isinstance(m.get("tasks"), dict) else {}
+    failed = m.get("failed") if isinstance(m.get("failed"), dict) else {}
+    total = int(tasks.get("total", 0))
+    report.shards = total
+    verb = "was not converted" if job == "convert" else "failed"
+    for task, msg in failed.items():
+        report.problems.append(Problem(str(task), "TaskFailed", f"{where}: {task} {verb}: {msg}"))
+    todo = total - int(tasks.get("done", 0)) - int(tasks.get("kept", 0)) - len(failed)
+    if m.get("complete") is not True and todo > 0:
+        unit = "source shards not converted" if job == "convert" else f"{job} tasks not done"
+        report.problems.append(Problem(where, "Incomplete", f"{where}: {todo} of {total} {unit} (status "
+                                       f"{m.get('status', '?')}); run the same command with --resume to finish"))
     if m.get("complete") is not True and not report.problems:
-        report.problems.append(Problem(where, "Incomplete", f"{where}: the conversion did not finish "
-                                       f"(started {m.get('started')}, never marked complete)"))
-    for msg in m.get("verified", {}).get("mismatches", []):
-        report.problems.append(Problem(where, "Mismatch", f"{where}: at conversion time: {msg}"))
-    if spot_check > 0:
-        args = m.get("arguments", {})
+        report.problems.append(Problem(where, "Incomplete", f"{where}: the {job} job did not finish "
+                                       f"(status {m.get('status', '?')}, started {m.get('started')})"))
+    if spot_check > 0 and job == "convert":
+        params = m.get("parameters") or {}
+        url = (m.get("source") or {}).get("url") if isinstance(m.get("source"), dict) else None
+        fmt = m.get("format") or params.get("format")
+        keys = m.get("keys") or {}
         rng = np.random.default_rng(seed)
         try:
-            ds = Dataset(args["source"], spec=m.get("spec"))
-            for k in sorted(scales, key=int):
-                arr = open_scale(kv, args["format"], scales[k]["key"])
-                n, bad = compare_chunks(ds, arr, args["format"], int(k), args.get("labels", "agglomerated"),
-                                        spot_check, rng)
+            if url is None or fmt is None:
+                raise SpecError(f"{where}: the manifest names no source or format")
+            ds = Dataset(url, spec=spec if spec is not None else m.get("spec"))
+            for k in sorted(keys, key=int):
+                arr = open_scale(kv, fmt, keys[k])
+                n, bad = compare_chunks(ds, arr, fmt, int(k), params.get("labels", "agglomerated"), spot_check, rng)
                 report.chunks += n
                 report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
         except (DvidShardsError, KeyError, ValueError, OSError) as e:
             report.problems.append(Problem(where, type(e).__name__, f"{where}: spot check against the source "
-                                           f"{args.get('source')!r} failed: {e}"))
+                                           f"{url!r} failed: {e}"))
     report.seconds = time.monotonic() - t0
     return report
 
@@ -231,7 +242,8 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
         Show a progress bar (tqdm) on stderr.
 
     spot_check : int
-        For a ``dvidshards convert`` output: chunks per scale to compare with the source.
+        For a ``dvidshards convert`` output: chunks per scale to compare with the source (opened
+        with ``spec`` when given).
 
     Returns
     -------
@@ -241,8 +253,8 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
     from tqdm.auto import tqdm
 
     t0 = time.monotonic()
-    if scale is None and spec is None:
-        conv = verify_conversion(source, spot_check=spot_check)
+    if scale is None:  # a job's output (its manifest says what it holds); ``spec`` is then its source's
+        conv = verify_conversion(source, spot_check=spot_check, spec=spec)
         if conv is not None:
             return conv
     report = VerifyReport()
