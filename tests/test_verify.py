@@ -15,8 +15,8 @@ from dvidshards.cli import main as cli
 from dvidshards.errors import IndexRebuiltWarning
 from dvidshards.jobs.convert import convert
 from dvidshards.stores import MemoryStore
-from tests.support.servers import MotoS3, RangeServer
 from tests.conftest import make_export
+from tests.support.servers import MotoS3, RangeServer
 
 BUCKET = "verify"
 STEM = "s0/0_0_0"
