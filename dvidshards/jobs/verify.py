@@ -215,9 +215,10 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) 
                 n, bad = compare_chunks(ds, arr, fmt, int(k), params.get("labels", "agglomerated"), spot_check, rng)
                 report.chunks += n
                 report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
-        except (DvidShardsError, KeyError, ValueError, OSError) as e:
+        except (DvidShardsError, KeyError, ValueError, IndexError, OSError) as e:  # IndexError: another geometry
             report.problems.append(Problem(where, type(e).__name__, f"{where}: spot check against the source "
-                                           f"{url!r} failed: {e}"))
+                                           f"{url!r} failed: {e}" + ("" if spec is not None or m.get("spec") else
+                                                                     " (give the source's spec: --spec)")))
     report.seconds = time.monotonic() - t0
     return report
 
