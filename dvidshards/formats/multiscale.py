@@ -27,10 +27,9 @@ from .sharding import (
     DVID_NAMING_CHANGE,
     NAMINGS,
     ShardingSpec,
-    dvid_namings_agree,
     dvid_old_shard_extent,
     dvid_shard_extent,
-    grid_shape,
+    namings_agree,
 )
 
 __all__ = ["SINGLE_SHARD", "Scale", "multiscale_info", "naming_note", "naming_of_origins", "parse_json", "parse_multiscale"]
@@ -93,8 +92,7 @@ class Scale:
         """
         if self.sharding is None or "shard_extent" in self.inferred:
             return False
-        end = [o + z for o, z in zip(self.voxel_offset, self.size, strict=True)]
-        return not dvid_namings_agree(self.sharding, end, self.chunk_size[0])
+        return not namings_agree(self.extent_of("old"), self.extent_of("current"), self.grid, self.chunk_size[0])
 
     def with_naming(self, naming: str) -> Scale:
         """This scale with its shard files named under ``naming`` (``shard_extent`` to match)."""
@@ -120,8 +118,8 @@ class Scale:
     @functools.cached_property
     def grid(self) -> tuple[int, int, int]:
         """Chunks per axis covering the volume from the origin (computed once: a hot path asks)."""
-        end = [o + s for o, s in zip(self.voxel_offset, self.size, strict=True)]
-        return grid_shape(end, self.chunk_size)
+        x, y, z = (-(-(o + s) // c) for o, s, c in zip(self.voxel_offset, self.size, self.chunk_size, strict=True))
+        return x, y, z  # grid_shape's arithmetic; the fields were checked when parsed
 
     @property
     def num_chunk_slots(self) -> int:

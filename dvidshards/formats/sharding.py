@@ -59,6 +59,7 @@ __all__ = [
     "dvid_shard_names_collide",
     "dvid_shard_origin",
     "grid_shape",
+    "namings_agree",
     "murmurhash3_x86_128_low64",
     "shard_and_minishard",
     "shard_extent_chunks",
@@ -642,7 +643,7 @@ def dvid_old_shard_extent(spec: ShardingSpec, chunk_size: int = 64) -> int:
     """
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
-    chunk = _cubic_chunk_size(chunk_size)
+    chunk = chunk_size if type(chunk_size) is int and chunk_size > 0 else _cubic_chunk_size(chunk_size)
     if chunk & (chunk - 1):
         raise SpecError(f"DVID's old shard naming needs a power-of-two chunk size, got {chunk}")
     return chunk << ((spec.preshift_bits + spec.minishard_bits) // 3)
@@ -668,12 +669,17 @@ def dvid_namings_agree(spec: ShardingSpec, size_voxels: Sequence[int], chunk_siz
     bool
     """
     chunk = _cubic_chunk_size(chunk_size)
-    new = dvid_shard_extent(spec, size_voxels, chunk)
-    old = dvid_old_shard_extent(spec, chunk)
-    if new == old:
+    return namings_agree(dvid_old_shard_extent(spec, chunk), dvid_shard_extent(spec, size_voxels, chunk),
+                         grid_shape(size_voxels, chunk), chunk)
+
+
+def namings_agree(old: int, new: int, grid: Sequence[int], chunk: int = 64) -> bool:
+    """`dvid_namings_agree` from the two extents (voxels) and the chunk grid: whether
+    ``floor(chunk * c / S) * S`` is the same with both for every chunk coordinate of the grid."""
+    if old == new:
         return True
-    for g in grid_shape(size_voxels, chunk):
-        v = np.arange(g, dtype=np.int64) * chunk
+    for g in grid:
+        v = np.arange(int(g), dtype=np.int64) * chunk
         if not np.array_equal(v // new * new, v // old * old):
             return False
     return True
