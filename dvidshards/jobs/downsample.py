@@ -1,0 +1,532 @@
+"""Make the scales an export lacks, the way DVID builds its own pyramid, one task per output shard.
+
+``downsample(source, dest)`` (and ``dvidshards downsample EXPORT DEST``) makes the scales the spec
+lists that the export does not hold (or ``scales=``), each from the one below: the first from the
+coarsest scale the export holds below it, every other from the scale this job has just made. The
+rule is DVID's ``downresArray`` (``method="dvid"``: per 2x2x2 cell the most frequent non-zero
+supervoxel, 0 only when all eight are 0, ties to the smaller id) or TensorStore's ``"mode"``
+(:mod:`dvidshards.formats.downsample`), applied to the supervoxels, in DVID's compressed block
+domain. Each record's ``labels`` are the supervoxel -> body mapping applied to its downsampled
+supervoxels: the (supervoxels, labels) pairs of the records it was made from, or ``labels=`` a
+mapping file; never a downsampling of bodies.
+
+DEST is an export of the made scales only, laid out as today's DVID writes one: folders ``s{k}``,
+shard files named by the current naming generation, CSV index variant A, record batches of the
+spec's ``batch_size``, all-zero blocks (bodies all 0) skipped; plus an ``info`` file (the spec of
+the whole pyramid) and the job manifest ``dvidshards.json`` (``"job": "downsample"``, the source's
+URL, the made scales, ``complete``), through which ``dvidshards.open(dest)`` / ``Dataset(dest)``
+read source and destination as one pyramid. It stands on :mod:`dvidshards.jobs.output`: the
+destination is parsed and checked before any work (a path, ``gs://`` or ``s3://``), locked while
+written, refused unless empty or this job's own earlier output (``resume``/``overwrite``).
+
+The job reads as plan -> tasks -> reduce:
+
+* **plan** (:func:`plan_scale`): from the shard files present at the scale below, the output
+  shards their chunks' parents fall in, each with the source shards it reads (usually one:
+  where extents are multiples of 128 voxels an output block's 8 children lie in one source
+  file; elsewhere, e.g. the 64-voxel files of DVID's old naming, a child is read from the file
+  that holds it). One item per output shard: nothing on the client grows with chunks.
+* **task** (:func:`downsample_shard`): the source shards one at a time (a task holds one loaded
+  source shard, a few in the rare unaligned case), each output block from its children's zstd
+  payloads through the kernel, zstd again, and streamed into the output shard file
+  (``writer.write_shard``; a shard appears only once written whole).
+* **reduce** (:func:`reduce_results`): the tasks' small counts summed into the report.
+
+Scales are made in order; a scale whose tasks did not all succeed stops the coarser ones
+(``resume`` finishes both). ``resume`` keeps every output shard already written whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import zstandard
+
+from ..dataset import Dataset, IncompleteScalesWarning
+from ..errors import MissingShardError, SpecError
+from ..formats.downsample import METHODS, downsample_block, region_limit
+from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_labels
+from ..formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
+from ..formats.sharding import shard_filename_stem
+from ..writer import write_shard
+from .options import (
+    add_dest,
+    add_job_options,
+    add_labels,
+    add_scales,
+    add_source,
+    command_line,
+    dest_of,
+    job_options,
+    scales_of,
+)
+from .output import Destination, JobReport, Output
+from .runner import TaskRunner, scheduler_of
+
+__all__ = ["DownsampleTotals", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
+           "plan_scale", "reduce_results"]
+
+_MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
+
+
+# --------------------------------------------------------------------------- what a task carries
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """What every task of one output scale needs (pickled once per task: paths, geometry, options)."""
+
+    read: Dataset  # holds the scale below (the source export, or this job's output over it)
+    below: Scale  # the scale below, as its files are named
+    scale: Scale  # the output scale (today's naming)
+    dest: Destination
+    method: str
+    labels: LabelSource
+    batch_size: int
+    zstd_level: int
+    staging: str | None  # a local folder for shards bound for a bucket (None: a temporary one)
+
+
+@dataclass
+class ShardResult:
+    """What one task did (small: it travels back from the worker)."""
+
+    records_read: int = 0
+    records_written: int = 0
+    shards_written: int = 0
+    blocks_zero: int = 0  # output blocks with every voxel 0, or every body 0: no record (as DVID)
+    outside: int = 0  # parents of source records outside the output scale's volume: skipped
+    conflicts: int = 0  # supervoxels whose records named different bodies (the first child's kept)
+    bytes_written: int = 0
+
+    def add(self, o: ShardResult) -> None:
+        for k in ("records_read", "records_written", "shards_written", "blocks_zero", "outside", "conflicts",
+                  "bytes_written"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class DownsampleTotals(ShardResult):
+    """The tasks' figures summed, per scale as well."""
+
+    per_scale: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "per_scale"}
+        d["per_scale"] = {str(k): v.to_json() for k, v in self.per_scale.items()}
+        return d
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _origins_along(lo: int, hi: int, chunk: int, extent: int) -> range:
+    """Shard origins (voxels) of one axis whose shards meet chunks [lo, hi)."""
+    e = min(extent, SINGLE_SHARD)
+    a = lo * chunk // e * e
+    b = (hi - 1) * chunk // e * e
+    return range(a, b + 1, e) if e < SINGLE_SHARD else range(0, 1)
+
+
+def plan_scale(below: Scale, scale: Scale, source_origins) -> list[tuple[tuple[int, int, int], tuple]]:
+    """The tasks of one output scale: ``[(output shard origin, (source shard origins, ...)), ...]``.
+
+    ``source_origins`` are the shard files present at the scale below (``below``, named as its
+    files are). Every output shard that a parent of one of their chunks falls in gets one task,
+    reading the source shards whose chunks' parents fall in it. Sorted by output origin.
+    """
+    cb = below.chunk_size[0]
+    c = scale.chunk_size[0]
+    gb = np.asarray(below.grid, np.int64)
+    g = np.asarray(scale.grid, np.int64)
+    tasks: dict[tuple, set] = {}
+    for o in source_origins:
+        lo, hi = below.shard_box(o)
+        hi = np.minimum(hi, gb)
+        plo = lo // 2
+        phi = np.minimum((hi + 1) // 2, g)
+        if (plo >= phi).any():
+            continue  # every parent outside the output volume
+        axes = [_origins_along(int(plo[a]), int(phi[a]), c, scale.shard_extent) for a in range(3)]
+        for out in itertools.product(*axes):
+            tasks.setdefault(tuple(int(v) for v in out), set()).add(tuple(int(v) for v in o))
+    assert cb == c
+    return [(o, tuple(sorted(tasks[o]))) for o in sorted(tasks)]
+
+
+# --------------------------------------------------------------------------- one task
+
+
+class _Sources:
+    """The source shards of one task, loaded one at a time (a few kept for unaligned children)."""
+
+    def __init__(self, phase: _Phase, origins):
+        self.phase = phase
+        self.origins = {tuple(o) for o in origins}
+        self.cache: OrderedDict = OrderedDict()
+
+    def get(self, origin):
+        """The loaded shard at origin (None when no file is there)."""
+        origin = tuple(int(v) for v in origin)
+        if origin not in self.origins:
+            return None
+        hit = self.cache.get(origin)
+        if hit is not None:
+            self.cache.move_to_end(origin)
+            return hit
+        try:
+            sh = self.phase.read.shard(self.phase.below, origin)
+        except MissingShardError:
+            sh = None
+        entry = (sh, sh.table() if sh is not None else None)
+        self.cache[origin] = entry
+        while len(self.cache) > _MAX_CACHED + 1:
+            self.cache.popitem(last=False)
+        return entry
+
+
+def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
+    """Each output supervoxel's body from the children records' (supervoxels, labels) pairs.
+
+    A supervoxel whose records name different bodies takes the first child's (octant order),
+    and is counted in ``conflicts``.
+    """
+    sv = np.concatenate([c[0] for c in children])
+    lab = np.concatenate([c[1] for c in children])
+    order = np.argsort(sv, kind="stable")  # equal supervoxels keep the children's order
+    s, b = sv[order], lab[order]
+    if s.size > 1:
+        same = s[1:] == s[:-1]
+        bad = same & (b[1:] != b[:-1])
+        if bad.any():
+            res.conflicts += int(np.unique(s[1:][bad]).size)
+    pos = np.searchsorted(s, svs_out)  # the first (lowest child) entry of each supervoxel
+    return b[pos]
+
+
+def _records(phase: _Phase, origin, sources: _Sources, res: ShardResult):
+    """The output shard's records, source shard by source shard (each output block once)."""
+    below, scale = phase.below, phase.scale
+    lo, box_hi = scale.shard_box(origin)
+    hi = np.minimum(box_hi, scale.grid)
+    c = scale.chunk_size[0]
+    cctx = zstandard.ZstdCompressor(level=phase.zstd_level, write_checksum=True, write_content_size=True)
+    done: set = set()
+    mode = phase.method == "mode"
+    for o in sorted(sources.origins):
+        entry = sources.get(o)
+        if entry is None or entry[0] is None:
+            continue
+        sh = entry[0]
+        parents = np.unique(np.asarray(sh.coords, np.int64) // 2, axis=0)
+        mine = ((parents >= lo) & (parents < box_hi)).all(axis=1)  # this output shard's (volume or not)
+        off = mine & (parents >= hi).any(axis=1)  # past the output volume: counted once, skipped
+        for key in map(tuple, parents[off].tolist()):
+            if key not in done:
+                done.add(key)
+                res.outside += 1
+        parents = parents[mine & ~off]
+        parents = parents[np.lexsort((parents[:, 0], parents[:, 1], parents[:, 2]))]  # z, y, x order
+        for p in parents.tolist():
+            key = tuple(p)
+            if key in done:
+                continue
+            done.add(key)
+            kids: list = [None] * 8
+            names = [f"{below.folder}: chunk {(2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))}"
+                     for i in range(8)]
+            pairs = []
+            for i in range(8):
+                ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+                src = entry if below.shard_origin(*ch) == o else sources.get(below.shard_origin(*ch))
+                if src is None or src[0] is None:
+                    continue
+                j = src[0].find(*ch)
+                if j is None:
+                    continue
+                t = src[1]
+                kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
+                names[i] = t.where(j)
+                if isinstance(phase.labels, Agglomerated):
+                    pairs.append((t.supervoxels(j), t.labels(j)))
+                res.records_read += 1
+            lim = region_limit([2 * c * v for v in p], below.size, below.chunk_size) if mode else None
+            out = downsample_block(kids, method=phase.method, limit=lim, names=names)
+            if out is None:
+                res.blocks_zero += 1
+                continue
+            svs = out.supervoxels
+            if isinstance(phase.labels, Agglomerated):
+                bodies = _bodies(svs, pairs, res)
+            elif isinstance(phase.labels, Supervoxels):
+                bodies = svs.copy()
+            else:
+                assert isinstance(phase.labels, Mapped)
+                bodies = phase.labels.mapping.palette(svs)
+            if not bodies.any():  # DVID skips blocks whose bodies are all 0
+                res.blocks_zero += 1
+                continue
+            payload = cctx.compress(out.block)
+            res.records_written += 1
+            res.bytes_written += len(payload)
+            yield {"chunk_x": p[0], "chunk_y": p[1], "chunk_z": p[2], "labels": bodies, "supervoxels": svs,
+                   "dvid_compressed_block": payload, "uncompressed_size": len(out.block)}
+        sources.cache.pop(o, None)  # done with it (unless a later shard needs it again: loaded anew)
+
+
+def downsample_shard(phase: _Phase, item) -> ShardResult:
+    """Make one output shard: ``item`` is (output shard origin, source shard origins)."""
+    origin, source_origins = item
+    res = ShardResult()
+    sources = _Sources(phase, source_origins)
+    records = _records(phase, origin, sources, res)
+    first = next(records, None)
+    if first is None:  # nothing but background: no file (DVID writes none)
+        return res
+    stem = shard_filename_stem(origin)
+    rel = f"{phase.scale.folder}/{stem}"
+    dest = phase.dest
+    if dest.local:
+        dest.makedirs(phase.scale.folder)
+        write_shard(dest.local_path(rel), itertools.chain([first], records), batch_size=phase.batch_size,
+                    index="A")
+    else:  # a bucket: built in a local folder, then published index first (an index alone is no shard)
+        folder = tempfile.mkdtemp(prefix="dvidshards-downsample-", dir=phase.staging)
+        try:
+            write_shard(os.path.join(folder, stem), itertools.chain([first], records), batch_size=phase.batch_size,
+                        index="A")
+            for ext in (".csv", ".arrow"):
+                with open(os.path.join(folder, stem + ext), "rb") as f:
+                    dest.write(rel + ext, f.read())
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    res.shards_written = 1
+    return res
+
+
+# --------------------------------------------------------------------------- reduce
+
+
+def _task_name(folder: str, item) -> str:
+    return f"{folder}/{shard_filename_stem(item[0])}"
+
+
+def reduce_results(results, totals: DownsampleTotals, k: int) -> None:
+    """Sum one scale's task results into the totals."""
+    per = totals.per_scale.setdefault(k, ShardResult())
+    for r in results:
+        per.add(r)
+        totals.add(r)
+
+
+def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, added: list[int]) -> list[str]:
+    lines = [f"scales {', '.join(f's{k}' for k in made)} made from s{start} ({method} rule): "
+             f"{totals.records_written:,} records in {totals.shards_written:,} shards from {totals.records_read:,} "
+             f"records read"]
+    if added:
+        lines.append(f"also made {', '.join(f's{k}' for k in added)}: each scale is made from the one below")
+    if totals.conflicts:
+        lines.append(f"{totals.conflicts:,} supervoxels had different bodies in different source records; each "
+                     f"took the body of its first record (octant order)")
+    if totals.outside:
+        lines.append(f"{totals.outside:,} output blocks fell outside the spec's volume and were skipped")
+    return lines
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def _labels_of(labels) -> LabelSource:
+    if labels is None:
+        return Agglomerated()
+    src = as_labels(labels)
+    if isinstance(src, Mapped):
+        src.prepare()  # a bad file fails here, before any work
+    return src
+
+
+def _source_url(source, ds: Dataset):
+    """What the manifest names as the source: the user's path or URL (a Dataset: its root)."""
+    if isinstance(source, (str, os.PathLike)):
+        return source
+    return ds
+
+
+def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, spec=None, scheduler=None,
+               workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+               allow_partial: bool = False, zstd_level: int = 3, command: str | None = None,
+               _stop_after: int | None = None) -> JobReport:
+    """Make the scales an export lacks (or ``scales``), each from the one below, into ``dest``.
+
+    Parameters
+    ----------
+    source : str, path, URL or dvidshards.Dataset
+        The export (it may itself be a downsample output: its pyramid is read whole).
+    dest : str, path, URL or kvstore spec dict
+        A folder, ``gs://…`` or ``s3://…``: empty, or this job's own earlier output. Never inside
+        the source.
+    scales : list of int, optional
+        The scales to make (default: every scale the spec lists that the export does not hold).
+        The scales between the one below the first and the last are made too.
+    method : {"dvid", "mode"}
+        DVID's rule (default) or TensorStore's ``"mode"``.
+    labels : None, "agglomerated", "supervoxels" or a mapping
+        The records' ``labels``: the source records' own supervoxel -> body pairs (default), the
+        supervoxel ids, or a mapping (file or object) applied to the supervoxels.
+    spec : dict or path, optional
+        The neuroglancer spec DVID was given (default: the export's ``info``); it must list the
+        scales to make.
+    scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` is where shards bound for a
+        bucket are staged (default: a temporary folder).
+    zstd_level : int
+        zstd level of the output payloads (frames with content size and checksum, as DVID's).
+    command : str, optional
+        The command line, for the manifest.
+
+    Returns
+    -------
+    JobReport
+        ``totals`` is a :class:`DownsampleTotals`.
+
+    Raises
+    ------
+    SpecError, OutputError
+        Before any work: no spec, a scale the spec does not list, no scale below to start from,
+        chunk sizes that differ, a destination that cannot be used.
+    JobError
+        The output is incomplete and ``allow_partial`` is false (``.report`` is the report).
+    """
+    if method not in METHODS:
+        raise SpecError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if resume and overwrite:
+        raise SpecError("give resume or overwrite, not both")
+    if isinstance(zstd_level, bool) or not isinstance(zstd_level, int) or not 1 <= zstd_level <= 22:
+        raise SpecError(f"zstd_level must be an integer 1..22, got {zstd_level!r}")
+    scheduler_of(scheduler)
+    destination = Destination.of(dest)
+    staging = None
+    if workdir is not None:
+        wd = Destination.of(workdir, what="work folder")
+        if not wd.local:
+            raise SpecError(f"work folder {wd.describe()}: downsample stages shards on this host; give a local folder")
+        staging = wd.local_path()
+    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+    if ds.spec is None or any(s.inferred for s in ds.scales):
+        raise SpecError(f"{ds.store.describe('')}: give the neuroglancer spec DVID was given (--spec): the scales "
+                        f"to make and their shard sizes come from it")
+    src_labels = _labels_of(labels)
+    held = set(ds.exported)
+    listed = [s.index for s in ds.scales]
+    wanted = scales_of(scales)
+    if wanted is None:
+        wanted = [k for k in listed if k not in held and any(h < k for h in held)]
+        if not wanted:
+            raise SpecError(f"{ds.store.describe('')} holds every scale its spec lists below its coarsest "
+                            f"({', '.join(f's{k}' for k in sorted(held))}); nothing to make (--scales to make some "
+                            f"again)")
+    for k in wanted:
+        ds.scale(k)  # a scale the spec does not list: SpecError naming the ones it does
+    start = max((h for h in held if h < min(wanted)), default=None)
+    if start is None:
+        raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
+                        f"{ds.store.describe('')} does not hold (it holds {', '.join(f's{k}' for k in sorted(held))})")
+    made = list(range(start + 1, max(wanted) + 1))
+    added = [k for k in made if k not in wanted]
+    base = ds.scale(start)
+    for k in [start, *made]:
+        s = ds.scale(k)
+        if s.chunk_size != base.chunk_size or len(set(s.chunk_size)) != 1 or s.chunk_size[0] % 16:
+            raise SpecError(f"scale {k}: chunks {s.chunk_size}; downsample needs the same cubic chunks (a multiple of "
+                            f"16 voxels) at every scale")
+        if any(s.voxel_offset):
+            raise SpecError(f"scale {k}: voxel_offset {list(s.voxel_offset)}; downsample needs scales at the origin")
+        if k in made and s.sharding is None:
+            raise SpecError(f"scale {k}: the spec gives no sharding, so its shard files cannot be named")
+    batch = int(ds.spec.get("batch_size", 1)) if isinstance(ds.spec.get("batch_size", 1), int) else 1
+    params = {"method": method, "scales": made, "from": start, "zstd_level": zstd_level, **src_labels.identity()}
+    totals = DownsampleTotals()
+    info = ds.spec if ds.spec is not None else multiscale_info(list(ds.scales))
+    import json
+
+    with Output(destination, job="downsample", parameters=params, source=_source_url(source, ds), scales=made,
+                command=command, resume=resume, overwrite=overwrite,
+                own=lambda name: name == "info" or (name[:1] == "s" and name[1:].isdigit())) as out:
+        destination.write("info", (json.dumps(info, indent=1) + "\n").encode())
+        mine = None
+        stopped = None
+        ran = 0
+        with TaskRunner(scheduler, progress=progress) as tr:
+            for k in made:
+                if k - 1 == start:
+                    read = ds
+                else:
+                    if mine is None:
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore", IncompleteScalesWarning)
+                            mine = Dataset(destination.path if destination.local else destination.kvstore,
+                                           spec=ds.spec)
+                    read = mine
+                below = read.scale(k - 1)
+                scale = ds.scale(k).with_naming("current")
+                if k - 1 != start and not destination.list(below.folder):
+                    items = []  # the scale below came out empty (all background): so does this one
+                else:
+                    items = plan_scale(below, scale, read.shards(below))
+                phase = _Phase(read, below, scale, destination, method, src_labels, batch, zstd_level, staging)
+                names = set(destination.list(scale.folder))
+                done = [it for it in items if f"{shard_filename_stem(it[0])}.arrow" in names
+                        and f"{shard_filename_stem(it[0])}.csv" in names] if resume else []
+                run = items
+                if _stop_after is not None:  # tests: as if the job were killed after this many tasks
+                    run = items[:max(0, _stop_after - ran)]
+                ph = tr.run(partial(downsample_shard, phase), run, done=done, desc=f"{scale.folder} shards")
+                ran += len(ph.results)
+                out.add(ph, name=partial(_task_name, scale.folder))
+                out.report.tasks += len(items) - len(run)
+                reduce_results(ph.results.values(), totals, k)
+                if ph.failed or len(run) < len(items):
+                    stopped = k
+                    break
+        notes = _notes(totals, method, made, start, added)
+        if stopped is not None and stopped != made[-1]:
+            rest = [f"s{k}" for k in made if k > stopped]
+            notes.append(f"{', '.join(rest)} not made: s{stopped} is incomplete (--resume finishes it, then them)")
+        return out.finish(totals=totals, notes=notes, complete=stopped is None, allow_partial=allow_partial)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(p) -> None:
+    """Arguments of ``dvidshards downsample``."""
+    add_source(p)
+    add_dest(p, what="output: the made scales as a DVID export (empty, or this job's own earlier output)", old=())
+    add_scales(p, help="scales to make (default: every scale the spec lists that the export lacks)")
+    p.add_argument("--method", choices=METHODS, default="dvid",
+                   help="dvid: DVID's own pyramid rule, the most frequent non-zero supervoxel (default); mode: "
+                        "TensorStore's mode (0 counts like any id)")
+    add_labels(p)
+    add_job_options(p)
+
+
+def main(args) -> int:
+    """Run ``dvidshards downsample``; 0 when the output is complete, 1 when it is not."""
+    skip = [k for k, v in (("method", "dvid"), ("labels", "agglomerated")) if getattr(args, k) == v]
+    report = downsample(args.source, dest_of(args), scales=args.scales, method=args.method,
+                        labels=None if args.labels == "agglomerated" else args.labels, spec=args.spec,
+                        allow_partial=True, command=command_line("downsample", args, skip=skip), **job_options(args))
+    print(report.summary())
+    return 0 if report.ok else 1
+

@@ -1,0 +1,425 @@
+"""dvidshards downsample: the scales an export lacks, made the way DVID makes them, as a DVID export.
+
+References are independent of the job: the rule counted per (cell, label) (``by_count``, held to a
+plain port of DVID's ``downresArray`` in tests/formats/test_downsample.py, and the port itself on a
+small volume here) applied scale by scale to the source supervoxels, TensorStore's own ``mode``
+pyramid, and the supervoxel -> body mapping the export was written with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import dvidshards
+from dvidshards.dataset import IncompleteScalesWarning
+from dvidshards.errors import GeometryWarning, JobError, OutputError, SpecError
+from dvidshards.formats.mapping import LabelMapping
+from dvidshards.formats.multiscale import parse_multiscale
+from dvidshards.jobs import downsample as D
+from dvidshards.jobs.downsample import downsample, plan_scale
+from dvidshards.writer import write_export
+from tests.conftest import REAL_SHARD
+from tests.formats.test_downsample import by_count, dvid_port
+
+
+def _dvid_xyz(vol: np.ndarray) -> np.ndarray:
+    """DVID's rule on an (x, y, z) volume of any size: padded with 0 (votes for nothing), halved."""
+    pad = np.zeros(tuple(s + s % 2 for s in vol.shape), np.uint64)
+    pad[:vol.shape[0], :vol.shape[1], :vol.shape[2]] = vol
+    return by_count(pad.transpose(2, 1, 0)).transpose(2, 1, 0)
+
+
+def _mode_xyz(vol: np.ndarray) -> np.ndarray:
+    return ts.downsample(ts.array(vol), [2, 2, 2], "mode").read().result()
+
+
+class S0Only:
+    """An s0-only export of a neuron volume and the spec of its whole pyramid."""
+
+    def __init__(self, root, shape, scales, shard_chunks, seed=3):
+        from dvidshards.demo.neurons import neuron_volume
+
+        self.sv, self.mapping = neuron_volume(shape, n_bodies=10, svs_per_body=4, seed=seed)
+        self.sv = np.asarray(self.sv, np.uint64)
+        self.spec = _pyramid_spec(shape, scales, shard_chunks)  # every scale's, as write_export gives it
+        write_export(self.sv, root, mapping=self.mapping, scales=1, shard_chunks=shard_chunks)
+        self.root = str(root)
+
+    def reference(self, method: str, k: int) -> np.ndarray:
+        vol = self.sv
+        for _ in range(k):
+            vol = _dvid_xyz(vol) if method == "dvid" else _mode_xyz(vol)
+        return vol
+
+
+def _pyramid_spec(shape, scales, shard_chunks) -> dict:
+    """write_export's spec of ``scales`` scales of a volume of ``shape`` (the sizes and sharding DVID gets)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:  # a volume of 0: no shard written, the spec returned
+        return write_export(np.zeros(shape, np.uint64), os.path.join(d, "e"), scales=scales,
+                            shard_chunks=shard_chunks)
+
+
+@pytest.fixture(scope="module")
+def s0_only(tmp_path_factory):
+    return S0Only(tmp_path_factory.mktemp("s0only") / "exp", (200, 170, 150), 4, 2)
+
+
+def _check_pyramid(exp: S0Only, dest, method: str, scales) -> None:
+    """Every made scale, read through Dataset(dest), equals the reference; bodies the mapping's."""
+    ds = dvidshards.Dataset(dest)
+    mapping = LabelMapping.from_any(exp.mapping)
+    for k in scales:
+        ref = exp.reference(method, k)
+        s = ds.scale(k)
+        assert tuple(s.size) == ref.shape
+        box = [[0, 0, 0], list(ref.shape)]
+        np.testing.assert_array_equal(ds.read(box, scale=k, labels="supervoxels"), ref, err_msg=f"s{k} supervoxels")
+        np.testing.assert_array_equal(ds.read(box, scale=k), mapping(ref), err_msg=f"s{k} bodies")
+
+
+def _records(root, k):
+    """Every record of scale k of an export (pyarrow), as dicts."""
+    import pyarrow as pa
+
+    out = []
+    for f in sorted(os.listdir(os.path.join(root, f"s{k}"))):
+        if f.endswith(".arrow"):
+            with pa.OSFile(os.path.join(root, f"s{k}", f)) as fh:
+                for b in pa.ipc.open_stream(fh):
+                    out += b.to_pylist()
+    return out
+
+
+# --------------------------------------------------------------------------- the pyramid
+
+
+def test_s0_only_export_dvid_rule(s0_only, tmp_path):
+    dest = tmp_path / "out"
+    rep = downsample(s0_only.root, dest, spec=s0_only.spec, progress=False)
+    assert rep.ok and rep.complete and rep.scales == [1, 2, 3]
+    _check_pyramid(s0_only, dest, "dvid", [1, 2, 3])
+    # the destination is a DVID export of the made scales: s1..s3, info, manifest
+    names = sorted(os.listdir(dest))
+    assert names == ["dvidshards.json", "info", "s1", "s2", "s3"]
+    m = json.loads((dest / "dvidshards.json").read_text())
+    assert m["job"] == "downsample" and m["complete"] is True and m["scales"] == [1, 2, 3]
+    assert m["source"]["url"] == os.path.abspath(s0_only.root)
+    assert m["parameters"]["method"] == "dvid"
+    assert json.loads((dest / "info").read_text()) == s0_only.spec
+    # every record: its labels are the mapping of its supervoxels, its supervoxels its block's list,
+    # no all-0 block, the CSV index variant A
+    mapping = LabelMapping.from_any(s0_only.mapping)
+    for k in (1, 2, 3):
+        for r in _records(dest, k):
+            sv = np.array(r["supervoxels"], np.uint64)
+            assert r["labels"] == mapping(sv).tolist() and any(r["labels"])
+            block = dvidshards.decode_block(__import__("zstandard").ZstdDecompressor().decompress(
+                r["dvid_compressed_block"]))
+            assert set(np.unique(block).tolist()) == set(sv.tolist())
+        for f in os.listdir(dest / f"s{k}"):
+            if f.endswith(".csv"):
+                head = (dest / f"s{k}" / f).read_text().splitlines()[:2]
+                assert head[0].startswith("# schema_size=") and head[1] == "x,y,z,offset,size,batch_idx"
+    # the source is untouched and reads the same; dvidshards.open of [source, dest] is the pyramid too
+    vol = dvidshards.open([s0_only.root, str(dest)], scale=2, labels="supervoxels")
+    np.testing.assert_array_equal(vol.read().result(), s0_only.reference("dvid", 2))
+
+
+def test_the_plain_port_of_dvid_on_a_small_volume(tmp_path):
+    exp = S0Only(tmp_path / "exp", (46, 38, 30), 2, 1, seed=7)
+    rep = downsample(exp.root, tmp_path / "out", spec=exp.spec, progress=False)
+    assert rep.ok
+    ds = dvidshards.Dataset(tmp_path / "out")
+    pad = np.zeros((46, 38, 30), np.uint64)
+    pad[...] = exp.sv
+    ref = dvid_port(pad.transpose(2, 1, 0)).transpose(2, 1, 0)
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [23, 19, 15]], scale=1, labels="supervoxels"), ref)
+
+
+def test_mode_equals_tensorstore(s0_only, tmp_path):
+    dest = tmp_path / "out"
+    rep = downsample(s0_only.root, dest, spec=s0_only.spec, method="mode", progress=False)
+    assert rep.ok
+    _check_pyramid(s0_only, dest, "mode", [1, 2, 3])
+    assert json.loads((dest / "dvidshards.json").read_text())["parameters"]["method"] == "mode"
+
+
+@pytest.mark.parametrize("shape,chunks", [((77, 45, 101), 1), ((130, 67, 129), 2), ((65, 200, 33), 1)])
+def test_odd_sizes_every_scale(tmp_path, shape, chunks):
+    """Odd sizes at every scale; 1-chunk shards make every output block read 8 source files."""
+    scales = 1 + (max(shape) - 1).bit_length() - 5  # down to a scale of a few voxels
+    exp = S0Only(tmp_path / "exp", shape, scales, chunks, seed=sum(shape))
+    for method in ("dvid", "mode"):
+        dest = tmp_path / method
+        rep = downsample(exp.root, dest, spec=exp.spec, method=method, progress=False, scheduler="serial")
+        assert rep.ok, rep.summary()
+        _check_pyramid(exp, dest, method, range(1, scales))
+
+
+def test_threads_equal_serial(s0_only, tmp_path):
+    a = downsample(s0_only.root, tmp_path / "a", spec=s0_only.spec, scheduler="serial", progress=False)
+    b = downsample(s0_only.root, tmp_path / "b", spec=s0_only.spec, scheduler="threads:2", progress=False)
+    assert a.ok and b.ok and a.totals.to_json() == b.totals.to_json()
+    for k in (1, 2, 3):
+        for f in os.listdir(tmp_path / "a" / f"s{k}"):
+            assert (tmp_path / "a" / f"s{k}" / f).read_bytes() == (tmp_path / "b" / f"s{k}" / f).read_bytes()
+
+
+def test_labels_supervoxels_and_a_mapping_file(s0_only, tmp_path):
+    rep = downsample(s0_only.root, tmp_path / "sv", spec=s0_only.spec, labels="supervoxels", scales=[1],
+                     progress=False)
+    assert rep.ok
+    for r in _records(tmp_path / "sv", 1):
+        assert r["labels"] == r["supervoxels"]
+    # a newer mapping: every supervoxel of body B now in body B + 1
+    m = LabelMapping.from_any(s0_only.mapping)
+    path = tmp_path / "mapping.txt"
+    path.write_text("".join(f"{a} {b + 1}\n" for a, b in zip(m.keys.tolist(), m.values.tolist(), strict=True)))
+    rep = downsample(s0_only.root, tmp_path / "mapped", spec=s0_only.spec, labels=str(path), scales=[1, 2],
+                     progress=False)
+    assert rep.ok
+    newer = LabelMapping.from_file(str(path))
+    for r in _records(tmp_path / "mapped", 2):
+        assert r["labels"] == newer(np.array(r["supervoxels"], np.uint64)).tolist()
+    assert json.loads((tmp_path / "mapped" / "dvidshards.json").read_text())["parameters"]["labels"] == "mapped"
+
+
+def test_scales_asked(s0_only, tmp_path):
+    """--scales 2: s1 is made too (s2 is made from it); a scale the spec lacks is refused."""
+    rep = downsample(s0_only.root, tmp_path / "out", spec=s0_only.spec, scales=[2], progress=False)
+    assert rep.ok and rep.scales == [1, 2] and any("also made s1" in n for n in rep.notes)
+    assert sorted(os.listdir(tmp_path / "out")) == ["dvidshards.json", "info", "s1", "s2"]
+    with pytest.raises(SpecError, match="scale 7"):
+        downsample(s0_only.root, tmp_path / "x", spec=s0_only.spec, scales=[7], progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_downsample_output_as_the_source(s0_only, tmp_path):
+    """s1 made first; then s2, s3 made from it, reading the first output over its source."""
+    assert downsample(s0_only.root, tmp_path / "d1", spec=s0_only.spec, scales=[1], progress=False).ok
+    rep = downsample(str(tmp_path / "d1"), tmp_path / "d2", progress=False)
+    assert rep.ok and rep.scales == [2, 3]
+    _check_pyramid(s0_only, tmp_path / "d2", "dvid", [1, 2, 3])
+    assert dvidshards.Dataset(tmp_path / "d2").exported == (0, 1, 2, 3)
+
+
+# --------------------------------------------------------------------------- resume, failures
+
+
+def _files(root):
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, root)] = (os.stat(p).st_ino, open(p, "rb").read())
+    return out
+
+
+def test_resume_after_a_killed_task(tmp_path):
+    exp = S0Only(tmp_path / "exp", (200, 170, 150), 4, 1)
+    dest = tmp_path / "out"
+    rep = downsample(exp.root, dest, spec=exp.spec, progress=False, allow_partial=True, _stop_after=5)
+    m = json.loads((dest / "dvidshards.json").read_text())
+    assert not rep.complete and m["complete"] is False and rep.done == 5 and not rep.failed
+    with pytest.warns(IncompleteScalesWarning):
+        dvidshards.Dataset(dest)
+    before = _files(dest / "s1")
+    with pytest.raises(OutputError, match="--resume"):
+        downsample(exp.root, dest, spec=exp.spec, progress=False)
+    with pytest.raises(OutputError, match="other parameters"):
+        downsample(exp.root, dest, spec=exp.spec, method="mode", progress=False, resume=True)
+    rep = downsample(exp.root, dest, spec=exp.spec, progress=False, resume=True)
+    assert rep.ok and rep.complete and rep.skipped == 5
+    after = _files(dest / "s1")
+    assert all(after[f] == before[f] for f in before)  # kept, not rewritten (same inode, same bytes)
+    _check_pyramid(exp, dest, "dvid", [1, 2, 3])
+    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+    # a fresh run writes the same files
+    fresh = tmp_path / "fresh"
+    assert downsample(exp.root, fresh, spec=exp.spec, progress=False).ok
+    for k in (1, 2, 3):
+        for f in os.listdir(fresh / f"s{k}"):
+            assert (fresh / f"s{k}" / f).read_bytes() == (dest / f"s{k}" / f).read_bytes()
+
+
+def test_a_failed_task_stops_the_coarser_scales_and_resume_finishes(tmp_path):
+    exp = S0Only(tmp_path / "exp", (200, 170, 150), 3, 1)
+    victim = sorted(f for f in os.listdir(os.path.join(exp.root, "s0")) if f.endswith(".arrow"))[1]
+    path = os.path.join(exp.root, "s0", victim)
+    good = open(path, "rb").read()
+    with open(path, "r+b") as f:
+        f.truncate(len(good) // 2)
+    dest = tmp_path / "out"
+    with pytest.raises(JobError) as e:
+        downsample(exp.root, dest, spec=exp.spec, progress=False)
+    rep = e.value.report
+    assert not rep.complete and len(rep.failed) == 1
+    (item, msg), = rep.failed.items()
+    assert item.startswith("s1/") and victim in msg
+    assert any("s2 not made" in n for n in rep.notes)
+    assert not (dest / "s2").exists()
+    m = json.loads((dest / "dvidshards.json").read_text())
+    assert m["complete"] is False and list(m["failed"]) == [item]
+    with open(path, "wb") as f:  # repaired
+        f.write(good)
+    rep = downsample(exp.root, dest, spec=exp.spec, progress=False, resume=True)
+    assert rep.ok and rep.skipped == rep.tasks - len(dvidshards.Dataset(dest).shards(2)) - 1
+    _check_pyramid(exp, dest, "dvid", [1, 2])
+
+
+def test_damaged_block_named(tmp_path):
+    """A record whose block is damaged fails its task naming the file and chunk."""
+    import pyarrow as pa
+    import zstandard
+
+    from dvidshards.writer import write_shard
+
+    exp = S0Only(tmp_path / "exp", (130, 130, 130), 2, 4)
+    stem = os.path.join(exp.root, "s0", "0_0_0")
+    recs = _records(exp.root, 0)
+    r = recs[3]
+    block = bytearray(zstandard.ZstdDecompressor().decompress(r["dvid_compressed_block"]))
+    n = int.from_bytes(block[12:16], "little")
+    if n > 1:
+        block[16 + 8 * n] = 0xFF  # sub-block 0 claims 255 labels
+        block[17 + 8 * n] = 0x01
+    else:
+        block[0] = 3  # an odd grid
+    r["dvid_compressed_block"] = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(block))
+    r["uncompressed_size"] = len(block)
+    write_shard(stem, recs)
+    del pa
+    with pytest.raises(JobError) as e:
+        downsample(exp.root, tmp_path / "out", spec=exp.spec, progress=False)
+    msg = next(iter(e.value.report.failed.values()))
+    assert "BlockDecodeError" in msg and "0_0_0.arrow" in msg and f"chunk {(r['chunk_x'], r['chunk_y'], r['chunk_z'])}" in msg
+
+
+# --------------------------------------------------------------------------- refused before any work
+
+
+def test_refusals(s0_only, tmp_path):
+    with pytest.raises(SpecError, match="--spec"), pytest.warns(GeometryWarning):  # no spec: scales unknown
+        downsample(s0_only.root, tmp_path / "a", progress=False)
+    with pytest.raises(OutputError, match="inside the export"):
+        downsample(s0_only.root, os.path.join(s0_only.root, "pyramid"), spec=s0_only.spec, progress=False)
+    with pytest.raises(OutputError, match="not http"):
+        downsample(s0_only.root, "http://example.com/x", spec=s0_only.spec, progress=False)
+    with pytest.raises(OutputError, match="slash missing"):
+        downsample(s0_only.root, "gs:/bucket/x", spec=s0_only.spec, progress=False)
+    with pytest.raises(SpecError, match="method"):
+        downsample(s0_only.root, tmp_path / "b", spec=s0_only.spec, method="max", progress=False)
+    one = dict(s0_only.spec, scales=s0_only.spec["scales"][:1])
+    with pytest.raises(SpecError, match="nothing to make"):
+        downsample(s0_only.root, tmp_path / "c", spec=one, progress=False)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="notes.txt"):
+        downsample(s0_only.root, tmp_path / "busy", spec=s0_only.spec, progress=False)
+    assert os.listdir(tmp_path / "busy") == ["notes.txt"]
+    assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_command_line(s0_only, tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(s0_only.spec))
+    p = argparse.ArgumentParser()
+    D.add_arguments(p)
+    args = p.parse_args([s0_only.root, str(tmp_path / "out"), "--spec", str(spec), "--scales", "1", "2",
+                         "--method", "mode", "--quiet"])
+    assert D.main(args) == 0
+    out = capsys.readouterr().out
+    assert "complete" in out and "s1, s2 made from s0 (mode rule)" in out
+    m = json.loads((tmp_path / "out" / "dvidshards.json").read_text())
+    assert m["command"].startswith("dvidshards downsample") and "--method mode" in m["command"]
+    assert m["scales"] == [1, 2]
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def test_plan_reads_dvid_old_named_files(dvid_data):
+    """With the mCNS spec at s7 (old names: 1024-voxel files where today's shard is 1088), s8's one
+    output shard reads both s7 files; today's names: one."""
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    scales = parse_multiscale(spec)
+    s7, s8 = scales[7], scales[8]
+    old = s7.with_naming("old")
+    assert old.shard_extent == 1024 and s7.shard_extent == 1088
+    tasks = plan_scale(old, s8, [(0, 0, 0), (0, 0, 1024)])
+    assert tasks == [((0, 0, 0), ((0, 0, 0), (0, 0, 1024)))]
+    assert plan_scale(s7, s8, [(0, 0, 0)]) == [((0, 0, 0), ((0, 0, 0),))]
+    # mCNS s0 -> s1: an output shard of 2048 voxels reads the 8 source shards of 2048 it covers
+    s0, s1 = scales[0], scales[1]
+    src = [(x, y, z) for x in (0, 2048) for y in (0, 2048) for z in (0, 2048)]
+    assert plan_scale(s0, s1, src) == [((0, 0, 0), tuple(sorted(src)))]
+
+
+@pytest.fixture(scope="module")
+def real_pyramid(dvid_data, tmp_path_factory):
+    """The real mCNS shard as s0 of an s0-only export with the real 12-scale spec, downsampled."""
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    tmp = tmp_path_factory.mktemp("real")
+    root = tmp / "exp"
+    (root / "s0").mkdir(parents=True)
+    (root / "s0" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s0" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    dest = tmp / "out"
+    rep = downsample(str(root), dest, spec=spec, progress=False)
+    src = dvidshards.Dataset(str(root), spec=spec)
+    t = src.shard(0, tuple(int(v) for v in REAL_SHARD.split("_"))).table()
+    keys, values = [], []
+    for i in range(len(t)):  # each supervoxel's body as the real records pair them
+        keys.append(t.supervoxels(i))
+        values.append(t.labels(i))
+    pairs = LabelMapping.from_any(np.stack([np.concatenate(keys), np.concatenate(values)], axis=1))
+    return spec, rep, src, dvidshards.Dataset(dest), pairs
+
+
+def _real_checks(real_pyramid, n1: int, n2: int) -> None:
+    spec, rep, src, ds, pairs = real_pyramid
+    chunks = ds.chunks(1)
+    rng = np.random.default_rng(0)
+    for c in chunks[rng.choice(len(chunks), n1, replace=False)]:
+        lo = c * 64
+        region = src.read([(2 * lo).tolist(), (2 * lo + 128).tolist()], scale=0, labels="supervoxels")
+        ref = by_count(region.transpose(2, 1, 0)).transpose(2, 1, 0)
+        np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=1, labels="supervoxels"), ref)
+        np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=1), pairs(ref))
+    c2s = ds.chunks(2)
+    for c2 in c2s[rng.choice(len(c2s), n2, replace=False)]:  # s2: from the s0 chunks through the rule twice
+        lo = c2 * 64
+        region = src.read([(4 * lo).tolist(), (4 * lo + 256).tolist()], scale=0, labels="supervoxels")
+        ref = by_count(by_count(region.transpose(2, 1, 0))).transpose(2, 1, 0)
+        np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=2, labels="supervoxels"), ref)
+        np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=2), pairs(ref))
+
+
+def test_real_shard_as_scale_0(real_pyramid):
+    """The real mCNS shard as s0 of an s0-only export with the real 12-scale spec: s1 and s2 are DVID's
+    rule on its real supervoxels, bodies by its records' own pairs."""
+    spec, rep, src, ds, pairs = real_pyramid
+    assert rep.ok and rep.scales == list(range(1, 12))
+    assert ds.exported == tuple(range(12)) and len(ds.chunks(1)) == 51
+    assert ds.scale(11).size == tuple(spec["scales"][11]["size"])
+    _real_checks(real_pyramid, 2, 0)
+    c2 = ds.chunks(2)[0]  # s2 from the s1 made (the slow test checks it from s0)
+    lo = c2 * 64
+    s1 = ds.read([(2 * lo).tolist(), (2 * lo + 128).tolist()], scale=1, labels="supervoxels")
+    ref = by_count(s1.transpose(2, 1, 0)).transpose(2, 1, 0)
+    np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=2, labels="supervoxels"), ref)
+    np.testing.assert_array_equal(ds.read([lo.tolist(), (lo + 64).tolist()], scale=2), pairs(ref))
+
+
+@pytest.mark.slow
+def test_real_shard_as_scale_0_every_chunk(real_pyramid):
+    spec, rep, src, ds, pairs = real_pyramid
+    _real_checks(real_pyramid, len(ds.chunks(1)), len(ds.chunks(2)))
