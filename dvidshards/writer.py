@@ -543,7 +543,8 @@ class _Volume:
         return ts.array(self.array)  # references the numpy data when it can
 
     def read(self, lo: Sequence[int], hi: Sequence[int]) -> np.ndarray:
-        """Voxels ``[lo, hi)`` (x, y, z) as a uint64 array indexed [x, y, z]."""
+        """Voxels ``[lo, hi)`` (x, y, z), indexed [x, y, z], in the volume's own integer type (never
+        negative): blocks become uint64 one at a time, so a narrow or mostly empty volume is cheap."""
         if self.store is not None:
             out = self.store[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].read().result()
         else:
@@ -551,7 +552,7 @@ class _Volume:
             out = self.array[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
         if self.signed and out.size and out.min() < 0:
             raise SpecError("volume holds negative labels")
-        return out.astype(np.uint64, copy=False)
+        return out
 
 
 def _block_label_list(block: bytes) -> np.ndarray:
@@ -652,6 +653,7 @@ def _write_scale(
     size = vol.shape
     n_written = 0
     cs = CHUNK_SIZE
+    zero = encode_block(np.zeros((cs, cs, cs), np.uint64), subblock_order="sorted") if zero_blocks else b""
     for oz, z0c, z1c in runs[2]:
         for oy, y0c, y1c in runs[1]:
             for ox, x0c, x1c in runs[0]:
@@ -672,14 +674,17 @@ def _write_scale(
                             row_zyx = row.transpose(2, 1, 0)
                             for xc in range(x0c, x1c):
                                 part = row_zyx[:, :, (xc - x0c) * cs : (xc - x0c + 1) * cs]
-                                if not zero_blocks and not part.any():
-                                    continue
-                                if part.shape == (cs, cs, cs):
-                                    block = np.ascontiguousarray(part)
-                                else:  # edge block: pad with background like DVID
-                                    block = np.zeros((cs, cs, cs), dtype=np.uint64)
-                                    block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
-                                encoded = encode_block(block, subblock_order="sorted")  # as in real export blocks
+                                if not part.any():
+                                    if not zero_blocks:
+                                        continue
+                                    encoded = zero  # every all-background block encodes alike
+                                else:
+                                    if part.shape == (cs, cs, cs):
+                                        block = np.ascontiguousarray(part, dtype=np.uint64)
+                                    else:  # edge block: pad with background like DVID
+                                        block = np.zeros((cs, cs, cs), dtype=np.uint64)
+                                        block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
+                                    encoded = encode_block(block, subblock_order="sorted")  # as in real exports
                                 svs = _block_label_list(encoded)
                                 labels = svs.copy() if mapping is None else mapping.palette(svs)
                                 if not zero_blocks and not labels.any():  # DVID skips all-background blocks

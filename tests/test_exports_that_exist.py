@@ -54,10 +54,13 @@ def _boxes(size) -> list[tuple[np.ndarray, np.ndarray]]:
             (np.array([max(0, x - 70), max(0, y - 70), 0]), np.array([x, y, z]))]
 
 
-def _truth(size, box, labels="supervoxels") -> np.ndarray:
+def _truth(size, box, labels="supervoxels", out=None) -> np.ndarray:
     """The (x, y, z) voxels of a box, from the generator (the independent reference)."""
     lo, hi = (np.asarray(v, np.int64) for v in box)
-    out = np.zeros(hi - lo, np.uint64)
+    if out is None:
+        out = np.zeros(hi - lo, np.uint64)
+    else:
+        out[...] = 0
     for blo, bhi in _boxes(size):
         a, b = np.maximum(lo, blo), np.minimum(hi, bhi)
         if (a < b).all():
@@ -74,9 +77,9 @@ def _truth(size, box, labels="supervoxels") -> np.ndarray:
 def _volume(size) -> ts.TensorStore:
     """The content of a scale as a lazy TensorStore (nothing of the mostly empty volume is held)."""
     def read(domain, array, params):
-        array[...] = _truth(size, (domain.inclusive_min, domain.exclusive_max))
+        _truth(size, (domain.inclusive_min, domain.exclusive_max), out=array)
 
-    return ts.virtual_chunked(read, dtype=ts.uint64, domain=ts.IndexDomain(shape=list(size)),
+    return ts.virtual_chunked(read, dtype=ts.uint8, domain=ts.IndexDomain(shape=list(size)),  # ids <= 50
                               chunk_layout=ts.ChunkLayout(read_chunk_shape=[64, 64, 64]))
 
 
@@ -131,7 +134,7 @@ def test_old_names_read_exactly_in_both_label_modes(old_mcns, mcns_spec):
         size = ds.scale(k).size
         z = size[2]
         cross = [[0, 0, z - 150], [150, 120, z]]  # across the boundary of the two files
-        corner = [[size[0] - 100, size[1] - 100, 0], list(size)]
+        corner = [[size[0] - 90, size[1] - 90, z - 200], list(size)]  # the column, across the boundary too
         for labels in ("agglomerated", "supervoxels"):
             for box in (cross, corner):
                 want = _truth(size, box, labels)
@@ -436,3 +439,34 @@ def test_no_spec_warns_once_at_the_caller(synthetic_export, capsys):
     assert cli(["verify", synthetic_export.root, "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "GeometryWarning" not in err
+
+
+# --------------------------------------------------------------------------- on an object store
+
+
+def test_old_names_and_an_s0_only_export_on_s3(old_mcns, s0_only_real, mcns_spec, real_records):
+    """An object store lists only the coarse scales where the namings differ (never s0) and reads exactly."""
+    pytest.importorskip("moto.server")
+    from tests.support.servers import MotoS3
+
+    ctx = MotoS3().start()
+    try:
+        for prefix, root in (("old/", old_mcns), ("s0only/", s0_only_real)):
+            for k, v in _files(root).items():
+                ctx.upload("exports", prefix + k, v)
+        ds = Dataset(ctx.spec("exports", "old/"), spec=mcns_spec)
+        assert [ds.scale(k).naming for k in OLD_SCALES] == ["old"] * 3
+        for k in OLD_SCALES:
+            size = ds.scale(k).size
+            box = [[0, 0, size[2] - 150], [150, 120, size[2]]]
+            np.testing.assert_array_equal(ds.read(box, k, labels="supervoxels"), _truth(size, box))
+        ds = Dataset(ctx.spec("exports", "s0only/"), spec=mcns_spec)
+        assert ds.exported == (0,)  # s1-s11 listed (each one request, nothing there); s0 never listed
+        rec = real_records[5]
+        c = np.array([rec["chunk_x"], rec["chunk_y"], rec["chunk_z"]]) * 64
+        np.testing.assert_array_equal(ds.read([c.tolist(), (c + 64).tolist()]),
+                                      decode_block(rec["block"], np.asarray(rec["labels"], np.uint64)).T)
+        with pytest.raises(NotExportedError, match="scale 1 is not exported in s3://exports/s0only"):
+            ds.open(1)
+    finally:
+        ctx.stop()

@@ -238,3 +238,59 @@ def test_chunk_lookup_grid_and_dict_agree(dvid_data, tmp_path):
                 c = (int(lo[0] + x), int(lo[1] + y), int(lo[2] + z))
                 assert grid.find(*c) == plain.find(*c) == huge.find(*c)
     assert sum(grid.find(*c) is not None for c in grid.index.coords.tolist()) == 258
+
+
+# --------------------------------------------------------------------------- naming generations, scales not exported
+
+
+def _mcns_scale(dvid_data, k: int):
+    from dvidshards.formats.multiscale import parse_multiscale
+
+    return parse_multiscale(json.loads((dvid_data / "mcns-ng-specs.json").read_text()))[k]
+
+
+@pytest.mark.parametrize("kind", ["sample", "listing", "probe"])
+def test_scale_naming_from_a_sample_a_listing_or_existence_probes(dvid_data, kind):
+    """A local folder gives a sample, an object store a listing, an http server neither: each decides."""
+    from dvidshards.errors import SpecError
+    from dvidshards.shard import scale_naming
+    from dvidshards.stores import MemoryStore
+    from dvidshards.stores.base import drive
+
+    class Store(MemoryStore):
+        async def sample(self, prefix, n):
+            return await super().sample(prefix, n) if kind == "sample" else None
+
+        async def list(self, prefix=""):
+            if kind == "probe":
+                raise SpecError("cannot list")
+            return await super().list(prefix)
+
+    s9 = _mcns_scale(dvid_data, 9)
+    old = Store({"s9/0_0_0.arrow": b"", "s9/0_0_256.arrow": b"", "s0/0_0_0.arrow": b""})
+    new = Store({"s9/0_0_0.arrow": b""})
+    naming, seen = drive(scale_naming(old, s9))
+    assert naming == "old" and seen == (None if kind == "probe" else [(0, 0, 0), (0, 0, 256)])
+    assert drive(scale_naming(new, s9))[0] is None  # one file that fits both: read as today's DVID names it
+    assert drive(scale_naming(old, _mcns_scale(dvid_data, 0))) == (None, None)  # the namings agree: nothing listed
+    assert drive(scale_naming(new, s9, origins=[(0, 0, 0), (0, 0, 256)]))[0] == "old"  # a consolidated index's
+
+
+def test_messages_of_scales_not_exported_and_files_off_both_grids(dvid_data):
+    from dvidshards.errors import NotExportedError, SpecError
+    from dvidshards.shard import check_origins, held_scales, not_exported_error
+    from dvidshards.stores import MemoryStore
+
+    assert [held_scales(h) for h in ([0], [0, 1], range(4), [0, 1, 2, 3, 4, 5, 6, 10, 11], [], [1, 3, 4, 5, 9])] == \
+        ["s0", "s0, s1", "s0-s3", "s0-s6, s10, s11", "no scale", "s1, s3-s5, s9"]
+    st = MemoryStore({}, name="exp")
+    e = not_exported_error(st, 2, [0])
+    assert isinstance(e, NotExportedError) and isinstance(e, SpecError)
+    assert str(e) == ("scale 2 is not exported in memory://exp/ (it has no folder s2; it holds s0); make it with: "
+                      "dvidshards downsample memory://exp/ DEST")
+    s9 = _mcns_scale(dvid_data, 9)
+    check_origins(s9.with_naming("old"), [(0, 0, 0), (0, 0, 256)], st)
+    with pytest.raises(SpecError, match=r"0_0_256.arrow: this shard file is not on the shard grid of the spec \(scale "
+                                        r"9: shards of 320 voxels, or 256 voxels as DVID named files before "
+                                        r"2026-03-21\)"):
+        check_origins(s9, [(0, 0, 0), (0, 0, 256)], st)
