@@ -222,7 +222,6 @@ class Info:
         from .errors import GeometryWarning
         from .formats.multiscale import SINGLE_SHARD
         from .shard import held_scales, not_exported_note
-        from .sources import RecordSource
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GeometryWarning)  # said in the table instead
@@ -243,9 +242,7 @@ class Info:
                 rows.append([str(s.index), s.key, "x".join(map(str, s.size)), res, "-", "-", "not exported"]
                             + ([] if args.no_chunks else ["-", "-", "-"]))
                 continue
-            if not isinstance(ds.store, RecordSource):
-                ds.files(s.index)  # listed and checked (names against the grid of the scale's naming)
-            origins = ds.shards(s.index)
+            origins = ds.shards(s.index)  # listed and checked (names against the grid of the scale's naming)
             extent = s.shard_extent if s.shard_extent < SINGLE_SHARD else "all"
             mark = "*" if s.inferred else ""
             naming = "?" if "shard_extent" in s.inferred else s.naming if s.namings_differ else "either"

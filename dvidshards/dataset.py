@@ -815,8 +815,10 @@ def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = 
 
     Parameters
     ----------
-    source : str, path, URL, kvstore spec dict, ByteStore or Dataset
-        The export root (holding ``s0``, ``s1``, ...).
+    source : str, path, URL, kvstore spec dict, ByteStore or Dataset, or a list of roots
+        The export root (holding ``s0``, ``s1``, ...); several roots (an export and a downsample
+        destination) are one pyramid, and a downsample destination alone opens over its source
+        (see ``Dataset``).
     scale : int or (x, y, z)
         Folder number k (``s{k}``), or a resolution in nm.
     labels : "agglomerated", "supervoxels" or a mapping

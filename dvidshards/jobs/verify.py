@@ -185,8 +185,8 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) 
         return None
     report = VerifyReport(manifest=m)
     job = m.get("job", "?")
-    tasks = m.get("tasks") if isinstance(m.get("tasks"), dict) else {}
-    failed = m.get("failed") if isinstance(m.get("failed"), dict) else {}
+    tasks: dict = m["tasks"] if isinstance(m.get("tasks"), dict) else {}
+    failed: dict = m["failed"] if isinstance(m.get("failed"), dict) else {}
     total = int(tasks.get("total", 0))
     report.shards = total
     verb = "was not converted" if job == "convert" else "failed"
