@@ -82,13 +82,16 @@ def test_demo_bad_arguments_are_refused_before_any_work(tmp_path, quiet_tmp, cap
 def test_demo_small_sizes_and_clean_up(tmp_path, quiet_tmp, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = _run(["demo", "--size", "10", "10", "10"], capsys)
-    assert code == 0 and out.count("exact: True") == 2 and "exact: False" not in out, out
+    assert code == 0 and out.count("exact: True") == 4 and "exact: False" not in out, out  # s0 twice, s1, s2
     assert (tmp_path / "dvidshards-demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(quiet_tmp.iterdir()), "the temporary export was left behind"
     keep = tmp_path / "kept"
-    code, out, _ = _run(["demo", "--size", "70", "1", "3", "--out", str(keep)], capsys)
-    assert code == 0 and "exact: False" not in out, out
-    assert (keep / "export" / "s0").is_dir() and (keep / "dvidshards-demo.png").is_file()
+    for _ in range(2):  # the same --out again: the export and its pyramid are replaced
+        code, out, _ = _run(["demo", "--size", "70", "1", "3", "--out", str(keep)], capsys)
+        assert code == 0 and out.count("exact: True") == 4 and "exact: False" not in out, out
+    assert (keep / "dvidshards-demo.png").is_file() and (keep / "spec.json").is_file()
+    assert sorted(p.name for p in (keep / "export").iterdir()) == ["s0"]  # DVID's default: scale 0 only
+    assert {"s1", "s2"} <= {p.name for p in (keep / "pyramid").iterdir()}
 
 
 def test_without_matplotlib_one_line_before_any_work(tmp_path, quiet_tmp, capsys, monkeypatch, no_matplotlib):
@@ -117,19 +120,35 @@ def test_the_core_never_imports_matplotlib():
 
 
 def test_demo_result(tmp_path, quiet_tmp):
+    import dvidshards
+
     lines: list[str] = []
     size = (200, 180, 130)
     res = run_demo(str(tmp_path), size=size, echo=lines.append, png=str(tmp_path / "x.png"))
     text = "\n".join(lines)
-    assert text.count("exact: True") == 2 and "exact: False" not in text and res["exact"], text
+    assert text.count("exact: True") == 4 and "exact: False" not in text and res["exact"], text
     assert res["agglomerated"].shape == res["supervoxels"].shape == (130, 117, 85)  # [n//10, ceil(3n/4)) per axis
     sv, mapping = neuron_volume(size, n_bodies=40, svs_per_body=6, seed=7)  # the volume, made again
+    m = LabelMapping.from_any(mapping)
     box = res["box"]
     np.testing.assert_array_equal(res["supervoxels"], sv[box])
-    np.testing.assert_array_equal(res["agglomerated"], LabelMapping.from_any(mapping)(sv[box]))
+    np.testing.assert_array_equal(res["agglomerated"], m(sv[box]))
     assert len(np.unique(res["supervoxels"])) > len(np.unique(res["agglomerated"]))
+    # the coarser scales: DVID's rule over the whole volume, each scale from the one below, then cut
+    assert sorted(res["coarse"]) == [1, 2]
+    whole = sv
+    for k in (1, 2):
+        whole = dvid_downsample(whole)
+        cut = tuple(slice(b.start >> k, -(-b.stop >> k)) for b in box)
+        bodies, svs = res["coarse"][k]
+        np.testing.assert_array_equal(svs, whole[cut])
+        np.testing.assert_array_equal(bodies, m(whole[cut]))
+        assert (svs != 0).any()
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["s0"]
+    pyramid = dvidshards.Dataset(res["pyramid"])  # the downsample output reads over its source: the whole pyramid
+    np.testing.assert_array_equal(pyramid.open(1, labels="supervoxels", fill_missing_shards=True)
+                                  .read(order="F").result(), dvid_downsample(sv))
     assert res["png"] == str(tmp_path / "x.png") and (tmp_path / "x.png").stat().st_size > 10_000
-    assert (tmp_path / "export" / "s0").is_dir()
     assert not list(quiet_tmp.iterdir())
 
 
@@ -235,20 +254,29 @@ def test_figure_panels(tmp_path, quiet_tmp):
     h, w = pixels.shape[:2]
     boxes = res["panels"]
     assert 600 <= w <= 2400 and 300 <= h <= 1200, (w, h)
-    assert len(boxes) >= 2 and all(0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h for x0, y0, x1, y1 in boxes)
+    assert all(0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h for x0, y0, x1, y1 in boxes)
     assert [b[0] for b in boxes] == sorted(b[0] for b in boxes) and all(
         a[2] <= b[0] for a, b in itertools.pairwise(boxes)), "panels side by side, not overlapping"
     crops = [pixels[y0 + 2:y1 - 2, x0 + 2:x1 - 2] for x0, y0, x1, y1 in boxes]
     assert len({c.shape for c in crops}) <= 2  # same size, give or take a pixel
     z = res["z"] - res["box"][2].start
     bodies, svs = res["agglomerated"][:, :, z].T, res["supervoxels"][:, :, z].T
-    body_rgb, sv_rgb = region_colors(bodies, svs)[:2]
+    assert len(boxes) == 3
+    s1_bodies = res["coarse"][1][0][:, :, res["z"] // 2 - (res["box"][2].start // 2)].T
+    body_rgb, sv_rgb, s1_rgb = region_colors(bodies, svs, more_bodies=[s1_bodies])  # as the figure colours them
     seen = [{tuple(c) for c in crop.reshape(-1, 3).tolist()} for crop in crops]
     # every body and supervoxel big enough not to hide under a dashed line or the scale bar
     assert _colours(body_rgb, bodies, 12) <= seen[0], _colours(body_rgb, bodies, 12) - seen[0]
     assert _colours(sv_rgb, svs, 12) <= seen[1], _colours(sv_rgb, svs, 12) - seen[1]
     shades_only = _colours(sv_rgb, svs, 12) - _colours(body_rgb, bodies, 1)
     assert shades_only and not (shades_only & seen[0]), "the supervoxel panel has its own colours"
-    a, b = (c[: min(crops[0].shape[0], crops[1].shape[0]), : min(crops[0].shape[1], crops[1].shape[1])]
-            for c in crops[:2])
-    assert (a != b).any(axis=2).mean() > 0.02, "the two panels look the same"
+    hh, ww = min(k.shape[0] for k in crops), min(k.shape[1] for k in crops)
+    a, b, c = (crop[:hh, :ww] for crop in crops)
+    assert (a != b).any(axis=2).mean() > 0.02, "the bodies and supervoxel panels look the same"
+    # the third panel: the region at s1 (from the pyramid), each body in its scale-0 colour
+    assert _colours(s1_rgb, s1_bodies, 4) <= seen[2], _colours(s1_rgb, s1_bodies, 4) - seen[2]
+    assert (a != c).any(axis=2).mean() > 0.002, "the s1 panel is the s0 panel"
+    background = np.round(np.array([0.1, 0.1, 0.1]) * 255).astype(np.uint8)
+    fa, fc = (a != background).any(axis=2), (c != background).any(axis=2)
+    assert (fa & fc).sum() / (fa | fc).sum() > 0.5, "the s1 panel does not show the same region"  # ~0.67; 0.34 when
+    # shifted by 20 pixels

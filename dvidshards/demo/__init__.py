@@ -319,6 +319,7 @@ def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: in
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), sharex=True, sharey=True, squeeze=False)[0]
     bar = _nice_length(w * rx / 4)
+    boundaries = 0
     for ax, (img, ext, k, title) in zip(axes, panels, strict=True):
         ax.imshow(img, extent=ext, interpolation="nearest", resample=False)
         ax.set_xlim(extent[0], extent[1])
@@ -333,16 +334,20 @@ def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: in
             step_x, step_y = side * rx * 2 ** k, side * ry * 2 ** k
             for xb in np.arange(math.ceil(extent[0] / step_x) * step_x, extent[1], step_x)[:64]:
                 ax.axvline(xb, color="white", lw=0.7, ls=(0, (4, 3)), alpha=0.55)
+                boundaries += 1
             for yb in np.arange(math.ceil(extent[3] / step_y) * step_y, extent[2], step_y)[:64]:
                 ax.axhline(yb, color="white", lw=0.7, ls=(0, (4, 3)), alpha=0.55)
+                boundaries += 1
         if bar:
-            ax.add_artist(AnchoredSizeBar(ax.transData, bar, _length_label(bar), "lower right", pad=0.4,
-                                          borderpad=0.5, sep=3, frameon=False, color="white",
-                                          size_vertical=max(w * rx / 150, rx), fontproperties={"size": 8}))
-    fig.suptitle(f"A synthetic DVID export read back across shard files\n"
+            sb = AnchoredSizeBar(ax.transData, bar, _length_label(bar), "lower right", pad=0.35, borderpad=0.6,
+                                 sep=3, frameon=True, color="white", size_vertical=max(w * rx / 150, rx),
+                                 fontproperties={"size": 8})
+            sb.patch.set(facecolor="black", edgecolor="none", alpha=0.45)
+            ax.add_artist(sb)
+    fig.suptitle(f"A synthetic DVID export read back{' across shard files' if boundaries else ''}\n"
                  f"z slice {z} ({z * rz:g} nm), voxels {rx:g} × {ry:g} × {rz:g} nm", fontsize=10)
     notes = ["each supervoxel is a shade of its body's colour"]
-    if shard_extent:
+    if boundaries:
         notes.append("dashed lines: shard file boundaries")
     if coarse is not None:
         notes.append(f"s{coarse[0]} made from s0 by DVID's rule (most frequent non-zero supervoxel), "
@@ -378,17 +383,33 @@ def _full_spec(spec0: dict, n_scales: int) -> dict:
     return {**spec0, "scales": scales}
 
 
+def _coarse_reference(sv: np.ndarray, box, k_max: int) -> dict[int, np.ndarray]:
+    """Scales 1..k_max of the volume over ``box`` by DVID's rule (`dvid_downsample`), each from
+    the one below, cut to `_coarse_box` (only the region the box needs is downsampled)."""
+    step = 1 << k_max
+    lo = [b.start // step * step for b in box]
+    hi = [min(n, -(-b.stop // step) * step) for b, n in zip(box, sv.shape, strict=True)]
+    vol = np.asarray(sv[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
+    out = {}
+    for k in range(1, k_max + 1):
+        vol = dvid_downsample(vol)
+        cut = _coarse_box(box, k)
+        out[k] = vol[tuple(slice(c.start - (a >> k), c.stop - (a >> k)) for c, a in zip(cut, lo, strict=True))]
+    return out
+
+
 def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, png: str | None = None,
              echo=print) -> dict:
-    """Write a synthetic export, make its coarser scales, read a box across shard boundaries,
-    check it, draw it.
+    """Write a synthetic export as DVID does (scale 0), make its coarser scales as DVID does
+    (`dvidshards.jobs.downsample.downsample`), read a box across shard boundaries at every
+    scale, check it, draw it.
 
     Parameters
     ----------
     out_dir : str, optional
         Folder for the export (``out_dir/export``, its scale 0), the coarser scales
-        (``out_dir/pyramid``) and the spec (``out_dir/spec.json``); kept. Default: a temporary
-        folder, removed before returning.
+        (``out_dir/pyramid``, the downsample job's output) and the spec (``out_dir/spec.json``);
+        kept. Default: a temporary folder, removed before returning.
     size : (x, y, z)
         Volume size in voxels (see `check_size`).
     seed : int
@@ -401,11 +422,12 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
     Returns
     -------
     dict
-        ``export``, ``pyramid``, ``spec``, ``box``, ``agglomerated`` and ``supervoxels`` (the
-        box read back at scale 0), ``coarse`` (scale -> the box's bodies read at that scale),
-        ``exact`` (every read equals the volume written, the coarse scales DVID's rule applied
-        to it), ``seconds`` (read times), ``png`` (None when no picture was asked for), ``z``
-        (slice drawn), ``panels`` (the figure's panel pixel boxes).
+        ``export``, ``pyramid`` (None when temporary), ``spec``, ``box``; ``agglomerated`` and
+        ``supervoxels`` (the box read back at scale 0); ``coarse`` (scale -> the box's
+        ``(agglomerated, supervoxels)`` read at that scale from the pyramid); ``exact`` (scale 0
+        equals the volume written, every coarser scale DVID's rule applied to it, bodies by the
+        mapping); ``seconds`` (read and downsample times); ``png`` (None when no picture was asked
+        for); ``z`` (scale-0 slice drawn); ``panels`` (the figure's panel pixel boxes).
 
     Raises
     ------
@@ -417,13 +439,14 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
     import dvidshards
     from dvidshards.demo.neurons import neuron_volume
     from dvidshards.formats.mapping import LabelMapping
+    from dvidshards.jobs.downsample import downsample
     from dvidshards.writer import write_export
 
     size = check_size(size)
     temporary = out_dir is None
     root = tempfile.mkdtemp(prefix="dvidshards-demo-") if out_dir is None else os.fspath(out_dir)
     try:
-        export = os.path.join(root, "export")
+        export, pyramid = os.path.join(root, "export"), os.path.join(root, "pyramid")
         t = time.perf_counter()
         sv, mapping = neuron_volume(size, n_bodies=40, svs_per_body=6, seed=seed)
         # as DVID's export-shards writes by default: scale 0 only, the spec listing every scale
@@ -433,13 +456,23 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
             json.dump(spec, f, indent=1)
         ds = dvidshards.Dataset(export, spec=spec)
         echo(f"wrote {export if not temporary else 'a temporary export'}: {'x'.join(map(str, size))} voxels, "
-             f"{len(mapping)} supervoxels in {len(np.unique(mapping[:, 1]))} bodies, scale 0 in "
-             f"{len(ds.shards(0))} shard files ({time.perf_counter() - t:.1f} s)")
+             f"{len(mapping)} supervoxels in {len(np.unique(mapping[:, 1]))} bodies, scale 0 only (as DVID "
+             f"exports by default) in {len(ds.shards(0))} shard files ({time.perf_counter() - t:.1f} s)")
 
-        box = _box(size)
+        result: dict[str, Any] = {"export": None if temporary else export, "pyramid": None if temporary else pyramid,
+                                  "spec": spec, "box": _box(size), "seconds": {}, "png": None, "coarse": {},
+                                  "panels": None}
+        t = time.perf_counter()
+        report = downsample(export, pyramid, spec=spec, overwrite=True, progress=False)
+        result["seconds"]["downsample"] = dt = time.perf_counter() - t
+        coarse = list(report.scales)
+        layers = dvidshards.Dataset([export, pyramid], spec=spec)
+        echo(f"  downsample: {', '.join(f's{k}' for k in coarse)} made from s0 the way DVID makes its pyramid: "
+             f"{report.totals.records_written} blocks in {' + '.join(str(len(layers.shards(k))) for k in coarse)} "
+             f"shard files ({dt:.1f} s)")
+
+        box = result["box"]
         m = LabelMapping.from_any(mapping)
-        result: dict[str, Any] = {"export": None if temporary else export, "pyramid": None, "spec": spec,
-                                  "box": box, "seconds": {}, "png": None, "coarse": {}, "panels": None}
         exact = True
         for labels in ("agglomerated", "supervoxels"):
             # DVID writes no shard file where every block is background: read those as 0
@@ -455,18 +488,37 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
                  f"{(a == 0).mean():.0%} background, exact: {same}")
             result[labels] = a
             result["seconds"][labels] = dt
+        reference = _coarse_reference(sv, box, max(coarse, default=0))
+        for k in coarse:  # the pyramid read together with the export, as one dataset
+            cut = _coarse_box(box, k)
+            t = time.perf_counter()
+            got = tuple(dvidshards.open(layers, scale=k, labels=labels, fill_missing_shards=True)[cut]
+                        .read(order="F").result() for labels in ("agglomerated", "supervoxels"))
+            dt = time.perf_counter() - t
+            same = bool(np.array_equal(got[1], reference[k]) and np.array_equal(got[0], m(reference[k])))
+            exact &= same
+            echo(f"{'s' + str(k):>12}: read {got[0].shape} at {RESOLUTION[0] * 2 ** k:g} nm in {dt * 1000:.0f} ms, "
+                 f"{_count(got[0])} bodies, {_count(got[1])} supervoxels, DVID's rule exact: {same}")
+            result["coarse"][k] = got
+            result["seconds"][f"s{k}"] = dt
         result["exact"] = exact
 
         sup = result["supervoxels"]
         z = max(range(sup.shape[2]), key=lambda k: (len(np.unique(sup[:, :, k])), -k))  # the busiest slice
         result["z"] = box[2].start + z
         if png is not None:
+            third = None
+            if 1 in result["coarse"]:
+                cut = _coarse_box(box, 1)
+                third = (1, result["coarse"][1][0][:, :, (result["z"] >> 1) - cut[2].start],
+                         (cut[0].start, cut[1].start))
             result["panels"] = save_figure(
                 png, result["agglomerated"][:, :, z], sup[:, :, z], z=result["z"], resolution=RESOLUTION,
-                origin=(box[0].start, box[1].start), shard_extent={0: ds.scale(0).shard_extent})
+                origin=(box[0].start, box[1].start), coarse=third,
+                shard_extent={k: layers.scale(k).shard_extent for k in (0, 1) if k < len(layers.scales)})
             result["png"] = png
-            echo(f"saved {png}: z slice {result['z']}, bodies (left) and the same region as "
-                 f"supervoxels (right)")
+            echo(f"saved {png}: z slice {result['z']}: bodies, the same region as supervoxels"
+                 + (", and as bodies at s1" if third else ""))
         return result
     finally:
         if temporary:  # the export goes with its temporary folder
