@@ -25,7 +25,7 @@ import tensorstore as ts
 from .arrays import to_dask as dask_array
 from .bodies import Body
 from .consolidated import ConsolidatedIndex, consolidated_paths, scales_from_consolidated
-from .errors import ChunkIndexError, GeometryWarning, MissingShardError, SpecError
+from .errors import ChunkIndexError, GeometryWarning, MissingShardError, RemoteReadError, SpecError
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, labels_in_box
@@ -175,7 +175,7 @@ def _downsample_manifest(store: ByteStore) -> dict | None:
     """A downsample job's manifest at the root of store (None: no manifest, or another job's)."""
     try:
         data = store.read_sync(MANIFEST)
-    except MissingShardError:
+    except (MissingShardError, RemoteReadError):  # a store that fails says so at the first file a read needs
         return None
     where = store.describe(MANIFEST)
     m = parse_json(bytes(data), where)
