@@ -387,6 +387,18 @@ def test_a_root_list_is_one_pyramid(pyramid):
     assert reader.store == ds.store
 
 
+def test_a_root_list_without_a_manifest_takes_each_scale_from_the_first_root_holding_it(pyramid, tmp_path):
+    whole, src, dest = pyramid
+    plain = tmp_path / "coarse"
+    shutil.copytree(dest, plain, ignore=shutil.ignore_patterns("dvidshards.json"))
+    ds = Dataset([plain, src], spec=whole.spec)  # in this order: s1, s2 from the first, s0 from the second
+    assert ds.store.route == {0: 1, 1: 0, 2: 0} and ds.exported == (0, 1, 2)
+    _same_pyramid(ds, whole)
+    ds = Dataset([src, whole.root], spec=whole.spec)  # s0 from src, s1 and s2 from the whole export
+    assert ds.store.route == {0: 0, 1: 1, 2: 1}
+    _same_pyramid(ds, whole)
+
+
 def test_a_downsample_destination_opens_over_its_source(pyramid, capsys):
     whole, src, dest = pyramid
     with warnings.catch_warnings():
