@@ -181,12 +181,14 @@ def runs_from_mask(mask_xyz, offset=(0, 0, 0)) -> np.ndarray:
         raise SparsevolError(f"offset must be 3 integers, got {offset!r}")
     zyx = np.ascontiguousarray(m.astype(bool, copy=False).transpose(2, 1, 0))
     nz, ny, nx = zyx.shape
-    padded = np.zeros((nz, ny, nx + 2), np.int8)
-    padded[:, :, 1:-1] = zyx
-    step = np.diff(padded, axis=2)  # +1 at a run's first voxel, -1 one past its last
-    z, y, x0 = np.nonzero(step == 1)
-    x1 = np.nonzero(step == -1)[2]  # C order pairs the k-th end with the k-th start
-    runs = np.stack([x0 + off[0], y + off[1], z + off[2], x1 - x0], axis=1)
+    padded = np.zeros((nz * ny, nx + 2), np.int8)
+    padded[:, 1:-1] = zyx.reshape(nz * ny, nx)
+    step = np.diff(padded, axis=1).ravel()  # +1 at a run's first voxel, -1 one past its last
+    at = np.flatnonzero(step)  # one pass; in C order the k-th end follows the k-th start
+    kind = step[at]
+    first, last = at[kind == 1], at[kind == -1]
+    row, x0 = np.divmod(first, nx + 1)
+    runs = np.stack([x0 + off[0], row % ny + off[1], row // ny + off[2], last - first], axis=1)
     return _as_runs(runs).astype(np.int32) if len(runs) else np.zeros((0, 4), np.int32)
 
 
