@@ -29,7 +29,7 @@ import zstandard
 
 from .consolidated import ConsolidatedIndex, consolidated_paths
 from .errors import ChunkIndexError, DvidShardsError, MissingShardError, RemoteReadError, SpecError
-from .formats.arrowipc import R_PAY, R_PAYLEN, R_USIZE
+from .formats.arrowipc import R_USIZE
 from .formats.codec import decode_into, decode_row_into
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
@@ -717,17 +717,17 @@ class _BulkWorker:
         size and checksum, and any failure leaves the run to the one-chunk path, which raises
         the typed error naming file and chunk.
         """
-        rec = t.rec[ks]
-        usize = rec[:, R_USIZE]
-        if len(rec) < 2 or usize.min() < 16 or usize.max() > self.max_block:
+        usize = t.rec[ks, R_USIZE]
+        if len(usize) < 2 or usize.min() < 16 or usize.max() > self.max_block:
             return None
         if self._dctx is None:
             self._dctx = zstandard.ZstdDecompressor()
-        segs = np.empty((len(rec), 2), np.uint64)
-        segs[:, 0] = rec[:, R_PAY]
-        segs[:, 1] = rec[:, R_PAYLEN]
+        buf, off, ln = t.gather_payloads(ks)  # a file's table reads them now: ShardFormatError if it shrank
+        segs = np.empty((len(ks), 2), np.uint64)
+        segs[:, 0] = off
+        segs[:, 1] = ln
         try:
-            frames = zstandard.BufferWithSegments(t.bufs[0], segs.tobytes())
+            frames = zstandard.BufferWithSegments(buf, segs.tobytes())  # type: ignore[arg-type]  # any buffer
             return self._dctx.multi_decompress_to_buffer(frames, decompressed_sizes=usize.astype(np.uint64).tobytes())
         except (zstandard.ZstdError, ValueError, TypeError):
             return None

@@ -237,3 +237,124 @@ def test_aligned_empty_and_default_out(ds):
     got = ds.read([[1, 2, 3], [100, 90, 80]])
     assert got.flags.f_contiguous and got.ctypes.data % 64 == 0
     assert ds.read([[0, 0, 0], [0, 4, 4]]).shape == (0, 4, 4)
+
+
+# --- a shard file that changes while a reader has it loaded (issue 31 item 3) ----------------------
+
+_SHRINK = r"""
+import json, os, sys
+import dvidshards
+from dvidshards.errors import ShardFormatError
+
+root, spec = sys.argv[1], json.loads(sys.argv[2])
+path = os.path.join(root, "s0", "0_0_0.arrow")
+vol = dvidshards.open(root, spec=spec)
+ds = dvidshards.Dataset(root, spec=spec)
+vol[0:64, 0:64, 0:64].read().result()  # the shard is loaded (TensorStore's reader) ...
+ds.read([[0, 0, 0], [64, 64, 64]])  # ... and the bulk reader's
+table = ds.shard(0, (0, 0, 0)).table()  # ... and a job's
+table.block(0)
+size = os.path.getsize(path)
+os.truncate(path, size // 3)  # an export copied again over itself, a sync in progress
+out = {}
+for name, fn in (("tensorstore", lambda: vol[0:128, 0:128, 0:128].read().result()),
+                 ("bulk", lambda: ds.read([[0, 0, 0], [128, 128, 128]])),
+                 ("one chunk at a time", lambda: [ds.read([[x, y, z], [x + 64, y + 64, z + 64]])
+                                                  for x in (0, 64) for y in (0, 64) for z in (0, 64)]),
+                 ("job", lambda: [table.block(i) for i in range(len(table))])):
+    try:
+        fn()
+        out[name] = "no error"
+    except ShardFormatError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_shard_file_that_shrinks_while_loaded_is_a_typed_error_naming_it(exp, tmp_path):
+    """Truncated after its shard was loaded: reading a chunk past the new end was SIGBUS through the
+    memory map (the interpreter died); now every read path raises ShardFormatError naming the file
+    and chunk and saying it changed. In a child process, so that a signal would fail the test, not
+    kill the test run."""
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    r = subprocess.run([sys.executable, "-c", _SHRINK, str(root), json.dumps(exp.spec)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -7 / 135: SIGBUS
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    path = str(root / "s0" / "0_0_0.arrow")
+    for name, msg in out.items():
+        assert msg.startswith(path + ": chunk (") and "changed since it was loaded" in msg and \
+            "open the export again" in msg, (name, msg)
+
+
+def test_a_shard_file_changed_in_place_after_load_is_a_typed_error(exp, tmp_path):
+    """The same size, other bytes (a sync rewriting it in place): a ShardFormatError saying it changed,
+    not a decode error blaming the data, nor the new bytes read as the old records."""
+    import time
+
+    from dvidshards.errors import ShardFormatError
+
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    ds = dvidshards.Dataset(str(root), spec=exp.spec)
+    want = exp.expected(0)
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [64, 64, 64]]), want[:64, :64, :64])
+    vol = ds.open(0)
+    np.testing.assert_array_equal(vol[0:64, 0:64, 0:64].read().result(), want[:64, :64, :64])
+    path = root / "s0" / "0_0_0.arrow"
+    data = bytearray(path.read_bytes())
+    time.sleep(0.05)  # a modification time the file system can tell apart
+    with open(path, "r+b") as f:  # every byte after the schema flipped, in place
+        f.seek(1024)
+        f.write(bytes(b ^ 0x5A for b in data[1024:]))
+    with pytest.raises(ShardFormatError, match="0_0_0.arrow: chunk .*: the file changed since it was loaded: it "
+                                               "was modified since it was loaded"):
+        ds.read([[0, 0, 0], [128, 128, 128]])
+    with pytest.raises(ShardFormatError, match="was modified since it was loaded"):
+        vol[0:128, 0:128, 0:128].read().result()
+    # opened again, the file is read as it is now (here: damaged beyond its schema)
+    with pytest.raises(dvidshards.errors.DvidShardsError):
+        dvidshards.Dataset(str(root), spec=exp.spec).read([[0, 0, 0], [128, 128, 128]])
+
+
+def test_a_shard_file_replaced_after_load_reads_as_loaded(exp, tmp_path, monkeypatch):
+    """Replaced by a rename (what sync tools do): the loaded shard keeps reading the file it loaded,
+    exactly; past the open-file limit, where each read opens the file again, that is a typed error."""
+    from dvidshards.errors import ShardFormatError
+    from dvidshards.stores import local
+
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    path = root / "s0" / "0_0_0.arrow"
+    want = exp.expected(0)[:128, :128, :128]
+    ds = dvidshards.Dataset(str(root), spec=exp.spec)
+    ds.read([[0, 0, 0], [64, 64, 64]])
+    vol = ds.open(0)
+    vol[0:64, 0:64, 0:64].read().result()
+    monkeypatch.setattr(local, "_cap", 0)  # shards loaded from now on keep no descriptor
+    reopening = dvidshards.Dataset(str(root), spec=exp.spec)
+    reopening.read([[0, 0, 0], [64, 64, 64]])
+    assert reopening.shard(0, (0, 0, 0)).table().file._fd < 0
+    tmp = root / "s0" / "new.tmp"
+    tmp.write_bytes(b"\0" * path.stat().st_size)
+    os.replace(tmp, path)
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], [128, 128, 128]]), want)
+    np.testing.assert_array_equal(vol[0:128, 0:128, 0:128].read().result(), want)
+    with pytest.raises(ShardFormatError, match=r"0_0_0\.arrow: chunk .*: the file changed since it was loaded"):
+        reopening.read([[0, 0, 0], [128, 128, 128]])
+
+
+def test_a_shard_file_that_shrinks_while_it_is_read_is_a_typed_error(exp, tmp_path, monkeypatch):
+    """The load reads the whole file into memory (no map): a short read is a ShardFormatError."""
+    from dvidshards.errors import ShardFormatError
+    from dvidshards.stores import local
+
+    real = local._preadinto
+    monkeypatch.setattr(local, "_preadinto", lambda fd, buf, off: real(fd, memoryview(buf)[:100], off))
+    with pytest.raises(ShardFormatError, match=r"0_0_0\.arrow: the file changed while it was read: 100 of its"):
+        dvidshards.Dataset(exp.root, spec=exp.spec).read([[0, 0, 0], [64, 64, 64]])

@@ -1,10 +1,17 @@
 """RecordTable: DVID block records located in byte buffers, whatever carried them.
 
-Every source of records ends here: a shard file's Arrow IPC bytes (memory-mapped, downloaded or
-fetched by byte range) or a ``pyarrow.RecordBatch`` (Flight, Parquet, any Arrow stream).  A
-table is one int64 array of record locations (``arrowipc.REC_FIELDS`` columns) plus the
-buffers they point into, so a chunk read is a row lookup, a zstd decompression of a slice and
+Every source of records ends here: a shard file's Arrow IPC bytes (a local file's snapshot,
+downloaded or fetched by byte range) or a ``pyarrow.RecordBatch`` (Flight, Parquet, any Arrow
+stream).  A table is one int64 array of record locations (``arrowipc.REC_FIELDS`` columns) plus
+the buffers they point into, so a chunk read is a row lookup, a zstd decompression of a slice and
 a nogil decode straight into the caller's array, with no Arrow object built on the way.
+
+A table built from a local file's snapshot (an array whose memory carries a ``shard_file``:
+``stores.local.LocalStore.map``) keeps no view of it.  Its label and supervoxel lists are copied
+into two compact buffers, and each payload is read from the file when asked for
+(``shard_file.pread``).  A file that shrank since the load then gives a short read: a
+ShardFormatError naming the file and chunk, where a memory map would have killed the process
+with SIGBUS.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ __all__ = ["RecordTable", "decompress_block", "list_values", "max_block_bytes", 
 R_CX, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = (ipc.R_CX, ipc.R_PAY, ipc.R_PAYLEN, ipc.R_LAB,
                                                               ipc.R_NLAB, ipc.R_SV, ipc.R_NSV, ipc.R_USIZE)
 _U8, _U64 = np.dtype(np.uint8), np.dtype(np.uint64)
+_NO_BYTES = np.zeros(0, np.uint8)
+_GAP = 4096  # payload reads closer than this are merged into one
 _frame_content_size, _ZstdError = zstandard.frame_content_size, zstandard.ZstdError
 
 # One decompressor per OS thread, keyed by thread id rather than held in a threading.local:
@@ -103,13 +112,20 @@ class RecordTable:
     Build one with ``from_ipc`` (bytes of record batch messages) or ``from_batch`` (a
     ``pyarrow.RecordBatch``).  ``rec`` is the (n, REC_FIELDS) int64 location array; payload
     offsets index ``bufs[0]``, label lists ``bufs[1]`` and supervoxel lists ``bufs[2]``.
+
+    With ``file`` (a ``stores.local.ShardFile``, duck-typed: ``pread``, ``readinto``,
+    ``changed``, ``path``), payload offsets are byte offsets in that file, read from it when a
+    record is read; ``bufs[0]`` then reads the whole file into memory once (``gather_payloads``
+    reads only the records asked for).
     """
 
-    __slots__ = ("_aligned", "_max_block", "_svmv", "bufs", "chunk_size", "path", "rec")
+    __slots__ = ("_aligned", "_bufs", "_file", "_max_block", "_svmv", "_whole", "chunk_size", "path", "rec")
 
-    def __init__(self, rec: np.ndarray, bufs: tuple, path: str, chunk_size=(64, 64, 64)):
+    def __init__(self, rec: np.ndarray, bufs: tuple, path: str, chunk_size=(64, 64, 64), file=None):
         self.rec = rec
-        self.bufs = bufs
+        self._bufs = tuple(bufs)
+        self._file = file
+        self._whole: np.ndarray | None = None
         self.path = path
         self.chunk_size = tuple(int(c) for c in chunk_size)
         self._max_block = max_block_bytes(self.chunk_size)
@@ -118,6 +134,41 @@ class RecordTable:
         # Arrow aligns buffers to 8 bytes; copy palettes only if a writer did not
         self._aligned = bool(len(rec) == 0 or (lab.ctypes.data % 8 == 0 and sv.ctypes.data % 8 == 0
                                                and ((rec[:, R_LAB] | rec[:, R_SV]) % 8 == 0).all()))
+
+    @property
+    def bufs(self) -> tuple:
+        """(payloads, label lists, supervoxel lists): the buffers ``rec``'s offsets index.
+
+        For a table read from its file, the first reads the whole file into memory, once per
+        table (prefer ``gather_payloads``).
+        """
+        if self._file is None:
+            return self._bufs
+        w = self._whole
+        if w is None:
+            end = int((self.rec[:, R_PAY] + self.rec[:, R_PAYLEN]).max()) if len(self.rec) else 0
+            w = np.empty(end, _U8)
+            got = self._file.readinto(w, 0) if end else 0
+            if got != end:
+                raise ShardFormatError(f"{self.path}: the file changed since it was loaded: it ends at byte "
+                                       f"{got}, its records at byte {end} (copied or synced while open?); open "
+                                       f"the export again")
+            w.flags.writeable = False
+            self._whole = w
+        return (w, self._bufs[1], self._bufs[2])
+
+    @property
+    def file(self):
+        """The shard file payloads are read from (None: they are in memory, ``bufs[0]``)."""
+        return self._file
+
+    @property
+    def nbytes(self) -> int:
+        """Memory this table holds of its own (locations, compact label lists, a file read whole)."""
+        n = self.rec.nbytes
+        if self._file is not None:
+            n += self._bufs[1].nbytes + self._bufs[2].nbytes + (self._whole.nbytes if self._whole is not None else 0)
+        return int(n)
 
     @classmethod
     def concat(cls, parts: list[RecordTable], path: str, chunk_size=(64, 64, 64)) -> RecordTable:
@@ -131,24 +182,33 @@ class RecordTable:
         if not parts:
             z = np.zeros(0, np.uint8)
             return cls(np.zeros((0, ipc.REC_FIELDS), np.int64), (z, z, z), path, chunk_size)
-        shared = all(p.bufs[0] is p.bufs[1] is p.bufs[2] for p in parts)
-        groups = [[R_PAY, R_LAB, R_SV]] if shared else [[R_PAY], [R_LAB], [R_SV]]
+        f = parts[0]._file
+        if f is not None and all(p._file is f for p in parts):
+            # records of one file: payload offsets stay file offsets, only the lists are joined
+            groups, kinds = [[R_LAB], [R_SV]], [1, 2]
+        else:
+            f = None
+            shared = all(p.bufs[0] is p.bufs[1] is p.bufs[2] for p in parts)
+            groups, kinds = ([[R_PAY, R_LAB, R_SV]], [0]) if shared else ([[R_PAY], [R_LAB], [R_SV]], [0, 1, 2])
         recs = [p.rec.copy() for p in parts]
         bufs = []
-        for k, cols in enumerate(groups):
+        for k, cols in zip(kinds, groups, strict=True):
             pos = 0
             for p, r in zip(parts, recs, strict=True):
                 r[:, cols] += pos
-                pos += p.bufs[k].shape[0]
-            bufs.append(np.concatenate([p.bufs[k] for p in parts]))
-        return cls(np.concatenate(recs), tuple(bufs * 3 if shared else bufs), path, chunk_size)
+                pos += (p._bufs if f is not None else p.bufs)[k].shape[0]
+            bufs.append(np.concatenate([(p._bufs if f is not None else p.bufs)[k] for p in parts]))
+        if f is not None:
+            return cls(np.concatenate(recs), (_NO_BYTES, *bufs), path, chunk_size, f)
+        return cls(np.concatenate(recs), tuple(bufs * 3 if len(bufs) == 1 else bufs), path, chunk_size)
 
     def __reduce__(self):
-        return (RecordTable, (self.rec, self.bufs, self.path, self.chunk_size))
+        return (RecordTable, (self.rec, self._bufs, self.path, self.chunk_size, self._file))
 
     def take(self, rows) -> RecordTable:
         """The records ``rows`` (record numbers, in that order), sharing this table's buffers."""
-        return RecordTable(self.rec[np.asarray(rows, np.int64)], self.bufs, self.path, self.chunk_size)
+        return RecordTable(self.rec[np.asarray(rows, np.int64)], self._bufs, self.path, self.chunk_size,
+                           self._file)
 
     def __len__(self) -> int:
         return len(self.rec)
@@ -166,9 +226,68 @@ class RecordTable:
         return f"{self.path}: chunk {tuple(int(v) for v in self.rec[i, R_CX:R_CX + 3])}"
 
     def payload(self, i: int) -> np.ndarray:
-        """The zstd frame of record i (a zero-copy uint8 view)."""
+        """The zstd frame of record i (a zero-copy uint8 view; read from the file, for a file's table)."""
         off, n = int(self.rec[i, R_PAY]), int(self.rec[i, R_PAYLEN])
-        return self.bufs[0][off:off + n]
+        if self._file is None:
+            return self._bufs[0][off:off + n]
+        return np.frombuffer(self._read(i, off, n), _U8)
+
+    def _read(self, i: int, off: int, n: int) -> bytes:
+        """Bytes [off, off + n) of this table's file (record i's), all of them or a typed error."""
+        f = self._file
+        data = f.pread(off, n)
+        if len(data) != n:
+            raise ShardFormatError(f"{self.where(i)}: the file changed since it was loaded: it ends at byte "
+                                   f"{off + len(data)}, before this chunk's record [{off}, {off + n}) (copied or "
+                                   f"synced while open?); open the export again")
+        return data
+
+    def _changed(self, i: int) -> ShardFormatError | None:
+        """A ShardFormatError if this table's file changed since it was loaded (None: it did not)."""
+        f = self._file
+        how = f.changed() if f is not None else None
+        if how is None:
+            return None
+        return ShardFormatError(f"{self.where(i)}: the file changed since it was loaded: {how} (copied or synced "
+                                f"while open?); open the export again")
+
+    def gather_payloads(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The zstd frames of records ``rows``: (buffer, offsets, lengths).
+
+        A table in memory gives its own buffer (no copy); a file's table reads the records
+        asked for (ranges closer than 4 KiB merged) into one new buffer.
+        """
+        rows = np.asarray(rows, np.int64)
+        rec = self.rec[rows]
+        off, ln = rec[:, R_PAY], rec[:, R_PAYLEN]
+        if self._file is None:
+            return self._bufs[0], off, ln
+        order = np.argsort(off, kind="stable").tolist()
+        spans: list[list[int]] = []  # [file start, file end, position in the buffer]
+        pos = 0
+        new = np.empty(len(rec), np.int64)
+        for k in order:
+            a, b = int(off[k]), int(off[k] + ln[k])
+            if spans and a - spans[-1][1] <= _GAP and a >= spans[-1][0]:
+                g = spans[-1]
+                if b > g[1]:
+                    pos += b - g[1]
+                    g[1] = b
+            else:
+                g = [a, b, pos]
+                spans.append(g)
+                pos += b - a
+            new[k] = g[2] + a - g[0]
+        buf = np.empty(pos, _U8)
+        for a, b, p in spans:
+            got = self._file.readinto(buf[p:p + b - a], a)
+            if got != b - a:
+                k = next(k for k in order if a <= off[k] < b and off[k] + ln[k] > a + got)
+                raise ShardFormatError(f"{self.where(int(rows[k]))}: the file changed since it "
+                                       f"was loaded: it ends at byte {a + got}, before this chunk's record "
+                                       f"[{int(off[k])}, {int(off[k] + ln[k])}) (copied or synced while open?); "
+                                       f"open the export again")
+        return buf, new, ln
 
     def usize(self, i: int) -> int:
         """Record i's uncompressed_size (-1 when the schema has none)."""
@@ -180,11 +299,11 @@ class RecordTable:
 
     def labels(self, i: int) -> np.ndarray:
         """The agglomerated label list of record i (zero-copy when aligned)."""
-        return self._u64(self.bufs[1], int(self.rec[i, R_LAB]), int(self.rec[i, R_NLAB]))
+        return self._u64(self._bufs[1], int(self.rec[i, R_LAB]), int(self.rec[i, R_NLAB]))
 
     def supervoxels(self, i: int) -> np.ndarray:
         """The supervoxel list of record i (zero-copy when aligned)."""
-        return self._u64(self.bufs[2], int(self.rec[i, R_SV]), int(self.rec[i, R_NSV]))
+        return self._u64(self._bufs[2], int(self.rec[i, R_SV]), int(self.rec[i, R_NSV]))
 
     def block(self, i: int) -> bytes:
         """The uncompressed DVID block of record i (sizes and zstd checksum checked).
@@ -194,10 +313,11 @@ class RecordTable:
         """
         try:
             block = _decompress(self.payload(i), self.usize(i), self._max_block)
+            if len(block) >= 16 and not self.labels_match(i, block):
+                raise BlockDecodeError(_mismatch(block, self.supervoxels(i)))
         except BlockDecodeError as e:
-            raise BlockDecodeError(f"{self.where(i)}: {e}") from None
-        if len(block) >= 16 and not self.labels_match(i, block):
-            raise BlockDecodeError(f"{self.where(i)}: {_mismatch(block, self.supervoxels(i))}")
+            raise (self._file is not None and self._changed(i)) or BlockDecodeError(f"{self.where(i)}: {e}") \
+                from None
         return block
 
     def labels_match(self, i: int, block) -> bool:
@@ -222,8 +342,10 @@ class RecordTable:
         """
         r = self.rec[i].tolist()
         pay = r[R_PAY]
+        f = self._file
         try:
-            block = _decompress(self.bufs[0][pay:pay + r[R_PAYLEN]], r[R_USIZE], self._max_block)
+            block = _decompress(self._bufs[0][pay:pay + r[R_PAYLEN]] if f is None else self._read(i, pay, r[R_PAYLEN]),
+                                r[R_USIZE], self._max_block)
             n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
             if n >= 1 and len(block) >= 16 + 8 * n:  # else the decoder names the damage
                 sv = r[R_SV]
@@ -231,7 +353,7 @@ class RecordTable:
                     raise BlockDecodeError(_mismatch(block, self.supervoxels(i)))
             decode_into(np.frombuffer(block, _U8), labels.palette(self, i), out)
         except BlockDecodeError as e:
-            raise BlockDecodeError(f"{self.where(i)}: {e}") from None
+            raise (f is not None and self._changed(i)) or BlockDecodeError(f"{self.where(i)}: {e}") from None
 
     # --- construction -----------------------------------------------------------------------
 
@@ -245,6 +367,11 @@ class RecordTable:
         """
         u8 = data if isinstance(data, np.ndarray) else np.frombuffer(data, _U8)
         rec = ipc.resolve_rows(u8, base, msg_off, msg_len, rows, layout, path, chunks=chunks)
+        f = _shard_file(data) if base == 0 else None
+        if f is not None:  # a local file's snapshot: keep the lists, read payloads from the file
+            lab, rec[:, R_LAB] = _compact(u8, rec[:, R_LAB], rec[:, R_NLAB])
+            sv, rec[:, R_SV] = _compact(u8, rec[:, R_SV], rec[:, R_NSV])
+            return cls(rec, (_NO_BYTES, lab, sv), path, chunk_size, f)
         if base:
             rec[:, [R_PAY, R_LAB, R_SV]] -= base
         return cls(rec, (u8, u8, u8), path, chunk_size)
@@ -277,6 +404,39 @@ class RecordTable:
         else:
             rec[:, R_USIZE] = -1
         return cls(rec, (pay_buf, lab_buf, sv_buf), path, chunk_size)
+
+
+def _shard_file(data):
+    """The ``shard_file`` of the memory under ``data`` (a local file's snapshot), else None."""
+    b = data
+    while isinstance(b, np.ndarray):
+        b = b.base
+    return getattr(getattr(b, "obj", b), "shard_file", None)
+
+
+def _compact(u8: np.ndarray, off: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of n[i] uint64 at byte offsets off[i] of u8, copied back to back: (uint8 buffer, new offsets)."""
+    n = np.asarray(n, np.int64)
+    first = np.zeros(len(n), np.int64)
+    if len(n) > 1:
+        np.cumsum(n[:-1], out=first[1:])
+    total = int(n.sum())
+    out = np.empty(total, np.uint64)
+    if total:
+        off = np.asarray(off, np.int64)
+        ends = off + 8 * n
+        cut = np.flatnonzero(off[1:] != ends[:-1]) + 1  # records of one batch: their lists follow each other
+        if 8 * (len(cut) + 1) <= len(n):  # batches of many records: one copy per batch
+            o8 = out.view(_U8)
+            for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(n)], strict=True):
+                p, q = 8 * int(first[a]), int(ends[b - 1])
+                o8[p:p + q - int(off[a])] = u8[int(off[a]):q]
+        elif u8.ctypes.data % 8 == 0 and not (off % 8).any():  # Arrow's 8-byte alignment: one uint64 gather
+            u64 = u8[:u8.shape[0] // 8 * 8].view("<u8")
+            out[:] = u64[np.repeat(off // 8 - first, n) + np.arange(total, dtype=np.int64)]
+        else:
+            out.view(_U8)[:] = u8[np.repeat(off - 8 * first, 8 * n) + np.arange(8 * total, dtype=np.int64)]
+    return out.view(_U8), 8 * first
 
 
 _RENAMES = {"block_coord_x": "chunk_x", "block_coord_y": "chunk_y", "block_coord_z": "chunk_z",
@@ -371,7 +531,8 @@ def _u64_lists(arr, path: str, what: str):
 
 def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
     """All entries of one list column of a RecordTable, flat, and the record each belongs to."""
-    off_col, n_col, buf = (R_LAB, R_NLAB, t.bufs[1]) if which == "labels" else (R_SV, R_NSV, t.bufs[2])
+    lists = t._bufs  # the list buffers (never the payloads: a file's table would read them whole)
+    off_col, n_col, buf = (R_LAB, R_NLAB, lists[1]) if which == "labels" else (R_SV, R_NSV, lists[2])
     n = t.rec[:, n_col]
     owner = np.repeat(np.arange(len(t), dtype=np.int64), n)
     if not len(t):

@@ -141,3 +141,81 @@ def test_a_record_listing_its_supervoxels_sorted_is_a_typed_error_on_decode_and_
             bad.decode_into(0, np.empty((64, 64, 64), np.uint64), as_labels(labels))
     with pytest.raises(BlockDecodeError, match="entry 0 is 3 in the record, 5 in the block"):
         bad.block(0)
+
+
+# --- a local file's table: lists in memory, payloads read from the file (issue 31 item 3) ----------
+
+def _real_pair(dvid_data, tmp_path):
+    """The real mCNS shard loaded from its file (a file's table) and from the same bytes in memory."""
+    from dvidshards.stores import MemoryStore
+    from tests.conftest import load_shard
+
+    stem = "s1/30720_24576_28672"
+    (tmp_path / "s1").mkdir()
+    files = {}
+    for ext, name in ((".arrow", "30720_24576_28672.arrow"), (".csv", "30720_24576_28672.csv")):
+        (tmp_path / (stem + ext)).symlink_to(dvid_data / name)
+        files[stem + ext] = (dvid_data / name).read_bytes()
+    local = load_shard(tmp_path, stem, extent=2048).table()
+    memory = load_shard(None, stem, extent=2048, store=MemoryStore(files)).table()
+    return local, memory
+
+
+def test_a_files_table_reads_exactly_what_the_bytes_in_memory_read(dvid_data, tmp_path):
+    import pickle
+
+    from dvidshards.formats.labels import as_labels
+    from dvidshards.formats.records import list_values
+
+    t, m = _real_pair(dvid_data, tmp_path)
+    assert t.file is not None and m.file is None and len(t) == len(m) == 258
+    np.testing.assert_array_equal(t.coords, m.coords)
+    for i in range(len(t)):
+        assert bytes(t.payload(i)) == bytes(m.payload(i)) and t.block(i) == m.block(i)
+        assert t.labels(i).tolist() == m.labels(i).tolist() and t.supervoxels(i).tolist() == m.supervoxels(i).tolist()
+    for which in ("labels", "supervoxels"):
+        for a, b in zip(list_values(t, which), list_values(m, which), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert t._whole is None  # nothing so far read the whole file: lists are in memory, payloads read one by one
+    out_t, out_m = np.empty((64, 64, 64), np.uint64), np.empty((64, 64, 64), np.uint64)
+    for labels in ("agglomerated", "supervoxels"):
+        for i in (0, 100, 257):
+            t.decode_into(i, out_t, as_labels(labels))
+            m.decode_into(i, out_m, as_labels(labels))
+            np.testing.assert_array_equal(out_t, out_m)
+    rows = np.array([200, 3, 4, 5, 250, 3], np.int64)  # any order, repeats, gaps
+    buf, off, ln = t.gather_payloads(rows)
+    assert [bytes(buf[o:o + n]) for o, n in zip(off, ln, strict=True)] == [bytes(m.payload(int(i))) for i in rows]
+    assert len(buf) < sum(len(m.payload(i)) for i in range(len(m)))  # only those records were read
+    sub, back = t.take(rows), pickle.loads(pickle.dumps(t))
+    assert sub.file is t.file and [bytes(sub.payload(k)) for k in range(len(rows))] == \
+        [bytes(m.payload(int(i))) for i in rows]
+    assert back.file.path == t.file.path and back.block(7) == m.block(7)
+    joined = RecordTable.concat([t.take([0, 1]), t.take([2])], "j")
+    assert joined.file is t.file and [joined.block(k) for k in range(3)] == [m.block(k) for k in range(3)]
+    assert t.nbytes < 0.2 * t.file.size  # locations and lists; the payloads stay in the file
+    whole = t.bufs[0]  # the old whole-buffer view, for code that indexes it: read once, then kept
+    assert t.bufs[0] is whole and [bytes(whole[o:o + n]) for o, n in t.rec[:5, 4:6]] == \
+        [bytes(m.payload(i)) for i in range(5)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_a_files_table_copies_the_lists_of_every_batch_layout(tmp_path, batch_size):
+    """Records one per batch (lists gathered) or many per batch (one copy per batch) read the same
+    as the file's bytes in memory."""
+    from dvidshards.formats.multiscale import parse_multiscale
+    from dvidshards.shard import load_shard_sync
+    from dvidshards.stores import LocalStore, MemoryStore
+    from tests.conftest import make_export
+
+    exp = make_export(tmp_path / "exp", scales=1, shard_chunks=4, batch_size=batch_size)
+    scale = parse_multiscale(exp.spec)[0]
+    for f in sorted((tmp_path / "exp" / "s0").glob("*.arrow")):
+        origin = tuple(int(v) for v in f.stem.split("_"))
+        files = {f"s0/{g.name}": g.read_bytes() for g in f.parent.glob(f.stem + ".*")}
+        t = load_shard_sync(LocalStore(tmp_path / "exp"), scale, origin).table()
+        m = load_shard_sync(MemoryStore(files), scale, origin).table()
+        assert t.file is not None and len(t) == len(m) > 0
+        for i in range(len(t)):
+            assert t.labels(i).tolist() == m.labels(i).tolist()
+            assert t.supervoxels(i).tolist() == m.supervoxels(i).tolist() and t.block(i) == m.block(i)
