@@ -12,7 +12,7 @@ import os
 import numpy as np
 import tensorstore as ts
 
-__all__ = ["compare_chunks", "kvstore_root", "open_scale"]
+__all__ = ["SpotCheck", "compare_chunks", "kvstore_root", "open_scale"]
 
 
 def kvstore_root(dest) -> dict:
@@ -38,38 +38,120 @@ def open_scale(root: dict, fmt: str, key: str) -> ts.TensorStore:
     return ts.open({"driver": "zarr3", "kvstore": {**root, "path": root.get("path", "") + key + "/"}}).result()
 
 
-def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int, rng) -> tuple[int, list[str]]:
-    """Read ``n`` random source chunks of a scale from the output ``arr`` and compare them with the
-    export (``ds``, a Dataset, duck-typed).
+class SpotCheck(tuple):
+    """What ``compare_chunks`` checked: unpacks as ``(chunks compared, mismatch lines)``.
+
+    ``with_data`` chunks hold records in the source; ``background`` chunks hold none there and must
+    read as 0 in the output; the first item is their sum.
+    """
+
+    with_data: int
+    background: int
+
+    def __new__(cls, with_data: int, background: int, problems: list[str]):
+        self = super().__new__(cls, (int(with_data) + int(background), list(problems)))
+        self.with_data, self.background = int(with_data), int(background)
+        return self
+
+    def __reduce__(self):
+        return (SpotCheck, (self.with_data, self.background, self[1]))
+
+    @property
+    def compared(self) -> int:
+        return int(self[0])
+
+    @property
+    def problems(self) -> list[str]:
+        return self[1]
+
+    def describe(self) -> str:
+        """``"N chunks compared (a with data, b background)"``."""
+        return f"{self.compared} chunks compared ({self.with_data} with data, {self.background} background)"
+
+
+_BACKGROUND_TRIES = 16  # random chunks looked at per background sample before it is taken as one with data
+
+
+def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int, rng) -> SpotCheck:
+    """Read ``n`` random chunks of a scale from the output ``arr`` and compare them with the export
+    (``ds``, a Dataset, duck-typed).
+
+    Half of them are chunks the source holds (a random shard file, a random record of it), read
+    from both and compared.  The other half are chunks inside the volume that the source has no
+    record for (drawn uniformly over the volume's chunk grid until one has none, in a shard file
+    or where there is none), which must read as 0 in the output.  A volume with no background
+    (or too little to find in a few draws) gives its share to chunks with data.
 
     Returns
     -------
-    (int, list of str)
-        Chunks compared, and one line per chunk that differs.
+    SpotCheck
+        ``(chunks compared, one line per chunk that differs)``, and the counts of each kind.
     """
     s = ds.scale(scale)
     origins = ds.shards(s.index)
     if not origins or n <= 0:
-        return 0, []
+        return SpotCheck(0, 0, [])
+    reader = ds.reader(s.index, labels)
+    have = set(origins)
     off = np.asarray(s.voxel_offset, np.int64)
-    size = np.asarray(s.size, np.int64)
     chunk = np.asarray(s.chunk_size, np.int64)
-    done, bad = 0, []
-    for _ in range(n):
+    zarr_off = off if fmt != "precomputed" else np.zeros(3, np.int64)  # zarr arrays start at 0
+    # the volume both describe (a source read without its spec guesses a volume from its file names)
+    dom = arr.domain
+    lo_out = np.asarray(dom.inclusive_min[:3], np.int64) + zarr_off
+    end = np.minimum(off + np.asarray(s.size, np.int64), np.asarray(dom.exclusive_max[:3], np.int64) + zarr_off)
+    off = np.maximum(off, lo_out)
+    glo, ghi = off // chunk, -(-end // chunk)
+    if (ghi <= glo).any():
+        return SpotCheck(0, 0, [])
+    with_data, background, bad = 0, 0, []
+
+    def output(lo, hi):
+        rlo, rhi = lo - zarr_off, hi - zarr_off
+        return arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
+
+    def box(c):
+        return np.maximum(c * chunk, off), np.minimum((c + 1) * chunk, end)
+
+    def holds(c) -> bool:
+        x, y, z = (int(v) for v in c)
+        if s.shard_origin(x, y, z) not in have:
+            return False  # no shard file there: DVID writes none for an all-background shard
+        shard = reader.shard(x, y, z)
+        return shard is not None and shard.find(x, y, z) is not None
+
+    for k in range(n):
+        if k % 2:  # a background chunk: it must read as 0
+            for _ in range(_BACKGROUND_TRIES):
+                c = rng.integers(glo, ghi)
+                if not holds(c):
+                    break
+            else:
+                c = None
+            if c is not None:
+                lo, hi = box(c)
+                if (hi <= lo).any():
+                    continue
+                got = output(lo, hi)
+                background += 1
+                if got.any():
+                    bad.append(f"s{s.index} chunk {tuple(c.tolist())}: {int(np.count_nonzero(got))} voxels are not 0 "
+                               f"where the source has no data (background)")
+                continue
         o = origins[int(rng.integers(len(origins)))]
-        coords = ds.shard(s.index, o).coords
+        x, y, z = (int(v) for v in np.asarray(o, np.int64) // chunk)
+        shard = reader.shard(x, y, z)
+        coords = shard.coords if shard is not None else ()
         if not len(coords):
             continue
         c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
-        lo, hi = np.maximum(c * chunk, off), np.minimum((c + 1) * chunk, off + size)
+        lo, hi = box(c)
         if (hi <= lo).any():
             continue
         want = ds.read([lo.tolist(), hi.tolist()], scale=s.index, labels=labels, threads=1)
-        rlo = lo if fmt == "precomputed" else lo - off  # zarr arrays start at 0
-        rhi = rlo + (hi - lo)
-        got = arr[rlo[0]:rhi[0], rlo[1]:rhi[1], rlo[2]:rhi[2]].read().result()
-        done += 1
+        got = output(lo, hi)
+        with_data += 1
         if not np.array_equal(got, want):
             bad.append(f"s{s.index} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ "
                        f"from the source")
-    return done, bad
+    return SpotCheck(with_data, background, bad)
