@@ -40,11 +40,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "meshes": ("dvidshards.jobs.meshes:MeshesCommand",
                "neuroglancer multi-resolution (or legacy) meshes of every body into a precomputed dataset, one task "
                "per shard"),
+    "downsample": ("dvidshards.jobs.downsample",
+                   "make the scales an export lacks the way DVID makes its pyramid (a DVID export beside it)"),
     "pcg-edges": ("dvidshards.jobs.pcg",
                   "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
     "view": ("dvidshards.serve.view",
              "serve an export as a neuroglancer precomputed source and open a viewer on it"),
     "serve-flight": ("dvidshards.serve.flight", "serve an export's (or a table's) block records over Arrow Flight"),
+    "serve-dvid": ("dvidshards.serve.dvid", "answer DVID's read-only labelmap HTTP API from an export"),
     "ingest": ("dvidshards.jobs.ingest:IngestCommand",
                "pull block records from a Flight server or an export into a sorted Parquet table, or turn "
                "DVID /blocks dumps into an export"),
@@ -136,15 +139,21 @@ def main(argv=None) -> int:
     except UsageError as e:
         text = _one_line(e)
         print(text if text.startswith(prog) else f"{prog}: {text}", file=sys.stderr)
-    except JobError as e:  # the job ran and did not complete: problems found, partial results kept
-        print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+    except JobError as e:  # the job ran and did not complete: its summary says what to do
+        summary = getattr(e.report, "summary", None)
+        if callable(summary):
+            print(summary(), file=sys.stderr)
+        else:
+            print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         return EXIT_PROBLEMS
     except DvidShardsError as e:
         print(f"{prog}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
     except OSError as e:
         print(f"{prog}: {_one_line(e)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a job's frame has said what is incomplete and how to finish it
+        notes = getattr(e, "__notes__", None)
+        if not notes:
+            print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return EXIT_USAGE
 

@@ -25,7 +25,14 @@ import tensorstore as ts
 from .arrays import to_dask as dask_array
 from .bodies import Body
 from .consolidated import ConsolidatedIndex, consolidated_paths, scales_from_consolidated
-from .errors import ChunkIndexError, GeometryWarning, MissingShardError, RemoteReadError, SpecError
+from .errors import (
+    ChunkIndexError,
+    GeometryWarning,
+    IncompleteScalesWarning,
+    MissingShardError,
+    RemoteReadError,
+    SpecError,
+)
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, labels_in_box
@@ -50,11 +57,6 @@ __all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Sc
 MANIFEST = "dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
 _SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
 _PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
-
-
-class IncompleteScalesWarning(UserWarning):
-    """A downsample destination's manifest says its scales are not complete (a job still running, or
-    stopped): chunks of its unfinished shards are missing."""
 
 
 def _caller_stacklevel() -> int:

@@ -7,6 +7,7 @@ __all__ = [
     "ChunkIndexError",
     "DvidShardsError",
     "GeometryWarning",
+    "IncompleteScalesWarning",
     "IndexRebuiltWarning",
     "JobError",
     "MappingError",
@@ -90,3 +91,8 @@ class GeometryWarning(UserWarning):
 
 class IndexRebuiltWarning(UserWarning):
     """A shard had no chunk index; it was rebuilt from the records' own chunk columns."""
+
+
+class IncompleteScalesWarning(UserWarning):
+    """A downsample destination's manifest says its scales are not complete (a job still running, or
+    stopped): chunks of its unfinished shards are missing."""

@@ -83,7 +83,7 @@ def test_info(synthetic_export, spec_file, capsys):
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert rows[0][2] == "x".join(map(str, synthetic_export.sv.shape)) and rows[0][4] == "128"
     n_chunks = len({tuple(c) for c in np.argwhere(synthetic_export.sv) // 64})
-    assert int(rows[0][6]) == n_chunks and rows[0][-1] == "A"
+    assert int(rows[0][7]) == n_chunks and rows[0][-1] == "A" and rows[0][5] in ("either", "current", "old")
 
 
 def test_info_columns_line_up_for_long_keys(dvid_data, tmp_path, capsys):
@@ -96,13 +96,13 @@ def test_info_columns_line_up_for_long_keys(dvid_data, tmp_path, capsys):
     assert code == 0
     lines = out.splitlines()[1:]
     head = lines[0]
-    assert head.split() == ["scale", "key", "size", "(x,y,z)", "resolution", "shard", "shards"]
-    ends = [head.index(h) + len(h) for h in ("scale", "key", "(x,y,z)", "resolution", "shard", "shards")]
+    assert head.split() == ["scale", "key", "size", "(x,y,z)", "resolution", "shard", "naming", "shards"]
+    ends = [head.index(h) + len(h) for h in ("scale", "key", "(x,y,z)", "resolution", "shard", "naming", "shards")]
     rows = [line for line in lines[1:] if line.strip()[0].isdigit()]
     assert len(rows) == 12 and "16384x16384x16384" in rows[-1]
-    assert [r.split()[0] for r in rows if r.endswith("no folder")] == [str(k) for k in range(12) if k != 1]
-    assert "no folder for s0, s2," in out  # the scales the spec lists and this export lacks, said
-    rows = [r for r in rows if not r.endswith("no folder")]
+    assert [r.split()[0] for r in rows if r.endswith("not exported")] == [str(k) for k in range(12) if k != 1]
+    assert "not exported: s0, s2-s11" in out  # the scales the spec lists and this export lacks, said
+    rows = [r for r in rows if not r.endswith("not exported")]
     for r in rows:  # right-aligned cells end where their header ends
         cells = r.split()
         pos = 0
@@ -147,15 +147,19 @@ def test_consolidate(synthetic_export, spec_file, tmp_path, capsys):
                                                                       "s2.chunks.arrow"]
 
 
-def test_consolidate_of_every_scale_writes_nothing_when_one_scale_has_no_folder(synthetic_export, spec_file,
-                                                                                  tmp_path, capsys):
+def test_consolidate_of_a_partial_export_indexes_the_scales_it_holds(synthetic_export, spec_file,
+                                                                     tmp_path, capsys):
     root = tmp_path / "exp"
     shutil.copytree(synthetic_export.root, root)
     shutil.rmtree(root / "s2")  # the spec lists s2; the export lacks it
     out_dir = tmp_path / "index"
     code, out, err = _run(["consolidate", str(root), "--spec", spec_file, "--out", str(out_dir)], capsys)
-    assert code == 2 and "has no folder s2" in _one_line(err) and out == ""
-    assert not out_dir.exists()  # s0's and s1's index files are not left behind
+    assert code == 0 and "not exported: s2" in out + err
+    # asking for the absent scale: one line naming it and how to make it, nothing written
+    code, out, err = _run(["consolidate", str(root), "--spec", spec_file, "--out", str(tmp_path / "i2"),
+                           "--scale", "2"], capsys)
+    assert code == 2 and "scale 2 is not exported" in _one_line(err) and "downsample" in err
+    assert not (tmp_path / "i2").exists()
 
 
 def test_consolidate_bad_out(synthetic_export, spec_file, tmp_path, capsys):
@@ -184,14 +188,14 @@ def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_pa
     code, _, _ = _run(["convert", synthetic_export.root, str(out), "--format", "precomputed", "--spec", spec_file,
                        "--quiet"], capsys)
     assert code == 0
-    code, text, _ = _run(["verify", str(out), "--spot-check", "5", "--quiet"], capsys)
+    code, text, _ = _run(["verify", str(out), "--spot-check", "5", "--quiet", "--spec", spec_file], capsys)
     assert code == 0 and "no problems" in text
     m = json.loads((out / "dvidshards.json").read_text())
-    for f in (out / m["scales"]["0"]["key"]).glob("*.shard"):
+    for f in (out / m["keys"]["0"]).glob("*.shard"):
         data = bytearray(f.read_bytes())
         data[-30:] = bytes(30)  # the minishard index and its last chunk's tail
         f.write_bytes(bytes(data))
-    code, text, _ = _run(["verify", str(out), "--spot-check", "40", "--quiet"], capsys)
+    code, text, _ = _run(["verify", str(out), "--spot-check", "40", "--quiet", "--spec", spec_file], capsys)
     assert code == 1
     code, _, err = _run(["verify", str(out), "--spot-check", "-1"], capsys)
     assert code == 2 and "--spot-check -1" in _one_line(err)
