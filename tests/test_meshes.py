@@ -14,10 +14,11 @@ import pytest
 import dvidshards
 from dvidshards import cli
 from dvidshards.bodies import Body
+from dvidshards.demo.neurons import neuron_volume
+from dvidshards.errors import JobError
 from dvidshards.formats import mesh as M
 from dvidshards.formats.mapping import LabelMapping
-from dvidshards.jobs.meshes import MANIFEST, MeshesError, meshes
-from dvidshards.demo.neurons import neuron_volume
+from dvidshards.jobs.meshes import MANIFEST, MeshesError, default_scale, meshes
 from dvidshards.writer import write_export
 
 pytest.importorskip("zmesh")
@@ -89,21 +90,24 @@ def pieces(m: M.Mesh) -> int:
     return len({find(int(v)) for v in used})
 
 
-def check_bodies(six, dest, lod=None, tol=0.01) -> None:
-    """The held-out bar: one watertight piece per body, inside its box, volume within 15 %.
+def check_bodies(six, dest, lod=None, scale=0, tol=0.5) -> None:
+    """The held-out bar: one watertight piece per body, inside its box, volume within 15 % of its
+    voxels at the meshed scale.
 
-    ``tol`` (nm) allows for simplified meshes, whose quadric optimum may leave the box a little.
+    ``tol`` (voxels of that scale) allows for surfaces moved out to their voxel volume.
     """
     cv = CloudVolume(f"file://{dest}", progress=False)
+    vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(scale).size)], scale)
+    res = RES * 2**scale
     for b in six.ids:
         m = one_mesh(cv.mesh.get(b) if lod is None else cv.mesh.get(b, lod=lod), b)
         assert M.is_watertight(m.vertices, m.faces), b
         assert pieces(m) == 1, b
-        idx = np.argwhere(six.bodies == b)
-        lo, hi = idx.min(axis=0) * RES, (idx.max(axis=0) + 1) * RES
+        idx = np.argwhere(vol == b)
+        lo, hi = idx.min(axis=0) * res, (idx.max(axis=0) + 1) * res
         v = m.vertices.astype(np.float64)
-        assert (v.min(axis=0) >= lo - tol).all() and (v.max(axis=0) <= hi + tol).all(), b
-        vox = len(idx) * RES.prod()
+        assert (v.min(axis=0) >= lo - tol * res).all() and (v.max(axis=0) <= hi + tol * res).all(), b
+        vox = len(idx) * res.prod()
         assert abs(M.enclosed_volume(m.vertices, m.faces) / vox - 1) < 0.15, b
 
 
@@ -111,22 +115,50 @@ def test_held_out_six_bodies(six, tmp_path, run_cli, capsys):
     assert all(2 <= len(np.unique(six.sv[six.bodies == b])) <= 3 for b in six.ids) and len(six.ids) == 6
     dest = tmp_path / "dest"
     assert run_cli(["meshes", six.root, str(dest), "--scheduler", "serial", "--quiet"]) == 0
-    assert "6 bodies" in capsys.readouterr().out
-    check_bodies(six, dest)
+    out = capsys.readouterr().out
+    assert "6 bodies" in out and "from s1 (16 nm)" in out and "downsample" in out  # no 32 nm scale here
+    check_bodies(six, dest, scale=1)
     info = json.loads((dest / "info").read_text())
     assert info["mesh"] == "mesh" and info["scales"][0]["resolution"] == list(RES)
     man = json.loads((dest / "mesh" / MANIFEST).read_text())
-    assert man["complete"] is True and man["bodies"] == 6 and man["failed"] == {}
+    assert man["job"] == "meshes" and man["complete"] is True and man["totals"]["bodies"] == 6
+    assert man["failed"] == {} and man["scales"] == [1]
     minfo = json.loads((dest / "mesh" / "info").read_text())
     assert minfo["@type"] == "neuroglancer_multilod_draco" and minfo["sharding"]["hash"] == "murmurhash3_x86_128"
+    assert minfo["transform"][0] == 16.0  # level 0 is s1
     assert not (dest / "mesh" / "_work").exists()
+
+
+def test_every_scale_meshed_watertight_at_its_voxel_volume(six, tmp_path):
+    """Each scale on its own (scale=K, one level): one watertight piece per body, its volume within
+    15 % of its voxels at that scale (and within 3 % here: surfaces are moved out to it)."""
+    for k in (0, 1):
+        rep = meshes(six.dataset(), tmp_path / f"s{k}", scale=k, lods=1, scheduler="serial", progress=False)
+        assert rep.ok and rep.scales == [k] and rep.totals["bodies"] == 6
+        check_bodies(six, tmp_path / f"s{k}", scale=k)
+        cv = CloudVolume(f"file://{tmp_path / f's{k}'}", progress=False)
+        vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(k).size)], k)
+        for b in six.ids:
+            m = one_mesh(cv.mesh.get(b), b)
+            assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * (RES * 2**k).prod()) - 1) < 0.03
+
+
+def test_default_scale_is_the_finest_at_32_nm(tmp_path):
+    sv, mapping = neuron_volume((96, 80, 72), n_bodies=2, svs_per_body=2, seed=3)
+    spec = write_export(np.array(sv), tmp_path / "e", mapping=mapping, scales=4, resolution=(8, 8, 8))
+    assert default_scale(dvidshards.Dataset(tmp_path / "e", spec=spec)) == (2, None)
+    spec = write_export(np.array(sv), tmp_path / "f", mapping=mapping, scales=2, resolution=(16, 16, 40))
+    assert default_scale(dvidshards.Dataset(tmp_path / "f", spec=spec))[0] == 1  # 32 x 32 x 80 nm
+    spec = write_export(np.array(sv), tmp_path / "g", mapping=mapping, scales=1, resolution=(8, 8, 8))
+    k, note = default_scale(dvidshards.Dataset(tmp_path / "g", spec=spec))
+    assert k == 0 and "downsample" in note
 
 
 def test_threads_and_serial_write_the_same_bytes(six, tmp_path):
     ds = six.dataset()
     a = meshes(ds, tmp_path / "a", scheduler="serial", progress=False)
     b = meshes(ds, tmp_path / "b", scheduler="threads:2", progress=False)
-    assert a.ok and b.ok and a.bodies == b.bodies == 6
+    assert a.ok and b.ok and a.totals["bodies"] == b.totals["bodies"] == 6
     assert tree(tmp_path / "a" / "mesh", skip=MANIFEST) == tree(tmp_path / "b" / "mesh", skip=MANIFEST)
 
 
@@ -141,44 +173,43 @@ def tree(root, skip=None) -> dict:
 
 
 def test_levels_of_detail_from_coarser_scales(six, tmp_path):
-    # every lod at full marching-cubes resolution: the coarse one has fewer faces by its scale alone
-    rep = meshes(six.dataset(), tmp_path / "d", scales=(0, 1), reduction_factor=0, scheduler="serial",
-                 progress=False)
-    assert rep.ok
-    check_bodies(six, tmp_path / "d", lod=0)
+    rep = meshes(six.dataset(), tmp_path / "d", scale=0, scheduler="serial", progress=False)
+    assert rep.ok and rep.scales == [0, 1]  # every exported coarser scale
+    check_bodies(six, tmp_path / "d", lod=0, scale=0)
     cv = CloudVolume(f"file://{tmp_path / 'd'}", progress=False)
     for b in six.ids:
         fine, coarse = one_mesh(cv.mesh.get(b, lod=0), b), one_mesh(cv.mesh.get(b, lod=1), b)
         assert M.is_watertight(coarse.vertices, coarse.faces)
         assert len(coarse.faces) < len(fine.faces) / 2
         ratio = M.enclosed_volume(coarse.vertices, coarse.faces) / M.enclosed_volume(fine.vertices, fine.faces)
-        assert 0.6 < ratio < 1.2, (b, ratio)  # thin parts shrink at the coarser scale
+        assert 0.85 < ratio < 1.15, (b, ratio)  # each level holds its own scale's voxel volume
 
 
-def test_simplified_levels_and_reduction(six, tmp_path):
-    rep = meshes(six.dataset(), tmp_path / "d", lods=3, reduction_factor=4, max_error=2, scheduler="serial",
-                 progress=False)
-    assert rep.ok
-    check_bodies(six, tmp_path / "d", lod=0, tol=0.3 * RES.max())
-    cv = CloudVolume(f"file://{tmp_path / 'd'}", progress=False)
-    b = six.ids[0]
-    full = Body(six.dataset(), b).mesh()
-    assert len(one_mesh(cv.mesh.get(b, lod=0), b).faces) < len(full.faces) / 2
-    lod1 = one_mesh(cv.mesh.get(b, lod=1), b)
-    assert M.is_watertight(lod1.vertices, lod1.faces)
+def test_reduction_zero_keeps_every_marching_cubes_face(six, tmp_path):
+    a = meshes(six.dataset(), tmp_path / "a", scale=0, lods=1, reduction_factor=0, first_reduction=0,
+               inflate=False, scheduler="serial", progress=False)
+    b = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, scheduler="serial", progress=False)
+    assert a.ok and b.ok
+    assert a.totals["faces_after_cell_pass"] == a.totals["faces_marching_cubes"]
+    cva, cvb = (CloudVolume(f"file://{tmp_path / k}", progress=False) for k in "ab")
+    for body in six.ids:
+        full = Body(six.dataset(), body).mesh()
+        ma, mb = one_mesh(cva.mesh.get(body), body), one_mesh(cvb.mesh.get(body), body)
+        assert len(ma.faces) == len(full.faces)  # marching cubes, cell by cell, welded: the whole body's
+        assert len(mb.faces) < len(full.faces) / 4
 
 
 def test_legacy_format(six, tmp_path):
     rep = meshes(six.dataset(), tmp_path / "d", legacy=True, scheduler="serial", progress=False)
-    assert rep.ok and rep.bodies == 6
+    assert rep.ok and rep.totals["bodies"] == 6
     assert json.loads((tmp_path / "d" / "mesh" / "info").read_text())["@type"] == "neuroglancer_legacy_mesh"
-    check_bodies(six, tmp_path / "d")
+    check_bodies(six, tmp_path / "d", scale=1)
 
 
 def test_supervoxel_meshes(six, tmp_path):
-    rep = meshes(six.dataset(), tmp_path / "d", labels="supervoxels", scheduler="serial", progress=False)
+    rep = meshes(six.dataset(), tmp_path / "d", scale=0, labels="supervoxels", scheduler="serial", progress=False)
     svs = np.unique(six.sv[six.sv != 0])
-    assert rep.ok and rep.bodies == len(svs)
+    assert rep.ok and rep.totals["bodies"] == len(svs)
     cv = CloudVolume(f"file://{tmp_path / 'd'}", progress=False)
     sv = int(svs[0])
     m = one_mesh(cv.mesh.get(sv), sv)
@@ -198,7 +229,7 @@ def test_into_a_convert_output(six, tmp_path):
     assert after.pop("mesh") == "mesh" and after == before
     cv = CloudVolume(f"file://{dest}", progress=False, fill_missing=True)
     np.testing.assert_array_equal(cv[0:SHAPE[0], 0:SHAPE[1], 0:SHAPE[2]][..., 0], six.bodies)
-    check_bodies(six, dest)
+    check_bodies(six, dest, scale=1)
 
 
 def test_a_failed_shard_leaves_no_meshes_and_resume_finishes(six, tmp_path, run_cli, capsys):
@@ -210,7 +241,8 @@ def test_a_failed_shard_leaves_no_meshes_and_resume_finishes(six, tmp_path, run_
     good = path.read_bytes()
     path.write_bytes(good[:600])
     dest = tmp_path / "dest"
-    assert run_cli(["meshes", str(root), str(dest), "--scheduler", "serial", "--quiet"]) == 1
+    one = ["--scale", "0", "--lods", "1"]
+    assert run_cli(["meshes", str(root), str(dest), "--scheduler", "serial", "--quiet", *one]) == 1
     out = capsys.readouterr().out
     assert "INCOMPLETE" in out and "--resume" in out and f"{o[0]}_{o[1]}_{o[2]}.arrow" in out
     man = json.loads((dest / "mesh" / MANIFEST).read_text())
@@ -219,20 +251,24 @@ def test_a_failed_shard_leaves_no_meshes_and_resume_finishes(six, tmp_path, run_
     assert not (dest / "info").exists() and not (dest / "mesh" / "info").exists()  # nothing readers find
     assert not any(f.endswith(".shard") for f in os.listdir(dest / "mesh"))
     # without --resume or --overwrite the earlier output is refused
-    assert run_cli(["meshes", str(root), str(dest), "--quiet"]) == 2
+    assert run_cli(["meshes", str(root), str(dest), "--quiet", *one]) == 2
     assert "--resume" in capsys.readouterr().err
+    with pytest.raises(JobError) as e:  # Python: the same failure raises, carrying the report
+        meshes(dvidshards.Dataset(str(root), spec=six.spec), tmp_path / "py", scale=0, lods=1, scheduler="serial",
+               progress=False)
+    assert not e.value.report.ok and e.value.report.failed
     path.write_bytes(good)
-    assert run_cli(["meshes", str(root), str(dest), "--scheduler", "serial", "--quiet", "--resume"]) == 0
+    assert run_cli(["meshes", str(root), str(dest), "--scheduler", "serial", "--quiet", "--resume", *one]) == 0
     out = capsys.readouterr().out
-    assert f"{len(ds.shards(0)) - failed} resumed" in out
+    assert f"{len(ds.shards(0)) - failed} kept from an earlier run" in out
     assert json.loads((dest / "mesh" / MANIFEST).read_text())["complete"] is True
     check_bodies(six, dest)
     fresh = tmp_path / "fresh"
-    assert meshes(ds, fresh, scheduler="serial", progress=False).ok
+    assert meshes(ds, fresh, scale=0, lods=1, scheduler="serial", progress=False).ok
     assert tree(dest / "mesh", skip=MANIFEST) == tree(fresh / "mesh", skip=MANIFEST)
     # resuming a complete output does nothing; other parameters are refused
-    assert run_cli(["meshes", str(root), str(dest), "--quiet", "--resume"]) == 0
-    assert run_cli(["meshes", str(root), str(dest), "--quiet", "--resume", "--legacy"]) == 2
+    assert run_cli(["meshes", str(root), str(dest), "--quiet", "--resume", *one]) == 0
+    assert run_cli(["meshes", str(root), str(dest), "--quiet", "--resume", "--scale", "0", "--legacy"]) == 2
     assert "other parameters" in capsys.readouterr().err
 
 
@@ -253,15 +289,36 @@ def test_destinations_refused(six, tmp_path, run_cli, capsys):
     (foreign / "info").write_text(json.dumps(six.spec))
     (foreign / "mesh" / "info").write_text('{"@type": "neuroglancer_legacy_mesh"}')
     assert run_cli(["meshes", six.root, str(foreign), "--quiet"]) == 2
-    assert "did not write" in capsys.readouterr().err
+    assert "no dvidshards output" in capsys.readouterr().err
     assert run_cli(["meshes", six.root, str(foreign), "--quiet", "--overwrite", "--scheduler", "serial"]) == 0
-    check_bodies(six, foreign)
+    check_bodies(six, foreign, scale=1)
     for args in (["--scales", "x"], ["--legacy", "--scales", "0,1"], ["--lods", "0"], ["--resume", "--overwrite"],
                  ["--scheduler", "nonsense"]):
         assert run_cli(["meshes", six.root, str(tmp_path / "new"), "--quiet", *args]) == 2, args
     assert not (tmp_path / "new").exists()
     with pytest.raises(MeshesError):
-        meshes(six.dataset(), tmp_path / "x", scales=(0, 1), lods=2)
+        meshes(six.dataset(), tmp_path / "x", scales=(0, 1), lods=3)
+    with pytest.raises(MeshesError):
+        meshes(six.dataset(), tmp_path / "x", scales=(0,), scale=1)
+    # a URL with a slash missing is refused in one line, and no local folder is made
+    assert run_cli(["meshes", six.root, "gs:/bucket/m", "--quiet"]) == 2
+    assert "gs:" not in os.listdir(".") and not os.path.exists("gs:")
+
+
+def test_a_box_meshes_the_voxels_inside_it(six, tmp_path):
+    box = [[40, 30, 20], [150, 120, 110]]
+    rep = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, box=box, scheduler="serial", progress=False)
+    vol = np.zeros_like(six.bodies)
+    vol[40:150, 30:120, 20:110] = six.bodies[40:150, 30:120, 20:110]
+    cv = CloudVolume(f"file://{tmp_path / 'b'}", progress=False)
+    ids = [int(b) for b in np.unique(vol[vol != 0])]
+    assert rep.ok and rep.totals["bodies"] == len(ids)
+    for b in ids:
+        m = one_mesh(cv.mesh.get(b), b)
+        assert M.is_watertight(m.vertices, m.faces)
+        v = m.vertices / RES
+        assert (v.min(axis=0) >= np.array(box[0]) - 0.5).all() and (v.max(axis=0) <= np.array(box[1]) + 0.5).all()
+        assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * RES.prod()) - 1) < 0.05
 
 
 @pytest.mark.slow
@@ -276,8 +333,8 @@ def test_regroup_levels_give_the_same_output(six, tmp_path, monkeypatch):
     from dvidshards.jobs import meshes as job
 
     monkeypatch.setattr(job, "FAN_IN", 2)  # 7 shard files -> 4 -> 2 files before the final tasks
-    a = meshes(six.dataset(), tmp_path / "a", scheduler="serial", progress=False)
+    a = meshes(six.dataset(), tmp_path / "a", scale=0, scheduler="serial", progress=False)
     monkeypatch.setattr(job, "FAN_IN", 64)
-    b = meshes(six.dataset(), tmp_path / "b", scheduler="serial", progress=False)
+    b = meshes(six.dataset(), tmp_path / "b", scale=0, scheduler="serial", progress=False)
     assert a.ok and b.ok and len(six.dataset().shards(0)) > 4
     assert tree(tmp_path / "a" / "mesh", skip=MANIFEST) == tree(tmp_path / "b" / "mesh", skip=MANIFEST)

@@ -6,32 +6,38 @@ precomputed dataset folder: a ``convert`` output (its ``info`` gains the ``mesh`
 folder holding only ``info`` and the mesh directory. neuroglancer and
 ``cloudvolume.CloudVolume("file://DEST").mesh.get(id)`` read it.
 
-How it runs (one :class:`~dvidshards.jobs.runner.TaskRunner` for every phase):
+**At the field's scale.** Level of detail 0 is, by default, the finest scale whose voxel is at least
+32 nm (s2 of 8 nm data, as FlyEM's chunked meshes, igneous' examples and FlyWire); ``scale=K``
+chooses another. Each coarser level comes from the next coarser scale (DVID's pyramid, or the
+scales ``dvidshards downsample`` made: ``Dataset([export, downsampled])`` reads them as one), so a
+level costs an eighth of the one before.
 
-1. **Map, one task per source shard** (per scale given): the cells of the shard's chunks are
-   meshed by marching cubes (``formats.mesh.mesh_cells``: each cell is its chunk plus one voxel
-   of its + neighbours, so neighbouring cells meet exactly and a body's fragments weld into one
-   watertight surface). Fragments go to one work file per shard, sorted by the *bucket* of
-   their body: the mesh shard the body lands in (``murmurhash3_x86_128`` of the id, as the
-   sharded format hashes it) or, for the legacy format, a hash bucket of the id. The file is
-   written through a temporary name, so a task that fails writes nothing; ``resume`` skips
-   shards whose file exists. Memory: a shard's index, two planes of chunk faces and the
-   fragment table (24 bytes a fragment); fragments stream to disk.
-2. **Regroup** (only above ``FAN_IN`` files): groups of files merge bucket by bucket, level by
-   level, so the last phase opens at most ``FAN_IN`` files.
-3. **Final, one task per bucket**: the fragments of the bucket's bodies, body by body: lod 0
-   is the scale-0 cells, lod j the cells of the j-th scale given (``scales=[0, 1, 2]``) or
-   levels simplified from lod 0 (``lods=``); each body's manifest and Draco fragments are
-   encoded, and the bucket's shard file written (temporary name, then renamed). Memory: one
-   bucket's fragments. Never all bodies on the client: the planner holds shard origins and
-   bucket numbers only.
+The job reads as plan → tasks → reduce:
 
-The destination holds ``<mesh>/dvidshards.json``: written first with ``"complete": false``
-(the parameters, the shards failed), made ``true`` at the end. The mesh ``info`` and the
-volume ``info``'s ``mesh`` key are written only when every task succeeded, so an incomplete
-output is never found by a reader. A destination holding anything but a precomputed dataset
-(or an earlier run of this job) is refused, as is an earlier output unless ``resume`` or
-``overwrite``.
+1. **Plan** (:func:`plan`): the scales, one map task per source shard of each, the mesh sharding.
+   The client holds shard origins and bucket numbers only.
+2. **Map, one task per source shard** (:func:`mesh_shard`): each 64³ chunk's cell (the chunk plus one
+   voxel of its + neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, and
+   each body's piece is decimated lightly with the cell's border locked
+   (``formats.mesh.decimate``: quadric edge collapses that keep the topology), so the pieces still
+   weld into one watertight surface. Pieces go to one work file per shard, sorted by the *bucket*
+   of their body (the mesh shard it lands in), with the body's voxel count in the chunk and the
+   area and volume of its marching-cubes surface. Memory: a shard's index, two planes of chunk
+   faces, the fragment table (40 bytes a piece); pieces stream to disk.
+3. **Regroup** (only above ``FAN_IN`` files): groups of files merge bucket by bucket.
+4. **Reduce, one task per bucket** (:func:`write_bucket`): body by body, per level, the pieces of
+   each octree node (``NODE`` cells a side: 256³ voxels) are welded and decimated once more with
+   the node's border locked (the per-body pass: the cell borders inside a node go), and moved
+   out along their normals by the distance that gives back the body's voxel volume (marching
+   cubes cuts every convex voxel corner; at 32 nm a thin neurite would lose ~15 %). Nodes are
+   exactly the format's octree nodes, so no triangle crosses one and nothing is cut. Memory: one
+   body's pieces.
+
+The output frame is ``jobs.output``: the destination is parsed (a path, ``gs://``, ``s3://``) and
+refused in one line before any work, locked, its manifest (``<mesh>/dvidshards.json``) written
+``complete: false`` first; the mesh ``info`` and the volume ``info``'s ``mesh`` key are written only
+when every task succeeded, so a reader never finds an incomplete output. ``meshes()`` raises
+``JobError`` carrying the report when the output is incomplete, unless ``allow_partial=True``.
 
 The command line's adapter classes, ``MeshesCommand`` and ``BodyCommand``, sit at the end.
 """
@@ -47,52 +53,83 @@ import os
 import shutil
 import struct
 import sys
-import time
+import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..bodies import Body, chunk_decoder
 from ..dataset import Dataset
-from ..errors import SpecError
+from ..errors import OutputError, SpecError
 from ..formats.labelindex import bucket_of, labels_id
 from ..formats.labels import as_labels
-from ..formats.mesh import Mesh, merge_fragments, mesh_cells, to_obj, to_ply
+from ..formats.mesh import (
+    Mesh,
+    decimate,
+    inflate,
+    merge_fragments,
+    mesh_cells,
+    on_box,
+    to_obj,
+    to_ply,
+    volume_area,
+    weld_pieces,
+)
 from ..formats.multilod import (
-    build_lods,
     encode_object,
     encode_shard_files,
     legacy_files,
     legacy_info,
     multilod_info,
 )
-from ..formats.multiscale import parse_json
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
-from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
+from .options import (
+    add_box,
+    add_dest,
+    add_job_options,
+    add_labels,
+    add_scales,
+    add_source,
+    box_of,
+    command_line,
+    dest_of,
+    job_options,
+    scales_of,
+)
+from .output import MANIFEST, Destination, JobReport, Output
+from .runner import TaskRunner, scheduler_of
 
 __all__ = [
     "FAN_IN",
     "MANIFEST",
+    "NODE",
+    "TARGET_NM",
     "BodyCommand",
-    "MeshesCommand",
-    "MeshesReport",
     "MeshJob",
+    "MeshesCommand",
+    "MeshesError",
+    "default_scale",
     "meshes",
+    "mesh_shard",
+    "plan",
+    "write_bucket",
 ]
 
-FAN_IN = 64  # work files a regroup or final task opens at most
-MANIFEST = "dvidshards.json"
-FORMAT = "dvidshards-meshes"
-_MAGIC = b"DVSMESH1"
+FAN_IN = 64  # work files a regroup or reduce task opens at most
+NODE = 4  # cells per octree node edge at every level (4 x 64 = 256 voxels, FlyEM's mesh blocks)
+TARGET_NM = 32.0  # level of detail 0 by default: the finest scale whose voxel is at least this
+MAX_LODS = 6  # levels of detail made from coarser scales by default
+_MAGIC = b"DVSMESH2"
 _HEAD = np.dtype([("body", "<u8"), ("x", "<i4"), ("y", "<i4"), ("z", "<i4"), ("scale", "<u4"),
-                  ("nv", "<u4"), ("nf", "<u4")])  # one fragment's header (32 bytes)
+                  ("nv", "<u4"), ("nf", "<u4"), ("mc", "<u4"), ("pad", "<u4"), ("voxels", "<u8"),
+                  ("volume", "<f8"), ("area", "<f8")])  # one piece's header (64 bytes)
 _INDEX = np.dtype([("bucket", "<u8"), ("off", "<u8"), ("len", "<u8")])
 
 
 class MeshesError(SpecError):
-    """The destination or the parameters of ``meshes`` are not usable (nothing was written)."""
+    """The parameters of ``meshes`` are not usable (nothing was written)."""
 
 
 # --------------------------------------------------------------------------- the job record
@@ -100,37 +137,43 @@ class MeshesError(SpecError):
 
 @dataclass(frozen=True)
 class MeshJob:
-    """What every task of one ``meshes`` run needs: parameters and paths, never data.
+    """What every task of one ``meshes`` run needs: parameters and locations, never data.
 
-    ``scales`` are the folder numbers meshed, lod j from ``scales[j]``; ``lods`` the levels
-    simplified from lod 0 when one scale is given. ``sharding`` is the mesh sharding spec
-    (JSON) of the multi-resolution format; None for the legacy format, whose buckets are
-    ``bucket_bits`` of the body hash.
+    ``scales`` are the folder numbers meshed, level of detail j from ``scales[j]``. ``sharding`` is
+    the mesh sharding spec (JSON) of the multi-resolution format; None for the legacy format, whose
+    buckets are ``bucket_bits`` of the body hash. ``first_reduction`` / ``first_error`` drive the
+    per-cell pass, ``reduction_factor`` / ``max_error`` the per-node pass (faces of the final mesh
+    = marching-cubes faces / ``reduction_factor`` where ``max_error``, in voxels, allows).
     """
 
     dataset: Any
     labels: Any
     scales: tuple[int, ...]
     work: str
-    mesh_dir: str
+    mesh: Destination
     legacy: bool = False
     sharding: dict | None = None
     bucket_bits: int = 0
     bits: int = 16
-    lods: int = 1
-    reduction_factor: int = 0
-    max_error: float = 8.0
+    reduction_factor: int = 10
+    max_error: float = 1.5
+    first_reduction: int = 2
+    first_error: float = 0.5
+    inflate: bool = True
+    box: tuple | None = None
 
     def ident(self) -> dict:
         """The parameters an output depends on (a resumed run must repeat them)."""
         return {"scales": list(self.scales), "legacy": self.legacy, "sharding": self.sharding,
-                "bucket_bits": self.bucket_bits, "bits": self.bits, "lods": self.lods,
-                "reduction_factor": self.reduction_factor, "max_error": self.max_error,
-                **labels_id(as_labels(self.labels))}
+                "bucket_bits": self.bucket_bits, "bits": self.bits, "reduction_factor": self.reduction_factor,
+                "max_error": self.max_error, "first_reduction": self.first_reduction,
+                "first_error": self.first_error, "inflate": self.inflate,
+                "box": None if self.box is None else [list(self.box[0]), list(self.box[1])],
+                "node": NODE, **labels_id(as_labels(self.labels))}
 
 
 def _bucket(job: MeshJob, bodies: np.ndarray) -> np.ndarray:
-    """The final task (mesh shard number, or hash bucket) of each body id."""
+    """The reduce task (mesh shard number, or hash bucket) of each body id."""
     b = np.asarray(bodies, np.uint64)
     if job.sharding is None:
         return bucket_of(b, job.bucket_bits).astype(np.uint64)
@@ -147,11 +190,100 @@ def _grid(s) -> tuple[np.ndarray, np.ndarray, int]:
     return lo // cs, (hi - 1) // cs, cs
 
 
+# --------------------------------------------------------------------------- plan
+
+
+def _voxel_nm(s) -> float | None:
+    return None if s.resolution is None else float(min(s.resolution))
+
+
+def default_scale(ds: Dataset) -> tuple[int, str | None]:
+    """Level of detail 0's scale: the finest exported scale whose voxel is >= 32 nm, and a note when
+    there is none (then the coarsest exported scale; unknown resolutions: scale 0)."""
+    present = sorted(ds.exported)
+    if not present:
+        raise MeshesError(f"{ds.store.describe('')}: no scale is exported")
+    sized = [(k, _voxel_nm(ds.scale(k))) for k in present]
+    if any(nm is None for _, nm in sized):
+        return present[0], "resolutions unknown (no spec): meshed scale 0; pass --scale K to choose"
+    for k, nm in sized:
+        if nm is not None and nm >= TARGET_NM - 1e-6:
+            return k, None
+    k, nm = sized[-1]
+    return k, (f"no exported scale has voxels of {TARGET_NM:g} nm or more: meshed s{k} ({nm:g} nm); "
+               f"`dvidshards downsample` makes the coarser scales")
+
+
+def _coarser(ds: Dataset, first: int, lods: int | None) -> tuple[int, ...]:
+    """``first`` and the exported scales after it, each twice as coarse, up to ``lods`` levels."""
+    want = MAX_LODS if lods is None else int(lods)
+    out = [first]
+    present = set(ds.exported)
+    res0 = ds.scale(first).resolution
+    while len(out) < want and out[-1] + 1 in present and res0 is not None:
+        k = out[-1] + 1
+        r = ds.scale(k).resolution
+        if r is None or not np.allclose(r, np.asarray(res0, np.float64) * 2 ** len(out)):
+            break
+        out.append(k)
+    return tuple(out)
+
+
+def plan(ds: Dataset, *, scales=None, scale=None, lods=None, legacy: bool = False):
+    """(scales, map items, note): the levels' scales, one ``(scale, shard origin)`` per source shard."""
+    note = None
+    if scales is not None and scale is not None:
+        raise MeshesError("give scales (one per level of detail) or scale (level 0, coarser levels after it), "
+                          "not both")
+    if scales is not None:
+        ks = tuple(ds.scale(k).index for k in scales_of(scales) or [])
+        if lods is not None and int(lods) != len(ks):
+            raise MeshesError("lods is the number of scales when scales are given")
+    else:
+        first, note = (ds.scale(scale).index, None) if scale is not None else default_scale(ds)
+        ks = (first,) if legacy else _coarser(ds, first, lods)
+    if not ks:
+        raise MeshesError("give at least one scale")
+    if legacy and len(ks) > 1:
+        raise MeshesError("the legacy mesh format has one level of detail: give one scale")
+    if lods is not None and int(lods) < 1:
+        raise MeshesError("lods must be >= 1")
+    res0 = ds.scale(ks[0]).resolution
+    for j, k in enumerate(ks):
+        ds.require_scale(k)
+        s = ds.scale(k)
+        if len({int(v) for v in s.chunk_size}) != 1:
+            raise MeshesError(f"scale {k}: meshing needs cubic chunks, got {s.chunk_size}")
+        if j and (s.resolution is None or res0 is None):
+            raise MeshesError("several scales need known resolutions (pass the export's spec)")
+        if j and not np.allclose(np.asarray(s.resolution, np.float64), np.asarray(res0, np.float64) * 2 ** j):
+            raise MeshesError(f"scale {k}: resolution {s.resolution} is not 2**{j} x {res0}: levels of "
+                              f"detail must halve the resolution one scale at a time")
+    items = [(k, tuple(int(v) for v in o)) for k in ks for o in ds.shards(k)]
+    return ks, items, note
+
+
+def _default_sharding(n_tasks: int) -> ShardingSpec:
+    """Mesh sharding: about one mesh shard per source shard, 64 minishards each."""
+    shard_bits = max(0, min(16, math.ceil(math.log2(max(n_tasks, 1)))))
+    return ShardingSpec(preshift_bits=0, minishard_bits=6, shard_bits=shard_bits, hash="murmurhash3_x86_128",
+                        minishard_index_encoding="gzip", data_encoding="raw")
+
+
 # --------------------------------------------------------------------------- work files
 
 
 def _frag_path(job: MeshJob, scale: int, origin) -> str:
     return os.path.join(job.work, "L0", f"s{scale}_{origin[0]}_{origin[1]}_{origin[2]}.frag")
+
+
+def _done_path(job: MeshJob, bucket: int) -> str:
+    return os.path.join(job.work, "done", f"{bucket}")
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def _replace_atomic(path: str, write) -> None:
@@ -230,10 +362,12 @@ def _buckets_of(path: str) -> np.ndarray:
         return _read_index(f)["bucket"].copy()
 
 
-def _entry(body: int, cell, scale: int, m: Mesh) -> bytes:
+def _entry(body: int, cell, scale: int, m: Mesh, mc_faces: int = 0, voxels: int = 0, volume: float = 0.0,
+           area: float = 0.0) -> bytes:
     h = np.zeros(1, _HEAD)
     h["body"], h["x"], h["y"], h["z"] = body, cell[0], cell[1], cell[2]
     h["scale"], h["nv"], h["nf"] = scale, len(m.vertices), len(m.faces)
+    h["mc"], h["voxels"], h["volume"], h["area"] = mc_faces, voxels, volume, area
     return h.tobytes() + m.vertices.astype("<f4").tobytes() + m.faces.astype("<u4").tobytes()
 
 
@@ -261,13 +395,27 @@ def _scan(path: str, bucket: int):
             pos += _HEAD.itemsize + size
 
 
-def _parse(raw) -> tuple[int, tuple[int, int, int], int, Mesh]:
-    """(body, cell, scale, Mesh) of one raw fragment entry."""
+@dataclass(frozen=True)
+class _Fragment:
+    """One cell's piece of one body, as a map task wrote it."""
+
+    body: int
+    cell: tuple[int, int, int]
+    scale: int
+    mesh: Mesh
+    mc_faces: int  # faces marching cubes made (before the per-cell pass)
+    voxels: int  # the body's voxels in the cell's own chunk
+    volume: float  # signed volume contribution (about the origin) of the marching-cubes surface
+    area: float  # area of the marching-cubes surface
+
+
+def _parse(raw) -> _Fragment:
     h = np.frombuffer(raw, _HEAD, 1, 0)[0]
     nv, nf = int(h["nv"]), int(h["nf"])
     v = np.frombuffer(raw, "<f4", 3 * nv, _HEAD.itemsize).reshape(nv, 3)
     f = np.frombuffer(raw, "<u4", 3 * nf, _HEAD.itemsize + 12 * nv).reshape(nf, 3)
-    return int(h["body"]), (int(h["x"]), int(h["y"]), int(h["z"])), int(h["scale"]), Mesh(v, f)
+    return _Fragment(int(h["body"]), (int(h["x"]), int(h["y"]), int(h["z"])), int(h["scale"]), Mesh(v, f),
+                     int(h["mc"]), int(h["voxels"]), float(h["volume"]), float(h["area"]))
 
 
 def _by_body(files, bucket: int):
@@ -278,8 +426,6 @@ def _by_body(files, bucket: int):
     for body, group in itertools.groupby(merged, key=lambda e: e[0]):
         yield body, [raw for _, raw in group]
 
-
-# --------------------------------------------------------------------------- map: one source shard
 
 
 def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
@@ -308,8 +454,44 @@ def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
     return c[own]
 
 
-def _map_task(job: MeshJob, item) -> dict:
-    """Mesh one source shard's cells; write its fragments sorted by bucket. Returns counts."""
+# --------------------------------------------------------------------------- map: one source shard
+
+
+def _box_at(job: MeshJob, scale: int):
+    """The job's box (level 0's voxels) at a scale, as (lo, hi) voxel arrays, or None."""
+    if job.box is None:
+        return None
+    f = 2 ** (job.scales.index(scale))
+    lo = np.asarray(job.box[0], np.int64) // f
+    hi = -(-np.asarray(job.box[1], np.int64) // f)
+    return lo, hi
+
+
+def _boxed(decode, box, cs: int):
+    """A chunk decoder that gives 0 outside ``box`` (voxels of its scale)."""
+    lo, hi = box
+
+    def dec(c):
+        a = decode(c)
+        if a is None:
+            return None
+        o = np.asarray(c, np.int64) * cs
+        a0 = np.clip(lo - o, 0, cs)
+        a1 = np.clip(hi - o, 0, cs)
+        if (a1 <= a0).any():
+            return None
+        if (a0 == 0).all() and (a1 == cs).all():
+            return a
+        out = np.zeros_like(a)
+        out[a0[2]:a1[2], a0[1]:a1[1], a0[0]:a1[0]] = a[a0[2]:a1[2], a0[1]:a1[1], a0[0]:a1[0]]
+        return out
+
+    return dec
+
+
+def mesh_shard(job: MeshJob, item) -> dict:
+    """Map task: mesh one source shard's cells, decimate each body's piece with the cell border locked,
+    and write the pieces sorted by bucket (one work file). Returns counts."""
     scale, origin = item
     ds = job.dataset
     s = ds.scale(scale)
@@ -321,15 +503,30 @@ def _map_task(job: MeshJob, item) -> dict:
         raise SpecError(f"{ds.store.describe(s.stem(origin) + '.arrow')}: listed but not found")
     cells = _shard_cells(s, origin, np.asarray(shard.coords, np.int64))
     decode = chunk_decoder(ds, s.index, src, fill_missing_shards=True)  # listed shards only; others: none
-    reduction = job.reduction_factor if scale == job.scales[0] else 0  # coarser lods: no triangle may cross
+    box = _box_at(job, scale)
+    if box is not None:
+        decode = _boxed(decode, box, cs)
     unsorted = f"{path}.unsorted-{uuid.uuid4().hex[:12]}"
     rows: list[tuple[int, int, int]] = []
+    faces_mc = faces_kept = 0
     try:
         with open(unsorted, "wb") as f:
             pos = 0
-            for cell, out in mesh_cells(decode, cells, cs, reduction_factor=reduction, max_error=job.max_error):
-                for body, m in out.items():
-                    blob = _entry(body, cell, scale, m)
+            for cell, out, counts in mesh_cells(decode, cells, cs, voxels=True):
+                lo = np.asarray(cell, np.float64) * cs + 0.5
+                hi = lo + cs
+                for body in sorted(set(out) | set(counts)):
+                    m = out.get(body, Mesh.empty())
+                    mc = len(m.faces)
+                    vol = area = 0.0
+                    if mc:
+                        vol, area = volume_area(m)
+                        if job.first_reduction > 1:
+                            m = decimate(m, max(mc // job.first_reduction, 1), job.first_error,
+                                         on_box(m.vertices, lo, hi))
+                    faces_mc += mc
+                    faces_kept += len(m.faces)
+                    blob = _entry(body, cell, scale, m, mc, counts.get(body, 0), vol, area)
                     f.write(blob)
                     rows.append((body, pos, len(blob)))
                     pos += len(blob)
@@ -342,10 +539,10 @@ def _map_task(job: MeshJob, item) -> dict:
     finally:
         if os.path.exists(unsorted):
             os.remove(unsorted)
-    return {"fragments": len(rows), "bodies": int(len(np.unique(table["body"]))) if rows else 0}
+    return {"fragments": len(rows), "faces_mc": faces_mc, "faces_kept": faces_kept}
 
 
-# --------------------------------------------------------------------------- regroup and final
+# --------------------------------------------------------------------------- regroup and reduce
 
 
 def _regroup_task(job: MeshJob, item) -> int:
@@ -371,55 +568,79 @@ def _regroup_task(job: MeshJob, item) -> int:
     return len(files)
 
 
-def _body_lods(job: MeshJob, frags: dict[int, dict[tuple[int, int, int], Mesh]], ds):
-    """(lods, vertex offsets) of one body in stored model coordinates (scale-0 voxels).
+def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int, ...], Mesh]:
+    """One level of detail of one body: ``{octree node: Mesh}`` in corner coordinates of ``scale``.
 
-    ``frags[scale][cell]`` are the body's cell meshes in voxel corner coordinates of their scale.
+    The pieces of each node are welded and decimated once more with the node's border locked (the
+    borders of the cells inside it go); then every node is moved out along its normals by the
+    distance that gives back the body's voxel volume at this scale (the node borders stay, so the
+    nodes still weld).
     """
-    s0 = ds.scale(job.scales[0])
-    first0, _, cs = _grid(s0)
+    s = job.dataset.scale(scale)
+    first, _, cs = _grid(s)
+    nodes: dict[tuple[int, ...], list[_Fragment]] = {}
+    mc: dict[tuple[int, ...], int] = {}
+    for p in pieces:
+        if len(p.mesh.faces):
+            q = tuple(int(v) for v in (np.asarray(p.cell, np.int64) - first + 1) // NODE)
+            nodes.setdefault(q, []).append(p)
+            mc[q] = mc.get(q, 0) + p.mc_faces
+    out: dict[tuple[int, ...], tuple[Mesh, np.ndarray]] = {}
+    for q, ps in sorted(nodes.items()):
+        cells = [np.asarray(p.cell, np.float64) * cs + 0.5 for p in ps]
+        m = weld_pieces([p.mesh for p in ps], [(c, c + cs) for c in cells])
+        lo = (first - 1 + NODE * np.asarray(q, np.int64)) * cs + 0.5
+        locked = on_box(m.vertices, lo, lo + NODE * cs)
+        if job.reduction_factor:
+            target = max(mc[q] // job.reduction_factor, 4)
+            if target < len(m.faces):
+                m = decimate(m, target, job.max_error, locked)
+                locked = on_box(m.vertices, lo, lo + NODE * cs)  # the same vertices, renumbered
+        if len(m.faces):
+            out[q] = (m, locked)
+    n_vox = sum(p.voxels for p in pieces)
+    total = 0.0
+    for _ in range(3 if job.inflate and n_vox and out else 0):  # the volume is not linear in the shift
+        va = [volume_area(m) for m, _ in out.values()]  # the nodes weld into closed surfaces
+        vol, area = sum(a for a, _ in va), sum(b for _, b in va)
+        if area <= 0 or abs(n_vox - vol) <= 0.01 * n_vox:
+            break
+        shift = float(np.clip((n_vox - vol) / area, -0.25 - total, 0.5 - total))
+        if not shift:
+            break
+        total += shift
+        out = {q: (inflate(m, shift, lk), lk) for q, (m, lk) in out.items()}
+    return {q: m for q, (m, _) in out.items()}
+
+
+def _lods(job: MeshJob, pieces: list[_Fragment]):
+    """(levels, vertex offsets) of one body in stored model coordinates (level 0's voxels)."""
+    ds = job.dataset
+    first0, _, cs = _grid(ds.scale(job.scales[0]))
     origin = first0 * cs + 0.5 - cs  # grid origin: corner of node (0, 0, 0)
-    if len(job.scales) == 1:
-        lod0 = {_node(c, first0): m for c, m in frags.get(job.scales[0], {}).items()}
-        simplified = build_lods(lod0, job.lods) if job.lods > 1 else [lod0]
-        return simplified, np.zeros((len(simplified), 3))
-    lods: list[dict[tuple[int, int, int], Mesh]] = []
+    by_scale: dict[int, list[_Fragment]] = {}
+    for p in pieces:
+        by_scale.setdefault(p.scale, []).append(p)
+    lods: list[dict[tuple[int, ...], Mesh]] = []
     offsets = []
-    res0 = np.asarray(s0.resolution, np.float64)
     for j, k in enumerate(job.scales):
-        s = ds.scale(k)
+        level = _level(job, k, by_scale.get(k, []))
+        if not level:  # the body vanished at this scale: no coarser level
+            break
         f = float(2**j)
-        first, _, _ = _grid(s)
-        # node box lo = origin + cs * 2**j * p with p = c - first + 1; the cell's box is
-        # f * (cs * c + 0.5): a constant shift per lod, stored as its vertex offset
+        first, _, _ = _grid(ds.scale(k))
+        # node box lo = origin + NODE * cs * 2**j * q; at scale k it is f * ((first - 1 + NODE q) cs + 0.5):
+        # a constant shift per level, stored as its vertex offset
         delta = f * 0.5 - origin + cs * f * (first - 1)
-        level = {}
-        for c, m in frags.get(k, {}).items():
-            level[_node(c, first)] = Mesh((m.vertices.astype(np.float64) * f - delta).astype(np.float32), m.faces)
-        if not np.allclose(np.asarray(s.resolution, np.float64), res0 * f):
-            raise SpecError(f"scale {k}: resolution {s.resolution} is not 2**{j} x {list(res0)}")
-        lods.append(level)
+        lods.append({q: Mesh((m.vertices.astype(np.float64) * f - delta).astype(np.float32), m.faces)
+                     for q, m in level.items()})
         offsets.append(delta)
-    while len(lods) > 1 and not lods[-1]:
-        lods.pop()
-        offsets.pop()
-    return lods, np.asarray(offsets, np.float64)
+    return lods, np.asarray(offsets, np.float64).reshape(-1, 3)
 
 
-def _node(cell, first) -> tuple[int, int, int]:
-    """Octree node position of the cell of chunk ``cell``: ``cell - first + 1`` (>= 0)."""
-    x, y, z = (int(c) - int(f) + 1 for c, f in zip(cell, first, strict=True))
-    return x, y, z
-
-
-def _done_path(job: MeshJob, bucket: int) -> str:
-    return os.path.join(job.work, "done", f"{bucket}")
-
-
-def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
-    """Every body of one bucket, one at a time: levels of detail, encoded, the bucket's files written.
-
-    Memory: one body's fragments, and the bucket's encoded output (Draco-compressed)."""
+def write_bucket(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
+    """Reduce task: every body of one bucket, one at a time (its levels of detail, encoded), then the
+    bucket's mesh shard file. Memory: one body's pieces and the bucket's encoded output."""
     ds = job.dataset
     s0 = ds.scale(job.scales[0])
     first0, _, cs = _grid(s0)
@@ -427,22 +648,24 @@ def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
     n = 0
     if job.legacy:
         res = s0.resolution if s0.resolution is not None else [1.0, 1.0, 1.0]
-        for body, frags in _bodies(files, bucket):
-            merged = merge_fragments(frags.get(job.scales[0], {}).values())
+        for _body, raws in _by_body(files, bucket):
+            pieces = [_parse(r) for r in raws]
+            level = _level(job, job.scales[0], pieces)
+            merged = merge_fragments(level.values())
             if not len(merged.faces):
                 continue
-            for rel, blob in legacy_files({body: merged}, res).items():
+            for rel, blob in legacy_files({pieces[0].body: merged}, res).items():
                 if rel != "info":
-                    _replace_atomic(os.path.join(job.mesh_dir, rel), lambda tmp, b=blob: _write_bytes(tmp, b))
+                    job.mesh.write(rel, blob)
             n += 1
     else:
         manifests, datas = {}, {}
-        for body, frags in _bodies(files, bucket):
-            lods, offsets = _body_lods(job, frags, ds)
-            if not lods or not lods[0]:
+        for body, raws in _by_body(files, bucket):
+            lods, offsets = _lods(job, [_parse(r) for r in raws])
+            if not lods:
                 continue
-            # simplified levels may poke a little out of their nodes: clipped (lod 0 cells are exact)
-            manifests[body], datas[body] = encode_object(lods, origin, (cs, cs, cs), job.bits,
+            # inflated vertices near a node face may poke a little out of it: clipped (borders are exact)
+            manifests[body], datas[body] = encode_object(lods, origin, (NODE * cs,) * 3, job.bits,
                                                          vertex_offsets=offsets, tolerance=0.05)
             n += 1
         assert job.sharding is not None
@@ -450,294 +673,45 @@ def _final_task(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
         for name, blob in encode_shard_files(sp, manifests, datas).items():
             if name != shard_key(bucket, sp.shard_bits):
                 raise RuntimeError(f"bucket {bucket}: body hashed to shard {name}")
-            _replace_atomic(os.path.join(job.mesh_dir, name), lambda tmp, b=blob: _write_bytes(tmp, b))
+            job.mesh.write(name, blob)
     _replace_atomic(_done_path(job, bucket), lambda tmp: _write_bytes(tmp, str(n).encode()))
     return n
 
 
-def _bodies(files, bucket: int):
-    """``(body, {scale: {cell: Mesh}})`` of one bucket, body by body in id order."""
-    for body, raws in _by_body(files, bucket):
-        frags: dict[int, dict[tuple[int, int, int], Mesh]] = {}
-        for raw in raws:
-            _, cell, scale, m = _parse(raw)
-            frags.setdefault(scale, {})[cell] = m
-        yield body, frags
+# --------------------------------------------------------------------------- the destination's volume
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-# --------------------------------------------------------------------------- the destination
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            return parse_json(f.read(), path)
-    except FileNotFoundError:
+def _read_json(d: Destination, rel: str) -> Any:
+    data = d.read(rel)
+    if data is None:
         return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise OutputError(f"{d.describe(rel)}: not JSON") from None
 
 
-def _write_json(path: str, obj) -> None:
-    _replace_atomic(path, lambda tmp: _write_bytes(tmp, (json.dumps(obj, indent=1) + "\n").encode()))
-
-
-def _check_dest(dest: str, mesh: str, ds, scale0: int, resume: bool, overwrite: bool) -> dict | None:
-    """Refuse a destination that is not a precomputed dataset, a new folder or our own output.
+def _check_root(root: Destination, mesh_dir: str, ds: Dataset) -> dict | None:
+    """Refuse a destination that is neither new, empty, a precomputed dataset nor our own output.
 
     Returns the existing volume ``info`` (None for a new dataset).
     """
-    if os.path.exists(dest) and not os.path.isdir(dest):
-        raise MeshesError(f"{dest}: exists and is not a folder")
-    names = sorted(os.listdir(dest)) if os.path.isdir(dest) else []
-    info = _read_json(os.path.join(dest, "info")) if "info" in names else None
+    root.probe()
+    names = root.list()
+    info = _read_json(root, "info") if "info" in names else None
     if info is not None and not (isinstance(info, dict) and isinstance(info.get("scales"), list)):
-        raise MeshesError(f"{dest}/info: not a neuroglancer precomputed volume info")
-    mine = _read_json(os.path.join(dest, mesh, MANIFEST)) if mesh in names else None
-    if mine is not None and mine.get("format") != FORMAT:
-        mine = None
-    if info is None and names and not (names == [mesh] and mine is not None):
-        raise MeshesError(f"{dest}: holds {names[:3]} but no precomputed 'info'; give a new folder, an empty "
-                          f"one, or a precomputed dataset (a convert output)")
-    if mesh in names and os.listdir(os.path.join(dest, mesh)):
-        if mine is None and not overwrite:
-            raise MeshesError(f"{dest}/{mesh}: holds meshes this job did not write; pass --overwrite to "
-                              f"replace them, or --mesh-dir for another folder")
-        if mine is not None and not (resume or overwrite):
-            state = "complete" if mine.get("complete") else "incomplete"
-            raise MeshesError(f"{dest}/{mesh}: holds the {state} output of an earlier run; pass --resume to "
-                              f"finish it or --overwrite to replace it")
+        raise OutputError(f"{root.describe('info')}: not a neuroglancer precomputed volume info")
+    if info is None and [n for n in names if n != mesh_dir]:
+        raise OutputError(f"{root.describe()}: holds {names[:3]} but no precomputed 'info'; give a new folder, "
+                          f"an empty one, or a precomputed dataset (a convert output)")
     if info is not None:
-        s = ds.scale(scale0)
+        s = ds.scale(0)
         sc = info["scales"][0] if info["scales"] else {}
         res = sc.get("resolution")
         if s.resolution is not None and res is not None and not np.allclose(res, s.resolution):
-            raise MeshesError(f"{dest}/info: its first scale has resolution {res}, the export's scale "
-                              f"{scale0} has {list(s.resolution)}: meshes would not line up")
+            raise OutputError(f"{root.describe('info')}: its first scale has resolution {res}, the export's scale "
+                              f"0 has {list(s.resolution)}: meshes would not line up")
     return info
-
-
-def _default_sharding(n_tasks: int) -> ShardingSpec:
-    """Mesh sharding: about one mesh shard per source shard, 64 minishards each."""
-    shard_bits = max(0, min(16, math.ceil(math.log2(max(n_tasks, 1)))))
-    return ShardingSpec(preshift_bits=0, minishard_bits=6, shard_bits=shard_bits, hash="murmurhash3_x86_128",
-                        minishard_index_encoding="gzip", data_encoding="raw")
-
-
-# --------------------------------------------------------------------------- public API
-
-
-@dataclass
-class MeshesReport:
-    """What a `meshes` run did.
-
-    Attributes
-    ----------
-    path : str
-        The mesh directory.
-    shards : int
-        Source shard tasks (every scale).
-    skipped : int
-        Shards resumed (their fragments were kept).
-    failed : dict
-        ``{shard file or bucket: "Type: message"}``; any entry means the output is incomplete.
-    bodies : int
-        Bodies written.
-    fragments : int
-        Cell fragments made by this run's map tasks.
-    elapsed : float
-        Seconds.
-    """
-
-    path: str = ""
-    shards: int = 0
-    skipped: int = 0
-    failed: dict = field(default_factory=dict)
-    bodies: int = 0
-    fragments: int = 0
-    elapsed: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when the output is complete."""
-        return not self.failed
-
-    def summary(self) -> str:
-        lines = [f"{self.bodies} bodies from {self.shards} shards ({self.skipped} resumed, {len(self.failed)} "
-                 f"failed) in {self.elapsed:.1f} s -> {self.path}" + ("" if self.ok else " (INCOMPLETE)")]
-        return "\n".join(lines + failure_lines(self.failed, rest=f" (all in {os.path.join(self.path, MANIFEST)})"))
-
-
-def meshes(source, dest, *, scales=(0,), labels="agglomerated", legacy: bool = False, lods: int = 1,
-           bits: int = 16, reduction_factor: int = 100, max_error: float = 40.0, mesh_dir: str = "mesh",
-           scheduler=None, workdir=None, resume: bool = False, overwrite: bool = False,
-           progress: bool | None = None, spec=None, command: list | None = None) -> MeshesReport:
-    """Mesh every body of an export into a precomputed dataset folder.
-
-    Parameters
-    ----------
-    source : Dataset or anything ``Dataset`` opens
-        The export.
-    dest : path
-        A new or empty folder, or a precomputed dataset (a ``convert`` output).
-    scales : sequence of int
-        Folder numbers meshed; lod j comes from ``scales[j]``, each twice as coarse as the one
-        before (e.g. ``(0, 1, 2)``). Default: scale 0 only.
-    labels : "agglomerated", "supervoxels" or a mapping
-        What a body is (meshes are per body id).
-    legacy : bool
-        neuroglancer's legacy single-resolution format (one fragment per body, in nm) instead
-        of the multi-resolution sharded Draco format.
-    lods : int
-        With one scale: levels of detail simplified from lod 0 (1: lod 0 only).
-    bits : {10, 16}
-        Draco vertex quantisation bits.
-    reduction_factor, max_error : int, float
-        Per-cell simplification of lod 0, igneous' defaults (100, 40). 0: every marching-cubes
-        triangle - exact, but a dense 2048³ shard then makes tens of GB of fragments.
-    mesh_dir : str
-        Name of the mesh directory inside ``dest``.
-    scheduler : see :class:`dvidshards.jobs.runner.TaskRunner`
-    workdir : path, optional
-        Fragment work files (visible to every worker); default ``dest/<mesh_dir>/_work``,
-        removed when the output is complete.
-    resume : bool
-        Finish an earlier, incomplete run (same parameters): keep the shards it completed.
-    overwrite : bool
-        Replace the meshes of an earlier run (only the mesh directory is touched).
-    progress : bool, optional
-    spec : dict or path, optional
-        The export's multiscale spec when ``source`` is a path.
-    command : list of str, optional
-        Recorded in the manifest.
-
-    Returns
-    -------
-    MeshesReport
-
-    Raises
-    ------
-    MeshesError
-        Before any work, if the destination or the parameters are not usable.
-    """
-    t0 = time.perf_counter()
-    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
-    scales = tuple(ds.scale(k).index for k in (scales if isinstance(scales, (list, tuple)) else [scales]))
-    if not scales:
-        raise MeshesError("give at least one scale")
-    if bits not in (10, 16):
-        raise MeshesError(f"bits must be 10 or 16, got {bits}")
-    if int(lods) < 1 or (int(lods) > 1 and len(scales) > 1):
-        raise MeshesError("lods must be >= 1, and 1 when several scales make the levels of detail")
-    if legacy and len(scales) > 1:
-        raise MeshesError("the legacy mesh format has one level of detail: give one scale")
-    if resume and overwrite:
-        raise MeshesError("give --resume or --overwrite, not both")
-    scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
-    if mesh_dir in ("", ".", "..") or "/" in mesh_dir or mesh_dir == "info":
-        raise MeshesError(f"mesh_dir {mesh_dir!r}: give a plain folder name")
-    for j, k in enumerate(scales):
-        s = ds.scale(k)
-        if len({int(v) for v in s.chunk_size}) != 1:
-            raise MeshesError(f"scale {k}: meshing needs cubic chunks, got {s.chunk_size}")
-        if j and (s.resolution is None or ds.scale(scales[0]).resolution is None):
-            raise MeshesError("several scales need known resolutions (pass the export's spec)")
-    src = as_labels(labels)
-    dest = os.fspath(dest)
-    info = _check_dest(dest, mesh_dir, ds, scales[0], resume, overwrite)
-    mdir = os.path.join(dest, mesh_dir)
-    work = os.fspath(workdir) if workdir is not None else os.path.join(mdir, "_work")
-    origins = [(k, tuple(int(v) for v in o)) for k in scales for o in ds.shards(k)]
-    if not origins:
-        raise MeshesError(f"{ds.store.describe('')}: no shard files at scale(s) {list(scales)}")
-    if overwrite and os.path.isdir(mdir):
-        if info is not None and info.get("mesh") == mesh_dir:
-            info.pop("mesh")
-            _write_json(os.path.join(dest, "info"), info)  # the volume points at no meshes while they change
-        shutil.rmtree(mdir)
-        if workdir is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    sharding = None if legacy else _default_sharding(len(origins)).to_json()
-    bucket_bits = 0 if not legacy else max(0, min(12, math.ceil(math.log2(len(origins)))))
-    job = MeshJob(ds, labels if isinstance(labels, str) else src, scales, work, mdir, legacy, sharding,
-                  bucket_bits, int(bits), int(lods), int(reduction_factor), float(max_error))
-    ident = {"format": FORMAT, "version": 1, "source": ds.store.describe(""), **job.ident()}
-    man_path = os.path.join(mdir, MANIFEST)
-    old = _read_json(man_path)
-    if resume and old is not None:
-        if old.get("parameters") != json.loads(json.dumps(ident)):
-            raise MeshesError(f"{man_path}: the earlier run had other parameters ({old.get('parameters')}); "
-                              f"run with the same ones, or --overwrite")
-        if old.get("complete") and not os.path.exists(work):
-            return MeshesReport(path=mdir, shards=len(origins), skipped=len(origins), bodies=old.get("bodies", 0),
-                                elapsed=time.perf_counter() - t0)
-    elif resume and os.path.isdir(mdir) and os.listdir(mdir):
-        raise MeshesError(f"{mdir}: nothing to resume (no {MANIFEST})")
-    os.makedirs(mdir, exist_ok=True)
-    manifest = {"format": FORMAT, "version": 1, "complete": False, "command": command,
-                "parameters": ident, "mesh_format": "legacy" if legacy else "multilod",
-                "shards": len(origins), "failed": {}, "bodies": None}
-    _write_json(man_path, manifest)
-    if not resume:
-        for sub in ("L0", "done"):
-            shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
-    for sub in ("L0", "done"):
-        os.makedirs(os.path.join(work, sub), exist_ok=True)
-    report = MeshesReport(path=mdir, shards=len(origins))
-    with TaskRunner(scheduler, progress=progress) as tr:
-        tr.check_shared(work)
-        done = {o for o in origins if os.path.exists(_frag_path(job, *o))} if resume else set()
-        rep = tr.run(functools.partial(_map_task, job), origins, desc="mesh shards", done=done)
-        report.skipped = len(rep.skipped)
-        report.fragments = sum(r["fragments"] for r in rep.results.values())
-        report.failed = {ds.store.describe(ds.scale(k).stem(o) + ".arrow"): msg for (k, o), msg in rep.failed.items()}
-        if report.failed:  # bodies crossing a failed shard would have holes: no mesh is written
-            manifest["failed"] = report.failed
-            _write_json(man_path, manifest)
-            report.elapsed = time.perf_counter() - t0
-            return report
-        files = [_frag_path(job, *o) for o in origins]
-        level = 0
-        while len(files) > FAN_IN:
-            level += 1
-            d = os.path.join(work, f"L{level}")
-            shutil.rmtree(d, ignore_errors=True)
-            os.makedirs(d)
-            groups = [(level, k, tuple(files[i:i + FAN_IN])) for k, i in enumerate(range(0, len(files), FAN_IN))]
-            r = tr.run(functools.partial(_regroup_task, job), groups, desc=f"regroup level {level}")
-            if r.failed:
-                report.failed = {f"regroup {g[:2]}": m for g, m in r.failed.items()}
-                break
-            files = [os.path.join(d, f"{g[1]:06d}.frag") for g in groups]
-        if not report.failed:
-            nb = (1 << ShardingSpec.from_json(job.sharding).shard_bits) if job.sharding else (1 << job.bucket_bits)
-            present = np.unique(np.concatenate([_buckets_of(p) for p in files]))
-            buckets = [int(b) for b in present if int(b) < nb]
-            fin = tr.run(functools.partial(_final_task, job, tuple(files)), buckets, desc="mesh buckets",
-                         done={b for b in buckets if os.path.exists(_done_path(job, b))})
-            report.failed = {f"bucket {b}": m for b, m in fin.failed.items()}
-            report.bodies = sum(fin.results.values()) + sum(
-                int(open(_done_path(job, b)).read() or 0) for b in fin.skipped)
-    if report.failed:
-        manifest["failed"] = report.failed
-        _write_json(man_path, manifest)
-        report.elapsed = time.perf_counter() - t0
-        return report
-    # complete: the mesh info, then the volume's info pointing at it, then the manifest
-    res0 = ds.scale(scales[0]).resolution or (1.0, 1.0, 1.0)
-    minfo = legacy_info() if job.sharding is None else multilod_info(res0, bits, ShardingSpec.from_json(job.sharding))
-    _write_json(os.path.join(mdir, "info"), minfo)
-    vinfo = info if info is not None else _new_info(ds)
-    vinfo["mesh"] = mesh_dir
-    _write_json(os.path.join(dest, "info"), vinfo)
-    manifest.update(complete=True, bodies=report.bodies, failed={})
-    _write_json(man_path, manifest)
-    shutil.rmtree(work, ignore_errors=True)
-    report.elapsed = time.perf_counter() - t0
-    return report
 
 
 def _new_info(ds) -> dict:
@@ -750,17 +724,177 @@ def _new_info(ds) -> dict:
     return info
 
 
+def _write_json(d: Destination, rel: str, obj) -> None:
+    d.write(rel, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=None, scheduler=None,
+           workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+           allow_partial: bool = False, lods: int | None = None, legacy: bool = False, bits: int = 16,
+           reduction_factor: int = 10, max_error: float = 1.5, first_reduction: int = 2,
+           first_error: float = 0.5, inflate: bool = True, mesh_dir: str = "mesh", spec=None,
+           command: str | list | None = None) -> JobReport:
+    """Mesh every body of an export into a precomputed dataset folder.
+
+    Parameters
+    ----------
+    source : Dataset or anything ``Dataset`` opens
+        The export (with ``Dataset([export, downsampled])``, the scales ``dvidshards downsample`` made).
+    dest : path or URL
+        A new or empty folder, or a precomputed dataset (a ``convert`` output); ``gs://`` and ``s3://``
+        are written there, anything else is refused before any work.
+    scales : sequence of int, optional
+        One scale per level of detail, each twice as coarse as the one before (e.g. ``(2, 3, 4)``).
+    scale : int, optional
+        Level 0's scale; the coarser levels come from the exported scales after it. Default: the
+        finest scale whose voxel is at least 32 nm (the coarsest there is when none is).
+    labels : "agglomerated", "supervoxels" or a mapping
+        What a body is (meshes are per body id).
+    box : six numbers or ((x0, y0, z0), (x1, y1, z1)), optional
+        Only voxels in this box (voxels of level 0's scale); bodies are closed at its faces.
+    scheduler : see :class:`dvidshards.jobs.runner.TaskRunner`
+    workdir : path, optional
+        Work files, on a file system every worker sees; default ``DEST/<mesh_dir>/_work`` (a local
+        temporary folder for a bucket destination), removed when the output is complete.
+    resume, overwrite : bool
+        Finish an earlier, incomplete run (same parameters), or replace its meshes (only the mesh
+        directory is touched).
+    progress : bool, optional
+    allow_partial : bool
+        Return an incomplete report instead of raising ``JobError``.
+    lods : int, optional
+        Levels of detail at most (default: every exported coarser scale, up to 6 levels).
+    legacy : bool
+        neuroglancer's legacy single-resolution format (one fragment per body, in nm).
+    bits : {10, 16}
+        Draco vertex quantisation bits.
+    reduction_factor, max_error :
+        The per-node pass: about ``1 / reduction_factor`` of the marching-cubes faces, where no vertex
+        moves more than about ``max_error`` voxels (0: no per-node pass).
+    first_reduction, first_error :
+        The per-cell pass, borders locked (0 or 1: none).
+    inflate : bool
+        Move each body's surface out so that it encloses its voxel volume (see `_level`).
+    mesh_dir : str
+        The mesh directory inside ``dest``.
+    spec : dict or path, optional
+        The export's multiscale spec when ``source`` is a path.
+    command : str, optional
+        Recorded in the manifest.
+
+    Returns
+    -------
+    JobReport
+        ``totals``: bodies, pieces, marching-cubes and kept faces; ``notes`` say which scales.
+
+    Raises
+    ------
+    MeshesError, OutputError
+        Before any work, if the parameters or the destination are not usable.
+    JobError
+        If the output is incomplete (``allow_partial`` false); ``.report`` is the report.
+    """
+    ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+    if bits not in (10, 16):
+        raise MeshesError(f"bits must be 10 or 16, got {bits}")
+    if int(reduction_factor) < 0 or int(first_reduction) < 0 or max_error < 0 or first_error < 0:
+        raise MeshesError("reduction factors and errors must be >= 0")
+    if mesh_dir in ("", ".", "..") or "/" in mesh_dir or mesh_dir == "info":
+        raise MeshesError(f"mesh_dir {mesh_dir!r}: give a plain folder name")
+    scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
+    ks, items, note = plan(ds, scales=scales, scale=scale, lods=lods, legacy=legacy)
+    if not items:
+        raise MeshesError(f"{ds.store.describe('')}: no shard files at scale(s) {list(ks)}")
+    b = box_of(box)
+    if isinstance(command, list):
+        command = " ".join(command)
+    root = Destination.of(dest)
+    mdest = root.child(mesh_dir)
+    info = _check_root(root, mesh_dir, ds)
+    if workdir is not None:
+        wd = Destination.of(workdir, what="work folder")
+        if not wd.local:
+            raise OutputError(f"work folder {wd.describe()}: meshes needs a folder on a file system every worker "
+                              f"sees (not a bucket)")
+        work, work_dest = wd.local_path(), wd
+    elif mdest.local:
+        work, work_dest = mdest.local_path("_work"), None
+    else:
+        work, work_dest = tempfile.mkdtemp(prefix="dvidshards-meshes-"), None
+    sharding = None if legacy else _default_sharding(len(items)).to_json()
+    bucket_bits = 0 if not legacy else max(0, min(12, math.ceil(math.log2(len(items)))))
+    job = MeshJob(ds, labels if isinstance(labels, str) else as_labels(labels), ks, work, mdest, legacy, sharding,
+                  bucket_bits, int(bits), int(reduction_factor), float(max_error), int(first_reduction),
+                  float(first_error), bool(inflate), b)
+    params = {"mesh_format": "legacy" if legacy else "multilod", "mesh_dir": mesh_dir, **job.ident()}
+    r0 = ds.scale(ks[0]).resolution
+    notes = [f"levels of detail from {', '.join(f's{k}' for k in ks)}" + (f" ({r0[0]:g} nm)" if r0 else "")]
+    if note:
+        notes.append(note)
+    with Output(mdest, job="meshes", parameters=params, source=ds, scales=ks, command=command, resume=resume,
+                overwrite=overwrite, workdir=work_dest) as out:
+        prev = out.previous
+        if resume and prev is not None and prev.get("complete"):
+            totals = prev.get("totals") or {}
+            out.report.skipped = out.report.tasks = (prev.get("tasks") or {}).get("total", 0)
+            return out.finish(totals=totals, notes=notes + ["already complete"], allow_partial=allow_partial)
+        if overwrite and info is not None and info.get("mesh") == mesh_dir:
+            info.pop("mesh")
+            _write_json(root, "info", info)  # the volume points at no meshes while they change
+        if not resume:
+            for sub in ("L0", "done"):
+                shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
+        for sub in ("L0", "done"):
+            os.makedirs(os.path.join(work, sub), exist_ok=True)
+        totals = {"bodies": 0, "pieces": 0, "faces_marching_cubes": 0, "faces_after_cell_pass": 0}
+        with TaskRunner(scheduler, progress=progress) as tr:
+            tr.check_shared(work)
+            done = {o for o in items if os.path.exists(_frag_path(job, *o))} if resume else set()
+            rep = tr.run(functools.partial(mesh_shard, job), items, desc="mesh shards", done=done)
+            out.add(rep, name=lambda it: ds.store.describe(ds.scale(it[0]).stem(it[1]) + ".arrow"))
+            for r in rep.results.values():
+                totals["pieces"] += r["fragments"]
+                totals["faces_marching_cubes"] += r["faces_mc"]
+                totals["faces_after_cell_pass"] += r["faces_kept"]
+            if not rep.failed:  # bodies crossing a failed shard would have holes: no mesh is written
+                files = [_frag_path(job, *o) for o in items]
+                level = 0
+                while len(files) > FAN_IN:
+                    level += 1
+                    d = os.path.join(work, f"L{level}")
+                    shutil.rmtree(d, ignore_errors=True)
+                    os.makedirs(d)
+                    groups = [(level, k, tuple(files[i:i + FAN_IN])) for k, i in enumerate(range(0, len(files), FAN_IN))]
+                    r = tr.run(functools.partial(_regroup_task, job), groups, desc=f"regroup level {level}")
+                    out.add(r, name=lambda g: f"regroup {g[0]}.{g[1]}")
+                    if r.failed:
+                        break
+                    files = [os.path.join(d, f"{g[1]:06d}.frag") for g in groups]
+                if not out.report.failed:
+                    nb = (1 << ShardingSpec.from_json(job.sharding).shard_bits) if job.sharding else (1 << job.bucket_bits)
+                    present = np.unique(np.concatenate([_buckets_of(p) for p in files]))
+                    buckets = [int(v) for v in present if int(v) < nb]
+                    fin = tr.run(functools.partial(write_bucket, job, tuple(files)), buckets, desc="mesh buckets",
+                                 done={v for v in buckets if os.path.exists(_done_path(job, v))})
+                    out.add(fin, name=lambda v: f"bucket {v}")
+                    totals["bodies"] = sum(fin.results.values()) + sum(
+                        int(open(_done_path(job, v)).read() or 0) for v in fin.skipped)
+        if not out.report.failed:  # complete: the mesh info, then the volume's info pointing at it
+            res0 = ds.scale(ks[0]).resolution or (1.0, 1.0, 1.0)
+            minfo = legacy_info() if job.sharding is None else multilod_info(res0, bits, ShardingSpec.from_json(job.sharding))
+            _write_json(mdest, "info", minfo)
+            vinfo = info if info is not None else _new_info(ds)
+            vinfo["mesh"] = mesh_dir
+            _write_json(root, "info", vinfo)
+            shutil.rmtree(work, ignore_errors=True)
+        notes.insert(0, f"{totals['bodies']:,} bodies, {totals['pieces']:,} cell pieces")
+        return out.finish(totals=totals, notes=notes, allow_partial=allow_partial)
+
+
 # --------------------------------------------------------------------------- command line
-
-
-def _scales_arg(text: str) -> list[int]:
-    try:
-        v = [int(x) for x in str(text).replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        v = []
-    if not v or any(k < 0 for k in v):
-        raise MeshesError(f"--scales {text!r}: give folder numbers like 0 or 0,1,2")
-    return v
 
 
 class MeshesCommand:
@@ -768,39 +902,32 @@ class MeshesCommand:
 
     @staticmethod
     def add_arguments(p) -> None:
-        p.add_argument("source", help="export root: a folder, gs://, s3://, http(s):// URL or kvstore JSON")
-        p.add_argument("dest", help="precomputed dataset folder: new, empty, or a convert output (gains a mesh)")
-        p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID's export-shards")
-        p.add_argument("--labels", default="agglomerated",
-                       help="agglomerated (default), supervoxels, or a supervoxel->body mapping file")
-        p.add_argument("--scales", default="0", metavar="K[,K...]",
-                       help="scales to mesh: lod j from the j-th, each twice as coarse (default 0)")
-        p.add_argument("--lods", type=int, default=1,
-                       help="with one scale: levels of detail simplified from lod 0 (default 1)")
+        add_source(p)
+        add_dest(p, what="precomputed dataset folder: new, empty, or a convert output (gains a mesh)", old=())
+        p.add_argument("--scale", type=int, default=None, metavar="K",
+                       help=f"level of detail 0's scale (default: the finest with voxels of {TARGET_NM:g} nm or "
+                            f"more); coarser levels from the scales after it")
+        add_scales(p, help="one scale per level of detail instead (e.g. --scales 2 3 4)")
+        p.add_argument("--lods", type=int, default=None, help=f"levels of detail at most (default {MAX_LODS})")
+        add_labels(p)
+        add_box(p)
         p.add_argument("--legacy", action="store_true", help="neuroglancer's legacy single-resolution format")
         p.add_argument("--bits", type=int, default=16, choices=(10, 16), help="Draco quantisation bits")
-        p.add_argument("--reduction", type=int, default=100, metavar="R",
-                       help="simplify lod 0 per cell to about 1/R of its triangles (default 100, as igneous; 0: "
-                            "every marching-cubes triangle, ~40 GB of fragments per dense mCNS shard)")
-        p.add_argument("--max-error", type=float, default=40.0, metavar="E",
-                       help="the simplifier's error bound (zmesh's knob, default 40 as igneous)")
+        p.add_argument("--reduction", type=int, default=10, metavar="R",
+                       help="keep about 1/R of the marching-cubes faces (default 10; 0: every face)")
+        p.add_argument("--max-error", type=float, default=1.5, metavar="E",
+                       help="the simplifier's error bound in voxels (default 1.5)")
         p.add_argument("--mesh-dir", default="mesh", help="mesh folder inside DEST (default: mesh)")
-        job_arguments(p, workdir=True, resume=True, overwrite=True)
+        add_job_options(p)
 
     @staticmethod
     def main(args) -> int:
-        scales = _scales_arg(args.scales)
-        ds = Dataset(args.source, spec=args.spec)
-        report = meshes(ds, args.dest, scales=scales, labels=args.labels, legacy=args.legacy, lods=args.lods,
-                        bits=args.bits, reduction_factor=args.reduction, max_error=args.max_error,
-                        mesh_dir=args.mesh_dir,
-                        scheduler=args.scheduler, workdir=args.workdir, resume=args.resume,
-                        overwrite=args.overwrite, progress=progress_of(args), command=["dvidshards", "meshes"]
-                        + sys.argv[2:])
+        report = meshes(args.source, dest_of(args), spec=args.spec, scale=args.scale, scales=args.scales,
+                        lods=args.lods, labels=args.labels, box=args.box, legacy=args.legacy, bits=args.bits,
+                        reduction_factor=args.reduction, max_error=args.max_error, mesh_dir=args.mesh_dir,
+                        first_reduction=2 if args.reduction else 0, allow_partial=True,
+                        command=command_line("meshes", args), **job_options(args))
         print(report.summary())
-        if not report.ok:
-            print(f"the output is incomplete ({os.path.join(report.path, MANIFEST)} says so); run again with "
-                  f"--resume to finish it")
         return 0 if report.ok else 1
 
 
