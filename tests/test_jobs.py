@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dvidshards.errors import BlockDecodeError, RemoteReadError, SpecError
+from dvidshards.errors import BlockDecodeError, OutputError, RemoteReadError, SpecError
 from dvidshards.jobs import PhaseReport, describe_exception, run_tasks
 from dvidshards.jobs.runner import TaskRunner, scheduler_of
 
@@ -91,6 +91,7 @@ def client():
         yield c
 
 
+@pytest.mark.slow
 def test_dask_client_matches_serial(client):
     items = list(range(40))
     serial = run_tasks(_square_or_fail, items, progress=False)
@@ -109,6 +110,7 @@ def test_dask_client_matches_serial(client):
     assert len(set(pid.values())) == 2  # two worker processes
 
 
+@pytest.mark.slow
 def test_dask_worker_death_is_a_failure(client):
     rep = run_tasks(_die_on_7, [6, 7], scheduler=client, progress=False)
     assert rep.results == {6: 6}
@@ -123,6 +125,7 @@ def _die_on_7(x):
     return x
 
 
+@pytest.mark.slow
 def test_local_scheduler_string():
     pytest.importorskip("distributed")
     rep = run_tasks(math.sqrt, [4, -1], scheduler="local:1", progress=False)
@@ -171,6 +174,7 @@ def test_threads_run_concurrently():
     assert rep.ok and len(seen) == 2
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_fails_fast():
     pytest.importorskip("distributed")
     import socket
@@ -213,6 +217,7 @@ def test_remote_cluster_without_a_shared_work_folder_is_refused_before_work(tmp_
     TaskRunner("local:2").check_shared(tmp_path)  # same host: nothing to check, no cluster started
 
 
+@pytest.mark.slow
 def test_remote_client_that_sees_the_folder_passes(client, tmp_path):
     tr = TaskRunner(client)
     assert tr.remote
@@ -231,23 +236,67 @@ def test_task_cpu_counts_each_tasks_own_thread():
     assert 0.18 < rep.task_cpu < 1.0  # 4 x 50 ms of the tasks' own threads, not the process's
 
 
-def test_work_folder_on_a_bucket_without_folder_marker_objects():
-    """A work folder in a bucket (GCS emulator) whose files were written without folder marker
-    objects: written atomically, read back, and removed whole (pyarrow's delete_dir reports the
-    missing marker as FileNotFoundError; the folder is gone all the same)."""
-    pytest.importorskip("gcp_storage_emulator")
-    import pyarrow.fs as pafs
+def _check_workdir(w, keys) -> None:
+    """A work folder's operations, then ``keys()``: the names it holds (a bucket's objects, or files)."""
+    import pickle
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dvidshards.jobs.workdir import WorkDir
+
+    assert w.read_json("work.json") is None and w.list() == [] and not w.exists("shards")
+    w.write_json("work.json", {"n": 1})  # no folder made for it: in a bucket, no marker object
+    assert w.read_json("work.json") == {"n": 1}
+    sub = w.child("shards")
+    assert isinstance(sub, WorkDir) and sub.describe("a.arrow") == w.describe("shards/a.arrow")
+    sub.write_with("a.parquet", lambda f: pq.write_table(pa.table({"x": [1, 2, 3]}), f))
+    assert sub.read_table("a.parquet").column("x").to_pylist() == [1, 2, 3]
+    with sub.open_input("a.parquet") as f:
+        assert f.read(4) == b"PAR1"
+    again = pickle.loads(pickle.dumps(sub))  # a worker opens it by its location
+    assert isinstance(again, WorkDir) and again == sub and again.read_table("a.parquet").num_rows == 3
+    assert w.list() == ["shards", "work.json"] and w.is_dir("shards") and sub.list() == ["a.parquet"]
+    assert keys() == ["shards/a.parquet", "work.json"]
+    w.write("bad.json", b"{not json")
+    with pytest.raises(OutputError, match="bad.json: not a JSON document"):
+        w.read_json("bad.json")
+    with pytest.raises(OutputError, match="work.json: not a Parquet file"):
+        w.read_table("work.json")
+    w.rmtree("shards")
+    w.delete("bad.json")
+    assert keys() == ["work.json"]
+    w.rmtree()
+    assert keys() == [] and not w.exists()
+
+
+def test_work_folder_on_the_local_disk(tmp_path):
+    from dvidshards.jobs.workdir import WorkDir
+
+    w = WorkDir.of(tmp_path / "job")
+    assert w.local and w.describe() == str(tmp_path / "job") and WorkDir.of(w) is w
+
+    def keys():
+        if not (tmp_path / "job").exists():
+            return []
+        return sorted(p.relative_to(tmp_path / "job").as_posix() for p in (tmp_path / "job").rglob("*") if p.is_file())
+
+    _check_workdir(w, keys)
+    with pytest.raises(OutputError, match="slash missing"):  # one parser: the outputs' own
+        WorkDir.of("gs:/bucket/job")
+    with pytest.raises(OutputError, match="not http://"):
+        WorkDir.of("http://host/job")
+
+
+def test_work_folder_in_a_bucket_without_folder_marker_objects():
+    """A work folder in a bucket (GCS emulator) through TensorStore's kvstore, the readers' own
+    stack: written atomically (one object), read back, listed by prefix, removed whole."""
+    pytest.importorskip("gcp_storage_emulator")
     from dvidshards.jobs.workdir import WorkDir
     from tests.support.servers import FakeGCS
 
     with FakeGCS() as g:
         g.bucket("work")
-        w = WorkDir.__new__(WorkDir)  # pyarrow's URI parser has no anonymous option: its fs, given
-        w.url, w.path = "gs://work/job", "work/job"
-        w.fs = pafs.GcsFileSystem(anonymous=True, scheme="http", endpoint_override=f"127.0.0.1:{g.port}")
-        w.write_json("manifest.json", {"n": 1})  # no folder made for it: no marker object
-        assert w.read_json("manifest.json") == {"n": 1}
-        assert g.keys("work") == ["job/manifest.json"]
-        w.rmtree()
-        assert not w.exists("") and g.keys("work") == []
+        w = WorkDir.of("gs://work/job")
+        assert not w.local and w.describe("a") == "gs://work/job/a"
+        _check_workdir(w, lambda: [k.removeprefix("job/") for k in g.keys("work")])

@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dvidshards.errors import DvidShardsError
+from dvidshards.errors import DvidShardsError, JobError, OutputError, SpecError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError
 from dvidshards.jobs import pcg
+from dvidshards.jobs.output import read_manifest
 from tests.conftest import REAL_SHARD
 from tests.formats.test_pcg_format import (
     brute_force,
@@ -42,8 +43,13 @@ def files(out) -> dict:
     return {p.name: p.read_bytes() for p in Path(out).iterdir() if p.name.startswith(("edges_", "components_"))}
 
 
+def params(out) -> dict:
+    """The parameters in an output's manifest (dvidshards.json)."""
+    return read_manifest(out)["parameters"]
+
+
 def layout_of(out) -> IdLayout:
-    m = json.loads(open(os.path.join(out, "manifest.json")).read())
+    m = params(out)
     lay = IdLayout(m["layers"], m["spatial_bits"], m["layer_bits"])
     assert m["bits_per_dim"] == lay.bits_per_dim and m["counter_bits"] == lay.counter_bits
     return lay
@@ -54,7 +60,8 @@ def read_file(out, c):
     p = os.path.join(out, f"edges_{c[0]}_{c[1]}_{c[2]}.proto.zst")
     if not os.path.exists(p):
         return None
-    data = open(p, "rb").read()
+    with open(p, "rb") as f:
+        data = f.read()
     raw = zstandard.ZstdDecompressor().decompress(data)
     assert zstandard.get_frame_parameters(data).content_size == len(raw)  # PCG's reader needs it
     got = decode_independently(raw)
@@ -131,7 +138,8 @@ def check_output(out, ref_vol, origin, cs, chunks, body, piece_of=None):
             by_body.setdefault(int(body(piece(pid)[0])), set()).add(pid)
         assert {frozenset(g.tolist()) for g in comps} == {frozenset(v) for v in by_body.values()}
         assert [int(body(piece(int(g[0]))[0])) for g in comps] == sorted(by_body)
-        raw = open(os.path.join(out, f"components_{c[0]}_{c[1]}_{c[2]}.proto"), "rb").read()
+        with open(os.path.join(out, f"components_{c[0]}_{c[1]}_{c[2]}.proto"), "rb") as f:
+            raw = f.read()
         assert components_independently(raw) == [g.tolist() for g in comps]
     assert got == want
     for (p, q), n in seen.items():  # in edges once; between and cross in both chunks' files
@@ -153,21 +161,23 @@ def _grid(shape, cs):
 def test_synthetic_export_equals_brute_force(tmp_path, synthetic_export, cs):
     ex = synthetic_export
     out = tmp_path / "pcg"
-    rep = pcg.write_edges(ex.root, out, cs, spec=ex.spec, progress=False)
-    assert rep.ok and rep.chunks == len(_grid(ex.sv.shape, cs)) and rep.skipped == 0
+    rep = pcg.pcg_edges(ex.root, out, chunk_size=cs, spec=ex.spec, progress=False)
+    assert rep.ok and rep.complete and rep.totals.chunks == len(_grid(ex.sv.shape, cs)) and rep.totals.skipped == 0
     sv = ex.expected(0, "supervoxels")
     got = check_output(str(out), sv, (0, 0, 0), np.asarray(cs), _grid(sv.shape, cs), _body(ex.mapping))
     st = side_table(str(out))
     linked = {p for pair in got for p in pair}
     pieces = {(s, (x, y, z)) for s, x, y, z in zip(*(st[k].tolist() for k in ("dvid_supervoxel", "chunk_x", "chunk_y",
                                                                             "chunk_z")), strict=True)}
-    assert rep.isolated == len(pieces - linked)
+    assert rep.totals.isolated == len(pieces - linked)
     kinds = Counter(("in" if p[1] == q[1] else ("cross" if p[0] == q[0] else "between")) for p, q in got)
     assert min(kinds["in"], kinds["between"], kinds["cross"]) > 10, kinds  # the volume exercises all three
-    m = json.loads((out / "manifest.json").read_text())
-    assert m["complete"] and m["chunk_size"] == list(cs) and m["pieces"] == rep.pieces
-    assert m["voxel_offset"] == [0, 0, 0] and m["layers"] == 4 and m["bits_per_dim"] == 10
-    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    m = read_manifest(out)
+    assert m["job"] == "pcg-edges" and m["complete"] and m["parameters"]["chunk_size"] == list(cs)
+    assert m["totals"]["pieces"] == rep.totals.pieces and m["tasks"]["total"] == rep.tasks  # manifest = report
+    assert m["parameters"]["voxel_offset"] == [0, 0, 0] and m["parameters"]["layers"] == 4
+    assert m["parameters"]["bits_per_dim"] == 10 and m["pcg"]["edges"] == "edges_{x}_{y}_{z}.proto.zst"
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name or p.name == "dvidshards.lock"]
 
 
 def test_voxel_offset_and_scale(tmp_path, synthetic_export):
@@ -178,11 +188,11 @@ def test_voxel_offset_and_scale(tmp_path, synthetic_export):
     s1["voxel_offset"] = [32, 0, 16]
     s1["size"] = [s1["size"][0] - 32, s1["size"][1], s1["size"][2] - 16]
     cs = np.array([30, 40, 25])
-    rep = pcg.write_edges(ex.root, tmp_path / "o", cs, spec=spec, scale=1, progress=False)
+    rep = pcg.pcg_edges(ex.root, tmp_path / "o", chunk_size=cs, spec=spec, scale=1, progress=False)
     assert rep.ok
     vol = ex.expected(1, "supervoxels")[32:, :, 16:]
     check_output(str(tmp_path / "o"), vol, (0, 0, 0), cs, _grid(vol.shape, cs), _body(ex.mapping))
-    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["voxel_offset"] == [32, 0, 16]
+    assert params(tmp_path / "o")["voxel_offset"] == [32, 0, 16]
 
 
 def test_components_from_a_mapping(tmp_path, synthetic_export):
@@ -191,8 +201,8 @@ def test_components_from_a_mapping(tmp_path, synthetic_export):
     m[::3, 1] = m[0, 1]  # merge some bodies
     m = m[:-2]  # and leave two supervoxels unmapped (they are their own body)
     cs = np.array([100, 85, 75])
-    rep = pcg.write_edges(ex.root, tmp_path / "o", cs, spec=ex.spec, labels=m, affinity="default",
-                          progress=False)
+    rep = pcg.pcg_edges(ex.root, tmp_path / "o", chunk_size=cs, spec=ex.spec, labels=m, affinity="default",
+                        progress=False)
     assert rep.ok
     lay_edges = pcg.read_chunk_edges(tmp_path / "o", (0, 0, 0))
     assert (lay_edges["in"][2] == np.finfo(np.float32).tiny).all()
@@ -211,61 +221,88 @@ def test_resume_and_guards(tmp_path, synthetic_export):
     ex = synthetic_export
     cs = (100, 85, 75)
     out = tmp_path / "o"
-    first = pcg.write_edges(ex.root, out, cs, spec=ex.spec, chunks=[(0, 0, 0), (1, 1, 1)], progress=False)
-    assert first.ok and first.chunks == 2
+    first = pcg.pcg_edges(ex.root, out, chunk_size=cs, spec=ex.spec, chunks=[(0, 0, 0), (1, 1, 1)], progress=False)
+    assert first.ok and first.totals.chunks == 2
     before = files(out)
-    with pytest.raises(PcgError, match="resume"):
-        pcg.write_edges(ex.root, out, cs, spec=ex.spec, progress=False)
-    with pytest.raises(PcgError, match="chunk_size"):
-        pcg.write_edges(ex.root, out, (64, 64, 64), spec=ex.spec, resume=True, progress=False)
+    with pytest.raises(OutputError, match="pass --resume to finish it"):
+        pcg.pcg_edges(ex.root, out, chunk_size=cs, spec=ex.spec, progress=False)
+    with pytest.raises(OutputError, match="other parameters.*chunk_size"):
+        pcg.pcg_edges(ex.root, out, chunk_size=(64, 64, 64), spec=ex.spec, resume=True, progress=False)
+    assert files(out) == before and read_manifest(out)["complete"] is True  # a refusal changes nothing
     parts = sorted(p.name for p in (out / "supervoxels").iterdir())
     assert parts == ["0_0_0.parquet", "1_1_1.parquet"]  # one task per source shard here: one chunk each
     (out / "edges_1_1_1.proto.zst").unlink()  # an interrupted task: its side-table part is written last
     (out / "supervoxels" / "1_1_1.parquet").unlink()
-    (out / ".tmp").mkdir(exist_ok=True)
-    (out / ".tmp" / "edges_0_0_0.proto.zst.123.abcd").write_bytes(b"partial")  # a crashed writer's leftover
-    rep = pcg.write_edges(ex.root, out, cs, spec=ex.spec, resume=True, progress=False)
-    assert rep.ok and rep.chunks == 8 and rep.skipped == 1
-    assert not (out / ".tmp").exists()  # leftovers of crashed writers are removed
+    (out / ".edges_0_0_0.proto.zst.tmp-123abc").write_bytes(b"partial")  # a crashed writer's leftover
+    rep = pcg.pcg_edges(ex.root, out, chunk_size=cs, spec=ex.spec, resume=True, progress=False)
+    assert rep.ok and rep.totals.chunks == 8 and rep.totals.skipped == 1
     for name, data in before.items():
         assert (out / name).read_bytes() == data, name
-    full = pcg.write_edges(ex.root, tmp_path / "fresh", cs, spec=ex.spec, progress=False)
+    full = pcg.pcg_edges(ex.root, tmp_path / "fresh", chunk_size=cs, spec=ex.spec, progress=False)
     assert files(tmp_path / "fresh") == files(out)  # deterministic output
     assert pcg.read_side_table(tmp_path / "fresh").equals(pcg.read_side_table(out))
-    assert full.pieces == rep.pieces and full.written == rep.written
+    assert full.totals.pieces == rep.totals.pieces and full.totals.written == rep.totals.written
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("x")
-    with pytest.raises(PcgError, match="not empty"):
-        pcg.write_edges(ex.root, tmp_path / "junk", cs, spec=ex.spec, progress=False)
+    with pytest.raises(OutputError, match="not empty"):
+        pcg.pcg_edges(ex.root, tmp_path / "junk", chunk_size=cs, spec=ex.spec, progress=False)
     for k, bad in enumerate(({"affinity": "mean"}, {"level": 30}, {"labels": "supervoxels"},
                              {"chunks": [(9, 0, 0)]}, {"box": [[0, 0], [1, 1]]}, {"box": [[500, 0, 0], [600, 9, 9]]},
-                             {"scheduler": "lokal"}, {"chunks_per_task": 0}, {"resume": True, "overwrite": True})):
+                             {"scheduler": "lokal"}, {"chunks_per_task": 0}, {"resume": True, "overwrite": True},
+                             {"chunk_size": None})):
         with pytest.raises(DvidShardsError):
-            pcg.write_edges(ex.root, tmp_path / f"bad{k}", cs, spec=ex.spec, progress=False, **bad)
+            pcg.pcg_edges(ex.root, tmp_path / f"bad{k}", **{"chunk_size": cs, **bad}, spec=ex.spec, progress=False)
         assert not (tmp_path / f"bad{k}").exists()  # nothing written for a bad call
     with pytest.raises(PcgError, match="chunks per axis"):  # 200 voxels in 1-voxel chunks at 4 spatial bits
-        pcg.write_edges(ex.root, tmp_path / "bad2", (1, 1, 1), spec=ex.spec, layers=3, spatial_bits=4,
-                        progress=False)
+        pcg.pcg_edges(ex.root, tmp_path / "bad2", chunk_size=(1, 1, 1), spec=ex.spec, layers=3, spatial_bits=4,
+                      progress=False)
+    assert not (tmp_path / "bad2").exists()
+
+
+def test_old_spellings_warn_and_work(tmp_path, synthetic_export, capsys):
+    ex = synthetic_export
+    cs = (100, 85, 75)
+    with pytest.warns(DeprecationWarning, match=r"write_edges\(source, out, chunk_size, ...\) is now pcg_edges"):
+        old = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks=[(0, 0, 0)], progress=False)
+    with pytest.warns(DeprecationWarning) as w:
+        new = pcg.pcg_edges(ex.root, out=tmp_path / "b", chunk_size=cs, mapping=ex.mapping, spec=ex.spec,
+                            chunks=[(0, 0, 0)], progress=False)
+    assert sorted(str(x.message).split(" (")[0] for x in w) == ["pcg_edges(mapping=...) is now pcg_edges(labels=...)",
+                                                              "pcg_edges(out=...) is now pcg_edges(dest=...)"]
+    assert old.ok and new.ok and files(tmp_path / "a") == files(tmp_path / "b")
+    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
+    (tmp_path / "map.txt").write_text("".join(f"{a} {b}\n" for a, b in ex.mapping.tolist()))
+    from dvidshards import cli
+
+    assert cli.main(["pcg-edges", ex.root, "--out", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
+                     "--chunk-size", "100", "85", "75", "--mapping", str(tmp_path / "map.txt"), "--box", "0,0,0,100,85,75",
+                     "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--out" in err and "--mapping" in err and "--box 0 0 0 100 85 75" in err
+    assert files(tmp_path / "c") == files(tmp_path / "a")
 
 
 def test_chunk_groups_match_one_chunk_per_task(tmp_path, synthetic_export):
     ex = synthetic_export
     cs = (64, 64, 64)
-    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks_per_task=1, progress=False)
-    b = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, progress=False)
-    c = pcg.write_edges(ex.root, tmp_path / "c", cs, spec=ex.spec, progress=False)  # default: per source shard
-    assert a.ok and b.ok and c.ok and a.chunks == b.chunks == c.chunks == 36 and a.pieces == b.pieces == c.pieces
+    a = pcg.pcg_edges(ex.root, tmp_path / "a", chunk_size=cs, spec=ex.spec, chunks_per_task=1, progress=False)
+    b = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks_per_task=3, progress=False)
+    c = pcg.pcg_edges(ex.root, tmp_path / "c", chunk_size=cs, spec=ex.spec, progress=False)  # default: per shard
+    assert a.ok and b.ok and c.ok and a.totals.chunks == b.totals.chunks == c.totals.chunks == 36
+    assert a.totals.pieces == b.totals.pieces == c.totals.pieces
     assert (a.tasks, b.tasks, c.tasks) == (36, 2 * 1 * 1, 2 * 2 * 2)
     assert files(tmp_path / "a") == files(tmp_path / "b") == files(tmp_path / "c")
     table = pcg.read_side_table(tmp_path / "a")
     assert pcg.read_side_table(tmp_path / "b").equals(table) and pcg.read_side_table(tmp_path / "c").equals(table)
     (tmp_path / "b" / "supervoxels" / "0_0_0.parquet").unlink()  # the task of chunks x 0:3, y 0:3, z 0:3
-    d = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks_per_task=3, resume=True,
-                        box=[[0, 0, 0], [256, 128, 192]], progress=False)
-    assert d.ok and d.chunks == 4 * 2 * 3 and d.skipped == 1 * 2 * 3  # task (1, 0, 0)'s chunks in the box were done
+    d = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks_per_task=3, resume=True,
+                      box=[[0, 0, 0], [256, 128, 192]], progress=False)
+    # task (1, 0, 0)'s chunks in the box were done
+    assert d.ok and d.totals.chunks == 4 * 2 * 3 and d.totals.skipped == 1 * 2 * 3
     assert pcg.read_side_table(tmp_path / "b").num_rows < table.num_rows  # chunks y 2:3 of task 0 are not done yet
-    e = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, resume=True, progress=False)  # their cut
-    assert e.ok and e.skipped == 36 - 3 * 1 * 3 and pcg.read_side_table(tmp_path / "b").equals(table)
+    e = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks_per_task=3, resume=True,
+                      progress=False)
+    assert e.ok and e.totals.skipped == 36 - 3 * 1 * 3 and pcg.read_side_table(tmp_path / "b").equals(table)
     assert files(tmp_path / "b") == files(tmp_path / "a")
 
 
@@ -289,31 +326,71 @@ def test_cli(tmp_path, synthetic_export, capsys):
     spec.write_text(json.dumps(ex.spec))
     p = argparse.ArgumentParser()
     pcg.add_arguments(p)
-    args = p.parse_args([ex.root, "--spec", str(spec), "--out", str(tmp_path / "o"), "--chunk-size", "128", "128",
+    args = p.parse_args([ex.root, str(tmp_path / "o"), "--spec", str(spec), "--chunk-size", "128", "128",
                          "128", "--box", "0", "0", "0", "100", "100", "100", "--level", "3", "--quiet"])
     assert pcg.main(args) == 0
-    assert "1 chunks in 1 tasks" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "pcg-edges -> " in text and ": complete: 1 of 1 tasks done" in text and "1 chunks in 1 tasks" in text
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "components_0_0_0.proto", "edges_0_0_0.proto.zst", "manifest.json", "supervoxels"]
+        "components_0_0_0.proto", "dvidshards.json", "edges_0_0_0.proto.zst", "supervoxels"]
+    m = read_manifest(tmp_path / "o")
+    assert m["box"] == [[0, 0, 0], [100, 100, 100]] and m["command"].startswith(f"dvidshards pcg-edges {ex.root} ")
 
 
+@pytest.mark.slow
 def test_dask_scheduler_matches_serial(tmp_path, synthetic_export):
     pytest.importorskip("distributed")
     ex = synthetic_export
     cs = (100, 85, 75)
     chunks = [(0, 0, 0), (1, 0, 0), (0, 1, 1)]
-    a = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks=chunks, progress=False)
-    b = pcg.write_edges(ex.root, tmp_path / "b", cs, spec=ex.spec, chunks=chunks, scheduler="local:1",
-                        progress=False)
+    a = pcg.pcg_edges(ex.root, tmp_path / "a", chunk_size=cs, spec=ex.spec, chunks=chunks, progress=False)
+    b = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks=chunks, scheduler="local:1",
+                      progress=False)
     assert a.ok and b.ok, b.failed
     for p in (tmp_path / "a").iterdir():
         if p.is_file() and p.suffix != ".json":
             assert (tmp_path / "b" / p.name).read_bytes() == p.read_bytes(), p.name
 
 
+def test_writes_into_a_bucket_through_the_destination(tmp_path, synthetic_export):
+    """`pcg-edges EXPORT s3://bucket/e` writes into the bucket (not a local folder named like the
+    URL); the files equal a local run's, and the readers read them back from the bucket."""
+    from dvidshards import cli
+    from tests.support.servers import MotoS3
+
+    ex = synthetic_export
+    cs = (100, 85, 75)
+    local = pcg.pcg_edges(ex.root, tmp_path / "local", chunk_size=cs, spec=ex.spec, progress=False)
+    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
+    with MotoS3() as s3:
+        s3.bucket("pcg")
+        url = f"s3://pcg/e?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            assert cli.main(["pcg-edges", ex.root, url, "--spec", str(tmp_path / "spec.json"), "--chunk-size",
+                             "100", "85", "75", "--quiet"]) == 0
+        finally:
+            os.chdir(cwd)
+        assert not (tmp_path / "s3:").exists()
+        keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket="pcg")["Contents"]}
+        assert "e/dvidshards.json" in keys and "e/dvidshards.lock" not in keys
+        got = {k[2:]: s3.client().get_object(Bucket="pcg", Key=k)["Body"].read() for k in keys
+               if k.startswith("e/edges_") or k.startswith("e/components_")}
+        assert got == files(tmp_path / "local") and local.ok
+        assert pcg.read_side_table(url).equals(pcg.read_side_table(tmp_path / "local"))
+        c = next(tuple(int(v) for v in k[len("edges_"):-len(".proto.zst")].split("_")) for k in got
+                 if k.startswith("edges_"))
+        for t, arrays in pcg.read_chunk_edges(url, c).items():
+            for x, y in zip(arrays, pcg.read_chunk_edges(tmp_path / "local", c)[t], strict=True):
+                np.testing.assert_array_equal(x, y)
+        assert read_manifest(url)["complete"] is True
+
+
 # --------------------------------------------------------------------------- the real mCNS shard
 
 
+@pytest.mark.slow
 def test_real_shard_equals_brute_force(dvid_data, tmp_path, real_records):
     """Eight 128³ PCG chunks of the real mCNS shard (scale 1 of the real spec) with their halo."""
     from dvidshards.formats.codec import decode_block
@@ -326,9 +403,9 @@ def test_real_shard_equals_brute_force(dvid_data, tmp_path, real_records):
     cs = np.array([128, 128, 128])
     chunks = [(x, y, z) for x in (254, 255) for y in (206, 207) for z in (238, 239)]  # the densest part
     out = tmp_path / "pcg"
-    rep = pcg.write_edges(root, out, cs, spec=spec, scale=1, chunks=chunks, progress=False)
-    assert rep.ok and rep.written == 8, rep.summary()
-    m = json.loads((out / "manifest.json").read_text())
+    rep = pcg.pcg_edges(root, out, chunk_size=cs, spec=spec, scale=1, chunks=chunks, progress=False)
+    assert rep.ok and rep.totals.written == 8, rep.summary()
+    m = params(out)
     assert m["layers"] == 12 and m["grid"] == [368, 306, 526]
 
     # the reference: the records' blocks decoded by the codec into the chunks plus a 1-voxel halo
@@ -407,20 +484,24 @@ def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_expo
     spec = json.loads(json.dumps(ex.spec))
     spec["scales"] = spec["scales"][:1]
     cs = (64, 64, 64)
-    rep = pcg.write_edges(root, tmp_path / "o", cs, spec=spec, progress=False)
-    assert not rep.ok and rep.written > 0
+    with pytest.raises(JobError) as e:
+        pcg.pcg_edges(root, tmp_path / "o", chunk_size=cs, spec=spec, progress=False)
+    rep = e.value.report
+    assert not rep.ok and rep.totals.written > 0
     assert all(f"supervoxel {bad_sv} has agglomerated label" in m for m in rep.failed.values())
-    assert (1, 1, 1) in rep.failed and all(abs(np.subtract(c, (1, 1, 1))).sum() <= 1 for c in rep.failed)
+    bad = [tuple(int(v) for v in k[len("PCG chunk ("):-1].split(", ")) for k in rep.failed]
+    assert (1, 1, 1) in bad and all(abs(np.subtract(c, (1, 1, 1))).sum() <= 1 for c in bad)
     assert not (tmp_path / "o" / "edges_1_1_1.proto.zst").exists()
-    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["complete"] is False and m["failed"] == len(rep.failed) == rep.failed_chunks
+    m = read_manifest(tmp_path / "o")
+    assert m["complete"] is False and m["failed"] == rep.failed and len(rep.failed) == rep.totals.failed_chunks
     p = argparse.ArgumentParser()
     pcg.add_arguments(p)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    args = p.parse_args([str(root), "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "o"),
+    args = p.parse_args([str(root), str(tmp_path / "o"), "--spec", str(tmp_path / "spec.json"),
                          "--chunk-size", "64", "64", "64", "--resume", "--quiet"])
     assert pcg.main(args) == 1
-    assert "FAILED (1, 1, 1)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "FAILED PCG chunk (1, 1, 1)" in text and "INCOMPLETE" in text and "--resume" in text
 
 
 # --------------------------------------------------------------------------- issue 22 item 3, issue 23
@@ -447,16 +528,16 @@ def test_issue22_3_tasks_are_source_shards_and_carry_no_mapping(tmp_path, synthe
     big = np.concatenate([ex.mapping, np.stack([np.arange(1, 100_001, dtype=np.uint64) + np.uint64(1 << 40)] * 2, 1)])
     path = tmp_path / "mappings.txt"
     np.savetxt(path, big, fmt="%d")
-    rep = pcg.write_edges(ex.root, tmp_path / "o", (64, 64, 64), spec=ex.spec, labels=str(path),
-                          scheduler="threads:2", progress=False)
+    rep = pcg.pcg_edges(ex.root, tmp_path / "o", chunk_size=(64, 64, 64), spec=ex.spec, labels=str(path),
+                        scheduler="threads:2", progress=False)
     shards = len(list(Path(ex.root, "s0").glob("*.arrow")))
-    assert rep.ok and rep.tasks == seen["tasks"] == shards and rep.chunks == 36  # 128³ shards: 2³ chunks each
+    assert rep.ok and rep.tasks == seen["tasks"] == shards and rep.totals.chunks == 36  # 128³ shards: 2³ chunks
     assert seen["bytes"] < 8_000 < 16 * len(big)
-    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    m = params(tmp_path / "o")
     assert m["components"]["mapping_file"] == str(path) and m["chunks_per_task"] == [2, 2, 2]
-    ref = pcg.write_edges(ex.root, tmp_path / "ref", (64, 64, 64), spec=ex.spec, labels=big, chunks_per_task=1,
-                          progress=False)
-    assert ref.ok and ref.tasks == 36 and ref.pieces == rep.pieces
+    ref = pcg.pcg_edges(ex.root, tmp_path / "ref", chunk_size=(64, 64, 64), spec=ex.spec, labels=big,
+                        chunks_per_task=1, progress=False)
+    assert ref.ok and ref.tasks == 36 and ref.totals.pieces == rep.totals.pieces
     assert files(tmp_path / "o") == files(tmp_path / "ref")  # same output as one chunk per task
 
 
@@ -479,7 +560,6 @@ def test_issue22_3_plan_over_the_procedural_mcns_export_is_per_shard():
 
 def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_export, capsys):
     from dvidshards import cli
-    from dvidshards.errors import SpecError
 
     ex = synthetic_export
     root = tmp_path / "only-s0"
@@ -487,13 +567,14 @@ def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_e
     (root / "s0").symlink_to(Path(ex.root, "s0"))
     (tmp_path / "spec.json").write_text(json.dumps(ex.spec))  # lists 3 scales
     with pytest.raises(SpecError, match="no folder") as e:
-        pcg.write_edges(root, tmp_path / "o", (64, 64, 64), spec=ex.spec, scale=1, progress=False)
+        pcg.pcg_edges(root, tmp_path / "o", chunk_size=(64, 64, 64), spec=ex.spec, scale=1, progress=False)
     assert "s1" in str(e.value) or "scale 1" in str(e.value)
     assert not (tmp_path / "o").exists()
-    code = cli.main(["pcg-edges", str(root), "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "o"),
+    code = cli.main(["pcg-edges", str(root), str(tmp_path / "o"), "--spec", str(tmp_path / "spec.json"),
                      "--chunk-size", "64", "64", "64", "--scale", "1", "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and "SpecError" in err and "no folder" in err and "Traceback" not in err
+    assert code == 2 and ("no folder" in err or "not exported" in err) and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
 
@@ -502,23 +583,25 @@ def test_issue23_5_an_output_folder_with_other_files_is_refused(tmp_path, synthe
 
     ex = synthetic_export
     (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
-    args = [str(ex.root), "--spec", str(tmp_path / "spec.json"), "--chunk-size", "64", "64", "64", "--box", "0", "0",
+    args = ["--spec", str(tmp_path / "spec.json"), "--chunk-size", "64", "64", "64", "--box", "0", "0",
             "0", "64", "64", "64", "--quiet", "--scheduler", "serial"]
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("my notes")
-    for extra in ([], ["--resume"], ["--overwrite"]):  # not pcg-edges output: refused with every option
-        assert cli.main(["pcg-edges", "--out", str(out)] + args + extra) == 2
+    for extra in ([], ["--resume"]):  # not pcg-edges output: refused
+        assert cli.main(["pcg-edges", ex.root, str(out)] + args + extra) == 2
         assert "not empty" in capsys.readouterr().err
         assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # nothing touched
+    assert cli.main(["pcg-edges", ex.root, str(out)] + args + ["--overwrite"]) == 0  # writes its files, leaves the rest
+    assert "notes.txt" in os.listdir(out) and (out / "notes.txt").read_text() == "my notes"
     out = tmp_path / "o"
-    assert cli.main(["pcg-edges", "--out", str(out)] + args) == 0
+    assert cli.main(["pcg-edges", ex.root, str(out)] + args) == 0
     first = files(out)
-    assert cli.main(["pcg-edges", "--out", str(out)] + args) == 2  # its own output: --resume or --overwrite
+    assert cli.main(["pcg-edges", ex.root, str(out)] + args) == 2  # its own output: --resume or --overwrite
     assert "--overwrite" in capsys.readouterr().err
     (out / "edges_0_0_0.proto.zst").write_bytes(b"stale")
-    assert cli.main(["pcg-edges", "--out", str(out)] + args + ["--overwrite"]) == 0
-    assert files(out) == first and json.loads((out / "manifest.json").read_text())["complete"] is True
-    assert cli.main(["pcg-edges", "--out", str(out)] + args + ["--scheduler", "nowhere"]) == 2
+    assert cli.main(["pcg-edges", ex.root, str(out)] + args + ["--overwrite"]) == 0
+    assert files(out) == first and read_manifest(out)["complete"] is True
+    assert cli.main(["pcg-edges", ex.root, str(out)] + args + ["--scheduler", "nowhere"]) == 2
     assert "scheduler 'nowhere'" in capsys.readouterr().err
     assert files(out) == first

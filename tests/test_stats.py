@@ -1,5 +1,6 @@
 """body_stats, write_body_stats and label_index vs brute force over written volumes, serial, on
-threads and on dask; the outputs they refuse to write, and what they leave when shards fail."""
+threads and on dask; the outputs they refuse to write, and what they leave when shards fail.
+Every job stands on dvidshards.jobs.output: one manifest, a lock, JobError unless allow_partial."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 
 import dvidshards
-from dvidshards.errors import MappingError, SpecError
+from dvidshards.errors import MappingError, OutputError, SpecError
 from dvidshards.formats import jit
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.labelindex import bucket_of
+from dvidshards.jobs.output import JobReport, read_manifest
 from dvidshards.jobs.runner import TaskRunner
 from dvidshards.jobs.stats import (
     INDEX_SCHEMA,
@@ -93,8 +96,13 @@ def brute_index(body, sv, chunk=64) -> set:
     return rows
 
 
+def read_folder(out) -> pa.Table:
+    """A dataset folder as one table (the manifest dvidshards.json is not a Parquet file)."""
+    return pds.dataset(out, format="parquet", partitioning="hive", ignore_prefixes=[".", "_", "dvidshards."]).to_table()
+
+
 def read_index(out) -> set:
-    t = pq.read_table(out)  # the whole hive-partitioned dataset
+    t = read_folder(out)  # the whole hive-partitioned dataset
     d = t.to_pydict()
     return set(zip(d["body"], d["supervoxel"], d["chunk_x"], d["chunk_y"], d["chunk_z"], d["voxels"],
                    strict=False))
@@ -141,7 +149,8 @@ def _corrupt_one_record(root, scale=0):
     o = ds.shards(scale)[3]
     t = ds.shard(scale, o).table()
     path = os.path.join(root, f"s{scale}", f"{o[0]}_{o[1]}_{o[2]}.arrow")
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
     pay = bytes(t.payload(len(t) - 1))
     at = data.find(pay)
     assert at > 0 and len(pay) > 20
@@ -157,7 +166,8 @@ def damaged(exp, tmp_path):
     root = tmp_path / "exp"
     shutil.copytree(exp.root, root)
     path, o = _corrupt_one_record(root)
-    good = open(os.path.join(exp.root, "s0", os.path.basename(path)), "rb").read()
+    with open(os.path.join(exp.root, "s0", os.path.basename(path)), "rb") as f:
+        good = f.read()
     return root, path, o, good
 
 
@@ -184,18 +194,18 @@ def test_body_stats_equal_brute_force(exp, scale, labels):
         svs = svs[svs != 0]
         mapping = {int(s): 1000 + int(s) % 7 for s in svs[::2]}
     lab = mapping if labels == "mapped" else labels
-    t = body_stats(exp.root, scale, lab, progress=False)
+    t = body_stats(exp.root, scale=scale, labels=lab, progress=False)
     check_sorted(t)
     want = brute_stats(exp.expected(scale, lab), exp.expected(scale, "supervoxels"))
     assert as_dict(t) == want
     assert len(want) > 5
     meta = json.loads(t.schema.metadata[b"dvidshards"])
-    assert meta["scale"] == scale and json.loads(t.schema.metadata[b"failed_shards"]) == {}
+    assert meta["scale"] == scale and meta["labels"] == ("mapped" if mapping else labels) and meta["box"] is None
 
 
 def test_body_stats_box(exp):
     box = [[37, 70, 11], [190, 129, 140]]
-    t = body_stats(dvidshards.Dataset(exp.root), 0, "agglomerated", box=box, progress=False)
+    t = body_stats(dvidshards.Dataset(exp.root), scale=0, labels="agglomerated", box=box, progress=False)
     sl = np.s_[37:190, 70:129, 11:140]
     want = brute_stats(exp.expected(0)[sl], exp.expected(0, "supervoxels")[sl], offset=box[0])
     assert as_dict(t) == want
@@ -207,12 +217,12 @@ def test_reduce_tree_and_partitions(exp, tmp_path):
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
     # 3 levels, 2 levels, no merge level; 128 buckets: 6-bit shard partials merged into 7-bit files
     for fan_in, parts in [(2, 4), (3, 1), (64, 8), (3, 128)]:
-        t = body_stats(ds, 0, workdir=tmp_path / f"w{fan_in}", partitions=parts, fan_in=fan_in,
+        t = body_stats(ds, scale=0, workdir=tmp_path / f"w{fan_in}", partitions=parts, fan_in=fan_in,
                        progress=False)
         assert as_dict(t) == want
         assert not (tmp_path / f"w{fan_in}").exists()  # removed after a run with no failure
     with pytest.raises(SpecError, match="power of two"):
-        body_stats(ds, 0, partitions=3)
+        body_stats(ds, scale=0, partitions=3)
 
 
 def test_shard_function_is_plain(exp):
@@ -228,11 +238,12 @@ def test_shard_function_is_plain(exp):
         {k: v[:3] for k, v in want.items()}
 
 
+@pytest.mark.slow
 def test_dask_equals_serial(exp, client, tmp_path):
-    serial = body_stats(exp.root, 0, scheduler="serial", progress=False)
-    t = body_stats(exp.root, 0, scheduler=client, fan_in=2, partitions=2, progress=False)
+    serial = body_stats(exp.root, scale=0, scheduler="serial", progress=False)
+    t = body_stats(exp.root, scale=0, scheduler=client, fan_in=2, partitions=2, progress=False)
     assert t.equals(serial)
-    rep = label_index(exp.root, 0, tmp_path / "idx", scheduler=client, fan_in=3, partitions=4,
+    rep = label_index(exp.root, tmp_path / "idx", scale=0, scheduler=client, fan_in=3, partitions=4,
                       progress=False)
     assert rep.ok and read_index(tmp_path / "idx") == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
     rep = write_body_stats(exp.root, tmp_path / "sizes.parquet", scheduler=client, fan_in=3, progress=False)
@@ -242,34 +253,38 @@ def test_dask_equals_serial(exp, client, tmp_path):
 def test_body_stats_refuses_a_table_above_max_rows(exp, tmp_path):
     n = len(brute_stats(exp.expected(0), exp.expected(0, "supervoxels")))
     with pytest.raises(SpecError, match=f"{n} bodies, more than max_rows=3") as e:
-        body_stats(exp.root, 0, workdir=tmp_path / "w", max_rows=3, progress=False)
-    assert "write_body_stats" in str(e.value)
-    assert len(read_dataset_files(tmp_path / "w" / "table")) == n  # the complete dataset, where it says
+        body_stats(exp.root, scale=0, workdir=tmp_path / "w", max_rows=3, progress=False)
+    assert "write_body_stats" in str(e.value) and str(tmp_path / "w" / "table") in str(e.value)
+    assert len(as_dict(read_folder(tmp_path / "w" / "table"))) == n  # the complete dataset, where it says
+    assert read_manifest(tmp_path / "w" / "table")["complete"] is True
 
 
-def read_dataset_files(folder) -> dict:
-    return as_dict(pq.read_table(folder))
-
-
-# --------------------------------------------------------------------------- issue 22, item 3: reductions on the workers
+# --------------------------------------------------------------------------- reductions on the workers
 
 
 def test_issue22_item3_stats_dataset_written_by_the_workers(exp, tmp_path):
     out = tmp_path / "sizes"
-    rep = write_body_stats(exp.root, out, 0, partitions=4, fan_in=3, progress=False)
+    rep = write_body_stats(exp.root, out, scale=0, partitions=4, fan_in=3, progress=False)
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert rep.ok and rep.rows == len(want) and rep.path == str(out)
+    assert isinstance(rep, JobReport) and rep.ok and rep.complete and rep.job == "stats"
+    assert rep.totals.rows == len(want) and rep.totals.shards == 7 and rep.dest == str(out)
     assert read_dataset(out) == want
-    assert as_dict(pq.read_table(out)) == want  # readable as one hive-partitioned dataset
+    assert as_dict(read_folder(out)) == want  # readable as one hive-partitioned dataset
     meta = json.loads((out / "_meta.json").read_text())
     assert meta["format"] == "dvidshards-body-stats" and meta["complete"] and meta["rows"] == len(want)
     assert meta["bits"] == 2 and meta["labels"] == "agglomerated" and "voxels descending" in meta["order"]
-    assert sorted(os.listdir(out)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)]  # no _work left
+    assert sorted(os.listdir(out)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)] + ["dvidshards.json"]
+    assert sorted(os.listdir(tmp_path)) == ["sizes"]  # the work folder sizes.work (beside it) is removed
+    # the manifest and the summary come from the same report: they cannot disagree
+    m = read_manifest(out)
+    assert m["job"] == "stats" and m["complete"] is True and m["failed"] == {}
+    assert m["totals"]["rows"] == rep.totals.rows and m["tasks"]["total"] == rep.tasks
+    assert f"{rep.done:,} of {rep.tasks:,} tasks done" in rep.summary() and "complete" in rep.summary()
 
 
 def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
     out = tmp_path / "sizes.parquet"
-    rep = write_body_stats(exp.root, out, 1, "supervoxels", partitions=8, progress=False)
+    rep = write_body_stats(exp.root, out, scale=1, labels="supervoxels", partitions=8, progress=False)
     t = pq.read_table(out)
     sv = exp.expected(1, "supervoxels")
     assert rep.ok and as_dict(t) == brute_stats(sv, sv)
@@ -277,36 +292,38 @@ def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
     assert (np.diff(b) >= 0).all()  # grouped by bucket, in bucket order
     for k in np.unique(b):
         assert (np.diff(t["voxels"].to_numpy()[b == k]) <= 0).all()
-    about = json.loads(t.schema.metadata[b"dvidshards"])
-    assert about["complete"] and about["scale"] == 1 and about["labels"] == "supervoxels"
-    assert sorted(os.listdir(tmp_path)) == ["sizes.parquet"]  # work folder sizes.parquet.parts removed
+    m = json.loads(t.schema.metadata[b"dvidshards"])  # the job's manifest, in the file itself
+    assert m == read_manifest(out)
+    assert m["complete"] and m["job"] == "stats" and m["parameters"]["scale"] == 1
+    assert m["parameters"]["labels"] == "supervoxels" and m["totals"]["rows"] == rep.totals.rows
+    assert m["table"]["format"] == "dvidshards-body-stats" and m["table"]["bits"] == 3
+    assert sorted(os.listdir(tmp_path)) == ["sizes.parquet"]  # work folder sizes.parquet.work and lock removed
 
 
 @pytest.mark.slow
-def test_issue22_item3_workdir_is_any_path_or_an_s3_url(exp, tmp_path):
+def test_issue22_item3_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
     from tests.support.servers import MotoS3
 
     with MotoS3() as s3:
         s3.bucket("work")
-        url = f"s3://work/job1?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        q = f"?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
         out = tmp_path / "sizes"
-        rep = write_body_stats(exp.root, out, 0, workdir=url, fan_in=4, partitions=2, progress=False)
+        rep = write_body_stats(exp.root, out, scale=0, workdir=f"s3://work/job1{q}", fan_in=4, partitions=2,
+                               progress=False)
         assert rep.ok and read_dataset(out) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
         assert s3.client().list_objects_v2(Bucket="work").get("KeyCount", 0) == 0  # emptied after a complete run
-        # and the outputs themselves can live in a bucket
-        idx = f"s3://work/idx?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
-        rep = label_index(exp.root, 0, idx, partitions=2, progress=False)
-        keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket="work")["Contents"]
-                      if not o["Key"].endswith("/"))  # (pyarrow's folder markers)
-        assert rep.ok and keys == ["idx/_meta.json", "idx/bucket=0/part-0.parquet", "idx/bucket=1/part-0.parquet"]
-        # one file in a bucket, with its work folder beside it
-        url = f"s3://work/out/sizes.parquet?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
-        rep = write_body_stats(exp.root, url, 0, partitions=2, progress=False)
+        # the outputs themselves can live in a bucket, their work folder beside them
+        rep = label_index(exp.root, f"s3://work/idx{q}", scale=0, partitions=2, progress=False)
+        keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket="work")["Contents"])
+        assert rep.ok and keys == ["idx/_meta.json", "idx/bucket=0/part-0.parquet", "idx/bucket=1/part-0.parquet",
+                                   "idx/dvidshards.json"]
+        # one file in a bucket
+        rep = write_body_stats(exp.root, f"s3://work/out/sizes.parquet{q}", scale=0, partitions=2, progress=False)
         body = s3.client().get_object(Bucket="work", Key="out/sizes.parquet")["Body"].read()
         assert rep.ok and as_dict(pq.read_table(pa.BufferReader(body))) == brute_stats(
             exp.expected(0), exp.expected(0, "supervoxels"))
-        assert not [o for o in s3.client().list_objects_v2(Bucket="work", Prefix="out/")["Contents"]
-                    if ".parts" in o["Key"] and not o["Key"].endswith("/")]
+        assert [o["Key"] for o in s3.client().list_objects_v2(Bucket="work", Prefix="out/")["Contents"]] == \
+            ["out/sizes.parquet"]
 
 
 def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatch, capsys):
@@ -321,10 +338,10 @@ def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_pa
 
     monkeypatch.setattr(TaskRunner, "check_shared", blind)
     out = tmp_path / "sizes"
-    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 2
+    assert main(["stats", exp.root, str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot see it" in err
-    assert seen == [str(out)] and not out.exists()  # checked before any work, nothing left
+    assert seen == [str(out)] and os.listdir(tmp_path) == []  # checked before any work, nothing left
 
 
 def test_issue22_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
@@ -366,14 +383,15 @@ def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
         return orig(job, origin)
 
     monkeypatch.setattr(stats, "_shard_task", spy)
-    rep = write_body_stats(exp.root, tmp_path / "sizes", 0, str(path), scheduler="serial", progress=False)
+    rep = write_body_stats(exp.root, tmp_path / "sizes", scale=0, labels=str(path), scheduler="serial",
+                           progress=False)
     assert rep.ok and read_dataset(tmp_path / "sizes") == brute_stats(exp.expected(0, mapping),
                                                                       exp.expected(0, "supervoxels"))
     assert carried and max(carried) < 4096 < path.stat().st_size // 10  # the path, not 16 B per supervoxel
     meta = json.loads((tmp_path / "sizes" / "_meta.json").read_text())
     assert meta["labels"] == "mapped" and meta["mapping_file"] == str(path) and "mapping_sha256" not in meta
     # the label index names the mapping the same way, and BodyIndex users of the same file match it
-    rep = label_index(exp.root, 0, tmp_path / "idx", str(path), progress=False)
+    rep = label_index(exp.root, tmp_path / "idx", scale=0, labels=str(path), progress=False)
     assert rep.ok and json.loads((tmp_path / "idx" / "_meta.json").read_text())["mapping_file"] == str(path)
     body = 5003
     m, box = dvidshards.Dataset(exp.root).body_mask(body, 0, labels=str(path), index=tmp_path / "idx")
@@ -382,7 +400,7 @@ def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     assert box == [[int(x.min()), int(y.min()), int(z.min())], [int(x.max()) + 1, int(y.max()) + 1, int(z.max()) + 1]]
     assert int(m.sum()) == int((vol == body).sum())
     with pytest.raises(MappingError, match="not found"):
-        write_body_stats(exp.root, tmp_path / "other", 0, str(tmp_path / "nope.txt"), progress=False)
+        write_body_stats(exp.root, tmp_path / "other", scale=0, labels=str(tmp_path / "nope.txt"), progress=False)
     assert not (tmp_path / "other").exists()
 
 
@@ -391,13 +409,13 @@ def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
 
 def test_label_index_equals_brute_force(exp, tmp_path):
     out = tmp_path / "idx"
-    rep = label_index(exp.root, 0, out, partitions=4, progress=False)
+    rep = label_index(exp.root, out, scale=0, partitions=4, progress=False)
     want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert rep.ok and rep.rows == len(want) and rep.shards == 7
+    assert rep.ok and rep.totals.rows == len(want) and rep.totals.shards == 7
     assert read_index(out) == want
     meta = json.loads((out / "_meta.json").read_text())
     assert meta["complete"] and meta["bits"] == 2 and meta["labels"] == "agglomerated"
-    assert not (out / "_work").exists()
+    assert read_manifest(out)["job"] == "label-index" and not (tmp_path / "idx.work").exists()
     # each bucket file holds exactly its bodies, sorted
     for b in range(4):
         t = pq.read_table(out / f"bucket={b:x}" / "part-0.parquet")
@@ -405,7 +423,7 @@ def test_label_index_equals_brute_force(exp, tmp_path):
         body = t["body"].to_numpy()
         assert (bucket_of(body, 2) == b).all() and (np.diff(body.astype(np.float64)) >= 0).all()
     # supervoxels: body == supervoxel; overwrite replaces the index
-    rep = label_index(exp.root, 1, out, labels="supervoxels", overwrite=True, progress=False)
+    rep = label_index(exp.root, out, scale=1, labels="supervoxels", overwrite=True, progress=False)
     got = read_index(out)
     assert got == brute_index(exp.expected(1, "supervoxels"), exp.expected(1, "supervoxels"))
     assert all(r[0] == r[1] for r in got)
@@ -424,6 +442,37 @@ def test_shard_label_index_rows(exp):
     assert set(zip(*d.values(), strict=True)) == want and t.num_rows == len(want)
 
 
+# --------------------------------------------------------------------------- old spellings, one release
+
+
+def test_old_call_forms_warn_and_work(exp, tmp_path):
+    want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
+    with pytest.warns(DeprecationWarning, match="by position"):
+        rep = write_body_stats(exp.root, tmp_path / "a.parquet", 1, "agglomerated", None, "serial", progress=False)
+    assert rep.ok and as_dict(pq.read_table(tmp_path / "a.parquet")) == want
+    with pytest.warns(DeprecationWarning) as w:
+        rep = write_body_stats(ds=exp.root, out=tmp_path / "b.parquet", scale=1, progress=False)
+    assert sorted(str(x.message).split(" (")[0] for x in w) == [
+        "write_body_stats(ds=...) is now write_body_stats(source=...)",
+        "write_body_stats(out=...) is now write_body_stats(dest=...)"]
+    assert rep.ok and as_dict(pq.read_table(tmp_path / "b.parquet")) == want
+    with pytest.warns(DeprecationWarning, match=r"label_index\(ds, scale, out\)"):
+        rep = label_index(exp.root, 1, tmp_path / "idx1", progress=False)
+    assert rep.ok and json.loads((tmp_path / "idx1" / "_meta.json").read_text())["scale"] == 1
+    with pytest.warns(DeprecationWarning) as w:
+        rep = label_index(exp.root, 0, out=tmp_path / "idx0", progress=False)
+    assert len(w) == 2 and all(x.filename == __file__ for x in w)  # both point at the caller
+    assert rep.ok and read_index(tmp_path / "idx0") == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+    with pytest.warns(DeprecationWarning, match="by position"):
+        t = body_stats(exp.root, 1, "agglomerated", progress=False)
+    assert as_dict(t) == want
+    with pytest.raises(TypeError, match="twice"), pytest.warns(DeprecationWarning):
+        write_body_stats(exp.root, tmp_path / "c", 1, scale=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nonsense'"):
+        label_index(exp.root, tmp_path / "d", nonsense=1)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
 # --------------------------------------------------------------------------- failures and resume
 
 
@@ -432,17 +481,18 @@ def test_corrupt_shard_fails_its_task_and_resumes(exp, damaged, tmp_path, monkey
 
     root, path, o, good = damaged
     work = tmp_path / "work"
-    with pytest.raises(JobError, match="1 of 7 shards failed") as e:
-        body_stats(root, 0, workdir=work, progress=False)
+    with pytest.raises(JobError, match="1 of 7 tasks failed") as e:
+        body_stats(root, scale=0, workdir=work, progress=False)
     msg = str(e.value)
     assert os.path.basename(path) in msg and "BlockDecodeError" in msg and "chunk (" in msg and str(work) in msg
-    assert list(e.value.report.failed) == [path]
+    assert list(e.value.report.failed) == [path] and not e.value.report.complete
     # the other shards are there, the failed one wrote nothing; no reduce ran
-    parts = sorted(os.listdir(work / "shards"))
+    parts = sorted(os.listdir(work / "parts" / "shards"))
     assert len(parts) == 6 and f"{o[0]}_{o[1]}_{o[2]}.arrow" not in parts
-    assert sorted(os.listdir(work)) == ["manifest.json", "shards"]
-    manifest = json.loads((work / "manifest.json").read_text())
-    assert list(manifest["failed"]) == [path] and manifest["failed"][path].startswith("BlockDecodeError:")
+    assert sorted(os.listdir(work / "parts")) == ["shards", "work.json"]  # its lock released
+    m = read_manifest(work / "table")
+    assert m["complete"] is False and list(m["failed"]) == [path] and m["failed"][path].startswith("BlockDecodeError:")
+    assert [n for n in os.listdir(work / "table")] == ["dvidshards.json"]  # no rows
     # fix the shard and resume: only it runs again
     with open(path, "wb") as f:
         f.write(good)
@@ -450,7 +500,7 @@ def test_corrupt_shard_fails_its_task_and_resumes(exp, damaged, tmp_path, monkey
     orig = stats.shard_body_stats
     monkeypatch.setattr(stats, "shard_body_stats", lambda ds, scale, origin, *a: ran.append(origin) or
                         orig(ds, scale, origin, *a))
-    t = body_stats(root, 0, workdir=work, resume=True, scheduler="serial", progress=False)
+    t = body_stats(root, scale=0, workdir=work, resume=True, scheduler="serial", progress=False)
     assert as_dict(t) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
     assert ran == [o] and not work.exists()
 
@@ -461,46 +511,246 @@ def test_label_index_failure_then_resume(exp, damaged, tmp_path, monkeypatch):
     root, path, o, good = damaged
     out = tmp_path / "idx"
     # 128 buckets, fan-in 6: the 6 good partials (6-bit batches) go straight to the 7-bit buckets
-    rep = label_index(root, 0, out, partitions=128, fan_in=6, progress=False)
+    with pytest.raises(JobError) as e:
+        label_index(root, out, scale=0, partitions=128, fan_in=6, progress=False)
+    rep = e.value.report
     assert not rep.ok and list(rep.failed) == [path]
     want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
     assert read_index(out) == {r for r in want if (r[2] * 64 // 128 * 128, r[3] * 64 // 128 * 128,
                                                    r[4] * 64 // 128 * 128) != tuple(o)}
     meta = json.loads((out / "_meta.json").read_text())
     assert not meta["complete"] and list(meta["failed_shards"]) == [path]
+    m = read_manifest(out)
+    assert m["complete"] is False and list(m["failed"]) == [path] == list(rep.failed)  # manifest = report
     with pytest.warns(RuntimeWarning, match="incomplete"):
         dvidshards.Dataset(root).body_index(out)
-    assert len(os.listdir(out / "_work" / "shards")) == 6
+    assert len(os.listdir(tmp_path / "idx.work" / "shards")) == 6
     shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
     ran = []
     orig = stats.shard_label_index
     monkeypatch.setattr(stats, "shard_label_index", lambda ds, scale, origin, *a: ran.append(origin) or
                         orig(ds, scale, origin, *a))
-    rep = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, scheduler="serial", progress=False)
+    rep = label_index(root, out, scale=0, partitions=128, fan_in=6, resume=True, scheduler="serial",
+                      progress=False)
     assert rep.ok and rep.skipped == 6 and ran == [o]  # resumed shards were not recomputed
     assert read_index(out) == want  # 7 partials > fan-in 6: a merge level from 6-bit batches
-    assert len(os.listdir(out)) == 128 + 1
+    assert len(os.listdir(out)) == 128 + 2 and not (tmp_path / "idx.work").exists()
     # resuming a complete index does nothing
-    rep2 = label_index(root, 0, out, partitions=128, fan_in=6, resume=True, progress=False)
-    assert rep2.ok and rep2.rows == rep.rows and rep2.skipped == 7 and ran == [o]
+    rep2 = label_index(root, out, scale=0, partitions=128, fan_in=6, resume=True, progress=False)
+    assert rep2.ok and rep2.totals.rows == rep.totals.rows and rep2.skipped == rep.tasks and ran == [o]
+
+
+def test_allow_partial_returns_the_report(damaged, tmp_path):
+    root, path, _, _ = damaged
+    rep = write_body_stats(root, tmp_path / "s", allow_partial=True, progress=False)
+    assert not rep.ok and not rep.complete and rep.status == "incomplete" and list(rep.failed) == [path]
+    assert "INCOMPLETE" in rep.summary() and "--resume" in rep.summary()
+    m = read_manifest(tmp_path / "s")
+    assert m["complete"] is False and m["failed"] == rep.failed and m["tasks"]["failed"] == len(rep.failed)
+    rep = write_body_stats(root, tmp_path / "s.parquet", allow_partial=True, progress=False)
+    assert not rep.ok and not (tmp_path / "s.parquet").exists()  # a one-file output only when complete
+    assert os.listdir(tmp_path / "s.parquet.work" / "shards")
 
 
 def test_resume_refuses_other_parameters(damaged, tmp_path):
     root = damaged[0]
     work = tmp_path / "w"
     with pytest.raises(JobError):
-        body_stats(root, 0, workdir=work, progress=False)
-    with pytest.raises(SpecError, match="other parameters"):
-        body_stats(root, 0, "supervoxels", workdir=work, resume=True)
-    with pytest.raises(SpecError, match="earlier run; --resume to finish it, --overwrite"):
-        body_stats(root, 0, workdir=work)
+        body_stats(root, scale=0, workdir=work, progress=False)
+    with pytest.raises(OutputError, match="other parameters"):
+        body_stats(root, scale=0, labels="supervoxels", workdir=work, resume=True)
+    with pytest.raises(OutputError, match="--resume to finish it"):
+        body_stats(root, scale=0, workdir=work)
     with pytest.raises(SpecError, match="workdir"):
-        body_stats(root, 0, resume=True)
+        body_stats(root, scale=0, resume=True)
+    # a work folder given that holds something else is refused, and left alone
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
-    with pytest.raises(SpecError, match="not a dvidshards work folder"):
-        body_stats(root, 0, workdir=tmp_path / "mine", overwrite=True)
+    with pytest.raises(OutputError, match="not a dvidshards work folder"):
+        write_body_stats(root, tmp_path / "o", workdir=tmp_path / "mine", overwrite=True)
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+    # the partial results of another job's parameters are not mixed in
+    with pytest.raises(JobError):
+        write_body_stats(root, tmp_path / "o2", workdir=tmp_path / "w2", progress=False)
+    with pytest.raises(OutputError, match="other parameters"):
+        write_body_stats(root, tmp_path / "o3", labels="supervoxels", workdir=tmp_path / "w2", resume=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_cli_stats_and_label_index(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    out = tmp_path / "sizes.parquet"
+    assert main(["stats", exp.root, str(out), "--scale", "1", "--quiet"]) == 0
+    t = pq.read_table(out)
+    assert as_dict(t) == brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
+    text = capsys.readouterr().out
+    assert "stats -> " in text and ": complete:" in text and "bodies from 7 shards" not in text
+    assert read_manifest(out)["command"] == f"dvidshards stats {exp.root} {out} --scale 1"
+    folder = tmp_path / "sizes"
+    assert main(["stats", exp.root, str(folder), "--scale", "1", "--quiet"]) == 0
+    assert read_dataset(folder) == as_dict(t)
+    assert main(["stats", exp.root, str(tmp_path / "s.parquet"), "--box", "1", "2", "3"]) == 2
+    assert "--box takes six numbers X0 Y0 Z0 X1 Y1 Z1" in capsys.readouterr().err
+    box = tmp_path / "box.parquet"
+    assert main(["stats", exp.root, str(box), "--box", "10", "20", "30", "150", "160", "140",
+                 "--labels", "supervoxels", "--quiet"]) == 0
+    sl = np.s_[10:150, 20:160, 30:140]
+    sv = exp.expected(0, "supervoxels")[sl]
+    assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
+    idx = tmp_path / "idx"
+    assert main(["label-index", exp.root, str(idx), "--partitions", "2", "--quiet"]) == 0
+    assert read_index(idx) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
+
+
+def test_cli_old_spellings_warn_and_work(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    box = tmp_path / "box.parquet"
+    assert main(["stats", exp.root, "--out", str(box), "--box", "10,20,30,150,160,140", "--labels", "supervoxels",
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--out" in err and "positional DEST" in err and "--box 10 20 30 150 160 140" in err
+    sl = np.s_[10:150, 20:160, 30:140]
+    sv = exp.expected(0, "supervoxels")[sl]
+    assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
+    assert main(["label-index", exp.root, "--out", str(tmp_path / "idx"), "--scale", "1", "--quiet"]) == 0
+    assert "positional DEST" in capsys.readouterr().err
+    assert json.loads((tmp_path / "idx" / "_meta.json").read_text())["scale"] == 1
+
+
+# --------------------------------------------------------------------------- issue 23, from the user's side
+
+
+def test_issue23_item2_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    root = tmp_path / "exp"
+    shutil.copytree(exp.root, root)
+    shutil.rmtree(root / "s0")  # the info still lists scale 0
+    before = tree(tmp_path)
+    for cmd, out in (("stats", tmp_path / "sizes.parquet"), ("stats", tmp_path / "sizes"),
+                     ("label-index", tmp_path / "idx")):
+        assert main([cmd, str(root), str(out), "--scale", "0", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "s0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert tree(tmp_path) == before  # nothing written
+    with pytest.raises(SpecError, match="s0"):
+        body_stats(root, scale=0, progress=False)
+    assert main(["stats", str(root), str(tmp_path / "s1.parquet"), "--scale", "1", "--quiet"]) == 0
+
+
+def test_issue23_item3_box_outside_the_volume(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    for box, said in ((["150", "100", "100", "260", "160", "140"], "not inside scale 0's volume"),
+                      (["-5", "0", "0", "10", "10", "10"], "empty or negative"),
+                      (["10", "10", "10", "5", "20", "20"], "empty or negative")):
+        assert main(["stats", exp.root, str(tmp_path / "b.parquet"), "--box", *box, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(SpecError, match="not inside"):
+        body_stats(exp.root, scale=0, box=[[150, 100, 100], [260, 160, 140]])
+    with pytest.raises(SpecError, match="not inside"):
+        shard_body_stats(exp.root, 0, (0, 0, 0), box=[[0, 0, 0], [300, 10, 10]])
+
+
+@pytest.mark.parametrize("form", ["sizes.parquet", "sizes"])
+def test_issue23_item4a_damaged_shard_writes_no_rows(exp, damaged, tmp_path, capsys, form):
+    from dvidshards.cli import main
+
+    root, path, _, good = damaged
+    out = tmp_path / form
+    work = tmp_path / f"{form}.work"
+    assert main(["stats", str(root), str(out), "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert f"FAILED {path}: BlockDecodeError" in text and "--resume" in text and str(work) in text
+    if form.endswith(".parquet"):
+        assert not out.exists()
+    else:
+        assert os.listdir(out) == ["dvidshards.json"] and read_manifest(out)["complete"] is False
+    assert json.loads((work / "work.json").read_text())["format"] == "dvidshards-job-work"
+    assert len(os.listdir(work / "shards")) == 6
+    # without --resume the partial results are not thrown away
+    assert main(["stats", str(root), str(out), "--quiet"]) == 2
+    assert "--resume to finish it" in capsys.readouterr().err
+    shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
+    assert main(["stats", str(root), str(out), "--resume", "--quiet"]) == 0
+    assert ", 6 kept from an earlier run, 0 failed" in capsys.readouterr().out
+    want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert (as_dict(pq.read_table(out)) if form.endswith(".parquet") else read_dataset(out)) == want
+    assert not work.exists()
+
+
+@pytest.mark.parametrize("cmd", ["stats", "label-index"])
+def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, capsys, cmd):
+    from dvidshards.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "bucket=0").mkdir()
+    before = tree(tmp_path)
+    for flags in ([], ["--resume"]):
+        assert main([cmd, exp.root, str(out), "--quiet", *flags]) == 2
+        assert "not empty and holds no dvidshards output" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+    # --overwrite replaces what this job writes there (bucket folders), and leaves the rest alone
+    assert main([cmd, exp.root, str(out), "--quiet", "--partitions", "2", "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["_meta.json", "bucket=0", "bucket=1", "dvidshards.json", "notes.txt"]
+    # its own earlier output: refused without a flag, replaced with --overwrite, kept with --resume
+    new = tmp_path / "new"
+    assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2"]) == 0
+    capsys.readouterr()
+    done = {k: v for k, v in tree(new).items() if k != "dvidshards.json"}
+    assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2"]) == 2
+    assert "pass --resume to finish it, or --overwrite" in capsys.readouterr().err
+    assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2", "--resume"]) == 0
+    assert {k: v for k, v in tree(new).items() if k != "dvidshards.json"} == done  # nothing redone
+    assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "4", "--resume"]) == 2
+    assert "other parameters" in capsys.readouterr().err
+    assert {k: v for k, v in tree(new).items() if k != "dvidshards.json"} == done
+    assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "4", "--overwrite"]) == 0
+    assert sorted(os.listdir(new)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)] + ["dvidshards.json"]
+
+
+def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa_table(), other)
+    before = tree(tmp_path)
+    for flags in ([], ["--resume"]):
+        assert main(["stats", exp.root, str(other), "--quiet", *flags]) == 2
+        assert "exists and is not a stats output" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+    out = tmp_path / "sizes.parquet"
+    assert main(["stats", exp.root, str(out), "--quiet"]) == 0
+    assert main(["stats", exp.root, str(out), "--quiet"]) == 2
+    assert "--overwrite to replace it" in capsys.readouterr().err
+    assert main(["stats", exp.root, str(out), "--quiet", "--labels", "supervoxels", "--overwrite"]) == 0
+    sv = exp.expected(0, "supervoxels")
+    assert as_dict(pq.read_table(out)) == brute_stats(sv, sv)
+
+
+def pa_table():
+    return pa.table({"x": [1, 2]})
+
+
+def test_issue23_item11_scheduler_vocabulary(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
+    for k, sched in enumerate(("serial", "threads:2", "auto")):
+        out = tmp_path / f"s{k}.parquet"
+        assert main(["stats", exp.root, str(out), "--scale", "1", "--scheduler", sched, "--quiet"]) == 0
+        assert as_dict(pq.read_table(out)) == want
+    assert main(["stats", exp.root, str(tmp_path / "x.parquet"), "--scheduler", "nonsense"]) == 2
+    assert "is not one of" in capsys.readouterr().err and not (tmp_path / "x.parquet").exists()
+    assert sorted(os.listdir(tmp_path)) == [f"s{k}.parquet" for k in range(3)]
 
 
 # --------------------------------------------------------------------------- the real shard
@@ -551,13 +801,13 @@ def test_real_shard(real_export, real_records, tmp_path):
     for labels in ("agglomerated", "supervoxels"):
         want = {k: (v, len(s), n, tuple(lo.tolist() + hi.tolist()))
                 for k, (v, s, n, lo, hi) in acc[labels].items()}
-        t = body_stats(ds, 1, labels, progress=False)
+        t = body_stats(ds, scale=1, labels=labels, progress=False)
         check_sorted(t)
         assert as_dict(t) == want and len(want) > 50
         if labels == "agglomerated":
             with jit.fallbacks():  # what a fresh worker answers with while numba compiles
-                assert as_dict(body_stats(ds, 1, labels, progress=False)) == want
-        rep = label_index(ds, 1, tmp_path / labels, labels=labels, progress=False)
+                assert as_dict(body_stats(ds, scale=1, labels=labels, progress=False)) == want
+        rep = label_index(ds, tmp_path / labels, scale=1, labels=labels, progress=False)
         assert rep.ok and read_index(tmp_path / labels) == rows[labels]
 
 
@@ -568,7 +818,7 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
         import json, os, sys
         from dvidshards.formats import blockstats
         from dvidshards.jobs.stats import body_stats
-        t = body_stats(sys.argv[1], 0, "agglomerated", scheduler="serial", progress=False)
+        t = body_stats(sys.argv[1], scale=0, labels="agglomerated", scheduler="serial", progress=False)
         rows = sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names))))
         print(json.dumps([blockstats._batch.ready, rows]), flush=True)
         os._exit(0)  # leave the compile to the helper process
@@ -578,158 +828,9 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr
     ready, rows = json.loads(out.stdout)
-    t = body_stats(exp.root, 0, "agglomerated", progress=False)
+    t = body_stats(exp.root, scale=0, labels="agglomerated", progress=False)
     assert ready is False
     assert rows == sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names), strict=True)))
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def test_cli_stats_and_label_index(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    out = tmp_path / "sizes.parquet"
-    assert main(["stats", exp.root, "--scale", "1", "--out", str(out), "--quiet"]) == 0
-    t = pq.read_table(out)
-    assert as_dict(t) == brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
-    assert "rows from" in capsys.readouterr().out
-    folder = tmp_path / "sizes"
-    assert main(["stats", exp.root, "--scale", "1", "--out", str(folder), "--quiet"]) == 0
-    assert read_dataset(folder) == as_dict(t)
-    assert main(["stats", exp.root, "--out", str(tmp_path / "s.parquet"), "--box", "1,2,3"]) == 2
-    assert "x0,y0,z0,x1,y1,z1" in capsys.readouterr().err
-    box = tmp_path / "box.parquet"
-    assert main(["stats", exp.root, "--out", str(box), "--box", "10,20,30,150,160,140",
-                 "--labels", "supervoxels", "--quiet"]) == 0
-    sl = np.s_[10:150, 20:160, 30:140]
-    sv = exp.expected(0, "supervoxels")[sl]
-    assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
-    idx = tmp_path / "idx"
-    assert main(["label-index", exp.root, "--out", str(idx), "--partitions", "2", "--quiet"]) == 0
-    assert read_index(idx) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-
-
-# --------------------------------------------------------------------------- issue 23, from the user's side
-
-
-def test_issue23_item2_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    root = tmp_path / "exp"
-    shutil.copytree(exp.root, root)
-    shutil.rmtree(root / "s0")  # the info still lists scale 0
-    before = tree(tmp_path)
-    for cmd, out in (("stats", tmp_path / "sizes.parquet"), ("stats", tmp_path / "sizes"),
-                     ("label-index", tmp_path / "idx")):
-        assert main([cmd, str(root), "--scale", "0", "--out", str(out), "--quiet"]) == 2
-        err = capsys.readouterr().err
-        assert "s0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert tree(tmp_path) == before  # nothing written
-    with pytest.raises(SpecError, match="s0"):
-        body_stats(root, 0, progress=False)
-    assert main(["stats", str(root), "--scale", "1", "--out", str(tmp_path / "s1.parquet"), "--quiet"]) == 0
-
-
-def test_issue23_item3_box_outside_the_volume(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    for box in ("150,100,100,260,160,140", "-5,0,0,10,10,10", "10,10,10,5,20,20"):
-        assert main(["stats", exp.root, "--out", str(tmp_path / "b.parquet"), f"--box={box}", "--quiet"]) == 2
-        err = capsys.readouterr().err
-        assert "not inside scale 0's volume" in err and "[0, 0, 0]..[200, 170, 150]" in err
-    assert os.listdir(tmp_path) == []
-    with pytest.raises(SpecError, match="not inside"):
-        body_stats(exp.root, 0, box=[[150, 100, 100], [260, 160, 140]])
-    with pytest.raises(SpecError, match="not inside"):
-        shard_body_stats(exp.root, 0, (0, 0, 0), box=[[0, 0, 0], [300, 10, 10]])
-
-
-@pytest.mark.parametrize("form", ["sizes.parquet", "sizes"])
-def test_issue23_item4a_damaged_shard_writes_nothing_at_out(exp, damaged, tmp_path, capsys, form):
-    from dvidshards.cli import main
-
-    root, path, _, good = damaged
-    out = tmp_path / form
-    work = tmp_path / ("sizes.parquet.parts" if form.endswith(".parquet") else "sizes/_work")
-    assert main(["stats", str(root), "--out", str(out), "--quiet"]) == 1
-    text = capsys.readouterr().out
-    assert f"FAILED {path}: BlockDecodeError" in text and "--resume" in text and str(work) in text
-    assert not out.exists() if form.endswith(".parquet") else os.listdir(out) == ["_work"]
-    manifest = json.loads((work / "manifest.json").read_text())
-    assert list(manifest["failed"]) == [path] and len(os.listdir(work / "shards")) == 6
-    # without --resume the partial results are not thrown away
-    assert main(["stats", str(root), "--out", str(out), "--quiet"]) == 2
-    assert "--resume to finish it" in capsys.readouterr().err
-    shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
-    assert main(["stats", str(root), "--out", str(out), "--resume", "--quiet"]) == 0
-    assert "(6 resumed, 0 failed)" in capsys.readouterr().out
-    want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert (as_dict(pq.read_table(out)) if form.endswith(".parquet") else read_dataset(out)) == want
-    assert not work.exists()
-
-
-@pytest.mark.parametrize("cmd", ["stats", "label-index"])
-def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, capsys, cmd):
-    from dvidshards.cli import main
-
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    (out / "bucket=0").mkdir()
-    before = tree(tmp_path)
-    for flags in ([], ["--overwrite"], ["--resume"]):
-        assert main([cmd, exp.root, "--out", str(out), "--quiet", *flags]) == 2
-        assert "not empty and not an earlier" in capsys.readouterr().err
-    assert tree(tmp_path) == before
-    # its own earlier output: refused without a flag, replaced with --overwrite, kept with --resume
-    new = tmp_path / "new"
-    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2"]) == 0
-    capsys.readouterr()
-    done = tree(new)
-    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2"]) == 2
-    assert "--overwrite to replace it" in capsys.readouterr().err and tree(new) == done
-    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "2", "--resume"]) == 0
-    assert tree(new) == done
-    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "4", "--resume"]) == 2
-    assert "other parameters" in capsys.readouterr().err and tree(new) == done
-    assert main([cmd, exp.root, "--out", str(new), "--quiet", "--partitions", "4", "--overwrite"]) == 0
-    assert sorted(os.listdir(new)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)]
-
-
-def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    other = tmp_path / "other.parquet"
-    pq.write_table(pa_table(), other)
-    before = tree(tmp_path)
-    for flags in ([], ["--overwrite"]):
-        assert main(["stats", exp.root, "--out", str(other), "--quiet", *flags]) == 2
-        assert "not a dvidshards statistics file" in capsys.readouterr().err
-    assert tree(tmp_path) == before
-    out = tmp_path / "sizes.parquet"
-    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 0
-    assert main(["stats", exp.root, "--out", str(out), "--quiet"]) == 2
-    assert "--overwrite to replace it" in capsys.readouterr().err
-    assert main(["stats", exp.root, "--out", str(out), "--quiet", "--labels", "supervoxels", "--overwrite"]) == 0
-    sv = exp.expected(0, "supervoxels")
-    assert as_dict(pq.read_table(out)) == brute_stats(sv, sv)
-
-
-def pa_table():
-    return pa.table({"x": [1, 2]})
-
-
-def test_issue23_item11_scheduler_vocabulary(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
-    for k, sched in enumerate(("serial", "threads:2", "auto")):
-        out = tmp_path / f"s{k}.parquet"
-        assert main(["stats", exp.root, "--scale", "1", "--out", str(out), "--scheduler", sched, "--quiet"]) == 0
-        assert as_dict(pq.read_table(out)) == want
-    assert main(["stats", exp.root, "--out", str(tmp_path / "x.parquet"), "--scheduler", "nonsense"]) == 2
-    assert "is not one of" in capsys.readouterr().err and not (tmp_path / "x.parquet").exists()
 
 
 # --------------------------------------------------------------------------- issue 22's held-out bar, small

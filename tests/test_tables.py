@@ -20,8 +20,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from dvidshards.dataset import Dataset
-from dvidshards.errors import ChunkIndexError, DvidShardsError, MissingShardError, SpecError
+from dvidshards.errors import (
+    ChunkIndexError,
+    DvidShardsError,
+    JobError,
+    MissingShardError,
+    OutputError,
+    SpecError,
+)
 from dvidshards.jobs.ingest import ingest, ingest_blocks, ingest_partition
+from dvidshards.jobs.output import read_manifest
 from dvidshards.serve.flight import ExportFlightServer, serve
 from dvidshards.sources.flight import FlightSource
 from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, TableSource, record_keys
@@ -166,7 +174,7 @@ def test_ingest_real_mcns_shard_from_flight(mcns, tmp_path):
     to = tmp_path / "t"
     with serve(str(root), spec=str(spec)) as srv:
         report = ingest(FlightSource(srv.location), to, workers=2, scales=[1])
-    assert report.ok and report.records == 258 and report.shards == 1
+    assert report.ok and report.totals.records == 258 and report.totals.shards == 1
     ds = Dataset(root, spec=spec)
     dt = Dataset(TableSource(to))
     coords = ds.shard(1, ds.shards(1)[0]).coords
@@ -186,20 +194,46 @@ def test_ingest_from_local_export_without_flight(synth, tmp_path):
 def test_ingest_is_idempotent_and_refuses_other_folders(synth, tmp_path):
     to = tmp_path / "t"
     first = ingest(synth.root, to, workers=2)
-    again = ingest(synth.root, to, workers=2)
-    assert again.shards == 0 and again.skipped == first.shards
+    again = ingest(synth.root, to, workers=2)  # a table fills shard by shard: a rerun resumes
+    assert again.ok and again.totals.shards == 0 and again.totals.skipped == first.totals.shards
+    assert "0 shards already there" in first.summary() and f"{first.totals.shards} shards already there" in \
+        again.summary()
     assert len(table_rows(to, 0)) == len(export_records(Path(synth.root), 0))
+    m = read_manifest(to)
+    assert m["job"] == "ingest" and m["complete"] is True and m["totals"]["skipped"] == first.totals.shards
     other = tmp_path / "other"
     other.mkdir()
     (other / "x.txt").write_text("mine")
-    with pytest.raises(SpecError, match="not empty"):
+    with pytest.raises(OutputError, match="not empty"):
         ingest(synth.root, other)
     assert os.listdir(other) == ["x.txt"]
     small = make_export(tmp_path / "small", shape=(70, 70, 70), scales=1, info=True)
     with pytest.raises(SpecError, match="another volume"):
         ingest(small.root, to)
+    assert read_manifest(to)["complete"] is True  # a refusal changes nothing
     with pytest.raises(SpecError):
         ingest(synth.root, tmp_path / "w", workers=0)
+    # overwrite starts again: every shard written anew
+    fresh = ingest(synth.root, to, workers=2, overwrite=True)
+    assert fresh.ok and fresh.totals.skipped == 0 and fresh.totals.shards == first.totals.shards
+    # the old keyword, one release
+    with pytest.warns(DeprecationWarning, match=r"ingest\(to=...\) is now ingest\(dest=...\)"):
+        assert ingest(synth.root, to=tmp_path / "t4", workers=1, scales=[2]).ok
+    # a bucket is refused in one line before any work (the table writer is local)
+    with pytest.raises(OutputError, match="not to a bucket"):
+        ingest(synth.root, "gs://no-such-bucket/t")
+
+
+def test_cli_ingest_dest_positional_and_old_to(synth, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    assert main(["ingest", synth.root, str(tmp_path / "t"), "--scales", "1", "2", "--quiet"]) == 0
+    assert "records in" in capsys.readouterr().out
+    assert main(["ingest", synth.root, "--to", str(tmp_path / "u"), "--scales", "1,2", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--to" in err and "positional DEST" in err and "--scales 1 2" in err
+    assert table_rows(tmp_path / "t", 1) == table_rows(tmp_path / "u", 1)
+    assert read_manifest(tmp_path / "t")["command"] == f"dvidshards ingest {synth.root} {tmp_path / 't'} --scales 1 2"
 
 
 # --- split cells ------------------------------------------------------------------------------------
@@ -277,8 +311,11 @@ def test_payload_over_four_cells_is_a_typed_error(tmp_path):
     assert not list((tmp_path / "t" / "s0").glob("*.parquet"))  # nothing half written
     assert not [n for n in os.listdir(tmp_path / "t" / "s0") if n.endswith(".tmp")]
     with serve(str(root)) as srv:  # through Flight and ingest(): the partition fails, named
-        report = ingest(FlightSource(srv.location), tmp_path / "t2", workers=2)
+        with pytest.raises(JobError) as e:
+            ingest(FlightSource(srv.location), tmp_path / "t2", workers=2)
+    report = e.value.report
     assert not report.ok and any("CellLimitError" in v for v in report.failed.values())
+    assert read_manifest(tmp_path / "t2")["failed"] == report.failed
     assert not json.loads((tmp_path / "t2" / "info").read_text())["dvidshards_table"]["complete"]
     # a higher limit takes it
     assert ingest(str(root), tmp_path / "t3", cell_limit=big // 4 + 1).ok
@@ -297,6 +334,7 @@ class SlowServer(ExportFlightServer):
         return super()._shard(s, origin)
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
     to = tmp_path / "t"
     srv = SlowServer(synth.root).start()
@@ -319,7 +357,7 @@ def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
         report = ingest(FlightSource(srv.location), to, workers=2, scales=[0])
     finally:
         srv.shutdown()
-    assert report.ok and report.skipped == len(before) and report.shards == n_shards - len(before)
+    assert report.ok and report.totals.skipped == len(before) and report.totals.shards == n_shards - len(before)
     assert not [n for n in os.listdir(to / "s0") if n.startswith(".")]  # the dead worker's file is gone
     rows = table_rows(to, 0)
     want = export_records(Path(synth.root), 0)
@@ -599,9 +637,9 @@ def test_vastdb_sink_and_source_with_a_fake(synth):
     fake = FakeVastTable()
     sink = VastDBSink(fake)
     report = ingest(synth.root, sink, workers=2, scales=[0])
-    assert report.ok and fake.inserts == report.shards == len(Dataset(synth.root).shards(0))
+    assert report.ok and fake.inserts == report.totals.shards == len(Dataset(synth.root).shards(0))
     again = ingest(synth.root, sink, workers=2, scales=[0])  # restart: every shard is there
-    assert again.ok and fake.inserts == report.shards
+    assert again.ok and fake.inserts == report.totals.shards
     assert fake.data.num_rows == len(export_records(Path(synth.root), 0))
     src = VastDBSource(fake, Dataset(synth.root).spec)
     dv = Dataset(src)
@@ -618,8 +656,10 @@ def test_vastdb_cell_limits_with_a_fake(big_export):
     assert ingest(str(root), VastDBSink(fake), workers=1).ok
     assert fake.data.column("bin2").null_count < fake.data.num_rows  # big payloads split
     assert_volumes_equal(Dataset(root), Dataset(VastDBSource(fake, Dataset(root).spec)), [0])
-    report = ingest(str(root), VastDBSink(FakeVastTable(), cell_limit=4000), workers=1)
+    report = ingest(str(root), VastDBSink(FakeVastTable(), cell_limit=4000), workers=1, allow_partial=True)
     assert not report.ok and any("CellLimitError" in v for v in report.failed.values())
+    with pytest.raises(JobError, match="CellLimitError"):
+        ingest(str(root), VastDBSink(FakeVastTable(), cell_limit=4000), workers=1)
 
 
 def test_vastdb_predicates_serialise_with_the_sdk(synth):
@@ -661,8 +701,14 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     assert verify(tmp_path / "exp").ok
     with pytest.raises(SpecError, match="not an empty folder"):  # never into an existing export
         ingest_blocks([tmp_path / "a.dat"], tmp_path / "exp")
+    assert "dvidshards.lock" not in os.listdir(tmp_path / "exp")
     with pytest.raises(ChunkIndexError, match="twice"):
         ingest_blocks([tmp_path / "a.dat", tmp_path / "a.dat"], tmp_path / "dup")
+    assert not (tmp_path / "dup").exists()  # failed before anything was written: no folder left
+    with pytest.warns(DeprecationWarning, match=r"ingest_blocks\(to=...\)"):
+        ingest_blocks([tmp_path / "b.dat"], to=tmp_path / "exp2", spec=Dataset(synth.root).spec)
+    with pytest.raises(OutputError, match="not to a bucket"):
+        ingest_blocks([tmp_path / "a.dat"], "s3://no-such-bucket/exp")
 
 
 def test_frame_size_kernel_agrees_with_zstandard():

@@ -1,9 +1,17 @@
 """Ingest: block records into a table sorted by (shard, Morton), and DVID /blocks dumps into an export.
 
-* `ingest` - N workers each pull one partition (``shard_id % N``) of a Flight server
-  (``dvidshards serve-flight``) or read it from an export, and write one Parquet file per
-  shard (``dvidshards.sources.tables`` describes the table), or insert into VastDB.
-* `ingest_blocks` - DVID ``GET …/blocks`` responses turned into an export written like DVID's.
+* `ingest` (``dvidshards ingest SOURCE TABLE``) - plan: the scales and ``workers`` partitions
+  (``shard_id % workers``) of a Flight server (``dvidshards serve-flight``) or an export; task
+  (`ingest_partition`): pull one partition and write one Parquet file per shard (each written
+  aside and renamed when complete; ``dvidshards.sources.tables`` describes the table), or insert
+  into VastDB; reduce: the counts add up, and the table's ``info`` says ``complete: true`` once
+  every scale asked for is in. The table runs in :class:`dvidshards.jobs.output.Output`: locked
+  while written, refused unless empty or an earlier table (the same volume), with the manifest
+  ``dvidshards.json``. A table fills shard by shard, so ingest *resumes by default*: a second run
+  pulls only the shards that are missing (``overwrite=True`` starts again). The table is a local
+  folder (or a file system every worker shares); a bucket is refused in one line before any work.
+* `ingest_blocks` (``dvidshards ingest DUMP... EXPORT``) - DVID ``GET …/blocks`` responses turned
+  into an export written like DVID's, in a new or empty local folder (locked while written).
 """
 
 from __future__ import annotations
@@ -13,13 +21,13 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from ..dataset import Dataset
-from ..errors import ChunkIndexError, SpecError
+from ..errors import ChunkIndexError, DvidShardsError, JobError, OutputError, SpecError
 from ..formats.blocks import read_stream
 from ..formats.codec import block_header
 from ..formats.mapping import LabelMapping
@@ -42,33 +50,41 @@ from ..sources.tables import (
 )
 from ..sources.vastdb import VastDBSink
 from ..writer import default_sharding, write_shard
-from .runner import describe_exception, failure_lines, run_tasks
+from .options import (
+    add_dest,
+    add_job_options,
+    add_scales,
+    command_line,
+    dest_of,
+    renamed,
+    scales_of,
+)
+from .output import Destination, JobReport, Lock, Output, check_apart
+from .output import _os_error as os_error
+from .runner import TaskRunner
 
-__all__ = ["IngestCommand", "IngestReport", "ingest", "ingest_blocks", "ingest_partition"]
+__all__ = ["IngestCommand", "IngestTotals", "ingest", "ingest_blocks", "ingest_partition"]
+
 
 @dataclass
-class IngestReport:
-    """What `ingest` did: shards and records written, per worker, and failures."""
+class IngestTotals:
+    """What `ingest` moved (``JobReport.totals``): shards and records written, bytes, time, and
+    the shards already in the table (skipped)."""
 
     shards: int = 0
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
     skipped: int = 0
-    failed: dict = field(default_factory=dict)
 
-    @property
-    def ok(self) -> bool:
-        return not self.failed
+    def to_json(self) -> dict:
+        return asdict(self)
 
-    def summary(self) -> str:
-        """One line: records, shards, bytes and their rate (none when nothing was moved), skips, failures."""
+    def line(self) -> str:
+        """One line: records, shards, bytes and their rate (none when nothing was moved), skips."""
         rate = _rate(self.bytes, self.seconds)
-        s = (f"{self.records} records in {self.shards} shards ({_size(self.bytes)} in {self.seconds:.1f} s"
-             f"{', ' + rate if rate else ''}), {self.skipped} shards already there")
-        if self.failed:
-            s = "\n".join([f"{s}; {len(self.failed)} partitions FAILED:", *failure_lines(self.failed)])
-        return s
+        return (f"{self.records} records in {self.shards} shards ({_size(self.bytes)} in {self.seconds:.1f} s"
+                f"{', ' + rate if rate else ''}), {self.skipped} shards already there")
 
 
 def _size(nbytes: float) -> str:
@@ -112,20 +128,49 @@ def _is_stream_source(source) -> bool:
 def _no_uri(source) -> None:
     if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
         raise SpecError(f"{source}: pass dvidshards.sources.FlightSource({source!r}, token=...) to ingest from a "
-                        f"Flight server (or run `dvidshards ingest {source} --to TABLE`)")
+                        f"Flight server (or run `dvidshards ingest {source} TABLE`)")
 
 
-def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, cell_limit: int = CELL_LIMIT,
-                     row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None) -> dict:
-    """One worker: pull partition ``partition`` of ``of`` of a scale and write its shard files.
+def _local_folder(dest, what: str) -> str:
+    """The local path of a table or export to write; a bucket or an unknown scheme is refused in
+    one line before any work (these writers go through the operating system)."""
+    d = Destination.of(dest, what=what)
+    if not d.local:
+        raise OutputError(f"{d.describe()}: ingest writes to a local folder (or a file system every worker "
+                          f"shares), not to a bucket; give a path")
+    return d.local_path()
+
+
+def ingest_partition(source, dest=None, scale: int = 0, partition: int = 0, of: int = 1, *,
+                     cell_limit: int = CELL_LIMIT, row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS,
+                     spec=None, **old) -> dict:
+    """The task: pull partition ``partition`` of ``of`` of a scale and write its shard files.
 
     Shards already in the table are skipped (and not sent); each shard file appears only
-    once complete.  ``source`` is a record stream (``dvidshards.sources.FlightSource``) or an
-    export/table/Dataset read directly.  Returns counts.
+    once complete. ``source`` is a record stream (``dvidshards.sources.FlightSource``) or an
+    export/table/Dataset read directly; ``dest`` the table folder (or a ``VastDBSink``). Returns
+    counts. A full disk or a folder that cannot be written is an OutputError naming the path.
     """
+    dest = renamed(old, "to", "dest", dest, job="ingest_partition")
+    if old:
+        raise TypeError(f"ingest_partition() got an unexpected keyword argument {next(iter(old))!r}")
     _no_uri(source)
-    sink = to if isinstance(to, VastDBSink) else None
+    sink = dest if isinstance(dest, VastDBSink) else None
+    if dest is None:
+        raise TypeError("ingest_partition() needs dest, the table folder (or a VastDBSink)")
+    try:
+        return _pull(source, sink, os.fspath(dest) if sink is None else "", scale, partition, of, cell_limit,
+                     row_group_size, batch_rows, spec)
+    except OSError as e:
+        if isinstance(e, DvidShardsError):
+            raise
+        raise os_error(e, e.filename or os.fspath(dest), "write it") from None
+
+
+def _pull(source, sink, to: str, scale: int, partition: int, of: int, cell_limit: int, row_group_size: int,
+          batch_rows: int, spec) -> dict:
     done: list[int] = []
+    folder = ""
     if sink is None:
         folder = os.path.join(to, f"s{scale}")
         os.makedirs(folder, exist_ok=True)
@@ -188,18 +233,19 @@ def ingest_partition(source, to: str, scale: int, partition: int, of: int, *, ce
     return {"shards": shards, "records": records, "bytes": nbytes, "skipped": len(done)}
 
 
-def _ingest_task(source, to, n, opts, item):
+def _ingest_task(source, dest, n, opts, item):
     scale, i = item
-    return ingest_partition(source, to, scale, i, n, **dict(opts))
+    return ingest_partition(source, dest, scale, i, n, **dict(opts))
 
 
-def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
-           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None,
-           scheduler=None) -> IngestReport:
+def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
+           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None, scheduler=None,
+           resume: bool = True, overwrite: bool = False, progress: bool | None = None,
+           allow_partial: bool = False, command: str | None = None, **old) -> JobReport:
     """Write a table sorted by (shard_id, morton) from a Flight server or an export.
 
     ``workers`` workers each pull one partition (``shard_id % workers``) per scale and write
-    one Parquet file per shard.  Run it again after a failure: complete shards are kept and
+    one Parquet file per shard. Run it again after a failure: complete shards are kept and
     skipped; the table's ``info`` says ``complete: true`` only when every partition finished.
 
     Parameters
@@ -207,9 +253,10 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
     source : FlightSource, Dataset, path or URL
         A Flight server, ``FlightSource("grpc://host:port", token=...)`` (see ``dvidshards
         serve-flight``), or an export (path, URL or Dataset) read directly.
-    to : path or VastDBSink
-        The table folder (created; an existing table is resumed, anything else refused), or a
-        VastDB table (threads only; shards already there are skipped).
+    dest : path or VastDBSink
+        The table folder (a local path, or a file system every worker shares): new, empty, or
+        an earlier table of the same volume (resumed); anything else refused before any work.
+        Or a VastDB table (threads only; shards already there are skipped).
     workers : int
         Partitions per scale, pulled concurrently (threads, or tasks on ``scheduler``).
     scales : list of int, optional
@@ -223,18 +270,54 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
     spec : dict or path, optional
         The export's spec when it has no info file.
     scheduler : None, "threads", "local[:N]", address or distributed.Client
-        None or "threads": one thread per worker in this process; else ``run_tasks``.
+        None or "threads": ``workers`` threads in this process; else that scheduler.
+    resume : bool
+        Keep the shards an earlier run wrote (default: a table fills shard by shard).
+    overwrite : bool
+        Delete an earlier table's files first and start again.
+    progress : bool, optional
+        Progress bar / lines (default: a bar on a terminal, lines in a log).
+    allow_partial : bool
+        Return the report of an incomplete table instead of raising JobError.
+    command : str, optional
+        The command line, recorded in the manifest.
+
+    Returns
+    -------
+    JobReport
+        ``totals`` is an :class:`IngestTotals`; ``failed`` names the partitions that failed.
+
+    Raises
+    ------
+    SpecError, OutputError
+        Bad input, a table of another volume, a bucket or a folder that cannot be written;
+        before any work.
+    JobError
+        A partition failed and ``allow_partial`` is false: the complete shards are kept, the
+        table's ``info`` says ``complete: false``; run again to finish. ``.report`` is the report.
+
+    Notes
+    -----
+    ``to=`` is the old name of ``dest`` (one more release, with a DeprecationWarning).
     """
+    dest = renamed(old, "to", "dest", dest, job="ingest")
+    if old:
+        raise TypeError(f"ingest() got an unexpected keyword argument {next(iter(old))!r}")
+    if dest is None:
+        raise TypeError("ingest() needs dest, the table folder (or a VastDBSink)")
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise SpecError(f"workers must be a positive integer, got {workers!r}")
     if cell_limit < 1 or row_group_size < 1 or batch_rows < 1:
         raise SpecError("cell_limit, row_group_size and batch_rows must be positive")
-    sink = to if isinstance(to, VastDBSink) else None
-    to = to if sink is not None else os.fspath(to)
+    if overwrite:
+        resume = False
+    sink = dest if isinstance(dest, VastDBSink) else None
+    path = None if sink is not None else _local_folder(dest, "table")
     _no_uri(source)
     if _is_stream_source(source):
         src_spec = source.spec
         all_scales = sorted(source.scales)
+        origin = getattr(source, "location", None) or repr(source)
     else:
         ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
         if ds.spec is None:
@@ -242,78 +325,116 @@ def ingest(source, to, *, workers: int = 2, scales=None, cell_limit: int = CELL_
         src_spec = ds.spec
         all_scales = [s.index for s in ds.scales]
         source = ds
-    if sink is None:
-        _prepare_table(to, src_spec)
-    elif scheduler not in (None, "threads"):
-        raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
-    todo = all_scales if scales is None else [int(k) for k in scales]
+        origin = ds.store.describe("") if hasattr(ds, "store") else repr(ds)
+    wanted = scales_of(scales)
+    todo = all_scales if wanted is None else wanted
     missing = sorted(set(todo) - set(all_scales))
     if missing:
         raise SpecError(f"scales {missing} are not in the source (scales {all_scales})")
+    if sink is not None and scheduler not in (None, "threads"):
+        raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
+    runner = TaskRunner(f"threads:{int(workers)}" if scheduler in (None, "threads") else scheduler, progress=progress)
     opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows))
     items = [(k, i) for k in todo for i in range(int(workers))]
-    task = functools.partial(_ingest_task, source, to, int(workers), opts)
-    report = IngestReport()
-    t0 = time.perf_counter()
-    results: dict = {}
-    if scheduler in (None, "threads"):
-        from concurrent.futures import ThreadPoolExecutor
+    totals = IngestTotals()
 
-        with ThreadPoolExecutor(int(workers), thread_name_prefix="dvidshards-ingest") as pool:
-            futs = {pool.submit(task, it): it for it in items}
-            for f, key in futs.items():
-                try:
-                    results[key] = f.result()
-                except Exception as e:  # noqa: BLE001 - reported per partition
-                    report.failed[f"s{key[0]} partition {key[1]}/{workers}"] = describe_exception(e)
-    else:
-        jr = run_tasks(task, items, scheduler=scheduler, desc="partitions")
-        results = dict(jr.results)
-        report.failed.update({f"s{k} partition {i}/{workers}": v for (k, i), v in jr.failed.items()})
-    for r in results.values():
-        report.shards += r["shards"]
-        report.records += r["records"]
-        report.bytes += r["bytes"]
-        report.skipped += r["skipped"]
-    report.seconds = time.perf_counter() - t0
-    if not report.failed and sink is None:
-        old = (read_table_info(to) or {}).get("dvidshards_table", {})
-        done = sorted(set(old.get("scales_done", [])) | set(todo))
-        counts = {f"s{k}": len(table_files(to, k)) for k in done}
-        write_table_info(to, src_spec, complete=set(done) == set(all_scales),
-                         extra={"scales_done": done, "shards": counts, "cell_limit": cell_limit})
-    return report
+    def run(out) -> None:
+        t0 = time.perf_counter()
+        task = functools.partial(_ingest_task, source, sink if sink is not None else path, int(workers), opts)
+        with runner:
+            phase = runner.run(task, items, desc="partitions")
+        out.add(phase, name=lambda it: f"s{it[0]} partition {it[1]}/{workers}")
+        for r in phase.results.values():
+            totals.shards += r["shards"]
+            totals.records += r["records"]
+            totals.bytes += r["bytes"]
+            totals.skipped += r["skipped"]
+        totals.seconds = time.perf_counter() - t0
+
+    if sink is not None:  # a live VastDB table: no folder to lock or to hold a manifest
+        frame = _SinkFrame(JobReport("ingest", repr(sink), list(todo)))
+        run(frame)
+        return frame.finish(totals, allow_partial)
+    assert path is not None
+    if not overwrite:
+        _check_table(path, src_spec)  # before the lock's manifest is written: a refusal changes nothing
+    if not _is_stream_source(source):
+        check_apart(Destination.of(path), source=source, what="table")
+    with Output(path, job="ingest", parameters={"cell_limit": int(cell_limit)}, scales=todo, command=command,
+                resume=resume, overwrite=overwrite, own=lambda n: n == "info" or bool(re.fullmatch(r"s[0-9]+", n))
+                ) as out:
+        out.update(read_from=str(origin), workers=int(workers))
+        try:
+            if read_table_info(path) is None:
+                write_table_info(path, src_spec, complete=False)
+            run(out)
+            if not out.report.failed:
+                old_info = (read_table_info(path) or {}).get("dvidshards_table", {})
+                done = sorted(set(old_info.get("scales_done", [])) | set(todo))
+                counts = {f"s{k}": len(table_files(path, k)) for k in done}
+                write_table_info(path, src_spec, complete=set(done) == set(all_scales),
+                                 extra={"scales_done": done, "shards": counts, "cell_limit": cell_limit})
+        except OSError as e:
+            if isinstance(e, DvidShardsError):
+                raise
+            raise os_error(e, e.filename or path, "write it") from None
+        return out.finish(totals=totals, notes=[totals.line()], allow_partial=allow_partial)
 
 
-def _prepare_table(to: str, spec: dict) -> None:
-    """Create the table folder, or check that it is a table of the same spec (resume)."""
-    if os.path.exists(to) and not os.path.isdir(to):
-        raise SpecError(f"{to}: exists and is not a folder")
-    os.makedirs(to, exist_ok=True)
-    info = read_table_info(to)
+class _SinkFrame:
+    """The report and failure contract of :class:`Output` for a VastDB sink (no folder)."""
+
+    def __init__(self, report: JobReport):
+        self.report = report
+        self._t0 = time.perf_counter()
+
+    def add(self, phase, name=str) -> None:
+        self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
+        self.report.done += len(phase.results)
+        self.report.failed.update({name(k): v for k, v in phase.failed.items()})
+        self.report.task_cpu += phase.task_cpu
+
+    def finish(self, totals: IngestTotals, allow_partial: bool) -> JobReport:
+        r = self.report
+        r.totals, r.notes = totals, [totals.line()]
+        r.complete = not r.failed
+        r.status = "complete" if r.complete else "incomplete"
+        r.elapsed = time.perf_counter() - self._t0
+        if not r.complete and not allow_partial:
+            raise JobError(r.summary(), r)
+        return r
+
+
+def _check_table(path: str, spec: dict) -> None:
+    """An existing table must be of the same volume (its spec); read only, nothing changed."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SpecError(f"{path}: exists and is not a folder")
+    try:
+        info = read_table_info(path)
+    except OSError as e:
+        raise os_error(e, os.path.join(path, "info"), "read it") from None
     if info is None:
-        if os.listdir(to):
-            raise SpecError(f"{to}: not empty and not a dvidshards table; give a new folder")
-        write_table_info(to, spec, complete=False)
         return
     old = {k: v for k, v in info.items() if k != "dvidshards_table"}
-    if parse_multiscale(old, to) != parse_multiscale(spec, "source"):
-        raise SpecError(f"{to}: a table of another volume (its spec differs from the source's)")
+    if parse_multiscale(old, path) != parse_multiscale(spec, "source"):
+        raise SpecError(f"{path}: a table of another volume (its spec differs from the source's)")
 
 
 # --- /blocks dumps into an export -----------------------------------------------------------------
 
 
-def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compression: str = "auto",
-                  resolution=(8, 8, 8), shard_chunks: int = 32, zstd_level: int = 3) -> dict:
+def ingest_blocks(paths, dest=None, *, mapping=None, spec=None, scale: int = 0, compression: str = "auto",
+                  resolution=(8, 8, 8), shard_chunks: int = 32, zstd_level: int = 3, **old) -> dict:
     """Turn DVID ``/blocks`` dumps (supervoxels) into an export written like DVID's.
 
     Parameters
     ----------
     paths : path or list of paths (or bytes)
         ``GET …/blocks?supervoxels=true`` responses (see ``dvidshards.formats.blocks``).
-    to : path
-        The export root to create (must not exist or be empty; never written into otherwise).
+    dest : path
+        The export root to create, a local folder (must not exist or be empty; never written
+        into otherwise). Locked while written. ``to=`` is its old name (one more release, with a
+        DeprecationWarning).
     mapping : optional
         Supervoxel → body mapping (anything ``LabelMapping.from_any`` takes) for the records'
         agglomerated ``labels``; default: labels = supervoxels.
@@ -329,14 +450,42 @@ def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compres
     Returns
     -------
     dict
-        The spec written to ``to/info``, with ``"records"`` and ``"shards"`` counts added
+        The spec written to ``dest/info``, with ``"records"`` and ``"shards"`` counts added
         under ``"ingest"``.
     """
+    dest = renamed(old, "to", "dest", dest, job="ingest_blocks")
+    if old:
+        raise TypeError(f"ingest_blocks() got an unexpected keyword argument {next(iter(old))!r}")
+    if dest is None:
+        raise TypeError("ingest_blocks() needs dest, the export folder to create")
+    to = _local_folder(dest, "export")
+    d = Destination.of(to)
+    d.probe()
+    lock = Lock(d, "ingest")
+    made = not os.path.exists(to)
+    lock.acquire()  # a second writer is refused naming this one
+    ok = False
+    try:
+        if [n for n in d.list() if n != lock.name]:
+            raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
+        try:
+            out = _write_blocks(paths, to, mapping, spec, scale, compression, resolution, shard_chunks, zstd_level)
+        except OSError as e:
+            if isinstance(e, DvidShardsError):
+                raise
+            raise os_error(e, e.filename or to, "write it") from None
+        ok = True
+        return out
+    finally:
+        lock.release()
+        if not ok and made and os.path.isdir(to) and not os.listdir(to):
+            os.rmdir(to)  # refused or failed before anything was written: no folder left behind
+
+
+def _write_blocks(paths, to: str, mapping, spec, scale: int, compression: str, resolution, shard_chunks: int,
+                  zstd_level: int) -> dict:
     import zstandard
 
-    to = os.fspath(to)
-    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
-        raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
     if isinstance(paths, (str, os.PathLike, bytes, bytearray, memoryview)):
         paths = [paths]
     m = LabelMapping.from_any(mapping) if mapping is not None else None
@@ -389,18 +538,19 @@ def ingest_blocks(paths, to, *, mapping=None, spec=None, scale: int = 0, compres
 
 
 class IngestCommand:
-    """``dvidshards ingest``: a Flight server or an export into a table; /blocks dumps into an export."""
+    """``dvidshards ingest SOURCE... DEST``: a Flight server or an export into a table; /blocks dumps into an export."""
 
     @staticmethod
     def add_arguments(p) -> None:
-        p.add_argument("source", nargs="+",
-                       help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
-        p.add_argument("--to", required=True, metavar="FOLDER",
-                       help="the table folder (from a Flight server or an export), or the export to create "
-                            "(from /blocks dumps)")
+        p.add_argument("source", nargs="+", metavar="SOURCE",
+                       help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files; "
+                            "then DEST")
+        add_dest(p, what="the table folder (from a Flight server or an export; an earlier table of the same volume "
+                         "is resumed), or the export to create (from /blocks dumps); a local folder",
+                 old=("--to",))
         p.add_argument("--workers", type=int, default=2, metavar="N",
                        help="partitions pulled concurrently (default 2)")
-        p.add_argument("--scales", type=int, nargs="+", metavar="K", help="scales to ingest (default: all)")
+        add_scales(p, help="scales to ingest (default: all)")
         p.add_argument("--spec", help="the neuroglancer multiscale spec (an export without info; or the "
                                       "/blocks dumps' volume)")
         p.add_argument("--mapping",
@@ -413,13 +563,16 @@ class IngestCommand:
                        help=f"rows per Parquet row group (default {ROW_GROUP})")
         p.add_argument("--token", help="Flight bearer token (default: $DVIDSHARDS_FLIGHT_TOKEN)")
         p.add_argument("--tls-root-certs", metavar="PEM", help="root certificate of a grpc+tls:// server")
-        p.add_argument("--scheduler", default="threads",
-                       help="'threads' (default), 'local:N' (dask LocalCluster) or a scheduler address")
+        add_job_options(p, workdir=False)
 
     @staticmethod
     def main(args) -> int:
         """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
-        srcs = args.source
+        srcs = list(args.source)
+        if args.dest is None and getattr(args, "_old_dest", None) is None and len(srcs) >= 2:
+            args.dest = srcs.pop()  # SOURCE... DEST: the last one is the destination
+            args.source = srcs
+        dest = dest_of(args)
         remote = [s for s in srcs if s.startswith(SCHEMES)]
         if remote or (len(srcs) == 1 and os.path.isdir(srcs[0])):
             if len(srcs) != 1:
@@ -428,18 +581,22 @@ class IngestCommand:
                 raise SpecError("--mapping applies to /blocks dumps only")
             if args.workers < 1 or args.cell_limit < 1 or args.row_group_size < 1:
                 raise SpecError("--workers, --cell-limit and --row-group-size must be positive")
+            _local_folder(dest, "table")  # a bucket is refused before connecting to anything
             source = srcs[0]
             if remote:
                 source = FlightSource(source, token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None,
                                       tls_root_certs=args.tls_root_certs, tune_malloc=True)
-            report = ingest(source, args.to, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
-                            row_group_size=args.row_group_size, spec=args.spec,
-                            scheduler=None if args.scheduler == "threads" else args.scheduler)
+            skip = [k for k, v in (("workers", 2), ("cell_limit", CELL_LIMIT), ("row_group_size", ROW_GROUP),
+                                   ("compression", "auto"), ("token", None)) if getattr(args, k) == v] + ["token"]
+            report = ingest(source, dest, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
+                            row_group_size=args.row_group_size, spec=args.spec, scheduler=args.scheduler,
+                            resume=True, overwrite=args.overwrite, progress=False if args.quiet else None,
+                            allow_partial=True, command=command_line("ingest", args, skip=skip))
             print(report.summary())
             return 0 if report.ok else 1
         for s in srcs:
             if not os.path.isfile(s):
                 raise SpecError(f"{s}: no such file (nor a grpc:// URI or export folder)")
-        out = ingest_blocks(srcs, args.to, mapping=args.mapping, spec=args.spec, compression=args.compression)
-        print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.to}")
+        out = ingest_blocks(srcs, dest, mapping=args.mapping, spec=args.spec, compression=args.compression)
+        print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {dest}")
         return 0

@@ -1,47 +1,52 @@
 """Supervoxel adjacency for PyChunkedGraph: per-chunk edges and components files from an export.
 
-``write_edges`` cuts the PCG layer-1 grid into *tasks* of ``chunks_per_task`` chunks per axis
-(default: one source shard's worth, so ~26 K tasks for mCNS s0 at 256³, grown if needed to stay
-under ``MAX_TASKS``) and runs them with `dvidshards.jobs.runner` (serially, on threads or on
-dask; a bounded number in flight). The planner lists the shard files once and computes the
-tasks that overlap them with numpy: nothing on the client loops over chunks, and a task is a
-small record (its grid key). For each of its chunks a task
+``pcg_edges(source, dest, chunk_size=...)`` (``dvidshards pcg-edges EXPORT DEST --chunk-size X Y
+Z``) reads as plan → tasks → reduce:
 
-1. takes the supervoxel lists of the DVID blocks overlapping the chunk and its 6 face
-   neighbours from the shard records (no decoding) and builds each chunk's id list: the
-   chunk's pieces ((DVID supervoxel, PCG chunk) pairs) are numbered in that sorted order, so
-   neighbouring chunks agree on each other's PCG ids without reading each other's voxels;
-2. reads the chunk plus a one-voxel halo as supervoxels with the bulk reader (0 outside the
-   volume) and counts voxels and contact faces (``dvidshards.formats.pcg.contacts``);
-3. writes ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg in one zstd frame) and
-   ``components_{x}_{y}_{z}.proto`` (the chunk's pieces and the neighbour pieces of its
-   between/cross edges, grouped by body: the records' agglomerated labels or a mapping, which
-   a mapping file passes by reference and each worker loads once), each to a temporary name
-   under ``.tmp/`` then renamed.
+* **plan** (`_plan`) - the PCG layer-1 grid is cut into *tasks* of ``chunks_per_task`` chunks
+  per axis (default: one source shard's worth, so ~26 K tasks for mCNS s0 at 256³, grown if
+  needed to stay under ``MAX_TASKS``). The planner lists the shard files once and computes the
+  tasks that overlap them with numpy: nothing on the client loops over chunks, and a task is a
+  small record (its grid key).
+* **task** (`_run_task`, `_Job.run` per chunk) - for each of its chunks a task
 
-Last, the task writes its rows of the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet``
-(pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata
-lists the chunks it covers: that file is the task's completion record, so ``resume=True``
-redoes only chunks that no part covers, and a chunk that failed is left out of it. The
-side table is the folder (``pyarrow.parquet.read_table(out / "supervoxels")``, or
-`read_side_table`); the client only adds up counts. ``manifest.json`` is written first as
-incomplete and completed at the end. Chunks whose blocks list no supervoxel get no files (PCG
-reads a missing file as no edges). Needs ``dvidshards[pcg]`` (protobuf).
+  1. takes the supervoxel lists of the DVID blocks overlapping the chunk and its 6 face
+     neighbours from the shard records (no decoding) and builds each chunk's id list: the
+     chunk's pieces ((DVID supervoxel, PCG chunk) pairs) are numbered in that sorted order, so
+     neighbouring chunks agree on each other's PCG ids without reading each other's voxels;
+  2. reads the chunk plus a one-voxel halo as supervoxels with the bulk reader (0 outside the
+     volume) and counts voxels and contact faces (``dvidshards.formats.pcg.contacts``);
+  3. writes ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg in one zstd frame) and
+     ``components_{x}_{y}_{z}.proto`` (the chunk's pieces and the neighbour pieces of its
+     between/cross edges, grouped by body: the records' agglomerated labels or a mapping, which
+     a mapping file passes by reference and each worker loads once).
+
+  Last, the task writes its rows of the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet``
+  (pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata
+  lists the chunks it covers: that file is the task's completion record, so ``resume=True``
+  redoes only chunks that no part covers, and a chunk that failed is left out of it.
+* **reduce** - nothing to merge: the side table is the folder (``pyarrow.parquet.read_table(dest
+  / "supervoxels")``, or `read_side_table`); the client only adds up counts.
+
+Every file goes through :class:`dvidshards.jobs.output.Destination` (a path, ``gs://``, ``s3://``
+or a kvstore spec; written under a temporary name and renamed, or as one object in a bucket), and
+the job runs in :class:`dvidshards.jobs.output.Output`: the destination is checked (a bucket
+probed) before any work, locked while written, refused unless empty or this job's own earlier
+output (with ``resume``: the same parameters; or ``overwrite``), and its manifest
+``dvidshards.json`` says ``complete: false`` until every chunk is done; its ``pcg`` member
+describes the output for PCG (layers, bits, grid, file names). Chunks whose blocks list no
+supervoxel get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]``
+(protobuf).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
 import re
-import shutil
-import sys
 import threading
-import time
-import uuid
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -52,34 +57,43 @@ from ..formats.labels import Agglomerated, LabelSource, Mapped, as_labels
 from ..formats.multiscale import SINGLE_SHARD
 from ..formats.pcg import IdLayout, PcgError
 from ..sources.base import RecordSource
-from .runner import TaskRunner, failure_lines, job_arguments, progress_of, scheduler_of
+from .options import (
+    add_box,
+    add_dest,
+    add_job_options,
+    add_labels,
+    add_scale,
+    add_source,
+    command_line,
+    dest_of,
+    job_options,
+    renamed,
+)
+from .output import Destination, JobReport, Output
+from .runner import TaskRunner, scheduler_of
 
-__all__ = ["MAX_TASKS", "PcgReport", "add_arguments", "main", "read_chunk_components", "read_chunk_edges",
-           "read_side_table", "write_edges"]
+__all__ = ["MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
+           "read_chunk_edges", "read_side_table", "write_edges"]
 
-MANIFEST = "manifest.json"
 SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
-TMP = ".tmp"
 FORMAT = "dvidshards-pcg-edges"
-VERSION = 2  # 1: one supervoxels.parquet built on the client from per-chunk pieces/ files
+VERSION = 3  # 2: manifest.json of its own; 1: one supervoxels.parquet built on the client
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
 COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
 WRITTEN = b"dvidshards.written"  # and those with files
-_OWN = re.compile(r"(edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|manifest\.json|supervoxels"
-                  r"|supervoxels\.parquet|pieces|\.tmp)(\.tmp[0-9]+)?")
+_OWN = re.compile(r"edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|supervoxels"
+                  r"|manifest\.json|supervoxels\.parquet|pieces")  # (the last three: earlier versions' names)
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
 _FAILED_PER_TASK = 8  # failed chunks a task reports by name (all are counted)
 _FAILED_NAMED = 1000  # and the report keeps by name
 
 
 @dataclass
-class PcgReport:
-    """What ``write_edges`` did.
+class PcgTotals:
+    """A pcg-edges job's own figures (``JobReport.totals``).
 
     Attributes
     ----------
-    out : str
-        The output folder.
     chunks : int
         Chunks of the job (done now, done before, or empty).
     written : int
@@ -91,45 +105,35 @@ class PcgReport:
     isolated : int
         Pieces written in this run that touch no other piece (no edge at all): PCG's ingest
         only creates nodes for ids in the edges files, so these would be left out of the graph.
-    failed : dict
-        ``{chunk: "TypeName: message"}`` of failed chunks (up to 8 per task, 1,000 in all), and
-        ``{"chunks x a:b, y c:d, z e:f": ...}`` of tasks that failed as a whole (the manifest
-        stays incomplete; resume redoes them).
     failed_chunks : int
-        Chunks that failed, all counted (a task that failed as a whole counts its chunks).
+        Chunks that failed, all counted (a task that failed as a whole counts its chunks); the
+        report names up to 8 per task and 1,000 in all.
     skipped : int
         Chunks skipped as complete (resume).
-    tasks : int
+    pcg_tasks : int
         Tasks of the job.
-    elapsed : float
-        Seconds.
     """
 
-    out: str
     chunks: int = 0
     written: int = 0
     pieces: int = 0
     edges: dict = field(default_factory=lambda: dict.fromkeys(fmt.EDGE_TYPES, 0))
     isolated: int = 0
-    failed: dict = field(default_factory=dict)
     failed_chunks: int = 0
     skipped: int = 0
-    tasks: int = 0
-    elapsed: float = 0.0
+    pcg_tasks: int = 0
 
-    @property
-    def ok(self) -> bool:
-        return not self.failed
+    def to_json(self) -> dict:
+        return asdict(self)
 
-    def summary(self) -> str:
-        e = ", ".join(f"{v} {k}" for k, v in self.edges.items())
-        lines = [f"{self.out}: {self.chunks} chunks in {self.tasks} tasks ({self.written} with files, {self.skipped} "
-                 f"resumed), {self.pieces} pieces, edges written now: {e}; {self.failed_chunks} chunks failed in "
-                 f"{self.elapsed:.1f} s"]
+    def notes(self) -> list[str]:
+        e = ", ".join(f"{v:,} {k}" for k, v in self.edges.items())
+        lines = [f"{self.chunks:,} chunks in {self.pcg_tasks:,} tasks ({self.written:,} with files, {self.skipped:,} "
+                 f"resumed), {self.pieces:,} pieces, edges written now: {e}; {self.failed_chunks:,} chunks failed"]
         if self.isolated:
-            lines.append(f"  note: {self.isolated} pieces written now touch no other piece: no edge names them, "
+            lines.append(f"note: {self.isolated:,} pieces written now touch no other piece: no edge names them, "
                          f"so PCG's ingest will not create them")
-        return "\n".join(lines + failure_lines(self.failed))
+        return lines
 
 
 @dataclass(frozen=True)
@@ -185,11 +189,11 @@ class _IndexPalette(LabelSource):
 class _Job:
     """One write_edges run: everything a chunk task needs (pickles without open files)."""
 
-    def __init__(self, ds: Dataset, scale, out: str, chunk_size, layout: IdLayout, mapped: Mapped | None,
+    def __init__(self, ds: Dataset, scale, dest, chunk_size, layout: IdLayout, mapped: Mapped | None,
                  affinity: str, level: int, threads: int | None, fill_missing_shards: bool):
         self.ds = ds
         self.scale = ds.scale(scale)
-        self.out = out
+        self.dest = Destination.of(dest)
         self.cs = np.asarray(chunk_size, np.int64)
         self.layout = layout
         # None: the records' agglomerated labels; else the mapping (a file travels as its path)
@@ -255,7 +259,8 @@ class _Job:
         bcs = np.asarray(s.chunk_size, np.int64)
         boxes = [self.box(coords)] + [self.box(np.add(coords, d)) for d in fmt.DIRECTIONS]
         # DVID blocks overlapping each box
-        wanted, per_box = {}, []
+        wanted: dict = {}
+        per_box: list = []
         for a, b in boxes:
             if (b <= a).any():
                 per_box.append([])
@@ -312,9 +317,9 @@ class _Job:
         same = sv[1:] == sv[:-1]
         clash = np.flatnonzero(same & (body[1:] != body[:-1]))
         if clash.size:
-            k = int(clash[0])
-            raise PcgError(f"chunk {tuple(coords)}: supervoxel {sv[k]} has agglomerated label {body[k]} in one block "
-                           f"and {body[k + 1]} in another (inconsistent export)")
+            j = int(clash[0])
+            raise PcgError(f"chunk {tuple(coords)}: supervoxel {sv[j]} has agglomerated label {body[j]} in one block "
+                           f"and {body[j + 1]} in another (inconsistent export)")
         keep = np.r_[True, ~same]
         return lists, (sv[keep], body[keep])
 
@@ -383,9 +388,9 @@ class _Job:
         import zstandard
 
         payload = zstandard.ZstdCompressor(level=self.level).compress(fmt.encode_edges(edges))
-        _put(self.out, fmt.edges_path(coords), payload)
+        self.dest.write(fmt.edges_path(coords), payload)
         comp = fmt.encode_components(groups)
-        _put(self.out, fmt.components_path(coords), comp)
+        self.dest.write(fmt.components_path(coords), comp)
         rows = np.stack(pieces, axis=1).astype(np.uint64)
         linked = np.concatenate([edges["in"][0], edges["in"][1], edges["between"][0], edges["cross"][0]])
         stats.update(pieces=len(rows), bytes=len(payload) + len(comp), written=True,
@@ -401,7 +406,7 @@ def _run_task(job: _Job, task: _Task) -> dict:
     (resume retries it); the other chunks go on. Returns counts only.
     """
     members = job.members(task)
-    part = _read_part(os.path.join(job.out, SIDE_TABLE, task.name))
+    part = _read_part(job.dest, f"{SIDE_TABLE}/{task.name}")
     todo = [c for c in members if c not in part.covered]
     total: dict = dict.fromkeys(_COUNTS, 0)
     failed: dict = {}
@@ -418,7 +423,7 @@ def _run_task(job: _Job, task: _Task) -> dict:
             for k in _COUNTS:
                 total[k] += r[k]
             part.add(c, piece_rows, bool(r["written"]))
-        _write_part(job.out, task.name, part)
+        _write_part(job.dest, f"{SIDE_TABLE}/{task.name}", part)
     total["part_rows"] = part.rows
     total["part_written"] = len(part.written)
     return total
@@ -454,30 +459,32 @@ def _schema():
     return pa.schema([(n, getattr(pa, t)()) for n, t in _SCHEMA_FIELDS])
 
 
-def _read_part(path: str) -> _Part:
+def _read_part(dest: Destination, rel: str) -> _Part:
     """A task's part as written (empty when there is none)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        t = pq.read_table(path)
-    except FileNotFoundError:
+    data = dest.read(rel)
+    where = dest.describe(rel)
+    if data is None:
         return _Part()
+    try:
+        t = pq.read_table(pa.BufferReader(data))
     except (OSError, pa.ArrowException) as e:
-        raise PcgError(f"{path}: unreadable side-table part ({e}); delete it and resume") from None
+        raise PcgError(f"{where}: unreadable side-table part ({e}); delete it and resume") from None
     meta = t.schema.metadata or {}
     try:
         covered, written = ({tuple(int(v) for v in c) for c in json.loads(meta[k])} for k in (COVERED, WRITTEN))
     except (KeyError, ValueError, TypeError):
-        raise PcgError(f"{path}: a side-table part without its lists of chunks; delete it and resume") from None
+        raise PcgError(f"{where}: a side-table part without its lists of chunks; delete it and resume") from None
     if t.schema.names != [n for n, _ in _SCHEMA_FIELDS]:
-        raise PcgError(f"{path}: not a side-table part (columns {t.schema.names})")
+        raise PcgError(f"{where}: not a side-table part (columns {t.schema.names})")
     rows = np.stack([t.column(n).to_numpy().astype(np.uint64) for n in ("pcg_id", "dvid_supervoxel", "voxels")], 1)
     chunks = np.stack([t.column(n).to_numpy().astype(np.int32) for n in ("chunk_x", "chunk_y", "chunk_z")], 1)
     return _Part(rows, chunks, covered, written)
 
 
-def _write_part(out: str, name: str, part: _Part) -> None:
+def _write_part(dest: Destination, rel: str, part: _Part) -> None:
     """Write a task's part: its rows sorted by PCG id, its chunk lists in the metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -488,21 +495,7 @@ def _write_part(out: str, name: str, part: _Part) -> None:
     a, c = a[order], c[order]
     meta = {COVERED: json.dumps(sorted(part.covered)).encode(), WRITTEN: json.dumps(sorted(part.written)).encode()}
     table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_schema().with_metadata(meta))
-    tmp = _tmp_name(out, name)
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, os.path.join(out, SIDE_TABLE, name))
-
-
-def _tmp_name(out: str, name: str) -> str:
-    return os.path.join(out, TMP, f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-
-
-def _put(out: str, name: str, data: bytes) -> None:
-    """Write ``out/name`` through a temporary file in ``out/.tmp`` (same file system: atomic)."""
-    tmp = _tmp_name(out, name)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, os.path.join(out, name))
+    dest.write_with(rel, lambda f: pq.write_table(table, f, compression="zstd"))
 
 
 # --------------------------------------------------------------------------- planning
@@ -608,88 +601,89 @@ def _plan(job: _Job, box, chunks, group: np.ndarray | None) -> list[_Task]:
     return [_Task((int(x), int(y), int(z))) for x, y, z in keys.tolist()]
 
 
-def _manifest(job: _Job, source, ds: Dataset, layout: IdLayout, labels: dict) -> dict:
+def _parameters(job: _Job, layout: IdLayout, labels: dict) -> dict:
+    """What decides the output's content: a resume must give the same (a box or a chunk list
+    only chooses which chunks this run does, so runs over parts of the grid can share an output)."""
     s = job.scale
-    return {
+    return json.loads(json.dumps({
         "format": FORMAT,
         "version": VERSION,
-        "source": _describe(source, ds),
         "scale": s.index,
-        "resolution": list(s.resolution) if s.resolution is not None else None,
         "volume_size": list(s.size),
         "voxel_offset": list(s.voxel_offset),
         "chunk_size": [int(v) for v in job.cs],
         "grid": [int(v) for v in job.grid],
         **layout.to_json(),
         "affinity": job.affinity,
-        "compression_level": job.level,
         "components": labels,
         "chunks_per_task": list(job.group),
-        "edges": "edges_{x}_{y}_{z}.proto.zst",
-        "components_files": "components_{x}_{y}_{z}.proto",
-        "side_table": SIDE_TABLE + "/{kx}_{ky}_{kz}.parquet (one file per task; read the folder as one table)",
-    }
+    }))
 
 
-def _describe(source, ds: Dataset) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        s = os.fspath(source)
-        return s if "://" in s else os.path.abspath(s)
-    return repr(ds)
+def _description(job: _Job) -> dict:
+    """The manifest's ``pcg`` member: what a PyChunkedGraph ingest needs to know besides the parameters."""
+    s = job.scale
+    return {"resolution": list(s.resolution) if s.resolution is not None else None,
+            "compression_level": job.level,
+            "edges": "edges_{x}_{y}_{z}.proto.zst",
+            "components_files": "components_{x}_{y}_{z}.proto",
+            "side_table": SIDE_TABLE + "/{kx}_{ky}_{kz}.parquet (one file per task; read the folder as one table)"}
 
 
-_PARAMS = ("format", "version", "scale", "volume_size", "voxel_offset", "chunk_size", "grid", "layers",
-           "spatial_bits", "layer_bits", "affinity", "components", "chunks_per_task")
-
-
-def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, spatial_bits: int = 10,
-                labels="agglomerated", affinity: str = "area", level: int = 3, scheduler=None,
-                resume: bool = False, overwrite: bool = False, spec=None, box=None, chunks=None,
-                chunks_per_task=None, threads: int | None = None, fill_missing_shards: bool = True,
-                progress: bool | None = None) -> PcgReport:
+def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels="agglomerated", box=None,
+              scheduler=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+              allow_partial: bool = False, layers: int | None = None, spatial_bits: int = 10,
+              affinity: str = "area", level: int = 3, spec=None, chunks=None, chunks_per_task=None,
+              threads: int | None = None, fill_missing_shards: bool = True, command: str | None = None,
+              **old) -> JobReport:
     """Write PyChunkedGraph edges and components files for an export's supervoxels.
 
     Parameters
     ----------
     source : path, URL, kvstore spec or Dataset
         The export.
-    out : path
-        Output folder (local or shared by the workers): empty, new, or this job's earlier output
-        (with ``resume`` or ``overwrite``). Holds ``edges_*.proto.zst``, ``components_*.proto``,
-        ``supervoxels/`` (the side table, one Parquet file per task) and ``manifest.json``.
+    dest : path, URL (``gs://``, ``s3://``) or kvstore spec dict
+        Output folder, written by the workers: empty, new, or this job's earlier output (with
+        ``resume`` or ``overwrite``). Holds ``edges_*.proto.zst``, ``components_*.proto``,
+        ``supervoxels/`` (the side table, one Parquet file per task) and the manifest
+        ``dvidshards.json``.
     chunk_size : (x, y, z)
         PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``, e.g. (256, 256, 256)); the grid
-        starts at the scale's voxel offset.
+        starts at the scale's voxel offset. Required.
     scale : int
         Scale (folder number) to build the graph of; a scale the export has no folder for is a
         SpecError.
-    layers : int, optional
-        PCG layer count; default ``ceil(log2(max chunks per axis)) + 2`` as PCG computes it.
-    spatial_bits : int
-        PCG's ``SPATIAL_BITS`` (10).
     labels : "agglomerated" or a mapping
         Bodies for the components files: the records' agglomerated labels, or a supervoxel ->
         body mapping. Give a large mapping as a *file*: it is checked here (parsed once per host,
         in a child process, into a memory-mapped sidecar), travels in the tasks as its path and
         is loaded once per worker. A mapping object (dict, (n, 2) array, Series, LabelMapping)
         travels in every task (16 bytes per supervoxel).
+    box : [[x0, y0, z0], [x1, y1, z1]], optional
+        Only chunks overlapping this voxel box (which must overlap the volume).
+    scheduler : None, "auto", "serial", "threads[:N]", "local[:N]", address or distributed.Client
+        Where tasks run (`dvidshards.jobs.runner.TaskRunner`).
+    resume : bool
+        Continue a run into ``dest`` with the same parameters: chunks a side-table part covers
+        are skipped, failed and unfinished ones redone. A box or a chunk list may differ.
+    overwrite : bool
+        Delete this job's earlier output in ``dest`` (only files it writes) and start again.
+    progress : bool, optional
+        tqdm bar on a terminal, else a log line every ~30 s (default); False: nothing.
+    allow_partial : bool
+        Return the report of an incomplete output instead of raising JobError.
+    layers : int, optional
+        PCG layer count; default ``ceil(log2(max chunks per axis)) + 2`` as PCG computes it.
+    spatial_bits : int
+        PCG's ``SPATIAL_BITS`` (10).
     affinity : "area" or "default"
         Edge affinity: the contact face count, or PCG's default (float32 tiny).
     level : int
         zstd level of the edges files. PCG reads any level; its own ingest writes 17, which
         costs ~35x the CPU of level 3 for files within a few percent of the same size
         (benchmarks/RESULTS.md).
-    scheduler : None, "auto", "serial", "threads[:N]", "local[:N]", address or distributed.Client
-        Where tasks run (`dvidshards.jobs.runner.TaskRunner`).
-    resume : bool
-        Continue a run into ``out`` with the same parameters: chunks a side-table part covers
-        are skipped, failed and unfinished ones redone.
-    overwrite : bool
-        Delete this job's earlier output in ``out`` (only files it writes) and start again.
     spec : dict or path, optional
         The export's neuroglancer spec (see ``Dataset``).
-    box : [[x0, y0, z0], [x1, y1, z1]], optional
-        Only chunks overlapping this voxel box (which must overlap the volume).
     chunks : (n, 3) ints, optional
         Only these chunks (PCG grid indices).
     chunks_per_task : int or (3 ints), optional
@@ -700,24 +694,43 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
         Decoding threads per task (default: all cores when tasks run one at a time, else 1).
     fill_missing_shards : bool
         Read shard files that do not exist as background (DVID writes none for empty shards).
-    progress : bool, optional
-        tqdm bar on a terminal, else a log line every ~30 s (default); False: nothing.
+    command : str, optional
+        The command line, recorded in the manifest.
 
     Returns
     -------
-    PcgReport
+    JobReport
+        ``totals`` is a :class:`PcgTotals`; ``failed`` names failed chunks (``PCG chunk (x, y,
+        z)``) and tasks that failed as a whole (``chunks x a:b, y c:d, z e:f``).
 
     Raises
     ------
-    SpecError
-        Bad arguments, a scale without folder, a box outside the volume.
+    SpecError, OutputError
+        Bad arguments, a scale without folder, a box outside the volume, a destination that
+        cannot be used or holds something else; before any work.
     PcgError
-        ``out`` holds something other than this job's earlier output (or, without ``resume``
-        / ``overwrite``, holds that); a resume with other parameters.
+        An id layout that cannot hold the grid.
     MappingError
         A mapping file that cannot be used (file and line named).
+    JobError
+        Chunks failed and ``allow_partial`` is false; ``.report`` is the report.
+
+    Notes
+    -----
+    ``write_edges(source, out, chunk_size, ...)`` is the old name and form (one more release,
+    with a DeprecationWarning); so are the keywords ``out=`` and ``mapping=``.
     """
-    t0 = time.perf_counter()
+    dest = renamed(old, "out", "dest", dest, job="pcg_edges")
+    if "mapping" in old:
+        warnings.warn("pcg_edges(mapping=...) is now pcg_edges(labels=...) (the old keyword goes in the next "
+                      "release)", DeprecationWarning, stacklevel=2)
+        labels = old.pop("mapping")
+    if old:
+        raise TypeError(f"pcg_edges() got an unexpected keyword argument {next(iter(old))!r}")
+    if source is None or dest is None:
+        raise TypeError("pcg_edges() needs source (the export) and dest (the output folder)")
+    if chunk_size is None:
+        raise SpecError("pcg_edges needs chunk_size, PCG's layer-1 chunk size in voxels (e.g. (256, 256, 256))")
     fmt.message_classes()  # fail early without protobuf
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     s = ds.scale(scale)
@@ -734,50 +747,56 @@ def write_edges(source, out, chunk_size, *, scale=0, layers: int | None = None, 
     if not isinstance(src, (Agglomerated, Mapped)):
         raise SpecError(f"labels must be 'agglomerated' or a mapping, got {labels!r}")
     mapped = src if isinstance(src, Mapped) else None
-    runner = TaskRunner(scheduler, progress=progress)  # checks the scheduler before anything is written
+    kind, _ = scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
+    destination = Destination.of(dest)
     grid = -(-np.asarray(s.size, np.int64) // np.asarray(cs, np.int64))
     layout = IdLayout(int(layers) if layers is not None else fmt.layers_for_grid(grid), int(spatial_bits))
     layout.check_grid(grid)
-    out = os.path.abspath(os.fspath(out))
-    job = _Job(ds, s, out, cs, layout, mapped, affinity, level, threads, fill_missing_shards)
-    group = _group_of(chunks_per_task, job)
-    old = _existing(out)
-    if group is None and resume and old is not None and old.get("chunks_per_task"):
-        group = _group_of(old["chunks_per_task"], job)  # the earlier run's cut
-    items = _plan(job, box, chunks, group)
+    job = _Job(ds, s, destination, cs, layout, mapped, affinity, level, threads, fill_missing_shards)
+    items = _plan(job, box, chunks, _group_of(chunks_per_task, job))
     if mapped is not None:
         mapped.prepare()  # a bad file fails now; large ones get their per-host sidecar
-    manifest = _manifest(job, source, ds, layout, src.identity())
-    kind, _ = scheduler_of(scheduler)
     if threads is None and not (kind == "serial" or len(items) <= 1):
         job.threads = 1  # tasks run side by side: one decoding thread each
-    _prepare(out, manifest, old, resume, overwrite)
-    report = PcgReport(out, tasks=len(items))
-    with runner:
-        jr = runner.run(functools.partial(_run_task, job), items, desc=f"PCG tasks of {'×'.join(map(str, job.group))} "
-                                                                         f"chunks")
-    for t, msg in jr.failed.items():
-        report.failed[t.describe(job.group)] = msg
-        report.failed_chunks += len(job.members(t))
-    for r in jr.results.values():
-        report.chunks += r["chunks"]
-        report.skipped += r["skipped"]
-        report.pieces += r["part_rows"]
-        report.written += r["part_written"]
-        for k in fmt.EDGE_TYPES:
-            report.edges[k] += r[k]
-        report.isolated += r["isolated"]
-        for c, msg in r["failed"].items():
-            if len(report.failed) < _FAILED_NAMED:
-                report.failed[c] = msg
-        report.failed_chunks += r["failed_count"]
-    manifest.update(complete=report.ok, chunks=report.chunks, chunks_written=report.written, pieces=report.pieces,
-                    tasks=report.tasks, failed=report.failed_chunks)
-    _write_manifest(out, manifest)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.join(out, TMP))  # when empty
-    report.elapsed = time.perf_counter() - t0
-    return report
+    totals = PcgTotals(pcg_tasks=len(items))
+    with TaskRunner(scheduler, progress=progress) as runner, \
+            Output(destination, job="pcg-edges", parameters=_parameters(job, layout, src.identity()), source=ds,
+                   scales=[s.index], command=command, resume=resume, overwrite=overwrite,
+                   own=lambda n: bool(_OWN.fullmatch(n))) as out:
+        out.update(pcg=_description(job), box=None if box is None else [list(map(int, v)) for v in box],
+                   chunks=None if chunks is None else len(np.asarray(chunks).reshape(-1, 3)))
+        phase = runner.run(functools.partial(_run_task, job), items,
+                           desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks")
+        out.add(phase, name=lambda t: t.describe(job.group))
+        for t in phase.failed:
+            totals.failed_chunks += len(job.members(t))
+        named = 0
+        for r in phase.results.values():
+            totals.chunks += r["chunks"]
+            totals.skipped += r["skipped"]
+            totals.pieces += r["part_rows"]
+            totals.written += r["part_written"]
+            for k in fmt.EDGE_TYPES:
+                totals.edges[k] += r[k]
+            totals.isolated += r["isolated"]
+            for c, msg in r["failed"].items():
+                if named < _FAILED_NAMED:
+                    out.fail(f"PCG chunk {c}", msg)
+                    named += 1
+            totals.failed_chunks += r["failed_count"]
+        if totals.failed_chunks and not out.report.failed:  # (cannot happen: a failed chunk is named)
+            out.fail("chunks", f"{totals.failed_chunks} chunks failed")
+        return out.finish(totals=totals, notes=totals.notes(), allow_partial=allow_partial)
+
+
+def write_edges(source, out, chunk_size, **kw) -> JobReport:
+    """The old name and form of :func:`pcg_edges` (``write_edges(source, out, chunk_size, ...)``):
+    works for one more release, with a DeprecationWarning, and returns the report of an incomplete
+    output instead of raising (as it did)."""
+    warnings.warn("write_edges(source, out, chunk_size, ...) is now pcg_edges(source, dest, chunk_size=...) (the old "
+                  "name goes in the next release)", DeprecationWarning, stacklevel=2)
+    kw.setdefault("allow_partial", True)
+    return pcg_edges(source, out, chunk_size=chunk_size, **kw)
 
 
 def _triple(v, what: str) -> tuple[int, int, int]:
@@ -790,99 +809,38 @@ def _triple(v, what: str) -> tuple[int, int, int]:
     return t
 
 
-def _existing(out: str) -> dict | None:
-    """The manifest of earlier output in ``out`` (None: none)."""
-    path = os.path.join(out, MANIFEST)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            old = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise PcgError(f"{path}: unreadable manifest ({e})") from None
-    if not isinstance(old, dict) or old.get("format") != FORMAT:
-        raise PcgError(f"{out} holds a {MANIFEST} that is not pcg-edges output; choose an empty or new folder")
-    return old
-
-
-def _prepare(out: str, manifest: dict, old: dict | None, resume: bool, overwrite: bool) -> None:
-    """Create ``out``; refuse anything in it but this job's earlier output (resume: with the same
-    parameters; overwrite: deleted first)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise PcgError(f"{out} exists and is not a folder")
-    if old is None:
-        if os.path.isdir(out):
-            with os.scandir(out) as it:
-                first = next(iter(it), None)
-            if first is not None:
-                raise PcgError(f"{out} is not empty ({first.name!r} ...) and holds no pcg-edges output; choose an "
-                               f"empty or new folder")
-    elif resume:
-        diff = [k for k in _PARAMS if old.get(k) != manifest.get(k)]
-        if diff:
-            raise PcgError(f"{os.path.join(out, MANIFEST)}: cannot resume with different parameters: "
-                           + ", ".join(f"{k} {old.get(k)!r} -> {manifest.get(k)!r}" for k in diff))
-        shutil.rmtree(os.path.join(out, TMP), ignore_errors=True)  # leftovers of interrupted writes
-    elif overwrite:
-        _remove_own(out)
-    else:
-        raise PcgError(f"{out} already holds pcg-edges output; pass resume=True (--resume) to continue it, "
-                       f"overwrite=True (--overwrite) to replace it, or choose a new folder")
-    os.makedirs(os.path.join(out, SIDE_TABLE), exist_ok=True)
-    os.makedirs(os.path.join(out, TMP), exist_ok=True)
-    _write_manifest(out, {**manifest, "complete": False})
-
-
-def _remove_own(out: str) -> None:
-    """Delete the files this job writes (any version) from ``out``; nothing else."""
-    os.remove(os.path.join(out, MANIFEST))  # first: an interrupted delete leaves no output that looks whole
-    with os.scandir(out) as it:
-        for e in it:
-            if not _OWN.fullmatch(e.name):
-                continue
-            if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path)
-            else:
-                os.remove(e.path)
-
-
-def _write_manifest(out: str, manifest: dict) -> None:
-    _put(out, MANIFEST, json.dumps(manifest, indent=1).encode())
-
-
 # --------------------------------------------------------------------------- reading back
 
 
 def read_chunk_edges(path, coords) -> dict:
     """The edges file of one chunk: ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``.
 
-    A missing file reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises
-    PcgError naming it.
+    ``path`` is the output (a folder, ``gs://``, ``s3://`` or a kvstore spec). A missing file
+    reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises PcgError naming it.
     """
     import zstandard
 
-    f = os.path.join(os.fspath(path), fmt.edges_path(coords))
-    try:
-        with open(f, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        return fmt.decode_edges(b"", f)
+    d = Destination.of(path, what="pcg-edges output")
+    name = fmt.edges_path(coords)
+    where = d.describe(name)
+    data = d.read(name)
+    if data is None:
+        return fmt.decode_edges(b"", where)
     try:
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
     except zstandard.ZstdError as e:
-        raise PcgError(f"{f}: not a zstd frame ({e})") from None
-    return fmt.decode_edges(raw, f)
+        raise PcgError(f"{where}: not a zstd frame ({e})") from None
+    return fmt.decode_edges(raw, where)
 
 
 def read_chunk_components(path, coords) -> list[np.ndarray]:
     """The components file of one chunk: its groups of PCG ids (one array per body), [] if absent."""
-    f = os.path.join(os.fspath(path), fmt.components_path(coords))
-    try:
-        with open(f, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
+    d = Destination.of(path, what="pcg-edges output")
+    name = fmt.components_path(coords)
+    data = d.read(name)
+    if data is None:
         return []
-    return fmt.decode_components(data, f)
+    return fmt.decode_components(data, d.describe(name))
 
 
 def read_side_table(path):
@@ -895,16 +853,17 @@ def read_side_table(path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = os.path.join(os.fspath(path), SIDE_TABLE)
-    if not os.path.isdir(folder):
-        raise PcgError(f"{folder}: no side table (not a pcg-edges output of version {VERSION})")
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet"))
+    d = Destination.of(path, what="pcg-edges output").child(SIDE_TABLE)
+    names = [n for n in d.list() if n.endswith(".parquet")]
+    if not names and not d.exists():
+        raise PcgError(f"{d.describe()}: no side table (not a pcg-edges output of version {VERSION})")
     parts = []
     for n in names:
+        data = d.read(n)
         try:
-            parts.append(pq.read_table(os.path.join(folder, n)).replace_schema_metadata(None))
+            parts.append(pq.read_table(pa.BufferReader(data or b"")).replace_schema_metadata(None))
         except (OSError, pa.ArrowException) as e:
-            raise PcgError(f"{os.path.join(folder, n)}: unreadable side-table part ({e})") from None
+            raise PcgError(f"{d.describe(n)}: unreadable side-table part ({e})") from None
     t = pa.concat_tables(parts) if parts else _schema().empty_table()
     return t.sort_by("pcg_id")
 
@@ -914,49 +873,36 @@ def read_side_table(path):
 
 def add_arguments(p) -> None:
     """Arguments of ``dvidshards pcg-edges``."""
-    p.add_argument("source", help="export root (directory, gs://, s3://, http(s):// URL)")
-    p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID (default: ./info or inferred)")
-    p.add_argument("--out", required=True, help="output folder (PCG's edges and components files); empty, new, or "
-                                                "an earlier pcg-edges output with --resume or --overwrite")
+    add_source(p)
+    add_dest(p, what="output folder (PCG's edges and components files): empty, new, or an earlier pcg-edges "
+                     "output with --resume or --overwrite")
     p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
                    help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
-    p.add_argument("--scale", type=int, default=0, help="scale folder number (default 0)")
+    add_scale(p)
+    add_labels(p, old=True)
+    add_box(p)
     p.add_argument("--layers", type=int, help="PCG layer count (default: from the grid, as PCG computes it)")
     p.add_argument("--spatial-bits", type=int, default=10, help="PCG SPATIAL_BITS (default 10)")
-    p.add_argument("--mapping", help="supervoxel -> body mapping file for the components (default: the "
-                                     "export's agglomerated labels); loaded once per worker")
     p.add_argument("--affinity", choices=("area", "default"), default="area",
                    help="edge affinity: contact face count (default) or PCG's tiny default")
     p.add_argument("--level", type=int, default=3,
                    help="zstd level of the edges files (default 3; PCG's own ingest writes 17)")
-    p.add_argument("--box", type=int, nargs=6, metavar=("X0", "Y0", "Z0", "X1", "Y1", "Z1"),
-                   help="only chunks overlapping this voxel box")
     p.add_argument("--chunks-per-task", type=int, default=None, metavar="G",
                    help="one task per G³ block of chunks (default: one source shard's worth, at most "
                         f"{MAX_TASKS:,} tasks)")
-    job_arguments(p, workdir=False, resume=True, overwrite=True)
+    add_job_options(p, workdir=False)
+
+
+_DEFAULTS = {"scale": 0, "labels": "agglomerated", "spatial_bits": 10, "affinity": "area", "level": 3}
 
 
 def main(args) -> int:
     """Run ``dvidshards pcg-edges``; 0 when every chunk was written, 1 when some failed."""
-    box = None if args.box is None else [args.box[:3], args.box[3:]]
-    report = write_edges(args.source, args.out, args.chunk_size, scale=args.scale, layers=args.layers,
-                         spatial_bits=args.spatial_bits,
-                         labels=args.mapping if args.mapping else "agglomerated", affinity=args.affinity,
-                         level=args.level, scheduler=args.scheduler, resume=args.resume,
-                         overwrite=getattr(args, "overwrite", False), spec=args.spec, box=box,
-                         chunks_per_task=args.chunks_per_task, progress=progress_of(args))
-    print(report.summary(), file=sys.stdout)
+    report = pcg_edges(args.source, dest_of(args), chunk_size=args.chunk_size, scale=args.scale, labels=args.labels,
+                       box=args.box, layers=args.layers, spatial_bits=args.spatial_bits, affinity=args.affinity,
+                       level=args.level, spec=args.spec, chunks_per_task=args.chunks_per_task, allow_partial=True,
+                       command=command_line("pcg-edges", args, skip=[k for k, v in _DEFAULTS.items()
+                                                                     if getattr(args, k) == v]),
+                       **job_options(args, workdir=False))
+    print(report.summary())
     return 0 if report.ok else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
-    _p = argparse.ArgumentParser(prog="dvidshards pcg-edges")
-    add_arguments(_p)
-    try:
-        sys.exit(main(_p.parse_args()))
-    except DvidShardsError as _e:
-        print(f"dvidshards: {type(_e).__name__}: {_e}", file=sys.stderr)
-        sys.exit(2)

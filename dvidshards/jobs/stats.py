@@ -1,41 +1,46 @@
-"""Per-body statistics and a label index of a whole export, one task per shard.
+"""Per-body statistics and a label index of a whole export: plan → tasks → reduce.
 
 Both jobs read every record of a scale once, decompress its block and count it with the
 ``blockstats`` kernel (no voxel is written). Per chunk that gives, per entry of the block
 label list, (supervoxel, body, voxels, exact voxel box); bodies come from the records'
 agglomerated lists, the supervoxels themselves or a mapping.
 
-* :func:`write_body_stats` - per body: voxels, supervoxels, chunks and bounding box (DVID's
-  ``/sizes``, neuclease's ``fetch_sizes``) as a Parquet dataset (or one file) written by the
-  workers; :func:`body_stats` returns the same rows as a table, for small exports.
-* :func:`label_index` - a Parquet dataset of (body, supervoxel, chunk_x, chunk_y, chunk_z,
-  voxels): DVID's ``LabelIndex`` for every body at once (read back with
-  :class:`dvidshards.query.BodyIndex`).
+* :func:`write_body_stats` (``dvidshards stats EXPORT DEST``) - per body: voxels, supervoxels,
+  chunks and bounding box (DVID's ``/sizes``, neuclease's ``fetch_sizes``), as a Parquet dataset
+  (``DEST/bucket=HH/part-0.parquet`` and ``DEST/_meta.json``) or, for a ``DEST`` ending in
+  ``.parquet``, one file assembled on a worker whose Parquet metadata carries the job's manifest.
+  :func:`body_stats` returns the same rows as a table, for small exports.
+* :func:`label_index` (``dvidshards label-index EXPORT DEST``) - a Parquet dataset of (body,
+  supervoxel, chunk_x, chunk_y, chunk_z, voxels): DVID's ``LabelIndex`` for every body at once,
+  read back with :class:`dvidshards.query.BodyIndex` (its ``_meta.json`` describes the dataset).
 
-The per-shard functions :func:`shard_body_stats` and :func:`shard_label_index` are plain
-``(dataset, scale, shard origin) -> pyarrow.Table`` calls, so any runner can wrap them. Here a
-job runs every phase in one :class:`dvidshards.jobs.runner.TaskRunner` (serially, on threads or
-on one dask cluster):
+The job, as igneous cuts one:
 
-1. *map* - one task per shard writes its partial result to the work folder (an Arrow IPC file
-   of one record batch per hash bucket of the body id; temporary name, then a move: a failed
-   task leaves nothing);
-2. *reduce* - groups of ``FAN_IN`` files merge into one, level by level, a bucket group at a
-   time;
-3. *final* - one task per bucket merges its rows from the last level and writes
-   ``bucket=HH/part-0.parquet`` of the output.
+1. **plan** - the shards of the scale (inside the box), the hash partition of the bodies
+   (``bits``), the work folder;
+2. **tasks** - one per shard (:func:`shard_body_stats`, :func:`shard_label_index`: plain
+   ``(dataset, scale, shard origin) -> pyarrow.Table`` calls), each writing its partial result
+   to the work folder as an Arrow IPC file of one record batch per hash bucket (temporary name,
+   then a rename: a failed task leaves nothing);
+3. **reduce** - groups of ``fan_in`` files merge into one, level by level, a bucket group at a
+   time; then one task per bucket merges its rows and writes ``bucket=HH/part-0.parquet``.
 
-No task holds more than one shard or one bucket group, and the client holds only the list of
-shards and per-task row counts, whatever the number of bodies. The work folder
-(:class:`dvidshards.jobs.workdir.WorkDir`: a path or a ``gs://``/``s3://`` URL) must be visible
-to every worker; with a remote scheduler a local folder is checked before any work starts. Its
-``manifest.json`` names the job's parameters, its state and its failed shards; ``resume``
-skips shards whose partial file exists.
+Every phase runs in one :class:`dvidshards.jobs.runner.TaskRunner` (serially, on threads or on
+one dask cluster). No task holds more than one shard or one bucket group, and the client holds
+only the list of shards and per-task row counts, whatever the number of bodies.
 
-Outputs are complete or say that they are not: statistics with a failed shard write nothing
-at the requested path (the partial results stay for ``resume``); a label index with failed
-shards says ``"complete": false`` in its ``_meta.json``. An output folder holding anything but
-this job's earlier output is refused.
+Where the output goes is :mod:`dvidshards.jobs.output`'s concern: ``DEST`` is a path, ``gs://``,
+``s3://`` or a kvstore spec, checked (and a bucket probed) before any work; it is locked while
+the job runs, holds the manifest ``dvidshards.json`` (``complete: false`` until done; a one-file
+output carries it in its Parquet metadata and is written only when complete), and is refused
+unless empty, or this job's own earlier output with ``resume`` or ``overwrite``. The work folder
+(:class:`dvidshards.jobs.workdir.WorkDir`: a path or a bucket, visible to every worker) is by
+default ``DEST.work`` beside the output, never inside it; it is locked too, kept while the output
+is incomplete (``resume`` skips the shards whose partial file exists) and removed after a complete
+run. A statistics output with a failed shard holds no rows (its manifest lists the failed shards);
+a label index is reduced without them and says ``"complete": false`` in its ``_meta.json`` and its
+manifest. Either way the job raises :class:`~dvidshards.errors.JobError` carrying the
+:class:`~dvidshards.jobs.output.JobReport` unless ``allow_partial=True``.
 
 Background (label 0) is not reported: absent chunks hold it implicitly.
 """
@@ -44,10 +49,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import tempfile
-import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -55,14 +59,27 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..dataset import Dataset
-from ..errors import BlockDecodeError, JobError, ShardFormatError, SpecError
+from ..errors import BlockDecodeError, JobError, OutputError, ShardFormatError, SpecError
 from ..formats.arrowipc import R_NLAB, R_NSV
 from ..formats.blockstats import BlockError, batch_stats
 from ..formats.labelindex import INDEX_FORMAT, INDEX_SCHEMA, bucket_name, bucket_of, labels_id
 from ..formats.labels import Agglomerated, Mapped, Supervoxels, as_labels
 from ..formats.records import list_values
-from .runner import TaskRunner, failure_lines, job_arguments, progress_of
-from .workdir import WorkDir, is_temporary, is_url
+from .options import (
+    add_box,
+    add_dest,
+    add_job_options,
+    add_labels,
+    add_scale,
+    add_source,
+    command_line,
+    dest_of,
+    job_options,
+    renamed,
+)
+from .output import LOCK, Destination, JobReport, Output
+from .runner import TaskRunner
+from .workdir import WorkDir
 
 __all__ = [
     "FAN_IN",
@@ -71,9 +88,10 @@ __all__ = [
     "STATS_FORMAT",
     "STATS_ORDER",
     "STATS_SCHEMA",
-    "IndexReport",
+    "JobError",
     "LabelIndexCommand",
     "StatsCommand",
+    "TableTotals",
     "body_stats",
     "bucket_of",
     "label_index",
@@ -162,7 +180,7 @@ def _chunk_rows(ds, scale, origin, labels, box):
         body = np.asarray(src.mapping.palette(sv), np.uint64)
     else:  # another LabelSource: its palette per record
         pal = {int(i): src.palette(t, int(i)) for i in np.unique(rec)}
-        body = np.array([sv[j] if pal[r] is None else pal[r][e] for j, (r, e) in
+        body = np.array([sv[j] if (p := pal[r]) is None else p[e] for j, (r, e) in
                          enumerate(zip(rec.tolist(), ent.tolist(), strict=True))], np.uint64)
     nz = body != 0
     if not nz.all():
@@ -349,10 +367,10 @@ def _write_partial(work: WorkDir, rel: str, tables, kind: str, bits: int) -> int
     head = schema.with_metadata({b"dvidshards": json.dumps({"bits": bits}).encode()})
     rows = 0
 
-    def write(path, fs):
+    def write(sink) -> None:
         nonlocal rows
         nxt = 0
-        with fs.open_output_stream(path) as sink, pa.ipc.new_file(sink, head, options=_IPC) as w:
+        with pa.ipc.new_file(sink, head, options=_IPC) as w:
             for table in tables:
                 if not table.num_rows:
                     continue
@@ -375,24 +393,25 @@ def _write_partial(work: WorkDir, rel: str, tables, kind: str, bits: int) -> int
             for _ in range(nxt, 1 << bits):
                 w.write_batch(empty)
 
-    work.write_atomic(rel, write)
+    work.write_with(rel, write)
     return rows
 
 
 class _Partial:
-    """A partial file opened for reading buckets: its footer only, batches fetched on demand."""
+    """A partial file opened for reading buckets: its footer read, batches fetched on demand."""
 
     def __init__(self, work: WorkDir, rel: str, kind: str):
         self.kind = kind
         where = work.describe(rel)
+        self.file = work.open_input(rel)  # a real file locally (random access)
         try:
-            self.reader = pa.ipc.open_file(work.fs.open_input_file(work.full(rel)))
+            self.reader = pa.ipc.open_file(self.file)
             self.bits = int(json.loads(self.reader.schema.metadata[b"dvidshards"])["bits"])
+            if self.reader.num_record_batches != 1 << self.bits:
+                raise ValueError(f"{self.reader.num_record_batches} record batches, expected {1 << self.bits}")
         except (pa.ArrowInvalid, KeyError, TypeError, ValueError) as e:
+            self.file.close()
             raise ShardFormatError(f"{where}: not a partial-result file of this job ({e})") from None
-        if self.reader.num_record_batches != 1 << self.bits:
-            raise ShardFormatError(f"{where}: {self.reader.num_record_batches} record batches, "
-                                   f"expected {1 << self.bits}")
 
     def bucket(self, bits: int, b: int) -> pa.Table:
         """The rows of bucket ``b`` of a ``bits``-bit partition."""
@@ -407,20 +426,38 @@ class _Partial:
             t = t.filter(pa.array(bucket_of(t[key].to_numpy(), bits) == b))
         return t
 
+    def close(self) -> None:
+        self.file.close()
+
+
+def _open_partials(work: WorkDir, rels, kind: str) -> list[_Partial]:
+    parts: list[_Partial] = []
+    try:
+        for rel in rels:
+            parts.append(_Partial(work, rel, kind))
+    except BaseException:
+        for p in parts:
+            p.close()
+        raise
+    return parts
+
+
+# --------------------------------------------------------------------------- tasks
+
 
 @dataclass(frozen=True)
 class _Job:
-    """The parameters every task of a job carries (small: paths and options, no data)."""
+    """The parameters every task of a job carries (small: locations and options, no data)."""
 
     ds: object
     scale: int
-    labels: object  # "agglomerated", "supervoxels", a mapping file path or a LabelSource
+    labels: object  # "agglomerated", "supervoxels", or a LabelSource (a mapping file travels as its path)
     box: tuple | None
     kind: str  # "stats" or "index"
     work: WorkDir
     bits: int  # final partition bits
     shard_bits: int  # batches of the shard partials (coarser when a merge tree follows)
-    dest: WorkDir | None = None  # where the final buckets go
+    dest: Destination | None = None  # where the final buckets go
 
 
 def _shard_rel(origin) -> str:
@@ -428,6 +465,7 @@ def _shard_rel(origin) -> str:
 
 
 def _shard_task(job: _Job, origin) -> int:
+    """Map: one shard's partial result into the work folder."""
     if job.kind == "stats":
         t = shard_body_stats(job.ds, job.scale, origin, job.labels, job.box)
     else:
@@ -436,14 +474,18 @@ def _shard_task(job: _Job, origin) -> int:
 
 
 def _merge_task(job: _Job, item) -> int:
-    """One reduce-tree node: item = (level, k, input files) -> file ``L{level}/{k}.arrow``."""
+    """Reduce, one tree node: item = (level, k, input files) -> file ``L{level}/{k}.arrow``."""
     level, k, inputs = item
     _, _, merge = _KIND[job.kind]
-    parts = [_Partial(job.work, rel, job.kind) for rel in inputs]
-    in_bits = min(p.bits for p in parts)
-    # one input bucket group at a time, merged and written before the next is read
-    groups = (merge([p.bucket(in_bits, g) for p in parts]) for g in range(1 << in_bits))
-    return _write_partial(job.work, f"L{level}/{k:06d}.arrow", groups, job.kind, job.bits)
+    parts = _open_partials(job.work, inputs, job.kind)
+    try:
+        in_bits = min(p.bits for p in parts)
+        # one input bucket group at a time, merged and written before the next is read
+        groups = (merge([p.bucket(in_bits, g) for p in parts]) for g in range(1 << in_bits))
+        return _write_partial(job.work, f"L{level}/{k:06d}.arrow", groups, job.kind, job.bits)
+    finally:
+        for p in parts:
+            p.close()
 
 
 _STATS_ROW_GROUP = 65536
@@ -451,9 +493,14 @@ _INDEX_ROW_GROUP = 32768
 
 
 def _final_task(job: _Job, inputs, bucket: int) -> int:
-    """One output bucket from the last level's files, written to ``dest`` as Parquet."""
+    """Reduce, last step: one output bucket from the last level's files, as Parquet."""
     _, _, merge = _KIND[job.kind]
-    t = merge([_Partial(job.work, rel, job.kind).bucket(job.bits, bucket) for rel in inputs])
+    parts = _open_partials(job.work, inputs, job.kind)
+    try:
+        t = merge([p.bucket(job.bits, bucket) for p in parts])
+    finally:
+        for p in parts:
+            p.close()
     if job.kind == "stats":
         t = _finish_stats(t)
         if t.num_rows:
@@ -463,49 +510,86 @@ def _final_task(job: _Job, inputs, bucket: int) -> int:
         t = _finish_index(t)
         size = _INDEX_ROW_GROUP
     assert job.dest is not None
-
-    def write(path, fs):
-        pq.write_table(t, path, filesystem=fs, compression="zstd", row_group_size=size)
-
-    job.dest.write_atomic(bucket_name(bucket, job.bits), write)
+    job.dest.write_with(bucket_name(bucket, job.bits),
+                        lambda f: pq.write_table(t, f, compression="zstd", row_group_size=size))
     return t.num_rows
 
 
-def _assemble_task(src: WorkDir, bits: int, folder: WorkDir, meta: str, name: str) -> int:
-    """Stream the bucket files of a statistics dataset into one Parquet file, a row group at a time.
-
-    Written under a temporary name and moved to ``name`` (in ``folder``) when complete.
-    """
-    schema = STATS_SCHEMA.with_metadata({b"dvidshards": meta.encode(), b"failed_shards": b"{}"})
+def _assemble_task(src: WorkDir, bits: int, folder: Destination, manifest: str, name: str) -> int:
+    """Stream the bucket files of a statistics dataset into one Parquet file ``name`` in
+    ``folder``, a row group at a time, with the job's manifest in its metadata (written under a
+    temporary name and renamed when complete)."""
+    schema = STATS_SCHEMA.with_metadata({b"dvidshards": manifest.encode()})
     rows = 0
 
-    def write(path, fs):
+    def write(sink) -> None:
         nonlocal rows
-        with pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as w:
+        with pq.ParquetWriter(sink, schema, compression="zstd") as w:
             for b in range(1 << bits):
-                f = src.parquet(bucket_name(b, bits))
-                for g in range(f.num_row_groups):
-                    t = f.read_row_group(g).replace_schema_metadata(schema.metadata)
-                    w.write_table(t, row_group_size=_STATS_ROW_GROUP)
-                    rows += t.num_rows
+                with src.open_input(bucket_name(b, bits)) as fh:
+                    f = pq.ParquetFile(fh)
+                    for g in range(f.num_row_groups):
+                        t = f.read_row_group(g).replace_schema_metadata(schema.metadata)
+                        w.write_table(t, row_group_size=_STATS_ROW_GROUP)
+                        rows += t.num_rows
 
-    folder.write_atomic(name, write)
+    folder.write_with(name, write)
     return rows
 
 
-# --------------------------------------------------------------------------- the job
+# --------------------------------------------------------------------------- planning
 
 
 WORK_FORMAT = "dvidshards-job-work"
+WORK_RECORD = "work.json"  # what the partial results in a work folder were made with
 STATS_FORMAT = "dvidshards-body-stats"
-_MANIFEST = "manifest.json"
+META = "_meta.json"  # the dataset's own description (read by dvidshards.query.BodyIndex)
 _HASH = "top bits of (body * 0x9E3779B97F4A7C15 mod 2**64) >> 48"
 STATS_ORDER = "grouped by hash bucket of the label (bucket_of(label, bits)); in a bucket, voxels descending, then label"
+MAX_TABLE_ROWS = 1 << 22  # body_stats returns at most this many rows as one table (~350 MB)
+
+
+@dataclass
+class TableTotals:
+    """A statistics or label-index job's own figures (``JobReport.totals``).
+
+    Attributes
+    ----------
+    rows : int
+        Rows written: bodies (statistics) or (body, supervoxel, chunk) rows (label index).
+    shards : int
+        Shards of the scale (inside the box).
+    partitions : int
+        Hash buckets of the output.
+    work : str
+        The work folder (kept while the output is incomplete).
+    """
+
+    rows: int = 0
+    shards: int = 0
+    partitions: int = 0
+    work: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 def _default_bits(n_shards: int) -> int:
     # about 16 shards' worth of rows per output bucket
     return int(min(12, max(0, int(np.ceil(np.log2(max(n_shards, 1) / 16))))))
+
+
+def _partition_bits(partitions: int) -> int:
+    p = int(partitions)
+    if p < 1 or p & (p - 1) or p > 1 << 12:
+        raise SpecError(f"partitions must be a power of two in 1..4096, got {partitions!r}")
+    return p.bit_length() - 1
+
+
+def _bits(origins, partitions, fan_in: int) -> int:
+    if fan_in < 2:
+        raise SpecError(f"fan_in must be at least 2, got {fan_in}")
+    return _default_bits(len(origins)) if partitions is None else _partition_bits(partitions)
 
 
 def _check_box(s, box):
@@ -517,6 +601,7 @@ def _check_box(s, box):
 
 
 def _origins(ds, s, box) -> list[tuple[int, int, int]]:
+    """The shards to read: every shard of the scale, or those overlapping the box."""
     origins = [(int(o[0]), int(o[1]), int(o[2])) for o in ds.shards(s)]
     if not origins:
         _check_folder(ds, s)
@@ -546,55 +631,6 @@ def _check_folder(ds, s) -> None:
                         f"folder {s.folder}/")
 
 
-@dataclass
-class IndexReport:
-    """What a :func:`label_index`, :func:`write_body_stats` or :func:`body_stats` run did.
-
-    Attributes
-    ----------
-    path : str
-        The output (folder or file), or "" when only returned.
-    rows : int
-        Rows written (0 when nothing was written).
-    shards : int
-        Shards of the scale (inside the box).
-    failed : dict
-        ``{shard path: "TypeName: message"}`` of shards whose task failed: their data are
-        missing; a ``resume`` run retries them.
-    skipped : int
-        Shards skipped on resume (their partial results existed).
-    elapsed : float
-        Seconds.
-    work : str
-        The work folder (kept when the run did not complete; its ``manifest.json`` lists the
-        failed shards).
-    """
-
-    path: str = ""
-    rows: int = 0
-    shards: int = 0
-    failed: dict = field(default_factory=dict)
-    skipped: int = 0
-    elapsed: float = 0.0
-    work: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def summary(self, limit: int = 20) -> str:
-        lines = [f"{self.rows} rows from {self.shards} shards ({self.skipped} resumed, "
-                 f"{len(self.failed)} failed) in {self.elapsed:.1f} s" + (f" -> {self.path}" if self.path else "")]
-        return "\n".join(lines + failure_lines(self.failed, limit, rest=f" (all in {self.work}/{_MANIFEST})"))
-
-
-def _partition_bits(partitions: int) -> int:
-    p = int(partitions)
-    if p < 1 or p & (p - 1) or p > 1 << 12:
-        raise SpecError(f"partitions must be a power of two in 1..4096, got {partitions!r}")
-    return p.bit_length() - 1
-
-
 def _labels_arg(labels):
     """What the tasks get: a name or a label source. A mapping file is checked here without being
     held in this process (``Mapped.prepare``) and travels by reference: each worker loads it once."""
@@ -611,348 +647,263 @@ def _labels_identity(labels) -> dict:
     return {"labels": labels} if isinstance(labels, str) else labels_id(labels)
 
 
-def _is_work(work: WorkDir) -> bool:
-    try:
-        return work.read_json(_MANIFEST).get("format") == WORK_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+def _ident(kind: str, s, box, labels_ident: dict, bits: int) -> dict:
+    """What decides the content of the output and of the partial results (JSON as stored)."""
+    return json.loads(json.dumps({"kind": kind, "scale": s.index,
+                                  "box": None if box is None else [list(box[0]), list(box[1])],
+                                  "chunk_size": list(s.chunk_size), **labels_ident, "bits": bits}))
 
 
-def _own_names(names) -> list[str]:
-    return [n for n in names if not (is_temporary(n) or n.startswith(".dvidshards-shared-"))]
+def _meta(fmt: str, s, ident: dict, bits: int, totals: TableTotals, failed: dict, **more) -> dict:
+    """The dataset's ``_meta.json`` (keys read by ``BodyIndex``: unchanged)."""
+    labels = {k: v for k, v in ident.items() if k not in ("kind", "scale", "box", "chunk_size", "bits")}
+    return {"format": fmt, "version": 1, "scale": s.index, **labels, "bits": bits, "hash": _HASH,
+            "chunk_size": list(s.chunk_size), "voxel_offset": list(s.voxel_offset), "size": list(s.size),
+            **more, "rows": totals.rows, "shards": totals.shards, "complete": not failed,
+            "failed_shards": dict(failed), "job": ident}
 
 
-def _check_work(work: WorkDir, resume: bool, overwrite: bool) -> None:
-    """A work folder is new, empty or holds this library's partial results (then: resume or overwrite)."""
-    names = _own_names(work.listdir())
-    if not names:
-        return
-    if not _is_work(work):
-        raise SpecError(f"work folder {work.describe()}: not empty and not a dvidshards work folder (holds "
-                        f"{names[:3]}); give a new or empty one")
-    if not (resume or overwrite):
-        raise SpecError(f"work folder {work.describe()}: holds the partial results of an earlier run; "
-                        f"--resume to finish it, --overwrite to start again")
+def _beside(dest: Destination, suffix: str) -> WorkDir:
+    """The default work folder: ``DEST<suffix>`` beside the output (never inside it)."""
+    parent, name = dest.parent_and_name()
+    if not name:
+        raise OutputError(f"{dest.describe()}: give the output a name (a folder or file under the root), or "
+                          f"--workdir")
+    return WorkDir.of(parent.child(name + suffix))
+
+
+def _own_work(names) -> list[str]:
+    return [n for n in names if n != LOCK and not n.startswith(".")]
+
+
+def _check_work(work: WorkDir, ident: dict, resume: bool, overwrite: bool) -> None:
+    """A work folder (locked by now) is new, empty or holds this job's partial results: then it
+    needs ``resume`` (the same parameters) or ``overwrite`` (cleared first)."""
+    names = _own_work(work.list())
+    if names:
+        try:
+            rec = work.read_json(WORK_RECORD) if WORK_RECORD in names else None
+        except OutputError:
+            rec = None
+        if not isinstance(rec, dict) or rec.get("format") != WORK_FORMAT:
+            raise OutputError(f"work folder {work.describe()}: not empty and not a dvidshards work folder (holds "
+                              f"{', '.join(names[:3])}); give a new or empty one")
+        if overwrite:
+            _clear_work(work)
+        elif not resume:
+            raise OutputError(f"work folder {work.describe()}: holds the partial results of an earlier run; "
+                              f"--resume to finish it, --overwrite to start again")
+        elif rec.get("job") != ident:
+            raise OutputError(f"work folder {work.describe()}: its partial results were made with other parameters "
+                              f"({rec.get('job')}); run with the same ones, or --overwrite")
+    work.write_json(WORK_RECORD, {"format": WORK_FORMAT, "job": ident})
 
 
 def _clear_work(work: WorkDir) -> None:
-    """Delete this library's files from a work folder (not the folder)."""
-    for name in work.listdir():
-        if name in ("shards", "table") or name == _MANIFEST or (name[:1] == "L" and name[1:].isascii() and name[1:].isdigit()) \
-                or is_temporary(name):
-            if work.is_dir(name):
-                work.rmtree(name)
-            else:
-                work.remove(name)
+    """Delete this library's files from a work folder (not the folder, nor its lock)."""
+    for name in _own_work(work.list()):
+        if name in ("shards", "table", WORK_RECORD) or (name[:1] == "L" and name[1:].isascii() and name[1:].isdigit()):
+            work.rmtree(name)
 
 
-def _check_out_folder(out: WorkDir, fmt: str, what: str, resume: bool, overwrite: bool) -> dict | None:
-    """An output folder is new, empty or this job's earlier output (then: resume or overwrite).
+def _remove_work(work: WorkDir) -> None:
+    """After a complete run (its lock released): the partial results go, and the folder when
+    nothing else is in it."""
+    _clear_work(work)
+    if work.local:
+        if not work.list():
+            try:
+                work.rmtree()
+            except OutputError:
+                pass
 
-    Returns the earlier output's ``_meta.json`` (None without one). Touches nothing.
-    """
-    if out.is_file():
-        raise SpecError(f"{out.describe()}: exists and is a file; give a folder")
-    names = _own_names(out.listdir())
-    if not names:
-        return None
-    foreign = [n for n in names if not (n.startswith("bucket=") or n in ("_meta.json", "_work"))]
-    meta = None
-    if "_meta.json" in names:
+
+def _check_shared(tr: TaskRunner, *folders: Destination) -> None:
+    """With a cluster whose workers run elsewhere: every local folder must be visible to them,
+    checked before the job touches anything (a folder made for the check is removed again)."""
+    import os
+
+    for d in folders:
+        if not d.local:
+            continue
+        path = d.local_path().rstrip("/") or "/"
+        made = not os.path.exists(path)
         try:
-            meta = out.read_json("_meta.json")
-        except (OSError, ValueError):
-            meta = None
-        if not isinstance(meta, dict) or meta.get("format") != fmt:
-            foreign.append("_meta.json")
-    elif "_work" not in names or not _is_work(out.child("_work")):
-        foreign = names  # bucket folders nobody claims: someone else's dataset
-    if foreign:
-        raise SpecError(f"{out.describe()}: not empty and not an earlier {what} (holds {sorted(foreign)[:3]}); "
-                        f"give a new or empty folder")
-    if not (resume or overwrite):
-        raise SpecError(f"{out.describe()}: holds an earlier {what}; --overwrite to replace it, --resume to "
-                        f"finish it")
-    return meta
-
-
-def _clear_out_folder(out: WorkDir) -> None:
-    for name in out.listdir():
-        if name.startswith("bucket=") or name == "_meta.json" or is_temporary(name):
-            if out.is_dir(name):
-                out.rmtree(name)
-            else:
-                out.remove(name)
-
-
-def _file_about(folder: WorkDir, name: str) -> dict | None:
-    """The ``dvidshards`` metadata of an earlier statistics file (SpecError: not one)."""
-    try:
-        md = folder.parquet(name).schema_arrow.metadata or {}
-        return json.loads(md[b"dvidshards"])
-    except (OSError, KeyError, ValueError, pa.ArrowException) as e:
-        raise SpecError(f"{folder.describe(name)}: exists and is not a dvidshards statistics file "
-                        f"({type(e).__name__}); give another name") from None
-
-
-def _split_file(text: str) -> tuple[str, str]:
-    """``(folder location, file name)`` of a file path or URL (a URL keeps its query)."""
-    if is_url(text) and not text.startswith("file://"):
-        base, sep, query = text.partition("?")
-        folder, _, name = base.rstrip("/").rpartition("/")
-        return folder + sep + query, name
-    path = os.path.abspath(text.removeprefix("file://"))
-    return os.path.dirname(path), os.path.basename(path)
-
-
-class _Setup:
-    """Folders a job creates before its work starts, removed again if the setup fails."""
-
-    def __init__(self, tr: TaskRunner, folders: list[WorkDir]):
-        self.made = [w for w in dict.fromkeys(folders) if not w.exists()]
-        try:
-            for w in dict.fromkeys(folders):
-                w.makedirs()
-                if w.local:
-                    tr.check_shared(w.path)  # one line when the workers cannot see it
+            tr.check_shared(path)
         except BaseException:
-            self.undo()
+            if made:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
             raise
 
-    def undo(self) -> None:
-        for w in reversed(self.made):
-            if not _own_names(w.listdir()):
-                w.rmtree()
+
+# --------------------------------------------------------------------------- reduce
 
 
-def _run_phase(tr: TaskRunner, fn, items, desc: str):
-    """A reduce phase: its failed tasks run once more (a lost worker), then it is an error."""
+def _phase(out: Output, tr: TaskRunner, fn, items, desc: str, name=str) -> dict | None:
+    """A reduce phase: its failed tasks run once more (a lost worker); counted into the report.
+    Returns ``{item: result}``, or None when some still failed (the job stops there)."""
     r = tr.run(fn, items, desc=desc)
     if r.failed:
         again = tr.run(fn, list(r.failed), desc=f"{desc} (retry)")
         r.results.update(again.results)
         r.failed = again.failed
-    if r.failed:
-        item, msg = next(iter(r.failed.items()))
-        raise JobError(f"{desc}: {len(r.failed)} task(s) failed twice, first {str(item)[:200]}: {msg}")
-    return r
+        r.task_cpu += again.task_cpu
+    out.add(r, name=name)
+    return None if r.failed else r.results
 
 
-def _execute(tr: TaskRunner, ds, s, origins, labels, ident: dict, box, kind: str, work: WorkDir,
-             resume: bool, bits: int, fan_in: int, dest: WorkDir) -> tuple[IndexReport, dict]:
-    """Map shards to partial files, reduce them as a tree, write the final buckets to ``dest``.
+def _map_reduce(out: Output, tr: TaskRunner, job: _Job, origins, resume: bool, fan_in: int,
+                shard_name) -> dict | None:
+    """Map every shard to a partial file, reduce them as a tree, write the final buckets.
 
-    For statistics, a failed shard stops the job before the reduce (nothing is written to
-    ``dest``); for the label index the reduce goes on without it. Returns the report and the
-    final ``{bucket: rows}``.
+    For statistics a failed shard stops the job before the reduce (no row is written); the
+    label index is reduced without it. Returns ``{bucket: rows}``, or None when nothing was
+    written.
     """
-    t0 = time.perf_counter()
-    shard_bits = bits if len(origins) <= fan_in else min(bits, _COARSE_BITS)
-    ident = {**ident, "bits": bits, "shard_bits": shard_bits}
-    if resume and _is_work(work):
-        old = work.read_json(_MANIFEST).get("job")
-        if old != json.loads(json.dumps(ident)):
-            raise SpecError(f"{work.describe()}: partial results were made with other parameters ({old}); "
-                            f"run with the same ones ({ident}) or --overwrite")
-    else:
-        _clear_work(work)
-    manifest = {"format": WORK_FORMAT, "job": ident, "shards": len(origins), "state": "mapping", "failed": {}}
-    work.write_json(_MANIFEST, manifest)
-    job = _Job(ds, s.index, labels, box, kind, work, bits, shard_bits, dest)
+    work = job.work
     done: set = set()
     if resume:
-        names = set(work.listdir("shards"))
+        names = set(work.list("shards"))
         done = {o for o in origins if _shard_rel(o).split("/")[1] in names}
-    rep = tr.run(functools.partial(_shard_task, job), origins, desc=f"{s.folder} shards", done=done)
-    failed = {ds.store.describe(s.stem(o) + ".arrow"): msg for o, msg in rep.failed.items()}
-    report = IndexReport(shards=len(origins), failed=failed, skipped=len(rep.skipped), work=work.describe())
-    manifest.update(failed=failed, done=len(rep.results) + len(rep.skipped))
-    if failed and kind == "stats":
-        manifest["state"] = "shards failed: nothing written; --resume retries them"
-        work.write_json(_MANIFEST, manifest)
-        report.elapsed = time.perf_counter() - t0
-        return report, {}
-    manifest["state"] = "reducing"
-    work.write_json(_MANIFEST, manifest)
-    try:
-        files = [_shard_rel(o) for o in origins if o in rep.results or o in done]
-        level = 0
-        while len(files) > fan_in:  # the reduce tree
-            level += 1
-            work.rmtree(f"L{level}")
-            groups = [(level, k, tuple(files[i:i + fan_in])) for k, i in enumerate(range(0, len(files), fan_in))]
-            _run_phase(tr, functools.partial(_merge_task, job), groups, f"merge level {level}")
-            files = [f"L{level}/{g[1]:06d}.arrow" for g in groups]
-        final = _run_phase(tr, functools.partial(_final_task, job, tuple(files)), list(range(1 << bits)), "buckets")
-    except JobError as e:
-        manifest["state"] = f"reduce failed: {e}; --resume runs the reduce again"
-        work.write_json(_MANIFEST, manifest)
-        e.report = report
-        raise
-    report.rows = int(sum(final.results.values()))
-    manifest["state"] = "complete" if report.ok else "reduced without the failed shards"
-    work.write_json(_MANIFEST, manifest)
-    report.elapsed = time.perf_counter() - t0
-    return report, final.results
+    rep = tr.run(functools.partial(_shard_task, job), origins, desc=f"s{job.scale} shards", done=done)
+    out.add(rep, name=shard_name)
+    if rep.failed and job.kind == "stats":
+        return None
+    files = [_shard_rel(o) for o in origins if o in rep.results or o in done]
+    level = 0
+    while len(files) > fan_in:  # the reduce tree
+        level += 1
+        work.rmtree(f"L{level}")
+        groups = [(level, k, tuple(files[i:i + fan_in])) for k, i in enumerate(range(0, len(files), fan_in))]
+        if _phase(out, tr, functools.partial(_merge_task, job), groups, f"merge level {level}",
+                  name=lambda g: f"merge level {g[0]}, group {g[1]}") is None:
+            return None
+        files = [f"L{level}/{g[1]:06d}.arrow" for g in groups]
+    return _phase(out, tr, functools.partial(_final_task, job, tuple(files)), list(range(1 << job.bits)),
+                  "buckets", name=lambda b: f"bucket {b}")
 
 
-def _same_complete(old: dict | None, job: dict) -> bool:
-    """Whether an earlier output is complete and made by the same job (resume: nothing to do)."""
-    if not old:
-        return False
-    return bool(old.get("complete")) and old.get("job") == json.loads(json.dumps(job))
+# --------------------------------------------------------------------------- old spellings
 
 
-def _ident(kind: str, s, box, labels_ident: dict) -> dict:
-    return {"kind": kind, "scale": s.index, "box": None if box is None else [list(box[0]), list(box[1])],
-            "chunk_size": list(s.chunk_size), **labels_ident}
+def _old_positional(job: str, args: tuple, names: tuple, given: dict, defaults: dict) -> dict:
+    """Arguments once given by position after the old leading ones (one release, with a warning)."""
+    if not args:
+        return given
+    if len(args) > len(names):
+        raise TypeError(f"{job}() takes at most {len(names)} arguments after source and dest by position in its "
+                        f"old form; give them by keyword")
+    used = names[:len(args)]
+    warnings.warn(f"{job}(..., {', '.join(used)}) by position is now {job}(..., "
+                  f"{', '.join(f'{n}=...' for n in used)}) (the old form goes in the next release)",
+                  DeprecationWarning, stacklevel=3)
+    out = dict(given)
+    for n, v in zip(used, args, strict=True):
+        if given[n] is not defaults[n] and given[n] != defaults[n]:
+            raise TypeError(f"{job}() got {n} twice (by position and by keyword)")
+        out[n] = v
+    return out
 
 
-def _finish_work(work: WorkDir) -> None:
-    """After a complete run: the partial results go, and the folder when nothing else is in it."""
-    _clear_work(work)
-    if not _own_names(work.listdir()):
-        work.rmtree()
+def _no_other(job: str, old: dict) -> None:
+    if old:
+        raise TypeError(f"{job}() got an unexpected keyword argument {next(iter(old))!r}")
 
 
-def _meta(fmt: str, s, ident: dict, bits: int, report: IndexReport, **more) -> dict:
-    labels = {k: v for k, v in ident.items() if k not in ("kind", "scale", "box", "chunk_size")}
-    return {"format": fmt, "version": 1, "scale": s.index, **labels, "bits": bits, "hash": _HASH,
-            "chunk_size": list(s.chunk_size), "voxel_offset": list(s.voxel_offset), "size": list(s.size),
-            **more, "rows": report.rows, "shards": report.shards, "complete": report.ok,
-            "failed_shards": report.failed, "job": ident}
+def _open(source, spec):
+    if isinstance(source, Dataset):
+        return source
+    if source is None:
+        raise TypeError("give the export (source)")
+    return Dataset(source, spec=spec)
 
 
-# --------------------------------------------------------------------------- public API
+# --------------------------------------------------------------------------- the jobs
 
 
-MAX_TABLE_ROWS = 1 << 22  # body_stats returns at most this many rows as one table (~350 MB)
+def _run_folder_job(kind: str, ds, s, box, dest, *, labels, workdir, resume, overwrite, scheduler, progress,
+                    allow_partial, partitions, fan_in, command, fmt: str, more: dict) -> JobReport:
+    """A statistics or label-index dataset in a folder: plan, map, reduce, ``_meta.json``."""
+    destination = Destination.of(dest)
+    work = WorkDir.of(workdir) if workdir is not None else _beside(destination, ".work")
+    origins = _origins(ds, s, box)
+    bits = _bits(origins, partitions, fan_in)
+    labels_arg = _labels_arg(labels)
+    ident = _ident(kind, s, box, _labels_identity(labels_arg), bits)
+    job = _Job(ds, s.index, labels_arg, box, kind, work, bits, _shard_bits(origins, bits, fan_in), destination)
+    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=work.describe())
+    name = "stats" if kind == "stats" else "label-index"
+    with TaskRunner(scheduler, progress=progress) as tr:
+        _check_shared(tr, destination, work)
+        with Output(destination, job=name, parameters=ident, source=ds, scales=[s.index], command=command,
+                    resume=resume, overwrite=overwrite, workdir=work,
+                    own=lambda n: n.startswith("bucket=") or n == META) as out:
+            prev = out.previous
+            if prev is not None and prev.get("complete") and destination.read(META) is not None:
+                return _kept(out, prev, totals, allow_partial)
+            _check_work(work, ident, resume, overwrite)
+            destination.delete(META)  # not a complete dataset until its _meta.json is written again
+            out.update(work=work.describe())
+            final = _map_reduce(out, tr, job, origins, resume, fan_in, _shard_namer(ds, s))
+            notes = []
+            if final is not None:
+                totals.rows = int(sum(final.values()))
+                meta = _meta(fmt, s, ident, bits, totals, out.report.failed, **more)
+                destination.write(META, (json.dumps(meta, indent=1) + "\n").encode())
+                notes.append(f"{totals.rows:,} {'bodies' if kind == 'stats' else 'rows'} in {1 << bits} hash "
+                             f"buckets from {totals.shards:,} shards")
+            else:
+                notes.append("no rows written: a shard or a reduce step failed")
+            if out.report.failed:
+                notes.append(f"partial results kept in {work.describe()}")
+            report = out.finish(totals=totals, notes=notes, allow_partial=True)
+    if report.complete:
+        _remove_work(work)
+    if not report.complete and not allow_partial:
+        raise JobError(report.summary(), report)
+    return report
 
 
-def _bits(origins, partitions, fan_in: int = FAN_IN) -> int:
-    if fan_in < 2:
-        raise SpecError(f"fan_in must be at least 2, got {fan_in}")
-    return _default_bits(len(origins)) if partitions is None else _partition_bits(partitions)
+def _shard_bits(origins, bits: int, fan_in: int) -> int:
+    return bits if len(origins) <= fan_in else min(bits, _COARSE_BITS)
 
 
-def write_body_stats(ds, out, scale=0, labels="agglomerated", box=None, scheduler=None, *, workdir=None,
-                     resume: bool = False, overwrite: bool = False, partitions: int | None = None,
-                     progress: bool | None = None, fan_in: int = FAN_IN) -> IndexReport:
+def _shard_namer(ds, s):
+    return lambda o: ds.store.describe(s.stem(o) + ".arrow")
+
+
+def _kept(out: Output, prev: dict, totals: TableTotals, allow_partial: bool) -> JobReport:
+    """Resuming an output that is already complete: nothing to do; its figures are kept."""
+    t = prev.get("totals") or {}
+    totals.rows = int(t.get("rows", 0))
+    tasks = prev.get("tasks") or {}
+    out.report.tasks = out.report.skipped = int(tasks.get("total", totals.shards))
+    return out.finish(totals=totals, notes=[f"already complete: {totals.rows:,} rows kept"],
+                      allow_partial=allow_partial)
+
+
+def write_body_stats(source=None, dest=None, *args, scale: int = 0, labels="agglomerated", box=None,
+                     scheduler=None, workdir=None, resume: bool = False, overwrite: bool = False,
+                     progress: bool | None = None, allow_partial: bool = False, partitions: int | None = None,
+                     fan_in: int = FAN_IN, spec=None, command: str | None = None, **old) -> JobReport:
     """Per-body statistics of a scale, written from the workers (the client learns row counts).
 
     Parameters
     ----------
-    ds : Dataset or anything ``Dataset`` opens
+    source : Dataset or anything ``Dataset`` opens
         The export.
-    out : path or URL
-        A folder (any name not ending in ``.parquet``): a Parquet dataset ``out/bucket=HH/part-0.parquet``
-        (every body in the file of ``bucket_of(label, bits)``) plus ``out/_meta.json``. Or a
-        ``.parquet`` file: the same rows in one file, assembled on a worker by streaming the bucket
-        files one at a time (bounded memory), under a temporary name moved to ``out`` when complete.
-        Rows are ordered by hash bucket, and in a bucket by voxels (descending), then label: not
-        globally by voxels (see :func:`body_stats` for a small export's sorted table).
-    scale, labels, box, scheduler, partitions, progress, fan_in :
-        See :func:`body_stats`.
-    workdir : path or URL, optional
-        The work folder for partial results, visible to every worker. Default: ``out/_work``
-        (a folder ``out``) or ``out.parts`` (a file), removed after a complete run.
-    resume : bool
-        Finish an earlier run: keep the shards it completed (the same parameters only).
-    overwrite : bool
-        Replace an earlier statistics output at ``out`` and its partial results.
-
-    Returns
-    -------
-    IndexReport
-        With failed shards nothing is written at ``out``: the partial results stay in the work
-        folder (its ``manifest.json`` lists the failed shards); ``resume=True`` finishes the job.
-
-    Raises
-    ------
-    SpecError
-        Bad input, or an output that holds anything but an earlier statistics output (and,
-        without ``resume`` or ``overwrite``, that too); nothing is touched.
-    JobError
-        A reduce task failed twice (partial results kept: ``resume=True`` runs the reduce again).
-    """
-    ds = _dataset(ds)
-    s = ds.scale(scale)
-    box = _check_box(s, box)
-    if resume and overwrite:
-        raise SpecError("give resume or overwrite, not both")
-    text = os.fspath(out)
-    single = text.lower().split("?", 1)[0].endswith(".parquet")
-    if single:
-        loc, name = _split_file(text)
-        parent = WorkDir(loc)
-        if parent.local and not os.path.isdir(parent.path):
-            raise SpecError(f"--out {text}: the folder {parent.path} does not exist")
-        if parent.is_dir(name):
-            raise SpecError(f"--out {text}: is a folder; give a new .parquet file name or the folder form")
-        old = _file_about(parent, name) if parent.exists(name) else None
-        if old is not None and not (resume or overwrite):
-            raise SpecError(f"{parent.describe(name)}: exists (earlier statistics); --overwrite to replace it")
-        base, sep, query = text.partition("?")
-        work = WorkDir(workdir) if workdir is not None else WorkDir(f"{base}.parts{sep}{query}")
-        dest, where = work.child("table"), parent
-    else:
-        outd = WorkDir(text)
-        old = _check_out_folder(outd, STATS_FORMAT, "statistics output", resume, overwrite)
-        work = WorkDir(workdir) if workdir is not None else outd.child("_work")
-        dest, where = outd, outd
-    if workdir is not None or single:
-        _check_work(work, resume, overwrite)
-    origins = _origins(ds, s, box)
-    bits = _bits(origins, partitions, fan_in)
-    labels_arg = _labels_arg(labels)
-    ident = _ident("stats", s, box, _labels_identity(labels_arg))
-    path = parent.describe(name) if single else outd.describe()
-    if resume and old is not None and old.get("complete"):
-        if _same_complete(old, {**ident, "bits": bits}):
-            return IndexReport(path=path, rows=old["rows"], shards=old["shards"], skipped=old["shards"])
-        raise SpecError(f"{path}: holds complete statistics made with other parameters; --overwrite to "
-                        f"replace them")
-    with TaskRunner(scheduler, progress=progress) as tr:
-        _Setup(tr, [where, work])
-        if overwrite:
-            if single and old is not None:
-                parent.remove(name)
-            elif not single:
-                _clear_out_folder(outd)
-        elif not single:
-            outd.remove("_meta.json")  # resuming: the folder is not a complete output until rewritten
-        report, _ = _execute(tr, ds, s, origins, labels_arg, ident, box, "stats", work, resume, bits, fan_in, dest)
-        if not report.ok:
-            return report
-        meta = _meta(STATS_FORMAT, s, {**ident, "bits": bits}, bits, report,
-                     box=ident["box"], order=STATS_ORDER, columns=STATS_SCHEMA.names)
-        if single:  # on a worker: the client never holds the table
-            r = tr.run(functools.partial(_assemble_task, dest, bits, parent, json.dumps(meta)), [name],
-                       desc="one file")
-            if r.failed:
-                raise JobError(f"{path}: writing the file failed: {r.failed[name]}; the partial results stay in "
-                               f"{work.describe()} (--resume writes it again)", report)
-        else:
-            dest.write_json("_meta.json", meta)
-    report.path = path
-    _finish_work(work)
-    return report
-
-
-def body_stats(ds, scale=0, labels="agglomerated", box=None, scheduler=None, *, workdir=None,
-               resume: bool = False, overwrite: bool = False, partitions: int | None = None,
-               progress: bool | None = None, fan_in: int = FAN_IN, max_rows: int = MAX_TABLE_ROWS) -> pa.Table:
-    """Per-body voxel counts, supervoxel counts, chunk counts and exact bounding boxes, as one table.
-
-    For small exports: the table is read into this process at the end. The job itself runs
-    like :func:`write_body_stats` (the workers write a Parquet dataset into the work folder);
-    above ``max_rows`` bodies nothing is read and a ``SpecError`` says where the complete
-    dataset is. For exports of any size use :func:`write_body_stats`.
-
-    Parameters
-    ----------
-    ds : Dataset or anything ``Dataset`` opens
-        The export.
+    dest : path, URL (``gs://``, ``s3://``) or kvstore spec dict
+        A folder (any name not ending in ``.parquet``): a Parquet dataset
+        ``dest/bucket=HH/part-0.parquet`` (every body in the file of ``bucket_of(label, bits)``)
+        plus ``dest/_meta.json`` and the manifest ``dest/dvidshards.json``. Or a ``.parquet``
+        file: the same rows in one file, assembled on a worker by streaming the bucket files one
+        at a time (bounded memory), with the manifest in its Parquet metadata (``b"dvidshards"``);
+        written only when complete. Rows are ordered by hash bucket, and in a bucket by voxels
+        (descending), then label: not globally by voxels (see :func:`body_stats` for a small
+        export's sorted table).
     scale : int
         Folder number (``s{scale}``).
     labels : "agglomerated", "supervoxels" or a mapping
@@ -965,18 +916,216 @@ def body_stats(ds, scale=0, labels="agglomerated", box=None, scheduler=None, *, 
     scheduler : None, "auto", "serial", "threads[:N]", "local[:N]", address or distributed.Client
         Where the tasks run (see :mod:`dvidshards.jobs.runner`); one cluster for the whole job.
     workdir : path or URL, optional
-        Folder for the partial results (visible to every worker; ``gs://``, ``s3://`` work).
-        Default: a temporary folder. Emptied after a complete run.
+        The work folder for partial results, visible to every worker. Default: ``DEST.work``
+        beside the output; never inside it. Removed after a complete run.
     resume : bool
-        Keep the partial results of shards already done in ``workdir``.
+        Finish an earlier run: the same parameters; the shards it completed are kept.
     overwrite : bool
-        Start again in a ``workdir`` holding an earlier run's partial results.
-    partitions : int, optional
-        Hash buckets of the reduce (a power of two); default from the number of shards.
+        Replace an earlier statistics output at ``dest`` and its partial results.
     progress : bool, optional
         Progress bar / lines (default: a bar on a terminal, lines in a log).
+    allow_partial : bool
+        Return the report of an incomplete output instead of raising JobError.
+    partitions : int, optional
+        Hash buckets of the output (a power of two); default from the number of shards.
     fan_in : int
         Partial files merged per reduce task.
+    spec : dict or path, optional
+        The export's neuroglancer spec (see ``Dataset``).
+    command : str, optional
+        The command line, recorded in the manifest.
+
+    Returns
+    -------
+    JobReport
+        ``totals`` is a :class:`TableTotals` (rows, shards, partitions, work folder).
+
+    Raises
+    ------
+    SpecError, OutputError
+        Bad input, or a destination that cannot be used; before any work.
+    JobError
+        A shard or a reduce step failed and ``allow_partial`` is false: no row is written, the
+        manifest lists the failures and the partial results stay in the work folder (``resume``
+        finishes the job); ``.report`` is the report.
+
+    Notes
+    -----
+    The old forms ``write_body_stats(ds, out, scale, labels, box, scheduler)`` and the keywords
+    ``ds=``, ``out=`` work for one more release, with a DeprecationWarning.
+    """
+    source = renamed(old, "ds", "source", source, job="write_body_stats")
+    dest = renamed(old, "out", "dest", dest, job="write_body_stats")
+    _no_other("write_body_stats", old)
+    given = _old_positional("write_body_stats", args, ("scale", "labels", "box", "scheduler"),
+                            {"scale": scale, "labels": labels, "box": box, "scheduler": scheduler},
+                            {"scale": 0, "labels": "agglomerated", "box": None, "scheduler": None})
+    scale, labels, box, scheduler = given["scale"], given["labels"], given["box"], given["scheduler"]
+    if dest is None:
+        raise TypeError("write_body_stats() needs dest, the folder or .parquet file to write")
+    if resume and overwrite:
+        raise SpecError("give resume or overwrite, not both")
+    ds = _open(source, spec)
+    s = ds.scale(scale)
+    box = _check_box(s, box)
+    destination = Destination.of(dest)
+    if not destination.describe().lower().endswith(".parquet"):
+        return _run_folder_job("stats", ds, s, box, destination, labels=labels, workdir=workdir, resume=resume,
+                               overwrite=overwrite, scheduler=scheduler, progress=progress,
+                               allow_partial=allow_partial, partitions=partitions, fan_in=fan_in, command=command,
+                               fmt=STATS_FORMAT, more={"box": None if box is None else [list(box[0]), list(box[1])],
+                                                       "order": STATS_ORDER, "columns": STATS_SCHEMA.names})
+    return _write_stats_file(ds, s, box, destination, labels=labels, workdir=workdir, resume=resume,
+                             overwrite=overwrite, scheduler=scheduler, progress=progress,
+                             allow_partial=allow_partial, partitions=partitions, fan_in=fan_in, command=command)
+
+
+class _PublishFailed(Exception):
+    pass
+
+
+def _write_stats_file(ds, s, box, destination: Destination, *, labels, workdir, resume, overwrite, scheduler,
+                      progress, allow_partial, partitions, fan_in, command) -> JobReport:
+    """Statistics as one Parquet file: the dataset is made in the work folder, then streamed into
+    the file on a worker, with the final manifest in its metadata."""
+    work = WorkDir.of(workdir) if workdir is not None else _beside(destination, ".work")
+    origins = _origins(ds, s, box)
+    bits = _bits(origins, partitions, fan_in)
+    labels_arg = _labels_arg(labels)
+    ident = _ident("stats", s, box, _labels_identity(labels_arg), bits)
+    table = work.child("table")
+    job = _Job(ds, s.index, labels_arg, box, "stats", work, bits, _shard_bits(origins, bits, fan_in), table)
+    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=work.describe())
+    folder, name = destination.parent_and_name()
+    with TaskRunner(scheduler, progress=progress) as tr:
+        _check_shared(tr, folder, work)
+        with Output(destination, job="stats", parameters=ident, source=ds, scales=[s.index], command=command,
+                    resume=resume, overwrite=overwrite, workdir=work, kind="file") as out:
+            prev = out.previous
+            if prev is not None and prev.get("complete") and not overwrite:
+                return _kept(out, prev, totals, allow_partial)
+            _check_work(work, ident, resume, overwrite)
+            final = _map_reduce(out, tr, job, origins, resume, fan_in, _shard_namer(ds, s))
+            notes = []
+            if final is not None:
+                totals.rows = int(sum(final.values()))
+                notes.append(f"{totals.rows:,} bodies from {totals.shards:,} shards in one file, {1 << bits} hash "
+                             f"buckets")
+            else:
+                notes.append(f"nothing written at {destination.describe()}: partial results kept in "
+                             f"{work.describe()}")
+            out.update(table=_meta(STATS_FORMAT, s, ident, bits, totals, {},
+                                   box=ident["box"], order=STATS_ORDER, columns=STATS_SCHEMA.names))
+
+            def publish(manifest: dict) -> None:  # on a worker: the client never holds the table
+                r = tr.run(functools.partial(_assemble_task, table, bits, folder,
+                                             json.dumps(manifest, default=str)), [name], desc="one file")
+                if r.failed:
+                    raise _PublishFailed(r.failed[name])
+
+            try:
+                report = out.finish(totals=totals, notes=notes, allow_partial=True, write=publish)
+            except _PublishFailed as e:
+                report = out.report
+                report.complete, report.status = False, "incomplete"
+                report.failed[destination.describe()] = str(e)
+                report.notes.append(f"nothing written at {destination.describe()}: partial results kept in "
+                                    f"{work.describe()}")
+    if report.complete:
+        _remove_work(work)
+    if not report.complete and not allow_partial:
+        raise JobError(report.summary(), report)
+    return report
+
+
+def label_index(source=None, dest=None, *args, scale: int = 0, labels="agglomerated", scheduler=None,
+                workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+                allow_partial: bool = False, partitions: int | None = None, fan_in: int = FAN_IN, spec=None,
+                command: str | None = None, **old) -> JobReport:
+    """Write the label index of a scale: (body, supervoxel, chunk, voxels) as a Parquet dataset.
+
+    The dataset is ``dest/bucket=HH/part-0.parquet`` files, the rows of a body all in the file
+    of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk in row groups of 32768
+    rows, plus ``dest/_meta.json`` (scale, label source, bits, completeness), written last, and
+    the manifest ``dest/dvidshards.json``. Read it with :class:`dvidshards.query.BodyIndex`
+    (``Dataset.body_index(dest)``). The workers write every file; the client learns row counts.
+
+    Parameters
+    ----------
+    source : Dataset or anything ``Dataset`` opens
+    dest : path, URL or kvstore spec dict
+        Output folder: new or empty; an earlier label index only with ``resume`` (finish it) or
+        ``overwrite`` (replace it). Anything else there: refused, nothing touched.
+    scale, labels, scheduler, workdir, resume, overwrite, progress, allow_partial, partitions, fan_in, spec, command :
+        See :func:`write_body_stats` (the work folder defaults to ``DEST.work``).
+
+    Returns
+    -------
+    JobReport
+        ``totals`` is a :class:`TableTotals`.
+
+    Raises
+    ------
+    JobError
+        Shards failed and ``allow_partial`` is false. Their rows are missing: ``_meta.json`` and
+        the manifest say ``"complete": false`` (``BodyIndex`` warns), the partial results are
+        kept; ``resume=True`` adds them. ``.report`` is the report.
+
+    Notes
+    -----
+    The old forms ``label_index(ds, scale, out, labels, scheduler)`` and the keywords ``ds=``,
+    ``out=`` work for one more release, with a DeprecationWarning.
+    """
+    source = renamed(old, "ds", "source", source, job="label_index")
+    if isinstance(dest, (int, np.integer)) and not isinstance(dest, bool):  # label_index(ds, scale, out, ...)
+        if scale != 0:
+            raise TypeError("label_index() got scale twice (by position and by keyword)")
+        scale, dest = int(dest), None
+        if args:
+            dest, args = args[0], args[1:]
+        warnings.warn("label_index(ds, scale, out) is now label_index(source, dest, scale=...) (the old form goes "
+                      "in the next release)", DeprecationWarning, stacklevel=2)
+    dest = renamed(old, "out", "dest", dest, job="label_index")
+    _no_other("label_index", old)
+    given = _old_positional("label_index", args, ("labels", "scheduler"),
+                            {"labels": labels, "scheduler": scheduler}, {"labels": "agglomerated", "scheduler": None})
+    labels, scheduler = given["labels"], given["scheduler"]
+    if dest is None:
+        raise SpecError("label_index needs dest, the folder to write")
+    if resume and overwrite:
+        raise SpecError("give resume or overwrite, not both")
+    ds = _open(source, spec)
+    s = ds.scale(scale)
+    return _run_folder_job("index", ds, s, None, dest, labels=labels, workdir=workdir, resume=resume,
+                           overwrite=overwrite, scheduler=scheduler, progress=progress, allow_partial=allow_partial,
+                           partitions=partitions, fan_in=fan_in, command=command, fmt=INDEX_FORMAT, more={})
+
+
+def body_stats(source=None, *args, scale: int = 0, labels="agglomerated", box=None, scheduler=None,
+               workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+               partitions: int | None = None, fan_in: int = FAN_IN, max_rows: int = MAX_TABLE_ROWS, spec=None,
+               **old) -> pa.Table:
+    """Per-body voxel counts, supervoxel counts, chunk counts and exact bounding boxes, as one table.
+
+    For small exports: the table is read into this process at the end. The job itself is
+    :func:`write_body_stats` into ``WORKDIR/table`` (its work folder ``WORKDIR/parts``); above
+    ``max_rows`` bodies nothing is read and a ``SpecError`` says where the complete dataset is.
+    For exports of any size use :func:`write_body_stats`.
+
+    Parameters
+    ----------
+    source : Dataset or anything ``Dataset`` opens
+        The export.
+    scale, labels, box, scheduler, progress, partitions, fan_in, spec :
+        See :func:`write_body_stats`.
+    workdir : path or URL, optional
+        Folder for the dataset and the partial results (visible to every worker; ``gs://``,
+        ``s3://`` work). Default: a temporary folder. Emptied (and removed when nothing else is
+        in it) after a complete run; kept when the job did not complete.
+    resume : bool
+        Finish an earlier run in ``workdir``.
+    overwrite : bool
+        Start again in a ``workdir`` holding an earlier run.
     max_rows : int
         Refuse to return more bodies than this as one table.
 
@@ -985,196 +1134,122 @@ def body_stats(ds, scale=0, labels="agglomerated", box=None, scheduler=None, *, 
     pyarrow.Table
         Columns ``label, voxels, supervoxels, chunks, x0, y0, z0, x1, y1, z1`` (box in voxels,
         upper bound exclusive), sorted by voxels (descending), then label. Schema metadata
-        ``b"dvidshards"`` (JSON: scale, labels, box, ...).
+        ``b"dvidshards"`` (JSON: scale, labels, box).
 
     Raises
     ------
     JobError
         Shards failed: no table; the partial results stay in the work folder (named in the
-        message, with ``manifest.json``); fix the cause and run with ``workdir=`` that folder and
-        ``resume=True``.
+        message); fix the cause and call again with ``workdir=`` that folder and ``resume=True``.
+        ``.report`` is the report.
     SpecError
         Bad input, or more than ``max_rows`` bodies.
     """
-    ds = _dataset(ds)
-    s = ds.scale(scale)
-    box = _check_box(s, box)
+    source = renamed(old, "ds", "source", source, job="body_stats")
+    _no_other("body_stats", old)
+    given = _old_positional("body_stats", args, ("scale", "labels", "box", "scheduler"),
+                            {"scale": scale, "labels": labels, "box": box, "scheduler": scheduler},
+                            {"scale": 0, "labels": "agglomerated", "box": None, "scheduler": None})
+    scale, labels, box, scheduler = given["scale"], given["labels"], given["box"], given["scheduler"]
     if resume and workdir is None:
         raise SpecError("resume needs a workdir holding the partial results of the earlier run")
     if resume and overwrite:
         raise SpecError("give resume or overwrite, not both")
+    ds = _open(source, spec)
+    s = ds.scale(scale)
+    box = _check_box(s, box)
+    _origins(ds, s, box)  # a scale without a folder is refused before a temporary folder is made
     temp = workdir is None
-    work = WorkDir(tempfile.mkdtemp(prefix="dvidshards-stats-") if temp else workdir)
-    if not temp:
-        _check_work(work, resume, overwrite)
-    origins = _origins(ds, s, box)
-    bits = _bits(origins, partitions, fan_in)
-    labels_arg = _labels_arg(labels)
-    ident = _ident("stats", s, box, _labels_identity(labels_arg))
-    dest = work.child("table")
-    with TaskRunner(scheduler, progress=progress) as tr:
-        try:
-            _Setup(tr, [work])
-        except BaseException:
-            if temp:
-                work.rmtree()
-            raise
-        report, _ = _execute(tr, ds, s, origins, labels_arg, ident, box, "stats", work, resume, bits, fan_in, dest)
-    if not report.ok:
-        first, msg = next(iter(report.failed.items()))
-        raise JobError(f"body_stats: {len(report.failed)} of {report.shards} shards failed (first {first}: {msg}); "
-                       f"no table. Partial results kept in {work.describe()}: run again with workdir= that folder "
+    root = WorkDir.of(tempfile.mkdtemp(prefix="dvidshards-stats-") if temp else workdir)
+    table = root.child("table")
+    try:
+        report = write_body_stats(ds, table, scale=s.index, labels=labels, box=box, scheduler=scheduler,
+                                  workdir=root.child("parts"), resume=resume, overwrite=overwrite, progress=progress,
+                                  allow_partial=True, partitions=partitions, fan_in=fan_in)
+    except BaseException:
+        if temp:
+            _remove_empty(root)
+        raise
+    if not report.complete:
+        first, msg = next(iter(report.failed.items()), ("?", "?"))
+        raise JobError(f"body_stats: {len(report.failed)} of {report.tasks} tasks failed (first {first}: {msg}); "
+                       f"no table. Partial results kept in {root.describe()}: call again with workdir= that folder "
                        f"and resume=True", report)
-    if report.rows > max_rows:
-        raise SpecError(f"body_stats: {report.rows} bodies, more than max_rows={max_rows} to return as one table; "
-                        f"the complete table is the Parquet dataset {dest.describe()} (pyarrow.dataset.dataset); "
-                        f"write_body_stats(out=...) writes it where you want")
-    parts = [dest.parquet(bucket_name(b, bits)).read() for b in range(1 << bits)]
+    rows = report.totals.rows
+    if rows > max_rows:
+        raise SpecError(f"body_stats: {rows} bodies, more than max_rows={max_rows} to return as one table; the "
+                        f"complete table is the Parquet dataset {table.describe()} (pyarrow.dataset.dataset); "
+                        f"write_body_stats(source, dest) writes it where you want")
+    bits = report.totals.partitions.bit_length() - 1
+    parts = [table.read_table(bucket_name(b, bits)) for b in range(1 << bits)]
     parts = [t for t in parts if t.num_rows]
     t = pa.concat_tables(parts).combine_chunks() if parts else STATS_SCHEMA.empty_table()
     t = t.sort_by([("voxels", "descending"), ("label", "ascending")])
-    about = {"scale": s.index, **{k: v for k, v in ident.items() if k not in ("kind", "scale", "chunk_size")}}
-    t = t.replace_schema_metadata({b"dvidshards": json.dumps(about).encode(), b"failed_shards": b"{}"})
-    _finish_work(work)
+    about = {"scale": s.index, **_labels_identity(_labels_arg(labels)),
+             "box": None if box is None else [list(box[0]), list(box[1])]}
+    t = t.replace_schema_metadata({b"dvidshards": json.dumps(about).encode()})
+    table.rmtree()
+    _remove_empty(root)
     return t
 
 
-def label_index(ds, scale=0, out=None, labels="agglomerated", scheduler=None, *, workdir=None,
-                resume: bool = False, overwrite: bool = False, partitions: int | None = None,
-                progress: bool | None = None, fan_in: int = FAN_IN) -> IndexReport:
-    """Write the label index of a scale: (body, supervoxel, chunk, voxels) as a Parquet dataset.
-
-    The dataset is ``out/bucket=HH/part-0.parquet`` files, the rows of a body all in the file
-    of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk in row groups of 32768
-    rows, plus ``out/_meta.json`` (scale, label source, bits, completeness), written last. Read
-    it with :class:`dvidshards.query.BodyIndex` (``Dataset.body_index(out)``). The workers
-    write every file; the client learns row counts.
-
-    Parameters
-    ----------
-    ds : Dataset or anything ``Dataset`` opens
-    scale : int
-    out : path or URL
-        Output folder: new or empty; an earlier label index only with ``resume`` (finish it) or
-        ``overwrite`` (replace it). Anything else there: refused, nothing touched.
-    labels, scheduler, partitions, progress, fan_in :
-        See :func:`body_stats`.
-    workdir : path or URL, optional
-        Work folder for the partial results (default ``out/_work``), kept until the index is
-        complete.
-    resume : bool
-        Reuse the partial results of an earlier, unfinished run.
-    overwrite : bool
-        Replace an earlier label index in ``out``.
-
-    Returns
-    -------
-    IndexReport
-        Rows written, shards, failed shards: their rows are missing, ``_meta.json`` says
-        ``"complete": false`` (``BodyIndex`` warns) and the work folder is kept; run again with
-        ``resume=True`` to add them.
-    """
-    if out is None:
-        raise SpecError("label_index needs out=, the folder to write")
-    if resume and overwrite:
-        raise SpecError("give resume or overwrite, not both")
-    ds = _dataset(ds)
-    s = ds.scale(scale)
-    outd = WorkDir(out)
-    old = _check_out_folder(outd, INDEX_FORMAT, "label index", resume, overwrite)
-    work = WorkDir(workdir) if workdir is not None else outd.child("_work")
-    if workdir is not None:
-        _check_work(work, resume, overwrite)
-    origins = _origins(ds, s, None)
-    bits = _bits(origins, partitions, fan_in)
-    labels_arg = _labels_arg(labels)
-    ident = _ident("index", s, None, _labels_identity(labels_arg))
-    if resume and old is not None and old.get("complete"):
-        if _same_complete(old, {**ident, "bits": bits}):
-            return IndexReport(path=outd.describe(), rows=old["rows"], shards=old["shards"], skipped=old["shards"])
-        raise SpecError(f"{outd.describe()}: holds a complete label index made with other parameters; "
-                        f"--overwrite to replace it")
-    with TaskRunner(scheduler, progress=progress) as tr:
-        _Setup(tr, [outd, work])
-        if overwrite:
-            _clear_out_folder(outd)
-        outd.remove("_meta.json")  # the folder is not a complete index until _meta.json is rewritten
-        report, _ = _execute(tr, ds, s, origins, labels_arg, ident, None, "index", work, resume, bits, fan_in, outd)
-    report.path = outd.describe()
-    outd.write_json("_meta.json", _meta(INDEX_FORMAT, s, {**ident, "bits": bits}, bits, report))
-    if report.ok:
-        _finish_work(work)
-    return report
+def _remove_empty(root: WorkDir) -> None:
+    """Remove a folder when nothing is left in it (locally; a bucket prefix vanishes by itself)."""
+    if root.local and not root.list():
+        try:
+            root.rmtree()
+        except OutputError:
+            pass
 
 
 # --------------------------------------------------------------------------- command line
 
 
-def _box_arg(text: str | None):
-    if text is None:
-        return None
-    try:
-        v = [int(x) for x in text.replace(" ", "").split(",")]
-    except ValueError:
-        v = []
-    if len(v) != 6:
-        raise SpecError(f"--box {text!r}: give x0,y0,z0,x1,y1,z1 in voxels")
-    return [v[:3], v[3:]]
+def _common(p, *, what: str, box: bool) -> None:
+    add_source(p)
+    add_dest(p, what=what)
+    add_scale(p)
+    add_labels(p)
+    if box:
+        add_box(p)
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="hash buckets of the output (a power of two; default from the number of shards)")
+    add_job_options(p)
 
 
-def _common(p) -> None:
-    p.add_argument("source", help="export root: a folder, gs://, s3://, http(s):// URL or kvstore JSON")
-    p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID's export-shards")
-    p.add_argument("--scale", type=int, default=0, metavar="K", help="scale K (folder sK); default 0")
-    p.add_argument("--labels", default="agglomerated",
-                   help="agglomerated (default), supervoxels, or a supervoxel->body mapping file (each worker "
-                        "loads it once)")
-    p.add_argument("--partitions", type=int, default=None, help="hash buckets (a power of two)")
-    job_arguments(p, workdir=True, overwrite=True)
+def _run(job, name: str, args, **kw) -> int:
+    report = job(args.source, dest_of(args), scale=args.scale, labels=args.labels, partitions=args.partitions,
+                 spec=args.spec, allow_partial=True,
+                 command=command_line(name, args, skip=[k for k, v in (("scale", 0), ("labels", "agglomerated"))
+                                                        if getattr(args, k) == v]),
+                 **kw, **job_options(args))
+    print(report.summary())
+    return 0 if report.ok else 1
 
 
 class StatsCommand:
-    """``dvidshards stats SOURCE --out sizes/`` (a Parquet dataset) or ``--out sizes.parquet``."""
+    """``dvidshards stats EXPORT DEST``: DEST a folder (a Parquet dataset) or a ``.parquet`` file."""
 
     @staticmethod
     def add_arguments(p) -> None:
-        _common(p)
-        p.add_argument("--out", required=True,
-                       help="folder for the Parquet dataset (bucket=HH/part-0.parquet + _meta.json), or a file "
-                            "ending in .parquet (the same rows in one file, written on a worker); rows are "
-                            "grouped by hash bucket, by voxels (descending) within one")
-        p.add_argument("--box", default=None, help="only voxels in x0,y0,z0,x1,y1,z1 (inside the volume)")
+        _common(p, box=True, what="the statistics: a folder (one Parquet file per hash bucket, plus _meta.json) or "
+                                  "a file ending in .parquet (the same rows in one file, written only when complete); "
+                                  "rows are grouped by hash bucket, by voxels (descending) within one")
 
     @staticmethod
     def main(args) -> int:
-        ds = Dataset(args.source, spec=args.spec)
-        # a JobError (the job ran, did not complete) reaches the command line: one line, exit 1
-        report = write_body_stats(ds, args.out, args.scale, args.labels, _box_arg(args.box), args.scheduler,
-                                  workdir=args.workdir, resume=args.resume, overwrite=args.overwrite,
-                                  partitions=args.partitions, progress=progress_of(args))
-        print(report.summary())
-        if not report.ok:
-            print(f"nothing written to {args.out}: partial results kept in {report.work} (the failed shards are "
-                  f"listed in its {_MANIFEST}); fix their cause and run the same command with --resume")
-        return 0 if report.ok else 1
+        """Run ``dvidshards stats``: 0 when complete, 1 when not (the summary says why and how to finish)."""
+        return _run(write_body_stats, "stats", args, box=args.box)
 
 
 class LabelIndexCommand:
-    """``dvidshards label-index SOURCE --scale 0 --out idx/``."""
+    """``dvidshards label-index EXPORT DEST``: the label index as a Parquet dataset."""
 
     @staticmethod
     def add_arguments(p) -> None:
-        _common(p)
-        p.add_argument("--out", required=True, help="folder to write the Parquet dataset into")
+        _common(p, box=False, what="the label index: a folder (one Parquet file per hash bucket, plus _meta.json)")
 
     @staticmethod
     def main(args) -> int:
-        ds = Dataset(args.source, spec=args.spec)
-        report = label_index(ds, args.scale, args.out, args.labels, args.scheduler, workdir=args.workdir,
-                             resume=args.resume, overwrite=args.overwrite, partitions=args.partitions,
-                             progress=progress_of(args))
-        print(report.summary())
-        if not report.ok:
-            print(f"the index is incomplete (its _meta.json says so): partial results kept in {report.work}; "
-                  f"fix the failed shards' cause and run the same command with --resume")
-        return 0 if report.ok else 1
+        """Run ``dvidshards label-index``: 0 when complete, 1 when not."""
+        return _run(label_index, "label-index", args)

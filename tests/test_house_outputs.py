@@ -1,0 +1,533 @@
+"""Every job's output, from the user's side (issue 30 item 1, issue 31 items 4, 6, 7, 9): stats,
+label-index, pcg-edges and ingest stand on dvidshards.jobs.output.
+
+* a bucket that cannot be reached (``gs://no-such-bucket/x`` without network) is refused in one
+  line within a minute, and no local folder is made;
+* ``stats --out X --workdir X`` is refused up front;
+* a second job into a locked output is refused naming the first (host, pid, start); a lock whose
+  owner died is taken over with ``--resume``;
+* Ctrl-C says the output is incomplete and how to finish it, and ``--resume`` finishes it;
+* a full disk and a read-only destination are one line naming the path; ``--resume`` works once
+  space is back.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+
+from dvidshards.jobs.output import read_manifest
+from tests.conftest import make_export
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the CLI, with each job's task slowed down (H_DELAY seconds), so a test can act while it runs
+SLOW_CLI = """if True:
+    import os, sys, time
+    import dvidshards.jobs.ingest as ig
+    import dvidshards.jobs.pcg as pc
+    import dvidshards.jobs.stats as st
+    delay = float(os.environ.get("H_DELAY", "0"))
+
+    def slow(mod, name):
+        f = getattr(mod, name)
+
+        def g(*a, **k):
+            time.sleep(delay)
+            return f(*a, **k)
+
+        setattr(mod, name, g)
+
+    slow(st, "_shard_task")
+    slow(pc, "_run_task")
+    slow(ig, "_ingest_task")
+    from dvidshards.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
+
+_ABSL = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # TensorStore's C++ log lines (outside Python's control)
+
+
+def _lines(err: str) -> list[str]:
+    return [ln for ln in err.strip().splitlines() if ln.strip() and not _ABSL.match(ln)]
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    e = make_export(tmp_path_factory.mktemp("house") / "exp", shape=(200, 170, 150), seed=5, scales=2)
+    with open(os.path.join(e.root, "info"), "w") as f:  # exact geometry, no GeometryWarning
+        json.dump(e.spec, f)
+    return e
+
+
+@pytest.fixture(scope="module")
+def dump(exp, tmp_path_factory):
+    """A DVID /blocks dump of the export's scale 0 (the input of `ingest DUMP EXPORT`)."""
+    from dvidshards.formats.blocks import write_stream
+    from tests.formats.test_blocks import _writer_blocks
+
+    p = tmp_path_factory.mktemp("dump") / "blocks.dat"
+    p.write_bytes(write_stream(_writer_blocks(Path(exp.root))))
+    return p
+
+
+def _needs(job: str) -> None:
+    if job == "pcg-edges":
+        pytest.importorskip("google.protobuf")
+
+
+def job_args(job: str, exp, dest, dump=None, scale: int = 1) -> list[str]:
+    """The command line of one job from EXPORT (or a dump) into DEST (scale 0: 7 shards, scale 1: one)."""
+    k = str(scale)
+    if job == "stats":
+        return ["stats", exp.root, str(dest), "--scale", k]
+    if job == "label-index":
+        return ["label-index", exp.root, str(dest), "--scale", k]
+    if job == "pcg-edges":
+        return ["pcg-edges", exp.root, str(dest), "--chunk-size", "64", "64", "64", "--scale", k]
+    if job == "ingest":
+        return ["ingest", exp.root, str(dest), "--scales", k, "--workers", "4"]
+    if job == "ingest-blocks":
+        return ["ingest", str(dump), str(dest)]
+    raise AssertionError(job)
+
+
+def run_cli(args, *, env=None, cwd=None, delay: float = 0.0, timeout: float = 300):
+    """``dvidshards ARGS`` in a child process: (exit code, stdout, stderr, seconds)."""
+    e = {**os.environ, **(env or {}), "H_DELAY": str(delay), "PYTHONPATH": str(ROOT)}
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", SLOW_CLI, *map(str, args)], capture_output=True, text=True,
+                       env=e, cwd=cwd or ROOT, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr, time.monotonic() - t
+
+
+def start_cli(args, *, delay: float, env=None):
+    e = {**os.environ, **(env or {}), "H_DELAY": str(delay), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT)
+
+
+def wait_for(pred, p, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if p.poll() is not None:
+            raise AssertionError(f"the job ended before {what}: {p.returncode}\n{p.stdout.read()}\n{p.stderr.read()}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def progress_file(job: str, dest: Path):
+    """A file that appears once the job's first task is done."""
+    if job in ("stats", "label-index"):
+        return lambda: any(Path(f"{dest}.work/shards").glob("*.arrow")) if Path(f"{dest}.work/shards").is_dir() \
+            else False
+    if job == "pcg-edges":
+        return lambda: any((dest / "supervoxels").glob("*.parquet")) if (dest / "supervoxels").is_dir() else False
+    return lambda: any((dest / "s0").glob("*.parquet")) if (dest / "s0").is_dir() else False
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree(folder) -> dict:
+    out = {}
+    for d, _, files in os.walk(folder):
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, folder)] = os.path.getsize(p)
+    return out
+
+
+def stats_rows(dest) -> dict:
+    """{label: voxels} of a statistics output (a folder or one file)."""
+    if str(dest).endswith(".parquet"):
+        t = pq.read_table(dest)
+    else:
+        t = pds.dataset(dest, format="parquet", partitioning="hive",
+                        ignore_prefixes=[".", "_", "dvidshards."]).to_table()
+    return dict(zip(t["label"].to_pylist(), t["voxels"].to_pylist(), strict=True))
+
+
+def brute_voxels(exp, scale: int) -> dict:
+    lab, n = np.unique(exp.expected(scale), return_counts=True)
+    return {int(a): int(b) for a, b in zip(lab, n, strict=True) if a}
+
+
+ALL_JOBS = ["stats", "stats.parquet", "label-index", "pcg-edges", "ingest", "ingest-blocks"]
+
+
+def slow_but_stats(*jobs: str) -> list:
+    """The jobs, all but ``stats`` in the slow tier (each runs a job in a child process: ~10 s)."""
+    return [j if j == "stats" else pytest.param(j, marks=pytest.mark.slow) for j in jobs]
+
+
+# --------------------------------------------------------------------------- a bucket that cannot be reached
+
+
+def _unreachable(port: int) -> dict:
+    """An environment where TensorStore's gcs and s3 drivers reach nothing (a closed local port)."""
+    return {"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "none",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+            "AWS_REGION": "us-east-1"}
+
+
+@pytest.mark.parametrize("job", ALL_JOBS)
+def test_no_network_bucket_is_refused_in_one_line_within_a_minute(exp, dump, tmp_path, monkeypatch, capsys, job):
+    """gs://no-such-bucket/x with no way to reach it (TensorStore pointed at a closed port):
+    exit non-zero within a minute, one line, no local folder (no ./gs: either)."""
+    from dvidshards.cli import main
+
+    _needs(job.split(".")[0])
+    for k, v in _unreachable(closed_port()).items():
+        monkeypatch.setenv(k, v)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    dest = "gs://no-such-bucket/x" + (".parquet" if job == "stats.parquet" else "")
+    t = time.monotonic()
+    code = main([*job_args(job.split(".")[0], exp, dest, dump), "--quiet"])
+    took = time.monotonic() - t
+    lines = _lines(capsys.readouterr().err)
+    assert code != 0 and took < 60, (code, took)
+    assert len(lines) == 1 and "no-such-bucket" in lines[0] and "Traceback" not in lines[0], lines
+    assert os.listdir(cwd) == [] and not list(tmp_path.rglob("gs:*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["stats", "stats.parquet", "label-index", "pcg-edges", "ingest"])
+def test_no_network_bucket_from_a_fresh_process(exp, tmp_path, job):
+    """The same from the command line in its own process, gs:// and s3://."""
+    kind = job.split(".")[0]
+    _needs(kind)
+    env = _unreachable(closed_port())
+    for url in ("gs://no-such-bucket/x", "s3://no-such-bucket/x"):
+        dest = url + (".parquet" if job == "stats.parquet" else "")
+        rc, out, err, took = run_cli(job_args(kind, exp, dest), env=env, cwd=tmp_path)
+        lines = _lines(err)
+        assert rc != 0 and took < 60 and len(lines) == 1 and dest in lines[0] and "Traceback" not in err, err
+        assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_no_network_bucket_in_this_machines_own_environment(exp, tmp_path):
+    """The held-out form: nothing set, whatever this machine's network is (none, here)."""
+    rc, out, err, took = run_cli(job_args("stats", exp, "gs://no-such-bucket/x"), cwd=tmp_path)
+    assert rc != 0 and took < 60 and len(_lines(err)) == 1 and "no-such-bucket" in err, err
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- the work folder and the output
+
+
+@pytest.mark.parametrize("form", ["--out", "positional"])
+@pytest.mark.parametrize("name", ["X", "X.parquet"])
+def test_stats_out_x_workdir_x_is_refused_up_front(exp, tmp_path, capsys, form, name):
+    from dvidshards.cli import main
+
+    x = tmp_path / name
+    dest = ["--out", str(x)] if form == "--out" else [str(x)]
+    t = time.process_time()
+    assert main(["stats", exp.root, *dest, "--workdir", str(x), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if "warning:" not in ln]  # (--out's deprecation line)
+    assert len(lines) == 1 and "overlap" in lines[0] and str(x) in lines[0] and "--workdir" in lines[0]
+    assert os.listdir(tmp_path) == []  # nothing made, no task ran
+    assert time.process_time() - t < 5
+    # a work folder inside the output, or the output inside the work folder: the same
+    assert main(["stats", exp.root, str(x), "--workdir", str(x / "w"), "--quiet"]) == 2
+    assert main(["stats", exp.root, str(x / "o"), "--workdir", str(x), "--quiet"]) == 2
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_output_inside_the_export_is_refused(exp, tmp_path, capsys):
+    from dvidshards.cli import main
+
+    before = tree(exp.root)
+    for args in (["stats", exp.root, os.path.join(exp.root, "sizes")],
+                 ["label-index", exp.root, os.path.join(exp.root, "s0", "idx")]):
+        assert main([*args, "--quiet"]) == 2
+        assert "never writes into its source" in capsys.readouterr().err
+    assert tree(exp.root) == before
+
+
+# --------------------------------------------------------------------------- locks
+
+
+@pytest.mark.parametrize("job", slow_but_stats("stats", "label-index", "pcg-edges", "ingest"))
+def test_a_second_job_into_a_locked_output_is_refused_naming_the_first(exp, tmp_path, capsys, job):
+    from dvidshards.cli import main
+
+    _needs(job)
+    dest = tmp_path / "out"
+    args = [*job_args(job, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
+    first = start_cli(args, delay=0.4)
+    try:
+        wait_for(lambda: (dest / "dvidshards.lock").exists(), first, "the first job's lock")
+        lock = json.loads((dest / "dvidshards.lock").read_text())
+        assert lock["pid"] == first.pid and lock["host"] == socket.gethostname()
+        for extra in ([], ["--resume"], ["--overwrite"]):  # never two jobs in one output
+            assert main([*args, *extra]) == 2
+            lines = _lines(capsys.readouterr().err)
+            assert len(lines) == 1, lines
+            assert f"being written by `dvidshards {job}` (host {lock['host']}, pid {first.pid}, started " \
+                   f"{lock['started']})" in lines[0]
+        if job in ("stats", "label-index"):  # its work folder is locked too
+            assert main([*job_args(job, exp, tmp_path / "other", scale=0), "--workdir", f"{dest}.work"]) == 2
+            err = capsys.readouterr().err
+            assert f"pid {first.pid}" in err and "out.work" in err, err
+        assert first.poll() is None, "the first job ended before the second was refused"
+        out, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, err
+    m = read_manifest(dest)
+    assert m["complete"] is True and m["failed"] == {} and m["status"] == "complete"
+    assert f"{m['tasks']['done']:,} of {m['tasks']['total']:,} tasks done, 0 failed" in out  # manifest = summary
+    assert not (dest / "dvidshards.lock").exists() and not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("job", slow_but_stats("stats", "pcg-edges"))
+def test_a_dead_jobs_lock_is_taken_over_with_resume(exp, tmp_path, capsys, job):
+    _needs(job)
+    dest = tmp_path / "out"
+    args = [*job_args(job, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
+    p = start_cli(args, delay=0.5)
+    try:
+        wait_for(progress_file(job, dest), p, "the first task")
+    finally:
+        p.kill()  # SIGKILL: no clean-up, the lock stays
+        p.wait()
+    lock = json.loads((dest / "dvidshards.lock").read_text())
+    assert lock["pid"] == p.pid and read_manifest(dest)["status"] == "running"
+    from dvidshards.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(_lines(err)) == 1 and f"pid {p.pid}" in err and "which is gone" in err and "--resume" in err, err
+    assert main([*args, "--resume"]) == 0
+    m = read_manifest(dest)
+    assert m["complete"] is True and not (dest / "dvidshards.lock").exists()
+    if job == "stats":
+        assert stats_rows(dest) == brute_voxels(exp, 0) and not Path(f"{dest}.work").exists()
+        assert m["tasks"]["kept"] >= 1  # the dead job's finished shards were kept
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+@pytest.mark.parametrize("job", slow_but_stats("stats", "stats.parquet", "label-index", "pcg-edges", "ingest"))
+def test_ctrl_c_says_the_output_is_incomplete_and_how_to_finish(exp, tmp_path, job):
+    kind = job.split(".")[0]
+    _needs(kind)
+    dest = tmp_path / ("out.parquet" if job == "stats.parquet" else "out")
+    args = [*job_args(kind, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
+    p = start_cli(args, delay=0.4)
+    try:
+        wait_for(progress_file(kind, dest), p, "the first task")
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert f"interrupted: {dest} is incomplete" in err and "run the same command with --resume to finish it" in err
+    if job != "stats.parquet":
+        assert read_manifest(dest)["status"] == "interrupted" and read_manifest(dest)["complete"] is False
+    else:
+        assert not dest.exists()
+    assert not list(tmp_path.rglob("dvidshards.lock"))  # its locks released
+    from dvidshards.cli import main
+
+    assert main([*args, "--resume"]) == 0
+    assert read_manifest(dest)["complete"] is True
+    if kind == "stats":
+        assert stats_rows(dest) == brute_voxels(exp, 0)
+
+
+# --------------------------------------------------------------------------- a full disk, a read-only destination
+
+
+def _mount_tmpfs(where: Path, size: str, ro: bool = False) -> bool:
+    """A small tmpfs at ``where`` (needs root and the right to mount); False when not possible."""
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    where.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if ro else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+def _umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "4m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated full disk test covers it")
+    yield disk
+    _umount(disk)
+
+
+def _fill(disk: Path) -> Path:
+    """Fill a file system up to the last byte (the filler, to delete when space is back)."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: the last write fails here, not at close
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    with open(disk / "filler2", "wb", buffering=0) as f:  # the last bytes too
+        try:
+            while True:
+                f.write(b"\0")
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.parametrize("job", ["stats", "stats.parquet", "label-index", "pcg-edges"])
+def test_a_full_disk_is_one_line_naming_the_path_then_resume_finishes(exp, small_disk, job, monkeypatch, capsys):
+    import dvidshards.jobs.pcg as pc
+    import dvidshards.jobs.stats as st
+    from dvidshards.cli import main
+
+    kind = job.split(".")[0]
+    _needs(kind)
+    dest = small_disk / ("sizes.parquet" if job == "stats.parquet" else "out")
+    mod, name = (pc, "_run_task") if kind == "pcg-edges" else (st, "_shard_task")
+    real = getattr(mod, name)
+    calls = []
+
+    def filling(*a, **k):  # the disk fills up while the job runs (another program's writes)
+        calls.append(1)
+        if len(calls) == 2:
+            _fill(small_disk)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, name, filling)
+    args = [*job_args(kind, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code in (1, 2) and "Traceback" not in err
+    said = [ln for ln in (out + err).splitlines() if "no space left" in ln]
+    assert said and all(str(small_disk) in ln for ln in said), out + err
+    assert "--resume" in out + err
+    if code == 2:  # refused or stopped by the disk: one line on stderr
+        assert len(err.strip().splitlines()) == 1
+    # space is back: --resume finishes the output
+    monkeypatch.setattr(mod, name, real)
+    os.unlink(small_disk / "filler")
+    os.unlink(small_disk / "filler2")
+    assert main([*args, "--resume"]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert read_manifest(dest)["complete"] is True
+    if kind == "stats":
+        assert stats_rows(dest) == brute_voxels(exp, 0)
+
+
+def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monkeypatch, capsys):
+    """Without root: every write through the output layer fails with ENOSPC from the second task on."""
+    import builtins
+
+    import dvidshards.jobs.output as output
+    import dvidshards.jobs.stats as st
+    from dvidshards.cli import main
+
+    dest = tmp_path / "sizes"
+    full = {"on": False}
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, k):
+            return getattr(self.f, k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return Full(f) if full["on"] and "w" in mode and str(path).startswith(str(tmp_path)) else f
+
+    real_task = st._shard_task
+
+    def filling(*a, **k):
+        full["on"] = True
+        return real_task(*a, **k)
+
+    monkeypatch.setattr(output, "open", full_open, raising=False)
+    monkeypatch.setattr(st, "_shard_task", filling)
+    args = [*job_args("stats", exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code in (1, 2) and "Traceback" not in err
+    said = [ln for ln in (out + err).splitlines() if "no space left" in ln]
+    assert said and all(str(tmp_path) in ln for ln in said) and "--resume" in out + err, out + err
+    full["on"] = False
+    monkeypatch.setattr(st, "_shard_task", real_task)
+    assert main([*args, "--resume"]) == 0
+    assert stats_rows(dest) == brute_voxels(exp, 0)
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder no job can write into: a read-only tmpfs as root, else a folder without write permission."""
+    ro = tmp_path / "ro"
+    if os.geteuid() == 0:
+        if not _mount_tmpfs(ro, "1m", ro=True):
+            pytest.skip("root, and cannot mount a read-only tmpfs here")
+        yield ro, "read-only"
+        _umount(ro)
+        return
+    ro.mkdir()
+    ro.chmod(0o555)
+    yield ro, "permission denied"
+    ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("job", ["stats", "stats.parquet", "label-index", "pcg-edges", "ingest", "ingest-blocks"])
+def test_a_read_only_destination_is_one_line_naming_the_path(exp, dump, read_only, job, capsys):
+    from dvidshards.cli import main
+
+    kind = job.split(".")[0]
+    _needs(kind)
+    ro, why = read_only
+    dest = ro / ("sizes.parquet" if job == "stats.parquet" else "out")
+    code = main([*job_args(kind, exp, dest, dump), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert str(dest) in err and why in err and "Traceback" not in err
+    assert os.listdir(ro) == []
