@@ -57,7 +57,7 @@ path = sys.argv[1]
 tq = LocalTaskQueue(parallel=1, progress=False)
 t0 = time.perf_counter()
 c0 = resource.getrusage(resource.RUSAGE_SELF)
-tq.insert(tc.create_meshing_tasks(path, mip=0, shape=(448, 448, 448), sharded=True, mesh_dir="mesh",
+tq.insert(tc.create_meshing_tasks(path, mip=int(sys.argv[2]), shape=(448, 448, 448), sharded=True, mesh_dir="mesh",
                                   spatial_index=True, fill_missing=True))
 tq.execute(progress=False)
 c1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -86,7 +86,7 @@ def ours(ds, dest: Path, **kw) -> dict:
             "bytes": sum(p.stat().st_size for p in (dest / "mesh").glob("*.shard"))}
 
 
-def igneous(python: str, precomputed: Path, work: Path) -> dict | None:
+def igneous(python: str, precomputed: Path, work: Path, mip: int = 0) -> dict | None:
     if not python or not Path(python).exists():
         return None
     dest = work / "igneous-precomputed"
@@ -94,7 +94,7 @@ def igneous(python: str, precomputed: Path, work: Path) -> dict | None:
     shutil.copytree(precomputed, dest)
     script = work / "igneous_run.py"
     script.write_text(IGNEOUS)
-    r = subprocess.run([python, str(script), f"file://{dest}"], capture_output=True, text=True)
+    r = subprocess.run([python, str(script), f"file://{dest}", str(mip)], capture_output=True, text=True)
     if r.returncode:
         print(r.stderr[-3000:], file=sys.stderr)
         return None
@@ -103,6 +103,32 @@ def igneous(python: str, precomputed: Path, work: Path) -> dict | None:
     out["bytes"] = sum(p.stat().st_size for p in mesh.glob("*.shard"))
     out["bodies"] = _count_bodies(dest)
     return out
+
+
+def _scaled_pair(pair, work: Path, size: int):
+    """The pair's volume as an export with scales s0-s3 (DVID's pyramid), and a precomputed twin
+    whose mip 2 holds the same s2 labels (what igneous meshes at mip 2)."""
+    from cloudvolume import CloudVolume
+
+    from dvidshards.writer import write_export
+
+    spec = json.loads((pair.folder / "spec.json").read_text())
+    src = dvidshards.Dataset(pair.folder / "export", spec=spec)
+    root = work / "export-4-scales"
+    bodies = src.read([[0, 0, 0], [size] * 3], 0)  # the agglomerated labels, as the twin holds them
+    spec4 = write_export(bodies, root, scales=4)
+    ds = dvidshards.Dataset(root, spec=spec4)
+    s2 = ds.read([[0, 0, 0], list(ds.scale(2).size)], 2)
+    twin = work / "twin-mip2"
+    info = CloudVolume.create_new_info(num_channels=1, layer_type="segmentation", data_type="uint64",
+                                       encoding="raw", resolution=[8, 8, 8], voxel_offset=[0, 0, 0],
+                                       chunk_size=[64, 64, 64], volume_size=[size] * 3)
+    cv = CloudVolume(f"file://{twin}", info=info, progress=False)
+    cv.add_scale((2, 2, 2))
+    cv.add_scale((4, 4, 4))
+    cv.commit_info()
+    CloudVolume(f"file://{twin}", mip=2, progress=False)[:, :, :] = s2
+    return ds, twin
 
 
 def _count_bodies(dest: Path) -> int | None:
@@ -145,9 +171,8 @@ def main() -> None:
     common.header("bench_meshes: dvidshards meshes vs igneous mesh forge; view's first mesh")
     size, n_bodies = (256, 40) if args.quick else (512, 200)
     pair = common.synthetic_pair(args.workdir, size, n_bodies=n_bodies, svs_per_body=8)
-    spec = json.loads((pair.folder / "spec.json").read_text())
-    ds = dvidshards.Dataset(pair.folder / "export", spec=spec)
     work = Path(tempfile.mkdtemp(prefix="bench-meshes-", dir=args.workdir))
+    ds, twin = _scaled_pair(pair, work, size)
     try:
         vol_ids = None
         rows = []
@@ -156,22 +181,25 @@ def main() -> None:
         rep = convert(ds, work / "converted", "precomputed", scheduler="serial", progress=False)
         conv_cpu, conv_wall = cpu_now() - c0, time.perf_counter() - t0
         assert rep.ok
-        a = ours(ds, work / "ours")  # the default: simplified as igneous' MeshTask
-        b = ours(ds, work / "ours-unsimplified", reduction_factor=0)
-        ig = igneous(args.igneous_python, pair.precomputed, work)
+        a = ours(ds, work / "ours", lods=1)  # the default scale (s2, 32 nm), one level as igneous' num_lod=0
+        b = ours(ds, work / "ours-unsimplified", lods=1, reduction_factor=0, first_reduction=0)
+        c = ours(ds, work / "ours-default")  # the default levels: s2 and s3
+        ig = igneous(args.igneous_python, twin, work, mip=2)
         n = a["bodies"]
         vol_ids = _sample_ids(ds)
         fa = faces_of(work / "ours", vol_ids)
         fb = faces_of(work / "ours-unsimplified", vol_ids)
-        rows.append(["dvidshards meshes (default: reduction 100, max_error 40)", n, f"{a['cpu']:.1f}",
+        rows.append(["dvidshards meshes s2, one level (default simplification)", n, f"{a['cpu']:.1f}",
                      f"{n / a['cpu']:.2f}", f"{a['bytes'] / 1e6:.1f}", fa // len(vol_ids), "1.00"])
-        rows.append(["dvidshards meshes (reduction 0: lod 0 unsimplified)", b["bodies"], f"{b['cpu']:.1f}",
+        rows.append(["dvidshards meshes s2, one level, unsimplified", b["bodies"], f"{b['cpu']:.1f}",
                      f"{b['bodies'] / b['cpu']:.2f}", f"{b['bytes'] / 1e6:.1f}", fb // len(vol_ids),
                      f"{b['cpu'] / a['cpu']:.2f}"])
+        rows.append(["dvidshards meshes default (levels from s2 and s3)", c["bodies"], f"{c['cpu']:.1f}",
+                     f"{c['bodies'] / c['cpu']:.2f}", f"{c['bytes'] / 1e6:.1f}", "", f"{c['cpu'] / a['cpu']:.2f}"])
         if ig is not None:
             ig_cpu = ig["forge_cpu"] + ig["merge_cpu"]
             fi = faces_of(work / "igneous-precomputed", vol_ids)
-            rows.append(["igneous forge + merge (on the precomputed twin)", ig.get("bodies") or n, f"{ig_cpu:.1f}",
+            rows.append(["igneous forge + merge at mip 2 (the same s2 labels)", ig.get("bodies") or n, f"{ig_cpu:.1f}",
                          f"{n / ig_cpu:.2f}", f"{ig['bytes'] / 1e6:.1f}", fi // len(vol_ids),
                          f"{ig_cpu / a['cpu']:.2f}"])
             rows.append(["igneous + dvidshards convert first", n, f"{ig_cpu + conv_cpu:.1f}",

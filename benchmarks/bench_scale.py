@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import common as C
+import numpy as np
 
 JOBS = ("stats", "label-index", "convert", "pcg-edges", "meshes")
 CLIENT_TARGET_MIB = 2048
@@ -110,7 +111,7 @@ def _start(job: str, out: Path):
     elif job == "meshes":
         from dvidshards.jobs.meshes import meshes
 
-        meshes(ds, out / "meshes", scales=(0,), scheduler="serial", progress=False)
+        meshes(ds, out / "meshes", scheduler="serial", progress=False)  # the default: level 0 at >= 32 nm
     else:
         raise SystemExit(f"unknown job {job!r}")
 
@@ -159,7 +160,10 @@ def _child(job: str, mode: str, arg: int) -> dict:
             got["chunks"] = len(_store().shard_chunks(scale, origin))
             base = _peak_mib()
             c, t = time.process_time(), time.perf_counter()
-            res = fn(it)
+            if job == "meshes":
+                res = _mesh_sample(fn, it, got)
+            else:
+                res = fn(it)
             got["task_s"] = time.perf_counter() - t
             got["task_cpu_s"] = time.process_time() - c
             got["task_peak_mib"] = _peak_mib()
@@ -174,6 +178,43 @@ def _child(job: str, mode: str, arg: int) -> dict:
         except _Planned:
             pass
     return got
+
+
+MESH_BOX = 8  # meshes: chunks a side of the sampled block of a shard (a whole s2 shard is ~2 CPU-hours)
+
+
+def _mesh_sample(fn, item, got: dict):
+    """meshes: the map task on a block of MESH_BOX³ chunks of the sampled shard (the job's ``box``),
+    then the reduce tasks over what it wrote (each piece is reduced once in a whole run), so the
+    CPU per chunk covers both phases. ``got["chunks"]`` becomes the chunks of the block."""
+    import dataclasses
+
+    from dvidshards.jobs import meshes as M
+
+    job = fn.args[0]
+    scale, origin = int(item[0]), tuple(int(v) for v in item[1])
+    f = 2 ** job.scales.index(scale)
+    chunks = _store().shard_chunks(scale, origin)
+    c = np.asarray(chunks, np.int64)
+    centre = np.median(c, axis=0).astype(np.int64)  # a block inside the tissue the shard holds
+    lo = centre - MESH_BOX // 2
+    inside = ((c >= lo) & (c < lo + MESH_BOX)).all(axis=1)
+    got["chunks"] = int(inside.sum())
+    got["item"] = f"{got.get('item', '')[:50]} block {MESH_BOX}^3 at chunk {lo.tolist()}"
+    cs = 64
+    job = dataclasses.replace(job, box=((lo * cs * f).tolist(), ((lo + MESH_BOX) * cs * f).tolist()))
+    os.makedirs(os.path.join(job.work, "L0"), exist_ok=True)
+    os.makedirs(os.path.join(job.work, "done"), exist_ok=True)
+    c0 = time.process_time()
+    res = M.mesh_shard(job, item)
+    path = M._frag_path(job, scale, origin)
+    c1 = time.process_time()
+    n = 0
+    for b in M._buckets_of(path).tolist():
+        n += M.write_bucket(job, (path,), int(b))
+    res["bodies"] = n
+    got["map_cpu_s"], got["reduce_cpu_s"] = c1 - c0, time.process_time() - c1
+    return res
 
 
 def _spawn(job: str, mode: str, arg: int, timeout: float) -> dict:
@@ -215,6 +256,8 @@ def main() -> None:
             <= CLIENT_TARGET_MIB
         cpu = [g["task_cpu_s"] for g in got]
         chunks = sum(census.values()) if job == "convert" else census.get(0, 0)
+        if job == "meshes":  # the levels' scales: s2 (32 nm) and every coarser one, up to 6 levels
+            chunks = sum(census.get(k, 0) for k in range(2, 8))
         per_chunk = sum(cpu) / max(sum(g["chunks"] for g in got), 1)
         proj = per_chunk * chunks / 3600 if cpu else float("nan")
         rows.append([job, plan["desc"], f"{plan['tasks']:,}", f"{plan['plan_s']:.2f}",

@@ -472,13 +472,13 @@ def _boxed(decode, box, cs: int):
     lo, hi = box
 
     def dec(c):
-        a = decode(c)
-        if a is None:
-            return None
         o = np.asarray(c, np.int64) * cs
         a0 = np.clip(lo - o, 0, cs)
         a1 = np.clip(hi - o, 0, cs)
         if (a1 <= a0).any():
+            return None  # outside the box: not even decoded
+        a = decode(c)
+        if a is None:
             return None
         if (a0 == 0).all() and (a1 == cs).all():
             return a
