@@ -82,7 +82,6 @@ def _job(root, spec, scale, out, level):
     grid = -(-np.asarray(s.size) // CS)
     layout = fmt.IdLayout(fmt.layers_for_grid(grid))
     Path(out, pcg.SIDE_TABLE).mkdir(parents=True, exist_ok=True)
-    Path(out, pcg.TMP).mkdir(parents=True, exist_ok=True)
     return pcg._Job(ds, s, str(out), CS, layout, None, "area", level, 1, True)
 
 
@@ -161,7 +160,7 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
         part = pcg._Part()
         for c in chunks:
             part.add(c, results[c][1], results[c][0]["written"])
-        pcg._write_part(str(out), "all.parquet", part)
+        pcg._write_part(pcg.Destination.of(out), f"{pcg.SIDE_TABLE}/all.parquet", part)
         pq_rows = part.rows
         parquet = (out / pcg.SIDE_TABLE / "all.parquet").stat().st_size
         pieces_bytes = parquet  # the side-table part is the resume record now
@@ -335,7 +334,6 @@ def sample_tasks(args) -> None:
     out = args.workdir / "pcg-mcns-sample"
     shutil.rmtree(out, ignore_errors=True)
     (out / pcg.SIDE_TABLE).mkdir(parents=True)
-    (out / pcg.TMP).mkdir()
     job, _ = _mcns_job(str(out))
     tasks = pcg._plan(job, None, None, None)
     rng = np.random.default_rng(args.seed)

@@ -50,8 +50,8 @@ def tiled_export(workdir: Path, base: int, tiles: int, seed: int = 1, log=print)
     """A (base*tiles)³ export: the base³ neuron volume tiled with distinct ids per tile."""
     import tensorstore as ts
 
-    from dvidshards.formats.mapping import LabelMapping
     from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.formats.mapping import LabelMapping
     from dvidshards.writer import write_export
 
     params = {"kind": "stats_tiled", "base": base, "tiles": tiles, "seed": seed, "version": 1}
@@ -154,7 +154,7 @@ def merge_cost(ds, scale: int, work: Path) -> float:
     from dvidshards.jobs.workdir import WorkDir
 
     work.mkdir(parents=True)
-    job = _Job(ds, scale, "agglomerated", None, "index", WorkDir(work), 7, 6)
+    job = _Job(ds, scale, "agglomerated", None, "index", WorkDir.of(work), 7, 6)
     rows = sum(_shard_task(job, o) for o in ds.shards(scale))
     files = tuple(_shard_rel(o) for o in ds.shards(scale))
     (c, _), n = cpu_wall(lambda: _merge_task(job, (1, 0, files)))
@@ -200,10 +200,10 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-stats-"))
     try:
-        body_stats(ds, 0, scheduler="serial", progress=False)  # compile / load kernels
-        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats(ds, 0, scheduler="serial", progress=False))
+        body_stats(ds, scale=0, scheduler="serial", progress=False)  # compile / load kernels
+        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats(ds, scale=0, scheduler="serial", progress=False))
         bodies = t.num_rows
-        (ix_cpu, ix_wall), rep = cpu_wall(lambda: label_index(ds, 0, tmp / "idx", scheduler="serial", overwrite=True, progress=False))
+        (ix_cpu, ix_wall), rep = cpu_wall(lambda: label_index(ds, tmp / "idx", scale=0, scheduler="serial", overwrite=True, progress=False))
         idx_bytes = du(tmp / "idx")
         (map_cpu, _), _ = cpu_wall(lambda: [shard_body_stats(ds, 0, o) for o in ds.shards(0)])
         (ix_map, _), _ = cpu_wall(lambda: [shard_label_index(ds, 0, o) for o in ds.shards(0)])
@@ -218,13 +218,13 @@ def main() -> None:
             w = time.perf_counter()
             runner = TaskRunner("local:2")
             client = runner.client()
-            body_stats(ds, 0, scheduler=client, progress=False)  # workers load the kernels once
+            body_stats(ds, scale=0, scheduler=client, progress=False)  # workers load the kernels once
             dask_start = time.perf_counter() - w
             try:
                 runs = []
                 for _ in range(2):
                     w = time.perf_counter()
-                    t2 = body_stats(ds, 0, scheduler=client, progress=False)
+                    t2 = body_stats(ds, scale=0, scheduler=client, progress=False)
                     runs.append(time.perf_counter() - w)
                     assert t2.equals(t)
                 dask_wall = min(runs)
@@ -253,8 +253,8 @@ def main() -> None:
             rows.append(["  cluster start + first run (wall)", "", f"{dask_start:.2f}", "", "", "", ""])
         table(["job", "cpu s", "wall s", "us/chunk (cpu)", "chunks/s per core", "floor / this",
                "vs today"], rows, title=f"{nchunks} chunks, {voxels / 1e9:.2f} G voxels")
-        print(f"body_stats: {bodies} bodies; label index: {rep.rows} rows "
-              f"({rep.rows / nchunks:.1f} per chunk), {idx_bytes / MIB:.2f} MiB "
+        print(f"body_stats: {bodies} bodies; label index: {rep.totals.rows} rows "
+              f"({rep.totals.rows / nchunks:.1f} per chunk), {idx_bytes / MIB:.2f} MiB "
               f"({idx_bytes / nchunks:.0f} B per chunk); today's way measured on "
               f"{1 if args.quick else 2} boxes of 256³ (counts only)")
         print(f"target >= 10x today's way: {common.verdict(today_cpu / per >= 10)} ({today_cpu / per:,.0f}x)\n")
@@ -264,9 +264,9 @@ def main() -> None:
                                            log=lambda s_: print(s_, file=sys.stderr))
             rds = dvidshards.Dataset(real, spec=common.mcns_spec(args.data))
             rn = len(rds.chunks(1))
-            body_stats(rds, 1, scheduler="serial", progress=False)
-            (rc, rw), rt = cpu_wall(lambda: body_stats(rds, 1, scheduler="serial", progress=False))
-            (ric, riw), rrep = cpu_wall(lambda: label_index(rds, 1, tmp / "ridx", scheduler="serial", overwrite=True, progress=False))
+            body_stats(rds, scale=1, scheduler="serial", progress=False)
+            (rc, rw), rt = cpu_wall(lambda: body_stats(rds, scale=1, scheduler="serial", progress=False))
+            (ric, riw), rrep = cpu_wall(lambda: label_index(rds, tmp / "ridx", scale=1, scheduler="serial", overwrite=True, progress=False))
             rbytes = du(tmp / "ridx")
             rzs, rks, _ = floor_parts(rds, 1)
             rper, riper = rc / rn, ric / rn
@@ -277,7 +277,7 @@ def main() -> None:
                    ["floor (zstd + kernel)", rn, f"{rzs + rks:.2f}", f"{(rzs + rks) / rn * 1e6:.0f}",
                     f"{rn / (rzs + rks):,.0f}", "1.00"]],
                   title="Real mCNS blocks (big-32768: one scale-1 shard, all 32³ chunks)")
-            rows_per_chunk = rrep.rows / rn
+            rows_per_chunk = rrep.totals.rows / rn
             ix_reduce_per_row = merge_cost(rds, 1, tmp / "merge")
             proj = []
             for name, per_chunk in (("body_stats", rper), ("label_index", riper)):
@@ -290,7 +290,7 @@ def main() -> None:
             nrows = REAL_CHUNKS * rows_per_chunk
             print(f"label index output: {rows_per_chunk:.1f} rows per chunk -> {nrows / 1e9:.1f} G rows; "
                   f"{bpr:.1f} B per row (Parquet zstd of the real shard's own rows) -> {nrows * bpr / 1e9:,.0f} GB "
-                  f"(the tiled shard, which repeats 258 blocks, compresses to {rbytes / rrep.rows:.1f} B per row: "
+                  f"(the tiled shard, which repeats 258 blocks, compresses to {rbytes / rrep.totals.rows:.1f} B per row: "
                   f"{REAL_CHUNKS * rbytes / rn / 1e9:,.0f} GB); 36 B per row uncompressed")
             print(f"body_stats output: {rt.nbytes / max(rt.num_rows, 1):.0f} B per body in memory "
                   f"(10 int64 columns); a Parquet file is at most that per body")

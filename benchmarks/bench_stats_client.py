@@ -6,7 +6,7 @@ Part 1, held-out bar: an external ``dask scheduler`` and 2 ``dask worker`` proce
 chunks, 128³-voxel shards) whose bodies are the cells of a box tiling shifted by (3, 5, 7) voxels
 (so bodies straddle chunk and shard borders), each body two supervoxels (its x halves), bodies
 by the export's mapping: 16³-voxel cells (~18 K bodies) and 4³-voxel cells (~1.1 M bodies). The
-client is ``dvidshards stats EXPORT --out sizes/ --scheduler tcp://...`` in a child process; its
+client is ``dvidshards stats EXPORT sizes/ --scheduler tcp://...`` in a child process; its
 peak RSS is the child's own ``VmHWM`` at exit. Both tables are compared with the tiling's own
 arithmetic (voxels, supervoxels, chunks and box of every cell, clipped to the volume) and the
 voxel counts also with ``np.bincount`` over the volume. Baseline in the same run: a client that
@@ -199,12 +199,12 @@ def held_out(workdir: Path, shape=(512, 512, 256), cells=(16, 4), log=print) -> 
         log(f"external dask scheduler {cl.address}, 2 workers")
         for c in cells:  # warm the workers (imports, kernels) before measuring
             out = Path(tempfile.mkdtemp(prefix="bench-stats-")) / "sizes"
-            run_child(_CLI, "stats", str(exports[c]), "--out", str(out), "--scheduler", cl.address, "--quiet")
+            run_child(_CLI, "stats", str(exports[c]), str(out), "--scheduler", cl.address, "--quiet")
             shutil.rmtree(out.parent)
             break
         for c in cells:
             out = Path(tempfile.mkdtemp(prefix="bench-stats-")) / "sizes"
-            rc, peak, wall, text = run_child(_CLI, "stats", str(exports[c]), "--out", str(out),
+            rc, peak, wall, text = run_child(_CLI, "stats", str(exports[c]), str(out),
                                              "--scheduler", cl.address, "--quiet")
             if rc != 0:
                 raise RuntimeError(f"stats exited {rc}: {text[-3000:]}")
@@ -255,11 +255,11 @@ ds = dvidshards.Dataset(store, spec=store.spec)
 s = ds.scale(0)
 t2 = time.perf_counter()
 origins = st._origins(ds, s, None)
-bits = st._bits(origins, None)
+bits = st._bits(origins, None, st.FAN_IN)
 labels = st._labels_arg("agglomerated")
-ident = st._ident(kind, s, None, st._labels_identity(labels))
-shard_bits = bits if len(origins) <= st.FAN_IN else min(bits, st._COARSE_BITS)
-job = st._Job(ds, s.index, labels, None, kind, WorkDir(sys.argv[2]), bits, shard_bits, WorkDir(sys.argv[2]))
+ident = st._ident(kind, s, None, st._labels_identity(labels), bits)
+shard_bits = st._shard_bits(origins, bits, st.FAN_IN)
+job = st._Job(ds, s.index, labels, None, kind, WorkDir.of(sys.argv[2]), bits, shard_bits, WorkDir.of(sys.argv[2]))
 task = pickle.dumps((functools.partial(st._shard_task, job), origins[0]))
 t3 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "open": t2 - t1, "plan": t3 - t2, "shards": len(origins), "bits": bits,
@@ -280,11 +280,11 @@ ds = dvidshards.Dataset(store, spec=store.spec)
 out, kind = sys.argv[1], sys.argv[2]
 t1 = time.perf_counter()
 if kind == "stats":
-    rep = st.write_body_stats(ds, out, 0, scheduler="threads:2", progress=False)
+    rep = st.write_body_stats(ds, out, scale=0, scheduler="threads:2", progress=False)
 else:
-    rep = st.label_index(ds, 0, out, scheduler="threads:2", progress=False)
+    rep = st.label_index(ds, out, scale=0, scheduler="threads:2", progress=False)
 t2 = time.perf_counter()
-print(json.dumps({"start": t1 - t0, "job": t2 - t1, "shards": rep.shards, "ok": rep.ok, "peak": hwm()}))
+print(json.dumps({"start": t1 - t0, "job": t2 - t1, "shards": rep.totals.shards, "ok": rep.ok, "peak": hwm()}))
 """
 
 _TASK = r"""
@@ -299,7 +299,7 @@ store = ProceduralStore()
 ds = dvidshards.Dataset(store, spec=store.spec)
 origins = st._origins(ds, ds.scale(0), None)
 origin = origins[k]
-job = st._Job(ds, 0, "agglomerated", None, kind, WorkDir(work), 11, 6, WorkDir(work))
+job = st._Job(ds, 0, "agglomerated", None, kind, WorkDir.of(work), 11, 6, WorkDir.of(work))
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
