@@ -82,7 +82,7 @@ def ours(ds, dest: Path, **kw) -> dict:
     rep = meshes(ds, dest, scheduler="serial", progress=False, **kw)
     cpu, wall = cpu_now() - c0, time.perf_counter() - t0
     assert rep.ok, rep.summary()
-    return {"bodies": rep.bodies, "cpu": cpu, "wall": wall, "fragments": rep.fragments,
+    return {"bodies": rep.totals["bodies"], "cpu": cpu, "wall": wall, "fragments": rep.totals["pieces"],
             "bytes": sum(p.stat().st_size for p in (dest / "mesh").glob("*.shard"))}
 
 
@@ -115,10 +115,10 @@ def _scaled_pair(pair, work: Path, size: int):
     spec = json.loads((pair.folder / "spec.json").read_text())
     src = dvidshards.Dataset(pair.folder / "export", spec=spec)
     root = work / "export-4-scales"
-    bodies = src.read([[0, 0, 0], [size] * 3], 0)  # the agglomerated labels, as the twin holds them
+    bodies = src.read([[0, 0, 0], [size] * 3], scale=0)  # the agglomerated labels, as the twin holds them
     spec4 = write_export(bodies, root, scales=4)
     ds = dvidshards.Dataset(root, spec=spec4)
-    s2 = ds.read([[0, 0, 0], list(ds.scale(2).size)], 2)
+    s2 = ds.read([[0, 0, 0], list(ds.scale(2).size)], scale=2)
     twin = work / "twin-mip2"
     info = CloudVolume.create_new_info(num_channels=1, layer_type="segmentation", data_type="uint64",
                                        encoding="raw", resolution=[8, 8, 8], voxel_offset=[0, 0, 0],
@@ -269,7 +269,8 @@ t.start()
 rep = meshes(ds, sys.argv[3], scheduler="serial", progress=False)
 done.set()
 t.join()
-print(json.dumps({"ok": rep.ok, "bodies": rep.bodies, "fragments": rep.fragments, "base": base, "peak": peak}))
+print(json.dumps({"ok": rep.ok, "bodies": rep.totals["bodies"], "fragments": rep.totals["pieces"], "base": base,
+                  "peak": peak}))
 """
 
 

@@ -97,7 +97,7 @@ def check_bodies(six, dest, lod=None, scale=0, tol=0.5) -> None:
     ``tol`` (voxels of that scale) allows for surfaces moved out to their voxel volume.
     """
     cv = CloudVolume(f"file://{dest}", progress=False)
-    vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(scale).size)], scale)
+    vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(scale).size)], scale=scale)
     res = RES * 2**scale
     for b in six.ids:
         m = one_mesh(cv.mesh.get(b) if lod is None else cv.mesh.get(b, lod=lod), b)
@@ -137,7 +137,7 @@ def test_every_scale_meshed_watertight_at_its_voxel_volume(six, tmp_path):
         assert rep.ok and rep.scales == [k] and rep.totals["bodies"] == 6
         check_bodies(six, tmp_path / f"s{k}", scale=k)
         cv = CloudVolume(f"file://{tmp_path / f's{k}'}", progress=False)
-        vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(k).size)], k)
+        vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(k).size)], scale=k)
         for b in six.ids:
             m = one_mesh(cv.mesh.get(b), b)
             assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * (RES * 2**k).prod()) - 1) < 0.03
