@@ -62,7 +62,7 @@ def block_boxes(s, chunks=None, box=None) -> tuple[np.ndarray, np.ndarray, list[
 def _read_block(ds, scale, labels, edges, fill_missing_shards, block_id=None):
     i, j, k = block_id
     box = [[edges[0][i], edges[1][j], edges[2][k]], [edges[0][i + 1], edges[1][j + 1], edges[2][k + 1]]]
-    return ds.read(box, scale, labels, threads=1, fill_missing_shards=fill_missing_shards)
+    return ds.read(box, scale=scale, labels=labels, threads=1, fill_missing_shards=fill_missing_shards)
 
 
 def to_dask(ds, scale=0, labels="agglomerated", *, chunks=None, box=None, fill_missing_shards: bool = False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import itertools
 import math
 import os
@@ -35,7 +36,8 @@ from .errors import (
 )
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
-from .query import BodyIndex, BodyMask, body_mask, chunks_with, labels_in_box
+from .query import BodyIndex, BodyMask, body_mask, chunks_with, label_at, labels_in_box, unique
+from .query import mapping as export_mapping
 from .read import ChunkReader, check_scale, read_box
 from .shard import (
     ScaleFiles,
@@ -57,6 +59,32 @@ __all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Sc
 MANIFEST = "dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
 _SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
 _PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
+
+
+def _keyword_only(*names: str):
+    """Dataset methods take ``(what, *, scale, labels, ...)``; the old positional ``scale`` (and the
+    arguments after it) keep working for one release, with a DeprecationWarning."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def method(self, *args, **kwargs):
+            if len(args) > 1:
+                extra, args = args[1:], args[:1]
+                if len(extra) > len(names):
+                    raise TypeError(f"Dataset.{fn.__name__}() takes 1 positional argument and keywords "
+                                    f"{', '.join(names)}")
+                for n, v in zip(names, extra, strict=False):
+                    if n in kwargs:
+                        raise TypeError(f"Dataset.{fn.__name__}() got {n} twice")
+                    kwargs[n] = v
+                warnings.warn(f"Dataset.{fn.__name__}: pass {', '.join(names[:len(extra)])} by keyword "
+                              f"({names[0]}=...); positional use goes in the next release",
+                              DeprecationWarning, stacklevel=2)
+            return fn(self, *args, **kwargs)
+
+        return method
+
+    return wrap
 
 
 def _caller_stacklevel() -> int:
@@ -202,7 +230,11 @@ def _manifest_source(url: str, dest: ByteStore):
 
 def _layers(store: ByteStore, depth: int = 0) -> builtins.list[tuple[ByteStore, frozenset[int] | None, dict | None]]:
     """(store, scales it is known to hold or None, manifest) for a root and, when it is a downsample
-    destination, the roots under it (its source first)."""
+    destination, the roots under it (its source first).  A LayeredStore is taken as it is routed
+    (``Dataset.with_scales``): its roots' manifests are not followed again."""
+    if isinstance(store, LayeredStore):
+        return [(st, frozenset(k for k, j in store.route.items() if j == i), None)
+                for i, st in enumerate(store.stores)]
     m = _downsample_manifest(store)
     if m is None:
         return [(store, None, None)]
@@ -476,6 +508,28 @@ class Dataset:
             raise not_exported_error(self.store, s.index, self.exported)
         return s
 
+    def with_scales(self, root, scales) -> Dataset:
+        """This dataset with ``scales`` read from another export root: one pyramid.
+
+        What a job reads after making the scales an export lacks into a folder of its own
+        (``dvidshards convert`` of a partial export): ``root`` holds folders ``s{k}`` of the
+        scales given, named as today's DVID names them; every other scale is read as this
+        dataset reads it.  Unlike ``Dataset([export, root])`` the routing is given, not found:
+        no manifest is followed (the export may be a store without a URL).  Same spec, index and
+        policy.  Pickles when the stores do.
+        """
+        if isinstance(self.store, RecordSource):
+            raise SpecError(f"{self.store!r}: a record source cannot be read with other roots")
+        if isinstance(self.store, LayeredStore):
+            stores, route = builtins.list(self.store.stores), dict(self.store.route)
+        else:
+            stores, route = [self.store], {k: 0 for k in self.exported}
+        stores.append(as_store(root))
+        for k in scales:
+            self.scale(k)  # a scale the spec does not list: SpecError
+            route[int(k)] = len(stores) - 1
+        return Dataset(LayeredStore(stores, route), spec=self.spec, index=self.index, policy=self.policy)
+
     def _named(self, scales: builtins.list[Scale]) -> builtins.list[Scale]:
         """The scales with the naming generation of their files (``Scale.naming``) where the two differ.
 
@@ -741,7 +795,8 @@ class Dataset:
                 self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
         return self._sampled[s.index]
 
-    def read(self, box, scale=0, labels="agglomerated", out=None, threads: int | None = None, *,
+    @_keyword_only("scale", "labels", "out", "threads")
+    def read(self, box, *, scale=0, labels="agglomerated", out=None, threads: int | None = None,
              fill_missing_shards: bool = False) -> np.ndarray:
         """Decode a voxel box straight into an (x, y, z) uint64 array, in parallel (the bulk reader).
 
@@ -781,11 +836,13 @@ class Dataset:
 
     # --- queries (implemented in dvidshards.query, one layer below) -----------------------------
 
-    def labels(self, box, scale=0, labels="agglomerated") -> np.ndarray:
+    @_keyword_only("scale", "labels")
+    def labels(self, box, *, scale=0, labels="agglomerated") -> np.ndarray:
         """Sorted unique ids in a voxel box; whole chunks from their label lists, cut chunks decoded."""
         return labels_in_box(self, box, scale, labels)
 
-    def chunks_with(self, ids, scale=0, labels="agglomerated") -> np.ndarray:
+    @_keyword_only("scale", "labels")
+    def chunks_with(self, ids, *, scale=0, labels="agglomerated") -> np.ndarray:
         """(n, 3) chunk coordinates whose label lists hold any of ids (no decompression)."""
         return chunks_with(self, ids, scale, labels)
 
@@ -793,18 +850,46 @@ class Dataset:
         """The label index written by ``dvidshards label-index``, for per-body look-ups."""
         return BodyIndex(path)
 
-    def body_mask(self, body, scale=0, labels="agglomerated", index=None) -> BodyMask:
+    @_keyword_only("scale", "labels", "index")
+    def body_mask(self, body, *, scale=0, labels="agglomerated", index=None) -> BodyMask:
         """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
         return body_mask(self, body, scale, labels=labels, index=index)
 
-    def body(self, id, scale=0, labels="agglomerated", index=None) -> Body:  # noqa: A002 - DVID's name
+    @_keyword_only("scale", "labels", "index")
+    def body(self, id, *, scale=0, labels="agglomerated", index=None) -> Body:  # noqa: A002 - DVID's name
         """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""
         return Body(self, id, scale, labels, index=index)
 
-    def to_dask(self, scale=0, labels="agglomerated", *, chunks=None, box=None, fill_missing_shards: bool = False):
-        """A scale as a lazy dask array (x, y, z) over the bulk reader, one read per chunk-aligned block
-        (needs ``dvidshards[dask]``)."""
+    def to_dask(self, *args, scale=0, labels="agglomerated", box=None, chunks=None,
+                fill_missing_shards: bool = False):
+        """A scale (or ``box`` of it) as a lazy dask array (x, y, z) over the bulk reader, one read per
+        chunk-aligned block (needs ``dvidshards[dask]``). ``to_dask(box, scale=..., labels=...)``."""
+        if args and isinstance(args[0], (int, np.integer)):  # the old to_dask(scale, labels)
+            warnings.warn("Dataset.to_dask: pass scale, labels by keyword (scale=...); positional use goes in the "
+                          "next release", DeprecationWarning, stacklevel=2)
+            scale, args = int(args[0]), args[1:]
+            if args:
+                labels, args = args[0], args[1:]
+        elif args:
+            box, args = args[0], args[1:]
+        if args:
+            raise TypeError("Dataset.to_dask() takes a box and keywords scale, labels, chunks, fill_missing_shards")
         return dask_array(self, scale, labels, chunks=chunks, box=box, fill_missing_shards=fill_missing_shards)
+
+    def label_at(self, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
+        """The ids at voxels ``(n, 3)`` x, y, z (DVID's ``/labels``; cloud-volume's ``download_point``)."""
+        return label_at(self, points, scale=scale, labels=labels, fill_missing_shards=fill_missing_shards)
+
+    def unique(self, box, *, scale=0, labels="agglomerated", counts: bool = False,
+               fill_missing_shards: bool = False):
+        """The ids in a voxel box, with voxel counts when ``counts`` (cloud-volume's ``unique``); solid
+        chunks answer from their label lists."""
+        return unique(self, box, scale=scale, labels=labels, counts=counts, fill_missing_shards=fill_missing_shards)
+
+    def mapping(self, *, scale=None, supervoxels=None, table: bool = False):
+        """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``):
+        a LabelMapping, or a table with ``table=True``."""
+        return export_mapping(self, scale=scale, supervoxels=supervoxels, table=table)
 
 
 def _missing(ds: Dataset, s: Scale, o) -> Shard:

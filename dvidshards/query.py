@@ -152,7 +152,7 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
                 for cc in c[~whole]:  # cut by the box: decode the part inside
                     a = np.maximum(cc * cs, lo)
                     b = np.minimum((cc + 1) * cs, hi)
-                    found.append(np.unique(ds.read([a, b], s.index, src)))
+                    found.append(np.unique(ds.read([a, b], scale=s.index, labels=src)))
     if present < int(np.prod(chi - clo)):
         found.append(np.zeros(1, np.uint64))  # absent chunks are background
     return np.unique(np.concatenate(found))

@@ -166,5 +166,15 @@ def test_body_and_to_dask_methods_delegate(tmp_path):
     ids, counts = np.unique(bodies[bodies != 0], return_counts=True)
     b = ds.body(int(ids[np.argmax(counts)]))
     assert isinstance(b, Body) and b.size == int(counts.max())
-    a = ds.to_dask(0, "supervoxels", chunks=64, fill_missing_shards=True)
+    a = ds.to_dask(scale=0, labels="supervoxels", chunks=64, fill_missing_shards=True)
     np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv)
+    box = [[0, 0, 0], [64, 100, 70]]
+    a = ds.to_dask(box, labels="supervoxels", chunks=64, fill_missing_shards=True)
+    np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv[:64])
+    with pytest.warns(DeprecationWarning, match="by keyword"):  # the old spelling, for one release
+        a = ds.to_dask(0, "supervoxels", chunks=64, fill_missing_shards=True)
+    np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv)
+    with pytest.warns(DeprecationWarning, match="by keyword"):
+        np.testing.assert_array_equal(ds.read(box, 0, "supervoxels"), exp.sv[:64])
+    with pytest.warns(DeprecationWarning, match="by keyword"):
+        assert ds.body(int(ids[np.argmax(counts)]), 0).size == b.size

@@ -404,21 +404,21 @@ def only_s1(base, tmp_path_factory):
 
 def test_2_a_scale_without_a_folder_is_a_spec_error_for_listing_and_reading(base, only_s1):
     ds = Dataset(only_s1, spec=base.spec)
-    for call in (lambda: ds.shards(0), lambda: ds.read([[0, 0, 0], [64, 64, 64]], 0), lambda: ds.open(0),
+    for call in (lambda: ds.shards(0), lambda: ds.read([[0, 0, 0], [64, 64, 64]], scale=0), lambda: ds.open(0),
                  lambda: ds.chunks(0), lambda: ds.shard(0, (0, 0, 0)),
                  lambda: dvidshards.open(only_s1, spec=base.spec, scale=0)):
         with pytest.raises(SpecError, match="has no folder s0") as e:
             call()
         assert str(only_s1) in str(e.value)
     # scale 1 is there and reads exactly
-    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], 1), base.expected(1))
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], scale=1), base.expected(1))
 
 
 def test_2_fill_missing_shards_reads_a_missing_scale_as_background(base, only_s1):
     vol = dvidshards.open(only_s1, spec=base.spec, scale=0, fill_missing_shards=True)
     assert not vol.read().result().any()
     ds = Dataset(only_s1, spec=base.spec)
-    assert not ds.read([[0, 0, 0], [100, 64, 64]], 0, fill_missing_shards=True).any()
+    assert not ds.read([[0, 0, 0], [100, 64, 64]], scale=0, fill_missing_shards=True).any()
 
 
 def test_2_an_empty_scale_folder_is_all_background_not_an_error(base, tmp_path):
@@ -428,7 +428,7 @@ def test_2_an_empty_scale_folder_is_all_background_not_an_error(base, tmp_path):
     ds = Dataset(root, spec=base.spec)
     assert ds.shards(0) == []
     with pytest.raises(dvidshards.MissingShardError, match="fill_missing_shards"):
-        ds.read([[0, 0, 0], [64, 64, 64]], 0)
+        ds.read([[0, 0, 0], [64, 64, 64]], scale=0)
 
 
 @pytest.mark.parametrize("store", ["memory", "s3"])
@@ -452,7 +452,7 @@ def test_2_a_scale_without_a_folder_on_other_stores(base, only_s1, store):
         with pytest.raises(SpecError, match="has no folder s0"):
             ds.shards(0)
         with pytest.raises(SpecError, match="has no folder s0"):
-            ds.read([[0, 0, 0], [64, 64, 64]], 0)
+            ds.read([[0, 0, 0], [64, 64, 64]], scale=0)
         assert len(ds.shards(1)) == 1
     finally:
         if ctx is not None:

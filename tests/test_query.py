@@ -65,10 +65,10 @@ def test_labels_equal_brute_force(exp, ds):
                 hits_missing = any((np.array(lo) < m[1]).all() and (np.array(hi) > m[0]).all() for m in missing)
                 if hits_missing:
                     with pytest.raises(MissingShardError):
-                        ds.labels([lo, hi], scale, labels)
+                        ds.labels([lo, hi], scale=scale, labels=labels)
                     continue
                 want = np.unique(vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
-                got = ds.labels([lo, hi], scale, labels)
+                got = ds.labels([lo, hi], scale=scale, labels=labels)
                 assert got.dtype == np.uint64
                 np.testing.assert_array_equal(got, want)
     assert labels_in_box(ds, [[5, 5, 5], [5, 9, 9]]).size == 0
@@ -120,7 +120,7 @@ def test_chunks_with_equal_brute_force(exp, ds, monkeypatch):
             for ids in (u[1:2], rng.choice(u[1:], 3, replace=False), np.array([2**63 + 5], np.uint64)):
                 with monkeypatch.context() as m:
                     m.setattr(zstandard.ZstdDecompressor, "decompress", no_zstd)
-                    got = ds.chunks_with(ids, scale, labels)
+                    got = ds.chunks_with(ids, scale=scale, labels=labels)
                 np.testing.assert_array_equal(got, _brute_chunks(vol, ids))
     assert chunks_with(ds, 10**6).shape == (0, 3)
     with pytest.raises(SpecError, match="non-negative"):
@@ -161,7 +161,7 @@ def test_body_mask_equals_volume(exp, ds, index):
     body = exp.expected(0)
     bodies = np.unique(body)[1:]
     for k, b in enumerate(bodies[:6]):
-        m, box = ds.body_mask(b, 0, index=index if k % 2 else None)
+        m, box = ds.body_mask(b, scale=0, index=index if k % 2 else None)
         x, y, z = np.nonzero(body == b)
         lo = [int(x.min()), int(y.min()), int(z.min())]
         hi = [int(x.max()) + 1, int(y.max()) + 1, int(z.max()) + 1]
@@ -175,9 +175,9 @@ def test_body_mask_equals_volume(exp, ds, index):
     r = ds.body_mask(987654321)
     assert r.mask.shape == (0, 0, 0) and r.box is None
     with pytest.raises(SpecError, match="not scale 1"):
-        ds.body_mask(int(bodies[0]), 1, index=index)
+        ds.body_mask(int(bodies[0]), scale=1, index=index)
     with pytest.raises(SpecError, match="supervoxels labels"):
-        ds.body_mask(int(bodies[0]), 0, "supervoxels", index=index)
+        ds.body_mask(int(bodies[0]), scale=0, labels="supervoxels", index=index)
 
 
 # --------------------------------------------------------------------------- label_at, unique, mapping

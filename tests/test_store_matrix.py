@@ -6,7 +6,7 @@ folder, ``MemoryStore``, a loopback HTTP range server, a loopback S3 server (mot
 Cloud Storage emulator (``gs://`` URLs, as a user gives them).  On each:
 
 * ``verify`` reports the damage (not ok, a problem naming the damaged shard);
-* every chunk read through ``Dataset.open(k)`` and ``Dataset.read(box, k)`` raises a typed
+* every chunk read through ``Dataset.open(k)`` and ``Dataset.read(box, scale=k)`` raises a typed
   ``DvidShardsError`` or returns exactly the expected data, never other data;
 * under the ``lazy`` policy (the remote default) the one class allowed to read as background
   is the documented one: a record that no index row lists.
@@ -325,7 +325,7 @@ def _check_reads(ds: Dataset, expected: np.ndarray, hidden, lazy: bool, what: st
                 if how == "open":
                     got = vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result(timeout=60)
                 else:
-                    got = ds.read([lo, hi], scale)
+                    got = ds.read([lo, hi], scale=scale)
             except DvidShardsError:
                 outcome["error"] += 1
                 continue
@@ -396,7 +396,7 @@ def test_undamaged_shard_reads_exactly_everywhere(matrix, store):
     for c in _chunks(SHAPE):
         if c[0] < 2:
             lo, hi = _box(c, SHAPE)
-            np.testing.assert_array_equal(ds.read([lo, hi], 0), matrix.expected[lo[0]:hi[0], lo[1]:hi[1],
+            np.testing.assert_array_equal(ds.read([lo, hi], scale=0), matrix.expected[lo[0]:hi[0], lo[1]:hi[1],
                                                                                  lo[2]:hi[2]])
 
 
@@ -409,12 +409,12 @@ def test_lazy_unlisted_record_is_found_by_verify(matrix, store):
     lo, hi = _box(c, SHAPE)
     want = matrix.expected[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
     assert want.any(), "the hidden record must hold labels for this test to mean anything"
-    got = ds.read([lo, hi], 0)  # lazy never reads a record no index row lists: its chunk is background
+    got = ds.read([lo, hi], scale=0)  # lazy never reads a record no index row lists: its chunk is background
     np.testing.assert_array_equal(got, np.zeros_like(want))
     others = [c2 for c2 in _chunks(SHAPE) if c2 != c and c2[0] < 2][:4]
     for c2 in others:  # and the listed records beside it read exactly
         a, b = _box(c2, SHAPE)
-        np.testing.assert_array_equal(ds.read([a, b], 0), matrix.expected[a[0]:b[0], a[1]:b[1], a[2]:b[2]])
+        np.testing.assert_array_equal(ds.read([a, b], scale=0), matrix.expected[a[0]:b[0], a[1]:b[1], a[2]:b[2]])
     report = verify(_dataset(matrix, store, name))
     assert not report.ok
     assert any("0_0_0" in p.message for p in report.problems), report.summary()
@@ -531,7 +531,7 @@ def _outcomes(ds: Dataset, shape) -> list:
         for how in ("open", "read"):
             try:
                 got = (vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result(timeout=60)
-                       if how == "open" else ds.read([lo, hi], 0))
+                       if how == "open" else ds.read([lo, hi], scale=0))
                 out.append((c, how, got.tobytes()))
             except DvidShardsError as e:
                 out.append((c, how, type(e).__name__, str(e)))

@@ -645,7 +645,7 @@ class DvidApi:
             raise BadRequest(f"compression={comp!r}: raw is served plain or with gzip")
         k, labels = self._scale(q), self._labels(q)
         box = [off, [a + n for a, n in zip(off, size, strict=True)]]
-        vol = self.ds.read(box, k, labels, fill_missing_shards=self.fill)
+        vol = self.ds.read(box, scale=k, labels=labels, fill_missing_shards=self.fill)
         raw = np.ascontiguousarray(vol.T).astype("<u8", copy=False).tobytes()  # z, y, x with x fastest
         return Reply(200, _gzip(raw, 1) if comp else raw, "application/octet-stream")
 

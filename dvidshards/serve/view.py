@@ -243,7 +243,7 @@ class ViewVolume:
         lo, hi = box
         if self.transcode and not np.any(lo % cs) and np.all(hi - lo == cs):  # on DVID's grid
             return self._chunk_from_record(k, lo // cs), "transcoded"
-        vox = self.dataset.read(box, k, self.labels, threads=1, fill_missing_shards=True)
+        vox = self.dataset.read(box, scale=k, labels=self.labels, threads=1, fill_missing_shards=True)
         if not vox.any():
             return None, "encoded"
         enc = self._slots.get()  # never blocks for long: the server admits `threads` requests
