@@ -236,6 +236,7 @@ def test_resume_and_guards(tmp_path, synthetic_export):
     (out / ".edges_0_0_0.proto.zst.tmp-123abc").write_bytes(b"partial")  # a crashed writer's leftover
     rep = pcg.pcg_edges(ex.root, out, chunk_size=cs, spec=ex.spec, resume=True, progress=False)
     assert rep.ok and rep.totals.chunks == 8 and rep.totals.skipped == 1
+    assert not (out / ".edges_0_0_0.proto.zst.tmp-123abc").exists()  # leftovers of crashed writers are removed
     for name, data in before.items():
         assert (out / name).read_bytes() == data, name
     full = pcg.pcg_edges(ex.root, tmp_path / "fresh", chunk_size=cs, spec=ex.spec, progress=False)

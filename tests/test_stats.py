@@ -394,7 +394,7 @@ def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     rep = label_index(exp.root, tmp_path / "idx", scale=0, labels=str(path), progress=False)
     assert rep.ok and json.loads((tmp_path / "idx" / "_meta.json").read_text())["mapping_file"] == str(path)
     body = 5003
-    m, box = dvidshards.Dataset(exp.root).body_mask(body, 0, labels=str(path), index=tmp_path / "idx")
+    m, box = dvidshards.Dataset(exp.root).body_mask(body, scale=0, labels=str(path), index=tmp_path / "idx")
     vol = exp.expected(0, mapping)
     x, y, z = np.nonzero(vol == body)
     assert box == [[int(x.min()), int(y.min()), int(z.min())], [int(x.max()) + 1, int(y.max()) + 1, int(z.max()) + 1]]
@@ -785,6 +785,7 @@ def _chunk_brute(c, ub, ib, us, js, acc, rows):
                     np.minimum(lo0, lo), np.maximum(hi0, hi))
 
 
+@pytest.mark.slow  # brute force decodes every chunk of the real shard twice (~1 min)
 def test_real_shard(real_export, real_records, tmp_path):
     root, spec = real_export
     ds = dvidshards.Dataset(root, spec=spec)

@@ -69,7 +69,7 @@ from .options import (
     job_options,
     renamed,
 )
-from .output import Destination, JobReport, Output
+from .output import Destination, JobReport, Output, is_temporary
 from .runner import TaskRunner, scheduler_of
 
 __all__ = ["MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
@@ -765,6 +765,8 @@ def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels
                    own=lambda n: bool(_OWN.fullmatch(n))) as out:
         out.update(pcg=_description(job), box=None if box is None else [list(map(int, v)) for v in box],
                    chunks=None if chunks is None else len(np.asarray(chunks).reshape(-1, 3)))
+        if out.previous is not None:
+            _remove_temporaries(destination)  # a killed run's half-written files (we hold the lock)
         phase = runner.run(functools.partial(_run_task, job), items,
                            desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks")
         out.add(phase, name=lambda t: t.describe(job.group))
@@ -797,6 +799,26 @@ def write_edges(source, out, chunk_size, **kw) -> JobReport:
                   "name goes in the next release)", DeprecationWarning, stacklevel=2)
     kw.setdefault("allow_partial", True)
     return pcg_edges(source, out, chunk_size=chunk_size, **kw)
+
+
+def _remove_temporaries(dest: Destination) -> None:
+    """Delete the temporary files of interrupted writes in a local output (a bucket has none:
+    its objects are written whole)."""
+    if not dest.local:
+        return
+    import os
+
+    for folder in (dest.local_path(), dest.local_path(SIDE_TABLE)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for n in names:
+            if is_temporary(n):
+                try:
+                    os.unlink(os.path.join(folder, n))
+                except OSError:
+                    pass
 
 
 def _triple(v, what: str) -> tuple[int, int, int]:
