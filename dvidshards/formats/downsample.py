@@ -73,6 +73,7 @@ _MTOP = np.uint64(0xFF00FF00FF00FF00)
 _MBIT = np.uint64(0x8800880088008800)
 _NIB = np.uint64(0x1100110011001100)
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)  # a used-label mask too wide for 64 bits: scan the cells
 
 
 # --------------------------------------------------------------------------- validation
@@ -260,6 +261,83 @@ def _bits1(data, q, thr, qv):
             qv[k + 2] = np.int64((to >> lo) & np.uint64(1))
             qv[k + 3] = np.int64((te >> lo) & np.uint64(1))
     return any0, any1
+
+
+def _winner_table() -> np.ndarray:
+    """``[excluded, key]``: the winner (0..3, 255: nothing votes) of 8 ranks packed 2 bits each in a
+    16-bit key, ties to the smaller rank; ``excluded`` 1: rank 0 does not vote (label 0, DVID's rule)."""
+    keys = np.arange(1 << 16)
+    vals = (keys[:, None] >> (2 * np.arange(8))) & 3
+    counts = (vals[:, :, None] == np.arange(4)).sum(axis=1)
+    out = np.empty((2, 1 << 16), np.uint8)
+    for excl in (0, 1):
+        n = counts.copy()
+        if excl:
+            n[:, 0] = 0
+        w = np.argmax(n, axis=1)  # the first maximum: the smallest rank
+        w[n.max(axis=1) == 0] = 255
+        out[excl] = w
+    return out
+
+
+_WIN2 = _winner_table()
+
+
+@numba.njit(nogil=True, cache=True)
+def _bits2(data, q, labs, excl0, c, qv, win):
+    """A whole 2-bit sub-block (3 or 4 labels): each cell's winner into ``qv`` by one table look-up
+    of its 8 values turned into label ranks; False on a value >= c.
+
+    The ranks order the sub-block's labels (equal labels share one), so the table's tie to the
+    smaller rank is the tie to the smaller id, and label 0, when there, is rank 0.
+    """
+    rank = np.zeros(4, np.int64)
+    for v in range(c):
+        r = 0
+        for u in range(c):
+            if labs[u] < labs[v]:
+                r += 1
+        rank[v] = r  # equal labels: the same rank (counts of smaller ones)
+    rep = np.full(5, c, np.int64)  # rank -> its first local index; 4 (255 clipped): nothing votes
+    for v in range(c - 1, -1, -1):
+        rep[rank[v]] = v
+    remap = np.zeros(16, np.int64)  # two packed values -> two packed ranks
+    for f in range(16):
+        remap[f] = (rank[(f >> 2) & 3] << 2) | rank[f & 3]
+    ex = 0
+    if excl0:
+        for v in range(c):
+            if labs[v] == 0:
+                ex = 1
+    ident = True
+    for v in range(c):  # labels sorted and distinct (real export blocks): ranks are the local indices
+        if rank[v] != v:
+            ident = False
+    ok = True
+    for z2 in range(4):
+        for y2 in range(4):
+            r0 = q + (16 * z2 + 2 * y2) * 2
+            w00 = (np.int64(data[r0]) << 8) | np.int64(data[r0 + 1])
+            w01 = (np.int64(data[r0 + 2]) << 8) | np.int64(data[r0 + 3])
+            w10 = (np.int64(data[r0 + 16]) << 8) | np.int64(data[r0 + 17])
+            w11 = (np.int64(data[r0 + 18]) << 8) | np.int64(data[r0 + 19])
+            if c == 3 and ((w00 & (w00 >> 1)) | (w01 & (w01 >> 1)) | (w10 & (w10 >> 1)) | (w11 & (w11 >> 1))) \
+                    & 0x5555:
+                ok = False  # a value 3 selects no label
+            k = (z2 * 4 + y2) * 4
+            if ident:
+                for x2 in range(4):
+                    sh = 12 - 4 * x2
+                    key = (((w00 >> sh) & 15) << 12) | (((w01 >> sh) & 15) << 8) | (((w10 >> sh) & 15) << 4) | \
+                        ((w11 >> sh) & 15)
+                    qv[k + x2] = min(np.int64(win[ex, key]), c)
+            else:
+                for x2 in range(4):
+                    sh = 12 - 4 * x2
+                    key = (remap[(w00 >> sh) & 15] << 12) | (remap[(w01 >> sh) & 15] << 8) | \
+                        (remap[(w10 >> sh) & 15] << 4) | remap[(w11 >> sh) & 15]
+                    qv[k + x2] = rep[min(np.int64(win[ex, key]), 4)]
+    return ok
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -457,8 +535,10 @@ def _down_kernel(data, spans, method, limit):
     qlab = np.zeros(8, np.uint64)
     qc = np.zeros(8, np.int64)
     qlabs = np.zeros((8, 513), np.uint64)  # local labels; [c] = 0 (nothing voted)
-    qv = np.zeros((8, 64), np.int64)
-    qmap = np.zeros((8, 513), np.int64)
+    qv = np.zeros((8, 64), np.int16)
+    qmap = np.zeros((8, 513), np.int16)
+    hw = np.zeros((8, 16), np.int64)
+    qused = np.zeros(8, np.uint64)
     used = np.zeros(513, np.bool_)
     sbl = np.zeros(512, np.uint64)  # the output sub-block's labels, sorted
     ov = np.zeros(512, np.int64)
@@ -534,6 +614,7 @@ def _down_kernel(data, spans, method, limit):
                         else:
                             thr = 5
                         any0, any1 = _bits1(data, sval[i, sb], thr, qrow)
+                        qused[q] = np.uint64(3)
                         if not any1:
                             qsolid[q] = True
                             qlab[q] = la
@@ -541,22 +622,34 @@ def _down_kernel(data, spans, method, limit):
                             qsolid[q] = True
                             qlab[q] = lb
                         continue
-                    if 2 <= b <= 7 and full:
+                    if b == 2 and full:
+                        ok = _bits2(data, sval[i, sb], qlabs[q], excl0, c, qrow, _WIN2)
+                    elif 3 <= b <= 7 and full:
                         ok = _words(data, sval[i, sb], b, qlabs[q], excl0, c, qrow, vals, ls)
                     else:
                         ok = _general(data, sval[i, sb], b, qlabs[q], excl0, c, nvx, nvy, nvz, qrow,
                                       vals, valid, ls)
                     if not ok:
                         bad = True
-                    v0 = qrow[0]
-                    same = True
-                    for k in range(1, 64):
-                        if qrow[k] != v0:
-                            same = False
-                            break
-                    if same:
-                        qsolid[q] = True
-                        qlab[q] = qlabs[q, v0]
+                    if c < 63:  # the local labels that won a cell, as bits
+                        m = np.uint64(0)
+                        for k in range(64):
+                            m |= np.uint64(1) << np.uint64(qrow[k])
+                        qused[q] = m
+                        if m & (m - np.uint64(1)) == 0:  # one label won every cell
+                            qsolid[q] = True
+                            qlab[q] = qlabs[q, qrow[0]]
+                    else:
+                        qused[q] = _ALL
+                        v0 = qrow[0]
+                        same = True
+                        for k in range(1, 64):
+                            if qrow[k] != v0:
+                                same = False
+                                break
+                        if same:
+                            qsolid[q] = True
+                            qlab[q] = qlabs[q, v0]
 
                 # the output sub-block: its sorted labels, then its values
                 osb = (osz * gy + osy) * gx + osx
@@ -575,40 +668,56 @@ def _down_kernel(data, spans, method, limit):
                             nl = _insert_sorted(sbl, nl, qlab[q])
                         else:
                             c = qc[q]
-                            for k in range(c + 1):
-                                used[k] = False
-                            for k in range(64):
-                                used[qv[q, k]] = True
-                            for k in range(c + 1):
-                                if used[k]:
-                                    nl = _insert_sorted(sbl, nl, qlabs[q, k])
+                            m = qused[q]
+                            if m == _ALL:
+                                for k in range(c + 1):
+                                    used[k] = False
+                                for k in range(64):
+                                    used[qv[q, k]] = True
+                                for k in range(c + 1):
+                                    if used[k]:
+                                        nl = _insert_sorted(sbl, nl, qlabs[q, k])
+                            else:
+                                for k in range(c + 1):
+                                    if (m >> np.uint64(k)) & np.uint64(1):
+                                        nl = _insert_sorted(sbl, nl, qlabs[q, k])
                 if nl > 1:
                     for q in range(8):
                         if qsolid[q]:
                             qmap[q, 0] = _find_sorted(sbl, nl, qlab[q])
                         else:
+                            m = qused[q]
                             for k in range(qc[q] + 1):
-                                qmap[q, k] = _find_sorted(sbl, nl, qlabs[q, k])
+                                if m == _ALL or (m >> np.uint64(k)) & np.uint64(1):
+                                    qmap[q, k] = _find_sorted(sbl, nl, qlabs[q, k])
                     b = BITS[nl]
                     if b <= 7:  # rows of 8 values are b bytes (MSB first): two half rows of 4b bits
                         rep = (np.int64(1) << (4 * b)) - 1
                         rep = rep // ((np.int64(1) << b) - 1)  # 1 in each of 4 fields
+                        for q in range(8):  # each quadrant's 16 half rows of 4 values
+                            if qsolid[q]:
+                                hq = np.int64(qmap[q, 0]) * rep
+                                for r in range(16):
+                                    hw[q, r] = hq
+                            else:
+                                for r in range(16):
+                                    k = 4 * r
+                                    hw[q, r] = (((np.int64(qmap[q, qv[q, k]]) << b | qmap[q, qv[q, k + 1]]) << b
+                                                 | qmap[q, qv[q, k + 2]]) << b) | qmap[q, qv[q, k + 3]]
+                        hb = 4 * b
                         for z in range(8):
                             for y in range(8):
                                 qa = (z >> 2) * 4 + (y >> 2) * 2
-                                kb = ((z & 3) * 4 + (y & 3)) * 4
-                                w = np.int64(0)
-                                for q in range(qa, qa + 2):
-                                    if qsolid[q]:
-                                        h = qmap[q, 0] * rep
-                                    else:
-                                        h = qmap[q, qv[q, kb]]
-                                        h = (h << b) | qmap[q, qv[q, kb + 1]]
-                                        h = (h << b) | qmap[q, qv[q, kb + 2]]
-                                        h = (h << b) | qmap[q, qv[q, kb + 3]]
-                                    w = (w << (4 * b)) | h
-                                for j in range(b):
-                                    ovals[nval + j] = np.uint8((w >> (8 * (b - 1 - j))) & 255)
+                                r = (z & 3) * 4 + (y & 3)
+                                w = (hw[qa, r] << hb) | hw[qa + 1, r]
+                                if b == 1:
+                                    ovals[nval] = np.uint8(w)
+                                elif b == 2:
+                                    ovals[nval] = np.uint8(w >> 8)
+                                    ovals[nval + 1] = np.uint8(w & 255)
+                                else:
+                                    for j in range(b):
+                                        ovals[nval + j] = np.uint8((w >> (8 * (b - 1 - j))) & 255)
                                 nval += b
                     else:  # 8 or 9 bits: the voxels, then an MSB-first bit stream of 64*b bytes
                         for z in range(8):

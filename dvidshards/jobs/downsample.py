@@ -51,7 +51,7 @@ import numpy as np
 import zstandard
 
 from ..dataset import Dataset, IncompleteScalesWarning
-from ..errors import MissingShardError, SpecError
+from ..errors import BlockDecodeError, MissingShardError, SpecError
 from ..formats.downsample import METHODS, downsample_block, region_limit
 from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_labels
 from ..formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
@@ -71,7 +71,7 @@ from .options import (
 from .output import Destination, JobReport, Output
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["DownsampleTotals", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
+__all__ = ["DownsampleTotals", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
            "plan_scale", "reduce_results"]
 
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
@@ -81,8 +81,12 @@ _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (un
 
 
 @dataclass(frozen=True)
-class _Phase:
-    """What every task of one output scale needs (pickled once per task: paths, geometry, options)."""
+class Phase:
+    """What every task of one output scale needs (pickled with each task: paths, geometry, options).
+
+    :func:`downsample` makes one per scale; a benchmark or a custom scheduler can make one and call
+    :func:`downsample_shard` with the items of :func:`plan_scale`.
+    """
 
     read: Dataset  # holds the scale below (the source export, or this job's output over it)
     below: Scale  # the scale below, as its files are named
@@ -171,7 +175,7 @@ def plan_scale(below: Scale, scale: Scale, source_origins) -> list[tuple[tuple[i
 class _Sources:
     """The source shards of one task, loaded one at a time (a few kept for unaligned children)."""
 
-    def __init__(self, phase: _Phase, origins):
+    def __init__(self, phase: Phase, origins):
         self.phase = phase
         self.origins = {tuple(o) for o in origins}
         self.cache: OrderedDict = OrderedDict()
@@ -215,7 +219,34 @@ def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
     return b[pos]
 
 
-def _records(phase: _Phase, origin, sources: _Sources, res: ShardResult):
+_OCTANTS = np.array([(i & 1, (i >> 1) & 1, i >> 2) for i in range(8)], np.int64)  # x, y, z of child i
+
+
+def _pack(c: np.ndarray) -> np.ndarray:
+    """Chunk coordinates (..., 3) as one int64 key each (21 bits per axis)."""
+    return (c[..., 0] << 42) | (c[..., 1] << 21) | c[..., 2]
+
+
+def _children(sh, o, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.ndarray]:
+    """For each parent (m, 3): its 8 children's record numbers in shard ``sh`` (-1: not there), and
+    which children lie in another source shard (m, 8)."""
+    coords = np.asarray(sh.coords, np.int64)
+    order = np.argsort(_pack(coords))
+    keys = _pack(coords)[order]
+    ch = 2 * parents[:, None, :] + _OCTANTS[None, :, :]
+    want = _pack(ch)
+    pos = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
+    rec = np.where(keys[pos] == want, order[pos], -1) if len(keys) else np.full(want.shape, -1, np.int64)
+    if below.shard_extent < SINGLE_SHARD:
+        per = below.shard_extent // below.chunk_size[0]
+        home = np.asarray(o, np.int64) // below.chunk_size[0] // per
+        other = (ch // per != home).any(axis=2)
+    else:
+        other = np.zeros(want.shape, bool)
+    return rec, other
+
+
+def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
     """The output shard's records, source shard by source shard (each output block once)."""
     below, scale = phase.below, phase.scale
     lo, box_hi = scale.shard_box(origin)
@@ -224,11 +255,12 @@ def _records(phase: _Phase, origin, sources: _Sources, res: ShardResult):
     cctx = zstandard.ZstdCompressor(level=phase.zstd_level, write_checksum=True, write_content_size=True)
     done: set = set()
     mode = phase.method == "mode"
+    agglomerated = isinstance(phase.labels, Agglomerated)
     for o in sorted(sources.origins):
         entry = sources.get(o)
         if entry is None or entry[0] is None:
             continue
-        sh = entry[0]
+        sh, table = entry
         parents = np.unique(np.asarray(sh.coords, np.int64) // 2, axis=0)
         mine = ((parents >= lo) & (parents < box_hi)).all(axis=1)  # this output shard's (volume or not)
         off = mine & (parents >= hi).any(axis=1)  # past the output volume: counted once, skipped
@@ -238,36 +270,43 @@ def _records(phase: _Phase, origin, sources: _Sources, res: ShardResult):
                 res.outside += 1
         parents = parents[mine & ~off]
         parents = parents[np.lexsort((parents[:, 0], parents[:, 1], parents[:, 2]))]  # z, y, x order
-        for p in parents.tolist():
+        recs, others = _children(sh, o, parents, below)
+        for p, rec, other in zip(parents.tolist(), recs.tolist(), others.tolist(), strict=True):
             key = tuple(p)
             if key in done:
                 continue
             done.add(key)
             kids: list = [None] * 8
-            names = [f"{below.folder}: chunk {(2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))}"
-                     for i in range(8)]
             pairs = []
             for i in range(8):
-                ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
-                src = entry if below.shard_origin(*ch) == o else sources.get(below.shard_origin(*ch))
-                if src is None or src[0] is None:
+                t = table
+                j = rec[i]
+                if other[i]:  # a child in another source file (extents not multiples of 128 voxels)
+                    ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+                    src = sources.get(below.shard_origin(*ch))
+                    if src is None or src[0] is None:
+                        continue
+                    j = src[0].find(*ch)
+                    t = src[1]
+                    if j is None:
+                        continue
+                elif j < 0:
                     continue
-                j = src[0].find(*ch)
-                if j is None:
-                    continue
-                t = src[1]
                 kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
-                names[i] = t.where(j)
-                if isinstance(phase.labels, Agglomerated):
+                if agglomerated:
                     pairs.append((t.supervoxels(j), t.labels(j)))
                 res.records_read += 1
             lim = region_limit([2 * c * v for v in p], below.size, below.chunk_size) if mode else None
-            out = downsample_block(kids, method=phase.method, limit=lim, names=names)
+            try:
+                out = downsample_block(kids, method=phase.method, limit=lim)
+            except BlockDecodeError:  # again, with each child named by its file and chunk
+                downsample_block(kids, method=phase.method, limit=lim, names=_names(p, sources, below))
+                raise
             if out is None:
                 res.blocks_zero += 1
                 continue
             svs = out.supervoxels
-            if isinstance(phase.labels, Agglomerated):
+            if agglomerated:
                 bodies = _bodies(svs, pairs, res)
             elif isinstance(phase.labels, Supervoxels):
                 bodies = svs.copy()
@@ -285,7 +324,18 @@ def _records(phase: _Phase, origin, sources: _Sources, res: ShardResult):
         sources.cache.pop(o, None)  # done with it (unless a later shard needs it again: loaded anew)
 
 
-def downsample_shard(phase: _Phase, item) -> ShardResult:
+def _names(p, sources: _Sources, below: Scale) -> list[str]:
+    """Each child of parent p named by its file and chunk (for an error message)."""
+    names = []
+    for i in range(8):
+        ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+        src = sources.get(below.shard_origin(*ch))
+        j = src[0].find(*ch) if src is not None and src[0] is not None else None
+        names.append(src[1].where(j) if j is not None else f"{below.folder}: chunk {ch}")
+    return names
+
+
+def downsample_shard(phase: Phase, item) -> ShardResult:
     """Make one output shard: ``item`` is (output shard origin, source shard origins)."""
     origin, source_origins = item
     res = ShardResult()
@@ -365,8 +415,8 @@ def _source_url(source, ds: Dataset):
 
 def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, spec=None, scheduler=None,
                workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
-               allow_partial: bool = False, zstd_level: int = 3, command: str | None = None,
-               _stop_after: int | None = None) -> JobReport:
+               allow_partial: bool = False, zstd_level: int = 3, batch_size: int | None = None,
+               command: str | None = None, _stop_after: int | None = None, _only=None) -> JobReport:
     """Make the scales an export lacks (or ``scales``), each from the one below, into ``dest``.
 
     Parameters
@@ -392,6 +442,9 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
         bucket are staged (default: a temporary folder).
     zstd_level : int
         zstd level of the output payloads (frames with content size and checksum, as DVID's).
+    batch_size : int, optional
+        Records per Arrow record batch of the output shards (default: the spec's ``batch_size``, as
+        DVID writes; 1 when it has none). One batch per record costs ~0.5 ms to write.
     command : str, optional
         The command line, for the manifest.
 
@@ -454,8 +507,11 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
             raise SpecError(f"scale {k}: voxel_offset {list(s.voxel_offset)}; downsample needs scales at the origin")
         if k in made and s.sharding is None:
             raise SpecError(f"scale {k}: the spec gives no sharding, so its shard files cannot be named")
-    batch = int(ds.spec.get("batch_size", 1)) if isinstance(ds.spec.get("batch_size", 1), int) else 1
-    params = {"method": method, "scales": made, "from": start, "zstd_level": zstd_level, **src_labels.identity()}
+    batch = batch_size if batch_size is not None else ds.spec.get("batch_size", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecError(f"batch_size must be a positive integer, got {batch!r}")
+    params = {"method": method, "scales": made, "from": start, "zstd_level": zstd_level, "batch_size": batch,
+              **src_labels.identity()}
     totals = DownsampleTotals()
     info = ds.spec if ds.spec is not None else multiscale_info(list(ds.scales))
     import json
@@ -484,11 +540,13 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
                     items = []  # the scale below came out empty (all background): so does this one
                 else:
                     items = plan_scale(below, scale, read.shards(below))
-                phase = _Phase(read, below, scale, destination, method, src_labels, batch, zstd_level, staging)
+                phase = Phase(read, below, scale, destination, method, src_labels, batch, zstd_level, staging)
                 names = set(destination.list(scale.folder))
                 done = [it for it in items if f"{shard_filename_stem(it[0])}.arrow" in names
                         and f"{shard_filename_stem(it[0])}.csv" in names] if resume else []
                 run = items
+                if _only is not None:  # benchmarks: only these (scale, output origin) tasks
+                    run = [it for it in items if (k, it[0]) in _only]
                 if _stop_after is not None:  # tests: as if the job were killed after this many tasks
                     run = items[:max(0, _stop_after - ran)]
                 ph = tr.run(partial(downsample_shard, phase), run, done=done, desc=f"{scale.folder} shards")
@@ -496,14 +554,15 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
                 out.add(ph, name=partial(_task_name, scale.folder))
                 out.report.tasks += len(items) - len(run)
                 reduce_results(ph.results.values(), totals, k)
-                if ph.failed or len(run) < len(items):
+                if ph.failed or (len(run) < len(items) and _only is None):
                     stopped = k
                     break
         notes = _notes(totals, method, made, start, added)
         if stopped is not None and stopped != made[-1]:
             rest = [f"s{k}" for k in made if k > stopped]
             notes.append(f"{', '.join(rest)} not made: s{stopped} is incomplete (--resume finishes it, then them)")
-        return out.finish(totals=totals, notes=notes, complete=stopped is None, allow_partial=allow_partial)
+        return out.finish(totals=totals, notes=notes, complete=stopped is None and _only is None,
+                          allow_partial=allow_partial)
 
 
 # --------------------------------------------------------------------------- command line
@@ -518,6 +577,8 @@ def add_arguments(p) -> None:
                    help="dvid: DVID's own pyramid rule, the most frequent non-zero supervoxel (default); mode: "
                         "TensorStore's mode (0 counts like any id)")
     add_labels(p)
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="records per Arrow record batch of the output shards (default: the spec's batch_size)")
     add_job_options(p)
 
 
@@ -526,7 +587,7 @@ def main(args) -> int:
     skip = [k for k, v in (("method", "dvid"), ("labels", "agglomerated")) if getattr(args, k) == v]
     report = downsample(args.source, dest_of(args), scales=args.scales, method=args.method,
                         labels=None if args.labels == "agglomerated" else args.labels, spec=args.spec,
-                        allow_partial=True, command=command_line("downsample", args, skip=skip), **job_options(args))
+                        batch_size=args.batch_size, allow_partial=True, command=command_line("downsample", args, skip=skip), **job_options(args))
     print(report.summary())
     return 0 if report.ok else 1
 
