@@ -59,8 +59,7 @@ from .options import (
     renamed,
     scales_of,
 )
-from .output import Destination, JobReport, Lock, Output, check_apart
-from .output import _os_error as os_error
+from .output import Destination, JobReport, Lock, Output, check_apart, os_error
 from .runner import TaskRunner
 
 __all__ = ["IngestCommand", "IngestTotals", "ingest", "ingest_blocks", "ingest_partition"]

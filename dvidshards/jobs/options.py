@@ -70,6 +70,7 @@ def scales_of(scales) -> list[int] | None:
     """``None`` or a sorted list of distinct scale numbers from an int, a sequence or ``"0,1,2"``."""
     if scales is None:
         return None
+    parts: list
     if isinstance(scales, str):
         parts = [p for p in scales.replace(",", " ").split() if p]
     elif isinstance(scales, (int, np.integer)):

@@ -72,7 +72,9 @@ __all__ = [
     "Lock",
     "Output",
     "check_apart",
+    "is_temporary",
     "library_version",
+    "os_error",
     "read_manifest",
 ]
 
@@ -112,7 +114,7 @@ def _one_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the destination
 
 
-def _os_error(e: OSError, where: str, doing: str) -> OutputError:
+def os_error(e: OSError, where: str, doing: str) -> OutputError:
     """One line naming the path, for the errors users hit (full disk, permissions, not a folder)."""
     code = e.errno
     if code == errno.ENOSPC or code == errno.EDQUOT:
@@ -199,7 +201,7 @@ class Destination:
             p = spec.get("path", "")
             if p and not p.endswith("/"):
                 spec["path"] = p + "/"
-        self._kv = None
+        self._kv: Any = None
         self._kv_lock = threading.Lock()
 
     @classmethod
@@ -215,7 +217,7 @@ class Destination:
         if isinstance(dest, Destination):
             return dest
         if isinstance(dest, dict):
-            spec = dict(dest)
+            spec: dict = dict(dest)
             if spec.get("driver") == "file":
                 path = os.path.abspath(spec.get("path", ""))
                 return cls(path, None, path)
@@ -229,8 +231,8 @@ class Destination:
             raise OutputError(f"{what} must be a path, a URL or a kvstore spec dict, got {type(dest).__name__}") from None
         if not text:
             raise OutputError(f"{what} is empty")
-        url, spec, path = _parse_url(text, what)
-        return cls(url, spec, path)
+        url, parsed, path = _parse_url(text, what)
+        return cls(url, parsed, path)
 
     # --- identity --------------------------------------------------------------------------------
 
@@ -341,21 +343,61 @@ class Destination:
             except IsADirectoryError:
                 raise OutputError(f"{self.describe(rel)}: is a folder, not a file") from None
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "read it") from None
+                raise os_error(e, self.describe(rel), "read it") from None
         r = self._remote(lambda kv: kv.read(rel), rel, "read it")
         return bytes(r.value) if r.state == "value" else None
 
     def open_input(self, rel: str):
-        """``rel`` as a readable, seekable binary file (a bucket object is read whole)."""
+        """``rel`` as a readable, seekable binary file (a bucket object is read in the byte ranges
+        asked for, so a reader of one part of a large file fetches only that part)."""
         if self.path is not None:
             try:
                 return open(os.path.join(self.path, rel), "rb")
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "read it") from None
-        data = self.read(rel)
-        if data is None:
-            raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
-        return io.BytesIO(data)
+                raise os_error(e, self.describe(rel), "read it") from None
+        return _RangedFile(self, rel)
+
+    def size(self, rel: str) -> int:
+        """The size of file ``rel`` in bytes (OutputError when it does not exist)."""
+        if self.path is not None:
+            try:
+                return os.stat(os.path.join(self.path, rel)).st_size
+            except OSError as e:
+                raise os_error(e, self.describe(rel), "read it") from None
+        if self.spec is not None and self.spec.get("driver") == "memory":  # one context holds its data
+            data = self.read(rel)
+            if data is None:
+                raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
+            return len(data)
+        size = self._bytes().stat_sync(rel).size
+        if size is None:  # a store that does not say: the object's length
+            data = self.read(rel)
+            if data is None:
+                raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
+            size = len(data)
+        return int(size)
+
+    def read_range(self, rel: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of file ``rel``."""
+        if self.path is not None:
+            try:
+                with open(os.path.join(self.path, rel), "rb") as f:
+                    f.seek(start)
+                    return f.read(stop - start)
+            except OSError as e:
+                raise os_error(e, self.describe(rel), "read it") from None
+        if self.spec is not None and self.spec.get("driver") == "memory":
+            return (self.read(rel) or b"")[start:stop]
+        return bytes(self._bytes().read_sync(rel, start, stop))
+
+    def _bytes(self):
+        """The root as a read-only byte store (ranged reads, sizes; retried like every remote read)."""
+        store = getattr(self, "_byte_store", None)
+        if store is None:
+            from ..stores.kvstore import KvStore
+
+            store = self._byte_store = KvStore(self.kvstore)
+        return store
 
     def exists(self, rel: str = "") -> bool:
         """Whether a file or a non-empty folder ``rel`` exists."""
@@ -385,15 +427,15 @@ class Destination:
             except NotADirectoryError:
                 raise OutputError(f"{self.describe(rel)}: is a file, not a folder") from None
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "list it") from None
+                raise os_error(e, self.describe(rel), "list it") from None
             return sorted(n for n in names if not is_temporary(n))
         import tensorstore as ts
 
         prefix = rel.strip("/") + "/" if rel.strip("/") else ""
         keys = self._remote(lambda kv: kv.list(ts.KvStore.KeyRange(prefix, _prefix_end(prefix)) if prefix
                                                 else ts.KvStore.KeyRange()), rel, "list it")
-        names = {(k.decode() if isinstance(k, bytes) else k)[len(prefix):].split("/", 1)[0] for k in keys}
-        return sorted(n for n in names if n and not is_temporary(n))
+        found = {(k.decode() if isinstance(k, bytes) else k)[len(prefix):].split("/", 1)[0] for k in keys}
+        return sorted(n for n in found if n and not is_temporary(n))
 
     # --- writing -----------------------------------------------------------------------------------
 
@@ -410,7 +452,7 @@ class Destination:
                 os.replace(tmp, target)
             except OSError as e:
                 _unlink_quietly(tmp)
-                raise _os_error(e, self.describe(rel), "write it") from None
+                raise os_error(e, self.describe(rel), "write it") from None
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
@@ -431,7 +473,7 @@ class Destination:
                 os.replace(tmp, target)
             except OSError as e:
                 _unlink_quietly(tmp)
-                raise _os_error(e, self.describe(rel), "write it") from None
+                raise os_error(e, self.describe(rel), "write it") from None
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
@@ -450,13 +492,13 @@ class Destination:
             except FileExistsError:
                 return False
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "create it") from None
+                raise os_error(e, self.describe(rel), "create it") from None
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
             except OSError as e:
                 _unlink_quietly(target)
-                raise _os_error(e, self.describe(rel), "write it") from None
+                raise os_error(e, self.describe(rel), "write it") from None
             return True
         absent = self._remote(lambda kv: kv.read(rel), rel, "read it")
         if absent.state == "value":
@@ -485,7 +527,7 @@ class Destination:
             except FileNotFoundError:
                 pass
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "delete it") from None
+                raise os_error(e, self.describe(rel), "delete it") from None
             return
         self._remote(lambda kv: kv.write(rel, None), rel, "delete it")
 
@@ -499,7 +541,7 @@ class Destination:
                 elif os.path.lexists(p):
                     os.unlink(p)
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "delete it") from None
+                raise os_error(e, self.describe(rel), "delete it") from None
             return
         import tensorstore as ts
 
@@ -521,7 +563,7 @@ class Destination:
             try:
                 os.makedirs(os.path.join(self.path, rel), exist_ok=True)
             except OSError as e:
-                raise _os_error(e, self.describe(rel), "make the folder") from None
+                raise os_error(e, self.describe(rel), "make the folder") from None
 
     # --- before any work ---------------------------------------------------------------------------
 
@@ -569,6 +611,38 @@ class Destination:
             raise
         except Exception as e:  # noqa: BLE001 - every failure is one line naming the bucket
             raise _ts_error(e, self.describe(), "write there") from None
+
+
+class _RangedFile(io.RawIOBase):
+    """A bucket object as a seekable file that fetches the byte ranges it is asked for."""
+
+    def __init__(self, dest: Destination, rel: str):
+        self.dest, self.rel = dest, rel
+        self._size = dest.size(rel)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self.dest.read_range(self.rel, self._pos, self._pos + n)
+        b[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _read_only(path: str) -> bool:
@@ -1064,12 +1138,15 @@ class Output:
         d = self.folder
         if d.read(self.name) is None:
             return
-        if self.overwrite:
-            return  # replaced atomically when the job writes it
-        prev = read_manifest(self.destination)
+        try:
+            prev = read_manifest(self.destination)
+        except SpecError:
+            prev = None
         if prev is None or prev.get("job") != self.job:
             raise OutputError(f"{self.destination.describe()} exists and is not a {self.job} output; choose "
-                              f"another name, or pass --overwrite")
+                              f"another name (--overwrite replaces only this job's own outputs)")
+        if self.overwrite:
+            return  # replaced atomically when the job writes it
         if not self.resume:
             raise OutputError(f"{self.destination.describe()} exists (an earlier {self.job} output); pass "
                               f"--overwrite to replace it")
