@@ -11,7 +11,7 @@ import pytest
 import tensorstore as ts
 
 import dvidshards
-from dvidshards.errors import DvidShardsError, JobError, OutputError, SpecError
+from dvidshards.errors import DvidShardsError, JobError, NotExportedError, OutputError, SpecError
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.sharding import compressed_morton_code
@@ -277,8 +277,6 @@ def test_planner_refusals(export, tmp_path):
     cases = [
         # hashed shards are not boxes: a task cannot own whole output shards
         dict(sharding={**sh, "hash": "murmurhash3_x86_128"}),
-        # output shard boxes bigger than a source shard: two tasks would share one
-        dict(sharding={**sh, "preshift_bits": sh["preshift_bits"] + 3, "shard_bits": 0}),
         # too few bits: shard numbers wrap, so far-apart source shards share an output shard
         dict(sharding={**sh, "shard_bits": 0}),
         # more splits than bits
@@ -301,7 +299,10 @@ def test_planner_refusals(export, tmp_path):
     # a finer output sharding that keeps boxes inside source shards is accepted
     sp = plan_scale(s0, "precomputed", sharding={**sh, "preshift_bits": 0, "minishard_bits": 0,
                                                   "shard_bits": sh["shard_bits"] + sh["preshift_bits"]})
-    assert sp.shard_chunks == (1, 1, 1)
+    assert sp.shard_chunks == (1, 1, 1) and not sp.grouped
+    # output shard boxes bigger than a source shard: one task per output shard, not refused
+    sp = plan_scale(s0, "precomputed", sharding={**sh, "preshift_bits": sh["preshift_bits"] + 3, "shard_bits": 0})
+    assert sp.grouped and sp.shard_chunks == sp.grid
 
 
 def test_refuses_bad_arguments(export, tmp_path):
@@ -470,7 +471,7 @@ _DENSE = """if True:
     origins = store.shard_origins(0)
     o = next(o for o in origins[len(origins) // 2:] if len(store.shard_chunks(0, o)) == 32768)
     rep = convert(ds, sys.argv[1], "precomputed", scales=[0], data_encoding="raw", scheduler="serial",
-                  labels="supervoxels", progress=False, _only={(0, tuple(o))})
+                  labels="supervoxels", progress=False, _only={(0, tuple(o))}, allow_partial=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sp = plan_scale(ds.scale(0), "precomputed", data_encoding="raw")
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": "file://" + sys.argv[1] + "/",
@@ -498,7 +499,8 @@ def test_22_5_dense_32768_chunk_shard_raw_under_1_gib(tmp_path):
                          timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["ok"] and r["written"] == 32768 and r["shards"] == 1 and r["same"] == 12
+    # one task of many (_only): the output says it is partial
+    assert not r["ok"] and r["written"] == 32768 and r["shards"] == 1 and r["same"] == 12
     assert r["bytes"] > 600 << 20  # the output shard is most of a GiB ...
     assert r["peak"] < 1 << 30, f"peak RSS {r['peak'] / 2**20:.0f} MiB"  # ... and never held in memory
 
@@ -593,3 +595,285 @@ def test_22_6_one_scheduler_vocabulary(export, tmp_path, capsys):
     assert main(["convert", export.root, str(tmp_path / "bad"), "--format", "precomputed", "--spec", str(spec),
                  "--scheduler", "cluster please"]) == 2
     assert "scheduler" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+# --------------------------------------------------------------------------- issue 29: output shards over several files
+
+
+def same_bytes_as_tensorstores_writer(dest, sp, work):
+    """Every output shard file of a precomputed scale is what TensorStore's own sharded writer makes
+    of the same stored values."""
+    meta = {**sp.sharding, "data_encoding": "raw"}
+    ours = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{dest}/{sp.key}/",
+                            "metadata": meta}).result()
+    theirs = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "base": f"file://{work}/",
+                              "metadata": meta}).result()
+    with ts.Transaction() as txn:
+        for key in ours.list().result():
+            theirs.with_transaction(txn)[key] = ours.read(key).result().value
+    files = sorted(os.listdir(os.path.join(dest, sp.key)))
+    assert files and files == sorted(os.listdir(work))
+    for f in files:
+        assert open(os.path.join(dest, sp.key, f), "rb").read() == open(os.path.join(work, f), "rb").read(), f
+
+
+@pytest.mark.parametrize("fmt,stream", [("precomputed", True), ("precomputed", False), ("zarr3", True)])
+def test_output_shards_larger_than_source_shards(export, tmp_path, fmt, stream):
+    """A sharding whose shards span several source files (as DVID's old names do at coarse scales):
+    one task per output shard, reading every source file meeting it; exact, and a streamed shard
+    is TensorStore's bytes."""
+    from dvidshards.jobs.convert import plan_tasks
+
+    ds = dvidshards.Dataset(export.root, spec=export.spec)
+    sharding = {**export.spec["scales"][0]["sharding"], "preshift_bits": 2, "minishard_bits": 2, "shard_bits": 2}
+    sp = plan_scale(ds.scale(0), fmt, sharding=sharding)
+    tasks = plan_tasks(sp, ds.shards(0))
+    assert sp.grouped and 1 < len(tasks) < len(ds.shards(0))
+    assert all(len(t) == 3 and len(t[2]) > 1 for t in tasks)  # every output shard reads several files
+    assert sorted({o for t in tasks for o in t[2]}) == sorted(ds.shards(0))
+    dest = tmp_path / "out"
+    rep = convert(ds, dest, fmt, scales=[0], sharding=sharding, progress=False, _stream=stream)
+    assert rep.ok and rep.tasks == len(tasks) and rep.totals.shards_written == len(tasks), rep.summary()
+    want = export.expected(0)
+    np.testing.assert_array_equal(read_back(dest, fmt, sp.key), want)
+    assert stored_chunk_keys(dest, fmt, sp) == expected_keys(want, fmt, sp)
+    assert rep.totals.records == sum(len(ds.shard(0, o).table()) for o in ds.shards(0))  # each record once
+    if fmt == "precomputed":
+        same_bytes_as_tensorstores_writer(str(dest), sp, str(tmp_path / "ts"))
+    assert not list(dest.rglob("*.tmp"))
+    # resume keeps whole output shards and rewrites a damaged one
+    files = sorted(p for p in (dest / sp.key).rglob("*") if p.is_file() and p.name != "zarr.json")
+    before = mtimes(dest)
+    with open(files[0], "r+b") as f:
+        f.truncate(10)
+    again = convert(ds, dest, fmt, scales=[0], sharding=sharding, progress=False, _stream=stream, resume=True)
+    assert again.ok and again.totals.shards_written == 1 and again.totals.shards_skipped == len(tasks) - 1
+    after = mtimes(dest)
+    assert all(after[str(p.relative_to(dest))] == before[str(p.relative_to(dest))] for p in files[1:])
+    np.testing.assert_array_equal(read_back(dest, fmt, sp.key), want)
+
+
+def test_a_failing_source_file_names_the_output_shard_it_was_for(tmp_path):
+    exp = make_export(tmp_path / "exp", scales=1)
+    ds, victim = _damage_one_shard(exp)
+    sharding = {**exp.spec["scales"][0]["sharding"], "preshift_bits": 2, "minishard_bits": 2, "shard_bits": 2}
+    rep = convert(ds, tmp_path / "out", "precomputed", sharding=sharding, progress=False, allow_partial=True)
+    assert not rep.ok and len(rep.failed) >= 1
+    name, msg = next(iter(rep.failed.items()))
+    assert name.startswith("s0/") and name.endswith(".shard") and "{}_{}_{}".format(*victim) in msg
+
+
+# --------------------------------------------------------------------------- issue 29: partial exports
+
+
+@pytest.fixture(scope="module")
+def partial(tmp_path_factory):
+    """An odd-sized 4-scale export holding scale 0 only (DVID's default), its info listing all four;
+    and the pyramid by DVID's rule (dvidshards.demo.dvid_downsample, a plain numpy port)."""
+    from dvidshards.demo import dvid_downsample
+
+    exp = make_export(tmp_path_factory.mktemp("partial") / "exp", (141, 99, 77), seed=7, scales=4,
+                      only_scales=[0], info=True)
+    dvid = [exp.sv]
+    for _ in range(3):
+        dvid.append(dvid_downsample(dvid[-1]))
+    return exp, dvid
+
+
+def mapped(exp, sv):
+    return LabelMapping.from_any(exp.mapping)(sv)
+
+
+def test_partial_export_the_reference_is_independent():
+    """dvid_downsample is a plain port: check it on cells written by hand, and that it does not
+    stand on the compressed-domain kernel it is the reference of."""
+    import inspect
+
+    from dvidshards.demo import dvid_downsample
+
+    v = np.zeros((4, 2, 3), np.uint64)
+    v[0:2, :, 0:2] = [[[5, 5], [7, 7]], [[7, 7], [0, 0]]]  # 7 four times, 5 twice
+    v[2:4, :, 0:2] = [[[0, 0], [0, 9]], [[0, 0], [0, 0]]]  # a lone non-zero wins over zeros
+    v[0:2, :, 2] = [[3, 4], [4, 3]]  # a tie: the smaller id (the odd edge counts as 0)
+    got = dvid_downsample(v)
+    assert got.shape == (2, 1, 2)
+    assert got[:, 0, :].tolist() == [[7, 3], [9, 0]]
+    assert "formats.downsample" not in inspect.getsource(inspect.getmodule(dvid_downsample))
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+def test_partial_export_converts_every_scale_of_its_spec(partial, tmp_path, fmt):
+    exp, dvid = partial
+    ds = dvidshards.Dataset(exp.root)
+    assert ds.exported == (0,) and len(ds.scales) == 4
+    dest = tmp_path / "out"
+    rep = convert(exp.root, dest, fmt, progress=False)
+    assert rep.ok, rep.summary()
+    assert rep.scales == [0, 1, 2, 3] and rep.totals.made["records_written"] > 0
+    assert any("made first" in n for n in rep.notes)
+    for k in range(4):
+        key = plan_scale(ds.scale(k).with_naming("current"), fmt).key
+        np.testing.assert_array_equal(read_back(dest, fmt, key), mapped(exp, dvid[k]), err_msg=f"s{k}")
+    m = json.loads((dest / "dvidshards.json").read_text())
+    assert m["made"] == [1, 2, 3] and m["spec"] == ds.spec and m["parameters"]["method"] == "dvid"
+    assert m["tasks"]["total"] == rep.tasks == rep.done
+    assert not (tmp_path / "out.work").exists()  # the staging folder is gone after a complete run
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    v = dvidshards.verify(str(dest), spot_check=6)
+    assert v.ok and v.chunks == 6 and "s1, s2, s3: made by the conversion" in v.summary(), v.summary()
+
+
+def test_partial_export_supervoxels_and_tensorstores_mode(partial, tmp_path):
+    exp, dvid = partial
+    rep = convert(exp.root, tmp_path / "sv", "zarr3", labels="supervoxels", progress=False, verify=3)
+    assert rep.ok and rep.totals.verified == 12 and not rep.totals.mismatches
+    for k in range(4):
+        np.testing.assert_array_equal(read_back(tmp_path / "sv", "zarr3", f"s{k}"), dvid[k])
+    rep = convert(exp.root, tmp_path / "mode", "zarr3", method="mode", progress=False)
+    assert rep.ok
+    for k in range(4):  # TensorStore's own mode downsampling of the volume, then the mapping
+        np.testing.assert_array_equal(read_back(tmp_path / "mode", "zarr3", f"s{k}"), exp.expected(k))
+    assert not np.array_equal(exp.expected(2), mapped(exp, dvid[2]))  # the two rules differ here
+
+
+def test_partial_export_resume_across_both_stages(partial, tmp_path):
+    exp, dvid = partial
+    dest, work = tmp_path / "out", tmp_path / "out.work"
+    # killed while making the scales: the output says incomplete, what was made is kept
+    first = convert(exp.root, dest, "precomputed", progress=False, allow_partial=True, _stop_downsample_after=1)
+    assert not first.complete and not first.failed and (work / "scales" / "s1").is_dir()
+    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is False
+    assert any("not converted: making them did not finish" in n for n in first.notes)
+    made = mtimes(work / "scales" / "s1")
+    with pytest.raises(OutputError, match="--resume"):
+        convert(exp.root, dest, "precomputed", progress=False)
+    second = convert(exp.root, dest, "precomputed", progress=False, resume=True, _stop_after=2, allow_partial=True)
+    assert not second.complete and second.skipped >= 1  # the made shard kept
+    assert all(mtimes(work / "scales" / "s1")[k] == v for k, v in made.items())
+    # killed while converting: resume keeps both the made scales and the output shards written
+    third = convert(exp.root, dest, "precomputed", progress=False, resume=True)
+    assert third.ok and third.totals.shards_skipped == 2, third.summary()
+    assert not work.exists()
+    ds = dvidshards.Dataset(exp.root)
+    for k in range(4):
+        key = plan_scale(ds.scale(k).with_naming("current"), "precomputed").key
+        np.testing.assert_array_equal(read_back(dest, "precomputed", key), mapped(exp, dvid[k]))
+    # resuming a complete output does not make the scales again
+    before = mtimes(dest)
+    fourth = convert(exp.root, dest, "precomputed", progress=False, resume=True)
+    assert fourth.ok and any("kept as the earlier complete run wrote them" in n for n in fourth.notes)
+    assert not work.exists() and fourth.totals.made is None
+    assert {k: v for k, v in mtimes(dest).items() if "json" not in k} == \
+        {k: v for k, v in before.items() if "json" not in k}
+
+
+def test_partial_export_explicit_scales(partial, tmp_path):
+    exp, dvid = partial
+    rep = convert(exp.root, tmp_path / "two", "zarr3", scales=[2], progress=False)
+    assert rep.ok and rep.scales == [2]
+    assert "s1, s2 made from s0" in " ".join(rep.notes)  # s2 is made from s1, made first
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["dvidshards.json", "s2", "zarr.json"]
+    np.testing.assert_array_equal(read_back(tmp_path / "two", "zarr3", "s2"), mapped(exp, dvid[2]))
+    # an export holding s1 and s2 only: s0 cannot be made; the default converts s1, s2 and makes s3
+    top = make_export(tmp_path / "top", (141, 99, 77), seed=7, scales=4, only_scales=[1, 2], info=True)
+    with pytest.raises(NotExportedError, match="scale 0 is not exported"):
+        convert(top.root, tmp_path / "never", "zarr3", scales=[0, 1])
+    assert not (tmp_path / "never").exists() and not (tmp_path / "never.work").exists()
+    rep = convert(top.root, tmp_path / "top-out", "zarr3", progress=False)
+    assert rep.ok and rep.scales == [1, 2, 3] and any("s0 not exported and not made" in n for n in rep.notes)
+    np.testing.assert_array_equal(read_back(tmp_path / "top-out", "zarr3", "s3"),
+                                  mapped(top, dvid_from(top.expected(2, "supervoxels"))))
+
+
+def dvid_from(sv):
+    from dvidshards.demo import dvid_downsample
+
+    return dvid_downsample(sv)
+
+
+def test_partial_export_work_folder(partial, tmp_path, capsys):
+    from dvidshards.cli import main
+    from dvidshards.jobs.convert import default_workdir
+    from dvidshards.jobs.output import Destination
+
+    exp, dvid = partial
+    # beside the output, never inside it; a bucket's sibling prefix; none for a bucket's root or memory
+    assert default_workdir(Destination.of(str(tmp_path / "a" / "out"))).describe() == str(tmp_path / "a" / "out.work")
+    assert default_workdir(Destination.of("gs://bucket/conv/out/")).describe() == "gs://bucket/conv/out.work"
+    for bad in ("gs://bucket", "memory://x/out"):
+        with pytest.raises(OutputError, match="--workdir"):
+            default_workdir(Destination.of(bad))
+    with pytest.raises(OutputError, match="--workdir"):
+        convert(exp.root, "memory://x/out/", "zarr3", progress=False)
+    # an explicit work folder holding the user's files: the staged scales go, the rest stays
+    wd = tmp_path / "mine"
+    wd.mkdir()
+    (wd / "notes.txt").write_text("mine")
+    assert convert(exp.root, tmp_path / "o1", "zarr3", workdir=wd, scales=[1], progress=False).ok
+    assert sorted(os.listdir(wd)) == ["notes.txt"]
+    # refused before any work: inside the export, overlapping the output
+    for bad, why in ((os.path.join(exp.root, "work"), "inside the export"), (tmp_path / "o2" / "w", "overlap")):
+        with pytest.raises(OutputError, match=why):
+            convert(exp.root, tmp_path / "o2", "zarr3", workdir=bad, progress=False)
+        assert not os.path.exists(bad)
+    assert not os.path.exists(os.path.join(exp.root, "work")) and sorted(os.listdir(exp.root)) == ["info", "s0"]
+    # a work folder left by another run: refused without --resume / --overwrite; --overwrite makes them again
+    convert(exp.root, tmp_path / "o3", "zarr3", progress=False, allow_partial=True, _stop_downsample_after=1)
+    shutil_rm(tmp_path / "o3")
+    with pytest.raises(OutputError, match="holds scales made by an earlier conversion"):
+        convert(exp.root, tmp_path / "o3", "zarr3", progress=False)
+    assert main(["convert", exp.root, str(tmp_path / "o3"), "--format", "zarr3", "--overwrite", "--quiet",
+                 "--method", "dvid", "--scheduler", "serial"]) == 0
+    assert "made first" in capsys.readouterr().out and not (tmp_path / "o3.work").exists()
+    np.testing.assert_array_equal(read_back(tmp_path / "o3", "zarr3", "s3"), mapped(exp, dvid[3]))
+
+
+def shutil_rm(p):
+    import shutil
+
+    shutil.rmtree(p)
+
+
+@pytest.mark.slow
+def test_made_scales_and_grouped_shards_on_a_local_cluster_equal_serial(partial, export, tmp_path):
+    """Both stages on dask workers (other processes: the dataset over the export and the made scales
+    travels pickled), and tasks of output shards over several files: the same bytes as serially."""
+    distributed = pytest.importorskip("distributed")
+    from dvidshards.jobs.runner import TaskRunner
+
+    exp, _ = partial
+    sharding = {**export.spec["scales"][0]["sharding"], "preshift_bits": 2, "minishard_bits": 2, "shard_bits": 2}
+    with TaskRunner("local:2") as tr:
+        client = tr.client()
+        assert isinstance(client, distributed.Client)
+        for name, src, kw in (("made", exp.root, {}), ("grouped", export.root,
+                                                          {"spec": export.spec, "scales": [0], "sharding": sharding})):
+            a = convert(src, tmp_path / f"{name}-serial", "precomputed", scheduler="serial", progress=False, **kw)
+            b = convert(src, tmp_path / f"{name}-dask", "precomputed", scheduler=client, progress=False, **kw)
+            assert a.ok and b.ok and a.tasks == b.tasks > 1
+            assert tree_bytes(tmp_path / f"{name}-serial") == tree_bytes(tmp_path / f"{name}-dask")
+    assert not (tmp_path / "made-dask.work").exists()
+
+
+def test_partial_export_to_a_bucket(partial, tmp_path):
+    """A bucket destination: the made scales are staged beside it in the same bucket (out.work/),
+    removed when the output is complete; the output's objects are a local run's files."""
+    pytest.importorskip("moto.server")
+    from tests.support.servers import MotoS3
+
+    exp, dvid = partial
+    local = convert(exp.root, tmp_path / "local", "precomputed", progress=False)
+    assert local.ok
+    with MotoS3() as s3:
+        c = s3.bucket("seg")
+        url = f"s3://seg/conv/out?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        first = convert(exp.root, url, "precomputed", progress=False, allow_partial=True, _stop_after=1)
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        assert not first.complete and any(k.startswith("conv/out.work/scales/s1/") for k in keys)
+        rep = convert(exp.root, url, "precomputed", progress=False, resume=True)
+        assert rep.ok and rep.totals.shards_skipped == 1, rep.summary()
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        assert not [k for k in keys if k.startswith("conv/out.work")]
+        got = {k[len("conv/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys
+               if k != "conv/out/dvidshards.json"}
+        assert got == tree_bytes(tmp_path / "local")

@@ -29,6 +29,7 @@ from dvidshards.cli import main as cli
 from dvidshards.dataset import IncompleteScalesWarning, LayeredStore
 from dvidshards.errors import NotExportedError
 from dvidshards.formats.codec import decode_block
+from dvidshards.jobs.convert import convert
 from dvidshards.stores import MemoryStore
 from tests.conftest import REAL_SHARD, make_export
 
@@ -139,7 +140,7 @@ def test_old_names_read_exactly_in_both_label_modes(old_mcns, mcns_spec):
             for box in (cross, corner):
                 want = _truth(size, box, labels)
                 assert want.any()
-                np.testing.assert_array_equal(ds.read(box, k, labels=labels), want)  # the bulk reader
+                np.testing.assert_array_equal(ds.read(box, scale=k, labels=labels), want)  # the bulk reader
                 vol = ds.open(k, labels=labels)  # TensorStore
                 got = vol[box[0][0]:box[1][0], box[0][1]:box[1][1], box[0][2]:box[1][2]].read(order="F").result()
                 np.testing.assert_array_equal(got, want)
@@ -164,10 +165,10 @@ def test_old_names_shards_chunks_and_body_queries(old_mcns, mcns_spec):
         assert b.size == n
         where = np.argwhere(truth == body)
         assert b.box == [where.min(axis=0).tolist(), (where.max(axis=0) + 1).tolist()]
-    np.testing.assert_array_equal(ds.labels(whole, 9), np.unique(truth))  # background (0) included
+    np.testing.assert_array_equal(ds.labels(whole, scale=9), np.unique(truth))  # background (0) included
     sv = _truth(s9.size, whole)
     chunks = {tuple(int(v) // 64 for v in p) for p in np.argwhere(sv == 7)}
-    assert {tuple(int(v) for v in c) for c in ds.chunks_with([7], 9, labels="supervoxels")} == chunks
+    assert {tuple(int(v) for v in c) for c in ds.chunks_with([7], scale=9, labels="supervoxels")} == chunks
 
 
 def test_old_names_info_verify_consolidate_from_the_command_line(old_mcns, spec_path, tmp_path, capsys):
@@ -192,7 +193,7 @@ def test_old_names_info_verify_consolidate_from_the_command_line(old_mcns, spec_
     assert [ConsolidatedIndex(str(idx), f"s{k}").meta["naming"] for k in OLD_SCALES] == ["old"] * 3
     s8 = ds.scale(8)
     box = [[0, 0, 376], [150, 120, 526]]
-    np.testing.assert_array_equal(ds.read(box, 8), _truth(s8.size, box, "agglomerated"))
+    np.testing.assert_array_equal(ds.read(box, scale=8), _truth(s8.size, box, "agglomerated"))
 
 
 def test_a_file_that_fits_neither_naming_is_the_spec_error_naming_both(old_mcns, mcns_spec, spec_path, tmp_path,
@@ -203,13 +204,13 @@ def test_a_file_that_fits_neither_naming_is_the_spec_error_naming_both(old_mcns,
         shutil.copy(root / "s9" / f"0_0_256.{ext}", root / "s9" / f"0_0_128.{ext}")
     ds = Dataset(root, spec=mcns_spec)
     with pytest.raises(SpecError, match=r"s9/0_0_128.arrow: this shard file is not on the shard grid") as e:
-        ds.read([[0, 0, 0], [64, 64, 64]], 9)
+        ds.read([[0, 0, 0], [64, 64, 64]], scale=9)
     assert "256 voxels" in str(e.value) and "320 voxels" in str(e.value) and "\n" not in str(e.value)
     assert cli(["info", str(root), "--spec", spec_path]) == 2
     assert "0_0_128.arrow" in capsys.readouterr().err
     # scales 7 and 8 are unaffected
     s8 = ds.scale(8)
-    np.testing.assert_array_equal(ds.read([[0, 0, 376], [150, 120, 526]], 8),
+    np.testing.assert_array_equal(ds.read([[0, 0, 376], [150, 120, 526]], scale=8),
                                   _truth(s8.size, [[0, 0, 376], [150, 120, 526]], "agglomerated"))
 
 
@@ -225,7 +226,7 @@ def test_old_names_over_flight_read_as_today_s_shards(old_mcns, mcns_spec):
         for k in OLD_SCALES:
             size = ds.scale(k).size
             box = [[0, 0, size[2] - 150], [150, 120, size[2]]]
-            np.testing.assert_array_equal(client.read(box, k), _truth(size, box, "agglomerated"))
+            np.testing.assert_array_equal(client.read(box, scale=k), _truth(size, box, "agglomerated"))
 
 
 class _Counting(MemoryStore):
@@ -264,7 +265,7 @@ def test_naming_detection_lists_only_the_scales_where_the_namings_differ(old_mcn
         # an export holds a prefix of its spec's scales (FORMATS.md §3a): s0-s9, without listing s0-s6
         assert ds.exported == tuple(range(10)) and st.listed == []
     s9 = ds.scale(9)
-    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(s9.size)], 9), _truth(s9.size, [[0, 0, 0], list(s9.size)],
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(s9.size)], scale=9), _truth(s9.size, [[0, 0, 0], list(s9.size)],
                                                                                   "agglomerated"))
 
 
@@ -290,10 +291,10 @@ def test_s0_only_export_with_the_12_scale_spec(s0_only_real, mcns_spec, spec_pat
         box = [c.tolist(), (c + 64).tolist()]
         sv = decode_block(rec["block"], np.asarray(rec["supervoxels"], np.uint64))  # (z, y, x)
         agg = decode_block(rec["block"], np.asarray(rec["labels"], np.uint64))
-        np.testing.assert_array_equal(ds.read(box, 0, labels="supervoxels"), sv.T)
-        np.testing.assert_array_equal(ds.read(box, 0), agg.T)
+        np.testing.assert_array_equal(ds.read(box, scale=0, labels="supervoxels"), sv.T)
+        np.testing.assert_array_equal(ds.read(box, scale=0), agg.T)
     # scale 1: one line naming it, what the export holds and how to make it
-    for call in (lambda: ds.read([[0, 0, 0], [64, 64, 64]], 1), lambda: ds.open(1), lambda: ds.shards(1),
+    for call in (lambda: ds.read([[0, 0, 0], [64, 64, 64]], scale=1), lambda: ds.open(1), lambda: ds.shards(1),
                  lambda: ds.require_scale(1), lambda: dvidshards.open(s0_only_real, spec=mcns_spec, scale=1),
                  lambda: ds.chunks(2), lambda: ds.body(1, scale=3).size):
         with pytest.raises(NotExportedError) as e:
@@ -329,10 +330,10 @@ def test_partial_export_with_its_own_spec(tmp_path, capsys):
     ds = Dataset(exp.root)  # geometry from the info file, which lists three scales
     assert ds.exported == (0, 1) and [s.index for s in ds.scales] == [0, 1, 2]
     for k in (0, 1):
-        np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(k).size)], k), exp.expected(k))
+        np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(k).size)], scale=k), exp.expected(k))
     with pytest.raises(NotExportedError, match="scale 2 is not exported"):
-        ds.read([[0, 0, 0], [8, 8, 8]], 2)
-    assert not ds.read([[0, 0, 0], [8, 8, 8]], 2, fill_missing_shards=True).any()  # asked for: background
+        ds.read([[0, 0, 0], [8, 8, 8]], scale=2)
+    assert not ds.read([[0, 0, 0], [8, 8, 8]], scale=2, fill_missing_shards=True).any()  # asked for: background
     idx = tmp_path / "idx"
     assert cli(["consolidate", exp.root, "--out", str(idx), "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -365,7 +366,7 @@ def _same_pyramid(ds: Dataset, whole) -> None:
     assert ds.exported == (0, 1, 2)
     for k in range(3):
         for labels in ("agglomerated", "supervoxels"):
-            np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(k).size)], k, labels=labels,
+            np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(k).size)], scale=k, labels=labels,
                                                   fill_missing_shards=True),
                                           whole.expected(k, labels))
         vol = dvidshards.open(ds, scale=k, fill_missing_shards=True)
@@ -382,7 +383,7 @@ def test_a_root_list_is_one_pyramid(pyramid):
     vol = dvidshards.open([str(src), str(dest)], spec=whole.spec, scale=2, labels="supervoxels")
     np.testing.assert_array_equal(vol.read(order="F").result(), whole.expected(2, "supervoxels"))
     again = pickle.loads(pickle.dumps(ds))  # what a job's workers get
-    np.testing.assert_array_equal(again.read([[0, 0, 0], list(ds.scale(1).size)], 1), whole.expected(1))
+    np.testing.assert_array_equal(again.read([[0, 0, 0], list(ds.scale(1).size)], scale=1), whole.expected(1))
     reader = pickle.loads(pickle.dumps(ds.reader(2)))
     assert reader.store == ds.store
 
@@ -407,7 +408,7 @@ def test_a_downsample_destination_opens_over_its_source(pyramid, capsys):
     assert ds.spec is not None and [s.index for s in ds.scales] == [0, 1, 2]
     _same_pyramid(ds, whole)
     again = pickle.loads(pickle.dumps(ds))
-    np.testing.assert_array_equal(again.read([[0, 0, 0], list(ds.scale(2).size)], 2), whole.expected(2))
+    np.testing.assert_array_equal(again.read([[0, 0, 0], list(ds.scale(2).size)], scale=2), whole.expected(2))
     assert cli(["info", str(dest)]) == 0
     out = capsys.readouterr().out
     assert f"  s0 from {src}" in out and f"  s1, s2 from {dest}" in out and "not exported" not in out
@@ -424,7 +425,7 @@ def test_an_incomplete_destination_warns_once(pyramid, tmp_path):
     with pytest.warns(IncompleteScalesWarning, match="s1, s2 are not complete") as rec:
         ds = Dataset(d2)
     assert len(rec) == 1 and rec[0].filename == __file__
-    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], 1), whole.expected(1))
+    np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], scale=1), whole.expected(1))
     (d2 / "dvidshards.json").write_text(json.dumps({**m, "source": "nowhere"}))
     with pytest.raises(SpecError, match="dvidshards.json: a downsample manifest needs source.url"):
         Dataset(d2)
@@ -437,8 +438,8 @@ def test_no_spec_warns_once_at_the_caller(synthetic_export, capsys):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         ds = Dataset(synthetic_export.root)
-        ds.read([[0, 0, 0], [64, 64, 64]], 0)
-        ds.read([[0, 0, 0], [32, 32, 32]], 2)
+        ds.read([[0, 0, 0], [64, 64, 64]], scale=0)
+        ds.read([[0, 0, 0], [32, 32, 32]], scale=2)
         ds.shards(1)
     geometry = [w for w in rec if issubclass(w.category, GeometryWarning)]
     assert len(geometry) == 1 and geometry[0].filename == __file__, [(w.filename, str(w.message)) for w in rec]
@@ -471,7 +472,7 @@ def test_old_names_and_an_s0_only_export_on_s3(old_mcns, s0_only_real, mcns_spec
         for k in OLD_SCALES:
             size = ds.scale(k).size
             box = [[0, 0, size[2] - 150], [150, 120, size[2]]]
-            np.testing.assert_array_equal(ds.read(box, k, labels="supervoxels"), _truth(size, box))
+            np.testing.assert_array_equal(ds.read(box, scale=k, labels="supervoxels"), _truth(size, box))
         ds = Dataset(ctx.spec("exports", "s0only/"), spec=mcns_spec)
         assert ds.exported == (0,)  # s1-s11 listed (each one request, nothing there); s0 never listed
         rec = real_records[5]
@@ -482,3 +483,128 @@ def test_old_names_and_an_s0_only_export_on_s3(old_mcns, s0_only_real, mcns_spec
             ds.open(1)
     finally:
         ctx.stop()
+
+
+# --------------------------------------------------------------------------- convert (issue 29 items 1 and 4)
+
+
+def _precomputed(dest, key) -> ts.TensorStore:
+    """A converted scale through TensorStore's own driver (x, y, z), never through dvidshards."""
+    return ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{dest}/",
+                    "scale_metadata": {"key": key}}).result()[..., 0]
+
+
+def test_convert_old_names_at_s8_s9_reads_back_by_tensorstore(old_mcns, mcns_spec, spec_path, tmp_path, capsys):
+    """`convert --scales 8 9` of the old names with the real spec: each output shard (one per scale:
+    the spec has 0 shard bits there) made by one task from the two files meeting it."""
+    dest = tmp_path / "out"
+    assert cli(["convert", str(old_mcns), str(dest), "--format", "precomputed", "--spec", spec_path, "--scales", "8",
+                "9", "--scheduler", "serial", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "complete: 2 of 2 tasks" in out, out
+    info = json.loads((dest / "info").read_text())
+    assert [s["key"] for s in info["scales"]] == [mcns_spec["scales"][k]["key"] for k in (8, 9)]
+    ds = Dataset(old_mcns, spec=mcns_spec)
+    for k in (8, 9):
+        s = ds.scale(k)
+        key = mcns_spec["scales"][k]["key"]
+        assert sorted(p.name for p in (dest / key).iterdir()) == ["0.shard"]
+        vol = _precomputed(dest, key)
+        assert list(vol.domain.exclusive_max) == list(s.size)
+        for box in [[[0, 0, s.size[2] - 150], [150, 120, s.size[2]]],  # across the two files' boundary
+                    [[s.size[0] - 90, s.size[1] - 90, 0], list(s.size)]]:
+            (x0, y0, z0), (x1, y1, z1) = box
+            got = vol[x0:x1, y0:y1, z0:z1].read().result()
+            np.testing.assert_array_equal(got, ds.read(box, scale=k))  # the source read
+            np.testing.assert_array_equal(got, _truth(s.size, box, "agglomerated"))
+    s9 = ds.scale(9)
+    whole = [[0, 0, 0], list(s9.size)]
+    np.testing.assert_array_equal(_precomputed(dest, mcns_spec["scales"][9]["key"]).read().result(),
+                                  _truth(s9.size, whole, "agglomerated"))
+    # zarr3 of the same scales, supervoxels: the whole of s9 and the boundary box of s8
+    rep = convert(old_mcns, tmp_path / "z", "zarr3", spec=mcns_spec, scales=[8, 9],
+                                          labels="supervoxels", progress=False)
+    assert rep.ok and rep.tasks == 2
+    z9 = ts.open({"driver": "zarr3", "kvstore": f"file://{tmp_path / 'z'}/s9/"}).result()
+    np.testing.assert_array_equal(z9.read().result(), _truth(s9.size, whole))
+    s8 = ds.scale(8)
+    z8 = ts.open({"driver": "zarr3", "kvstore": f"file://{tmp_path / 'z'}/s8/"}).result()
+    np.testing.assert_array_equal(z8[0:150, 0:120, s8.size[2] - 150:].read().result(),
+                                  _truth(s8.size, [[0, 0, s8.size[2] - 150], [150, 120, s8.size[2]]]))
+
+
+def test_convert_old_names_by_default_makes_the_coarser_scales(old_mcns, mcns_spec, tmp_path):
+    """Default scales of the old s7-s9: those three, and s10, s11 made from s9 by DVID's rule."""
+    from dvidshards.demo import dvid_downsample
+
+    rep = convert(old_mcns, tmp_path / "out", "precomputed", spec=mcns_spec,
+                                          labels="supervoxels", progress=False, scheduler="serial")
+    assert rep.ok and rep.scales == [7, 8, 9, 10, 11], rep.summary()
+    assert any("s0, s1, s2, s3, s4, s5, s6 not exported and not made" in n for n in rep.notes)
+    ds = Dataset(old_mcns, spec=mcns_spec)
+    ref = _truth(ds.scale(9).size, [[0, 0, 0], list(ds.scale(9).size)])
+    for k in (10, 11):
+        ref = dvid_downsample(ref)
+        np.testing.assert_array_equal(_precomputed(tmp_path / "out", mcns_spec["scales"][k]["key"]).read().result(),
+                                      ref, err_msg=f"s{k}")
+
+
+def _pyramid_reference(records):
+    """s1 and s2 of the real shard's supervoxels by DVID's rule (dvidshards.demo.dvid_downsample, a
+    plain numpy port), chunk by chunk: {chunk: (x, y, z) volume} per scale."""
+    from dvidshards.demo import dvid_downsample
+
+    def coarser(level):
+        # a 2x2x2 cell never straddles two chunks (64 is even): each chunk gives one octant of its parent,
+        # and an absent chunk (all 0) gives 0s
+        out: dict = {}
+        for c, vol in level.items():
+            p = tuple(v // 2 for v in c)
+            o = [(v % 2) * 32 for v in c]
+            dst = out.setdefault(p, np.zeros((64, 64, 64), np.uint64))
+            dst[o[0]:o[0] + 32, o[1]:o[1] + 32, o[2]:o[2] + 32] = dvid_downsample(vol)
+        return out
+
+    s0 = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): decode_block(r["block"], np.asarray(r["supervoxels"],
+                                                                                         np.uint64)).T
+          for r in records}
+    s1 = coarser(s0)
+    return s1, coarser(s1)
+
+
+def test_convert_s0_only_real_shard_with_the_12_scale_spec(s0_only_real, mcns_spec, real_records, tmp_path):
+    """The real mCNS shard as an s0-only export: one convert gives every scale of the spec; s1 and s2
+    are DVID's rule on the real supervoxels, and the bodies the records' own mapping of them."""
+    dest = tmp_path / "out"
+    rep = convert(s0_only_real, dest, "precomputed", spec=mcns_spec, progress=False,
+                                          scheduler="serial")
+    assert rep.ok and rep.scales == list(range(12)), rep.summary()
+    assert not (tmp_path / "out.work").exists()
+    info = json.loads((dest / "info").read_text())
+    assert [s["key"] for s in info["scales"]] == [s["key"] for s in mcns_spec["scales"]]
+    sv = convert(s0_only_real, tmp_path / "sv", "precomputed", spec=mcns_spec,
+                                         labels="supervoxels", scales=[1, 2], progress=False, scheduler="serial")
+    assert sv.ok and sv.scales == [1, 2]
+    pairs = {}
+    for r in real_records:
+        pairs.update(zip(r["supervoxels"], r["labels"], strict=True))
+    lut_keys = np.array(sorted(pairs), np.uint64)
+    lut_vals = np.array([pairs[k] for k in sorted(pairs)], np.uint64)
+
+    def bodies(v):
+        i = np.searchsorted(lut_keys, v)
+        out = lut_vals[np.minimum(i, len(lut_keys) - 1)]
+        assert (lut_keys[np.minimum(i, len(lut_keys) - 1)][v > 0] == v[v > 0]).all()
+        return np.where(v > 0, out, 0)
+
+    s1, s2 = _pyramid_reference(real_records)
+    for k, ref in ((1, s1), (2, s2)):
+        key = mcns_spec["scales"][k]["key"]
+        got_sv, got_body = _precomputed(tmp_path / "sv", key), _precomputed(dest, key)
+        for c, want in ref.items():
+            lo = np.asarray(c) * 64
+            sl = tuple(slice(int(a), int(a) + 64) for a in lo)
+            np.testing.assert_array_equal(got_sv[sl].read().result(), want, err_msg=f"s{k} chunk {c}")
+            np.testing.assert_array_equal(got_body[sl].read().result(), bodies(want), err_msg=f"s{k} chunk {c}")
+        n = len([c for c, v in ref.items() if v.any()])
+        assert n > 10 and rep.totals.made["per_scale"][str(k)]["records_written"] == n

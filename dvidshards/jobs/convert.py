@@ -1,4 +1,4 @@
-"""Convert an export to neuroglancer precomputed or zarr v3, one task per source shard.
+"""Convert an export to neuroglancer precomputed or zarr v3: every scale of its spec.
 
 ``convert(source, dest, format=...)`` (and ``dvidshards convert``) writes:
 
@@ -13,10 +13,21 @@
 
 How it is safe and bounded:
 
-* The **planner** proves, per scale, that every output shard is a box of chunks lying inside
-  one source shard's box (identity hash, no shard-number wrap, per-axis containment); a task
-  owns one source shard and therefore all of its output shards, and no two tasks can write the
-  same output shard. Layouts where this does not hold are refused (:class:`ConvertPlanError`).
+* The **planner** (:func:`plan_scale`, :func:`plan_tasks`) checks, per scale, that output shards
+  are boxes of chunks (identity hash, no shard-number wrap; else :class:`ConvertPlanError`) and
+  tries to prove that each lies inside one source shard file's box. Where the proof holds a
+  task owns one source shard and therefore all of its output shards (streamed, byte-identical,
+  bounded memory). Where it fails — DVID's old shard names at coarse scales (the mCNS spec's
+  s7-s11: files of 1024, 512, 256 voxels where neuroglancer's shard is 1088, 576, 320), or an
+  output sharding coarser than the export's — the scale is *grouped*: a task owns one output
+  shard and reads every source file meeting its box, one at a time (each file read by every
+  task it meets; a local shard is spooled beside itself and written in its order, the same
+  bytes). Either way no two tasks write one output shard.
+* **Scales the export lacks** (DVID exports scale 0 only by default): the scales its spec lists
+  above the finest one held are made first by :func:`dvidshards.jobs.downsample.downsample`
+  (DVID's pyramid rule, or ``method="mode"``) into ``WORKDIR/scales`` (default ``DEST.work``
+  beside the output), then converted with the export as one pyramid; the work folder goes when
+  the output is complete. ``resume`` finishes either stage.
 * On a **local destination** a precomputed output shard is built on disk as its chunks are
   encoded, minishard by minishard (:class:`dvidshards.formats.sharding.ShardFileWriter`, with
   TensorStore's own gzip for the minishard indexes: byte-identical to its sharded writer), then
@@ -54,7 +65,9 @@ How it is safe and bounded:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import json
 import math
 import os
@@ -98,7 +111,7 @@ from .options import (
     job_options,
     scales_of,
 )
-from .output import Destination, JobReport, Output
+from .output import Destination, JobReport, Output, check_apart
 from .output import read_manifest as _read_manifest
 from .outputs import compare_chunks, kvstore_root, open_scale
 from .runner import TaskRunner, scheduler_of
@@ -112,8 +125,10 @@ __all__ = [
     "ScalePlan",
     "add_arguments",
     "convert",
+    "default_workdir",
     "main",
     "plan_scale",
+    "plan_tasks",
     "read_manifest",
 ]
 
@@ -141,8 +156,9 @@ class ScalePlan:
     """What one scale of the output looks like and how source shards map onto it.
 
     Vectors are x, y, z. ``grid`` is the output chunk grid (from ``voxel_offset``);
-    ``shard_chunks`` the output shard box in chunks; ``cell`` the source shard box side in
-    chunks (source chunk coordinates are absolute, output ones relative to the offset).
+    ``shard_chunks`` the output shard box in chunks; ``cell`` the source shard file's box side
+    in chunks, under the naming of its files (source chunk coordinates are absolute, output
+    ones relative to the offset). ``grouped``: tasks are output shards, not source shards.
     """
 
     index: int
@@ -155,6 +171,10 @@ class ScalePlan:
     shard_chunks: tuple[int, int, int]
     cell: int
     sharding: dict | None = None  # output neuroglancer sharding spec (precomputed)
+    #: one task per output shard, reading every source file meeting its box (the proof that
+    #: source files hold whole output shards fails: DVID's old names at coarse scales, a coarser
+    #: output sharding); else one task per source shard
+    grouped: bool = False
 
     @property
     def chunk_offset(self) -> np.ndarray:
@@ -212,7 +232,11 @@ def _output_sharding(src: ShardingSpec, extra: int, where: str) -> ShardingSpec:
 
 def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
                sharding: dict | None = None, data_encoding: str = "gzip") -> ScalePlan:
-    """Plan one scale and prove that no two source shards share an output shard.
+    """Plan one scale: output geometry, and the kind of task that writes each output shard whole.
+
+    The proof that every output shard lies in one source shard file (under the scale's naming)
+    gives one task per source shard; where it fails the plan is ``grouped``: one task per
+    output shard (:func:`plan_tasks`).
 
     Parameters
     ----------
@@ -235,7 +259,8 @@ def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
     Raises
     ------
     ConvertPlanError
-        When the layout cannot be proved task-disjoint or is not chunk-aligned.
+        When output shards are not boxes of chunks (a hashed sharding, shard numbers that wrap,
+        more shard bits than the sharding has) or the geometry is not chunk-aligned.
     """
     where = f"scale {scale.index}"
     if fmt not in FORMATS:
@@ -278,24 +303,47 @@ def plan_scale(scale, fmt: str = "precomputed", *, shard_bits_extra: int = 0,
         raise ConvertPlanError(f"{where}: source shard extent {extent} is not a multiple of {chunk}")
     cell = extent // chunk
     coff = [v // chunk for v in off]
-    # the proof: along each axis every output box interval lies in one source cell
+    # the proof: along each axis every output box interval lies in one source cell; where it
+    # fails (files smaller than the output shard, or boxes across files), tasks are output shards
+    grouped = False
     for a in range(3):
         for k in range(-(-grid[a] // box[a])):
             lo = coff[a] + k * box[a]
             hi = coff[a] + min((k + 1) * box[a], grid[a]) - 1
-            if lo // cell != hi // cell:
-                ax = "xyz"[a]
-                raise ConvertPlanError(
-                    f"{where}: output shards span {box[a]} chunks along {ax} from chunk {lo}, across source "
-                    f"shards at {ax}={lo // cell * extent} and {ax}={hi // cell * extent} voxels: two tasks "
-                    f"would write one output shard")
+            grouped = grouped or lo // cell != hi // cell
     return ScalePlan(
         index=scale.index, key=f"s{scale.index}" if fmt == "zarr3" else (scale.key or f"s{scale.index}"),
         size=_int3(scale.size), voxel_offset=off,
         resolution=_float3(scale.resolution), chunk=chunk, grid=grid,
         shard_chunks=_int3(box), cell=cell,
-        sharding=out.to_json() if fmt == "precomputed" else None,
+        sharding=out.to_json() if fmt == "precomputed" else None, grouped=grouped,
     )
+
+
+def plan_tasks(sp: ScalePlan, origins) -> list[tuple]:
+    """The tasks of one planned scale from the voxel origins of its source shard files.
+
+    One ``(scale, origin)`` per source shard, or on a grouped scale one ``(scale, (i, j, k),
+    origins)`` per output shard: its box index (output shard box ``i, j, k`` along x, y, z) and
+    the source files meeting that box, each read in turn. Either way no two tasks write one
+    output shard, and what the client holds grows with shard files, not chunks.
+    """
+    origins = [tuple(int(v) for v in o) for o in origins]
+    if not sp.grouped:
+        return [(sp.index, o) for o in origins]
+    box = np.asarray(sp.shard_chunks, np.int64)
+    grid = np.asarray(sp.grid, np.int64)
+    groups: dict[tuple[int, int, int], set] = {}
+    for o in origins:
+        lo = np.asarray(o, np.int64) // sp.chunk - sp.chunk_offset
+        hi = np.minimum(lo + sp.cell, grid)
+        lo = np.maximum(lo, 0)
+        if (lo >= hi).any():
+            continue  # a file wholly outside the volume (the dataset's name check refuses those)
+        for b in itertools.product(*(range(int(lo[a] // box[a]), int((hi[a] - 1) // box[a]) + 1)
+                                     for a in range(3))):
+            groups.setdefault(_int3(b), set()).add(o)
+    return [(sp.index, b, tuple(sorted(groups[b]))) for b in sorted(groups)]
 
 
 # --------------------------------------------------------------------------- output metadata
@@ -638,8 +686,27 @@ class ShardResult:
         self.max_rss_mib = max(self.max_rss_mib, o.max_rss_mib)
 
 
+def _source_rows(table, origin, sp: ScalePlan) -> tuple[np.ndarray, np.ndarray]:
+    """``(rel, inside)`` of one source shard's records: output chunk coordinates (relative to the
+    volume's offset) and whether each lies in the volume. A record outside its file's box is a
+    ShardFormatError naming it (the file is damaged, or its name is not its box)."""
+    coords = np.asarray(table.coords, np.int64).reshape(-1, 3)
+    cell_lo = np.asarray(origin, np.int64) // sp.chunk
+    outside_cell = ((coords < cell_lo) | (coords >= cell_lo + sp.cell)).any(axis=1)
+    if outside_cell.any():
+        i = int(np.flatnonzero(outside_cell)[0])
+        raise ShardFormatError(f"{table.where(i)}: chunk lies outside its shard's box "
+                               f"(origin {tuple(origin)}, {sp.cell} chunks per side)")
+    rel = coords - sp.chunk_offset
+    inside = ((rel >= 0) & (rel < np.asarray(sp.grid))).all(axis=1)
+    return rel, inside
+
+
 def _convert_shard(job: _Job, item) -> ShardResult:
-    """The task: convert every record of one source shard into its (whole) output shards."""
+    """The task: convert every record of one source shard into its (whole) output shards (on a
+    grouped scale: one output shard from the source shards meeting it, :func:`_convert_group`)."""
+    if len(item) == 3:
+        return _convert_group(job, item)
     t0, c0 = time.perf_counter(), time.process_time()  # with threads: the process, others included
     if job.only is not None and item not in job.only:
         return ShardResult()
@@ -651,15 +718,7 @@ def _convert_shard(job: _Job, item) -> ShardResult:
     res.records = len(table)
     if not len(table):
         return res
-    coords = np.asarray(table.coords, np.int64)
-    cell_lo = np.asarray(origin, np.int64) // sp.chunk
-    outside_cell = ((coords < cell_lo) | (coords >= cell_lo + sp.cell)).any(axis=1)
-    if outside_cell.any():
-        i = int(np.flatnonzero(outside_cell)[0])
-        raise ShardFormatError(f"{table.where(i)}: chunk lies outside its shard's box "
-                               f"(origin {tuple(origin)}, {sp.cell} chunks per side)")
-    rel = coords - sp.chunk_offset
-    inside = ((rel >= 0) & (rel < np.asarray(sp.grid))).all(axis=1)
+    rel, inside = _source_rows(table, origin, sp)
     res.outside = int((~inside).sum())
     rows = np.flatnonzero(inside)
     ids = sp.shard_ids(rel[rows])
@@ -672,6 +731,131 @@ def _convert_shard(job: _Job, item) -> ShardResult:
     res.wall_s = time.perf_counter() - t0
     res.max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return res
+
+
+def _convert_group(job: _Job, item) -> ShardResult:
+    """The task of a grouped scale: one whole output shard from every source shard meeting its
+    box, read one at a time (``item`` is ``(scale, box index, source origins)``).
+
+    A local precomputed shard is streamed as on the other path, its encoded chunks spooled to a
+    file beside it in the order they are read and then written in the shard's order: memory is
+    one source shard and 24 bytes per chunk. Elsewhere the chunks go into one transaction.
+    Records outside the volume are counted by the task whose box holds the file's first chunk
+    inside the volume (once per file).
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    if job.only is not None and item not in job.only:
+        return ShardResult()
+    w = _worker(job)
+    k, b, origins = item
+    sp: ScalePlan = job.plans[k]
+    res = ShardResult()
+    size = np.asarray(sp.shard_chunks, np.int64)
+    lo = np.asarray(b, np.int64) * size
+    hi = np.minimum(lo + size, sp.grid)
+    fname = sp.shard_file(lo, int(sp.shard_ids(lo[None])[0]))
+
+    def sources():
+        """(table, rows in the box, their relative coordinates, whole chunks) per source shard."""
+        for o in origins:
+            table = w.ds.shard(k, o).table()
+            if not len(table):
+                continue
+            rel, inside = _source_rows(table, o, sp)
+            first = np.maximum(np.asarray(o, np.int64) // sp.chunk - sp.chunk_offset, 0) // size
+            mine = inside & ((rel >= lo) & (rel < hi)).all(axis=1)
+            rows = np.flatnonzero(mine)
+            yield table, rows, rel[rows], ((rel[rows] + 1) * sp.chunk <= np.asarray(sp.size)).all(axis=1), \
+                int((~inside).sum()) if tuple(first.tolist()) == tuple(b) else 0
+
+    if job.resume:
+        have = _existing_chunks(w.root, fname, job.fmt, sp, _describe(job.dest) + fname)
+        if have is not None:
+            want = 0
+            for table, rows, _, _, _ in sources():
+                want += _expected_chunks(w, table, rows)
+            if have == want:
+                res.shards_skipped += 1
+                return _timed(res, t0, c0)
+    if job.fmt == "precomputed" and job.local_root is not None:
+        _spool_precomputed(w, sp, sources(), fname, res)
+    else:
+        def pieces():
+            for table, rows, rr, whole, outside in sources():
+                res.records += len(rows)
+                res.outside += outside
+                if job.fmt == "precomputed":
+                    keys = [struct.pack(">Q", int(c)) for c in
+                            np.atleast_1d(compressed_morton_code(rr, sp.grid)).astype(np.uint64)]
+                else:
+                    keys = [struct.pack(">III", *(int(v) for v in c)) for c in rr % size]
+                yield from zip(keys, itertools.repeat(table), rows, rr, whole)
+
+        _transaction_write(w, sp, fname, pieces(), res)
+    return _timed(res, t0, c0)
+
+
+def _timed(res: ShardResult, t0: float, c0: float) -> ShardResult:
+    res.cpu_s = time.process_time() - c0
+    res.wall_s = time.perf_counter() - t0
+    res.max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return res
+
+
+def _spool_precomputed(w: _Worker, sp: ScalePlan, sources, fname: str, res: ShardResult) -> None:
+    """A local output shard of a grouped scale: chunks encoded source by source into a spool file
+    beside it, then copied into the shard file in its order (minishard, key) by ShardFileWriter,
+    whose bytes are TensorStore's. Renamed over the old file when whole."""
+    spec = ShardingSpec.from_json(sp.precomputed_sharding())
+    path = os.path.join(w.job.local_root or "", fname)
+    stem = f"{path}.{w.job.token}.{threading.get_ident()}"
+    tmp, spool = f"{stem}.tmp", f"{stem}.spool.tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    keys: list[np.ndarray] = []
+    starts: list[int] = []
+    sizes: list[int] = []
+    try:
+        with open(spool, "w+b") as sf:
+            pos = 0
+            for table, rows, rr, whole, outside in sources:
+                res.records += len(rows)
+                res.outside += outside
+                if not len(rows):
+                    continue
+                codes = np.atleast_1d(compressed_morton_code(rr, sp.grid)).astype(np.uint64)
+                kept = np.zeros(len(rows), bool)
+                for j in range(len(rows)):
+                    enc = _chunk_bytes(w, sp, table, int(rows[j]), rr[j], bool(whole[j]), res)
+                    if enc is not None:
+                        sf.write(enc)
+                        starts.append(pos)
+                        sizes.append(len(enc))
+                        pos += len(enc)
+                        kept[j] = True
+                keys.append(codes[kept])
+            allkeys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+            mini = (allkeys >> np.uint64(spec.preshift_bits)) & np.uint64((1 << spec.minishard_bits) - 1) \
+                if spec.preshift_bits < 64 else np.zeros_like(allkeys)
+            order = np.lexsort((allkeys, mini))
+            with open(tmp, "wb") as f:
+                out = ShardFileWriter(spec, f, w.gzip_index())
+                for j in order.tolist():
+                    sf.seek(starts[j])
+                    out.add(int(allkeys[j]), sf.read(sizes[j]))
+                n = out.finish()
+                f.flush()
+                os.fsync(f.fileno())
+        if n:
+            os.replace(tmp, path)
+            res.shards_written += 1
+        else:
+            os.unlink(tmp)
+            if os.path.exists(path):
+                os.unlink(path)  # an earlier run's shard: this one holds only background
+    finally:
+        for p in (tmp, spool):
+            if os.path.exists(p):
+                os.unlink(p)
 
 
 def _expected_chunks(w: _Worker, table, rows) -> int:
@@ -699,12 +883,13 @@ def _write_output_shard(w: _Worker, sp: ScalePlan, table, rows, rel, res: ShardR
         if job.local_root is not None:
             _stream_precomputed(w, sp, table, rows, rr, whole, keys, fname, res)
             return
-        pieces = ((struct.pack(">Q", int(c)), i, r, f) for c, i, r, f in zip(keys, rows, rr, whole, strict=True))
+        pieces = ((struct.pack(">Q", int(c)), table, i, r, f) for c, i, r, f in
+                  zip(keys, rows, rr, whole, strict=True))
     else:
         inner = rr % np.asarray(sp.shard_chunks)
-        pieces = ((struct.pack(">III", *(int(v) for v in c)), i, r, f) for c, i, r, f in
+        pieces = ((struct.pack(">III", *(int(v) for v in c)), table, i, r, f) for c, i, r, f in
                   zip(inner, rows, rr, whole, strict=True))
-    _transaction_write(w, sp, table, fname, pieces, res)
+    _transaction_write(w, sp, fname, pieces, res)
 
 
 def _chunk_bytes(w: _Worker, sp: ScalePlan, table, i: int, rel, full: bool, res: ShardResult) -> bytes | None:
@@ -765,10 +950,10 @@ def _stream_precomputed(w: _Worker, sp: ScalePlan, table, rows, rr, whole, keys,
         raise
 
 
-def _transaction_write(w: _Worker, sp: ScalePlan, table, fname: str, pieces, res: ShardResult) -> None:
+def _transaction_write(w: _Worker, sp: ScalePlan, fname: str, pieces, res: ShardResult) -> None:
     """A remote output shard (or a zarr3 one): its encoded chunks in one kvstore transaction of
     TensorStore's sharded driver, which assembles the file at commit (memory: the shard's
-    encoded bytes)."""
+    encoded bytes). ``pieces`` are ``(key, table, row, relative chunk, whole)``."""
     import tensorstore as ts
 
     w.root.write(fname, None).result()  # delete: rewritten whole, never merged with what was there
@@ -776,7 +961,7 @@ def _transaction_write(w: _Worker, sp: ScalePlan, table, fname: str, pieces, res
     txn = ts.Transaction()
     kvt = kv.with_transaction(txn)
     written = 0
-    for key, i, rel, full in pieces:
+    for key, table, i, rel, full in pieces:
         enc = _chunk_bytes(w, sp, table, int(i), rel, bool(full), res)
         if enc is not None:
             kvt.write(key, enc)
@@ -830,13 +1015,26 @@ def _encode_record(w: _Worker, sp: ScalePlan, table, i: int, rel) -> bytes | Non
 
 @dataclass
 class ConvertTotals(ShardResult):
-    """A conversion's figures: the tasks' :class:`ShardResult` summed, and the read-back check."""
+    """A conversion's figures: the tasks' :class:`ShardResult` summed, the read-back check, and
+    the scales made first (``made``: the downsample stage's totals, see :func:`convert`)."""
 
     verified: int = 0
     mismatches: list = field(default_factory=list)
+    made: dict | None = None
 
 
-def _task_name(item) -> str:
+#: the folder of the work folder where convert makes the scales an export lacks
+STAGED = "scales"
+
+
+def _task_name(plans: dict, item) -> str:
+    """A task as failures name it: its source shard (``s1/0_0_2048``), or on a grouped scale its
+    output shard file (``s7/0.shard``, ``s7/c/0/0/1``)."""
+    if len(item) == 3:
+        k, b, _ = item
+        sp = plans[k]
+        lo = np.asarray(b, np.int64) * np.asarray(sp.shard_chunks, np.int64)
+        return f"s{k}/{sp.shard_file(lo, int(sp.shard_ids(lo[None])[0])).split('/', 1)[1]}"
     k, o = item
     return f"s{k}/{o[0]}_{o[1]}_{o[2]}"
 
@@ -851,18 +1049,120 @@ def _notes(fmt: str, t: ShardResult, verified: int, mismatches: list) -> list[st
     return lines
 
 
+def _held(ks) -> str:
+    return ", ".join(f"s{k}" for k in sorted(ks))
+
+
+def _choose_scales(ds: Dataset, wanted: list[int] | None) -> tuple[list[int], list[int]]:
+    """``(scales to convert, scales to make first)``.
+
+    Default: every scale the export holds, and every scale its spec lists above the finest one
+    held that it does not hold (made). Explicit scales: those, the absent ones made when a finer
+    scale is held, else ``NotExportedError`` (``ds.require_scale``).
+    """
+    held = set(ds.exported)
+    listed = [s.index for s in ds.scales]
+    can_make = ds.spec is not None and not any(s.inferred for s in ds.scales)
+    if wanted is None:
+        make = [k for k in listed if k not in held and any(h < k for h in held)] if can_make else []
+        return sorted(held | set(make)), make
+    for k in wanted:
+        ds.scale(k)  # a scale the spec does not list: SpecError naming those it does
+    make = [k for k in wanted if k not in held]
+    for k in make:
+        if not can_make or not any(h < k for h in held):
+            ds.require_scale(k)  # NotExportedError: nothing finer to make it from
+    return list(wanted), make
+
+
+def _check_makeable(ds: Dataset, make: list[int]) -> list[int]:
+    """The scales the downsample stage makes (those asked, and the ones between), refused before
+    any work where the downsample job would refuse them (its checks, in short)."""
+    held = set(ds.exported)
+    start = max(h for h in held if h < min(make))
+    made = list(range(start + 1, max(make) + 1))
+    base = ds.scale(start)
+    for k in [start, *made]:
+        s = ds.scale(k)
+        if s.chunk_size != base.chunk_size or len(set(s.chunk_size)) != 1 or s.chunk_size[0] % 16 or \
+                any(s.voxel_offset):
+            raise ConvertPlanError(f"scale {k}: chunks {list(s.chunk_size)}, voxel_offset {list(s.voxel_offset)}: "
+                                   f"the scales {_held(make)} this export lacks cannot be made from s{start} (the "
+                                   f"same cubic chunks at the origin are needed); convert the scales it holds "
+                                   f"(--scales {' '.join(map(str, sorted(held)))})")
+    return made
+
+
+def default_workdir(destination: Destination) -> Destination:
+    """The work folder of a conversion that makes scales: ``DEST.work`` beside the output
+    (a sibling folder, or a sibling prefix in the same bucket), never inside it.
+
+    Raises
+    ------
+    OutputError
+        When there is no "beside": the destination is a bucket's root or a file system's, or
+        memory:// (not shared with the stores that read the made scales); give ``workdir``.
+    """
+    folder, name = destination.parent_and_name()
+    if not name or (destination.spec is not None and destination.spec.get("driver") == "memory"):
+        raise OutputError(f"{destination.describe()}: the scales the export lacks are made in a work folder "
+                          f"beside the output, and there is none here; give --workdir (a folder, gs:// or s3://)")
+    return folder.child(name + ".work")
+
+
+def _workdir_of(destination: Destination, workdir) -> Destination:
+    wd = default_workdir(destination) if workdir is None else Destination.of(workdir, what="work folder")
+    if wd.spec is not None and wd.spec.get("driver") == "memory":
+        raise OutputError(f"work folder {wd.describe()}: memory:// is not shared with the stores that read the "
+                          f"made scales; give a folder, gs:// or s3://")
+    return wd
+
+
+def _fold(out: Output, rep: JobReport) -> None:
+    """Count the downsample stage's report into the conversion's (its tasks, failures, CPU)."""
+    r = out.report
+    r.tasks += rep.tasks
+    r.done += rep.done
+    r.skipped += rep.skipped
+    r.task_cpu += rep.task_cpu
+    for item, msg in rep.failed.items():
+        r.failed[f"downsample {item}"] = msg
+
+
+def _remove_work(wd: Destination, staged: Destination) -> None:
+    """The staged scales, and the work folder when nothing else is left in it."""
+    staged.rmtree("")
+    if wd.local and os.path.isdir(wd.local_path()):
+        try:
+            os.rmdir(wd.local_path())
+        except OSError:
+            pass  # the user's own folder, holding other files: left as it is
+
+
 def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
-            labels="agglomerated", scheduler=None, workdir=None, resume: bool = False, overwrite: bool = False,
-            progress: bool | None = None, allow_partial: bool = False, verify: int = 0,
+            labels="agglomerated", method: str = "dvid", scheduler=None, workdir=None, resume: bool = False,
+            overwrite: bool = False, progress: bool | None = None, allow_partial: bool = False, verify: int = 0,
             encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,
             data_encoding: str = "gzip", gzip_level: int = 1, seed: int = 0, command: str | None = None,
-            _stop_after: int | None = None, _only=None, _stream: bool = True) -> JobReport:
-    """Convert an export to neuroglancer precomputed or zarr v3.
+            _stop_after: int | None = None, _only=None, _stream: bool = True,
+            _stop_downsample_after: int | None = None) -> JobReport:
+    """Convert an export to neuroglancer precomputed or zarr v3: every scale of its spec.
 
     The output stands on :mod:`dvidshards.jobs.output`: refused before any work unless empty (or
     this conversion's own earlier output with ``resume``/``overwrite``), locked while written, and
     holding a manifest ``dvidshards.json`` that says ``"complete": false`` until every task has
-    succeeded (``dvidshards verify DEST`` reads it).
+    succeeded (``dvidshards verify DEST`` reads it; it records the spec and the scales made).
+
+    **An export lacking scales** (DVID exports scale 0 only by default; FORMATS.md §3a): the
+    scales its spec lists above the finest one it holds are made first, the way DVID makes its
+    pyramid (:func:`dvidshards.jobs.downsample.downsample`, ``method``), into ``WORKDIR/scales``,
+    and the export and those scales are converted as one pyramid (``Dataset.with_scales``): one
+    command gives neuroglancer every scale, as tensorstore-export's two stages do. Scales below
+    the finest one held cannot be made and are left out (said in the report). Explicit
+    ``scales`` naming a scale the export lacks: it is made too (with the scales between, each
+    made from the one below), and only the scales asked are converted; a scale with nothing finer
+    held is a ``NotExportedError``. ``resume`` finishes either stage; the work folder is removed
+    when the output is complete.
 
     Parameters
     ----------
@@ -874,33 +1174,43 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``).
     scales : list of int, optional
-        Scales to convert (default: every scale the export holds).
+        Scales to convert (default: every scale the export holds, and those it lacks above its
+        finest, made first).
     labels : "agglomerated", "supervoxels" or a mapping (file path, dict, ...)
         Ids written. A mapping given as an object is pickled to every worker; a path is read
-        by each worker.
+        by each worker. Made scales: each block's supervoxels by ``method``, then the same ids
+        (bodies: the source records' own supervoxel -> body pairs, or the mapping).
+    method : {"dvid", "mode"}
+        How scales an export lacks are made: DVID's pyramid rule (the most frequent non-zero
+        supervoxel of each 2x2x2 cell, ties to the smaller id) or TensorStore's ``"mode"``.
     scheduler : None, str or distributed.Client
         Where tasks run (:mod:`dvidshards.jobs.runner`).
     workdir : path or URL, optional
-        The work folder (unused by a conversion of scales the export holds).
+        Where scales an export lacks are made, visible to every worker: default ``DEST.work``
+        beside the output (for ``gs://b/out``: ``gs://b/out.work``; a bucket's root needs an
+        explicit one). Never inside the output or the export. Unused when nothing is made.
     resume : bool
-        Finish an interrupted run: the same arguments; output shards that exist with the
-        expected chunk count are kept.
+        Finish an interrupted run: the same arguments; made scales already staged and output
+        shards that exist with the expected chunk count are kept. (After a complete run the
+        staged scales are gone; resuming it keeps the made scales' output as it is.)
     overwrite : bool
         Replace an earlier output: the metadata and the scale folders this run writes are
-        deleted first (other files in the destination are left alone).
+        deleted first (other files in the destination are left alone), and scales staged by an
+        earlier run are made again.
     progress : bool, optional
         Progress bar (default: on a terminal; log lines otherwise).
     allow_partial : bool
         Return the report of an incomplete output instead of raising JobError.
     verify : int
         Read this many random chunks per scale back through TensorStore's own driver and
-        compare them with the source.
+        compare them with the source (made scales: with the staged ones).
     encoder : {"transcode", "tensorstore"}
         ``tensorstore`` encodes every precomputed chunk with TensorStore (decoded voxels).
     shard_bits_extra : int
         Split each source shard into ``2**n`` output shards (changes the output geometry).
     sharding : dict, optional
-        An explicit output sharding spec for every scale (must pass the planner's proof).
+        An explicit output sharding spec for every scale (identity hash, no wrapping shard
+        numbers; shards larger than the source's are written one task per output shard).
     data_encoding : {"gzip", "raw"}
         Precomputed chunk data encoding with the export's sharding (default gzip).
     gzip_level : int
@@ -913,20 +1223,26 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     Returns
     -------
     JobReport
-        ``totals`` is a :class:`ConvertTotals`: the tasks' figures summed, and the read-back check.
+        ``totals`` is a :class:`ConvertTotals`: the tasks' figures summed, the read-back check,
+        and the downsample stage's totals (``made``). ``tasks`` counts both stages.
 
     Raises
     ------
-    ConvertPlanError, SpecError, OutputError
-        Before anything is written, when the layout, the arguments or the destination are refused.
+    ConvertPlanError, SpecError, NotExportedError, OutputError
+        Before anything is written, when the layout, the arguments, a scale asked for or the
+        destination (or work folder) are refused.
     JobError
         The output is incomplete (a task failed, a chunk read back differed) and ``allow_partial``
         is false; ``.report`` is the report.
     """
+    from .downsample import METHODS, downsample
+
     if format not in FORMATS:
         raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
     if encoder not in ENCODERS:
         raise SpecError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+    if method not in METHODS:
+        raise SpecError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if data_encoding not in ("gzip", "raw"):
         raise SpecError(f"data_encoding must be 'gzip' or 'raw', got {data_encoding!r}")
     if not isinstance(gzip_level, int) or not 1 <= gzip_level <= 9:
@@ -938,53 +1254,118 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     as_labels(labels)  # refuse a bad label argument before starting
     wanted = scales_of(scales)
-    chosen = [ds.scale(k) for k in wanted] if wanted is not None else list(ds.scales)
-    plans = {s.index: plan_scale(s, format, shard_bits_extra=shard_bits_extra, sharding=sharding,
-                                 data_encoding=data_encoding) for s in chosen}
-    by_scale = {k: [tuple(int(v) for v in o) for o in ds.shards(k)] for k in plans}
-    if wanted is None:  # default: the scales that have shards
-        plans = {k: p for k, p in plans.items() if by_scale[k]}
+    chosen, make = _choose_scales(ds, wanted)
+    made = _check_makeable(ds, make) if make else []
+    held = set(ds.exported)
+    plans = {k: plan_scale(ds.scale(k) if k in held else ds.scale(k).with_naming("current"), format,
+                           shard_bits_extra=shard_bits_extra, sharding=sharding, data_encoding=data_encoding)
+             for k in chosen}
+    by_scale = {k: [tuple(int(v) for v in o) for o in ds.shards(k)] for k in plans if k in held}
+    if wanted is None:  # default: the scales held that have shards, and the ones made
+        plans = {k: p for k, p in plans.items() if k not in held or by_scale[k]}
     if not plans:
         raise SpecError(f"{ds!r}: no shards to convert")
-    items = [(k, o) for k in sorted(plans) for o in by_scale[k]]
-    if len(set(items)) != len(items):
-        raise ConvertPlanError("two tasks for one source shard")
+    wd = staged = None
+    if make:
+        wd = _workdir_of(destination, workdir)
+        check_apart(wd, source=ds, what="work folder")
+        staged = wd.child(STAGED)
+        if not resume and not overwrite and staged.list():
+            raise OutputError(f"work folder {wd.describe()} holds scales made by an earlier conversion; pass "
+                              f"--resume to finish it, or --overwrite to start again")
     params = {"format": format, "scales": sorted(plans),
               "labels": labels if isinstance(labels, str) else f"<{type(labels).__name__}>",
               "encoder": encoder, "shard_bits_extra": shard_bits_extra, "sharding": sharding,
               "data_encoding": data_encoding, "gzip_level": gzip_level}
+    if make:
+        params["method"] = method
     keys = {plans[k].key for k in plans}
     meta = "info" if format == "precomputed" else "zarr.json"
     import tensorstore as ts
 
-    with Output(destination, job="convert", parameters=params, source=ds, scales=sorted(plans),
-                command=command, resume=resume, overwrite=overwrite,
-                own=lambda name: name == meta or name in keys) as out:
-        out.update(format=format, keys={str(k): plans[k].key for k in sorted(plans)})
-        kv = destination.kvstore
-        context = ts.Context()
-        _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
-        # benchmarks: _only, the tasks that do their work (the others return at once); _stream=False,
-        # the route of remote destinations (one transaction per output shard) on a local one
-        job = _Job(uuid.uuid4().hex, ds, format, kv, labels, encoder, resume, plans, gzip_level,
-                   None if _only is None else frozenset(_only), _stream)
-        run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
-        with TaskRunner(scheduler, progress=progress) as tr:
+    made_wd = wd is not None and wd.local and not os.path.exists(wd.local_path())
+    try:
+        with Output(destination, job="convert", parameters=params, source=ds, scales=sorted(plans),
+                    command=command, resume=resume, overwrite=overwrite, workdir=wd,
+                    own=lambda name: name == meta or name in keys) as out, contextlib.ExitStack() as stack:
+            out.update(format=format, keys={str(k): plans[k].key for k in sorted(plans)}, spec=ds.spec,
+                       made=[k for k in sorted(plans) if k in make])
+            kv = destination.kvstore
+            context = ts.Context()
+            _create_output(kv, format, sorted(plans.values(), key=lambda p: p.index), context)  # refuses a mismatch
+            totals = ConvertTotals()
+            notes: list[str] = []
+            read, todo, stage_ok = ds, sorted(plans), True
+            tr = stack.enter_context(TaskRunner(scheduler, progress=progress))  # one cluster for both stages
+            if make and wd is not None and wd.local:
+                tr.check_shared(wd.local_path())  # workers elsewhere must see the made scales
+            if make:
+                assert wd is not None and staged is not None
+                previous = out.previous or {}
+                ours = [k for k in todo if k in make]
+                if resume and previous.get("complete") is True and not staged.list():
+                    todo = [k for k in todo if k not in make]  # the complete earlier run converted them
+                    notes.append(f"{_held(ours)} kept as the earlier complete run wrote them (the scales it made "
+                                 f"are gone; --overwrite makes and converts them again)")
+                else:
+                    rep = downsample(ds, staged, scales=make, method=method,
+                                     labels=None if isinstance(labels, str) and labels == "agglomerated" else labels,
+                                     scheduler=tr.client() if tr.distributed else scheduler, resume=resume,
+                                     overwrite=overwrite, progress=progress,
+                                     allow_partial=True, command=command, _stop_after=_stop_downsample_after)
+                    _fold(out, rep)
+                    totals.made = rep.totals.to_json() if rep.totals is not None else None
+                    notes += [f"made first ({staged.describe()}): {n}" for n in rep.notes]
+                    if rep.complete:
+                        read = ds.with_scales(staged.local_path() if staged.local else staged.kvstore,
+                                              [k for k in made if k not in held])
+                    else:
+                        stage_ok = False
+                        todo = [k for k in todo if k not in make]
+                        notes.append(f"{_held(ours)} not converted: making them did not finish (--resume finishes "
+                                     f"both stages)")
+                skipped = [k for k in (s.index for s in ds.scales) if k not in held and k not in plans]
+                if skipped and wanted is None:
+                    notes.append(f"{_held(skipped)} not exported and not made: no finer scale is held to make "
+                                 f"them from")
+            items: list[tuple] = []
+            for k in todo:
+                origins: list
+                if k in held:
+                    origins = by_scale[k]
+                else:
+                    assert staged is not None
+                    origins = read.shards(k) if staged.list(f"s{k}") else []  # all background: no folder
+                items += plan_tasks(plans[k], origins)
+            if len(set(items)) != len(items):
+                raise ConvertPlanError("two tasks for one shard")
+            # benchmarks: _only, the tasks that do their work (the others return at once); _stream=False,
+            # the route of remote destinations (one transaction per output shard) on a local one
+            job = _Job(uuid.uuid4().hex, read, format, kv, labels, encoder, resume, plans, gzip_level,
+                       None if _only is None else frozenset(_only), _stream)
+            run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
             phase = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
-        out.add(phase, name=_task_name)
-        out.report.tasks = len(items)
-        totals = ConvertTotals()
-        for r in phase.results.values():
-            totals.add(r)
-        if verify:
-            for k in sorted(plans):
-                n, bad = verify_output(ds, kv, format, plans[k], labels, verify, seed=seed)
-                totals.verified += n
-                totals.mismatches += bad
-            for m in totals.mismatches:
-                out.fail(f"verify {m.split(':', 1)[0]}", m.split(": ", 1)[-1])
-        return out.finish(totals=totals, notes=_notes(format, totals, totals.verified, totals.mismatches),
-                          complete=len(run_items) == len(items) and _only is None, allow_partial=allow_partial)
+            stack.close()
+            out.add(phase, name=partial(_task_name, plans))
+            out.report.tasks += len(items) - len(run_items)
+            for r in phase.results.values():
+                totals.add(r)
+            if verify:
+                for k in todo:
+                    n, bad = verify_output(read, kv, format, plans[k], labels, verify, seed=seed)
+                    totals.verified += n
+                    totals.mismatches += bad
+                for m in totals.mismatches:
+                    out.fail(f"verify {m.split(':', 1)[0]}", m.split(": ", 1)[-1])
+            report = out.finish(totals=totals, notes=_notes(format, totals, totals.verified, totals.mismatches)
+                                + notes, complete=len(run_items) == len(items) and _only is None and stage_ok,
+                                allow_partial=allow_partial)
+    finally:
+        if made_wd and wd is not None and os.path.isdir(wd.local_path()) and not os.listdir(wd.local_path()):
+            os.rmdir(wd.local_path())  # refused or failed before making anything: no empty folder left
+    if report.complete and wd is not None and staged is not None:
+        _remove_work(wd, staged)
+    return report
 
 
 def read_manifest(dest) -> dict | None:
@@ -1016,8 +1397,13 @@ def add_arguments(p) -> None:
     add_dest(p, what="output root: empty, or this conversion's own earlier output", old=())
     p.add_argument("--format", required=True, choices=FORMATS,
                    help="output format: neuroglancer precomputed (sharded, compressed_segmentation) or zarr v3")
-    add_scales(p)
+    add_scales(p, help="scales to convert (default: every scale of the spec: those the export holds, and those it "
+                       "lacks above its finest, made first by --method; a scale asked for that the export lacks is "
+                       "made too)")
     add_labels(p)
+    p.add_argument("--method", choices=("dvid", "mode"), default="dvid",
+                   help="how scales the export lacks are made: dvid, DVID's own pyramid rule (the most frequent "
+                        "non-zero supervoxel; default), or mode, TensorStore's")
     add_job_options(p)
     p.add_argument("--verify", type=int, default=0, metavar="N",
                    help="read N random chunks per scale back with TensorStore and compare")
@@ -1031,7 +1417,7 @@ def add_arguments(p) -> None:
                    help="zlib level of gzip chunk data (default 1)")
 
 
-_DEFAULTS = {"labels": "agglomerated", "verify": 0, "encoder": "transcode", "shard_bits_extra": 0,
+_DEFAULTS = {"labels": "agglomerated", "method": "dvid", "verify": 0, "encoder": "transcode", "shard_bits_extra": 0,
              "data_encoding": "gzip", "gzip_level": 1}
 
 
@@ -1039,7 +1425,7 @@ def main(args) -> int:
     """Run ``dvidshards convert``; 0 when the output is complete, 1 when it is not (the manifest
     says so), 2 when refused before any work."""
     report = convert(args.source, dest_of(args), args.format, spec=args.spec, scales=args.scales,
-                     labels=args.labels, verify=args.verify, encoder=args.encoder,
+                     labels=args.labels, method=args.method, verify=args.verify, encoder=args.encoder,
                      shard_bits_extra=args.shard_bits_extra, data_encoding=args.data_encoding,
                      gzip_level=args.gzip_level, allow_partial=True,
                      command=command_line("convert", args, skip=[k for k, v in _DEFAULTS.items()
