@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
+import threading
 import warnings
 
 from .errors import DvidShardsError, JobError, SpecError
@@ -112,6 +114,71 @@ def _warning_line(prog: str):
     return show
 
 
+#: a line of the C++ libraries' own logs (absl/glog in TensorStore, the AWS SDK): ``E1126 17:50:33.93 14838 f.cc:188] ...``
+_NATIVE_LOG = re.compile(rb"^[IWEF][0-9]{4} [0-9:.]+ +[0-9]+ [^\]\s]+:[0-9]+\] ")
+
+
+class _NativeLogs:
+    """While a command runs, drop the lines TensorStore's C++ libraries log on file descriptor 2
+    (credential searches, retries: a bucket that cannot be reached prints one dvidshards line, not
+    ten of theirs). ``DVIDSHARDS_NATIVE_LOGS=1`` keeps them. Everything else passes through at once
+    (progress bars included)."""
+
+    def __enter__(self) -> _NativeLogs:
+        self.saved: int | None = None
+        if os.environ.get("DVIDSHARDS_NATIVE_LOGS", "").strip() not in ("", "0"):
+            return self
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            r, w = os.pipe()
+            os.dup2(w, 2)
+            os.close(w)
+        except OSError:  # no file descriptor 2 to take over: leave it alone
+            return self
+        self.saved, self.r = saved, r
+        self.thread = threading.Thread(target=self._pump, name="dvidshards-stderr", daemon=True)
+        self.thread.start()
+        return self
+
+    def _pump(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self.r, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            out = b"".join(line + b"\n" for line in lines if not _NATIVE_LOG.match(line))
+            if buf and not (buf[:1] in b"IWEF" and len(buf) < 96):  # cannot be the start of a log line
+                out, buf = out + buf, b""
+            if out:
+                self._write(out)
+        if buf and not _NATIVE_LOG.match(buf):
+            self._write(buf)
+
+    def _write(self, data: bytes) -> None:
+        assert self.saved is not None
+        try:
+            os.write(self.saved, data)
+        except OSError:
+            pass
+
+    def __exit__(self, *exc) -> None:
+        if self.saved is None:
+            return
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self.saved, 2)  # closes this process's write end of the pipe
+        self.thread.join(timeout=1.0)  # a child still holding the pipe must not hold the command
+        os.close(self.saved)
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 problems found, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -133,7 +200,7 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_OK
     prog = f"dvidshards {args.command}"
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _NativeLogs():
             warnings.showwarning = _warning_line(prog)
             return int(_load(COMMANDS[args.command][0]).main(args))
     except UsageError as e:
