@@ -43,9 +43,11 @@ How it is safe and bounded:
   bytes are read back from the memory kvstore. ``info`` and the arrays' ``zarr.json`` are
   written by TensorStore's drivers before any data (the zarr group's ``zarr.json`` through
   TensorStore's kvstore: it has no group driver).
-* The destination holds a **manifest**, ``dvidshards.json``: the command and arguments, per
-  scale the source shards done and failed, ``"complete": false`` from before the first chunk
-  until every task has succeeded. ``dvidshards verify DEST`` reports it. A destination holding
+* The destination holds a **manifest**, ``dvidshards.json``: the command and arguments, the
+  spec, the scales made (``made``), the tasks of both stages counted and the failed ones named
+  with their reasons, ``"complete": false`` from before the first chunk until every task has
+  succeeded. ``dvidshards verify DEST`` reports it (and spot-checks the scales converted from
+  the export against it). A destination holding
   anything but this conversion's own earlier output is refused before anything is written
   (``overwrite=True`` replaces this conversion's files and leaves others alone).
 * Precomputed chunk data is gzipped here (zlib level 1 by default, ``gzip_level``) and handed to
