@@ -281,7 +281,7 @@ def test_server_error_mid_stream_reaches_the_client_typed(synth, tmp_path):
         ends = [m["shard_id"] for _, m in got if m.get("end")]
         assert ends == ids[: len(ids) // 2]  # every shard before the damaged one, complete
         # ingest: the partition fails, typed; the complete shards are written, the table is not complete
-        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=1, scales=[0])
+        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=1, scales=[0], allow_partial=True)
         assert not report.ok and "ShardFormatError" in next(iter(report.failed.values()))
         assert sorted(table_files(tmp_path / "t", 0)) == ids[: len(ids) // 2]
         assert not json.loads((tmp_path / "t" / "info").read_text())["dvidshards_table"]["complete"]
@@ -309,12 +309,12 @@ def test_a_cut_stream_is_detected_as_partial(synth, tmp_path):
             Dataset(src).read([[0, 0, 0], [64, 64, 64]])
         # each partition's first shard has several records, and 1-row batches: cut inside it
         assert min(len(Dataset(synth.root).shard(0, o)) for o in Dataset(synth.root).shards(0)[:2]) > 1
-        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=2, scales=[0], batch_rows=1)
+        report = ingest(FlightSource(srv.location), tmp_path / "t", workers=2, scales=[0], batch_rows=1, allow_partial=True)
         assert not report.ok and all("PartialStreamError" in v for v in report.failed.values())
         assert table_files(tmp_path / "t", 0) == {}  # no shard file from a cut shard
         assert not [n for n in os.listdir(tmp_path / "t" / "s0")]
         # with whole-shard batches the first shard arrives complete (its end marker): kept, exact
-        report = ingest(FlightSource(srv.location), tmp_path / "t2", workers=2, scales=[0])
+        report = ingest(FlightSource(srv.location), tmp_path / "t2", workers=2, scales=[0], allow_partial=True)
         assert not report.ok
         files = table_files(tmp_path / "t2", 0)
         assert len(files) == 2
