@@ -53,8 +53,8 @@ def slots() -> np.ndarray:
 
 def build(workdir, counts, log=print) -> dict[int, C.Path]:
     """The pool of tiny shards and one export per count (hard links into the pool)."""
-    from dvidshards.formats.codec import block_header, encode_block
     from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.formats.codec import block_header, encode_block
     from dvidshards.writer import write_shard
 
     params = {"kind": "open-pool", "grid": GRID, "pool": POOL, "version": 2}

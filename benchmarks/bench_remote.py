@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 import common as C  # noqa: E402
 
 import dvidshards  # noqa: E402
-from dvidshards.stores.kvstore import KvStore  # noqa: E402
-from tests.support.servers import MotoS3, RangeServer  # noqa: E402
 from dvidshards.demo.neurons import neuron_volume  # noqa: E402
+from dvidshards.stores.kvstore import KvStore  # noqa: E402
 from dvidshards.writer import write_export  # noqa: E402
+from tests.support.servers import MotoS3, RangeServer  # noqa: E402
 
 
 def chunk_lists(export: Path, folder: str = "s0") -> list[list[tuple[int, int, int]]]:

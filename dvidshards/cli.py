@@ -32,7 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "write one chunk index per scale outside the export, so that it opens at once"),
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
     "convert": ("dvidshards.jobs.convert",
-                "convert an export to neuroglancer precomputed or zarr v3, one task per source shard"),
+                "convert an export to neuroglancer precomputed or zarr v3: every scale of the spec (the ones an export "
+                "lacks are made the way DVID makes its pyramid)"),
     "stats": ("dvidshards.jobs.stats:StatsCommand",
               "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
     "label-index": ("dvidshards.jobs.stats:LabelIndexCommand",

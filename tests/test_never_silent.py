@@ -28,11 +28,11 @@ from dvidshards import (
     verify,
     write_export,
 )
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.stores import MemoryStore
+from tests.conftest import make_export
 from tests.support.fuzz import arrow_map
 from tests.support.servers import RangeServer
-from dvidshards.demo.neurons import neuron_volume
-from tests.conftest import make_export
 
 SHAPE = (300, 100, 70)  # shards of 128 voxels at x = 0, 128, 256
 

@@ -18,8 +18,8 @@ import dvidshards
 from dvidshards.errors import MissingShardError
 from dvidshards.formats.multiscale import parse_multiscale
 from dvidshards.stores.base import ByteStore, PastEndError
-from tests.support.procedural import MCNS_SIZE, ProceduralStore, mcns_spec
 from dvidshards.writer import RECORD_SCHEMA, write_shard
+from tests.support.procedural import MCNS_SIZE, ProceduralStore, mcns_spec
 
 MCNS_SHARDS = 46 * 39 * 66  # the s0 shard grid: 118,404 slots
 

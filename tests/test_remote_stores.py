@@ -22,13 +22,13 @@ import tensorstore as ts
 import dvidshards
 from dvidshards import ChunkIndexError, MissingShardError, RemoteReadError, SpecError
 from dvidshards.dataset import Dataset
+from dvidshards.demo.neurons import neuron_volume
 from dvidshards.formats.labels import Agglomerated
 from dvidshards.read import ChunkReader
 from dvidshards.stores import run_sync
 from dvidshards.stores.kvstore import KvStore
-from tests.support.servers import FakeGCS, MotoS3, RangeServer
-from dvidshards.demo.neurons import neuron_volume
 from dvidshards.writer import write_export
+from tests.support.servers import FakeGCS, MotoS3, RangeServer
 
 REAL = "30720_24576_28672"
 BUCKET = "dvid-exports"
@@ -212,12 +212,12 @@ def test_gcs_jobs_read_and_write_buckets(root, gcs):
     from dvidshards.jobs.convert import convert
     from dvidshards.jobs.stats import body_stats
 
-    local = body_stats(root / "synth", 0, progress=False)
-    remote = body_stats(f"gs://{BUCKET}/exports/synth", 0, progress=False)
+    local = body_stats(root / "synth", scale=0, progress=False)
+    remote = body_stats(f"gs://{BUCKET}/exports/synth", scale=0, progress=False)
     assert remote.num_rows > 5 and remote.select(local.column_names).equals(local)
     dest = f"gs://{BUCKET}/converted/synth"
     rep = convert(root / "synth", dest, "precomputed", scheduler="serial", progress=False)
-    assert rep.ok and rep.complete and rep.dest == dest + "/"
+    assert rep.ok and rep.complete and rep.dest == dest
     out = ts.open({"driver": "neuroglancer_precomputed", "kvstore": dest}).result()
     np.testing.assert_array_equal(out.read().result()[..., 0], _read(_local(root, "synth")))
     report = dvidshards.verify(dest, spot_check=25)

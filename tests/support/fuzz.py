@@ -467,8 +467,8 @@ def build_templates(workdir, data_dir=None, synthetic: bool = True, real: bool =
 
 
 def _synthetic_templates(workdir: Path) -> list[Template]:
-    from dvidshards.writer import write_export
     from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.writer import write_export
 
     sv, mapping = neuron_volume(SYN_SHAPE, n_bodies=14, svs_per_body=4, seed=7)
     grid = [-(-s // 64) for s in SYN_SHAPE]
