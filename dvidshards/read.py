@@ -139,11 +139,13 @@ class ChunkReader:
         self._state: _ProcState | None = None
         self._state_lock = threading.Lock()
         self._files: tuple[int, ScaleFiles] | None = None  # (pid, check) done by whoever built the reader
+        self._hot: tuple | None = None  # the shard the last chunk came from (local stores), see __call__
 
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_state"] = None
         d["_state_lock"] = None
+        d["_hot"] = None
         d["_files"] = None  # never ship the listing with a task: each process checks once
         return d
 
@@ -304,8 +306,20 @@ class ChunkReader:
     # --- the TensorStore callback ----------------------------------------------------------------
 
     def __call__(self, domain: ts.IndexDomain, array: np.ndarray, params=None):
-        cx, cy, cz = self.scale.chunk_size
         o = domain.origin
+        hot = self._hot
+        if hot is not None:  # a chunk of the shard the last one came from: no cache lookup
+            cx, cy, cz, lx, ly, lz, hx, hy, hz, shard, table = hot
+            x, y, z = o[0] // cx, o[1] // cy, o[2] // cz
+            if lx <= x < hx and ly <= y < hy and lz <= z < hz:
+                i = shard.find(x, y, z)
+                if i is not None:
+                    if table is not None:
+                        table.decode_into(i, array.T, self.labels)
+                    else:
+                        shard.decode(i, array.T, self.labels)
+                    return None
+        cx, cy, cz = self.scale.chunk_size
         x, y, z = o[0] // cx, o[1] // cy, o[2] // cz
         if not self.store.immediate:
             promise, future = ts.Promise.new()  # type: ignore[var-annotated]
@@ -319,6 +333,12 @@ class ChunkReader:
             array.fill(0)
         else:
             shard.decode(i, array.T, self.labels)
+        if shard is not None:
+            # remembered per reader, for the next chunk (TensorStore asks in order, a shard's chunks
+            # together); a shard the cache has since dropped stays readable, it is only not counted
+            lo, hi = shard.box
+            self._hot = (cx, cy, cz, *(int(v) for v in lo), *(int(v) for v in hi), shard,
+                         shard.table() if shard.policy == "eager" else None)
         return None
 
 

@@ -752,6 +752,11 @@ read_u16, read_u32, read_u64 = _u16, _u32, _u64
 check_head, check_body = _check_head, _check_body  # the validation walk, in two halves
 head_numpy, body_numpy, values_numpy = _head_numpy, _body_numpy, _values_numpy  # ... and in numpy
 block_error = _error
+# the decode kernel itself, (data_u8, palette, use_palette, out) -> (code, a, b): for callers whose
+# arguments are known to fit (the read path's one chunk), without decode_into's wrapper; a code
+# other than E_OK is ``block_error(code, a, b, data_u8, out)``
+decode_kernel = _decode
+NO_PALETTE = _NO_PALETTE
 
 
 # --------------------------------------------------------------------------- public decode

@@ -219,3 +219,35 @@ def test_a_files_table_copies_the_lists_of_every_batch_layout(tmp_path, batch_si
         for i in range(len(t)):
             assert t.labels(i).tolist() == m.labels(i).tolist()
             assert t.supervoxels(i).tolist() == m.supervoxels(i).tolist() and t.block(i) == m.block(i)
+
+
+def test_decode_into_is_block_then_palette_then_codec_decode_into(dvid_data, tmp_path):
+    """The read path's one function (issue 32: no per-chunk calls between the checks) gives what its
+    parts give, for every label source, aligned tables or not, and any output layout; the same errors."""
+    from dvidshards.errors import BlockDecodeError
+    from dvidshards.formats.codec import decode_into
+    from dvidshards.formats.labels import as_labels
+
+    t, m = _real_pair(dvid_data, tmp_path)
+    unaligned = RecordTable(m.rec.copy(), m.bufs, m.path)
+    unaligned._aligned, unaligned._labv = False, None  # a writer that did not align its lists
+    mapping = {int(s): 1000 + k for k, s in enumerate(np.unique(np.concatenate(
+        [m.supervoxels(i) for i in range(len(m))]))) if s}
+    outs = [np.empty((64, 64, 64), np.uint64), np.empty((64, 64, 64), np.uint64, order="F"),
+            np.empty((70, 64, 64), np.uint64)[3:67, :, :], np.empty((64, 64, 64), np.uint64)[:40, :33, :17]]
+    for labels in ("agglomerated", "supervoxels", mapping):
+        src = as_labels(labels)
+        for i in (0, 1, 57, 196, 257):
+            want = np.empty((64, 64, 64), np.uint64)
+            decode_into(np.frombuffer(m.block(i), np.uint8), src.palette(m, i), want)
+            for table in (t, m, unaligned):
+                for out in outs:
+                    out.fill(7)
+                    table.decode_into(i, out, src)
+                    np.testing.assert_array_equal(out, want[tuple(slice(0, n) for n in out.shape)])
+    with pytest.raises(BlockDecodeError, match=r"30720_24576_28672.arrow: chunk .*: out is read-only"):
+        ro = np.empty((64, 64, 64), np.uint64)
+        ro.flags.writeable = False
+        t.decode_into(3, ro, as_labels("agglomerated"))
+    with pytest.raises(BlockDecodeError, match=r"chunk .*: out shape \(65, 64, 64\) exceeds block shape"):
+        t.decode_into(3, np.empty((65, 64, 64), np.uint64), as_labels("agglomerated"))
