@@ -44,7 +44,8 @@ class Stat:
 class ByteStore(ABC):
     """Read-only access to the files of an export, by key relative to its root."""
 
-    #: True when ``map`` gives zero-copy views of whole files
+    #: True when ``map`` gives a whole file at once, cheaply (a view of memory, or a local file's
+    #: private copy read now: never a memory map, which a file shrinking under it turns into SIGBUS)
     mappable: bool = False
     #: True when the async methods never suspend (local, memory): callable via ``drive``
     immediate: bool = False
@@ -94,7 +95,7 @@ class ByteStore(ABC):
         return None
 
     def map(self, key: str) -> np.ndarray:
-        """A read-only uint8 view of the whole of key; only for ``mappable`` stores."""
+        """The whole of key as a read-only uint8 array; only for ``mappable`` stores."""
         raise NotImplementedError(f"{type(self).__name__} cannot memory-map {self.describe(key)}")
 
     # --- blocking twins -------------------------------------------------------------------------

@@ -103,11 +103,13 @@ class ShardFile:
     def __reduce__(self):
         return (ShardFile, (self.path, -1, self.ident))
 
-    def __del__(self):
+    def __del__(self, _close=os.close, _release=_release):  # bound now: usable at interpreter exit
         fd, self._fd = self._fd, -1
         if fd >= 0:
             try:
-                os.close(fd)
+                _close(fd)
+            except OSError:
+                pass
             finally:
                 _release()
 
@@ -242,9 +244,10 @@ class LocalStore(ByteStore):
             raise MissingShardError(f"{path}: cannot {what} ({e.strerror or e})") from None
 
     def map(self, key: str) -> np.ndarray:
-        """A read-only uint8 copy of the whole file, read now; ``shard_file(array)`` is the file.
+        """A read-only uint8 copy of the whole file, read now.
 
-        ShardFormatError when the file shrinks while it is read (it is being written).
+        The memory under it carries the open file as ``shard_file`` (``RecordTable.from_ipc``
+        reads payloads from it later). ShardFormatError when the file shrinks while it is read.
         """
         path = self._path(key)
         fd = self._open(path)
