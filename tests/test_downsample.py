@@ -423,3 +423,37 @@ def test_real_shard_as_scale_0(real_pyramid):
 def test_real_shard_as_scale_0_every_chunk(real_pyramid):
     spec, rep, src, ds, pairs = real_pyramid
     _real_checks(real_pyramid, len(ds.chunks(1)), len(ds.chunks(2)))
+
+
+# --------------------------------------------------------------------------- destinations
+
+
+def test_a_bucket_destination(s0_only, tmp_path):
+    """s3://: the shards are built locally and published index first; the scale below each made one
+    is read back from the bucket; the output equals a local run's, object for object."""
+    pytest.importorskip("moto.server")
+    from tests.support.servers import MotoS3
+
+    local = downsample(s0_only.root, tmp_path / "local", spec=s0_only.spec, progress=False)
+    assert local.ok
+    with MotoS3() as s3:
+        c = s3.bucket("seg")
+        url = f"s3://seg/pyr/out?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = downsample(s0_only.root, url, spec=s0_only.spec, progress=False, workdir=str(tmp_path / "stage"))
+        assert rep.ok, rep.summary()
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        got = {k[len("pyr/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys}
+        want = {os.path.relpath(os.path.join(d, f), tmp_path / "local"): open(os.path.join(d, f), "rb").read()
+                for d, _, fs in os.walk(tmp_path / "local") for f in fs}
+        assert set(got) == set(want)
+        assert all(got[k] == want[k] for k in want if k != "dvidshards.json")
+        assert json.loads(got["dvidshards.json"])["complete"] is True
+        assert os.listdir(tmp_path / "stage") == []  # staged shards removed
+        ds = dvidshards.Dataset(s3.spec("seg", "pyr/out/"))
+        np.testing.assert_array_equal(ds.read([[0, 0, 0], [25, 22, 19]], scale=3, labels="supervoxels"),
+                                      s0_only.reference("dvid", 3))
+
+
+def test_memory_destination_refused_for_several_scales(s0_only):
+    with pytest.raises(SpecError, match="memory://"):
+        downsample(s0_only.root, "memory://pyr/", spec=s0_only.spec, progress=False)

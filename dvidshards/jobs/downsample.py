@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import struct
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -75,6 +76,7 @@ __all__ = ["DownsampleTotals", "Phase", "ShardResult", "add_arguments", "downsam
            "plan_scale", "reduce_results"]
 
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
+_GROUP = 512  # output blocks whose source records are fetched together (a lazily read shard: ~20 MB)
 
 
 # --------------------------------------------------------------------------- what a task carries
@@ -185,15 +187,13 @@ class _Sources:
         origin = tuple(int(v) for v in origin)
         if origin not in self.origins:
             return None
-        hit = self.cache.get(origin)
-        if hit is not None:
+        if origin in self.cache:
             self.cache.move_to_end(origin)
-            return hit
+            return self.cache[origin]
         try:
-            sh = self.phase.read.shard(self.phase.below, origin)
+            entry = self.phase.read.shard(self.phase.below, origin)
         except MissingShardError:
-            sh = None
-        entry = (sh, sh.table() if sh is not None else None)
+            entry = None
         self.cache[origin] = entry
         while len(self.cache) > _MAX_CACHED + 1:
             self.cache.popitem(last=False)
@@ -246,82 +246,119 @@ def _children(sh, o, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.
     return rec, other
 
 
+@dataclass
+class _Task:
+    """One task's constants and running state (the output shard, its sources, the counts)."""
+
+    phase: Phase
+    sources: _Sources
+    res: ShardResult
+    lo: np.ndarray  # the output shard's chunk box
+    box_hi: np.ndarray
+    hi: np.ndarray  # ... cut to the output volume
+    cctx: zstandard.ZstdCompressor
+    grid: bytes  # a block header's grid for the scale's chunks
+    done: set = field(default_factory=set)  # output blocks made (or counted) already
+
+
 def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
     """The output shard's records, source shard by source shard (each output block once)."""
-    below, scale = phase.below, phase.scale
+    scale = phase.scale
     lo, box_hi = scale.shard_box(origin)
-    hi = np.minimum(box_hi, scale.grid)
-    c = scale.chunk_size[0]
-    cctx = zstandard.ZstdCompressor(level=phase.zstd_level, write_checksum=True, write_content_size=True)
-    done: set = set()
+    task = _Task(phase, sources, res, lo, box_hi, np.minimum(box_hi, scale.grid),
+                 zstandard.ZstdCompressor(level=phase.zstd_level, write_checksum=True, write_content_size=True),
+                 struct.pack("<3I", *(v // 8 for v in phase.below.chunk_size)))
+    for o in sorted(sources.origins):
+        yield from _shard_records(task, o)
+        # done with it (a later shard needing it loads it anew): a task holds one source shard at a time
+        sources.cache.pop(o, None)
+
+
+def _shard_records(task: _Task, o):
+    """The records of the output blocks first met in source shard ``o``."""
+    sources, res, done = task.sources, task.res, task.done
+    sh = sources.get(o)
+    if sh is None:
+        return
+    parents = np.unique(np.asarray(sh.coords, np.int64) // 2, axis=0)
+    mine = ((parents >= task.lo) & (parents < task.box_hi)).all(axis=1)  # this output shard's (volume or not)
+    off = mine & (parents >= task.hi).any(axis=1)  # past the output volume: counted once, skipped
+    for key in map(tuple, parents[off].tolist()):
+        if key not in done:
+            done.add(key)
+            res.outside += 1
+    parents = parents[mine & ~off]
+    parents = parents[np.lexsort((parents[:, 0], parents[:, 1], parents[:, 2]))]  # z, y, x order
+    recs, others = _children(sh, o, parents, task.phase.below)
+    for g in range(0, len(parents), _GROUP):  # the records of a group of output blocks at a time
+        rows = np.unique(recs[g:g + _GROUP][recs[g:g + _GROUP] >= 0])
+        table = sh.table(rows)
+        at = np.searchsorted(rows, recs[g:g + _GROUP])  # record number -> row of table
+        yield from _group_records(task, parents[g:g + _GROUP], recs[g:g + _GROUP], at, others[g:g + _GROUP], table)
+
+
+def _group_records(task: _Task, parents, recs, at, others, table):
+    """The records of a group of output blocks whose children's records (of this source shard) are
+    in ``table``: ``recs`` their record numbers in the shard (-1: absent), ``at`` their rows in
+    ``table``, ``others`` the children in another source shard."""
+    phase, sources, res, done = task.phase, task.sources, task.res, task.done
+    below = phase.below
+    c = phase.scale.chunk_size[0]
     mode = phase.method == "mode"
     agglomerated = isinstance(phase.labels, Agglomerated)
-    for o in sorted(sources.origins):
-        entry = sources.get(o)
-        if entry is None or entry[0] is None:
+    for p, rec, row, other in zip(parents.tolist(), recs.tolist(), at.tolist(), others.tolist(), strict=True):
+        key = tuple(p)
+        if key in done:
             continue
-        sh, table = entry
-        parents = np.unique(np.asarray(sh.coords, np.int64) // 2, axis=0)
-        mine = ((parents >= lo) & (parents < box_hi)).all(axis=1)  # this output shard's (volume or not)
-        off = mine & (parents >= hi).any(axis=1)  # past the output volume: counted once, skipped
-        for key in map(tuple, parents[off].tolist()):
-            if key not in done:
-                done.add(key)
-                res.outside += 1
-        parents = parents[mine & ~off]
-        parents = parents[np.lexsort((parents[:, 0], parents[:, 1], parents[:, 2]))]  # z, y, x order
-        recs, others = _children(sh, o, parents, below)
-        for p, rec, other in zip(parents.tolist(), recs.tolist(), others.tolist(), strict=True):
-            key = tuple(p)
-            if key in done:
-                continue
-            done.add(key)
-            kids: list = [None] * 8
-            pairs = []
-            for i in range(8):
-                t = table
-                j = rec[i]
-                if other[i]:  # a child in another source file (extents not multiples of 128 voxels)
-                    ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
-                    src = sources.get(below.shard_origin(*ch))
-                    if src is None or src[0] is None:
-                        continue
-                    j = src[0].find(*ch)
-                    t = src[1]
-                    if j is None:
-                        continue
-                elif j < 0:
+        done.add(key)
+        kids: list = [None] * 8
+        pairs = []
+        for i in range(8):
+            t = table
+            j = row[i]
+            if other[i]:  # a child in another source file (extents not multiples of 128 voxels)
+                ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+                src = sources.get(below.shard_origin(*ch))
+                r = src.find(*ch) if src is not None else None
+                if r is None:
                     continue
-                kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
-                if agglomerated:
-                    pairs.append((t.supervoxels(j), t.labels(j)))
-                res.records_read += 1
-            lim = region_limit([2 * c * v for v in p], below.size, below.chunk_size) if mode else None
-            try:
-                out = downsample_block(kids, method=phase.method, limit=lim)
-            except BlockDecodeError:  # again, with each child named by its file and chunk
-                downsample_block(kids, method=phase.method, limit=lim, names=_names(p, sources, below))
-                raise
-            if out is None:
-                res.blocks_zero += 1
+                t = src.table([r])
+                j = 0
+            elif rec[i] < 0:
                 continue
-            svs = out.supervoxels
+            kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
             if agglomerated:
-                bodies = _bodies(svs, pairs, res)
-            elif isinstance(phase.labels, Supervoxels):
-                bodies = svs.copy()
-            else:
-                assert isinstance(phase.labels, Mapped)
-                bodies = phase.labels.mapping.palette(svs)
-            if not bodies.any():  # DVID skips blocks whose bodies are all 0
-                res.blocks_zero += 1
-                continue
-            payload = cctx.compress(out.block)
-            res.records_written += 1
-            res.bytes_written += len(payload)
-            yield {"chunk_x": p[0], "chunk_y": p[1], "chunk_z": p[2], "labels": bodies, "supervoxels": svs,
-                   "dvid_compressed_block": payload, "uncompressed_size": len(out.block)}
-        sources.cache.pop(o, None)  # done with it (unless a later shard needs it again: loaded anew)
+                pairs.append((t.supervoxels(j), t.labels(j)))
+            res.records_read += 1
+        lim = region_limit([2 * c * v for v in p], below.size, below.chunk_size) if mode else None
+        try:
+            out = downsample_block(kids, method=phase.method, limit=lim)
+        except BlockDecodeError:  # again, with each child named by its file and chunk
+            downsample_block(kids, method=phase.method, limit=lim, names=_names(p, sources, below))
+            raise
+        if out is None:
+            res.blocks_zero += 1
+            continue
+        if out.block[:12] != task.grid:  # blocks of another size than the scale's chunks
+            raise BlockDecodeError(f"{_names(p, sources, below)[next(i for i in range(8) if kids[i])]}: its "
+                                   f"block is {'x'.join(str(8 * v) for v in struct.unpack('<3I', out.block[:12]))} "
+                                   f"voxels, not the scale's {'x'.join(map(str, below.chunk_size))} chunks")
+        svs = out.supervoxels
+        if agglomerated:
+            bodies = _bodies(svs, pairs, res)
+        elif isinstance(phase.labels, Supervoxels):
+            bodies = svs.copy()
+        else:
+            assert isinstance(phase.labels, Mapped)
+            bodies = phase.labels.mapping.palette(svs)
+        if not bodies.any():  # DVID skips blocks whose bodies are all 0
+            res.blocks_zero += 1
+            continue
+        payload = task.cctx.compress(out.block)
+        res.records_written += 1
+        res.bytes_written += len(payload)
+        yield {"chunk_x": p[0], "chunk_y": p[1], "chunk_z": p[2], "labels": bodies, "supervoxels": svs,
+               "dvid_compressed_block": payload, "uncompressed_size": len(out.block)}
 
 
 def _names(p, sources: _Sources, below: Scale) -> list[str]:
@@ -330,8 +367,8 @@ def _names(p, sources: _Sources, below: Scale) -> list[str]:
     for i in range(8):
         ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
         src = sources.get(below.shard_origin(*ch))
-        j = src[0].find(*ch) if src is not None and src[0] is not None else None
-        names.append(src[1].where(j) if j is not None else f"{below.folder}: chunk {ch}")
+        j = src.find(*ch) if src is not None else None
+        names.append(src.where(j) if j is not None else f"{below.folder}: chunk {ch}")
     return names
 
 
@@ -352,6 +389,8 @@ def downsample_shard(phase: Phase, item) -> ShardResult:
         write_shard(dest.local_path(rel), itertools.chain([first], records), batch_size=phase.batch_size,
                     index="A")
     else:  # a bucket: built in a local folder, then published index first (an index alone is no shard)
+        if phase.staging is not None:
+            os.makedirs(phase.staging, exist_ok=True)
         folder = tempfile.mkdtemp(prefix="dvidshards-downsample-", dir=phase.staging)
         try:
             write_shard(os.path.join(folder, stem), itertools.chain([first], records), batch_size=phase.batch_size,
@@ -496,6 +535,10 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
         raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
                         f"{ds.store.describe('')} does not hold (it holds {', '.join(f's{k}' for k in sorted(held))})")
     made = list(range(start + 1, max(wanted) + 1))
+    if len(made) > 1 and destination.spec is not None and destination.spec.get("driver") == "memory":
+        raise SpecError(f"{destination.describe()}: a memory:// destination is seen by this process only, so it "
+                        f"cannot hold scales made from each other ({', '.join(f's{k}' for k in made)}); write to a "
+                        f"folder or a bucket")
     added = [k for k in made if k not in wanted]
     base = ds.scale(start)
     for k in [start, *made]:
