@@ -173,6 +173,18 @@ def test_threads_equal_serial(s0_only, tmp_path):
             assert (tmp_path / "a" / f"s{k}" / f).read_bytes() == (tmp_path / "b" / f"s{k}" / f).read_bytes()
 
 
+@pytest.mark.slow
+def test_dask_workers_equal_serial(s0_only, tmp_path):
+    """Tasks pickled to spawned dask workers (a LocalCluster of 2) write the same files."""
+    pytest.importorskip("distributed")
+    a = downsample(s0_only.root, tmp_path / "a", spec=s0_only.spec, scheduler="serial", progress=False)
+    b = downsample(s0_only.root, tmp_path / "b", spec=s0_only.spec, scheduler="local:2", progress=False)
+    assert a.ok and b.ok, b.summary()
+    for k in (1, 2, 3):
+        for f in os.listdir(tmp_path / "a" / f"s{k}"):
+            assert (tmp_path / "a" / f"s{k}" / f).read_bytes() == (tmp_path / "b" / f"s{k}" / f).read_bytes()
+
+
 def test_labels_supervoxels_and_a_mapping_file(s0_only, tmp_path):
     rep = downsample(s0_only.root, tmp_path / "sv", spec=s0_only.spec, labels="supervoxels", scales=[1],
                      progress=False)
@@ -190,6 +202,33 @@ def test_labels_supervoxels_and_a_mapping_file(s0_only, tmp_path):
     for r in _records(tmp_path / "mapped", 2):
         assert r["labels"] == newer(np.array(r["supervoxels"], np.uint64)).tolist()
     assert json.loads((tmp_path / "mapped" / "dvidshards.json").read_text())["parameters"]["labels"] == "mapped"
+
+
+def test_records_that_disagree_on_a_body(tmp_path):
+    """Two records naming different bodies for one supervoxel: the first child's is kept, and said."""
+    from dvidshards.writer import write_shard
+
+    exp = S0Only(tmp_path / "exp", (128, 128, 128), 2, 2)
+    recs = _records(exp.root, 0)
+    by = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): r for r in recs}
+    # a supervoxel in two children of one output block, and in its output: its body changed in the later
+    # child (octant order: z, y, x)
+    made = downsample(exp.root, tmp_path / "before", spec=exp.spec, progress=False)
+    assert made.ok and made.totals.conflicts == 0
+    out_svs = {(r["chunk_x"], r["chunk_y"], r["chunk_z"]): set(r["supervoxels"]) for r in _records(tmp_path / "before", 1)}
+    sv, first, later = next((sv, a, b) for a in by for b in by if a[::-1] < b[::-1]
+                            and tuple(v // 2 for v in a) == tuple(v // 2 for v in b)
+                            for sv in set(by[a]["supervoxels"]) & set(by[b]["supervoxels"])
+                            if sv and sv in out_svs.get(tuple(v // 2 for v in a), ()))
+    r = by[later]
+    r["labels"] = [lab + 1 if s == sv else lab for s, lab in zip(r["supervoxels"], r["labels"], strict=True)]
+    write_shard(os.path.join(exp.root, "s0", "0_0_0"), recs)
+    rep = downsample(exp.root, tmp_path / "out", spec=exp.spec, progress=False)
+    assert rep.ok and rep.totals.conflicts >= 1 and any("different bodies" in n for n in rep.notes)
+    body = dict(zip(by[first]["supervoxels"], by[first]["labels"], strict=True))[sv]
+    out = next(r for r in _records(tmp_path / "out", 1)
+               if (r["chunk_x"], r["chunk_y"], r["chunk_z"]) == tuple(v // 2 for v in first))
+    assert dict(zip(out["supervoxels"], out["labels"], strict=True))[sv] == body
 
 
 def test_scales_asked(s0_only, tmp_path):

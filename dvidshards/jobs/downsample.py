@@ -211,10 +211,9 @@ def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
     order = np.argsort(sv, kind="stable")  # equal supervoxels keep the children's order
     s, b = sv[order], lab[order]
     if s.size > 1:
-        same = s[1:] == s[:-1]
-        bad = same & (b[1:] != b[:-1])
-        if bad.any():
-            res.conflicts += int(np.unique(s[1:][bad]).size)
+        bad = (s[1:] == s[:-1]) & (b[1:] != b[:-1])
+        if bad.any():  # only the supervoxels of the output block count
+            res.conflicts += int(np.isin(svs_out, s[1:][bad]).sum())
     pos = np.searchsorted(s, svs_out)  # the first (lowest child) entry of each supervoxel
     return b[pos]
 
@@ -426,8 +425,9 @@ def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, a
     if added:
         lines.append(f"also made {', '.join(f's{k}' for k in added)}: each scale is made from the one below")
     if totals.conflicts:
-        lines.append(f"{totals.conflicts:,} supervoxels had different bodies in different source records; each "
-                     f"took the body of its first record (octant order)")
+        lines.append(f"{totals.conflicts:,} times the source records of an output block named different bodies "
+                     f"for one supervoxel (an export written while bodies changed?); the first record's (octant "
+                     f"order) was kept")
     if totals.outside:
         lines.append(f"{totals.outside:,} output blocks fell outside the spec's volume and were skipped")
     return lines
