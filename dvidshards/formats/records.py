@@ -269,14 +269,15 @@ class RecordTable:
         off, ln = rec[:, R_PAY], rec[:, R_PAYLEN]
         if self._file is None:
             return self._bufs[0], off, ln
-        order = np.argsort(off, kind="stable").tolist()
+        offs, lens = off.tolist(), ln.tolist()  # a run is tens of records: Python ints beat numpy here
         spans: list[list[int]] = []  # [file start, file end, position in the buffer]
+        new = [0] * len(offs)
         pos = 0
-        new = np.empty(len(rec), np.int64)
-        for k in order:
-            a, b = int(off[k]), int(off[k] + ln[k])
-            if spans and a - spans[-1][1] <= _GAP and a >= spans[-1][0]:
-                g = spans[-1]
+        g: list[int] = []
+        for k in sorted(range(len(offs)), key=offs.__getitem__):
+            a = offs[k]
+            b = a + lens[k]
+            if spans and a - g[1] <= _GAP:
                 if b > g[1]:
                     pos += b - g[1]
                     g[1] = b
@@ -285,16 +286,23 @@ class RecordTable:
                 spans.append(g)
                 pos += b - a
             new[k] = g[2] + a - g[0]
-        buf = np.empty(pos, _U8)
-        for a, b, p in spans:
-            got = self._file.readinto(buf[p:p + b - a], a)
-            if got != b - a:
-                k = next(k for k in order if a <= off[k] < b and off[k] + ln[k] > a + got)
-                raise ShardFormatError(f"{self.where(int(rows[k]))}: the file changed since it "
-                                       f"was loaded: it ends at byte {a + got}, before this chunk's record "
-                                       f"[{int(off[k])}, {int(off[k] + ln[k])}) (copied or synced while open?); "
-                                       f"open the export again")
-        return buf, new, ln
+        if len(spans) == 1:  # records next to each other (a row of chunks, usually): one read, no copy
+            a, b, _ = spans[0]
+            data = self._file.pread(a, b - a)
+            got = len(data)
+            buf = np.frombuffer(data, _U8)
+        else:
+            buf = np.empty(pos, _U8)
+            for a, b, q in spans:
+                got = self._file.readinto(buf[q:q + b - a], a)
+                if got != b - a:
+                    break
+        if got != b - a:
+            k = next(k for k in range(len(offs)) if a <= offs[k] < b and offs[k] + lens[k] > a + got)
+            raise ShardFormatError(f"{self.where(int(rows[k]))}: the file changed since it was loaded: it ends at "
+                                   f"byte {a + got}, before this chunk's record [{offs[k]}, {offs[k] + lens[k]}) "
+                                   f"(copied or synced while open?); open the export again")
+        return buf, np.array(new, np.int64), ln
 
     def usize(self, i: int) -> int:
         """Record i's uncompressed_size (-1 when the schema has none)."""
