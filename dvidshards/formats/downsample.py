@@ -429,7 +429,7 @@ def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):
 # --------------------------------------------------------------------------- the kernel
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, inline="always")
 def _insert_sorted(arr, n, v):
     # insert v into the sorted arr[:n] unless present; returns the new length
     lo = 0
