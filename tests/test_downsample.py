@@ -241,6 +241,22 @@ def test_scales_asked(s0_only, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_remaking_a_scale_the_export_holds(tmp_path):
+    """--scales 1 2 over an export holding s0 and s1 (made with TensorStore's mode): s2 is made from
+    the s1 this job made (DVID's rule), not from the export's."""
+    from dvidshards.demo.neurons import neuron_volume
+
+    sv, mapping = neuron_volume((160, 150, 140), n_bodies=12, svs_per_body=4, seed=11)
+    spec = _pyramid_spec((160, 150, 140), 3, 1)
+    write_export(sv, tmp_path / "exp", mapping=mapping, scales=2, shard_chunks=1)
+    rep = downsample(str(tmp_path / "exp"), tmp_path / "out", spec=spec, scales=[1, 2], progress=False)
+    assert rep.ok and rep.scales == [1, 2]
+    want = _dvid_xyz(_dvid_xyz(np.asarray(sv, np.uint64)))
+    assert not np.array_equal(want, _dvid_xyz(_mode_xyz(np.asarray(sv, np.uint64))))  # the test can tell
+    got = dvidshards.Dataset(tmp_path / "out").read([[0, 0, 0], list(want.shape)], scale=2, labels="supervoxels")
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_downsample_output_as_the_source(s0_only, tmp_path):
     """s1 made first; then s2, s3 made from it, reading the first output over its source."""
     assert downsample(s0_only.root, tmp_path / "d1", spec=s0_only.spec, scales=[1], progress=False).ok

@@ -43,7 +43,6 @@ import os
 import shutil
 import struct
 import tempfile
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
@@ -51,12 +50,14 @@ from functools import partial
 import numpy as np
 import zstandard
 
-from ..dataset import Dataset, IncompleteScalesWarning
+from ..dataset import Dataset
 from ..errors import BlockDecodeError, MissingShardError, SpecError
 from ..formats.downsample import METHODS, downsample_block, region_limit
 from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_labels
 from ..formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
 from ..formats.sharding import shard_filename_stem
+from ..shard import load_shard_sync, parse_shard_names
+from ..stores import as_store
 from ..writer import write_shard
 from .options import (
     add_dest,
@@ -72,7 +73,7 @@ from .options import (
 from .output import Destination, JobReport, Output
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["DownsampleTotals", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
+__all__ = ["DownsampleTotals", "MadeScales", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
            "plan_scale", "reduce_results"]
 
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
@@ -80,6 +81,28 @@ _GROUP = 512  # output blocks whose source records are fetched together (a lazil
 
 
 # --------------------------------------------------------------------------- what a task carries
+
+
+class MadeScales:
+    """This job's own output, read back (the scale below each scale it makes) through the shard loader.
+
+    Never layered over the source (as ``Dataset(dest)`` is): a scale the source also holds is read
+    as this job made it. Pickles as its store.
+    """
+
+    def __init__(self, store):
+        self.store = store
+
+    def __reduce__(self):
+        return (MadeScales, (self.store,))
+
+    def shards(self, scale: Scale) -> list[tuple[int, int, int]]:
+        """Origins of the shard files of a made scale."""
+        return parse_shard_names(self.store.list_sync(scale.folder))
+
+    def shard(self, scale: Scale, origin):
+        """The loaded shard (MissingShardError when no file is there)."""
+        return load_shard_sync(self.store, scale, origin)
 
 
 @dataclass(frozen=True)
@@ -90,7 +113,7 @@ class Phase:
     :func:`downsample_shard` with the items of :func:`plan_scale`.
     """
 
-    read: Dataset  # holds the scale below (the source export, or this job's output over it)
+    read: Dataset | MadeScales  # holds the scale below: the source export, or this job's own output
     below: Scale  # the scale below, as its files are named
     scale: Scale  # the output scale (today's naming)
     dest: Destination
@@ -563,26 +586,20 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
                 command=command, resume=resume, overwrite=overwrite,
                 own=lambda name: name == "info" or (name[:1] == "s" and name[1:].isdigit())) as out:
         destination.write("info", (json.dumps(info, indent=1) + "\n").encode())
-        mine = None
+        mine = None if not made else MadeScales(as_store(destination.path if destination.local
+                                                         else destination.kvstore))
         stopped = None
         ran = 0
         with TaskRunner(scheduler, progress=progress) as tr:
             for k in made:
+                read: Dataset | MadeScales
                 if k - 1 == start:
-                    read = ds
+                    read, below = ds, ds.scale(k - 1)
                 else:
-                    if mine is None:
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore", IncompleteScalesWarning)
-                            mine = Dataset(destination.path if destination.local else destination.kvstore,
-                                           spec=ds.spec)
-                    read = mine
-                below = read.scale(k - 1)
+                    assert mine is not None
+                    read, below = mine, ds.scale(k - 1).with_naming("current")
                 scale = ds.scale(k).with_naming("current")
-                if k - 1 != start and not destination.list(below.folder):
-                    items = []  # the scale below came out empty (all background): so does this one
-                else:
-                    items = plan_scale(below, scale, read.shards(below))
+                items = plan_scale(below, scale, read.shards(below))
                 phase = Phase(read, below, scale, destination, method, src_labels, batch, zstd_level, staging)
                 names = set(destination.list(scale.folder))
                 done = [it for it in items if f"{shard_filename_stem(it[0])}.arrow" in names
