@@ -383,6 +383,20 @@ def test_refusals(s0_only, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abc")
 
 
+def test_overwrite_and_resume_of_a_complete_output(s0_only, tmp_path):
+    dest = tmp_path / "out"
+    assert downsample(s0_only.root, dest, spec=s0_only.spec, scales=[1, 2], progress=False).ok
+    (dest / "notes.txt").write_text("mine")
+    (dest / "s2" / "stale.arrow").write_bytes(b"not a shard")
+    rep = downsample(s0_only.root, dest, spec=s0_only.spec, scales=[1, 2], method="mode", progress=False,
+                     overwrite=True)
+    assert rep.ok and not (dest / "s2" / "stale.arrow").exists() and (dest / "notes.txt").read_text() == "mine"
+    _check_pyramid(s0_only, dest, "mode", [1, 2])
+    again = downsample(s0_only.root, dest, spec=s0_only.spec, scales=[1, 2], method="mode", progress=False,
+                       resume=True)
+    assert again.ok and again.done == 0 and again.skipped == rep.done
+
+
 def test_command_line(s0_only, tmp_path, capsys):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(s0_only.spec))
