@@ -18,8 +18,9 @@ Every output voxel is the winner of its 2x2x2 input cell:
 Nothing is decoded to voxels first. A cell never straddles two input sub-blocks (8 is even),
 so each input 8³ sub-block makes one 4³ quadrant of one output 8³ sub-block: a solid input
 sub-block (one label, or none) is a solid quadrant without touching voxels; a 1-bit sub-block
-is voted on 64 cells at once with SWAR bit counts on its packed words; wider ones cell by cell
-(a homogeneous cell, the common case, is one word compare). An output sub-block whose eight
+is voted on 64 cells at once with SWAR bit counts on its packed words; a 2-bit one (3-4 labels)
+by one look-up per cell of its 8 values as label ranks in a table of every winner; wider ones
+cell by cell (a homogeneous cell, the common case, is one word compare). An output sub-block whose eight
 quadrants are solid with one label is solid. The output is encoded exactly as
 ``codec.encode_block(volume, subblock_order="sorted")`` encodes the decoded result (labels of a
 sub-block in ascending order, as in real export blocks; block label list in order of first
