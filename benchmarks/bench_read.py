@@ -57,12 +57,14 @@ UNALIGNED = [  # (offset, shape), x y z
 # --- the reads as they were before the label-list check (issue 23), to time it in this process ---
 
 def _decode_into_before(self, i, out, labels):
-    """RecordTable.decode_into before the check: the label counts compared, not the lists."""
+    """RecordTable.decode_into without the check: the label counts compared, not the lists (the rest
+    as it is now: payload read, zstd, palette, decode)."""
     r = self.rec[i].tolist()
     pay = r[records.R_PAY]
+    f = self.file
     try:
-        block = records._decompress(self.bufs[0][pay:pay + r[records.R_PAYLEN]], r[records.R_USIZE],
-                                    self._max_block)
+        payload = self.payload(i) if f is not None else self.bufs[0][pay:pay + r[records.R_PAYLEN]]
+        block = records._decompress(payload, r[records.R_USIZE], self._max_block)
         n = int.from_bytes(block[12:16], "little") if len(block) >= 16 else -1
         if n >= 1 and n != r[records.R_NSV]:
             raise BlockDecodeError(f"the block has {n} labels but its record lists {r[records.R_NSV]}")
