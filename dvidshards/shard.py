@@ -6,7 +6,8 @@ the record batch holding each chunk, then checks them against each other.  How m
 at load is the validation policy:
 
 ``"eager"``
-    Needs every byte of the shard (a memory map locally, one download remotely).  Every
+    Needs every byte of the shard (read once into private memory locally and freed after the
+    load, one download remotely).  Every
     record's batch header, buffers and offsets are resolved and checked; every record must
     have exactly one index row and lie in the shard's box.  Default for local files and
     memory; ``verify`` always uses it, on every store.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import mmap
 import re
 import threading
 import warnings
@@ -72,7 +72,6 @@ POLICIES = ("eager", "lazy")
 _WINDOW, _WINDOW_MAX = 1 << 20, 16 << 20  # stream scan window (lazy, legacy C streams)
 _HEADER_PROBE = 4096  # bytes read to find a record batch's row count in its header
 _HEAD, _TAIL = 4 << 10, 64 << 10  # speculative first reads of a shard's head and tail
-_DROP_PAGES_ABOVE = 8 << 20  # bytes; smaller mapped shards keep their pages
 _GRID_MAX_SLOTS = 1 << 21  # dense chunk lookup up to 128³ chunk slots (8 MB); a dict beyond
 GAP = 64 << 10  # merge record batch fetches closer than this
 MAX_REQUEST = 8 << 20  # largest merged request
@@ -106,20 +105,6 @@ def merge_ranges(ranges, gap: int = GAP, max_bytes: int = MAX_REQUEST) -> list[l
         else:
             out.append([a, b, [item]])
     return out
-
-
-def _drop_mapped_pages(data: np.ndarray) -> None:
-    """Unmap a large memory-mapped shard's pages from this process (they stay in the page cache).
-
-    Loading reads every record header, which maps nearly the whole file; afterwards a chunk
-    read maps only its own record's pages again.
-    """
-    m = getattr(data.base, "obj", None)
-    if isinstance(m, mmap.mmap) and len(m) > _DROP_PAGES_ABOVE and hasattr(mmap, "MADV_DONTNEED"):
-        try:
-            m.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError):
-            pass
 
 
 def _is_end_of_stream(data: np.ndarray, off: int, end: int) -> bool:
@@ -425,7 +410,7 @@ class Shard:
         self._lookup: dict | None = None
         self._make_lookup()
         self.nbytes = int(index.coords.nbytes * 2 + 24 * len(index)
-                          + (table.rec.nbytes if table is not None else 0))
+                          + (table.nbytes if table is not None else 0))
 
     @classmethod
     def from_records(cls, source, table: RecordTable, scale: Scale, origin) -> Shard:
@@ -623,10 +608,7 @@ async def load_shard(store: ByteStore | RecordSource, scale: Scale, origin, *, p
                 raise MissingShardError(f"{store.describe(key)}: no such shard file") from None
             data = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw
         loader = _Eager(store, stem, scale, data, index)
-        shard = await loader.load(policy)
-        if store.mappable:
-            _drop_mapped_pages(data)
-        return shard
+        return await loader.load(policy)
     return await _Lazy(store, stem, scale, index).load(policy)
 
 
@@ -1102,7 +1084,7 @@ class ShardCache:
             elif isinstance(error, DvidShardsError) and not isinstance(error, RemoteReadError):
                 if len(self._failed) >= 4096:
                     self._failed.clear()
-                self._failed[origin] = error
+                self._failed[origin] = error.with_traceback(None)  # its frames would hold the load's bytes
         if error is None:
             fut.set_result(shard)
         else:
