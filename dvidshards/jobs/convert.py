@@ -1021,6 +1021,7 @@ class ConvertTotals(ShardResult):
     the scales made first (``made``: the downsample stage's totals, see :func:`convert`)."""
 
     verified: int = 0
+    verified_background: int = 0  # of ``verified``: chunks the source holds none of, read back as 0
     mismatches: list = field(default_factory=list)
     made: dict | None = None
 
@@ -1047,7 +1048,9 @@ def _notes(fmt: str, t: ShardResult, verified: int, mismatches: list) -> list[st
              f"{t.background:,} background skipped, {t.outside:,} outside the volume; "
              f"{t.encoded_bytes / 2**20:.1f} MiB encoded; peak worker RSS {t.max_rss_mib:.0f} MiB"]
     if verified or mismatches:
-        lines.append(f"verify: {verified:,} chunks read back, {len(mismatches):,} differ")
+        bg = getattr(t, "verified_background", 0)
+        lines.append(f"verify: {verified:,} chunks read back ({verified - bg:,} with data, {bg:,} background), "
+                     f"{len(mismatches):,} differ")
     return lines
 
 
@@ -1354,8 +1357,10 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
                 totals.add(r)
             if verify:
                 for k in todo:
-                    n, bad = verify_output(read, kv, format, plans[k], labels, verify, seed=seed)
+                    sc = verify_output(read, kv, format, plans[k], labels, verify, seed=seed)
+                    n, bad = sc
                     totals.verified += n
+                    totals.verified_background += getattr(sc, "background", 0)
                     totals.mismatches += bad
                 for m in totals.mismatches:
                     out.fail(f"verify {m.split(':', 1)[0]}", m.split(": ", 1)[-1])

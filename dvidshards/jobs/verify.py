@@ -54,6 +54,8 @@ class VerifyReport:
 
     shards: int = 0
     chunks: int = 0
+    #: of ``chunks`` spot-checked against a source: those the source holds none of (must read as 0)
+    background: int = 0
     decompressed: int = 0
     decoded: int = 0
     problems: list[Problem] = field(default_factory=list)
@@ -100,7 +102,8 @@ class VerifyReport:
         head = (f"{what} of {src} ({m.get('command') or 'Python API'}): {self.shards} {unit} in {len(scales)} "
                 f"scales, manifest says {'complete' if m.get('complete') is True else 'INCOMPLETE'}")
         if self.chunks:
-            head += f"; {self.chunks} chunks compared with the source"
+            head += (f"; {self.chunks} chunks compared with the source ({self.chunks - self.background} with data, "
+                     f"{self.background} background)")
         lines = [head + (": no problems" if self.ok else f": {len(self.problems)} problems")]
         lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
         if len(self.problems) > 50:
@@ -220,8 +223,10 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) 
                 if int(k) in made:
                     continue
                 arr = open_scale(kv, fmt, keys[k])
-                n, bad = compare_chunks(ds, arr, fmt, int(k), params.get("labels", "agglomerated"), spot_check, rng)
+                sc = compare_chunks(ds, arr, fmt, int(k), params.get("labels", "agglomerated"), spot_check, rng)
+                n, bad = sc
                 report.chunks += n
+                report.background += getattr(sc, "background", 0)
                 report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
         except (DvidShardsError, KeyError, ValueError, IndexError, OSError) as e:  # IndexError: another geometry
             report.problems.append(Problem(where, type(e).__name__, f"{where}: spot check against the source "
