@@ -442,6 +442,13 @@ class Dataset:
         """Give each scale the first root holding its folder (``LayeredStore.route``)."""
         assert isinstance(self.store, LayeredStore)
         route: dict[int, int] = {}
+        # a downsample destination's own scales win over a copy its source holds (it was remade), the
+        # outermost destination first; every other scale goes to the first root holding its folder
+        for i in reversed(range(len(layers))):
+            st, held, m = layers[i]
+            if m is not None and held is not None:
+                for k in sorted(held):
+                    route.setdefault(k, i)
         for i, (st, held, _) in enumerate(layers):
             if held is None:
                 if indices is None:  # geometry inferred from the folders: every root is listed

@@ -526,3 +526,20 @@ def test_a_bucket_destination(s0_only, tmp_path):
 def test_memory_destination_refused_for_several_scales(s0_only):
     with pytest.raises(SpecError, match="memory://"):
         downsample(s0_only.root, "memory://pyr/", spec=s0_only.spec, progress=False)
+
+
+def test_a_remade_scale_is_read_from_the_destination(tmp_path):
+    """--scales 1 over an export that holds s1: Dataset(dest) reads the made s1, not the source's copy."""
+    import dvidshards
+    from dvidshards.demo import dvid_downsample
+    from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.jobs.downsample import downsample
+
+    sv, mapping = neuron_volume((96, 80, 70), n_bodies=4, svs_per_body=3, seed=3)
+    spec = dvidshards.write_export(sv, tmp_path / "exp", mapping=mapping, scales=2)  # s1 by TensorStore's mode
+    downsample(tmp_path / "exp", tmp_path / "down", spec=spec, scales=[1], progress=False)
+    ds = dvidshards.Dataset(tmp_path / "down")
+    box = [[0, 0, 0], list(ds.scale(1).size)]
+    np.testing.assert_array_equal(ds.read(box, scale=1, labels="supervoxels"), dvid_downsample(sv))
+    both = dvidshards.Dataset([tmp_path / "exp", tmp_path / "down"], spec=spec)
+    np.testing.assert_array_equal(both.read(box, scale=1, labels="supervoxels"), dvid_downsample(sv))
