@@ -182,7 +182,7 @@ def main() -> None:
         conv_cpu, conv_wall = cpu_now() - c0, time.perf_counter() - t0
         assert rep.ok
         a = ours(ds, work / "ours", lods=1)  # the default scale (s2, 32 nm), one level as igneous' num_lod=0
-        b = ours(ds, work / "ours-unsimplified", lods=1, reduction_factor=0, first_reduction=0)
+        b = ours(ds, work / "ours-unsimplified", lods=1, reduction_factor=0, cell_reduction=0)
         c = ours(ds, work / "ours-default")  # the default levels: s2 and s3
         ig = igneous(args.igneous_python, twin, work, mip=2)
         n = a["bodies"]

@@ -186,7 +186,7 @@ def test_levels_of_detail_from_coarser_scales(six, tmp_path):
 
 
 def test_reduction_zero_keeps_every_marching_cubes_face(six, tmp_path):
-    a = meshes(six.dataset(), tmp_path / "a", scale=0, lods=1, reduction_factor=0, first_reduction=0,
+    a = meshes(six.dataset(), tmp_path / "a", scale=0, lods=1, reduction_factor=0, cell_reduction=0,
                inflate=False, scheduler="serial", progress=False)
     b = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, scheduler="serial", progress=False)
     assert a.ok and b.ok
@@ -338,3 +338,26 @@ def test_regroup_levels_give_the_same_output(six, tmp_path, monkeypatch):
     b = meshes(six.dataset(), tmp_path / "b", scale=0, scheduler="serial", progress=False)
     assert a.ok and b.ok and len(six.dataset().shards(0)) > 4
     assert tree(tmp_path / "a" / "mesh", skip=MANIFEST) == tree(tmp_path / "b" / "mesh", skip=MANIFEST)
+
+
+def test_old_simplification_keywords_say_what_replaced_them(six, tmp_path, run_cli, capsys):
+    """max_error was zmesh's per-cell bound: refused in one line naming max_error_nm; first_reduction
+    is cell_reduction (warned, mapped); levels of detail now come from a scale each."""
+    with pytest.raises(MeshesError, match="max_error_nm"):
+        meshes(six.dataset(), tmp_path / "a", max_error=40)
+    with pytest.raises(MeshesError, match=r"scale=0, lods=3 \(or scales=\(0, 1, 2\)\)"):
+        meshes(six.dataset(), tmp_path / "a", scales=(0,), lods=3)
+    with pytest.raises(TypeError, match="nonsense"):
+        meshes(six.dataset(), tmp_path / "a", nonsense=1)
+    assert not (tmp_path / "a").exists()
+    assert run_cli(["meshes", six.root, str(tmp_path / "c"), "--quiet", "--max-error", "40"]) == 2
+    assert "--max-error-nm" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    with pytest.warns(DeprecationWarning, match="cell_reduction"):
+        rep = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, first_reduction=2, max_error_nm=16,
+                     scheduler="serial", progress=False)
+    params = json.loads((tmp_path / "b" / "mesh" / MANIFEST).read_text())["parameters"]
+    assert rep.ok and params["cell_reduction"] == 2 and params["max_error_nm"] == 16
+    assert params["max_error_voxels"] == 2.0  # 16 nm at 8 nm
+    rep = meshes(six.dataset(), tmp_path / "d", scale=0, lods=3, scheduler="serial", progress=False)
+    assert rep.ok and rep.scales == [0, 1] and any("2 of 3 levels of detail: s2 is not exported" in n
+                                                   for n in rep.notes)

@@ -39,6 +39,7 @@ __all__ = [
     "Mesh",
     "MeshError",
     "MeshGrid",
+    "box_faces",
     "cut_padded",
     "decimate",
     "enclosed_volume",
@@ -356,6 +357,21 @@ def _faces(arr: np.ndarray | None):
     return arr[:, :, 0].copy(), arr[:, 0, :].copy(), arr[0, :, :].copy()
 
 
+def _label_counts(arr: np.ndarray) -> dict[int, int]:
+    """{label: voxels} of the non-zero labels of an array, counted over its runs (a third of
+    ``np.unique``'s sort on a 64³ chunk of a few dozen labels)."""
+    f = arr.reshape(-1)
+    if not f.size:
+        return {}
+    start = np.empty(f.size, bool)
+    start[0] = True
+    np.not_equal(f[1:], f[:-1], out=start[1:])
+    at = np.flatnonzero(start)
+    lab, inv = np.unique(f[at], return_inverse=True)
+    num = np.bincount(inv.reshape(-1), weights=np.diff(at, append=f.size), minlength=len(lab))
+    return {int(a): int(b) for a, b in zip(lab.tolist(), num.tolist(), strict=True) if a}
+
+
 def mesh_cells(
     decode: Callable[[tuple[int, int, int]], np.ndarray | None],
     chunks,
@@ -444,8 +460,7 @@ def mesh_cells(
         cor = borrowed((x + 1, y + 1, z + 1))
         counts: dict[int, int] = {}
         if voxels and own is not None:
-            lab, num = np.unique(own, return_counts=True)
-            counts = {int(a): int(b) for a, b in zip(lab.tolist(), num.tolist(), strict=True) if a}
+            counts = _label_counts(own)
         if own is None and all(f is None for f in (fx, fy, fz, exy, exz, eyz, cor)):
             continue
         dtype = own.dtype if own is not None else next(f[0].dtype for f in (fx, fy, fz, exy, exz, eyz, cor)
@@ -677,72 +692,85 @@ def _subset(mesh: Mesh, keep: np.ndarray) -> Mesh:
 # --------------------------------------------------------------------------------------
 
 
-@numba.njit(nogil=True, cache=True)
-def _quadric_error(q, x, y, z):  # pragma: no cover - numba
-    return (q[0] * x * x + 2 * q[1] * x * y + 2 * q[2] * x * z + 2 * q[3] * x + q[4] * y * y
-            + 2 * q[5] * y * z + 2 * q[6] * y + q[7] * z * z + 2 * q[8] * z + q[9])
+@numba.njit(nogil=True, cache=True, inline="always")
+def _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z):  # pragma: no cover - numba
+    """The quadric (10 numbers: the upper triangle of A, then b, then c) at (x, y, z)."""
+    return (x * (q0 * x + 2.0 * (q1 * y + q2 * z + q3)) + y * (q4 * y + 2.0 * (q5 * z + q6))
+            + z * (q7 * z + 2.0 * q8) + q9)
 
 
 @numba.njit(nogil=True, cache=True)
-def _edge_target(V, Q, locked, a, b, p, q):  # pragma: no cover - numba
+def _edge_target(V, Q, locked, a, b, p):  # pragma: no cover - numba
     """Where edge (a, b) collapses to (into ``p``) and its quadric error; inf when both are locked.
 
-    ``q`` is scratch space for the summed quadric (10 numbers)."""
-    if locked[a] and locked[b]:
+    A locked end stays where it is; otherwise the quadric's optimum, if the 3x3 system is well
+    conditioned and the point stays near the edge, else the best of the ends and the midpoint."""
+    la = locked[a]
+    lb = locked[b]
+    if la and lb:
         return np.inf
-    for i in range(10):
-        q[i] = Q[a, i] + Q[b, i]
-    if locked[a] or locked[b]:
-        k = a if locked[a] else b
-        p[0], p[1], p[2] = V[k, 0], V[k, 1], V[k, 2]
-        return _quadric_error(q, p[0], p[1], p[2])
-    # the quadric's optimum, if the 3x3 system is well conditioned and the point stays near the edge
-    m00, m01, m02, m11, m12, m22 = q[0], q[1], q[2], q[4], q[5], q[7]
-    c0 = m11 * m22 - m12 * m12
-    c1 = m02 * m12 - m01 * m22
-    c2 = m01 * m12 - m02 * m11
-    det = m00 * c0 + m01 * c1 + m02 * c2
-    best = np.inf
-    ex = V[b, 0] - V[a, 0]
-    ey = V[b, 1] - V[a, 1]
-    ez = V[b, 2] - V[a, 2]
-    l2 = ex * ex + ey * ey + ez * ez
+    q0 = Q[a, 0] + Q[b, 0]
+    q1 = Q[a, 1] + Q[b, 1]
+    q2 = Q[a, 2] + Q[b, 2]
+    q3 = Q[a, 3] + Q[b, 3]
+    q4 = Q[a, 4] + Q[b, 4]
+    q5 = Q[a, 5] + Q[b, 5]
+    q6 = Q[a, 6] + Q[b, 6]
+    q7 = Q[a, 7] + Q[b, 7]
+    q8 = Q[a, 8] + Q[b, 8]
+    q9 = Q[a, 9] + Q[b, 9]
+    if la or lb:
+        k = a if la else b
+        x, y, z = V[k, 0], V[k, 1], V[k, 2]
+        p[0], p[1], p[2] = x, y, z
+        return _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z)
+    c0 = q4 * q7 - q5 * q5
+    c1 = q2 * q5 - q1 * q7
+    c2 = q1 * q5 - q2 * q4
+    det = q0 * c0 + q1 * c1 + q2 * c2
+    ax, ay, az = V[a, 0], V[a, 1], V[a, 2]
+    ex, ey, ez = V[b, 0] - ax, V[b, 1] - ay, V[b, 2] - az
     if abs(det) > 1e-9:
-        r0, r1, r2 = -q[3], -q[6], -q[8]
-        x = (c0 * r0 + c1 * r1 + c2 * r2) / det
-        y = (c1 * r0 + (m00 * m22 - m02 * m02) * r1 + (m01 * m02 - m00 * m12) * r2) / det
-        z = (c2 * r0 + (m01 * m02 - m00 * m12) * r1 + (m00 * m11 - m01 * m01) * r2) / det
-        mx = 0.5 * (V[a, 0] + V[b, 0]) - x
-        my = 0.5 * (V[a, 1] + V[b, 1]) - y
-        mz = 0.5 * (V[a, 2] + V[b, 2]) - z
-        if mx * mx + my * my + mz * mz <= l2:
+        inv = 1.0 / det
+        x = -(c0 * q3 + c1 * q6 + c2 * q8) * inv
+        y = -(c1 * q3 + (q0 * q7 - q2 * q2) * q6 + (q1 * q2 - q0 * q5) * q8) * inv
+        z = -(c2 * q3 + (q1 * q2 - q0 * q5) * q6 + (q0 * q4 - q1 * q1) * q8) * inv
+        mx = ax + 0.5 * ex - x
+        my = ay + 0.5 * ey - y
+        mz = az + 0.5 * ez - z
+        if mx * mx + my * my + mz * mz <= ex * ex + ey * ey + ez * ez:
             p[0], p[1], p[2] = x, y, z
-            return _quadric_error(q, x, y, z)
-    for t in (0.0, 0.5, 1.0):
-        x = V[a, 0] + t * ex
-        y = V[a, 1] + t * ey
-        z = V[a, 2] + t * ez
-        e = _quadric_error(q, x, y, z)
-        if e < best:
-            best = e
-            p[0], p[1], p[2] = x, y, z
-    return best
+            return _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z)
+    e0 = _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, ax, ay, az)
+    mx, my, mz = ax + 0.5 * ex, ay + 0.5 * ey, az + 0.5 * ez
+    e1 = _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, mx, my, mz)
+    e2 = _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, ax + ex, ay + ey, az + ez)
+    if e0 <= e1 and e0 <= e2:
+        p[0], p[1], p[2] = ax, ay, az
+        return e0
+    if e1 <= e2:
+        p[0], p[1], p[2] = mx, my, mz
+        return e1
+    p[0], p[1], p[2] = ax + ex, ay + ey, az + ez
+    return e2
 
 
 @numba.njit(nogil=True, cache=True)
 def _refs(F, alive, n, tstart, tcount, rf):  # pragma: no cover - numba
     """Vertex -> live faces lists (CSR in ``rf``); returns the length used."""
     tcount[:] = 0
-    for f in range(F.shape[0]):
+    m = F.shape[0]
+    for f in range(m):
         if alive[f]:
-            for j in range(3):
-                tcount[F[f, j]] += 1
+            tcount[F[f, 0]] += 1
+            tcount[F[f, 1]] += 1
+            tcount[F[f, 2]] += 1
     s = 0
     for v in range(n):
         tstart[v] = s
         s += tcount[v]
         tcount[v] = 0
-    for f in range(F.shape[0]):
+    for f in range(m):
         if alive[f]:
             for j in range(3):
                 v = F[f, j]
@@ -751,51 +779,28 @@ def _refs(F, alive, n, tstart, tcount, rf):  # pragma: no cover - numba
     return s
 
 
-@numba.njit(nogil=True, cache=True)
-def _face_errors(V, Q, locked, F, f, err, p, q):  # pragma: no cover - numba
-    lo = np.inf
-    for j in range(3):
-        e = _edge_target(V, Q, locked, F[f, j], F[f, (j + 1) % 3], p, q)
-        err[f, j] = e
-        if e < lo:
-            lo = e
-    err[f, 3] = lo
-
-
-@numba.njit(nogil=True, cache=True)
-def _normal(V, F, f, moved, p):  # pragma: no cover - numba
-    """Unnormalised normal of face f with vertex ``moved`` at ``p``."""
-    ax = p[0] if F[f, 0] == moved else V[F[f, 0], 0]
-    ay = p[1] if F[f, 0] == moved else V[F[f, 0], 1]
-    az = p[2] if F[f, 0] == moved else V[F[f, 0], 2]
-    bx = p[0] if F[f, 1] == moved else V[F[f, 1], 0]
-    by = p[1] if F[f, 1] == moved else V[F[f, 1], 1]
-    bz = p[2] if F[f, 1] == moved else V[F[f, 1], 2]
-    cx = p[0] if F[f, 2] == moved else V[F[f, 2], 0]
-    cy = p[1] if F[f, 2] == moved else V[F[f, 2], 1]
-    cz = p[2] if F[f, 2] == moved else V[F[f, 2], 2]
-    ux, uy, uz = bx - ax, by - ay, bz - az
-    vx, vy, vz = cx - ax, cy - ay, cz - az
-    return uy * vz - uz * vy, uz * vx - ux * vz, ux * vy - uy * vx
-
-
-@numba.njit(nogil=True, cache=True)
-def _flips(V, F, alive, tstart, tcount, rf, v, other, p):  # pragma: no cover - numba
-    """Whether moving ``v`` to ``p`` flips or flattens one of its faces that do not hold ``other``."""
-    for k in range(tstart[v], tstart[v] + tcount[v]):
-        f = rf[k]
-        if not alive[f] or F[f, 0] == other or F[f, 1] == other or F[f, 2] == other:
-            continue
-        n0x, n0y, n0z = _normal(V, F, f, -1, p)
-        n1x, n1y, n1z = _normal(V, F, f, v, p)
-        l0 = n0x * n0x + n0y * n0y + n0z * n0z
-        l1 = n1x * n1x + n1y * n1y + n1z * n1z
-        if l1 <= 1e-12 * l0 or l1 <= 1e-18:
-            return True
-        d = n0x * n1x + n0y * n1y + n0z * n1z
-        if d <= 0.2 * np.sqrt(l0 * l1):
-            return True
-    return False
+@numba.njit(nogil=True, cache=True, inline="always")
+def _flip1(V, F, f, v, px, py, pz):  # pragma: no cover - numba
+    """Whether moving ``v`` to ``p`` turns face ``f`` by more than ~78 degrees or nearly flattens it."""
+    i0, i1, i2 = F[f, 0], F[f, 1], F[f, 2]
+    if i0 == v:
+        s, t = i1, i2
+    elif i1 == v:
+        s, t = i2, i0
+    else:
+        s, t = i0, i1
+    sx, sy, sz = V[s, 0], V[s, 1], V[s, 2]
+    tx, ty, tz = V[t, 0] - sx, V[t, 1] - sy, V[t, 2] - sz
+    ux, uy, uz = V[v, 0] - sx, V[v, 1] - sy, V[v, 2] - sz
+    n0x, n0y, n0z = ty * uz - tz * uy, tz * ux - tx * uz, tx * uy - ty * ux
+    ux, uy, uz = px - sx, py - sy, pz - sz
+    n1x, n1y, n1z = ty * uz - tz * uy, tz * ux - tx * uz, tx * uy - ty * ux
+    l0 = n0x * n0x + n0y * n0y + n0z * n0z
+    l1 = n1x * n1x + n1y * n1y + n1z * n1z
+    if l1 <= 1e-12 * l0 or l1 <= 1e-18:
+        return True
+    d = n0x * n1x + n0y * n1y + n0z * n1z
+    return d <= 0.0 or d * d <= 0.04 * l0 * l1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -803,55 +808,64 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
     """Collapse edges of (V, F) in place until ``target`` live faces or ``max_err``; returns the live count.
 
     A collapse is made only if the mesh stays a manifold (the link condition: the edge's two
-    faces are the only ones its ends share), no face turns over or flattens, and no locked vertex
-    moves or goes. Thresholds rise sweep by sweep (Fast Quadric Mesh Simplification's schedule)
-    up to ``max_err`` (a quadric error: squared distance summed over the planes around).
+    faces are the only ones its ends share), no face turns over or flattens, no locked vertex
+    moves or goes, and no edge appears between two vertices locked on the same box face (``locked``
+    holds bits of box faces: such an edge would lie in the face, where the piece beyond it has
+    its own edges). Thresholds rise sweep by sweep (Fast Quadric Mesh Simplification's schedule)
+    up to ``max_err`` (a quadric error: squared distance summed over the planes around). An edge
+    refused by those checks is not tried again until a collapse changes its face.
     """
     n = V.shape[0]
     m = F.shape[0]
     Q = np.zeros((n, 10))
+    live = 0
     for f in range(m):
         if not alive[f]:
             continue
-        nx, ny, nz = _normal(V, F, f, -1, V[0])
+        live += 1
+        a, b, c = F[f, 0], F[f, 1], F[f, 2]
+        ax, ay, az = V[a, 0], V[a, 1], V[a, 2]
+        ux, uy, uz = V[b, 0] - ax, V[b, 1] - ay, V[b, 2] - az
+        wx, wy, wz = V[c, 0] - ax, V[c, 1] - ay, V[c, 2] - az
+        nx, ny, nz = uy * wz - uz * wy, uz * wx - ux * wz, ux * wy - uy * wx
         ln = np.sqrt(nx * nx + ny * ny + nz * nz)
         if ln <= 0:
             continue
         nx, ny, nz = nx / ln, ny / ln, nz / ln
-        d = -(nx * V[F[f, 0], 0] + ny * V[F[f, 0], 1] + nz * V[F[f, 0], 2])
+        d = -(nx * ax + ny * ay + nz * az)
+        q0, q1, q2, q3, q4 = nx * nx, nx * ny, nx * nz, nx * d, ny * ny
+        q5, q6, q7, q8, q9 = ny * nz, ny * d, nz * nz, nz * d, d * d
         for j in range(3):
             v = F[f, j]
-            Q[v, 0] += nx * nx
-            Q[v, 1] += nx * ny
-            Q[v, 2] += nx * nz
-            Q[v, 3] += nx * d
-            Q[v, 4] += ny * ny
-            Q[v, 5] += ny * nz
-            Q[v, 6] += ny * d
-            Q[v, 7] += nz * nz
-            Q[v, 8] += nz * d
-            Q[v, 9] += d * d
-    live = 0
-    for f in range(m):
-        live += alive[f]
+            Q[v, 0] += q0
+            Q[v, 1] += q1
+            Q[v, 2] += q2
+            Q[v, 3] += q3
+            Q[v, 4] += q4
+            Q[v, 5] += q5
+            Q[v, 6] += q6
+            Q[v, 7] += q7
+            Q[v, 8] += q8
+            Q[v, 9] += q9
     cap = 6 * m + 64
-    rf = np.empty(cap, np.int64)
-    tstart = np.zeros(n, np.int64)
-    tcount = np.zeros(n, np.int64)
-    mark = np.zeros(n, np.int64)
-    seen = np.zeros(n, np.int64)
+    rf = np.empty(cap, np.int32)
+    tstart = np.zeros(n, np.int32)
+    tcount = np.zeros(n, np.int32)
+    mark = np.zeros(n, np.int32)
+    seen = np.zeros(n, np.int32)
     stamp = 0
-    err = np.empty((m, 4))
-    dirty = np.zeros(m, np.uint8)
+    err = np.empty((m, 3))
+    emin = np.empty(m)  # the face's smallest edge error; -1: to compute, inf: dead
+    for f in range(m):
+        emin[f] = -1.0 if alive[f] else np.inf
+    swept = np.zeros(m, np.int32)  # the sweep that last changed the face (skipped for the rest of it)
     p = np.zeros(3)
-    qs = np.zeros(10)
-    err[:, 3] = -1.0  # stale: computed when a sweep first looks at the face
     used = _refs(F, alive, n, tstart, tcount, rf)
     it = 0
     while live > target and it < 200:
         if it % 5 == 0 or used + 2 * 64 > cap:
             used = _refs(F, alive, n, tstart, tcount, rf)
-        dirty[:] = 0
+        sweep = it + 1
         thr = 1e-9 * (it + 3.0) ** 7
         capped = thr >= max_err
         if capped:
@@ -860,43 +874,70 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
         for f in range(m):
             if live <= target:
                 break
-            if not alive[f] or dirty[f]:
+            e = emin[f]
+            if e > thr or swept[f] == sweep:
                 continue
-            if err[f, 3] < 0:
-                _face_errors(V, Q, locked, F, f, err, p, qs)
-            if err[f, 3] > thr:
-                continue
+            if e < 0:
+                e = np.inf
+                for j in range(3):
+                    ej = _edge_target(V, Q, locked, F[f, j], F[f, (j + 1) % 3], p)
+                    err[f, j] = ej
+                    if ej < e:
+                        e = ej
+                emin[f] = e
+                if e > thr:
+                    continue
             for j in range(3):
                 if err[f, j] > thr:
                     continue
                 a = F[f, j]
                 b = F[f, (j + 1) % 3]
-                _edge_target(V, Q, locked, a, b, p, qs)
+                _edge_target(V, Q, locked, a, b, p)
                 if locked[b]:
                     a, b = b, a  # keep the locked end
-                # the link condition: the two faces of the edge are the only ones a and b share
+                # the link condition (the two faces of the edge are the only ones a and b share) and no
+                # face of a or b turned over, in one pass over each end's faces
                 stamp += 1
+                px, py, pz = p[0], p[1], p[2]
+                moves = not locked[a]  # a locked end stays: its faces cannot turn
+                bad = False
                 for k in range(tstart[a], tstart[a] + tcount[a]):
                     g = rf[k]
                     if alive[g]:
-                        for i in range(3):
-                            mark[F[g, i]] = stamp
+                        g0, g1, g2 = F[g, 0], F[g, 1], F[g, 2]
+                        mark[g0] = stamp
+                        mark[g1] = stamp
+                        mark[g2] = stamp
+                        if moves and g0 != b and g1 != b and g2 != b and _flip1(V, F, g, a, px, py, pz):
+                            bad = True
+                            break
                 shared = 0
                 common = 0
-                for k in range(tstart[b], tstart[b] + tcount[b]):
-                    g = rf[k]
-                    if not alive[g]:
-                        continue
-                    if F[g, 0] == a or F[g, 1] == a or F[g, 2] == a:
-                        shared += 1
-                    for i in range(3):
-                        w = F[g, i]
-                        if w != a and w != b and mark[w] == stamp and seen[w] != stamp:
-                            seen[w] = stamp
-                            common += 1
-                if shared != 2 or common != 2:
-                    continue
-                if _flips(V, F, alive, tstart, tcount, rf, a, b, p) or _flips(V, F, alive, tstart, tcount, rf, b, a, p):
+                face = locked[a]  # the box faces a lies on (b's edges to a vertex on one of them would lie in it)
+                if not bad:
+                    for k in range(tstart[b], tstart[b] + tcount[b]):
+                        g = rf[k]
+                        if not alive[g]:
+                            continue
+                        g0, g1, g2 = F[g, 0], F[g, 1], F[g, 2]
+                        if g0 == a or g1 == a or g2 == a:
+                            shared += 1
+                        elif _flip1(V, F, g, b, px, py, pz):
+                            bad = True
+                            break
+                        for i in range(3):
+                            w = F[g, i]
+                            if w == a or w == b:
+                                continue
+                            if mark[w] == stamp:
+                                if seen[w] != stamp:
+                                    seen[w] = stamp
+                                    common += 1
+                            elif locked[w] & face:
+                                bad = True  # a new edge in a locked face: the piece meshed beyond it has none
+                if bad or shared != 2 or common != 2:
+                    err[f, j] = np.inf  # refused: not tried again until a collapse changes the face
+                    emin[f] = min(err[f, 0], min(err[f, 1], err[f, 2]))
                     continue
                 if used + tcount[a] + tcount[b] > cap:
                     used = _refs(F, alive, n, tstart, tcount, rf)
@@ -918,6 +959,7 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
                         continue
                     if F[g, 0] == a or F[g, 1] == a or F[g, 2] == a:
                         alive[g] = 0
+                        emin[g] = np.inf
                         live -= 1
                         continue
                     for i in range(3):
@@ -930,9 +972,9 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
                 tcount[b] = 0
                 for k in range(start, used):
                     g = rf[k]
-                    if alive[g]:
-                        dirty[g] = 1
-                        err[g, 3] = -1.0
+                    if alive[g]:  # a's faces went in first: those it shared with b are dead now
+                        swept[g] = sweep
+                        emin[g] = -1.0
                 done += 1
                 break
         it += 1
@@ -941,7 +983,7 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
     return live
 
 
-_decimate = jit.kernel(_decimate_kernel, [numba.int64(numba.float64[:, ::1], numba.int64[:, ::1], numba.uint8[::1],
+_decimate = jit.kernel(_decimate_kernel, [numba.int64(numba.float64[:, ::1], numba.int32[:, ::1], numba.uint8[::1],
                                                         numba.int64, numba.float64, numba.uint8[::1])], None)
 
 
@@ -963,8 +1005,11 @@ def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked=None) -> Me
     max_error : float, optional
         The largest quadric error accepted, as a distance in the vertices' units (its square
         bounds the summed squared distances to the original planes around a vertex).
-    locked : array_like of bool, shape (n,), optional
-        Vertices that must not move (open boundaries must be locked).
+    locked : array_like of bool or uint8, shape (n,), optional
+        Vertices that must not move (open boundaries must be locked): booleans, or bits of the box
+        faces each lies on (`box_faces`). No collapse makes an edge between two locked vertices
+        sharing a bit (with booleans: between any two), so pieces meshed on either side of a face
+        still weld into a manifold.
 
     Returns
     -------
@@ -975,18 +1020,39 @@ def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked=None) -> Me
         return Mesh.empty()
     if max_error < 0 or int(target) < 0:
         raise MeshError("target and max_error must be >= 0")
+    if len(mesh.vertices) >= 1 << 31 or len(mesh.faces) >= 1 << 28:
+        raise MeshError(f"mesh of {len(mesh.vertices):,} vertices and {len(mesh.faces):,} faces is too large to decimate")
     V = mesh.vertices.astype(np.float64)
-    F = mesh.faces.astype(np.int64)
+    # about a corner near the mesh: the quadrics lose less to cancellation; an integer shift of float32
+    # values is exact both ways, so an unmoved (locked) vertex comes back bit for bit
+    corner = np.floor(V.min(axis=0))
+    V -= corner
+    F = mesh.faces.astype(np.int32)
     lk = np.zeros(len(V), np.uint8) if locked is None else np.ascontiguousarray(locked, dtype=np.uint8).reshape(-1)
     if len(lk) != len(V):
         raise MeshError(f"locked has {len(lk)} entries for {len(V)} vertices")
     alive = np.ones(len(F), np.uint8)
     _decimate(V, F, lk, int(target), float(max_error) ** 2, alive)
-    F = F[alive.astype(bool)]
+    F = F[alive.view(bool)]
     used = np.zeros(len(V), bool)
     used[F.reshape(-1)] = True
-    remap = np.cumsum(used) - 1
-    return Mesh(V[used].astype(np.float32), remap[F].astype(np.uint32))
+    remap = np.cumsum(used, dtype=np.int64) - 1
+    V = V[used]
+    V += corner
+    return Mesh(V.astype(np.float32), remap[F].astype(np.uint32))
+
+
+def box_faces(vertices, lo, hi) -> np.ndarray:
+    """uint8 bits of the faces of the box ``[lo, hi]`` each vertex lies on exactly (bit 0: x = lo,
+    1: x = hi, 2: y = lo, 3: y = hi, 4: z = lo, 5: z = hi): `decimate`'s ``locked``."""
+    v = np.asarray(vertices)
+    lo = np.asarray(lo, v.dtype).reshape(3)
+    hi = np.asarray(hi, v.dtype).reshape(3)
+    out = np.zeros(len(v), np.uint8)
+    for ax in range(3):
+        out |= (v[:, ax] == lo[ax]).astype(np.uint8) << np.uint8(2 * ax)
+        out |= (v[:, ax] == hi[ax]).astype(np.uint8) << np.uint8(2 * ax + 1)
+    return out
 
 
 def on_box(vertices, lo, hi) -> np.ndarray:

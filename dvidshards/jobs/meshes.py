@@ -18,12 +18,13 @@ The job reads as plan → tasks → reduce:
    The client holds shard origins and bucket numbers only.
 2. **Map, one task per source shard** (:func:`mesh_shard`): each 64³ chunk's cell (the chunk plus one
    voxel of its + neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, and
-   each body's piece is decimated lightly with the cell's border locked
-   (``formats.mesh.decimate``: quadric edge collapses that keep the topology), so the pieces still
-   weld into one watertight surface. Pieces go to one work file per shard, sorted by the *bucket*
-   of their body (the mesh shard it lands in), with the body's voxel count in the chunk and the
-   area and volume of its marching-cubes surface. Memory: a shard's index, two planes of chunk
-   faces, the fragment table (40 bytes a piece); pieces stream to disk.
+   each body's piece is decimated to about a quarter with the cell's border locked
+   (``formats.mesh.decimate``: quadric edge collapses that keep the topology, within 2/3 of the
+   final error bound), so the pieces still weld into one watertight surface. Pieces go to one
+   work file per shard, sorted by the *bucket* of their body (the mesh shard it lands in), with
+   the body's voxel count in the chunk and the area and volume of its marching-cubes surface.
+   Memory: a shard's index, two planes of chunk faces, the fragment table (24 bytes a piece, 56
+   while it is sorted); pieces stream to disk.
 3. **Regroup** (only above ``FAN_IN`` files): groups of files merge bucket by bucket.
 4. **Reduce, one task per bucket** (:func:`write_bucket`): body by body, per level, the pieces of
    each octree node (``NODE`` cells a side: 256³ voxels) are welded and decimated once more with
@@ -44,6 +45,8 @@ The command line's adapter classes, ``MeshesCommand`` and ``BodyCommand``, sit a
 
 from __future__ import annotations
 
+import argparse
+import array
 import functools
 import heapq
 import itertools
@@ -52,7 +55,6 @@ import math
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -67,11 +69,11 @@ from ..formats.labelindex import bucket_of, labels_id
 from ..formats.labels import as_labels
 from ..formats.mesh import (
     Mesh,
+    box_faces,
     decimate,
     inflate,
     merge_fragments,
     mesh_cells,
-    on_box,
     to_obj,
     to_ply,
     volume_area,
@@ -96,6 +98,7 @@ from .options import (
     command_line,
     dest_of,
     job_options,
+    renamed,
     scales_of,
 )
 from .output import MANIFEST, Destination, JobReport, Output
@@ -121,6 +124,9 @@ FAN_IN = 64  # work files a regroup or reduce task opens at most
 NODE = 4  # cells per octree node edge at every level (4 x 64 = 256 voxels, FlyEM's mesh blocks)
 TARGET_NM = 32.0  # level of detail 0 by default: the finest scale whose voxel is at least this
 MAX_LODS = 6  # levels of detail made from coarser scales by default
+MAX_ERROR = 1.25  # the simplifier's bound by default, voxels of each level's scale (40 nm at 32 nm)
+CELL_REDUCTION = 4  # the per-cell pass keeps about 1/4 of the marching-cubes faces
+CELL_ERROR = 2 / 3  # ... within this share of the per-node pass's bound
 _MAGIC = b"DVSMESH2"
 _HEAD = np.dtype([("body", "<u8"), ("x", "<i4"), ("y", "<i4"), ("z", "<i4"), ("scale", "<u4"),
                   ("nv", "<u4"), ("nf", "<u4"), ("mc", "<u4"), ("pad", "<u4"), ("voxels", "<u8"),
@@ -141,9 +147,10 @@ class MeshJob:
 
     ``scales`` are the folder numbers meshed, level of detail j from ``scales[j]``. ``sharding`` is
     the mesh sharding spec (JSON) of the multi-resolution format; None for the legacy format, whose
-    buckets are ``bucket_bits`` of the body hash. ``first_reduction`` / ``first_error`` drive the
+    buckets are ``bucket_bits`` of the body hash. ``cell_reduction`` / ``cell_error`` drive the
     per-cell pass, ``reduction_factor`` / ``max_error`` the per-node pass (faces of the final mesh
-    = marching-cubes faces / ``reduction_factor`` where ``max_error``, in voxels, allows).
+    = marching-cubes faces / ``reduction_factor`` where ``max_error`` allows). Errors are in voxels
+    of each level's scale; ``max_error_nm`` is what the caller gave (None: the default).
     """
 
     dataset: Any
@@ -156,18 +163,19 @@ class MeshJob:
     bucket_bits: int = 0
     bits: int = 16
     reduction_factor: int = 10
-    max_error: float = 1.5
-    first_reduction: int = 2
-    first_error: float = 0.5
+    max_error: float = MAX_ERROR
+    cell_reduction: int = CELL_REDUCTION
+    cell_error: float = MAX_ERROR * CELL_ERROR
     inflate: bool = True
     box: tuple | None = None
+    max_error_nm: float | None = None
 
     def ident(self) -> dict:
         """The parameters an output depends on (a resumed run must repeat them)."""
         return {"scales": list(self.scales), "legacy": self.legacy, "sharding": self.sharding,
                 "bucket_bits": self.bucket_bits, "bits": self.bits, "reduction_factor": self.reduction_factor,
-                "max_error": self.max_error, "first_reduction": self.first_reduction,
-                "first_error": self.first_error, "inflate": self.inflate,
+                "max_error_nm": self.max_error_nm, "max_error_voxels": self.max_error,
+                "cell_reduction": self.cell_reduction, "cell_error_voxels": self.cell_error, "inflate": self.inflate,
                 "box": None if self.box is None else [list(self.box[0]), list(self.box[1])],
                 "node": NODE, **labels_id(as_labels(self.labels))}
 
@@ -235,19 +243,27 @@ def plan(ds: Dataset, *, scales=None, scale=None, lods=None, legacy: bool = Fals
     if scales is not None and scale is not None:
         raise MeshesError("give scales (one per level of detail) or scale (level 0, coarser levels after it), "
                           "not both")
+    if lods is not None and int(lods) < 1:
+        raise MeshesError("lods must be >= 1")
     if scales is not None:
         ks = tuple(ds.scale(k).index for k in scales_of(scales) or [])
-        if lods is not None and int(lods) != len(ks):
-            raise MeshesError("lods is the number of scales when scales are given")
+        if lods is not None and int(lods) != len(ks) and ks:
+            want = ", ".join(str(ks[0] + j) for j in range(int(lods)))
+            raise MeshesError(f"lods={lods} with scales={list(ks)}: each level of detail now comes from a scale of "
+                              f"its own; give scale={ks[0]}, lods={lods} (or scales=({want}))")
     else:
         first, note = (ds.scale(scale).index, None) if scale is not None else default_scale(ds)
         ks = (first,) if legacy else _coarser(ds, first, lods)
+        if lods is not None and len(ks) < int(lods):
+            nxt = ks[-1] + 1
+            more = (f"s{nxt} is not exported (`dvidshards downsample` makes the coarser scales)"
+                    if nxt not in set(ds.exported) else "resolutions unknown (pass the export's spec)"
+                    if ds.scale(first).resolution is None else f"s{nxt} does not halve the resolution")
+            note = ((note + "; ") if note else "") + f"{len(ks)} of {lods} levels of detail: {more}"
     if not ks:
         raise MeshesError("give at least one scale")
     if legacy and len(ks) > 1:
         raise MeshesError("the legacy mesh format has one level of detail: give one scale")
-    if lods is not None and int(lods) < 1:
-        raise MeshesError("lods must be >= 1")
     res0 = ds.scale(ks[0]).resolution
     for j, k in enumerate(ks):
         ds.require_scale(k)
@@ -506,8 +522,11 @@ def mesh_shard(job: MeshJob, item) -> dict:
     box = _box_at(job, scale)
     if box is not None:
         decode = _boxed(decode, box, cs)
+        # a cell meshes its chunk's voxels plus one of each + neighbour: only cells reaching into the box
+        vox = cells * cs
+        cells = cells[((vox < box[1]) & (vox + cs + 1 > box[0])).all(axis=1)]
     unsorted = f"{path}.unsorted-{uuid.uuid4().hex[:12]}"
-    rows: list[tuple[int, int, int]] = []
+    rows = array.array("Q")  # body, offset, length of each piece: 24 bytes a piece
     faces_mc = faces_kept = 0
     try:
         with open(unsorted, "wb") as f:
@@ -521,25 +540,25 @@ def mesh_shard(job: MeshJob, item) -> dict:
                     vol = area = 0.0
                     if mc:
                         vol, area = volume_area(m)
-                        if job.first_reduction > 1:
-                            m = decimate(m, max(mc // job.first_reduction, 1), job.first_error,
-                                         on_box(m.vertices, lo, hi))
+                        if job.cell_reduction > 1:
+                            m = decimate(m, max(mc // job.cell_reduction, 1), job.cell_error,
+                                         box_faces(m.vertices, lo, hi))
                     faces_mc += mc
                     faces_kept += len(m.faces)
                     blob = _entry(body, cell, scale, m, mc, counts.get(body, 0), vol, area)
                     f.write(blob)
-                    rows.append((body, pos, len(blob)))
+                    rows.extend((body, pos, len(blob)))
                     pos += len(blob)
-        table = np.zeros(len(rows), [("bucket", "<u8"), ("body", "<u8"), ("off", "<u8"), ("len", "<u8")])
+        table = np.zeros(len(rows) // 3, [("bucket", "<u8"), ("body", "<u8"), ("off", "<u8"), ("len", "<u8")])
         if rows:
-            arr = np.array(rows, np.uint64)
+            arr = np.frombuffer(rows, np.uint64).reshape(-1, 3)
             table["body"], table["off"], table["len"] = arr[:, 0], arr[:, 1], arr[:, 2]
             table["bucket"] = _bucket(job, table["body"])
         _write_sorted(path, unsorted, table)
     finally:
         if os.path.exists(unsorted):
             os.remove(unsorted)
-    return {"fragments": len(rows), "faces_mc": faces_mc, "faces_kept": faces_kept}
+    return {"fragments": len(table), "faces_mc": faces_mc, "faces_kept": faces_kept}
 
 
 # --------------------------------------------------------------------------- regroup and reduce
@@ -590,12 +609,12 @@ def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int,
         cells = [np.asarray(p.cell, np.float64) * cs + 0.5 for p in ps]
         m = weld_pieces([p.mesh for p in ps], [(c, c + cs) for c in cells])
         lo = (first - 1 + NODE * np.asarray(q, np.int64)) * cs + 0.5
-        locked = on_box(m.vertices, lo, lo + NODE * cs)
+        locked = box_faces(m.vertices, lo, lo + NODE * cs)
         if job.reduction_factor:
             target = max(mc[q] // job.reduction_factor, 4)
             if target < len(m.faces):
                 m = decimate(m, target, job.max_error, locked)
-                locked = on_box(m.vertices, lo, lo + NODE * cs)  # the same vertices, renumbered
+                locked = box_faces(m.vertices, lo, lo + NODE * cs)  # the same vertices, renumbered
         if len(m.faces):
             out[q] = (m, locked)
     n_vox = sum(p.voxels for p in pieces)
@@ -731,12 +750,39 @@ def _write_json(d: Destination, rel: str, obj) -> None:
 # --------------------------------------------------------------------------- public API
 
 
+_GONE = {
+    "max_error": "max_error (zmesh's per-cell bound in earlier versions) has no equivalent: the simplifier's bound is now "
+                 "max_error_nm, in nm at level 0 (as igneous' max_simplification_error; default 1.25 voxels, 40 nm "
+                 "at 32 nm)",
+    "first_error": "first_error is gone: the per-cell pass works within 2/3 of max_error_nm",
+}
+
+
+def _refuse_old(old: dict) -> None:
+    """One line for a keyword whose meaning is gone; Python's own error for any other."""
+    for k in old:
+        if k in _GONE:
+            raise MeshesError(f"meshes(): {_GONE[k]}")
+        raise TypeError(f"meshes() got an unexpected keyword argument {k!r}")
+
+
+def _max_error_voxels(resolution, max_error_nm: float | None) -> float:
+    """The simplifier's bound in voxels of level 0's scale (of its coarsest axis: a bound everywhere)."""
+    if max_error_nm is None:
+        return MAX_ERROR
+    if resolution is None:
+        raise MeshesError("max_error_nm needs the export's resolution (pass its spec)")
+    return float(max_error_nm) / float(max(resolution))
+
+
+
+
 def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=None, scheduler=None,
            workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
            allow_partial: bool = False, lods: int | None = None, legacy: bool = False, bits: int = 16,
-           reduction_factor: int = 10, max_error: float = 1.5, first_reduction: int = 2,
-           first_error: float = 0.5, inflate: bool = True, mesh_dir: str = "mesh", spec=None,
-           command: str | list | None = None) -> JobReport:
+           reduction_factor: int = 10, max_error_nm: float | None = None, cell_reduction: int | None = None,
+           inflate: bool = True, mesh_dir: str = "mesh", spec=None, command: str | list | None = None,
+           **old) -> JobReport:
     """Mesh every body of an export into a precomputed dataset folder.
 
     Parameters
@@ -766,16 +812,24 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
     allow_partial : bool
         Return an incomplete report instead of raising ``JobError``.
     lods : int, optional
-        Levels of detail at most (default: every exported coarser scale, up to 6 levels).
+        Levels of detail at most (default: every exported coarser scale, up to 6 levels); level j
+        comes from the j-th scale from level 0's (in earlier versions: levels simplified from one scale).
     legacy : bool
         neuroglancer's legacy single-resolution format (one fragment per body, in nm).
     bits : {10, 16}
         Draco vertex quantisation bits.
-    reduction_factor, max_error :
-        The per-node pass: about ``1 / reduction_factor`` of the marching-cubes faces, where no vertex
-        moves more than about ``max_error`` voxels (0: no per-node pass).
-    first_reduction, first_error :
-        The per-cell pass, borders locked (0 or 1: none).
+    reduction_factor : int
+        Keep about ``1 / reduction_factor`` of each body's marching-cubes faces (as igneous'
+        ``simplification_factor``), fewer where ``max_error_nm`` binds; 0: every face.
+    max_error_nm : float, optional
+        The simplifier's bound at level 0, in nm (as igneous' ``max_simplification_error``; the same
+        number of voxels at each coarser level). Default: 1.25 voxels of level 0's scale, 40 nm at
+        32 nm (igneous' default). Without known resolutions only the default is accepted.
+        (``max_error``, zmesh's per-cell bound in earlier versions, is refused with a note: it has no
+        equivalent.)
+    cell_reduction : int, optional
+        The per-cell pass, cell borders locked: about ``1 / cell_reduction`` of the faces (default 4;
+        0 or 1: none), within 2/3 of the bound (``first_reduction=`` is its old spelling).
     inflate : bool
         Move each body's surface out so that it encloses its voxel volume (see `_level`).
     mesh_dir : str
@@ -797,11 +851,14 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
     JobError
         If the output is incomplete (``allow_partial`` false); ``.report`` is the report.
     """
+    cell_reduction = renamed(old, "first_reduction", "cell_reduction", cell_reduction, job="meshes")
+    _refuse_old(old)
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     if bits not in (10, 16):
         raise MeshesError(f"bits must be 10 or 16, got {bits}")
-    if int(reduction_factor) < 0 or int(first_reduction) < 0 or max_error < 0 or first_error < 0:
-        raise MeshesError("reduction factors and errors must be >= 0")
+    cell_reduction = CELL_REDUCTION if cell_reduction is None else int(cell_reduction)
+    if int(reduction_factor) < 0 or cell_reduction < 0 or (max_error_nm is not None and not max_error_nm >= 0):
+        raise MeshesError("reduction factors and max_error_nm must be >= 0")
     if mesh_dir in ("", ".", "..") or "/" in mesh_dir or mesh_dir == "info":
         raise MeshesError(f"mesh_dir {mesh_dir!r}: give a plain folder name")
     scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
@@ -826,9 +883,10 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
         work, work_dest = tempfile.mkdtemp(prefix="dvidshards-meshes-"), None
     sharding = None if legacy else _default_sharding(len(items)).to_json()
     bucket_bits = 0 if not legacy else max(0, min(12, math.ceil(math.log2(len(items)))))
+    err = _max_error_voxels(ds.scale(ks[0]).resolution, max_error_nm)
     job = MeshJob(ds, labels if isinstance(labels, str) else as_labels(labels), ks, work, mdest, legacy, sharding,
-                  bucket_bits, int(bits), int(reduction_factor), float(max_error), int(first_reduction),
-                  float(first_error), bool(inflate), b)
+                  bucket_bits, int(bits), int(reduction_factor), err, cell_reduction, err * CELL_ERROR,
+                  bool(inflate), b, None if max_error_nm is None else float(max_error_nm))
     params = {"mesh_format": "legacy" if legacy else "multilod", "mesh_dir": mesh_dir, **job.ident()}
     r0 = ds.scale(ks[0]).resolution
     notes = [f"levels of detail from {', '.join(f's{k}' for k in ks)}" + (f" ({r0[0]:g} nm)" if r0 else "")]
@@ -915,17 +973,24 @@ class MeshesCommand:
         p.add_argument("--bits", type=int, default=16, choices=(10, 16), help="Draco quantisation bits")
         p.add_argument("--reduction", type=int, default=10, metavar="R",
                        help="keep about 1/R of the marching-cubes faces (default 10; 0: every face)")
-        p.add_argument("--max-error", type=float, default=1.5, metavar="E",
-                       help="the simplifier's error bound in voxels (default 1.5)")
+        p.add_argument("--max-error-nm", type=float, default=None, metavar="NM",
+                       help=f"the simplifier's bound at level 0 in nm, as igneous' max_simplification_error "
+                            f"(default {MAX_ERROR:g} voxels: 40 nm at 32 nm; the same in voxels at each coarser "
+                            f"level)")
+        p.add_argument("--max-error", type=float, default=None, help=argparse.SUPPRESS)  # refused: see main
         p.add_argument("--mesh-dir", default="mesh", help="mesh folder inside DEST (default: mesh)")
         add_job_options(p)
 
     @staticmethod
     def main(args) -> int:
+        if args.max_error is not None:
+            raise MeshesError("--max-error (zmesh's per-cell bound in earlier versions) has no equivalent: give "
+                              f"--max-error-nm NM, the simplifier's bound at level 0 in nm (default {MAX_ERROR:g} "
+                              f"voxels, 40 nm at 32 nm)")
         report = meshes(args.source, dest_of(args), spec=args.spec, scale=args.scale, scales=args.scales,
                         lods=args.lods, labels=args.labels, box=args.box, legacy=args.legacy, bits=args.bits,
-                        reduction_factor=args.reduction, max_error=args.max_error, mesh_dir=args.mesh_dir,
-                        first_reduction=2 if args.reduction else 0, allow_partial=True,
+                        reduction_factor=args.reduction, max_error_nm=args.max_error_nm, mesh_dir=args.mesh_dir,
+                        cell_reduction=None if args.reduction else 0, allow_partial=True,
                         command=command_line("meshes", args), **job_options(args))
         print(report.summary())
         return 0 if report.ok else 1
@@ -970,9 +1035,8 @@ class BodyCommand:
                 raise SpecError(f"{what} {path}: cannot write a file there")
         ds = Dataset(args.source, spec=args.spec)
         body = Body(ds, body_id, args.scale, args.labels, index=args.index)
-        if not len(body.chunks):
-            print(f"body {body_id}: no voxel at scale {body.scale} ({body.labels.name} labels)", file=sys.stderr)
-            return 1
+        if not body.exists:  # one line saying what the id is instead (exit 2, as any bad input)
+            raise body.not_found()
         facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks))}
         asked = args.size or args.box or args.supervoxels or args.sparsevol or args.coarse or args.mesh
         if args.size or not asked:
