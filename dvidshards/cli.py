@@ -359,7 +359,7 @@ class Verify:
         p.add_argument("--decode", action="store_true",
                        help="also decode every block and compare its label list with the record's")
         p.add_argument("--spot-check", type=int, default=0, metavar="N",
-                       help="a convert output (a folder with dvidshards.json): also compare N random chunks with "
+                       help="a convert output (a folder with _dvidshards.json): also compare N random chunks with "
                             "the source its manifest names")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 

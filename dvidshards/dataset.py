@@ -56,7 +56,7 @@ from .stores import ByteStore, Stat, as_store
 
 __all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Scale", "open", "shard_origins"]
 
-MANIFEST = "dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
+MANIFEST = "_dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
 _SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
 _PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
 
@@ -336,7 +336,7 @@ class Dataset:
         The export root (holding ``s0``, ``s1``, ...).  A list of roots is one multiscale
         dataset: scale ``k`` is read from the first root holding folder ``s{k}`` (an export and
         the destination of ``dvidshards downsample``).  A root holding a downsample manifest
-        (``dvidshards.json`` with ``"job": "downsample"``) is read over the source it names, its
+        (``_dvidshards.json`` with ``"job": "downsample"``) is read over the source it names, its
         own scales from it and the others from the source: ``Dataset(dest)`` is the whole
         pyramid (``IncompleteScalesWarning`` when the manifest says its scales are not complete).
     spec : dict or path, optional

@@ -190,7 +190,7 @@ def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_pa
     assert code == 0
     code, text, _ = _run(["verify", str(out), "--spot-check", "5", "--quiet", "--spec", spec_file], capsys)
     assert code == 0 and "no problems" in text
-    m = json.loads((out / "dvidshards.json").read_text())
+    m = json.loads((out / "_dvidshards.json").read_text())
     for f in (out / m["keys"]["0"]).glob("*.shard"):
         data = bytearray(f.read_bytes())
         data[-30:] = bytes(30)  # the minishard index and its last chunk's tail

@@ -148,7 +148,7 @@ def tree_bytes(root):
     out = {}
     for d, _, files in os.walk(root):
         for f in files:
-            if f == "dvidshards.json":
+            if f == "_dvidshards.json":
                 continue
             p = os.path.join(d, f)
             out[os.path.relpath(p, root)] = open(p, "rb").read()
@@ -324,7 +324,7 @@ def test_refuses_bad_arguments(export, tmp_path):
                     progress=False)
     assert tree_bytes(tmp_path / "y") == before
     # metadata of other geometry and no manifest (an older output): refused by the driver's check
-    os.remove(tmp_path / "y" / "dvidshards.json")
+    os.remove(tmp_path / "y" / "_dvidshards.json")
     with pytest.raises(OutputError, match="holds no dvidshards output"):
         convert(other.root, tmp_path / "y", "precomputed", spec=other.spec, scales=[2], resume=True,
                 progress=False)
@@ -418,7 +418,7 @@ def test_command_line(export, tmp_path, capsys):
                  "--scheduler", "serial", "--verify", "3", "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "verify: 6 chunks read back, 0 differ" in out
+    assert "verify: 6 chunks read back (6 with data, 0 background), 0 differ" in out
     for k in (1, 2):
         np.testing.assert_array_equal(read_back(dest, "zarr3", f"s{k}"), export.expected(k))
     assert main(["convert", export.root, str(tmp_path / "o2"), "--format", "n5"]) == 2
@@ -527,7 +527,7 @@ def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, ca
     dest = tmp_path / "out"
     assert main(["convert", exp.root, str(dest), "--format", "precomputed", "--spec", str(spec), "--quiet"]) == 1
     assert "INCOMPLETE" in capsys.readouterr().out
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     name = "{}_{}_{}".format(*victim)
     assert m["complete"] is False and m["status"] == "incomplete" and list(m["failed"]) == ["s0/" + name]
     assert m["tasks"]["done"] == len(ds.shards(0)) - 1 == m["tasks"]["total"] - 1
@@ -540,13 +540,13 @@ def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, ca
 def test_23_4_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export, tmp_path):
     dest = tmp_path / "out"
     rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, _stop_after=3, allow_partial=True)
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     assert not rep.failed and not rep.complete and m["complete"] is False and m["tasks"]["done"] == 3
     with pytest.raises(OutputError, match="other parameters"):  # resume needs the same arguments
         convert(export.root, dest, "zarr3", spec=export.spec, scales=[0], progress=False, resume=True)
     rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, resume=True)
     assert rep.ok and rep.complete and rep.totals.shards_skipped == 3
-    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+    assert json.loads((dest / "_dvidshards.json").read_text())["complete"] is True
 
 
 def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys):
@@ -571,7 +571,7 @@ def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys
     # --overwrite: this conversion's files replaced, the others left alone
     assert main(args + ["--overwrite"]) == 0
     assert (dest / "notes.txt").read_text() == "my notes"
-    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+    assert json.loads((dest / "_dvidshards.json").read_text())["complete"] is True
     sp = plan_scale(dvidshards.Dataset(export.root, spec=export.spec).scale(2), "precomputed")
     np.testing.assert_array_equal(read_back(dest, "precomputed", sp.key), export.expected(2))
     # its own earlier output: run again (rewritten) or resumed, with the notes beside it
@@ -714,7 +714,7 @@ def test_partial_export_converts_every_scale_of_its_spec(partial, tmp_path, fmt)
     for k in range(4):
         key = plan_scale(ds.scale(k).with_naming("current"), fmt).key
         np.testing.assert_array_equal(read_back(dest, fmt, key), mapped(exp, dvid[k]), err_msg=f"s{k}")
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     assert m["made"] == [1, 2, 3] and m["spec"] == ds.spec and m["parameters"]["method"] == "dvid"
     assert m["tasks"]["total"] == rep.tasks == rep.done
     assert not (tmp_path / "out.work").exists()  # the staging folder is gone after a complete run
@@ -742,7 +742,7 @@ def test_partial_export_resume_across_both_stages(partial, tmp_path):
     # killed while making the scales: the output says incomplete, what was made is kept
     first = convert(exp.root, dest, "precomputed", progress=False, allow_partial=True, _stop_downsample_after=1)
     assert not first.complete and not first.failed and (work / "scales" / "s1").is_dir()
-    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is False
+    assert json.loads((dest / "_dvidshards.json").read_text())["complete"] is False
     assert any("not converted: making them did not finish" in n for n in first.notes)
     made = mtimes(work / "scales" / "s1")
     with pytest.raises(OutputError, match="--resume"):
@@ -772,7 +772,7 @@ def test_partial_export_explicit_scales(partial, tmp_path):
     rep = convert(exp.root, tmp_path / "two", "zarr3", scales=[2], progress=False)
     assert rep.ok and rep.scales == [2]
     assert "s1, s2 made from s0" in " ".join(rep.notes)  # s2 is made from s1, made first
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["dvidshards.json", "s2", "zarr.json"]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["_dvidshards.json", "s2", "zarr.json"]
     np.testing.assert_array_equal(read_back(tmp_path / "two", "zarr3", "s2"), mapped(exp, dvid[2]))
     # an export holding s1 and s2 only: s0 cannot be made; the default converts s1, s2 and makes s3
     top = make_export(tmp_path / "top", (141, 99, 77), seed=7, scales=4, only_scales=[1, 2], info=True)
@@ -875,5 +875,5 @@ def test_partial_export_to_a_bucket(partial, tmp_path):
         keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
         assert not [k for k in keys if k.startswith("conv/out.work")]
         got = {k[len("conv/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys
-               if k != "conv/out/dvidshards.json"}
+               if k != "conv/out/_dvidshards.json"}
         assert got == tree_bytes(tmp_path / "local")

@@ -108,8 +108,8 @@ def test_s0_only_export_dvid_rule(s0_only, tmp_path):
     _check_pyramid(s0_only, dest, "dvid", [1, 2, 3])
     # the destination is a DVID export of the made scales: s1..s3, info, manifest
     names = sorted(os.listdir(dest))
-    assert names == ["dvidshards.json", "info", "s1", "s2", "s3"]
-    m = json.loads((dest / "dvidshards.json").read_text())
+    assert names == ["_dvidshards.json", "info", "s1", "s2", "s3"]
+    m = json.loads((dest / "_dvidshards.json").read_text())
     assert m["job"] == "downsample" and m["complete"] is True and m["scales"] == [1, 2, 3]
     assert m["source"]["url"] == os.path.abspath(s0_only.root)
     assert m["parameters"]["method"] == "dvid"
@@ -149,7 +149,7 @@ def test_mode_equals_tensorstore(s0_only, tmp_path):
     rep = downsample(s0_only.root, dest, spec=s0_only.spec, method="mode", progress=False)
     assert rep.ok
     _check_pyramid(s0_only, dest, "mode", [1, 2, 3])
-    assert json.loads((dest / "dvidshards.json").read_text())["parameters"]["method"] == "mode"
+    assert json.loads((dest / "_dvidshards.json").read_text())["parameters"]["method"] == "mode"
 
 
 @pytest.mark.parametrize("shape,chunks", [((77, 45, 101), 1), ((130, 67, 129), 2), ((65, 200, 33), 1)])
@@ -201,7 +201,7 @@ def test_labels_supervoxels_and_a_mapping_file(s0_only, tmp_path):
     newer = LabelMapping.from_file(str(path))
     for r in _records(tmp_path / "mapped", 2):
         assert r["labels"] == newer(np.array(r["supervoxels"], np.uint64)).tolist()
-    assert json.loads((tmp_path / "mapped" / "dvidshards.json").read_text())["parameters"]["labels"] == "mapped"
+    assert json.loads((tmp_path / "mapped" / "_dvidshards.json").read_text())["parameters"]["labels"] == "mapped"
 
 
 def test_records_that_disagree_on_a_body(tmp_path):
@@ -235,7 +235,7 @@ def test_scales_asked(s0_only, tmp_path):
     """--scales 2: s1 is made too (s2 is made from it); a scale the spec lacks is refused."""
     rep = downsample(s0_only.root, tmp_path / "out", spec=s0_only.spec, scales=[2], progress=False)
     assert rep.ok and rep.scales == [1, 2] and any("also made s1" in n for n in rep.notes)
-    assert sorted(os.listdir(tmp_path / "out")) == ["dvidshards.json", "info", "s1", "s2"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["_dvidshards.json", "info", "s1", "s2"]
     with pytest.raises(SpecError, match="scale 7"):
         downsample(s0_only.root, tmp_path / "x", spec=s0_only.spec, scales=[7], progress=False)
     assert not (tmp_path / "x").exists()
@@ -282,7 +282,7 @@ def test_resume_after_a_killed_task(tmp_path):
     exp = S0Only(tmp_path / "exp", (200, 170, 150), 4, 1)
     dest = tmp_path / "out"
     rep = downsample(exp.root, dest, spec=exp.spec, progress=False, allow_partial=True, _stop_after=5)
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     assert not rep.complete and m["complete"] is False and rep.done == 5 and not rep.failed
     with pytest.warns(IncompleteScalesWarning):
         dvidshards.Dataset(dest)
@@ -296,7 +296,7 @@ def test_resume_after_a_killed_task(tmp_path):
     after = _files(dest / "s1")
     assert all(after[f] == before[f] for f in before)  # kept, not rewritten (same inode, same bytes)
     _check_pyramid(exp, dest, "dvid", [1, 2, 3])
-    assert json.loads((dest / "dvidshards.json").read_text())["complete"] is True
+    assert json.loads((dest / "_dvidshards.json").read_text())["complete"] is True
     # a fresh run writes the same files
     fresh = tmp_path / "fresh"
     assert downsample(exp.root, fresh, spec=exp.spec, progress=False).ok
@@ -321,7 +321,7 @@ def test_a_failed_task_stops_the_coarser_scales_and_resume_finishes(tmp_path):
     assert item.startswith("s1/") and victim in msg
     assert any("s2 not made" in n for n in rep.notes)
     assert not (dest / "s2").exists()
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     assert m["complete"] is False and list(m["failed"]) == [item]
     with open(path, "wb") as f:  # repaired
         f.write(good)
@@ -407,7 +407,7 @@ def test_command_line(s0_only, tmp_path, capsys):
     assert D.main(args) == 0
     out = capsys.readouterr().out
     assert "complete" in out and "s1, s2 made from s0 (mode rule)" in out
-    m = json.loads((tmp_path / "out" / "dvidshards.json").read_text())
+    m = json.loads((tmp_path / "out" / "_dvidshards.json").read_text())
     assert m["command"].startswith("dvidshards downsample") and "--method mode" in m["command"]
     assert m["scales"] == [1, 2]
 
@@ -515,8 +515,8 @@ def test_a_bucket_destination(s0_only, tmp_path):
         want = {os.path.relpath(os.path.join(d, f), tmp_path / "local"): open(os.path.join(d, f), "rb").read()
                 for d, _, fs in os.walk(tmp_path / "local") for f in fs}
         assert set(got) == set(want)
-        assert all(got[k] == want[k] for k in want if k != "dvidshards.json")
-        assert json.loads(got["dvidshards.json"])["complete"] is True
+        assert all(got[k] == want[k] for k in want if k != "_dvidshards.json")
+        assert json.loads(got["_dvidshards.json"])["complete"] is True
         assert os.listdir(tmp_path / "stage") == []  # staged shards removed
         ds = dvidshards.Dataset(s3.spec("seg", "pyr/out/"))
         np.testing.assert_array_equal(ds.read([[0, 0, 0], [25, 22, 19]], scale=3, labels="supervoxels"),

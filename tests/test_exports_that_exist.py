@@ -358,7 +358,7 @@ def pyramid(tmp_path_factory):
                  info=True)
     manifest = {"dvidshards": {"manifest": 1}, "job": "downsample", "source": {"url": str(base / "src")},
                 "scales": [1, 2], "complete": True, "status": "complete"}
-    (base / "dest" / "dvidshards.json").write_text(json.dumps(manifest))
+    (base / "dest" / "_dvidshards.json").write_text(json.dumps(manifest))
     return whole, base / "src", base / "dest"
 
 
@@ -391,7 +391,7 @@ def test_a_root_list_is_one_pyramid(pyramid):
 def test_a_root_list_without_a_manifest_takes_each_scale_from_the_first_root_holding_it(pyramid, tmp_path):
     whole, src, dest = pyramid
     plain = tmp_path / "coarse"
-    shutil.copytree(dest, plain, ignore=shutil.ignore_patterns("dvidshards.json"))
+    shutil.copytree(dest, plain, ignore=shutil.ignore_patterns("_dvidshards.json"))
     ds = Dataset([plain, src], spec=whole.spec)  # in this order: s1, s2 from the first, s0 from the second
     assert ds.store.route == {0: 1, 1: 0, 2: 0} and ds.exported == (0, 1, 2)
     _same_pyramid(ds, whole)
@@ -420,14 +420,14 @@ def test_an_incomplete_destination_warns_once(pyramid, tmp_path):
     whole, src, dest = pyramid
     d2 = tmp_path / "dest"
     shutil.copytree(dest, d2)
-    m = json.loads((d2 / "dvidshards.json").read_text())
-    (d2 / "dvidshards.json").write_text(json.dumps({**m, "complete": False, "status": "interrupted"}))
+    m = json.loads((d2 / "_dvidshards.json").read_text())
+    (d2 / "_dvidshards.json").write_text(json.dumps({**m, "complete": False, "status": "interrupted"}))
     with pytest.warns(IncompleteScalesWarning, match="s1, s2 are not complete") as rec:
         ds = Dataset(d2)
     assert len(rec) == 1 and rec[0].filename == __file__
     np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ds.scale(1).size)], scale=1), whole.expected(1))
-    (d2 / "dvidshards.json").write_text(json.dumps({**m, "source": "nowhere"}))
-    with pytest.raises(SpecError, match="dvidshards.json: a downsample manifest needs source.url"):
+    (d2 / "_dvidshards.json").write_text(json.dumps({**m, "source": "nowhere"}))
+    with pytest.raises(SpecError, match="_dvidshards.json: a downsample manifest needs source.url"):
         Dataset(d2)
 
 

@@ -279,8 +279,8 @@ def test_a_second_job_into_a_locked_output_is_refused_naming_the_first(exp, tmp_
     args = [*job_args(job, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
     first = start_cli(args, delay=0.4)
     try:
-        wait_for(lambda: (dest / "dvidshards.lock").exists(), first, "the first job's lock")
-        lock = json.loads((dest / "dvidshards.lock").read_text())
+        wait_for(lambda: (dest / "_dvidshards.lock").exists(), first, "the first job's lock")
+        lock = json.loads((dest / "_dvidshards.lock").read_text())
         assert lock["pid"] == first.pid and lock["host"] == socket.gethostname()
         for extra in ([], ["--resume"], ["--overwrite"]):  # never two jobs in one output
             assert main([*args, *extra]) == 2
@@ -302,7 +302,7 @@ def test_a_second_job_into_a_locked_output_is_refused_naming_the_first(exp, tmp_
     m = read_manifest(dest)
     assert m["complete"] is True and m["failed"] == {} and m["status"] == "complete"
     assert f"{m['tasks']['done']:,} of {m['tasks']['total']:,} tasks done, 0 failed" in out  # manifest = summary
-    assert not (dest / "dvidshards.lock").exists() and not (tmp_path / "other").exists()
+    assert not (dest / "_dvidshards.lock").exists() and not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("job", slow_but_stats("stats", "pcg-edges"))
@@ -316,7 +316,7 @@ def test_a_dead_jobs_lock_is_taken_over_with_resume(exp, tmp_path, capsys, job):
     finally:
         p.kill()  # SIGKILL: no clean-up, the lock stays
         p.wait()
-    lock = json.loads((dest / "dvidshards.lock").read_text())
+    lock = json.loads((dest / "_dvidshards.lock").read_text())
     assert lock["pid"] == p.pid and read_manifest(dest)["status"] == "running"
     from dvidshards.cli import main
 
@@ -325,7 +325,7 @@ def test_a_dead_jobs_lock_is_taken_over_with_resume(exp, tmp_path, capsys, job):
     assert len(_lines(err)) == 1 and f"pid {p.pid}" in err and "which is gone" in err and "--resume" in err, err
     assert main([*args, "--resume"]) == 0
     m = read_manifest(dest)
-    assert m["complete"] is True and not (dest / "dvidshards.lock").exists()
+    assert m["complete"] is True and not (dest / "_dvidshards.lock").exists()
     if job == "stats":
         assert stats_rows(dest) == brute_voxels(exp, 0) and not Path(f"{dest}.work").exists()
         assert m["tasks"]["kept"] >= 1  # the dead job's finished shards were kept
@@ -355,7 +355,7 @@ def test_ctrl_c_says_the_output_is_incomplete_and_how_to_finish(exp, tmp_path, j
         assert read_manifest(dest)["status"] == "interrupted" and read_manifest(dest)["complete"] is False
     else:
         assert not dest.exists()
-    assert not list(tmp_path.rglob("dvidshards.lock"))  # its locks released
+    assert not list(tmp_path.rglob("_dvidshards.lock"))  # its locks released
     from dvidshards.cli import main
 
     assert main([*args, "--resume"]) == 0

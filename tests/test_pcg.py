@@ -44,7 +44,7 @@ def files(out) -> dict:
 
 
 def params(out) -> dict:
-    """The parameters in an output's manifest (dvidshards.json)."""
+    """The parameters in an output's manifest (_dvidshards.json)."""
     return read_manifest(out)["parameters"]
 
 
@@ -177,7 +177,7 @@ def test_synthetic_export_equals_brute_force(tmp_path, synthetic_export, cs):
     assert m["totals"]["pieces"] == rep.totals.pieces and m["tasks"]["total"] == rep.tasks  # manifest = report
     assert m["parameters"]["voxel_offset"] == [0, 0, 0] and m["parameters"]["layers"] == 4
     assert m["parameters"]["bits_per_dim"] == 10 and m["pcg"]["edges"] == "edges_{x}_{y}_{z}.proto.zst"
-    assert not [p for p in out.rglob("*") if ".tmp" in p.name or p.name == "dvidshards.lock"]
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name or p.name == "_dvidshards.lock"]
 
 
 def test_voxel_offset_and_scale(tmp_path, synthetic_export):
@@ -333,7 +333,7 @@ def test_cli(tmp_path, synthetic_export, capsys):
     text = capsys.readouterr().out
     assert "pcg-edges -> " in text and ": complete: 1 of 1 tasks done" in text and "1 chunks in 1 tasks" in text
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "components_0_0_0.proto", "dvidshards.json", "edges_0_0_0.proto.zst", "supervoxels"]
+        "_dvidshards.json", "components_0_0_0.proto", "edges_0_0_0.proto.zst", "supervoxels"]
     m = read_manifest(tmp_path / "o")
     assert m["box"] == [[0, 0, 0], [100, 100, 100]] and m["command"].startswith(f"dvidshards pcg-edges {ex.root} ")
 
@@ -375,7 +375,7 @@ def test_writes_into_a_bucket_through_the_destination(tmp_path, synthetic_export
             os.chdir(cwd)
         assert not (tmp_path / "s3:").exists()
         keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket="pcg")["Contents"]}
-        assert "e/dvidshards.json" in keys and "e/dvidshards.lock" not in keys
+        assert "e/_dvidshards.json" in keys and "e/_dvidshards.lock" not in keys
         got = {k[2:]: s3.client().get_object(Bucket="pcg", Key=k)["Body"].read() for k in keys
                if k.startswith("e/edges_") or k.startswith("e/components_")}
         assert got == files(tmp_path / "local") and local.ok

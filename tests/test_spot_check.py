@@ -49,7 +49,7 @@ def converted(tmp_path_factory):
 
 def _garbage(dest, box) -> None:
     """Write non-zero voxels over a box of the output's scale 0, through TensorStore's own driver."""
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     key = m["keys"]["0"] if "keys" in m else m["scales"]["0"]["key"]
     out = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore_root(dest), "scale_metadata": {"key": key}},
                   read=True, write=True).result()[..., 0]
@@ -80,7 +80,7 @@ def test_spot_check_finds_garbage_where_the_source_is_background(converted, tmp_
 def test_spot_check_counts_each_kind(converted):
     exp, out = converted
     ds = dvidshards.Dataset(exp.root, spec=exp.spec)
-    m = json.loads((out / "dvidshards.json").read_text())
+    m = json.loads((out / "_dvidshards.json").read_text())
     key = m["keys"]["0"] if "keys" in m else m["scales"]["0"]["key"]
     arr = open_scale(kvstore_root(out), "precomputed", key)
     got = compare_chunks(ds, arr, "precomputed", 0, "agglomerated", 300, np.random.default_rng(3))

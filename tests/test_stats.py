@@ -97,7 +97,7 @@ def brute_index(body, sv, chunk=64) -> set:
 
 
 def read_folder(out) -> pa.Table:
-    """A dataset folder as one table (the manifest dvidshards.json is not a Parquet file)."""
+    """A dataset folder as one table (the manifest _dvidshards.json is not a Parquet file)."""
     return pds.dataset(out, format="parquet", partitioning="hive", ignore_prefixes=[".", "_", "dvidshards."]).to_table()
 
 
@@ -273,7 +273,7 @@ def test_issue22_item3_stats_dataset_written_by_the_workers(exp, tmp_path):
     meta = json.loads((out / "_meta.json").read_text())
     assert meta["format"] == "dvidshards-body-stats" and meta["complete"] and meta["rows"] == len(want)
     assert meta["bits"] == 2 and meta["labels"] == "agglomerated" and "voxels descending" in meta["order"]
-    assert sorted(os.listdir(out)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)] + ["dvidshards.json"]
+    assert sorted(os.listdir(out)) == ["_dvidshards.json", "_meta.json"] + [f"bucket={b}" for b in range(4)]
     assert sorted(os.listdir(tmp_path)) == ["sizes"]  # the work folder sizes.work (beside it) is removed
     # the manifest and the summary come from the same report: they cannot disagree
     m = read_manifest(out)
@@ -315,8 +315,8 @@ def test_issue22_item3_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
         # the outputs themselves can live in a bucket, their work folder beside them
         rep = label_index(exp.root, f"s3://work/idx{q}", scale=0, partitions=2, progress=False)
         keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket="work")["Contents"])
-        assert rep.ok and keys == ["idx/_meta.json", "idx/bucket=0/part-0.parquet", "idx/bucket=1/part-0.parquet",
-                                   "idx/dvidshards.json"]
+        assert rep.ok and keys == ["idx/_dvidshards.json", "idx/_meta.json", "idx/bucket=0/part-0.parquet",
+                                   "idx/bucket=1/part-0.parquet"]
         # one file in a bucket
         rep = write_body_stats(exp.root, f"s3://work/out/sizes.parquet{q}", scale=0, partitions=2, progress=False)
         body = s3.client().get_object(Bucket="work", Key="out/sizes.parquet")["Body"].read()
@@ -492,7 +492,7 @@ def test_corrupt_shard_fails_its_task_and_resumes(exp, damaged, tmp_path, monkey
     assert sorted(os.listdir(work / "parts")) == ["shards", "work.json"]  # its lock released
     m = read_manifest(work / "table")
     assert m["complete"] is False and list(m["failed"]) == [path] and m["failed"][path].startswith("BlockDecodeError:")
-    assert [n for n in os.listdir(work / "table")] == ["dvidshards.json"]  # no rows
+    assert [n for n in os.listdir(work / "table")] == ["_dvidshards.json"]  # no rows
     # fix the shard and resume: only it runs again
     with open(path, "wb") as f:
         f.write(good)
@@ -671,7 +671,7 @@ def test_issue23_item4a_damaged_shard_writes_no_rows(exp, damaged, tmp_path, cap
     if form.endswith(".parquet"):
         assert not out.exists()
     else:
-        assert os.listdir(out) == ["dvidshards.json"] and read_manifest(out)["complete"] is False
+        assert os.listdir(out) == ["_dvidshards.json"] and read_manifest(out)["complete"] is False
     assert json.loads((work / "work.json").read_text())["format"] == "dvidshards-job-work"
     assert len(os.listdir(work / "shards")) == 6
     # without --resume the partial results are not thrown away
@@ -700,21 +700,21 @@ def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, 
     assert tree(tmp_path) == before
     # --overwrite replaces what this job writes there (bucket folders), and leaves the rest alone
     assert main([cmd, exp.root, str(out), "--quiet", "--partitions", "2", "--overwrite"]) == 0
-    assert sorted(os.listdir(out)) == ["_meta.json", "bucket=0", "bucket=1", "dvidshards.json", "notes.txt"]
+    assert sorted(os.listdir(out)) == ["_dvidshards.json", "_meta.json", "bucket=0", "bucket=1", "notes.txt"]
     # its own earlier output: refused without a flag, replaced with --overwrite, kept with --resume
     new = tmp_path / "new"
     assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2"]) == 0
     capsys.readouterr()
-    done = {k: v for k, v in tree(new).items() if k != "dvidshards.json"}
+    done = {k: v for k, v in tree(new).items() if k != "_dvidshards.json"}
     assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2"]) == 2
     assert "pass --resume to finish it, or --overwrite" in capsys.readouterr().err
     assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "2", "--resume"]) == 0
-    assert {k: v for k, v in tree(new).items() if k != "dvidshards.json"} == done  # nothing redone
+    assert {k: v for k, v in tree(new).items() if k != "_dvidshards.json"} == done  # nothing redone
     assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "4", "--resume"]) == 2
     assert "other parameters" in capsys.readouterr().err
-    assert {k: v for k, v in tree(new).items() if k != "dvidshards.json"} == done
+    assert {k: v for k, v in tree(new).items() if k != "_dvidshards.json"} == done
     assert main([cmd, exp.root, str(new), "--quiet", "--partitions", "4", "--overwrite"]) == 0
-    assert sorted(os.listdir(new)) == ["_meta.json"] + [f"bucket={b}" for b in range(4)] + ["dvidshards.json"]
+    assert sorted(os.listdir(new)) == ["_dvidshards.json", "_meta.json"] + [f"bucket={b}" for b in range(4)]
 
 
 def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):

@@ -701,7 +701,7 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     assert verify(tmp_path / "exp").ok
     with pytest.raises(SpecError, match="not an empty folder"):  # never into an existing export
         ingest_blocks([tmp_path / "a.dat"], tmp_path / "exp")
-    assert "dvidshards.lock" not in os.listdir(tmp_path / "exp")
+    assert "_dvidshards.lock" not in os.listdir(tmp_path / "exp")
     with pytest.raises(ChunkIndexError, match="twice"):
         ingest_blocks([tmp_path / "a.dat", tmp_path / "a.dat"], tmp_path / "dup")
     assert not (tmp_path / "dup").exists()  # failed before anything was written: no folder left

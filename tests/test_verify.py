@@ -126,7 +126,7 @@ def test_23_4_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
     exp, base, _ = converted
     dest = tmp_path / "good"
     shutil.copytree(base / "good", dest)
-    m = json.loads((dest / "dvidshards.json").read_text())
+    m = json.loads((dest / "_dvidshards.json").read_text())
     key = m["keys"]["0"]
     for f in (dest / key).glob("*.shard"):  # another volume's chunks under the same names
         data = bytearray(f.read_bytes())
@@ -145,4 +145,4 @@ def test_23_4_interrupted_conversion_says_incomplete(converted, tmp_path):
     assert not report.ok and any("not converted" in p.message for p in report.problems), report.summary()
     convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, resume=True)
     assert verify(str(dest)).ok
-    assert json.loads((Path(dest) / "dvidshards.json").read_text())["complete"] is True
+    assert json.loads((Path(dest) / "_dvidshards.json").read_text())["complete"] is True

@@ -43,7 +43,7 @@ How it is safe and bounded:
   bytes are read back from the memory kvstore. ``info`` and the arrays' ``zarr.json`` are
   written by TensorStore's drivers before any data (the zarr group's ``zarr.json`` through
   TensorStore's kvstore: it has no group driver).
-* The destination holds a **manifest**, ``dvidshards.json``: the command and arguments, the
+* The destination holds a **manifest**, ``_dvidshards.json``: the command and arguments, the
   spec, the scales made (``made``), the tasks of both stages counted and the failed ones named
   with their reasons, ``"complete": false`` from before the first chunk until every task has
   succeeded. ``dvidshards verify DEST`` reports it (and spot-checks the scales converted from
@@ -1155,7 +1155,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
 
     The output stands on :mod:`dvidshards.jobs.output`: refused before any work unless empty (or
     this conversion's own earlier output with ``resume``/``overwrite``), locked while written, and
-    holding a manifest ``dvidshards.json`` that says ``"complete": false`` until every task has
+    holding a manifest ``_dvidshards.json`` that says ``"complete": false`` until every task has
     succeeded (``dvidshards verify DEST`` reads it; it records the spec and the scales made).
 
     **An export lacking scales** (DVID exports scale 0 only by default; FORMATS.md §3a): the

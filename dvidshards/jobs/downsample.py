@@ -13,7 +13,7 @@ mapping file; never a downsampling of bodies.
 DEST is an export of the made scales only, laid out as today's DVID writes one: folders ``s{k}``,
 shard files named by the current naming generation, CSV index variant A, record batches of the
 spec's ``batch_size``, all-zero blocks (bodies all 0) skipped; plus an ``info`` file (the spec of
-the whole pyramid) and the job manifest ``dvidshards.json`` (``"job": "downsample"``, the source's
+the whole pyramid) and the job manifest ``_dvidshards.json`` (``"job": "downsample"``, the source's
 URL, the made scales, ``complete``), through which ``dvidshards.open(dest)`` / ``Dataset(dest)``
 read source and destination as one pyramid. It stands on :mod:`dvidshards.jobs.output`: the
 destination is parsed and checked before any work (a path, ``gs://`` or ``s3://``), locked while

@@ -7,7 +7,7 @@
   into VastDB; reduce: the counts add up, and the table's ``info`` says ``complete: true`` once
   every scale asked for is in. The table runs in :class:`dvidshards.jobs.output.Output`: locked
   while written, refused unless empty or an earlier table (the same volume), with the manifest
-  ``dvidshards.json``. A table fills shard by shard, so ingest *resumes by default*: a second run
+  ``_dvidshards.json``. A table fills shard by shard, so ingest *resumes by default*: a second run
   pulls only the shards that are missing (``overwrite=True`` starts again). The table is a local
   folder (or a file system every worker shares); a bucket is refused in one line before any work.
 * `ingest_blocks` (``dvidshards ingest DUMP... EXPORT``) - DVID ``GET …/blocks`` responses turned

@@ -13,13 +13,13 @@ through this module, so that the same rules hold for all of them:
   TensorStore's kvstore, the stack the readers use, with bounded retries and timeouts.
 * **Errors that name the path**: a full disk, a read-only or forbidden folder, an unreachable
   bucket are one :class:`~dvidshards.errors.OutputError` line naming the path and what to do.
-* **A lock on every output** (:class:`Lock`): ``dvidshards.lock`` in the output folder (beside a
-  one-file output: ``NAME.dvidshards.lock``), created exclusively (``O_EXCL`` locally, a write
+* **A lock on every output** (:class:`Lock`): ``_dvidshards.lock`` in the output folder (beside a
+  one-file output: ``NAME._dvidshards.lock``), created exclusively (``O_EXCL`` locally, a write
   conditional on the key being absent in a bucket), refreshed by a heartbeat. A second job is
   refused naming the first (job, host, pid, start time); a lock whose owner died (same host: the
   process is gone; another host: no heartbeat for :data:`STALE_SECONDS`) is taken over with
   ``--resume``.
-* **One manifest schema** (``dvidshards.json``, :func:`read_manifest`): job, library version,
+* **One manifest schema** (``_dvidshards.json``, :func:`read_manifest`): job, library version,
   parameters, command, source (URL), scales, ``complete``, ``status`` (``running``, ``complete``,
   ``incomplete``, ``interrupted``), failed tasks with their reasons, task counts, job-specific
   totals, start and end times. It is written ``complete: false`` before the first task and final
@@ -78,8 +78,8 @@ __all__ = [
     "read_manifest",
 ]
 
-MANIFEST = "dvidshards.json"
-LOCK = "dvidshards.lock"
+MANIFEST = "_dvidshards.json"
+LOCK = "_dvidshards.lock"
 SCHEMA = 1  # the manifest's schema version
 #: seconds without a heartbeat after which another host's lock counts as abandoned
 STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
@@ -734,7 +734,7 @@ class Lock:
     dest : Destination
         The output's folder.
     name : str
-        The lock's key in it (``dvidshards.lock``; ``NAME.dvidshards.lock`` for a one-file output).
+        The lock's key in it (``_dvidshards.lock``; ``NAME._dvidshards.lock`` for a one-file output).
     job : str
         The job's name, for the message a second job gets.
     """
@@ -872,7 +872,7 @@ def _parse_manifest(data: bytes, where: str) -> dict:
 
 
 def read_manifest(dest) -> dict | None:
-    """The manifest of any job's output: ``dvidshards.json`` in a folder, or the ``dvidshards``
+    """The manifest of any job's output: ``_dvidshards.json`` in a folder, or the ``dvidshards``
     metadata of a one-file Parquet output. None when there is none.
 
     Raises

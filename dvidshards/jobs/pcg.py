@@ -33,7 +33,7 @@ or a kvstore spec; written under a temporary name and renamed, or as one object 
 the job runs in :class:`dvidshards.jobs.output.Output`: the destination is checked (a bucket
 probed) before any work, locked while written, refused unless empty or this job's own earlier
 output (with ``resume``: the same parameters; or ``overwrite``), and its manifest
-``dvidshards.json`` says ``complete: false`` until every chunk is done; its ``pcg`` member
+``_dvidshards.json`` says ``complete: false`` until every chunk is done; its ``pcg`` member
 describes the output for PCG (layers, bits, grid, file names). Chunks whose blocks list no
 supervoxel get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]``
 (protobuf).
@@ -646,7 +646,7 @@ def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels
         Output folder, written by the workers: empty, new, or this job's earlier output (with
         ``resume`` or ``overwrite``). Holds ``edges_*.proto.zst``, ``components_*.proto``,
         ``supervoxels/`` (the side table, one Parquet file per task) and the manifest
-        ``dvidshards.json``.
+        ``_dvidshards.json``.
     chunk_size : (x, y, z)
         PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``, e.g. (256, 256, 256)); the grid
         starts at the scale's voxel offset. Required.

@@ -31,7 +31,7 @@ only the list of shards and per-task row counts, whatever the number of bodies.
 
 Where the output goes is :mod:`dvidshards.jobs.output`'s concern: ``DEST`` is a path, ``gs://``,
 ``s3://`` or a kvstore spec, checked (and a bucket probed) before any work; it is locked while
-the job runs, holds the manifest ``dvidshards.json`` (``complete: false`` until done; a one-file
+the job runs, holds the manifest ``_dvidshards.json`` (``complete: false`` until done; a one-file
 output carries it in its Parquet metadata and is written only when complete), and is refused
 unless empty, or this job's own earlier output with ``resume`` or ``overwrite``. The work folder
 (:class:`dvidshards.jobs.workdir.WorkDir`: a path or a bucket, visible to every worker) is by
@@ -898,7 +898,7 @@ def write_body_stats(source=None, dest=None, *args, scale: int = 0, labels="aggl
     dest : path, URL (``gs://``, ``s3://``) or kvstore spec dict
         A folder (any name not ending in ``.parquet``): a Parquet dataset
         ``dest/bucket=HH/part-0.parquet`` (every body in the file of ``bucket_of(label, bits)``)
-        plus ``dest/_meta.json`` and the manifest ``dest/dvidshards.json``. Or a ``.parquet``
+        plus ``dest/_meta.json`` and the manifest ``dest/_dvidshards.json``. Or a ``.parquet``
         file: the same rows in one file, assembled on a worker by streaming the bucket files one
         at a time (bounded memory), with the manifest in its Parquet metadata (``b"dvidshards"``);
         written only when complete. Rows are ordered by hash bucket, and in a bucket by voxels
@@ -1047,7 +1047,7 @@ def label_index(source=None, dest=None, *args, scale: int = 0, labels="agglomera
     The dataset is ``dest/bucket=HH/part-0.parquet`` files, the rows of a body all in the file
     of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk in row groups of 32768
     rows, plus ``dest/_meta.json`` (scale, label source, bits, completeness), written last, and
-    the manifest ``dest/dvidshards.json``. Read it with :class:`dvidshards.query.BodyIndex`
+    the manifest ``dest/_dvidshards.json``. Read it with :class:`dvidshards.query.BodyIndex`
     (``Dataset.body_index(dest)``). The workers write every file; the client learns row counts.
 
     Parameters

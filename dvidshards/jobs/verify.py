@@ -7,7 +7,7 @@ writes one, so its absence means an incomplete copy (the reader rebuilds it, and
 Every payload is decompressed, which checks its zstd content checksum; with ``decode=True``
 every block is also decoded and its label list compared with the record's.
 
-The output of ``dvidshards convert`` (a folder holding ``dvidshards.json``) is checked from its
+The output of ``dvidshards convert`` (a folder holding ``_dvidshards.json``) is checked from its
 manifest: the run's state (complete, or the scales and shards done and failed), and with
 ``spot_check=N`` N random chunks per scale read back through TensorStore and compared with the
 source the manifest names.
@@ -34,7 +34,7 @@ from ..formats.codec import block_header, decode_into
 from ..shard import not_exported_note
 from .outputs import compare_chunks, kvstore_root, open_scale
 
-MANIFEST = "dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
+MANIFEST = "_dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_conversion"]
 
@@ -166,7 +166,7 @@ def _read_manifest(kv: dict, where: str) -> dict | None:
 
 
 def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) -> VerifyReport | None:
-    """Check a job's output from its manifest (``dvidshards.json``; None: ``source`` holds none).
+    """Check a job's output from its manifest (``_dvidshards.json``; None: ``source`` holds none).
 
     Problems: the manifest says incomplete (each failed task named with its reason, the count
     of tasks not done), and for a ``convert`` output with ``spot_check``, chunks that differ from
