@@ -29,23 +29,10 @@ def _require_real_data() -> Path:
 # slow` runs the rest, and .ci/run runs both. Tests that existed before the tiers are marked here by
 # node id (fnmatch patterns), with the reason; new slow tests use @pytest.mark.slow themselves.
 SLOW = {
-    "tests/test_memory.py::*": "memory soak: 150 open/read/verify cycles in a child process",
-    "tests/test_fuzz.py::*": "fuzz campaigns over real and synthetic exports",
     "tests/test_view_browser.py::*": "headless Chromium",
     "tests/test_notebook.py::*": "runs a notebook in a Jupyter kernel",
     "tests/test_layers.py::test_mypy_passes": "mypy over the whole package (a cold mypy cache in CI)",
-    "tests/test_store_matrix.py::*-http]": "remote-store matrix (tests/test_remote_stores.py keeps http in the default tier)",
-    "tests/test_store_matrix.py::*-s3]": "remote-store matrix (tests/test_remote_stores.py keeps s3 in the default tier)",
-    "tests/test_store_matrix.py::*-gcs]": "remote-store matrix (tests/test_remote_stores.py keeps gcs in the default tier)",
-    "tests/test_corruption.py::test_eight_threads_random_boxes_match_serial": "8-thread soak",
-    "tests/test_convert.py::test_local_cluster_equals_serial": "dask LocalCluster",
-    "tests/test_convert.py::test_22_5_dense_32768_chunk_shard_raw_under_1_gib": "a production-size (32,768-chunk) shard",
-    "tests/test_procedural.py::test_full_shard_builds_in_seconds_and_verifies": "a production-size (32,768-chunk) shard",
-    "tests/test_jobs.py::test_local_scheduler_string": "dask LocalCluster",
-    "tests/test_jobs.py::test_unreachable_scheduler_fails_fast": "waits out a dask connection timeout",
-    "tests/test_tables.py::test_worker_killed_mid_stream_and_restarted": "kills and restarts an ingest worker process",
     "tests/test_meshes.py::test_on_a_local_dask_cluster": "dask LocalCluster",
-    "tests/test_pcg.py::test_dask_scheduler_matches_serial": "dask LocalCluster",
     "tests/test_mapping_workers.py::test_issue22_4_dask_workers_load_a_mapping_file_once_each": "dask LocalCluster",
 }
 SLOW_FIXTURES = {"client": "dask LocalCluster (the `client` fixture)"}

@@ -373,6 +373,7 @@ def test_verify_detects_a_changed_chunk(export, tmp_path):
 # --------------------------------------------------------------------------- dask
 
 
+@pytest.mark.slow  # a dask LocalCluster
 def test_local_cluster_equals_serial(tmp_path):
     pytest.importorskip("distributed")
     exp = make_export(tmp_path / "exp", shape=(150, 130, 70), scales=1)

@@ -337,6 +337,7 @@ def test_read_only_export_is_never_written(tmp_path, synthetic_export):
             os.chmod(d, 0o755)
 
 
+@pytest.mark.slow  # 8-thread soak
 def test_eight_threads_random_boxes_match_serial(synthetic_export):
     """8 threads on overlapping random boxes for a bounded time: identical to serial reads, no deadlock."""
     import tensorstore as ts

@@ -6,7 +6,11 @@ is counted against the trial that caused it. The full campaign is benchmarks/fuz
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support import fuzz
+
+pytestmark = pytest.mark.slow  # fuzz campaigns over real and synthetic exports
 
 
 def _run(workdir, templates, shard: int, csv: int, seed: int) -> fuzz.Campaign:

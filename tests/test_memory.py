@@ -16,8 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import dvidshards
 from tests.conftest import DVID_DATA, REAL_SHARD
+
+pytestmark = pytest.mark.slow  # memory soak: 150 open/read/verify cycles in a child process
 
 CYCLES = 150
 WARMUP = 30

@@ -280,7 +280,13 @@ def _gcs():
     return FakeGCS()
 
 
-STORES = ["local", "memory", "http", "s3", "gcs"]
+# the remote stores of the matrix run in the slow tier (tests/test_remote_stores.py keeps http, s3 and gcs in
+# the default one)
+def _remote(store: str):
+    return pytest.param(store, marks=pytest.mark.slow, id=store)
+
+
+STORES = ["local", "memory", *(_remote(s) for s in ("http", "s3", "gcs"))]
 
 
 def _dataset(m: Matrix, store: str, name: str, policy=None) -> Dataset:
@@ -400,7 +406,7 @@ def test_undamaged_shard_reads_exactly_everywhere(matrix, store):
                                                                                  lo[2]:hi[2]])
 
 
-@pytest.mark.parametrize("store", ["local", "http"])
+@pytest.mark.parametrize("store", ["local", _remote("http")])
 def test_lazy_unlisted_record_is_found_by_verify(matrix, store):
     """The documented limit of lazy: the unlisted record reads as 0, and verify reports it."""
     name = NO_ROW + " (A)"
@@ -485,7 +491,7 @@ def _real_source(real_matrix, store, name, stack):
     return srv.url + _slug(name) + "/"
 
 
-@pytest.mark.parametrize("store", ["local", "memory", "http"])
+@pytest.mark.parametrize("store", ["local", "memory", _remote("http")])
 @pytest.mark.parametrize("name", REAL_CASES)
 def test_real_shard_verify(real_matrix, store, name):
     with contextlib.ExitStack() as stack:
@@ -495,7 +501,7 @@ def test_real_shard_verify(real_matrix, store, name):
         assert report.shards == 1, report.summary()
 
 
-@pytest.mark.parametrize("store", ["local", "memory", "http"])
+@pytest.mark.parametrize("store", ["local", "memory", _remote("http")])
 @pytest.mark.parametrize("name", REAL_CASES)
 def test_real_shard_reads(real_matrix, store, name):
     root, spec, files, hidden, ref = real_matrix
