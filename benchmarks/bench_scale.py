@@ -16,7 +16,10 @@ own):
 * **sample** - ``--sample K`` random real tasks, each in a fresh process: wall, CPU and peak
   RSS of the task, and the core-hours projected for the whole phase: CPU per chunk of the
   sampled tasks times the phase's chunks (estimated from 200 random shards per scale; every
-  task of these jobs covers one source shard).
+  task of these jobs covers one source shard). ``meshes`` samples K *dense* shards of level 0's
+  scale instead (fixed order; at least 95 % of their chunks, a central all-tissue block), runs
+  the map and the reduce over that block, and projects from the median CPU per chunk (the
+  spread over the K samples beside it).
 
 Targets (issue 22): client peak <= 2 GiB and planning <= 2 min for every job.
 
@@ -31,6 +34,7 @@ import os
 import pickle
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -154,7 +158,7 @@ def _child(job: str, mode: str, arg: int) -> dict:
                 got["submit_failed"] = len(rep.failed)
             got["submit_peak_mib"] = _peak_mib()
         elif mode == "sample":
-            it = random.Random(arg).choice(items)
+            it = _dense_mesh_item(items, arg) if job == "meshes" else random.Random(arg).choice(items)
             got["item"] = repr(it)[:80]
             scale, origin = _task_shard(job, it)
             got["chunks"] = len(_store().shard_chunks(scale, origin))
@@ -180,7 +184,33 @@ def _child(job: str, mode: str, arg: int) -> dict:
     return got
 
 
-MESH_BOX = 8  # meshes: chunks a side of the sampled block of a shard (a whole s2 shard is ~2 CPU-hours)
+MESH_BOX = 8  # meshes: chunks a side of the sampled block of a shard (a whole s2 shard is ~1 CPU-hour)
+MESH_DENSE = 0.95  # meshes: a sampled shard holds at least this share of its chunks
+
+
+def _dense_mesh_item(items, k: int):
+    """meshes: the k-th dense shard of level 0's scale (the scale that holds ~88 % of the chunks meshed),
+    in a fixed shuffled order: one whose chunks fill at least MESH_DENSE of it and whose central
+    MESH_BOX³ block is all tissue (every chunk present, no background slot), so the CPU per chunk
+    is that of dense tissue, never that of a lucky sparse edge shard."""
+    first = items[0][0]
+    todo = sorted((it for it in items if it[0] == first), key=lambda it: it[1])
+    random.Random(1234).shuffle(todo)
+    store = _store()
+    full = (2048 // 64) ** 3
+    seen = 0
+    for it in todo:
+        c = np.asarray(store.shard_chunks(first, it[1]), np.int64)
+        if len(c) < MESH_DENSE * full:
+            continue
+        lo = np.median(c, axis=0).astype(np.int64) - MESH_BOX // 2
+        present, inside = store._chunk_masks(first, lo.tolist(), (lo + MESH_BOX).tolist())
+        if not (present.all() and inside.all()):
+            continue
+        if seen == k:
+            return it
+        seen += 1
+    raise SystemExit(f"meshes: fewer than {k + 1} dense shards at s{first}")
 
 
 def _mesh_sample(fn, item, got: dict):
@@ -260,12 +290,22 @@ def main() -> None:
             chunks = sum(census.get(k, 0) for k in range(2, 8))
         per_chunk = sum(cpu) / max(sum(g["chunks"] for g in got), 1)
         proj = per_chunk * chunks / 3600 if cpu else float("nan")
+        proj_text = f"{proj:,.1f}" if cpu else "-"
+        if job == "meshes" and cpu:  # dense shards only: the median, and the spread over the samples
+            per = sorted(g["task_cpu_s"] / max(g["chunks"], 1) for g in got)
+            proj = statistics.median(per) * chunks / 3600
+            proj_text = (f"{proj:,.1f}" + (f" (median of {len(per)}: {per[0] * chunks / 3600:,.0f}-"
+                                            f"{per[-1] * chunks / 3600:,.0f})" if len(per) > 1 else ""))
+            for g in got:
+                print(f"  meshes sample {g['item']}: map {g['map_cpu_s'] / g['chunks'] * 1e3:.1f} + reduce "
+                      f"{g['reduce_cpu_s'] / g['chunks'] * 1e3:.1f} ms CPU per chunk, peak {g['task_peak_mib']:.0f} MiB "
+                      f"(before {g['task_rss_before_mib']:.0f})", file=sys.stderr)
         rows.append([job, plan["desc"], f"{plan['tasks']:,}", f"{plan['plan_s']:.2f}",
                      f"{plan['plan_peak_mib']:.0f}",
                      f"{sub['submit_peak_mib']:.0f}" if sub else "-",
                      f"{plan['task_bytes']:,.0f}",
                      f"{sub['overhead_ms']:.2f} ({sub['submit_n']:,})" if sub else "-",
-                     f"{proj:,.1f}" if cpu else "-", C.verdict(ok)])
+                     proj_text, C.verdict(ok)])
         print(f"  {job}: planned {plan['tasks']:,} tasks in {plan['plan_s']:.2f} s", file=sys.stderr, flush=True)
     C.table(["job", "first phase", "tasks", "plan s", "client peak MiB (plan)", "client peak MiB (submit)",
                    "bytes per task", "overhead ms per task (n)", "projected core-h (CPU per chunk x chunks)", "targets"], rows,
