@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consolidate": ("dvidshards.cli:Consolidate",
                     "write one chunk index per scale outside the export, so that it opens at once"),
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
-    "convert": ("dvidshards.jobs.convert",
+    "convert": ("dvidshards.jobs.convert:ConvertCommand",
                 "convert an export to neuroglancer precomputed or zarr v3: every scale of the spec (the ones an export "
                 "lacks are made the way DVID makes its pyramid)"),
     "stats": ("dvidshards.jobs.stats:StatsCommand",
@@ -43,14 +43,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "meshes": ("dvidshards.jobs.meshes:MeshesCommand",
                "neuroglancer multi-resolution (or legacy) meshes of every body into a precomputed dataset, one task "
                "per shard"),
-    "downsample": ("dvidshards.jobs.downsample",
+    "downsample": ("dvidshards.jobs.downsample:DownsampleCommand",
                    "make the scales an export lacks the way DVID makes its pyramid (a DVID export beside it)"),
-    "pcg-edges": ("dvidshards.jobs.pcg",
+    "pcg-edges": ("dvidshards.jobs.pcg:PcgEdgesCommand",
                   "PyChunkedGraph edges and components files of the supervoxels, one task per PCG chunk"),
     "view": ("dvidshards.serve.view",
              "serve an export as a neuroglancer precomputed source and open a viewer on it"),
-    "serve-flight": ("dvidshards.serve.flight", "serve an export's (or a table's) block records over Arrow Flight"),
-    "serve-dvid": ("dvidshards.serve.dvid", "answer DVID's read-only labelmap HTTP API from an export"),
+    "serve-flight": ("dvidshards.serve.flight:FlightCommand", "serve an export's (or a table's) block records over Arrow Flight"),
+    "serve-dvid": ("dvidshards.serve.dvid:DvidCommand", "answer DVID's read-only labelmap HTTP API from an export"),
     "ingest": ("dvidshards.jobs.ingest:IngestCommand",
                "pull block records from a Flight server or an export into a sorted Parquet table, or turn "
                "DVID /blocks dumps into an export"),

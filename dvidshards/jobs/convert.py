@@ -118,7 +118,7 @@ from .output import read_manifest as _read_manifest
 from .outputs import compare_chunks, kvstore_root, open_scale
 from .runner import TaskRunner, scheduler_of
 
-__all__ = [
+__all__ = ["ConvertCommand",
     "FORMATS",
     "ZARR_INNER_CODECS",
     "ConvertPlanError",
@@ -1440,3 +1440,10 @@ def main(args) -> int:
                      **job_options(args))
     print(report.summary())
     return 0 if report.ok else 1
+
+
+class ConvertCommand:
+    """``dvidshards convert``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)

@@ -73,7 +73,7 @@ from .options import (
 from .output import Destination, JobReport, Output
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["DownsampleTotals", "MadeScales", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
+__all__ = ["DownsampleCommand", "DownsampleTotals", "MadeScales", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
            "plan_scale", "reduce_results"]
 
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
@@ -651,3 +651,9 @@ def main(args) -> int:
     print(report.summary())
     return 0 if report.ok else 1
 
+
+class DownsampleCommand:
+    """``dvidshards downsample``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)

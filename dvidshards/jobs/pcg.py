@@ -72,7 +72,7 @@ from .options import (
 from .output import Destination, JobReport, Output, is_temporary
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
+__all__ = ["PcgEdgesCommand", "MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
            "read_chunk_edges", "read_side_table", "write_edges"]
 
 SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
@@ -928,3 +928,10 @@ def main(args) -> int:
                        **job_options(args, workdir=False))
     print(report.summary())
     return 0 if report.ok else 1
+
+
+class PcgEdgesCommand:
+    """``dvidshards pcg-edges``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)

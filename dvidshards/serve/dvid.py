@@ -73,7 +73,7 @@ from ..formats.sparsevol import HEADER
 from ..query import BodyIndex, held_scales, label_at
 from ..query import mapping as export_mapping
 
-__all__ = ["DvidApi", "DvidServer", "Reply", "add_arguments", "main", "serve"]
+__all__ = ["DvidCommand", "DvidApi", "DvidServer", "Reply", "add_arguments", "main", "serve"]
 
 log = logging.getLogger("dvidshards.serve.dvid")
 
@@ -917,3 +917,10 @@ def main(args) -> int:
           file=sys.stderr, flush=True)
     server.wait()
     return 0
+
+
+class DvidCommand:
+    """``dvidshards serve-dvid``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)

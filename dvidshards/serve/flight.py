@@ -46,7 +46,7 @@ from ..sources.tables import (
     shard_ids,
 )
 
-__all__ = ["ExportFlightServer", "add_arguments", "main", "serve"]
+__all__ = ["FlightCommand", "ExportFlightServer", "add_arguments", "main", "serve"]
 
 # --- the server ---------------------------------------------------------------------------------
 
@@ -455,3 +455,10 @@ def main(args) -> int:
     finally:
         server.shutdown()
     return 0
+
+
+class FlightCommand:
+    """``dvidshards serve-flight``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)
