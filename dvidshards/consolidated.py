@@ -147,7 +147,7 @@ class ConsolidatedIndex:
         return (self.folder, self.scale_folder)
 
     def __setstate__(self, state):
-        self.__init__(*state)
+        self.__init__(*state)  # type: ignore[misc]
 
     @property
     def shards(self) -> list[tuple[int, int, int]]:

@@ -22,6 +22,7 @@ import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
@@ -359,7 +360,7 @@ class _ProcState:
         self.files_lock = threading.Lock()
         self.files_task: asyncio.Future | None = None
         self.probes = 0
-        self._loop = None
+        self._loop: Any = None
         self.pending: dict = {}
 
     @property

@@ -31,7 +31,6 @@ def _require_real_data() -> Path:
 SLOW = {
     "tests/test_view_browser.py::*": "headless Chromium",
     "tests/test_notebook.py::*": "runs a notebook in a Jupyter kernel",
-    "tests/test_layers.py::test_mypy_passes": "mypy over the whole package (a cold mypy cache in CI)",
     "tests/test_meshes.py::test_on_a_local_dask_cluster": "dask LocalCluster",
     "tests/test_mapping_workers.py::test_issue22_4_dask_workers_load_a_mapping_file_once_each": "dask LocalCluster",
 }

@@ -145,7 +145,7 @@ def _sub1(data, q, lcnt, lmask, rev8):
     z1 = np.int64(0)
     for z in range(8):
         w = _be64(data, q + 8 * z)
-        n1 += _popcount(w)
+        n1 += _popcount(w)  # type: ignore[call-arg]
         a1 |= w
         a0 |= ~w
         if w != 0:
@@ -188,7 +188,7 @@ def _sub2(data, q, c, lcnt, lmask, rev8):
         e1, f1 = _eq2(u, _LO2), _eq2(v, _LO2)
         e2, f2 = _eq2(u, _HI2), _eq2(v, _HI2)
         e3, f3 = _eq2(u, -1), _eq2(v, -1)
-        n0 += _popcount(e0) + _popcount(f0)
+        n0 += _popcount(e0) + _popcount(f0)  # type: ignore[call-arg]
         n1 += _popcount(e1) + _popcount(f1)
         n2 += _popcount(e2) + _popcount(f2)
         n3 += _popcount(e3) + _popcount(f3)
@@ -258,7 +258,7 @@ def _swar(data, q, lcnt, lmask, acc, zm, b, c):
                     o |= t >> j
                 eq = lo & ~o
                 if eq != 0:
-                    m = _popcount(eq)
+                    m = _popcount(eq)  # type: ignore[call-arg, var-annotated]
                     seen += m
                     lcnt[k] += m
                     acc[k, gi] |= eq
@@ -622,7 +622,7 @@ def _batch_numpy(buf, offs, lo, hi, nlists, first, last, rev8):
         if n < 16 or 16 + 8 * nl > n:
             nl = 0
         counts, boxes = new_accumulators(nl)
-        code, a, b = _stats_numpy(data, *lo[k], *hi[k], counts, boxes, first, last, rev8)
+        code, a, b = _stats_numpy(data, *lo[k], *hi[k], counts, boxes, first, last, rev8)  # type: ignore[call-arg]
         if code != E_OK:
             return (code, a, b, k, *_NO_ROWS)
         j = np.flatnonzero(counts[:nl] > 0)

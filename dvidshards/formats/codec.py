@@ -176,7 +176,7 @@ def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):
             w = np.int64(0)
             for i in range(b):
                 w = (w << 8) | np.int64(data[r + i])
-            bad |= _store_row(out, z0 + z, y0 + y, x0, w, ents, c)
+            bad |= _store_row(out, z0 + z, y0 + y, x0, w, ents, c)  # type: ignore[call-arg]
     return bad != 0
 
 
@@ -300,7 +300,7 @@ def _decode_kernel(data, pal, use_pal, out):
             for z in range(oz):
                 for y in range(oy):
                     for x in range(0, ox, 8):
-                        _store_row(out, z, y, x, zero, (v,), zero)
+                        _store_row(out, z, y, x, zero, (v,), zero)  # type: ignore[call-arg]
         else:
             for z in range(oz):
                 for y in range(oy):
@@ -528,7 +528,7 @@ def _band(data, r, out, z, y0, x, b, ents, c):
         w = np.int64(0)
         for i in range(b):
             w = (w << 8) | np.int64(data[r + yy * b + i])
-        bad |= _store_row(out, z, y0 + yy, x, w, ents, c)
+        bad |= _store_row(out, z, y0 + yy, x, w, ents, c)  # type: ignore[call-arg]
     return bad != 0
 
 

@@ -256,8 +256,8 @@ class TaskRunner:
         self.max_in_flight = max_in_flight
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
-        self._client = None
-        self._cluster = None
+        self._client: Any = None
+        self._cluster: Any = None
         self._close_client = False
         self.dashboard: str | None = None
 

@@ -776,7 +776,7 @@ class DvidServer:
                 try:
                     first = await loop.run_in_executor(pool, next, it, None)
                 except Exception as e:  # failed before anything was sent: still a clean answer
-                    await loop.run_in_executor(pool, it.close)
+                    await loop.run_in_executor(pool, it.close)  # type: ignore[attr-defined]
                     if not isinstance(e, DvidShardsError):
                         log.error("%s %s", request.method, request.path, exc_info=True)
                     status = 404 if isinstance(e, NotFoundError) else 400 if isinstance(e, SpecError) else 500
@@ -798,7 +798,7 @@ class DvidServer:
                                 request.path, exc_info=True)
                     raise  # the connection is dropped: the client sees a truncated answer, never a wrong one
                 finally:
-                    await loop.run_in_executor(pool, it.close)
+                    await loop.run_in_executor(pool, it.close)  # type: ignore[attr-defined]
                 await resp.write_eof()
                 return resp
 

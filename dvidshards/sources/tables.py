@@ -255,7 +255,7 @@ def _gather_kernel(src, offs, lens, out, out_offs):  # pragma: no cover - compil
     for i in range(offs.shape[0]):
         o, n = offs[i], lens[i]
         out_offs[i] = p
-        _copy_bytes(out, p, src, o, n)
+        _copy_bytes(out, p, src, o, n)  # type: ignore[call-arg]
         p += n
     out_offs[offs.shape[0]] = p
 

@@ -18,6 +18,7 @@ import asyncio
 import os
 import random
 import re
+from typing import Any
 
 import tensorstore as ts
 
@@ -163,7 +164,7 @@ class KvStore(ByteStore):
         self.retries = int(retries)
         self.backoff = float(backoff)
         self.url = _base_url(self.spec)
-        self._kv = None
+        self._kv: Any = None
         self.stats = {"requests": 0, "bytes": 0, "retries": 0}
 
     @classmethod
