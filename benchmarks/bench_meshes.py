@@ -37,6 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -183,7 +184,6 @@ def main() -> None:
         assert rep.ok
         a = ours(ds, work / "ours", lods=1)  # the default scale (s2, 32 nm), one level as igneous' num_lod=0
         b = ours(ds, work / "ours-unsimplified", lods=1, reduction_factor=0, cell_reduction=0)
-        c = ours(ds, work / "ours-default")  # the default levels: s2 and s3
         ig = igneous(args.igneous_python, twin, work, mip=2)
         n = a["bodies"]
         vol_ids = _sample_ids(ds)
@@ -194,6 +194,7 @@ def main() -> None:
         rows.append(["dvidshards meshes s2, one level, unsimplified", b["bodies"], f"{b['cpu']:.1f}",
                      f"{b['bodies'] / b['cpu']:.2f}", f"{b['bytes'] / 1e6:.1f}", fb // len(vol_ids),
                      f"{b['cpu'] / a['cpu']:.2f}"])
+        c = peak_rss(ds, work)  # the default levels (s2 and s3), in a fresh process: its CPU and peak memory
         rows.append(["dvidshards meshes default (levels from s2 and s3)", c["bodies"], f"{c['cpu']:.1f}",
                      f"{c['bodies'] / c['cpu']:.2f}", f"{c['bytes'] / 1e6:.1f}", "", f"{c['cpu'] / a['cpu']:.2f}"])
         if ig is not None:
@@ -219,17 +220,20 @@ def main() -> None:
                          r["scale"], f"{r['seconds']:.2f}", f"{r['bytes'] / 1e6:.2f}"])
         table(["budget s", "body", "s0 chunks", "scale meshed", "first mesh s", "MB"], rows,
                     title="dvidshards view: first (uncached) mesh of a body")
-        rows = []
-        sizes = [(128, 10), (size, n_bodies)] if args.quick else [(256, 40), (size, n_bodies)]
-        for sz, nb in sizes:
-            pr = common.synthetic_pair(args.workdir, sz, n_bodies=nb, svs_per_body=8)
-            r = peak_rss(pr, work)
-            rows.append([f"{sz}³", nb, r["fragments"], f"{sz ** 3 * 8 / 2**20:.0f}",
-                         f"{r['base']['VmRSS'] / 2**20:.0f}", f"{r['peak']['VmRSS'] / 2**20:.0f}",
-                         f"{r['base']['RssAnon'] / 2**20:.0f}", f"{r['peak']['RssAnon'] / 2**20:.0f}"])
+        r = c
         table(["export", "bodies", "cell fragments", "volume as uint64 MiB", "RSS before MiB", "peak RSS MiB",
-               "anon before MiB", "peak anon MiB"], rows,
-              title="dvidshards meshes: peak RSS of a whole run (fresh process, serial)")
+               "anon before MiB", "peak anon MiB"],
+              [[f"{size}³", n_bodies, r["fragments"], f"{size ** 3 * 8 / 2**20:.0f}",
+                f"{r['base']['VmRSS'] / 2**20:.0f}", f"{r['peak']['VmRSS'] / 2**20:.0f}",
+                f"{r['base']['RssAnon'] / 2**20:.0f}", f"{r['peak']['RssAnon'] / 2**20:.0f}"]],
+              title="dvidshards meshes: peak memory of the default run above (fresh process, serial: the largest "
+                    "task's, over the imported baseline)")
+        rows = [["dvidshards meshes s2, one level", *quality(ds, work / "ours", 2)]]
+        if ig is not None:
+            rows.append(["igneous forge + merge at mip 2", *quality(ds, work / "igneous-precomputed", 2)])
+        table(["output", "bodies", "18- (26-) connected at s2", "one watertight piece, volume within 15 %",
+               "of the connected ones", "median volume / voxels"], rows,
+              title="Quality per body at s2 (cloud-volume's reader; fragments welded where they meet)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -253,6 +257,7 @@ from dvidshards.jobs.meshes import meshes
 
 ds = dvidshards.Dataset(sys.argv[1], spec=json.loads(open(sys.argv[2]).read()))
 mesh_block(ds.read([[0, 0, 0], [65, 65, 65]], threads=1), (0, 0, 0))  # kernels compiled, libraries loaded
+meshes(ds, sys.argv[3] + "-warm", box=[[0, 0, 0], [256, 256, 256]], scheduler="serial", progress=False)
 base = status()
 peak = dict(base)
 done = threading.Event()
@@ -266,27 +271,124 @@ def watch():  # the high-water marks of resident and anonymous memory, sampled e
 
 t = threading.Thread(target=watch, daemon=True)
 t.start()
+import resource
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 rep = meshes(ds, sys.argv[3], scheduler="serial", progress=False)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
 done.set()
 t.join()
 print(json.dumps({"ok": rep.ok, "bodies": rep.totals["bodies"], "fragments": rep.totals["pieces"], "base": base,
-                  "peak": peak}))
+                  "peak": peak, "cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}))
 """
 
 
-def peak_rss(pair, work: Path) -> dict:
-    """Peak RSS of a meshes run in a fresh process, and the bytes of fragments it wrote."""
-    dest = work / "rss"
+def peak_rss(ds, work: Path) -> dict:
+    """A default meshes run in a fresh process: its CPU, peak RSS and anonymous memory, the bytes it wrote."""
+    dest = work / "ours-default"
     shutil.rmtree(dest, ignore_errors=True)
     script = work / "rss_run.py"
     script.write_text(RSS)
+    spec = work / "spec-4-scales.json"
+    spec.write_text(json.dumps(ds.spec))
     env = {k: v for k, v in os.environ.items() if k != "DVIDSHARDS_KERNELS"}  # the default, as a user runs it
-    r = subprocess.run([sys.executable, str(script), str(pair.folder / "export"), str(pair.folder / "spec.json"),
-                        str(dest)], capture_output=True, text=True, env=dict(env, PYTHONPATH=str(common.ROOT)))
+    r = subprocess.run([sys.executable, str(script), str(work / "export-4-scales"), str(spec), str(dest)],
+                       capture_output=True, text=True, env=dict(env, PYTHONPATH=str(common.ROOT)))
     if r.returncode:
         raise RuntimeError(r.stderr[-2000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"], out
+    out["bytes"] = sum(p.stat().st_size for p in (dest / "mesh").glob("*.shard"))
     return out
+
+
+@numba.njit(cache=True)
+def _components(vol, reach):  # pragma: no cover - numba
+    """Union-find over voxels: pieces of each label, neighbours within ``reach`` steps (1: 6-connected,
+    2: 18-connected, the connectivity marching cubes keeps (zmesh joins voxels meeting at an edge, not
+    at a corner), 3: 26-connected). Returns each voxel's root index."""
+    nx, ny, nz = vol.shape
+    parent = np.arange(nx * ny * nz)
+    for x in range(nx):
+        for y in range(ny):
+            for z in range(nz):
+                lab = vol[x, y, z]
+                if lab == 0:
+                    continue
+                a = (x * ny + y) * nz + z
+                for dx in range(0, 2):
+                    for dy in range(-1, 2):
+                        for dz in range(-1, 2):
+                            if (dx, dy, dz) <= (0, 0, 0) or abs(dx) + abs(dy) + abs(dz) > reach:
+                                continue
+                            u, v, w = x + dx, y + dy, z + dz
+                            if u >= nx or v < 0 or v >= ny or w < 0 or w >= nz or vol[u, v, w] != lab:
+                                continue
+                            b = (u * ny + v) * nz + w
+                            ra, rb = a, b
+                            while parent[ra] != ra:
+                                parent[ra] = parent[parent[ra]]
+                                ra = parent[ra]
+                            while parent[rb] != rb:
+                                parent[rb] = parent[parent[rb]]
+                                rb = parent[rb]
+                            if ra != rb:
+                                parent[max(ra, rb)] = min(ra, rb)
+    for i in range(parent.size):
+        r = i
+        while parent[r] != r:
+            r = parent[r]
+        parent[i] = r
+    return parent
+
+
+def _mesh_pieces(m) -> int:
+    """Connected pieces of a welded mesh (faces sharing vertices)."""
+    parent = np.arange(len(m.vertices))
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b, c in m.faces.tolist():
+        ra, rb, rc = find(a), find(b), find(c)
+        parent[rb] = ra
+        parent[find(rc)] = ra
+    return len({find(int(v)) for v in np.unique(m.faces)})
+
+
+def quality(ds, dest: Path, scale: int) -> list:
+    """Per body at ``scale``: is it one 18-connected piece there, and does cloud-volume's answer (its
+    fragments welded where they meet) make one watertight piece whose volume is within 15 % of its
+    voxels? Returns the table's cells."""
+    from cloudvolume import CloudVolume
+
+    from dvidshards.formats import mesh as M
+
+    vol = ds.read([[0, 0, 0], list(ds.scale(scale).size)], scale=scale)
+    res = np.asarray(ds.scale(scale).resolution, np.float64)
+    roots = _components(np.ascontiguousarray(vol), 2).reshape(vol.shape)
+    roots26 = _components(np.ascontiguousarray(vol), 3).reshape(vol.shape)
+    cv = CloudVolume(f"file://{dest}", progress=False)
+    ids = [int(b) for b in np.unique(vol[vol != 0])]
+    connected = connected26 = good = good_connected = 0
+    ratios = []
+    for b in ids:
+        mask = vol == b
+        one = len(np.unique(roots[mask])) == 1
+        connected26 += len(np.unique(roots26[mask])) == 1
+        got = cv.mesh.get(b)
+        m = got[b] if isinstance(got, dict) else got
+        w = M.merge_fragments([M.Mesh(m.vertices, m.faces)])
+        ratio = M.enclosed_volume(w.vertices, w.faces) / (mask.sum() * res.prod())
+        ok = len(w.faces) > 0 and M.is_watertight(w.vertices, w.faces) and _mesh_pieces(w) == 1 and abs(ratio - 1) < 0.15
+        connected += one
+        good += ok
+        good_connected += ok and one
+        ratios.append(ratio)
+    return [len(ids), f"{connected} ({connected26})", good, f"{good_connected} of {connected}",
+            f"{np.median(ratios):.3f}"]
 
 
 def _sample_ids(ds, n: int = 10) -> list[int]:

@@ -504,7 +504,7 @@ def test_serves_a_meshes_output(export, tmp_path):
     pytest.importorskip("zmesh")
     CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
     from dvidshards.formats import mesh as M
-    from dvidshards.jobs.meshes import meshes
+    from dvidshards.jobs.meshes import MANIFEST, meshes
 
     ds = Dataset(export.root, spec=export.spec)
     assert meshes(ds, tmp_path / "m", scheduler="serial", progress=False).ok
@@ -519,7 +519,7 @@ def test_serves_a_meshes_output(export, tmp_path):
         assert get(f"{base}/mesh/{shard}", {"Range": "bytes=-10"})[2] == whole[-10:]
         assert get(f"{base}/mesh/{shard}", {"Range": f"bytes={len(whole)}-"})[0] == 416
         assert get(f"{base}/mesh/{shard}")[2] == whole
-        for hidden in ("dvidshards.json", "../info", "_work/x"):
+        for hidden in (MANIFEST, "dvidshards.json", "../info", "_work/x"):
             assert get(f"{base}/mesh/{hidden}")[0] == 404
         # cloud-volume reads the served meshes over HTTP, equal to the files
         vol = export.expected(0)
@@ -529,7 +529,7 @@ def test_serves_a_meshes_output(export, tmp_path):
         np.testing.assert_array_equal(served.vertices, local.vertices)
         m = M.merge_fragments([M.Mesh(served.vertices, served.faces)])
         assert M.is_watertight(m.vertices, m.faces)
-    man = tmp_path / "m" / "mesh" / "dvidshards.json"
+    man = tmp_path / "m" / "mesh" / MANIFEST
     man.write_text(json.dumps({**json.loads(man.read_text()), "complete": False}))
     from dvidshards.errors import SpecError
 

@@ -42,6 +42,7 @@ __all__ = [
     "box_faces",
     "cut_padded",
     "decimate",
+    "drop_cavities",
     "enclosed_volume",
     "inflate",
     "is_watertight",
@@ -320,6 +321,7 @@ def mesh_block(
     off = np.asarray(_triple(origin, "origin"), np.float64)
     mesher = zmesh.Mesher((1, 1, 1))
     mesher.mesh(b)
+    contacts = None if reduction_factor else _corner_contacts(b)
     present = {int(v) for v in mesher.ids()}
     wanted = sorted(present) if labels is None else [int(v) for v in labels if int(v) in present]
     out: dict[int, Mesh] = {}
@@ -331,12 +333,146 @@ def mesh_block(
         mesher.erase(label)
         if len(m.faces):
             v = m.vertices.astype(np.float64)
+            faces = m.faces
             if reduction_factor:  # the quadric optimum may leave the label's box (and the cell): put it back
                 lo, hi = _label_box(b, label)
                 cube = np.asarray(b.shape, np.float64) - 0.5
                 v = np.clip(v, np.maximum(lo, 0.5), np.minimum(hi + 1, cube))  # its voxel box, in its cell
-            out[label] = Mesh((v + off).astype(np.float32), m.faces)
+            elif contacts is not None and label in contacts:
+                faces = _bridge(v, faces, contacts[label])
+            out[label] = Mesh((v + off).astype(np.float32), faces)
     return out
+
+
+_DIAGONALS = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.int64)  # a cube's 4 diagonals, from these
+
+
+@numba.njit(nogil=True, cache=True)
+def _corner_contacts_kernel(b, out):  # pragma: no cover - numba
+    """Cubes (i, j, k: their low voxel, axes as ``b``'s) of a C-ordered ``b`` in which one label holds
+    exactly two opposite corners: rows (i, j, k, diagonal, label) into ``out`` (diagonal 0: from the
+    cube's low corner, 1, 2, 3: from the corner one step along axis 0, 1, 2); returns how many there
+    are (rows past ``out``'s length are counted, not written)."""
+    ni, nj, nk = b.shape
+    n = 0
+    for i in range(ni - 1):
+        for j in range(nj - 1):
+            for k in range(nk - 1):
+                c000 = b[i, j, k]
+                c001 = b[i, j, k + 1]
+                c010 = b[i, j + 1, k]
+                c011 = b[i, j + 1, k + 1]
+                c100 = b[i + 1, j, k]
+                c101 = b[i + 1, j, k + 1]
+                c110 = b[i + 1, j + 1, k]
+                c111 = b[i + 1, j + 1, k + 1]
+                for d in range(4):
+                    if d == 0:
+                        lab, far = c000, c111
+                    elif d == 1:
+                        lab, far = c100, c011
+                    elif d == 2:
+                        lab, far = c010, c101
+                    else:
+                        lab, far = c001, c110
+                    if lab == 0 or far != lab:
+                        continue
+                    same = ((c000 == lab) + (c001 == lab) + (c010 == lab) + (c011 == lab) + (c100 == lab)
+                            + (c101 == lab) + (c110 == lab) + (c111 == lab))
+                    if same != 2:
+                        continue
+                    if n < out.shape[0]:
+                        out[n, 0], out[n, 1], out[n, 2], out[n, 3], out[n, 4] = i, j, k, d, lab
+                    n += 1
+    return n
+
+
+_contacts = jit.kernel(_corner_contacts_kernel, [numba.int64(numba.uint64[:, :, ::1], numba.uint64[:, ::1])], None)
+
+
+def _corner_contacts(b: np.ndarray) -> dict[int, np.ndarray] | None:
+    """{label: (n, 4) rows (x, y, z, diagonal)} of the cubes of an (x, y, z) block where the label's
+    voxels meet only at a corner (diagonal: 0 from the cube's low corner, 1, 2, 3 from the corner one
+    step along x, y, z); None when there are none."""
+    flip = not b.flags.c_contiguous and b.flags.f_contiguous  # mesh_cells' blocks: (z, y, x) in memory
+    a = b.T if flip else b
+    a = np.ascontiguousarray(a, dtype=np.uint64)
+    out = np.zeros((64, 5), np.uint64)
+    n = _contacts(a, out)
+    if n > len(out):
+        out = np.zeros((n, 5), np.uint64)
+        n = _contacts(a, out)
+    if not n:
+        return None
+    rows = out[:n].astype(np.int64)
+    if flip:  # (z, y, x) back to (x, y, z); a diagonal from one step along z is one from x and back
+        rows[:, :3] = rows[:, 2::-1]
+        rows[:, 3] = np.array([0, 3, 2, 1])[rows[:, 3]]
+    labs = out[:n, 4]
+    return {int(lab): rows[labs == lab, :4] for lab in np.unique(labs).tolist()}
+
+
+def _bridge(v: np.ndarray, faces: np.ndarray, contacts: np.ndarray) -> np.ndarray:
+    """Join a label's voxels that meet only at a corner: in each such cube, the two corner caps
+    marching cubes made (one triangle each, facing each other) become a three-sided tube between them,
+    wound as the caps were, so the surface stays closed and oriented and the two pieces are one.
+
+    ``v`` are the label's vertices in voxel-centred coordinates of the block (voxel i at i + 0.5).
+    A cube whose caps are not found as expected is left as it is.
+    """
+    key = np.round(np.asarray(v, np.float64) * 2).astype(np.int64)  # half voxels: exact
+    vk = (key[:, 0] << 42) | (key[:, 1] << 21) | key[:, 2]
+    order = np.argsort(vk)
+    fs = np.sort(faces.astype(np.int64), axis=1)
+    fk = (fs[:, 0] << 42) | (fs[:, 1] << 21) | fs[:, 2] if len(v) < (1 << 21) else None
+    if fk is None:
+        return faces
+    forder = np.argsort(fk)
+    keep = np.ones(len(faces), bool)
+    new = []
+
+    def vertex(p) -> int:
+        k = (int(p[0]) << 42) | (int(p[1]) << 21) | int(p[2])
+        i = int(np.searchsorted(vk, k, sorter=order))
+        return int(order[i]) if i < len(vk) and vk[order[i]] == k else -1
+
+    def face(tri) -> int:
+        t = sorted(tri)
+        k = (t[0] << 42) | (t[1] << 21) | t[2]
+        i = int(np.searchsorted(fk, k, sorter=forder))
+        return int(forder[i]) if i < len(fk) and fk[forder[i]] == k else -1
+
+    for x, y, z, d in contacts.tolist():
+        c0 = np.array([x, y, z]) + _DIAGONALS[d]
+        c1 = 2 * np.array([x, y, z]) + 1 - c0
+        s = c1 - c0  # +-1 per axis: from corner A towards corner B
+        # in half voxels, voxel i's centre is 2 i + 1; a cap vertex sits half way along a cube edge
+        ca, cb = 2 * c0 + 1, 2 * c1 + 1
+        ua = [vertex(ca + s * np.eye(3, dtype=np.int64)[ax]) for ax in range(3)]
+        ub = [vertex(cb - s * np.eye(3, dtype=np.int64)[ax]) for ax in range(3)]
+        if min(ua) < 0 or min(ub) < 0:
+            continue
+        fa, fb = face(ua), face(ub)
+        if fa < 0 or fb < 0 or not (keep[fa] and keep[fb]):
+            continue
+        wa = [int(i) for i in faces[fa]]
+        wb = [int(i) for i in faces[fb]]
+        partner = dict(zip(ua, ub, strict=True))
+        edges_b = {(wb[i], wb[(i + 1) % 3]) for i in range(3)}
+        tube: list[tuple[int, int, int]] = []
+        for i in range(3):
+            p, q = wa[i], wa[(i + 1) % 3]  # the cap's edge p -> q; its neighbour outside runs q -> p
+            pp, qq = partner[p], partner[q]
+            if (qq, pp) not in edges_b:  # cap B must run pp -> qq to be closed by this tube
+                tube = []
+                break
+            tube += [(p, q, qq), (p, qq, pp)]
+        if tube:
+            keep[fa] = keep[fb] = False
+            new += tube
+    if not new:
+        return faces
+    return np.concatenate([faces[keep], np.asarray(new, faces.dtype)])
 
 
 def _label_box(b: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
@@ -803,12 +939,25 @@ def _flip1(V, F, f, v, px, py, pz):  # pragma: no cover - numba
     return d <= 0.0 or d * d <= 0.04 * l0 * l1
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _fin(F, alive, tstart, tcount, rf, v, c, d):  # pragma: no cover - numba
+    """Whether a live face of ``v`` holds both ``c`` and ``d``."""
+    for k in range(tstart[v], tstart[v] + tcount[v]):
+        g = rf[k]
+        if alive[g]:
+            g0, g1, g2 = F[g, 0], F[g, 1], F[g, 2]
+            if (g0 == c or g1 == c or g2 == c) and (g0 == d or g1 == d or g2 == d):
+                return True
+    return False
+
+
 @numba.njit(nogil=True, cache=True)
 def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover - numba
     """Collapse edges of (V, F) in place until ``target`` live faces or ``max_err``; returns the live count.
 
     A collapse is made only if the mesh stays a manifold (the link condition: the edge's two
-    faces are the only ones its ends share), no face turns over or flattens, no locked vertex
+    faces are the only ones its ends share, and its two opposite vertices are not the third side
+    of a face of each end, as in a tetrahedron), no face turns over or flattens, no locked vertex
     moves or goes, and no edge appears between two vertices locked on the same box face (``locked``
     holds bits of box faces: such an edge would lie in the face, where the piece beyond it has
     its own edges). Thresholds rise sweep by sweep (Fast Quadric Mesh Simplification's schedule)
@@ -913,6 +1062,7 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
                             break
                 shared = 0
                 common = 0
+                oc = od = -1
                 face = locked[a]  # the box faces a lies on (b's edges to a vertex on one of them would lie in it)
                 if not bad:
                     for k in range(tstart[b], tstart[b] + tcount[b]):
@@ -933,8 +1083,15 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover 
                                 if seen[w] != stamp:
                                     seen[w] = stamp
                                     common += 1
+                                    if common == 1:
+                                        oc = w
+                                    else:
+                                        od = w
                             elif locked[w] & face:
                                 bad = True  # a new edge in a locked face: the piece meshed beyond it has none
+                if not bad and shared == 2 and common == 2 and _fin(F, alive, tstart, tcount, rf, a, oc, od) \
+                        and _fin(F, alive, tstart, tcount, rf, b, oc, od):
+                    bad = True  # faces (a, c, d) and (b, c, d) would become one face twice (a tetrahedron's)
                 if bad or shared != 2 or common != 2:
                     err[f, j] = np.inf  # refused: not tried again until a collapse changes the face
                     emin[f] = min(err[f, 0], min(err[f, 1], err[f, 2]))
@@ -1133,6 +1290,95 @@ def inflate(mesh: Mesh, distance: float, locked=None) -> Mesh:
     if locked is not None:
         vn[np.asarray(locked, bool)] = 0
     return Mesh((v + distance * vn).astype(np.float32), mesh.faces)
+
+
+@numba.njit(nogil=True, cache=True)
+def _shell_kernel(F, n, root):  # pragma: no cover - numba
+    """Union-find of the vertices of faces ``F``: each vertex's root (the smallest index of its piece)."""
+    for v in range(n):
+        root[v] = v
+    for f in range(F.shape[0]):
+        for j in range(1, 3):
+            a = F[f, 0]
+            b = F[f, j]
+            while root[a] != a:
+                root[a] = root[root[a]]
+                a = root[a]
+            while root[b] != b:
+                root[b] = root[root[b]]
+                b = root[b]
+            if a != b:
+                if a < b:
+                    root[b] = a
+                else:
+                    root[a] = b
+    for v in range(n):
+        r = v
+        while root[r] != r:
+            r = root[r]
+        root[v] = r
+
+
+_shells = jit.kernel(_shell_kernel, [numba.void(numba.int64[:, ::1], numba.int64, numba.int64[::1])], None)
+
+
+def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = None) -> tuple[list[Mesh], float]:
+    """The pieces of one closed surface (welded where their vertices coincide) without its inner shells.
+
+    A body's voxels that enclose something else (another body, or background) make marching cubes a
+    second, inward-facing closed shell around it, a separate piece of the body's mesh that no one
+    outside can see. Shells whose signed volume is not positive (inward, or flat) are removed from
+    every piece. Returns the pieces (unchanged objects when nothing is removed) and the signed volume
+    removed (<= 0: minus the cavities' volume), in the vertices' units cubed. ``shared`` (a boolean
+    mask per piece) names the only vertices that can coincide with another piece's (those on the
+    pieces' box faces); default: any.
+    """
+    idx = [i for i, m in enumerate(pieces) if len(m.faces)]
+    if not idx:
+        return list(pieces), 0.0
+    live = [pieces[i] for i in idx]
+    v = np.concatenate([m.vertices for m in live])
+    starts = np.cumsum([0] + [len(m.vertices) for m in live[:-1]], dtype=np.int64)
+    ids = np.arange(len(v), dtype=np.int64)
+    if len(live) > 1:  # weld: each vertex to the first one at its position
+        at = (np.flatnonzero(np.concatenate([np.asarray(shared[i], bool) for i in idx])) if shared is not None
+              else ids)
+        key = np.ascontiguousarray(v[at]).view(np.dtype((np.void, 12))).reshape(-1)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        ids[at] = at[first][inverse.reshape(-1)]
+    allf = np.ascontiguousarray(np.concatenate([ids[m.faces.astype(np.int64) + s]
+                                                for m, s in zip(live, starts, strict=True)]))
+    root = np.empty(len(v), np.int64)
+    _shells(allf, len(v), root)
+    comp = root[allf[:, 0]]
+    if comp.min() == comp.max():  # one piece (most bodies)
+        return list(pieces), 0.0
+    w = v.astype(np.float64)
+    w -= w.mean(axis=0)
+    a, b, c = w[allf[:, 0]], w[allf[:, 1]], w[allf[:, 2]]
+    # per piece, indexed by its root vertex: no sort
+    vol = np.bincount(comp, weights=np.einsum("ij,ij->i", a, np.cross(b, c)) / 6.0, minlength=len(v))
+    inner = (vol <= 0) & (np.bincount(comp, minlength=len(v)) > 0)
+    if not inner.any():
+        return list(pieces), 0.0
+    gone = float(vol[inner].sum())
+    drop = inner[comp]
+    out, pos = [], 0
+    for m in pieces:
+        if not len(m.faces):
+            out.append(m)
+            continue
+        d = drop[pos:pos + len(m.faces)]
+        pos += len(m.faces)
+        if not d.any():
+            out.append(m)
+            continue
+        f = m.faces[~d]
+        used = np.zeros(len(m.vertices), bool)
+        used[f.reshape(-1)] = True
+        remap = np.cumsum(used, dtype=np.int64) - 1
+        out.append(Mesh(m.vertices[used], remap[f]))
+    return out, gone
 
 
 def weld_pieces(pieces: Sequence[Mesh], boxes: Sequence[tuple]) -> Mesh:

@@ -71,6 +71,7 @@ from ..formats.mesh import (
     Mesh,
     box_faces,
     decimate,
+    drop_cavities,
     inflate,
     merge_fragments,
     mesh_cells,
@@ -587,13 +588,20 @@ def _regroup_task(job: MeshJob, item) -> int:
     return len(files)
 
 
+def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
+    """Corner-coordinate box of octree node ``q`` of a scale whose first chunk is ``first``."""
+    lo = (np.asarray(first, np.int64) - 1 + NODE * np.asarray(q, np.int64)) * cs + 0.5
+    return lo, lo + NODE * cs
+
+
 def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int, ...], Mesh]:
     """One level of detail of one body: ``{octree node: Mesh}`` in corner coordinates of ``scale``.
 
     The pieces of each node are welded and decimated once more with the node's border locked (the
-    borders of the cells inside it go); then every node is moved out along its normals by the
-    distance that gives back the body's voxel volume at this scale (the node borders stay, so the
-    nodes still weld).
+    borders of the cells inside it go); inner shells (around what the body encloses) are dropped, so
+    a connected body is one piece; then every node is moved out along its normals by the distance
+    that gives back the volume its outer surface encloses at this scale (the node borders stay, so
+    the nodes still weld).
     """
     s = job.dataset.scale(scale)
     first, _, cs = _grid(s)
@@ -608,16 +616,21 @@ def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int,
     for q, ps in sorted(nodes.items()):
         cells = [np.asarray(p.cell, np.float64) * cs + 0.5 for p in ps]
         m = weld_pieces([p.mesh for p in ps], [(c, c + cs) for c in cells])
-        lo = (first - 1 + NODE * np.asarray(q, np.int64)) * cs + 0.5
-        locked = box_faces(m.vertices, lo, lo + NODE * cs)
+        lo, hi = _node_box(first, cs, q)
+        locked = box_faces(m.vertices, lo, hi)
         if job.reduction_factor:
             target = max(mc[q] // job.reduction_factor, 4)
             if target < len(m.faces):
                 m = decimate(m, target, job.max_error, locked)
-                locked = box_faces(m.vertices, lo, lo + NODE * cs)  # the same vertices, renumbered
+                locked = box_faces(m.vertices, lo, hi)  # the same vertices, renumbered
         if len(m.faces):
             out[q] = (m, locked)
-    n_vox = sum(p.voxels for p in pieces)
+    n_vox = float(sum(p.voxels for p in pieces))
+    kept, cavities = drop_cavities([m for m, _ in out.values()], [lk != 0 for _, lk in out.values()])
+    if cavities:  # one piece per connected body
+        out = {q: (k, box_faces(k.vertices, *_node_box(first, cs, q))) for q, k in zip(out, kept, strict=True)
+               if len(k.faces)}
+        n_vox -= cavities  # the outer surface encloses the cavities too
     total = 0.0
     for _ in range(3 if job.inflate and n_vox and out else 0):  # the volume is not linear in the shift
         va = [volume_area(m) for m, _ in out.values()]  # the nodes weld into closed surfaces

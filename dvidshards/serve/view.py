@@ -57,6 +57,7 @@ from ..formats.cseg import is_background, transcode
 from ..formats.labels import as_labels
 from ..formats.mesh import Mesh, to_nm
 from ..formats.multilod import LEGACY_TYPE, MULTILOD_TYPE, encode_legacy_fragment, legacy_info
+from ..jobs.output import MANIFEST
 from ..query import BodyIndex
 
 __all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
@@ -466,11 +467,13 @@ def _mesh_folder(path: str) -> str:
             raise SpecError(f"{folder}: no mesh info ({e})") from None
     if not (isinstance(info, dict) and info.get("@type") in (MULTILOD_TYPE, LEGACY_TYPE)):
         raise SpecError(f"{path}: neither a precomputed dataset with meshes nor a mesh folder")
-    manifest = os.path.join(folder, "dvidshards.json")
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            if not json.load(f).get("complete", False):
-                raise SpecError(f"{manifest}: the meshes output is incomplete (run dvidshards meshes --resume)")
+    for name in (MANIFEST, "dvidshards.json"):  # today's name, and the one outputs had before it
+        manifest = os.path.join(folder, name)
+        if os.path.exists(manifest):
+            with open(manifest) as f:
+                if not json.load(f).get("complete", False):
+                    raise SpecError(f"{manifest}: the meshes output is incomplete (run dvidshards meshes --resume)")
+            break
     return folder
 
 

@@ -311,3 +311,56 @@ def test_pieces_decimated_apart_stay_manifold_where_they_meet(seed):
 def test_box_faces_bits():
     v = np.array([[0, 0, 0], [4, 2, 2], [2, 4, 2], [2, 2, 4], [2, 2, 2], [0, 4, 4]], np.float32)
     assert M.box_faces(v, (0, 0, 0), (4, 4, 4)).tolist() == [0b010101, 0b10, 0b1000, 0b100000, 0, 0b101001]
+
+
+def _pieces(m: M.Mesh) -> int:
+    parent = np.arange(len(m.vertices))
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b, c in m.faces.tolist():
+        parent[find(b)] = find(a)
+        parent[find(c)] = find(a)
+    return len({find(int(v)) for v in np.unique(m.faces)})
+
+
+@pytest.mark.parametrize("step", [(1, 1, 1), (-1, 1, 1), (1, -1, 1), (1, 1, -1)])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_voxels_meeting_at_a_corner_are_one_piece(step, order):
+    """zmesh's marching cubes leaves two voxel sets that meet only at a corner apart; mesh_block joins
+    them by a tube through that cube, closed and oriented, so a 26-connected body is one surface."""
+    vol = np.zeros((14, 14, 14), np.uint64)
+    vol[5:8, 5:8, 5:8] = 7
+    s = np.array(step)
+    a = np.where(s > 0, 8, 2)  # the second cube touches the first at one corner only
+    vol[a[0]:a[0] + 3, a[1]:a[1] + 3, a[2]:a[2] + 3] = 7
+    vol[1:3, 1:3, 10:12] = 9  # another label, apart
+    m = M.mesh_block(np.asarray(vol, order=order), (0, 0, 0))
+    assert _pieces(m[7]) == 1 and M.is_watertight(m[7].vertices, m[7].faces)
+    assert 0.85 < M.enclosed_volume(m[7].vertices, m[7].faces) / 54 < 1.0
+    assert _pieces(m[9]) == 1
+    # an edge contact was already one piece, and stays as marching cubes made it
+    vol[a[0]:a[0] + 3, a[1]:a[1] + 3, a[2]:a[2] + 3] = 0
+    vol[8:11, 8:11, 5:8] = 7
+    e = M.mesh_block(np.asarray(vol, order=order), (0, 0, 0))[7]
+    assert _pieces(e) == 1 and M.is_watertight(e.vertices, e.faces)
+
+
+def test_drop_cavities_keeps_the_outer_surface():
+    vol = np.zeros((12, 12, 12), np.uint64)
+    vol[2:10, 2:10, 2:10] = 7
+    vol[5:7, 5:7, 5:7] = 3  # enclosed by 7
+    m = M.mesh_block(vol, (0, 0, 0))[7]
+    assert _pieces(m) == 2  # the outer surface and the cavity's, facing inward
+    halves = M.split_by_plane(m, 0, 6.0)  # two pieces of one closed surface, meeting on x = 6
+    kept, gone = M.drop_cavities(list(halves))
+    whole = M.merge_fragments(kept)
+    assert _pieces(whole) == 1 and M.is_watertight(whole.vertices, whole.faces)
+    assert -8 < gone < -5  # the cavity's 8 voxels, less the corners marching cubes cuts
+    assert abs(M.enclosed_volume(whole.vertices, whole.faces) - (M.enclosed_volume(m.vertices, m.faces) - gone)) < 1e-3
+    same, none = M.drop_cavities([M.mesh_block(vol, (0, 0, 0))[3]])
+    assert none == 0.0 and len(same[0].faces)
