@@ -12,9 +12,9 @@ import pytest
 
 import dvidshards
 from dvidshards.errors import MappingError
-from dvidshards.formats import mapping as mod
 from dvidshards.formats.labels import as_labels
 from dvidshards.jobs.runner import TaskRunner, run_tasks
+from dvidshards.runtime import mappings as mod
 
 
 def _mapping_file(folder, n=50_000):

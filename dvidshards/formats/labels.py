@@ -11,8 +11,9 @@ for one of them, so the choice costs nothing per voxel:
 Label sources are what jobs put in their tasks, so each says who it is in one small dict
 (`LabelSource.identity`, for job metadata) and pickles small: a mapping given as a *file*
 pickles as its path and change stamp and is loaded in each process on first use
-(`dvidshards.formats.mapping.load_file`: once per process, memory-mapped from a sidecar shared
-by the processes of a host); a task run after the file changed fails with `MappingError`
+(`dvidshards.formats.mapping.load_file`, which the package's runtime makes once per process,
+memory-mapped from a sidecar shared by the processes of a host: ``dvidshards.runtime.mappings``);
+a task run after the file changed fails with `MappingError`
 instead of using another mapping. A mapping given as an object (dict, array, Series,
 LabelMapping) pickles by value: 16 bytes per supervoxel in every task that carries it.
 """
@@ -21,15 +22,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import MappingError, SpecError
 from .mapping import LabelMapping, file_stamp, load_file, prepare_file
 
-if TYPE_CHECKING:
-    from .records import RecordTable
+
+class RecordTableLike(Protocol):
+    """What a label source reads of a record table (`formats.records.RecordTable`; not imported:
+    the records module uses the label sources)."""
+
+    def labels(self, i: int) -> np.ndarray: ...
+
+    def supervoxels(self, i: int) -> np.ndarray: ...
 
 __all__ = ["Agglomerated", "LabelSource", "Mapped", "Supervoxels", "as_labels"]
 
@@ -39,7 +46,7 @@ class LabelSource:
 
     name = ""
 
-    def palette(self, table: RecordTable, i: int) -> np.ndarray | None:
+    def palette(self, table: RecordTableLike, i: int) -> np.ndarray | None:
         """The uint64 palette for record i (None: the block's own label list)."""
         raise NotImplementedError
 
@@ -62,7 +69,7 @@ class Agglomerated(LabelSource):
 
     name = "agglomerated"
 
-    def palette(self, table: RecordTable, i: int) -> np.ndarray:
+    def palette(self, table: RecordTableLike, i: int) -> np.ndarray:
         return table.labels(i)
 
 
@@ -71,7 +78,7 @@ class Supervoxels(LabelSource):
 
     name = "supervoxels"
 
-    def palette(self, table: RecordTable, i: int) -> None:
+    def palette(self, table: RecordTableLike, i: int) -> None:
         return None
 
 
@@ -128,7 +135,7 @@ class Mapped(LabelSource):
         if self.path is not None and self._mapping is None:
             prepare_file(self.path, self.stamp, self.format)
 
-    def palette(self, table: RecordTable, i: int) -> np.ndarray:
+    def palette(self, table: RecordTableLike, i: int) -> np.ndarray:
         return self.mapping.palette(table.supervoxels(i))
 
     def identity(self) -> dict:

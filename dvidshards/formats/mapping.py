@@ -20,38 +20,27 @@ Text or binary is decided by the content, never by the length:
 
 Supervoxel 0 is background: a mapping may send it to 0 (or leave it out), never to a body.
 
-Once per process, once per host
--------------------------------
-`load_file` is how jobs and readers load a mapping given as a path: at most once per process
-(cached by path and change stamp, ``(size, mtime_ns)``), and for files of
-``DVIDSHARDS_MAPPING_SIDECAR_BYTES`` (default 8 MiB) or more at most once per host: the first
-process to need it starts a child process that parses the file and writes a *sidecar* (the
-sorted keys and values as ``.npy`` files, written to a temporary folder and renamed) in the
-cache folder ``DVIDSHARDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dvidshards`` or
-``~/.cache/dvidshards``; ``off`` disables it), and every process memory-maps it, so the page
-cache holds one copy for all the workers of a host and no worker keeps the parse's memory. A
-file lock makes the other processes wait for that parse instead of repeating it, and a file
-that does not parse leaves its error there for them. Sidecars of older versions of a file, and
-of files that are gone, are deleted when a new one is written.
+A file compressed with gzip or zstd (also bzip2 and xz) is told by its first bytes, whatever its
+name, and decompressed first; lz4, zip and 7z are refused by name. An empty file (0 bytes: an
+interrupted download) is a `MappingError`, not an empty mapping.
+
+Files by path
+-------------
+This module parses content (bytes, or a file object it is handed) and does no I/O of its own
+beyond the plain read of a file it is given by path: no child process, no lock, no cache on
+disk. Paths go through the installed `MappingFiles` (`file_stamp`, `LabelMapping.from_file`,
+`load_file`, `prepare_file`): ``dvidshards.runtime.mappings`` installs the package's, which loads
+a file once per process and a large one once per host (a memory-mapped sidecar).
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
-import hashlib
-import json
+import io
 import math
 import os
 import re
-import shutil
-import subprocess
-import sys
-import threading
-import time
-import uuid
-import warnings
-from collections import OrderedDict
 
 import numba as nb
 import numpy as np
@@ -60,7 +49,8 @@ from numba.core import types as nbt
 from ..errors import MappingError
 from . import jit
 
-__all__ = ["LabelMapping", "cache_info", "clear_cache", "file_stamp", "load_file", "prepare_file"]
+__all__ = ["LabelMapping", "MappingFiles", "check_format", "check_stamp", "file_stamp", "install_files",
+           "installed_files", "load_file", "parse_mapping", "prepare_file"]
 
 _U64_MAX = (1 << 64) - 1
 _FLOAT_EXACT = float(1 << 53)  # floats at or above hold integers inexactly
@@ -524,51 +514,212 @@ class LabelMapping:
             The file cannot be read; a text line is malformed or holds a negative,
             fractional, NaN or too large id (the message names the file, the line number
             and the value); a binary file is not a whole number of 16-byte pairs; supervoxel 0
-            is mapped to a body (named by its line, or pair of a binary file).
+            is mapped to a body (named by its line, or pair of a binary file); the file is
+            empty, damaged compressed data, or compressed in a format not read here.
 
         Notes
         -----
+        A file compressed with gzip, zstd, bzip2 or xz (told by its first bytes, not its name)
+        is decompressed first; other compressed or archive formats are refused by name. An
+        empty file (0 bytes) is an error, not an empty mapping.
+
         Parses the file at every call. `load_file` (what ``from_any``, the readers and the jobs
         use) parses it once per process, and large files once per host.
         """
-        path = os.fspath(path)
-        try:
-            sv, body = _parse_file(path, format)
-        except OSError as e:
-            raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
-        return cls._owned(sv, body)
+        return _files.read(os.fspath(path), format)
 
     @classmethod
-    def _sorted(cls, keys: np.ndarray, values: np.ndarray) -> LabelMapping:
-        """A mapping over arrays already sorted, unique and checked (a sidecar's)."""
+    def from_bytes(cls, data, name: str = "mapping bytes", format: str = "auto") -> LabelMapping:
+        """A mapping from the bytes of a mapping file (any bytes-like object, or a seekable binary
+        file object), as `from_file` reads them; ``name`` is what errors call it."""
+        return parse_mapping(data, name, format)
+
+    @classmethod
+    def from_sorted(cls, keys: np.ndarray, values: np.ndarray) -> LabelMapping:
+        """A mapping over arrays already sorted, unique and checked (a sidecar's: not checked again)."""
         self = cls.__new__(cls)
         self.keys, self.values = keys, values
         return self
 
 
-def _check_format(format: str) -> None:
+def check_format(format: str) -> None:
     if format not in ("auto", "text", "binary"):
         raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
 
 
-def _parse_file(path: str, format: str) -> tuple[np.ndarray, np.ndarray]:
-    """(supervoxels, bodies) of a mapping file in file order, checked; OSError passes through."""
-    _check_format(format)
-    with open(path, "rb") as f:
-        head = f.read(_SNIFF)
-        if format == "auto":
-            format = "binary" if _not_text(head) else "text"
-        if format == "binary":
-            f.seek(0)
-            sv, body = _read_binary(f, path)
-        else:
-            sv, body = _read_text(f, head, path)
+def parse_mapping(src, name: str, format: str = "auto") -> LabelMapping:
+    """A mapping from the content of a mapping file, checked (see `LabelMapping.from_file`).
+
+    ``src`` is a bytes-like object or a seekable binary file object (read from its start; not
+    closed). ``name`` names it in errors (the file's path). Compressed content (gzip, zstd,
+    bzip2, xz) is decompressed first.
+    """
+    sv, body = _parse(_Source(name, src), format)
+    return LabelMapping._owned(sv, body)
+
+
+def _parse(source: _Source, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """(supervoxels, bodies) of a mapping file's content in file order, checked; OSError passes through."""
+    check_format(format)
+    path = source.name
+    head = source.head()
+    if not head:
+        raise MappingError(f"{path}: the mapping file is empty (0 bytes): an interrupted download or copy? "
+                           f"(a mapping of nothing is written as a header line alone, 'sv body')")
+    kind = _compression(head)
+    if kind is not None:
+        source = _Source(f"{path} ({kind}-decompressed)", _decompress(kind, source), compression=kind)
+        head = source.head()
+        if not head:
+            raise MappingError(f"{path}: the {kind}-compressed mapping file decompresses to 0 bytes: "
+                               f"an interrupted download or copy?")
+    if format == "auto":
+        format = "binary" if _not_text(head) else "text"
+    if format == "binary":
+        sv, body = _read_binary(source)
+    else:
+        sv, body = _read_text(source, head)
     i = _background_row(sv, body)
     if i >= 0:
-        where = (f"{path}: pair #{i} (byte offset {16 * i})" if format == "binary"
-                 else f"{path}: line {_line_of_row(path, i)}")
+        where = (f"{source.name}: pair #{i} (byte offset {16 * i})" if format == "binary"
+                 else f"{source.name}: line {_line_of_row(source, i)}")
         raise MappingError(_background_message(where, int(body[i])))
     return sv, body
+
+
+class _Source:
+    """The content of a mapping file: an in-memory buffer, or a seekable binary file object."""
+
+    def __init__(self, name: str, src, compression: str | None = None):
+        self.name = name
+        self.compression = compression
+        self.file = None if isinstance(src, (bytes, bytearray, memoryview)) or not hasattr(src, "read") else src
+        self.data = None if self.file is not None else memoryview(src).cast("B")
+
+    def head(self, n: int = _SNIFF) -> bytes:
+        if self.file is None:
+            assert self.data is not None
+            return bytes(self.data[:n])
+        self.file.seek(0)
+        return self.file.read(n)
+
+    def all(self):
+        """Every byte (a buffer numpy and pyarrow read without a copy)."""
+        if self.file is None:
+            return self.data
+        self.file.seek(0)
+        return self.file.read()
+
+    def arrow(self, start: int):
+        """A pyarrow input stream from byte ``start`` on."""
+        import pyarrow as pa
+
+        if self.file is None:
+            assert self.data is not None
+            return pa.BufferReader(pa.py_buffer(self.data[start:]))
+        name = getattr(self.file, "name", None)
+        if isinstance(name, str) and os.path.isfile(name):  # a file on disk: pyarrow reads it without the GIL
+            f = pa.OSFile(name)
+            f.seek(start)
+            return f
+        self.file.seek(start)
+        return pa.PythonFile(self.file, mode="r")
+
+
+# --------------------------------------------------------------------------- compression
+
+# (magic at offset 0, name, how to read it or None: refused by name with what to do)
+_MAGIC = (
+    (b"\x1f\x8b", "gzip", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd"),
+    (b"\xfd7zXZ\x00", "xz", "xz"),
+    (b"BZh", "bzip2", "bzip2"),
+    (b"\x04\x22\x4d\x18", "lz4", None),
+    (b"PK\x03\x04", "zip", None),
+    (b"7z\xbc\xaf\x27\x1c", "7z", None),
+)
+_BZ2_BLOCK = b"\x31\x41\x59\x26\x53\x59"  # the first block's magic, after "BZh" and the level digit
+
+
+def _compression(head: bytes) -> str | None:
+    """The compression (or archive) format these first bytes start, or None (plain content)."""
+    for magic, kind, _ in _MAGIC:
+        if head.startswith(magic):
+            if kind == "bzip2" and not (head[3:4].isdigit() and head[4:10] == _BZ2_BLOCK):
+                continue  # text that happens to start with "BZh"
+            return kind
+    return None
+
+
+_CHUNK = 16 << 20
+
+
+def _decompress(kind: str, source: _Source) -> bytearray:
+    """The decompressed content; MappingError naming the file when it is damaged or truncated,
+    or in a format not read here."""
+    path = source.name
+    how = {k: h for _, k, h in _MAGIC}[kind]
+    if how is None:
+        what = "a zip archive" if kind == "zip" else "a 7z archive" if kind == "7z" else f"{kind}-compressed"
+        raise MappingError(f"{path}: is {what}, which is not read here: extract the mapping file (text "
+                           f"'supervoxel body' lines or DVID's binary pairs) and give that, or compress it "
+                           f"with gzip or zstd")
+    raw = source.file if source.file is not None else io.BytesIO(source.data)  # type: ignore[arg-type]
+    raw.seek(0)
+    out = bytearray()
+    try:
+        if how == "zstd":
+            import zstandard
+
+            d, fed = zstandard.ZstdDecompressor().decompressobj(), False
+            while True:
+                chunk = raw.read(_CHUNK)
+                if not chunk:
+                    break
+                while chunk:
+                    out += d.decompress(chunk)
+                    fed = True
+                    if d.eof:  # a frame ended: what follows is the next frame (or nothing)
+                        chunk, d, fed = d.unused_data, zstandard.ZstdDecompressor().decompressobj(), False
+                    else:
+                        chunk = b""
+            if fed:
+                raise EOFError("the data ends inside a zstd frame")
+        else:
+            stream: io.BufferedIOBase
+            if how == "gzip":
+                import gzip
+                stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            elif how == "bzip2":
+                import bz2
+                stream = bz2.BZ2File(raw, mode="rb")
+            else:
+                import lzma
+                stream = lzma.LZMAFile(raw, mode="rb")
+            with stream:
+                while True:
+                    chunk = stream.read(_CHUNK)
+                    if not chunk:
+                        break
+                    out += chunk
+    except ImportError as e:
+        raise MappingError(f"{path}: is {kind}-compressed, and this Python cannot decompress it ({e}); "
+                           f"decompress it first") from None
+    except _damaged() as e:  # a bad header or checksum, or cut short
+        raise MappingError(f"{path}: the {kind}-compressed mapping file is damaged or incomplete "
+                           f"({type(e).__name__}: {e}): an interrupted download or copy?") from None
+    return out
+
+
+def _damaged() -> tuple[type[BaseException], ...]:
+    """The exceptions the decompressors raise on damaged or truncated data."""
+    import zlib
+
+    out: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
+    for mod, name in (("zstandard", "ZstdError"), ("lzma", "LZMAError")):
+        with contextlib.suppress(ImportError):
+            out.append(getattr(__import__(mod), name))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- files
@@ -585,13 +736,13 @@ def _not_text(head: bytes) -> bool:
     return False
 
 
-def _read_binary(f, path: str) -> tuple[np.ndarray, np.ndarray]:
-    data = f.read()
+def _read_binary(source: _Source) -> tuple[np.ndarray, np.ndarray]:
+    data = source.all()
     if len(data) % 16:
-        bad = _NOT_TEXT.search(data, 0, _SNIFF)
+        bad = _NOT_TEXT.search(bytes(data[:_SNIFF]))
         why = "" if bad is None else (f" (and it is not text: byte 0x{bad.group()[0]:02x} at offset "
                                       f"{bad.start()})")
-        raise MappingError(f"{path}: a binary mapping is little-endian uint64 (supervoxel, body) "
+        raise MappingError(f"{source.name}: a binary mapping is little-endian uint64 (supervoxel, body) "
                            f"pairs, but the file's {len(data)} bytes are not a whole number of "
                            f"16-byte pairs{why}")
     pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
@@ -625,10 +776,11 @@ def _layout(text) -> tuple[int, int, str] | None:
     return pos, bytes(text[:pos]).count(b"\n"), "," if "," in line else " "
 
 
-def _read_text(f, head: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_text(source: _Source, head: bytes) -> tuple[np.ndarray, np.ndarray]:
     """(supervoxels, bodies) of a text mapping file; ``head`` is its first bytes."""
     import pyarrow as pa
 
+    path = source.name
     bom = len(_BOM) if head.startswith(_BOM) else 0
     # fast path: from the first data line on, plain "id<sep>id" lines straight into pyarrow
     raw = np.frombuffer(head, np.uint8)[bom:]
@@ -642,15 +794,16 @@ def _read_text(f, head: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
         first = head[start:head.find(b"\n", start) if b"\n" in head[start:] else len(head)]
         if delim == " " and b"\t" in first and b" " not in first.strip():
             delim = "\t"
-        with pa.OSFile(path) as src:
-            src.seek(start)
-            try:
-                return _read_pairs(src, delim)
-            except pa.ArrowInvalid:
-                pass
+        src = source.arrow(start)
+        try:
+            return _read_pairs(src, delim)
+        except pa.ArrowInvalid:
+            pass
+        finally:
+            if not isinstance(src, pa.PythonFile):  # (closing that one would close the caller's file)
+                src.close()
     # anything else (comments, runs of blanks, trailing blanks, a bad line): normalise it all
-    f.seek(0)
-    raw = np.fromfile(f, np.uint8)
+    raw = np.frombuffer(source.all(), np.uint8)
     clean = np.empty(raw.shape[0] - bom, np.uint8)
     clean = clean[:_normalise(raw[bom:], clean)]
     del raw
@@ -673,9 +826,9 @@ def _line_offset(raw: np.ndarray, line: int) -> int:
     return int(np.flatnonzero(raw == 10)[line - 1]) + 1
 
 
-def _line_of_row(path: str, row: int) -> int:
+def _line_of_row(source: _Source, row: int) -> int:
     """Line number (from 1) of data row ``row`` (from 0) of a text mapping (for error messages)."""
-    raw = np.fromfile(path, np.uint8)
+    raw = np.frombuffer(source.all(), np.uint8)
     bom = len(_BOM) if raw[:3].tobytes() == _BOM else 0
     clean = np.empty(raw.shape[0] - bom, np.uint8)
     clean = clean[:_normalise(raw[bom:], clean)]
@@ -744,18 +897,74 @@ def _diagnose(clean: np.ndarray, pos: int, line: int, delim: str, path: str, mes
     raise MappingError(f"{path}: line {n} is {text[:80]!r}: cannot read it as 'supervoxel body'{hint}")
 
 
-# --------------------------------------------------------------------------- once per process
+# --------------------------------------------------------------------------- files by path
 
 
-_SIDECAR_VERSION = 1
-_CACHE_ENV = "DVIDSHARDS_CACHE_DIR"
-_SIDECAR_ENV = "DVIDSHARDS_MAPPING_SIDECAR_BYTES"
-_SIDECAR_BYTES = 8 << 20  # smaller files parse in well under a second: no sidecar
-_MEMORY_ENTRIES = 4  # mappings kept per process (the newest)
-_memory: OrderedDict = OrderedDict()
-_lock = threading.RLock()
-_stats = {"parsed": 0, "built": 0, "opened": 0, "hits": 0}
-_warned: set = set()
+class MappingFiles:
+    """How mapping files given as paths are reached: `file_stamp`, `LabelMapping.from_file`,
+    `load_file` and `prepare_file` all go through the one installed (`install_files`).
+
+    This default reads the file in the calling thread at every load, and keeps nothing.
+    ``dvidshards.runtime.mappings`` installs the one the package uses when ``dvidshards`` is
+    imported: each file version loaded once per process, and large files parsed once per host
+    into a sidecar that every process memory-maps.
+    """
+
+    def stamp(self, path: str) -> tuple[int, int]:
+        """``(size, mtime_ns)`` of the file; MappingError when it is missing or not a file."""
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise MappingError(f"{path}: mapping file not found" if isinstance(e, FileNotFoundError)
+                               else f"{path}: cannot read mapping ({e.strerror or e})") from None
+        if not os.path.isfile(path):
+            raise MappingError(f"{path}: cannot read mapping (not a file)")
+        return int(st.st_size), int(st.st_mtime_ns)
+
+    def read(self, path: str, format: str = "auto") -> LabelMapping:
+        """Parse the file now (`LabelMapping.from_file`)."""
+        check_format(format)
+        try:
+            with open(path, "rb") as f:
+                return parse_mapping(f, path, format)
+        except OSError as e:
+            raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
+
+    def load(self, path: str, stamp: tuple[int, int] | None, format: str) -> LabelMapping:
+        """The mapping of the file as it was at ``stamp`` (`load_file`)."""
+        check_format(format)
+        now = self.stamp(path)
+        check_stamp(path, stamp, now)
+        m = self.read(path, format)
+        if self.stamp(path) != now:
+            raise MappingError(f"{path}: the mapping file changed while it was read; run again")
+        return m
+
+    def prepare(self, path: str, stamp: tuple[int, int] | None, format: str) -> None:
+        """Check the file for a job's client (`prepare_file`)."""
+        self.load(path, stamp, format)
+
+
+def check_stamp(path: str, planned: tuple[int, int] | None, now: tuple[int, int]) -> None:
+    """MappingError when the file's stamp ``now`` is not the one a job ``planned`` with."""
+    if planned is not None and tuple(planned) != tuple(now):
+        raise MappingError(f"{path}: the mapping file changed after the job was planned (size {planned[0]} -> "
+                           f"{now[0]} bytes, modified {planned[1]} -> {now[1]} ns); run the job again to use it")
+
+
+_files = MappingFiles()
+
+
+def install_files(files: MappingFiles) -> MappingFiles:
+    """Make ``files`` reach every mapping file of this process; returns the one it replaces."""
+    global _files
+    old, _files = _files, files
+    return old
+
+
+def installed_files() -> MappingFiles:
+    """The `MappingFiles` in use."""
+    return _files
 
 
 def file_stamp(path) -> tuple[int, int]:
@@ -766,68 +975,12 @@ def file_stamp(path) -> tuple[int, int]:
     MappingError
         The file does not exist or cannot be read.
     """
-    path = os.fspath(path)
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise MappingError(f"{path}: mapping file not found" if isinstance(e, FileNotFoundError)
-                           else f"{path}: cannot read mapping ({e.strerror or e})") from None
-    if not os.path.isfile(path):
-        raise MappingError(f"{path}: cannot read mapping (not a file)")
-    return int(st.st_size), int(st.st_mtime_ns)
-
-
-def cache_info() -> dict:
-    """What this process's mapping cache did: ``parsed`` (files parsed in this process),
-    ``built`` (sidecars built by a child process it started), ``opened`` (sidecars
-    memory-mapped), ``hits`` (loads answered from memory), ``entries`` (held now)."""
-    with _lock:
-        return {**_stats, "entries": len(_memory)}
-
-
-def clear_cache() -> None:
-    """Forget this process's loaded mappings and counters (the sidecars on disk stay)."""
-    with _lock:
-        _memory.clear()
-        for k in _stats:
-            _stats[k] = 0
-
-
-def _cache_root() -> str | None:
-    """The mapping sidecar folder, or None when the disk cache is off."""
-    env = os.environ.get(_CACHE_ENV)
-    if env is not None:
-        if env.strip().lower() in ("", "0", "off", "none", "no"):
-            return None
-        base = env
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "dvidshards")
-    return os.path.join(os.path.abspath(base), "mappings")
-
-
-def _sidecar_bytes() -> int:
-    try:
-        return int(os.environ.get(_SIDECAR_ENV, _SIDECAR_BYTES))
-    except ValueError:
-        return _SIDECAR_BYTES
-
-
-def _names(path: str, stamp: tuple[int, int], format: str) -> tuple[str, str]:
-    """(prefix shared by every version of this file, this version's sidecar name)."""
-    prefix = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:20]
-    version = hashlib.sha256(f"{stamp[0]}:{stamp[1]}:{format}:{_SIDECAR_VERSION}".encode()).hexdigest()[:16]
-    return prefix, f"{prefix}-{version}"
+    return _files.stamp(os.fspath(path))
 
 
 def load_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
-    """A mapping file, loaded at most once per process and version of the file.
-
-    The first load in a process memory-maps the file's sidecar (read-only) when the disk cache
-    has one; else, for a large file, a child process parses it and writes the sidecar for every
-    process of the host (see the module docstring); a small file is parsed here
-    (`LabelMapping.from_file`).
-    Thread-safe: concurrent callers wait for one load.
+    """A mapping file, loaded at most once per process and version of the file (with the
+    package's runtime; see `MappingFiles`).
 
     Parameters
     ----------
@@ -847,261 +1000,20 @@ def load_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") 
     Raises
     ------
     MappingError
-        The file is missing, unreadable or malformed (line and value named), or it changed
-        since ``stamp``.
+        The file is missing, unreadable, empty or malformed (line and value named), or it
+        changed since ``stamp``.
     """
-    _check_format(format)
-    path = os.path.abspath(os.fspath(path))
-    now = file_stamp(path)
-    if stamp is not None and tuple(stamp) != now:
-        raise MappingError(f"{path}: the mapping file changed after the job was planned (size {stamp[0]} -> "
-                           f"{now[0]} bytes, modified {stamp[1]} -> {now[1]} ns); run the job again to use it")
-    key = (path, now, format)
-    with _lock:
-        m = _memory.get(key)
-        if m is not None:
-            _memory.move_to_end(key)
-            _stats["hits"] += 1
-            return m
-        root = _cache_root() if now[0] >= _sidecar_bytes() else None
-        m = _load_via_sidecar(root, path, now, format) if root is not None else None
-        if m is None:
-            m = _parse_checked(path, now, format)
-        _memory[key] = m
-        while len(_memory) > _MEMORY_ENTRIES:
-            _memory.popitem(last=False)
-        return m
+    return _files.load(os.path.abspath(os.fspath(path)), stamp, format)
 
 
 def prepare_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
-    """Check a mapping file and build its sidecar without holding the mapping in this process.
-
-    For a job's client: a bad file fails here, before any task, and the workers of this host
-    then memory-map the sidecar. A file that gets a sidecar (``DVIDSHARDS_MAPPING_SIDECAR_BYTES``
-    or more, disk cache on) is parsed in a child process, so this process's memory does not
-    grow with the mapping; a small one (or any, with the cache off) is loaded here.
+    """Check a mapping file for a job's client, before any task: a bad file fails here. With the
+    package's runtime, a large file is parsed in a child process into the per-host sidecar the
+    workers memory-map, so this process's memory does not grow with the mapping.
 
     Raises
     ------
     MappingError
         As `load_file`.
     """
-    _check_format(format)
-    path = os.path.abspath(os.fspath(path))
-    now = file_stamp(path)
-    if stamp is not None and tuple(stamp) != now:
-        load_file(path, stamp, format)  # raises: changed
-    root = _cache_root() if now[0] >= _sidecar_bytes() else None
-    with _lock:
-        if (path, now, format) in _memory:
-            return
-        if root is None or _load_via_sidecar(root, path, now, format) is None:
-            load_file(path, now, format)
-
-
-def _child_main(argv: list[str]) -> int:
-    """The child that parses a file and writes its sidecar (its parent holds the host's lock);
-    exit 3 with the MappingError on stdout."""
-    root, path, size, mtime, format = argv
-    try:
-        _build(root, path, (int(size), int(mtime)), format)
-    except MappingError as e:
-        print(str(e))
-        return 3
-    return 0
-
-
-def _writable(root: str) -> bool:
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError:
-        pass
-    ok = os.access(root, os.W_OK | os.X_OK)
-    if not ok and root not in _warned:
-        _warned.add(root)
-        warnings.warn(f"mapping cache folder {root} is not writable: each process parses large mapping files itself "
-                      f"(set {_CACHE_ENV} to a writable folder, or 'off')", stacklevel=3)
-    return ok
-
-
-def _parse_checked(path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
-    """Parse the file; MappingError if it changed while it was read."""
-    try:
-        sv, body = _parse_file(path, format)
-    except OSError as e:
-        raise MappingError(f"{path}: cannot read mapping ({e.strerror or e})") from None
-    if file_stamp(path) != stamp:
-        raise MappingError(f"{path}: the mapping file changed while it was read; run again")
-    m = LabelMapping._owned(sv, body)
-    _stats["parsed"] += 1
-    return m
-
-
-def _open_sidecar(folder: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
-    """The sidecar in ``folder`` memory-mapped, or None when it is absent or not this file's."""
-    try:
-        with open(os.path.join(folder, "meta.json"), "rb") as f:
-            meta = json.loads(f.read())
-        want = {"version": _SIDECAR_VERSION, "path": path, "size": stamp[0], "mtime_ns": stamp[1], "format": format}
-        if any(meta.get(k) != v for k, v in want.items()):
-            return None
-        keys = np.load(os.path.join(folder, "keys.npy"), mmap_mode="r", allow_pickle=False)
-        values = np.load(os.path.join(folder, "values.npy"), mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        return None
-    rows = meta.get("rows")
-    for a in (keys, values):
-        if a.dtype != np.uint64 or a.ndim != 1 or a.shape[0] != rows:
-            return None
-    _stats["opened"] += 1
-    # plain read-only ndarray views over the maps (numba types them as arrays)
-    return LabelMapping._sorted(np.asarray(keys), np.asarray(values))
-
-
-def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
-    """The mapping from its sidecar, building the sidecar first (once per host) if needed.
-
-    The build runs in a child process, so no worker keeps the parse's memory (~3.4 GiB at 10⁸
-    rows, much of it not returned to the system); the other processes of the host wait on a
-    file lock meanwhile. None when the cache folder cannot be written (the caller parses in
-    memory).
-    """
-    if not _writable(root):
-        return None
-    _, name = _names(path, stamp, format)
-    folder = os.path.join(root, name)
-    m = _open_sidecar(folder, path, stamp, format)
-    if m is not None:
-        return m
-    with _file_lock(os.path.join(root, name + ".lock")):
-        m = _open_sidecar(folder, path, stamp, format)  # another process built it while we waited
-        if m is not None:
-            return m
-        _raise_recorded(root, name)
-        try:
-            r = subprocess.run([sys.executable, "-c", "import sys; from dvidshards.formats.mapping import "
-                                "_child_main; sys.exit(_child_main(sys.argv[1:]))", root, path, str(stamp[0]),
-                                str(stamp[1]), format], capture_output=True, text=True)
-        except OSError:  # no interpreter to start (embedded Python): parse here
-            return _build(root, path, stamp, format)
-        _stats["built"] += 1
-        if r.returncode == 3:
-            raise MappingError(r.stdout.strip() or f"{path}: cannot read mapping")
-        if r.returncode:
-            tail = " ".join((r.stderr or "").split()[-40:])
-            raise MappingError(f"{path}: the process parsing the mapping failed (exit {r.returncode}: {tail})")
-        m = _open_sidecar(folder, path, stamp, format)
-        return m if m is not None else _build(root, path, stamp, format)  # an unwritable sidecar: parse here
-
-
-def _raise_recorded(root: str, name: str) -> None:
-    """Raise the MappingError an earlier parse of this file version left (if any)."""
-    try:
-        with open(os.path.join(root, name + ".error"), encoding="utf-8") as f:
-            raise MappingError(f.read())
-    except FileNotFoundError:
-        pass
-
-
-def _build(root: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
-    """Parse the file here and write its sidecar (or its error); the sidecar's mapping, or the
-    parsed one when the sidecar cannot be written."""
-    prefix, name = _names(path, stamp, format)
-    folder = os.path.join(root, name)
-    try:
-        parsed = _parse_checked(path, stamp, format)
-    except MappingError as e:
-        if "changed" not in str(e) and "cannot read mapping" not in str(e):
-            _write_atomic(os.path.join(root, name + ".error"), str(e).encode())  # the others fail at once
-        raise
-    try:
-        _write_sidecar(root, folder, parsed, path, stamp, format)
-    except OSError:
-        return parsed
-    del parsed
-    _prune(root, prefix, name)
-    m = _open_sidecar(folder, path, stamp, format)
-    if m is None:
-        raise MappingError(f"{path}: the mapping cache {folder} was written but cannot be read back")
-    return m
-
-
-def _write_sidecar(root: str, folder: str, m: LabelMapping, path: str, stamp, format: str) -> None:
-    tmp = os.path.join(root, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
-    try:
-        np.save(os.path.join(tmp, "keys.npy"), m.keys)
-        np.save(os.path.join(tmp, "values.npy"), m.values)
-        meta = {"version": _SIDECAR_VERSION, "path": path, "size": stamp[0], "mtime_ns": stamp[1], "format": format,
-                "rows": len(m)}
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f)
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not os.path.isdir(folder):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _prune(root: str, prefix: str, keep: str) -> None:
-    """Delete sidecars of other versions of this file, of files that are gone or changed, and
-    temporary folders of writers that died a day ago."""
-    entries = []
-    with contextlib.suppress(OSError), os.scandir(root) as it:
-        entries = list(it)
-    for e in entries:
-        name = e.name
-        if name == keep or name.startswith(keep + "."):
-            continue
-        if name.startswith(".tmp-"):
-            with contextlib.suppress(OSError):
-                if e.stat().st_mtime < time.time() - 86400:
-                    shutil.rmtree(e.path, ignore_errors=True)
-            continue
-        stem = name.split(".", 1)[0]
-        stale = stem.startswith(prefix + "-")
-        if not stale and e.is_dir() and "-" in stem and not name.startswith("."):
-            try:
-                with open(os.path.join(e.path, "meta.json"), "rb") as f:
-                    meta = json.loads(f.read())
-                st = os.stat(meta["path"])
-                stale = (st.st_size, st.st_mtime_ns) != (meta["size"], meta["mtime_ns"])
-            except FileNotFoundError:
-                stale = True
-            except (OSError, ValueError, KeyError, TypeError):
-                stale = False
-        if stale and not name.endswith(".lock"):
-            if e.is_dir():
-                shutil.rmtree(e.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.remove(e.path)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-
-
-@contextlib.contextmanager
-def _file_lock(path: str):
-    """An exclusive lock between processes (fcntl; none where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    _files.prepare(os.path.abspath(os.fspath(path)), stamp, format)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from dvidshards.errors import MappingError
+from dvidshards.formats import mapping as fm
 from dvidshards.formats.mapping import LabelMapping
+from dvidshards.runtime import mappings as rt
 
 SV = np.array([5, 1 << 40, 7, 0, 9], np.uint64)
 
@@ -147,7 +149,10 @@ def test_binary_files(tmp_path):
 
 
 def test_empty_files(tmp_path):
-    assert len(_load(tmp_path, b"")) == 0
+    """A file of 0 bytes is an error (an interrupted download), not an empty mapping; a header
+    alone, or only comments, is a mapping of nothing."""
+    with pytest.raises(MappingError, match=r"m.txt: the mapping file is empty \(0 bytes\)"):
+        _load(tmp_path, b"")
     assert len(_load(tmp_path, b"sv body\n")) == 0
     assert len(_load(tmp_path, b"# nothing\n\n")) == 0
 
@@ -246,14 +251,12 @@ def test_issue23_7_zero_to_zero_is_fine(tmp_path):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A private mapping cache folder, with sidecars for files of any size; memory cleared."""
-    from dvidshards.formats import mapping as mod
-
     folder = tmp_path / "cache"
     monkeypatch.setenv("DVIDSHARDS_CACHE_DIR", str(folder))
     monkeypatch.setenv("DVIDSHARDS_MAPPING_SIDECAR_BYTES", "0")
-    mod.clear_cache()
+    rt.clear_cache()
     yield folder / "mappings"
-    mod.clear_cache()
+    rt.clear_cache()
 
 
 def _mapping_file(tmp_path, n=5000, seed=0, name="map.txt"):
@@ -266,84 +269,73 @@ def _mapping_file(tmp_path, n=5000, seed=0, name="map.txt"):
 
 
 def test_issue22_4_a_mapping_file_is_parsed_once_and_shared_through_its_sidecar(tmp_path, cache):
-    from dvidshards.formats import mapping as mod
-
     p, sv, body = _mapping_file(tmp_path)
-    a = mod.load_file(p)
+    a = fm.load_file(p)
     b = LabelMapping.from_any(str(p))  # what readers and jobs call: the same object
-    info = mod.cache_info()  # parsed once, by a child process that wrote the sidecar this process maps
+    info = rt.cache_info()  # parsed once, by a child process that wrote the sidecar this process maps
     assert a is b and (info["parsed"], info["built"], info["opened"], info["hits"]) == (0, 1, 1, 1)
     np.testing.assert_array_equal(a(sv), body)
     sidecars = [d for d in cache.iterdir() if d.is_dir()]
     assert len(sidecars) == 1 and {f.name for f in sidecars[0].iterdir()} == {"keys.npy", "values.npy", "meta.json"}
-    mod.clear_cache()  # as a new process of the same host: memory-maps the sidecar, parses nothing
-    c = mod.load_file(p)
-    assert (mod.cache_info()["built"], mod.cache_info()["opened"]) == (0, 1)
+    rt.clear_cache()  # as a new process of the same host: memory-maps the sidecar, parses nothing
+    c = fm.load_file(p)
+    assert (rt.cache_info()["built"], rt.cache_info()["opened"]) == (0, 1)
     assert not c.keys.flags.writeable and isinstance(c.keys.base, np.memmap)
     np.testing.assert_array_equal(c(sv), body)
     assert pickle.loads(pickle.dumps(c)).palette(sv[:5]).tolist() == body[:5].tolist()  # by value
 
 
 def test_issue22_4_a_changed_file_gets_a_new_sidecar_and_the_old_one_goes(tmp_path, cache):
-    from dvidshards.formats import mapping as mod
-
     p, sv, body = _mapping_file(tmp_path)
-    planned = mod.file_stamp(p)
-    mod.load_file(p)
+    planned = fm.file_stamp(p)
+    fm.load_file(p)
     p.write_text(f"{sv[0]} 99\n")
     with pytest.raises(MappingError, match="changed after the job was planned"):
-        mod.load_file(p, planned)
-    assert mod.load_file(p)(sv[:2]).tolist() == [99, sv[1]]
+        fm.load_file(p, planned)
+    assert fm.load_file(p)(sv[:2]).tolist() == [99, sv[1]]
     assert len([d for d in cache.iterdir() if d.is_dir()]) == 1  # the old version's sidecar is deleted
 
 
 def test_issue22_4_a_bad_file_fails_every_process_without_parsing_again(tmp_path, cache):
-    from dvidshards.formats import mapping as mod
-
     p = tmp_path / "bad.txt"
     p.write_text("1 10\n2 -20\n")
     for _ in range(2):
         with pytest.raises(MappingError, match="line 2: body id '-20' is negative"):
-            mod.load_file(p)
-        mod.clear_cache()
+            fm.load_file(p)
+        rt.clear_cache()
     assert [f.suffix for f in cache.iterdir() if not f.name.endswith(".lock")] == [".error"]
 
 
 def test_issue22_4_prepare_parses_in_a_child_process(tmp_path, cache):
-    from dvidshards.formats import mapping as mod
-
     p, sv, body = _mapping_file(tmp_path, seed=1)
-    mod.prepare_file(p)
-    assert mod.cache_info()["parsed"] == 0  # not in this process
-    np.testing.assert_array_equal(mod.load_file(p)(sv), body)
-    assert mod.cache_info() == {"parsed": 0, "built": 1, "opened": 2, "hits": 0, "entries": 1}
+    fm.prepare_file(p)
+    assert rt.cache_info()["parsed"] == 0  # not in this process
+    np.testing.assert_array_equal(fm.load_file(p)(sv), body)
+    assert rt.cache_info() == {"parsed": 0, "built": 1, "opened": 2, "hits": 0, "entries": 1}
     bad = tmp_path / "bad.txt"
     bad.write_text("1 10\n0 42\n")
     with pytest.raises(MappingError, match="line 2 maps supervoxel 0 to body 42"):
-        mod.prepare_file(bad)
+        fm.prepare_file(bad)
 
 
 def test_issue22_4_the_disk_cache_can_be_off(tmp_path, cache, monkeypatch):
-    from dvidshards.formats import mapping as mod
-
     monkeypatch.setenv("DVIDSHARDS_CACHE_DIR", "off")
     p, sv, body = _mapping_file(tmp_path, n=100)
-    np.testing.assert_array_equal(mod.load_file(p)(sv), body)
-    mod.prepare_file(p)
-    assert not cache.exists() and mod.cache_info()["parsed"] == 1
+    np.testing.assert_array_equal(fm.load_file(p)(sv), body)
+    fm.prepare_file(p)
+    assert not cache.exists() and rt.cache_info()["parsed"] == 1
 
 
 def test_issue22_4_mapped_file_pickles_as_its_path_and_fails_when_the_file_changed(tmp_path, cache):
-    from dvidshards.formats import mapping as mod
     from dvidshards.formats.labels import Mapped, as_labels
 
     p, sv, body = _mapping_file(tmp_path, n=20_000)
     src = as_labels(str(p))
-    assert isinstance(src, Mapped) and mod.cache_info()["parsed"] == 0  # nothing read yet
+    assert isinstance(src, Mapped) and rt.cache_info()["parsed"] == 0  # nothing read yet
     ident = src.identity()
     assert ident == {"labels": "mapped", "mapping_file": str(p), "mapping_bytes": p.stat().st_size,
                      "mapping_mtime_ns": p.stat().st_mtime_ns, "mapping_format": "auto"}
-    assert mod.cache_info()["parsed"] == 0  # the identity reads nothing either
+    assert rt.cache_info()["parsed"] == 0  # the identity reads nothing either
     blob = pickle.dumps(src)
     assert len(blob) < 400 < 16 * 20_000  # by reference
     again = pickle.loads(blob)

@@ -1,0 +1,757 @@
+"""Where and when numba compiles the kernels of `dvidshards.formats.jit`.
+
+`formats.jit` holds the kernels and their fallbacks; this module is the compiler it asks
+(``jit.install_compiler``), installed when it is imported (``import dvidshards`` does it).
+There are two ways to run, chosen per process:
+
+**Notebooks and commands** (the default). A kernel called before it is compiled answers through
+its fallback, and is made ready behind the caller, in the order of first calls: one already in
+numba's on-disk cache is loaded by a background thread of this process; one missing from the
+cache is compiled by a *helper process* (one per process that needs it, at low CPU priority, one
+compile at a time per cache folder across processes), which writes numba's cache; the background
+thread then loads it from there. So a fresh process reads its first chunk in well under a
+second, and it never has a compile running inside it when its work is done: it exits at once,
+and the helper finishes the kernels it was asked for, leaving the cache whole for the next
+process (numba writes each cache file to a temporary name and renames it, so a file is never
+seen half written). Kernels numba cannot cache (``cache=False``, or defined where a new process
+cannot import them) are compiled by the background thread itself, as is everything when the
+helper cannot be started; a process exiting during such a compile waits for it.
+
+**Jobs.** A job's task calls :func:`prepare_for_job` at its start (cheap once done). From then
+on this process is a job worker: a kernel missing from numba's cache is compiled at normal
+priority, *once per node*. A lock file per kernel and cache folder (in the temporary folder, so
+shared by the processes of the node) lets one process compile it; another process that needs
+it meanwhile waits for it and loads it from the cache (or, with ``wait=False``, answers through
+the fallback until then). The kernels named in the call are compiled first, each by the first
+process to get to it while the others go on to the next, so two fresh workers split the
+compiles between them; the rest are compiled at their first call. No job waits for a
+low-priority helper that a busy node starves.
+
+``dvidshards warm`` (:func:`main`) fills numba's cache ahead of time, for images and containers.
+
+:func:`formats.jit.wait <dvidshards.formats.jit.wait>` blocks until every kernel called so far is
+compiled; :func:`formats.jit.status <dvidshards.formats.jit.status>` says where each is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import SpecError
+from ..formats import jit
+from ..formats.jit import Kernel
+
+__all__ = ["add_arguments", "in_cache", "install", "job_mode", "main", "prepare_for_job", "warm"]
+
+_HELPER_ENV = "_DVIDSHARDS_KERNEL_HELPER"  # set in a helper: it starts no helper of its own
+_HELPER_WAIT = 600.0  # ensure() waits this long for the helper, then compiles itself
+_HELPER_IDLE = 60.0  # a helper with nothing to do for this long exits (a new one starts when needed)
+_HELPER_STARTS = 8  # helpers per process at most
+_HELPER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+                "from dvidshards.runtime import kernels; kernels._helper_main(float(sys.argv[2]))")
+
+_STATE = threading.Condition()
+# notebooks and commands: the low-priority background thread and the helper process
+_pending: list[Kernel] = []  # called, waiting for the background thread
+_sent: dict[str, tuple[Kernel, subprocess.Popen]] = {}  # with a helper process, by name
+_awaiting: set[str] = set()  # sent to the helper process, not answered yet
+_helped: set[str] = set()  # the helper has answered: compile (load) it here
+_worker: threading.Thread | None = None
+_current: Kernel | None = None  # the kernel the background thread is handling
+_here = False  # the background thread is inside numba in this process (a compile or a cache load)
+_helper: subprocess.Popen | None = None
+_helper_starts = 0
+_helper_broken = False  # it could not be started, died, or was started too often: compile here
+_inherited: list[subprocess.Popen] = []  # a forked child keeps its parent's helper pipes open, unused
+# jobs: kernels another process (or thread) compiles, loaded by a normal-priority thread
+_job = False
+_job_wait = True  # a job's call of a kernel another process compiles waits for it (False: the fallback answers)
+_JOB_LOCK_WAIT = 900.0  # a job waits this long for another process's compile, then compiles itself
+_jobq: list[Kernel] = []
+_jworker: threading.Thread | None = None
+_jcurrent: Kernel | None = None
+_jhere = False
+_prepared: set = set()  # prepare_for_job arguments whose kernels are all ready
+_stopping = False
+
+
+class _Runtime(jit.Compiler):
+    """The compiler this module installs in `formats.jit` (see the module docstring)."""
+
+    def called(self, k: Kernel) -> bool:
+        if _job:
+            if _job_wait:
+                _job_ensure(k)
+                return k.ready
+            return _job_call(k)
+        _queue(k)
+        return False
+
+    def ensure(self, k: Kernel) -> None:
+        if _job:
+            _job_ensure(k)
+            return
+        _await_helper(k)  # compiling it here as well would only take the helper's core
+        try:
+            k.compile()
+        except Exception:
+            pass  # warned about once, by compile(); the fallback answers
+
+    def wait(self, timeout: float | None) -> bool:
+        with _STATE:
+            return _STATE.wait_for(lambda: not _pending and not _sent and _current is None
+                                   and not _jobq and _jcurrent is None, timeout)
+
+    def busy(self) -> dict[str, str]:
+        with _STATE:
+            out = {k.name: "queued" for k in _pending + _jobq}
+            out.update({name: "compiling" for name in _sent})
+            for k in (_current, _jcurrent):
+                if k is not None:
+                    out[k.name] = "compiling"
+        return out
+
+
+def install() -> None:
+    """Make this module the compiler of `formats.jit` (idempotent)."""
+    if not isinstance(jit.installed_compiler(), _Runtime):
+        jit.install_compiler(_Runtime())
+
+
+# --- jobs ------------------------------------------------------------------------------------------
+
+
+def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
+    """Make this process a job worker, and the named kernels ready (see the module docstring).
+
+    A job's task function calls it first thing; after the first call it costs a set look-up.
+    The named kernels are compiled now, at normal priority, once per node: each one missing from
+    numba's cache is compiled by the first process to get to it, in the order given (so name the
+    slowest to compile first), and a process that finds one being compiled elsewhere goes on to
+    the next and loads it afterwards. Kernels not named are compiled the same way at their
+    first call.
+
+    Parameters
+    ----------
+    *kernels : str, module or Kernel
+        Kernels to make ready now: a kernel's name (``"dvidshards.formats.cseg._transcode_kernel"``),
+        a module or its name (every kernel it registers), or a `Kernel`. None: only switch to
+        job mode.
+    wait : bool
+        A kernel another process is compiling: wait for it and load it (default; measured
+        cheaper on a busy node, see ``benchmarks/bench_freshnode.py``), or answer through its
+        fallback meanwhile and load it when that process is done (False).
+
+    Raises
+    ------
+    SpecError
+        A name that is neither a registered kernel nor an importable module that registers some.
+    """
+    global _job_wait
+    key = (kernels, wait)
+    if _job and key in _prepared:
+        return
+    _job_wait = wait
+    job_mode()
+    todo = _resolve(kernels)
+    m = jit.mode()
+    if m == "compiled":
+        for k in todo:
+            jit.Compiler().ensure(k)
+    elif m == "background":
+        later = [k for k in todo if not k.ready and k.failed is None and not k.handled
+                 and not _job_call(k, hand=False)]
+        for k in later:  # compiled by another process (or thread) meanwhile: load them
+            if wait:
+                _job_ensure(k)
+            else:
+                _to_job_thread(k)
+    if m == "fallback" or all(k.ready or k.failed is not None for k in todo):
+        _prepared.add(key)
+
+
+def job_mode() -> bool:
+    """Switch this process to job mode (once; returns whether it already was). Kernels queued for
+    the low-priority helper are handed to the job thread."""
+    global _job
+    if _job:
+        return True
+    with _STATE:
+        if _job:
+            return True
+        _job = True
+        moved = list(_pending) + [k for k, _ in _sent.values()]
+        _pending.clear()
+        _sent.clear()
+        _awaiting.clear()
+    for k in moved:
+        _to_job_thread(k)
+    return False
+
+
+def _resolve(targets: Iterable[Any]) -> list[Kernel]:
+    """The kernels named by kernel names, modules, module names and Kernels."""
+    out: list[Kernel] = []
+    for t in targets:
+        if isinstance(t, Kernel):
+            found = [t]
+        else:
+            name = t if isinstance(t, str) else getattr(t, "__name__", str(t))
+            found = [k for k in jit.kernels() if k.name == name]
+            if not found:
+                mod = _import(name)
+                if mod is not None:  # a module (or package): every kernel it registers
+                    mods = set(_walk(mod))
+                    found = [k for k in jit.kernels() if k.dispatcher.py_func.__module__ in mods]
+                elif _import(name.rpartition(".")[0]) is not None:  # a kernel of a module not imported yet
+                    found = [k for k in jit.kernels() if k.name == name]
+            if not found:
+                raise SpecError(f"{name!r} is neither a kernel of dvidshards nor a module that registers kernels")
+        out += [k for k in found if k not in out]
+    return out
+
+
+def _import(name: str) -> Any:
+    if not name:
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _walk(mod: Any) -> list[str]:
+    """The module's name, and its submodules' if it is a package (imported, so that they register)."""
+    names = [mod.__name__]
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
+        if _import(info.name) is not None:
+            names.append(info.name)
+    return names
+
+
+def _job_call(k: Kernel, hand: bool = True) -> bool:
+    """Compile (or load) ``k`` now in this thread, unless another thread of this process compiles
+    or another process compiles ``k``: then False, and with ``hand`` the job thread loads it when
+    that is done (the caller answers through the fallback meanwhile)."""
+    lock = jit.compile_lock()
+    if not lock.acquire(blocking=False):
+        if hand:
+            _to_job_thread(k)
+        return False
+    try:
+        if k.ready:
+            return True
+        if k.failed is not None:
+            return False
+        held = None
+        if _cacheable(k) and not in_cache(k):
+            held = _acquire(_kernel_lock_path(k), blocking=False)
+            if held is None:  # another process compiles it: load it when it is done
+                if hand:
+                    _to_job_thread(k)
+                return False
+        try:
+            k.compile()
+        except Exception:
+            return False  # recorded on the kernel and warned about; the fallback answers
+        finally:
+            if held is not None:
+                held.close()
+        return True
+    finally:
+        lock.release()
+
+
+def _job_ensure(k: Kernel) -> None:
+    """Compile (or load) ``k`` now, waiting for another process that compiles it."""
+    if k.ready or k.failed is not None:
+        return
+    held = (_acquire(_kernel_lock_path(k), blocking=True, timeout=_JOB_LOCK_WAIT)
+            if _cacheable(k) and not in_cache(k) else None)
+    try:
+        k.compile()
+    except Exception:
+        pass  # warned about by compile(); the fallback stays in use
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _to_job_thread(k: Kernel) -> None:
+    global _jworker
+    with _STATE:
+        k.handled = True
+        if _stopping or k in _jobq or k is _jcurrent:
+            return
+        _jobq.append(k)
+        if _jworker is None:
+            _jworker = threading.Thread(target=_job_run, name="dvidshards-kernels-job", daemon=True)
+            _jworker.start()
+        _STATE.notify_all()
+
+
+def _job_run() -> None:
+    """The job thread (normal priority): waits for the process compiling each kernel, then loads it."""
+    global _jworker, _jcurrent, _jhere
+    while True:
+        with _STATE:
+            if _stopping or not _jobq:
+                _jcurrent = _jworker = None
+                _STATE.notify_all()
+                return
+            k = _jcurrent = _jobq.pop(0)
+        held = None
+        try:
+            if not k.ready and k.failed is None:
+                if _cacheable(k):
+                    held = _acquire(_kernel_lock_path(k), blocking=True, timeout=_JOB_LOCK_WAIT)
+                with _STATE:
+                    _jhere = True
+                k.compile()
+        except Exception:
+            pass  # recorded on the kernel and warned about; the fallback stays in use
+        finally:
+            if held is not None:
+                held.close()
+            with _STATE:
+                _jhere = False
+                _jcurrent = None
+                _STATE.notify_all()
+
+
+class _NoLock:
+    def close(self) -> None:
+        pass
+
+
+def _acquire(path: str, blocking: bool, timeout: float | None = None) -> Any:
+    """An open file holding an exclusive lock on ``path`` (close it to let go), or None when
+    ``blocking`` is False and another holds it; a stand-in where locks are missing, and when
+    ``timeout`` seconds pass before the holder lets go (a stuck process: go on without)."""
+    try:
+        import fcntl
+        f = open(path, "a")  # noqa: SIM115 - the caller closes it
+    except (ImportError, OSError):
+        return _NoLock()
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking and end is None else fcntl.LOCK_NB))
+            return f
+        except BlockingIOError:
+            if not blocking or time.monotonic() > end:  # type: ignore[operator]
+                f.close()
+                return None if not blocking else _NoLock()
+            time.sleep(0.05)
+        except OSError:  # a file system without locks: go on without
+            f.close()
+            return _NoLock()
+
+
+# --- notebooks and commands: the background thread and the helper process ---------------------------
+
+
+def _queue(k: Kernel) -> None:
+    with _STATE:
+        if k.handled or _stopping:
+            return
+        k.handled = True
+        _pending.append(k)
+        _start_worker()
+        _STATE.notify_all()
+
+
+def _start_worker() -> None:  # under _STATE
+    global _worker
+    if _worker is None:
+        _worker = threading.Thread(target=_run, name="dvidshards-kernels", daemon=True)
+        _worker.start()
+
+
+def _run() -> None:
+    global _current, _worker, _here
+    try:  # Linux: a low CPU priority for this thread alone, so it yields to the work it speeds up
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+    while True:
+        with _STATE:
+            while not _stopping and not _pending and _sent and not _job:  # the helper's answers come back here
+                _STATE.wait()
+            if _stopping or not _pending:
+                _current = None
+                _worker = None
+                _STATE.notify_all()
+                return
+            k = _pending.pop(0)
+            if not _job:  # (in a job, this thread's low priority is no use: the job thread takes it)
+                _current = k
+                _here = True  # the cache look-up below starts numba's code generator
+        if _job:
+            _to_job_thread(k)
+            continue
+        if k.ready or k.failed is not None or not _send_to_helper(k):
+            try:
+                k.compile()  # a load from the cache when the helper compiled it
+            except Exception:
+                pass  # recorded on the kernel and warned about; the fallback stays in use
+        with _STATE:
+            _here = False
+            _current = None
+            _STATE.notify_all()
+
+
+def _cacheable(k: Kernel) -> bool:
+    """Whether a new process can compile ``k`` into numba's cache (a registered kernel with
+    ``cache=True``, defined at the top of an importable module)."""
+    f = k.dispatcher.py_func
+    if k not in jit.kernels() or "<" in f.__qualname__ or f.__module__ in (None, "__main__"):
+        return False
+    try:
+        from numba.core.caching import NullCache
+        return not isinstance(k.dispatcher._cache, NullCache)
+    except Exception:  # another numba: do not guess
+        return False
+
+
+def in_cache(k: Kernel) -> bool:
+    """Whether numba's on-disk cache holds every signature of ``k`` for this machine (numba's
+    own index and keys: a load then needs no compile). False when it cannot tell."""
+    d = k.dispatcher
+    try:
+        cache = d._cache
+        codegen = d.targetctx.codegen()
+        index = cache._cache_file._load_index()  # {} when the source or numba changed
+        return all(cache._index_key(sig, codegen) in index for sig in k.signatures)
+    except Exception:
+        return False
+
+
+def _send_to_helper(k: Kernel) -> bool:
+    """Ask a helper process to compile ``k`` into numba's cache (True), or say to compile it here."""
+    global _helper, _helper_broken, _helper_starts
+    if k.name in _helped or os.environ.get(_HELPER_ENV) or not _cacheable(k) or in_cache(k):
+        return False
+    with _STATE:
+        if _helper_broken or _stopping or _job:
+            return False
+        proc = _helper
+        if proc is None:
+            if _helper_starts >= _HELPER_STARTS:
+                _helper_broken = True
+                return False
+            _helper_starts += 1
+            try:
+                proc = _helper = _start_helper()
+            except (OSError, ValueError):
+                _helper_broken = True
+                return False
+        _awaiting.add(k.name)  # registered first: the answer can come before write() returns
+        _sent[k.name] = (k, proc)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(k.name + "\n")
+        proc.stdin.flush()
+    except (OSError, ValueError):  # it has just exited (idle) or died: send again to a new one
+        with _STATE:
+            if _helper is proc:
+                _helper = None
+            if _sent.get(k.name, (None, None))[1] is proc:
+                del _sent[k.name]
+                _awaiting.discard(k.name)
+                _pending.insert(0, k)
+        return True
+    return True
+
+
+def _start_helper() -> subprocess.Popen:  # under _STATE
+    if not sys.executable:
+        raise OSError("no Python executable to start a helper process with")
+    env = dict(os.environ, **{_HELPER_ENV: "1"})
+    proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE, json.dumps(sys.path), str(_HELPER_IDLE)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, text=True, close_fds=True)
+    threading.Thread(target=_listen, args=(proc,), name="dvidshards-kernel-helper", daemon=True).start()
+    return proc
+
+
+def _listen(proc: subprocess.Popen) -> None:
+    """Read a helper's answers: one kernel name a line, once it is in numba's cache or once it
+    failed there (either way this process compiles it next, which loads it or says why not)."""
+    global _helper, _helper_broken
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            with _STATE:
+                _answered(line.strip(), proc)
+    except (OSError, ValueError):
+        pass
+    try:  # it has closed its end: it is exiting (idle, or its work is done) or it died
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+    with _STATE:
+        if _helper is proc:
+            _helper = None
+        if code != 0:  # killed or crashed: compile here from now on
+            _helper_broken = True
+        for name in [n for n, (_, p) in _sent.items() if p is proc]:
+            _answered(name, proc, compiled=False)
+
+
+def _answered(name: str, proc: subprocess.Popen, compiled: bool = True) -> None:  # under _STATE
+    k, p = _sent.get(name, (None, None))
+    if k is None or p is not proc:
+        return
+    del _sent[name]
+    _awaiting.discard(name)
+    if compiled or _helper_broken:  # not compiled: to the next helper, if there is one
+        _helped.add(name)
+    if not _stopping:
+        if _job:
+            _to_job_thread(k)  # (_STATE is re-entrant)
+        else:
+            _pending.append(k)
+            _start_worker()
+    _STATE.notify_all()
+
+
+def _await_helper(k: Kernel, timeout: float = _HELPER_WAIT) -> None:
+    with _STATE:
+        _STATE.wait_for(lambda: k.name not in _awaiting, timeout)
+
+
+def _helper_main(idle: float = _HELPER_IDLE) -> None:
+    """The helper process: compile each kernel named on stdin into numba's cache, in order, and
+    write its name back. It goes on after its parent has exited until it has compiled every
+    kernel it was sent (end of stdin); it exits after ``idle`` seconds without work."""
+    import select
+
+    try:
+        os.nice(10)
+    except (AttributeError, OSError):
+        pass
+    fd, buf, answer = sys.stdin.fileno(), b"", True
+    while True:
+        while b"\n" not in buf:
+            try:
+                ready = select.select([fd], [], [], idle)[0]
+            except (OSError, ValueError):  # no select on this pipe: read without the idle limit
+                ready = [fd]
+            data = os.read(fd, 4096) if ready else b""
+            if not data:  # idle, or the parent has closed its end with everything sent
+                if not answer:
+                    with contextlib.suppress(OSError, ValueError):
+                        sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
+                return
+            buf += data
+        line, _, buf = buf.partition(b"\n")
+        name = line.decode().strip()
+        if not name:
+            continue
+        try:
+            k = _registered(name)
+            with _cache_lock(k):  # helpers of other processes: one compiles, the others load
+                k.compile()
+        except Exception:
+            pass  # the parent compiles it itself and reports what went wrong
+        if answer:
+            try:
+                sys.stdout.write(name + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                answer = False  # the parent has exited: finish the cache for the next process
+
+
+def _registered(name: str) -> Kernel:
+    importlib.import_module(name.rpartition(".")[0])
+    for k in jit.kernels():
+        if k.name == name:
+            return k
+    raise LookupError(f"no kernel {name} registered")
+
+
+def _lock_path(k: Kernel, kernel: bool = False) -> str:
+    """The lock file of the numba cache folder ``k`` is written to (numba picks the folder from
+    ``NUMBA_CACHE_DIR`` and the source file's folder: so does this); with ``kernel``, of ``k``
+    alone in that folder. In the temporary folder: shared by the processes of a node."""
+    source = os.path.dirname(os.path.abspath(k.dispatcher.py_func.__code__.co_filename))
+    what = f"{os.environ.get('NUMBA_CACHE_DIR', '')}|{source}" + (f"|{k.name}" if kernel else "")
+    tag = hashlib.sha1(what.encode()).hexdigest()[:16]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"dvidshards-numba-{uid}-{tag}.lock")
+
+
+def _kernel_lock_path(k: Kernel) -> str:
+    return _lock_path(k, kernel=True)
+
+
+@contextlib.contextmanager
+def _cache_lock(k: Kernel) -> Iterator[None]:
+    """An exclusive lock per numba cache folder, across processes (none where flock is missing)."""
+    f = _acquire(_lock_path(k), blocking=True)
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def _stop() -> None:
+    # At exit: start nothing more. Kernels with the helper are its business now (it finishes
+    # them into the cache). Only numba work inside this process is waited for: tearing LLVM
+    # down under a compiling thread can crash the exit; a cache load takes a fraction of a second.
+    global _stopping
+    with _STATE:
+        _stopping = True
+        _pending.clear()
+        _jobq.clear()
+        threads = [t for t, busy in ((_worker, _here), (_jworker, _jhere)) if busy and t is not None]
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join(timeout=120)
+
+
+def _after_fork() -> None:  # a forked child has no background threads and no helper: start over
+    global _STATE, _worker, _current, _stopping, _here, _helper, _helper_broken, _helper_starts
+    global _jworker, _jcurrent, _jhere
+    _STATE = threading.Condition()
+    _worker = _current = _jworker = _jcurrent = None
+    _stopping = _here = _jhere = _helper_broken = False
+    _helper_starts = 0
+    if _helper is not None:  # its pipes are the parent's: keep them open and unused
+        _inherited.append(_helper)
+    _helper = None
+    _pending.clear()
+    _sent.clear()
+    _awaiting.clear()
+    _helped.clear()
+    _jobq.clear()
+    jit.reset_after_fork()  # the parent's work in flight is not here
+
+
+# --- dvidshards warm -------------------------------------------------------------------------------
+
+
+def _every_kernel() -> list[Kernel]:
+    """Every kernel of the package (its formats modules imported, so that they register)."""
+    from .. import formats
+
+    _walk(formats)
+    return jit.kernels()
+
+
+def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, str]:
+    """Compile the kernels into numba's on-disk cache, ``processes`` at a time (the others run in
+    child processes; each kernel is compiled once, under its node lock). Returns
+    ``{kernel name: what happened}``: ``"in the cache"``, ``"compiled (S s)"``, ``"compiled by another
+    process"`` or ``"failed: ..."``."""
+    names = list(names)
+    todo = _resolve(names) if names else _every_kernel()
+    kids = []
+    if processes > 1 and sys.executable:
+        env = dict(os.environ, **{_HELPER_ENV: "1"})
+        code = ("import sys; from dvidshards.runtime import kernels; kernels.warm(sys.argv[1:])")
+        for _ in range(processes - 1):
+            kids.append(subprocess.Popen([sys.executable, "-c", code, *[k.name for k in reversed(todo)]], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    out: dict[str, str] = {}
+    deferred = []
+    for k in todo:
+        if in_cache(k):
+            out[k.name] = "in the cache"
+            continue
+        held = _acquire(_kernel_lock_path(k), blocking=False)
+        if held is None:
+            deferred.append(k)
+            continue
+        out[k.name] = _compile_timed(k, held)
+        if log:
+            log(f"{k.name}: {out[k.name]}")
+    for k in deferred:
+        held = _acquire(_kernel_lock_path(k), blocking=True)
+        if in_cache(k):
+            held.close()
+            out[k.name] = "compiled by another process"
+        else:
+            out[k.name] = _compile_timed(k, held)
+        if log:
+            log(f"{k.name}: {out[k.name]}")
+    for p in kids:
+        p.wait()
+    return {k.name: out[k.name] for k in todo}
+
+
+def _compile_timed(k: Kernel, held: Any) -> str:
+    t = time.thread_time()
+    try:
+        k.compile()
+    except Exception as e:  # noqa: BLE001 - reported, and the exit code says so
+        return f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    finally:
+        held.close()
+    return f"compiled ({time.thread_time() - t:.1f} CPU-s)"
+
+
+def _cache_folders(ks: Iterable[Kernel]) -> list[str]:
+    out = []
+    for k in ks:
+        try:
+            path = k.dispatcher._cache._cache_path
+        except AttributeError:
+            continue
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def add_arguments(p) -> None:
+    """The options of ``dvidshards warm``."""
+    p.add_argument("kernels", nargs="*", metavar="NAME",
+                   help="kernels or modules to compile (default: every kernel of dvidshards)")
+    p.add_argument("--check", action="store_true",
+                   help="compile nothing: exit 1 unless every kernel is in numba's cache already")
+    p.add_argument("-j", "--processes", type=int, default=min(os.cpu_count() or 1, 4),
+                   help="compile in this many processes side by side (default: the cores, at most 4)")
+
+
+def main(args) -> int:
+    """``dvidshards warm``: fill numba's cache ahead of time (an image or a container build), so
+    that every process started from it runs compiled code from its first call. Exit 1 when a
+    kernel could not be compiled (or, with ``--check``, is missing from the cache)."""
+    names = list(args.kernels)
+    todo = _resolve(names) if names else _every_kernel()
+    if args.check:
+        missing = [k.name for k in todo if not in_cache(k)]
+        for name in missing:
+            print(f"not in the cache: {name}")
+        print(f"{len(todo) - len(missing)} of {len(todo)} kernels in numba's cache "
+              f"({', '.join(_cache_folders(todo)) or 'no cache folder'})")
+        return 1 if missing else 0
+    if args.processes < 1:
+        raise SpecError(f"--processes {args.processes}: give 1 or more")
+    t0 = time.perf_counter()
+    done = warm([k.name for k in todo], processes=args.processes, log=print)
+    failed = [n for n, v in done.items() if v.startswith("failed")]
+    cached = sum(v == "in the cache" for v in done.values())
+    print(f"{len(done)} kernels ready in numba's cache in {time.perf_counter() - t0:.1f} s "
+          f"({cached} were there already, {len(failed)} failed): {', '.join(_cache_folders(todo))}")
+    return 1 if failed else 0
+
+
+atexit.register(_stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+install()
