@@ -42,7 +42,7 @@ import uuid
 
 import common as C
 
-from dvidshards.formats import jit
+from dvidshards.runtime import kernels
 
 _CHILD = r"""
 import json, sys, time
@@ -68,6 +68,7 @@ if profile:
 
     _d.Dispatcher.compile = _timed
 import dvidshards
+import dvidshards.runtime  # (what import dvidshards installs: the kernel compiler)
 t1 = time.perf_counter()
 root, spec = sys.argv[1], json.loads(open(sys.argv[2]).read())
 x, y, z = map(int, sys.argv[4].split(","))
@@ -143,10 +144,11 @@ def run_child(export, spec, chunk, cache_dir: str | None, profile: bool = False)
 _STATS_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from dvidshards.formats import blockstats, jit
+from dvidshards.formats import blockstats
 if sys.argv[2] == "before":  # block statistics without its numpy fallback, as before issue 22's follow-up
     blockstats._kernel.fallback = blockstats._batch.fallback = None
 import dvidshards
+import dvidshards.runtime
 from dvidshards.jobs.stats import body_stats
 t1 = time.perf_counter()
 ds = dvidshards.Dataset(sys.argv[1], spec=json.loads(open(sys.argv[3]).read()))
@@ -192,9 +194,9 @@ def run_cli(export, spec, cache_dir: str, in_process: bool) -> dict:
     tag = f"DVIDSHARDS_BENCH_TAG=exit-{uuid.uuid4().hex}"
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, DVIDSHARDS_BENCH_TAG=tag.partition("=")[2])
     env.pop("DVIDSHARDS_KERNELS", None)
-    env.pop(jit._HELPER_ENV, None)
+    env.pop(kernels._HELPER_ENV, None)
     if in_process:
-        env[jit._HELPER_ENV] = "1"  # no helper: compile in this process and wait for it at exit
+        env[kernels._HELPER_ENV] = "1"  # no helper: compile in this process and wait for it at exit
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "dvidshards.cli", "verify", str(export), "--spec", str(spec),
                           "--decode"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=str(C.ROOT),

@@ -184,7 +184,7 @@ def run_child(which: str, path: Path, expect: int) -> dict:
 
 def _palette_task(labels, palette, item):
     """One trivial task: the job's mapping applied to a palette; (checksum, seconds, loads here)."""
-    from dvidshards.formats import mapping as mod
+    from dvidshards.runtime import mappings as mod
 
     t = time.perf_counter()
     before = mod.cache_info()
@@ -196,7 +196,7 @@ def _palette_task(labels, palette, item):
 
 
 def _worker_memory():
-    from dvidshards.formats import mapping as mod
+    from dvidshards.runtime import mappings as mod
 
     st = {}
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -226,9 +226,9 @@ def _cluster_run(path: Path, n: int, tasks: int, prepare: bool) -> dict:
 
     import cloudpickle
 
-    from dvidshards.formats import mapping as mod
     from dvidshards.formats.labels import as_labels
     from dvidshards.jobs.runner import TaskRunner
+    from dvidshards.runtime import mappings as mod
 
     mod.clear_cache()
     palette, body = _rows_at(n, 1, np.random.default_rng(3).integers(0, n, 1000))
@@ -236,7 +236,7 @@ def _cluster_run(path: Path, n: int, tasks: int, prepare: bool) -> dict:
         want = int(np.sum(body, dtype=np.uint64))
     with TaskRunner("local:2", progress=False) as tr:
         client = tr.client()
-        client.run(lambda: __import__("dvidshards.formats.mapping"))  # import outside the timings
+        client.run(lambda: __import__("dvidshards.runtime"))  # import outside the timings
         common.reset_peak_rss()
         base = common.rss()
         t = time.perf_counter()
