@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from . import runtime  # noqa: F401 - installs the kernel compiler, the mapping-file cache and the fork guard
 from .bodies import Body
 from .dataset import Dataset, Scale, open
 from .errors import (
     BlockDecodeError,
     ChunkIndexError,
     DvidShardsError,
+    ForkError,
     GeometryWarning,
     IncompleteScalesWarning,
     IndexRebuiltWarning,
@@ -36,6 +38,7 @@ __all__ = [
     "ChunkIndexError",
     "Dataset",
     "DvidShardsError",
+    "ForkError",
     "GeometryWarning",
     "IncompleteScalesWarning",
     "IndexRebuiltWarning",

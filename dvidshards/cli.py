@@ -50,6 +50,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("dvidshards.serve.view",
              "serve an export as a neuroglancer precomputed source and open a viewer on it"),
     "serve-flight": ("dvidshards.serve.flight:FlightCommand", "serve an export's (or a table's) block records over Arrow Flight"),
+    "warm": ("dvidshards.runtime.kernels:WarmCommand",
+             "compile every numba kernel into numba's cache ahead of time (images, containers); --check tests it"),
     "serve-dvid": ("dvidshards.serve.dvid:DvidCommand", "answer DVID's read-only labelmap HTTP API from an export"),
     "ingest": ("dvidshards.jobs.ingest:IngestCommand",
                "pull block records from a Flight server or an export into a sorted Parquet table, or turn "

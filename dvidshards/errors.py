@@ -6,6 +6,7 @@ __all__ = [
     "BlockDecodeError",
     "ChunkIndexError",
     "DvidShardsError",
+    "ForkError",
     "GeometryWarning",
     "IncompleteScalesWarning",
     "IndexRebuiltWarning",
@@ -83,6 +84,11 @@ class JobError(DvidShardsError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.report))
+
+
+class ForkError(DvidShardsError, RuntimeError):
+    """TensorStore was used in a process forked after TensorStore had started in its parent (use the
+    ``spawn`` start method)."""
 
 
 class GeometryWarning(UserWarning):

@@ -3,7 +3,9 @@ progress lines for batch logs, the shared-work-folder check."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -300,3 +302,25 @@ def test_work_folder_in_a_bucket_without_folder_marker_objects():
         w = WorkDir.of("gs://work/job")
         assert not w.local and w.describe("a") == "gs://work/job/a"
         _check_workdir(w, lambda: [k.removeprefix("job/") for k in g.keys("work")])
+
+
+def test_a_long_phase_compiles_its_kernels_first_a_short_one_answers_on_fallbacks(tmp_path):
+    """issue 32: a phase of many tasks (or on dask) makes its kernels ready before its first task, at
+    normal priority; a short one in this process keeps the notebook behaviour (fallbacks at once)."""
+    code = """if True:
+        import json, sys
+        from dvidshards.formats import mapping
+        from dvidshards.jobs import runner
+        runner.COMPILE_FIRST_TASKS = int(sys.argv[1])
+        def task(i):
+            return mapping._apply_k.ready
+        with runner.TaskRunner("serial", progress=False) as tr:
+            r = tr.run(task, range(3), kernels=("dvidshards.formats.mapping._apply",))
+        print(json.dumps(list(r.results.values())), flush=True)
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "DVIDSHARDS_KERNELS": "background"}
+    for threshold, first in (("2", True), ("100", False)):
+        out = subprocess.run([sys.executable, "-c", code, threshold], env=env, capture_output=True, text=True,
+                             timeout=600, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout)[0] is first, (threshold, out.stdout)

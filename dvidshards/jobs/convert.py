@@ -141,6 +141,10 @@ ZARR_INNER_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}},
                      {"name": "zstd", "configuration": {"level": 3, "checksum": False}}]
 ZARR_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 _NO_CHUNK = np.uint64(2**64 - 1)
+#: the kernels a conversion task uses, slowest to compile first (TaskRunner.run compiles them first)
+KERNELS = ("dvidshards.formats.cseg._transcode_kernel", "dvidshards.formats.codec._decode_kernel",
+           "dvidshards.formats.arrowipc._resolve", "dvidshards.formats.arrowipc._message",
+           "dvidshards.formats.mapping._apply")
 _ZERO8 = bytes(8)
 _U64 = np.dtype(np.uint64)
 
@@ -1349,7 +1353,7 @@ def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None
             job = _Job(uuid.uuid4().hex, read, format, kv, labels, encoder, resume, plans, gzip_level,
                        None if _only is None else frozenset(_only), _stream)
             run_items = items if _stop_after is None else items[:_stop_after]  # tests: as if killed
-            phase = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards")
+            phase = tr.run(partial(_convert_shard, job), run_items, desc=f"{format} shards", kernels=KERNELS)
             stack.close()
             out.add(phase, name=partial(_task_name, plans))
             out.report.tasks += len(items) - len(run_items)

@@ -76,6 +76,10 @@ from .runner import TaskRunner, scheduler_of
 __all__ = ["DownsampleCommand", "DownsampleTotals", "MadeScales", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
            "plan_scale", "reduce_results"]
 
+#: the kernels a task uses, slowest to compile first (TaskRunner.run compiles them first)
+KERNELS = ("dvidshards.formats.downsample._down_kernel", "dvidshards.formats.arrowipc._resolve",
+           "dvidshards.formats.arrowipc._message")
+
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
 _GROUP = 512  # output blocks whose source records are fetched together (a lazily read shard: ~20 MB)
 
@@ -609,7 +613,8 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
                     run = [it for it in items if (k, it[0]) in _only]
                 if _stop_after is not None:  # tests: as if the job were killed after this many tasks
                     run = items[:max(0, _stop_after - ran)]
-                ph = tr.run(partial(downsample_shard, phase), run, done=done, desc=f"{scale.folder} shards")
+                ph = tr.run(partial(downsample_shard, phase), run, done=done, desc=f"{scale.folder} shards",
+                            kernels=KERNELS)
                 ran += len(ph.results)
                 out.add(ph, name=partial(_task_name, scale.folder))
                 out.report.tasks += len(items) - len(run)

@@ -75,6 +75,10 @@ from .runner import TaskRunner, scheduler_of
 __all__ = ["PcgEdgesCommand", "MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
            "read_chunk_edges", "read_side_table", "write_edges"]
 
+#: the kernels a task uses (TaskRunner.run compiles them first)
+KERNELS = ("dvidshards.formats.codec._decode_kernel", "dvidshards.formats.arrowipc._resolve",
+           "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
+
 SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
 FORMAT = "dvidshards-pcg-edges"
 VERSION = 3  # 2: manifest.json of its own; 1: one supervoxels.parquet built on the client
@@ -768,7 +772,7 @@ def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels
         if out.previous is not None:
             _remove_temporaries(destination)  # a killed run's half-written files (we hold the lock)
         phase = runner.run(functools.partial(_run_task, job), items,
-                           desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks")
+                           desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks", kernels=KERNELS)
         out.add(phase, name=lambda t: t.describe(job.group))
         for t in phase.failed:
             totals.failed_chunks += len(job.members(t))

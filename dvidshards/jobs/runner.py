@@ -27,6 +27,7 @@ log), one line every ~30 s: done/total, failures, rate and time left.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -48,6 +49,8 @@ SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else se
 #: seconds between progress lines when stderr is not a terminal
 PROGRESS_SECONDS = float(os.environ.get("DVIDSHARDS_PROGRESS_SECONDS", "30"))
 CONNECT_TIMEOUT = 5.0
+#: a job with at least this many tasks in a phase (or on dask) compiles its kernels first (below)
+COMPILE_FIRST_TASKS = int(os.environ.get("DVIDSHARDS_COMPILE_FIRST_TASKS", "32"))
 
 
 @dataclass
@@ -369,8 +372,14 @@ class TaskRunner:
         return self.kind, self.arg if isinstance(self.arg, int) else 0
 
     def run(self, fn: Callable[[Any], Any], items: Iterable[Hashable], *, desc: str = "tasks",
-            done: Iterable[Hashable] | None = None) -> PhaseReport:
+            done: Iterable[Hashable] | None = None, kernels: Iterable[str] = ()) -> PhaseReport:
         """Run ``fn(item)`` for every item not in ``done``; collect results and failures.
+
+        ``kernels`` names the numba kernels the tasks use, slowest to compile first. A phase on dask
+        or of at least ``COMPILE_FIRST_TASKS`` tasks compiles them first, at normal priority and once
+        per node (:func:`dvidshards.runtime.kernels.prepare_for_job`), so a fresh worker never runs
+        long on the numpy fallbacks; a short phase in this process answers through the fallbacks
+        while they compile behind it, as a notebook does.
 
         Parameters
         ----------
@@ -398,6 +407,9 @@ class TaskRunner:
         for it in items:
             (report.skipped if it in skip else todo).append(it)
         mode, n = self._mode(len(todo))
+        kernels = tuple(kernels)
+        if kernels and todo and (self.distributed or len(todo) >= COMPILE_FIRST_TASKS):
+            fn = functools.partial(_compiled_first, fn, kernels)
         bar = _Progress(len(todo), desc, self.progress)
         try:
             if mode == "serial":
@@ -501,6 +513,14 @@ class TaskRunner:
         finally:
             if futures:
                 client.cancel(list(futures))
+
+
+def _compiled_first(fn, kernels: tuple, item):
+    """A task that makes its job's kernels ready first (once per process, then a set look-up)."""
+    from ..runtime.kernels import prepare_for_job
+
+    prepare_for_job(*kernels)
+    return fn(item)
 
 
 def _sees(marker: str, token: str) -> bool:

@@ -100,6 +100,10 @@ __all__ = [
     "write_body_stats",
 ]
 
+#: the kernels a shard task uses, slowest to compile first (TaskRunner.run compiles them first)
+KERNELS = ("dvidshards.formats.blockstats._batch_kernel", "dvidshards.formats.arrowipc._resolve",
+           "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
+
 FAN_IN = 64  # partial files merged by one reduce task
 _COARSE_BITS = 6  # record batches of the shard partials when they are merged in a tree
 
@@ -768,7 +772,8 @@ def _map_reduce(out: Output, tr: TaskRunner, job: _Job, origins, resume: bool, f
     if resume:
         names = set(work.list("shards"))
         done = {o for o in origins if _shard_rel(o).split("/")[1] in names}
-    rep = tr.run(functools.partial(_shard_task, job), origins, desc=f"s{job.scale} shards", done=done)
+    rep = tr.run(functools.partial(_shard_task, job), origins, desc=f"s{job.scale} shards", done=done,
+                 kernels=KERNELS)
     out.add(rep, name=shard_name)
     if rep.failed and job.kind == "stats":
         return None

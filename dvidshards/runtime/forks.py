@@ -26,16 +26,12 @@ import sys
 import warnings
 from typing import Any
 
-from ..errors import DvidShardsError
+from ..errors import ForkError
 
 __all__ = ["ForkError", "tensorstore_started"]
 
 SPAWN = ("start worker processes with the 'spawn' start method: multiprocessing.get_context('spawn').Pool(...), "
          "or concurrent.futures.ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))")
-
-
-class ForkError(DvidShardsError, RuntimeError):
-    """TensorStore was used in a process forked after TensorStore had started in its parent."""
 
 
 _started = False  # a TensorStore thread was seen in this process

@@ -54,7 +54,7 @@ from ..errors import SpecError
 from ..formats import jit
 from ..formats.jit import Kernel
 
-__all__ = ["add_arguments", "in_cache", "install", "job_mode", "main", "prepare_for_job", "warm"]
+__all__ = ["WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "prepare_for_job", "warm"]
 
 _HELPER_ENV = "_DVIDSHARDS_KERNEL_HELPER"  # set in a helper: it starts no helper of its own
 _HELPER_WAIT = 600.0  # ensure() waits this long for the helper, then compiles itself
@@ -755,3 +755,10 @@ atexit.register(_stop)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 install()
+
+
+class WarmCommand:
+    """``dvidshards warm``: one row of ``cli.COMMANDS``."""
+
+    add_arguments = staticmethod(add_arguments)
+    main = staticmethod(main)
