@@ -1322,6 +1322,22 @@ def _shell_kernel(F, n, root):  # pragma: no cover - numba
 _shells = jit.kernel(_shell_kernel, [numba.void(numba.int64[:, ::1], numba.int64, numba.int64[::1])], None)
 
 
+@numba.njit(nogil=True, cache=True)
+def _piece_volumes_kernel(V, F, comp, c, out):  # pragma: no cover - numba
+    """Add each face's signed tetrahedron volume (about ``c``) to ``out[comp[face]]``."""
+    for f in range(F.shape[0]):
+        a, b, d = F[f, 0], F[f, 1], F[f, 2]
+        ax, ay, az = V[a, 0] - c[0], V[a, 1] - c[1], V[a, 2] - c[2]
+        bx, by, bz = V[b, 0] - c[0], V[b, 1] - c[1], V[b, 2] - c[2]
+        dx, dy, dz = V[d, 0] - c[0], V[d, 1] - c[1], V[d, 2] - c[2]
+        out[comp[f]] += (ax * (by * dz - bz * dy) + ay * (bz * dx - bx * dz) + az * (bx * dy - by * dx)) / 6.0
+
+
+_piece_volumes = jit.kernel(_piece_volumes_kernel, [numba.void(numba.float64[:, ::1], numba.int64[:, ::1],
+                                                               numba.int64[::1], numba.float64[::1],
+                                                               numba.float64[::1])], None)
+
+
 def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = None) -> tuple[list[Mesh], float]:
     """The pieces of one closed surface (welded where their vertices coincide) without its inner shells.
 
@@ -1353,11 +1369,9 @@ def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = 
     comp = root[allf[:, 0]]
     if comp.min() == comp.max():  # one piece (most bodies)
         return list(pieces), 0.0
-    w = v.astype(np.float64)
-    w -= w.mean(axis=0)
-    a, b, c = w[allf[:, 0]], w[allf[:, 1]], w[allf[:, 2]]
-    # per piece, indexed by its root vertex: no sort
-    vol = np.bincount(comp, weights=np.einsum("ij,ij->i", a, np.cross(b, c)) / 6.0, minlength=len(v))
+    # each piece's signed volume, indexed by its root vertex (no sort), about the vertices' mean
+    vol = np.zeros(len(v))
+    _piece_volumes(v.astype(np.float64), allf, comp, np.asarray(v.mean(axis=0), np.float64), vol)
     inner = (vol <= 0) & (np.bincount(comp, minlength=len(v)) > 0)
     if not inner.any():
         return list(pieces), 0.0
