@@ -6,20 +6,26 @@ compressed_segmentation, written by TensorStore: "the converted precomputed volu
 
 Measured, serially (one core), CPU seconds of the process (or child process) doing the work:
 
-* ``dvidshards meshes`` straight from the export (map: per-chunk marching cubes, merge: per
-  body levels of detail, Draco, shard files), with its default simplification (igneous'
-  ``MeshTask`` defaults: ``reduction_factor`` 100, ``max_error`` 40) and with lod 0
-  unsimplified (``reduction_factor=0``);
+* ``dvidshards meshes`` straight from the export at the default scale (s2, 32 nm), one level of
+  detail as igneous' ``num_lod=0``: per-cell marching cubes and decimation, per-node decimation,
+  Draco, shard files; with its default simplification (about 1/10 of the marching-cubes faces
+  within 1.25 voxels, igneous' 40 nm at 32 nm) and unsimplified (``reduction_factor=0``), after
+  a warm-up run that loads the kernels (a long job's state);
 * igneous (``igneous-pipeline``, run by ``--igneous-python``, a venv of its own:
   ``python -m venv /work/venv-igneous && /work/venv-igneous/bin/pip install igneous-pipeline``):
-  ``create_meshing_tasks(sharded=True)`` (the forge) then ``create_sharded_multires_mesh_tasks``
-  (the merge) on the precomputed twin, through a ``LocalTaskQueue(parallel=1)``;
+  ``create_meshing_tasks(mip=2, sharded=True)`` (the forge, its default simplification) then
+  ``create_sharded_multires_mesh_tasks`` (the merge) on a precomputed twin whose mip 2 holds the
+  same s2 labels, through a ``LocalTaskQueue(parallel=1)``;
 * the conversion igneous needs first: ``dvidshards convert`` of the export (CPU seconds);
 * ``dvidshards view``: wall time of the first (uncached) on-demand mesh of a body spanning at
   least 8 chunks, with the default 2 s budget and at full resolution;
-* peak resident and anonymous memory of a ``dvidshards meshes`` run in a fresh process
-  (serial, sampled every 20 ms), beside the volume it read: the job streams fragments to disk
-  and merges one body at a time, so its peak follows the largest body, not the export.
+* the default run (levels from s2 and s3) in a fresh process, warmed up on a corner of the volume
+  first: its CPU, and its peak resident and anonymous memory (sampled every 20 ms) over the
+  baseline: the job streams fragments to disk and merges one body at a time, so its peak follows
+  the largest body, not the export;
+* quality per body at s2, for both outputs through cloud-volume's reader (each body's fragments
+  welded where they meet): bodies whose s2 voxels are one 18- (26-) connected piece, and bodies
+  whose mesh is one watertight piece with a volume within 15 % of their s2 voxels.
 
 Run: ``.venv/bin/python benchmarks/bench_meshes.py [--quick] [--igneous-python PATH]``.
 """
@@ -182,6 +188,7 @@ def main() -> None:
         rep = convert(ds, work / "converted", "precomputed", scheduler="serial", progress=False)
         conv_cpu, conv_wall = cpu_now() - c0, time.perf_counter() - t0
         assert rep.ok
+        ours(ds, work / "warm", lods=1, box=[[0, 0, 0], [256, 256, 256]])  # kernels loaded: a long job's state
         a = ours(ds, work / "ours", lods=1)  # the default scale (s2, 32 nm), one level as igneous' num_lod=0
         b = ours(ds, work / "ours-unsimplified", lods=1, reduction_factor=0, cell_reduction=0)
         ig = igneous(args.igneous_python, twin, work, mip=2)
