@@ -869,11 +869,11 @@ def test_partial_export_to_a_bucket(partial, tmp_path):
         c = s3.bucket("seg")
         url = f"s3://seg/conv/out?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
         first = convert(exp.root, url, "precomputed", progress=False, allow_partial=True, _stop_after=1)
-        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg", Prefix="conv/")["Contents"]}
         assert not first.complete and any(k.startswith("conv/out.work/scales/s1/") for k in keys)
         rep = convert(exp.root, url, "precomputed", progress=False, resume=True)
         assert rep.ok and rep.totals.shards_skipped == 1, rep.summary()
-        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg", Prefix="conv/")["Contents"]}
         assert not [k for k in keys if k.startswith("conv/out.work")]
         got = {k[len("conv/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys
                if k != "conv/out/_dvidshards.json"}

@@ -510,7 +510,7 @@ def test_a_bucket_destination(s0_only, tmp_path):
         url = f"s3://seg/pyr/out?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
         rep = downsample(s0_only.root, url, spec=s0_only.spec, progress=False, workdir=str(tmp_path / "stage"))
         assert rep.ok, rep.summary()
-        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg")["Contents"]}
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg", Prefix="pyr/out/")["Contents"]}
         got = {k[len("pyr/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys}
         want = {os.path.relpath(os.path.join(d, f), tmp_path / "local"): open(os.path.join(d, f), "rb").read()
                 for d, _, fs in os.walk(tmp_path / "local") for f in fs}
