@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import gzip
 import os
 from pathlib import Path
@@ -26,27 +25,18 @@ def _require_real_data() -> Path:
 
 # --- the two tiers ------------------------------------------------------------------------------
 # `pytest -q -m "not slow"` (README) runs the default tier in a few minutes on 2 cores; `pytest -q -m
-# slow` runs the rest, and .ci/run runs both. Tests that existed before the tiers are marked here by
-# node id (fnmatch patterns), with the reason; new slow tests use @pytest.mark.slow themselves.
-SLOW = {
-    "tests/test_view_browser.py::*": "headless Chromium",
-    "tests/test_notebook.py::*": "runs a notebook in a Jupyter kernel",
-    "tests/test_meshes.py::test_on_a_local_dask_cluster": "dask LocalCluster",
-    "tests/test_mapping_workers.py::test_issue22_4_dask_workers_load_a_mapping_file_once_each": "dask LocalCluster",
-}
-SLOW_FIXTURES = {"client": "dask LocalCluster (the `client` fixture)"}
+# slow` runs the rest, and .ci/run runs both. A slow test says so in its file (@pytest.mark.slow, or a
+# module's pytestmark), so a renamed test keeps its tier. A test that starts a dask LocalCluster (the
+# `client` fixture) belongs to the slow tier: collection fails if one is not marked.
+SLOW_FIXTURES = {"client": "starts a dask LocalCluster"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the slow tier: the tests matched by SLOW, and those using a fixture of SLOW_FIXTURES."""
-    for item in items:
-        if item.get_closest_marker("slow"):
-            continue
-        reason = next((r for pattern, r in SLOW.items() if fnmatch.fnmatchcase(item.nodeid, pattern)), None)
-        if reason is None:
-            reason = next((r for f, r in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None)
-        if reason is not None:
-            item.add_marker(pytest.mark.slow(reason=reason))
+    """Hold the tiers to their rule: a test using a fixture of SLOW_FIXTURES must be marked slow."""
+    unmarked = [f"{item.nodeid} ({why})" for item in items if not item.get_closest_marker("slow")
+                for f, why in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())]
+    if unmarked:
+        raise pytest.UsageError("mark these tests @pytest.mark.slow: " + "; ".join(unmarked))
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import dvidshards
 from dvidshards import verify
 from dvidshards.cli import main as cli
 from dvidshards.jobs.convert import convert
-from dvidshards.jobs.outputs import SpotCheck, compare_chunks, kvstore_root, open_scale
+from dvidshards.jobs.readback import SpotCheck, compare_chunks, kvstore_root, open_scale
 from tests.conftest import Export, downsample_mode
 
 SHAPE = (200, 170, 150)  # 4 x 3 x 3 chunks, 2-chunk shards

@@ -354,9 +354,9 @@ def test_issue22_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
             made.append(1)
             super().__init__(*a, **k)
 
-        def run(self, fn, items, *, desc="tasks", done=None):
+        def run(self, fn, items, *, desc="tasks", done=None, kernels=()):
             phases.append(desc)
-            return super().run(fn, items, desc=desc, done=done)
+            return super().run(fn, items, desc=desc, done=done, kernels=kernels)
 
     monkeypatch.setattr(stats, "TaskRunner", Counting)
     rep = write_body_stats(exp.root, tmp_path / "s.parquet", fan_in=2, partitions=2, progress=False)

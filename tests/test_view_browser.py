@@ -23,6 +23,8 @@ Image = pytest.importorskip("PIL.Image")
 
 from dvidshards.serve.view import find_browser, open_browser, screenshot, viewer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # headless Chromium
+
 SHAPE = (200, 170, 150)
 W, H = 400, 300  # screenshot size
 BACKGROUND = (0, 0, 0)

@@ -4,7 +4,7 @@
 * ``runner``     - `TaskRunner`: where tasks run (serial, threads or dask)
 * ``options``    - the options every job shares, in Python and on the command line
 * ``workdir``    - a job's work folder for partial results (a path or a bucket)
-* ``outputs``    - precomputed/zarr outputs opened and spot-checked against the source
+* ``readback``   - an output scale opened and spot-checked against the source
 * ``stats``      - per-body statistics and DVID's label index (map, tree reduce, buckets)
 * ``convert``    - neuroglancer precomputed or zarr v3, one task per source shard
 * ``downsample`` - the scales an export lacks, made the way DVID makes its pyramid

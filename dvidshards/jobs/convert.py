@@ -115,7 +115,7 @@ from .options import (
 )
 from .output import Destination, JobReport, Output, check_apart
 from .output import read_manifest as _read_manifest
-from .outputs import compare_chunks, kvstore_root, open_scale
+from .readback import compare_chunks, kvstore_root, open_scale
 from .runner import TaskRunner, scheduler_of
 
 __all__ = ["ConvertCommand",

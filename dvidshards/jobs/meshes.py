@@ -571,7 +571,7 @@ def _regroup_task(job: MeshJob, item) -> int:
     path = os.path.join(job.work, f"L{level}", f"{k:06d}.frag")
 
     def write(tmp):
-        buckets = np.unique(np.concatenate([_buckets_of(p) for p in files])) if files else []
+        buckets: Any = np.unique(np.concatenate([_buckets_of(p) for p in files])) if files else []
         index = []
         pos = 0
         with open(tmp, "wb") as out:

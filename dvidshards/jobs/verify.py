@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..formats.codec import block_header, decode_into
 from ..shard import not_exported_note
-from .outputs import compare_chunks, kvstore_root, open_scale
+from .readback import compare_chunks, kvstore_root, open_scale
 
 MANIFEST = "_dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
 

@@ -459,6 +459,7 @@ def test_a_forked_child_starts_its_own_compiler(monkeypatch):
         import os, sys, numba
         import dvidshards.runtime
         from dvidshards.formats import jit
+        numba.njit(lambda a: a)(1)  # numba imports its typing modules on a first compile: not mid-fork
         k = jit.kernel(numba.njit(cache=False)(lambda a, b: a + b), [(numba.int64, numba.int64)],
                        lambda a, b: -(a + b))
         assert k(1, 2) == -3  # queued in the parent, compiling now

@@ -1,4 +1,4 @@
-"""Outputs that jobs write and check: a precomputed or zarr v3 dataset's root, a scale of it opened
+"""Outputs read back: a precomputed or zarr v3 dataset's root, a scale of it opened
 with TensorStore's own driver, and random chunks of it compared with the source export.
 
 ``convert`` writes them (and checks them with ``--verify N``); ``verify`` checks a conversion from
