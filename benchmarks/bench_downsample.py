@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common as C  # noqa: E402
+import common as C
 
 MCNS_S0_CHUNKS = 510_000_000  # the real mCNS export's scale-0 chunks
 GOAL_CORE_HOURS = 40
@@ -204,7 +204,7 @@ def child(kind: str, opts: dict) -> dict:
     """One task measured in this (fresh) process."""
     import tracemalloc
 
-    import dvidshards.shard  # noqa: F401  - registers the shard loader's kernels
+    import dvidshards.shard
     from dvidshards.formats import downsample as _fd  # noqa: F401  - registers the downsample kernel
     from dvidshards.formats import jit
     from dvidshards.jobs.downsample import downsample

@@ -151,7 +151,7 @@ def main(argv=None):
         if not np.array_equal(fb.coords, ref[:, ipc.R_CX:ipc.R_CX + 3]):
             raise SystemExit("RecordTable.from_batch coordinates differ")
         del fb
-    except Exception as e:  # reported in the table, not hidden
+    except Exception as e:  # noqa: BLE001 - reported in the table, not hidden
         from_batch_error = f"{type(e).__name__}: {e}"
 
     fns = {

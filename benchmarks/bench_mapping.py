@@ -56,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).absolute().parent))
 
-import common  # noqa: E402
+import common
 
 BASELINE_COMMIT = "4d13bce"  # last commit with the line-by-line parser
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -125,7 +125,7 @@ def _old_parser():
     src = src.replace("cache=True", "cache=False")  # exec'd source has no file to cache beside
     mod = types.ModuleType("old_mapping")
     mod.__file__ = "<old_mapping>"
-    exec(compile(src, "old_mapping.py", "exec"), mod.__dict__)  # noqa: S102 - our own source from git
+    exec(compile(src, "old_mapping.py", "exec"), mod.__dict__)
     return mod.LabelMapping
 
 

@@ -47,14 +47,14 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import table  # noqa: E402
+import common
+from common import table
 
-import dvidshards  # noqa: E402
-from dvidshards.bodies import Body  # noqa: E402
-from dvidshards.jobs.convert import convert  # noqa: E402
-from dvidshards.jobs.meshes import meshes  # noqa: E402
-from dvidshards.serve.view import serve  # noqa: E402
+import dvidshards
+from dvidshards.bodies import Body
+from dvidshards.jobs.convert import convert
+from dvidshards.jobs.meshes import meshes
+from dvidshards.serve.view import serve
 
 IGNEOUS = """
 import json, resource, sys, time

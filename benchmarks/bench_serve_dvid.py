@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import table  # noqa: E402
+import common
+from common import table
 
-import dvidshards  # noqa: E402
-from dvidshards.bodies import Body, chunk_decoder  # noqa: E402
+import dvidshards
+from dvidshards.bodies import Body, chunk_decoder
 
 SERVER = """
 import sys

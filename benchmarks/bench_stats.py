@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import CHUNK, MIB, _done, _fresh, _reset, table  # noqa: E402
+import common
+from common import CHUNK, MIB, _done, _fresh, _reset, table
 
-import dvidshards  # noqa: E402
-from dvidshards.formats.blockstats import batch_stats  # noqa: E402
-from dvidshards.formats.records import _dctx  # noqa: E402
-from dvidshards.jobs.stats import body_stats, label_index, shard_body_stats, shard_label_index  # noqa: E402
+import dvidshards
+from dvidshards.formats.blockstats import batch_stats
+from dvidshards.formats.records import _dctx
+from dvidshards.jobs.stats import body_stats, label_index, shard_body_stats, shard_label_index
 
 REAL_CHUNKS = 587_000_000
 REAL_SHARDS = 26_128

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import MIB, _done, _fresh, _reset, table  # noqa: E402
+import common
+from common import MIB, _done, _fresh, _reset, table
 
 CHUNK = 64
 OFFSET = (3, 5, 7)

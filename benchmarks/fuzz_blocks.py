@@ -218,7 +218,7 @@ def child(args) -> int:
         k = int(rng.integers(0, len(blocks)))
         try:
             counts[run_case(rng, blocks, palettes, outs, k)] += 1
-        except Exception:  # anything but BlockDecodeError is a bug
+        except Exception:  # noqa: BLE001 - anything but BlockDecodeError is a bug
             counts["errors"] += 1
             if len(examples) < 5:
                 examples.append(

@@ -163,7 +163,7 @@ class Body:
     computed on each call.
     """
 
-    def __init__(self, ds, id, scale=0, labels="agglomerated", index=None) -> None:  # noqa: A002 - DVID's name
+    def __init__(self, ds, id, scale=0, labels="agglomerated", index=None) -> None:
         if not isinstance(id, (int, np.integer)) or isinstance(id, bool):
             raise SpecError(f"body id must be an integer, got {id!r}")
         body = int(id)
@@ -532,7 +532,7 @@ class Body:
             raise self.not_found(s.index)
         return out
 
-    def sparsevol_parts(self, scale=None, format: str = "rles", bounds=None) -> Iterator[bytes]:  # noqa: A002 - DVID's name
+    def sparsevol_parts(self, scale=None, format: str = "rles", bounds=None) -> Iterator[bytes]:
         """DVID's ``GET .../sparsevol/<id>`` bytes, block by block (what a server streams).
 
         ``format="srles"`` and ``"blocks"`` pieces concatenate to the response. For ``"rles"``
@@ -585,7 +585,7 @@ class Body:
         if len(done):
             yield done.astype("<i4").tobytes()
 
-    def sparsevol(self, scale=None, order: str = "dvid", *, format: str = "rles",  # noqa: A002 - DVID's name
+    def sparsevol(self, scale=None, order: str = "dvid", *, format: str = "rles",
                   bounds=None) -> bytes:
         """DVID's ``GET .../sparsevol/<id>?scale=N&format=...`` bytes.
 

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.feather  # noqa: F401  (pa.feather)
+import pyarrow.feather
 
 from .errors import ChunkIndexError
 from .formats.chunkindex import ShardIndex, pack_keys

@@ -863,7 +863,7 @@ class Dataset:
         return body_mask(self, body, scale, labels=labels, index=index)
 
     @_keyword_only("scale", "labels", "index")
-    def body(self, id, *, scale=0, labels="agglomerated", index=None) -> Body:  # noqa: A002 - DVID's name
+    def body(self, id, *, scale=0, labels="agglomerated", index=None) -> Body:
         """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""
         return Body(self, id, scale, labels, index=index)
 

@@ -374,7 +374,7 @@ class _ProcState:
     def enqueue(self, req: _Request) -> None:
         try:
             origin = self.reader.scale.shard_origin(req.x, req.y, req.z)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - reported, never raised past here
             req.fail(e)
             return
         reqs = self.pending.get(origin)
@@ -414,7 +414,7 @@ class _ProcState:
             if i is None:
                 try:
                     self.reader.absent(shard, q.x, q.y, q.z)
-                except BaseException as e:
+                except BaseException as e:  # noqa: BLE001 - reported, never raised past here
                     q.fail(e)
                     continue
                 pool.submit(_zero, q)
@@ -438,12 +438,12 @@ class _ProcState:
             u8 = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
             try:
                 t = shard._resolve(u8, g[0], np.array([i for _, i in items], np.int64))
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - reported, never raised past here
                 # resolve one by one so that each chunk gets its own error, and good ones read
                 for q, i in items:
                     try:
                         tk = shard._resolve(u8, g[0], np.array([i], np.int64))
-                    except BaseException as e1:
+                    except BaseException as e1:  # noqa: BLE001 - reported, never raised past here
                         q.fail(e1 if isinstance(e1, DvidShardsError) else e)
                         continue
                     pool.submit(_decode, tk, 0, q, labels)
@@ -480,7 +480,7 @@ class _Request:
 def _zero(req: _Request) -> None:
     try:
         req.array.fill(0)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported, never raised past here
         req.fail(e)
     else:
         req.ok()
@@ -489,7 +489,7 @@ def _zero(req: _Request) -> None:
 def _decode(table, k: int, req: _Request, labels) -> None:
     try:
         table.decode_into(k, req.array.T, labels)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported, never raised past here
         req.fail(e)
     else:
         req.ok()
@@ -573,7 +573,7 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
                 return
             try:
                 w.run(run)
-            except BaseException as e:  # stop the others after their current run
+            except BaseException as e:  # noqa: BLE001 - stop the others after their current run
                 failed.append((k, e))
                 return
 

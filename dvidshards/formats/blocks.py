@@ -204,7 +204,7 @@ def _reader(source):
         return io.BytesIO(source.view(np.uint8).tobytes()), "<array>", False
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        return open(path, "rb"), path, True  # noqa: SIM115 - closed by read_stream
+        return open(path, "rb"), path, True
     if hasattr(source, "read"):
         return source, getattr(source, "name", "<stream>"), False
     raise TypeError(f"read_stream takes bytes, a path or a binary file, got {type(source).__name__}")

@@ -93,7 +93,7 @@ class Kernel:
         if m == "compiled" and self.failed is None:
             try:
                 self.compile()
-            except Exception:
+            except Exception:  # noqa: BLE001 - warned about once, by compile()
                 return self.fallback(*args)  # warned about once, by compile()
             return self(*args)
         if m == "background" and not self.handled and self.failed is None:
@@ -172,7 +172,7 @@ class Compiler:
         code); False to answer through the fallback (set ``k.handled`` to hear of it no more)."""
         try:
             k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
             return False  # recorded on the kernel and warned about; the fallback answers
         return True
 
@@ -180,7 +180,7 @@ class Compiler:
         """Compile (or load) ``k`` now in this thread; failures stay on ``k.failed``."""
         try:
             k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - warned about by compile(); the fallback stays in use
             pass  # warned about by compile(); the fallback stays in use
 
     def wait(self, timeout: float | None) -> bool:

@@ -704,7 +704,7 @@ def decode_edges(data: bytes, where: str = "edges") -> dict:
     msg = chunk_cls()
     try:
         msg.ParseFromString(bytes(data))
-    except Exception as e:  # google.protobuf.message.DecodeError and friends
+    except Exception as e:  # noqa: BLE001 - google.protobuf.message.DecodeError and friends
         raise PcgError(f"{where}: not a ChunkEdgesMsg ({e})") from None
     out = {}
     for name, field in _FIELDS.items():
@@ -739,7 +739,7 @@ def decode_components(data: bytes, where: str = "components") -> list[np.ndarray
     msg = comp_cls()
     try:
         msg.ParseFromString(bytes(data))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - reported, never raised past here
         raise PcgError(f"{where}: not a ChunkComponentsMsg ({e})") from None
     flat = np.fromiter(msg.components, np.uint64, len(msg.components))
     groups: list[np.ndarray] = []

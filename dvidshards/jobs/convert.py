@@ -1148,7 +1148,7 @@ def _remove_work(wd: Destination, staged: Destination) -> None:
             pass  # the user's own folder, holding other files: left as it is
 
 
-def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,  # noqa: A002
+def convert(source, dest, format: str = "precomputed", *, spec=None, scales=None,
             labels="agglomerated", method: str = "dvid", scheduler=None, workdir=None, resume: bool = False,
             overwrite: bool = False, progress: bool | None = None, allow_partial: bool = False, verify: int = 0,
             encoder: str = "transcode", shard_bits_extra: int = 0, sharding: dict | None = None,

@@ -442,20 +442,7 @@ class Destination:
     def write(self, rel: str, data: bytes) -> None:
         """Write ``data`` to ``rel`` atomically (never seen half written)."""
         if self.path is not None:
-            target = os.path.join(self.path, rel)
-            folder, name = os.path.split(target)
-            tmp = os.path.join(folder, f".{name}{_TMP}{uuid.uuid4().hex[:12]}")
-            try:
-                os.makedirs(folder, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, target)
-            except OSError as e:
-                _unlink_quietly(tmp)
-                raise os_error(e, self.describe(rel), "write it") from None
-            except BaseException:
-                _unlink_quietly(tmp)
-                raise
+            self.write_with(rel, lambda f: f.write(data))
             return
         self._remote(lambda kv: kv.write(rel, data), rel, "write it")
 

@@ -107,7 +107,7 @@ class _Runtime(jit.Compiler):
         _await_helper(k)  # compiling it here as well would only take the helper's core
         try:
             k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - warned about once, by compile(); the fallback answers
             pass  # warned about once, by compile(); the fallback answers
 
     def wait(self, timeout: float | None) -> bool:
@@ -265,7 +265,7 @@ def _job_call(k: Kernel, hand: bool = True) -> bool:
                 return False
         try:
             k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
             return False  # recorded on the kernel and warned about; the fallback answers
         finally:
             if held is not None:
@@ -283,7 +283,7 @@ def _job_ensure(k: Kernel) -> None:
             if _cacheable(k) and not in_cache(k) else None)
     try:
         k.compile()
-    except Exception:
+    except Exception:  # noqa: BLE001 - warned about by compile(); the fallback stays in use
         pass  # warned about by compile(); the fallback stays in use
     finally:
         if held is not None:
@@ -321,7 +321,7 @@ def _job_run() -> None:
                 with _STATE:
                     _jhere = True
                 k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
             pass  # recorded on the kernel and warned about; the fallback stays in use
         finally:
             if held is not None:
@@ -343,7 +343,7 @@ def _acquire(path: str, blocking: bool, timeout: float | None = None) -> Any:
     ``timeout`` seconds pass before the holder lets go (a stuck process: go on without)."""
     try:
         import fcntl
-        f = open(path, "a")  # noqa: SIM115 - the caller closes it
+        f = open(path, "a")
     except (ImportError, OSError):
         return _NoLock()
     end = None if timeout is None else time.monotonic() + timeout
@@ -406,7 +406,7 @@ def _run() -> None:
         if k.ready or k.failed is not None or not _send_to_helper(k):
             try:
                 k.compile()  # a load from the cache when the helper compiled it
-            except Exception:
+            except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
                 pass  # recorded on the kernel and warned about; the fallback stays in use
         with _STATE:
             _here = False
@@ -423,7 +423,7 @@ def _cacheable(k: Kernel) -> bool:
     try:
         from numba.core.caching import NullCache
         return not isinstance(k.dispatcher._cache, NullCache)
-    except Exception:  # another numba: do not guess
+    except Exception:  # noqa: BLE001 - another numba: do not guess
         return False
 
 
@@ -436,7 +436,7 @@ def in_cache(k: Kernel) -> bool:
         codegen = d.targetctx.codegen()
         index = cache._cache_file._load_index()  # {} when the source or numba changed
         return all(cache._index_key(sig, codegen) in index for sig in k.signatures)
-    except Exception:
+    except Exception:  # noqa: BLE001 - reported, never raised past here
         return False
 
 
@@ -566,7 +566,7 @@ def _helper_main(idle: float = _HELPER_IDLE) -> None:
             k = _registered(name)
             with _cache_lock(k):  # helpers of other processes: one compiles, the others load
                 k.compile()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the parent compiles it itself and reports what went wrong
             pass  # the parent compiles it itself and reports what went wrong
         if answer:
             try:

@@ -743,7 +743,7 @@ class DvidServer:
         loop.run_forever()
         try:  # closes the connections (1 s for answers in flight) and the listening socket
             loop.run_until_complete(self._runner.cleanup())
-        except Exception:  # noqa: BLE001 - stopping: nothing is left to answer
+        except Exception:
             log.debug("serve-dvid: cleanup", exc_info=True)
         loop.close()
 

@@ -485,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 120  # seconds an idle keep-alive connection may hold its thread
     disable_nagle_algorithm = True  # headers and body go out at once (no 40 ms delayed-ACK stall)
 
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+    def log_message(self, format, *args):
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, code: int, body: bytes, ctype: str = "application/octet-stream", extra=()) -> None:
@@ -509,7 +509,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _text(self, code: int, msg: str, extra=()) -> None:
         self._send(code, msg.encode() + b"\n", "text/plain; charset=utf-8", extra)
 
-    def do_OPTIONS(self):  # noqa: N802 - http.server's naming
+    def do_OPTIONS(self):
         self.send_response(HTTPStatus.NO_CONTENT)
         self.send_header("Access-Control-Allow-Origin", "*")
         self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
@@ -518,10 +518,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_HEAD(self):  # noqa: N802
+    def do_HEAD(self):
         self.do_GET()
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         path = unquote(urlsplit(self.path).path).strip("/")
         name, _, rest = path.partition("/")
         vol = self.server.volumes.get(name)
@@ -541,7 +541,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._text(503, "busy", [("Retry-After", "1")])
         try:
             data, route = vol.chunk(*req)
-        except Exception as e:  # a failed chunk never takes the server down
+        except Exception as e:  # noqa: BLE001 - a failed chunk never takes the server down
             msg = _logged("chunk", f"{name}/{rest}", e)
             vol.record(req[0], "failed", 0, time.perf_counter() - t0)
             return self._text(500, msg)
@@ -560,7 +560,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._text(503, "busy", [("Retry-After", "1")])
         try:
             code, body, ctype, extra = vol.mesh.answer(rel, self.headers.get("Range"))
-        except Exception as e:  # a failed mesh never takes the server down
+        except Exception as e:  # noqa: BLE001 - a failed mesh never takes the server down
             return self._text(500, _logged("mesh", f"{name}/{rel}", e))
         finally:
             if not ranged:

@@ -1251,7 +1251,7 @@ class _Worker:
         self.n = n
         self.scratch = workdir / f"w{n}"
         self.log = log
-        self.logf = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.logf = open(log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.fuzz", "worker", "--workdir", str(workdir),
              "--scratch", str(self.scratch)],
