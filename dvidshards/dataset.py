@@ -493,7 +493,10 @@ class Dataset:
         """
         if self._exported is None:
             indices = [s.index for s in self.scales]
-            if isinstance(self.store, RecordSource) or all("shard_extent" in s.inferred for s in self.scales):
+            if isinstance(self.store, RecordSource):  # a source says what it holds (None: every scale)
+                held = self.store.exported
+                self._exported = tuple(indices) if held is None else tuple(k for k in indices if k in held)
+            elif all("shard_extent" in s.inferred for s in self.scales):
                 self._exported = tuple(indices)
             else:
                 try:

@@ -473,3 +473,32 @@ def test_as_record_source_and_uri_strings(synth, server, tmp_path, dvid_data):
     with pytest.raises(SpecError, match="FlightSource"):  # the tables layer takes a source, not a URI
         ingest(server.location, tmp_path / "u")
     assert not (tmp_path / "u").exists()
+
+
+def test_an_s0_only_export_with_the_full_spec_over_flight_into_a_table(tmp_path):
+    """issue 29: DVID's default export (s0 only, the spec listing every scale): serve-flight says which
+    scales the export holds, ingest takes those, and the table reads exactly, the others "not exported"."""
+    import dvidshards
+    from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.errors import NotExportedError
+
+    sv, mapping = neuron_volume((130, 100, 90), n_bodies=4, svs_per_body=3, seed=5)
+    spec = dvidshards.write_export(sv, tmp_path / "exp", mapping=mapping, scales=3, shard_chunks=1, only_scales=[0])
+    src = Dataset(str(tmp_path / "exp"), spec=spec)
+    box = [[0, 0, 0], list(src.scale(0).size)]
+    want = src.read(box, scale=0, fill_missing_shards=True)
+    with serve(str(tmp_path / "exp"), spec=spec) as srv:
+        fs = FlightSource(srv.location)
+        assert fs.exported == (0,) and sorted(fs.scales) == [0, 1, 2]
+        np.testing.assert_array_equal(Dataset(fs).read(box, scale=0, fill_missing_shards=True), want)
+        report = ingest(fs, tmp_path / "t", workers=2, progress=False)
+        assert report.ok and report.scales == [0], report.summary()
+        with pytest.raises(NotExportedError, match="scale 1"):
+            ingest(fs, tmp_path / "t2", workers=1, scales=[1], progress=False)
+    table = Dataset(str(tmp_path / "t"))
+    assert table.exported == (0,)
+    np.testing.assert_array_equal(table.read(box, scale=0, fill_missing_shards=True), want)
+    vol = dvidshards.open(str(tmp_path / "t"), scale=0, fill_missing_shards=True)
+    np.testing.assert_array_equal(vol.read(order="F").result(), want)
+    with pytest.raises(NotExportedError, match="scale 1 is not exported"):
+        table.read(box, scale=1)

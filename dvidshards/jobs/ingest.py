@@ -27,7 +27,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..dataset import Dataset
-from ..errors import ChunkIndexError, DvidShardsError, JobError, OutputError, SpecError
+from ..errors import (
+    ChunkIndexError,
+    DvidShardsError,
+    JobError,
+    NotExportedError,
+    OutputError,
+    SpecError,
+)
 from ..formats.blocks import read_stream
 from ..formats.codec import block_header
 from ..formats.mapping import LabelMapping
@@ -315,21 +322,24 @@ def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int 
     _no_uri(source)
     if _is_stream_source(source):
         src_spec = source.spec
-        all_scales = sorted(source.scales)
+        held = getattr(source, "exported", None)  # the scales the server's source holds
+        all_scales = sorted(source.scales) if held is None else sorted(held)
         origin = getattr(source, "location", None) or repr(source)
     else:
         ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
         if ds.spec is None:
             raise SpecError(f"{source}: ingest needs the export's spec (spec=...)")
         src_spec = ds.spec
-        all_scales = [s.index for s in ds.scales]
+        all_scales = list(ds.exported)
         source = ds
         origin = ds.store.describe("") if hasattr(ds, "store") else repr(ds)
     wanted = scales_of(scales)
     todo = all_scales if wanted is None else wanted
     missing = sorted(set(todo) - set(all_scales))
     if missing:
-        raise SpecError(f"scales {missing} are not in the source (scales {all_scales})")
+        raise NotExportedError(f"{origin}: scale{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                               f"not exported (the source holds {', '.join(f's{k}' for k in all_scales)}); make "
+                               f"them with: dvidshards downsample EXPORT DEST, and ingest DEST too")
     if sink is not None and scheduler not in (None, "threads"):
         raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
     runner = TaskRunner(f"threads:{int(workers)}" if scheduler in (None, "threads") else scheduler, progress=progress)
@@ -371,8 +381,9 @@ def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int 
                 old_info = (read_table_info(path) or {}).get("dvidshards_table", {})
                 done = sorted(set(old_info.get("scales_done", [])) | set(todo))
                 counts = {f"s{k}": len(table_files(path, k)) for k in done}
-                write_table_info(path, src_spec, complete=set(done) == set(all_scales),
-                                 extra={"scales_done": done, "shards": counts, "cell_limit": cell_limit})
+                write_table_info(path, src_spec, complete=set(done) >= set(all_scales),
+                                 extra={"scales_done": done, "scales_exported": all_scales, "shards": counts,
+                                        "cell_limit": cell_limit})
         except OSError as e:
             if isinstance(e, DvidShardsError):
                 raise

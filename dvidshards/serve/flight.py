@@ -262,14 +262,17 @@ class ExportFlightServer(fl.FlightServerBase):
 
     def list_actions(self, context):
         return [("spec", "the neuroglancer multiscale spec of the served records (JSON)"),
+                ("exported", "the scales the source holds (JSON list); the spec's others are not exported"),
                 ("ping", "an empty answer")]
 
     def do_action(self, context, action):
         if action.type == "spec":
             return [json.dumps(self.ds.spec).encode()]
+        if action.type == "exported":
+            return [json.dumps(list(self.ds.exported)).encode()]
         if action.type == "ping":
             return [b"{}"]
-        raise server_error(SpecError(f"unknown action {action.type!r}; actions are spec, ping"))
+        raise server_error(SpecError(f"unknown action {action.type!r}; actions are spec, exported, ping"))
 
     def do_get(self, context, ticket):
         try:

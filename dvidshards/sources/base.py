@@ -27,6 +27,8 @@ class RecordSource:
     immediate = False
     mappable = False
     spec: dict | None = None
+    #: the scales of ``spec`` the source holds records of (None: every one); the others are "not exported"
+    exported: tuple[int, ...] | None = None
 
     def describe(self, key: str) -> str:
         """A name for messages."""

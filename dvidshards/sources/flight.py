@@ -264,6 +264,7 @@ class FlightSource(RecordSource):
         self._lock = threading.Lock()
         self.spec = self._spec()
         self.scales = {s.index: s for s in parse_multiscale(self.spec, uri)}
+        self.exported = self._exported()
 
     def __getstate__(self):
         d = self.__dict__.copy()
@@ -311,6 +312,21 @@ class FlightSource(RecordSource):
         if not isinstance(d, dict):
             raise RemoteReadError(f"{self.uri}: the server's spec is not a JSON object")
         return d
+
+    def _exported(self) -> tuple[int, ...]:
+        """The scales the server's source holds (a server without the action: every scale of its spec)."""
+        try:
+            res = list(self.client.do_action(fl.Action("exported", b""), self._options()))
+        except fl.FlightServerError as e:
+            if "unknown action" in str(e):
+                return tuple(sorted(self.scales))
+            raise client_error(e, self.uri) from None
+        except fl.FlightError as e:
+            raise client_error(e, self.uri) from None
+        d = _server_json(res[0].body, self.uri, "exported") if res else None
+        if not isinstance(d, list) or not all(isinstance(k, int) and k in self.scales for k in d):
+            raise RemoteReadError(f"{self.uri}: the server's list of exported scales is not scales of its spec: {d!r}")
+        return tuple(sorted(d))
 
     def stream(self, ticket: dict):
         """(batch, meta dict) of one DoGet, ending with the ``done`` marker; typed errors.

@@ -840,6 +840,8 @@ class TableSource(RecordSource):
             info = read_table_info(path) if os.path.isdir(path) else None
             if info is not None:
                 self._done = {int(k) for k in info["dvidshards_table"].get("scales_done", [])}
+                held = info["dvidshards_table"].get("scales_exported")
+                self.exported = None if held is None else tuple(sorted(int(k) for k in held))
                 self._partial = bool(partial)
                 self.layout = path
                 self.spec = spec_from(spec, None) or {k: v for k, v in info.items() if k != "dvidshards_table"}
