@@ -185,6 +185,7 @@ class _ShardFileWriter:
         self._base = _FILE_MAGIC_LEN if self.container == "file" else 0
         self._tmp_arrow = _tmp_name(self.arrow_path)
         self._tmp_index: Path | None = None
+        self.arrow_path.parent.mkdir(parents=True, exist_ok=True)  # a shard's scale folder, made as needed
         self._sink = pa.OSFile(str(self._tmp_arrow), "wb")
         try:
             opener = pa.ipc.new_file if self.container == "file" else pa.ipc.new_stream
