@@ -146,3 +146,24 @@ def test_23_4_interrupted_conversion_says_incomplete(converted, tmp_path):
     convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, resume=True)
     assert verify(str(dest)).ok
     assert json.loads((Path(dest) / "_dvidshards.json").read_text())["complete"] is True
+
+
+def test_verify_reads_any_jobs_manifest_a_one_file_output_included(tmp_path, capsys):
+    """issue 30: `dvidshards verify DEST` reads the manifest of any job's output, a stats Parquet file's
+    (in its own metadata) and a folder's alike; one reader for all (jobs.output.read_manifest)."""
+    import json
+
+    import dvidshards
+    from dvidshards.cli import main
+    from dvidshards.demo.neurons import neuron_volume
+
+    sv, m = neuron_volume((96, 80, 70), n_bodies=4, svs_per_body=3, seed=3)
+    spec = dvidshards.write_export(sv, tmp_path / "exp", mapping=m, scales=2)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    exp, spec_file = str(tmp_path / "exp"), str(tmp_path / "spec.json")
+    for dest in ("sizes.parquet", "sizes"):
+        assert main(["stats", exp, str(tmp_path / dest), "--spec", spec_file, "--quiet"]) == 0
+        capsys.readouterr()
+        assert main(["verify", str(tmp_path / dest)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("stats output of") and "manifest says complete: no problems" in out

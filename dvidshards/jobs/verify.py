@@ -32,9 +32,8 @@ from ..errors import (
 )
 from ..formats.codec import block_header, decode_into
 from ..shard import not_exported_note
+from .output import MANIFEST, read_manifest
 from .readback import compare_chunks, kvstore_root, open_scale
-
-MANIFEST = "_dvidshards.json"  # what dvidshards convert writes in its destination (jobs.convert)
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_conversion"]
 
@@ -145,24 +144,11 @@ def _check_records(shard, report: VerifyReport, decode: bool) -> None:
             report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
-def _read_manifest(kv: dict, where: str) -> dict | None:
-    """A job's manifest at the root of an output (None: none, or a downsample's: an export, verified as one)."""
-    import json
-
-    import tensorstore as ts
-
-    r = ts.KvStore.open(kv).result().read(MANIFEST).result()
-    if r.state != "value":
-        return None
-    try:
-        m = json.loads(r.value)
-    except ValueError as e:
-        raise SpecError(f"{where}: not a dvidshards manifest ({e})") from None
-    if isinstance(m, dict) and m.get("job") == "downsample":  # an export made by downsample: verified as one
-        return None
-    if not isinstance(m, dict) or not isinstance(m.get("dvidshards"), dict) or "complete" not in m:
-        raise SpecError(f"{where}: not a dvidshards manifest (no 'dvidshards' and 'complete' members)")
-    return m
+def _job_manifest(source) -> dict | None:
+    """Any job's manifest (``jobs.output.read_manifest``: a folder's, or a one-file output's own
+    metadata); None when there is none, or for a downsample's output (an export, verified as one)."""
+    m = read_manifest(source)
+    return None if m is not None and m.get("job") == "downsample" else m
 
 
 def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) -> VerifyReport | None:
@@ -176,10 +162,11 @@ def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) 
     t0 = time.monotonic()
     if not isinstance(source, (str, os.PathLike, dict)):
         return None
-    where = f"{source if isinstance(source, dict) else os.fspath(source)}/{MANIFEST}"
+    name = str(source) if isinstance(source, dict) else os.fspath(source)
+    where = str(name) if not isinstance(source, dict) and os.path.isfile(name) else f"{name}/{MANIFEST}"
     try:
+        m = _job_manifest(source)
         kv = kvstore_root(source)
-        m = _read_manifest(kv, where)
     except DvidShardsError as e:
         report = VerifyReport(problems=[Problem(where, type(e).__name__, str(e))])
         report.manifest = {}
