@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,17 @@ def _require_real_data() -> Path:
 # module's pytestmark), so a renamed test keeps its tier. A test that starts a dask LocalCluster (the
 # `client` fixture) belongs to the slow tier: collection fails if one is not marked.
 SLOW_FIXTURES = {"client": "starts a dask LocalCluster"}
+
+
+def pytest_configure(config):
+    """With several xdist workers, compile every numba kernel once, up front (``dvidshards warm``),
+    instead of each worker compiling the same ones side by side; tests of a cold cache make their
+    own (empty) cache folders."""
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not workers:
+        return
+    code = "from dvidshards.cli import main; raise SystemExit(main(['warm', '-j', '2']))"
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=1200, check=False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -869,6 +869,8 @@ def read_manifest(dest) -> dict | None:
     OutputError
         The location cannot be read.
     """
+    if isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
+        return _http_manifest(os.fspath(dest))  # read-only: an output served over http
     d = Destination.of(dest, what="output")
     if d.local and os.path.isfile(d.path or ""):
         return _file_manifest(d)
@@ -880,6 +882,17 @@ def read_manifest(dest) -> dict | None:
                 return _file_manifest(d)
         return None
     return _parse_manifest(data, d.describe(MANIFEST))
+
+
+def _http_manifest(url: str) -> dict | None:
+    import tensorstore as ts
+
+    root = url.rstrip("/") + "/"
+    try:
+        r = ts.KvStore.open(root).result(timeout=PROBE_SECONDS).read(MANIFEST).result(timeout=PROBE_SECONDS)
+    except Exception as e:  # noqa: BLE001 - one line naming the location
+        raise _ts_error(e, root + MANIFEST, "read it") from None
+    return _parse_manifest(bytes(r.value), root + MANIFEST) if r.state == "value" else None
 
 
 def _file_manifest(d: Destination) -> dict | None:
