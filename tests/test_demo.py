@@ -12,7 +12,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dvidshards.cli import main
 from dvidshards.demo import (
     DemoDependencyError,
     dvid_downsample,
@@ -22,19 +21,7 @@ from dvidshards.demo import (
 )
 from dvidshards.demo.neurons import neuron_volume
 from dvidshards.formats.mapping import LabelMapping
-
-
-def _run(argv, capsys):
-    code = main(argv)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err + out.out, out.err
-    return code, out.out, out.err
-
-
-def _one_line(err: str) -> str:
-    text = err.strip()
-    assert text and "\n" not in text, repr(err)
-    return text
+from tests.test_cli import _one_line, _run
 
 
 @pytest.fixture
