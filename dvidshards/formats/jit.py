@@ -11,14 +11,9 @@ This module holds the pure part: the kernel object, its registry and the fallbac
 where* a kernel is compiled is the business of a :class:`Compiler`, installed with
 :func:`install_compiler`. ``dvidshards.runtime.kernels`` installs the one the package uses when
 ``dvidshards`` is imported (kernels compiled behind the caller for notebooks, at normal priority
-once per node for jobs). With none installed, a kernel is compiled in the caller's thread at its
-first call and the call waits for it (numba's own behaviour): no thread, no process.
-
-``DVIDSHARDS_KERNELS`` chooses the behaviour, read at each first call:
-
-* ``background`` (default): the installed compiler decides (see ``dvidshards.runtime.kernels``);
-* ``compiled``: numba's own behaviour, compile on the first call and wait for it;
-* ``fallback``: never compile (tests of the fallbacks, and platforms where numba cannot compile).
+once per node for jobs; its ``DVIDSHARDS_KERNELS`` chooses). With none installed, a kernel is
+compiled in the caller's thread at its first call and the call waits for it (numba's own
+behaviour): no thread, no process, no lock of ours (numba holds its own while it compiles).
 
 :func:`wait` blocks until every kernel called so far is compiled (benchmarks call it before
 measuring steady-state speed); :func:`status` says where each is.
@@ -27,26 +22,13 @@ measuring steady-state speed); :func:`status` says where each is.
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["MODES", "Compiler", "Kernel", "compile_all", "compile_lock", "fallbacks", "install_compiler",
-           "installed_compiler", "kernel", "kernels", "mode", "python_twins", "reset_after_fork", "status", "wait"]
-
-MODES = ("background", "compiled", "fallback")
-_ENV = "DVIDSHARDS_KERNELS"
-
-
-def mode() -> str:
-    """The kernel mode from ``DVIDSHARDS_KERNELS`` (``background`` when unset)."""
-    m = os.environ.get(_ENV, "background").strip().lower() or "background"
-    if m not in MODES:
-        raise ValueError(f"{_ENV}={m!r}: expected one of {', '.join(MODES)}")
-    return m
+__all__ = ["Compiler", "Kernel", "compile_all", "fallbacks", "install_compiler", "installed_compiler", "kernel",
+           "kernels", "python_twins", "status", "wait"]
 
 
 class Kernel:
@@ -85,59 +67,48 @@ class Kernel:
         if fast is not None and not _forced:
             return fast(*args)
         if self.fallback is None:  # nothing else can answer: compile once, for every thread
-            self.compile()
+            _compiler.compile(self)
             return self.dispatcher(*args)
-        if _forced:
-            return self.fallback(*args)
-        m = mode()
-        if m == "compiled" and self.failed is None:
-            try:
-                self.compile()
-            except Exception:  # noqa: BLE001 - warned about once, by compile()
-                return self.fallback(*args)  # warned about once, by compile()
-            return self(*args)
-        if m == "background" and not self.handled and self.failed is None:
-            if _compiler.called(self):
-                fast = self._fast
-                if fast is not None:
-                    return fast(*args)
+        if not _forced and self.failed is None and _compiler.called(self):
+            fast = self._fast
+            if fast is not None:
+                return fast(*args)
         return self.fallback(*args)
 
     def ensure(self) -> None:
-        """Compile now, unless already done (or the mode or ``fallbacks()`` says no).
+        """Compile now, unless already done (or the installed compiler or ``fallbacks()`` says no).
 
         For callers about to give the kernel enough work that the fallback would take longer
         than the compile (the IPC resolver on a shard of many thousand records). The installed
         compiler may wait for another process that is compiling it.
         """
-        if self._fast is None and self.failed is None and not _forced and mode() != "fallback":
-            _compiler.ensure(self)
+        if self._fast is None and self.failed is None and not _forced:
+            _compiler.asked(self)
 
     def compile(self) -> None:
-        """Compile (or load from numba's cache) every signature now, in this thread."""
-        with _COMPILE:
-            if self._fast is not None:
-                return
-            try:
-                for sig in self.signatures:
-                    self.dispatcher.compile(sig)
-                if self.exclusive:
-                    self.dispatcher.disable_compile()
-            except Exception as e:  # numba cannot compile here: keep the fallback, say so once
-                if self.fallback is None:
-                    raise
-                self.failed = e
-                warnings.warn(f"numba could not compile {self.name} ({type(e).__name__}: {e}); "
-                              "the slower fallback is used", RuntimeWarning, stacklevel=2)
+        """Compile (or load from numba's cache) every signature now, in this thread (the
+        installed compiler decides whether other threads wait meanwhile)."""
+        if self._fast is not None:
+            return
+        try:
+            for sig in self.signatures:
+                self.dispatcher.compile(sig)
+            if self.exclusive:
+                self.dispatcher.disable_compile()
+        except Exception as e:  # numba cannot compile here: keep the fallback, say so once
+            if self.fallback is None:
                 raise
-            self._fast = self.dispatcher
+            self.failed = e
+            warnings.warn(f"numba could not compile {self.name} ({type(e).__name__}: {e}); "
+                          "the slower fallback is used", RuntimeWarning, stacklevel=2)
+            raise
+        self._fast = self.dispatcher
 
     def __repr__(self) -> str:
         state = "compiled" if self.ready else "failed" if self.failed else "fallback"
         return f"<Kernel {self.name} ({state})>"
 
 
-_COMPILE = threading.RLock()  # one compile at a time in a process (numba has its own lock too)
 _forced = 0  # > 0 inside fallbacks()
 
 
@@ -153,12 +124,6 @@ def fallbacks() -> Iterator[None]:
         _forced -= 1
 
 
-def compile_lock() -> Any:
-    """The lock every :meth:`Kernel.compile` of this process holds (a compiler may try it
-    without blocking, to leave a kernel to the thread that compiles)."""
-    return _COMPILE
-
-
 # --- the compiler hook -----------------------------------------------------------------------------
 
 
@@ -167,21 +132,29 @@ class Compiler:
     in the caller's thread, and the call waits. ``dvidshards.runtime.kernels`` installs its own."""
 
     def called(self, k: Kernel) -> bool:
-        """``k`` was called in ``background`` mode before it was ready, and nobody has it in hand
-        (``k.handled`` is False). Return True when it is ready now (the call runs the compiled
-        code); False to answer through the fallback (set ``k.handled`` to hear of it no more)."""
+        """``k`` was called before it was ready (and not inside ``fallbacks()``, nor failed).
+        Return True when it is ready now (the call runs the compiled code); False to answer
+        through the fallback."""
         try:
             k.compile()
         except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
-            return False  # recorded on the kernel and warned about; the fallback answers
+            return False
         return True
+
+    def compile(self, k: Kernel) -> None:
+        """Compile ``k`` now in this thread; its error passes through (a kernel without fallback)."""
+        k.compile()
 
     def ensure(self, k: Kernel) -> None:
         """Compile (or load) ``k`` now in this thread; failures stay on ``k.failed``."""
         try:
             k.compile()
         except Exception:  # noqa: BLE001 - warned about by compile(); the fallback stays in use
-            pass  # warned about by compile(); the fallback stays in use
+            pass
+
+    def asked(self, k: Kernel) -> None:
+        """A caller with much work for ``k`` wants it compiled now (`Kernel.ensure`)."""
+        self.ensure(k)
 
     def wait(self, timeout: float | None) -> bool:
         """Block until every kernel this compiler has in hand is compiled; False on timeout."""
@@ -190,9 +163,6 @@ class Compiler:
     def busy(self) -> dict[str, str]:
         """``{kernel name: 'queued' | 'compiling'}`` for the kernels in hand."""
         return {}
-
-    def after_fork(self) -> None:
-        """Start over in a forked child (no threads, no helpers are there)."""
 
 
 _compiler: Compiler = Compiler()
@@ -229,16 +199,6 @@ def status() -> dict[str, str]:
         if k.ready or k.failed:
             out[k.name] = "compiled" if k.ready else "failed"
     return out
-
-
-def reset_after_fork() -> None:
-    """In a forked child: a fresh compile lock (the parent's may have been held by a thread
-    that is not here), and every kernel not compiled is nobody's in hand."""
-    global _COMPILE
-    _COMPILE = threading.RLock()
-    for k in _KERNELS:
-        if not k.ready:
-            k.handled = False
 
 
 # --- the registry ----------------------------------------------------------------------------------

@@ -47,14 +47,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import SpecError
 from ..formats import jit
 from ..formats.jit import Kernel
+from . import locks
 
-__all__ = ["WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "prepare_for_job", "warm"]
+__all__ = ["MODES", "WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "mode", "prepare_for_job",
+           "warm"]
+
+MODES = ("background", "compiled", "fallback")
+_ENV = "DVIDSHARDS_KERNELS"
 
 _HELPER_ENV = "_DVIDSHARDS_KERNEL_HELPER"  # set in a helper: it starts no helper of its own
 _HELPER_WAIT = 600.0  # ensure() waits this long for the helper, then compiles itself
@@ -88,10 +93,43 @@ _prepared: set = set()  # prepare_for_job arguments whose kernels are all ready
 _stopping = False
 
 
+def mode() -> str:
+    """The kernel mode from ``DVIDSHARDS_KERNELS``, read at each call of a kernel not ready:
+
+    * ``background`` (default, or unset): as the module docstring says;
+    * ``compiled``: numba's own behaviour, compile on the first call and wait for it;
+    * ``fallback``: never compile (tests of the fallbacks, and platforms where numba cannot compile).
+    """
+    m = os.environ.get(_ENV, "background").strip().lower() or "background"
+    if m not in MODES:
+        raise ValueError(f"{_ENV}={m!r}: expected one of {', '.join(MODES)}")
+    return m
+
+
+_COMPILE = threading.RLock()  # one compile at a time in this process (numba has its own lock too)
+
+
+def _compile(k: Kernel) -> None:
+    """``k.compile()`` under this process's compile lock."""
+    with _COMPILE:
+        k.compile()
+
+
 class _Runtime(jit.Compiler):
     """The compiler this module installs in `formats.jit` (see the module docstring)."""
 
     def called(self, k: Kernel) -> bool:
+        m = mode()
+        if m == "fallback":
+            return False
+        if m == "compiled":
+            try:
+                _compile(k)
+            except Exception:  # noqa: BLE001 - warned about once, by compile(); the fallback answers
+                return False
+            return True
+        if k.handled:
+            return False
         if _job:
             if _job_wait:
                 _job_ensure(k)
@@ -100,13 +138,20 @@ class _Runtime(jit.Compiler):
         _queue(k)
         return False
 
+    def compile(self, k: Kernel) -> None:
+        _compile(k)
+
+    def asked(self, k: Kernel) -> None:
+        if mode() != "fallback":
+            self.ensure(k)
+
     def ensure(self, k: Kernel) -> None:
         if _job:
             _job_ensure(k)
             return
         _await_helper(k)  # compiling it here as well would only take the helper's core
         try:
-            k.compile()
+            _compile(k)
         except Exception:  # noqa: BLE001 - warned about once, by compile(); the fallback answers
             pass  # warned about once, by compile(); the fallback answers
 
@@ -167,10 +212,11 @@ def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
     _job_wait = wait
     job_mode()
     todo = _resolve(kernels)
-    m = jit.mode()
+    m = mode()
     if m == "compiled":
         for k in todo:
-            jit.Compiler().ensure(k)
+            with contextlib.suppress(Exception):  # warned about by compile(); the fallback stays in use
+                _compile(k)
     elif m == "background":
         later = [k for k in todo if not k.ready and k.failed is None and not k.handled
                  and not _job_call(k, hand=False)]
@@ -246,7 +292,7 @@ def _job_call(k: Kernel, hand: bool = True) -> bool:
     """Compile (or load) ``k`` now in this thread, unless another thread of this process compiles
     or another process compiles ``k``: then False, and with ``hand`` the job thread loads it when
     that is done (the caller answers through the fallback meanwhile)."""
-    lock = jit.compile_lock()
+    lock = _COMPILE
     if not lock.acquire(blocking=False):
         if hand:
             _to_job_thread(k)
@@ -258,18 +304,18 @@ def _job_call(k: Kernel, hand: bool = True) -> bool:
             return False
         held = None
         if _cacheable(k) and not in_cache(k):
-            held = _acquire(_kernel_lock_path(k), blocking=False)
+            held = locks.try_acquire(_kernel_lock_path(k))
             if held is None:  # another process compiles it: load it when it is done
                 if hand:
                     _to_job_thread(k)
                 return False
         try:
-            k.compile()
+            _compile(k)
         except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
             return False  # recorded on the kernel and warned about; the fallback answers
         finally:
             if held is not None:
-                held.close()
+                held.release()
         return True
     finally:
         lock.release()
@@ -279,15 +325,15 @@ def _job_ensure(k: Kernel) -> None:
     """Compile (or load) ``k`` now, waiting for another process that compiles it."""
     if k.ready or k.failed is not None:
         return
-    held = (_acquire(_kernel_lock_path(k), blocking=True, timeout=_JOB_LOCK_WAIT)
+    held = (locks.acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
             if _cacheable(k) and not in_cache(k) else None)
     try:
-        k.compile()
+        _compile(k)
     except Exception:  # noqa: BLE001 - warned about by compile(); the fallback stays in use
         pass  # warned about by compile(); the fallback stays in use
     finally:
         if held is not None:
-            held.close()
+            held.release()
 
 
 def _to_job_thread(k: Kernel) -> None:
@@ -317,48 +363,19 @@ def _job_run() -> None:
         try:
             if not k.ready and k.failed is None:
                 if _cacheable(k):
-                    held = _acquire(_kernel_lock_path(k), blocking=True, timeout=_JOB_LOCK_WAIT)
+                    held = locks.acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
                 with _STATE:
                     _jhere = True
-                k.compile()
+                _compile(k)
         except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
             pass  # recorded on the kernel and warned about; the fallback stays in use
         finally:
             if held is not None:
-                held.close()
+                held.release()
             with _STATE:
                 _jhere = False
                 _jcurrent = None
                 _STATE.notify_all()
-
-
-class _NoLock:
-    def close(self) -> None:
-        pass
-
-
-def _acquire(path: str, blocking: bool, timeout: float | None = None) -> Any:
-    """An open file holding an exclusive lock on ``path`` (close it to let go), or None when
-    ``blocking`` is False and another holds it; a stand-in where locks are missing, and when
-    ``timeout`` seconds pass before the holder lets go (a stuck process: go on without)."""
-    try:
-        import fcntl
-        f = open(path, "a")
-    except (ImportError, OSError):
-        return _NoLock()
-    end = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking and end is None else fcntl.LOCK_NB))
-            return f
-        except BlockingIOError:
-            if not blocking or time.monotonic() > end:  # type: ignore[operator]
-                f.close()
-                return None if not blocking else _NoLock()
-            time.sleep(0.05)
-        except OSError:  # a file system without locks: go on without
-            f.close()
-            return _NoLock()
 
 
 # --- notebooks and commands: the background thread and the helper process ---------------------------
@@ -405,7 +422,7 @@ def _run() -> None:
             continue
         if k.ready or k.failed is not None or not _send_to_helper(k):
             try:
-                k.compile()  # a load from the cache when the helper compiled it
+                _compile(k)  # a load from the cache when the helper compiled it
             except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
                 pass  # recorded on the kernel and warned about; the fallback stays in use
         with _STATE:
@@ -565,7 +582,7 @@ def _helper_main(idle: float = _HELPER_IDLE) -> None:
         try:
             k = _registered(name)
             with _cache_lock(k):  # helpers of other processes: one compiles, the others load
-                k.compile()
+                _compile(k)
         except Exception:  # noqa: BLE001 - the parent compiles it itself and reports what went wrong
             pass  # the parent compiles it itself and reports what went wrong
         if answer:
@@ -599,14 +616,9 @@ def _kernel_lock_path(k: Kernel) -> str:
     return _lock_path(k, kernel=True)
 
 
-@contextlib.contextmanager
-def _cache_lock(k: Kernel) -> Iterator[None]:
+def _cache_lock(k: Kernel) -> locks.Held:
     """An exclusive lock per numba cache folder, across processes (none where flock is missing)."""
-    f = _acquire(_lock_path(k), blocking=True)
-    try:
-        yield
-    finally:
-        f.close()
+    return locks.acquire(_lock_path(k))
 
 
 def _stop() -> None:
@@ -625,7 +637,7 @@ def _stop() -> None:
 
 
 def _after_fork() -> None:  # a forked child has no background threads and no helper: start over
-    global _STATE, _worker, _current, _stopping, _here, _helper, _helper_broken, _helper_starts
+    global _STATE, _COMPILE, _worker, _current, _stopping, _here, _helper, _helper_broken, _helper_starts
     global _jworker, _jcurrent, _jhere
     _STATE = threading.Condition()
     _worker = _current = _jworker = _jcurrent = None
@@ -639,7 +651,10 @@ def _after_fork() -> None:  # a forked child has no background threads and no he
     _awaiting.clear()
     _helped.clear()
     _jobq.clear()
-    jit.reset_after_fork()  # the parent's work in flight is not here
+    _COMPILE = threading.RLock()  # the parent's may have been held by a thread that is not here
+    for k in jit.kernels():  # the parent's work in flight is not here
+        if not k.ready:
+            k.handled = False
 
 
 # --- dvidshards warm -------------------------------------------------------------------------------
@@ -673,7 +688,7 @@ def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, s
         if in_cache(k):
             out[k.name] = "in the cache"
             continue
-        held = _acquire(_kernel_lock_path(k), blocking=False)
+        held = locks.try_acquire(_kernel_lock_path(k))
         if held is None:
             deferred.append(k)
             continue
@@ -681,9 +696,9 @@ def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, s
         if log:
             log(f"{k.name}: {out[k.name]}")
     for k in deferred:
-        held = _acquire(_kernel_lock_path(k), blocking=True)
+        held = locks.acquire(_kernel_lock_path(k))
         if in_cache(k):
-            held.close()
+            held.release()
             out[k.name] = "compiled by another process"
         else:
             out[k.name] = _compile_timed(k, held)
@@ -697,11 +712,11 @@ def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, s
 def _compile_timed(k: Kernel, held: Any) -> str:
     t = time.thread_time()
     try:
-        k.compile()
+        _compile(k)
     except Exception as e:  # noqa: BLE001 - reported, and the exit code says so
         return f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
     finally:
-        held.close()
+        held.release()
     return f"compiled ({time.thread_time() - t:.1f} CPU-s)"
 
 

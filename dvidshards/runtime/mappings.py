@@ -32,13 +32,13 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
 
 import numpy as np
 
 from ..errors import MappingError
 from ..formats import mapping as fm
 from ..formats.mapping import LabelMapping
+from . import locks
 
 __all__ = ["SidecarFiles", "cache_info", "clear_cache", "install"]
 
@@ -208,7 +208,7 @@ def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str)
     m = _open_sidecar(folder, path, stamp, format)
     if m is not None:
         return m
-    with _file_lock(os.path.join(root, name + ".lock")):
+    with locks.acquire(os.path.join(root, name + ".lock")):
         m = _open_sidecar(folder, path, stamp, format)  # another process built it while we waited
         if m is not None:
             return m
@@ -324,22 +324,6 @@ def _write_atomic(path: str, data: bytes) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-
-
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """An exclusive lock between processes (fcntl; none where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _after_fork() -> None:  # the parent's lock may have been held by a thread that is not here
