@@ -46,12 +46,9 @@ A job reads as plan → tasks → reduce; this module is only the frame around t
 
 from __future__ import annotations
 
-import errno
-import io
 import json
 import os
 import re
-import shutil
 import socket
 import sys
 import threading
@@ -59,9 +56,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import JobError, OutputError, OutputLockedError, SpecError
+from ..errors import JobError, OutputError, OutputLockedError, RemoteReadError, SpecError
+from ..stores import ByteStore, as_store, is_temporary, os_error
 
 __all__ = [
     "LOCK",
@@ -78,19 +76,13 @@ __all__ = [
     "read_manifest",
 ]
 
+D = TypeVar("D", bound="Destination")
 MANIFEST = "_dvidshards.json"
 LOCK = "_dvidshards.lock"
 SCHEMA = 1  # the manifest's schema version
 #: seconds without a heartbeat after which another host's lock counts as abandoned
 STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
 HEARTBEAT_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_HEARTBEAT_SECONDS", "60"))
-#: seconds a bucket has to answer the probe before a job is refused
-PROBE_SECONDS = float(os.environ.get("DVIDSHARDS_PROBE_SECONDS", "30"))
-#: seconds one remote operation may take (a write of a large output shard included)
-REMOTE_SECONDS = float(os.environ.get("DVIDSHARDS_REMOTE_SECONDS", "600"))
-_TMP = ".tmp-"
-_WRITABLE_SCHEMES = ("gs", "s3", "memory")
-_RETRIES = {"gcs": "gcs_request_retries", "s3": "s3_request_retries"}
 
 
 def library_version() -> str:
@@ -114,99 +106,19 @@ def _one_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the destination
 
 
-def os_error(e: OSError, where: str, doing: str) -> OutputError:
-    """One line naming the path, for the errors users hit (full disk, permissions, not a folder)."""
-    code = e.errno
-    if code == errno.ENOSPC or code == errno.EDQUOT:
-        why = "no space left on the device (free some space, then run the same command with --resume)"
-    elif code in (errno.EACCES, errno.EPERM):
-        why = "permission denied (choose a destination you can write to)"
-    elif code == errno.EROFS:
-        why = "the file system is read-only (choose a destination you can write to)"
-    elif code == errno.ENOTDIR:
-        why = "a file is in the way where a folder is needed"
-    elif code == errno.EISDIR:
-        why = "a folder is in the way where a file is needed"
-    else:
-        why = e.strerror or _one_line(e)
-    return OutputError(f"{where}: cannot {doing}: {why}")
-
-
-def _ts_error(e: BaseException, where: str, doing: str) -> OutputError:
-    text = _one_line(e)
-    if isinstance(e, TimeoutError):
-        text = "no answer in time (is the bucket reachable from this machine?)"
-    return OutputError(f"{where}: cannot {doing}: {text}")
-
-
-def _parse_url(text: str, what: str) -> tuple[str, dict | None, str | None]:
-    """``(url, kvstore spec or None, local path or None)`` of a user's destination string."""
-    if text.startswith("file://"):
-        return os.path.abspath(text[len("file://"):]), None, os.path.abspath(text[len("file://"):])
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
-    if m is None:
-        first = text.replace("\\", "/").split("/", 1)[0]
-        if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+:", first):
-            raise OutputError(f"{what} {text!r} looks like a URL with a slash missing ({first}//...); "
-                              f"give {first}//bucket/path or a local path")
-        path = os.path.abspath(os.path.expanduser(text))
-        return path, None, path
-    scheme = m.group(1).lower()
-    if scheme not in _WRITABLE_SCHEMES:
-        raise OutputError(f"{what} {text}: a job writes to a local folder, gs://, s3:// or memory://, "
-                          f"not {scheme}://")
-    base, _, query = text.partition("?")
-    import tensorstore as ts
-
-    try:
-        spec = ts.KvStore.Spec(base).to_json()
-    except ValueError as e:
-        raise OutputError(f"{what} {text}: not a storage URL ({_one_line(e)})") from None
-    if query:
-        if scheme != "s3":
-            raise OutputError(f"{what} {text}: only s3:// URLs take options after '?'")
-        opts = dict(p.partition("=")[::2] for p in query.split("&") if p)
-        unknown = sorted(set(opts) - {"endpoint_override", "scheme", "region"})
-        if unknown:
-            raise OutputError(f"{what} {text}: unknown option {unknown[0]!r} (endpoint_override, scheme, region)")
-        if "endpoint_override" in opts:
-            spec["endpoint"] = f"{opts.get('scheme', 'https')}://{opts['endpoint_override']}"
-        if "region" in opts:
-            spec["aws_region"] = opts["region"]
-    if spec.get("driver") == "s3" and "endpoint" not in spec:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            spec["endpoint"] = endpoint
-    if spec.get("driver") in ("gcs", "s3") and not spec.get("bucket"):
-        raise OutputError(f"{what} {text}: no bucket named")
-    return text, spec, None
-
-
 class Destination:
-    """Where a job writes: a local folder (or file) or a prefix in a bucket, one API over both.
-
-    Keys (``rel``) are ``/``-joined names under the root. Writes are atomic: a local file is
-    written under a hidden temporary name (``.NAME.tmp-XXXX``, which readers skip) and renamed;
-    an object in a bucket appears whole. It pickles as its location, so a worker opens it with its
-    own credentials.
+    """Where a job writes: a writable store (``stores.as_store(dest, writable=True)``) under the
+    names jobs call today. Each method is one call of the store's; the next jobs call the store.
 
     Use :meth:`of` to make one (it refuses what cannot be written).
     """
 
-    def __init__(self, url: str, spec: dict | None, path: str | None):
-        self.url = url
-        self.path = path  # local: the absolute path
-        self.spec = spec  # remote: the TensorStore kvstore spec of the root (path ends with '/')
-        if spec is not None:
-            p = spec.get("path", "")
-            if p and not p.endswith("/"):
-                spec["path"] = p + "/"
-        self._kv: Any = None
-        self._kv_lock = threading.Lock()
+    def __init__(self, store: ByteStore):
+        self.store = store
 
     @classmethod
     def of(cls, dest, *, what: str = "destination") -> Destination:
-        """The destination a user named: a path, a URL or a kvstore spec dict (or a Destination).
+        """The destination a user named: a path, a URL, a kvstore spec dict, a store or a Destination.
 
         Raises
         ------
@@ -216,31 +128,13 @@ class Destination:
         """
         if isinstance(dest, Destination):
             return dest
-        if isinstance(dest, dict):
-            spec: dict = dict(dest)
-            if spec.get("driver") == "file":
-                path = os.path.abspath(spec.get("path", ""))
-                return cls(path, None, path)
-            if spec.get("driver") not in ("gcs", "s3", "memory"):
-                raise OutputError(f"{what}: a job writes to a local folder, gcs, s3 or memory, not the "
-                                  f"{spec.get('driver')!r} kvstore driver")
-            return cls(_spec_url(spec), spec, None)
-        try:
-            text = os.fspath(dest)
-        except TypeError:
-            raise OutputError(f"{what} must be a path, a URL or a kvstore spec dict, got {type(dest).__name__}") from None
-        if not text:
-            raise OutputError(f"{what} is empty")
-        url, parsed, path = _parse_url(text, what)
-        return cls(url, parsed, path)
-
-    # --- identity --------------------------------------------------------------------------------
+        return cls(as_store(dest, writable=True, what=what))
 
     def __reduce__(self):
-        return (Destination, (self.url, self.spec, self.path))
+        return (type(self), (self.store,))
 
     def __repr__(self) -> str:
-        return f"Destination({self.url!r})"
+        return f"{type(self).__name__}({self.url!r})"
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Destination) and (self.path, self.spec) == (other.path, other.spec)
@@ -249,49 +143,56 @@ class Destination:
         return hash((self.path, json.dumps(self.spec, sort_keys=True)))
 
     @property
+    def url(self) -> str:
+        return self.store.describe("").rstrip("/") or "/"
+
+    @property
+    def path(self) -> str | None:
+        """The absolute local path (None: not on this host's file system)."""
+        p = self.store.local_path()
+        return None if p is None else os.path.abspath(p)
+
+    @property
     def local(self) -> bool:
         """Whether this is a path on this host's file system."""
         return self.path is not None
 
     @property
+    def spec(self) -> dict | None:
+        """Not local: the root's TensorStore kvstore spec (a memory store: the memory driver's)."""
+        if self.local:
+            return None
+        spec = self.store.kvstore_spec()
+        return spec if spec is not None else {"driver": "memory", "path": self.store.describe("")}
+
+    @property
     def kvstore(self) -> dict:
         """The root as a TensorStore kvstore spec (path ending with '/'), for TensorStore's drivers."""
-        if self.path is not None:
-            return {"driver": "file", "path": self.path.rstrip("/") + "/"}
-        assert self.spec is not None
-        return dict(self.spec)
+        spec = self.spec
+        return spec if spec is not None else {"driver": "file", "path": (self.path or "").rstrip("/") + "/"}
 
     def describe(self, rel: str = "") -> str:
         """``rel`` as the user would name it (for messages)."""
-        if self.path is not None:
-            return os.path.join(self.path, rel) if rel else self.path
-        base = self.url.split("?", 1)[0].rstrip("/")
-        return f"{base}/{rel}" if rel else base
+        return f"{self.url}/{rel}" if rel and not self.local else (os.path.join(self.url, rel) if rel else self.url)
 
-    def child(self, rel: str) -> Destination:
+    def child(self: D, rel: str) -> D:
         """The folder ``rel`` under this one, as a Destination of its own."""
-        rel = rel.strip("/")
-        if self.path is not None:
-            p = os.path.join(self.path, rel)
-            return Destination(p, None, p)
-        assert self.spec is not None
-        spec = dict(self.spec)
-        spec["path"] = spec.get("path", "") + rel + "/"
-        base, sep, query = self.url.partition("?")
-        return Destination(f"{base.rstrip('/')}/{rel}{sep}{query}", spec, None)
+        return type(self)(self.store.child(rel))
 
-    def parent_and_name(self) -> tuple[Destination, str]:
+    def parent_and_name(self: D) -> tuple[D, str]:
         """The folder holding this location and its last name (for one-file outputs)."""
         if self.path is not None:
             folder, name = os.path.split(self.path.rstrip("/"))
-            return Destination(folder, None, folder), name
-        assert self.spec is not None
-        p = self.spec.get("path", "").rstrip("/")
-        folder, _, name = p.rpartition("/")
-        spec = dict(self.spec)
-        spec["path"] = folder + "/" if folder else ""
-        base, sep, query = self.url.partition("?")
-        return Destination(base.rstrip("/").rpartition("/")[0] + sep + query, spec, None), name
+            return type(self)(as_store(folder, writable=True)), name
+        spec = self.store.kvstore_spec()
+        if spec is not None:
+            folder, _, name = spec.get("path", "").rstrip("/").rpartition("/")
+            parent = {**spec, "path": folder + "/" if folder else ""}
+            return type(self)(as_store(parent, writable=not self.store.read_only)), name
+        base, _, name = self.url.rstrip("/").rpartition("/")
+        if base.endswith(":/"):
+            return self, ""  # a store's root: nothing beside it
+        return type(self)(as_store(base + "/", writable=True)), name
 
     def contains(self, other: Destination) -> bool:
         """Whether ``other`` is this location or inside it."""
@@ -304,239 +205,60 @@ class Destination:
             return a_rest == b_rest and other.spec.get("path", "").startswith(self.spec.get("path", ""))
         return False
 
-    # --- the remote store --------------------------------------------------------------------------
-
-    def _store(self):
-        if self._kv is None:
-            with self._kv_lock:
-                if self._kv is None:
-                    import tensorstore as ts
-
-                    assert self.spec is not None
-                    ctx: dict = {}
-                    res = _RETRIES.get(self.spec.get("driver", ""))
-                    if res is not None:
-                        ctx[res] = {"max_retries": 4, "initial_delay": "200ms", "max_delay": "5s"}
-                    try:
-                        self._kv = ts.KvStore.open(self.spec, context=ts.Context(ctx)).result(timeout=PROBE_SECONDS)
-                    except Exception as e:  # noqa: BLE001 - every failure is one line naming the bucket
-                        raise _ts_error(e, self.describe(), "open it") from None
-        return self._kv
-
-    def _remote(self, fn: Callable[[Any], Any], rel: str, doing: str, timeout: float = REMOTE_SECONDS):
-        kv = self._store()
-        try:
-            return fn(kv).result(timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - every failure is one line naming the object
-            raise _ts_error(e, self.describe(rel), doing) from None
-
-    # --- reading -----------------------------------------------------------------------------------
+    # --- one call of the store's each ---------------------------------------------------------------
 
     def read(self, rel: str) -> bytes | None:
         """The bytes of ``rel``, or None when it does not exist."""
-        if self.path is not None:
-            try:
-                with open(os.path.join(self.path, rel), "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
-            except IsADirectoryError:
-                raise OutputError(f"{self.describe(rel)}: is a folder, not a file") from None
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "read it") from None
-        r = self._remote(lambda kv: kv.read(rel), rel, "read it")
-        return bytes(r.value) if r.state == "value" else None
+        return self.store.get_sync(rel)
 
     def open_input(self, rel: str):
-        """``rel`` as a readable, seekable binary file (a bucket object is read in the byte ranges
-        asked for, so a reader of one part of a large file fetches only that part)."""
-        if self.path is not None:
-            try:
-                return open(os.path.join(self.path, rel), "rb")
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "read it") from None
-        return _RangedFile(self, rel)
+        """``rel`` as a readable, seekable binary file (ranged reads in a bucket)."""
+        return self.store.open(rel)
 
     def size(self, rel: str) -> int:
-        """The size of file ``rel`` in bytes (OutputError when it does not exist)."""
-        if self.path is not None:
-            try:
-                return os.stat(os.path.join(self.path, rel)).st_size
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "read it") from None
-        if self.spec is not None and self.spec.get("driver") == "memory":  # one context holds its data
-            data = self.read(rel)
-            if data is None:
-                raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
-            return len(data)
-        size = self._bytes().stat_sync(rel).size
-        if size is None:  # a store that does not say: the object's length
-            data = self.read(rel)
-            if data is None:
-                raise OutputError(f"{self.describe(rel)}: cannot read it: it does not exist")
-            size = len(data)
-        return int(size)
+        """The size of file ``rel`` in bytes."""
+        return self.store.size_sync(rel)
 
     def read_range(self, rel: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of file ``rel``."""
-        if self.path is not None:
-            try:
-                with open(os.path.join(self.path, rel), "rb") as f:
-                    f.seek(start)
-                    return f.read(stop - start)
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "read it") from None
-        if self.spec is not None and self.spec.get("driver") == "memory":
-            return (self.read(rel) or b"")[start:stop]
-        return bytes(self._bytes().read_sync(rel, start, stop))
-
-    def _bytes(self):
-        """The root as a read-only byte store (ranged reads, sizes; retried like every remote read)."""
-        store = getattr(self, "_byte_store", None)
-        if store is None:
-            from ..stores.kvstore import KvStore
-
-            store = self._byte_store = KvStore(self.kvstore)
-        return store
+        return bytes(self.store.read_sync(rel, start, stop))
 
     def exists(self, rel: str = "") -> bool:
         """Whether a file or a non-empty folder ``rel`` exists."""
-        if self.path is not None:
-            return os.path.exists(os.path.join(self.path, rel))
-        if rel and self.read(rel) is not None:
-            return True
-        return bool(self.list(rel))
+        return self.store.exists_sync(rel) or self.store.is_folder_sync(rel)
 
     def is_dir(self, rel: str = "") -> bool:
         """Whether ``rel`` is a folder (in a bucket: a prefix holding objects)."""
-        if self.path is not None:
-            return os.path.isdir(os.path.join(self.path, rel))
-        return bool(self.list(rel))
+        return self.store.is_folder_sync(rel)
 
     def list(self, rel: str = "") -> list[str]:
-        """Names (files and folders) directly under ``rel``, sorted; ``[]`` when it is missing.
-
-        Temporary files of interrupted writes are left out.
-        """
-        if self.path is not None:
-            p = os.path.join(self.path, rel)
-            try:
-                names = os.listdir(p)
-            except FileNotFoundError:
-                return []
-            except NotADirectoryError:
-                raise OutputError(f"{self.describe(rel)}: is a file, not a folder") from None
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "list it") from None
-            return sorted(n for n in names if not is_temporary(n))
-        import tensorstore as ts
-
-        prefix = rel.strip("/") + "/" if rel.strip("/") else ""
-        keys = self._remote(lambda kv: kv.list(ts.KvStore.KeyRange(prefix, _prefix_end(prefix)) if prefix
-                                                else ts.KvStore.KeyRange()), rel, "list it")
-        found = {(k.decode() if isinstance(k, bytes) else k)[len(prefix):].split("/", 1)[0] for k in keys}
-        return sorted(n for n in found if n and not is_temporary(n))
-
-    # --- writing -----------------------------------------------------------------------------------
+        """Names (files and folders) directly under ``rel``, sorted; ``[]`` when it is missing."""
+        return self.store.list_sync(rel)
 
     def write(self, rel: str, data: bytes) -> None:
         """Write ``data`` to ``rel`` atomically (never seen half written)."""
-        if self.path is not None:
-            self.write_with(rel, lambda f: f.write(data))
-            return
-        self._remote(lambda kv: kv.write(rel, data), rel, "write it")
+        self.store.put_sync(rel, data)
 
     def write_with(self, rel: str, write: Callable[[Any], object]) -> None:
-        """Call ``write(file)`` with a binary file open for writing, then publish it at ``rel``
-        atomically (locally: streamed to a temporary file and renamed; in a bucket: buffered)."""
-        if self.path is not None:
-            target = os.path.join(self.path, rel)
-            folder, name = os.path.split(target)
-            tmp = os.path.join(folder, f".{name}{_TMP}{uuid.uuid4().hex[:12]}")
-            try:
-                os.makedirs(folder, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    write(f)
-                os.replace(tmp, target)
-            except OSError as e:
-                _unlink_quietly(tmp)
-                raise os_error(e, self.describe(rel), "write it") from None
-            except BaseException:
-                _unlink_quietly(tmp)
-                raise
-            return
-        buf = io.BytesIO()
-        write(buf)
-        self.write(rel, buf.getvalue())
+        """Call ``write(file)`` with a binary file open for writing, then publish it at ``rel`` atomically."""
+        with self.store.writer(rel) as f:
+            write(f)
 
     def create(self, rel: str, data: bytes) -> bool:
         """Write ``rel`` only if it does not exist (atomically); False when it already did."""
-        if self.path is not None:
-            target = os.path.join(self.path, rel)
-            try:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "create it") from None
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-            except OSError as e:
-                _unlink_quietly(target)
-                raise os_error(e, self.describe(rel), "write it") from None
-            return True
-        absent = self._remote(lambda kv: kv.read(rel), rel, "read it")
-        if absent.state == "value":
-            return False
-        stamp = self._remote(lambda kv: kv.write(rel, data, if_equal=absent.stamp.generation), rel, "create it")
-        return bool(stamp.generation)
+        return self.store.create_sync(rel, data)
 
     def replace_if(self, rel: str, data: bytes, expected: bytes) -> bool:
         """Write ``rel`` only if it still holds ``expected``; False when it changed (or is gone)."""
-        if self.path is not None:  # a lock is refreshed only by its owner: compare, then rename
-            if self.read(rel) != expected:
-                return False
-            self.write(rel, data)
-            return True
-        r = self._remote(lambda kv: kv.read(rel), rel, "read it")
-        if r.state != "value" or bytes(r.value) != expected:
-            return False
-        stamp = self._remote(lambda kv: kv.write(rel, data, if_equal=r.stamp.generation), rel, "write it")
-        return bool(stamp.generation)
+        return self.store.replace_sync(rel, data, expected=expected)
 
     def delete(self, rel: str) -> None:
         """Delete file ``rel`` if it exists."""
-        if self.path is not None:
-            try:
-                os.unlink(os.path.join(self.path, rel))
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "delete it") from None
-            return
-        self._remote(lambda kv: kv.write(rel, None), rel, "delete it")
+        self.store.delete_sync(rel)
 
     def rmtree(self, rel: str = "") -> None:
         """Delete ``rel`` (a file, or a folder and everything in it) if it exists."""
-        if self.path is not None:
-            p = os.path.join(self.path, rel)
-            try:
-                if os.path.isdir(p) and not os.path.islink(p):
-                    shutil.rmtree(p)
-                elif os.path.lexists(p):
-                    os.unlink(p)
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "delete it") from None
-            return
-        import tensorstore as ts
-
-        prefix = rel.strip("/") + "/" if rel.strip("/") else ""
-        self._remote(lambda kv: kv.delete_range(ts.KvStore.KeyRange(prefix, _prefix_end(prefix)) if prefix
-                                                else ts.KvStore.KeyRange()), rel, "delete it")
-        if rel.strip("/"):
-            self._remote(lambda kv: kv.write(rel.strip("/"), None), rel, "delete it")
+        self.store.delete_prefix_sync(rel)
 
     def local_path(self, rel: str = "") -> str:
         """The local path of ``rel`` (only for local destinations: writers that stream to a file)."""
@@ -552,112 +274,9 @@ class Destination:
             except OSError as e:
                 raise os_error(e, self.describe(rel), "make the folder") from None
 
-    # --- before any work ---------------------------------------------------------------------------
-
     def probe(self, *, kind: str = "folder") -> None:
-        """Check that a job can write here, before any work; one OutputError line otherwise.
-
-        Locally: the nearest existing folder on the path is a folder, writable, with space left
-        (nothing is created). In a bucket: a probe object is written and deleted within
-        :data:`PROBE_SECONDS`.
-        """
-        if self.path is not None:
-            target = self.path
-            if os.path.exists(target):
-                if kind == "folder" and not os.path.isdir(target):
-                    raise OutputError(f"{target}: is a file; a folder is needed here")
-                if kind == "file" and os.path.isdir(target):
-                    raise OutputError(f"{target}: is a folder; a file is needed here")
-            probe = target if os.path.isdir(target) else os.path.dirname(target)
-            while not os.path.exists(probe):
-                probe = os.path.dirname(probe)
-            if not os.path.isdir(probe):
-                raise OutputError(f"{self.describe()}: cannot make the folder: {probe} is a file")
-            if not os.access(probe, os.W_OK | os.X_OK):
-                why = "read-only file system" if _read_only(probe) else "permission denied"
-                raise OutputError(f"{self.describe()}: cannot write there: {why} ({probe}); choose a destination "
-                                  f"you can write to")
-            try:
-                st = os.statvfs(probe)
-            except OSError:
-                return
-            if st.f_flag & getattr(os, "ST_RDONLY", 1):
-                raise OutputError(f"{self.describe()}: cannot write there: read-only file system ({probe})")
-            free = st.f_bavail * st.f_frsize
-            if free < 1 << 20:
-                raise OutputError(f"{self.describe()}: cannot write there: no space left on the device ({free:,} "
-                                  f"bytes free at {probe})")
-            return
-        key = f".dvidshards-probe-{uuid.uuid4().hex[:12]}"
-        deadline = time.monotonic() + PROBE_SECONDS
-        try:
-            kv = self._store()
-            kv.write(key, b"probe").result(timeout=max(1.0, deadline - time.monotonic()))
-            kv.write(key, None).result(timeout=max(1.0, deadline - time.monotonic()))
-        except OutputError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every failure is one line naming the bucket
-            raise _ts_error(e, self.describe(), "write there") from None
-
-
-class _RangedFile(io.RawIOBase):
-    """A bucket object as a seekable file that fetches the byte ranges it is asked for."""
-
-    def __init__(self, dest: Destination, rel: str):
-        self.dest, self.rel = dest, rel
-        self._size = dest.size(rel)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, b) -> int:
-        n = min(len(b), self._size - self._pos)
-        if n <= 0:
-            return 0
-        data = self.dest.read_range(self.rel, self._pos, self._pos + n)
-        b[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-def _read_only(path: str) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & getattr(os, "ST_RDONLY", 1))
-    except OSError:
-        return False
-
-
-def _spec_url(spec: dict) -> str:
-    d, path = spec.get("driver"), spec.get("path", "")
-    if d == "gcs":
-        return f"gs://{spec.get('bucket', '')}/{path}"
-    if d == "s3":
-        return f"s3://{spec.get('bucket', '')}/{path}"
-    return f"{d}://{path}"
-
-
-def _prefix_end(prefix: str) -> str:
-    """The first key after every key starting with ``prefix`` ('/' + 1 is '0')."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+        """Check that a job can write here, before any work; one OutputError line otherwise."""
+        self.store.check_writable(kind=kind)
 
 
 def _remove_empty_dirs(path: str) -> None:
@@ -668,11 +287,6 @@ def _remove_empty_dirs(path: str) -> None:
         except OSError:
             return
         path = os.path.dirname(path)
-
-
-def is_temporary(name: str) -> bool:
-    """Whether a file name is one of :meth:`Destination.write`'s temporary names."""
-    return name.startswith(".") and _TMP in name
 
 
 def check_apart(dest: Destination, *, workdir: Destination | None = None, source=None,
@@ -870,29 +484,21 @@ def read_manifest(dest) -> dict | None:
         The location cannot be read.
     """
     if isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
-        return _http_manifest(os.fspath(dest))  # read-only: an output served over http
-    d = Destination.of(dest, what="output")
-    if d.local and os.path.isfile(d.path or ""):
-        return _file_manifest(d)
-    data = d.read(MANIFEST)
-    if data is None:
-        if not d.local and d.read("") is None:
-            folder, name = d.parent_and_name()
+        d = Destination(as_store(os.fspath(dest), what="output"))  # read-only: an output served over http
+    else:
+        d = Destination.of(dest, what="output")
+    try:
+        if d.local and os.path.isfile(d.path or ""):
+            return _file_manifest(d)
+        data = d.read(MANIFEST)
+        if data is None:
+            folder, name = d.parent_and_name() if not d.local else (d, "")
             if name and folder.read(name) is not None:
                 return _file_manifest(d)
-        return None
+            return None
+    except RemoteReadError as e:
+        raise OutputError(str(e)) from None
     return _parse_manifest(data, d.describe(MANIFEST))
-
-
-def _http_manifest(url: str) -> dict | None:
-    import tensorstore as ts
-
-    root = url.rstrip("/") + "/"
-    try:
-        r = ts.KvStore.open(root).result(timeout=PROBE_SECONDS).read(MANIFEST).result(timeout=PROBE_SECONDS)
-    except Exception as e:  # noqa: BLE001 - one line naming the location
-        raise _ts_error(e, root + MANIFEST, "read it") from None
-    return _parse_manifest(bytes(r.value), root + MANIFEST) if r.state == "value" else None
 
 
 def _file_manifest(d: Destination) -> dict | None:

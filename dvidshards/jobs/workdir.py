@@ -1,16 +1,10 @@
-"""A job's work folder for partial results: a path or a bucket, on the one output I/O stack.
+"""A job's work folder for partial results: a :class:`~dvidshards.jobs.output.Destination` (so a
+writable store) with the few extras jobs need: JSON records and Parquet files read back.
 
-Whole-export jobs keep what their tasks wrote in a *work folder* that every worker reaches (a
-local folder for threads and a ``LocalCluster``; a shared file system or a bucket on a cluster).
-`WorkDir` is that folder: a :class:`~dvidshards.jobs.output.Destination` (one parser for paths,
-``gs://``, ``s3://``, ``memory://`` and kvstore spec dicts; local files through the operating
-system, buckets through TensorStore's kvstore with bounded timeouts) with the few extras jobs
-need: JSON records and Parquet files read back.
-
-Every file is written under a hidden temporary name and renamed when complete (a bucket object
-appears whole): a failed or killed task leaves no file under a real name. A WorkDir pickles as
-its location, so a worker opens it with its own credentials. A local file is opened as a real
-file (random access, nothing read ahead); an object in a bucket is read whole.
+Where it is (``--workdir``, default ``NAME.work`` beside the output) is the rule of
+:func:`dvidshards.jobs.output.work_folder`. Every file is written under a hidden temporary name
+and renamed when complete (a bucket object appears whole): a failed or killed task leaves no file
+under a real name. A WorkDir pickles as its store, so a worker opens it with its own credentials.
 """
 
 from __future__ import annotations
@@ -29,39 +23,18 @@ __all__ = ["WorkDir", "is_temporary"]
 class WorkDir(Destination):
     """A folder on this host or in a bucket; names inside it are ``/``-joined.
 
-    Use :meth:`of` to make one: ``WorkDir.of("work/")``, ``WorkDir.of("gs://bucket/job")``.
-
-    Raises
-    ------
-    OutputError
-        A location no job can write to (one line, before anything is touched).
+    ``WorkDir.of("work/")``, ``WorkDir.of("gs://bucket/job")``: OutputError (one line, before
+    anything is touched) for a location no job can write to.
     """
 
     @classmethod
     def of(cls, dest, *, what: str = "work folder") -> WorkDir:
         if isinstance(dest, WorkDir):
             return dest
-        d = Destination.of(dest, what=what)
-        return cls(d.url, d.spec, d.path)
-
-    def __reduce__(self):
-        return (WorkDir, (self.url, self.spec, self.path))
-
-    def __repr__(self) -> str:
-        return f"WorkDir({self.url!r})"
-
-    def child(self, rel: str) -> WorkDir:
-        d = super().child(rel)
-        return WorkDir(d.url, d.spec, d.path)
+        return cls(dest.store if isinstance(dest, Destination) else Destination.of(dest, what=what).store)
 
     def read_json(self, rel: str):
-        """The JSON document of file ``rel`` (None when it does not exist).
-
-        Raises
-        ------
-        OutputError
-            The file is there and is not JSON.
-        """
+        """The JSON document of file ``rel`` (None when it does not exist); OutputError when it is not JSON."""
         data = self.read(rel)
         if data is None:
             return None

@@ -14,14 +14,20 @@ with SIGBUS. So nothing here maps a file.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import errno
 import mmap
 import os
+import shutil
 import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import MissingShardError, ShardFormatError
-from .base import ByteStore, PastEndError, Stat
+from ..errors import MissingShardError, OutputError, ShardFormatError
+from .base import TMP, ByteStore, PastEndError, Stat, is_temporary, os_error
 
 __all__ = ["LocalStore", "ShardFile"]
 
@@ -100,10 +106,10 @@ class ShardFile:
     def __repr__(self) -> str:
         return f"ShardFile({self.path!r}, {self.size} bytes)"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (ShardFile, (self.path, -1, self.ident))
 
-    def __del__(self, _close=os.close, _release=_release):  # bound now: usable at interpreter exit
+    def __del__(self, _close: Any = os.close, _release: Any = _release) -> None:  # bound now: usable at interpreter exit
         fd, self._fd = self._fd, -1
         if fd >= 0:
             try:
@@ -124,7 +130,7 @@ class ShardFile:
             raise ShardFormatError(f"{self.path}: cannot read bytes [{offset}, {offset + n}) of this shard file "
                                    f"({e.strerror or e})") from None
 
-    def readinto(self, buf, offset: int) -> int:
+    def readinto(self, buf: Any, offset: int) -> int:
         """Fill ``buf`` (a writable buffer) from ``offset``; how many bytes were read."""
         fd = self._fd
         try:
@@ -168,7 +174,7 @@ class ShardFile:
 if hasattr(os, "pread"):
     _pread = os.pread
 
-    def _preadinto(fd: int, buf, offset: int) -> int:
+    def _preadinto(fd: int, buf: Any, offset: int) -> int:
         mv = memoryview(buf).cast("B")
         done = 0
         while done < len(mv):
@@ -190,7 +196,7 @@ else:  # pragma: no cover - no pread (Windows): one read at a time per process
             os.lseek(fd, offset, os.SEEK_SET)
             return os.read(fd, n)
 
-    def _preadinto(fd: int, buf, offset: int) -> int:
+    def _preadinto(fd: int, buf: Any, offset: int) -> int:
         data = _pread(fd, len(memoryview(buf)), offset)
         memoryview(buf).cast("B")[:len(data)] = data
         return len(data)
@@ -205,27 +211,30 @@ class _Snapshot(mmap.mmap):
 
     shard_file: ShardFile | None = None
 
-    def madvise(self, *args, **kwargs):
+    def madvise(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 
 class LocalStore(ByteStore):
-    """A local export root. Nothing is memory-mapped: ``map`` gives a private snapshot of a file
-    (and its ``ShardFile``), ranges are ``pread``."""
+    """A folder on this host's file system. Reading maps nothing: ``map`` gives a private snapshot
+    of a file (and its ``ShardFile``), ranges are ``pread``. Writing goes through a hidden
+    temporary file renamed into place (``.NAME.tmp-XXXX``, which listings skip); ``create`` links
+    a complete temporary file to its name (``O_EXCL`` where links are not supported)."""
 
     mappable = True
     immediate = True
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False):
         self.root = os.fspath(root)
+        self.read_only = read_only
 
     def __repr__(self) -> str:
-        return f"LocalStore({self.root!r})"
+        return f"LocalStore({self.root!r}{', read_only=True' if self.read_only else ''})"
 
-    def __reduce__(self):
-        return (LocalStore, (self.root,))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_local_store, (self.root, self.read_only))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalStore) and other.root == self.root
 
     def __hash__(self) -> int:
@@ -236,6 +245,15 @@ class LocalStore(ByteStore):
 
     def describe(self, key: str) -> str:
         return self._path(key)
+
+    def local_path(self, key: str = "") -> str:
+        return self._path(key)
+
+    def kvstore_spec(self) -> dict[str, Any]:
+        return {"driver": "file", "path": os.path.abspath(self.root).rstrip("/") + "/"}
+
+    def child(self, prefix: str) -> LocalStore:
+        return LocalStore(self._path(prefix.strip("/")), read_only=self.read_only)
 
     def _open(self, path: str, what: str = "open") -> int:
         try:
@@ -278,7 +296,7 @@ class LocalStore(ByteStore):
         a.flags.writeable = False
         return a
 
-    async def read(self, key: str, start: int | None = None, stop: int | None = None):
+    async def read(self, key: str, start: int | None = None, stop: int | None = None) -> bytes:
         path = self._path(key)
         if start is None and stop is None:
             try:
@@ -303,21 +321,51 @@ class LocalStore(ByteStore):
             raise PastEndError(f"{path}: bytes [{start}, {stop}) lie past its end (it shrank while read)", None)
         return data
 
+    async def get(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise OutputError(f"{self._path(key)}: is a folder, not a file") from None
+        except OSError as e:
+            raise os_error(e, self._path(key), "read it") from None
+
+    def open(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise MissingShardError(f"{self._path(key)}: no such file") from None
+        except OSError as e:
+            raise os_error(e, self._path(key), "read it") from None
+
     async def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))
 
-    async def list(self, prefix: str = "") -> list[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         try:
-            return sorted(os.listdir(self._path(prefix)))
-        except OSError:
+            names = os.listdir(self._path(prefix))
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as e:
+            raise os_error(e, self._path(prefix), "list it") from None
+        return sorted(n for n in names if not is_temporary(n))
+
+    async def list_prefix(self, prefix: str = "") -> builtins.list[str]:
+        top = self._path(prefix.strip("/"))
+        out = []
+        for folder, _dirs, files in os.walk(top):
+            rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
+            out += [n if rel == "." else f"{rel}/{n}" for n in files if not is_temporary(n)]
+        return sorted(out)
 
     async def is_folder(self, prefix: str) -> bool:
         return os.path.isdir(self._path(prefix))
 
     async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
         """Up to n ``.arrow`` names, in directory order, reading no more of the folder than that."""
-        out: list[str] = []
+        out: builtins.list[str] = []
         try:
             with os.scandir(self._path(prefix)) as it:
                 for entry in it:
@@ -336,3 +384,127 @@ class LocalStore(ByteStore):
             raise MissingShardError(f"{self._path(key)}: no such file") from None
         return Stat(st.st_size, f"mtime:{st.st_mtime_ns}")
 
+    # --- writing --------------------------------------------------------------------------------
+
+    def _temporary(self, key: str) -> tuple[str, str]:
+        target = self._path(key)
+        folder, name = os.path.split(target)
+        return target, os.path.join(folder, f".{name}{TMP}{uuid.uuid4().hex[:12]}")
+
+    @contextlib.contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        self._check_writable(key)
+        target, tmp = self._temporary(key)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(tmp, "wb") as f:
+                yield f
+            os.replace(tmp, target)
+        except OSError as e:
+            _unlink_quietly(tmp)
+            raise os_error(e, target, "write it") from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    async def put(self, key: str, data: bytes) -> None:
+        with self.writer(key) as f:
+            f.write(data)
+
+    async def create(self, key: str, data: bytes) -> bool:
+        self._check_writable(key)
+        target, tmp = self._temporary(key)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, target)  # appears whole, only where nothing is
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # no links here
+                with os.fdopen(fd, "wb") as t:
+                    t.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise os_error(e, target, "create it") from None
+        finally:
+            _unlink_quietly(tmp)
+
+    async def replace(self, key: str, data: bytes, *, expected: bytes) -> bool:
+        # only a lock's owner replaces it (its heartbeat) or a job taking over a dead owner's:
+        # compare, then rename
+        self._check_writable(key)
+        if await self.get(key) != expected:
+            return False
+        await self.put(key, data)
+        return True
+
+    async def delete(self, key: str) -> None:
+        self._check_writable(key)
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise os_error(e, self._path(key), "delete it") from None
+
+    async def delete_prefix(self, prefix: str = "") -> None:
+        self._check_writable(prefix)
+        p = self._path(prefix.strip("/"))
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            elif os.path.lexists(p):
+                os.unlink(p)
+        except OSError as e:
+            raise os_error(e, p, "delete it") from None
+
+    def check_writable(self, *, kind: str = "folder") -> None:
+        """The nearest existing folder on the path is a folder, writable, with space left
+        (nothing is created)."""
+        self._check_writable("")
+        target = os.path.abspath(self.root)
+        if os.path.exists(target):
+            if kind == "folder" and not os.path.isdir(target):
+                raise OutputError(f"{target}: is a file; a folder is needed here")
+            if kind == "file" and os.path.isdir(target):
+                raise OutputError(f"{target}: is a folder; a file is needed here")
+        probe = target if os.path.isdir(target) else os.path.dirname(target)
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            raise OutputError(f"{self.root}: cannot make the folder: {probe} is a file")
+        try:
+            st = os.statvfs(probe)
+        except OSError:
+            st = None
+        read_only = st is not None and bool(st.f_flag & getattr(os, "ST_RDONLY", 1))
+        if not os.access(probe, os.W_OK | os.X_OK):
+            why = "read-only file system" if read_only else "permission denied"
+            raise OutputError(f"{self.root}: cannot write there: {why} ({probe}); choose a destination "
+                              f"you can write to")
+        if st is None:
+            return
+        if read_only:
+            raise OutputError(f"{self.root}: cannot write there: read-only file system ({probe})")
+        free = st.f_bavail * st.f_frsize
+        if free < 1 << 20:
+            raise OutputError(f"{self.root}: cannot write there: no space left on the device ({free:,} "
+                              f"bytes free at {probe})")
+
+
+def _local_store(root: str, read_only: bool) -> LocalStore:
+    return LocalStore(root, read_only=read_only)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
