@@ -21,12 +21,18 @@ The ``scheduler`` vocabulary, the same for every job and the command line (``--s
 
 A task that raises does not stop the job: its item lands in ``PhaseReport.failed`` with
 ``"TypeName: message"`` (the library's errors name file and chunk) and the other items go on.
+A task that failed for a reason that may pass (a remote read that kept failing, a network error,
+a worker that died) runs again, up to ``retries`` times (``TaskRunner(retries=)``, default
+:data:`RETRIES`; per phase ``run(retries=)``), after the phase's other tasks; a task that failed on
+its data (a damaged shard, a missing file, a bad parameter) is not run again: it would fail the
+same way. ``PhaseReport.retried`` counts the runs again.
 Progress is a tqdm bar on a terminal and, when stderr is not a terminal (a batch system's
 log), one line every ~30 s: done/total, failures, rate and time left.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -39,9 +45,10 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RemoteReadError, SpecError
+from ..errors import DvidShardsError, RemoteReadError, SpecError
 
-__all__ = ["SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments", "progress_of",
+__all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments",
+           "progress_of", "transient",
            "run_tasks", "scheduler_of"]
 
 SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
@@ -51,6 +58,15 @@ PROGRESS_SECONDS = float(os.environ.get("DVIDSHARDS_PROGRESS_SECONDS", "30"))
 CONNECT_TIMEOUT = 5.0
 #: a job with at least this many tasks in a phase (or on dask) compiles its kernels first (below)
 COMPILE_FIRST_TASKS = int(os.environ.get("DVIDSHARDS_COMPILE_FIRST_TASKS", "32"))
+#: how many times a task that failed transiently runs again (``TaskRunner(retries=)``)
+RETRIES = int(os.environ.get("DVIDSHARDS_TASK_RETRIES", "2"))
+#: seconds before the k-th round of runs again (times k)
+RETRY_SECONDS = float(os.environ.get("DVIDSHARDS_RETRY_SECONDS", "1"))
+_NETWORK = frozenset(getattr(errno, n) for n in ("ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT",
+                                                  "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "EPIPE", "EAGAIN")
+                     if hasattr(errno, n))
+#: dask's names for a task lost with its worker
+_LOST = frozenset({"KilledWorker", "CommClosedError", "CancelledError", "FutureCancelledError", "TaskLost"})
 
 
 @dataclass
@@ -73,8 +89,11 @@ class PhaseReport:
     scheduler : str
         Where the tasks ran: ``"serial"``, ``"threads:N"`` or ``"dask"``.
     task_cpu : float
-        CPU seconds of the tasks themselves (each task's own thread, wherever it ran): the
-        figure to project core-hours from, also when threads overlap.
+        CPU seconds of the tasks themselves (each task's own thread, wherever it ran, every run
+        of it): the figure to project core-hours from, also when threads overlap.
+    retried : int
+        Runs again of tasks that had failed transiently (``failed`` holds the last failure of
+        those that never succeeded).
     """
 
     results: dict = field(default_factory=dict)
@@ -84,6 +103,9 @@ class PhaseReport:
     dashboard: str | None = None
     scheduler: str = "serial"
     task_cpu: float = 0.0
+    retried: int = 0
+    #: items whose failure may pass (run again), decided where the task ran
+    transient: set = field(default_factory=set, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -114,14 +136,36 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether a task that raised ``exc`` may succeed when run again: a remote read that kept
+    failing, a network error, a worker lost; never an error about the data or the parameters."""
+    if isinstance(exc, RemoteReadError):
+        return True
+    if isinstance(exc, DvidShardsError):
+        return False  # ShardFormatError, BlockDecodeError, MissingShardError, SpecError, OutputError, ...
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in _NETWORK
+    return type(exc).__name__ in _LOST
+
+
 def _call(fn, item):
     # runs in the worker: exceptions become data, so unpicklable exceptions cannot lose the message;
-    # the task's own thread CPU travels back with its result
+    # the task's own thread CPU travels back with its result, and whether its failure may pass
     t = time.thread_time()
     try:
-        return True, fn(item), time.thread_time() - t
+        return True, fn(item), time.thread_time() - t, False
     except Exception as e:  # noqa: BLE001 - every task failure is reported, the job goes on
-        return False, describe_exception(e), time.thread_time() - t
+        return False, describe_exception(e), time.thread_time() - t, transient(e)
+
+
+def _record(report: PhaseReport, it, ok: bool, res, cpu: float, again: bool, bar) -> None:
+    (report.results if ok else report.failed)[it] = res
+    if not ok and again:
+        report.transient.add(it)
+    report.task_cpu += cpu
+    bar.update(ok)
 
 
 # --------------------------------------------------------------------------- the vocabulary
@@ -223,6 +267,13 @@ class _Progress:
               f"{self.failed} failed, {rate:.3g} tasks/s, {now - self.t0:.0f} s so far, ETA {eta}",
               file=sys.stderr, flush=True)
 
+    def grow(self, n: int) -> None:
+        """n more tasks (runs again)."""
+        self.total += n
+        if self.bar is not None:
+            self.bar.total += n
+            self.bar.refresh()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -246,6 +297,9 @@ class TaskRunner:
     max_in_flight : int, optional
         Tasks submitted at once (default: twice the workers, at least 4); bounds the memory of
         pending futures and of results waiting to be collected.
+    retries : int, optional
+        Runs again of a task that failed transiently (default :data:`RETRIES`); a job says how
+        many its tasks deserve (0: none).
 
     Examples
     --------
@@ -253,8 +307,12 @@ class TaskRunner:
     ...     report = tr.run(work, shards, desc="s0 shards")
     """
 
-    def __init__(self, scheduler=None, *, progress: bool | None = None, max_in_flight: int | None = None):
+    def __init__(self, scheduler=None, *, progress: bool | None = None, max_in_flight: int | None = None,
+                 retries: int | None = None):
         self.kind, self.arg = scheduler_of(scheduler)
+        self.retries = RETRIES if retries is None else int(retries)
+        if self.retries < 0:
+            raise SpecError(f"retries must be >= 0, got {retries!r}")
         self.progress = progress
         self.max_in_flight = max_in_flight
         self._pool: ThreadPoolExecutor | None = None
@@ -372,8 +430,10 @@ class TaskRunner:
         return self.kind, self.arg if isinstance(self.arg, int) else 0
 
     def run(self, fn: Callable[[Any], Any], items: Iterable[Hashable], *, desc: str = "tasks",
-            done: Iterable[Hashable] | None = None, kernels: Iterable[str] = ()) -> PhaseReport:
-        """Run ``fn(item)`` for every item not in ``done``; collect results and failures.
+            done: Iterable[Hashable] | None = None, kernels: Iterable[str] = (),
+            retries: int | None = None) -> PhaseReport:
+        """Run ``fn(item)`` for every item not in ``done``; collect results and failures; run the
+        tasks that failed transiently again (see the module docstring).
 
         ``kernels`` names the numba kernels the tasks use, slowest to compile first. A phase on dask
         or of at least ``COMPILE_FIRST_TASKS`` tasks compiles them first, at normal priority and once
@@ -392,6 +452,8 @@ class TaskRunner:
             What the tasks are, for progress.
         done : iterable of hashable, optional
             Items to skip (resume).
+        retries : int, optional
+            Runs again of a task that failed transiently (default: the runner's).
 
         Returns
         -------
@@ -410,25 +472,34 @@ class TaskRunner:
         kernels = tuple(kernels)
         if kernels and todo and (self.distributed or len(todo) >= COMPILE_FIRST_TASKS):
             fn = functools.partial(_compiled_first, fn, kernels)
+        retries = self.retries if retries is None else int(retries)
         bar = _Progress(len(todo), desc, self.progress)
         try:
-            if mode == "serial":
-                report.scheduler = "serial"
-                for it in todo:
-                    ok, res, cpu = _call(fn, it)
-                    (report.results if ok else report.failed)[it] = res
-                    report.task_cpu += cpu
-                    bar.update(ok)
-            elif mode == "threads":
-                report.scheduler = f"threads:{n}"
-                self._run_threads(fn, todo, n, report, bar)
-            else:
-                report.scheduler = "dask"
-                self._run_dask(fn, todo, report, bar)
-                report.dashboard = self.dashboard
+            for attempt in range(retries + 1):
+                if attempt:
+                    todo = sorted(report.transient, key=order_of(items).__getitem__)
+                    if not todo:
+                        break
+                    report.retried += len(todo)
+                    report.transient = set()
+                    for it in todo:
+                        del report.failed[it]
+                    bar.grow(len(todo))
+                    time.sleep(RETRY_SECONDS * attempt)
+                if mode == "serial":
+                    report.scheduler = "serial"
+                    for it in todo:
+                        _record(report, it, *_call(fn, it), bar)
+                elif mode == "threads":
+                    report.scheduler = f"threads:{n}"
+                    self._run_threads(fn, todo, n, report, bar)
+                else:
+                    report.scheduler = "dask"
+                    self._run_dask(fn, todo, report, bar)
+                    report.dashboard = self.dashboard
         finally:
             bar.close()
-        order = {it: k for k, it in enumerate(items)}
+        order = order_of(items)
         report.results = dict(sorted(report.results.items(), key=lambda kv: order[kv[0]]))
         report.failed = dict(sorted(report.failed.items(), key=lambda kv: order[kv[0]]))
         report.elapsed = time.perf_counter() - t0
@@ -461,10 +532,7 @@ class TaskRunner:
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for f in finished:
                     it = running.pop(f)
-                    ok, res, cpu = f.result()
-                    (report.results if ok else report.failed)[it] = res
-                    report.task_cpu += cpu
-                    bar.update(ok)
+                    _record(report, it, *f.result(), bar)
                     submit()
         finally:
             for f in running:
@@ -494,25 +562,26 @@ class TaskRunner:
             for f in ac:
                 it = futures.pop(f)
                 if f.status == "finished":
-                    ok, res, cpu = f.result()
-                    report.task_cpu += cpu
+                    outcome = f.result()
                 else:  # the task could not run: worker died (KilledWorker), cancelled, ...
                     try:
                         exc = f.exception()
                     except BaseException as e:  # noqa: BLE001 - CancelledError is raised
                         exc = e
-                    ok = False
-                    res = (describe_exception(exc) if exc is not None
-                           else f"TaskLost: dask reports the task {f.status}")
+                    outcome = (False, describe_exception(exc) if exc is not None
+                               else f"TaskLost: dask reports the task {f.status}", 0.0, True)
                 f.release()
-                (report.results if ok else report.failed)[it] = res
-                bar.update(ok)
+                _record(report, it, *outcome, bar)
                 nf = submit()
                 if nf is not None:
                     ac.add(nf)
         finally:
             if futures:
                 client.cancel(list(futures))
+
+
+def order_of(items: list) -> dict:
+    return {it: k for k, it in enumerate(items)}
 
 
 def _compiled_first(fn, kernels: tuple, item):
@@ -543,6 +612,7 @@ def run_tasks(
     done: Iterable[Hashable] | None = None,
     progress: bool | None = None,
     max_in_flight: int | None = None,
+    retries: int | None = None,
 ) -> PhaseReport:
     """Run ``fn(item)`` for every item in a :class:`TaskRunner` of its own (one phase jobs).
 
@@ -550,7 +620,7 @@ def run_tasks(
     ----------
     fn, items, desc, done :
         See :meth:`TaskRunner.run`.
-    scheduler, progress, max_in_flight :
+    scheduler, progress, max_in_flight, retries :
         See :class:`TaskRunner`.
 
     Returns
@@ -569,7 +639,7 @@ def run_tasks(
     ImportError
         If a dask scheduler is asked for and ``dask.distributed`` is not installed.
     """
-    with TaskRunner(scheduler, progress=progress, max_in_flight=max_in_flight) as tr:
+    with TaskRunner(scheduler, progress=progress, max_in_flight=max_in_flight, retries=retries) as tr:
         return tr.run(fn, items, desc=desc, done=done)
 
 
@@ -582,8 +652,8 @@ def job_arguments(p, *, workdir: bool = True, resume: bool = True, overwrite: bo
     p.add_argument("--scheduler", default=None, metavar="WHERE", help=SCHEDULER_HELP)
     if workdir:
         p.add_argument("--workdir", default=None, metavar="FOLDER",
-                       help="folder for partial results, visible to every worker (a shared file system on a "
-                            "cluster); default: a temporary folder on this host")
+                       help="folder for partial results, visible to every worker (a shared file system or a "
+                            "bucket on a cluster); default: beside the output")
     if resume:
         p.add_argument("--resume", action="store_true", help="finish an interrupted run: keep what it completed")
     if overwrite:
