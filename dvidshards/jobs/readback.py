@@ -12,22 +12,21 @@ import os
 import numpy as np
 import tensorstore as ts
 
+from ..errors import SpecError
+from ..stores import as_store
+
 __all__ = ["SpotCheck", "compare_chunks", "kvstore_root", "open_scale"]
 
 
 def kvstore_root(dest) -> dict:
     """The output root (path, URL or kvstore spec dict) as a TensorStore kvstore spec whose path
-    ends with '/'."""
-    if isinstance(dest, dict):
-        j = dict(dest)
-    elif "://" in os.fspath(dest):
-        j = ts.KvStore.Spec(os.fspath(dest)).to_json()
-    else:
-        j = {"driver": "file", "path": os.path.abspath(os.fspath(dest))}
-    p = j.get("path", "")
-    if p and not p.endswith("/"):
-        j["path"] = p + "/"
-    return j
+    ends with '/' (``stores.as_store``'s parser)."""
+    url = isinstance(dest, dict) or "://" in os.fspath(dest)
+    store = as_store(dest) if url else as_store(dest, writable=True, what="output")
+    spec = store.kvstore_spec()
+    if spec is None:
+        raise SpecError(f"{store.describe('')}: TensorStore cannot open a store held in Python memory")
+    return spec
 
 
 def open_scale(root: dict, fmt: str, key: str) -> ts.TensorStore:
@@ -70,17 +69,21 @@ class SpotCheck(tuple):
 
 
 _BACKGROUND_TRIES = 16  # random chunks looked at per background sample before it is taken as one with data
+_DATA_TRIES = 64  # random draws that find no chunk not compared yet before the chunks with data count as done
 
 
 def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int, rng) -> SpotCheck:
-    """Read ``n`` random chunks of a scale from the output ``arr`` and compare them with the export
-    (``ds``, a Dataset, duck-typed).
+    """Read up to ``n`` random chunks of a scale from the output ``arr`` and compare them with the
+    export (``ds``, a Dataset, duck-typed). Each chunk is drawn once at most: a source with fewer
+    chunks than ``n`` has each of them compared once, and the count says how many were.
 
-    Half of them are chunks the source holds (a random shard file, a random record of it), read
-    from both and compared.  The other half are chunks inside the volume that the source has no
-    record for (drawn uniformly over the volume's chunk grid until one has none, in a shard file
-    or where there is none), which must read as 0 in the output.  A volume with no background
-    (or too little to find in a few draws) gives its share to chunks with data.
+    Half of them are chunks the source holds (a random shard file, a random record of it; every
+    record of every shard in random order when there are no more shard files than ``n``), read from
+    both and compared.  The other half are chunks inside the volume that the source has no record
+    for (drawn uniformly over the volume's chunk grid until one has none, in a shard file or where
+    there is none; every such chunk in random order when the grid is small), which must read as 0
+    in the output.  A volume with no background (or too little to find in a few draws) gives its
+    share to chunks with data, and the other way round.
 
     Returns
     -------
@@ -113,6 +116,11 @@ def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int
     def box(c):
         return np.maximum(c * chunk, off), np.minimum((c + 1) * chunk, end)
 
+    def coords_of(o) -> np.ndarray:
+        x, y, z = (int(v) for v in np.asarray(o, np.int64) // chunk)
+        shard = reader.shard(x, y, z)
+        return np.asarray(shard.coords if shard is not None else np.zeros((0, 3)), np.int64).reshape(-1, 3)
+
     def holds(c) -> bool:
         x, y, z = (int(v) for v in c)
         if s.shard_origin(x, y, z) not in have:
@@ -120,36 +128,64 @@ def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int
         shard = reader.shard(x, y, z)
         return shard is not None and shard.find(x, y, z) is not None
 
-    for k in range(n):
-        if k % 2:  # a background chunk: it must read as 0
+    def chunks_with_data():
+        if len(origins) <= n:  # few shard files: every chunk they hold, in random order
+            pool = np.concatenate([coords_of(o) for o in origins])
+            yield from pool[rng.permutation(len(pool))]
+            return
+        seen: set = set()
+        misses = 0
+        while misses < _DATA_TRIES:
+            coords = coords_of(origins[int(rng.integers(len(origins)))])
+            c = coords[int(rng.integers(len(coords)))] if len(coords) else None
+            if c is None or tuple(c.tolist()) in seen:
+                misses += 1
+                continue
+            seen.add(tuple(c.tolist()))
+            misses = 0
+            yield c
+
+    def background_chunks():
+        if not _BACKGROUND_TRIES:
+            return
+        cells = int(np.prod(ghi - glo))
+        if cells <= max(4 * n, 4096):  # a small grid: every background chunk, in random order
+            grid = np.stack(np.meshgrid(*(np.arange(a, b) for a, b in zip(glo, ghi, strict=True)),
+                                        indexing="ij"), -1).reshape(-1, 3)
+            empty = grid[[not holds(c) for c in grid]] if len(grid) else grid
+            yield from empty[rng.permutation(len(empty))]
+            return
+        seen: set = set()
+        while True:
             for _ in range(_BACKGROUND_TRIES):
                 c = rng.integers(glo, ghi)
-                if not holds(c):
+                if tuple(c.tolist()) not in seen and not holds(c):
                     break
             else:
-                c = None
-            if c is not None:
-                lo, hi = box(c)
-                if (hi <= lo).any():
-                    continue
-                got = output(lo, hi)
-                background += 1
-                if got.any():
-                    bad.append(f"s{s.index} chunk {tuple(c.tolist())}: {int(np.count_nonzero(got))} voxels are not 0 "
-                               f"where the source has no data (background)")
-                continue
-        o = origins[int(rng.integers(len(origins)))]
-        x, y, z = (int(v) for v in np.asarray(o, np.int64) // chunk)
-        shard = reader.shard(x, y, z)
-        coords = shard.coords if shard is not None else ()
-        if not len(coords):
-            continue
-        c = np.asarray(coords[int(rng.integers(len(coords)))], np.int64)
+                return
+            seen.add(tuple(c.tolist()))
+            yield c
+
+    data, empty = chunks_with_data(), background_chunks()
+    for k in range(n):
+        first, second = (empty, data) if k % 2 else (data, empty)
+        c = next(first, None)
+        kind = first
+        if c is None:
+            c, kind = next(second, None), second
+        if c is None:
+            break  # every chunk of both kinds compared
         lo, hi = box(c)
         if (hi <= lo).any():
             continue
-        want = ds.read([lo.tolist(), hi.tolist()], scale=s.index, labels=labels, threads=1)
         got = output(lo, hi)
+        if kind is empty:
+            background += 1
+            if got.any():
+                bad.append(f"s{s.index} chunk {tuple(c.tolist())}: {int(np.count_nonzero(got))} voxels are not 0 "
+                           f"where the source has no data (background)")
+            continue
+        want = ds.read([lo.tolist(), hi.tolist()], scale=s.index, labels=labels, threads=1)
         with_data += 1
         if not np.array_equal(got, want):
             bad.append(f"s{s.index} chunk {tuple(c.tolist())}: {int((got != want).sum())} voxels differ "
