@@ -21,13 +21,21 @@ LabelMapping) pickles by value: 16 bytes per supervoxel in every task that carri
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import MappingError, SpecError
-from .mapping import LabelMapping, file_stamp, load_file, prepare_file
+from .mapping import (
+    LabelMapping,
+    as_path,
+    check_format,
+    file_stamp,
+    installed_files,
+    is_path,
+    load_file,
+    prepare_file,
+)
 
 
 class RecordTableLike(Protocol):
@@ -107,10 +115,9 @@ class Mapped(LabelSource):
         self.path: str | None = None
         self.stamp: tuple[int, int] | None = None
         self.format = format
-        if isinstance(mapping, (str, os.PathLike)):
-            if format not in ("auto", "text", "binary"):
-                raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
-            self.path = os.path.abspath(os.fspath(mapping))
+        if is_path(mapping):
+            check_format(format)
+            self.path = installed_files().absolute(as_path(mapping))
             self.stamp = file_stamp(self.path)
         else:
             self._mapping = LabelMapping.from_any(mapping)
@@ -190,11 +197,12 @@ def as_labels(labels) -> LabelSource:
         return labels
     if isinstance(labels, str) and labels in ("agglomerated", "supervoxels"):
         return Agglomerated() if labels == "agglomerated" else Supervoxels()
-    if isinstance(labels, (str, os.PathLike)):
-        path = os.fspath(labels)
-        if not os.path.exists(path):
-            if os.sep in path or "." in os.path.basename(path):
+    if is_path(labels):
+        path = as_path(labels)
+        if not installed_files().exists(path):
+            if "/" in path or "\\" in path or "." in path.rsplit("/", 1)[-1]:
                 raise MappingError(f"{path}: mapping file not found")
             raise SpecError(f"labels={path!r}: give 'agglomerated', 'supervoxels', a mapping file or a "
                             f"mapping (dict, (n, 2) array, pandas Series, LabelMapping)")
     return Mapped(labels)
+

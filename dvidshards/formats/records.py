@@ -16,7 +16,7 @@ with SIGBUS.
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +27,8 @@ from . import arrowipc as ipc
 from .codec import E_OK, NO_PALETTE, block_error, decode_into, decode_kernel
 from .labels import Agglomerated, Supervoxels
 
-__all__ = ["RecordTable", "decompress_block", "list_values", "max_block_bytes", "normalise_batch"]
+__all__ = ["RecordTable", "decompress_block", "install_decompressor", "list_values", "max_block_bytes",
+           "normalise_batch"]
 
 # R_SV and R_NSV are adjacent (one slice gives both)
 R_CX, R_PAY, R_PAYLEN, R_LAB, R_NLAB, R_SV, R_NSV, R_USIZE = (ipc.R_CX, ipc.R_PAY, ipc.R_PAYLEN, ipc.R_LAB,
@@ -37,24 +38,15 @@ _NO_BYTES = np.zeros(0, np.uint8)
 _GAP = 4096  # payload reads closer than this are merged into one
 _frame_content_size, _ZstdError = zstandard.frame_content_size, zstandard.ZstdError
 
-# One decompressor per OS thread, keyed by thread id rather than held in a threading.local:
-# TensorStore's pool threads get a fresh Python thread state (hence a fresh threading.local)
-# for every callback, and a ZSTD_DCtx per chunk cost ~10 % of a read.  A thread id is reused
-# only after its thread ended, so no two live threads share a decompressor.
-_dctxs: dict[int, zstandard.ZstdDecompressor] = {}
+# Where a block's zstd decompressor comes from: a new one per call unless the runtime installs
+# its per-thread ones (``dvidshards.runtime.zstd``: a ZSTD_DCtx per chunk costs ~10 % of a read).
+_dctx: Callable[[], zstandard.ZstdDecompressor] = zstandard.ZstdDecompressor
 
 
-_get_ident = threading.get_ident
-
-
-def _dctx() -> zstandard.ZstdDecompressor:
-    tid = threading.get_ident()
-    d = _dctxs.get(tid)
-    if d is None:
-        if len(_dctxs) >= 256:  # short-lived threads come and go: drop the stale ones
-            _dctxs.clear()
-        d = _dctxs[tid] = zstandard.ZstdDecompressor()
-    return d
+def install_decompressor(get: Callable[[], zstandard.ZstdDecompressor]) -> None:
+    """Make every block decompression of this process use ``get()``'s decompressor."""
+    global _dctx
+    _dctx = get
 
 
 def max_block_bytes(chunk_size) -> int:
@@ -377,7 +369,7 @@ class RecordTable:
                 raise BlockDecodeError(f"dvid_compressed_block is not a zstd frame ({e})") from None
             if n > self._max_block or (usize >= 0 and n >= 0 and n != usize):
                 raise BlockDecodeError(f"zstd frame declares {n} bytes, uncompressed_size is {usize}")
-            d = _dctxs.get(_get_ident()) or _dctx()
+            d = _dctx()
             try:
                 block = d.decompress(payload, max_output_size=usize if usize > 0 else self._max_block)
             except _ZstdError as e:

@@ -34,6 +34,7 @@ import warnings
 from collections import OrderedDict
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import MappingError
 from ..formats import mapping as fm
@@ -51,11 +52,23 @@ _memory: OrderedDict = OrderedDict()
 _lock = threading.RLock()
 _stats = {"parsed": 0, "built": 0, "opened": 0, "hits": 0}
 _warned: set = set()
-_PLAIN = fm.MappingFiles()  # a file's stamp and one parse of it, in this thread
 
 
 class SidecarFiles(fm.MappingFiles):
-    """`formats.mapping.MappingFiles` with the per-process cache and the per-host sidecars."""
+    """`formats.mapping.MappingFiles` on this host's files, with the per-process cache and the
+    per-host sidecars."""
+
+    def absolute(self, path: str) -> str:
+        return os.path.abspath(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def stamp(self, path: str) -> tuple[int, int]:
+        return _stamp(path)
+
+    def read(self, path: str, format: str = "auto") -> LabelMapping:
+        return _read(path, format)
 
     def load(self, path: str, stamp: tuple[int, int] | None, format: str) -> LabelMapping:
         fm.check_format(format)
@@ -163,10 +176,33 @@ def _writable(root: str) -> bool:
     return ok
 
 
+def _stamp(path: str) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of the file; MappingError when it is missing or not a file."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise MappingError(f"{path}: mapping file not found" if isinstance(e, FileNotFoundError)
+                           else f"{path}: cannot read mapping ({e.strerror or e})") from None
+    if not os.path.isfile(path):
+        raise MappingError(f"{path}: cannot read mapping (not a file)")
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+def _read(path: str, format: str) -> LabelMapping:
+    """Parse the file now, in this thread (pyarrow reads it without the GIL)."""
+    fm.check_format(format)
+    try:
+        with pa.OSFile(path) as f:
+            return fm.parse_mapping(f, path, format)
+    except OSError as e:
+        why = "No such file or directory" if isinstance(e, FileNotFoundError) else e.strerror or e
+        raise MappingError(f"{path}: cannot read mapping ({why})") from None
+
+
 def _parse_checked(path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
     """Parse the file; MappingError if it changed while it was read."""
-    m = _PLAIN.read(path, format)
-    if _PLAIN.stamp(path) != stamp:
+    m = _read(path, format)
+    if _stamp(path) != stamp:
         raise MappingError(f"{path}: the mapping file changed while it was read; run again")
     _stats["parsed"] += 1
     return m
