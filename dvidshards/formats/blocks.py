@@ -21,18 +21,17 @@ same format (what ``POST …/blocks`` takes).
 
 from __future__ import annotations
 
-import io
-import os
 import zlib
 from collections.abc import Iterable, Iterator
+from io import BytesIO
 
-import numba
 import numpy as np
 
 from ..errors import BlockDecodeError, DvidShardsError
 from .codec import block_header, encode_block
 
-__all__ = ["COMPRESSIONS", "BlockStreamError", "lz4_block_decompress", "read_stream", "write_stream"]
+__all__ = ["COMPRESSIONS", "BlockStreamError", "decode_payload", "lz4_block_compress", "lz4_block_decompress",
+           "read_stream", "write_stream"]
 
 COMPRESSIONS = ("auto", "blocks", "gzip", "lz4", "uncompressed")
 _HEADER = 16
@@ -46,63 +45,12 @@ class BlockStreamError(DvidShardsError, ValueError):
 # --- lz4 block format (no frame, no size prefix: what DVID's golz4 writes) ---------------------
 
 
-@numba.njit(nogil=True, cache=True)
-def _lz4_length(src, ip, v):  # pragma: no cover - compiled
-    """Add the 255-continued length bytes at ip to v: (length, next position), position -1 if truncated."""
-    while True:
-        if ip >= src.shape[0]:
-            return v, np.int64(-1)
-        b = np.int64(src[ip])
-        ip += 1
-        v += b
-        if b != 255:
-            return v, np.int64(ip)
-
-
-@numba.njit(nogil=True, cache=True)
-def _lz4_kernel(src, dst):  # pragma: no cover - compiled
-    """Decode an lz4 block into dst; bytes written, or a negative error code.
-
-    -1: input ends inside a sequence; -2: output would exceed dst; -3: bad match offset.
-    """
-    n, cap = src.shape[0], dst.shape[0]
-    ip, op = 0, 0
-    while ip < n:
-        token = src[ip]
-        ip += 1
-        lit = np.int64(token >> 4)
-        if lit == 15:
-            lit, ip = _lz4_length(src, ip, lit)
-            if ip < 0:
-                return -1
-        if lit > n - ip:
-            return -1
-        if lit > cap - op:
-            return -2
-        for k in range(lit):
-            dst[op + k] = src[ip + k]
-        ip += lit
-        op += lit
-        if ip == n:  # the last sequence holds literals only
-            return op
-        if n - ip < 2:
-            return -1
-        off = np.int64(src[ip]) | (np.int64(src[ip + 1]) << 8)
-        ip += 2
-        if off == 0 or off > op:
-            return -3
-        mlen = np.int64(token & 15)
-        if mlen == 15:
-            mlen, ip = _lz4_length(src, ip, mlen)
-            if ip < 0:
-                return -1
-        mlen += 4
-        if mlen > cap - op:
-            return -2
-        for k in range(mlen):  # byte by byte: a match may overlap its own output
-            dst[op + k] = dst[op - off + k]
-        op += mlen
-    return -1  # empty input, or it ended right after a match
+def _lz4():
+    try:
+        import lz4.block
+    except ImportError:
+        raise BlockDecodeError("lz4 data needs the optional package lz4: pip install 'dvidshards[serve]'") from None
+    return lz4.block
 
 
 def lz4_block_decompress(data, max_bytes: int) -> bytes:
@@ -111,17 +59,19 @@ def lz4_block_decompress(data, max_bytes: int) -> bytes:
     Raises
     ------
     BlockDecodeError
-        If the block is truncated, refers before its start, or decompresses to more than
-        ``max_bytes``.
+        If the block is truncated, corrupt or decompresses to more than ``max_bytes`` (lz4
+        does not say which), or the lz4 package is missing.
     """
-    src = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
-    dst = np.empty(int(max_bytes), np.uint8)
-    n = int(_lz4_kernel(src, dst))
-    if n < 0:
-        why = {-1: "truncated lz4 data", -2: f"lz4 data decompresses to more than {max_bytes} bytes",
-               -3: "corrupt lz4 data (a match refers before the start)"}[n]
-        raise BlockDecodeError(why)
-    return dst[:n].tobytes()
+    block = _lz4()
+    try:
+        return bytes(block.decompress(data, uncompressed_size=int(max_bytes)))
+    except block.LZ4BlockError as e:
+        raise BlockDecodeError(f"lz4 data is truncated, corrupt or larger than {max_bytes} bytes ({e})") from None
+
+
+def lz4_block_compress(data) -> bytes:
+    """One lz4 *block* (no frame header, no size prefix) of ``data``: DVID's lz4 form."""
+    return bytes(_lz4().compress(data, store_size=False))
 
 
 # --- payloads ---------------------------------------------------------------------------------
@@ -197,17 +147,15 @@ def decode_payload(payload, compression: str = "auto", chunk_size: int = 64) -> 
 
 
 def _reader(source):
-    """(file-like, name, close?) of bytes, a numpy array, a path or a binary file."""
+    """(file-like, name) of bytes, a numpy array or a binary file."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return io.BytesIO(source), "<bytes>", False
+        return BytesIO(source), "<bytes>"
     if isinstance(source, np.ndarray):
-        return io.BytesIO(source.view(np.uint8).tobytes()), "<array>", False
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        return open(path, "rb"), path, True
+        return BytesIO(source.view(np.uint8).tobytes()), "<array>"
     if hasattr(source, "read"):
-        return source, getattr(source, "name", "<stream>"), False
-    raise TypeError(f"read_stream takes bytes, a path or a binary file, got {type(source).__name__}")
+        return source, str(getattr(source, "name", "<stream>"))
+    hint = " (open a path with open(path, 'rb'))" if isinstance(source, str) or hasattr(source, "__fspath__") else ""
+    raise TypeError(f"read_stream takes bytes or a binary file, got {type(source).__name__}{hint}")
 
 
 def _read_exact(f, n: int) -> bytes:
@@ -227,8 +175,8 @@ def read_stream(source, *, compression: str = "auto", chunk_size: int = 64
 
     Parameters
     ----------
-    source : bytes, bytearray, memoryview, numpy.ndarray, path or binary file
-        The stream (read incrementally from a file).
+    source : bytes, bytearray, memoryview, numpy.ndarray or binary file
+        The stream (read incrementally from a file; the caller opens and closes it).
     compression : {"auto", "blocks", "gzip", "lz4", "uncompressed"}
         What the payloads hold (the request's ``compression``); ``"auto"`` tells gzip, a
         DVID block and a raw volume apart by content and takes anything else as lz4.
@@ -252,51 +200,49 @@ def read_stream(source, *, compression: str = "auto", chunk_size: int = 64
             or chunk_size % 8 or chunk_size > 1024:
         raise ValueError(f"chunk_size must be a multiple of 8 in 8..1024, got {chunk_size!r}")
     _, _, max_payload = _limits(int(chunk_size))
-    f, name, close = _reader(source)
-    try:
-        pos, k = 0, 0
-        while True:
-            head = _read_exact(f, _HEADER)
-            if not head:
-                return
-            if len(head) < _HEADER:
-                raise BlockStreamError(f"{name}: truncated: record {k} at byte {pos} has a {len(head)}-byte "
-                                       f"header (16 expected)")
-            bx, by, bz, nbytes = (int(v) for v in np.frombuffer(head, "<i4"))
-            where = f"{name}: record {k} (block {(bx, by, bz)}) at byte {pos}"
-            if nbytes < 0 or nbytes > max_payload:
-                raise BlockStreamError(f"{where}: claims {nbytes} bytes, which no {chunk_size}³ block can be "
-                                       f"(is this a /blocks stream?)")
-            payload = _read_exact(f, nbytes)
-            if len(payload) < nbytes:
-                raise BlockStreamError(f"{where}: truncated: {len(payload)} of its {nbytes} bytes")
-            try:
-                block = decode_payload(payload, compression, int(chunk_size))
-            except BlockDecodeError as e:
-                raise BlockStreamError(f"{where}: {e}") from None
-            yield (bx, by, bz), block
-            pos += _HEADER + nbytes
-            k += 1
-    finally:
-        if close:
-            f.close()
+    f, name = _reader(source)
+    pos, k = 0, 0
+    while True:
+        head = _read_exact(f, _HEADER)
+        if not head:
+            return
+        if len(head) < _HEADER:
+            raise BlockStreamError(f"{name}: truncated: record {k} at byte {pos} has a {len(head)}-byte "
+                                   f"header (16 expected)")
+        bx, by, bz, nbytes = (int(v) for v in np.frombuffer(head, "<i4"))
+        where = f"{name}: record {k} (block {(bx, by, bz)}) at byte {pos}"
+        if nbytes < 0 or nbytes > max_payload:
+            raise BlockStreamError(f"{where}: claims {nbytes} bytes, which no {chunk_size}³ block can be "
+                                   f"(is this a /blocks stream?)")
+        payload = _read_exact(f, nbytes)
+        if len(payload) < nbytes:
+            raise BlockStreamError(f"{where}: truncated: {len(payload)} of its {nbytes} bytes")
+        try:
+            block = decode_payload(payload, compression, int(chunk_size))
+        except BlockDecodeError as e:
+            raise BlockStreamError(f"{where}: {e}") from None
+        yield (bx, by, bz), block
+        pos += _HEADER + nbytes
+        k += 1
 
 
 def write_stream(records: Iterable, out=None, *, compression: str = "gzip") -> bytes | None:
     """Write ``((bx, by, bz), block)`` records as a ``/blocks`` stream (``POST …/blocks`` body).
 
     ``block`` is an uncompressed DVID block; ``compression`` is ``"gzip"`` (DVID's native
-    ``blocks`` form) or ``"uncompressed"``.  Returns the bytes, or writes them to ``out``
-    (a binary file) and returns None.
+    ``blocks`` form), ``"lz4"`` (DVID's lz4 block form, the lz4 package) or ``"uncompressed"``.
+    Returns the bytes, or writes them to ``out`` (a binary file) and returns None.
     """
-    if compression not in ("gzip", "uncompressed"):
-        raise ValueError(f"compression must be 'gzip' or 'uncompressed', got {compression!r}")
-    sink = io.BytesIO() if out is None else out
+    if compression not in ("gzip", "lz4", "uncompressed"):
+        raise ValueError(f"compression must be 'gzip', 'lz4' or 'uncompressed', got {compression!r}")
+    sink = BytesIO() if out is None else out
     for (bx, by, bz), block in records:
         data = bytes(block)
         if compression == "gzip":
             c = zlib.compressobj(6, zlib.DEFLATED, 31)
             data = c.compress(data) + c.flush()
+        elif compression == "lz4":
+            data = lz4_block_compress(data)
         sink.write(np.array([bx, by, bz, len(data)], "<i4").tobytes())
         sink.write(data)
     return sink.getvalue() if out is None else None

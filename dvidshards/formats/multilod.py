@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import struct
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -68,7 +66,6 @@ __all__ = [
     "morton_order",
     "multilod_files",
     "multilod_info",
-    "write_files",
 ]
 
 MULTILOD_TYPE = "neuroglancer_multilod_draco"
@@ -683,13 +680,3 @@ def legacy_files(
         files[f"{int(segid)}:0"] = json.dumps({"fragments": names}).encode()
     return files
 
-
-def write_files(root, files: Mapping[str, bytes]) -> None:
-    """Write ``{relative path: bytes}`` under ``root`` (folders made as needed)."""
-    base = Path(root)
-    for rel, blob in files.items():
-        p = base / rel
-        if os.path.isabs(rel) or ".." in Path(rel).parts:
-            raise ValueError(f"refusing to write outside {base}: {rel!r}")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(blob)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -503,18 +504,19 @@ def _write_blocks(paths, to: str, mapping, spec, scale: int, compression: str, r
     recs: dict[tuple, dict] = {}
     for p in paths:
         name = os.fspath(p) if isinstance(p, (str, os.PathLike)) else "<bytes>"
-        for (bx, by, bz), block in read_stream(p, compression=compression):
-            if min(bx, by, bz) < 0:
-                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} has a negative coordinate; exports start "
-                                      f"at chunk (0, 0, 0)")
-            if (bx, by, bz) in recs:
-                raise ChunkIndexError(f"{name}: block {(bx, by, bz)} appears twice in the dumps")
-            svs = np.array(block_header(block).labels, np.uint64)
-            if not svs.any():
-                continue  # all background in both label modes
-            recs[(bx, by, bz)] = {"chunk_x": bx, "chunk_y": by, "chunk_z": bz, "supervoxels": svs,
-                                  "labels": svs.copy() if m is None else m.palette(svs),
-                                  "dvid_compressed_block": zc.compress(block), "uncompressed_size": len(block)}
+        with open(p, "rb") if isinstance(p, (str, os.PathLike)) else contextlib.nullcontext(p) as f:
+            for (bx, by, bz), block in read_stream(f, compression=compression):
+                if min(bx, by, bz) < 0:
+                    raise ChunkIndexError(f"{name}: block {(bx, by, bz)} has a negative coordinate; exports start "
+                                          f"at chunk (0, 0, 0)")
+                if (bx, by, bz) in recs:
+                    raise ChunkIndexError(f"{name}: block {(bx, by, bz)} appears twice in the dumps")
+                svs = np.array(block_header(block).labels, np.uint64)
+                if not svs.any():
+                    continue  # all background in both label modes
+                recs[(bx, by, bz)] = {"chunk_x": bx, "chunk_y": by, "chunk_z": bz, "supervoxels": svs,
+                                      "labels": svs.copy() if m is None else m.palette(svs),
+                                      "dvid_compressed_block": zc.compress(block), "uncompressed_size": len(block)}
     if spec is None:
         hi = np.max(np.array(list(recs), np.int64), axis=0) + 1 if recs else np.ones(3, np.int64)
         size = [int(v) * 64 for v in hi]
