@@ -3,14 +3,15 @@
 Every whole-export job (convert, stats, label-index, meshes, pcg-edges, ingest, downsample) writes
 through this module, so that the same rules hold for all of them:
 
-* **One destination parser** (:meth:`Destination.of`): a local path, ``file://``, ``gs://``,
+* **One destination parser** (``stores.as_store(..., writable=True)``): a local path, ``file://``, ``gs://``,
   ``s3://`` (``?endpoint_override=host:port&scheme=http&region=r`` accepted), ``memory://`` or a
   TensorStore kvstore spec dict. Anything else (``http://``, ``grpc://``, a path that starts like a
   URL with a slash missing, ``gs:/bucket``) is refused in one line before any work, and nothing
   local is ever named like a URL. :meth:`Destination.probe` then checks, within a deadline, that
   the destination can be written: a bucket that does not answer fails in seconds, not minutes.
   Local files go through the operating system (atomic renames, errno messages); buckets through
-  TensorStore's kvstore, the stack the readers use, with bounded retries and timeouts.
+  TensorStore's kvstore, the stack the readers use, with bounded retries and timeouts
+  (``stores.local``, ``stores.kvstore``).
 * **Errors that name the path**: a full disk, a read-only or forbidden folder, an unreachable
   bucket are one :class:`~dvidshards.errors.OutputError` line naming the path and what to do.
 * **A lock on every output** (:class:`Lock`): ``_dvidshards.lock`` in the output folder (beside a
@@ -29,6 +30,15 @@ through this module, so that the same rules hold for all of them:
   this job's own earlier output needs ``resume`` (same parameters; the job skips what is done)
   or ``overwrite`` (the job's own files are deleted first, others left alone); anything else is
   refused before any work.
+* **One work folder** (``--workdir``, :func:`work_folder`): a job that keeps partial results
+  (for ``--resume``, or for a reduce) keeps them in one folder that every worker sees: the one
+  given (a shared file system or a bucket), else ``NAME.work`` beside the output ``NAME``
+  (a sibling folder, or a sibling prefix in the same bucket); a bucket's root has no "beside":
+  give ``--workdir``. It is locked like the output and must not overlap it or the source.
+  ``Output(..., work=True)`` resolves it (``out.workdir``).
+* **One store**: every byte goes through ``dvidshards.stores`` (``as_store(dest, writable=True)``:
+  the one parser; atomic writes, create-if-absent and replace-if-equal for the lock); a
+  :class:`Destination` is that store under the names jobs call.
 * **One failure contract**: :meth:`Output.finish` returns the :class:`JobReport` when the output
   is complete; otherwise it raises :class:`~dvidshards.errors.JobError` carrying the report,
   unless the caller passed ``allow_partial=True``. The command line prints the summary and exits
@@ -74,11 +84,13 @@ __all__ = [
     "library_version",
     "os_error",
     "read_manifest",
+    "work_folder",
 ]
 
 D = TypeVar("D", bound="Destination")
 MANIFEST = "_dvidshards.json"
 LOCK = "_dvidshards.lock"
+WORK_SUFFIX = ".work"  # the default work folder of output NAME is NAME.work beside it
 SCHEMA = 1  # the manifest's schema version
 #: seconds without a heartbeat after which another host's lock counts as abandoned
 STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
@@ -279,6 +291,26 @@ class Destination:
         self.store.check_writable(kind=kind)
 
 
+def work_folder(dest, workdir=None) -> Destination:
+    """The work folder of a job writing ``dest``: ``workdir`` when given (``--workdir``), else
+    ``NAME.work`` beside the output ``NAME`` (a sibling folder, or a sibling prefix in the same
+    bucket: every worker that sees the output sees it). The one rule for every job.
+
+    Raises
+    ------
+    OutputError
+        There is no "beside" (the output is a bucket's or a file system's root): give ``workdir``.
+    """
+    if workdir is not None:
+        return Destination.of(workdir, what="work folder")
+    destination = Destination.of(dest)
+    folder, name = destination.parent_and_name()
+    if not name:
+        raise OutputError(f"{destination.describe()}: a job keeps its partial results in a work folder beside "
+                          f"the output, and there is none here; give --workdir (a folder, gs:// or s3://)")
+    return folder.child(name + WORK_SUFFIX)
+
+
 def _remove_empty_dirs(path: str) -> None:
     """Remove ``path`` and its parents while they are empty folders (what a refused job made)."""
     while path and os.path.isdir(path):
@@ -332,8 +364,8 @@ class Lock:
 
     Parameters
     ----------
-    dest : Destination
-        The output's folder.
+    dest : ByteStore or Destination
+        The output's folder (a writable store).
     name : str
         The lock's key in it (``_dvidshards.lock``; ``NAME._dvidshards.lock`` for a one-file output).
     job : str
@@ -341,12 +373,17 @@ class Lock:
     """
 
     def __init__(self, dest: Destination, job: str, name: str = LOCK):
-        self.dest, self.job, self.name = dest, job, name
+        self.store: ByteStore = dest.store if isinstance(dest, Destination) else dest
+        self.job, self.name = job, name
         self.token = uuid.uuid4().hex
         self.started = _now()
         self._body: bytes | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def _where(self) -> str:
+        return self.store.describe("").rstrip("/") or "/"
 
     def _content(self) -> bytes:
         return json.dumps({"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
@@ -354,7 +391,7 @@ class Lock:
 
     def owner(self) -> dict | None:
         """The current holder's record (None when unlocked or unreadable)."""
-        data = self.dest.read(self.name)
+        data = self.store.get_sync(self.name)
         if data is None:
             return None
         try:
@@ -370,23 +407,23 @@ class Lock:
         :data:`STALE_SECONDS` from another host) is taken over when ``take_over`` (``--resume``).
         """
         body = self._content()
-        if self.dest.create(self.name, body):
+        if self.store.create_sync(self.name, body):
             self._body = body
             self._start_heartbeat()
             return
         owner = self.owner() or {}
-        raw = self.dest.read(self.name)
+        raw = self.store.get_sync(self.name)
         who = (f"`dvidshards {owner.get('job', '?')}` (host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, "
                f"started {owner.get('started', '?')})")
-        where = self.dest.describe(self.name)
+        where = self.store.describe(self.name)
         if not _gone(owner):
-            raise OutputLockedError(f"{self.dest.describe()} is being written by {who}; wait for it to finish or "
+            raise OutputLockedError(f"{self._where} is being written by {who}; wait for it to finish or "
                                     f"stop it (its lock: {where})")
         if not take_over:
-            raise OutputLockedError(f"{self.dest.describe()} was being written by {who}, which is gone; run the "
+            raise OutputLockedError(f"{self._where} was being written by {who}, which is gone; run the "
                                     f"same command with --resume to take its lock over and finish the output")
-        if raw is None or not self.dest.replace_if(self.name, body, raw):
-            raise OutputLockedError(f"{self.dest.describe()}: another job took the lock over at the same time "
+        if raw is None or not self.store.replace_sync(self.name, body, expected=raw):
+            raise OutputLockedError(f"{self._where}: another job took the lock over at the same time "
                                     f"({where})")
         self._body = body
         self._start_heartbeat()
@@ -400,7 +437,7 @@ class Lock:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             body = self._content()
             try:
-                if self._body is not None and self.dest.replace_if(self.name, body, self._body):
+                if self._body is not None and self.store.replace_sync(self.name, body, expected=self._body):
                     self._body = body
             except OutputError:  # a transient failure: the next beat tries again
                 pass
@@ -418,8 +455,8 @@ class Lock:
         if self._body is None:
             return
         try:
-            if self.dest.read(self.name) == self._body:
-                self.dest.delete(self.name)
+            if self.store.get_sync(self.name) == self._body:
+                self.store.delete_sync(self.name)
         except OutputError:
             pass
         self._body = None
@@ -625,14 +662,17 @@ class Output:
         ``name -> bool``: whether a top-level name of the destination is this job's output
         (deleted by ``overwrite``, which leaves other names alone). Default: everything but the
         manifest, the lock and hidden names is the job's.
-    workdir : Destination, optional
-        The job's work folder: it is locked too, and must not overlap the output.
+    workdir : path, URL, kvstore spec dict or Destination, optional
+        The job's work folder (``--workdir``): it is locked too, and must not overlap the output.
+    work : bool
+        The job keeps partial results: ``workdir`` (``out.workdir``, a :class:`WorkDir`-like
+        Destination) is the one given or, when none is, the default of :func:`work_folder`.
     """
 
     def __init__(self, dest, *, job: str, parameters: dict, source=None, scales: Iterable[int] = (),
                  command: str | None = None, resume: bool = False, overwrite: bool = False,
                  own: Callable[[str], bool] | None = None, kind: str = "folder",
-                 workdir: Destination | None = None):
+                 workdir=None, work: bool = False):
         if resume and overwrite:
             raise SpecError("give resume or overwrite, not both")
         if kind not in ("folder", "file"):
@@ -642,7 +682,7 @@ class Output:
         self.scales = [int(k) for k in scales]
         self.command, self.resume, self.overwrite = command, resume, overwrite
         self.source = source
-        self.workdir = Destination.of(workdir, what="work folder") if workdir is not None else None
+        self.workdir = work_folder(self.destination, workdir) if work or workdir is not None else None
         self.own = own
         self.previous: dict | None = None
         self.report = JobReport(job, self.destination.describe(), list(self.scales))
@@ -673,9 +713,11 @@ class Output:
     def open(self) -> None:
         """Check the destination, take the locks, write the manifest ``complete: false``."""
         check_apart(self.destination, workdir=self.workdir, source=self.source)
-        self.destination.probe(kind=self.kind)
         if self.workdir is not None:
-            self.workdir.probe()
+            check_apart(self.workdir, source=self.source, what="work folder")
+        self.destination.store.check_writable(kind=self.kind)
+        if self.workdir is not None:
+            self.workdir.store.check_writable()
         lock_name = f"{self.name}.{LOCK}" if self.kind == "file" else LOCK
         self._locks.append(Lock(self.folder, self.job, lock_name))
         if self.workdir is not None:
@@ -695,12 +737,12 @@ class Output:
         return True if self.own is None else bool(self.own(name))
 
     def _check_folder(self) -> None:
-        d = self.destination
-        names = [n for n in d.list() if n not in (LOCK,) and not n.startswith(".")]
+        d, store = self.destination, self.destination.store
+        names = [n for n in store.list_sync() if n not in (LOCK,) and not n.startswith(".")]
         has_manifest = MANIFEST in names
         prev = None
         if has_manifest:
-            data = d.read(MANIFEST)
+            data = store.get_sync(MANIFEST)
             prev = _parse_manifest(data, d.describe(MANIFEST)) if data is not None else None
         rest = [n for n in names if n != MANIFEST]
         if not names:
@@ -709,9 +751,9 @@ class Output:
             self.previous = None
             for n in rest:
                 if self._is_own(n):
-                    d.rmtree(n)
+                    store.delete_prefix_sync(n)
             if has_manifest:
-                d.delete(MANIFEST)
+                store.delete_sync(MANIFEST)
             return
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         if prev is None:
@@ -741,8 +783,7 @@ class Output:
                                   f"--resume needs the same ones: run the same command, or pass --overwrite")
 
     def _check_file(self) -> None:
-        d = self.folder
-        if d.read(self.name) is None:
+        if not self.folder.store.exists_sync(self.name):
             return
         try:
             prev = read_manifest(self.destination)
@@ -778,7 +819,7 @@ class Output:
     def _write_manifest(self) -> None:
         if self.kind == "folder" and self._manifest is not None:
             self._manifest["updated"] = _now()
-            self.destination.write(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
+            self.destination.store.put_sync(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
 
     # --- while running -----------------------------------------------------------------------------
 
