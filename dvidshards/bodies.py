@@ -41,11 +41,10 @@ from .formats.sparsevol import (
     HEADER,
     RunOrder,
     SparsevolError,
-    binary_block,
-    clip_runs,
+    binary_block_bits,
+    block_bits,
     encode_coarse,
     merge_runs,
-    runs_from_mask,
 )
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, record_ids
 
@@ -496,25 +495,49 @@ class Body:
             raise self.not_found(s.index)
         return m
 
-    def block_masks(self, scale=None, bounds=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The body's chunks one by one, in (z, y, x) order: ``(chunk (x, y, z), mask (z, y, x))``.
+    def block_bits(self, scale=None, bounds=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The body's chunks one by one, in (z, y, x) order: ``(chunk (x, y, z), bits)``.
 
-        Each mask covers the whole chunk (voxels outside the volume False). ``bounds``
-        (`parse_bounds`) keeps the chunks that DVID's block bounds keep (the masks are not
-        cut). One chunk is decoded at a time.
+        ``bits`` is `formats.sparsevol.block_bits` of the chunk's block: uint8 (nz, ny, nx / 8),
+        bit i of ``[z, y, j]`` voxel (8 j + i, y, z) of the chunk, set where it is the body
+        (voxels outside the volume, and chunks absent, all 0). One numba pass over the block's
+        packed values per chunk, no voxel decoded. ``bounds`` (`parse_bounds`) keeps the chunks
+        that DVID's block bounds keep (the bits are not cut). Memory: one shard's run of chunks.
         """
         s = self._scale(scale)
         c = self._present(s)
+        cs = np.asarray(s.chunk_size, np.int64)
+        if cs[0] % 8:
+            raise SpecError(f"scale {s.index}: chunks {s.chunk_size} are not a whole number of bytes along x")
         b = parse_bounds(bounds)
         if b is not None:
-            cs = np.asarray(s.chunk_size, np.int64)
             c = c[((c >= b[0] // cs) & (c <= b[1] // cs)).all(axis=1)]
-        decode = chunk_decoder(self.ds, s.index, self.labels)
+        reader = self.ds.reader(s, self.labels)
+        vlo = np.asarray(s.voxel_offset, np.int64)
+        vhi = vlo + np.asarray(s.size, np.int64)
         target = np.uint64(self.id)
-        shape = tuple(int(v) for v in np.asarray(s.chunk_size)[::-1])
-        for cc in c:
-            a = decode(cc)
-            yield cc, (a == target) if a is not None else np.zeros(shape, bool)
+        shape = (int(cs[2]), int(cs[1]), int(cs[0]) // 8)
+        for run in _shard_runs(s, c):
+            shard = reader.shard(*(int(v) for v in run[0]))
+            rows = [None if shard is None else shard.find(*(int(v) for v in cc)) for cc in run]
+            held = [i for i in rows if i is not None]
+            t = shard.table(np.asarray(held, np.int64)) if held else None
+            k = 0
+            for cc, i in zip(run, rows, strict=True):
+                if i is None or t is None:
+                    if shard is not None:
+                        reader.absent(shard, *(int(v) for v in cc))
+                    yield cc, np.zeros(shape, np.uint8)
+                    continue
+                pal = self.labels.palette(t, k)
+                pal = t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
+                org = cc * cs
+                try:
+                    bits = block_bits(t.block(k), pal == target, vlo - org, vhi - org, np.empty(shape, np.uint8))
+                except BlockDecodeError as e:
+                    raise BlockDecodeError(f"{t.where(k)}: {e}") from None
+                k += 1
+                yield cc, bits
 
     def runs(self, scale=None) -> np.ndarray:
         """Maximal x-runs of the body, sorted (z, y, x): int32 (n, 4) rows x, y, z, length.
@@ -525,9 +548,8 @@ class Body:
             If the body has no voxel at that scale.
         """
         s = self._scale(scale)
-        cs = np.asarray(s.chunk_size, np.int64)
-        parts = [runs_from_mask(m.T, c * cs) for c, m in self.block_masks(s.index) if m.any()]
-        out = merge_runs(*parts)
+        order = RunOrder(int(s.chunk_size[0]))
+        out = merge_runs(*(order.add_bits(c, bits) for c, bits in self.block_bits(s.index)), order.finish())
         if not len(out):
             raise self.not_found(s.index)
         return out
@@ -537,8 +559,9 @@ class Body:
 
         ``format="srles"`` and ``"blocks"`` pieces concatenate to the response. For ``"rles"``
         the pieces are the spans without the 12-byte header (its span count is known only at
-        the end: `sparsevol` adds it, a server counts the bytes). Memory: one chunk and the
-        runs held for the next block (one row of blocks).
+        the end: `sparsevol` adds it, a server counts the bytes). Each block's runs are read
+        from its packed values by numba kernels (`block_bits`, `RunOrder.add_bits`). Memory:
+        one shard's run of chunks and the runs held for the next block (one row of blocks).
 
         Parameters
         ----------
@@ -559,26 +582,21 @@ class Body:
         s = self._scale(scale)
         cs = np.asarray(s.chunk_size, np.int64)
         b = parse_bounds(bounds)
-        masks = self.block_masks(s.index, bounds)
-        first = next(masks, None)
+        if format != "blocks" and len({int(v) for v in s.chunk_size}) != 1:
+            raise SpecError(f"scale {s.index}: DVID's run order needs cubic chunks, got {s.chunk_size}")
+        parts = self.block_bits(s.index, bounds)
+        first = next(parts, None)
         if first is None:
             raise self.not_found(s.index, "within the bounds")
         if format == "blocks":
             g = [int(v) // 8 for v in s.chunk_size]
             yield BLOCKS_HEADER.pack(g[0], g[1], g[2], self.id)
-            c, m = first
-            yield binary_block(c * cs, m)
-            for c, m in masks:
-                yield binary_block(c * cs, m)
+            for c, bits in _chain(first, parts):
+                yield binary_block_bits(c * cs, bits)
             return
-        if len({int(v) for v in s.chunk_size}) != 1:
-            raise SpecError(f"scale {s.index}: DVID's run order needs cubic chunks, got {s.chunk_size}")
-        order = RunOrder(int(cs[0]), maxx=None if b is None or b[1][0] >= _I32[1] else int(b[1][0]))
-        for c, m in _chain(first, masks):
-            r = runs_from_mask(m.T, c * cs) if m.any() else np.zeros((0, 4), np.int32)
-            if b is not None:
-                r = clip_runs(r, *b)
-            done = order.add(c, r)
+        order = RunOrder(int(cs[0]), bounds=b)
+        for c, bits in _chain(first, parts):
+            done = order.add_bits(c, bits)
             if len(done):
                 yield done.astype("<i4").tobytes()
         done = order.finish()
@@ -710,6 +728,16 @@ class Body:
 def _chain(first, rest):
     yield first
     yield from rest
+
+
+def _shard_runs(s, chunks) -> list[np.ndarray]:
+    """Chunks cut, in their order, into runs of consecutive chunks of one shard."""
+    c = np.asarray(chunks, np.int64).reshape(-1, 3)
+    if not len(c):
+        return []
+    key = c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // np.asarray(s.chunk_size), 1)
+    cut = np.flatnonzero((key[1:] != key[:-1]).any(axis=1)) + 1
+    return np.split(c, cut)
 
 
 def _by_shard(s, chunks) -> list[np.ndarray]:

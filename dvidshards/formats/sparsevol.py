@@ -49,9 +49,29 @@ from __future__ import annotations
 
 import struct
 
+import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
-from ..errors import DvidShardsError
+from ..errors import BlockDecodeError, DvidShardsError
+from . import jit
+from .codec import (
+    BITS,
+    E_OK,
+    E_PALETTE,
+    E_VAL_RANGE,
+    MAX_SUBBLOCK_LABELS,
+    block_error,
+    body_numpy,
+    check_body,
+    check_head,
+    head_numpy,
+    read_u16,
+    read_u32,
+    values_numpy,
+)
 
 __all__ = [
     "BLOCKS_HEADER",
@@ -59,6 +79,8 @@ __all__ = [
     "RunOrder",
     "SparsevolError",
     "binary_block",
+    "binary_block_bits",
+    "block_bits",
     "blocks_from_runs",
     "clip_runs",
     "coarse_runs",
@@ -474,13 +496,160 @@ def clip_runs(runs, lo, hi) -> np.ndarray:
     return out.astype(np.int32)
 
 
+def _merge_held(a: np.ndarray, held: np.ndarray, flush: bool, x0: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """One block's step of `RunOrder` in numpy: (runs written now, runs held), both int64.
+
+    ``a``: the block's runs (maximal, inside the block); ``held``: runs held from the block
+    before, sorted by (z, y); ``flush``: that block was not this one's x-predecessor.
+    """
+    out = []
+    if flush and len(held):
+        out.append(held)
+        held = held[:0]
+    if len(held):
+        first = a[a[:, 0] == x0]  # runs starting at the block's -x face continue a held run
+        hk = held[:, 1] + (held[:, 2] << 32)
+        fk = first[:, 1] + (first[:, 2] << 32)
+        cont = np.isin(hk, fk)
+        if cont.any():
+            order = np.argsort(fk)
+            pos = order[np.searchsorted(fk, hk[cont], sorter=order)]
+            joined = held[cont].copy()
+            joined[:, 3] += first[pos, 3]
+            a = np.concatenate([a[~np.isin(np.arange(len(a)), np.flatnonzero(a[:, 0] == x0)[pos])], joined])
+        a = np.concatenate([a, held[~cont]])  # not continued: written at its row's start here
+    hold = a[:, 0] + a[:, 3] == stop
+    done, kept = a[~hold], a[hold]
+    out.append(done[np.lexsort((done[:, 0], done[:, 1], done[:, 2]))])
+    return np.concatenate(out), kept[np.lexsort((kept[:, 1], kept[:, 2]))]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _put(x, y, z, n, stop, out, no, held, nh):
+    # one run, final (out) or held for the next block (it ends where the row scan stops)
+    if x + n == stop:
+        held[nh, 0], held[nh, 1], held[nh, 2], held[nh, 3] = x, y, z, n
+        return no, nh + 1
+    out[no, 0], out[no, 1], out[no, 2], out[no, 3] = x, y, z, n
+    return no + 1, nh
+
+
+@intrinsic
+def _ctz(typingctx, x):
+    """Trailing zero bits of a non-zero int64 (llvm.cttz)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _run(pend, hx, hn, a, e, x0, yy, zz, stop, out, no, held, nh):
+    # the row's next run [a, e), after the held run of the row (pending until a run or the row's end)
+    if pend and a == x0:  # continues the held run
+        return _put(hx, yy, zz, hn + e - a, stop, out, no, held, nh)
+    if pend:
+        no, nh = _put(hx, yy, zz, hn, stop, out, no, held, nh)
+    return _put(a, yy, zz, e - a, stop, out, no, held, nh)
+
+
+@numba.njit(nogil=True, cache=True)
+def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
+    """`_merge_held` of a block's runs read from its member bits (`block_bits`), cut to the
+    bounds [blo, bhi] (inclusive): (runs written into ``out``, runs held into ``held_out``).
+    The bits come as 64-bit words (``nx`` voxels a row, ``words[z, y, k]`` bit p voxel 64 k + p):
+    a word's changes of value give its runs."""
+    nz, ny, nw = words.shape
+    x0, y0, z0 = org[0], org[1], org[2]
+    no = np.int64(0)
+    nh = np.int64(0)
+    nheld = held.shape[0]
+    hp = np.int64(0)
+    if flush:
+        for k in range(nheld):
+            for i in range(4):
+                out[no, i] = held[k, i]
+            no += 1
+        hp = nheld
+    xlo = max(blo[0], x0)
+    xhi = min(bhi[0] + 1, x0 + nx)
+    for z in range(nz):
+        zz = z0 + z
+        for y in range(ny):
+            yy = y0 + y
+            # held runs of rows before this one (none when fed in order) are written first
+            while hp < nheld and (held[hp, 2] < zz or (held[hp, 2] == zz and held[hp, 1] < yy)):
+                no, nh = _put(held[hp, 0], held[hp, 1], held[hp, 2], held[hp, 3], stop, out, no, held_out, nh)
+                hp += 1
+            pend = hp < nheld and held[hp, 2] == zz and held[hp, 1] == yy
+            hx = held[hp, 0] if pend else 0
+            hn = held[hp, 3] if pend else 0
+            if pend:
+                hp += 1
+            if blo[1] <= yy <= bhi[1] and blo[2] <= zz <= bhi[2] and xlo < xhi:
+                inrun = np.int64(0)
+                start = np.int64(0)
+                for k in range(nw):
+                    w = words[z, y, k]
+                    if w == 0 and inrun == 0:
+                        continue
+                    trans = w ^ ((w << 1) | inrun)  # bit p: voxel p differs from voxel p - 1
+                    while trans != 0:
+                        p = np.int64(_ctz(trans))  # type: ignore[call-arg]
+                        trans ^= np.int64(1) << p
+                        x = x0 + 64 * k + p
+                        if inrun == 0:
+                            start = x
+                            inrun = 1
+                            continue
+                        inrun = 0
+                        ra, re = max(start, xlo), min(x, xhi)  # the run [start, x), cut to the bounds
+                        if re > ra:
+                            no, nh = _run(pend, hx, hn, ra, re, x0, yy, zz, stop, out, no, held_out, nh)
+                            pend = False
+                    inrun = (w >> 63) & 1
+                if inrun:
+                    ra, re = max(start, xlo), min(x0 + 64 * nw, xhi)
+                    if re > ra:
+                        no, nh = _run(pend, hx, hn, ra, re, x0, yy, zz, stop, out, no, held_out, nh)
+                        pend = False
+            if pend:
+                no, nh = _put(hx, yy, zz, hn, stop, out, no, held_out, nh)
+    while hp < nheld:
+        no, nh = _put(held[hp, 0], held[hp, 1], held[hp, 2], held[hp, 3], stop, out, no, held_out, nh)
+        hp += 1
+    return no, nh
+
+
+def _order_numpy(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
+    """``_order_kernel`` in numpy: the same runs in the same order."""
+    mask = np.unpackbits(words.view(np.uint8), axis=2, bitorder="little").astype(bool)[:, :, :nx]
+    runs = clip_runs(runs_from_mask(mask.transpose(2, 1, 0), org), blo, bhi).astype(np.int64)
+    done, kept = _merge_held(runs, held, bool(flush), int(org[0]), int(stop))
+    out[:len(done)] = done
+    held_out[:len(kept)] = kept
+    return len(done), len(kept)
+
+
+_ORDER_SIG = types.UniTuple(types.int64, 2)(
+    types.Array(types.int64, 3, "C", readonly=True), types.int64, types.Array(types.int64, 1, "C", readonly=True), types.int64,
+    types.Array(types.int64, 1, "C", readonly=True), types.Array(types.int64, 1, "C", readonly=True),
+    types.Array(types.int64, 2, "C", readonly=True), types.boolean, types.Array(types.int32, 2, "C"),
+    types.Array(types.int64, 2, "C"))
+_order = jit.kernel(_order_kernel, [_ORDER_SIG.args], _order_numpy, exclusive=True)
+
+
 class RunOrder:
     """DVID's sparsevol run order, computed block by block (``labels.WriteRLEs``).
 
-    Feed the blocks holding the body in ascending (z, y, x) block order with `add`, each
-    with the body's runs inside it (cut at the block's x faces, any order); each call
-    returns the runs that are final, in DVID's order; `finish` returns the rest. The
-    concatenation equals `dvid_order` of all the runs when no bounds are given.
+    Feed the blocks holding the body in ascending (z, y, x) block order, each with the body's
+    runs inside it (`add`: cut at the block's x faces, any order, already cut to the bounds)
+    or its member bits (`add_bits`: `block_bits` of the block; cut to ``bounds`` here, by a
+    numba kernel); each call returns the runs that are final, in DVID's order; `finish`
+    returns the rest. The concatenation equals `dvid_order` of all the runs when no bounds
+    are given.
 
     Parameters
     ----------
@@ -488,7 +657,10 @@ class RunOrder:
         DVID block edge (64).
     maxx : int, optional
         DVID's ``maxx`` bound: a row scan stops there, so a run reaching it is held for the
-        next block like one reaching the block's +x face.
+        next block like one reaching the block's +x face. Default: ``bounds``' maxx.
+    bounds : (lo, hi), optional
+        DVID's ``minx`` .. ``maxz`` bounds, inclusive voxel coordinates (`add_bits` cuts the
+        runs to them).
 
     Notes
     -----
@@ -496,18 +668,30 @@ class RunOrder:
     a block.
     """
 
-    def __init__(self, block_size: int = 64, maxx: int | None = None):
+    def __init__(self, block_size: int = 64, maxx: int | None = None, *, bounds=None):
         if not isinstance(block_size, (int, np.integer)) or block_size < 1:
             raise SparsevolError(f"block_size must be a positive integer, got {block_size!r}")
         self.b = int(block_size)
+        lo, hi = (np.full(3, _I32.min, np.int64), np.full(3, _I32.max, np.int64)) if bounds is None else \
+            (np.asarray(bounds[0], np.int64).reshape(3), np.asarray(bounds[1], np.int64).reshape(3))
+        self.bounds = (lo, hi)
+        if maxx is None and hi[0] < _I32.max:
+            maxx = int(hi[0])
         self.maxx = None if maxx is None else int(maxx)
         self._prev: tuple[int, int, int] | None = None
         self._held = np.zeros((0, 4), np.int64)
+        self._out: np.ndarray | None = None
 
-    def _flush(self) -> np.ndarray:
-        h = self._held
-        self._held = np.zeros((0, 4), np.int64)
-        return h[np.lexsort((h[:, 1], h[:, 2]))] if len(h) else h  # DVID: Go map order; here (z, y)
+    def _next(self, block) -> tuple[int, int, int, bool, int]:
+        """(bx, by, bz, flush, stop) of the next block; SparsevolError when out of order."""
+        bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
+        prev = self._prev
+        if prev is not None and (bz, by, bx) <= prev[::-1]:
+            raise SparsevolError(f"block {(bx, by, bz)} after {prev}: blocks must come in (z, y, x) order")
+        self._prev = (bx, by, bz)
+        x0 = bx * self.b
+        stop = x0 + self.b if self.maxx is None else min(x0 + self.b, self.maxx + 1)
+        return bx, by, bz, prev is not None and prev != (bx - 1, by, bz), stop
 
     def add(self, block, runs) -> np.ndarray:
         """The runs made final by one more block (int32 (n, 4), in DVID's order).
@@ -517,43 +701,281 @@ class RunOrder:
         SparsevolError
             If blocks do not come in ascending (z, y, x) order, or a run is not inside its block.
         """
-        bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
-        if self._prev is not None and (bz, by, bx) <= self._prev[::-1]:
-            raise SparsevolError(f"block {(bx, by, bz)} after {self._prev}: blocks must come in (z, y, x) order")
         b = self.b
-        x0 = bx * b
         a = merge_runs(runs).astype(np.int64)
+        bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
+        x0 = bx * b
         if len(a) and ((a[:, 0] < x0) | (a[:, 0] + a[:, 3] > x0 + b) | (a[:, 1] // b != by)
                        | (a[:, 2] // b != bz)).any():
             raise SparsevolError(f"a run is not inside block {(bx, by, bz)}")
-        out = []
-        if self._prev is not None and self._prev != (bx - 1, by, bz):
-            out.append(self._flush())
-        held = self._held
-        if len(held):
-            first = a[a[:, 0] == x0]  # runs starting at the block's -x face continue a held run
-            hk = held[:, 1] + (held[:, 2] << 32)
-            fk = first[:, 1] + (first[:, 2] << 32)
-            cont = np.isin(hk, fk)
-            if cont.any():
-                order = np.argsort(fk)
-                pos = order[np.searchsorted(fk, hk[cont], sorter=order)]
-                joined = held[cont].copy()
-                joined[:, 3] += first[pos, 3]
-                a = np.concatenate([a[~np.isin(np.arange(len(a)), np.flatnonzero(a[:, 0] == x0)[pos])], joined])
-            a = np.concatenate([a, held[~cont]])  # not continued: written at its row's start here
-        stop = x0 + b if self.maxx is None else min(x0 + b, self.maxx + 1)
-        hold = a[:, 0] + a[:, 3] == stop
-        self._held = a[hold]
-        done = a[~hold]
-        out.append(done[np.lexsort((done[:, 0], done[:, 1], done[:, 2]))])
-        self._prev = (bx, by, bz)
-        return np.concatenate(out).astype(np.int32)
+        _, _, _, flush, stop = self._next(block)
+        done, self._held = _merge_held(a, self._held, flush, x0, stop)
+        return done.astype(np.int32)
+
+    def add_bits(self, block, bits) -> np.ndarray:
+        """`add` for a block given as its member bits (`block_bits`, shape (b, b, b / 8)):
+        its runs are read and cut to ``bounds`` in one numba pass. Returns int32 (n, 4)."""
+        b = self.b
+        bits = np.asarray(bits)
+        if bits.dtype != np.uint8 or bits.shape != (b, b, b // 8) or b % 8:
+            raise SparsevolError(f"bits must be uint8 of shape {(b, b, b // 8)} for {b}-voxel blocks, got "
+                                 f"{bits.dtype} {bits.shape}")
+        bx, by, bz, flush, stop = self._next(block)
+        cap = len(self._held) + b * b * (b // 2 + 1)
+        if self._out is None or len(self._out) < cap:
+            self._out = np.empty((cap, 4), np.int32)
+        held = np.empty((b * b + len(self._held), 4), np.int64)
+        org = np.array([bx * b, by * b, bz * b], np.int64)
+        lo, hi = self.bounds
+        words = bits if b % 64 == 0 else np.pad(bits, ((0, 0), (0, 0), (0, -(b // 8) % 8)))
+        n, nh = _order(np.ascontiguousarray(words).view(np.int64), b, org, stop, lo, hi, self._held, flush,
+                       self._out, held)
+        self._held = held[:nh]
+        return self._out[:n].copy()
 
     def finish(self) -> np.ndarray:
         """The runs still held after the last block (int32 (n, 4))."""
         self._prev = None
-        return self._flush().astype(np.int32)
+        h, self._held = self._held, np.zeros((0, 4), np.int64)
+        return h.astype(np.int32)  # DVID: Go map order; here (z, y)
+
+
+# --------------------------------------------------------------------------- a body's voxels in a block
+
+_E_SHAPE = 100  # the block's grid is not the shape of the bits asked for
+
+
+_REV8 = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], np.int64)  # bits of a byte reversed
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _lanes(m):
+    # the low bits of 8 2-bit lanes (lane k at bit 2 k) gathered into bits 0..7
+    m = (m | (m >> 1)) & 0x3333
+    m = (m | (m >> 2)) & 0x0F0F
+    return (m | (m >> 4)) & 0x00FF
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _value(data, r, w, b, x):
+    # value x of a row of 8 MSB-first values of b bits starting at byte r (w: its first bytes)
+    if b <= 8:
+        return (w >> (b * (7 - x))) & ((np.int64(1) << b) - 1)
+    if x < 7:
+        return (w >> (55 - 9 * x)) & 511
+    return ((w & 1) << 8) | np.int64(data[r + 8])
+
+
+@numba.njit(nogil=True, cache=True)
+def _bits_kernel(data, member, lo, hi, bits):
+    """Validate the block, then set bit i of ``bits[z, y, j]`` where voxel (8j + i, y, z) is a
+    label-list entry ``member`` marks, inside [lo, hi) (voxels at or past hi not visited, as
+    the decoder's with an output cut there); returns (code, a, b)."""
+    zero = np.int64(0)
+    code, ea, eb, gx, gy, gz, nlab = check_head(data)
+    if code != E_OK:
+        return code, ea, eb
+    if np.int64(member.shape[0]) != nlab:
+        return E_PALETTE, np.int64(member.shape[0]), nlab
+    if bits.shape[0] != 8 * gz or bits.shape[1] != 8 * gy or bits.shape[2] != gx:
+        return _E_SHAPE, zero, zero
+    bits[:] = 0
+    hx, hy, hz = hi[0], hi[1], hi[2]
+    p_nsb = p_idx = p_val = zero
+    if nlab > 1:
+        code, ea, eb, p_nsb, p_idx, p_val = check_body(data, gx, gy, gz, nlab)
+        if code != E_OK:
+            return code, ea, eb
+    lut = np.zeros(MAX_SUBBLOCK_LABELS, np.int64)
+    start = p_idx
+    q = p_val
+    sb = zero
+    for sz in range(gz):
+        zl = min(8, hz - 8 * sz)
+        for sy in range(gy):
+            yl = min(8, hy - 8 * sy)
+            for sx in range(gx):
+                xl = min(8, hx - 8 * sx)
+                xm = (np.int64(1) << max(xl, 0)) - 1
+                c = np.int64(1) if nlab == 1 else read_u16(data, p_nsb + 2 * sb)
+                b = BITS[c]
+                if zl > 0 and yl > 0 and xl > 0:
+                    fill = np.int64(-1)  # every visited voxel: 0 or 255; -1: read the values
+                    if c == 0:
+                        fill = 0
+                    elif c == 1:
+                        fill = 255 if member[0 if nlab == 1 else read_u32(data, start)] != 0 else 0
+                    else:
+                        some = np.int64(0)
+                        every = np.int64(1)
+                        for k in range(c):
+                            m = np.int64(member[read_u32(data, start + 4 * k)] != 0)
+                            lut[k] = m
+                            some |= m
+                            every &= m
+                        for k in range(c, 1 << b):
+                            lut[k] = 0
+                        if c == 1 << b and (some == 0 or every == 1):  # no value can select no label
+                            fill = 255 * every
+                    if fill == 0:
+                        pass
+                    elif fill > 0:
+                        for z in range(zl):
+                            for y in range(yl):
+                                bits[8 * sz + z, 8 * sy + y, sx] = xm
+                    elif b == 1:  # two labels, one a member: each row's byte, reversed (x first)
+                        inv = 255 if lut[0] else 0
+                        for z in range(zl):
+                            for y in range(yl):
+                                bits[8 * sz + z, 8 * sy + y, sx] = (_REV8[data[q + 8 * z + y]] ^ inv) & xm
+                    elif b == 2:  # 2-bit lanes compared at once: a lane's high bit moved onto its low one
+                        for z in range(zl):
+                            for y in range(yl):
+                                r = q + 2 * (8 * z + y)
+                                w = (np.int64(data[r]) << 8) | np.int64(data[r + 1])
+                                h1 = (w >> 1) & 0x5555
+                                h0 = w & 0x5555
+                                m = (lut[0] * (~(h1 | h0) & 0x5555)) | (lut[1] * (h0 & ~h1)) | (lut[2] * (h1 & ~h0)) \
+                                    | (lut[3] * (h1 & h0))
+                                if c == 3 and _REV8[_lanes(h1 & h0)] & xm:
+                                    return E_VAL_RANGE, sb, c
+                                bits[8 * sz + z, 8 * sy + y, sx] = _REV8[_lanes(m)] & xm
+                    else:
+                        for z in range(zl):
+                            for y in range(yl):
+                                r = q + (8 * z + y) * b
+                                w = np.int64(0)
+                                for i in range(min(b, 8)):
+                                    w = (w << 8) | np.int64(data[r + i])
+                                v8 = np.int64(0)
+                                bad = np.int64(0)
+                                for x in range(8):
+                                    v = _value(data, r, w, b, x)
+                                    bad |= np.int64(v >= c) << x
+                                    v8 |= lut[v & 511] << x
+                                if bad & xm:
+                                    return E_VAL_RANGE, sb, c
+                                bits[8 * sz + z, 8 * sy + y, sx] = v8 & xm
+                if nlab > 1:
+                    start += 4 * c
+                    q += 64 * b
+                sb += 1
+    lx, ly, lz = lo[0], lo[1], lo[2]  # voxels below lo are not the body's
+    if lx == 0 and ly == 0 and lz == 0:
+        return E_OK, zero, zero
+    for z in range(min(lz, 8 * gz)):
+        for y in range(8 * gy):
+            for j in range(gx):
+                bits[z, y, j] = 0
+    for z in range(8 * gz):
+        for y in range(min(ly, 8 * gy)):
+            for j in range(gx):
+                bits[z, y, j] = 0
+        for y in range(8 * gy):
+            for j in range(min(gx, (lx + 7) // 8)):
+                k = lx - 8 * j
+                bits[z, y, j] &= 0 if k >= 8 else (255 << k) & 255
+    return E_OK, zero, zero
+
+
+def _bits_numpy(data, member, lo, hi, bits):
+    """``_bits_kernel`` in numpy: the same checks in the same order, the same codes and bits."""
+    code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
+    if code != E_OK:
+        return code, ea, eb
+    if len(member) != nlab:
+        return E_PALETTE, len(member), nlab
+    if bits.shape != (8 * gz, 8 * gy, gx):
+        return _E_SHAPE, 0, 0
+    nsub = gx * gy * gz
+    if nlab == 1:
+        vox = np.full((nsub, 512), member[0] != 0)
+        vals = np.zeros((nsub, 512), np.int64)
+        nsb = np.ones(nsub, np.int64)
+    else:
+        code, ea, eb, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
+        if code != E_OK:
+            return code, ea, eb
+        b = BITS[nsb]
+        q = p_val + 64 * np.concatenate([[0], np.cumsum(b)[:-1]])
+        first = np.concatenate([[0], np.cumsum(nsb)[:-1]])
+        vals = np.zeros((nsub, 512), np.int64)
+        for _, sel, v in values_numpy(data, q, b):
+            vals[sel] = v
+        ent = idx[np.minimum(first[:, None] + vals, max(len(idx) - 1, 0))] if len(idx) else np.zeros_like(vals)
+        vox = (member[ent] != 0) & (nsb[:, None] >= 1) & (vals < nsb[:, None])
+
+    def volume(a):  # (sub-block, z, y, x) -> (z, y, x) voxels
+        return a.reshape(gz, gy, gx, 8, 8, 8).transpose(0, 3, 1, 4, 2, 5).reshape(8 * gz, 8 * gy, 8 * gx)
+
+    z, y, x = np.ogrid[:8 * gz, :8 * gy, :8 * gx]
+    seen = (z < hi[2]) & (y < hi[1]) & (x < hi[0])
+    bad = np.flatnonzero((volume(vals >= np.maximum(nsb, 1)[:, None]) & seen).reshape(gz, 8, gy, 8, gx, 8).transpose(
+        0, 2, 4, 1, 3, 5).reshape(nsub, 512).any(axis=1))
+    if bad.size:
+        return E_VAL_RANGE, int(bad[0]), int(nsb[bad[0]])
+    m = volume(vox) & seen & (z >= lo[2]) & (y >= lo[1]) & (x >= lo[0])
+    bits[...] = np.packbits(m, axis=2, bitorder="little")
+    return E_OK, 0, 0
+
+
+_BITS_SIG = types.UniTuple(types.int64, 3)(
+    types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.uint8, 1, "C", readonly=True),
+    types.Array(types.int64, 1, "C", readonly=True), types.Array(types.int64, 1, "C", readonly=True),
+    types.Array(types.uint8, 3, "C"))
+_bits = jit.kernel(_bits_kernel, [_BITS_SIG.args], _bits_numpy, exclusive=True)
+
+
+def block_bits(block, member, lo=(0, 0, 0), hi=None, out=None) -> np.ndarray:
+    """The voxels of a DVID block whose label-list entry ``member`` marks, as bits.
+
+    One numba pass over the block's packed values (no voxel decoded): what a body's sparse
+    volume, binary blocks and runs are made from.
+
+    Parameters
+    ----------
+    block : bytes-like or uint8 array
+        An uncompressed DVID block (FORMATS §1).
+    member : array_like of bool, shape (N,)
+        Per entry of the block's label list: whether it is the body (``palette == id``).
+    lo, hi : sequence of 3 int, optional
+        Voxels (x, y, z) of the block to keep, [lo, hi) (a chunk cut by the volume's edge);
+        voxels at or past ``hi`` are not read. Default: the whole block.
+    out : numpy.ndarray, optional
+        uint8 (nz, ny, nx / 8) to write into.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 (nz, ny, nx / 8): bit i of ``[z, y, j]`` (least significant first) is voxel
+        (8 j + i, y, z).
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed, ``member`` is not one entry per label, or ``out`` does not
+        have the block's shape.
+    """
+    data = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8).reshape(-1)
+    m = np.asarray(member)
+    if m.dtype != np.uint8:
+        m = m.astype(bool).view(np.uint8)
+    if out is None:
+        code, a, b, gx, gy, gz, _ = head_numpy(data)
+        if code != E_OK:
+            raise block_error(code, a, b, data, None)
+        out = np.empty((8 * gz, 8 * gy, gx), np.uint8)
+    nz, ny, nb = out.shape
+    lo_ = np.clip(np.asarray(lo, np.int64).reshape(3), 0, [8 * nb, ny, nz])
+    hi_ = np.clip(np.asarray((8 * nb, ny, nz) if hi is None else hi, np.int64).reshape(3), 0, [8 * nb, ny, nz])
+    code, a, b = _bits(data, np.ascontiguousarray(m.reshape(-1)), lo_, hi_, out)
+    if code == _E_SHAPE:
+        g = np.frombuffer(data[:12].tobytes(), "<u4")
+        raise BlockDecodeError(f"the block is {8 * int(g[0])}x{8 * int(g[1])}x{8 * int(g[2])} voxels, not "
+                               f"{8 * nb}x{ny}x{nz}")
+    if code != E_OK:
+        raise block_error(code, a, b, data, None)
+    return out
 
 
 # --------------------------------------------------------------------------- format=blocks
@@ -578,26 +1000,31 @@ def binary_block(offset, mask_zyx) -> bytes:
     m = np.asarray(mask_zyx, bool)
     if m.ndim != 3 or any(n % _SUB or n == 0 for n in m.shape):
         raise SparsevolError(f"block mask must be 3-d with sides multiples of {_SUB}, got {m.shape}")
+    return binary_block_bits(offset, np.packbits(m, axis=2, bitorder="little"))
+
+
+def binary_block_bits(offset, bits) -> bytes:
+    """`binary_block` of a block given as its bits (`block_bits`: uint8 (nz, ny, nx / 8))."""
     head = np.asarray(offset, np.int64).reshape(3)
     if (head < _I32.min).any() or (head > _I32.max).any():
         raise SparsevolError(f"block offset {head.tolist()} out of int32 range")
     start = head.astype("<i4").tobytes()
-    if m.all():
+    nz, ny, gx = bits.shape
+    if nz % _SUB or ny % _SUB or not nz or not ny or not gx:
+        raise SparsevolError(f"block bits must be (nz, ny, nx / 8) with sides multiples of {_SUB}, got {bits.shape}")
+    sub = bits.reshape(nz // _SUB, _SUB, ny // _SUB, _SUB, gx).transpose(0, 2, 4, 1, 3).reshape(-1, 64)
+    full, some = (sub == 255).all(axis=1), sub.any(axis=1)
+    if full.all():
         return start + b"\x01"
-    if not m.any():
+    if not some.any():
         return start + b"\x00"
-    gz, gy, gx = (n // _SUB for n in m.shape)
-    sub = m.reshape(gz, _SUB, gy, _SUB, gx, _SUB).transpose(0, 2, 4, 1, 3, 5).reshape(-1, _SUB ** 3)
-    full, some = sub.all(axis=1), sub.any(axis=1)
     flag = np.where(full, 1, np.where(some, 2, 0)).astype(np.uint8)
     size = 1 + 64 * (flag == 2)
     pos = np.concatenate([[0], np.cumsum(size)])
     out = np.zeros(int(pos[-1]), np.uint8)
     out[pos[:-1]] = flag
     mixed = np.flatnonzero(flag == 2)
-    if mixed.size:
-        bits = np.packbits(sub[mixed], axis=1, bitorder="little")  # (k, 64): x fastest, LSB first
-        out[(pos[mixed] + 1)[:, None] + np.arange(64)] = bits
+    out[(pos[mixed] + 1)[:, None] + np.arange(64)] = sub[mixed]  # one byte per (z, y) row: x fastest, LSB first
     return start + b"\x02" + out.tobytes()
 
 
