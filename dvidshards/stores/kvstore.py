@@ -374,22 +374,13 @@ class KvStore(ByteStore):
         return sorted(await self._keys(p))
 
     async def _keys(self, p: str) -> builtins.list[str]:
-        kv = await self._kvstore()
         rng = ts.KvStore.KeyRange(p, _prefix_end(p)) if p else ts.KvStore.KeyRange()
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.stats["retries"] += 1
-                await asyncio.sleep(self._delay(attempt))
-            try:
-                keys = await kv.list(rng)
-                break
-            except NotImplementedError:
-                raise SpecError(f"{self.describe(p)}: this kvstore ({self.spec['driver']}) cannot list folders; "
-                                f"give the export's neuroglancer spec (spec=...) or put an 'info' file at its "
-                                f"root") from None
-            except ValueError as e:
-                if self.ts_retries or _status(e) not in _TRANSIENT or attempt == self.retries:
-                    raise RemoteReadError(f"{self.describe(p)}: cannot list ({e})") from None
+        try:
+            keys = await self._call(p, "list it", lambda kv: kv.list(rng), reading=True)
+        except NotImplementedError:
+            raise SpecError(f"{self.describe(p)}: this kvstore ({self.spec['driver']}) cannot list folders; "
+                            f"give the export's neuroglancer spec (spec=...) or put an 'info' file at its "
+                            f"root") from None
         return [k.decode("utf-8", "replace") for k in keys]
 
     # --- writing --------------------------------------------------------------------------------
