@@ -343,7 +343,14 @@ def _now() -> str:
 
 def _answer(handler, req: Request) -> tuple[Reply, Any, int]:
     """A handler's reply, and its stream made whole (spooled, with its size) before anything is sent."""
-    reply = handler(req)
+    try:
+        return _spooled(handler(req))
+    except MissingShardError as e:  # only with --strict: say what the default does
+        raise MissingShardError(f"{e} [serve-dvid --strict; without it a shard file DVID never wrote reads as "
+                                f"background, as DVID answers]") from None
+
+
+def _spooled(reply: Reply) -> tuple[Reply, Any, int]:
     if reply.stream is None:
         return reply, None, 0
     spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL)
