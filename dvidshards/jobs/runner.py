@@ -150,7 +150,7 @@ def transient(exc: BaseException) -> bool:
     return type(exc).__name__ in _LOST
 
 
-def _call(fn, item):
+def _call(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, float, bool]:
     # runs in the worker: exceptions become data, so unpicklable exceptions cannot lose the message;
     # the task's own thread CPU travels back with its result, and whether its failure may pass
     t = time.thread_time()
@@ -532,7 +532,8 @@ class TaskRunner:
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for f in finished:
                     it = running.pop(f)
-                    _record(report, it, *f.result(), bar)
+                    ok, res, cpu, again = f.result()
+                    _record(report, it, ok, res, cpu, again, bar)
                     submit()
         finally:
             for f in running:
@@ -561,6 +562,7 @@ class TaskRunner:
         try:
             for f in ac:
                 it = futures.pop(f)
+                outcome: tuple[bool, Any, float, bool]
                 if f.status == "finished":
                     outcome = f.result()
                 else:  # the task could not run: worker died (KilledWorker), cancelled, ...
@@ -571,7 +573,8 @@ class TaskRunner:
                     outcome = (False, describe_exception(exc) if exc is not None
                                else f"TaskLost: dask reports the task {f.status}", 0.0, True)
                 f.release()
-                _record(report, it, *outcome, bar)
+                ok, res, cpu, again = outcome
+                _record(report, it, ok, res, cpu, again, bar)
                 nf = submit()
                 if nf is not None:
                     ac.add(nf)
