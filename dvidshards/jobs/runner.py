@@ -47,9 +47,8 @@ from typing import Any
 
 from ..errors import DvidShardsError, RemoteReadError, SpecError
 
-__all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines", "job_arguments",
-           "progress_of", "transient",
-           "run_tasks", "scheduler_of"]
+__all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines",
+           "run_tasks", "scheduler_of", "transient"]
 
 SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
                   "local[:N] (a dask LocalCluster of N processes), or a dask scheduler address (tcp://host:8786)")
@@ -644,35 +643,3 @@ def run_tasks(
     """
     with TaskRunner(scheduler, progress=progress, max_in_flight=max_in_flight, retries=retries) as tr:
         return tr.run(fn, items, desc=desc, done=done)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def job_arguments(p, *, workdir: bool = True, resume: bool = True, overwrite: bool = False) -> None:
-    """The options every whole-export job shares: ``--scheduler``, ``--workdir``, ``--resume``,
-    ``--overwrite``, ``--quiet`` (one vocabulary and one help text for all)."""
-    p.add_argument("--scheduler", default=None, metavar="WHERE", help=SCHEDULER_HELP)
-    if workdir:
-        p.add_argument("--workdir", default=None, metavar="FOLDER",
-                       help="folder for partial results, visible to every worker (a shared file system or a "
-                            "bucket on a cluster); default: beside the output")
-    if resume:
-        p.add_argument("--resume", action="store_true", help="finish an interrupted run: keep what it completed")
-    if overwrite:
-        p.add_argument("--overwrite", action="store_true",
-                       help="replace the output of an earlier run (default: refuse a non-empty destination)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
-
-
-def progress_of(args) -> bool | None:
-    """The ``progress`` argument for a job from its parsed options (``--quiet``: none)."""
-    return False if getattr(args, "quiet", False) else None
-
-
-
-def _connect(scheduler):
-    """(client, cluster or None, close) - the 0.1 helper some tests still use; ``TaskRunner.client()``."""
-    tr = TaskRunner(scheduler)
-    client = tr.client()
-    return client, tr._cluster, tr._close_client
