@@ -1,9 +1,8 @@
-"""Shared fixtures: the real DVID files in ../shared/data/dvid and small helpers."""
+"""Shared fixtures and pytest hooks (the helpers they use are in tests/support/)."""
 
 from __future__ import annotations
 
 import gzip
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# the real data lives beside the project, never inside it
-DVID_DATA = Path(os.environ.get("DVIDSHARDS_TEST_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"))
-REAL_SHARD = "30720_24576_28672"
-
-
-def _require_real_data() -> Path:
-    if (DVID_DATA / f"{REAL_SHARD}.arrow").is_file():
-        return DVID_DATA
-    msg = f"real DVID test data not found at {DVID_DATA} (expected ../shared/data/dvid beside the project)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg + "; under CI the real-data tests must run", pytrace=False)
-    pytest.skip(msg)
-
+from tests.support.data import REAL_SHARD, require_real_data
+from tests.support.exports import THREE_SHARDS, Export, make_export
 
 # --- the two tiers ------------------------------------------------------------------------------
 # `pytest -q -m "not slow"` (README) runs the default tier in a few minutes on 2 cores; `pytest -q -m
@@ -55,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def dvid_data() -> Path:
     """Folder holding the real DVID files; skips (or fails under CI=true) when absent."""
-    return _require_real_data()
+    return require_real_data()
 
 
 @pytest.fixture(scope="session")
@@ -95,59 +83,14 @@ def real_records(dvid_data) -> list[dict]:
     return out
 
 
-class Export:
-    """A synthetic export written by the project's writer, with the volumes it was made from."""
-
-    def __init__(self, root, spec, sv, mapping, scales):
-        self.root, self.spec, self.sv, self.mapping, self.scales = root, spec, sv, mapping, scales
-
-    def expected(self, scale: int, labels="agglomerated") -> np.ndarray:
-        """The x,y,z volume a reader must return at a scale."""
-        sv = self.scales[scale]
-        if isinstance(labels, str) and labels == "supervoxels":
-            return sv
-        from dvidshards.formats.mapping import LabelMapping
-
-        m = self.mapping if isinstance(labels, str) else labels
-        return LabelMapping.from_any(m)(sv)
-
-
-def downsample_mode(vol: np.ndarray, k: int) -> list[np.ndarray]:
-    """Scales 0..k-1 of a volume by TensorStore's 2x mode downsampling (what the writer uses)."""
-    import tensorstore as ts
-
-    out = [vol]
-    for _ in range(k - 1):
-        out.append(ts.downsample(ts.array(out[-1]), [2, 2, 2], "mode").read().result())
-    return out
-
-
-def make_export(root, shape=(200, 170, 150), *, seed=3, scales=3, **kw) -> Export:
-    from dvidshards.demo.neurons import neuron_volume
-    from dvidshards.writer import write_export
-
-    sv, mapping = neuron_volume(shape, n_bodies=10, svs_per_body=4, seed=seed)
-    kw.setdefault("shard_chunks", 2)
-    spec = write_export(sv, root, mapping=mapping, scales=scales, **kw)
-    return Export(str(root), spec, sv, mapping, downsample_mode(sv, scales))
-
-
 @pytest.fixture(scope="session")
 def synthetic_export(tmp_path_factory) -> Export:
     """200x170x150 voxels, 2-chunk shards (several per axis), 3 scales, a mapping, variant A."""
     return make_export(tmp_path_factory.mktemp("export") / "exp")
 
 
-def load_shard(root, stem: str, *, extent: int | None = None, policy=None, store=None, index=None):
-    """Load one shard by its stem (``"s1/30720_24576_28672"``) through the library's one loader.
-
-    ``extent`` is the shard size in voxels (default: one shard holds every chunk).
-    """
-    from dvidshards.formats.multiscale import SINGLE_SHARD, Scale
-    from dvidshards.shard import load_shard_sync
-    from dvidshards.stores import LocalStore
-
-    folder, name = stem.split("/")
-    origin = tuple(int(v) for v in name.split("_"))
-    scale = Scale(int(folder[1:]), (1 << 30,) * 3, None, extent or SINGLE_SHARD)
-    return load_shard_sync(store or LocalStore(root), scale, origin, policy=policy, index=index)
+@pytest.fixture(scope="session")
+def three_shards(tmp_path_factory) -> Export:
+    """300x100x70 voxels (THREE_SHARDS): shards of 128 voxels at x = 0, 128, 256, 2 scales, a mapping,
+    variant A with one record per batch. Tests copy it (support.exports.copy_export) before changing it."""
+    return make_export(tmp_path_factory.mktemp("three") / "exp", THREE_SHARDS, seed=5, scales=2, shard_chunks=2)

@@ -10,7 +10,7 @@ import pytest
 import dvidshards
 from dvidshards.arrays import block_boxes, to_dask
 from dvidshards.errors import MissingShardError, SpecError
-from tests.conftest import make_export
+from tests.support.exports import copy_export, make_export
 
 da = pytest.importorskip("dask.array")
 
@@ -41,12 +41,24 @@ def test_errors(exp):
         to_dask(ds, 0, chunks=100)
     with pytest.raises(SpecError, match="inside the volume"):
         to_dask(ds, 0, box=[[0, 0, 0], [201, 10, 10]])
-    have = set(ds.shards(0))
-    e = ds.scale(0).shard_extent
-    missing = [(x, y, z) for x in range(0, 200, e) for y in range(0, 170, e) for z in range(0, 150, e)
-               if (x, y, z) not in have]
-    if missing:  # an all-background shard has no file: said, not guessed
-        with pytest.raises(MissingShardError):
-            to_dask(ds, 0, chunks=64).compute(scheduler="sync")
     lo, hi, edges = block_boxes(ds.scale(0), 256)
     assert edges[0] == [0, 200] and lo.tolist() == [0, 0, 0]
+
+
+def test_a_shard_without_a_file_is_said_not_read_as_background(exp, tmp_path):
+    """A shard file that is not there is a MissingShardError naming it; background only when asked."""
+    root = copy_export(exp, tmp_path)
+    ds = dvidshards.Dataset(root, spec=exp.spec)
+    e = ds.scale(0).shard_extent
+    x, y, z = gone = next(o for o in ds.shards(0) if any(o))
+    stem = f"{x}_{y}_{z}"
+    for p in (root / "s0").glob(stem + ".*"):
+        p.unlink()
+    ds = dvidshards.Dataset(root, spec=exp.spec)
+    assert gone not in ds.shards(0) and exp.expected(0)[x:x + e, y:y + e, z:z + e].any()
+    with pytest.raises(MissingShardError, match=stem):
+        to_dask(ds, 0, chunks=64).compute(scheduler="sync")
+    want = exp.expected(0).copy()
+    want[x:x + e, y:y + e, z:z + e] = 0
+    got = to_dask(ds, 0, chunks=64, fill_missing_shards=True).compute(scheduler="sync")
+    np.testing.assert_array_equal(got, want)

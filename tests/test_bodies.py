@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -18,7 +17,9 @@ from dvidshards.errors import MissingShardError, NotFoundError, SpecError
 from dvidshards.formats import mesh as M
 from dvidshards.formats import sparsevol as SV
 from dvidshards.jobs.stats import label_index
-from tests.conftest import REAL_SHARD, make_export
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
+from tests.support.sparsevol import reference_coarse, reference_rles
 
 pytest.importorskip("zmesh")
 
@@ -98,76 +99,8 @@ def test_label_index_answers_the_same(exp, ds, tmp_path):
 # --------------------------------------------------------------------------- sparsevol
 
 
-def reference_rles(mask: np.ndarray, offset, block: int = 64) -> bytes:
-    """DVID's sparsevol stream, block by block and row by row as ``labels.WriteRLEs`` writes it.
-
-    A run reaching a block's +x face waits in a buffer keyed by its row and continues in the
-    x-successor block; the buffer is flushed (here sorted by z, y) when the next block holding
-    the body is not that successor. ``mask`` is indexed [x, y, z] from ``offset``.
-    """
-    off = np.asarray(offset, np.int64)
-    nz = np.argwhere(mask) + off
-    present = sorted({(int(z), int(y), int(x)) for x, y, z in np.unique(nz // block, axis=0)})
-    out: list[tuple[int, int, int, int]] = []
-    buf: dict[tuple[int, int], list[int]] = {}
-    prev = None
-
-    def flush():
-        for key in sorted(buf, key=lambda yz: (yz[1], yz[0])):
-            out.append(tuple(buf[key]))
-        buf.clear()
-
-    for bz, by, bx in present:
-        if prev is not None and (bz, by, bx - 1) != prev:
-            flush()
-        lo = np.array([bx, by, bz]) * block
-        sub = np.zeros((block,) * 3, bool)  # [x, y, z] of this block
-        a = np.maximum(lo, off)
-        b = np.minimum(lo + block, off + mask.shape)
-        if (b > a).all():
-            sub[a[0] - lo[0]:b[0] - lo[0], a[1] - lo[1]:b[1] - lo[1], a[2] - lo[2]:b[2] - lo[2]] = \
-                mask[a[0] - off[0]:b[0] - off[0], a[1] - off[1]:b[1] - off[1], a[2] - off[2]:b[2] - off[2]]
-        for z in range(block):
-            for y in range(block):
-                key = (lo[1] + y, lo[2] + z)
-                run = buf.pop(key, None)
-                row = sub[:, y, z]
-                if not row.any():
-                    if run is not None:
-                        out.append(tuple(run))
-                    continue
-                d = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
-                for s, e in zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True):
-                    if s > 0 and run is not None:
-                        out.append(tuple(run))
-                        run = None
-                    if run is None:
-                        run = [int(lo[0]) + s, int(key[0]), int(key[1]), e - s]
-                    else:
-                        run[3] += e - s
-                    if e < block:
-                        out.append(tuple(run))
-                        run = None
-                if run is not None:
-                    buf[key] = run
-        prev = (bz, by, bx)
-    flush()
-    return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(out)) + b"".join(struct.pack("<4i", *r) for r in out)
-
-
-def reference_coarse(mask: np.ndarray, offset, block: int = 64) -> bytes:
-    blocks = np.unique((np.argwhere(mask) + np.asarray(offset)) // block, axis=0)
-    spans: list[list[int]] = []
-    for bx, by, bz in sorted(blocks.tolist(), key=lambda c: (c[2], c[1], c[0])):
-        if spans and spans[-1][1:3] == [by, bz] and spans[-1][0] + spans[-1][3] == bx:
-            spans[-1][3] += 1
-        else:
-            spans.append([bx, by, bz, 1])
-    return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(spans)) + b"".join(struct.pack("<4i", *s) for s in spans)
-
-
 def test_reference_encoder_agrees_with_the_naive_one():
-    from tests.formats.test_sparsevol import naive_dvid_bytes, random_body
+    from tests.support.sparsevol import naive_dvid_bytes, random_body
 
     rng = np.random.default_rng(5)
     for offset, block in (((3, 70, 5), 8), ((-9, 0, 17), 16)):
@@ -271,8 +204,8 @@ def test_bad_ids_and_absent_bodies(ds):
     assert not issubclass(NotFoundError, SpecError)
 
 
-def test_issue31_12_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
-    """Issue 31 item 12: a supervoxel id as a body said size 0, box None, then SpecError."""
+def test_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
+    """A supervoxel id as a body once said size 0, box None, then SpecError."""
     vol, sv = exp.expected(0), exp.expected(0, "supervoxels")
     pairs = np.unique(np.stack([sv[vol > 0], vol[vol > 0]], axis=1), axis=0)
     s, b = (int(v) for v in next(p for p in pairs if p[0] != p[1] and not (vol == p[0]).any()))

@@ -10,20 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from dvidshards.cli import COMMANDS, build_parser, main
-
-
-def _run(argv, capsys):
-    code = main(argv)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err + out.out, out.err
-    return code, out.out, out.err
-
-
-def _one_line(err: str) -> str:
-    text = err.strip()
-    assert text and "\n" not in text, repr(err)
-    return text
+from dvidshards.cli import COMMANDS, build_parser
+from tests.support.cli import one_line, run
 
 
 @pytest.fixture
@@ -37,7 +25,7 @@ def spec_file(synthetic_export, tmp_path):
 
 
 def test_no_arguments_prints_help(capsys):
-    code, out, err = _run([], capsys)
+    code, out, err = run([], capsys)
     assert code == 0 and out.startswith("usage: dvidshards") and err == ""
     for name in COMMANDS:
         assert name in out
@@ -46,7 +34,7 @@ def test_no_arguments_prints_help(capsys):
 def test_version(capsys):
     from dvidshards import __version__
 
-    code, out, _ = _run(["--version"], capsys)
+    code, out, _ = run(["--version"], capsys)
     assert code == 0 and out.strip() == f"dvidshards {__version__}"
 
 
@@ -69,15 +57,15 @@ def test_every_option_has_help():
     (["demo", "--size", "10", "10"], "expected 3 arguments"),
 ])
 def test_bad_usage_is_one_line_exit_2(argv, needle, capsys):
-    code, _, err = _run(argv, capsys)
-    assert code == 2 and needle in _one_line(err)
+    code, _, err = run(argv, capsys)
+    assert code == 2 and needle in one_line(err)
 
 
 # --------------------------------------------------------------------------- info, verify
 
 
 def test_info(synthetic_export, spec_file, capsys):
-    code, out, _ = _run(["info", synthetic_export.root, "--spec", spec_file], capsys)
+    code, out, _ = run(["info", synthetic_export.root, "--spec", spec_file], capsys)
     assert code == 0
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [r[0] for r in rows] == ["0", "1", "2"]
@@ -91,7 +79,7 @@ def test_info_columns_line_up_for_long_keys(dvid_data, tmp_path, capsys):
     (tmp_path / "s1").mkdir()
     for ext in ("arrow", "csv"):
         shutil.copy(dvid_data / f"30720_24576_28672.{ext}", tmp_path / "s1" / f"30720_24576_28672.{ext}")
-    code, out, _ = _run(["info", str(tmp_path), "--spec", str(dvid_data / "mcns-ng-specs.json"), "--no-chunks"],
+    code, out, _ = run(["info", str(tmp_path), "--spec", str(dvid_data / "mcns-ng-specs.json"), "--no-chunks"],
                         capsys)
     assert code == 0
     lines = out.splitlines()[1:]
@@ -112,28 +100,28 @@ def test_info_columns_line_up_for_long_keys(dvid_data, tmp_path, capsys):
 
 
 def test_info_errors_are_one_line(tmp_path, synthetic_export, capsys):
-    code, _, err = _run(["info", str(tmp_path / "nowhere")], capsys)
-    assert code == 2 and "SpecError" in _one_line(err)
-    code, _, err = _run(["info", synthetic_export.root, "--spec", str(tmp_path / "absent.json")], capsys)
-    assert code == 2 and "absent.json" in _one_line(err)
+    code, _, err = run(["info", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "SpecError" in one_line(err)
+    code, _, err = run(["info", synthetic_export.root, "--spec", str(tmp_path / "absent.json")], capsys)
+    assert code == 2 and "absent.json" in one_line(err)
 
 
 def test_verify_exit_codes(synthetic_export, spec_file, tmp_path, capsys):
-    code, out, err = _run(["verify", synthetic_export.root, "--spec", spec_file], capsys)
+    code, out, err = run(["verify", synthetic_export.root, "--spec", spec_file], capsys)
     assert code == 0 and "no problems" in out and "\r" not in err  # no bar when not a terminal
     broken = tmp_path / "broken"
     shutil.copytree(synthetic_export.root, broken)
     shard = sorted((broken / "s0").glob("*.arrow"))[0]
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])  # truncated
-    code, out, _ = _run(["verify", str(broken), "--spec", spec_file], capsys)
+    code, out, _ = run(["verify", str(broken), "--spec", spec_file], capsys)
     assert code == 1 and "problems" in out
     empty = tmp_path / "empty"
     (empty / "s0").mkdir(parents=True)
-    code, out, err = _run(["verify", str(empty), "--spec", spec_file], capsys)
-    assert code == 2 and "nothing was checked" in _one_line(err) and "no problems" not in out
-    code, _, err = _run(["verify", synthetic_export.root, "--spec", spec_file, "--scale", "9"], capsys)
-    assert code == 2 and "scale 9" in _one_line(err)
+    code, out, err = run(["verify", str(empty), "--spec", spec_file], capsys)
+    assert code == 2 and "nothing was checked" in one_line(err) and "no problems" not in out
+    code, _, err = run(["verify", synthetic_export.root, "--spec", spec_file, "--scale", "9"], capsys)
+    assert code == 2 and "scale 9" in one_line(err)
 
 
 # --------------------------------------------------------------------------- consolidate
@@ -141,7 +129,7 @@ def test_verify_exit_codes(synthetic_export, spec_file, tmp_path, capsys):
 
 def test_consolidate(synthetic_export, spec_file, tmp_path, capsys):
     out_dir = tmp_path / "index"
-    code, out, err = _run(["consolidate", synthetic_export.root, "--spec", spec_file, "--out", str(out_dir)], capsys)
+    code, out, err = run(["consolidate", synthetic_export.root, "--spec", spec_file, "--out", str(out_dir)], capsys)
     assert code == 0 and out.count("chunks in") == 3 and "\r" not in err
     assert sorted(p.name for p in out_dir.glob("*.chunks.arrow")) == ["s0.chunks.arrow", "s1.chunks.arrow",
                                                                       "s2.chunks.arrow"]
@@ -153,12 +141,12 @@ def test_consolidate_of_a_partial_export_indexes_the_scales_it_holds(synthetic_e
     shutil.copytree(synthetic_export.root, root)
     shutil.rmtree(root / "s2")  # the spec lists s2; the export lacks it
     out_dir = tmp_path / "index"
-    code, out, err = _run(["consolidate", str(root), "--spec", spec_file, "--out", str(out_dir)], capsys)
+    code, out, err = run(["consolidate", str(root), "--spec", spec_file, "--out", str(out_dir)], capsys)
     assert code == 0 and "not exported: s2" in out + err
     # asking for the absent scale: one line naming it and how to make it, nothing written
-    code, out, err = _run(["consolidate", str(root), "--spec", spec_file, "--out", str(tmp_path / "i2"),
+    code, out, err = run(["consolidate", str(root), "--spec", spec_file, "--out", str(tmp_path / "i2"),
                            "--scale", "2"], capsys)
-    assert code == 2 and "scale 2 is not exported" in _one_line(err) and "downsample" in err
+    assert code == 2 and "scale 2 is not exported" in one_line(err) and "downsample" in err
     assert not (tmp_path / "i2").exists()
 
 
@@ -166,16 +154,16 @@ def test_consolidate_bad_out(synthetic_export, spec_file, tmp_path, capsys):
     a_file = tmp_path / "file"
     a_file.write_text("mine")
     inside = f"{synthetic_export.root}/s0/index"
-    for out in ("/proc/dvidshards-unwritable/index", str(a_file), str(a_file / "below"),
+    for out in ("/proc/dvidshards-unwritable", "/proc/dvidshards-unwritable/index", str(a_file), str(a_file / "below"),
                 f"{synthetic_export.root}/s0", inside):
-        code, _, err = _run(["consolidate", synthetic_export.root, "--spec", spec_file, "--out", out], capsys)
-        assert code == 2 and _one_line(err).startswith("dvidshards consolidate: "), out
+        code, _, err = run(["consolidate", synthetic_export.root, "--spec", spec_file, "--out", out], capsys)
+        assert code == 2 and one_line(err).startswith("dvidshards consolidate: "), out
     assert a_file.read_text() == "mine"
     assert not os.path.exists(inside), "nothing may be written into the export"
 
 
 def test_warnings_are_one_line_each(synthetic_export, tmp_path, capsys):
-    code, _, err = _run(["consolidate", synthetic_export.root, "--out", str(tmp_path / "ix"), "--scale", "0"],
+    code, _, err = run(["consolidate", synthetic_export.root, "--out", str(tmp_path / "ix"), "--scale", "0"],
                         capsys)  # no spec: the geometry is guessed, and said so
     lines = err.strip().splitlines()
     assert code == 0 and lines and all(line.startswith("dvidshards consolidate: warning: ") for line in lines), err
@@ -185,17 +173,17 @@ def test_warnings_are_one_line_each(synthetic_export, tmp_path, capsys):
 def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_path, capsys):
     """`dvidshards verify OUT --spot-check N` compares N chunks of a conversion with its source."""
     out = tmp_path / "out"
-    code, _, _ = _run(["convert", synthetic_export.root, str(out), "--format", "precomputed", "--spec", spec_file,
+    code, _, _ = run(["convert", synthetic_export.root, str(out), "--format", "precomputed", "--spec", spec_file,
                        "--quiet"], capsys)
     assert code == 0
-    code, text, _ = _run(["verify", str(out), "--spot-check", "5", "--quiet", "--spec", spec_file], capsys)
+    code, text, _ = run(["verify", str(out), "--spot-check", "5", "--quiet", "--spec", spec_file], capsys)
     assert code == 0 and "no problems" in text
     m = json.loads((out / "_dvidshards.json").read_text())
     for f in (out / m["keys"]["0"]).glob("*.shard"):
         data = bytearray(f.read_bytes())
         data[-30:] = bytes(30)  # the minishard index and its last chunk's tail
         f.write_bytes(bytes(data))
-    code, text, _ = _run(["verify", str(out), "--spot-check", "40", "--quiet", "--spec", spec_file], capsys)
+    code, text, _ = run(["verify", str(out), "--spot-check", "40", "--quiet", "--spec", spec_file], capsys)
     assert code == 1
-    code, _, err = _run(["verify", str(out), "--spot-check", "-1"], capsys)
-    assert code == 2 and "--spot-check -1" in _one_line(err)
+    code, _, err = run(["verify", str(out), "--spot-check", "-1"], capsys)
+    assert code == 2 and "--spot-check -1" in one_line(err)

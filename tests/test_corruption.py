@@ -17,6 +17,7 @@ import pytest
 import zstandard
 
 import dvidshards
+from dvidshards import Dataset
 from dvidshards.errors import (
     BlockDecodeError,
     ChunkIndexError,
@@ -26,7 +27,9 @@ from dvidshards.errors import (
 )
 from dvidshards.jobs.verify import verify
 from dvidshards.writer import write_shard
-from tests.conftest import REAL_SHARD
+from tests.support.data import REAL_SHARD
+from tests.support.exports import THREE_SHARDS, copy_export, crop, ts_read
+from tests.support.fuzz import arrow_map
 
 STEM = f"s1/{REAL_SHARD}"
 
@@ -369,3 +372,36 @@ def test_eight_threads_random_boxes_match_serial(synthetic_export):
     [t.join(timeout=120) for t in threads]
     assert not any(t.is_alive() for t in threads), "deadlock: a reader thread did not finish"
     assert not errors and done[0] >= 8
+
+
+# --- a truncated shard -------------------------------------------------------------------------------
+
+
+def test_a_truncated_shard_says_truncated_and_lazy_reads_records_before_the_cut(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    p = root / "s0" / "0_0_0.arrow"
+    data = p.read_bytes()
+    amap = arrow_map(data)
+    nb = len(amap.batches)
+    assert nb >= 3
+    cut = amap.batches[-1].offset + 20  # inside the last record's batch: the others are whole
+    p.write_bytes(data[:cut])
+    ds = Dataset(root, spec=three_shards.spec)
+    box = [[0, 0, 0], [128, 100, 70]]
+    with pytest.raises((ShardFormatError, ChunkIndexError), match=rf"truncated: {cut} of \d+ bytes") as e:
+        ds.read(box)
+    assert "0_0_0" in str(e.value)
+    lazy = Dataset(root, spec=three_shards.spec, policy="lazy")
+    import pyarrow as pa
+
+    whole = [r for b in pa.ipc.open_stream(pa.py_buffer(data)) for r in
+             zip(b.column("chunk_x").to_pylist(), b.column("chunk_y").to_pylist(), b.column("chunk_z").to_pylist(),
+                 strict=True)]
+    for k, c in enumerate(whole):
+        cb = [[64 * v for v in c], [min(64 * v + 64, s) for v, s in zip(c, THREE_SHARDS, strict=True)]]
+        if k < nb - 1:
+            np.testing.assert_array_equal(lazy.read(cb), crop(three_shards, cb))
+            np.testing.assert_array_equal(ts_read(lazy.open(0), cb), crop(three_shards, cb))
+        else:
+            with pytest.raises((ShardFormatError, ChunkIndexError), match="truncated"):
+                lazy.read(cb)

@@ -21,7 +21,7 @@ from dvidshards.demo import (
 )
 from dvidshards.demo.neurons import neuron_volume
 from dvidshards.formats.mapping import LabelMapping
-from tests.test_cli import _one_line, _run
+from tests.support.cli import one_line, run
 
 
 @pytest.fixture
@@ -60,21 +60,21 @@ def test_demo_bad_arguments_are_refused_before_any_work(tmp_path, quiet_tmp, cap
         (["--out", "/proc/dvidshards-demo"], "cannot create"),
     ]:
         extra = [] if "--out" in argv else ["--out", str(out)]
-        code, _, err = _run(["demo", *argv, *extra], capsys)
-        assert code == 2 and needle in _one_line(err) and err.startswith("dvidshards demo: "), (argv, err)
+        code, _, err = run(["demo", *argv, *extra], capsys)
+        assert code == 2 and needle in one_line(err) and err.startswith("dvidshards demo: "), (argv, err)
         assert not out.exists(), f"{argv}: work was done before the arguments were checked"
     assert not list(quiet_tmp.iterdir())
 
 
 def test_demo_small_sizes_and_clean_up(tmp_path, quiet_tmp, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, _ = _run(["demo", "--size", "10", "10", "10"], capsys)
+    code, out, _ = run(["demo", "--size", "10", "10", "10"], capsys)
     assert code == 0 and out.count("exact: True") == 4 and "exact: False" not in out, out  # s0 twice, s1, s2
     assert (tmp_path / "dvidshards-demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(quiet_tmp.iterdir()), "the temporary export was left behind"
     keep = tmp_path / "kept"
     for _ in range(2):  # the same --out again: the export and its pyramid are replaced
-        code, out, _ = _run(["demo", "--size", "70", "1", "3", "--out", str(keep)], capsys)
+        code, out, _ = run(["demo", "--size", "70", "1", "3", "--out", str(keep)], capsys)
         assert code == 0 and out.count("exact: True") == 4 and "exact: False" not in out, out
     assert (keep / "dvidshards-demo.png").is_file() and (keep / "spec.json").is_file()
     assert sorted(p.name for p in (keep / "export").iterdir()) == ["s0"]  # DVID's default: scale 0 only
@@ -83,8 +83,8 @@ def test_demo_small_sizes_and_clean_up(tmp_path, quiet_tmp, capsys, monkeypatch)
 
 def test_without_matplotlib_one_line_before_any_work(tmp_path, quiet_tmp, capsys, monkeypatch, no_matplotlib):
     monkeypatch.chdir(tmp_path)
-    code, out, err = _run(["demo", "--size", "40", "40", "40"], capsys)
-    line = _one_line(err)
+    code, out, err = run(["demo", "--size", "40", "40", "40"], capsys)
+    line = one_line(err)
     assert code == 2 and line.startswith("dvidshards demo: ") and "pip install 'dvidshards[demo]'" in line, err
     assert "matplotlib" in line and out == ""
     assert not list(quiet_tmp.iterdir()) and not list(tmp_path.glob("*.png")), "work was done"

@@ -1,4 +1,4 @@
-"""The exports that exist (issue 29 items 1-3, issue 31 items 10 and 13), tried from the user's side.
+"""The exports that exist, tried from the user's side.
 
 * DVID named shard files one cube per scale before 2026-03-21 (the real mCNS export): with the
   real spec, scales 7-9 are two files where neuroglancer has one shard. Built here procedurally
@@ -31,7 +31,8 @@ from dvidshards.errors import NotExportedError
 from dvidshards.formats.codec import decode_block
 from dvidshards.jobs.convert import convert
 from dvidshards.stores import MemoryStore
-from tests.conftest import REAL_SHARD, make_export
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
 
 OLD_SCALES = (7, 8, 9)
 
@@ -485,7 +486,7 @@ def test_old_names_and_an_s0_only_export_on_s3(old_mcns, s0_only_real, mcns_spec
         ctx.stop()
 
 
-# --------------------------------------------------------------------------- convert (issue 29 items 1 and 4)
+# --------------------------------------------------------------------------- convert
 
 
 def _precomputed(dest, key) -> ts.TensorStore:

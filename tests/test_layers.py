@@ -15,10 +15,7 @@ PACKAGE = ROOT / "dvidshards"
 
 
 def test_layers_contract():
-    exe = Path(sys.executable).with_name("lint-imports")
-    if not exe.exists():
-        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
-    r = subprocess.run([str(exe)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    r = subprocess.run([str(_tool("lint-imports"))], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "broken" not in r.stdout.lower() or "0 broken" in r.stdout.lower(), r.stdout[-3000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import dvidshards
-from tests.conftest import DVID_DATA, REAL_SHARD
+from tests.support.data import DVID_DATA, REAL_SHARD
 
 pytestmark = pytest.mark.slow  # memory soak: 150 open/read/verify cycles in a child process
 

@@ -15,6 +15,7 @@ import pytest
 import zstandard
 
 import dvidshards
+from dvidshards import Dataset, SpecError
 from dvidshards.errors import MissingShardError
 from dvidshards.formats.multiscale import parse_multiscale
 from dvidshards.stores.base import ByteStore, PastEndError
@@ -382,3 +383,25 @@ def test_full_shard_builds_in_seconds_and_verifies():
     del data
     report = dvidshards.verify(_Only(store, 0, [o]), spec=store.spec, scale=0, decode=True)
     assert report.ok and report.decoded == 32768, report.summary()
+
+
+# --- a spec of larger shards over the procedural mCNS export -----------------------------------------
+
+
+def test_mcns_sized_export_opened_with_larger_shards_fails_at_the_first_read():
+    """The procedural mCNS store cannot hand out a cheap sample of names: the first load's
+    probes find the files between the larger grid's origins (no listing of ~26,500 names)."""
+    from tests.support.procedural import ProceduralStore, mcns_spec
+
+    store = ProceduralStore(shrink=8)
+    spec = mcns_spec(8)
+    for s in spec["scales"]:  # shards of 8 chunks per side, twice the export's 4
+        s["sharding"] = dict(s["sharding"], minishard_bits=s["sharding"]["minishard_bits"] + 3,
+                             shard_bits=max(0, s["sharding"]["shard_bits"] - 3))
+    ds = Dataset(store, spec=spec)
+    s0 = ds.scale(0)
+    assert s0.shard_extent == 2 * Dataset(store, spec=store.spec).scale(0).shard_extent
+    c = next(c for o in store.shard_origins(0) if s0.is_origin(o) for c in store.shard_chunks(0, o)[:1])
+    with pytest.raises(SpecError, match="this shard file is not on the shard grid") as e:
+        ds.read([[64 * int(v) for v in c], [64 * int(v) + 64 for v in c]])
+    assert "procedural://" in str(e.value)

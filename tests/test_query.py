@@ -12,7 +12,7 @@ import dvidshards
 from dvidshards.errors import MissingShardError, SpecError
 from dvidshards.jobs.stats import label_index
 from dvidshards.query import BodyIndex, body_mask, chunks_with, labels_in_box
-from tests.conftest import make_export
+from tests.support.exports import make_export
 
 
 @pytest.fixture(scope="module")

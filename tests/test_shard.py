@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dvidshards
+from dvidshards import ChunkIndexError, DvidShardsError, IndexRebuiltWarning, MissingShardError
 from dvidshards.dataset import Dataset
 from dvidshards.formats.chunkindex import parse_csv, parse_footer
 from dvidshards.formats.labels import Agglomerated
 from dvidshards.formats.multiscale import Scale
 from dvidshards.read import ChunkReader
 from dvidshards.shard import Shard, _Eager
-from dvidshards.stores import LocalStore
+from dvidshards.stores import LocalStore, MemoryStore
 from dvidshards.writer import write_shard
-from tests.conftest import REAL_SHARD, load_shard
+from tests.support.data import REAL_SHARD
+from tests.support.exports import (
+    THREE_SHARDS,
+    consolidate,
+    copy_export,
+    crop,
+    load_shard,
+    shard_records,
+    spec_file,
+    ts_read,
+)
+from tests.support.servers import RangeServer
 
 CSVS = {"A": "-newformat.csv", "B": "-offsets.csv", "C": ".csv"}
 
@@ -74,7 +89,7 @@ def test_real_shard_repacked(dvid_data, tmp_path, real_records, variant, contain
 @pytest.mark.parametrize("variant,container", [("A", "stream"), ("B", "stream"), ("C", "stream"), ("C", "file"),
                                                ("D", "file")])
 def test_writer_roundtrip_every_variant(tmp_path, variant, container):
-    from tests.conftest import make_export
+    from tests.support.exports import make_export
 
     ex = make_export(tmp_path / "e", shape=(150, 140, 90), scales=2, index=variant, container=container,
                      batch_size=1 if variant == "B" else 7)
@@ -149,7 +164,7 @@ def test_consolidated_index(synthetic_export, tmp_path):
     from dvidshards.cli import main
 
     out = tmp_path / "idx"
-    assert main(["consolidate", synthetic_export.root, "--spec", _spec_file(synthetic_export, tmp_path),
+    assert main(["consolidate", synthetic_export.root, "--spec", spec_file(synthetic_export, tmp_path),
                  "--out", str(out)]) == 0
     ds = Dataset(synthetic_export.root, index=out)  # geometry from the consolidated index too
     assert [s.size for s in ds.scales] == [tuple(v.shape) for v in synthetic_export.scales]
@@ -166,12 +181,6 @@ def test_consolidated_index(synthetic_export, tmp_path):
         from dvidshards.consolidated import write_consolidated
 
         write_consolidated(ds, ds.scales[0], inside)
-
-
-def _spec_file(ex, tmp_path):
-    p = tmp_path / "spec.json"
-    p.write_text(json.dumps(ex.spec))
-    return str(p)
 
 
 def test_shard_cache_lru_order(synthetic_export):
@@ -294,3 +303,206 @@ def test_messages_of_scales_not_exported_and_files_off_both_grids(dvid_data):
                                         r"9: shards of 320 voxels, or 256 voxels as DVID named files before "
                                         r"2026-03-21\)"):
         check_origins(s9, [(0, 0, 0), (0, 0, 256)], st)
+
+
+# --- a consolidated index that is stale, or absent; a shard without its index file -------------------
+
+
+SHARD1 = [[128, 0, 0], [256, 64, 64]]  # inside shard s0/128_0_0
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_a_shard_put_back_after_consolidate_is_a_stale_index(three_shards, tmp_path, fill):
+    root = copy_export(three_shards, tmp_path)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for p in (root / "s0").glob("128_0_0.*"):
+        shutil.move(p, aside / p.name)
+    idx = consolidate(root, tmp_path / "idx", three_shards.spec)
+    for p in aside.iterdir():
+        shutil.move(p, root / "s0" / p.name)
+    with pytest.raises(ChunkIndexError, match="stale") as e:  # at open: the folder is listed
+        ts_read(dvidshards.open(root, spec=three_shards.spec, index=idx, fill_missing_shards=fill), SHARD1)
+    assert "consolidate" in str(e.value) and "128_0_0" in str(e.value)
+    with pytest.raises(ChunkIndexError, match="stale"):
+        Dataset(root, spec=three_shards.spec, index=idx).read(SHARD1, fill_missing_shards=fill)
+    # without the index the region reads exactly
+    np.testing.assert_array_equal(Dataset(root, spec=three_shards.spec).read(SHARD1), crop(three_shards, SHARD1))
+
+
+def test_a_shard_absent_at_consolidate_and_still_absent_is_missing(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    for p in (root / "s0").glob("128_0_0.*"):
+        p.unlink()
+    idx = consolidate(root, tmp_path / "idx", three_shards.spec)
+    with pytest.raises(MissingShardError, match="128_0_0"):
+        ts_read(dvidshards.open(root, spec=three_shards.spec, index=idx), SHARD1)
+    got = ts_read(dvidshards.open(root, spec=three_shards.spec, index=idx, fill_missing_shards=True), SHARD1)
+    assert not got.any()
+
+
+def test_a_shard_changed_after_consolidate_is_a_stale_index(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    idx = consolidate(root, tmp_path / "idx", three_shards.spec)
+    import pyarrow as pa
+
+    from dvidshards.writer import write_shard
+
+    arrow = (root / "s0" / "128_0_0.arrow").read_bytes()
+    recs = []
+    for b in pa.ipc.open_stream(pa.py_buffer(arrow)):
+        d = b.to_pydict()
+        recs += [{k: d[k][i] for k in d} for i in range(b.num_rows)]
+    write_shard(root / "s0" / "128_0_0", recs, batch_size=2)  # same records, other layout and size
+    with pytest.raises(ChunkIndexError, match="stale") as e:
+        ts_read(dvidshards.open(root, spec=three_shards.spec, index=idx), SHARD1)
+    assert "consolidate" in str(e.value)
+
+
+def test_an_index_folder_that_does_not_exist_is_an_error(three_shards):
+    with pytest.raises(DvidShardsError, match="no/such/folder"):
+        vol = dvidshards.open(three_shards.root, spec=three_shards.spec, index="no/such/folder")
+        ts_read(vol, SHARD1)
+
+
+@pytest.mark.parametrize("with_spec", [True, False])
+def test_a_shard_that_appeared_since_consolidate_is_a_stale_index(three_shards, tmp_path, with_spec):
+    import warnings
+
+    from dvidshards.errors import GeometryWarning
+
+    root = copy_export(three_shards, tmp_path)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for p in (root / "s0").glob("128_0_0.*"):
+        shutil.move(p, aside / p.name)
+    spec = three_shards.spec if with_spec else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GeometryWarning)  # consolidating without a spec: geometry guessed
+        idx = consolidate(root, tmp_path / "idx", spec)
+    for p in aside.iterdir():
+        shutil.move(p, root / "s0" / p.name)
+    for fill in (False, True):
+        with pytest.raises(ChunkIndexError, match="the consolidated index is stale") as e:
+            dvidshards.open(root, spec=spec, index=idx, fill_missing_shards=fill)
+        assert "128_0_0.arrow" in str(e.value) and "dvidshards consolidate" in str(e.value)
+    ds = Dataset(root, spec=spec, index=idx)
+    for call in (lambda: ds.shards(0), lambda: ds.read([[128, 0, 0], [256, 64, 64]]), lambda: ds.chunks(0)):
+        with pytest.raises(ChunkIndexError, match="stale"):
+            call()
+
+
+def test_a_shard_gone_since_consolidate_is_a_stale_index(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    idx = consolidate(root, tmp_path / "idx", three_shards.spec)
+    for p in (root / "s0").glob("256_0_0.*"):
+        p.unlink()
+    with pytest.raises(ChunkIndexError, match="stale: .*256_0_0.arrow is gone"):
+        dvidshards.open(root, spec=three_shards.spec, index=idx)
+
+
+def test_an_index_written_without_a_spec_opens_with_the_geometry_it_was_written_with(three_shards, tmp_path):
+    import warnings
+
+    from dvidshards.errors import GeometryWarning
+
+    root = copy_export(three_shards, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GeometryWarning)
+        guessed = Dataset(root)
+        idx = consolidate(root, tmp_path / "idx")
+    ds = Dataset(root, index=idx)
+    assert ds.spec is None  # guessed geometry is never passed off as a spec
+    for a, b in zip(ds.scales, guessed.scales, strict=True):
+        assert (a.size, a.shard_extent, a.resolution, a.inferred, a.proven_extent) == \
+            (b.size, b.shard_extent, b.resolution, b.inferred, b.proven_extent)
+    box = [[0, 0, 0], list(THREE_SHARDS)]
+    np.testing.assert_array_equal(ds.read(box), three_shards.expected(0))
+
+
+def test_reads_of_absent_shards_do_not_ask_the_store_about_each(three_shards, tmp_path):
+    """With an index and a listable store, the folder is listed once; absent shards cost no request."""
+    from dvidshards.stores import MemoryStore
+
+    root = copy_export(three_shards, tmp_path)
+    for p in (root / "s0").glob("128_0_0.*"):
+        p.unlink()
+    idx = consolidate(root, tmp_path / "idx", three_shards.spec)
+
+    class Counting(MemoryStore):
+        calls = {"exists": 0, "list": 0}
+
+        async def exists(self, key):
+            self.calls["exists"] += 1
+            return await super().exists(key)
+
+        async def list(self, prefix=""):
+            self.calls["list"] += 1
+            return await super().list(prefix)
+
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    store = Counting(files)
+    vol = dvidshards.open(store, spec=three_shards.spec, index=idx, fill_missing_shards=True)
+    got = vol.read(order="F").result()
+    want = three_shards.expected(0).copy()
+    want[128:256] = 0
+    np.testing.assert_array_equal(got, want)
+    assert store.calls["exists"] == 0 and store.calls["list"] == 1, store.calls
+
+
+@pytest.fixture(scope="module")
+def served(three_shards):
+    with RangeServer(Path(three_shards.root)) as srv:
+        yield srv
+
+
+def test_http_open_uses_the_consolidated_index(three_shards, served, tmp_path):
+    idx = consolidate(three_shards.root, tmp_path / "idx", three_shards.spec)
+    served.reset_counts()
+    vol = dvidshards.open(served.url, spec=three_shards.spec, index=idx)
+    box = [[0, 0, 0], [300, 100, 70]]
+    np.testing.assert_array_equal(ts_read(vol, box), crop(three_shards, box))
+    csv = [p for p in served.requests if p.endswith(".csv")]
+    assert not csv, f"the shards' own indexes were fetched although index= was given: {csv}"
+
+
+@pytest.mark.parametrize("policy", [None, "lazy"])
+def test_a_shard_without_its_csv_reads_exactly_with_a_warning(three_shards, tmp_path, policy):
+    root = copy_export(three_shards, tmp_path)
+    (root / "s0" / "0_0_0.csv").unlink()
+    ds = Dataset(root, spec=three_shards.spec, policy=policy)
+    box = [[0, 0, 0], [128, 100, 70]]
+    with pytest.warns(IndexRebuiltWarning, match="0_0_0"):
+        got = ds.read(box)
+    np.testing.assert_array_equal(got, crop(three_shards, box))
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.warns(IndexRebuiltWarning):
+        got = ts_read(Dataset(MemoryStore(files), spec=three_shards.spec, policy=policy).open(0), box)
+    np.testing.assert_array_equal(got, crop(three_shards, box))
+    assert not (root / "s0" / "0_0_0.csv").exists()  # nothing written into the export
+
+
+def _with_footer(arrow: bytes, footer: dict) -> bytes:
+    """A variant D shard's bytes with its CHUNKIDX footer replaced."""
+    n = struct.unpack("<Q", arrow[-16:-8])[0]
+    body = arrow[:len(arrow) - 16 - n]
+    blob = json.dumps(footer, ensure_ascii=False).encode()
+    return body + blob + struct.pack("<Q", len(blob)) + b"CHUNKIDX"
+
+
+@pytest.mark.parametrize("key", ["²_0_0", "0_٣_0", "0_0_0x"])
+def test_a_chunkidx_key_with_a_non_ascii_digit_is_a_chunk_index_error(three_shards, tmp_path, key):
+    from dvidshards.writer import write_shard
+
+    root = copy_export(three_shards, tmp_path)
+    recs = shard_records((root / "s0" / "0_0_0.arrow").read_bytes())
+    for p in (root / "s0").glob("0_0_0.*"):
+        p.unlink()
+    write_shard(root / "s0" / "0_0_0", recs, index="D")
+    arrow = root / "s0" / "0_0_0.arrow"
+    arrow.write_bytes(_with_footer(arrow.read_bytes(), {key: 0}))
+    for policy in ("eager", "lazy"):
+        ds = Dataset(root, spec=three_shards.spec, policy=policy)
+        with pytest.raises(ChunkIndexError, match="CHUNKIDX") as e:
+            ds.read([[0, 0, 0], [64, 64, 64]])
+        assert "0_0_0.arrow" in str(e.value)

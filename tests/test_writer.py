@@ -17,6 +17,8 @@ import pytest
 import tensorstore as ts
 import zstandard
 
+import dvidshards
+from dvidshards import Dataset, DvidShardsError
 from dvidshards.demo.neurons import neuron_volume
 from dvidshards.errors import MappingError, SpecError
 from dvidshards.formats.codec import decode_block
@@ -36,6 +38,7 @@ from dvidshards.writer import (
     write_export,
     write_shard,
 )
+from tests.support.exports import THREE_SHARDS, copy_export, shard_records
 
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 REAL_SCHEMA_SIZE = 688  # what Go's Arrow writer produced for the real shard
@@ -676,3 +679,94 @@ def test_write_export_zero_blocks_and_only_scales(tmp_path):
         with pytest.raises(SpecError, match="only_scales"):
             write_export(vol, tmp_path / "q", scales=3, only_scales=bad)
     assert not (tmp_path / "q").exists()
+
+
+# --- write_export's mapping; a refused or interrupted write leaves nothing ---------------------------
+
+
+def test_write_export_with_a_label_mapping(tmp_path):
+    sv, mapping = neuron_volume((90, 70, 60), n_bodies=4, svs_per_body=3, seed=2)
+    m = LabelMapping.from_any(mapping)
+    spec = write_export(sv, tmp_path / "out", mapping=m, shard_chunks=2)
+    got = dvidshards.open(tmp_path / "out", spec=spec).read(order="F").result()
+    np.testing.assert_array_equal(got, m(sv))
+
+
+def test_write_export_bad_mapping_is_typed(tmp_path):
+    sv, _ = neuron_volume((64, 64, 64), n_bodies=2, svs_per_body=2, seed=2)
+    with pytest.raises(DvidShardsError):
+        write_export(sv, tmp_path / "out", mapping="not a mapping at all")
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*"))
+
+
+def test_write_shard_of_records_it_refuses_leaves_no_file(three_shards, tmp_path):
+    from dvidshards.writer import write_shard
+
+    recs = shard_records((Path(three_shards.root) / "s0" / "0_0_0.arrow").read_bytes())
+    bad = [{k: v for k, v in r.items() if k != "uncompressed_size"} for r in recs]
+    folder = tmp_path / "s0"
+    folder.mkdir()
+    with pytest.raises(SpecError, match="uncompressed_size"):
+        write_shard(folder / "0_0_0", bad)
+    assert _files(folder) == []
+    with pytest.raises(SpecError, match="record"):
+        write_shard(folder / "0_0_0", [{**recs[0], "chunk_x": "left"}])
+    assert _files(folder) == []
+
+
+def test_write_shard_interrupted_leaves_the_old_shard_as_it_was(three_shards, tmp_path):
+    from dvidshards.writer import write_shard
+
+    root = copy_export(three_shards, tmp_path)
+    before = {p.name: p.read_bytes() for p in (root / "s0").iterdir()}
+    recs = shard_records(before["0_0_0.arrow"])
+
+    def interrupted():
+        yield recs[0]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_shard(root / "s0" / "0_0_0", interrupted())
+    assert {p.name: p.read_bytes() for p in (root / "s0").iterdir()} == before
+    want = three_shards.expected(0)[:128, :64, :64]
+    np.testing.assert_array_equal(Dataset(root, spec=three_shards.spec).read([[0, 0, 0], [128, 64, 64]]), want)
+
+
+def test_write_shard_variant_d_over_a_removes_the_old_csv(three_shards, tmp_path):
+    from dvidshards.writer import write_shard
+
+    root = copy_export(three_shards, tmp_path)
+    recs = shard_records((root / "s0" / "0_0_0.arrow").read_bytes())
+    write_shard(root / "s0" / "0_0_0", recs[::-1], index="D")
+    assert not (root / "s0" / "0_0_0.csv").exists()  # else the old index would be read
+    np.testing.assert_array_equal(Dataset(root, spec=three_shards.spec).read([[0, 0, 0], [128, 64, 64]]),
+                                  three_shards.expected(0)[:128, :64, :64])
+
+
+def test_write_export_interrupted_leaves_no_export(three_shards, tmp_path, monkeypatch):
+    import dvidshards.writer as w
+
+    calls = []
+    original = w._write_scale
+
+    def second_scale_fails(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(w, "_write_scale", second_scale_fails)
+    with pytest.raises(KeyboardInterrupt):
+        w.write_export(three_shards.sv, tmp_path / "new", scales=2, shard_chunks=2)
+    assert not (tmp_path / "new").exists()
+    # over an existing export (overwrite=True): the old one stays whole
+    root = copy_export(three_shards, tmp_path)
+    before = _files(root)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        w.write_export(three_shards.sv[:100], root, scales=2, shard_chunks=2, overwrite=True)
+    assert _files(root) == before
+    np.testing.assert_array_equal(Dataset(root, spec=three_shards.spec).read([[0, 0, 0], list(THREE_SHARDS)]), three_shards.expected(0))

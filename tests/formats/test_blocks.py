@@ -9,7 +9,6 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
-import zstandard
 
 from dvidshards.errors import BlockDecodeError, DvidShardsError
 from dvidshards.formats.blocks import (
@@ -20,6 +19,7 @@ from dvidshards.formats.blocks import (
     write_stream,
 )
 from dvidshards.formats.codec import decode_block, encode_block
+from tests.support.blocks import export_blocks
 
 
 def _lz4(data: bytes) -> bytes:
@@ -27,25 +27,12 @@ def _lz4(data: bytes) -> bytes:
     return pa.compress(data, codec="lz4_raw", asbytes=True)
 
 
-def _writer_blocks(root) -> list[tuple[tuple[int, int, int], bytes]]:
-    """Every DVID block the project's writer put in an export's scale 0, with its coordinate."""
-    out = []
-    for f in sorted((root / "s0").glob("*.arrow")):
-        with pa.OSFile(str(f)) as src:
-            for batch in pa.ipc.open_stream(src):
-                d = batch.to_pydict()
-                for i in range(batch.num_rows):
-                    block = zstandard.ZstdDecompressor().decompress(d["dvid_compressed_block"][i])
-                    out.append(((d["chunk_x"][i], d["chunk_y"][i], d["chunk_z"][i]), block))
-    return out
-
-
 @pytest.fixture(scope="module")
 def writer_blocks(tmp_path_factory):
-    from tests.conftest import make_export
+    from tests.support.exports import make_export
 
     ex = make_export(tmp_path_factory.mktemp("blocks") / "exp", shape=(150, 130, 140), scales=1)
-    blocks = _writer_blocks(__import__("pathlib").Path(ex.root))
+    blocks = export_blocks(__import__("pathlib").Path(ex.root))
     assert len(blocks) > 8
     return ex, blocks
 

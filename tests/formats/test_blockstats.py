@@ -19,7 +19,7 @@ from dvidshards.formats.blockstats import (
     new_accumulators,
 )
 from dvidshards.formats.codec import decode_block, encode_block
-from tests.formats.test_codec import build_block, random_block
+from tests.support.blocks import build_block, random_block
 
 
 @pytest.fixture(autouse=True, params=["compiled", "fallback"])

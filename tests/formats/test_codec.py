@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dvidshards
 from dvidshards.errors import BlockDecodeError
 from dvidshards.formats.codec import (
     MAX_GRID,
@@ -20,63 +21,12 @@ from dvidshards.formats.codec import (
     decode_into,
     encode_block,
 )
+from tests.support.blocks import build_block, random_block
 
 # --------------------------------------------------------------------------- helpers
-# An independent, slow, pure-numpy builder of the format: lets the tests write blocks the
-# encoder never writes (nsb == 0 sub-blocks, repeated or unused labels, any index order).
-
-
-def build_block(grid, labels, subblocks=None, pad=b""):
-    """Bytes of a block from its parts.
-
-    grid: (gz, gy, gx); labels: the block label list; subblocks: one (indices, values) per
-    sub-block in z, y, x order, values a length-512 array of positions into indices (ignored
-    when len(indices) <= 1). Returns (block bytes, expected (z, y, x) volume).
-    """
-    gz, gy, gx = grid
-    labels = np.asarray(labels, dtype=np.uint64)
-    head = struct.pack("<4I", gx, gy, gz, len(labels)) + labels.astype("<u8").tobytes()
-    vol = np.empty((8 * gz, 8 * gy, 8 * gx), dtype=np.uint64)
-    if subblocks is None:
-        assert len(labels) == 1
-        vol[...] = labels[0]
-        return head + pad, vol
-    assert len(subblocks) == gz * gy * gx
-    nsb, idx, vals = [], [], []
-    for i, (ix, v) in enumerate(subblocks):
-        sz, sy, sx = np.unravel_index(i, grid)
-        view = vol[8 * sz : 8 * sz + 8, 8 * sy : 8 * sy + 8, 8 * sx : 8 * sx + 8]
-        ix = np.asarray(ix, dtype=np.int64)
-        nsb.append(len(ix))
-        idx.extend(ix.tolist())
-        if len(ix) == 0:
-            view[...] = 0
-        elif len(ix) == 1:
-            view[...] = labels[ix[0]]
-        else:
-            v = np.asarray(v, dtype=np.int64)
-            b = (len(ix) - 1).bit_length()
-            bits = ((v[:, None] >> np.arange(b - 1, -1, -1)) & 1).astype(np.uint8)
-            vals.append(np.packbits(bits.ravel()).tobytes())
-            view[...] = labels[ix[v]].reshape(8, 8, 8)
-    body = np.asarray(nsb, "<u2").tobytes() + np.asarray(idx, "<u4").tobytes() + b"".join(vals)
-    return head + body + pad, vol
-
-
-def random_block(rng, grid, nlabels, max_sb_labels=6, zero_frac=0.1):
-    """A random valid block with nsb in 0..max_sb_labels, and its expected volume."""
-    labels = rng.integers(0, 2**64, size=nlabels, dtype=np.uint64)
-    subs = []
-    for _ in range(int(np.prod(grid))):
-        if rng.random() < zero_frac:
-            subs.append(([], None))
-            continue
-        n = int(rng.integers(1, min(max_sb_labels, nlabels) + 1))
-        ix = rng.choice(nlabels, size=n, replace=False)
-        v = rng.integers(0, n, size=512)
-        v[:n] = np.arange(n)  # every listed label used
-        subs.append((ix, rng.permutation(v)))
-    return build_block(grid, labels, subs)
+# build_block (tests/support/blocks.py) is an independent, slow, pure-numpy builder of the format: it
+# lets the tests write blocks the encoder never writes (nsb == 0 sub-blocks, repeated or unused labels,
+# any index order).
 
 
 def dvid_order(vol):
@@ -891,3 +841,16 @@ def test_decode_row_refuses_arguments_of_other_types():
     d, o, p, po = _row_args(blocks, pal)
     assert not decode_row_into(d, o, p.astype(np.float64), po, out)
     assert decode_row_into(data, offs, None, None, out)
+
+
+# --- bytes that are not a DVID block -----------------------------------------------------------------
+
+
+def test_decode_block_given_zstd_bytes_says_so():
+    import zstandard
+
+    from dvidshards.errors import BlockDecodeError
+
+    with pytest.raises(BlockDecodeError, match="zstd") as e:
+        dvidshards.decode_block(zstandard.ZstdCompressor().compress(b"\0" * 4096))
+    assert "4294967" not in str(e.value)

@@ -15,7 +15,7 @@ from dvidshards.errors import BlockDecodeError
 from dvidshards.formats import cseg, jit
 from dvidshards.formats.codec import decode_block, encode_block
 from dvidshards.formats.cseg import is_background, transcode, transcode_u8
-from tests.formats.test_codec import build_block, random_block
+from tests.support.blocks import build_block, random_block, ts_encode
 
 
 @pytest.fixture(params=["compiled", "fallback"])
@@ -28,23 +28,6 @@ def kernels(request):
     else:
         with jit.fallbacks():
             yield request.param
-
-
-def ts_encode(vol_zyx: np.ndarray) -> bytes | None:
-    """TensorStore's compressed_segmentation chunk of a (z, y, x) volume (None: not stored)."""
-    import tensorstore as ts
-
-    size = [int(s) for s in vol_zyx.shape[::-1]]
-    t = ts.open({
-        "driver": "neuroglancer_precomputed", "kvstore": {"driver": "memory"}, "create": True,
-        "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
-        "scale_metadata": {"size": size, "resolution": [8, 8, 8], "chunk_size": size,
-                           "encoding": "compressed_segmentation",
-                           "compressed_segmentation_block_size": [8, 8, 8]},
-    }).result()
-    t[..., 0].write(vol_zyx.transpose(2, 1, 0)).result()
-    r = t.kvstore.read(f"8_8_8/0-{size[0]}_0-{size[1]}_0-{size[2]}").result()
-    return r.value if r.state == "value" else None
 
 
 def check(block, palette=None):

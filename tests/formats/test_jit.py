@@ -4,7 +4,7 @@ A fallback must be indistinguishable from its kernel: the same voxels, record lo
 palettes, and on damaged input the same error (type and text). These tests hold the codec's
 numpy decoder, the Arrow IPC reader's interpreted twins and the mapping's numpy look-up to that,
 on real and synthetic data and on thousands of damaged inputs; the store matrix
-(tests/test_store_matrix.py) does the same through the whole read path.
+(tests/stores/test_matrix.py) does the same through the whole read path.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from dvidshards.formats.blockstats import new_accumulators
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.runtime import kernels as rk
 from dvidshards.stores import MemoryStore
-from tests.conftest import REAL_SHARD, load_shard, make_export
-from tests.formats.test_codec import random_block
+from tests.support.blocks import random_block
+from tests.support.data import REAL_SHARD
+from tests.support.exports import load_shard, make_export
 from tests.support.fuzz import arrow_map
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import pickle
 
 import numpy as np
 import pytest
 
+import dvidshards
+from dvidshards import Dataset
 from dvidshards.errors import MappingError
 from dvidshards.formats import mapping as fm
 from dvidshards.formats.mapping import LabelMapping
@@ -213,7 +216,7 @@ def test_large_text_file_matches_numpy(tmp_path):
     np.testing.assert_array_equal(m.values, body[order])
 
 
-# --------------------------------------------------------------------------- issue 23 item 7: 0 is background
+# --------------------------------------------------------------------------- 0 is background
 
 
 @pytest.mark.parametrize("content,name,match", [
@@ -222,13 +225,13 @@ def test_large_text_file_matches_numpy(tmp_path):
     (b"sv_id,body_id\n1,10\n00,7\n", "m.csv", r"m.csv: line 3 maps supervoxel 0 to body 7"),
     (np.array([[1, 10], [0, 42]], "<u8").tobytes(), "m.bin", r"m.bin: pair #1 \(byte offset 16\) maps supervoxel 0"),
 ])
-def test_issue23_7_mapping_file_sending_0_to_a_body_is_refused(tmp_path, content, name, match):
+def test_mapping_file_sending_0_to_a_body_is_refused(tmp_path, content, name, match):
     with pytest.raises(MappingError, match=match) as e:
         _load(tmp_path, content, name)
     assert str(tmp_path / name) in str(e.value) and "background" in str(e.value)
 
 
-def test_issue23_7_mapping_objects_sending_0_to_a_body_are_refused():
+def test_mapping_objects_sending_0_to_a_body_are_refused():
     pd = pytest.importorskip("pandas")
     for obj, match in [({1: 10, 0: 42}, "mapping dict: key 0 maps supervoxel 0 to body 42"),
                        (np.array([[1, 10], [0, 42]]), "mapping array: row 1 maps supervoxel 0 to body 42"),
@@ -239,13 +242,13 @@ def test_issue23_7_mapping_objects_sending_0_to_a_body_are_refused():
         LabelMapping(np.array([0], np.uint64), np.array([3], np.uint64))
 
 
-def test_issue23_7_zero_to_zero_is_fine(tmp_path):
+def test_zero_to_zero_is_fine(tmp_path):
     m = _load(tmp_path, b"0 0\n5 50\n")
     np.testing.assert_array_equal(m.palette(SV), [50, 1 << 40, 7, 0, 9])
     assert _pairs(LabelMapping.from_any({0: 0, 5: 50})) == {0: 0, 5: 50}
 
 
-# --------------------------------------------------------------------------- issue 22 item 4: once per process
+# --------------------------------------------------------------------------- once per process
 
 
 @pytest.fixture
@@ -268,7 +271,7 @@ def _mapping_file(tmp_path, n=5000, seed=0, name="map.txt"):
     return p, sv, body
 
 
-def test_issue22_4_a_mapping_file_is_parsed_once_and_shared_through_its_sidecar(tmp_path, cache):
+def test_a_mapping_file_is_parsed_once_and_shared_through_its_sidecar(tmp_path, cache):
     p, sv, body = _mapping_file(tmp_path)
     a = fm.load_file(p)
     b = LabelMapping.from_any(str(p))  # what readers and jobs call: the same object
@@ -285,7 +288,7 @@ def test_issue22_4_a_mapping_file_is_parsed_once_and_shared_through_its_sidecar(
     assert pickle.loads(pickle.dumps(c)).palette(sv[:5]).tolist() == body[:5].tolist()  # by value
 
 
-def test_issue22_4_a_changed_file_gets_a_new_sidecar_and_the_old_one_goes(tmp_path, cache):
+def test_a_changed_file_gets_a_new_sidecar_and_the_old_one_goes(tmp_path, cache):
     p, sv, body = _mapping_file(tmp_path)
     planned = fm.file_stamp(p)
     fm.load_file(p)
@@ -296,7 +299,7 @@ def test_issue22_4_a_changed_file_gets_a_new_sidecar_and_the_old_one_goes(tmp_pa
     assert len([d for d in cache.iterdir() if d.is_dir()]) == 1  # the old version's sidecar is deleted
 
 
-def test_issue22_4_a_bad_file_fails_every_process_without_parsing_again(tmp_path, cache):
+def test_a_bad_file_fails_every_process_without_parsing_again(tmp_path, cache):
     p = tmp_path / "bad.txt"
     p.write_text("1 10\n2 -20\n")
     for _ in range(2):
@@ -306,7 +309,7 @@ def test_issue22_4_a_bad_file_fails_every_process_without_parsing_again(tmp_path
     assert [f.suffix for f in cache.iterdir() if not f.name.endswith(".lock")] == [".error"]
 
 
-def test_issue22_4_prepare_parses_in_a_child_process(tmp_path, cache):
+def test_prepare_parses_in_a_child_process(tmp_path, cache):
     p, sv, body = _mapping_file(tmp_path, seed=1)
     fm.prepare_file(p)
     assert rt.cache_info()["parsed"] == 0  # not in this process
@@ -318,7 +321,7 @@ def test_issue22_4_prepare_parses_in_a_child_process(tmp_path, cache):
         fm.prepare_file(bad)
 
 
-def test_issue22_4_the_disk_cache_can_be_off(tmp_path, cache, monkeypatch):
+def test_the_disk_cache_can_be_off(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("DVIDSHARDS_CACHE_DIR", "off")
     p, sv, body = _mapping_file(tmp_path, n=100)
     np.testing.assert_array_equal(fm.load_file(p)(sv), body)
@@ -326,7 +329,7 @@ def test_issue22_4_the_disk_cache_can_be_off(tmp_path, cache, monkeypatch):
     assert not cache.exists() and rt.cache_info()["parsed"] == 1
 
 
-def test_issue22_4_mapped_file_pickles_as_its_path_and_fails_when_the_file_changed(tmp_path, cache):
+def test_mapped_file_pickles_as_its_path_and_fails_when_the_file_changed(tmp_path, cache):
     from dvidshards.formats.labels import Mapped, as_labels
 
     p, sv, body = _mapping_file(tmp_path, n=20_000)
@@ -347,3 +350,134 @@ def test_issue22_4_mapped_file_pickles_as_its_path_and_fails_when_the_file_chang
     p.write_text("1 10\n")  # the file changes after planning
     with pytest.raises(MappingError, match="changed after the job was planned"):
         pickle.loads(blob).load()
+
+
+# --- mapping files as users have them: text with headers, binary, compressed, empty ------------------
+
+
+def test_a_text_mapping_of_16_bytes_is_text(tmp_path):
+    p = tmp_path / "m.txt"
+    p.write_bytes(b"1 10\n2 20\n33 30\n")
+    assert len(p.read_bytes()) == 16
+    m = LabelMapping.from_file(p)
+    np.testing.assert_array_equal(m(np.array([1, 2, 33, 4], np.uint64)), [10, 20, 30, 4])
+
+
+@pytest.mark.parametrize("text", ["sv_id,body_id\n1,10\n2,20\n", "# comment\n1\t10\n2\t20\n", "1, 10\n2 ,20\n"])
+def test_a_mapping_with_header_tab_or_comment(tmp_path, text):
+    p = tmp_path / "m.csv"
+    p.write_text(text)
+    m = LabelMapping.from_file(p)
+    np.testing.assert_array_equal(m(np.array([1, 2, 3], np.uint64)), [10, 20, 3])
+
+
+def test_a_negative_id_names_the_line(tmp_path):
+    p = tmp_path / "m.txt"
+    p.write_text("1 10\n2 20\n-3 30\n")
+    with pytest.raises(MappingError, match="line 3") as e:
+        LabelMapping.from_file(p)
+    assert "-3" in str(e.value) and str(p) in str(e.value)
+
+
+def test_a_series_with_nan_or_float_keys():
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(MappingError, match="nan|NaN"):
+        LabelMapping.from_any(pd.Series([10.0, np.nan], index=[1, 2]))
+    with pytest.raises(MappingError, match="1.7"):
+        LabelMapping.from_any(pd.Series([10, 20], index=[1.7, 2.0]))
+    with pytest.raises(MappingError, match="1.7"):
+        LabelMapping.from_any({1.7: 10})
+
+
+def test_a_binary_mapping_only_when_it_cannot_be_text(tmp_path):
+    p = tmp_path / "m.bin"
+    pairs = np.array([[1, 10], [2, 20]], "<u8")
+    p.write_bytes(pairs.tobytes())
+    m = LabelMapping.from_file(p)
+    np.testing.assert_array_equal(m(np.array([1, 2, 3], np.uint64)), [10, 20, 3])
+    m = LabelMapping.from_file(p, format="binary")
+    np.testing.assert_array_equal(m(np.array([1, 2], np.uint64)), [10, 20])
+
+
+BOX = [[0, 0, 0], [130, 100, 70]]
+
+
+def _text(ex) -> bytes:
+    """The export's own mapping as DVID's /mappings text, with its bodies changed (so that a read
+    that ignored the file would be told apart)."""
+    m = np.asarray(ex.mapping)
+    return b"".join(b"%d %d\n" % (a, b + 1000 if b else 0) for a, b in m.tolist())
+
+
+def _remapped(ex) -> np.ndarray:
+    m = np.asarray(ex.mapping, np.uint64).copy()
+    m[:, 1] = np.where(m[:, 1] != 0, m[:, 1] + np.uint64(1000), 0)
+    (x0, y0, z0), (x1, y1, z1) = BOX
+    return ex.expected(0, m)[x0:x1, y0:y1, z0:z1]
+
+
+def _read_both(ex, path) -> tuple[np.ndarray, np.ndarray]:
+    (x0, y0, z0), (x1, y1, z1) = BOX
+    vol = dvidshards.open(ex.root, spec=ex.spec, labels=str(path))
+    a = vol[x0:x1, y0:y1, z0:z1].read().result()
+    b = Dataset(ex.root, spec=ex.spec).read(BOX, scale=0, labels=str(path))
+    return a, b
+
+
+def test_a_gzip_compressed_mapping_file_is_read(synthetic_export, tmp_path):
+    """``labels="mappings.txt.gz"`` reads as the text it holds, also when the compressed length is
+    a multiple of 16 (once read as binary pairs: garbage, no error); the same for zstd, and for
+    binary pairs inside gzip."""
+    import zstandard
+
+    text = _text(synthetic_export)
+    pad = 0
+    while len(gzip.compress(text + b"#" * pad + b"\n", mtime=0)) % 16:
+        pad += 1
+    gz = gzip.compress(text + b"#" * pad + b"\n", mtime=0)
+    assert len(gz) % 16 == 0
+    want = _remapped(synthetic_export)
+    pairs = np.array([[int(t) for t in line.split()] for line in text.splitlines()], "<u8").tobytes()
+    for name, data in (("mappings.txt.gz", gz), ("mappings.txt.zst", zstandard.ZstdCompressor().compress(text)),
+                       ("mappings.bin.gz", gzip.compress(pairs)), ("named-as-text.txt", gz)):
+        p = tmp_path / name
+        p.write_bytes(data)
+        a, b = _read_both(synthetic_export, p)
+        np.testing.assert_array_equal(a, want, err_msg=name)
+        np.testing.assert_array_equal(b, want, err_msg=name)
+
+
+@pytest.mark.parametrize("name,data,match", [
+    ("mappings.txt.lz4", b"\x04\x22\x4d\x18" + b"\x00" * 28, "is lz4-compressed, which is not read here"),
+    ("mappings.zip", b"PK\x03\x04" + b"\x00" * 28, "is a zip archive, which is not read here"),
+    ("mappings.txt.gz", None, "gzip-compressed mapping file is damaged or incomplete"),
+])
+def test_a_compressed_mapping_that_cannot_be_read_is_refused_by_name(synthetic_export, tmp_path, name, data, match):
+    if data is None:  # a download cut short
+        data = gzip.compress(_text(synthetic_export) * 20)[:-100]
+    p = tmp_path / name
+    p.write_bytes(data)
+    for read in (lambda: _read_both(synthetic_export, p), lambda: dvidshards.LabelMapping.from_file(p)):
+        with pytest.raises(MappingError, match=match) as e:
+            read()
+        assert str(p) in str(e.value) and "16-byte" not in str(e.value)
+
+
+def test_an_empty_mapping_file_is_a_mapping_error_naming_the_file(synthetic_export, tmp_path):
+    """A mapping file of 0 bytes (an interrupted download) is an error, never "nothing mapped"
+    (which read every voxel as its supervoxel)."""
+    p = tmp_path / "mappings.txt"
+    p.write_bytes(b"")
+    with pytest.raises(MappingError, match="the mapping file is empty") as e:
+        _read_both(synthetic_export, p)
+    assert str(p) in str(e.value)
+    gz = tmp_path / "mappings.txt.gz"
+    gz.write_bytes(gzip.compress(b""))
+    with pytest.raises(MappingError, match="decompresses to 0 bytes") as e:
+        _read_both(synthetic_export, gz)
+    assert str(gz) in str(e.value)
+    header = tmp_path / "nothing.txt"  # a mapping of nothing, said so
+    header.write_bytes(b"sv body\n")
+    a, b = _read_both(synthetic_export, header)
+    (x0, y0, z0), (x1, y1, z1) = BOX
+    np.testing.assert_array_equal(a, synthetic_export.expected(0, "supervoxels")[x0:x1, y0:y1, z0:z1])

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 import pytest
 
 from dvidshards.formats import mesh as M
-
-from .mesh_volume import BODIES, OFFSET, RESOLUTION, SIZE, bodies, body_box
+from tests.support.mesh_volume import (
+    BODIES,
+    OFFSET,
+    RESOLUTION,
+    SIZE,
+    bodies,
+    body_box,
+    cell_fragments,
+)
 
 pytest.importorskip("zmesh")
-
-
-@lru_cache(maxsize=4)
-def cell_fragments(reduction_factor: int = 0) -> dict[int, dict[tuple[int, int, int], M.Mesh]]:
-    """body -> cell -> fragment, meshed cell by cell from the body volume."""
-    grid = M.MeshGrid(OFFSET, SIZE, 64)
-    vol = bodies()
-    out: dict[int, dict] = {}
-    for cell in grid.cells():
-        lo, hi = grid.cutout(cell)
-        block = M.cut_padded(vol, OFFSET, lo, hi)
-        for label, m in M.mesh_block(block, lo, reduction_factor=reduction_factor, max_error=4).items():
-            out.setdefault(label, {})[cell] = m
-    return out
 
 
 def test_grid_geometry():

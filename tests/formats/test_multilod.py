@@ -12,8 +12,7 @@ from dvidshards.formats import mesh as M
 from dvidshards.formats import multilod as ML
 from dvidshards.formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
 from dvidshards.formats.sharding import ShardingSpec
-
-from .mesh_volume import OFFSET, RESOLUTION, SIZE
+from tests.support.mesh_volume import OFFSET, RESOLUTION, SIZE
 
 pytest.importorskip("zmesh")
 DracoPy = pytest.importorskip("DracoPy")
@@ -24,7 +23,7 @@ BITS = 16
 
 @lru_cache(maxsize=1)
 def objects() -> dict[int, list[dict]]:
-    from .test_mesh import cell_fragments
+    from tests.support.mesh_volume import cell_fragments
 
     return {b: ML.build_lods(cells, 3) for b, cells in cell_fragments(0).items()}
 
@@ -167,7 +166,7 @@ def test_cloudvolume_reads_multilod(tmp_path, name):
 
 def test_cloudvolume_reads_legacy(tmp_path):
     CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
-    from .test_mesh import cell_fragments
+    from tests.support.mesh_volume import cell_fragments
 
     frs = cell_fragments(0)
     cv = CloudVolume(_write_volume(tmp_path, ML.legacy_files(frs, RESOLUTION)))

@@ -143,12 +143,12 @@ def test_a_record_listing_its_supervoxels_sorted_is_a_typed_error_on_decode_and_
         bad.block(0)
 
 
-# --- a local file's table: lists in memory, payloads read from the file (issue 31 item 3) ----------
+# --- a local file's table: lists in memory, payloads read from the file ---------------------------
 
 def _real_pair(dvid_data, tmp_path):
     """The real mCNS shard loaded from its file (a file's table) and from the same bytes in memory."""
     from dvidshards.stores import MemoryStore
-    from tests.conftest import load_shard
+    from tests.support.exports import load_shard
 
     stem = "s1/30720_24576_28672"
     (tmp_path / "s1").mkdir()
@@ -206,7 +206,7 @@ def test_a_files_table_copies_the_lists_of_every_batch_layout(tmp_path, batch_si
     from dvidshards.formats.multiscale import parse_multiscale
     from dvidshards.shard import load_shard_sync
     from dvidshards.stores import LocalStore, MemoryStore
-    from tests.conftest import make_export
+    from tests.support.exports import make_export
 
     exp = make_export(tmp_path / "exp", scales=1, shard_chunks=4, batch_size=batch_size)
     scale = parse_multiscale(exp.spec)[0]
@@ -222,7 +222,7 @@ def test_a_files_table_copies_the_lists_of_every_batch_layout(tmp_path, batch_si
 
 
 def test_decode_into_is_block_then_palette_then_codec_decode_into(dvid_data, tmp_path):
-    """The read path's one function (issue 32: no per-chunk calls between the checks) gives what its
+    """The read path's one function (no per-chunk calls between the checks) gives what its
     parts give, for every label source, aligned tables or not, and any output layout; the same errors."""
     from dvidshards.errors import BlockDecodeError
     from dvidshards.formats.codec import decode_into

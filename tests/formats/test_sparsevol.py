@@ -15,59 +15,7 @@ import numpy as np
 import pytest
 
 from dvidshards.formats import sparsevol as sv
-
-
-def naive_dvid_bytes(mask: np.ndarray, offset, block: int, bounds=None) -> bytes:
-    """DVID's sparsevol stream by loops over voxels (mask indexed [x, y, z]).
-
-    ``bounds`` ((minx, miny, minz), (maxx, maxy, maxz)), inclusive, is DVID's exact bounded
-    scan: blocks outside the block bounds are skipped, rows outside them not scanned, and a
-    row scan stops at maxx, so a run reaching maxx waits in the buffer like one reaching the
-    block's +x face (``writeRLEs`` with ``bounds.Voxel.Adjust``).
-    """
-    ox, oy, oz = (int(v) for v in offset)
-    nx, ny, nz = mask.shape
-    lo, hi = bounds if bounds is not None else ((-(2**31),) * 3, (2**31 - 1,) * 3)
-    present = set()
-    for x in range(nx):
-        for y in range(ny):
-            for z in range(nz):
-                if mask[x, y, z]:
-                    b = ((oz + z) // block, (oy + y) // block, (ox + x) // block)
-                    if all(lo[a] // block <= b[2 - a] <= hi[a] // block for a in range(3)):
-                        present.add(b)
-    out: list[tuple[int, int, int, int]] = []
-    buf: dict[tuple[int, int], list[int]] = {}  # (y, z) -> [x, y, z, length]
-    prev = None
-
-    def flush():
-        for key in sorted(buf, key=lambda yz: (yz[1], yz[0])):
-            out.append(tuple(buf[key]))
-        buf.clear()
-
-    for bz, by, bx in sorted(present):
-        if prev is not None and (bz, by, bx - 1) != prev:
-            flush()
-        for z in range(max(bz * block, lo[2]), min((bz + 1) * block, hi[2] + 1)):
-            for y in range(max(by * block, lo[1]), min((by + 1) * block, hi[1] + 1)):
-                run = buf.pop((y, z), None)
-                for x in range(max(bx * block, lo[0]), min((bx + 1) * block, hi[0] + 1)):
-                    i, j, k = x - ox, y - oy, z - oz
-                    fg = 0 <= i < nx and 0 <= j < ny and 0 <= k < nz and bool(mask[i, j, k])
-                    if fg:
-                        if run is None:
-                            run = [x, y, z, 1]
-                        else:
-                            run[3] += 1
-                    elif run is not None:
-                        out.append(tuple(run))
-                        run = None
-                if run is not None:
-                    buf[(y, z)] = run
-        prev = (bz, by, bx)
-    flush()
-    head = struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(out))
-    return head + b"".join(struct.pack("<4i", *r) for r in out)
+from tests.support.sparsevol import naive_dvid_bytes, random_body
 
 
 def naive_zyx_runs(mask: np.ndarray, offset) -> list[tuple[int, int, int, int]]:
@@ -101,16 +49,6 @@ def naive_coarse_bytes(mask: np.ndarray, offset, block: int) -> bytes:
             spans.append([bx, by, bz, 1])
     head = struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(spans))
     return head + b"".join(struct.pack("<4i", *s) for s in spans)
-
-
-def random_body(rng: np.random.Generator, shape) -> np.ndarray:
-    """Blobs, solid boxes and noise: runs across block faces, solid blocks, single voxels."""
-    m = rng.random(shape) < 0.15
-    for _ in range(4):
-        lo = [int(rng.integers(0, s)) for s in shape]
-        hi = [min(s, lo_ + int(rng.integers(1, s))) for lo_, s in zip(lo, shape, strict=True)]
-        m[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = rng.random() < 0.8
-    return m
 
 
 CASES = [

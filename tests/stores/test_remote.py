@@ -268,7 +268,7 @@ def _csv_rows(path: Path) -> list[list[int]]:
 
 
 def _probes(ranges, folder: str, shard: str) -> tuple[list, list]:
-    """(existence probes of other shards' names, the other requests): issue 23's check of the
+    """(existence probes of other shards' names, the other requests): the check of the
     spec looks, once, for shard files between the grid's origins next to the first shard."""
     probes = [r for r in ranges if r[1] == "bytes=0-0" and r[0].startswith(folder) and shard not in r[0]]
     return probes, [r for r in ranges if r not in probes]
@@ -361,7 +361,7 @@ def test_http_persistent_faults_raise(root, server, fault):
         _read(store[0:64, 0:64, 0:64])
     assert server.url + "synth/s0/0_0_0.csv" in str(e.value)
     assert time.monotonic() - t0 < 10
-    # one retry layer (issue 23): 1 + 2 attempts (other names: the spec's check, given up)
+    # one retry layer: 1 + 2 attempts (other names: the spec's check, given up)
     assert server.requests["synth/s0/0_0_0.csv"] == 3
     assert "failed after 3 attempts" in str(e.value)
     with pytest.raises(RemoteReadError, match=r"synth/info"):
@@ -401,7 +401,7 @@ def test_http_source_api(root, server):
 
 
 def test_remote_shard_matches_local(root, server):
-    from tests.conftest import load_shard
+    from tests.support.exports import load_shard
 
     src = KvStore.from_url(server.url + "D3")
     for stem in ("s0/0_0_0", "s1/0_0_0"):
@@ -601,7 +601,7 @@ def test_http_bulk_read_fetches_each_shard_in_one_request_per_thread(root, serve
     assert all(server.requests[f"synth/s0/{s}.arrow"] == 1 for s in stems), server.requests
 
 
-# --- one retry layer (issue 23 item 11) -------------------------------------------------------------
+# --- one retry layer -------------------------------------------------------------------------------
 
 
 def test_a_context_with_tensorstore_retries_is_the_only_retry_layer(root, server):

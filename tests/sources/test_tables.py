@@ -34,38 +34,19 @@ from dvidshards.serve.flight import ExportFlightServer, serve
 from dvidshards.sources.flight import FlightSource
 from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, TableSource, record_keys
 from dvidshards.sources.vastdb import Predicate, VastDBSink, VastDBSource, shard_predicate
-from tests.conftest import REAL_SHARD, make_export
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export, spec_file
+from tests.support.tables import (
+    assert_chunks_equal,
+    assert_volumes_equal,
+    brute_morton,
+    export_records,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def brute_morton(c, grid) -> int:
-    """Compressed Morton code by the definition: interleave x, y, z bits, skipping spent axes."""
-    bits = [max(int(g) - 1, 0).bit_length() for g in grid]
-    code, out = 0, 0
-    for b in range(max(bits)):
-        for a in range(3):
-            if b < bits[a]:
-                code |= ((int(c[a]) >> b) & 1) << out
-                out += 1
-    return code
-
-
-def export_records(root: Path, scale: int) -> dict:
-    """{(x, y, z): (labels, supervoxels, payload)} of a scale's shard files, read with pyarrow."""
-    out = {}
-    for f in sorted((root / f"s{scale}").glob("*.arrow")):
-        with pa.OSFile(str(f)) as src:
-            for b in pa.ipc.open_stream(src):
-                d = b.to_pydict()
-                for i in range(b.num_rows):
-                    key = (d["chunk_x"][i], d["chunk_y"][i], d["chunk_z"][i])
-                    assert key not in out
-                    out[key] = (d["labels"][i], d["supervoxels"][i], d["dvid_compressed_block"][i])
-    return out
 
 
 def table_rows(to: Path, scale: int) -> list[dict]:
@@ -74,23 +55,6 @@ def table_rows(to: Path, scale: int) -> list[dict]:
         t = pq.read_table(f)
         rows.extend(t.to_pylist())
     return rows
-
-
-def assert_volumes_equal(ds_a: Dataset, ds_b: Dataset, scales) -> None:
-    for k in scales:
-        s = ds_a.scale(k)
-        box = [list(s.voxel_offset), list(np.add(s.voxel_offset, s.size))]
-        for labels in ("agglomerated", "supervoxels"):
-            np.testing.assert_array_equal(ds_a.read(box, scale=k, labels=labels, fill_missing_shards=True),
-                                          ds_b.read(box, scale=k, labels=labels, fill_missing_shards=True))
-
-
-def assert_chunks_equal(ds_a: Dataset, ds_b: Dataset, scale: int, coords) -> None:
-    for c in coords:
-        box = [list(np.asarray(c) * 64), list(np.asarray(c) * 64 + 64)]
-        for labels in ("agglomerated", "supervoxels"):
-            np.testing.assert_array_equal(ds_a.read(box, scale=scale, labels=labels),
-                                          ds_b.read(box, scale=scale, labels=labels))
 
 
 @pytest.fixture(scope="module")
@@ -680,9 +644,9 @@ def test_vastdb_predicates_serialise_with_the_sdk(synth):
 
 def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     from dvidshards.formats.blocks import write_stream
-    from tests.formats.test_blocks import _writer_blocks
+    from tests.support.blocks import export_blocks
 
-    blocks = _writer_blocks(Path(synth.root))
+    blocks = export_blocks(Path(synth.root))
     half = len(blocks) // 2
     (tmp_path / "a.dat").write_bytes(write_stream(blocks[:half]))
     (tmp_path / "b.dat").write_bytes(write_stream(blocks[half:], compression="uncompressed"))
@@ -781,3 +745,26 @@ def test_select_rows_against_brute_force(synth):
             np.testing.assert_array_equal(select_rows(sh, s, chunks=pick), want_c)
             np.testing.assert_array_equal(select_rows(sh, s, box=box, chunks=pick), np.intersect1d(want, want_c))
         np.testing.assert_array_equal(select_rows(sh, s), np.arange(len(sh)))
+
+
+# --- what ingest says it moved -----------------------------------------------------------------------
+
+
+def test_ingest_reports_a_real_rate_or_none(three_shards, tmp_path, capsys):
+    import re
+
+    from dvidshards.cli import main
+
+    assert main(["ingest", three_shards.root, "--to", str(tmp_path / "table"), "--spec",
+                 spec_file(three_shards, tmp_path)]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"\(([0-9.]+) (k|M|G)?B in [0-9.]+ s(, ([0-9.]+) (k|M|G)?B/s)?\)", out)
+    assert m, out
+    assert " 0 MB/s" not in out
+    if m.group(3):  # a rate, when one is told, is not zero
+        assert float(m.group(4)) > 0
+    # again: every shard already there, nothing moved, no rate
+    assert main(["ingest", three_shards.root, "--to", str(tmp_path / "table"), "--spec",
+                 spec_file(three_shards, tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "B/s" not in out and "already there" in out, out

@@ -305,7 +305,7 @@ def test_work_folder_in_a_bucket_without_folder_marker_objects():
 
 
 def test_a_long_phase_compiles_its_kernels_first_a_short_one_answers_on_fallbacks(tmp_path):
-    """issue 32: a phase of many tasks (or on dask) makes its kernels ready before its first task, at
+    """A phase of many tasks (or on dask) makes its kernels ready before its first task, at
     normal priority; a short one in this process keeps the notebook behaviour (fallbacks at once)."""
     code = """if True:
         import json, sys

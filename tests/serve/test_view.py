@@ -23,8 +23,9 @@ import pytest
 import tensorstore as ts
 
 from dvidshards.dataset import Dataset
+from dvidshards.errors import SpecError
 from dvidshards.serve.view import ViewServer, serve
-from tests.conftest import make_export
+from tests.support.exports import make_export
 
 SHAPE = (200, 170, 150)  # not a multiple of 64: every scale has clipped edge chunks
 
@@ -275,7 +276,7 @@ def test_several_volumes_on_one_server(export):
         a = srv.add(ds, "agglomerated")
         b = srv.add(ds, "supervoxels")
         assert a.startswith("precomputed://http://127.0.0.1:") and a != b
-        with pytest.raises(Exception, match="name one"):
+        with pytest.raises(SpecError, match="name one"):
             srv.source()
         got = open_scale(b[len("precomputed://"):], 2)[..., 0].read().result()
         np.testing.assert_array_equal(got, export.expected(2, "supervoxels"))
@@ -531,8 +532,6 @@ def test_serves_a_meshes_output(export, tmp_path):
         assert M.is_watertight(m.vertices, m.faces)
     man = tmp_path / "m" / "mesh" / MANIFEST
     man.write_text(json.dumps({**json.loads(man.read_text()), "complete": False}))
-    from dvidshards.errors import SpecError
-
     with pytest.raises(SpecError, match="incomplete"):
         serve(ds, meshes=tmp_path / "m")
     with pytest.raises(SpecError, match="meshes output"):
@@ -540,8 +539,6 @@ def test_serves_a_meshes_output(export, tmp_path):
 
 
 def test_port_in_use_is_named_in_one_line(export):
-    from dvidshards.errors import SpecError
-
     with serve(Dataset(export.root, spec=export.spec)) as srv:
         with pytest.raises(SpecError, match=f"port {srv.port} on 127.0.0.1 is in use"):
             ViewServer("127.0.0.1", srv.port)

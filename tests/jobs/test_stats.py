@@ -33,7 +33,8 @@ from dvidshards.jobs.stats import (
     shard_label_index,
     write_body_stats,
 )
-from tests.conftest import REAL_SHARD, make_export
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
 
 # --------------------------------------------------------------------------- brute force
 
@@ -262,7 +263,7 @@ def test_body_stats_refuses_a_table_above_max_rows(exp, tmp_path):
 # --------------------------------------------------------------------------- reductions on the workers
 
 
-def test_issue22_item3_stats_dataset_written_by_the_workers(exp, tmp_path):
+def test_stats_dataset_written_by_the_workers(exp, tmp_path):
     out = tmp_path / "sizes"
     rep = write_body_stats(exp.root, out, scale=0, partitions=4, fan_in=3, progress=False)
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
@@ -282,7 +283,7 @@ def test_issue22_item3_stats_dataset_written_by_the_workers(exp, tmp_path):
     assert f"{rep.done:,} of {rep.tasks:,} tasks done" in rep.summary() and "complete" in rep.summary()
 
 
-def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
+def test_single_file_assembled_from_the_buckets(exp, tmp_path):
     out = tmp_path / "sizes.parquet"
     rep = write_body_stats(exp.root, out, scale=1, labels="supervoxels", partitions=8, progress=False)
     t = pq.read_table(out)
@@ -301,7 +302,7 @@ def test_issue22_item3_single_file_assembled_from_the_buckets(exp, tmp_path):
 
 
 @pytest.mark.slow
-def test_issue22_item3_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
+def test_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
     from tests.support.servers import MotoS3
 
     with MotoS3() as s3:
@@ -326,7 +327,7 @@ def test_issue22_item3_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
             ["out/sizes.parquet"]
 
 
-def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatch, capsys):
+def test_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatch, capsys):
     from dvidshards.cli import main
 
     seen = []
@@ -344,7 +345,7 @@ def test_issue22_item3_remote_scheduler_checks_the_work_folder_first(exp, tmp_pa
     assert seen == [str(out)] and os.listdir(tmp_path) == []  # checked before any work, nothing left
 
 
-def test_issue22_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
+def test_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
     import dvidshards.jobs.stats as stats
 
     made, phases = [], []
@@ -364,7 +365,7 @@ def test_issue22_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
     assert phases == ["s0 shards", "merge level 1", "merge level 2", "buckets", "one file"]  # 7 -> 4 -> 2 files
 
 
-def test_issue22_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
+def test_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     import pickle
 
     import dvidshards.jobs.stats as stats
@@ -621,10 +622,10 @@ def test_cli_old_spellings_warn_and_work(exp, tmp_path, capsys):
     assert json.loads((tmp_path / "idx" / "_meta.json").read_text())["scale"] == 1
 
 
-# --------------------------------------------------------------------------- issue 23, from the user's side
+# --------------------------------------------------------------------------- bad input, from the user's side
 
 
-def test_issue23_item2_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
+def test_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     root = tmp_path / "exp"
@@ -642,7 +643,7 @@ def test_issue23_item2_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys)
     assert main(["stats", str(root), str(tmp_path / "s1.parquet"), "--scale", "1", "--quiet"]) == 0
 
 
-def test_issue23_item3_box_outside_the_volume(exp, tmp_path, capsys):
+def test_box_outside_the_volume(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     for box, said in ((["150", "100", "100", "260", "160", "140"], "not inside scale 0's volume"),
@@ -659,7 +660,7 @@ def test_issue23_item3_box_outside_the_volume(exp, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("form", ["sizes.parquet", "sizes"])
-def test_issue23_item4a_damaged_shard_writes_no_rows(exp, damaged, tmp_path, capsys, form):
+def test_damaged_shard_writes_no_rows(exp, damaged, tmp_path, capsys, form):
     from dvidshards.cli import main
 
     root, path, _, good = damaged
@@ -686,7 +687,7 @@ def test_issue23_item4a_damaged_shard_writes_no_rows(exp, damaged, tmp_path, cap
 
 
 @pytest.mark.parametrize("cmd", ["stats", "label-index"])
-def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, capsys, cmd):
+def test_output_folder_with_other_files_is_refused(exp, tmp_path, capsys, cmd):
     from dvidshards.cli import main
 
     out = tmp_path / "out"
@@ -717,7 +718,7 @@ def test_issue23_item5_output_folder_with_other_files_is_refused(exp, tmp_path, 
     assert sorted(os.listdir(new)) == ["_dvidshards.json", "_meta.json"] + [f"bucket={b}" for b in range(4)]
 
 
-def test_issue23_item5_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
+def test_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     other = tmp_path / "other.parquet"
@@ -740,7 +741,7 @@ def pa_table():
     return pa.table({"x": [1, 2]})
 
 
-def test_issue23_item11_scheduler_vocabulary(exp, tmp_path, capsys):
+def test_scheduler_vocabulary(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
@@ -834,18 +835,18 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
     assert rows == sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names), strict=True)))
 
 
-# --------------------------------------------------------------------------- issue 22's held-out bar, small
+# --------------------------------------------------------------------------- the client's memory on a remote scheduler, small
 
 
 @pytest.mark.slow
-def test_issue22_held_out_client_does_not_grow_with_bodies(tmp_path, monkeypatch):
+def test_stats_client_memory_does_not_grow_with_bodies(tmp_path, monkeypatch):
     """stats on an external dask scheduler + 2 workers over two exports of the same size (2.6 K and
     139 K bodies): both tables exact, the client's peak RSS grows by at most 64 MiB
     (benchmarks/bench_stats_client.py runs 18 K and 1.1 M bodies)."""
     import importlib.util
 
     pytest.importorskip("distributed")
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_stats_client.py")
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "benchmarks", "bench_stats_client.py")
     monkeypatch.setenv("DVIDSHARDS_KERNELS", os.environ.get("DVIDSHARDS_KERNELS", "background"))  # restored after
     monkeypatch.syspath_prepend(os.path.dirname(path))
     spec = importlib.util.spec_from_file_location("bench_stats_client", path)

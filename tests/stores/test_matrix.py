@@ -1,4 +1,4 @@
-"""Issue 11: the corruption matrix runs on every store.
+"""The corruption matrix runs on every store.
 
 Every corruption class is applied to a small export written by ``write_export`` (and, when
 ../shared is present, to the real mCNS shard), then run through five byte stores: a local
@@ -25,7 +25,8 @@ import pytest
 from dvidshards import Dataset, DvidShardsError, verify
 from dvidshards.stores import MemoryStore
 from dvidshards.writer import write_shard
-from tests.conftest import REAL_SHARD, make_export
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
 from tests.support.fuzz import arrow_map
 from tests.support.servers import FakeGCS, MotoS3, RangeServer
 
@@ -172,7 +173,7 @@ def _both_longer(recs):
 
 
 def _pairs_reordered(recs):
-    """Issue 23 item 6: a record's (supervoxel, label) pairs in another order than its block's list."""
+    """A record's (supervoxel, label) pairs in another order than its block's list."""
     r = next(r for r in recs if len(set(r["labels"])) > 1)
     pairs = sorted(zip(r["supervoxels"], r["labels"], strict=True), reverse=True)
     assert [p[0] for p in pairs] != list(r["supervoxels"])
@@ -280,7 +281,7 @@ def _gcs():
     return FakeGCS()
 
 
-# the remote stores of the matrix run in the slow tier (tests/test_remote_stores.py keeps http, s3 and gcs in
+# the remote stores of the matrix run in the slow tier (tests/stores/test_remote.py keeps http, s3 and gcs in
 # the default one)
 def _remote(store: str):
     return pytest.param(store, marks=pytest.mark.slow, id=store)

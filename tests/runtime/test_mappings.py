@@ -1,6 +1,5 @@
-"""A mapping given as a file, in jobs: loaded once per worker process, never pickled into tasks
-(issue 22 item 4); a mapping that sends background to a body, from the reader's side (issue 23
-item 7)."""
+"""A mapping given as a file, in jobs: loaded once per worker process, never pickled into tasks;
+a mapping that sends background to a body, from the reader's side."""
 
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ def cache(tmp_path, monkeypatch):
     mod.clear_cache()
 
 
-def test_issue22_4_threads_share_one_load(tmp_path, cache):
+def test_threads_share_one_load(tmp_path, cache):
     p, sv, body = _mapping_file(tmp_path)
     src = as_labels(str(p))
     rep = run_tasks(functools.partial(_task, src, sv), range(300), scheduler="threads:2", progress=False)
@@ -61,7 +60,7 @@ def test_issue22_4_threads_share_one_load(tmp_path, cache):
 
 
 @pytest.mark.slow
-def test_issue22_4_dask_workers_load_a_mapping_file_once_each(tmp_path, cache):
+def test_dask_workers_load_a_mapping_file_once_each(tmp_path, cache):
     pytest.importorskip("distributed")
     p, sv, body = _mapping_file(tmp_path)
     src = as_labels(str(p))
@@ -86,7 +85,7 @@ def test_issue22_4_dask_workers_load_a_mapping_file_once_each(tmp_path, cache):
                    for m in rep.failed.values())
 
 
-def test_issue23_7_reading_with_a_mapping_of_0_to_a_body_is_a_mapping_error(tmp_path, synthetic_export):
+def test_reading_with_a_mapping_of_0_to_a_body_is_a_mapping_error(tmp_path, synthetic_export):
     ex = synthetic_export
     p = tmp_path / "mappings.txt"
     rows = "".join(f"{a} {b}\n" for a, b in ex.mapping.tolist())

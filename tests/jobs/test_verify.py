@@ -1,5 +1,5 @@
-"""dvidshards verify: a shard without its index file (issue 23 item 9) on every store, and the
-output of ``dvidshards convert`` checked from its manifest (issue 23 item 4)."""
+"""dvidshards verify: a shard without its index file on every store, the output of ``dvidshards
+convert`` checked from its manifest, and what verify says when there is nothing (or not all) to check."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from dvidshards.cli import main as cli
 from dvidshards.errors import IndexRebuiltWarning
 from dvidshards.jobs.convert import convert
 from dvidshards.stores import MemoryStore
-from tests.conftest import make_export
+from tests.support.exports import copy_export, make_export
+from tests.support.fuzz import arrow_map
 from tests.support.servers import MotoS3, RangeServer
 
 BUCKET = "verify"
@@ -57,11 +58,11 @@ def _dataset(exports, store: str, name: str) -> Dataset:
     return Dataset(src, spec=exp.spec)
 
 
-# --------------------------------------------------------------------------- issue 23 item 9
+# --------------------------------------------------------------------------- a shard without its index file
 
 
 @pytest.mark.parametrize("store", ["local", "memory", "http", "s3"])
-def test_23_9_shard_without_index_file_is_a_problem(exports, store):
+def test_shard_without_index_file_is_a_problem(exports, store):
     clean = verify(_dataset(exports, store, "clean"))
     assert clean.ok, clean.summary()
     with warnings.catch_warnings():
@@ -74,7 +75,7 @@ def test_23_9_shard_without_index_file_is_a_problem(exports, store):
     assert report.shards == clean.shards and report.chunks == clean.chunks  # the records were still checked
 
 
-def test_23_9_cli_exits_1_on_a_missing_index(exports, capsys):
+def test_cli_exits_1_on_a_missing_index(exports, capsys):
     exp, base, _, _ = exports
     spec = base / "spec.json"
     spec.write_text(json.dumps(exp.spec))
@@ -84,7 +85,7 @@ def test_23_9_cli_exits_1_on_a_missing_index(exports, capsys):
     assert "0_0_0.csv" in out.out and "no chunk index" in out.out and "warning" not in out.err
 
 
-# --------------------------------------------------------------------------- issue 23 item 4: convert outputs
+# --------------------------------------------------------------------------- convert outputs
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def converted(tmp_path_factory):
     return exp, base, victim.stem
 
 
-def test_23_4_verify_reads_a_complete_manifest(converted):
+def test_verify_reads_a_complete_manifest(converted):
     exp, base, _ = converted
     report = verify(str(base / "good"), spot_check=3, spec=exp.spec)  # the source's spec: it has no info file
     assert report.ok, report.summary()
@@ -111,7 +112,7 @@ def test_23_4_verify_reads_a_complete_manifest(converted):
     assert "complete" in report.summary() and "no problems" in report.summary()
 
 
-def test_23_4_verify_names_the_failed_shard_of_a_partial_output(converted, capsys):
+def test_verify_names_the_failed_shard_of_a_partial_output(converted, capsys):
     exp, base, victim = converted
     report = verify(str(base / "partial"))
     assert not report.ok and report.manifest["complete"] is False
@@ -122,7 +123,7 @@ def test_23_4_verify_names_the_failed_shard_of_a_partial_output(converted, capsy
     assert cli(["verify", str(base / "good"), "--quiet"]) == 0
 
 
-def test_23_4_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
+def test_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
     exp, base, _ = converted
     dest = tmp_path / "good"
     shutil.copytree(base / "good", dest)
@@ -136,7 +137,7 @@ def test_23_4_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
     assert not report.ok, report.summary()
 
 
-def test_23_4_interrupted_conversion_says_incomplete(converted, tmp_path):
+def test_interrupted_conversion_says_incomplete(converted, tmp_path):
     exp, base, _ = converted
     dest = tmp_path / "out"
     rep = convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, _stop_after=2, allow_partial=True)
@@ -149,7 +150,7 @@ def test_23_4_interrupted_conversion_says_incomplete(converted, tmp_path):
 
 
 def test_verify_reads_any_jobs_manifest_a_one_file_output_included(tmp_path, capsys):
-    """issue 30: `dvidshards verify DEST` reads the manifest of any job's output, a stats Parquet file's
+    """`dvidshards verify DEST` reads the manifest of any job's output, a stats Parquet file's
     (in its own metadata) and a folder's alike; one reader for all (jobs.output.read_manifest)."""
     import json
 
@@ -167,3 +168,77 @@ def test_verify_reads_any_jobs_manifest_a_one_file_output_included(tmp_path, cap
         assert main(["verify", str(tmp_path / dest)]) == 0
         out = capsys.readouterr().out
         assert out.startswith("stats output of") and "manifest says complete: no problems" in out
+
+
+# --- verify verifies: nothing to check, a spec that does not fit, a flipped byte, over http ----------
+
+
+def test_verify_of_a_folder_without_shard_files(tmp_path):
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "s0" / "notes.txt").write_text("nothing here")
+    r = verify(tmp_path)
+    assert not r.ok and not r.checked
+    assert any("no shard files" in p.message for p in r.problems), r.summary()
+
+
+def test_verify_of_an_empty_folder_with_a_spec(three_shards, tmp_path):
+    r = verify(tmp_path, spec=three_shards.spec)
+    assert not r.ok and r.shards == 0
+    assert any("no shard files found under" in p.message for p in r.problems), r.summary()
+    assert "nothing was checked" in r.summary() or "no shard files" in r.summary()
+
+
+def test_verify_with_nothing_to_check_exits_2(tmp_path, capsys):
+    from dvidshards.cli import main
+
+    assert main(["verify", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_verify_with_a_spec_missing_present_scales(three_shards):
+    spec = json.loads(json.dumps(three_shards.spec))
+    spec["scales"] = spec["scales"][:1]
+    r = verify(three_shards.root, spec=spec)
+    assert not r.ok
+    assert any("s1" in p.message and "not" in p.message for p in r.problems), r.summary()
+
+
+def test_verify_with_a_spec_too_small_says_so(three_shards):
+    spec = json.loads(json.dumps(three_shards.spec))
+    spec["scales"][0]["size"] = [64, 64, 64]
+    r = verify(three_shards.root, spec=spec, scale=0)
+    assert not r.ok
+    assert any("spec" in p.message for p in r.problems), r.summary()
+
+
+def test_verify_without_decode_catches_a_flipped_payload_byte(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    p = root / "s0" / "0_0_0.arrow"
+    a = bytearray(p.read_bytes())
+    amap = arrow_map(bytes(a))
+    m = amap.batches[2]
+    off, n = m.buffers[amap.role("dvid_compressed_block", "values")]
+    a[m.body_start + off + n // 2] ^= 0x21
+    p.write_bytes(bytes(a))
+    assert verify(three_shards.root, spec=three_shards.spec).ok  # the clean export
+    r = verify(root, spec=three_shards.spec)
+    assert not r.ok and r.decoded == 0
+    assert any(p.kind == "BlockDecodeError" and "0_0_0" in p.message for p in r.problems), r.summary()
+
+
+@pytest.fixture(scope="module")
+def served(three_shards):
+    with RangeServer(Path(three_shards.root)) as srv:
+        yield srv
+
+
+def test_verify_info_and_consolidate_over_http_with_a_spec(three_shards, served, tmp_path):
+    r = verify(served.url, spec=three_shards.spec)
+    assert r.ok and r.shards == len(list(Path(three_shards.root).rglob("*.arrow"))), r.summary()
+    from dvidshards.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(three_shards.spec))
+    assert main(["info", served.url, "--spec", str(spec)]) == 0
+    assert main(["consolidate", served.url, "--spec", str(spec), "--out", str(tmp_path / "idx")]) == 0

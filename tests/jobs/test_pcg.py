@@ -17,8 +17,8 @@ from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError
 from dvidshards.jobs import pcg
 from dvidshards.jobs.output import read_manifest
-from tests.conftest import REAL_SHARD
-from tests.formats.test_pcg_format import (
+from tests.support.data import REAL_SHARD
+from tests.support.pcg import (
     brute_force,
     components_independently,
     decode_independently,
@@ -505,10 +505,10 @@ def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_expo
     assert "FAILED PCG chunk (1, 1, 1)" in text and "INCOMPLETE" in text and "--resume" in text
 
 
-# --------------------------------------------------------------------------- issue 22 item 3, issue 23
+# --------------------------------------------------------------------------- tasks, plans and refusals
 
 
-def test_issue22_3_tasks_are_source_shards_and_carry_no_mapping(tmp_path, synthetic_export, monkeypatch):
+def test_tasks_are_source_shards_and_carry_no_mapping(tmp_path, synthetic_export, monkeypatch):
     """Default tasks: one per source shard (planned without a loop over chunks), each a small
     record; a mapping file travels as its path (a big mapping object would travel by value)."""
     import pickle
@@ -542,7 +542,7 @@ def test_issue22_3_tasks_are_source_shards_and_carry_no_mapping(tmp_path, synthe
     assert files(tmp_path / "o") == files(tmp_path / "ref")  # same output as one chunk per task
 
 
-def test_issue22_3_plan_over_the_procedural_mcns_export_is_per_shard():
+def test_plan_over_the_procedural_mcns_export_is_per_shard():
     """pcg-edges over the mCNS-shaped export's s0 at 256³: ~26 K tasks of 8³ chunks (not 13 M)."""
     from dvidshards import Dataset
     from dvidshards.formats import pcg as fmt
@@ -559,7 +559,7 @@ def test_issue22_3_plan_over_the_procedural_mcns_export_is_per_shard():
     assert {t.key for t in tasks} == {tuple(v // 2048 for v in o) for o in store.shard_origins(0)}
 
 
-def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_export, capsys):
+def test_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_export, capsys):
     from dvidshards import cli
 
     ex = synthetic_export
@@ -579,7 +579,7 @@ def test_issue23_2_a_scale_without_folder_is_a_clean_error(tmp_path, synthetic_e
     assert not (tmp_path / "o").exists()
 
 
-def test_issue23_5_an_output_folder_with_other_files_is_refused(tmp_path, synthetic_export, capsys):
+def test_an_output_folder_with_other_files_is_refused(tmp_path, synthetic_export, capsys):
     from dvidshards import cli
 
     ex = synthetic_export

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zstandard
 
 import dvidshards
+from dvidshards import ChunkIndexError, Dataset, DvidShardsError
 from dvidshards import read as bulk
 from dvidshards.errors import BlockDecodeError, MissingShardError, SpecError
-from tests.conftest import Export, downsample_mode
+from tests.support.exports import (
+    THREE_SHARDS,
+    Export,
+    copy_export,
+    crop,
+    downsample_mode,
+    shard_records,
+    ts_read,
+)
+from tests.support.servers import RangeServer
 
 SHAPE = (200, 170, 150)  # 4 x 3 x 3 chunks, 2-chunk shards: 2 shards per axis
 
@@ -239,7 +250,7 @@ def test_aligned_empty_and_default_out(ds):
     assert ds.read([[0, 0, 0], [0, 4, 4]]).shape == (0, 4, 4)
 
 
-# --- a shard file that changes while a reader has it loaded (issue 31 item 3) ----------------------
+# --- a shard file that changes while a reader has it loaded ----------------------------------------
 
 _SHRINK = r"""
 import json, os, sys
@@ -358,3 +369,161 @@ def test_a_shard_file_that_shrinks_while_it_is_read_is_a_typed_error(exp, tmp_pa
     monkeypatch.setattr(local, "_preadinto", lambda fd, buf, off: real(fd, memoryview(buf)[:100], off))
     with pytest.raises(ShardFormatError, match=r"0_0_0\.arrow: the file changed while it was read: 100 of its"):
         dvidshards.Dataset(exp.root, spec=exp.spec).read([[0, 0, 0], [64, 64, 64]])
+
+
+# --- every read error names its chunk; failed loads remembered, transient ones not -------------------
+
+
+def _dup_row(root):
+    p = root / "s0" / "0_0_0.csv"
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join(lines + [lines[3]]) + "\n")  # a shard-level index error
+
+
+def _chunks_of_shard0():
+    return [(x, y, z) for z in (0, 1) for y in (0, 1) for x in (0, 1)]
+
+
+def _cbox(c):
+    return [[64 * v for v in c], [min(64 * v + 64, s) for v, s in zip(c, THREE_SHARDS, strict=True)]]
+
+
+@pytest.mark.parametrize("store", ["local", "http"])
+def test_every_chunk_read_error_names_that_chunk(three_shards, tmp_path, store):
+    root = copy_export(three_shards, tmp_path)
+    _dup_row(root)
+    with RangeServer(root) as srv:
+        src = root if store == "local" else srv.url
+        ds = Dataset(src, spec=three_shards.spec)
+        vol = ds.open(0)
+        for c in _chunks_of_shard0():
+            cb = _cbox(c)
+            with pytest.raises(ChunkIndexError) as e:
+                ts_read(vol, cb)
+            assert f"chunk {c}" in str(e.value) and "0_0_0" in str(e.value), (c, str(e.value))
+            with pytest.raises(ChunkIndexError) as e:
+                ds.read(cb)
+            assert f"chunk {c}" in str(e.value), (c, str(e.value))
+
+
+@pytest.mark.parametrize("store", ["local", "http"])
+def test_a_failed_shard_load_is_not_repeated(three_shards, tmp_path, store, monkeypatch):
+    import dvidshards.read as read_mod
+
+    root = copy_export(three_shards, tmp_path)
+    _dup_row(root)
+    loads = []
+    real = read_mod.load_shard
+
+    async def counting(store_, scale, origin, **kw):
+        loads.append(tuple(int(v) for v in origin))
+        return await real(store_, scale, origin, **kw)
+
+    monkeypatch.setattr(read_mod, "load_shard", counting)
+    with RangeServer(root) as srv:
+        ds = Dataset(root if store == "local" else srv.url, spec=three_shards.spec)
+        vol = ds.open(0)
+        for c in _chunks_of_shard0():
+            cb = _cbox(c)
+            with pytest.raises(ChunkIndexError):
+                ts_read(vol, cb)
+        assert loads.count((0, 0, 0)) == 1, loads
+        for c in _chunks_of_shard0():
+            cb = _cbox(c)
+            with pytest.raises(ChunkIndexError):
+                ds.read(cb)
+        # "within one store, until the store is reopened": one more load for the bulk reader at most
+        assert loads.count((0, 0, 0)) <= 2, loads
+        # the other shards still read exactly
+        ok = [[128, 0, 0], [300, 100, 70]]
+        np.testing.assert_array_equal(ts_read(vol, ok), crop(three_shards, ok))
+
+
+def test_a_transient_remote_failure_is_not_remembered(three_shards, tmp_path):
+    root = copy_export(three_shards, tmp_path)
+    with RangeServer(root) as srv:
+        ds = Dataset(srv.url, spec=three_shards.spec)
+        box = [[0, 0, 0], [128, 100, 70]]
+        srv.set_faults(fail=1.0)
+        with pytest.raises(DvidShardsError):
+            ds.read(box)
+        srv.set_faults()
+        np.testing.assert_array_equal(ds.read(box), crop(three_shards, box))
+
+
+# --- a record whose supervoxel list is not in its block's order --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reordered(three_shards, tmp_path_factory):
+    """The export with one record of s0/0_0_0 holding its (supervoxel, label) pairs sorted by id,
+    not in its block's order (the block itself untouched)."""
+    from dvidshards.formats.codec import block_header
+    from dvidshards.writer import write_shard
+
+    root = Path(tmp_path_factory.mktemp("reordered")) / "exp"
+    shutil.copytree(three_shards.root, root)
+    recs = shard_records((root / "s0" / "0_0_0.arrow").read_bytes())
+    import zstandard
+
+    for r in recs:
+        own = block_header(zstandard.ZstdDecompressor().decompress(r["dvid_compressed_block"])).labels.tolist()
+        pairs = sorted(zip(r["supervoxels"], r["labels"], strict=True))
+        if len(set(r["labels"])) > 1 and [p[0] for p in pairs] != own:
+            r["supervoxels"], r["labels"] = [p[0] for p in pairs], [p[1] for p in pairs]
+            chunk = (r["chunk_x"], r["chunk_y"], r["chunk_z"])
+            break
+    else:
+        pytest.fail("no record with labels of several bodies in an unsorted block order")
+    write_shard(root / "s0" / "0_0_0", recs)
+    return root, chunk
+
+
+def _chunk_box(c):
+    lo = [64 * v for v in c]
+    return [lo, [min(a + 64, s) for a, s in zip(lo, THREE_SHARDS, strict=True)]]
+
+
+def _reads(ds, box, labels):
+    """Every read path a user has: TensorStore, bulk whole chunks (row decode), bulk one chunk,
+    bulk cropped chunk (scratch path), Shard.read_into."""
+    (x0, y0, z0), (x1, y1, z1) = box
+    vol = ds.open(0, labels=labels)
+    yield "open", lambda: vol[x0:x1, y0:y1, z0:z1].read(order="F").result(timeout=60)
+    yield "read row", lambda: ds.read([[0, 0, 0], [128, 64, 64]] if x0 < 128 else box, labels=labels)
+    yield "read chunk", lambda: ds.read(box, labels=labels)
+    yield "read cropped", lambda: ds.read([[x0 + 3, y0 + 1, z0 + 2], [x1 - 1, y1, z1]], labels=labels)
+    from dvidshards.formats.labels import as_labels
+
+    out = np.empty((z1 - z0, y1 - y0, x1 - x0), np.uint64)
+    shard = ds.shard(0, (0, 0, 0))
+    yield "read_into", lambda: shard.read_into(x0 // 64, y0 // 64, z0 // 64, out, as_labels(labels))
+
+
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+@pytest.mark.parametrize("labels", ["agglomerated", "supervoxels", "mapping"])
+def test_a_record_with_supervoxels_in_another_order_is_an_error_on_every_read_path(three_shards, reordered, policy,
+                                                                                   labels):
+    from dvidshards import BlockDecodeError
+
+    root, chunk = reordered
+    lab = three_shards.mapping if labels == "mapping" else labels
+    ds = Dataset(root, spec=three_shards.spec, policy=policy)
+    for how, read in _reads(ds, _chunk_box(chunk), lab):
+        with pytest.raises(BlockDecodeError, match="supervoxel list is not its block's label list") as e:
+            read()
+        msg = str(e.value)
+        assert "0_0_0.arrow" in msg and f"chunk {chunk}" in msg, (how, msg)
+        assert "same ids in another order" in msg, (how, msg)
+    # the other chunks of the shard read exactly
+    other = [[0, 0, 0], [64, 64, 64]] if chunk != (0, 0, 0) else [[64, 0, 0], [128, 64, 64]]
+    want = three_shards.expected(0, lab)
+    (x0, y0, z0), (x1, y1, z1) = other
+    np.testing.assert_array_equal(ds.read(other, labels=lab), want[x0:x1, y0:y1, z0:z1])
+
+
+def test_verify_reports_the_reordered_record(three_shards, reordered):
+    root, chunk = reordered
+    report = dvidshards.verify(str(root), spec=three_shards.spec)
+    assert not report.ok
+    assert any(f"chunk {chunk}" in p.message and "0_0_0" in p.message for p in report.problems), report.summary()

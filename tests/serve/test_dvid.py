@@ -21,9 +21,9 @@ import pytest
 
 import dvidshards
 from dvidshards.jobs.stats import label_index
-from tests.conftest import REAL_SHARD, make_export
-from tests.formats.test_sparsevol import naive_dvid_bytes
-from tests.test_bodies import reference_coarse, reference_rles
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
+from tests.support.sparsevol import naive_dvid_bytes, reference_coarse, reference_rles
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("aiohttp")

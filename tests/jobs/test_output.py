@@ -1,4 +1,4 @@
-"""Every job's output, from the user's side (issue 30 item 1, issue 31 items 4, 6, 7, 9): stats,
+"""Every job's output, from the user's side: stats,
 label-index, pcg-edges and ingest stand on dvidshards.jobs.output.
 
 * a bucket that cannot be reached (``gs://no-such-bucket/x`` without network) is refused in one
@@ -31,9 +31,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dvidshards.jobs.output import read_manifest
-from tests.conftest import make_export
+from tests.support.exports import make_export
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # the CLI, with each job's task slowed down (H_DELAY seconds), so a test can act while it runs
 SLOW_CLI = """if True:
@@ -78,10 +78,10 @@ def exp(tmp_path_factory):
 def dump(exp, tmp_path_factory):
     """A DVID /blocks dump of the export's scale 0 (the input of `ingest DUMP EXPORT`)."""
     from dvidshards.formats.blocks import write_stream
-    from tests.formats.test_blocks import _writer_blocks
+    from tests.support.blocks import export_blocks
 
     p = tmp_path_factory.mktemp("dump") / "blocks.dat"
-    p.write_bytes(write_stream(_writer_blocks(Path(exp.root))))
+    p.write_bytes(write_stream(export_blocks(Path(exp.root))))
     return p
 
 
@@ -227,7 +227,7 @@ def test_no_network_bucket_from_a_fresh_process(exp, tmp_path, job):
 
 @pytest.mark.slow
 def test_no_network_bucket_in_this_machines_own_environment(exp, tmp_path):
-    """The held-out form: nothing set, whatever this machine's network is (none, here)."""
+    """The plain form: nothing set, whatever this machine's network is (none, here)."""
     rc, out, err, took = run_cli(job_args("stats", exp, "gs://no-such-bucket/x"), cwd=tmp_path)
     assert rc != 0 and took < 60 and len(_lines(err)) == 1 and "no-such-bucket" in err, err
     assert os.listdir(tmp_path) == []

@@ -28,15 +28,16 @@ from dvidshards.jobs.ingest import ingest
 from dvidshards.serve.flight import ExportFlightServer, serve
 from dvidshards.sources.flight import FlightAuthError, FlightSource
 from dvidshards.sources.tables import PartialStreamError, table_files
-from tests.conftest import REAL_SHARD, make_export
-from tests.test_tables import (
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export, spec_file
+from tests.support.tables import (
     assert_chunks_equal,
     assert_volumes_equal,
     brute_morton,
     export_records,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -424,9 +425,9 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
 
 def test_cli_ingest_blocks_dump(synth, tmp_path):
     from dvidshards.formats.blocks import write_stream
-    from tests.formats.test_blocks import _writer_blocks
+    from tests.support.blocks import export_blocks
 
-    (tmp_path / "d.dat").write_bytes(write_stream(_writer_blocks(Path(synth.root))))
+    (tmp_path / "d.dat").write_bytes(write_stream(export_blocks(Path(synth.root))))
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(Dataset(synth.root).spec))
     r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
@@ -476,7 +477,7 @@ def test_as_record_source_and_uri_strings(synth, server, tmp_path, dvid_data):
 
 
 def test_an_s0_only_export_with_the_full_spec_over_flight_into_a_table(tmp_path):
-    """issue 29: DVID's default export (s0 only, the spec listing every scale): serve-flight says which
+    """DVID's default export (s0 only, the spec listing every scale): serve-flight says which
     scales the export holds, ingest takes those, and the table reads exactly, the others "not exported"."""
     import dvidshards
     from dvidshards.demo.neurons import neuron_volume
@@ -502,3 +503,50 @@ def test_an_s0_only_export_with_the_full_spec_over_flight_into_a_table(tmp_path)
     np.testing.assert_array_equal(vol.read(order="F").result(), want)
     with pytest.raises(NotExportedError, match="scale 1 is not exported"):
         table.read(box, scale=1)
+
+
+# --- a busy port, a descriptor path that is not a scale ----------------------------------------------
+
+
+def test_serve_flight_on_a_busy_port_is_one_line_naming_the_port(three_shards, capsys):
+    import socket
+
+    from dvidshards.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve-flight", three_shards.root, "--spec", spec_file(three_shards, Path(three_shards.root).parent),
+                     "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"127.0.0.1:{port}" in err and "in use" in err, err
+
+
+def test_serve_flight_from_python_on_a_busy_port_is_an_os_error_naming_it(three_shards):
+    import errno
+    import socket
+
+    from dvidshards.serve.flight import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}") as e:
+            serve(three_shards.root, spec=three_shards.spec, port=port)
+    assert e.value.errno == errno.EADDRINUSE
+
+
+def test_a_descriptor_path_with_a_non_ascii_digit_is_a_spec_error(three_shards):
+    import pyarrow.flight as fl
+
+    from dvidshards.serve.flight import serve
+
+    with serve(three_shards.root, spec=three_shards.spec) as server:
+        client = fl.connect(server.location)
+        with pytest.raises(fl.FlightError) as e:
+            client.get_flight_info(fl.FlightDescriptor.for_path("s²"))
+        assert "descriptor path" in str(e.value)
+        assert "ValueError" not in str(e.value)

@@ -24,8 +24,8 @@ from dvidshards.formats.multiscale import parse_multiscale
 from dvidshards.jobs import downsample as D
 from dvidshards.jobs.downsample import downsample, plan_scale
 from dvidshards.writer import write_export
-from tests.conftest import REAL_SHARD
-from tests.formats.test_downsample import by_count, dvid_port
+from tests.support.data import REAL_SHARD
+from tests.support.downsample import by_count, dvid_port
 
 
 def _dvid_xyz(vol: np.ndarray) -> np.ndarray:

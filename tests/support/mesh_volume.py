@@ -6,6 +6,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from dvidshards.formats import mesh as M
+
 OFFSET = (64, 0, 128)  # voxel offset of the volume
 SIZE = (150, 140, 100)  # 3 x 3 x 2 chunks of 64, the last ones partial
 RESOLUTION = (8.0, 8.0, 16.0)
@@ -52,3 +54,17 @@ def body_box(body: int) -> tuple[np.ndarray, np.ndarray]:
     """Corner-coordinate box [lo, hi] of a body's voxels (absolute voxel coordinates)."""
     idx = np.argwhere(bodies() == body)
     return idx.min(axis=0) + np.asarray(OFFSET), idx.max(axis=0) + 1 + np.asarray(OFFSET)
+
+
+@lru_cache(maxsize=4)
+def cell_fragments(reduction_factor: int = 0) -> dict[int, dict[tuple[int, int, int], M.Mesh]]:
+    """body -> cell -> fragment, meshed cell by cell from the body volume."""
+    grid = M.MeshGrid(OFFSET, SIZE, 64)
+    vol = bodies()
+    out: dict[int, dict] = {}
+    for cell in grid.cells():
+        lo, hi = grid.cutout(cell)
+        block = M.cut_padded(vol, OFFSET, lo, hi)
+        for label, m in M.mesh_block(block, lo, reduction_factor=reduction_factor, max_error=4).items():
+            out.setdefault(label, {})[cell] = m
+    return out

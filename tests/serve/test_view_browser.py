@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dvidshards.dataset import Dataset
-from tests.conftest import make_export
+from tests.support.exports import make_export
 
 ng = pytest.importorskip("neuroglancer")
 pytest.importorskip("selenium")
@@ -214,7 +214,7 @@ def test_view_notebook_executes(monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     _require_browser()
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "view.ipynb"
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "view.ipynb"
     nb = nbformat.read(path, as_version=4)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}}).execute()

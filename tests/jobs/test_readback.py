@@ -1,4 +1,4 @@
-"""`verify OUT --spot-check N` and `convert --verify N`: chunks with data and background chunks (issue 31 item 11).
+"""`verify OUT --spot-check N` and `convert --verify N`: chunks with data and background chunks.
 
 The spot-check read only chunks the source holds, so garbage written into the output where the
 source has none was never found ("3000 chunks compared: no problems"). Now half of its samples are
@@ -22,7 +22,7 @@ from dvidshards import verify
 from dvidshards.cli import main as cli
 from dvidshards.jobs.convert import convert
 from dvidshards.jobs.readback import SpotCheck, compare_chunks, kvstore_root, open_scale
-from tests.conftest import Export, downsample_mode
+from tests.support.exports import Export, downsample_mode
 
 SHAPE = (200, 170, 150)  # 4 x 3 x 3 chunks, 2-chunk shards
 

@@ -23,8 +23,9 @@ from dvidshards.jobs.convert import (
     plan_scale,
     verify_output,
 )
-from tests.conftest import REAL_SHARD, make_export
-from tests.formats.test_cseg import ts_encode
+from tests.support.blocks import ts_encode
+from tests.support.data import REAL_SHARD
+from tests.support.exports import make_export
 
 
 @pytest.fixture(scope="module")
@@ -431,11 +432,11 @@ def test_command_line(export, tmp_path, capsys):
     assert not (tmp_path / "o3").exists()
 
 
-# --------------------------------------------------------------------------- issue 22 item 5: bounded memory
+# --------------------------------------------------------------------------- bounded memory
 
 
 @pytest.mark.parametrize("data_encoding", ["raw", "gzip"])
-def test_22_5_streamed_shards_are_tensorstores_bytes(export, tmp_path, data_encoding):
+def test_streamed_shards_are_tensorstores_bytes(export, tmp_path, data_encoding):
     """A local output shard is built on disk chunk by chunk; its bytes are what TensorStore's own
     sharded writer makes of the same chunk values (gzip minishard indexes included)."""
     dest = tmp_path / "out"
@@ -490,7 +491,7 @@ _DENSE = """if True:
 
 
 @pytest.mark.slow
-def test_22_5_dense_32768_chunk_shard_raw_under_1_gib(tmp_path):
+def test_dense_32768_chunk_shard_raw_under_1_gib(tmp_path):
     """A full mCNS shard (32,768 chunks, raw chunk data: ~0.8 GB of output) converts in a fresh
     process whose peak RSS stays under 1 GiB, without changing the output geometry."""
     import subprocess
@@ -506,7 +507,7 @@ def test_22_5_dense_32768_chunk_shard_raw_under_1_gib(tmp_path):
     assert r["peak"] < 1 << 30, f"peak RSS {r['peak'] / 2**20:.0f} MiB"  # ... and never held in memory
 
 
-# --------------------------------------------------------------------------- issue 23: outputs that say so
+# --------------------------------------------------------------------------- outputs that say so
 
 
 def _damage_one_shard(exp):
@@ -518,7 +519,7 @@ def _damage_one_shard(exp):
     return ds, victim
 
 
-def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, capsys):
+def test_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, capsys):
     from dvidshards.cli import main
 
     exp = make_export(tmp_path / "exp", scales=1)
@@ -538,7 +539,7 @@ def test_23_4_damaged_shard_gives_an_output_that_says_it_is_partial(tmp_path, ca
     assert name in capsys.readouterr().out
 
 
-def test_23_4_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export, tmp_path):
+def test_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export, tmp_path):
     dest = tmp_path / "out"
     rep = convert(export.root, dest, "zarr3", spec=export.spec, progress=False, _stop_after=3, allow_partial=True)
     m = json.loads((dest / "_dvidshards.json").read_text())
@@ -550,7 +551,7 @@ def test_23_4_manifest_is_incomplete_until_the_end_and_resume_finishes_it(export
     assert json.loads((dest / "_dvidshards.json").read_text())["complete"] is True
 
 
-def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys):
+def test_refuses_a_destination_holding_other_files(export, tmp_path, capsys):
     from dvidshards.cli import main
 
     spec = tmp_path / "spec.json"
@@ -580,7 +581,7 @@ def test_23_5_refuses_a_destination_holding_other_files(export, tmp_path, capsys
     assert main(args) == 2  # without a flag an earlier output is refused
 
 
-def test_22_6_one_scheduler_vocabulary(export, tmp_path, capsys):
+def test_one_scheduler_vocabulary(export, tmp_path, capsys):
     from dvidshards.cli import main
 
     spec = tmp_path / "spec.json"
@@ -598,7 +599,7 @@ def test_22_6_one_scheduler_vocabulary(export, tmp_path, capsys):
     assert "scheduler" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
-# --------------------------------------------------------------------------- issue 29: output shards over several files
+# --------------------------------------------------------------------------- output shards over several files
 
 
 def same_bytes_as_tensorstores_writer(dest, sp, work):
@@ -664,7 +665,7 @@ def test_a_failing_source_file_names_the_output_shard_it_was_for(tmp_path):
     assert name.startswith("s0/") and name.endswith(".shard") and "{}_{}_{}".format(*victim) in msg
 
 
-# --------------------------------------------------------------------------- issue 29: partial exports
+# --------------------------------------------------------------------------- partial exports
 
 
 @pytest.fixture(scope="module")

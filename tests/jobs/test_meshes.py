@@ -91,7 +91,7 @@ def pieces(m: M.Mesh) -> int:
 
 
 def check_bodies(six, dest, lod=None, scale=0, tol=0.5) -> None:
-    """The held-out bar: one watertight piece per body, inside its box, volume within 15 % of its
+    """Every body's mesh is one watertight piece, inside its box, volume within 15 % of its
     voxels at the meshed scale.
 
     ``tol`` (voxels of that scale) allows for surfaces moved out to their voxel volume.
@@ -111,7 +111,7 @@ def check_bodies(six, dest, lod=None, scale=0, tol=0.5) -> None:
         assert abs(M.enclosed_volume(m.vertices, m.faces) / vox - 1) < 0.15, b
 
 
-def test_held_out_six_bodies(six, tmp_path, run_cli, capsys):
+def test_six_bodies_mesh_as_watertight_pieces_inside_their_boxes(six, tmp_path, run_cli, capsys):
     assert all(2 <= len(np.unique(six.sv[six.bodies == b])) <= 3 for b in six.ids) and len(six.ids) == 6
     dest = tmp_path / "dest"
     assert run_cli(["meshes", six.root, str(dest), "--scheduler", "serial", "--quiet"]) == 0
