@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +135,7 @@ def test_partitions_cover_every_record_once_in_shard_morton_order(synth, server,
     for i in range(n):
         chunks = _get(server.location, {"v": 1, "scale": 0, "partition": i, "of": n})
         assert chunks[-1][1]["done"] and chunks[-1][0].num_rows == 0
-        keys = []
+        keys, ends = [], {}
         for b, meta in chunks[:-1]:
             t = b.to_pydict()
             assert len(set(t["shard_id"])) <= 1  # a batch never spans shards
@@ -145,8 +146,10 @@ def test_partitions_cover_every_record_once_in_shard_morton_order(synth, server,
                 assert t["dvid_compressed_block"][r] == want[c][2] and t["labels"][r] == want[c][0]
                 keys.append((t["shard_id"][r], t["morton"][r]))
                 seen.append(c)
-            if meta:
-                assert meta["end"] and meta["shard_id"] == t["shard_id"][0] if b.num_rows else True
+            if meta:  # the last batch of a shard id says so, with the shard's record count
+                assert meta["end"] and b.num_rows and meta["shard_id"] == t["shard_id"][0], meta
+                ends[meta["shard_id"]] = meta["records"]
+        assert ends == dict(Counter(k[0] for k in keys))  # one end marker per shard
         assert keys == sorted(keys)
         assert chunks[-1][1]["records"] == len(keys)
     assert sorted(seen) == sorted(want) and len(seen) == len(set(seen))
