@@ -153,7 +153,7 @@ def lv_viewer(ds, lv, dims, position):
 # --------------------------------------------------------------------------- measurements
 
 
-def throughput(export, spec, rounds: int) -> list[list]:
+def throughput(export, spec, rounds: int, localvolume: bool = True) -> list[list]:
     import neuroglancer as ng
 
     rows = []
@@ -162,10 +162,12 @@ def throughput(export, spec, rounds: int) -> list[list]:
     results: dict[str, list] = {}
     for k in range(len(ds.scales)):
         f = 2 ** k
-        runs: dict[str, list[float]] = {"dvidshards": [], "dvidshards, transcoder off": [], "LocalVolume": []}
+        runs: dict[str, list[float]] = {"dvidshards": [], "dvidshards, transcoder off": []}
+        if localvolume:
+            runs["LocalVolume"] = []
         info = {}
         for r in range(rounds + 1):  # round 0 warms the page cache and numba
-            for name in list(runs)[r % 3:] + list(runs)[:r % 3]:
+            for name in list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]:
                 dsr = dvidshards.Dataset(export, spec=spec)  # a fresh shard cache every run
                 if name == "LocalVolume":
                     if not ng.server.is_server_running():
@@ -190,7 +192,7 @@ def throughput(export, spec, rounds: int) -> list[list]:
                 if r:
                     runs[name].append(dt)
                 info[name] = (len(paths), sum(n for _, n in got), sum(s == 200 for s, _ in got))
-        base = med(runs["LocalVolume"])
+        base = med(runs["LocalVolume"]) if localvolume else float("nan")
         for name, v in runs.items():
             n, nbytes, n200 = info[name]
             t = med(v)
@@ -201,7 +203,7 @@ def throughput(export, spec, rounds: int) -> list[list]:
     return rows
 
 
-def first_screenshots(export, spec, rounds: int, size=(1024, 768)) -> list[list]:
+def first_screenshots(export, spec, rounds: int, size=(1024, 768), localvolume: bool = True) -> list[list]:
     import neuroglancer as ng
 
     ds = dvidshards.Dataset(export, spec=spec)
@@ -213,10 +215,10 @@ def first_screenshots(export, spec, rounds: int, size=(1024, 768)) -> list[list]
     rows = []
     try:
         for view, scale in (("full resolution (1 voxel/pixel)", 1.0), ("zoomed out (4 voxels/pixel)", 4.0)):
-            times: dict[str, list] = {"dvidshards": [], "LocalVolume": []}
+            times: dict[str, list] = {"dvidshards": [], "LocalVolume": []} if localvolume else {"dvidshards": []}
             chunks: dict[str, object] = {}
             for r in range(rounds + 1):
-                for name in list(times)[r % 2:] + list(times)[:r % 2]:
+                for name in list(times)[r % len(times):] + list(times)[:r % len(times)]:
                     dsr = dvidshards.Dataset(export, spec=spec)
                     if name == "LocalVolume":
                         lv, dims, calls = local_volume(dsr)
@@ -250,7 +252,7 @@ def first_screenshots(export, spec, rounds: int, size=(1024, 768)) -> list[list]
                     if r:
                         times[name].append(dt)
                     assert len(png) > 1000
-            base = med(times["LocalVolume"])
+            base = med(times["LocalVolume"]) if localvolume else float("nan")
             for name, v in times.items():
                 rows.append([view, name, f"{med(v):.2f}", f"{min(v):.2f}", f"{base / med(v):.2f}x",
                              ", ".join(f"{k}: {n}" for k, n in chunks[name].items())])
@@ -295,6 +297,8 @@ def real_blocks(workdir: Path, data: Path, rounds: int) -> list[list]:
 def main() -> None:
     p = parser(__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-localvolume", action="store_true",
+                   help="measure dvidshards only (before/after comparisons of the view server)")
     args = p.parse_args()
     size = (256, 256, 128) if args.quick else (768, 768, 256)
     rounds = 1 if args.quick else args.rounds
@@ -305,13 +309,13 @@ def main() -> None:
           f"shard files per scale {[len(ds.shards(s.index)) for s in ds.scales]}; medians of {rounds} rounds "
           f"after 1 warm-up, interleaved\n")
     table(["chunks of", "server", "requests", "with data (200)", "chunks/s", "s", "KiB/chunk", "vs LocalVolume"],
-          throughput(export, spec, rounds),
+          throughput(export, spec, rounds, not args.no_localvolume),
           "Chunks served per second (2 client threads; 404 = background chunk)")
     if find_browser() is None:
         print("no chromium + chromedriver: screenshot timings skipped\n")
     else:
         table(["view (1024x768, xy)", "server", "median s", "best s", "vs LocalVolume", "chunk requests per scale"],
-              first_screenshots(export, spec, rounds),
+              first_screenshots(export, spec, rounds, localvolume=not args.no_localvolume),
               "Time to the first full screenshot (page load to neuroglancer's screenshot reply)")
     data = args.data if args.data else DEFAULT_DATA
     if (data / f"{REAL_SHARD}.arrow").is_file():

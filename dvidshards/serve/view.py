@@ -1,8 +1,8 @@
 """``dvidshards view``: serve an export as a neuroglancer precomputed source and show it.
 
-A small HTTP server (stdlib ``ThreadingHTTPServer`` in a daemon thread, a bounded number of
-chunk requests at work at once) answers the two routes of an unsharded neuroglancer
-``precomputed`` volume:
+A server on `dvidshards.serve.http` (aiohttp; CORS for the viewer's origin, at most ``threads``
+requests at work at once) answers the routes of an unsharded neuroglancer ``precomputed``
+volume:
 
 - ``/{name}/info``: every scale of the export (resolution, voxel offset, size), 64³ chunks,
   ``compressed_segmentation`` encoding, no sharding;
@@ -12,14 +12,13 @@ chunk requests at work at once) answers the two routes of an unsharded neuroglan
   output, meshes are made on demand in neuroglancer's legacy format: ``mesh/{id}:0`` lists one
   fragment, ``mesh/{id}:0:mesh``, computed from the body's chunks (``dvidshards.bodies.Body``)
   at the finest scale expected to take under ``mesh_budget`` seconds (2 s), then cached. Given
-  a ``dvidshards meshes`` output (``meshes=``), its files are served instead (HTTP ranges for
-  the sharded format).
+  a ``dvidshards meshes`` output (``meshes=``), its files are served instead (with byte ranges,
+  for the sharded format).
 
 A chunk with no record (all background) is answered ``404``, which both neuroglancer and
 TensorStore's ``neuroglancer_precomputed`` driver read as all zero. A chunk whose read fails
 (corrupt shard, unreachable bucket) is answered ``500`` with the typed error in the log; the
-server keeps serving every other chunk. CORS headers are set on every answer, so a viewer
-served from any origin can read it.
+server keeps serving every other chunk.
 
 A whole 64³ chunk on DVID's grid is transcoded straight from its record
 (``dvidshards.formats.cseg``: no voxel decode). Otherwise (a chunk cut by the volume edge, a
@@ -31,51 +30,35 @@ neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards
 
 from __future__ import annotations
 
-import errno
-import gzip
 import json
 import logging
 import os
 import queue
 import re
-import socket
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 import numpy as np
+from aiohttp import web
 
 from ..bodies import Body
 from ..dataset import Dataset
-from ..errors import BlockDecodeError, DvidShardsError, SpecError
+from ..errors import BlockDecodeError, NotFoundError, SpecError
 from ..formats.cseg import is_background, transcode
 from ..formats.labels import as_labels
 from ..formats.mesh import Mesh, to_nm
 from ..formats.multilod import LEGACY_TYPE, MULTILOD_TYPE, encode_legacy_fragment, legacy_info
-from ..jobs.output import MANIFEST
+from ..jobs.output import read_manifest
 from ..query import BodyIndex
+from .http import Busy, Server, application, in_thread
 
 __all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
            "serve", "viewer"]
 
 log = logging.getLogger(__name__)
-
-
-def _logged(what: str, where: str, e: BaseException) -> str:
-    """Log a failed request (a typed error in one line, anything else with its traceback); its text."""
-    msg = f"{type(e).__name__}: {e}"
-    if isinstance(e, DvidShardsError):
-        log.error("%s %s: %s", what, where, msg)
-    else:
-        log.exception("%s %s: %s", what, where, msg)
-    return msg
-
-_CHUNK = re.compile(r"^(.+)/([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)_([0-9]+)-([0-9]+)$")
 
 
 @dataclass
@@ -159,8 +142,6 @@ class _Encoder:
 
 def _as_dataset(source, spec=None):
     return source if isinstance(source, Dataset) else Dataset(source, spec=spec)
-
-
 
 
 class ViewVolume:
@@ -283,7 +264,6 @@ class ViewVolume:
 
 _SEGMENT = re.compile(r"^([0-9]+):0$")
 _FRAGMENT = re.compile(r"^([0-9]+):0:mesh$")
-_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 
 
 class MeshSource:
@@ -320,48 +300,26 @@ class MeshSource:
     def __repr__(self) -> str:
         return f"MeshSource({self.folder or 'on demand'})"
 
-    # --- requests ---------------------------------------------------------------------------
-
-    def answer(self, rel: str, range_header: str | None) -> tuple[int, bytes, str, list]:
-        """(status, body, content type, extra headers) of a request under ``mesh/``."""
-        if self.folder is not None:
-            return self._file(rel, range_header)
-        if rel == "info":
-            return 200, json.dumps(legacy_info()).encode(), "application/json", []
-        m = _SEGMENT.match(rel)
-        if m:
-            return 200, json.dumps({"fragments": [f"{int(m.group(1))}:0:mesh"]}).encode(), "application/json", []
-        m = _FRAGMENT.match(rel)
-        if m and 0 < int(m.group(1)) < 1 << 64:
-            return 200, self.fragment(int(m.group(1))), "application/octet-stream", []
-        return 404, f"no mesh file {rel!r}\n".encode(), "text/plain; charset=utf-8", []
-
-    def _file(self, rel: str, range_header: str | None) -> tuple[int, bytes, str, list]:
+    def file(self, rel: str) -> str:
+        """The path of a meshes output's file ``rel`` (404: outside the folder, hidden, a manifest)."""
         assert self.folder is not None
         path = os.path.normpath(os.path.join(self.folder, rel))
         if not path.startswith(self.folder + os.sep) or os.path.basename(path).startswith((".", "_")) \
                 or rel.endswith(".json") or not os.path.isfile(path):
-            return 404, f"no mesh file {rel!r}\n".encode(), "text/plain; charset=utf-8", []
-        t0 = time.perf_counter()
-        size = os.path.getsize(path)
-        ctype = "application/json" if rel == "info" else "application/octet-stream"
-        m = _RANGE.match((range_header or "").strip())
-        with open(path, "rb") as f:
-            if m is None or (not m.group(1) and not m.group(2)):
-                data = f.read()
-                code, extra = 200, [("Accept-Ranges", "bytes")]
-            else:
-                a, b = m.groups()
-                start = int(a) if a else max(0, size - int(b))
-                end = min(int(b), size - 1) if a and b else size - 1
-                if start >= size or end < start:
-                    return 416, b"", "text/plain", [("Content-Range", f"bytes */{size}")]
-                f.seek(start)
-                data = f.read(end - start + 1)
-                code, extra = 206, [("Content-Range", f"bytes {start}-{end}/{size}"), ("Accept-Ranges", "bytes")]
-        with self.volume._stats_lock:
-            self.volume.stats.mesh_files.add(len(data), time.perf_counter() - t0)
-        return code, data, ctype, extra
+            raise web.HTTPNotFound(text=f"no mesh file {rel!r}\n")
+        return path
+
+    def answer(self, rel: str) -> tuple[bytes, str]:
+        """(body, content type) of an on-demand request under ``mesh/`` (blocking: runs on the pool)."""
+        if rel == "info":
+            return json.dumps(legacy_info()).encode(), "application/json"
+        m = _SEGMENT.match(rel)
+        if m:
+            return json.dumps({"fragments": [f"{int(m.group(1))}:0:mesh"]}).encode(), "application/json"
+        m = _FRAGMENT.match(rel)
+        if m and 0 < int(m.group(1)) < 1 << 64:
+            return self.fragment(int(m.group(1))), "application/octet-stream"
+        raise web.HTTPNotFound(text=f"no mesh file {rel!r}\n")
 
     # --- on demand --------------------------------------------------------------------------
 
@@ -450,178 +408,97 @@ def _cells(chunks: np.ndarray) -> int:
 
 
 def _mesh_folder(path: str) -> str:
-    """The mesh directory of a meshes output (the dataset folder or the mesh folder itself)."""
+    """The mesh directory of a complete meshes output (the dataset folder or the mesh folder itself)."""
     folder = os.path.abspath(path)
-    info_path = os.path.join(folder, "info")
     try:
-        with open(info_path) as f:
+        with open(os.path.join(folder, "info")) as f:
             info = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{path}: not a meshes output (cannot read its info: {e})") from None
-    if isinstance(info, dict) and isinstance(info.get("mesh"), str):
-        folder = os.path.join(folder, info["mesh"])
-        try:
+        if isinstance(info, dict) and isinstance(info.get("mesh"), str):
+            folder = os.path.join(folder, info["mesh"])
             with open(os.path.join(folder, "info")) as f:
                 info = json.load(f)
-        except (OSError, ValueError) as e:
-            raise SpecError(f"{folder}: no mesh info ({e})") from None
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: not a meshes output (cannot read its info: {e})") from None
     if not (isinstance(info, dict) and info.get("@type") in (MULTILOD_TYPE, LEGACY_TYPE)):
         raise SpecError(f"{path}: neither a precomputed dataset with meshes nor a mesh folder")
-    for name in (MANIFEST, "dvidshards.json"):  # today's name, and the one outputs had before it
-        manifest = os.path.join(folder, name)
-        if os.path.exists(manifest):
-            with open(manifest) as f:
-                if not json.load(f).get("complete", False):
-                    raise SpecError(f"{manifest}: the meshes output is incomplete (run dvidshards meshes --resume)")
-            break
+    manifest = read_manifest(folder)
+    if manifest is not None and not manifest.get("complete", False):
+        raise SpecError(f"{folder}: the meshes output is incomplete (run dvidshards meshes --resume)")
     return folder
 
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "dvidshards-view"
-    timeout = 120  # seconds an idle keep-alive connection may hold its thread
-    disable_nagle_algorithm = True  # headers and body go out at once (no 40 ms delayed-ACK stall)
-
-    def log_message(self, format, *args):
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, code: int, body: bytes, ctype: str = "application/octet-stream", extra=()) -> None:
-        gz = (self.server.gzip and len(body) > 256 and code == 200
-              and "gzip" in self.headers.get("Accept-Encoding", ""))
-        if gz:
-            body = gzip.compress(body, compresslevel=1)
-        self.send_response(code)
-        self.send_header("Access-Control-Allow-Origin", "*")
-        self.send_header("Access-Control-Expose-Headers", "Content-Length, Content-Encoding")
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        if gz:
-            self.send_header("Content-Encoding", "gzip")
-        for k, v in extra:
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _text(self, code: int, msg: str, extra=()) -> None:
-        self._send(code, msg.encode() + b"\n", "text/plain; charset=utf-8", extra)
-
-    def do_OPTIONS(self):
-        self.send_response(HTTPStatus.NO_CONTENT)
-        self.send_header("Access-Control-Allow-Origin", "*")
-        self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", "*")
-        self.send_header("Access-Control-Max-Age", "86400")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_HEAD(self):
-        self.do_GET()
-
-    def do_GET(self):
-        path = unquote(urlsplit(self.path).path).strip("/")
-        name, _, rest = path.partition("/")
-        vol = self.server.volumes.get(name)
-        if vol is None:
-            return self._text(404, f"no volume {name!r}; volumes: {sorted(self.server.volumes)}")
-        if rest == "info":
-            return self._send(200, json.dumps(vol.info).encode(), "application/json")
-        if rest.startswith("mesh/"):
-            return self._mesh(vol, name, rest[5:])
-        m = _CHUNK.match(rest)
-        req = vol.chunk_box(m.group(1), [int(g) for g in m.groups()[1:]]) if m else None
-        if req is None:
-            return self._text(404, f"not a chunk of this volume: {rest!r}")
-        t0 = time.perf_counter()
-        if not self.server.admit.acquire(timeout=self.server.admit_timeout):
-            vol.record(req[0], "busy", 0, 0.0)
-            return self._text(503, "busy", [("Retry-After", "1")])
-        try:
-            data, route = vol.chunk(*req)
-        except Exception as e:  # noqa: BLE001 - a failed chunk never takes the server down
-            msg = _logged("chunk", f"{name}/{rest}", e)
-            vol.record(req[0], "failed", 0, time.perf_counter() - t0)
-            return self._text(500, msg)
-        finally:
-            self.server.admit.release()
-        if data is None:
-            vol.record(req[0], "absent", 0, time.perf_counter() - t0)
-            return self._text(404, "no data (background)")
-        self._send(200, data)
-        vol.record(req[0], route, len(data), time.perf_counter() - t0)
-
-
-    def _mesh(self, vol: ViewVolume, name: str, rel: str):
-        ranged = "Range" in self.headers
-        if not ranged and not self.server.admit.acquire(timeout=self.server.admit_timeout):
-            return self._text(503, "busy", [("Retry-After", "1")])
-        try:
-            code, body, ctype, extra = vol.mesh.answer(rel, self.headers.get("Range"))
-        except Exception as e:  # noqa: BLE001 - a failed mesh never takes the server down
-            return self._text(500, _logged("mesh", f"{name}/{rel}", e))
-        finally:
-            if not ranged:
-                self.server.admit.release()
-        if code in (206, 416):  # a byte range is sent as it is (never gzipped)
-            self.send_response(code)
-            self.send_header("Access-Control-Allow-Origin", "*")
-            self.send_header("Access-Control-Expose-Headers", "Content-Length, Content-Range, Accept-Ranges")
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in extra:
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-            return None
-        return self._send(code, body, ctype, extra)
-
-
-class _Server(ThreadingHTTPServer):
-    volumes: dict[str, ViewVolume]
-    gzip: bool
-    admit: threading.BoundedSemaphore
-    admit_timeout: float
-    daemon_threads = True
-    allow_reuse_address = True
-    block_on_close = False
-
-    def handle_error(self, request, client_address):  # a client that went away: not an error
-        log.debug("connection from %s dropped", client_address, exc_info=True)
+_CHUNK = r"/{name}/{key:.+}/{x0:\d+}-{x1:\d+}_{y0:\d+}-{y1:\d+}_{z0:\d+}-{z1:\d+}"
 
 
 class ViewServer:
-    """A running precomputed server (daemon thread) serving one or more `ViewVolume`.
+    """A running precomputed server (its own thread) serving one or more `ViewVolume`.
 
     Use `serve` to start one. ``with serve(ds) as srv:`` stops it at the end.
+
+    Parameters
+    ----------
+    bind, port : str, int
+        Where to listen (port 0: any free port; a port in use is a `SpecError` naming it).
+    threads : int, optional
+        Requests at work at once (default: CPU count, at least 2).
+    gzip : bool
+        gzip answers to clients that accept it.
+    admit_timeout : float
+        Seconds a request waits for a free worker before it is answered 503 (Retry-After).
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, *, threads: int | None = None,
-                 gzip: bool = False, host: str | None = None, admit_timeout: float = 60.0):
+                 gzip: bool = False, admit_timeout: float = 60.0):
         self.threads = max(2, os.cpu_count() or 2) if threads is None else int(threads)
+        self.volumes: dict[str, ViewVolume] = {}
+        routes = [web.get("/{name}/info", self._info), web.get("/{name}/mesh/{rel:.+}", self._mesh),
+                  web.get(_CHUNK, self._chunk)]
+        app = application(routes, errors={NotFoundError: 404}, logger=log, threads=self.threads,
+                          admit_timeout=admit_timeout, gzip=gzip)
+        self._server = Server(app, host=bind, port=port, name="dvidshards-view").start()
+        self.url, self.port = self._server.url, self._server.port
+
+    def _volume(self, request: web.Request) -> ViewVolume:
+        vol = self.volumes.get(request.match_info["name"])
+        if vol is None:
+            raise web.HTTPNotFound(text=f"no volume {request.match_info['name']!r}; volumes: {sorted(self.volumes)}\n")
+        return vol
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response(self._volume(request).info)
+
+    async def _chunk(self, request: web.Request) -> web.Response:
+        vol, m = self._volume(request), request.match_info
+        req = vol.chunk_box(m["key"], [int(m[a]) for a in ("x0", "x1", "y0", "y1", "z0", "z1")])
+        if req is None:
+            raise web.HTTPNotFound(text=f"not a chunk of this volume: {request.path!r}\n")
+        t0 = time.perf_counter()
         try:
-            self._http = _Server((bind, int(port)), _Handler)
-        except OSError as e:
-            if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                why = "is in use" if e.errno == errno.EADDRINUSE else "is not allowed"
-                raise SpecError(f"port {port} on {bind or '0.0.0.0'} {why}: pick another --port (0: any free "
-                                f"port)") from None
-            raise SpecError(f"cannot listen on {bind}:{port} ({e.strerror or e})") from None
-        self._http.volumes = {}
-        self._http.gzip = bool(gzip)
-        self._http.admit = threading.BoundedSemaphore(self.threads)
-        self._http.admit_timeout = float(admit_timeout)
-        port = self._http.server_address[1]
-        if host is None:
-            host = socket.getfqdn() if bind in ("", "0.0.0.0", "::") else bind
-        self.url = f"http://{host}:{port}"
-        self.port = port
-        self._thread = threading.Thread(target=self._http.serve_forever, name=f"dvidshards-view:{port}",
-                                        daemon=True)
-        self._thread.start()
+            data, route = await in_thread(request, vol.chunk, *req)
+        except Busy:
+            vol.record(req[0], "busy", 0, 0.0)
+            raise
+        except Exception:
+            vol.record(req[0], "failed", 0, time.perf_counter() - t0)
+            raise  # answered 500 and logged by the error table
+        if data is None:
+            vol.record(req[0], "absent", 0, time.perf_counter() - t0)
+            return web.Response(status=404, text="no data (background)\n")
+        vol.record(req[0], route, len(data), time.perf_counter() - t0)
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _mesh(self, request: web.Request) -> web.StreamResponse:
+        vol, rel = self._volume(request), request.match_info["rel"]
+        if vol.mesh.folder is not None:  # a meshes output's files; aiohttp answers byte ranges
+            t0 = time.perf_counter()
+            ctype = "application/json" if rel == "info" else "application/octet-stream"
+            resp = web.FileResponse(vol.mesh.file(rel), headers={"Content-Type": ctype})
+            await resp.prepare(request)
+            with vol._stats_lock:
+                vol.stats.mesh_files.add(resp.content_length or 0, time.perf_counter() - t0)
+            return resp
+        body, ctype = await in_thread(request, vol.mesh.answer, rel)
+        return web.Response(body=body, content_type=ctype)
 
     def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True,
             meshes=None, mesh_budget: float = 2.0, index=None) -> str:
@@ -634,7 +511,7 @@ class ViewServer:
         name = name or vol.name
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SpecError(f"volume name {name!r}: use letters, digits, '_', '.', '-'")
-        self._http.volumes[name] = vol
+        self.volumes[name] = vol
         return self.source(name)
 
     def source(self, name: str | None = None) -> str:
@@ -644,32 +521,35 @@ class ViewServer:
     def http_url(self, name: str | None = None) -> str:
         """Plain HTTP URL of a served volume's root (for TensorStore's http kvstore)."""
         if name is None:
-            if len(self._http.volumes) != 1:
-                raise SpecError(f"name one of the served volumes: {sorted(self._http.volumes)}")
-            (name,) = self._http.volumes
+            if len(self.volumes) != 1:
+                raise SpecError(f"name one of the served volumes: {sorted(self.volumes)}")
+            (name,) = self.volumes
         return f"{self.url}/{name}"
 
     def volume(self, name: str | None = None) -> ViewVolume:
         """A served `ViewVolume` (the only one when name is None)."""
-        return self._http.volumes[self.http_url(name).rsplit("/", 1)[1]]
+        return self.volumes[self.http_url(name).rsplit("/", 1)[1]]
 
     def stats(self) -> dict:
         """Per volume: chunks answered per route, bytes and seconds (see `ServeStats`)."""
-        return {n: v.stats.as_dict() for n, v in self._http.volumes.items()}
+        return {n: v.stats.as_dict() for n, v in self.volumes.items()}
+
+    def wait(self) -> None:
+        """Serve until Ctrl-C, then stop."""
+        self._server.wait()
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        self._http.shutdown()
-        self._http.server_close()
+        self._server.close()
 
-    def __enter__(self):
+    def __enter__(self) -> ViewServer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"ViewServer({self.url!r}, volumes={sorted(self._http.volumes)})"
+        return f"ViewServer({self.url!r}, volumes={sorted(self.volumes)})"
 
 
 def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0.1",
@@ -705,7 +585,7 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
     Returns
     -------
     ViewServer
-        Running in a daemon thread; ``.source()`` is the ``precomputed://`` URL.
+        Running on its own thread; ``.source()`` is the ``precomputed://`` URL.
     """
     srv = ViewServer(bind, port, threads=threads, gzip=gzip)
     try:
@@ -931,9 +811,7 @@ def main(args) -> int:
             v = _show(ds, src, select=args.select, position=args.position, image=args.image, bind=args.bind)
             print(f"viewer: {v.get_viewer_url()}", flush=True)
         print("serving; Ctrl-C to stop", flush=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        server.wait()
         return 0
     finally:
         server.close()
