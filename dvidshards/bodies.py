@@ -5,7 +5,8 @@
 export without a whole-export job first:
 
 * :attr:`Body.chunks` - the chunks holding the body: from a label index when one is given
-  (``index=``), else from the records' label lists with no decompression
+  (``index=``; for a supervoxel, its body's rows there, found through the index's supervoxel
+  table), else from the records' label lists with no decompression
   (:func:`dvidshards.query.chunks_with`).
 * :attr:`Body.size` and :attr:`Body.box` - exact voxels and bounding box: from the label
   index's voxel counts, else counted in the body's blocks without writing a voxel
@@ -46,7 +47,16 @@ from .formats.sparsevol import (
     encode_coarse,
     merge_runs,
 )
-from .query import BodyIndex, BodyMask, body_mask, chunks_with, record_ids
+from .query import (
+    BodyIndex,
+    BodyMask,
+    IndexRows,
+    body_mask,
+    chunks_with,
+    lookup,
+    record_ids,
+    sorted_chunks,
+)
 
 __all__ = ["FORMATS", "Body", "chunk_decoder", "mesh_chunks", "parse_bounds"]
 
@@ -153,8 +163,10 @@ class Body:
         What a body is: the records' agglomerated labels, a supervoxel, or a supervoxel ->
         body mapping.
     index : BodyIndex or path, optional
-        A label index (``dvidshards label-index``) of the same label source; its scale's chunk
-        list and voxel counts are used instead of scanning the records' lists.
+        A label index (``dvidshards label-index``) of the same label source, or of agglomerated
+        labels for a supervoxel (``labels="supervoxels"``: its body's rows, by the index's
+        supervoxel table); its scale's chunk list and voxel counts are used instead of scanning
+        the records' lists.
 
     Notes
     -----
@@ -175,7 +187,8 @@ class Body:
         self.index: BodyIndex | None = None
         if index is not None:
             idx = index if isinstance(index, BodyIndex) else BodyIndex(index)
-            if any(idx.meta.get(k) != v for k, v in labels_id(self.labels).items()):
+            sv_of_bodies = isinstance(self.labels, Supervoxels) and idx.meta.get("labels") == "agglomerated"
+            if not sv_of_bodies and any(idx.meta.get(k) != v for k, v in labels_id(self.labels).items()):
                 raise SpecError(f"{idx.path}: the index is of {idx.meta.get('labels')} labels, not "
                                 f"{self.labels.name}")
             self.index = idx
@@ -204,14 +217,21 @@ class Body:
         if c is None:
             idx = self.index
             if idx is not None and idx.scale == s.index:
-                c = idx.blocks(self.id)
+                c = sorted_chunks(self._index_rows().chunks)
             elif idx is not None and idx.scale < s.index and self._coarsens(idx, s):
-                fine = idx.blocks(self.id) >> (s.index - idx.scale)
+                fine = self._index_rows().chunks >> (s.index - idx.scale)
                 c = self._listed(s, np.unique(fine, axis=0) if len(fine) else fine)
             else:
                 c = chunks_with(self.ds, [self.id], s.index, self.labels)
             self._chunks[s.index] = c
         return c
+
+    def _index_rows(self) -> IndexRows:
+        """This id's rows of the label index (a supervoxel's: its body's rows holding it)."""
+        assert self.index is not None
+        if isinstance(self.labels, Supervoxels) and self.index.meta.get("labels") == "agglomerated":
+            return self.index.supervoxel_rows(self.id)
+        return self.index.rows(self.id)
 
     def _coarsens(self, idx: BodyIndex, s) -> bool:
         """Whether scale ``s`` is ``idx``'s scale downsampled by 2 per level, with its chunk size."""
@@ -276,8 +296,13 @@ class Body:
         if why:
             return NotFoundError(f"{kind} {self.id} has no voxel{where}")
         if self.index is not None and self.index.scale <= s.index:
-            return NotFoundError(f"{kind} {self.id} is not in the label index {self.index.path}{where} (a "
-                                 f"supervoxel id? pass labels='supervoxels')")
+            table = self.index.supervoxel_table(build=False)  # known only when already built: no scan here
+            b = int(lookup(table, [self.id])[0]) if table is not None and kind == "body" else 0
+            if b:
+                return NotFoundError(f"{self.id} is a supervoxel of body {b}{where}, not a body: ask for body {b}, "
+                                     f"or pass labels='supervoxels'")
+            hint = " (a supervoxel id? pass labels='supervoxels')" if kind == "body" and table is None else ""
+            return NotFoundError(f"{kind} {self.id} is not in the label index {self.index.path}{where}{hint}")
         if not isinstance(self.labels, Supervoxels):
             c = chunks_with(self.ds, [self.id], s.index, "supervoxels")
             if len(c):
@@ -379,10 +404,8 @@ class Body:
         """
         s = self._scale(scale)
         if self.index is not None and self.index.scale == s.index:
-            t = self.index.rows(self.id)
-            c = np.stack([t[k].to_numpy().astype(np.int64) for k in ("chunk_x", "chunk_y", "chunk_z")], axis=1)
-            out = (c.reshape(-1, 3), t["supervoxel"].to_numpy().astype(np.uint64),
-                   t["voxels"].to_numpy().astype(np.int64))
+            r = self._index_rows()
+            out = (r.chunks, r.supervoxels, r.voxels)
         else:
             self._count(s)
             out = self._rows[s.index]
@@ -408,7 +431,7 @@ class Body:
         """
         s = self._scale(scale)
         if self.index is not None and self.index.scale == s.index:
-            n = self.index.size(self.id)
+            n = int(self._index_rows().voxels.sum())
         else:
             n = self._count(s)[0]
         if not n:
@@ -442,7 +465,7 @@ class Body:
             If the body has no voxel at its scale.
         """
         if self.index is not None:
-            svs = np.asarray(sorted(self.index.supervoxel_sizes(self.id)), np.uint64)
+            svs = np.unique(self._index_rows().supervoxels)
             if not len(svs):
                 raise self.not_found()
             return svs

@@ -28,21 +28,27 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
+import weakref
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 
-from .errors import BlockDecodeError, ShardFormatError, SpecError
+from .errors import BlockDecodeError, MappingError, MissingShardError, ShardFormatError, SpecError
 from .formats.blockstats import BlockError, batch_stats
 from .formats.codec import block_header
-from .formats.labelindex import INDEX_SCHEMA, bucket_name, bucket_of, labels_id
+from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
 from .formats.mapping import LabelMapping
 from .formats.records import R_NSV, list_values
+from .stores import as_store
 
-__all__ = ["BodyIndex", "BodyMask", "body_mask", "chunks_with", "held_scales", "label_at", "labels_in_box",
-           "mapping", "record_ids", "unique"]
+__all__ = ["BodyIndex", "BodyMask", "IndexRows", "body_mask", "chunks_with", "held_scales", "label_at",
+           "labels_in_box", "lookup", "mapping", "record_ids", "sorted_chunks", "supervoxel_table", "unique"]
+
+_U64_MAX = np.uint64((1 << 64) - 1)
 
 
 def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
@@ -430,11 +436,13 @@ def held_scales(ds) -> list[int]:
     return out
 
 
-def mapping(ds, *, scale=None, supervoxels=None, table: bool = False):
+def mapping(ds, *, scale=None, supervoxels=None, table: bool = False, index: BodyIndex | None = None):
     """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``).
 
-    Every record pairs its block's supervoxels with their agglomerated labels at export time;
-    this collects the pairs of a scale's shards, no block decompressed.
+    Every record pairs its block's supervoxels with their agglomerated labels at export time.
+    The pairs of a scale are collected once per process and dataset (`supervoxel_table`: a
+    scan of the scale's lists, no block decompressed, or the label index's columns), and
+    every call after answers from that table.
 
     Parameters
     ----------
@@ -442,10 +450,12 @@ def mapping(ds, *, scale=None, supervoxels=None, table: bool = False):
     scale : int, optional
         Default: the finest scale the export holds (the one holding every supervoxel).
     supervoxels : array_like of int, optional
-        Only these supervoxels (the others are not looked at).
+        Only these supervoxels (those the export does not hold are left out).
     table : bool
         Return a ``pyarrow.Table`` (``supervoxel``, ``body``; sorted by supervoxel) instead of
         a `LabelMapping`.
+    index : BodyIndex, optional
+        A label index of agglomerated labels at that scale: the table is built from it.
 
     Returns
     -------
@@ -456,100 +466,178 @@ def mapping(ds, *, scale=None, supervoxels=None, table: bool = False):
     ------
     ShardFormatError
         If two records pair one supervoxel with different bodies (not one export).
-
-    Notes
-    -----
-    Memory grows with the supervoxels returned (16 bytes each); pass ``supervoxels`` for a
-    few, or read the pairs of a label index (``dvidshards label-index``) bucket by bucket.
     """
-    if scale is None:
-        held = held_scales(ds)
-        if not held:
-            raise SpecError(f"{ds.store.describe('')}: the export holds no scale")
-        scale = held[0]
-    s = ds.scale(scale)
-    want = None if supervoxels is None else _ids(supervoxels)
-    parts_sv, parts_b = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
-    for o in ds.shards(s):
-        t = ds.shard(s, o).table()
-        sv, _ = list_values(t, "supervoxels")
-        lab, _ = list_values(t, "labels")
-        keep = sv != 0 if want is None else np.isin(sv, want) & (sv != 0)
-        pairs = np.unique(np.stack([sv[keep], lab[keep]], axis=1), axis=0)
-        parts_sv.append(pairs[:, 0])
-        parts_b.append(pairs[:, 1])
-    pairs = np.unique(np.stack([np.concatenate(parts_sv), np.concatenate(parts_b)], axis=1), axis=0)
-    dup = np.flatnonzero(pairs[1:, 0] == pairs[:-1, 0])
-    if dup.size:
-        k = int(dup[0])
-        raise ShardFormatError(f"{ds.store.describe(s.folder)}: supervoxel {int(pairs[k, 0])} belongs to body "
-                               f"{int(pairs[k, 1])} in one record and {int(pairs[k + 1, 1])} in another")
+    t = supervoxel_table(ds, scale=scale, index=index)
+    if supervoxels is None:
+        sv, body = t.keys, t.values
+    else:
+        sv = _ids(supervoxels)
+        body = lookup(t, sv)
+        keep = body != 0
+        sv, body = sv[keep], body[keep]
     if table:
         import pyarrow as pa
 
-        return pa.table({"supervoxel": pa.array(pairs[:, 0], pa.uint64()), "body": pa.array(pairs[:, 1], pa.uint64())})
-    return LabelMapping(pairs[:, 0], pairs[:, 1])
+        return pa.table({"supervoxel": pa.array(sv, pa.uint64()), "body": pa.array(body, pa.uint64())})
+    return t if supervoxels is None else LabelMapping(sv, body)
 
 
 # --------------------------------------------------------------------------- label index
 
+INDEX_META = "_meta.json"  # the label index's own description (jobs.stats writes it)
+_ROW_COLUMNS = ("body", "supervoxel", "chunk_x", "chunk_y", "chunk_z", "voxels")
+
+
+class IndexRows(NamedTuple):
+    """One body's rows of a label index: (n, 3) int64 ``chunks``, uint64 ``supervoxels``, int64
+    ``voxels`` (one row per chunk and supervoxel, sorted by supervoxel then chunk)."""
+
+    chunks: np.ndarray
+    supervoxels: np.ndarray
+    voxels: np.ndarray
+
+
+def _empty_rows() -> IndexRows:
+    return IndexRows(np.zeros((0, 3), np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+
 
 class BodyIndex:
-    """Per-body look-ups in a label index written by :func:`dvidshards.jobs.stats.label_index`.
+    """Per-body look-ups in a label index written by :func:`dvidshards.jobs.stats.label_index`,
+    on any store (a folder, ``gs://``, ``s3://``, ``http(s)://``).
 
     Parameters
     ----------
-    path : path
+    path : path, URL or ByteStore
         The label-index folder (holding ``_meta.json`` and ``bucket=*/part-0.parquet``).
+    cache_bytes : int
+        Decoded row groups kept in this process (least recently used dropped first).
 
     Attributes
     ----------
     meta : dict
         The index's ``_meta.json`` (scale, label source, bits, geometry, completeness).
+    path : str
+        Where it is (for messages).
 
     Notes
     -----
-    A body's rows are all in one bucket file, sorted by body in row groups, so one look-up
-    reads the row groups whose body range holds it.
+    A body's rows are all in one bucket file, sorted by body in row groups: a look-up reads
+    the row groups whose body range holds it (their footer once per bucket), and keeps them
+    decoded (~36 bytes a row) up to ``cache_bytes``: repeated and nearby look-ups read nothing.
+    Supervoxel -> body look-ups use a table of every supervoxel of the index, built once per
+    process (`supervoxel_table`).
     """
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        meta_path = os.path.join(self.path, "_meta.json")
+    def __init__(self, path, *, cache_bytes: int = 64 << 20):
+        if isinstance(path, (str, os.PathLike)) and "://" not in os.fspath(path) and not os.path.isdir(path):
+            raise SpecError(f"{os.fspath(path)}: not a label index (no such folder)")
+        self.store = as_store(path, what="label index")
+        self.path = self.store.describe("").rstrip("/")
+        raw = self.store.get_sync(INDEX_META)
+        if raw is None:
+            raise SpecError(f"{self.path}: not a label index (no {INDEX_META})")
         try:
-            with open(meta_path) as f:
-                self.meta = json.load(f)
-        except FileNotFoundError:
-            raise SpecError(f"{self.path}: not a label index (no _meta.json)") from None
-        except (OSError, ValueError) as e:
-            raise SpecError(f"{meta_path}: cannot read ({e})") from None
-        if self.meta.get("format") != "dvidshards-label-index":
-            raise SpecError(f"{meta_path}: not a dvidshards label index")
+            self.meta = json.loads(raw)
+        except ValueError as e:
+            raise SpecError(f"{self.store.describe(INDEX_META)}: cannot read ({e})") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != INDEX_FORMAT:
+            raise SpecError(f"{self.store.describe(INDEX_META)}: not a dvidshards label index")
         if not self.meta.get("complete", False):
             warnings.warn(f"{self.path}: the label index is incomplete; missing shards: "
                           f"{list(self.meta.get('failed_shards', {}))}", RuntimeWarning, stacklevel=2)
         self.bits = int(self.meta["bits"])
         self.scale = int(self.meta["scale"])
+        self.cache_bytes = int(cache_bytes)
+        self._lock = threading.Lock()
+        self._footers: dict[int, tuple | None] = {}
+        self._groups: OrderedDict[tuple[int, int], tuple[np.ndarray, ...]] = OrderedDict()
+        self._held = 0
+        self._table: LabelMapping | None = None
 
     def __repr__(self) -> str:
         return f"BodyIndex({self.path!r}, scale={self.scale}, labels={self.meta.get('labels')!r})"
 
-    def _file(self, body: int) -> str:
-        return os.path.join(self.path, bucket_name(int(bucket_of(np.uint64(body), self.bits)), self.bits))
+    # --- reading ------------------------------------------------------------------------------
 
-    def rows(self, body):
-        """All rows of a body as a ``pyarrow.Table`` (body, supervoxel, chunk_x/y/z, voxels)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
+    def _footer(self, bucket: int) -> tuple | None:
+        """(Parquet metadata, each row group's smallest and largest body) of a bucket; None: no file."""
+        with self._lock:
+            if bucket in self._footers:
+                return self._footers[bucket]
         import pyarrow.parquet as pq
 
+        key = bucket_name(bucket, self.bits)
+        try:
+            md = pq.ParquetFile(self.store.open(key)).metadata
+        except MissingShardError:
+            got = None
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise SpecError(f"{self.store.describe(key)}: not a Parquet file ({e})") from None
+        else:
+            col = md.schema.names.index("body")
+            lo, hi = np.zeros(md.num_row_groups, np.uint64), np.full(md.num_row_groups, _U64_MAX, np.uint64)
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(col).statistics
+                if st is not None and st.has_min_max:
+                    lo[g], hi[g] = st.min, st.max
+            got = (md, lo, hi)
+        with self._lock:
+            self._footers[bucket] = got
+        return got
+
+    def _group(self, bucket: int, g: int, md) -> tuple[np.ndarray, ...]:
+        """Row group ``g`` of a bucket as numpy columns (``_ROW_COLUMNS``), from the cache."""
+        with self._lock:
+            got = self._groups.get((bucket, g))
+            if got is not None:
+                self._groups.move_to_end((bucket, g))
+                return got
+        import pyarrow.parquet as pq
+
+        t = pq.ParquetFile(self.store.open(bucket_name(bucket, self.bits)), metadata=md).read_row_group(
+            g, columns=list(_ROW_COLUMNS))
+        got = tuple(t[c].to_numpy().astype(np.uint64 if c in ("body", "supervoxel") else np.int64)
+                    for c in _ROW_COLUMNS)
+        with self._lock:
+            self._groups[(bucket, g)] = got
+            self._held += sum(a.nbytes for a in got)
+            while self._held > self.cache_bytes and len(self._groups) > 1:
+                self._held -= sum(a.nbytes for a in self._groups.popitem(last=False)[1])
+        return got
+
+    def rows(self, body) -> IndexRows:
+        """All rows of a body (empty if the index holds none)."""
         body = int(body)
         if body < 0 or body >= 1 << 64:
             raise SpecError(f"body must be a uint64 id, got {body}")
-        path = self._file(body)
-        if not os.path.exists(path):
-            return INDEX_SCHEMA.empty_table()
-        return pq.read_table(path, filters=pc.field("body") == pa.scalar(body, pa.uint64()))
+        bucket = int(bucket_of(np.uint64(body), self.bits))
+        f = self._footer(bucket)
+        if f is None:
+            return _empty_rows()
+        md, lo, hi = f
+        b = np.uint64(body)
+        parts = []
+        for g in np.flatnonzero((lo <= b) & (hi >= b)).tolist():
+            cols = self._group(bucket, g, md)
+            a, z = np.searchsorted(cols[0], b), np.searchsorted(cols[0], b, side="right")
+            if z > a:
+                parts.append([c[a:z] for c in cols])
+        if not parts:
+            return _empty_rows()
+        whole = [np.concatenate([p[k] for p in parts]) for k in range(len(_ROW_COLUMNS))]
+        return IndexRows(np.stack(whole[2:5], axis=1), whole[1], whole[5])
+
+    def _buckets(self) -> list[str]:
+        return sorted(n.rstrip("/") for n in self.store.list_sync("") if n.startswith("bucket="))
+
+    def _columns(self, name: str, columns: list[str]):
+        import pyarrow.parquet as pq
+
+        key = f"{name}/part-0.parquet"
+        try:
+            return pq.read_table(self.store.open(key), columns=columns)
+        except MissingShardError:
+            return None
 
     def pairs(self):
         """The (supervoxel, body) pairs of the index, one bucket file at a time.
@@ -560,36 +648,77 @@ class BodyIndex:
             ``uint64`` supervoxels (sorted, each once: a body's rows are all in one bucket) and
             their bodies. Memory: one bucket's two columns.
         """
-        import pyarrow.parquet as pq
-
-        for name in sorted(os.listdir(self.path)):
-            path = os.path.join(self.path, name, "part-0.parquet")
-            if not name.startswith("bucket=") or not os.path.exists(path):
+        for name in self._buckets():
+            t = self._columns(name, ["supervoxel", "body"])
+            if t is None:
                 continue
-            t = pq.read_table(path, columns=["supervoxel", "body"])
             pairs = np.unique(np.stack([t["supervoxel"].to_numpy().astype(np.uint64),
                                         t["body"].to_numpy().astype(np.uint64)], axis=1), axis=0)
             yield pairs[:, 0], pairs[:, 1]
 
+    def body_sizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every body of the index, sorted, and its voxels (``uint64``, ``int64``), one bucket at a time."""
+        ids, sizes = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
+        for name in self._buckets():
+            t = self._columns(name, ["body", "voxels"])
+            if t is None or not t.num_rows:
+                continue
+            u, inv = np.unique(t["body"].to_numpy().astype(np.uint64), return_inverse=True)
+            ids.append(u)
+            sizes.append(np.bincount(inv.reshape(-1), weights=t["voxels"].to_numpy(), minlength=len(u)).astype(
+                np.int64))
+        u, n = np.concatenate(ids), np.concatenate(sizes)
+        order = np.argsort(u, kind="stable")
+        return u[order], n[order]
+
+    # --- supervoxels --------------------------------------------------------------------------
+
+    def supervoxel_table(self, *, build: bool = True) -> LabelMapping | None:
+        """Every supervoxel of the index with its body, built once per process from the buckets'
+        two columns (None when not built yet and ``build`` is False).
+
+        Memory: 16 bytes per supervoxel held (1.6 GB for 10^8), about three times that while
+        it is built.
+        """
+        with self._lock:
+            if self._table is not None or not build:
+                return self._table
+        with _TABLE_BUILD:  # one build at a time; the others wait for it
+            if self._table is None:
+                self._table = _table_of(self.pairs(), self.path)
+            return self._table
+
+    def bodies_of(self, supervoxels) -> np.ndarray:
+        """The bodies of supervoxels (``uint64``; 0 for one the index does not hold), from
+        `supervoxel_table`: no rescan per id."""
+        return lookup(self.supervoxel_table(), supervoxels)
+
+    def supervoxel_rows(self, supervoxel) -> IndexRows:
+        """The rows of one supervoxel: its chunks and voxels (empty when the index holds none)."""
+        sv = int(supervoxel)
+        body = int(self.bodies_of([sv])[0]) if sv else 0
+        if not body:
+            return _empty_rows()
+        r = self.rows(body)
+        keep = r.supervoxels == np.uint64(sv)
+        return IndexRows(r.chunks[keep], r.supervoxels[keep], r.voxels[keep])
+
+    # --- one body -----------------------------------------------------------------------------
+
     def blocks(self, body) -> np.ndarray:
         """(n, 3) int64 chunk coordinates holding the body, sorted by z, y, x."""
-        t = self.rows(body)
-        c = np.stack([t[k].to_numpy().astype(np.int64) for k in ("chunk_x", "chunk_y", "chunk_z")], axis=1)
-        c = np.unique(c, axis=0) if len(c) else c.reshape(0, 3)
-        return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
+        return sorted_chunks(self.rows(body).chunks)
 
     def supervoxel_sizes(self, body) -> dict[int, int]:
         """``{supervoxel: voxels}`` of a body, sorted by supervoxel (empty if absent)."""
-        t = self.rows(body)
-        sv = t["supervoxel"].to_numpy()
-        vox = t["voxels"].to_numpy()
-        u, inv = np.unique(sv, return_inverse=True)
-        return dict(zip(u.tolist(), np.bincount(inv, weights=vox, minlength=len(u)).astype(np.int64).tolist(),
-                        strict=True))
+        r = self.rows(body)
+        u, inv = np.unique(r.supervoxels, return_inverse=True)
+        return dict(zip(u.tolist(), np.bincount(inv.reshape(-1), weights=r.voxels, minlength=len(u)).astype(
+            np.int64).tolist(), strict=True))
 
     def size(self, body) -> int:
         """Voxels of a body."""
-        return int(self.rows(body)["voxels"].to_numpy().sum())
+        return int(self.rows(body).voxels.sum())
 
     def box(self, body):
         """The body's chunk-aligned box ``[[x0, y0, z0], [x1, y1, z1]]`` (voxels), clipped to the
@@ -603,6 +732,77 @@ class BodyIndex:
         lo = np.maximum(c.min(axis=0) * cs, vlo)
         hi = np.minimum((c.max(axis=0) + 1) * cs, vhi)
         return [lo.tolist(), hi.tolist()]
+
+
+def sorted_chunks(c: np.ndarray) -> np.ndarray:
+    """Unique (n, 3) chunk coordinates sorted by z, y, x."""
+    c = np.unique(c, axis=0) if len(c) else c.reshape(0, 3)
+    return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
+
+
+_TABLE_BUILD = threading.Lock()
+
+
+def _table_of(parts, where: str) -> LabelMapping:
+    """A supervoxel -> body table from (supervoxels, bodies) parts (0 left out); ShardFormatError
+    naming ``where`` when one supervoxel has two bodies."""
+    sv, body = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+    for s, b in parts:
+        keep = s != 0
+        sv.append(s[keep])
+        body.append(b[keep])
+    try:
+        return LabelMapping(np.concatenate(sv), np.concatenate(body))
+    except MappingError as e:
+        raise ShardFormatError(f"{where}: {e} (in two records: not one export)") from None
+
+
+def lookup(table: LabelMapping | None, supervoxels) -> np.ndarray:
+    """The bodies of supervoxels in a supervoxel -> body table (``uint64``; 0 where absent)."""
+    a = np.atleast_1d(np.asarray(supervoxels, np.uint64)).reshape(-1)
+    if table is None or not len(table.keys):
+        return np.zeros(len(a), np.uint64)
+    pos = np.minimum(np.searchsorted(table.keys, a), len(table.keys) - 1)
+    return np.where(table.keys[pos] == a, table.values[pos], np.uint64(0)).astype(np.uint64)
+
+
+_EXPORT_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def supervoxel_table(ds, *, scale=None, index: BodyIndex | None = None) -> LabelMapping:
+    """The export's supervoxel -> body table, built once per process and dataset (and scale).
+
+    From ``index`` when it is a label index of agglomerated labels at that scale (its
+    `BodyIndex.supervoxel_table`); else from the records' two lists of every shard of the
+    scale (no block decompressed). Default scale: the finest the export holds (the one
+    holding every supervoxel).
+
+    Memory: 16 bytes per supervoxel, held as long as the dataset (or the index) is.
+    """
+    if scale is None:
+        held = held_scales(ds)
+        if not held:
+            raise SpecError(f"{ds.store.describe('')}: the export holds no scale")
+        scale = held[0]
+    s = ds.scale(scale)
+    if index is not None and index.scale == s.index and index.meta.get("labels") == "agglomerated":
+        table = index.supervoxel_table()
+        assert table is not None
+        return table
+    with _TABLE_BUILD:
+        got = _EXPORT_TABLES.setdefault(ds, {})
+        if s.index not in got:
+            got[s.index] = _table_of(_export_pairs(ds, s), ds.store.describe(s.folder))
+        return got[s.index]
+
+
+def _export_pairs(ds, s):
+    for o in ds.shards(s):
+        t = ds.shard(s, o).table()
+        sv, _ = list_values(t, "supervoxels")
+        lab, _ = list_values(t, "labels")
+        pairs = np.unique(np.stack([sv, lab], axis=1), axis=0) if len(sv) else np.zeros((0, 2), np.uint64)
+        yield pairs[:, 0], pairs[:, 1]
 
 
 class BodyMask(NamedTuple):
