@@ -11,9 +11,9 @@ Pure functions, no I/O. PCG (CAVEconnectome/PyChunkedGraph) ingests, per layer-1
     package components;  message ChunkComponentsMsg { repeated uint64 components = 1; }
 
 Arrays are raw little-endian bytes (node ids uint64, affinities float32, areas uint64);
-components are packed varints ``[len(c0), c0..., len(c1), c1...]``. The message classes are
-built at run time from a ``FileDescriptorProto`` in a private descriptor pool (protobuf >= 4,
-the optional extra ``dvidshards[pcg]``; imported only when a message is built).
+components are packed varints ``[len(c0), c0..., len(c1), c1...]``. The messages are
+protobuf's generated modules of ``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto``
+(protobuf, the optional extra ``dvidshards[pcg]``; imported only when a message is built).
 
 PCG supervoxel ids carry their chunk: ``layer (8 bits) | x | y | z | counter`` with
 ``bits_per_dim = max(spatial_bits, n_layers - 2)`` bits per axis (``IdLayout``). A DVID
@@ -33,7 +33,6 @@ supervoxel across a face, affinity +inf and area 1); between and cross edges hav
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -639,38 +638,16 @@ def group_components(ids, bodies) -> list[np.ndarray]:
 # --------------------------------------------------------------------------- wire format
 
 
-@functools.lru_cache(maxsize=1)
 def message_classes():
-    """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)`` built from FileDescriptorProtos.
-
-    They live in a private descriptor pool, so they never clash with PCG's own generated
-    modules if those are imported too. Needs protobuf >= 4 (``pip install dvidshards[pcg]``).
-    """
+    """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)``: protobuf's generated classes of
+    ``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto`` (PCG's messages in a package
+    of ours, so they never clash with PCG's own generated modules if those are imported too).
+    Needs protobuf >= 4.21 (``pip install 'dvidshards[pcg]'``)."""
     try:
-        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+        from .proto import chunkComponents_pb2, chunkEdges_pb2
     except ImportError:
-        raise PcgError("writing PCG files needs protobuf >= 4: pip install 'dvidshards[pcg]'") from None
-    F = descriptor_pb2.FieldDescriptorProto
-    pool = descriptor_pool.DescriptorPool()
-    edges = descriptor_pb2.FileDescriptorProto(name="dvidshards/pcg/chunkEdges.proto", package="edges",
-                                               syntax="proto3")
-    m = edges.message_type.add(name="EdgesMsg")
-    for i, n in enumerate(("node_ids1", "node_ids2", "affinities", "areas"), 1):
-        m.field.add(name=n, number=i, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
-    m = edges.message_type.add(name="ChunkEdgesMsg")
-    for i, n in enumerate(("in_chunk", "cross_chunk", "between_chunk"), 1):
-        m.field.add(name=n, number=i, type=F.TYPE_MESSAGE, type_name=".edges.EdgesMsg", label=F.LABEL_OPTIONAL)
-    comps = descriptor_pb2.FileDescriptorProto(name="dvidshards/pcg/chunkComponents.proto",
-                                               package="components", syntax="proto3")
-    comps.message_type.add(name="ChunkComponentsMsg").field.add(
-        name="components", number=1, type=F.TYPE_UINT64, label=F.LABEL_REPEATED)
-    pool.Add(edges)
-    pool.Add(comps)
-    get = getattr(message_factory, "GetMessageClass", None)
-    if get is None:  # protobuf < 4.22
-        get = message_factory.MessageFactory(pool).GetPrototype
-    return (get(pool.FindMessageTypeByName("edges.ChunkEdgesMsg")), get(pool.FindMessageTypeByName("edges.EdgesMsg")),
-            get(pool.FindMessageTypeByName("components.ChunkComponentsMsg")))
+        raise PcgError("writing PCG files needs protobuf >= 4.21: pip install 'dvidshards[pcg]'") from None
+    return chunkEdges_pb2.ChunkEdgesMsg, chunkEdges_pb2.EdgesMsg, chunkComponents_pb2.ChunkComponentsMsg
 
 
 _FIELDS = {"in": "in_chunk", "between": "between_chunk", "cross": "cross_chunk"}
