@@ -451,10 +451,11 @@ def test_a_full_disk_is_one_line_naming_the_path_then_resume_finishes(exp, small
 
 
 def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monkeypatch, capsys):
-    """Without root: every write through the output layer fails with ENOSPC from the second task on."""
+    """Without root: every write through the output layer (a local store's files) fails with ENOSPC
+    from the second task on."""
     import builtins
 
-    import dvidshards.jobs.output as output
+    import dvidshards.stores.local as local_files
     import dvidshards.jobs.stats as st
     from dvidshards.cli import main
 
@@ -488,7 +489,7 @@ def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monk
         full["on"] = True
         return real_task(*a, **k)
 
-    monkeypatch.setattr(output, "open", full_open, raising=False)
+    monkeypatch.setattr(local_files, "open", full_open, raising=False)
     monkeypatch.setattr(st, "_shard_task", filling)
     args = [*job_args("stats", exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
     code = main(args)
