@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DvidShardsError, RemoteReadError, SpecError
+from ..stores import ByteStore
 
 __all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines",
            "run_tasks", "scheduler_of", "transient"]
@@ -389,7 +390,8 @@ class TaskRunner:
         return self._client
 
     def check_shared(self, workdir) -> None:
-        """Before any work: check that every worker sees ``workdir`` (a folder on this host).
+        """Before any work: check that every worker sees ``workdir`` (a folder on this host: a
+        path, or a store, Destination or WorkDir).
 
         Only a cluster whose workers may run elsewhere (an address, a client) is checked: a
         marker file written here must be readable by each worker. A URL (``gs://``, ``s3://``)
@@ -402,6 +404,16 @@ class TaskRunner:
         """
         if not self.remote or workdir is None:
             return
+        store = getattr(workdir, "store", workdir)  # a Destination or WorkDir: its store
+        if isinstance(store, ByteStore):
+            workdir = store.local_path()
+            if workdir is None:
+                spec = store.kvstore_spec()
+                if spec is None or spec.get("driver") == "memory":
+                    raise SpecError(f"work folder {store.describe('')}: held in this process's memory, which "
+                                    f"dask workers elsewhere cannot see; give --workdir on a shared file system "
+                                    f"or a bucket")
+                return  # a bucket: shared
         path = os.fspath(workdir)
         if "://" in path and not path.startswith("file://"):
             return
