@@ -15,7 +15,7 @@ export without a whole-export job first:
   decoding only the body's chunks; the sparse volumes are DVID's bytes in its three formats
   (``formats.sparsevol``), also block by block (:meth:`Body.sparsevol_parts`, what a server
   streams) and under DVID's ``minx`` .. ``maxz`` bounds.
-* :attr:`Body.exists` - whether a chunk lists the body (the label index, else the lists); an
+* :meth:`Body.exists` - whether a chunk lists the body (the label index, else the lists); an
   id with no voxel raises `NotFoundError` from every other answer, saying what the id is
   instead when that is cheap to know (a supervoxel of body B).
 * :meth:`Body.mesh` - one watertight surface from per-chunk marching cubes
@@ -55,6 +55,7 @@ from .query import (
     chunks_with,
     lookup,
     record_ids,
+    shard_groups,
     sorted_chunks,
 )
 
@@ -277,11 +278,11 @@ class Body:
             raise self.not_found()
         return c
 
-    @property
-    def exists(self) -> bool:
-        """Whether a chunk holds the body at its scale: the label index's rows, else the records'
-        lists (no block decompressed; without an index, a scan of the scale's lists, kept)."""
-        return bool(len(self.chunks_at()))
+    def exists(self, scale=None) -> bool:
+        """Whether a chunk holds the body at a scale (default: its own): the label index's rows,
+        else the records' lists (no block decompressed; without an index, a scan of the scale's
+        lists, kept for the other answers)."""
+        return bool(len(self.chunks_at(scale)))
 
     def not_found(self, scale=None, why: str = "") -> NotFoundError:
         """The error for this id having no voxel at a scale, saying what the id is instead.
@@ -766,10 +767,4 @@ def _shard_runs(s, chunks) -> list[np.ndarray]:
 def _by_shard(s, chunks) -> list[np.ndarray]:
     """Chunks grouped by the shard holding them (each group non-empty)."""
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    if not len(c):
-        return []
-    e = np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // np.asarray(s.chunk_size, np.int64)
-    key = c // np.maximum(e, 1)
-    _, inv = np.unique(key, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    return [c[inv == k] for k in range(int(inv.max()) + 1)]
+    return [c[g] for g in shard_groups(s, c)]

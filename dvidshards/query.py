@@ -38,15 +38,15 @@ import numpy as np
 
 from .errors import BlockDecodeError, MappingError, MissingShardError, ShardFormatError, SpecError
 from .formats.blockstats import BlockError, batch_stats
-from .formats.codec import block_header
 from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
 from .formats.mapping import LabelMapping
 from .formats.records import R_NSV, list_values
+from .formats.sparsevol import entries_at
 from .stores import as_store
 
 __all__ = ["BodyIndex", "BodyMask", "IndexRows", "body_mask", "chunks_with", "held_scales", "label_at",
-           "labels_in_box", "lookup", "mapping", "record_ids", "sorted_chunks", "supervoxel_table", "unique"]
+           "labels_in_box", "lookup", "mapping", "record_ids", "shard_groups", "sorted_chunks", "supervoxel_table", "unique"]
 
 _U64_MAX = np.uint64((1 << 64) - 1)
 
@@ -181,54 +181,6 @@ def _points(points) -> np.ndarray:
     return p.astype(np.int64)
 
 
-def _entries_at(block, xyz: np.ndarray) -> np.ndarray:
-    """Label-list entries of voxels (x, y, z within the block) read from a DVID block's packed
-    values (format §1), no voxel decoded; -1 for a voxel of an empty sub-block (background).
-
-    Every size the block declares is checked (``block_header``) and every index read here is
-    checked against the label list before use.
-    """
-    h = block_header(block)
-    d = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8)
-    n = h.num_labels
-    gz, gy, gx = h.grid
-    nz, ny, nx = h.shape
-    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
-    if ((xyz < 0) | (xyz >= np.array([nx, ny, nz]))).any():
-        raise BlockDecodeError(f"a point lies outside the block's {nx}x{ny}x{nz} voxels")
-    if n == 1:
-        return np.zeros(len(xyz), np.int64)
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * n
-    nsb = d[p_nsb:p_nsb + 2 * nsub].view("<u2").astype(np.int64)
-    p_idx = p_nsb + 2 * nsub
-    idx = d[p_idx:p_idx + 4 * int(nsb.sum())].view("<u4").astype(np.int64)
-    bits = np.zeros(nsub, np.int64)
-    many = nsb > 1
-    bits[many] = np.ceil(np.log2(nsb[many])).astype(np.int64)
-    first = np.concatenate([[0], np.cumsum(nsb)[:-1]])
-    p_val = p_idx + 4 * len(idx)
-    vstart = p_val + np.concatenate([[0], np.cumsum(64 * bits)[:-1]])
-    sb = ((z // 8) * gy + y // 8) * gx + x // 8
-    b = bits[sb]
-    v = np.zeros(len(xyz), np.int64)
-    packed = b > 0
-    if packed.any():
-        bit = (((z % 8) * 8 + y % 8) * 8 + x % 8)[packed] * b[packed]  # MSB-first within the sub-block
-        at = vstart[sb[packed]] + bit // 8
-        pad = np.concatenate([d, np.zeros(3, np.uint8)])  # a value spans at most 2 bytes (b <= 9)
-        word = (pad[at].astype(np.int64) << 16) | (pad[at + 1].astype(np.int64) << 8) | pad[at + 2]
-        v[packed] = (word >> (24 - bit % 8 - b[packed])) & ((1 << b[packed]) - 1)
-    bad = v >= np.maximum(nsb[sb], 1)
-    if bad.any():
-        raise BlockDecodeError(f"a packed value {int(v[bad][0])} exceeds its sub-block's "
-                               f"{int(nsb[sb][bad][0])} labels")
-    out = np.where(nsb[sb] == 0, -1, idx[np.minimum(first[sb] + v, max(len(idx) - 1, 0))] if len(idx) else -1)
-    if (out >= n).any():
-        raise BlockDecodeError(f"a sub-block index {int(out.max())} is past the {n}-label list")
-    return out.astype(np.int64)
-
-
 def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
     """The ids at voxels (DVID's ``/labels``, cloud-volume's ``download_point``).
 
@@ -270,12 +222,13 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
                         f"volume {vlo.tolist()}..{vhi.tolist()}")
     cs = np.asarray(s.chunk_size, np.int64)
     c = p // cs
-    chunks, inv = np.unique(c, axis=0, return_inverse=True)
+    _, first, inv = np.unique(_pack(c), return_index=True, return_inverse=True)
+    chunks = c[first]
     inv = inv.reshape(-1)
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(len(chunks) + 1))
     reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
-    for group in _group_by_shard(s, chunks):
+    for group in shard_groups(s, chunks):
         first = chunks[group[0]]
         shard = reader.shard(*(int(v) for v in first))
         if shard is None:
@@ -299,20 +252,29 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
             if int(t.rec[r, R_NSV]) == 1:  # solid: the list says it all
                 out[sel] = pal[0]
                 continue
-            ent = _entries_at(t.block(r), p[sel] - chunks[k] * cs)
+            try:
+                ent = entries_at(t.block(r), p[sel] - chunks[k] * cs)
+            except BlockDecodeError as e:
+                raise BlockDecodeError(f"{t.where(r)}: {e}") from None
             out[sel] = np.where(ent >= 0, pal[np.maximum(ent, 0)], np.uint64(0))
     return out
 
 
-def _group_by_shard(s, chunks) -> list[np.ndarray]:
-    """Positions of chunks grouped by the shard holding them (each group non-empty)."""
+def _pack(c: np.ndarray) -> np.ndarray:
+    """One int64 per (n, 3) coordinate row, ordered as the rows by (x, y, z) (21 bits an axis)."""
+    k = c - c.min(axis=0)
+    return (k[:, 0] << 42) | (k[:, 1] << 21) | k[:, 2]
+
+
+def shard_groups(s, chunks) -> list[np.ndarray]:
+    """Positions of chunks grouped by the shard holding them (each group non-empty, ascending)."""
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
     if not len(c):
         return []
-    e = np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // np.asarray(s.chunk_size, np.int64)
-    _, inv = np.unique(c // np.maximum(e, 1), axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    return [np.flatnonzero(inv == k) for k in range(int(inv.max()) + 1)]
+    key = _pack(c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64)
+                                // np.asarray(s.chunk_size, np.int64), 1))
+    order = np.argsort(key, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
 
 
 # --------------------------------------------------------------------------- unique, mapping

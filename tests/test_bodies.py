@@ -92,8 +92,8 @@ def test_label_index_answers_the_same(exp, ds, tmp_path):
         np.testing.assert_array_equal(indexed.supervoxels(), plain.supervoxels())
         np.testing.assert_array_equal(indexed.supervoxels(), np.unique(exp.sv[vol == b]))
         assert indexed.sparsevol() == plain.sparsevol()
-    with pytest.raises(SpecError, match="supervoxels"):
-        Body(ds, 1, labels="supervoxels", index=tmp_path / "idx")
+    with pytest.raises(SpecError, match="labels"):  # bodies of another mapping are not the index's bodies
+        Body(ds, 1, labels={1: 2}, index=tmp_path / "idx")
 
 
 # --------------------------------------------------------------------------- sparsevol
@@ -195,7 +195,7 @@ def test_bad_ids_and_absent_bodies(ds):
         with pytest.raises(SpecError):
             Body(ds, bad)
     body = Body(ds, 123456789)  # no such body
-    assert not body.exists and len(body.chunks_at()) == 0
+    assert not body.exists() and len(body.chunks_at()) == 0
     for ask in (lambda: body.chunks, lambda: body.size, lambda: body.box, body.mask, body.runs, body.sparsevol,
                 body.sparsevol_coarse, body.supervoxels, body.mesh, lambda: body.size_at(1)):
         with pytest.raises(NotFoundError, match="123456789 is not in this export at scale"):
@@ -210,7 +210,7 @@ def test_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
     pairs = np.unique(np.stack([sv[vol > 0], vol[vol > 0]], axis=1), axis=0)
     s, b = (int(v) for v in next(p for p in pairs if p[0] != p[1] and not (vol == p[0]).any()))
     body = Body(ds, s)
-    assert not body.exists
+    assert not body.exists()
     for ask in (lambda: body.size, lambda: body.box, body.sparsevol, lambda: body.chunks):
         with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b} at scale 0"):
             ask()
@@ -228,7 +228,7 @@ def test_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
         Body(other, 11).box_at()
     label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     indexed = Body(ds, s, index=tmp_path / "idx")
-    assert not indexed.exists  # from the index's rows: no scan
+    assert not indexed.exists()  # from the index's rows: no scan
     with pytest.raises(NotFoundError, match="not in the label index"):
         indexed.sparsevol()
     with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b}"):

@@ -219,19 +219,6 @@ def test_label_at_equals_brute_force(exp, ds, monkeypatch):
     assert dvidshards.query.label_at(ds, np.zeros((0, 3), int)).shape == (0,)
 
 
-def test_entries_read_from_packed_values_equal_the_decoder(fib19_block, fib19_volume):
-    """The point lookup reads DVID's own block (fib19) like the decoder, voxel for voxel."""
-    from dvidshards import query
-    from dvidshards.formats.codec import block_header
-
-    rng = np.random.default_rng(3)
-    xyz = np.concatenate([rng.integers(0, 64, (3000, 3)), [[0, 0, 0], [63, 63, 63]]])
-    ent = query._entries_at(fib19_block, xyz)  # the private helper under test
-    labels = block_header(fib19_block).labels
-    want = fib19_volume[xyz[:, 2], xyz[:, 1], xyz[:, 0]]
-    np.testing.assert_array_equal(np.where(ent >= 0, labels[np.maximum(ent, 0)], 0), want)
-
-
 def test_unique_with_counts_equals_brute_force(exp, ds, monkeypatch):
     from dvidshards.formats.records import RecordTable
 
@@ -304,25 +291,3 @@ def test_body_index_pairs(exp, index):
     sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
     want = np.unique(np.stack([sv[sv > 0], body[sv > 0]], axis=1), axis=0)
     np.testing.assert_array_equal(got[np.lexsort((got[:, 1], got[:, 0]))], want)
-
-
-def test_entries_of_a_damaged_block_are_an_error(fib19_block):
-    from dvidshards import query
-    from dvidshards.errors import BlockDecodeError
-    from dvidshards.formats.codec import block_header
-
-    h = block_header(fib19_block)
-    n = h.num_labels
-    nsub = 8 ** 3
-    raw = bytearray(fib19_block)
-    p_idx = 16 + 8 * n + 2 * nsub
-    nsb = np.frombuffer(bytes(raw[16 + 8 * n:p_idx]), "<u2")
-    k = int(np.flatnonzero(nsb > 1)[0])  # a sub-block with packed values
-    first = int(nsb[:k].sum())
-    raw[p_idx + 4 * first:p_idx + 4 * first + 4] = np.array([n + 5], "<u4").tobytes()  # index past the list
-    sb = np.array([[(k % 8) * 8, (k // 8 % 8) * 8, (k // 64) * 8]])
-    pts = sb + np.argwhere(np.ones((8, 8, 8), bool))[:, ::-1]
-    with pytest.raises(BlockDecodeError, match="past the"):
-        query._entries_at(bytes(raw), pts)
-    with pytest.raises(BlockDecodeError):
-        query._entries_at(fib19_block[:200], pts)  # truncated: the header's sizes do not fit

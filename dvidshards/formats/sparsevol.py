@@ -89,6 +89,7 @@ __all__ = [
     "dvid_order",
     "encode_coarse",
     "encode_runs",
+    "entries_at",
     "mask_from_runs",
     "merge_runs",
     "runs_from_labels",
@@ -740,7 +741,7 @@ class RunOrder:
         return h.astype(np.int32)  # DVID: Go map order; here (z, y)
 
 
-# --------------------------------------------------------------------------- a body's voxels in a block
+# --------------------------------------------------------------------------- a block's packed values: a body's voxels, the labels at points
 
 _E_SHAPE = 100  # the block's grid is not the shape of the bits asked for
 
@@ -973,6 +974,132 @@ def block_bits(block, member, lo=(0, 0, 0), hi=None, out=None) -> np.ndarray:
         g = np.frombuffer(data[:12].tobytes(), "<u4")
         raise BlockDecodeError(f"the block is {8 * int(g[0])}x{8 * int(g[1])}x{8 * int(g[2])} voxels, not "
                                f"{8 * nb}x{ny}x{nz}")
+    if code != E_OK:
+        raise block_error(code, a, b, data, None)
+    return out
+
+
+_E_POINT = 101  # a point outside the block (a: its number)
+
+
+@numba.njit(nogil=True, cache=True)
+def _entries_kernel(data, xyz, out):
+    """Validate the block, then ``out[i]``: the label-list entry of voxel ``xyz[i]`` (x, y, z in
+    the block) read from its sub-block's packed values, -1 in an empty sub-block; (code, a, b)."""
+    zero = np.int64(0)
+    code, ea, eb, gx, gy, gz, nlab = check_head(data)
+    if code != E_OK:
+        return code, ea, eb
+    n = xyz.shape[0]
+    for i in range(n):
+        if not (0 <= xyz[i, 0] < 8 * gx and 0 <= xyz[i, 1] < 8 * gy and 0 <= xyz[i, 2] < 8 * gz):
+            return _E_POINT, np.int64(i), zero
+    if nlab == 1:
+        for i in range(n):
+            out[i] = 0
+        return E_OK, zero, zero
+    code, ea, eb, p_nsb, p_idx, p_val = check_body(data, gx, gy, gz, nlab)
+    if code != E_OK:
+        return code, ea, eb
+    nsub = gx * gy * gz
+    first = np.empty(nsub, np.int64)  # each sub-block's first index and first packed byte
+    vpos = np.empty(nsub, np.int64)
+    a = zero
+    v = p_val
+    for s in range(nsub):
+        c = read_u16(data, p_nsb + 2 * s)
+        first[s], vpos[s] = a, v
+        a += c
+        v += 64 * BITS[c]
+    for i in range(n):
+        x, y, z = xyz[i, 0], xyz[i, 1], xyz[i, 2]
+        s = ((z >> 3) * gy + (y >> 3)) * gx + (x >> 3)
+        c = read_u16(data, p_nsb + 2 * s)
+        if c == 0:
+            out[i] = -1
+            continue
+        k = zero
+        if c > 1:
+            b = BITS[c]
+            bit = (((z & 7) * 8 + (y & 7)) * 8 + (x & 7)) * b  # MSB first
+            p = vpos[s] + (bit >> 3)
+            w = np.int64(data[p]) << 8
+            if (bit & 7) + b > 8:  # the value reaches the next byte
+                w |= np.int64(data[p + 1])
+            k = (w >> (16 - (bit & 7) - b)) & ((np.int64(1) << b) - 1)
+            if k >= c:
+                return E_VAL_RANGE, s, c
+        out[i] = read_u32(data, p_idx + 4 * (first[s] + k))
+    return E_OK, zero, zero
+
+
+def _entries_numpy(data, xyz, out):
+    """``_entries_kernel`` in numpy: the same checks in the same order, the same entries."""
+    code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
+    if code != E_OK:
+        return code, ea, eb
+    outside = np.flatnonzero(((xyz < 0) | (xyz >= 8 * np.array([gx, gy, gz]))).any(axis=1))
+    if outside.size:
+        return _E_POINT, int(outside[0]), 0
+    if nlab == 1:
+        out[:] = 0
+        return E_OK, 0, 0
+    code, ea, eb, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
+    if code != E_OK:
+        return code, ea, eb
+    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    s = ((z >> 3) * gy + (y >> 3)) * gx + (x >> 3)
+    c = nsb[s]
+    b = BITS[c]
+    first = np.concatenate([[0], np.cumsum(nsb)[:-1]])
+    vpos = p_val + 64 * np.concatenate([[0], np.cumsum(BITS[nsb])[:-1]])
+    bit = (((z & 7) * 8 + (y & 7)) * 8 + (x & 7)) * b
+    p = vpos[s] + (bit >> 3)
+    two = (bit & 7) + b > 8
+    w = (data[np.minimum(p, len(data) - 1)].astype(np.int64) << 8) | np.where(
+        two, data[np.minimum(p + 1, len(data) - 1)], 0)
+    k = np.where(c > 1, (w >> (16 - (bit & 7) - b)) & ((1 << b) - 1), 0)
+    bad = np.flatnonzero((c > 1) & (k >= c))
+    if bad.size:
+        return E_VAL_RANGE, int(s[bad[0]]), int(c[bad[0]])
+    out[:] = np.where(c == 0, -1, idx[np.minimum(first[s] + k, max(len(idx) - 1, 0))] if len(idx) else -1)
+    return E_OK, 0, 0
+
+
+_ENTRIES_SIG = types.UniTuple(types.int64, 3)(
+    types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.int64, 2, "C", readonly=True),
+    types.Array(types.int64, 1, "C"))
+_entries = jit.kernel(_entries_kernel, [_ENTRIES_SIG.args], _entries_numpy, exclusive=True)
+
+
+def entries_at(block, xyz) -> np.ndarray:
+    """The label-list entries of voxels of a DVID block, read from its packed values (one numba
+    pass, no voxel decoded): what DVID's ``/labels`` answers from.
+
+    Parameters
+    ----------
+    block : bytes-like or uint8 array
+        An uncompressed DVID block (FORMATS §1).
+    xyz : array_like of int, shape (n, 3)
+        Voxels (x, y, z) of the block.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 (n,): the entry of each voxel in the block's label list, -1 for a voxel of an
+        empty sub-block (background).
+
+    Raises
+    ------
+    BlockDecodeError
+        If the block is malformed or a point lies outside it.
+    """
+    data = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8).reshape(-1)
+    p = np.ascontiguousarray(np.asarray(xyz, np.int64).reshape(-1, 3))
+    out = np.empty(len(p), np.int64)
+    code, a, b = _entries(data, p, out)
+    if code == _E_POINT:
+        raise BlockDecodeError(f"point {p[a].tolist()} lies outside the block")
     if code != E_OK:
         raise block_error(code, a, b, data, None)
     return out

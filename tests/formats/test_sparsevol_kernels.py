@@ -26,6 +26,7 @@ def _run(fallback: bool, f, *args, **kw):
             return f(*args, **kw)
     sv._bits.compile()
     sv._order.compile()
+    sv._entries.compile()
     return f(*args, **kw)
 
 
@@ -193,3 +194,62 @@ def test_damaged_blocks_fail_alike_compiled_and_in_numpy():
         bad[pos] = int(rng.choice([0, 1, 7, 0x80, 0xFF]))
         got = [_run(fb, _outcome, sv.block_bits, bytes(bad), member) for fb in (False, True)]
         assert got[0] == got[1], pos
+
+
+@pytest.mark.parametrize("fallback", BOTH)
+@pytest.mark.parametrize("seed", range(4))
+def test_entries_at_points_equal_the_decoded_entries(seed, fallback):
+    rng = np.random.default_rng(20 + seed)
+    vol = random_block(rng, (16, 24, 32))
+    block = encode_block(vol)
+    n = int.from_bytes(block[12:16], "little")
+    want = decode_block(block, palette=np.arange(n, dtype=np.uint64))  # each voxel's entry number
+    pts = np.stack([rng.integers(0, 32, 300), rng.integers(0, 24, 300), rng.integers(0, 16, 300)], axis=1)
+    got = _run(fallback, sv.entries_at, block, pts)
+    np.testing.assert_array_equal(got, want[pts[:, 2], pts[:, 1], pts[:, 0]].astype(np.int64))
+    solid = encode_block(np.full((8, 8, 8), 4, np.uint64))
+    assert _run(fallback, sv.entries_at, solid, [[7, 7, 7], [0, 0, 0]]).tolist() == [0, 0]
+    with pytest.raises(BlockDecodeError, match="outside the block"):
+        _run(fallback, sv.entries_at, block, [[0, 0, 0], [32, 0, 0]])
+
+
+def test_entries_of_damaged_blocks_fail_alike_compiled_and_in_numpy():
+    rng = np.random.default_rng(21)
+    block = encode_block(random_block(rng, (8, 16, 16)))
+    pts = np.argwhere(np.ones((8, 16, 16), bool))[:, ::-1]
+    for pos in rng.choice(len(block), 120, replace=False).tolist():
+        bad = bytearray(block)
+        bad[pos] = int(rng.choice([0, 1, 7, 0x80, 0xFF]))
+        got = [_run(fb, _outcome, sv.entries_at, bytes(bad), pts) for fb in (False, True)]
+        assert got[0] == got[1], pos
+
+
+@pytest.mark.parametrize("fallback", BOTH)
+def test_entries_of_dvids_own_block_equal_its_voxels(fib19_block, fib19_volume, fallback):
+    """The point look-up reads DVID's own block (fib19) like the decoder, voxel for voxel."""
+    from dvidshards.formats.codec import block_header
+
+    rng = np.random.default_rng(3)
+    xyz = np.concatenate([rng.integers(0, 64, (3000, 3)), [[0, 0, 0], [63, 63, 63]]])
+    ent = _run(fallback, sv.entries_at, fib19_block, xyz)
+    labels = block_header(fib19_block).labels
+    want = fib19_volume[xyz[:, 2], xyz[:, 1], xyz[:, 0]]
+    np.testing.assert_array_equal(np.where(ent >= 0, labels[np.maximum(ent, 0)], 0), want)
+
+
+@pytest.mark.parametrize("fallback", BOTH)
+def test_entries_of_a_damaged_dvid_block_are_an_error(fib19_block, fallback):
+    from dvidshards.formats.codec import block_header
+
+    n = block_header(fib19_block).num_labels
+    raw = bytearray(fib19_block)
+    p_idx = 16 + 8 * n + 2 * 8 ** 3
+    nsb = np.frombuffer(bytes(raw[16 + 8 * n:p_idx]), "<u2")
+    k = int(np.flatnonzero(nsb > 1)[0])  # a sub-block with packed values
+    first = int(nsb[:k].sum())
+    raw[p_idx + 4 * first:p_idx + 4 * first + 4] = np.array([n + 5], "<u4").tobytes()  # index past the list
+    pts = np.array([[(k % 8) * 8, (k // 8 % 8) * 8, (k // 64) * 8]]) + np.argwhere(np.ones((8, 8, 8), bool))[:, ::-1]
+    with pytest.raises(BlockDecodeError, match=f"label index {n + 5} >= N={n}"):
+        _run(fallback, sv.entries_at, bytes(raw), pts)
+    with pytest.raises(BlockDecodeError, match="need"):
+        _run(fallback, sv.entries_at, fib19_block[:200], pts)  # truncated: the header's sizes do not fit

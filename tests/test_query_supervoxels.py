@@ -1,0 +1,198 @@
+"""Supervoxel and mapping queries from a label index and a supervoxel -> body table built once,
+never a rescan per id; a label index read from any store; Body.exists()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dvidshards import Dataset
+from dvidshards.bodies import Body
+from dvidshards.errors import NotFoundError, ShardFormatError, SpecError
+from dvidshards.jobs.stats import label_index
+from dvidshards.query import BodyIndex, mapping
+from dvidshards.stores import MemoryStore
+from dvidshards.stores.base import Stat, slice_range
+from tests.support.exports import make_export
+
+
+class Counting(MemoryStore):
+    """A memory store that counts the bytes it hands out (whole files mapped, ranges read)."""
+
+    def __init__(self, root: Path, name: str):
+        super().__init__({p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()},
+                         name=name)
+        self.bytes_read = 0
+        self.total = sum(len(v) for v in self.files.values())
+
+    def map(self, key):
+        a = super().map(key)
+        self.bytes_read += a.nbytes
+        return a
+
+    async def read(self, key, start=None, stop=None):
+        data = slice_range(MemoryStore.map(self, key), start, stop, self.describe(key))
+        self.bytes_read += len(data)
+        return data
+
+    async def get(self, key):
+        data = await super().get(key)
+        self.bytes_read += len(data or b"")
+        return data
+
+    async def stat(self, key):
+        return Stat(len(MemoryStore.map(self, key)), None)
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    root = tmp_path_factory.mktemp("svq")
+    ex = make_export(root / "exp", (160, 140, 130), seed=8, scales=2)
+    label_index(ex.root, str(root / "idx"), scale=0, spec=ex.spec, partitions=4, progress=False)
+    ex.index = root / "idx"
+    return ex
+
+
+def _brute_chunks(vol, v) -> np.ndarray:
+    c = np.unique(np.argwhere(vol == v) // 64, axis=0)
+    return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
+
+
+def test_supervoxel_queries_read_no_more_for_more_ids(exp):
+    """20 supervoxels' sizes, chunks, bodies and /mapping with a label index: the index's
+    supervoxel table is read once, each body's rows once; the export is not read at all."""
+    ds = Dataset(Counting(Path(exp.root), "svq-export"), spec=exp.spec)
+    idx = BodyIndex(Counting(exp.index, "svq-index"))
+    svs = np.unique(exp.sv[exp.sv != 0])
+    svs = svs[np.random.default_rng(1).choice(len(svs), 20, replace=False)]
+    body_of = dict(exp.mapping.tolist())
+    read = []
+    for sv in svs.tolist():
+        b = Body(ds, sv, labels="supervoxels", index=idx)
+        assert b.size == int((exp.sv == sv).sum())
+        np.testing.assert_array_equal(b.chunks, _brute_chunks(exp.sv, sv))
+        assert b.supervoxels().tolist() == [sv] and b.exists()
+        assert mapping(ds, supervoxels=[sv, 999_999_999], index=idx).values.tolist() == [body_of[sv]]
+        read.append(idx.store.bytes_read)
+    assert ds.store.bytes_read == 0  # nothing of the export
+    assert read[-1] - read[1] <= read[0] // 2  # 18 more ids: at most the body rows of a few row groups
+    assert read[-1] <= 4 * idx.store.total  # each bucket: its footer, its body rows, its two columns once
+
+
+def test_mapping_without_an_index_scans_the_export_once(exp):
+    ds = Dataset(Counting(Path(exp.root), "svq-export2"), spec=exp.spec)
+    svs = np.unique(exp.sv[exp.sv != 0])[::3]
+    body_of = dict(exp.mapping.tolist())
+    m = mapping(ds, supervoxels=svs[:1])
+    once = ds.store.bytes_read
+    assert 0 < once <= sum(len(v) for k, v in ds.store.files.items() if k.startswith("s0/"))
+    for sv in svs.tolist():
+        assert mapping(ds, supervoxels=[sv]).values.tolist() == [body_of[sv]]
+    assert ds.store.bytes_read == once
+    whole = mapping(ds)
+    present = np.unique(exp.sv[exp.sv != 0])
+    np.testing.assert_array_equal(whole.keys, present)
+    np.testing.assert_array_equal(whole.values, [body_of[v] for v in present.tolist()])
+    assert m.keys.tolist() == svs[:1].tolist()
+
+
+@pytest.mark.parametrize("scale", [0, 1])
+def test_a_supervoxel_with_an_index_of_bodies_answers_as_without(exp, scale):
+    ds = Dataset(exp.root, spec=exp.spec)
+    idx = BodyIndex(exp.index)
+    for sv in np.unique(exp.scales[scale][exp.scales[scale] != 0])[::7].tolist():
+        plain, indexed = Body(ds, sv, scale, "supervoxels"), Body(ds, sv, scale, "supervoxels", index=idx)
+        np.testing.assert_array_equal(indexed.chunks, plain.chunks)
+        assert indexed.size == plain.size == int((exp.scales[scale] == sv).sum())
+        assert indexed.box == plain.box
+        assert indexed.sparsevol() == plain.sparsevol()
+        if scale == 0:
+            for a, b in zip(indexed.supervoxel_counts(), plain.supervoxel_counts(), strict=True):
+                np.testing.assert_array_equal(np.sort(a, axis=0), np.sort(b, axis=0))
+    with pytest.raises(SpecError, match="labels"):  # a body of a mapping given at read time is not the index's
+        Body(ds, 1, labels=exp.mapping, index=idx)
+
+
+def test_exists_is_a_method_from_the_index_or_the_lists(exp):
+    ds = Dataset(exp.root, spec=exp.spec)
+    idx = BodyIndex(exp.index)
+    vol = exp.expected(0)
+    body = int(np.bincount(np.unique(vol, return_inverse=True)[1].ravel())[1:].argmax() + 1)
+    body = int(np.unique(vol)[body])
+    sv_only = int(next(s for s, b in exp.mapping.tolist() if s != b and (exp.sv == s).any()))
+    for index in (None, idx):
+        assert Body(ds, body, index=index).exists() and Body(ds, body, index=index).exists(1)
+        assert not Body(ds, 987_654_321, index=index).exists()
+        assert not Body(ds, sv_only, index=index).exists()  # a supervoxel is not a body
+        assert Body(ds, sv_only, labels="supervoxels", index=index).exists()
+    assert not isinstance(Body.__dict__["exists"], property)  # a property never reads (API convention)
+
+
+def test_an_absent_body_is_named_a_supervoxel_once_the_table_is_built(exp):
+    ds = Dataset(exp.root, spec=exp.spec)
+    idx = BodyIndex(exp.index)
+    sv_only = int(next(s for s, b in exp.mapping.tolist() if s != b and (exp.sv == s).any()))
+    body = dict(exp.mapping.tolist())[sv_only]
+    with pytest.raises(NotFoundError, match="supervoxel id"):  # no scan to know more
+        Body(ds, sv_only, index=idx).size  # noqa: B018
+    idx.bodies_of([1])
+    with pytest.raises(NotFoundError, match=f"supervoxel of body {body}"):
+        Body(ds, sv_only, index=idx).size  # noqa: B018
+
+
+@pytest.mark.filterwarnings("ignore::dvidshards.errors.GeometryWarning")
+def test_one_supervoxel_in_two_bodies_is_a_shard_format_error(tmp_path):
+    """Two records pairing one supervoxel with different bodies are not one export: said, not guessed."""
+    import zstandard
+
+    from dvidshards.formats.codec import encode_block
+    from dvidshards.writer import write_shard
+
+    raw = encode_block(np.full((64, 64, 64), 7, np.uint64))
+    rec = {"supervoxels": [7], "dvid_compressed_block": zstandard.ZstdCompressor().compress(raw),
+           "uncompressed_size": len(raw), "chunk_y": 0, "chunk_z": 0}
+    write_shard(tmp_path / "exp" / "s0" / "0_0_0", [{**rec, "chunk_x": 0, "labels": [1]}, {**rec, "chunk_x": 1,
+                                                                                           "labels": [2]}])
+    ds = Dataset(str(tmp_path / "exp"))
+    with pytest.raises(ShardFormatError, match="supervoxel 7 is mapped to both 1 and 2"):
+        mapping(ds, supervoxels=[7])
+
+
+def test_label_index_in_a_memory_store_equals_the_folder(exp):
+    store = MemoryStore.named("svq-index-mem")
+    store.files.update({p.relative_to(exp.index).as_posix(): p.read_bytes()
+                        for p in Path(exp.index).rglob("*") if p.is_file()})
+    _same_index(BodyIndex("memory://svq-index-mem/"), BodyIndex(exp.index))
+
+
+def _same_index(remote: BodyIndex, local: BodyIndex) -> None:
+    assert remote.scale == local.scale and remote.bits == local.bits
+    bodies, sizes = local.body_sizes()
+    got = remote.body_sizes()
+    np.testing.assert_array_equal(got[0], bodies)
+    np.testing.assert_array_equal(got[1], sizes)
+    for b in bodies[::3].tolist():
+        np.testing.assert_array_equal(remote.blocks(b), local.blocks(b))
+        assert remote.supervoxel_sizes(b) == local.supervoxel_sizes(b)
+    pairs = [np.concatenate(x) for x in zip(*remote.pairs(), strict=True)]
+    np.testing.assert_array_equal(remote.bodies_of(pairs[0]), pairs[1])
+
+
+@pytest.mark.slow
+def test_label_index_written_to_s3_is_read_there(exp, tmp_path):
+    from tests.support.servers import MotoS3
+
+    with MotoS3() as s3:
+        s3.bucket("svq")
+        q = f"?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = label_index(exp.root, f"s3://svq/idx{q}", scale=0, spec=exp.spec, partitions=4, progress=False)
+        assert rep.ok
+        remote = BodyIndex(f"s3://svq/idx{q}")
+        _same_index(remote, BodyIndex(exp.index))
+        ds = Dataset(exp.root, spec=exp.spec)
+        sv = int(exp.mapping[0, 0])
+        assert Body(ds, sv, labels="supervoxels", index=remote).size == int((exp.sv == sv).sum())
+        with pytest.raises(SpecError, match="not a label index"):
+            BodyIndex(f"s3://svq/nothing{q}")
