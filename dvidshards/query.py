@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import BlockDecodeError, MappingError, MissingShardError, ShardFormatError, SpecError
+from .errors import BlockDecodeError, MissingShardError, ShardFormatError, SpecError
 from .formats.blockstats import BlockError, batch_stats
 from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
@@ -45,8 +45,9 @@ from .formats.records import R_NSV, list_values
 from .formats.sparsevol import entries_at
 from .stores import as_store
 
-__all__ = ["BodyIndex", "BodyMask", "IndexRows", "body_mask", "chunks_with", "held_scales", "label_at",
-           "labels_in_box", "lookup", "mapping", "record_ids", "shard_groups", "sorted_chunks", "supervoxel_table", "unique"]
+__all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_mask", "chunks_with", "held_scales",
+           "label_at", "labels_in_box", "lookup", "mapping", "record_ids", "shard_groups", "sorted_chunks",
+           "supervoxel_table", "unique"]
 
 _U64_MAX = np.uint64((1 << 64) - 1)
 
@@ -441,7 +442,7 @@ def mapping(ds, *, scale=None, supervoxels=None, table: bool = False, index: Bod
         import pyarrow as pa
 
         return pa.table({"supervoxel": pa.array(sv, pa.uint64()), "body": pa.array(body, pa.uint64())})
-    return t if supervoxels is None else LabelMapping(sv, body)
+    return LabelMapping(sv, body)
 
 
 # --------------------------------------------------------------------------- label index
@@ -514,7 +515,7 @@ class BodyIndex:
         self._footers: dict[int, tuple | None] = {}
         self._groups: OrderedDict[tuple[int, int], tuple[np.ndarray, ...]] = OrderedDict()
         self._held = 0
-        self._table: LabelMapping | None = None
+        self._table: SupervoxelTable | None = None
 
     def __repr__(self) -> str:
         return f"BodyIndex({self.path!r}, scale={self.scale}, labels={self.meta.get('labels')!r})"
@@ -635,7 +636,7 @@ class BodyIndex:
 
     # --- supervoxels --------------------------------------------------------------------------
 
-    def supervoxel_table(self, *, build: bool = True) -> LabelMapping | None:
+    def supervoxel_table(self, *, build: bool = True) -> SupervoxelTable | None:
         """Every supervoxel of the index with its body, built once per process from the buckets'
         two columns (None when not built yet and ``build`` is False).
 
@@ -705,21 +706,47 @@ def sorted_chunks(c: np.ndarray) -> np.ndarray:
 _TABLE_BUILD = threading.Lock()
 
 
-def _table_of(parts, where: str) -> LabelMapping:
+class SupervoxelTable(NamedTuple):
+    """Every supervoxel of an export (``keys``: sorted, unique, uint64) and its body (``values``)."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
+def _table_of(parts, where: str) -> SupervoxelTable:
     """A supervoxel -> body table from (supervoxels, bodies) parts (0 left out); ShardFormatError
-    naming ``where`` when one supervoxel has two bodies."""
-    sv, body = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+    naming ``where`` when one supervoxel has two bodies.
+
+    The parts are copied one by one into arrays grown by doubling (large ones, given back to the
+    system when freed) and sorted there: 16 bytes per supervoxel kept, about 40 while sorting.
+    """
+    sv, body, n = np.zeros(1 << 16, np.uint64), np.zeros(1 << 16, np.uint64), 0
     for s, b in parts:
         keep = s != 0
-        sv.append(s[keep])
-        body.append(b[keep])
-    try:
-        return LabelMapping(np.concatenate(sv), np.concatenate(body))
-    except MappingError as e:
-        raise ShardFormatError(f"{where}: {e} (in two records: not one export)") from None
+        k = int(keep.sum())
+        if n + k > len(sv):
+            size = max(2 * len(sv), n + k)
+            sv, body = np.resize(sv, size), np.resize(body, size)
+        sv[n:n + k], body[n:n + k] = s[keep], b[keep]
+        n += k
+    order = np.argsort(sv[:n], kind="stable")
+    sv = sv[order]
+    body = body[order]
+    del order
+    dup = np.flatnonzero(sv[1:] == sv[:-1])
+    if dup.size:
+        bad = dup[body[dup] != body[dup + 1]]
+        if bad.size:
+            i = int(bad[0])
+            raise ShardFormatError(f"{where}: supervoxel {sv[i]} belongs to body {body[i]} in one record and to "
+                                   f"{body[i + 1]} in another (not one export)")
+        keep = np.ones(n, bool)
+        keep[dup + 1] = False
+        sv, body = sv[keep], body[keep]
+    return SupervoxelTable(sv, body)
 
 
-def lookup(table: LabelMapping | None, supervoxels) -> np.ndarray:
+def lookup(table: SupervoxelTable | None, supervoxels) -> np.ndarray:
     """The bodies of supervoxels in a supervoxel -> body table (``uint64``; 0 where absent)."""
     a = np.atleast_1d(np.asarray(supervoxels, np.uint64)).reshape(-1)
     if table is None or not len(table.keys):
@@ -731,7 +758,7 @@ def lookup(table: LabelMapping | None, supervoxels) -> np.ndarray:
 _EXPORT_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def supervoxel_table(ds, *, scale=None, index: BodyIndex | None = None) -> LabelMapping:
+def supervoxel_table(ds, *, scale=None, index: BodyIndex | None = None) -> SupervoxelTable:
     """The export's supervoxel -> body table, built once per process and dataset (and scale).
 
     From ``index`` when it is a label index of agglomerated labels at that scale (its

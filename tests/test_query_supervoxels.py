@@ -156,7 +156,7 @@ def test_one_supervoxel_in_two_bodies_is_a_shard_format_error(tmp_path):
     write_shard(tmp_path / "exp" / "s0" / "0_0_0", [{**rec, "chunk_x": 0, "labels": [1]}, {**rec, "chunk_x": 1,
                                                                                            "labels": [2]}])
     ds = Dataset(str(tmp_path / "exp"))
-    with pytest.raises(ShardFormatError, match="supervoxel 7 is mapped to both 1 and 2"):
+    with pytest.raises(ShardFormatError, match="supervoxel 7 belongs to body 1 in one record and to 2"):
         mapping(ds, supervoxels=[7])
 
 
