@@ -1,22 +1,26 @@
-"""``dvidshards serve-dvid`` under load, and ``/sparsevol`` of a large body against Python.
+"""``dvidshards serve-dvid``: server CPU per request against the in-process floor, and under load.
 
 Data: a size³ neuron-like export (``neuron_volume``, default 384³, 60 bodies of 6 supervoxels,
 2 scales, DVID's layout) and its label index, built once into the work directory.
 
 Measured:
 
-* **Load**: the server in its own process (``serve``, label index, ``--threads``), 8 client
-  processes each sending 1,000 requests over loopback (``requests.Session``), drawn from a pool
-  of 300 mixed requests (labels at 50 points, label, sparsevol in rles and blocks,
-  sparsevol-size, size, sizes, supervoxels, specificblocks of 4 blocks, mapping of 10
-  supervoxels, sparsevol-coarse, index). Every answer is compared byte for byte with the
-  answer the same server gave when asked alone first: an error is a status other than 200 or
-  other bytes. Latency p50/p99 per kind, throughput, and the server's RSS sampled every
-  0.25 s (after the serial warm-up pass, its peak, and at the end: flat means it does not
-  grow with the requests served).
-* **/sparsevol of the largest body** (rles and blocks), wall time seen by a client and the
-  server process's CPU time per request, against the same process-CPU of Python reading that
-  body's chunks (``chunk_decoder`` over ``Body.chunks``, decode only) and of ``Body.sparsevol``.
+* **CPU per request, by kind** (issue 37: at most ~2x the reads it needs): the server in its
+  own process answers each kind's requests one at a time (after a pass that fills its caches, as a
+  running server has them), and its process CPU (``/proc``) is divided by the requests. The
+  *floor* is the CPU, in this process, of the reads each request needs: the blocks holding its
+  points (zstd, for a mixed chunk) for ``label``/``labels``; decoding every chunk of the body
+  (``chunk_decoder``) for ``sparsevol``; the body's rows of the label index (a Parquet read, no
+  cache) for ``size``, ``sizes``, ``supervoxels``, ``sparsevol-size``, ``sparsevol-coarse`` and
+  ``index``; the look-ups in the supervoxel table for ``mapping``; the 4 blocks (zstd) for
+  ``specificblocks``. ``/api/server/info`` gives the cost of an HTTP request doing nothing.
+* **Load**: 8 client processes each sending 1,000 requests over loopback (``requests.Session``),
+  drawn from a pool of 300 mixed requests. Every answer is compared byte for byte with the answer
+  the same server gave when asked alone first: an error is a status other than 200 or other
+  bytes. Latency p50/p99 per kind, throughput, and the server's RSS sampled every 0.25 s (after
+  the serial warm-up pass, its peak, and at the end: flat means it does not grow).
+* **/sparsevol of the largest body** (rles and blocks): client wall time and server CPU per
+  request, against decoding that body's chunks in this process and ``Body.sparsevol``.
 
 Run: ``.venv/bin/python benchmarks/bench_serve_dvid.py [--quick] [--clients 8] [--requests 1000]``.
 """
@@ -40,12 +44,13 @@ from common import table
 
 import dvidshards
 from dvidshards.bodies import Body, chunk_decoder
+from dvidshards.formats.labelindex import bucket_name, bucket_of
+from dvidshards.formats.records import R_NSV
 
 SERVER = """
 import sys
 from dvidshards.serve.dvid import serve
-s = serve(sys.argv[1], spec=sys.argv[2], label_index=sys.argv[3], port=0, threads=int(sys.argv[4]),
-          fill_missing_shards=True)
+s = serve(sys.argv[1], spec=sys.argv[2], label_index=sys.argv[3], port=0, threads=int(sys.argv[4]))
 print(s.url, s.api.uuid, flush=True)
 s.wait()
 """
@@ -169,6 +174,7 @@ def run(args, ds, idx, pid: int, base: str) -> None:
     import requests
 
     pool = request_pool(ds, idx, 300)
+    per_kind(ds, idx, pid, base, pool)
     s = requests.Session()
     want = []
     t0, c0 = time.perf_counter(), proc_cpu(pid)
@@ -228,6 +234,83 @@ def run(args, ds, idx, pid: int, base: str) -> None:
                       "cpu": cpu, "load": common.load_text()}))
     print()
     large_body(ds, idx, pid, base)
+
+
+def floor(ds, idx, kind: str, tail: str, body) -> None:
+    """The reads one request needs, in this process (see the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    s = ds.scale(0)
+    reader = ds.reader(s, "agglomerated")
+    if kind in ("label", "labels", "specificblocks"):
+        if kind == "label":
+            pts = np.array([[int(v) for v in tail.split("/")[1].split("_")]])
+        elif kind == "labels":
+            pts = np.asarray(body, np.int64)
+        for c in np.unique(pts // 64, axis=0) if kind != "specificblocks" else body:
+            sh = reader.shard(*(int(v) for v in c))
+            i = sh.find(*(int(v) for v in c)) if sh is not None else None
+            if i is not None:
+                t = sh.table(np.array([i]))
+                if kind == "specificblocks" or t.rec[0, R_NSV] > 1:
+                    t.block(0)
+    elif kind in ("sparsevol", "sparsevol-blocks"):
+        decode = chunk_decoder(ds, 0)
+        for c in idx.blocks(int(tail.split("/")[1])):
+            decode(c)
+    elif kind == "mapping":
+        idx.bodies_of(body)
+    else:
+        for b in (body if kind == "sizes" else [int(tail.split("/")[1])]):
+            key = bucket_name(int(bucket_of(np.uint64(b), idx.bits)), idx.bits)
+            pq.read_table(idx.store.open(key), filters=pc.field("body") == pa.scalar(b, pa.uint64()))
+
+
+def per_kind(ds, idx, pid: int, base: str, pool) -> None:
+    """Server CPU per request of each kind (one at a time, caches filled) against the floor."""
+    import requests
+
+    s = requests.Session()
+    kinds = sorted({k for k, *_ in pool})
+    specific = {}
+    for k, _, q, _ in pool:  # the blocks of /specificblocks, as the floor reads them
+        if k == "specificblocks":
+            specific[q["blocks"]] = np.array([int(v) for v in q["blocks"].split(",")]).reshape(-1, 3)
+    idx.supervoxel_table()
+
+    def server_cpu(items, reps):
+        for _, tail, q, body in items:  # fill the server's caches
+            assert s.get(f"{base}/{tail}", params=q, json=body, timeout=300).status_code == 200
+        c0 = proc_cpu(pid)
+        for _ in range(reps):
+            for _, tail, q, body in items:
+                s.get(f"{base}/{tail}", params=q, json=body, timeout=300)
+        return (proc_cpu(pid) - c0) / (reps * len(items))
+
+    root = base.split("/api/")[0]
+    c0 = proc_cpu(pid)
+    for _ in range(500):
+        s.get(f"{root}/api/server/info", timeout=60)
+    null = (proc_cpu(pid) - c0) / 500
+    rows = []
+    for kind in kinds:
+        items = [it for it in pool if it[0] == kind][:40]
+        reps = max(1, 200 // len(items)) if kind not in ("sparsevol", "sparsevol-blocks") else 2
+        srv = server_cpu(items, reps)
+        for _, tail, q, body in items:  # warm this process's shard cache too
+            floor(ds, idx, kind, tail, specific.get(q.get("blocks")) if kind == "specificblocks" else body)
+        c0 = time.process_time()
+        for _ in range(reps):
+            for _, tail, q, body in items:
+                floor(ds, idx, kind, tail, specific.get(q.get("blocks")) if kind == "specificblocks" else body)
+        fl = (time.process_time() - c0) / (reps * len(items))
+        rows.append([kind, len(items) * reps, f"{srv * 1e3:.2f}", f"{fl * 1e3:.2f}", f"{srv / fl:.2f}",
+                     f"{max(srv - null, 0) / fl:.2f}"])
+    table(["request", "n", "server CPU ms", "floor ms", "ratio", "ratio less HTTP"], rows,
+          f"server CPU per request (one at a time, caches filled) against the reads it needs in-process; "
+          f"an HTTP request doing nothing (/api/server/info) costs {null * 1e3:.2f} ms of server CPU")
 
 
 def large_body(ds, idx, pid: int, base: str) -> None:
