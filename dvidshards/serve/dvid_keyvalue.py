@@ -115,7 +115,7 @@ class KeyvalueInstance:
         body = int(m.group(1))
         if r.head:  # DVID: 200 when the key exists (the body does), else 404; nothing is made
             b, _ = self.labelmap._body(body, self.labelmap.held[0], Agglomerated())
-            if not b.exists:
+            if not b.exists():
                 raise Gone(f'Key "{key}" not found')
             return Reply(200, b"", "application/octet-stream", {"Accept-Ranges": "bytes"})
         try:
@@ -162,7 +162,7 @@ def mesh_maker(labelmap) -> Callable[[int], bytes]:
     def make(body: int) -> bytes:
         held = labelmap.held
         b, _ = labelmap._body(body, held[0], Agglomerated())
-        if not b.exists:
+        if not b.exists():
             raise NotFoundError(f"body {body} does not exist in this export")
         k = held[-1]
         for s in held:
@@ -187,7 +187,7 @@ def skeleton_maker(labelmap) -> Callable[[int], bytes] | None:
 
     def make(body: int) -> bytes:
         b, _ = labelmap._body(body, labelmap.held[0], Agglomerated())
-        if not b.exists:
+        if not b.exists():
             raise NotFoundError(f"body {body} does not exist in this export")
         sk = b.skeleton()
         text = sk.swc() if hasattr(sk, "swc") else str(sk)

@@ -47,20 +47,23 @@ def bodies(vol, n=3):
     return [int(v) for v in ids[order[np.linspace(0, len(order) - 1, n).astype(int)]]]
 
 
-def made(exp, k: int, labels: str = "agglomerated") -> np.ndarray:
+_MADE: dict = {}
+
+
+def made(exp, k: int) -> np.ndarray:
     """Scale k (x, y, z) by DVID's rule from scale 0 (tests/support/downsample), bodies mapped."""
-    pad = np.zeros([-(-s // 256) * 256 for s in SHAPE], np.uint64)
-    pad[:SHAPE[0], :SHAPE[1], :SHAPE[2]] = exp.sv
-    v = pad.T
-    for _ in range(k):
-        v = by_count(v)
-    v = v.T
-    if labels == "supervoxels":
-        return v
-    m = np.asarray(exp.mapping, np.uint64).reshape(-1, 2)
-    lut = dict(zip(m[:, 0].tolist(), m[:, 1].tolist(), strict=True))
-    u, inv = np.unique(v, return_inverse=True)
-    return np.asarray([lut.get(int(x), int(x)) for x in u], np.uint64)[inv].reshape(v.shape)
+    if (exp.root, k) not in _MADE:
+        pad = np.zeros([-(-s // 4) * 4 for s in SHAPE], np.uint64)
+        pad[:SHAPE[0], :SHAPE[1], :SHAPE[2]] = exp.sv
+        v = pad.T
+        for _ in range(k):
+            v = by_count(v)
+        v = v.T
+        m = np.asarray(exp.mapping, np.uint64).reshape(-1, 2)
+        lut = dict(zip(m[:, 0].tolist(), m[:, 1].tolist(), strict=True))
+        u, inv = np.unique(v, return_inverse=True)
+        _MADE[exp.root, k] = np.asarray([lut.get(int(x), int(x)) for x in u], np.uint64)[inv].reshape(v.shape)
+    return _MADE[exp.root, k]
 
 
 def test_projects_nodes_and_branches(srv):
