@@ -208,9 +208,9 @@ def index(exp, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(exp, index):
-    """(with the label index, answering missing shards as background; plain)."""
-    a = serve(exp.root, label_index=index, port=0, threads=4, fill_missing_shards=True)
-    b = serve(exp.root, port=0, threads=2)
+    """(with the label index, answering missing shards as background (the default); plain and --strict)."""
+    a = serve(exp.root, label_index=index, port=0, threads=4)
+    b = serve(exp.root, port=0, threads=2, strict=True)
     yield a, b
     a.shutdown()
     b.shutdown()
@@ -478,11 +478,11 @@ def test_label_index_protobuf_round_trip_and_block_keys():
     ("specificblocks", {"blocks": "1,2,3", "compression": "zstd"}, 400, "compression="),
     ("blocks/64_64_64/1_0_0", {}, 400, "block aligned"),
     ("raw/0_1_2/1000_1000_1000/0_0_0", {}, 400, "size"),
-    ("index/5", {"mutid": "3"}, 400, "mutid"),
+    ("index/5", {"mutid": "3"}, 404, "mutid=3"),
     ("size/123456789", {}, 404, "body 123456789 is not in the label index"),
     ("sparsevol/123456789", {}, 404, "123456789"),
     ("supervoxels/123456789", {}, 404, "123456789"),
-    ("listlabels", {}, 501, "not served"),
+    ("pseudocolor/0_1/8_8/0_0_0", {}, 400, "pseudocolor"),
     ("frobnicate", {}, 400, "unrecognized"),
     ("merge", {}, 405, "read-only"),
 ])
@@ -507,14 +507,14 @@ def test_refusals(exp, servers):
                                                              " at scale 0 (a supervoxel id? pass labels='supervoxels')")
     r = get(servers[1], f"size/{s}")
     assert r.status_code == 404 and f"{s} is a supervoxel of body {b}" in r.text
-    # the plain server reads a missing shard file as missing, and says how to serve it as background
+    # with --strict a missing shard file is an error that says what the default does (background)
     ds = dvidshards.Dataset(exp.root)
     have = set(ds.shards(0))
     e = ds.scale(0).shard_extent
     hole = next((x, y, z) for x in range(0, 200, e) for y in range(0, 170, e) for z in range(0, 150, e)
                 if (x, y, z) not in have)
     r = get(servers[1], f"label/{hole[0]}_{hole[1]}_{hole[2]}")
-    assert r.status_code == 500 and "MissingShardError" in r.text and "--fill-missing-shards" in r.text
+    assert r.status_code == 500 and "MissingShardError" in r.text and "--strict" in r.text
     assert get(servers[0], f"label/{hole[0]}_{hole[1]}_{hole[2]}").json() == {"Label": 0}
 
 
