@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import struct
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ from dvidshards.errors import BlockDecodeError, DvidShardsError
 from dvidshards.formats.blocks import (
     BlockStreamError,
     decode_payload,
+    lz4_block_compress,
     lz4_block_decompress,
     read_stream,
     write_stream,
@@ -55,8 +57,11 @@ def test_dump_of_writer_blocks_reads_back_exactly(writer_blocks, compression, tm
         assert all(a == b for (_, a), (_, b) in zip(got, blocks, strict=True))
     path = tmp_path / "dump.dat"
     path.write_bytes(data)
-    assert [b for _, b in read_stream(path, compression=compression)] == [b for _, b in blocks]
-    assert [b for _, b in read_stream(str(path))] == [b for _, b in blocks]
+    with open(path, "rb") as f:
+        got = list(read_stream(f, compression=compression))
+    assert [b for _, b in got] == [b for _, b in blocks]
+    with pytest.raises(TypeError, match="open a path"):  # formats reads bytes and files, never paths
+        list(read_stream(path))
 
 
 def test_lz4_payloads_of_blocks_and_of_label_volumes(writer_blocks):
@@ -168,16 +173,16 @@ def test_bad_arguments():
     with pytest.raises(TypeError):
         list(read_stream(12))
     with pytest.raises(ValueError):
-        write_stream([], compression="lz4")
+        write_stream([], compression="zstd")
     with pytest.raises(ValueError):
         decode_payload(b"", compression="nope")
 
 
-# --- the lz4 block decoder -----------------------------------------------------------------------
+# --- lz4 blocks (the lz4 package) ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["zeros", "random", "repeats", "short", "text"])
-def test_lz4_decoder_matches_arrows_encoder(kind):
+def test_lz4_blocks_read_arrows_encoding_and_write_what_arrow_reads(kind):
     rng = np.random.default_rng(1)
     data = {"zeros": bytes(100_000), "random": rng.integers(0, 256, 70_000, dtype=np.uint8).tobytes(),
             "repeats": (b"abcdefgh" * 5000) + bytes(rng.integers(0, 4, 5000, dtype=np.uint8)),
@@ -186,7 +191,7 @@ def test_lz4_decoder_matches_arrows_encoder(kind):
     assert lz4_block_decompress(c, len(data)) == data
     assert lz4_block_decompress(c, len(data) + 1000) == data  # exact length, not the bound
     if len(data) > 1:
-        with pytest.raises(BlockDecodeError, match="more than"):
+        with pytest.raises(BlockDecodeError, match="larger than"):
             lz4_block_decompress(c, len(data) - 1)
     for cut in (1, 2, len(c) // 2, len(c) - 1):
         if 0 < cut < len(c):
@@ -196,13 +201,37 @@ def test_lz4_decoder_matches_arrows_encoder(kind):
                 continue
             assert out != data  # a cut that happens to end on a literal run decodes less, never garbage bytes
             assert data.startswith(out)
+    mine = lz4_block_compress(data)
+    assert pa.decompress(mine, len(data), codec="lz4_raw", asbytes=True) == data
+    if kind in ("zeros", "repeats", "text"):
+        assert len(mine) < len(data) // 4  # compressed: a client asking for lz4 gets fewer bytes
 
 
-def test_lz4_decoder_refuses_bad_offsets():
+def test_lz4_blocks_refuse_bad_offsets():
     # token: 1 literal, match length 4; literal 'a'; offset 2 (> 1 byte written)
-    with pytest.raises(BlockDecodeError, match="before the start"):
+    with pytest.raises(BlockDecodeError, match="corrupt"):
         lz4_block_decompress(bytes([0x10, 0x61, 0x02, 0x00, 0x00]), 100)
-    with pytest.raises(BlockDecodeError, match="before the start"):
+    with pytest.raises(BlockDecodeError, match="corrupt"):
         lz4_block_decompress(bytes([0x10, 0x61, 0x00, 0x00, 0x00]), 100)  # offset 0
     with pytest.raises(BlockDecodeError):
         lz4_block_decompress(b"", 10)
+
+
+def test_lz4_streams_round_trip(writer_blocks):
+    _, blocks = writer_blocks
+    data = write_stream(blocks, compression="lz4")
+    assert len(data) < sum(len(b) for _, b in blocks) // 2
+    assert list(read_stream(data, compression="lz4")) == list(blocks)
+    assert list(read_stream(data)) == list(blocks)  # auto: neither gzip nor a raw block or volume
+
+
+def test_without_lz4_an_lz4_payload_names_the_extra_and_gzip_still_reads(writer_blocks, monkeypatch):
+    _, blocks = writer_blocks
+    lz4_data = write_stream(blocks[:1], compression="lz4")
+    monkeypatch.setitem(sys.modules, "lz4", None)
+    monkeypatch.setitem(sys.modules, "lz4.block", None)
+    assert list(read_stream(write_stream(blocks[:2]))) == list(blocks[:2])  # no core read needs lz4
+    with pytest.raises(BlockStreamError, match=r"record 0 .*lz4.*dvidshards\[serve\]"):
+        list(read_stream(lz4_data, compression="lz4"))
+    with pytest.raises(BlockDecodeError, match=r"dvidshards\[serve\]"):
+        write_stream(blocks[:1], compression="lz4")
