@@ -223,13 +223,17 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
                         f"volume {vlo.tolist()}..{vhi.tolist()}")
     cs = np.asarray(s.chunk_size, np.int64)
     c = p // cs
-    _, first, inv = np.unique(_pack(c), return_index=True, return_inverse=True)
-    chunks = c[first]
-    inv = inv.reshape(-1)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(chunks) + 1))
+    if (c == c[0]).all():  # one chunk (one point): nothing to group
+        chunks, order, bounds, groups = c[:1], np.arange(len(p)), np.array([0, len(p)]), [np.zeros(1, np.int64)]
+    else:
+        _, first, inv = np.unique(_pack(c), return_index=True, return_inverse=True)
+        chunks = c[first]
+        inv = inv.reshape(-1)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(len(chunks) + 1))
+        groups = shard_groups(s, chunks)
     reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
-    for group in shard_groups(s, chunks):
+    for group in groups:
         first = chunks[group[0]]
         shard = reader.shard(*(int(v) for v in first))
         if shard is None:

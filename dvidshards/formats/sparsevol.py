@@ -967,8 +967,9 @@ def block_bits(block, member, lo=(0, 0, 0), hi=None, out=None) -> np.ndarray:
             raise block_error(code, a, b, data, None)
         out = np.empty((8 * gz, 8 * gy, gx), np.uint8)
     nz, ny, nb = out.shape
-    lo_ = np.clip(np.asarray(lo, np.int64).reshape(3), 0, [8 * nb, ny, nz])
-    hi_ = np.clip(np.asarray((8 * nb, ny, nz) if hi is None else hi, np.int64).reshape(3), 0, [8 * nb, ny, nz])
+    ext = np.array([8 * nb, ny, nz], np.int64)
+    lo_ = np.minimum(np.maximum(np.asarray(lo, np.int64).reshape(3), 0), ext)
+    hi_ = ext if hi is None else np.minimum(np.maximum(np.asarray(hi, np.int64).reshape(3), 0), ext)
     code, a, b = _bits(data, np.ascontiguousarray(m.reshape(-1)), lo_, hi_, out)
     if code == _E_SHAPE:
         g = np.frombuffer(data[:12].tobytes(), "<u4")
@@ -1130,29 +1131,75 @@ def binary_block(offset, mask_zyx) -> bytes:
     return binary_block_bits(offset, np.packbits(m, axis=2, bitorder="little"))
 
 
+@numba.njit(nogil=True, cache=True)
+def _binary_kernel(bits, out):
+    """The sub-block records of ``format=blocks`` from a block's bits into ``out`` (its content
+    byte first): the bytes written (1 when the block is all or nothing: ``out[0]`` says which)."""
+    nz, ny, gx = bits.shape
+    n = np.int64(1)
+    full = True
+    some = False
+    for sz in range(nz // 8):
+        for sy in range(ny // 8):
+            for sx in range(gx):
+                a = np.int64(255)
+                o = np.int64(0)
+                for z in range(8):
+                    for y in range(8):
+                        v = np.int64(bits[8 * sz + z, 8 * sy + y, sx])
+                        a &= v
+                        o |= v
+                if a == 255:
+                    out[n] = 1
+                    n += 1
+                elif o == 0:
+                    out[n] = 0
+                    n += 1
+                else:  # one byte per (z, y) row: x fastest, least significant bit first
+                    out[n] = 2
+                    for z in range(8):
+                        for y in range(8):
+                            out[n + 1 + 8 * z + y] = bits[8 * sz + z, 8 * sy + y, sx]
+                    n += 65
+                full &= a == 255
+                some |= o != 0
+    out[0] = 1 if full else 2 if some else 0
+    return np.int64(1) if full or not some else n
+
+
+def _binary_numpy(bits, out):
+    """``_binary_kernel`` in numpy: the same bytes."""
+    nz, ny, gx = bits.shape
+    sub = bits.reshape(nz // _SUB, _SUB, ny // _SUB, _SUB, gx).transpose(0, 2, 4, 1, 3).reshape(-1, 64)
+    full, some = (sub == 255).all(axis=1), sub.any(axis=1)
+    out[0] = 1 if full.all() else 2 if some.any() else 0
+    if full.all() or not some.any():
+        return 1
+    flag = np.where(full, 1, np.where(some, 2, 0)).astype(np.uint8)
+    pos = 1 + np.concatenate([[0], np.cumsum(1 + 64 * (flag == 2))])
+    out[pos[:-1]] = flag
+    mixed = np.flatnonzero(flag == 2)
+    out[(pos[mixed] + 1)[:, None] + np.arange(64)] = sub[mixed]
+    return int(pos[-1])
+
+
+_BINARY_SIG = types.int64(types.Array(types.uint8, 3, "C", readonly=True), types.Array(types.uint8, 1, "C"))
+_binary = jit.kernel(_binary_kernel, [_BINARY_SIG.args], _binary_numpy, exclusive=True)
+
+
 def binary_block_bits(offset, bits) -> bytes:
-    """`binary_block` of a block given as its bits (`block_bits`: uint8 (nz, ny, nx / 8))."""
+    """`binary_block` of a block given as its bits (`block_bits`: uint8 (nz, ny, nx / 8)), in one
+    numba pass."""
     head = np.asarray(offset, np.int64).reshape(3)
     if (head < _I32.min).any() or (head > _I32.max).any():
         raise SparsevolError(f"block offset {head.tolist()} out of int32 range")
-    start = head.astype("<i4").tobytes()
+    bits = np.ascontiguousarray(bits, np.uint8)
     nz, ny, gx = bits.shape
     if nz % _SUB or ny % _SUB or not nz or not ny or not gx:
         raise SparsevolError(f"block bits must be (nz, ny, nx / 8) with sides multiples of {_SUB}, got {bits.shape}")
-    sub = bits.reshape(nz // _SUB, _SUB, ny // _SUB, _SUB, gx).transpose(0, 2, 4, 1, 3).reshape(-1, 64)
-    full, some = (sub == 255).all(axis=1), sub.any(axis=1)
-    if full.all():
-        return start + b"\x01"
-    if not some.any():
-        return start + b"\x00"
-    flag = np.where(full, 1, np.where(some, 2, 0)).astype(np.uint8)
-    size = 1 + 64 * (flag == 2)
-    pos = np.concatenate([[0], np.cumsum(size)])
-    out = np.zeros(int(pos[-1]), np.uint8)
-    out[pos[:-1]] = flag
-    mixed = np.flatnonzero(flag == 2)
-    out[(pos[mixed] + 1)[:, None] + np.arange(64)] = sub[mixed]  # one byte per (z, y) row: x fastest, LSB first
-    return start + b"\x02" + out.tobytes()
+    out = np.empty(1 + 65 * (nz // _SUB) * (ny // _SUB) * gx, np.uint8)
+    n = _binary(bits, out)
+    return head.astype("<i4").tobytes() + out[:n].tobytes()
 
 
 def decode_blocks(data) -> tuple[int, list[tuple[tuple[int, int, int], np.ndarray]]]:

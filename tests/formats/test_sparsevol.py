@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dvidshards.formats import sparsevol as sv
-from tests.support.sparsevol import naive_dvid_bytes, random_body
+from tests.support.sparsevol import naive_binary_blocks, naive_dvid_bytes, random_body
 
 
 def naive_zyx_runs(mask: np.ndarray, offset) -> list[tuple[int, int, int, int]]:
@@ -248,30 +248,6 @@ def test_clip_runs():
 
 
 # --------------------------------------------------------------------------- format=blocks
-
-
-def naive_binary_blocks(mask_zyx, offset) -> bytes:
-    """``WriteBinaryBlock`` by loops: flags per sub-block, bits LSB first, x fastest."""
-    out = bytearray(struct.pack("<3i", *offset))
-    if mask_zyx.all():
-        return bytes(out + b"\x01")
-    if not mask_zyx.any():
-        return bytes(out + b"\x00")
-    out += b"\x02"
-    gz, gy, gx = (n // 8 for n in mask_zyx.shape)
-    for sz, sy, sx in itertools.product(range(gz), range(gy), range(gx)):
-        sub = mask_zyx[sz * 8:sz * 8 + 8, sy * 8:sy * 8 + 8, sx * 8:sx * 8 + 8]
-        if sub.all():
-            out += b"\x01"
-        elif not sub.any():
-            out += b"\x00"
-        else:
-            bits = bytearray(64)
-            for i, v in enumerate(sub.reshape(-1).tolist()):  # z, y, x with x fastest
-                if v:
-                    bits[i // 8] |= 1 << (i % 8)
-            out += b"\x02" + bits
-    return bytes(out)
 
 
 def test_binary_block_equals_naive_and_decodes():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
@@ -137,3 +138,27 @@ def reference_coarse(mask: np.ndarray, offset, block: int = 64) -> bytes:
         else:
             spans.append([bx, by, bz, 1])
     return struct.pack("<BBBBII", 0, 3, 0, 0, 0, len(spans)) + b"".join(struct.pack("<4i", *s) for s in spans)
+
+
+def naive_binary_blocks(mask_zyx, offset) -> bytes:
+    """``WriteBinaryBlock`` by loops: flags per sub-block, bits LSB first, x fastest."""
+    out = bytearray(struct.pack("<3i", *offset))
+    if mask_zyx.all():
+        return bytes(out + b"\x01")
+    if not mask_zyx.any():
+        return bytes(out + b"\x00")
+    out += b"\x02"
+    gz, gy, gx = (n // 8 for n in mask_zyx.shape)
+    for sz, sy, sx in itertools.product(range(gz), range(gy), range(gx)):
+        sub = mask_zyx[sz * 8:sz * 8 + 8, sy * 8:sy * 8 + 8, sx * 8:sx * 8 + 8]
+        if sub.all():
+            out += b"\x01"
+        elif not sub.any():
+            out += b"\x00"
+        else:
+            bits = bytearray(64)
+            for i, v in enumerate(sub.reshape(-1).tolist()):  # z, y, x with x fastest
+                if v:
+                    bits[i // 8] |= 1 << (i % 8)
+            out += b"\x02" + bits
+    return bytes(out)
