@@ -19,7 +19,7 @@ from dvidshards.formats import sparsevol as SV
 from dvidshards.jobs.stats import label_index
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
-from tests.support.sparsevol import reference_coarse, reference_rles
+from tests.support.sparsevol import decode, mask_from_runs, reference_coarse, reference_rles
 
 pytest.importorskip("zmesh")
 
@@ -117,9 +117,9 @@ def test_sparsevol_bytes_equal_the_reference(exp, ds):
             got = body.sparsevol()
             assert got == reference_rles(mask, box[0])
             assert body.sparsevol_coarse() == reference_coarse(mask, box[0])
-            runs = SV.decode(body.sparsevol(order="zyx"))
-            np.testing.assert_array_equal(SV.mask_from_runs(runs, *box), mask)
-            assert SV.voxel_count(SV.decode(got)) == body.size
+            runs = decode(body.sparsevol(order="zyx"))
+            np.testing.assert_array_equal(mask_from_runs(runs, *box), mask)
+            assert SV.voxel_count(decode(got)) == body.size
     vol = exp.expected(1)
     b = _some_ids(vol, 1)[0]
     _, box, mask = _brute(vol, b)
@@ -149,7 +149,7 @@ def test_sparsevol_of_a_real_body(real_ds):
     got = body.sparsevol()
     assert got == reference_rles(mask, lo)
     assert body.sparsevol_coarse() == reference_coarse(mask, lo)
-    runs = SV.decode(got)
+    runs = decode(got)
     assert (runs[:, 3] > 1).any() and ((runs[:, 0] % 64) + runs[:, 3] > 64).any()  # runs cross block faces
 
 

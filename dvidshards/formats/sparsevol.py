@@ -24,14 +24,17 @@ What DVID emits (``labels.WriteRLEs`` in ``datatype/common/labels/compressed.go`
   ordered block by block, not globally by (z, y, x).
 * A run touching a block's +x face whose x-successor block holds none of the body is written
   when the next block starts (or at the end) from a Go map: in **random order**. DVID's bytes
-  are therefore not reproducible in general; `encode` with ``order="dvid"`` reproduces DVID's
-  order exactly and writes such flushed groups sorted by (z, y).
+  are therefore not reproducible in general; `RunOrder` reproduces DVID's order exactly and
+  writes such flushed groups sorted by (z, y).
 * Coarse spans: the label index's blocks sorted (z, y, x), consecutive x merged
   (``IZYXSlice.WriteSerializedRLEs`` in ``dvid/``): deterministic.
 
-`RunOrder` gives the same order block by block (what a server streams), also under DVID's
-``minx`` .. ``maxz`` bounds: there a run is held for the next block when it reaches the last
-voxel the row scan visits (the block's +x face or ``maxx``), as ``writeRLEs`` does.
+`RunOrder` gives that order block by block (what a server streams; `encode_runs` feeds it a
+body's runs), also under DVID's ``minx`` .. ``maxz`` bounds: there a run is held for the next
+block when it reaches the last voxel the row scan visits (the block's +x face or ``maxx``), as
+``writeRLEs`` does. A server feeds it each block's voxels as bits read from the block's packed
+values by numba kernels (`block_bits`, `RunOrder.add_bits`), as `entries_at` reads the labels at
+points and `binary_block_bits` makes ``format=blocks``.
 
 The other two ``format`` values of ``GET .../sparsevol/<label>``:
 
@@ -67,10 +70,10 @@ from .codec import (
     body_numpy,
     check_body,
     check_head,
+    decode_kernel,
     head_numpy,
     read_u16,
     read_u32,
-    values_numpy,
 )
 
 __all__ = [
@@ -81,20 +84,13 @@ __all__ = [
     "binary_block",
     "binary_block_bits",
     "block_bits",
-    "blocks_from_runs",
     "clip_runs",
     "coarse_runs",
-    "decode",
-    "decode_blocks",
-    "dvid_order",
     "encode_coarse",
     "encode_runs",
     "entries_at",
-    "mask_from_runs",
     "merge_runs",
-    "runs_from_labels",
     "runs_from_mask",
-    "voxel_count",
 ]
 
 HEADER = struct.Struct("<BBBBII")  # descriptor, ndim, run dim, reserved, voxels, spans
@@ -129,10 +125,6 @@ def _as_runs(runs, what: str = "runs") -> np.ndarray:
     return a
 
 
-def _zyx_sort(a: np.ndarray) -> np.ndarray:
-    return a[np.lexsort((a[:, 0], a[:, 1], a[:, 2]))]
-
-
 def merge_runs(*run_arrays) -> np.ndarray:
     """Union of runs as maximal x-runs sorted by (z, y, x).
 
@@ -158,7 +150,7 @@ def merge_runs(*run_arrays) -> np.ndarray:
     a = np.concatenate(parts) if parts else np.zeros((0, 4), np.int64)
     if not len(a):
         return np.zeros((0, 4), np.int32)
-    a = _zyx_sort(a)
+    a = a[np.lexsort((a[:, 0], a[:, 1], a[:, 2]))]
     x, end = a[:, 0], a[:, 0] + a[:, 3]
     new_row = np.ones(len(a), bool)
     new_row[1:] = (a[1:, 1] != a[:-1, 1]) | (a[1:, 2] != a[:-1, 2])
@@ -215,124 +207,9 @@ def runs_from_mask(mask_xyz, offset=(0, 0, 0)) -> np.ndarray:
     return _as_runs(runs).astype(np.int32) if len(runs) else np.zeros((0, 4), np.int32)
 
 
-def runs_from_labels(block_xyz, labels, offset=(0, 0, 0)) -> np.ndarray:
-    """Runs of the voxels of a label block holding any of ``labels`` (e.g. a body's supervoxels).
-
-    Parameters
-    ----------
-    block_xyz : array_like of int, shape (nx, ny, nz)
-    labels : int or sequence of int
-    offset : sequence of 3 int, optional
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (n, 4)
-    """
-    block = np.asarray(block_xyz)
-    return runs_from_mask(np.isin(block, np.asarray(labels, dtype=block.dtype).reshape(-1)), offset)
-
-
 def voxel_count(runs) -> int:
     """Number of voxels covered by runs (overlaps counted twice; merge first if they may overlap)."""
     return int(_as_runs(runs)[:, 3].sum())
-
-
-def mask_from_runs(runs, lo, hi) -> np.ndarray:
-    """Boolean mask ``[x, y, z]`` of the box ``[lo, hi)`` with the runs' voxels set.
-
-    Parameters
-    ----------
-    runs : array_like of int, shape (n, 4)
-    lo, hi : sequence of 3 int
-        Box corners; voxels of runs outside the box are ignored.
-
-    Returns
-    -------
-    numpy.ndarray of bool, shape ``hi - lo``
-    """
-    a = _as_runs(runs)
-    lo_, hi_ = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
-    if lo_.shape != (3,) or hi_.shape != (3,) or (hi_ < lo_).any():
-        raise SparsevolError(f"bad box {lo!r}..{hi!r}")
-    shape = tuple(int(v) for v in hi_ - lo_)
-    out = np.zeros(shape, bool)
-    inside = (a[:, 1] >= lo_[1]) & (a[:, 1] < hi_[1]) & (a[:, 2] >= lo_[2]) & (a[:, 2] < hi_[2])
-    a = a[inside]
-    x0 = np.clip(a[:, 0], lo_[0], hi_[0]) - lo_[0]
-    x1 = np.clip(a[:, 0] + a[:, 3], lo_[0], hi_[0]) - lo_[0]
-    keep = x1 > x0
-    a, x0, x1 = a[keep], x0[keep], x1[keep]
-    if not len(a):
-        return out
-    # difference array along x, then a cumulative sum: no per-voxel Python
-    diff = np.zeros((shape[0] + 1, shape[1], shape[2]), np.int32)
-    yy, zz = a[:, 1] - lo_[1], a[:, 2] - lo_[2]
-    np.add.at(diff, (x0, yy, zz), 1)
-    np.add.at(diff, (x1, yy, zz), -1)
-    out[:] = np.cumsum(diff, axis=0)[:-1] > 0
-    return out
-
-
-def _packer(blocks_zyx: np.ndarray):
-    """Order-preserving int64 key of (z, y, x) block rows near ``blocks_zyx`` (21 bits an axis)."""
-    lo = blocks_zyx.min(axis=0) - 1
-    if (blocks_zyx.max(axis=0) - lo >= (1 << 21) - 2).any():
-        raise SparsevolError("body spans more than 2**21 blocks along an axis")
-
-    def pack(b: np.ndarray) -> np.ndarray:
-        u = b.astype(np.int64) - lo
-        return (u[:, 0] << 42) | (u[:, 1] << 21) | u[:, 2]
-
-    return pack
-
-
-def dvid_order(runs, block_size: int = 64) -> np.ndarray:
-    """Runs in the order DVID's ``sparsevol`` streams them.
-
-    Blocks holding the body are visited in (z, y, x) order; inside a block a run is written
-    when it ends, rows in (z, y) order. A run that reaches a block's +x face continues into
-    the next block: it is written at the start of its row there if that block holds the body,
-    otherwise just before the next block holding the body (DVID: in Go map order, here sorted
-    by (z, y)).
-
-    Parameters
-    ----------
-    runs : array_like of int, shape (n, 4)
-        Runs of one body; merged to maximal x-runs first.
-    block_size : int, optional
-        DVID block edge (64).
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (m, 4)
-    """
-    if not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise SparsevolError(f"block_size must be a positive integer, got {block_size!r}")
-    a = merge_runs(runs).astype(np.int64)
-    if not len(a):
-        return a.astype(np.int32)
-    b = int(block_size)
-    x1 = a[:, 0] + a[:, 3] - 1
-    by, bz, bx_end = a[:, 1] // b, a[:, 2] // b, x1 // b
-    blocks_zyx = blocks_from_runs(a, b)[:, ::-1].astype(np.int64)
-    pack = _packer(blocks_zyx)
-    table = pack(blocks_zyx)  # sorted: blocks_from_runs sorts by (z, y, x)
-    end_block = np.stack([bz, by, bx_end], axis=1)
-    rank = np.searchsorted(table, pack(end_block))
-    phase = np.ones(len(a), np.int64)
-    at_face = (x1 + 1) % b == 0
-    nxt = end_block.copy()
-    nxt[:, 2] += 1
-    nxt_packed = pack(nxt)
-    pos = np.searchsorted(table, nxt_packed)
-    has_next = (pos < len(table)) & (table[np.minimum(pos, len(table) - 1)] == nxt_packed)
-    cont = at_face & has_next
-    rank[cont] = pos[cont]  # written at the start of its row in the next block
-    flush = at_face & ~has_next
-    rank[flush] += 1  # written before the next block holding the body
-    phase[flush] = 0
-    order = np.lexsort((x1, a[:, 1], a[:, 2], phase, rank))
-    return a[order].astype(np.int32)
 
 
 def encode_runs(runs, order: str = "dvid", block_size: int = 64) -> bytes:
@@ -345,7 +222,8 @@ def encode_runs(runs, order: str = "dvid", block_size: int = 64) -> bytes:
     runs : array_like of int, shape (n, 4)
         Runs (x, y, z, length) of one body, any order, possibly cut at chunk faces.
     order : {"dvid", "zyx"}, optional
-        ``"dvid"``: DVID's streaming order (see `dvid_order`); ``"zyx"``: sorted by z, y, x.
+        ``"dvid"``: DVID's streaming order (the runs cut at block faces, fed to `RunOrder`
+        block by block); ``"zyx"``: sorted by z, y, x.
     block_size : int, optional
         DVID block edge, used by ``order="dvid"``.
 
@@ -361,71 +239,26 @@ def encode_runs(runs, order: str = "dvid", block_size: int = 64) -> bytes:
     """
     if order not in _ORDERS:
         raise SparsevolError(f"order must be one of {_ORDERS}, got {order!r}")
-    a = dvid_order(runs, block_size) if order == "dvid" else merge_runs(runs)
+    a = merge_runs(runs).astype(np.int64)
+    if order == "dvid" and len(a):
+        ro = RunOrder(block_size)
+        b = ro.b
+        first, last = a[:, 0] // b, (a[:, 0] + a[:, 3] - 1) // b
+        rep = np.repeat(np.arange(len(a)), last - first + 1)  # a run's piece in each block it crosses
+        bx = first[rep] + np.arange(len(rep)) - np.repeat(np.cumsum(last - first + 1) - (last - first + 1),
+                                                            last - first + 1)
+        x0 = np.maximum(a[rep, 0], bx * b)
+        pieces = np.stack([x0, a[rep, 1], a[rep, 2], np.minimum(a[rep, 0] + a[rep, 3], (bx + 1) * b) - x0], axis=1)
+        blocks = np.stack([bx, a[rep, 1] // b, a[rep, 2] // b], axis=1)
+        k = np.lexsort((blocks[:, 0], blocks[:, 1], blocks[:, 2]))
+        pieces, blocks = pieces[k], blocks[k]
+        cut = np.flatnonzero((blocks[1:] != blocks[:-1]).any(axis=1)) + 1
+        a = np.concatenate([ro.add(blocks[i], p) for i, p in zip(np.r_[0, cut], np.split(pieces, cut),
+                                                                   strict=True)] + [ro.finish()])
     if len(a) > 0xFFFFFFFF:
         raise SparsevolError(f"{len(a)} spans do not fit the u32 span count")
     return HEADER.pack(0, 3, 0, 0, 0, len(a)) + a.astype("<i4").tobytes()
 
-
-def decode(data) -> np.ndarray:
-    """Runs of a legacy ``rles`` sparse volume (fine or coarse: the layout is the same).
-
-    Parameters
-    ----------
-    data : bytes-like
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (n, 4)
-        Runs (x, y, z, length) in stream order.
-
-    Raises
-    ------
-    SparsevolError
-        If the header is not a 3-d binary sparse volume with runs along x, the length does
-        not match the span count, or a run length is < 1.
-    """
-    buf = memoryview(data).cast("B")
-    if len(buf) < HEADER.size:
-        raise SparsevolError(f"sparse volume of {len(buf)} bytes is shorter than its 12-byte header")
-    desc, ndim, run_dim, _, _, n = HEADER.unpack_from(buf, 0)
-    if desc != 0:
-        raise SparsevolError(f"payload descriptor {desc:#x}: only binary sparse volumes (0) are supported")
-    if ndim != 3 or run_dim != 0:
-        raise SparsevolError(f"expected 3 dimensions with runs along x (0), got {ndim} and {run_dim}")
-    if len(buf) != HEADER.size + 16 * n:
-        raise SparsevolError(f"{n} spans need {HEADER.size + 16 * n} bytes, got {len(buf)}")
-    runs = np.frombuffer(buf, "<i4", 4 * n, HEADER.size).reshape(n, 4).astype(np.int32)
-    if n and (runs[:, 3] < 1).any():
-        raise SparsevolError("a span has length < 1")
-    return runs
-
-
-def blocks_from_runs(runs, block_size: int = 64) -> np.ndarray:
-    """Unique block coordinates (x, y, z) touched by runs, sorted by (z, y, x).
-
-    Parameters
-    ----------
-    runs : array_like of int, shape (n, 4)
-    block_size : int, optional
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (m, 3)
-    """
-    if not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise SparsevolError(f"block_size must be a positive integer, got {block_size!r}")
-    a = _as_runs(runs)
-    b = int(block_size)
-    if not len(a):
-        return np.zeros((0, 3), np.int32)
-    bx0, bx1 = a[:, 0] // b, (a[:, 0] + a[:, 3] - 1) // b
-    count = bx1 - bx0 + 1
-    rep = np.repeat(np.arange(len(a)), count)
-    step = np.arange(len(rep)) - np.repeat(np.cumsum(count) - count, count)
-    blocks = np.stack([bx0[rep] + step, a[rep, 1] // b, a[rep, 2] // b], axis=1)
-    blocks = np.unique(blocks[:, ::-1], axis=0)[:, ::-1]  # unique rows sorted by (z, y, x)
-    return np.ascontiguousarray(blocks).astype(np.int32)
 
 
 def coarse_runs(blocks) -> np.ndarray:
@@ -455,7 +288,7 @@ def encode_coarse(blocks) -> bytes:
     Parameters
     ----------
     blocks : array_like of int, shape (n, 3)
-        Block coordinates (x, y, z) holding the body (e.g. `blocks_from_runs`).
+        Block coordinates (x, y, z) holding the body (its label index).
 
     Returns
     -------
@@ -471,19 +304,8 @@ def encode_coarse(blocks) -> bytes:
 
 
 def clip_runs(runs, lo, hi) -> np.ndarray:
-    """Runs cut to DVID's ``minx`` .. ``maxz`` bounds (inclusive voxel coordinates).
-
-    Parameters
-    ----------
-    runs : array_like of int, shape (n, 4)
-    lo, hi : sequence of 3 int
-        Smallest and largest voxel kept along x, y, z (both inclusive, as DVID's bounds).
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (m, 4)
-        The runs' parts inside the bounds, in their order; runs wholly outside dropped.
-    """
+    """The parts of runs inside DVID's ``minx`` .. ``maxz`` bounds ``lo``, ``hi`` (voxels x, y, z,
+    both inclusive), in their order (int32 (m, 4)); runs wholly outside are dropped."""
     a = _as_runs(runs)
     lo_, hi_ = np.asarray(lo, np.int64).reshape(3), np.asarray(hi, np.int64).reshape(3)
     keep = (a[:, 1] >= lo_[1]) & (a[:, 1] <= hi_[1]) & (a[:, 2] >= lo_[2]) & (a[:, 2] <= hi_[2])
@@ -649,7 +471,7 @@ class RunOrder:
     runs inside it (`add`: cut at the block's x faces, any order, already cut to the bounds)
     or its member bits (`add_bits`: `block_bits` of the block; cut to ``bounds`` here, by a
     numba kernel); each call returns the runs that are final, in DVID's order; `finish`
-    returns the rest. The concatenation equals `dvid_order` of all the runs when no bounds
+    returns the rest. The concatenation equals `encode_runs` of all the runs when no bounds
     are given.
 
     Parameters
@@ -861,26 +683,20 @@ def _bits_kernel(data, member, lo, hi, bits):
                     start += 4 * c
                     q += 64 * b
                 sb += 1
-    lx, ly, lz = lo[0], lo[1], lo[2]  # voxels below lo are not the body's
-    if lx == 0 and ly == 0 and lz == 0:
-        return E_OK, zero, zero
-    for z in range(min(lz, 8 * gz)):
-        for y in range(8 * gy):
-            for j in range(gx):
-                bits[z, y, j] = 0
-    for z in range(8 * gz):
-        for y in range(min(ly, 8 * gy)):
-            for j in range(gx):
-                bits[z, y, j] = 0
-        for y in range(8 * gy):
-            for j in range(min(gx, (lx + 7) // 8)):
-                k = lx - 8 * j
-                bits[z, y, j] &= 0 if k >= 8 else (255 << k) & 255
+    if lo[0] or lo[1] or lo[2]:  # voxels below lo are not the body's
+        for z in range(8 * gz):
+            for y in range(8 * gy):
+                for j in range(gx):
+                    if z < lo[2] or y < lo[1]:
+                        bits[z, y, j] = 0
+                    elif 8 * j < lo[0]:
+                        bits[z, y, j] &= (255 << min(lo[0] - 8 * j, 8)) & 255
     return E_OK, zero, zero
 
 
 def _bits_numpy(data, member, lo, hi, bits):
-    """``_bits_kernel`` in numpy: the same checks in the same order, the same codes and bits."""
+    """``_bits_kernel`` through the block decoder, its palette 1 for a member and 0 otherwise: the
+    same checks in the same order, the same codes and bits."""
     code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
     if code != E_OK:
         return code, ea, eb
@@ -888,35 +704,12 @@ def _bits_numpy(data, member, lo, hi, bits):
         return E_PALETTE, len(member), nlab
     if bits.shape != (8 * gz, 8 * gy, gx):
         return _E_SHAPE, 0, 0
-    nsub = gx * gy * gz
-    if nlab == 1:
-        vox = np.full((nsub, 512), member[0] != 0)
-        vals = np.zeros((nsub, 512), np.int64)
-        nsb = np.ones(nsub, np.int64)
-    else:
-        code, ea, eb, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
-        if code != E_OK:
-            return code, ea, eb
-        b = BITS[nsb]
-        q = p_val + 64 * np.concatenate([[0], np.cumsum(b)[:-1]])
-        first = np.concatenate([[0], np.cumsum(nsb)[:-1]])
-        vals = np.zeros((nsub, 512), np.int64)
-        for _, sel, v in values_numpy(data, q, b):
-            vals[sel] = v
-        ent = idx[np.minimum(first[:, None] + vals, max(len(idx) - 1, 0))] if len(idx) else np.zeros_like(vals)
-        vox = (member[ent] != 0) & (nsb[:, None] >= 1) & (vals < nsb[:, None])
-
-    def volume(a):  # (sub-block, z, y, x) -> (z, y, x) voxels
-        return a.reshape(gz, gy, gx, 8, 8, 8).transpose(0, 3, 1, 4, 2, 5).reshape(8 * gz, 8 * gy, 8 * gx)
-
-    z, y, x = np.ogrid[:8 * gz, :8 * gy, :8 * gx]
-    seen = (z < hi[2]) & (y < hi[1]) & (x < hi[0])
-    bad = np.flatnonzero((volume(vals >= np.maximum(nsb, 1)[:, None]) & seen).reshape(gz, 8, gy, 8, gx, 8).transpose(
-        0, 2, 4, 1, 3, 5).reshape(nsub, 512).any(axis=1))
-    if bad.size:
-        return E_VAL_RANGE, int(bad[0]), int(nsb[bad[0]])
-    m = volume(vox) & seen & (z >= lo[2]) & (y >= lo[1]) & (x >= lo[0])
-    bits[...] = np.packbits(m, axis=2, bitorder="little")
+    vol = np.zeros((8 * gz, 8 * gy, 8 * gx), np.uint64)
+    code, ea, eb = decode_kernel(data, member.astype(np.uint64), True, vol[:hi[2], :hi[1], :hi[0]])
+    if code != E_OK:
+        return code, ea, eb
+    vol[:lo[2]], vol[:, :lo[1]], vol[:, :, :lo[0]] = 0, 0, 0
+    bits[...] = np.packbits(vol != 0, axis=2, bitorder="little")
     return E_OK, 0, 0
 
 
@@ -1200,56 +993,3 @@ def binary_block_bits(offset, bits) -> bytes:
     out = np.empty(1 + 65 * (nz // _SUB) * (ny // _SUB) * gx, np.uint8)
     n = _binary(bits, out)
     return head.astype("<i4").tobytes() + out[:n].tobytes()
-
-
-def decode_blocks(data) -> tuple[int, list[tuple[tuple[int, int, int], np.ndarray]]]:
-    """Read DVID's ``sparsevol?format=blocks`` bytes.
-
-    Returns
-    -------
-    (label, blocks)
-        The header's label and ``[((x, y, z) offset, mask (nz, ny, nx) bool), ...]``.
-
-    Raises
-    ------
-    SparsevolError
-        If the stream is truncated or holds a content byte other than 0, 1 or 2.
-    """
-    buf = bytes(memoryview(data).cast("B"))
-    if len(buf) < BLOCKS_HEADER.size:
-        raise SparsevolError(f"format=blocks stream of {len(buf)} bytes is shorter than its 20-byte header")
-    gx, gy, gz, label = BLOCKS_HEADER.unpack_from(buf, 0)
-    if not (0 < gx <= 128 and 0 < gy <= 128 and 0 < gz <= 128):
-        raise SparsevolError(f"format=blocks header claims {gx}x{gy}x{gz} sub-blocks")
-    nsub = gx * gy * gz
-    p, out = BLOCKS_HEADER.size, []
-    while p < len(buf):
-        if p + 13 > len(buf):
-            raise SparsevolError(f"truncated block header at byte {p}")
-        off = struct.unpack_from("<3i", buf, p)
-        flag = buf[p + 12]
-        p += 13
-        if flag in (0, 1):
-            m = np.full((gz * _SUB, gy * _SUB, gx * _SUB), bool(flag))
-        elif flag == 2:
-            sub = np.zeros((nsub, _SUB ** 3), bool)
-            for k in range(nsub):
-                if p >= len(buf):
-                    raise SparsevolError(f"truncated sub-block {k} of block {off}")
-                f = buf[p]
-                p += 1
-                if f == 1:
-                    sub[k] = True
-                elif f == 2:
-                    if p + 64 > len(buf):
-                        raise SparsevolError(f"truncated mask of sub-block {k} of block {off}")
-                    sub[k] = np.unpackbits(np.frombuffer(buf, np.uint8, 64, p), bitorder="little").astype(bool)
-                    p += 64
-                elif f != 0:
-                    raise SparsevolError(f"sub-block {k} of block {off} has content byte {f}")
-            m = sub.reshape(gz, gy, gx, _SUB, _SUB, _SUB).transpose(0, 3, 1, 4, 2, 5).reshape(
-                gz * _SUB, gy * _SUB, gx * _SUB)
-        else:
-            raise SparsevolError(f"block {off} has content byte {flag}")
-        out.append((off, m))
-    return int(label), out

@@ -162,3 +162,48 @@ def naive_binary_blocks(mask_zyx, offset) -> bytes:
                     bits[i // 8] |= 1 << (i % 8)
             out += b"\x02" + bits
     return bytes(out)
+
+
+# --------------------------------------------------------------------------- reading DVID's bytes back
+
+
+def decode(data: bytes) -> np.ndarray:
+    """Runs (x, y, z, length) of a legacy ``rles`` sparse volume (fine or coarse), in stream order;
+    AssertionError unless the header says a 3-d binary sparse volume with runs along x."""
+    desc, ndim, run_dim, _, _, n = struct.unpack_from("<BBBBII", data, 0)
+    assert (desc, ndim, run_dim) == (0, 3, 0) and len(data) == 12 + 16 * n, (desc, ndim, run_dim, n, len(data))
+    return np.frombuffer(data, "<i4", 4 * n, 12).reshape(n, 4).astype(np.int32)
+
+
+def mask_from_runs(runs, lo, hi) -> np.ndarray:
+    """Boolean mask ``[x, y, z]`` of the box ``[lo, hi)`` with the runs' voxels set, voxel by run."""
+    lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+    out = np.zeros(tuple(int(v) for v in hi - lo), bool)
+    for x, y, z, n in np.asarray(runs, np.int64).tolist():
+        if lo[1] <= y < hi[1] and lo[2] <= z < hi[2]:
+            a, b = max(x, lo[0]), min(x + n, hi[0])
+            out[a - lo[0]:max(b - lo[0], a - lo[0]), y - lo[1], z - lo[2]] = True
+    return out
+
+
+def decode_blocks(data: bytes) -> tuple[int, list[tuple[tuple[int, int, int], np.ndarray]]]:
+    """DVID's ``sparsevol?format=blocks`` bytes read back: the label and ``[((x, y, z), mask (z, y, x))]``."""
+    gx, gy, gz, label = struct.unpack_from("<IIIQ", data, 0)
+    p, out = 20, []
+    while p < len(data):
+        off, flag = struct.unpack_from("<3i", data, p), data[p + 12]
+        p += 13
+        m = np.full((8 * gz, 8 * gy, 8 * gx), flag == 1)
+        if flag == 2:
+            for sz, sy, sx in itertools.product(range(gz), range(gy), range(gx)):
+                f = data[p]
+                p += 1
+                sub = np.full(512, f == 1)
+                if f == 2:
+                    sub = np.unpackbits(np.frombuffer(data, np.uint8, 64, p), bitorder="little").astype(bool)
+                    p += 64
+                assert f in (0, 1, 2), f
+                m[8 * sz:8 * sz + 8, 8 * sy:8 * sy + 8, 8 * sx:8 * sx + 8] = sub.reshape(8, 8, 8)
+        assert flag in (0, 1, 2), flag
+        out.append((off, m))
+    return int(label), out
