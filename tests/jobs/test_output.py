@@ -455,8 +455,8 @@ def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monk
     from the second task on."""
     import builtins
 
-    import dvidshards.stores.local as local_files
     import dvidshards.jobs.stats as st
+    import dvidshards.stores.local as local_files
     from dvidshards.cli import main
 
     dest = tmp_path / "sizes"
