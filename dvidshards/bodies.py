@@ -31,19 +31,16 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .errors import BlockDecodeError, NotFoundError, ShardFormatError, SpecError
-from .formats.blockstats import BlockError, batch_stats
+from .errors import NotFoundError, SpecError
 from .formats.labelindex import labels_id
 from .formats.labels import Supervoxels, as_labels
 from .formats.mesh import Mesh, merge_fragments, mesh_cells, to_nm
-from .formats.records import R_NSV
 from .formats.sparsevol import (
     BLOCKS_HEADER,
     HEADER,
     RunOrder,
     SparsevolError,
     binary_block_bits,
-    block_bits,
     encode_coarse,
     merge_runs,
 )
@@ -51,8 +48,10 @@ from .query import (
     BodyIndex,
     BodyMask,
     IndexRows,
+    body_bits,
     body_mask,
     chunks_with,
+    count_blocks,
     lookup,
     record_ids,
     shard_groups,
@@ -357,22 +356,8 @@ class Body:
                 continue
             t = shard.table(np.asarray(rows, np.int64))
             org = np.asarray(coords, np.int64) * cs
-            blocks = [t.block(k) for k in range(len(rows))]
-            offs = np.zeros(len(rows) + 1, np.int64)
-            np.cumsum([len(b) for b in blocks], out=offs[1:])
-            try:
-                blk, ent, sv, vox, bx = batch_stats(np.frombuffer(b"".join(blocks), np.uint8), offs,
-                                                    np.clip(vlo - org, 0, cs), np.clip(vhi - org, 0, cs),
-                                                    np.ascontiguousarray(t.rec[:, R_NSV]))
-            except BlockError as e:
-                kind = ShardFormatError if e.list_mismatch else BlockDecodeError
-                raise kind(f"{t.where(int(e.index))}: {e}") from None
-            ids = sv.astype(np.uint64)
-            for k in np.unique(blk).tolist():
-                pal = self.labels.palette(t, k)
-                if pal is not None:
-                    sel = blk == k
-                    ids[sel] = np.asarray(pal, np.uint64)[ent[sel]]
+            blk, ids, sv, vox, bx = count_blocks(t, np.arange(len(rows)), np.clip(vlo - org, 0, cs),
+                                                 np.clip(vhi - org, 0, cs), self.labels)
             hit = ids == target
             if not hit.any():
                 continue
@@ -381,8 +366,8 @@ class Body:
             lo = np.minimum(lo, b[:, :3].min(axis=0))
             hi = np.maximum(hi, b[:, 3:].max(axis=0))
             rows_c.append(org[blk[hit]] // cs)
-            rows_sv.append(sv[hit].astype(np.uint64))
-            rows_n.append(vox[hit].astype(np.int64))
+            rows_sv.append(sv[hit])
+            rows_n.append(vox[hit])
         box = [lo.tolist(), hi.tolist()] if total else None
         self._stats[s.index] = (total, box)
         self._rows[s.index] = (np.concatenate(rows_c), np.concatenate(rows_sv), np.concatenate(rows_n))
@@ -536,32 +521,7 @@ class Body:
         b = parse_bounds(bounds)
         if b is not None:
             c = c[((c >= b[0] // cs) & (c <= b[1] // cs)).all(axis=1)]
-        reader = self.ds.reader(s, self.labels)
-        vlo = np.asarray(s.voxel_offset, np.int64)
-        vhi = vlo + np.asarray(s.size, np.int64)
-        target = np.uint64(self.id)
-        shape = (int(cs[2]), int(cs[1]), int(cs[0]) // 8)
-        for run in _shard_runs(s, c):
-            shard = reader.shard(*(int(v) for v in run[0]))
-            rows = [None if shard is None else shard.find(*(int(v) for v in cc)) for cc in run]
-            held = [i for i in rows if i is not None]
-            t = shard.table(np.asarray(held, np.int64)) if held else None
-            k = 0
-            for cc, i in zip(run, rows, strict=True):
-                if i is None or t is None:
-                    if shard is not None:
-                        reader.absent(shard, *(int(v) for v in cc))
-                    yield cc, np.zeros(shape, np.uint8)
-                    continue
-                pal = self.labels.palette(t, k)
-                pal = t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
-                org = cc * cs
-                try:
-                    bits = block_bits(t.block(k), pal == target, vlo - org, vhi - org, np.empty(shape, np.uint8))
-                except BlockDecodeError as e:
-                    raise BlockDecodeError(f"{t.where(k)}: {e}") from None
-                k += 1
-                yield cc, bits
+        yield from body_bits(self.ds, s, self.labels, self.id, c)
 
     def runs(self, scale=None) -> np.ndarray:
         """Maximal x-runs of the body, sorted (z, y, x): int32 (n, 4) rows x, y, z, length.
@@ -752,16 +712,6 @@ class Body:
 def _chain(first, rest):
     yield first
     yield from rest
-
-
-def _shard_runs(s, chunks) -> list[np.ndarray]:
-    """Chunks cut, in their order, into runs of consecutive chunks of one shard."""
-    c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    if not len(c):
-        return []
-    key = c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // np.asarray(s.chunk_size), 1)
-    cut = np.flatnonzero((key[1:] != key[:-1]).any(axis=1)) + 1
-    return np.split(c, cut)
 
 
 def _by_shard(s, chunks) -> list[np.ndarray]:

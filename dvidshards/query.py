@@ -32,6 +32,7 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -42,10 +43,11 @@ from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
 from .formats.mapping import LabelMapping
 from .formats.records import R_NSV, list_values
-from .formats.sparsevol import entries_at
+from .formats.sparsevol import block_bits, entries_at
 from .stores import as_store
 
-__all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_mask", "chunks_with", "held_scales",
+__all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_bits", "body_mask", "chunks_with",
+           "count_blocks", "held_scales",
            "label_at", "labels_in_box", "lookup", "mapping", "record_ids", "shard_groups", "sorted_chunks",
            "supervoxel_table", "unique"]
 
@@ -352,7 +354,7 @@ def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fil
                         ids_parts.append(np.unique(pal))
                 rest = np.flatnonzero(~listed)
                 if rest.size:
-                    got_ids, got_n = _count_blocks(t, rest, a[rest], b[rest], src)
+                    _, got_ids, _, got_n, _ = count_blocks(t, rest, a[rest], b[rest], src)
                     ids_parts.append(got_ids)
                     cnt_parts.append(got_n)
                     background -= int(got_n.sum())  # empty sub-blocks are not reported: background
@@ -367,14 +369,18 @@ def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fil
     return u[keep], tot[keep]
 
 
-def _count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, voxels) counted in records ``rows`` of a table inside [a, b) of each (no voxel written)."""
+def count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, ...]:
+    """The labels of records ``rows`` of a table counted inside [a, b) of each (voxels of its
+    chunk; no voxel written): ``(k, ids, supervoxels, voxels, boxes)``, one entry per label
+    found in a record: its position in ``rows``, id under ``src``, supervoxel, voxels and box
+    (int64 (n, 6) x0, y0, z0, x1, y1, z1 in its chunk)."""
+    rows = np.asarray(rows, np.int64)
     blocks = [t.block(int(k)) for k in rows]
     offs = np.zeros(len(rows) + 1, np.int64)
     np.cumsum([len(x) for x in blocks], out=offs[1:])
     try:
-        blk, ent, sv, vox, _ = batch_stats(np.frombuffer(b"".join(blocks), np.uint8), offs, a, b,
-                                           np.ascontiguousarray(t.rec[rows, R_NSV]))
+        blk, ent, sv, vox, box = batch_stats(np.frombuffer(b"".join(blocks), np.uint8), offs, a, b,
+                                             np.ascontiguousarray(t.rec[rows, R_NSV]))
     except BlockError as e:
         kind = ShardFormatError if e.list_mismatch else BlockDecodeError
         raise kind(f"{t.where(int(rows[int(e.index)]))}: {e}") from None
@@ -384,7 +390,7 @@ def _count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, np.ndarray]:
         if pal is not None:
             sel = blk == k
             ids[sel] = np.asarray(pal, np.uint64)[ent[sel]]
-    return ids, vox.astype(np.int64)
+    return blk, ids, sv.astype(np.uint64), vox.astype(np.int64), box
 
 
 def held_scales(ds) -> list[int]:
@@ -842,28 +848,15 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None, *, chunks=No
     else:
         chunks = chunks_with(ds, [body], s.index, src)
     cs = np.asarray(s.chunk_size, np.int64)
-    vlo = np.asarray(s.voxel_offset, np.int64)
-    vhi = vlo + np.asarray(s.size, np.int64)
-    reader = ds.reader(s, src)
-    buf = np.empty(tuple(int(v) for v in cs[::-1]), np.uint64)  # (z, y, x)
     pieces = []
-    target = np.uint64(body)
-    for c in chunks:
-        shard = reader.shard(*(int(v) for v in c))
-        if shard is None:
-            continue
-        org = c * cs
-        ext = np.clip(vhi - org, 0, cs)
-        out = buf[:ext[2], :ext[1], :ext[0]]
-        if not shard.read_into(int(c[0]), int(c[1]), int(c[2]), out, src):
-            continue
-        m = (out == target).T  # (x, y, z)
+    for c, bits in body_bits(ds, s, src, body, chunks):
+        m = np.unpackbits(bits, axis=2, bitorder="little").astype(bool).T  # (x, y, z)
         if not m.any():
             continue
         nz = [np.flatnonzero(m.any(axis=tuple(a for a in range(3) if a != ax))) for ax in range(3)]
         a = np.array([v[0] for v in nz])
         b = np.array([v[-1] + 1 for v in nz])
-        pieces.append((org + a, m[a[0]:b[0], a[1]:b[1], a[2]:b[2]].copy()))
+        pieces.append((c * cs + a, m[a[0]:b[0], a[1]:b[1], a[2]:b[2]].copy()))
     if not pieces:
         return BodyMask(np.zeros((0, 0, 0), bool), None)
     lo = np.min([p[0] for p in pieces], axis=0)
@@ -873,3 +866,39 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None, *, chunks=No
         d = o - lo
         mask[d[0]:d[0] + m.shape[0], d[1]:d[1] + m.shape[1], d[2]:d[2] + m.shape[2]] = m
     return BodyMask(mask, [lo.tolist(), hi.tolist()])
+
+
+def body_bits(ds, s, src, body: int, chunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(chunk, bits)`` for chunks, in their order: `formats.sparsevol.block_bits` of the chunk's
+    block for the voxels that are ``body`` under label source ``src``, uint8 (nz, ny, nx / 8), bit
+    i of ``[z, y, j]`` voxel (8 j + i, y, z) of the chunk (voxels outside the volume, and absent
+    chunks, all 0). A run of consecutive chunks of one shard is fetched at once."""
+    cs = np.asarray(s.chunk_size, np.int64)
+    reader = ds.reader(s, src)
+    vlo = np.asarray(s.voxel_offset, np.int64)
+    vhi = vlo + np.asarray(s.size, np.int64)
+    target = np.uint64(body)
+    shape = (int(cs[2]), int(cs[1]), int(cs[0]) // 8)
+    c = np.asarray(chunks, np.int64).reshape(-1, 3)
+    key = c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // cs, 1)
+    for run in np.split(c, np.flatnonzero((key[1:] != key[:-1]).any(axis=1)) + 1) if len(c) else []:
+        shard = reader.shard(*(int(v) for v in run[0]))
+        rows = [None if shard is None else shard.find(*(int(v) for v in cc)) for cc in run]
+        held = [i for i in rows if i is not None]
+        t = shard.table(np.asarray(held, np.int64)) if held else None
+        k = 0
+        for cc, i in zip(run, rows, strict=True):
+            if i is None or t is None:
+                if shard is not None:
+                    reader.absent(shard, *(int(v) for v in cc))
+                yield cc, np.zeros(shape, np.uint8)
+                continue
+            pal = src.palette(t, k)
+            pal = t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
+            org = cc * cs
+            try:
+                bits = block_bits(t.block(k), pal == target, vlo - org, vhi - org, np.empty(shape, np.uint8))
+            except BlockDecodeError as e:
+                raise BlockDecodeError(f"{t.where(k)}: {e}") from None
+            k += 1
+            yield cc, bits
