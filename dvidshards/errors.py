@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BlockDecodeError",
     "ChunkIndexError",
@@ -78,11 +80,11 @@ class JobError(DvidShardsError, RuntimeError):
     """A whole-export job that did not complete: its failed tasks are named, its partial results
     kept where the message says (for ``--resume``); ``report`` is what the job did, when known."""
 
-    def __init__(self, message: str, report=None):
+    def __init__(self, message: str, report: Any = None) -> None:
         super().__init__(message)
         self.report = report
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.report))
 
 
