@@ -196,3 +196,40 @@ def test_label_index_written_to_s3_is_read_there(exp, tmp_path):
         assert Body(ds, sv, labels="supervoxels", index=remote).size == int((exp.sv == sv).sum())
         with pytest.raises(SpecError, match="not a label index"):
             BodyIndex(f"s3://svq/nothing{q}")
+
+
+def test_supervoxels_of_the_real_shard_from_its_label_index(dvid_data, tmp_path):
+    """The real mCNS shard (scale 1, 258 records): a label index of it answers 20 supervoxels'
+    sizes, chunks and bodies as DVID's own blocks hold them, decoded one by one."""
+    import json
+
+    import zstandard
+
+    from dvidshards.formats.codec import decode_block
+    from tests.support.data import REAL_SHARD
+
+    root = tmp_path / "real"
+    (root / "s1").mkdir(parents=True)
+    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    spec = json.loads((dvid_data / "mcns-ng-specs.json").read_text())
+    label_index(str(root), str(tmp_path / "idx"), scale=1, spec=spec, progress=False)
+    ds, idx = Dataset(str(root), spec=spec), BodyIndex(tmp_path / "idx")
+    sizes: dict[int, int] = {}
+    chunks: dict[int, set] = {}
+    body_of: dict[int, int] = {}
+    t = ds.shard(1, tuple(int(v) for v in REAL_SHARD.split("_"))).table()  # brute force: every block decoded
+    for k in range(len(t)):
+        vol = decode_block(zstandard.ZstdDecompressor().decompress(bytes(t.payload(k))))
+        u, n = np.unique(vol, return_counts=True)
+        for v, m in zip(u.tolist(), n.tolist(), strict=True):
+            sizes[v] = sizes.get(v, 0) + m
+            chunks.setdefault(v, set()).add(tuple(int(x) for x in t.coords[k]))
+        body_of.update(zip(t.supervoxels(k).tolist(), t.labels(k).tolist(), strict=True))
+    svs = sorted(v for v in sizes if v)[::max(1, len(sizes) // 20)][:20]
+    for sv in svs:
+        b = Body(ds, sv, 1, "supervoxels", index=idx)
+        assert b.size == sizes[sv]
+        assert {tuple(c) for c in b.chunks.tolist()} == chunks[sv]
+    assert idx.bodies_of(svs).tolist() == [body_of[v] for v in svs]
+    assert mapping(ds, supervoxels=svs, index=idx).values.tolist() == [body_of[v] for v in svs]
