@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from ..errors import BlockDecodeError
 from . import jit
-from .codec import (
+from .blocklayout import (
     BITS,
     E_LABELS_TRUNC,
     E_NLABELS,

@@ -1,10 +1,6 @@
-"""DVID label-block codec (FORMATS.md §1): validate, decode and encode compressed label blocks.
+"""DVID label-block codec (FORMATS.md §1): decode and encode compressed label blocks.
 
-A block is ``u32 gx, gy, gz, N``, ``u64 labels[N]`` and, when N > 1, ``u16 nsb[gx*gy*gz]``,
-``u32 sbidx[sum(nsb)]`` and, per sub-block with nsb > 1, 512 MSB-first values of
-``ceil(log2(nsb))`` bits (always a whole number of bytes: 64 bytes per bit of width).
-
-Decoding validates every size, count and index first (numba does not bounds-check), then
+The layout, its validation walk and its error messages are `formats.blocklayout`. Decoding validates every size, count and index first (numba does not bounds-check), then
 writes sub-block by sub-block. A row of 8 x-voxels at b bits is exactly b bytes: it is read
 as one big-endian word and split. When x is contiguous in ``out`` and the sub-block is whole,
 sub-blocks with 0-1 labels or 1-3 bit values (99.9% of the real mCNS ones) are written with one
@@ -25,70 +21,47 @@ from numba.extending import intrinsic
 
 from ..errors import BlockDecodeError
 from . import jit
+from .blocklayout import (
+    BITS,
+    E_GRID,
+    E_IDX_TRUNC,
+    E_LABELS_TRUNC,
+    E_NLABELS,
+    E_NSB_BIG,
+    E_NSB_TRUNC,
+    E_OK,
+    E_OUT_SHAPE,
+    E_PALETTE,
+    E_SHORT,
+    E_VAL_RANGE,
+    E_VAL_TRUNC,
+    MAX_GRID,
+    MAX_SUBBLOCK_LABELS,
+    NO_PALETTE,
+    as_u8,
+    block_error,
+    body_numpy,
+    check_body,
+    check_head,
+    head_numpy,
+    read_u16,
+    read_u32,
+    read_u64,
+    values_numpy,
+)
 
 __all__ = [
-    "MAX_GRID",
-    "MAX_SUBBLOCK_LABELS",
     "BlockHeader",
     "block_header",
     "decode_block",
     "decode_into",
+    "decode_kernel",
     "decode_row_into",
     "encode_block",
 ]
 
-MAX_GRID = 128  # sub-blocks per axis: DVID's MaxBlockSize 1024 / 8
-MAX_SUBBLOCK_LABELS = 512  # 8*8*8 voxels, hence at most 9-bit values
-
-# bits per value for a sub-block using n labels: 0 for n <= 1, else ceil(log2(n))
-_BITS = np.array(
-    [0, 0] + [(n - 1).bit_length() for n in range(2, MAX_SUBBLOCK_LABELS + 1)], dtype=np.int64
-)
-
-# kernel error codes (first item of the kernel's return tuple)
-_OK = 0
-_E_SHORT = 1  # a: len
-_E_GRID = 2
-_E_NLABELS = 3
-_E_LABELS_TRUNC = 4  # a: N, b: len
-_E_PALETTE = 5  # a: palette length, b: N
-_E_OUT_SHAPE = 6
-_E_NSB_TRUNC = 7  # a: bytes needed, b: len
-_E_NSB_BIG = 8  # a: sub-block, b: nsb
-_E_IDX_TRUNC = 9  # a: bytes needed, b: len
-_E_IDX_RANGE = 10  # a: position in sbidx, b: value
-_E_VAL_TRUNC = 11  # a: bytes needed, b: len
-_E_VAL_RANGE = 12  # a: sub-block, b: value
-
 _U8 = np.dtype(np.uint8)
 _U64 = np.dtype(np.uint64)
-_NO_PALETTE = np.zeros(0, dtype=_U64)
-
-
-# --------------------------------------------------------------------------- byte readers
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _u16(d, p):
-    return np.int64(d[p]) | (np.int64(d[p + 1]) << 8)
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _u32(d, p):
-    return (
-        np.int64(d[p])
-        | (np.int64(d[p + 1]) << 8)
-        | (np.int64(d[p + 2]) << 16)
-        | (np.int64(d[p + 3]) << 24)
-    )
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _u64(d, p):
-    v = np.uint64(0)
-    for i in range(7, -1, -1):
-        v = (v << np.uint64(8)) | np.uint64(d[p + i])
-    return v
 
 
 # --------------------------------------------------------------------------- decode kernel
@@ -224,78 +197,23 @@ def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):
 
 
 @numba.njit(nogil=True, cache=True)
-def _check_head(data):
-    """Check a block's header and label list size: (code, a, b, gx, gy, gz, N).
-
-    The first half of the validation every block walker shares (decode, transcode, statistics):
-    numba does not bounds-check, so nothing reads past what this and `_check_body` approved.
-    """
-    n = np.int64(data.shape[0])
-    zero = np.int64(0)
-    if n < 16:
-        return _E_SHORT, n, zero, zero, zero, zero, zero
-    gx = _u32(data, 0)
-    gy = _u32(data, 4)
-    gz = _u32(data, 8)
-    if gx < 1 or gx > MAX_GRID or gy < 1 or gy > MAX_GRID or gz < 1 or gz > MAX_GRID:
-        return _E_GRID, zero, zero, zero, zero, zero, zero
-    nlab = _u32(data, 12)
-    if nlab < 1:
-        return _E_NLABELS, zero, zero, zero, zero, zero, zero
-    if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n, zero, zero, zero, zero
-    return _OK, zero, zero, gx, gy, gz, nlab
-
-
-@numba.njit(nogil=True, cache=True)
-def _check_body(data, gx, gy, gz, nlab):
-    """Check a multi-label block's sub-block counts, index array, indices < N and packed value
-    sizes: (code, a, b, offset of the counts, of the indices, of the packed values)."""
-    n = np.int64(data.shape[0])
-    zero = np.int64(0)
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n, zero, zero, zero
-    nidx = zero
-    nval = zero
-    for i in range(nsub):
-        c = _u16(data, p_nsb + 2 * i)
-        if c > MAX_SUBBLOCK_LABELS:
-            return _E_NSB_BIG, np.int64(i), c, zero, zero, zero
-        nidx += c
-        nval += 64 * _BITS[c]
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return _E_IDX_TRUNC, p_val, n, zero, zero, zero
-    if p_val + nval > n:
-        return _E_VAL_TRUNC, p_val + nval, n, zero, zero, zero
-    for j in range(nidx):
-        v = _u32(data, p_idx + 4 * j)
-        if v >= nlab:
-            return _E_IDX_RANGE, np.int64(j), v, zero, zero, zero
-    return _OK, zero, zero, p_nsb, p_idx, p_val
-
-
-@numba.njit(nogil=True, cache=True)
 def _decode_kernel(data, pal, use_pal, out):
     """Validate the whole block, then decode it into ``out``; returns (code, a, b)."""
     zero = np.int64(0)
-    code, ea, eb, gx, gy, gz, nlab = _check_head(data)
-    if code != _OK:
+    code, ea, eb, gx, gy, gz, nlab = check_head(data)
+    if code != E_OK:
         return code, ea, eb
     if use_pal and np.int64(pal.shape[0]) != nlab:
-        return _E_PALETTE, np.int64(pal.shape[0]), nlab
+        return E_PALETTE, np.int64(pal.shape[0]), nlab
     oz = np.int64(out.shape[0])
     oy = np.int64(out.shape[1])
     ox = np.int64(out.shape[2])
     if oz > 8 * gz or oy > 8 * gy or ox > 8 * gx:
-        return _E_OUT_SHAPE, zero, zero
+        return E_OUT_SHAPE, zero, zero
 
     xvec = out.strides[2] == 8  # rows of 8 voxels are contiguous: vector stores
     if nlab == 1:  # solid block
-        v = pal[0] if use_pal else _u64(data, 16)
+        v = pal[0] if use_pal else read_u64(data, 16)
         if xvec and ox % 8 == 0:
             for z in range(oz):
                 for y in range(oy):
@@ -306,11 +224,11 @@ def _decode_kernel(data, pal, use_pal, out):
                 for y in range(oy):
                     for x in range(ox):
                         out[z, y, x] = v
-        return _OK, zero, zero
+        return E_OK, zero, zero
 
     # validate everything the decode reads: counts, index array, indices < N, packed values
-    code, ea, eb, p_nsb, p_idx, p_val = _check_body(data, gx, gy, gz, nlab)
-    if code != _OK:
+    code, ea, eb, p_nsb, p_idx, p_val = check_body(data, gx, gy, gz, nlab)
+    if code != E_OK:
         return code, ea, eb
 
     # block palette first: keeps the palette/label-list choice out of the voxel loops
@@ -320,7 +238,7 @@ def _decode_kernel(data, pal, use_pal, out):
             labs[j] = pal[j]
     else:
         for j in range(nlab):
-            labs[j] = _u64(data, 16 + 8 * j)
+            labs[j] = read_u64(data, 16 + 8 * j)
     lut = np.zeros(MAX_SUBBLOCK_LABELS, dtype=np.uint64)
     start = p_idx  # byte offset of the current sub-block's indices
     q = p_val  # byte offset of its packed values
@@ -334,12 +252,12 @@ def _decode_kernel(data, pal, use_pal, out):
             for sx in range(gx):
                 x0 = 8 * sx
                 xl = min(8, ox - x0)
-                c = _u16(data, p_nsb + 2 * sb)
-                b = _BITS[c]
+                c = read_u16(data, p_nsb + 2 * sb)
+                b = BITS[c]
                 if zl > 0 and yl > 0 and xl > 0:
                     full = zl == 8 and yl == 8 and xl == 8
                     if c <= 1:
-                        v = np.uint64(0) if c == 0 else labs[_u32(data, start)]
+                        v = np.uint64(0) if c == 0 else labs[read_u32(data, start)]
                         if full and xvec:
                             _vec_rows(data, q, out, z0, y0, x0, 0, (v,), c)
                         elif full:
@@ -354,7 +272,7 @@ def _decode_kernel(data, pal, use_pal, out):
                                         out[z0 + z, y0 + y, x0 + x] = v
                     else:
                         for k in range(c):
-                            lut[k] = labs[_u32(data, start + 4 * k)]
+                            lut[k] = labs[read_u32(data, start + 4 * k)]
                         for k in range(c, 1 << b):
                             lut[k] = 0
                         check = c != (1 << b)
@@ -382,11 +300,11 @@ def _decode_kernel(data, pal, use_pal, out):
                         else:
                             bad = _full_rows9(data, q, lut, out, z0, y0, x0, c, check)
                         if bad:
-                            return _E_VAL_RANGE, sb, c
+                            return E_VAL_RANGE, sb, c
                 start += 4 * c
                 q += 64 * b
                 sb += 1
-    return _OK, zero, zero
+    return E_OK, zero, zero
 
 
 # One compiled version per kernel, typed for any output strides ('A' layout): C-, F- and
@@ -403,58 +321,6 @@ _ENCODE_SIG = types.Array(types.uint8, 1, "C")(
 )
 
 
-def _head_numpy(data: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
-    """``_check_head`` in numpy (Python ints): (code, a, b, gx, gy, gz, N)."""
-    n = int(data.shape[0])
-    if n < 16:
-        return _E_SHORT, n, 0, 0, 0, 0, 0
-    gx, gy, gz, nlab = (int(v) for v in np.frombuffer(data, "<u4", 4))
-    if not (1 <= gx <= MAX_GRID and 1 <= gy <= MAX_GRID and 1 <= gz <= MAX_GRID):
-        return _E_GRID, 0, 0, 0, 0, 0, 0
-    if nlab < 1:
-        return _E_NLABELS, 0, 0, 0, 0, 0, 0
-    if 16 + 8 * nlab > n:
-        return _E_LABELS_TRUNC, nlab, n, 0, 0, 0, 0
-    return _OK, 0, 0, gx, gy, gz, nlab
-
-
-def _body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int):
-    """``_check_body`` in numpy: (code, a, b, nsb, idx, p_val), with the sub-blocks' label
-    counts (``int64``) and index array (``<u4``) in place of their offsets (None on an error)."""
-    n = int(data.shape[0])
-    nsub = gx * gy * gz
-    p_nsb = 16 + 8 * nlab
-    p_idx = p_nsb + 2 * nsub
-    if p_idx > n:
-        return _E_NSB_TRUNC, p_idx, n, None, None, 0
-    nsb = np.frombuffer(data, "<u2", nsub, p_nsb).astype(np.int64)
-    big = np.flatnonzero(nsb > MAX_SUBBLOCK_LABELS)
-    if big.size:
-        return _E_NSB_BIG, int(big[0]), int(nsb[big[0]]), None, None, 0
-    nidx = int(nsb.sum())
-    p_val = p_idx + 4 * nidx
-    if p_val > n:
-        return _E_IDX_TRUNC, p_val, n, None, None, 0
-    nval = 64 * int(_BITS[nsb].sum())
-    if p_val + nval > n:
-        return _E_VAL_TRUNC, p_val + nval, n, None, None, 0
-    idx = np.frombuffer(data, "<u4", nidx, p_idx)
-    bad = np.flatnonzero(idx >= nlab)
-    if bad.size:
-        return _E_IDX_RANGE, int(bad[0]), int(idx[bad[0]]), None, None, 0
-    return _OK, 0, 0, nsb, idx, p_val
-
-
-def _values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray):
-    """The packed values of sub-blocks, grouped by bit width: yields (b, positions, values) with
-    ``values`` (len(positions), 512) ``int64`` for the sub-blocks ``q[positions]`` (their value
-    offsets) of ``b`` bits (0-bit sub-blocks are skipped)."""
-    for b in np.unique(bits[bits > 0]).tolist():
-        sel = np.flatnonzero(bits == b)
-        raw = data[q[sel][:, None] + np.arange(64 * b)]
-        yield b, sel, np.unpackbits(raw, axis=1).reshape(sel.size, 512, b) @ (1 << np.arange(b - 1, -1, -1))
-
-
 def _decode_numpy(data, pal, use_pal, out):
     """``_decode_kernel`` in numpy: the same checks in the same order, the same codes and voxels.
 
@@ -467,22 +333,22 @@ def _decode_numpy(data, pal, use_pal, out):
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or (
                 ndim == 1 and not a.flags.c_contiguous) or (a is out and not a.flags.writeable):
             raise TypeError("no matching definition for the decode kernel's signature")
-    code, a, b, gx, gy, gz, nlab = _head_numpy(data)
+    code, a, b, gx, gy, gz, nlab = head_numpy(data)
     if code:
         return code, a, b
     if use_pal and int(pal.shape[0]) != nlab:
-        return _E_PALETTE, int(pal.shape[0]), nlab
+        return E_PALETTE, int(pal.shape[0]), nlab
     oz, oy, ox = (int(v) for v in out.shape)
     if oz > 8 * gz or oy > 8 * gy or ox > 8 * gx:
-        return _E_OUT_SHAPE, 0, 0
+        return E_OUT_SHAPE, 0, 0
     labs = pal if use_pal else np.frombuffer(data, "<u8", nlab, 16)
     if nlab == 1:
         out[...] = labs[0]
-        return _OK, 0, 0
-    code, a, b, nsb, idx, p_val = _body_numpy(data, gx, gy, gz, nlab)
+        return E_OK, 0, 0
+    code, a, b, nsb, idx, p_val = body_numpy(data, gx, gy, gz, nlab)
     if code:
         return code, a, b
-    bits = _BITS[nsb]
+    bits = BITS[nsb]
     lut = np.asarray(labs, dtype=np.uint64)[idx]  # each sub-block's labels, one after another
     start = np.cumsum(nsb) - nsb
     q = p_val + np.cumsum(64 * bits) - 64 * bits
@@ -495,7 +361,7 @@ def _decode_numpy(data, pal, use_pal, out):
     vox[one] = lut[start[ids[one]]][:, None]
     bad = np.zeros((ids.size, 512), bool)
     w = bits[ids]
-    for _b, sel, vi in _values_numpy(data, q[ids], w):
+    for _b, sel, vi in values_numpy(data, q[ids], w):
         cs = c[sel][:, None]
         bad[sel] = vi >= cs
         vox[sel] = lut[start[ids[sel]][:, None] + np.minimum(vi, cs - 1)]
@@ -508,13 +374,13 @@ def _decode_numpy(data, pal, use_pal, out):
         z, y, x = np.nonzero(volume(bad))  # only the voxels the kernel visits count
         if z.size:
             sb = int((((z // 8) * gy + y // 8) * gx + x // 8).min())
-            return _E_VAL_RANGE, sb, int(nsb[sb])
+            return E_VAL_RANGE, sb, int(nsb[sb])
     out[...] = volume(vox)
-    return _OK, 0, 0
+    return E_OK, 0, 0
 
 
 # the first decodes run _decode_numpy while a background thread compiles the kernel (formats.jit)
-_decode = jit.kernel(_decode_kernel, [_DECODE_SIG.args], _decode_numpy, exclusive=True)
+decode_kernel = jit.kernel(_decode_kernel, [_DECODE_SIG.args], _decode_numpy, exclusive=True)
 
 
 # --------------------------------------------------------------------------- a row of blocks
@@ -550,7 +416,7 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
     nsub = gx * gy * gz
     if k < 1 or gx < 1 or 8 * gx * k != out.shape[2] or 8 * gy != out.shape[1] or 8 * gz != out.shape[0] or \
             out.strides[2] != 8 or poffs.shape[0] != k + 1:
-        return _E_OUT_SHAPE, zero, zero, zero
+        return E_OUT_SHAPE, zero, zero, zero
     # per block and sub-block: label count, bit offset of its values, start of its table in lut
     cnt = np.empty((k, nsub), np.int64)
     qv = np.empty((k, nsub), np.int64)
@@ -559,15 +425,15 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
     for i in range(k):
         if offs[i] < 0 or offs[i] > offs[i + 1] or offs[i + 1] > data.shape[0] or poffs[i] < 0 or \
                 poffs[i] > poffs[i + 1] or poffs[i + 1] > pal.shape[0]:
-            return _E_OUT_SHAPE, zero, zero, np.int64(i)
+            return E_OUT_SHAPE, zero, zero, np.int64(i)
         d = data[offs[i]:offs[i + 1]]
-        code, ea, eb, bx, by, bz, nlab = _check_head(d)
-        if code != _OK:
+        code, ea, eb, bx, by, bz, nlab = check_head(d)
+        if code != E_OK:
             return code, ea, eb, np.int64(i)
         if use_pal and poffs[i + 1] - poffs[i] != nlab:
-            return _E_PALETTE, poffs[i + 1] - poffs[i], nlab, np.int64(i)
+            return E_PALETTE, poffs[i + 1] - poffs[i], nlab, np.int64(i)
         if bx != gx or by != gy or bz != gz:
-            return _E_OUT_SHAPE, zero, zero, np.int64(i)
+            return E_OUT_SHAPE, zero, zero, np.int64(i)
         if nlab == 1:
             for sb in range(nsub):
                 cnt[i, sb] = 1
@@ -575,23 +441,23 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
                 qv[i, sb] = 0
             total += 1
             continue
-        code, ea, eb, p_nsb, p_idx, p_val = _check_body(d, gx, gy, gz, nlab)
-        if code != _OK:
+        code, ea, eb, p_nsb, p_idx, p_val = check_body(d, gx, gy, gz, nlab)
+        if code != E_OK:
             return code, ea, eb, np.int64(i)
         q = p_val
         for sb in range(nsub):
-            c = _u16(d, p_nsb + 2 * sb)
+            c = read_u16(d, p_nsb + 2 * sb)
             cnt[i, sb] = c
             qv[i, sb] = offs[i] + q
             ls[i, sb] = total
-            q += 64 * _BITS[c]
+            q += 64 * BITS[c]
             total += max(c, 1)
     lut = np.zeros(total + 8, np.uint64)  # + 8: a 3-bit table may read past the last one
     for i in range(k):
         d = data[offs[i]:offs[i + 1]]
-        nlab = _u32(d, 12)
+        nlab = read_u32(d, 12)
         if nlab == 1:
-            lut[ls[i, 0]] = pal[poffs[i]] if use_pal else _u64(d, 16)
+            lut[ls[i, 0]] = pal[poffs[i]] if use_pal else read_u64(d, 16)
             continue
         j = 16 + 8 * nlab + 2 * nsub  # the sub-block index array
         for sb in range(nsub):
@@ -599,8 +465,8 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
             if c == 0:
                 lut[ls[i, sb]] = 0
             for m in range(c):
-                v = _u32(d, j + 4 * m)
-                lut[ls[i, sb] + m] = pal[poffs[i] + v] if use_pal else _u64(d, 16 + 8 * v)
+                v = read_u32(d, j + 4 * m)
+                lut[ls[i, sb] + m] = pal[poffs[i] + v] if use_pal else read_u64(d, 16 + 8 * v)
             j += 4 * c
     bw = 8 * gx
     for z in range(8 * gz):  # z, then bands of 8 y-rows: 8 sequential write streams of k blocks' width
@@ -614,11 +480,11 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
                     x = i * bw + 8 * sx
                     c = cnt[i, sb]
                     s = ls[i, sb]
-                    r = qv[i, sb] + 8 * zz * _BITS[c]  # the sub-block's rows at this z
+                    r = qv[i, sb] + 8 * zz * BITS[c]  # the sub-block's rows at this z
                     if c <= 1:
                         bad = _band(data, r, out, z, y0, x, 0, (lut[s],), c)
                     else:
-                        b = _BITS[c]
+                        b = BITS[c]
                         if b == 1:
                             bad = _band(data, r, out, z, y0, x, 1, (lut[s], lut[s + 1]), c)
                         elif b == 2:
@@ -639,8 +505,8 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
                                     else:
                                         out[z, y0 + yy, x + xx] = lut[s + vi]
                     if bad:
-                        return _E_VAL_RANGE, sb, c, np.int64(i)
-    return _OK, zero, zero, zero
+                        return E_VAL_RANGE, sb, c, np.int64(i)
+    return E_OK, zero, zero, zero
 
 
 def _row_fallback(data, offs, pal, poffs, use_pal, out):
@@ -648,18 +514,18 @@ def _row_fallback(data, offs, pal, poffs, use_pal, out):
     k = offs.shape[0] - 1
     if k < 1 or out.shape[2] % (8 * k) or out.shape[1] % 8 or out.shape[0] % 8 or poffs.shape[0] != k + 1 \
             or out.strides[2] != 8:
-        return _E_OUT_SHAPE, 0, 0, 0
+        return E_OUT_SHAPE, 0, 0, 0
     w = out.shape[2] // k
     want = (w // 8, out.shape[1] // 8, out.shape[0] // 8)
     for i in range(k):
         d = data[offs[i]:offs[i + 1]]
         if d.shape[0] >= 16 and tuple(int(v) for v in np.frombuffer(d, "<u4", 3)) != want:
-            return _E_OUT_SHAPE, 0, 0, i  # a block of another size (the kernel's check)
-        p = pal[poffs[i]:poffs[i + 1]] if use_pal else _NO_PALETTE
-        code, a, b = _decode(d, p, use_pal, out[:, :, i * w:(i + 1) * w])
+            return E_OUT_SHAPE, 0, 0, i  # a block of another size (the kernel's check)
+        p = pal[poffs[i]:poffs[i + 1]] if use_pal else NO_PALETTE
+        code, a, b = decode_kernel(d, p, use_pal, out[:, :, i * w:(i + 1) * w])
         if code:
             return code, a, b, i
-    return _OK, 0, 0, 0
+    return E_OK, 0, 0, 0
 
 
 _ROW_SIG = (
@@ -688,75 +554,11 @@ def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | No
     """
     use_pal = palette is not None
     try:
-        code = _row(data, offs, palette if use_pal else _NO_PALETTE,
+        code = _row(data, offs, palette if use_pal else NO_PALETTE,
                     poffs if use_pal else np.zeros(offs.shape[0], np.int64), use_pal, out)[0]
     except (TypeError, ValueError):  # arguments of other types or layouts: the one-block path decides
         return False
-    return int(code) == _OK
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def _error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
-    """Turn a kernel error code into an exception with a readable message."""
-    if code == _E_SHORT:
-        return BlockDecodeError(f"block is {a} bytes, shorter than the 16-byte header")
-    if bytes(data[:4]) == b"\x28\xb5\x2f\xfd":
-        return BlockDecodeError("these bytes are a zstd frame (magic 28 b5 2f fd), not a DVID block: decompress "
-                                "the record's dvid_compressed_block first")
-    g = np.frombuffer(bytes(data[:16]).ljust(16, b"\0"), dtype="<u4")
-    if code == _E_GRID:
-        gx, gy, gz = (int(x) for x in g[:3])
-        return BlockDecodeError(
-            f"sub-block grid (gx, gy, gz)=({gx}, {gy}, {gz}) out of range: each must be 1..{MAX_GRID}"
-            f" (block side <= {8 * MAX_GRID} voxels)"
-        )
-    if code == _E_NLABELS:
-        return BlockDecodeError("block label list is empty (N=0)")
-    if code == _E_LABELS_TRUNC:
-        return BlockDecodeError(f"label list of N={a} needs {16 + 8 * a} bytes, block has {b}")
-    if code == _E_PALETTE:
-        return BlockDecodeError(f"palette has {a} entries, block label list has N={b}")
-    if code == _E_OUT_SHAPE:
-        shape = tuple(8 * int(x) for x in g[2::-1])
-        return BlockDecodeError(f"out shape {tuple(out.shape)} exceeds block shape {shape}")
-    if code == _E_NSB_TRUNC:
-        return BlockDecodeError(f"sub-block label counts need {a} bytes, block has {b}")
-    if code == _E_NSB_BIG:
-        return BlockDecodeError(f"sub-block {a} claims {b} labels > {MAX_SUBBLOCK_LABELS}")
-    if code == _E_IDX_TRUNC:
-        return BlockDecodeError(f"sub-block label indices need {a} bytes, block has {b}")
-    if code == _E_VAL_TRUNC:
-        return BlockDecodeError(f"packed sub-block values need {a} bytes, block has {b}")
-    if code == _E_IDX_RANGE:
-        n = int(g[3])
-        nsb = np.frombuffer(data, dtype="<u2", count=int(g[:3].prod()), offset=16 + 8 * n)
-        sb = int(np.searchsorted(np.cumsum(nsb, dtype=np.int64), a, side="right"))
-        return BlockDecodeError(f"label index {b} >= N={n} in sub-block {sb}")
-    if code == _E_VAL_RANGE:
-        return BlockDecodeError(f"packed value >= nsb={b} in sub-block {a}: it selects no label")
-    return BlockDecodeError(f"unknown block decode error {code}")
-
-
-# --------------------------------------------------------------------------- shared building blocks
-# The block layout's readers, bit widths and error codes, for the other kernels that walk DVID
-# blocks (formats.cseg, formats.blockstats): one validation vocabulary, one message table.
-
-BITS = _BITS
-E_OK, E_SHORT, E_GRID, E_NLABELS, E_LABELS_TRUNC, E_PALETTE = _OK, _E_SHORT, _E_GRID, _E_NLABELS, _E_LABELS_TRUNC, \
-    _E_PALETTE
-E_NSB_TRUNC, E_NSB_BIG, E_IDX_TRUNC, E_IDX_RANGE, E_VAL_TRUNC, E_VAL_RANGE = _E_NSB_TRUNC, _E_NSB_BIG, \
-    _E_IDX_TRUNC, _E_IDX_RANGE, _E_VAL_TRUNC, _E_VAL_RANGE
-read_u16, read_u32, read_u64 = _u16, _u32, _u64
-check_head, check_body = _check_head, _check_body  # the validation walk, in two halves
-head_numpy, body_numpy, values_numpy = _head_numpy, _body_numpy, _values_numpy  # ... and in numpy
-block_error = _error
-# the decode kernel itself, (data_u8, palette, use_palette, out) -> (code, a, b): for callers whose
-# arguments are known to fit (the read path's one chunk), without decode_into's wrapper; a code
-# other than E_OK is ``block_error(code, a, b, data_u8, out)``
-decode_kernel = _decode
-NO_PALETTE = _NO_PALETTE
+    return int(code) == E_OK
 
 
 # --------------------------------------------------------------------------- public decode
@@ -784,13 +586,13 @@ def decode_into(data_u8, palette, out) -> None:
     """
     try:
         if palette is None:
-            code, a, b = _decode(data_u8, _NO_PALETTE, False, out)
+            code, a, b = decode_kernel(data_u8, NO_PALETTE, False, out)
         else:
-            code, a, b = _decode(data_u8, palette, True, out)
+            code, a, b = decode_kernel(data_u8, palette, True, out)
     except (TypeError, ValueError) as e:  # no matching signature: wrong type, dtype, ndim, layout
         raise _arg_error(data_u8, palette, out, e) from e
     if code:
-        raise _error(code, a, b, data_u8, out)
+        raise block_error(code, a, b, data_u8, out)
 
 
 def _arg_error(data_u8, palette, out, exc: Exception) -> BlockDecodeError:
@@ -813,25 +615,6 @@ def _arg_error(data_u8, palette, out, exc: Exception) -> BlockDecodeError:
         if not palette.flags.c_contiguous:
             return BlockDecodeError("palette must be C-contiguous")
     return BlockDecodeError(f"invalid arguments to decode_into: {exc}")
-
-
-def _as_u8(data) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        if data.dtype != np.uint8:
-            raise BlockDecodeError(f"block data must be uint8, got {data.dtype}")
-        return np.ascontiguousarray(data.reshape(-1))
-    try:
-        mv = memoryview(data)
-    except TypeError as e:
-        raise TypeError(
-            f"block data must be bytes-like or a uint8 array, got {type(data).__name__}"
-        ) from e
-    if not mv.c_contiguous:
-        mv = memoryview(mv.tobytes())
-    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
-
-
-as_u8 = _as_u8  # bytes-like or uint8 array -> contiguous 1-D uint8 view (shared with cseg, blockstats)
 
 
 def decode_block(data, palette=None, out=None) -> np.ndarray:
@@ -860,7 +643,7 @@ def decode_block(data, palette=None, out=None) -> np.ndarray:
     BlockDecodeError
         If the block is malformed or ``palette``/``out`` do not fit it.
     """
-    d = _as_u8(data)
+    d = as_u8(data)
     if palette is not None:
         palette = np.asarray(palette)
         if palette.dtype != np.uint64:
@@ -875,7 +658,7 @@ def decode_block(data, palette=None, out=None) -> np.ndarray:
             raise BlockDecodeError(f"block is {d.shape[0]} bytes, shorter than the 16-byte header")
         gx, gy, gz = (int(x) for x in np.frombuffer(d[:12].tobytes(), dtype="<u4"))
         if not all(1 <= g <= MAX_GRID for g in (gx, gy, gz)):
-            raise _error(_E_GRID, 0, 0, d, None)
+            raise block_error(E_GRID, 0, 0, d, None)
         out = np.empty((8 * gz, 8 * gy, 8 * gx), dtype=np.uint64)
     decode_into(d, palette, out)
     return out
@@ -919,35 +702,35 @@ def block_header(data) -> BlockHeader:
         If the header is invalid or the declared data (label list, sub-block counts, indices
         and packed values) do not fit in ``data``. Index values are checked by the decoder.
     """
-    d = _as_u8(data)
+    d = as_u8(data)
     n = d.shape[0]
     if n < 16:
-        raise _error(_E_SHORT, n, 0, d, None)
+        raise block_error(E_SHORT, n, 0, d, None)
     gx, gy, gz, nlab = (int(x) for x in np.frombuffer(d[:16].tobytes(), dtype="<u4"))
     if not all(1 <= g <= MAX_GRID for g in (gx, gy, gz)):
-        raise _error(_E_GRID, 0, 0, d, None)
+        raise block_error(E_GRID, 0, 0, d, None)
     if nlab < 1:
-        raise _error(_E_NLABELS, 0, 0, d, None)
+        raise block_error(E_NLABELS, 0, 0, d, None)
     nbytes = 16 + 8 * nlab
     if nbytes > n:
-        raise _error(_E_LABELS_TRUNC, nlab, n, d, None)
+        raise block_error(E_LABELS_TRUNC, nlab, n, d, None)
     labels = d[16:nbytes].view("<u8")
     labels.flags.writeable = False
     if nlab > 1:
         nsub = gx * gy * gz
         if nbytes + 2 * nsub > n:
-            raise _error(_E_NSB_TRUNC, nbytes + 2 * nsub, n, d, None)
+            raise block_error(E_NSB_TRUNC, nbytes + 2 * nsub, n, d, None)
         nsb = d[nbytes : nbytes + 2 * nsub].view("<u2")
         big = np.flatnonzero(nsb > MAX_SUBBLOCK_LABELS)
         if big.size:
-            raise _error(_E_NSB_BIG, int(big[0]), int(nsb[big[0]]), d, None)
+            raise block_error(E_NSB_BIG, int(big[0]), int(nsb[big[0]]), d, None)
         nbytes += 2 * nsub
         nbytes += 4 * int(nsb.sum(dtype=np.int64))
         if nbytes > n:
-            raise _error(_E_IDX_TRUNC, nbytes, n, d, None)
-        nbytes += 64 * int(_BITS[nsb].sum())
+            raise block_error(E_IDX_TRUNC, nbytes, n, d, None)
+        nbytes += 64 * int(BITS[nsb].sum())
         if nbytes > n:
-            raise _error(_E_VAL_TRUNC, nbytes, n, d, None)
+            raise block_error(E_VAL_TRUNC, nbytes, n, d, None)
     return BlockHeader(
         (gz, gy, gx), (8 * gz, 8 * gy, 8 * gx), nlab, labels.astype(np.uint64, copy=False), nbytes
     )
@@ -1064,7 +847,7 @@ def _encode_kernel(vol, sort_subblocks):
                     sbidx[nidx + i] = slots[h]
                 nsb[sb] = cnt
                 nidx += cnt
-                b = _BITS[cnt]
+                b = BITS[cnt]
                 if b > 0:  # MSB-first bit stream, 64*b bytes
                     acc = np.int64(0)
                     nb = 0
@@ -1150,7 +933,7 @@ def _encode_numpy(vol, sort_subblocks):
     where = np.empty(uniq.size, np.int64)  # label -> its place in the block list
     where[np.searchsorted(uniq, labels)] = np.arange(labels.size)
     sbidx = where[np.searchsorted(uniq, stream)]
-    bits = _BITS[cnt]
+    bits = BITS[cnt]
     packed = [b""] * nsub
     for b in np.unique(bits[bits > 0]).tolist():
         sel = np.flatnonzero(bits == b)

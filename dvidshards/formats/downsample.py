@@ -41,7 +41,7 @@ from numba.core import types
 
 from ..errors import BlockDecodeError
 from . import jit
-from .codec import (
+from .blocklayout import (
     BITS,
     E_OK,
     E_VAL_RANGE,
@@ -50,14 +50,13 @@ from .codec import (
     body_numpy,
     check_body,
     check_head,
-    decode_block,
-    encode_block,
     head_numpy,
     read_u16,
     read_u32,
     read_u64,
     values_numpy,
 )
+from .codec import decode_block, encode_block
 
 __all__ = ["METHODS", "DownsampledBlock", "downsample_block", "region_limit"]
 

@@ -24,7 +24,8 @@ import zstandard
 
 from ..errors import BlockDecodeError, ShardFormatError
 from . import arrowipc as ipc
-from .codec import E_OK, NO_PALETTE, block_error, decode_into, decode_kernel
+from .blocklayout import E_OK, NO_PALETTE, block_error
+from .codec import decode_into, decode_kernel
 from .labels import Agglomerated, Supervoxels
 
 __all__ = ["RecordTable", "decompress_block", "install_decompressor", "list_values", "max_block_bytes",

@@ -19,7 +19,7 @@ The job reads as plan → tasks → reduce:
 2. **Map, one task per source shard** (:func:`mesh_shard`): each 64³ chunk's cell (the chunk plus one
    voxel of its + neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, and
    each body's piece is decimated to about a quarter with the cell's border locked
-   (``formats.mesh.decimate``: quadric edge collapses that keep the topology, within 2/3 of the
+   (``formats.meshreduce.decimate``: quadric edge collapses that keep the topology, within 2/3 of the
    final error bound), so the pieces still weld into one watertight surface. Pieces go to one
    work file per shard, sorted by the *bucket* of their body (the mesh shard it lands in), with
    the body's voxel count in the chunk and the area and volume of its marching-cubes surface.
@@ -67,19 +67,8 @@ from ..dataset import Dataset
 from ..errors import OutputError, SpecError
 from ..formats.labelindex import bucket_of, labels_id
 from ..formats.labels import as_labels
-from ..formats.mesh import (
-    Mesh,
-    box_faces,
-    decimate,
-    drop_cavities,
-    inflate,
-    merge_fragments,
-    mesh_cells,
-    to_obj,
-    to_ply,
-    volume_area,
-    weld_pieces,
-)
+from ..formats.mesh import Mesh, box_faces, merge_fragments, mesh_cells, to_obj, to_ply, volume_area
+from ..formats.meshreduce import decimate, drop_cavities, inflate, weld_pieces
 from ..formats.multilod import (
     encode_object,
     encode_shard_files,

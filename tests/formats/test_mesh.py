@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dvidshards.formats import mesh as M
+from dvidshards.formats import meshreduce as R
 from tests.support.mesh_volume import (
     BODIES,
     OFFSET,
@@ -229,7 +230,7 @@ def test_strongly_simplified_fragments_stay_in_their_cells(monkeypatch):
 
 
 def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
-    """formats.mesh.decimate against the two zmesh simplifiers' failure modes: a closed neuron-like
+    """formats.meshreduce.decimate against the two zmesh simplifiers' failure modes: a closed neuron-like
     surface stays closed and oriented (zmesh.simplify_fqmr pinched ~1 in 3 such bodies into
     non-manifold edges), and a cell's border vertices keep their exact positions, so pieces
     decimated apart still weld into one watertight surface (fqmr's preserve_border drops some)."""
@@ -237,7 +238,7 @@ def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
     lo = np.asarray(OFFSET) - 1
     whole = M.mesh_block(M.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
     for body, m in whole.items():
-        d = M.decimate(m, len(m.faces) // 8, max_error=1.5)
+        d = R.decimate(m, len(m.faces) // 8, max_error=1.5)
         assert M.is_watertight(d.vertices, d.faces), body
         assert len(d.faces) < len(m.faces) / 4, body
         ratio = M.enclosed_volume(d.vertices, d.faces) / M.enclosed_volume(m.vertices, m.faces)
@@ -252,12 +253,12 @@ def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
                 box = grid.box(idx)
                 m = out[body]
                 locked = M.on_box(m.vertices, *box)
-                d = M.decimate(m, len(m.faces) // 4, 1.0, locked)
+                d = R.decimate(m, len(m.faces) // 4, 1.0, locked)
                 keep = {tuple(v) for v in m.vertices[locked].tolist()}
                 assert keep <= {tuple(v) for v in d.vertices.tolist()}  # every border vertex, exactly
                 pieces.append(d)
                 boxes.append(box)
-        w = M.weld_pieces(pieces, boxes)
+        w = R.weld_pieces(pieces, boxes)
         assert M.is_watertight(w.vertices, w.faces), body
         assert len(w.faces) == len(M.merge_fragments(pieces).faces)
 
@@ -268,7 +269,7 @@ def test_inflate_gives_back_a_thin_tube_its_voxel_volume():
     m = M.mesh_block(tube)[1]
     vol, area = M.volume_area(m)
     assert 0.8 < vol / tube.sum() < 0.9
-    grown = M.inflate(m, (tube.sum() - vol) / area)
+    grown = R.inflate(m, (tube.sum() - vol) / area)
     assert abs(M.volume_area(grown)[0] / tube.sum() - 1) < 0.03
     assert M.is_watertight(grown.vertices, grown.faces)
 
@@ -293,9 +294,9 @@ def test_pieces_decimated_apart_stay_manifold_where_they_meet(seed):
                 if body in out:
                     box = grid.box(idx)
                     m = out[body]
-                    pieces.append(M.decimate(m, len(m.faces) // 4, 1.0, locks(m.vertices, *box)))
+                    pieces.append(R.decimate(m, len(m.faces) // 4, 1.0, locks(m.vertices, *box)))
                     boxes.append(box)
-            w = M.weld_pieces(pieces, boxes)
+            w = R.weld_pieces(pieces, boxes)
             assert M.is_watertight(w.vertices, w.faces), (locks.__name__, body)
 
 
@@ -348,10 +349,10 @@ def test_drop_cavities_keeps_the_outer_surface():
     m = M.mesh_block(vol, (0, 0, 0))[7]
     assert _pieces(m) == 2  # the outer surface and the cavity's, facing inward
     halves = M.split_by_plane(m, 0, 6.0)  # two pieces of one closed surface, meeting on x = 6
-    kept, gone = M.drop_cavities(list(halves))
+    kept, gone = R.drop_cavities(list(halves))
     whole = M.merge_fragments(kept)
     assert _pieces(whole) == 1 and M.is_watertight(whole.vertices, whole.faces)
     assert -8 < gone < -5  # the cavity's 8 voxels, less the corners marching cubes cuts
     assert abs(M.enclosed_volume(whole.vertices, whole.faces) - (M.enclosed_volume(m.vertices, m.faces) - gone)) < 1e-3
-    same, none = M.drop_cavities([M.mesh_block(vol, (0, 0, 0))[3]])
+    same, none = R.drop_cavities([M.mesh_block(vol, (0, 0, 0))[3]])
     assert none == 0.0 and len(same[0].faces)
