@@ -13,7 +13,7 @@ Measured:
   (``chunk_decoder``) for ``sparsevol``; the body's rows of the label index (a Parquet read, no
   cache) for ``size``, ``sizes``, ``supervoxels``, ``sparsevol-size``, ``sparsevol-coarse`` and
   ``index``; the look-ups in the supervoxel table for ``mapping``; the 4 blocks (zstd) for
-  ``specificblocks``. ``/api/server/info`` gives the cost of an HTTP request doing nothing.
+  ``specificblocks``. ``/tags`` gives the cost of a request that reads nothing.
 * **Load**: 8 client processes each sending 1,000 requests over loopback (``requests.Session``),
   drawn from a pool of 300 mixed requests. Every answer is compared byte for byte with the answer
   the same server gave when asked alone first: an error is a status other than 200 or other
@@ -289,10 +289,9 @@ def per_kind(ds, idx, pid: int, base: str, pool) -> None:
                 s.get(f"{base}/{tail}", params=q, json=body, timeout=300)
         return (proc_cpu(pid) - c0) / (reps * len(items))
 
-    root = base.split("/api/")[0]
     c0 = proc_cpu(pid)
     for _ in range(500):
-        s.get(f"{root}/api/server/info", timeout=60)
+        s.get(f"{base}/tags", timeout=60)
     null = (proc_cpu(pid) - c0) / 500
     rows = []
     for kind in kinds:
@@ -310,7 +309,7 @@ def per_kind(ds, idx, pid: int, base: str, pool) -> None:
                      f"{max(srv - null, 0) / fl:.2f}"])
     table(["request", "n", "server CPU ms", "floor ms", "ratio", "ratio less HTTP"], rows,
           f"server CPU per request (one at a time, caches filled) against the reads it needs in-process; "
-          f"an HTTP request doing nothing (/api/server/info) costs {null * 1e3:.2f} ms of server CPU")
+          f"a request of the instance that reads nothing (/tags) costs {null * 1e3:.2f} ms of server CPU")
 
 
 def large_body(ds, idx, pid: int, base: str) -> None:
