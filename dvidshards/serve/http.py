@@ -150,8 +150,9 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Any
         status = resp.status
         return resp
     finally:
-        work.logger.debug("%s %s %d %.1f ms", request.method, request.path_qs, status,
-                          1e3 * (time.perf_counter() - t0))
+        if work.logger.isEnabledFor(logging.DEBUG):
+            work.logger.debug("%s %s %d %.1f ms", request.method, request.path_qs, status,
+                              1e3 * (time.perf_counter() - t0))
 
 
 def _error(request: web.Request, e: Exception, work: _Work) -> web.Response:
@@ -170,10 +171,13 @@ def _error(request: web.Request, e: Exception, work: _Work) -> web.Response:
 async def admitted(request: web.Request) -> AsyncIterator[None]:
     """Hold one of the application's ``in_flight`` slots (raises `Busy` after its admit timeout)."""
     work = request.app[_WORK]
-    try:
-        await asyncio.wait_for(work.slots.acquire(), work.admit_timeout)
-    except asyncio.TimeoutError:
-        raise Busy(f"no request slot freed within {work.admit_timeout:g} s") from None
+    if work.slots.locked():  # (wait_for costs a task: only when the request has to wait)
+        try:
+            await asyncio.wait_for(work.slots.acquire(), work.admit_timeout)
+        except asyncio.TimeoutError:
+            raise Busy(f"no request slot freed within {work.admit_timeout:g} s") from None
+    else:
+        await work.slots.acquire()
     try:
         yield
     finally:
