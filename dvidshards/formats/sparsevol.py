@@ -60,7 +60,7 @@ from numba.extending import intrinsic
 
 from ..errors import BlockDecodeError, DvidShardsError
 from . import jit
-from .codec import (
+from .blocklayout import (
     BITS,
     E_OK,
     E_PALETTE,
@@ -70,11 +70,11 @@ from .codec import (
     body_numpy,
     check_body,
     check_head,
-    decode_kernel,
     head_numpy,
     read_u16,
     read_u32,
 )
+from .codec import decode_kernel
 
 __all__ = [
     "BLOCKS_HEADER",
