@@ -22,8 +22,8 @@ from ..errors import BlockDecodeError
 __all__ = [
     "BITS", "E_GRID", "E_IDX_RANGE", "E_IDX_TRUNC", "E_LABELS_TRUNC", "E_NLABELS", "E_NSB_BIG", "E_NSB_TRUNC", "E_OK",
     "E_OUT_SHAPE", "E_PALETTE", "E_SHORT", "E_VAL_RANGE", "E_VAL_TRUNC", "MAX_GRID", "MAX_SUBBLOCK_LABELS",
-    "NO_PALETTE", "as_u8", "block_error", "body_numpy", "check_body", "check_head", "head_numpy", "read_u16",
-    "read_u32", "read_u64", "values_numpy",
+    "NO_PALETTE", "as_u8", "assemble_block", "block_error", "body_numpy", "check_body", "check_head", "head_numpy", "read_u16",
+    "read_u32", "read_u64", "row_word", "values_numpy", "write_le",
 ]
 
 MAX_GRID = 128  # sub-blocks per axis: DVID's MaxBlockSize 1024 / 8
@@ -76,6 +76,53 @@ def read_u64(d, p):
     for i in range(7, -1, -1):
         v = (v << np.uint64(8)) | np.uint64(d[p + i])
     return v
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def row_word(data, r, b):
+    # big-endian word of a row of 8 values (b <= 8: b bytes); for b == 9 the first 8 bytes
+    w = np.int64(0)
+    for i in range(min(b, 8)):
+        w = (w << 8) | np.int64(data[r + i])
+    return w
+
+
+# --------------------------------------------------------------------------- writing a block
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def write_le(buf, p, v, nbytes):
+    """Little-endian store of the low ``nbytes`` bytes of a non-negative int at ``buf[p]``."""
+    for i in range(nbytes):
+        buf[p + i] = np.uint8((v >> (8 * i)) & 255)
+
+
+@numba.njit(nogil=True, cache=True)
+def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval):
+    """A block's bytes from its parts: the grid, the first ``nlab`` labels and, for more than one
+    label, the first ``nsub`` sub-block counts, ``nidx`` indices and ``nval`` packed value bytes
+    (a solid block is its header and its one label)."""
+    total = 24 if nlab == 1 else 16 + 8 * nlab + 2 * nsub + 4 * nidx + nval
+    buf = np.empty(total, dtype=np.uint8)
+    write_le(buf, 0, gx, 4)
+    write_le(buf, 4, gy, 4)
+    write_le(buf, 8, gz, 4)
+    write_le(buf, 12, nlab, 4)
+    p = 16
+    for j in range(nlab):
+        v = labels[j]
+        for i in range(8):
+            buf[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
+        p += 8
+    if nlab > 1:
+        for j in range(nsub):
+            write_le(buf, p, nsb[j], 2)
+            p += 2
+        for j in range(nidx):
+            write_le(buf, p, sbidx[j], 4)
+            p += 4
+        buf[p:p + nval] = values[:nval]
+    return buf
 
 
 # --------------------------------------------------------------------------- the validation walk

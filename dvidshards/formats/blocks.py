@@ -21,6 +21,7 @@ same format (what ``POST …/blocks`` takes).
 
 from __future__ import annotations
 
+import gzip
 import zlib
 from collections.abc import Iterable, Iterator
 from io import BytesIO
@@ -239,8 +240,7 @@ def write_stream(records: Iterable, out=None, *, compression: str = "gzip") -> b
     for (bx, by, bz), block in records:
         data = bytes(block)
         if compression == "gzip":
-            c = zlib.compressobj(6, zlib.DEFLATED, 31)
-            data = c.compress(data) + c.flush()
+            data = gzip.compress(data, 6, mtime=0)
         elif compression == "lz4":
             data = lz4_block_compress(data)
         sink.write(np.array([bx, by, bz, len(data)], "<i4").tobytes())

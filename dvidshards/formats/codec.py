@@ -39,6 +39,7 @@ from .blocklayout import (
     MAX_SUBBLOCK_LABELS,
     NO_PALETTE,
     as_u8,
+    assemble_block,
     block_error,
     body_numpy,
     check_body,
@@ -47,6 +48,7 @@ from .blocklayout import (
     read_u16,
     read_u32,
     read_u64,
+    row_word,
     values_numpy,
 )
 
@@ -65,15 +67,6 @@ _U64 = np.dtype(np.uint64)
 
 
 # --------------------------------------------------------------------------- decode kernel
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _row_word(data, r, b):
-    # big-endian word of a row of 8 values (b <= 8: b bytes); for b == 9 the first 8 bytes
-    w = np.int64(0)
-    for i in range(min(b, 8)):
-        w = (w << 8) | np.int64(data[r + i])
-    return w
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -281,7 +274,7 @@ def _decode_kernel(data, pal, use_pal, out):
                             for z in range(zl):
                                 for y in range(yl):
                                     r = q + (8 * z + y) * b
-                                    w = _row_word(data, r, b)
+                                    w = row_word(data, r, b)
                                     for x in range(xl):
                                         vi = _row_value(data, r, w, b, x)
                                         bad |= vi >= c
@@ -497,7 +490,7 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
                             bad = False
                             for yy in range(8):
                                 rr = r + yy * b
-                                w = _row_word(data, rr, b)
+                                w = row_word(data, rr, b)
                                 for xx in range(8):
                                     vi = _row_value(data, rr, w, b, xx)
                                     if vi >= c:
@@ -741,13 +734,6 @@ def block_header(data) -> BlockHeader:
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
-def _put(buf, p, v, nbytes):
-    # little-endian store of the low nbytes of a non-negative int
-    for i in range(nbytes):
-        buf[p + i] = np.uint8((v >> (8 * i)) & 255)
-
-
 @numba.njit(nogil=True, cache=True)
 def _encode_subblock(vol, z0, y0, x0, sb, lkeys, lstamp, lidx, loc, vbuf):
     # distinct labels of one sub-block in first-appearance order -> loc[:cnt]; local indices -> vbuf
@@ -861,30 +847,7 @@ def _encode_kernel(vol, sort_subblocks):
                         acc &= (np.int64(1) << nb) - 1
                 sb += 1
 
-    if nlab == 1:  # solid block: header and the one label only
-        total = 24
-    else:
-        total = 16 + 8 * nlab + 2 * nsub + 4 * nidx + nval
-    buf = np.empty(total, dtype=np.uint8)
-    _put(buf, 0, gx, 4)
-    _put(buf, 4, gy, 4)
-    _put(buf, 8, gz, 4)
-    _put(buf, 12, nlab, 4)
-    p = 16
-    for j in range(nlab):
-        v = labels[j]
-        for i in range(8):
-            buf[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
-        p += 8
-    if nlab > 1:
-        for j in range(nsub):
-            _put(buf, p, nsb[j], 2)
-            p += 2
-        for j in range(nidx):
-            _put(buf, p, sbidx[j], 4)
-            p += 4
-        buf[p : p + nval] = values[:nval]
-    return buf
+    return assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval)
 
 
 

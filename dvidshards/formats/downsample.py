@@ -46,6 +46,7 @@ from .blocklayout import (
     E_OK,
     E_VAL_RANGE,
     as_u8,
+    assemble_block,
     block_error,
     body_numpy,
     check_body,
@@ -54,6 +55,7 @@ from .blocklayout import (
     read_u16,
     read_u32,
     read_u64,
+    row_word,
     values_numpy,
 )
 from .codec import decode_block, encode_block
@@ -340,14 +342,6 @@ def _bits2(data, q, labs, excl0, c, qv, win):
     return ok
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
-def _rows_word(data, r, b):
-    w = np.int64(0)
-    for i in range(b):
-        w = (w << 8) | np.int64(data[r + i])
-    return w
-
-
 @numba.njit(nogil=True, cache=True)
 def _words(data, q, b, labs, excl0, c, qv, vals, ls):
     """A whole sub-block of 2..7 bits: each cell's winner into ``qv``; False on a value >= c.
@@ -364,10 +358,10 @@ def _words(data, q, b, labs, excl0, c, qv, vals, ls):
     for z2 in range(4):
         for y2 in range(4):
             r0 = q + (16 * z2 + 2 * y2) * b
-            w00 = _rows_word(data, r0, b)
-            w01 = _rows_word(data, r0 + b, b)
-            w10 = _rows_word(data, r0 + 8 * b, b)
-            w11 = _rows_word(data, r0 + 9 * b, b)
+            w00 = row_word(data, r0, b)
+            w01 = row_word(data, r0 + b, b)
+            w10 = row_word(data, r0 + 8 * b, b)
+            w11 = row_word(data, r0 + 9 * b, b)
             h = (w00 ^ w01) | (w00 ^ w10) | (w00 ^ w11) | ((w00 ^ (w00 >> b)) & odd)
             for x2 in range(4):
                 sh = b * (6 - 2 * x2)
@@ -430,25 +424,6 @@ def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _insert_sorted(arr, n, v):
-    # insert v into the sorted arr[:n] unless present; returns the new length
-    lo = 0
-    hi = n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if arr[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < n and arr[lo] == v:
-        return n
-    for j in range(n, lo, -1):
-        arr[j] = arr[j - 1]
-    arr[lo] = v
-    return n + 1
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
 def _find_sorted(arr, n, v):
     lo = 0
     hi = n
@@ -461,10 +436,16 @@ def _find_sorted(arr, n, v):
     return lo
 
 
-@numba.njit(nogil=True, cache=True)
-def _put(buf, p, v, nbytes):
-    for i in range(nbytes):
-        buf[p + i] = np.uint8((v >> (8 * i)) & 255)
+@numba.njit(nogil=True, cache=True, inline="always")
+def _insert_sorted(arr, n, v):
+    # insert v into the sorted arr[:n] unless present; returns the new length
+    lo = _find_sorted(arr, n, v)
+    if lo < n and arr[lo] == v:
+        return n
+    for j in range(n, lo, -1):
+        arr[j] = arr[j - 1]
+    arr[lo] = v
+    return n + 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -761,29 +742,7 @@ def _down_kernel(data, spans, method, limit):
         bi, bsb, bc = _first_bad_value(data, spans, info, nsub)
         return E_VAL_RANGE, bsb, bc, bi, _EMPTY
 
-    if nout == 1:
-        total = 24
-    else:
-        total = 16 + 8 * nout + 2 * nsub + 4 * nidx + nval
-    buf = np.empty(total, np.uint8)
-    _put(buf, 0, gx, 4)
-    _put(buf, 4, gy, 4)
-    _put(buf, 8, gz, 4)
-    _put(buf, 12, nout, 4)
-    p = 16
-    for j in range(nout):
-        v = olabels[j]
-        for k in range(8):
-            buf[p + k] = np.uint8((v >> np.uint64(8 * k)) & np.uint64(255))
-        p += 8
-    if nout > 1:
-        for j in range(nsub):
-            _put(buf, p, onsb[j], 2)
-            p += 2
-        for j in range(nidx):
-            _put(buf, p, oidx[j], 4)
-            p += 4
-        buf[p:p + nval] = ovals[:nval]
+    buf = assemble_block(gx, gy, gz, olabels, nout, onsb, nsub, oidx, nidx, ovals, nval)
     return E_OK, zero, zero, zero, buf
 
 

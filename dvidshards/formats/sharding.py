@@ -826,10 +826,6 @@ def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
     return shard, mini
 
 
-def _gzip(data: bytes) -> bytes:
-    return gzip.compress(data, mtime=0)
-
-
 class ShardFileWriter:
     """Write one ``neuroglancer_uint64_sharded_v1`` shard file as its entries arrive.
 
@@ -861,7 +857,7 @@ class ShardFileWriter:
             raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
         self.spec = spec
         self.file = file
-        self.compress = compress or _gzip
+        self.compress = compress or (lambda b: gzip.compress(b, mtime=0))
         self.shard: int | None = None
         self.entries = 0
         self._nmini = 1 << spec.minishard_bits
