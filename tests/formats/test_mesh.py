@@ -7,6 +7,7 @@ import pytest
 
 from dvidshards.formats import mesh as M
 from dvidshards.formats import meshreduce as R
+from tests.support import watertight as W
 from tests.support.mesh_volume import (
     BODIES,
     OFFSET,
@@ -61,9 +62,9 @@ def test_merged_bodies_are_watertight(reduction):
     for body, cells in cell_fragments(reduction).items():
         assert len(cells) > 1  # every body spans several cells
         m = M.merge_fragments(cells.values())
-        assert M.is_watertight(m.vertices, m.faces)
+        assert W.is_watertight(m.vertices, m.faces)
         nm = M.to_nm(m, RESOLUTION)
-        got = M.enclosed_volume(nm.vertices, nm.faces)
+        got = W.enclosed_volume(nm.vertices, nm.faces)
         want = float((vol == body).sum()) * voxel_volume
         assert abs(got - want) < 0.15 * want, (body, got, want)
         lo, hi = body_box(body)
@@ -100,7 +101,7 @@ def test_simplified_cells_keep_their_seams():
         # second pass: simplify whole cells again, still closed once welded
         again = [M.simplify(m, 4, 16) for m in simp[body].values()]
         c = M.merge_fragments(again)
-        assert M.is_watertight(c.vertices, c.faces) and len(c.faces) < len(b.faces)
+        assert W.is_watertight(c.vertices, c.faces) and len(c.faces) < len(b.faces)
 
 
 def test_mesh_block_labels_and_errors():
@@ -110,9 +111,9 @@ def test_mesh_block_labels_and_errors():
     out = M.mesh_block(block, (100, 0, 0), labels=[4, 7])
     assert list(out) == [4]
     m = out[4]
-    assert M.is_watertight(m.vertices, m.faces)
+    assert W.is_watertight(m.vertices, m.faces)
     assert m.vertices.min(axis=0).tolist() == [106, 6, 6] and m.vertices.max(axis=0).tolist() == [109, 9, 9]
-    assert M.enclosed_volume(m.vertices, m.faces) > 0
+    assert W.enclosed_volume(m.vertices, m.faces) > 0
     with pytest.raises(M.MeshError):
         M.mesh_block(np.zeros((1, 5, 5), np.uint8))
     with pytest.raises(M.MeshError):
@@ -123,13 +124,13 @@ def test_watertight_checker_and_volume():
     # unit tetrahedron, outward winding
     v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
     f = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
-    assert M.is_watertight(v, f)
-    assert M.enclosed_volume(v, f) == pytest.approx(1 / 6)
-    assert not M.is_watertight(v, f[:3])
+    assert W.is_watertight(v, f)
+    assert W.enclosed_volume(v, f) == pytest.approx(1 / 6)
+    assert not W.is_watertight(v, f[:3])
     flipped = f.copy()
     flipped[0] = flipped[0, ::-1]
-    assert not M.is_watertight(v, flipped) and M.is_watertight(v, flipped, oriented=False)
-    assert not M.is_watertight(v, np.zeros((0, 3), int))
+    assert not W.is_watertight(v, flipped) and W.is_watertight(v, flipped, oriented=False)
+    assert not W.is_watertight(v, np.zeros((0, 3), int))
     with pytest.raises(M.MeshError):
         M.Mesh(v, [[0, 1, 4]])
 
@@ -176,7 +177,7 @@ def test_mesh_cells_equal_the_grid_cells():
 
     frs = [out[1] for _, out in M.mesh_cells(mask, chunks, labels=[1])]
     m = M.merge_fragments(frs)
-    assert M.is_watertight(m.vertices, m.faces)
+    assert W.is_watertight(m.vertices, m.faces)
     with pytest.raises(M.MeshError):
         list(M.mesh_cells(lambda c: np.zeros((8, 8, 8), np.uint8), [(0, 0, 0)]))
 
@@ -239,9 +240,9 @@ def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
     whole = M.mesh_block(M.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
     for body, m in whole.items():
         d = R.decimate(m, len(m.faces) // 8, max_error=1.5)
-        assert M.is_watertight(d.vertices, d.faces), body
+        assert W.is_watertight(d.vertices, d.faces), body
         assert len(d.faces) < len(m.faces) / 4, body
-        ratio = M.enclosed_volume(d.vertices, d.faces) / M.enclosed_volume(m.vertices, m.faces)
+        ratio = W.enclosed_volume(d.vertices, d.faces) / W.enclosed_volume(m.vertices, m.faces)
         assert 0.9 < ratio < 1.05, (body, ratio)
     grid = M.MeshGrid(OFFSET, SIZE, 64)
     for body in BODIES.values():
@@ -259,7 +260,7 @@ def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
                 pieces.append(d)
                 boxes.append(box)
         w = R.weld_pieces(pieces, boxes)
-        assert M.is_watertight(w.vertices, w.faces), body
+        assert W.is_watertight(w.vertices, w.faces), body
         assert len(w.faces) == len(M.merge_fragments(pieces).faces)
 
 
@@ -271,7 +272,7 @@ def test_inflate_gives_back_a_thin_tube_its_voxel_volume():
     assert 0.8 < vol / tube.sum() < 0.9
     grown = R.inflate(m, (tube.sum() - vol) / area)
     assert abs(M.volume_area(grown)[0] / tube.sum() - 1) < 0.03
-    assert M.is_watertight(grown.vertices, grown.faces)
+    assert W.is_watertight(grown.vertices, grown.faces)
 
 
 @pytest.mark.parametrize("seed", [1, 4, 5])
@@ -297,7 +298,7 @@ def test_pieces_decimated_apart_stay_manifold_where_they_meet(seed):
                     pieces.append(R.decimate(m, len(m.faces) // 4, 1.0, locks(m.vertices, *box)))
                     boxes.append(box)
             w = R.weld_pieces(pieces, boxes)
-            assert M.is_watertight(w.vertices, w.faces), (locks.__name__, body)
+            assert W.is_watertight(w.vertices, w.faces), (locks.__name__, body)
 
 
 def test_box_faces_bits():
@@ -332,14 +333,14 @@ def test_voxels_meeting_at_a_corner_are_one_piece(step, order):
     vol[a[0]:a[0] + 3, a[1]:a[1] + 3, a[2]:a[2] + 3] = 7
     vol[1:3, 1:3, 10:12] = 9  # another label, apart
     m = M.mesh_block(np.asarray(vol, order=order), (0, 0, 0))
-    assert _pieces(m[7]) == 1 and M.is_watertight(m[7].vertices, m[7].faces)
-    assert 0.85 < M.enclosed_volume(m[7].vertices, m[7].faces) / 54 < 1.0
+    assert _pieces(m[7]) == 1 and W.is_watertight(m[7].vertices, m[7].faces)
+    assert 0.85 < W.enclosed_volume(m[7].vertices, m[7].faces) / 54 < 1.0
     assert _pieces(m[9]) == 1
     # an edge contact was already one piece, and stays as marching cubes made it
     vol[a[0]:a[0] + 3, a[1]:a[1] + 3, a[2]:a[2] + 3] = 0
     vol[8:11, 8:11, 5:8] = 7
     e = M.mesh_block(np.asarray(vol, order=order), (0, 0, 0))[7]
-    assert _pieces(e) == 1 and M.is_watertight(e.vertices, e.faces)
+    assert _pieces(e) == 1 and W.is_watertight(e.vertices, e.faces)
 
 
 def test_drop_cavities_keeps_the_outer_surface():
@@ -351,8 +352,8 @@ def test_drop_cavities_keeps_the_outer_surface():
     halves = M.split_by_plane(m, 0, 6.0)  # two pieces of one closed surface, meeting on x = 6
     kept, gone = R.drop_cavities(list(halves))
     whole = M.merge_fragments(kept)
-    assert _pieces(whole) == 1 and M.is_watertight(whole.vertices, whole.faces)
+    assert _pieces(whole) == 1 and W.is_watertight(whole.vertices, whole.faces)
     assert -8 < gone < -5  # the cavity's 8 voxels, less the corners marching cubes cuts
-    assert abs(M.enclosed_volume(whole.vertices, whole.faces) - (M.enclosed_volume(m.vertices, m.faces) - gone)) < 1e-3
+    assert abs(W.enclosed_volume(whole.vertices, whole.faces) - (W.enclosed_volume(m.vertices, m.faces) - gone)) < 1e-3
     same, none = R.drop_cavities([M.mesh_block(vol, (0, 0, 0))[3]])
     assert none == 0.0 and len(same[0].faces)

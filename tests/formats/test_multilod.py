@@ -12,6 +12,7 @@ from dvidshards.formats import mesh as M
 from dvidshards.formats import multilod as ML
 from dvidshards.formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
 from dvidshards.formats.sharding import ShardingSpec
+from tests.support import watertight as W
 from tests.support.mesh_volume import OFFSET, RESOLUTION, SIZE
 
 pytest.importorskip("zmesh")
@@ -130,7 +131,7 @@ def test_levels_meet_and_respect_the_partition():
             # fragments of one level weld into a closed surface: no crack between them
             frs = ML.decode_object(manifest, data, lod, BITS)
             merged = M.merge_fragments(frs)
-            assert M.is_watertight(merged.vertices, merged.faces), (body, lod)
+            assert W.is_watertight(merged.vertices, merged.faces), (body, lod)
             for n in manifest.fragment_sizes[lod].tolist():
                 if lod and n:
                     d = DracoPy.decode(data[start:start + n])
