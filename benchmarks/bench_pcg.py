@@ -72,6 +72,7 @@ import numpy as np
 import dvidshards
 from dvidshards.formats import pcg as fmt
 from dvidshards.jobs import pcg
+from dvidshards.stores import as_store
 
 CS = (256, 256, 256)
 
@@ -82,7 +83,8 @@ def _job(root, spec, scale, out, level):
     grid = -(-np.asarray(s.size) // CS)
     layout = fmt.IdLayout(fmt.layers_for_grid(grid))
     Path(out, pcg.SIDE_TABLE).mkdir(parents=True, exist_ok=True)
-    return pcg._Job(ds, s, str(out), CS, layout, None, "area", level, 1, True)
+    return pcg.PcgJob(ds, s, as_store(out, writable=True), as_store(Path(out) / "work", writable=True), CS, layout,
+                      None, "area", level, 1, True)
 
 
 def _timed(fn):
@@ -160,7 +162,7 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
         part = pcg._Part()
         for c in chunks:
             part.add(c, results[c][1], results[c][0]["written"])
-        pcg._write_part(pcg.Destination.of(out), f"{pcg.SIDE_TABLE}/all.parquet", part)
+        pcg._write_part(job.dest, f"{pcg.SIDE_TABLE}/all.parquet", part)
         pq_rows = part.rows
         parquet = (out / pcg.SIDE_TABLE / "all.parquet").stat().st_size
         pieces_bytes = parquet  # the side-table part is the resume record now
@@ -182,12 +184,13 @@ def _mcns_job(out: str):
     s = ds.scale(0)
     grid = -(-np.asarray(s.size) // CS)
     layout = fmt.IdLayout(fmt.layers_for_grid(grid))
-    return pcg._Job(ds, s, out, CS, layout, None, "area", 3, 1, True), store
+    dest = as_store(out, writable=True)
+    return pcg.PcgJob(ds, s, dest, dest.child("work"), CS, layout, None, "area", 3, 1, True), store
 
 
-def _dry_task(job, task):
+def _dry_task(task):
     """Stand-in task: the real task unpickled, its chunks listed, a result of the real shape."""
-    members = job.members(task)
+    members = task.job.members(task)
     return {**dict.fromkeys(pcg._COUNTS, 0), "chunks": len(members), "skipped": 0, "failed": {}, "part_rows": 0,
             "part_written": 0}
 
@@ -212,7 +215,6 @@ def _old_items(job, origins) -> set:
 
 def child_plan(args) -> None:
     """The client: plan, pickle, submit; one JSON line."""
-    import functools
     import pickle
     import tracemalloc
 
@@ -223,16 +225,16 @@ def child_plan(args) -> None:
     job, store = _mcns_job(str(args.workdir / "pcg-mcns-plan"))
     res["open_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    tasks = pcg._plan(job, None, None, None)
+    tasks = pcg.plan(job)
     res["plan_s"] = time.perf_counter() - t
     res["plan_peak"] = C.peak_rss()
     res.update(tasks=len(tasks), group=list(job.group), shards=len(store.shard_origins(0)),
                grid=[int(v) for v in job.grid], chunks=int(sum(len(job.members(k)) for k in tasks)))
-    fn = functools.partial(pcg._run_task, job)
+    fn = pcg.run_task
     rng = np.random.default_rng(0)
     sizes = [len(pickle.dumps((fn, tasks[int(i)]))) for i in rng.integers(0, len(tasks), 200)]
     res.update(task_bytes_mean=float(np.mean(sizes)), task_bytes_max=int(max(sizes)))
-    res["result_bytes"] = len(pickle.dumps(_dry_task(job, tasks[0])))
+    res["result_bytes"] = len(pickle.dumps(_dry_task(tasks[0])))
     # the planner before, on a sample of shards
     origins = store.shard_origins(0)
     k = min(args.old_shards, len(origins))
@@ -253,7 +255,7 @@ def child_plan(args) -> None:
         C.reset_peak_rss()
         before = C.rss()
         t = time.perf_counter()
-        rep = tr.run(functools.partial(_dry_task, job), tasks[:n], desc="PCG tasks (stand-in)")
+        rep = tr.run(_dry_task, tasks[:n], desc="PCG tasks (stand-in)")
         res["submit"] = {"tasks": n, "seconds": time.perf_counter() - t, "failed": len(rep.failed),
                          "chunks": int(sum(r["chunks"] for r in rep.results.values())), "rss_before": before,
                          "peak": C.peak_rss()}
@@ -328,22 +330,21 @@ def plan_table(args) -> None:
 
 def sample_tasks(args) -> None:
     """A random sample of real tasks, each in a fresh process."""
-    import functools
     import pickle
 
     out = args.workdir / "pcg-mcns-sample"
     shutil.rmtree(out, ignore_errors=True)
     (out / pcg.SIDE_TABLE).mkdir(parents=True)
     job, _ = _mcns_job(str(out))
-    tasks = pcg._plan(job, None, None, None)
+    tasks = pcg.plan(job)
     rng = np.random.default_rng(args.seed)
     srows = []
     for i in rng.choice(len(tasks), args.sample, replace=False):
         task = tasks[int(i)]
         if args.sample_chunks:
-            task = pcg._Task(task.key, tuple(job.members(task)[:args.sample_chunks]))
+            task = pcg.PcgTask(job, task.key, tuple(job.members(task)[:args.sample_chunks]))
         f = out / f"task-{i}.pkl"
-        f.write_bytes(pickle.dumps((functools.partial(pcg._run_task, job), task)))
+        f.write_bytes(pickle.dumps((pcg.run_task, task)))
         r = _child(["--child-task", str(f)])
         srows.append([str(task.key), r["chunks"], r["written"], f"{r['pieces']:,}", f"{r['edges']:,}", r["failed"],
                       f"{r['wall']:.1f}", f"{r['cpu']:.1f}", f"{r['cpu'] / max(r['chunks'], 1) * 1e3:.0f}",

@@ -1,62 +1,57 @@
 """Supervoxel adjacency for PyChunkedGraph: per-chunk edges and components files from an export.
 
-``pcg_edges(source, dest, chunk_size=...)`` (``dvidshards pcg-edges EXPORT DEST --chunk-size X Y
-Z``) reads as plan → tasks → reduce:
+``pcg_edges(source, dest, chunk_size=...)`` (``dvidshards pcg-edges EXPORT DEST --chunk-size X Y Z``)
+reads as plan -> tasks -> reduce:
 
-* **plan** (`_plan`) - the PCG layer-1 grid is cut into *tasks* of ``chunks_per_task`` chunks
-  per axis (default: one source shard's worth, so ~26 K tasks for mCNS s0 at 256³, grown if
-  needed to stay under ``MAX_TASKS``). The planner lists the shard files once and computes the
-  tasks that overlap them with numpy: nothing on the client loops over chunks, and a task is a
-  small record (its grid key).
-* **task** (`_run_task`, `_Job.run` per chunk) - for each of its chunks a task
+* **plan** (:func:`plan`): the PCG layer-1 grid cut into tasks of ``chunks_per_task`` chunks per
+  axis (default: one source shard's worth, ~26 K tasks for mCNS s0 at 256³, grown to stay under
+  ``MAX_TASKS``), computed with numpy from the listed shard files: a task is its grid key.
+* **task** (:func:`run_task`, :meth:`PcgJob.run` per chunk): the supervoxel lists of the DVID blocks
+  overlapping a chunk and its 6 face neighbours, from the records (no decoding), number the chunk's
+  pieces ((DVID supervoxel, PCG chunk) pairs) in sorted order, so neighbouring chunks agree on
+  each other's PCG ids; the chunk plus a one-voxel halo is read and its contacts counted
+  (``formats.pcg.contacts``); ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg, one zstd
+  frame) and ``components_{x}_{y}_{z}.proto`` (pieces grouped by body: the records' agglomerated
+  labels, or a mapping a file passes by reference) are written. Last, the task writes its part of
+  the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet`` (pcg_id, dvid_supervoxel, chunk_x,
+  chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata lists the chunks it covers: the
+  task's completion record (``resume`` redoes the chunks no part covers; a failed chunk is left
+  out). A running task records the chunks it finished in the work folder every
+  :data:`CHECKPOINT_SECONDS` (``--workdir``, default ``DEST.work``), so a task whose worker died
+  resumes where it was.
+* **reduce** (:func:`reduce`): the side table is the folder (``pyarrow.parquet.read_table(dest /
+  "supervoxels")``, or :func:`read_side_table`); the counts add up and failed chunks are named.
 
-  1. takes the supervoxel lists of the DVID blocks overlapping the chunk and its 6 face
-     neighbours from the shard records (no decoding) and builds each chunk's id list: the
-     chunk's pieces ((DVID supervoxel, PCG chunk) pairs) are numbered in that sorted order, so
-     neighbouring chunks agree on each other's PCG ids without reading each other's voxels;
-  2. reads the chunk plus a one-voxel halo as supervoxels with the bulk reader (0 outside the
-     volume) and counts voxels and contact faces (``dvidshards.formats.pcg.contacts``);
-  3. writes ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg in one zstd frame) and
-     ``components_{x}_{y}_{z}.proto`` (the chunk's pieces and the neighbour pieces of its
-     between/cross edges, grouped by body: the records' agglomerated labels or a mapping, which
-     a mapping file passes by reference and each worker loads once).
-
-  Last, the task writes its rows of the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet``
-  (pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata
-  lists the chunks it covers: that file is the task's completion record, so ``resume=True``
-  redoes only chunks that no part covers, and a chunk that failed is left out of it.
-* **reduce** - nothing to merge: the side table is the folder (``pyarrow.parquet.read_table(dest
-  / "supervoxels")``, or `read_side_table`); the client only adds up counts.
-
-Every file goes through :class:`dvidshards.jobs.output.Destination` (a path, ``gs://``, ``s3://``
-or a kvstore spec; written under a temporary name and renamed, or as one object in a bucket), and
-the job runs in :class:`dvidshards.jobs.output.Output`: the destination is checked (a bucket
-probed) before any work, locked while written, refused unless empty or this job's own earlier
-output (with ``resume``: the same parameters; or ``overwrite``), and its manifest
-``_dvidshards.json`` says ``complete: false`` until every chunk is done; its ``pcg`` member
-describes the output for PCG (layers, bits, grid, file names). Chunks whose blocks list no
-supervoxel get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]``
-(protobuf).
+The output is a store (a folder, ``gs://``, ``s3://``) in :class:`dvidshards.jobs.output.Output`;
+its manifest's ``pcg`` member describes it for PCG (layers, bits, grid, file names). Chunks whose
+blocks list no supervoxel get no files (PCG reads a missing file as no edges). Needs
+``dvidshards[pcg]`` (protobuf).
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import os
 import re
 import threading
-import warnings
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
 
 from ..dataset import Dataset
 from ..errors import DvidShardsError, SpecError
 from ..formats import pcg as fmt
 from ..formats.labels import Agglomerated, LabelSource, Mapped, as_labels
-from ..formats.multiscale import SINGLE_SHARD
+from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.pcg import IdLayout, PcgError
 from ..sources.base import RecordSource
+from ..stores import ByteStore, as_store, is_temporary
 from .options import (
     add_box,
     add_dest,
@@ -64,58 +59,49 @@ from .options import (
     add_labels,
     add_scale,
     add_source,
+    box_of,
     command_line,
-    dest_of,
     job_options,
-    renamed,
 )
-from .output import Destination, JobReport, Output, is_temporary
-from .runner import TaskRunner, scheduler_of
+from .output import JobReport, Output, work_folder
+from .runner import PhaseReport, TaskRunner, scheduler_of
 
-__all__ = ["PcgEdgesCommand", "MAX_TASKS", "PcgTotals", "add_arguments", "main", "pcg_edges", "read_chunk_components",
-           "read_chunk_edges", "read_side_table", "write_edges"]
+__all__ = ["CHECKPOINT_SECONDS", "MAX_TASKS", "PcgEdgesCommand", "PcgJob", "PcgTask", "PcgTotals", "add_arguments",
+           "main", "pcg_edges", "plan", "read_chunk_components", "read_chunk_edges", "read_side_table", "reduce",
+           "run_task"]
 
 #: the kernels a task uses (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.codec._decode_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
 
 SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
+CHECKPOINTS = "tasks"  # in the work folder: the parts of running tasks
 FORMAT = "dvidshards-pcg-edges"
 VERSION = 3  # 2: manifest.json of its own; 1: one supervoxels.parquet built on the client
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
+#: seconds between a running task's records of the chunks it finished (in the work folder)
+CHECKPOINT_SECONDS = float(os.environ.get("DVIDSHARDS_PCG_CHECKPOINT_SECONDS", "60"))
 COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
 WRITTEN = b"dvidshards.written"  # and those with files
-_OWN = re.compile(r"edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|supervoxels"
-                  r"|manifest\.json|supervoxels\.parquet|pieces")  # (the last three: earlier versions' names)
+_OWN = re.compile(r"edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|supervoxels")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
 _FAILED_PER_TASK = 8  # failed chunks a task reports by name (all are counted)
 _FAILED_NAMED = 1000  # and the report keeps by name
+_SCHEMA = pa.schema([("pcg_id", pa.uint64()), ("dvid_supervoxel", pa.uint64()), ("chunk_x", pa.int32()),
+                     ("chunk_y", pa.int32()), ("chunk_z", pa.int32()), ("voxels", pa.uint64())])
+Chunk = tuple[int, ...]
 
 
 @dataclass
 class PcgTotals:
     """A pcg-edges job's own figures (``JobReport.totals``).
 
-    Attributes
-    ----------
-    chunks : int
-        Chunks of the job (done now, done before, or empty).
-    written : int
-        Chunks with files (now and in earlier runs), over the job's tasks.
-    pieces : int
-        Rows of the side table over the job's tasks.
-    edges : dict
-        Edges written in this run per type (between and cross count each file's copy).
-    isolated : int
-        Pieces written in this run that touch no other piece (no edge at all): PCG's ingest
-        only creates nodes for ids in the edges files, so these would be left out of the graph.
-    failed_chunks : int
-        Chunks that failed, all counted (a task that failed as a whole counts its chunks); the
-        report names up to 8 per task and 1,000 in all.
-    skipped : int
-        Chunks skipped as complete (resume).
-    pcg_tasks : int
-        Tasks of the job.
+    ``chunks``: of the job (done now, before, or empty); ``written``: chunks with files and
+    ``pieces``: side-table rows, over the job's tasks; ``edges``: written in this run per type
+    (between and cross count each file's copy); ``isolated``: pieces written now that touch no
+    other piece (PCG's ingest creates nodes only for ids in the edges files); ``failed_chunks``:
+    all counted (the report names up to 8 per task, 1,000 in all); ``skipped``: chunks complete
+    before (resume); ``pcg_tasks``: tasks of the job.
     """
 
     chunks: int = 0
@@ -140,28 +126,6 @@ class PcgTotals:
         return lines
 
 
-@dataclass(frozen=True)
-class _Task:
-    """One task: block ``key`` of the task grid (``chunks_per_task`` chunks per axis), or the
-    chunks of it that were asked for (``only``)."""
-
-    key: tuple[int, ...]
-    only: tuple[tuple[int, ...], ...] | None = None
-
-    @property
-    def name(self) -> str:
-        return "_".join(str(int(v)) for v in self.key) + ".parquet"
-
-    def describe(self, group) -> str:
-        if self.only is not None:
-            return f"chunks {list(self.only)[:4]}{' ...' if len(self.only) > 4 else ''}"
-        lo = [k * g for k, g in zip(self.key, group, strict=True)]
-        return "chunks " + ", ".join(f"{n} {a}:{a + g}" for n, a, g in zip("xyz", lo, group, strict=True))
-
-
-# --------------------------------------------------------------------------- the job
-
-
 class _IndexPalette(LabelSource):
     """Reads 1 + each supervoxel's index in an id list (0 for background): a palette swap per
     block, so the contact kernel never looks a voxel's id up. ``target`` is set before each read
@@ -169,7 +133,7 @@ class _IndexPalette(LabelSource):
 
     name = "pcg-index"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.target = np.zeros(0, np.uint64)
         self.where = ""
 
@@ -180,27 +144,29 @@ class _IndexPalette(LabelSource):
             raise PcgError(f"{table.where(i)}: supervoxel {sv[bad]} is not in the id list of {self.where}")
         return out
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return other is self
 
     def __hash__(self) -> int:
         return id(self)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {"target": np.zeros(0, np.uint64), "where": ""}
 
 
-class _Job:
-    """One write_edges run: everything a chunk task needs (pickles without open files)."""
+class PcgJob:
+    """What every task of one run needs (pickles without open files): the dataset and scale, the
+    output and work folders (stores), the PCG grid and id layout, the bodies (None: the records'
+    agglomerated labels; else a mapping, a file travelling as its path), the edge options."""
 
-    def __init__(self, ds: Dataset, scale, dest, chunk_size, layout: IdLayout, mapped: Mapped | None,
-                 affinity: str, level: int, threads: int | None, fill_missing_shards: bool):
+    def __init__(self, ds: Dataset, scale: int | Scale, dest: ByteStore, work: ByteStore,
+                 chunk_size: Sequence[int], layout: IdLayout, mapped: Mapped | None, affinity: str, level: int,
+                 threads: int | None, fill_missing_shards: bool):
         self.ds = ds
         self.scale = ds.scale(scale)
-        self.dest = Destination.of(dest)
+        self.dest, self.work = dest, work
         self.cs = np.asarray(chunk_size, np.int64)
         self.layout = layout
-        # None: the records' agglomerated labels; else the mapping (a file travels as its path)
         self.mapped = mapped
         self.affinity = affinity
         self.level = int(level)
@@ -211,10 +177,10 @@ class _Job:
         self.hi = self.lo + np.asarray(s.size, np.int64)
         self.grid = -(-(self.hi - self.lo) // self.cs)
         self._local = threading.local()  # a palette (and so a reader) per thread
-        self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task along each axis
+        self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task along each axis (set by plan)
         self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
 
-    def members(self, task: _Task) -> list[tuple[int, ...]]:
+    def members(self, task: PcgTask) -> list[Chunk]:
         """The job's chunks in a task: its block of the task grid within the job's chunk range,
         or its chunks given."""
         if task.only is not None:
@@ -236,12 +202,12 @@ class _Job:
             p = self._local.palette = _IndexPalette()
         return p
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         d = self.__dict__.copy()
         d["_local"] = None
         return d
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
         self._local = threading.local()
 
@@ -389,12 +355,10 @@ class _Job:
         edges, pieces, nb = fmt.chunk_graph(c, coords, lists[0], lists[1:], self.layout, self.affinity)
         ids = np.concatenate([pieces[0], nb[0]])
         groups = fmt.group_components(ids, self.body_of(np.concatenate([pieces[1], nb[1]]), table))
-        import zstandard
-
         payload = zstandard.ZstdCompressor(level=self.level).compress(fmt.encode_edges(edges))
-        self.dest.write(fmt.edges_path(coords), payload)
+        self.dest.put_sync(fmt.edges_path(coords), payload)
         comp = fmt.encode_components(groups)
-        self.dest.write(fmt.components_path(coords), comp)
+        self.dest.put_sync(fmt.components_path(coords), comp)
         rows = np.stack(pieces, axis=1).astype(np.uint64)
         linked = np.concatenate([edges["in"][0], edges["in"][1], edges["between"][0], edges["cross"][0]])
         stats.update(pieces=len(rows), bytes=len(payload) + len(comp), written=True,
@@ -403,19 +367,49 @@ class _Job:
         return stats, rows
 
 
-def _run_task(job: _Job, task: _Task) -> dict:
-    """Every chunk of a task not covered yet, then the task's side-table part.
+
+@dataclass(frozen=True)
+class PcgTask:
+    """Block ``key`` of the task grid (``job.group`` chunks per axis), or the chunks of it that
+    were asked for (``only``)."""
+
+    job: PcgJob = field(compare=False, repr=False)
+    key: Chunk
+    only: tuple[Chunk, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return "_".join(str(int(v)) for v in self.key) + ".parquet"
+
+    def __str__(self) -> str:  # as failures name it
+        if self.only is not None:
+            return f"chunks {list(self.only)[:4]}{' ...' if len(self.only) > 4 else ''}"
+        g = self.job.group
+        lo = [k * n for k, n in zip(self.key, g, strict=True)]
+        return "chunks " + ", ".join(f"{n} {a}:{a + b}" for n, a, b in zip("xyz", lo, g, strict=True))
+
+
+def run_task(task: PcgTask) -> dict:
+    """Every chunk of a task not covered yet, then the task's side-table part; counts only.
 
     A chunk that raises a `DvidShardsError` is reported in ``failed`` and left out of the part
-    (resume retries it); the other chunks go on. Returns counts only.
+    (resume retries it); the other chunks go on. The chunks finished so far are recorded in the
+    work folder every :data:`CHECKPOINT_SECONDS`, and taken from there when the task runs again.
     """
+    job = task.job
     members = job.members(task)
-    part = _read_part(job.dest, f"{SIDE_TABLE}/{task.name}")
+    key = f"{SIDE_TABLE}/{task.name}"
+    ckpt = f"{CHECKPOINTS}/{task.name}"
+    part = _read_part(job.dest, key)
+    saved = _read_part(job.work, ckpt)
+    grew = part.merge(saved)
     todo = [c for c in members if c not in part.covered]
     total: dict = dict.fromkeys(_COUNTS, 0)
     failed: dict = {}
     total.update(chunks=len(members), skipped=len(members) - len(todo), failed=failed, failed_count=0)
-    if todo:
+    kept = bool(saved.covered)
+    if todo or grew:
+        last = time.monotonic()
         for c in todo:
             try:
                 r, piece_rows = job.run(c)
@@ -427,49 +421,53 @@ def _run_task(job: _Job, task: _Task) -> dict:
             for k in _COUNTS:
                 total[k] += r[k]
             part.add(c, piece_rows, bool(r["written"]))
-        _write_part(job.dest, f"{SIDE_TABLE}/{task.name}", part)
+            if time.monotonic() - last >= CHECKPOINT_SECONDS:
+                _write_part(job.work, ckpt, part)
+                kept, last = True, time.monotonic()
+        _write_part(job.dest, key, part)
+    if kept:
+        job.work.delete_sync(ckpt)
     total["part_rows"] = part.rows
     total["part_written"] = len(part.written)
     return total
 
 
 class _Part:
-    """A task's side-table part: its rows and the chunks it covers (done) and wrote files for."""
+    """A task's side-table part: its rows (pcg_id, supervoxel, voxels) with their chunks, and the
+    chunks it covers (done) and wrote files for."""
 
-    def __init__(self, rows=None, chunks=None, covered=(), written=()):
-        self.parts = [] if rows is None else [(rows, chunks)]
-        self.covered = set(covered)
-        self.written = set(written)
+    def __init__(self, rows: np.ndarray | None = None, chunks: np.ndarray | None = None, covered=(), written=()):
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = [] if rows is None or chunks is None else [(rows, chunks)]
+        self.covered: set[Chunk] = set(covered)
+        self.written: set[Chunk] = set(written)
 
     @property
     def rows(self) -> int:
         return sum(len(r) for r, _ in self.parts)
 
-    def add(self, c, rows: np.ndarray, written: bool) -> None:
+    def add(self, c: Chunk, rows: np.ndarray, written: bool) -> None:
         rows = rows.reshape(-1, 3)
         self.parts.append((rows, np.broadcast_to(np.asarray(c, np.int32), (len(rows), 3))))
         self.covered.add(c)
         if written:
             self.written.add(c)
 
+    def merge(self, other: _Part) -> int:
+        """Add the chunks ``other`` covers and this part does not; how many."""
+        new = other.covered - self.covered
+        for rows, chunks in other.parts:
+            keep = np.array([tuple(c) in new for c in chunks.tolist()], np.bool_)
+            if keep.any():
+                self.parts.append((rows[keep], chunks[keep]))
+        self.covered |= new
+        self.written |= other.written & new
+        return len(new)
 
-_SCHEMA_FIELDS = (("pcg_id", "uint64"), ("dvid_supervoxel", "uint64"), ("chunk_x", "int32"), ("chunk_y", "int32"),
-                  ("chunk_z", "int32"), ("voxels", "uint64"))
 
-
-def _schema():
-    import pyarrow as pa
-
-    return pa.schema([(n, getattr(pa, t)()) for n, t in _SCHEMA_FIELDS])
-
-
-def _read_part(dest: Destination, rel: str) -> _Part:
+def _read_part(store: ByteStore, key: str) -> _Part:
     """A task's part as written (empty when there is none)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = dest.read(rel)
-    where = dest.describe(rel)
+    data = store.get_sync(key)
+    where = store.describe(key)
     if data is None:
         return _Part()
     try:
@@ -481,31 +479,29 @@ def _read_part(dest: Destination, rel: str) -> _Part:
         covered, written = ({tuple(int(v) for v in c) for c in json.loads(meta[k])} for k in (COVERED, WRITTEN))
     except (KeyError, ValueError, TypeError):
         raise PcgError(f"{where}: a side-table part without its lists of chunks; delete it and resume") from None
-    if t.schema.names != [n for n, _ in _SCHEMA_FIELDS]:
+    if t.schema.names != _SCHEMA.names:
         raise PcgError(f"{where}: not a side-table part (columns {t.schema.names})")
     rows = np.stack([t.column(n).to_numpy().astype(np.uint64) for n in ("pcg_id", "dvid_supervoxel", "voxels")], 1)
     chunks = np.stack([t.column(n).to_numpy().astype(np.int32) for n in ("chunk_x", "chunk_y", "chunk_z")], 1)
     return _Part(rows, chunks, covered, written)
 
 
-def _write_part(dest: Destination, rel: str, part: _Part) -> None:
+def _write_part(store: ByteStore, key: str, part: _Part) -> None:
     """Write a task's part: its rows sorted by PCG id, its chunk lists in the metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     a = np.concatenate([r for r, _ in part.parts]) if part.parts else np.zeros((0, 3), np.uint64)
     c = np.concatenate([k for _, k in part.parts]) if part.parts else np.zeros((0, 3), np.int32)
     order = np.argsort(a[:, 0], kind="stable")
     a, c = a[order], c[order]
     meta = {COVERED: json.dumps(sorted(part.covered)).encode(), WRITTEN: json.dumps(sorted(part.written)).encode()}
-    table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_schema().with_metadata(meta))
-    dest.write_with(rel, lambda f: pq.write_table(table, f, compression="zstd"))
+    table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_SCHEMA.with_metadata(meta))
+    with store.writer(key) as f:
+        pq.write_table(table, f, compression="zstd")
 
 
-# --------------------------------------------------------------------------- planning
+# --------------------------------------------------------------------------- plan
 
 
-def _present_shards(ds: Dataset, s) -> list:
+def _present_shards(ds: Dataset, s: Scale) -> list:
     """Origins of the scale's shard files; SpecError when the export has no folder for the scale."""
     origins = ds.shards(s)
     if origins or isinstance(ds.store, RecordSource):
@@ -521,7 +517,7 @@ def _present_shards(ds: Dataset, s) -> list:
     return origins
 
 
-def _task_keys(job: _Job, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _task_keys(job: PcgJob, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Task-grid keys (k, 3) of the blocks of ``g`` chunks that overlap a shard inside [lo, hi)."""
     if not len(origins):
         return np.zeros((0, 3), np.int64)
@@ -542,7 +538,7 @@ def _task_keys(job: _Job, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi
     return np.unique(np.concatenate(keys), axis=0) if keys else np.zeros((0, 3), np.int64)
 
 
-def _group_of(chunks_per_task, job: _Job) -> np.ndarray | None:
+def _group_of(chunks_per_task: int | Sequence[int] | None) -> np.ndarray | None:
     """Chunks per task per axis given (None: the default, per source shard)."""
     if chunks_per_task is None:
         return None
@@ -555,7 +551,7 @@ def _group_of(chunks_per_task, job: _Job) -> np.ndarray | None:
     return g
 
 
-def _default_group(job: _Job, origins: np.ndarray) -> np.ndarray:
+def _default_group(job: PcgJob, origins: np.ndarray) -> np.ndarray:
     """One source shard's worth of chunks per axis, doubled until the whole scale has at most
     ``MAX_TASKS`` tasks. Depends only on the export and the chunk size (not on a box or chunk
     list), so every run into one folder cuts the grid the same way."""
@@ -566,10 +562,12 @@ def _default_group(job: _Job, origins: np.ndarray) -> np.ndarray:
     return g
 
 
-def _plan(job: _Job, box, chunks, group: np.ndarray | None) -> list[_Task]:
+def plan(job: PcgJob, *, box: Any = None, chunks: Any = None,
+         chunks_per_task: int | Sequence[int] | None = None) -> list[PcgTask]:
     """The job's tasks: for chunks given, their task blocks; else the blocks overlapping shards
     (and the box). Sets ``job.group`` and ``job.crange``."""
     grid = job.grid
+    group = _group_of(chunks_per_task)
     arr = None
     if chunks is not None:
         try:
@@ -581,11 +579,9 @@ def _plan(job: _Job, box, chunks, group: np.ndarray | None) -> list[_Task]:
             raise SpecError(f"chunk {tuple(int(v) for v in arr[bad][0])} is outside the PCG grid "
                             f"{tuple(int(v) for v in grid)}")
     lo, hi = job.lo, job.hi
-    if box is not None:
-        try:
-            blo, bhi = (np.asarray(v, np.int64).reshape(3) for v in box)
-        except (TypeError, ValueError):
-            raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
+    b = box_of(box)
+    if b is not None:
+        blo, bhi = np.asarray(b[0], np.int64), np.asarray(b[1], np.int64)
         lo, hi = np.maximum(lo, blo), np.minimum(hi, bhi)
         if (hi <= lo).any():
             raise SpecError(f"box {[blo.tolist(), bhi.tolist()]} does not overlap scale {job.scale.index}'s volume "
@@ -600,12 +596,12 @@ def _plan(job: _Job, box, chunks, group: np.ndarray | None) -> list[_Task]:
         members: list[list] = [[] for _ in range(len(keys))]
         for c, k in zip(arr.tolist(), inv.ravel().tolist(), strict=True):  # the chunks asked for, not the grid
             members[k].append(tuple(c))
-        return [_Task(tuple(int(v) for v in k), tuple(m)) for k, m in zip(keys.tolist(), members, strict=True)]
+        return [PcgTask(job, tuple(int(v) for v in k), tuple(m)) for k, m in zip(keys.tolist(), members, strict=True)]
     keys = _task_keys(job, origins, g, lo, hi)
-    return [_Task((int(x), int(y), int(z))) for x, y, z in keys.tolist()]
+    return [PcgTask(job, (int(x), int(y), int(z))) for x, y, z in keys.tolist()]
 
 
-def _parameters(job: _Job, layout: IdLayout, labels: dict) -> dict:
+def _parameters(job: PcgJob, labels: dict) -> dict:
     """What decides the output's content: a resume must give the same (a box or a chunk list
     only chooses which chunks this run does, so runs over parts of the grid can share an output)."""
     s = job.scale
@@ -617,14 +613,14 @@ def _parameters(job: _Job, layout: IdLayout, labels: dict) -> dict:
         "voxel_offset": list(s.voxel_offset),
         "chunk_size": [int(v) for v in job.cs],
         "grid": [int(v) for v in job.grid],
-        **layout.to_json(),
+        **job.layout.to_json(),
         "affinity": job.affinity,
         "components": labels,
         "chunks_per_task": list(job.group),
     }))
 
 
-def _description(job: _Job) -> dict:
+def _description(job: PcgJob) -> dict:
     """The manifest's ``pcg`` member: what a PyChunkedGraph ingest needs to know besides the parameters."""
     s = job.scale
     return {"resolution": list(s.resolution) if s.resolution is not None else None,
@@ -634,111 +630,109 @@ def _description(job: _Job) -> dict:
             "side_table": SIDE_TABLE + "/{kx}_{ky}_{kz}.parquet (one file per task; read the folder as one table)"}
 
 
-def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels="agglomerated", box=None,
-              scheduler=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
-              allow_partial: bool = False, layers: int | None = None, spatial_bits: int = 10,
-              affinity: str = "area", level: int = 3, spec=None, chunks=None, chunks_per_task=None,
-              threads: int | None = None, fill_missing_shards: bool = True, command: str | None = None,
-              **old) -> JobReport:
+
+# --------------------------------------------------------------------------- reduce
+
+
+def reduce(phase: PhaseReport, out: Output, totals: PcgTotals) -> PcgTotals:
+    """The tasks' counts summed into ``totals``; failed chunks named in the report (1,000 at most)."""
+    for t in phase.failed:
+        totals.failed_chunks += len(t.job.members(t))
+    named = 0
+    for r in phase.results.values():
+        totals.chunks += r["chunks"]
+        totals.skipped += r["skipped"]
+        totals.pieces += r["part_rows"]
+        totals.written += r["part_written"]
+        for k in fmt.EDGE_TYPES:
+            totals.edges[k] += r[k]
+        totals.isolated += r["isolated"]
+        for c, msg in r["failed"].items():
+            if named < _FAILED_NAMED:
+                out.fail(f"PCG chunk {c}", msg)
+                named += 1
+        totals.failed_chunks += r["failed_count"]
+    return totals
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict | ByteStore, *,
+              chunk_size: Sequence[int], scale: int = 0, labels: Any = "agglomerated", box: Any = None,
+              scheduler: Any = None, workdir: str | os.PathLike | dict | ByteStore | None = None, resume: bool = False,
+              overwrite: bool = False, progress: bool | None = None, allow_partial: bool = False,
+              layers: int | None = None, spatial_bits: int = 10, affinity: str = "area", level: int = 3,
+              spec: Any = None, chunks: Any = None, chunks_per_task: int | Sequence[int] | None = None,
+              threads: int | None = None, fill_missing_shards: bool = True, command: str | None = None) -> JobReport:
     """Write PyChunkedGraph edges and components files for an export's supervoxels.
 
     Parameters
     ----------
     source : path, URL, kvstore spec or Dataset
         The export.
-    dest : path, URL (``gs://``, ``s3://``) or kvstore spec dict
-        Output folder, written by the workers: empty, new, or this job's earlier output (with
-        ``resume`` or ``overwrite``). Holds ``edges_*.proto.zst``, ``components_*.proto``,
-        ``supervoxels/`` (the side table, one Parquet file per task) and the manifest
-        ``_dvidshards.json``.
+    dest : path, URL (``gs://``, ``s3://``), kvstore spec dict or store
+        The output folder: empty, new, or this job's earlier output (``resume`` or ``overwrite``).
+        Holds ``edges_*.proto.zst``, ``components_*.proto``, ``supervoxels/`` (the side table, one
+        Parquet file per task) and the manifest ``_dvidshards.json``.
     chunk_size : (x, y, z)
         PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``, e.g. (256, 256, 256)); the grid
-        starts at the scale's voxel offset. Required.
+        starts at the scale's voxel offset.
     scale : int
-        Scale (folder number) to build the graph of; a scale the export has no folder for is a
-        SpecError.
+        Scale (folder number) to build the graph of.
     labels : "agglomerated" or a mapping
-        Bodies for the components files: the records' agglomerated labels, or a supervoxel ->
-        body mapping. Give a large mapping as a *file*: it is checked here (parsed once per host,
-        in a child process, into a memory-mapped sidecar), travels in the tasks as its path and
-        is loaded once per worker. A mapping object (dict, (n, 2) array, Series, LabelMapping)
-        travels in every task (16 bytes per supervoxel).
+        Bodies for the components files: the records' agglomerated labels, or a supervoxel -> body
+        mapping. A file is checked here (parsed once per host into a memory-mapped sidecar) and
+        travels as its path; a mapping object travels in every task (16 bytes per supervoxel).
     box : [[x0, y0, z0], [x1, y1, z1]], optional
         Only chunks overlapping this voxel box (which must overlap the volume).
-    scheduler : None, "auto", "serial", "threads[:N]", "local[:N]", address or distributed.Client
-        Where tasks run (`dvidshards.jobs.runner.TaskRunner`).
-    resume : bool
-        Continue a run into ``dest`` with the same parameters: chunks a side-table part covers
-        are skipped, failed and unfinished ones redone. A box or a chunk list may differ.
-    overwrite : bool
-        Delete this job's earlier output in ``dest`` (only files it writes) and start again.
-    progress : bool, optional
-        tqdm bar on a terminal, else a log line every ~30 s (default); False: nothing.
-    allow_partial : bool
-        Return the report of an incomplete output instead of raising JobError.
-    layers : int, optional
-        PCG layer count; default ``ceil(log2(max chunks per axis)) + 2`` as PCG computes it.
-    spatial_bits : int
-        PCG's ``SPATIAL_BITS`` (10).
+    scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` holds the chunks running
+        tasks finished (default ``DEST.work``; removed when the output is complete). ``resume``
+        skips the chunks a side-table part covers; a box or a chunk list may differ.
+    layers, spatial_bits :
+        PCG's layer count (default ``ceil(log2(max chunks per axis)) + 2``, as PCG computes it) and
+        ``SPATIAL_BITS``.
     affinity : "area" or "default"
         Edge affinity: the contact face count, or PCG's default (float32 tiny).
     level : int
-        zstd level of the edges files. PCG reads any level; its own ingest writes 17, which
-        costs ~35x the CPU of level 3 for files within a few percent of the same size
-        (benchmarks/RESULTS.md).
+        zstd level of the edges files (PCG's own ingest writes 17: ~35x the CPU of 3 for files a
+        few percent smaller).
     spec : dict or path, optional
-        The export's neuroglancer spec (see ``Dataset``).
+        The export's neuroglancer spec.
     chunks : (n, 3) ints, optional
         Only these chunks (PCG grid indices).
     chunks_per_task : int or (3 ints), optional
-        Chunks per task along each axis. Default: one source shard's worth (shard extent //
-        chunk size; 8³ = 512 chunks for mCNS shards at 256³), doubled until the job has at most
-        ``MAX_TASKS`` tasks. A task skips its chunks that are already covered.
+        Default: one source shard's worth (8³ chunks for mCNS shards at 256³), doubled until the
+        job has at most ``MAX_TASKS`` tasks.
     threads : int, optional
         Decoding threads per task (default: all cores when tasks run one at a time, else 1).
     fill_missing_shards : bool
-        Read shard files that do not exist as background (DVID writes none for empty shards).
+        Read absent shard files as background (DVID writes none for empty shards).
     command : str, optional
-        The command line, recorded in the manifest.
+        The command line, for the manifest.
 
     Returns
     -------
     JobReport
-        ``totals`` is a :class:`PcgTotals`; ``failed`` names failed chunks (``PCG chunk (x, y,
-        z)``) and tasks that failed as a whole (``chunks x a:b, y c:d, z e:f``).
+        ``totals`` is a :class:`PcgTotals`; ``failed`` names failed chunks (``PCG chunk (x, y, z)``)
+        and tasks that failed whole (``chunks x a:b, y c:d, z e:f``).
 
     Raises
     ------
-    SpecError, OutputError
-        Bad arguments, a scale without folder, a box outside the volume, a destination that
-        cannot be used or holds something else; before any work.
-    PcgError
-        An id layout that cannot hold the grid.
-    MappingError
-        A mapping file that cannot be used (file and line named).
+    SpecError, OutputError, PcgError, MappingError
+        Before any work: bad arguments, a scale without folder, a box outside the volume, an id
+        layout that cannot hold the grid, a mapping file that cannot be used, a destination that
+        cannot be used or holds something else.
     JobError
         Chunks failed and ``allow_partial`` is false; ``.report`` is the report.
-
-    Notes
-    -----
-    ``write_edges(source, out, chunk_size, ...)`` is the old name and form (one more release,
-    with a DeprecationWarning); so are the keywords ``out=`` and ``mapping=``.
     """
-    dest = renamed(old, "out", "dest", dest, job="pcg_edges")
-    if "mapping" in old:
-        warnings.warn("pcg_edges(mapping=...) is now pcg_edges(labels=...) (the old keyword goes in the next "
-                      "release)", DeprecationWarning, stacklevel=2)
-        labels = old.pop("mapping")
-    if old:
-        raise TypeError(f"pcg_edges() got an unexpected keyword argument {next(iter(old))!r}")
-    if source is None or dest is None:
-        raise TypeError("pcg_edges() needs source (the export) and dest (the output folder)")
     if chunk_size is None:
         raise SpecError("pcg_edges needs chunk_size, PCG's layer-1 chunk size in voxels (e.g. (256, 256, 256))")
+    cs = _triple(chunk_size, "chunk_size")
     fmt.message_classes()  # fail early without protobuf
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     s = ds.scale(scale)
-    cs = _triple(chunk_size, "chunk_size")
     if affinity not in ("area", "default"):
         raise SpecError(f"affinity must be 'area' or 'default', got {affinity!r}")
     if not 1 <= int(level) <= 22:
@@ -752,104 +746,87 @@ def pcg_edges(source=None, dest=None, *, chunk_size=None, scale: int = 0, labels
         raise SpecError(f"labels must be 'agglomerated' or a mapping, got {labels!r}")
     mapped = src if isinstance(src, Mapped) else None
     kind, _ = scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
-    destination = Destination.of(dest)
+    store = as_store(dest, writable=True, what="destination")
+    work = work_folder(store, workdir)
     grid = -(-np.asarray(s.size, np.int64) // np.asarray(cs, np.int64))
     layout = IdLayout(int(layers) if layers is not None else fmt.layers_for_grid(grid), int(spatial_bits))
     layout.check_grid(grid)
-    job = _Job(ds, s, destination, cs, layout, mapped, affinity, level, threads, fill_missing_shards)
-    items = _plan(job, box, chunks, _group_of(chunks_per_task, job))
+    job = PcgJob(ds, s, store, work, cs, layout, mapped, affinity, level, threads, fill_missing_shards)
+    tasks = plan(job, box=box, chunks=chunks, chunks_per_task=chunks_per_task)
     if mapped is not None:
         mapped.prepare()  # a bad file fails now; large ones get their per-host sidecar
-    if threads is None and not (kind == "serial" or len(items) <= 1):
+    if threads is None and not (kind == "serial" or len(tasks) <= 1):
         job.threads = 1  # tasks run side by side: one decoding thread each
-    totals = PcgTotals(pcg_tasks=len(items))
+    b = box_of(box)
     with TaskRunner(scheduler, progress=progress) as runner, \
-            Output(destination, job="pcg-edges", parameters=_parameters(job, layout, src.identity()), source=ds,
+            Output(store, job="pcg-edges", parameters=_parameters(job, src.identity()), source=ds,
                    scales=[s.index], command=command, resume=resume, overwrite=overwrite,
-                   own=lambda n: bool(_OWN.fullmatch(n))) as out:
-        out.update(pcg=_description(job), box=None if box is None else [list(map(int, v)) for v in box],
+                   own=lambda n: bool(_OWN.fullmatch(n)), workdir=work) as out:
+        runner.check_shared(work)
+        out.update(pcg=_description(job), box=None if b is None else [list(b[0]), list(b[1])],
                    chunks=None if chunks is None else len(np.asarray(chunks).reshape(-1, 3)))
         if out.previous is not None:
-            _remove_temporaries(destination)  # a killed run's half-written files (we hold the lock)
-        phase = runner.run(functools.partial(_run_task, job), items,
-                           desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks", kernels=KERNELS)
-        out.add(phase, name=lambda t: t.describe(job.group))
-        for t in phase.failed:
-            totals.failed_chunks += len(job.members(t))
-        named = 0
-        for r in phase.results.values():
-            totals.chunks += r["chunks"]
-            totals.skipped += r["skipped"]
-            totals.pieces += r["part_rows"]
-            totals.written += r["part_written"]
-            for k in fmt.EDGE_TYPES:
-                totals.edges[k] += r[k]
-            totals.isolated += r["isolated"]
-            for c, msg in r["failed"].items():
-                if named < _FAILED_NAMED:
-                    out.fail(f"PCG chunk {c}", msg)
-                    named += 1
-            totals.failed_chunks += r["failed_count"]
-        if totals.failed_chunks and not out.report.failed:  # (cannot happen: a failed chunk is named)
-            out.fail("chunks", f"{totals.failed_chunks} chunks failed")
-        return out.finish(totals=totals, notes=totals.notes(), allow_partial=allow_partial)
+            _remove_temporaries(store)  # a killed run's half-written files (we hold the lock)
+        if not resume:
+            work.delete_prefix_sync(CHECKPOINTS)  # another run's
+        phase = runner.run(run_task, tasks, desc=f"PCG tasks of {'×'.join(map(str, job.group))} chunks",
+                           kernels=KERNELS)
+        out.add(phase)
+        totals = reduce(phase, out, PcgTotals(pcg_tasks=len(tasks)))
+        if not out.report.failed:
+            work.delete_prefix_sync(CHECKPOINTS)
+        report = out.finish(totals=totals, notes=totals.notes(), allow_partial=allow_partial)
+    if report.complete:
+        _remove_if_empty(work)
+    return report
 
 
-def write_edges(source, out, chunk_size, **kw) -> JobReport:
-    """The old name and form of :func:`pcg_edges` (``write_edges(source, out, chunk_size, ...)``):
-    works for one more release, with a DeprecationWarning, and returns the report of an incomplete
-    output instead of raising (as it did)."""
-    warnings.warn("write_edges(source, out, chunk_size, ...) is now pcg_edges(source, dest, chunk_size=...) (the old "
-                  "name goes in the next release)", DeprecationWarning, stacklevel=2)
-    kw.setdefault("allow_partial", True)
-    return pcg_edges(source, out, chunk_size=chunk_size, **kw)
+def _remove_if_empty(store: ByteStore) -> None:
+    """A local work folder with nothing left in it goes (a bucket prefix vanishes by itself)."""
+    if store.local_path() is not None and not store.list_sync(""):
+        store.delete_prefix_sync("")
 
 
-def _remove_temporaries(dest: Destination) -> None:
+def _remove_temporaries(store: ByteStore) -> None:
     """Delete the temporary files of interrupted writes in a local output (a bucket has none:
     its objects are written whole)."""
-    if not dest.local:
-        return
-    import os
-
-    for folder in (dest.local_path(), dest.local_path(SIDE_TABLE)):
+    for folder in ("", SIDE_TABLE):
+        path = store.local_path(folder)
         try:
-            names = os.listdir(folder)
+            names = os.listdir(path) if path is not None else []
         except OSError:
             continue
         for n in names:
             if is_temporary(n):
                 try:
-                    os.unlink(os.path.join(folder, n))
+                    os.unlink(os.path.join(path, n))  # type: ignore[arg-type]
                 except OSError:
                     pass
 
 
-def _triple(v, what: str) -> tuple[int, int, int]:
+def _triple(v: Any, what: str) -> tuple[int, int, int]:
     try:
         t = tuple(int(x) for x in v)
     except (TypeError, ValueError):
         t = ()
     if len(t) != 3 or min(t) < 1:
         raise SpecError(f"{what} must be three positive integers, got {v!r}")
-    return t
+    return t  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- reading back
 
 
-def read_chunk_edges(path, coords) -> dict:
+def read_chunk_edges(path: Any, coords: Sequence[int]) -> dict:
     """The edges file of one chunk: ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``.
 
-    ``path`` is the output (a folder, ``gs://``, ``s3://`` or a kvstore spec). A missing file
-    reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises PcgError naming it.
+    ``path`` is the output (a folder, ``gs://``, ``s3://``, a kvstore spec or a store). A missing
+    file reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises PcgError naming it.
     """
-    import zstandard
-
-    d = Destination.of(path, what="pcg-edges output")
+    store = as_store(path, what="pcg-edges output")
     name = fmt.edges_path(coords)
-    where = d.describe(name)
-    data = d.read(name)
+    where = store.describe(name)
+    data = store.get_sync(name)
     if data is None:
         return fmt.decode_edges(b"", where)
     try:
@@ -859,38 +836,33 @@ def read_chunk_edges(path, coords) -> dict:
     return fmt.decode_edges(raw, where)
 
 
-def read_chunk_components(path, coords) -> list[np.ndarray]:
+def read_chunk_components(path: Any, coords: Sequence[int]) -> list[np.ndarray]:
     """The components file of one chunk: its groups of PCG ids (one array per body), [] if absent."""
-    d = Destination.of(path, what="pcg-edges output")
+    store = as_store(path, what="pcg-edges output")
     name = fmt.components_path(coords)
-    data = d.read(name)
-    if data is None:
-        return []
-    return fmt.decode_components(data, d.describe(name))
+    data = store.get_sync(name)
+    return [] if data is None else fmt.decode_components(data, store.describe(name))
 
 
-def read_side_table(path):
+def read_side_table(path: Any) -> pa.Table:
     """The side table of a pcg-edges output as one table, sorted by ``pcg_id``.
 
     ``pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels``: every piece (DVID supervoxel
     in a PCG chunk) of the chunks done. For large outputs read the folder ``supervoxels/`` with
     ``pyarrow.dataset`` instead (one file per task).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    d = Destination.of(path, what="pcg-edges output").child(SIDE_TABLE)
-    names = [n for n in d.list() if n.endswith(".parquet")]
-    if not names and not d.exists():
-        raise PcgError(f"{d.describe()}: no side table (not a pcg-edges output of version {VERSION})")
+    store = as_store(path, what="pcg-edges output")
+    names = [n for n in store.list_sync(SIDE_TABLE) if n.endswith(".parquet")]
+    if not names and not store.is_folder_sync(SIDE_TABLE):
+        raise PcgError(f"{store.describe(SIDE_TABLE)}: no side table (not a pcg-edges output of version {VERSION})")
     parts = []
     for n in names:
-        data = d.read(n)
+        key = f"{SIDE_TABLE}/{n}"
         try:
-            parts.append(pq.read_table(pa.BufferReader(data or b"")).replace_schema_metadata(None))
+            parts.append(pq.read_table(pa.BufferReader(store.get_sync(key) or b"")).replace_schema_metadata(None))
         except (OSError, pa.ArrowException) as e:
-            raise PcgError(f"{d.describe(n)}: unreadable side-table part ({e})") from None
-    t = pa.concat_tables(parts) if parts else _schema().empty_table()
+            raise PcgError(f"{store.describe(key)}: unreadable side-table part ({e})") from None
+    t = pa.concat_tables(parts) if parts else _SCHEMA.empty_table()
     return t.sort_by("pcg_id")
 
 
@@ -901,11 +873,11 @@ def add_arguments(p) -> None:
     """Arguments of ``dvidshards pcg-edges``."""
     add_source(p)
     add_dest(p, what="output folder (PCG's edges and components files): empty, new, or an earlier pcg-edges "
-                     "output with --resume or --overwrite")
+                     "output with --resume or --overwrite", old=())
     p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
                    help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
     add_scale(p)
-    add_labels(p, old=True)
+    add_labels(p)
     add_box(p)
     p.add_argument("--layers", type=int, help="PCG layer count (default: from the grid, as PCG computes it)")
     p.add_argument("--spatial-bits", type=int, default=10, help="PCG SPATIAL_BITS (default 10)")
@@ -916,7 +888,7 @@ def add_arguments(p) -> None:
     p.add_argument("--chunks-per-task", type=int, default=None, metavar="G",
                    help="one task per G³ block of chunks (default: one source shard's worth, at most "
                         f"{MAX_TASKS:,} tasks)")
-    add_job_options(p, workdir=False)
+    add_job_options(p)
 
 
 _DEFAULTS = {"scale": 0, "labels": "agglomerated", "spatial_bits": 10, "affinity": "area", "level": 3}
@@ -924,12 +896,12 @@ _DEFAULTS = {"scale": 0, "labels": "agglomerated", "spatial_bits": 10, "affinity
 
 def main(args) -> int:
     """Run ``dvidshards pcg-edges``; 0 when every chunk was written, 1 when some failed."""
-    report = pcg_edges(args.source, dest_of(args), chunk_size=args.chunk_size, scale=args.scale, labels=args.labels,
+    report = pcg_edges(args.source, args.dest, chunk_size=args.chunk_size, scale=args.scale, labels=args.labels,
                        box=args.box, layers=args.layers, spatial_bits=args.spatial_bits, affinity=args.affinity,
                        level=args.level, spec=args.spec, chunks_per_task=args.chunks_per_task, allow_partial=True,
                        command=command_line("pcg-edges", args, skip=[k for k, v in _DEFAULTS.items()
                                                                      if getattr(args, k) == v]),
-                       **job_options(args, workdir=False))
+                       **job_options(args))
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -260,27 +260,51 @@ def test_resume_and_guards(tmp_path, synthetic_export):
     assert not (tmp_path / "bad2").exists()
 
 
-def test_old_spellings_warn_and_work(tmp_path, synthetic_export, capsys):
+def test_a_task_whose_worker_died_resumes_from_the_chunks_it_finished(tmp_path, synthetic_export, monkeypatch):
+    """A task that dies mid-way (an error that is not about the data) leaves the chunks it finished
+    recorded in the work folder (DEST.work by default); resumed, it runs only the others, the
+    output equals a clean run's, and the work folder is gone once the output is complete."""
     ex = synthetic_export
-    cs = (100, 85, 75)
-    with pytest.warns(DeprecationWarning, match=r"write_edges\(source, out, chunk_size, ...\) is now pcg_edges"):
-        old = pcg.write_edges(ex.root, tmp_path / "a", cs, spec=ex.spec, chunks=[(0, 0, 0)], progress=False)
-    with pytest.warns(DeprecationWarning) as w:
-        new = pcg.pcg_edges(ex.root, out=tmp_path / "b", chunk_size=cs, mapping=ex.mapping, spec=ex.spec,
-                            chunks=[(0, 0, 0)], progress=False)
-    assert sorted(str(x.message).split(" (")[0] for x in w) == ["pcg_edges(mapping=...) is now pcg_edges(labels=...)",
-                                                              "pcg_edges(out=...) is now pcg_edges(dest=...)"]
-    assert old.ok and new.ok and files(tmp_path / "a") == files(tmp_path / "b")
-    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
-    (tmp_path / "map.txt").write_text("".join(f"{a} {b}\n" for a, b in ex.mapping.tolist()))
+    cs = (64, 64, 64)
+    monkeypatch.setattr(pcg, "CHECKPOINT_SECONDS", 0.0)  # a record after every chunk
+    real = pcg.PcgJob.run
+    calls = []
+
+    def dying(self, c):
+        calls.append(c)
+        if len(calls) == 5:
+            raise MemoryError("the worker ran out of memory")
+        return real(self, c)
+
+    monkeypatch.setattr(pcg.PcgJob, "run", dying)
+    out = tmp_path / "o"
+    kw = dict(chunk_size=cs, spec=ex.spec, chunks_per_task=6, scheduler="serial", progress=False)  # one task
+    first = pcg.pcg_edges(ex.root, out, allow_partial=True, **kw)
+    assert not first.ok and first.tasks == 1 and "MemoryError" in next(iter(first.failed.values()))
+    assert [p.name for p in (tmp_path / "o.work" / "tasks").iterdir()] == ["0_0_0.parquet"]
+    assert not (out / "supervoxels" / "0_0_0.parquet").exists()  # the task never finished
+    calls.clear()
+    monkeypatch.setattr(pcg.PcgJob, "run", lambda self, c: calls.append(c) or real(self, c))
+    again = pcg.pcg_edges(ex.root, out, resume=True, **kw)
+    assert again.ok and again.totals.chunks == 36 and again.totals.skipped == 4 and len(calls) == 36 - 4
+    assert not (tmp_path / "o.work").exists()
+    fresh = pcg.pcg_edges(ex.root, tmp_path / "fresh", **kw)
+    assert fresh.ok and files(out) == files(tmp_path / "fresh")
+    assert pcg.read_side_table(out).equals(pcg.read_side_table(tmp_path / "fresh"))
+
+
+def test_workdir_is_the_folder_given_and_apart_from_the_output(tmp_path, synthetic_export, capsys):
     from dvidshards import cli
 
-    assert cli.main(["pcg-edges", ex.root, "--out", str(tmp_path / "c"), "--spec", str(tmp_path / "spec.json"),
-                     "--chunk-size", "100", "85", "75", "--mapping", str(tmp_path / "map.txt"), "--box", "0,0,0,100,85,75",
-                     "--quiet"]) == 0
-    err = capsys.readouterr().err
-    assert "--out" in err and "--mapping" in err and "--box 0 0 0 100 85 75" in err
-    assert files(tmp_path / "c") == files(tmp_path / "a")
+    ex = synthetic_export
+    (tmp_path / "spec.json").write_text(json.dumps(ex.spec))
+    args = ["pcg-edges", ex.root, str(tmp_path / "o"), "--spec", str(tmp_path / "spec.json"), "--chunk-size", "64",
+            "64", "64", "--quiet", "--scheduler", "serial"]
+    assert cli.main([*args, "--workdir", str(tmp_path / "o" / "work")]) == 2  # inside the output: refused
+    assert "work folder" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert cli.main([*args, "--workdir", str(tmp_path / "w")]) == 0
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o.work").exists()  # emptied when complete
+    assert read_manifest(tmp_path / "o")["command"].endswith(f"--workdir {tmp_path / 'w'}")
 
 
 def test_chunk_groups_match_one_chunk_per_task(tmp_path, synthetic_export):
@@ -546,15 +570,17 @@ def test_plan_over_the_procedural_mcns_export_is_per_shard():
     """pcg-edges over the mCNS-shaped export's s0 at 256³: ~26 K tasks of 8³ chunks (not 13 M)."""
     from dvidshards import Dataset
     from dvidshards.formats import pcg as fmt
+    from dvidshards.stores import as_store
     from tests.support.procedural import ProceduralStore
 
     store = ProceduralStore()
     ds = Dataset(store, spec=store.spec)
     s = ds.scale(0)
     grid = -(-np.asarray(s.size) // 256)
-    job = pcg._Job(ds, s, "/nonexistent", (256, 256, 256), IdLayout(fmt.layers_for_grid(grid)), None, "area", 3, 1,
-                   True)
-    tasks = pcg._plan(job, None, None, None)
+    nowhere = as_store("memory://pcg-plan/out")
+    job = pcg.PcgJob(ds, s, nowhere, nowhere, (256, 256, 256), IdLayout(fmt.layers_for_grid(grid)), None, "area", 3,
+                     1, True)
+    tasks = pcg.plan(job)
     assert job.group == (8, 8, 8) and len(tasks) == len(store.shard_origins(0)) <= pcg.MAX_TASKS
     assert {t.key for t in tasks} == {tuple(v // 2048 for v in o) for o in store.shard_origins(0)}
 
