@@ -1,6 +1,5 @@
 """neuroglancer's own ``dvid://`` source on serve-dvid, in headless Chromium: the slices it draws
-at scales 0-2 equal the export (scale 0 held, 1-2 made by DVID's rule) and the real mCNS shard,
-and a selected body's mesh comes from the ``<instance>_meshes`` keyvalue instance."""
+at scales 0-2 equal the export (scale 0 held, 1-2 made by DVID's rule), and a selected body's mesh comes from the ``<instance>_meshes`` keyvalue instance."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from tests.serve.test_view_browser import (
     pixels,
     rgb,
 )
-from tests.support.data import REAL_SHARD
 from tests.support.downsample import by_count
 from tests.support.exports import make_export
 
@@ -30,7 +28,6 @@ ng = pytest.importorskip("neuroglancer")
 pytest.importorskip("selenium")
 pytest.importorskip("aiohttp")
 
-from dvidshards.dataset import Dataset  # noqa: E402
 from dvidshards.serve.dvid import serve  # noqa: E402
 from dvidshards.serve.view import open_browser, screenshot  # noqa: E402
 
@@ -123,31 +120,3 @@ def test_slices_at_scales_0_to_2_and_a_mesh(s0_only, browser):
         lit = px[drawn].astype(float)  # the body's colour, shaded: the same direction in RGB
         cos = lit @ colour / (np.linalg.norm(lit, axis=1) * np.linalg.norm(colour))
         assert drawn.mean() > 0.01 and (cos > 0.99).mean() > 0.95
-
-
-def test_the_real_mcns_shard_as_scale_0(dvid_data, tmp_path, browser):
-    root = tmp_path / "real"
-    (root / "s0").mkdir(parents=True)
-    (root / "s0" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
-    (root / "s0" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
-    spec = str(dvid_data / "mcns-ng-specs.json")
-    ds = Dataset(str(root), spec=spec)
-    c = ds.chunks(0)
-    mid = (c.min(axis=0) + c.max(axis=0) + 1) * 64 // 2
-    lo = mid // 256 * 256  # a 256-voxel box: its scale-1 and -2 voxels are its own cells
-    box = [lo.tolist(), (lo + 256).tolist()]
-    sv = ds.read(box, scale=0, labels="supervoxels")
-    agg = ds.read(box, scale=0)
-    assert agg.any()
-    pairs = np.unique(np.stack([sv.ravel(), agg.ravel()], axis=1), axis=0)
-    pos = tuple(float(v) + 128.5 for v in lo)
-    rel = (128.5, 128.5, 128.5)
-    with serve(str(root), spec=spec, port=0, threads=2) as srv:
-        for k, scale in ((0, 0.5), (1, 2.0), (2, 8.0)):
-            vol = made(sv, pairs, k)
-            v = dvid_viewer(srv, pos, scale=scale)
-            px = shown(browser, v, pos, scale)
-            _, img = expected_image(vol, 1 << k, rel, scale)
-            inside, _ = expected_image(np.ones(vol.shape, np.uint64), 1 << k, rel, scale)  # pixels of the box
-            inside = inside != 0
-            assert inside.sum() > 1000 and img[inside].any() and matches(px, img)[inside].mean() > 0.99, k
