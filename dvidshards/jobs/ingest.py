@@ -1,28 +1,37 @@
 """Ingest: block records into a table sorted by (shard, Morton), and DVID /blocks dumps into an export.
 
-* `ingest` (``dvidshards ingest SOURCE TABLE``) - plan: the scales and ``workers`` partitions
-  (``shard_id % workers``) of a Flight server (``dvidshards serve-flight``) or an export; task
-  (`ingest_partition`): pull one partition and write one Parquet file per shard (each written
-  aside and renamed when complete; ``dvidshards.sources.tables`` describes the table), or insert
-  into VastDB; reduce: the counts add up, and the table's ``info`` says ``complete: true`` once
-  every scale asked for is in. The table runs in :class:`dvidshards.jobs.output.Output`: locked
-  while written, refused unless empty or an earlier table (the same volume), with the manifest
-  ``_dvidshards.json``. A table fills shard by shard, so ingest *resumes by default*: a second run
-  pulls only the shards that are missing (``overwrite=True`` starts again). The table is a local
-  folder (or a file system every worker shares); a bucket is refused in one line before any work.
-* `ingest_blocks` (``dvidshards ingest DUMP... EXPORT``) - DVID ``GET …/blocks`` responses turned
-  into an export written like DVID's, in a new or empty local folder (locked while written).
+``ingest(source, dest)`` (``dvidshards ingest SOURCE TABLE``) reads a Flight server
+(``dvidshards serve-flight``) or an export as plan -> tasks -> reduce:
+
+* **plan** (:func:`plan`): one :class:`IngestTask` per scale and partition (``shard_id %
+  workers``);
+* **task** (:func:`run_task`): pull one partition, shards the table holds already skipped (and not
+  sent), each shard into one Parquet file (``dvidshards.sources.tables`` describes the table)
+  written in the work folder and moved into the table when complete, or inserted into VastDB;
+* **reduce** (:func:`reduce`): the counts add up, and the table's ``info`` says ``complete: true``
+  once every scale the source holds is in.
+
+The table is a local folder (or a file system every worker shares), in
+:class:`dvidshards.jobs.output.Output`; shard files being written are in the work folder
+(``--workdir``, default ``TABLE.work`` beside it), so a table never holds half a file.
+``--resume`` pulls only the shards that are missing.
+
+``ingest_blocks`` (``dvidshards ingest DUMP... EXPORT``) turns DVID ``GET …/blocks`` responses into
+an export written like DVID's, in a new or empty local folder (locked while written).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import errno
 import json
 import os
 import re
+import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +47,7 @@ from ..errors import (
 )
 from ..formats.blocks import read_stream
 from ..formats.codec import block_header
-from ..formats.mapping import LabelMapping
+from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_labels
 from ..formats.multiscale import Scale, parse_multiscale
 from ..sources.flight import SCHEMES, FlightSource
 from ..sources.tables import (
@@ -57,20 +66,23 @@ from ..sources.tables import (
     write_table_info,
 )
 from ..sources.vastdb import VastDBSink
+from ..stores import ByteStore, as_store, os_error
 from ..writer import default_sharding, write_shard
 from .options import (
+    LABELS_HELP,
     add_dest,
     add_job_options,
     add_scales,
     command_line,
-    dest_of,
-    renamed,
+    job_options,
     scales_of,
 )
-from .output import Destination, JobReport, Lock, Output, check_apart, os_error
-from .runner import TaskRunner
+from .output import JobReport, Lock, Output, work_folder
+from .runner import PhaseReport, TaskRunner
 
-__all__ = ["IngestCommand", "IngestTotals", "ingest", "ingest_blocks", "ingest_partition"]
+__all__ = ["IngestCommand", "IngestTask", "IngestTotals", "ingest", "ingest_blocks", "plan", "reduce", "run_task"]
+
+_SCALE_FOLDER = re.compile(r"s[0-9]+")
 
 
 @dataclass
@@ -109,12 +121,49 @@ def _rate(nbytes: int, seconds: float) -> str | None:
     return _size(nbytes / seconds) + "/s"
 
 
-def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class IngestTask:
+    """Partition ``partition`` of ``of`` of one scale: from ``source`` (a Flight source or a
+    Dataset) into the table folder ``table`` through the work folder ``work``, or into ``sink``."""
+
+    scale: int
+    partition: int
+    of: int
+    source: Any = field(compare=False, repr=False)
+    table: ByteStore | None = field(compare=False, repr=False)
+    work: ByteStore | None = field(compare=False, repr=False)
+    sink: VastDBSink | None = field(compare=False, repr=False)
+    labels: LabelSource = field(compare=False, repr=False)
+    cell_limit: int = CELL_LIMIT
+    row_group_size: int = ROW_GROUP
+    batch_rows: int = BATCH_ROWS
+
+    def __str__(self) -> str:  # as failures name it
+        return f"s{self.scale} partition {self.partition}/{self.of}"
+
+
+def plan(source: Any, *, scales: Sequence[int], workers: int, table: ByteStore | None, work: ByteStore | None,
+         sink: VastDBSink | None = None, labels: LabelSource | None = None, cell_limit: int = CELL_LIMIT,
+         row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS) -> Iterator[IngestTask]:
+    """One task per scale and partition."""
+    src = labels if labels is not None else Agglomerated()
+    for k in scales:
+        for i in range(workers):
+            yield IngestTask(int(k), i, workers, source, table, work, sink, src, cell_limit, row_group_size, batch_rows)
+
+
+# --------------------------------------------------------------------------- one partition
+
+
+def _local_scan(ds: Dataset, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):
     """(batch, meta) of a partition read straight from a Dataset (what the Flight server streams)."""
-    plan = partition_plan(origins_by_shard_id(scale, ds.shards(scale.index)), partition, of, skip)
+    todo = partition_plan(origins_by_shard_id(scale, ds.shards(scale.index)), partition, of, skip)
     shards, records = 0, 0
     cache: dict = {}
-    for s, o in plan:
+    for s, o in todo:
         if o not in cache:
             cache.clear()
             cache[o] = ds.shard(scale.index, o).table()
@@ -127,75 +176,59 @@ def _local_scan(ds, scale: Scale, partition: int, of: int, skip=(), batch_rows: 
                                                                   "records": records}
 
 
-def _is_stream_source(source) -> bool:
-    """A record stream (``dvidshards.sources.FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
-    return callable(getattr(source, "scan", None)) and hasattr(source, "scales") and hasattr(source, "spec")
+def _relabel(batch: pa.RecordBatch, labels: LabelSource) -> pa.RecordBatch:
+    """The records' ``labels``: as sent (agglomerated), their supervoxels, or the mapping of them."""
+    if isinstance(labels, Agglomerated) or not batch.num_rows:
+        return batch
+    sv = batch.column("supervoxels")
+    if not isinstance(labels, Supervoxels):
+        assert isinstance(labels, Mapped)
+        values = labels.mapping(sv.flatten().to_numpy(zero_copy_only=False))
+        offsets = sv.offsets.to_numpy() - sv.offsets[0].as_py()
+        sv = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.uint64()))
+    return batch.set_column(batch.schema.get_field_index("labels"), batch.schema.field("labels"), sv)
 
 
-def _no_uri(source) -> None:
-    if isinstance(source, str) and source.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        raise SpecError(f"{source}: pass dvidshards.sources.FlightSource({source!r}, token=...) to ingest from a "
-                        f"Flight server (or run `dvidshards ingest {source} TABLE`)")
-
-
-def _local_folder(dest, what: str) -> str:
-    """The local path of a table or export to write; a bucket or an unknown scheme is refused in
-    one line before any work (these writers go through the operating system)."""
-    d = Destination.of(dest, what=what)
-    if not d.local:
-        raise OutputError(f"{d.describe()}: ingest writes to a local folder (or a file system every worker "
-                          f"shares), not to a bucket; give a path")
-    return d.local_path()
-
-
-def ingest_partition(source, dest=None, scale: int = 0, partition: int = 0, of: int = 1, *,
-                     cell_limit: int = CELL_LIMIT, row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS,
-                     spec=None, **old) -> dict:
-    """The task: pull partition ``partition`` of ``of`` of a scale and write its shard files.
-
-    Shards already in the table are skipped (and not sent); each shard file appears only
-    once complete. ``source`` is a record stream (``dvidshards.sources.FlightSource``) or an
-    export/table/Dataset read directly; ``dest`` the table folder (or a ``VastDBSink``). Returns
-    counts. A full disk or a folder that cannot be written is an OutputError naming the path.
-    """
-    dest = renamed(old, "to", "dest", dest, job="ingest_partition")
-    if old:
-        raise TypeError(f"ingest_partition() got an unexpected keyword argument {next(iter(old))!r}")
-    _no_uri(source)
-    sink = dest if isinstance(dest, VastDBSink) else None
-    if dest is None:
-        raise TypeError("ingest_partition() needs dest, the table folder (or a VastDBSink)")
+def _publish(path: str, table: ByteStore, key: str) -> None:
+    """Move a complete shard file from the work folder into the table (copied across file systems)."""
     try:
-        return _pull(source, sink, os.fspath(dest) if sink is None else "", scale, partition, of, cell_limit,
-                     row_group_size, batch_rows, spec)
+        os.replace(path, table.local_path(key))  # type: ignore[arg-type]
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        with open(path, "rb") as f, table.writer(key) as out:
+            shutil.copyfileobj(f, out, 1 << 22)
+        os.unlink(path)
+
+
+def run_task(task: IngestTask) -> dict:
+    """Pull one partition and write its shard files (each appears in the table only once complete);
+    counts. A full disk or a folder that cannot be written is an OutputError naming the path."""
+    try:
+        return _pull(task)
     except OSError as e:
         if isinstance(e, DvidShardsError):
             raise
-        raise os_error(e, e.filename or os.fspath(dest), "write it") from None
+        where = task.table.describe("") if task.table is not None else repr(task.sink)
+        raise os_error(e, e.filename or where, "write it") from None
 
 
-def _pull(source, sink, to: str, scale: int, partition: int, of: int, cell_limit: int, row_group_size: int,
-          batch_rows: int, spec) -> dict:
+def _pull(task: IngestTask) -> dict:
+    source, scale, partition, of = task.source, task.scale, task.partition, task.of
     done: list[int] = []
-    folder = ""
-    if sink is None:
-        folder = os.path.join(to, f"s{scale}")
-        os.makedirs(folder, exist_ok=True)
-        done = [s for s in table_files(to, scale) if s % of == partition]
-        for name in os.listdir(folder):  # leftovers of a worker of this partition that died
-            m = re.match(r"^\.([0-9]+)_[0-9]+_[0-9]+_[0-9]+\.parquet\..*\.tmp$", name)
-            if m and int(m.group(1)) % of == partition:
-                try:
-                    os.unlink(os.path.join(folder, name))
-                except OSError:
-                    pass
+    stage = ""
+    if task.sink is None:
+        assert task.table is not None and task.work is not None
+        table, stage = task.table.local_path() or "", task.work.local_path(f"s{scale}") or ""
+        os.makedirs(stage, exist_ok=True)
+        os.makedirs(os.path.join(table, f"s{scale}"), exist_ok=True)
+        done = [s for s in table_files(table, scale) if s % of == partition]
     if _is_stream_source(source):
         sc = source.scales[scale]
-        stream = source.scan(scale, partition=partition, of=of, skip=done, batch_rows=batch_rows)
+        stream = source.scan(scale, partition=partition, of=of, skip=done, batch_rows=task.batch_rows)
     else:
-        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
-        sc = ds.scale(scale)
-        stream = _local_scan(ds, sc, partition, of, done, batch_rows)
+        sc = source.scale(scale)
+        stream = _local_scan(source, sc, partition, of, done, task.batch_rows)
     shards = records = nbytes = 0
     w = None
     try:
@@ -208,23 +241,24 @@ def _pull(source, sink, to: str, scale: int, partition: int, of: int, cell_limit
                 break
             got += batch.num_rows
             if batch.num_rows:
-                sid = batch.column("shard_id")
-                s0 = sid[0].as_py()
+                s0 = batch.column("shard_id")[0].as_py()
                 if w is None:
                     origin = meta.get("origin") or sc.shard_origin(*(int(batch.column(a)[0].as_py())
                                                                      for a in ("chunk_x", "chunk_y", "chunk_z")))
-                    w = sink.writer(s0, origin) if sink is not None else \
-                        ShardFileWriter(folder, s0, origin, sc, row_group_size, cell_limit)
+                    w = task.sink.writer(s0, origin) if task.sink is not None else \
+                        ShardFileWriter(stage, s0, origin, sc, task.row_group_size, task.cell_limit)
                 elif s0 != w.shard_id:
                     raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
-                w.add(batch)
+                w.add(_relabel(batch, task.labels))
             if meta.get("end"):
                 if w is None:  # an empty shard: nothing to write
                     continue
                 if meta["shard_id"] != w.shard_id or meta["records"] != w.rows:
                     raise PartialStreamError(f"{source}: shard {w.shard_id}: received {w.rows} records, the "
                                              f"stream says {meta.get('records')} for shard {meta.get('shard_id')}")
-                w.close()
+                path = w.close()
+                if isinstance(path, str) and task.table is not None:
+                    _publish(path, task.table, f"s{scale}/{os.path.basename(path)}")
                 shards += 1
                 records += w.rows
                 nbytes += w.bytes
@@ -240,20 +274,52 @@ def _pull(source, sink, to: str, scale: int, partition: int, of: int, cell_limit
     return {"shards": shards, "records": records, "bytes": nbytes, "skipped": len(done)}
 
 
-def _ingest_task(source, dest, n, opts, item):
-    scale, i = item
-    return ingest_partition(source, dest, scale, i, n, **dict(opts))
+# --------------------------------------------------------------------------- reduce
 
 
-def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int = CELL_LIMIT,
-           row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS, spec=None, scheduler=None,
-           resume: bool = True, overwrite: bool = False, progress: bool | None = None,
-           allow_partial: bool = False, command: str | None = None, **old) -> JobReport:
+def reduce(phase: PhaseReport, totals: IngestTotals) -> IngestTotals:
+    """The partitions' counts summed into ``totals``."""
+    for r in phase.results.values():
+        totals.shards += r["shards"]
+        totals.records += r["records"]
+        totals.bytes += r["bytes"]
+        totals.skipped += r["skipped"]
+    return totals
+
+
+def _finish_table(path: str, spec: dict, todo: list[int], exported: list[int], cell_limit: int) -> None:
+    """The table's ``info`` once the scales asked for are in: complete when every exported one is."""
+    old = (read_table_info(path) or {}).get("dvidshards_table", {})
+    done = sorted(set(old.get("scales_done", [])) | set(todo))
+    counts = {f"s{k}": len(table_files(path, k)) for k in done}
+    write_table_info(path, spec, complete=set(done) >= set(exported), extra={
+        "scales_done": done, "scales_exported": exported, "shards": counts, "cell_limit": cell_limit})
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def _is_stream_source(source: Any) -> bool:
+    """A record stream (``dvidshards.sources.FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
+    return callable(getattr(source, "scan", None)) and hasattr(source, "scales") and hasattr(source, "spec")
+
+
+def _local_folder(dest: Any, what: str) -> ByteStore:
+    """The store of a table or export to write, a local folder: a bucket or an unknown scheme is
+    refused in one line before any work (tables and these writers go through the operating system)."""
+    store = as_store(dest, writable=True, what=what)
+    if store.local_path() is None:
+        raise OutputError(f"{store.describe('')}: ingest writes to a local folder (or a file system every worker "
+                          f"shares), not to a bucket; give a path")
+    return store
+
+
+def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, labels: Any = "agglomerated",
+           scheduler: Any = None, workdir: Any = None, resume: bool = False, overwrite: bool = False,
+           progress: bool | None = None, allow_partial: bool = False, workers: int = 2,
+           cell_limit: int = CELL_LIMIT, row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS,
+           spec: Any = None, command: str | None = None) -> JobReport:
     """Write a table sorted by (shard_id, morton) from a Flight server or an export.
-
-    ``workers`` workers each pull one partition (``shard_id % workers``) per scale and write
-    one Parquet file per shard. Run it again after a failure: complete shards are kept and
-    skipped; the table's ``info`` says ``complete: true`` only when every partition finished.
 
     Parameters
     ----------
@@ -262,30 +328,24 @@ def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int 
         serve-flight``), or an export (path, URL or Dataset) read directly.
     dest : path or VastDBSink
         The table folder (a local path, or a file system every worker shares): new, empty, or
-        an earlier table of the same volume (resumed); anything else refused before any work.
-        Or a VastDB table (threads only; shards already there are skipped).
-    workers : int
-        Partitions per scale, pulled concurrently (threads, or tasks on ``scheduler``).
+        an earlier table of the same volume (``resume`` or ``overwrite``). Or a VastDB table
+        (threads only; shards already there are skipped).
     scales : list of int, optional
-        Default: every scale.
-    cell_limit : int
-        Largest cell in bytes (126 KB); larger payloads are split over bin1..bin4.
-    row_group_size : int
-        Rows per Parquet row group.
-    batch_rows : int
-        Rows per streamed batch.
+        Default: every scale the source holds.
+    labels : "agglomerated", "supervoxels" or a mapping
+        The records' ``labels``: as the source holds them, their supervoxels, or a supervoxel ->
+        body mapping (a file travels as its path and is loaded once per worker) applied to them.
+    scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`). ``scheduler`` None or "threads":
+        ``workers`` threads in this process. ``workdir``: the shard files being written (a
+        folder; default ``TABLE.work``). ``resume`` keeps the shards an earlier run wrote.
+    workers : int
+        Partitions per scale, pulled concurrently.
+    cell_limit, row_group_size, batch_rows : int
+        Largest cell in bytes (larger payloads are split over bin1..bin4); rows per Parquet row
+        group; rows per streamed batch.
     spec : dict or path, optional
         The export's spec when it has no info file.
-    scheduler : None, "threads", "local[:N]", address or distributed.Client
-        None or "threads": ``workers`` threads in this process; else that scheduler.
-    resume : bool
-        Keep the shards an earlier run wrote (default: a table fills shard by shard).
-    overwrite : bool
-        Delete an earlier table's files first and start again.
-    progress : bool, optional
-        Progress bar / lines (default: a bar on a terminal, lines in a log).
-    allow_partial : bool
-        Return the report of an incomplete table instead of raising JobError.
     command : str, optional
         The command line, recorded in the manifest.
 
@@ -301,95 +361,94 @@ def ingest(source, dest=None, *, workers: int = 2, scales=None, cell_limit: int 
         before any work.
     JobError
         A partition failed and ``allow_partial`` is false: the complete shards are kept, the
-        table's ``info`` says ``complete: false``; run again to finish. ``.report`` is the report.
-
-    Notes
-    -----
-    ``to=`` is the old name of ``dest`` (one more release, with a DeprecationWarning).
+        table's ``info`` says ``complete: false``; ``resume`` finishes it. ``.report`` is the report.
     """
-    dest = renamed(old, "to", "dest", dest, job="ingest")
-    if old:
-        raise TypeError(f"ingest() got an unexpected keyword argument {next(iter(old))!r}")
-    if dest is None:
-        raise TypeError("ingest() needs dest, the table folder (or a VastDBSink)")
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise SpecError(f"workers must be a positive integer, got {workers!r}")
     if cell_limit < 1 or row_group_size < 1 or batch_rows < 1:
         raise SpecError("cell_limit, row_group_size and batch_rows must be positive")
-    if overwrite:
-        resume = False
+    if isinstance(source, str) and source.startswith(SCHEMES):
+        raise SpecError(f"{source}: pass dvidshards.sources.FlightSource({source!r}, token=...) to ingest from a "
+                        f"Flight server (or run `dvidshards ingest {source} TABLE`)")
+    src = as_labels(labels)
+    if isinstance(src, Mapped):
+        src.prepare()  # a bad file fails here, before any work
     sink = dest if isinstance(dest, VastDBSink) else None
-    path = None if sink is not None else _local_folder(dest, "table")
-    _no_uri(source)
+    store = None if sink is not None else _local_folder(dest, "table")
+    work = None if store is None else _local_folder(work_folder(store, workdir), "work folder")
+    if sink is not None and workdir is not None:
+        raise SpecError("a VastDB sink receives rows as they come: it has no work folder (leave workdir out)")
     if _is_stream_source(source):
         src_spec = source.spec
         held = getattr(source, "exported", None)  # the scales the server's source holds
-        all_scales = sorted(source.scales) if held is None else sorted(held)
+        exported = sorted(source.scales) if held is None else sorted(held)
         origin = getattr(source, "location", None) or repr(source)
     else:
-        ds = source if hasattr(source, "shard") else Dataset(source, spec=spec)
-        if ds.spec is None:
-            raise SpecError(f"{source}: ingest needs the export's spec (spec=...)")
-        src_spec = ds.spec
-        all_scales = list(ds.exported)
-        source = ds
-        origin = ds.store.describe("") if hasattr(ds, "store") else repr(ds)
+        source = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
+        if source.spec is None:
+            raise SpecError(f"{source.store.describe('')}: ingest needs the export's spec (spec=...)")
+        src_spec = source.spec
+        exported = list(source.exported)
+        origin = source.store.describe("")
     wanted = scales_of(scales)
-    todo = all_scales if wanted is None else wanted
-    missing = sorted(set(todo) - set(all_scales))
+    todo = exported if wanted is None else wanted
+    missing = sorted(set(todo) - set(exported))
     if missing:
         raise NotExportedError(f"{origin}: scale{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                               f"not exported (the source holds {', '.join(f's{k}' for k in all_scales)}); make "
+                               f"not exported (the source holds {', '.join(f's{k}' for k in exported)}); make "
                                f"them with: dvidshards downsample EXPORT DEST, and ingest DEST too")
     if sink is not None and scheduler not in (None, "threads"):
         raise SpecError("a VastDB sink holds a live table: ingest into it with threads (scheduler=None)")
     runner = TaskRunner(f"threads:{int(workers)}" if scheduler in (None, "threads") else scheduler, progress=progress)
-    opts = (("cell_limit", cell_limit), ("row_group_size", row_group_size), ("batch_rows", batch_rows))
-    items = [(k, i) for k in todo for i in range(int(workers))]
+    tasks = list(plan(source, scales=todo, workers=int(workers), table=store, work=work, sink=sink, labels=src,
+                      cell_limit=cell_limit, row_group_size=row_group_size, batch_rows=batch_rows))
     totals = IngestTotals()
-
-    def run(out) -> None:
-        t0 = time.perf_counter()
-        task = functools.partial(_ingest_task, source, sink if sink is not None else path, int(workers), opts)
-        with runner:
-            phase = runner.run(task, items, desc="partitions")
-        out.add(phase, name=lambda it: f"s{it[0]} partition {it[1]}/{workers}")
-        for r in phase.results.values():
-            totals.shards += r["shards"]
-            totals.records += r["records"]
-            totals.bytes += r["bytes"]
-            totals.skipped += r["skipped"]
-        totals.seconds = time.perf_counter() - t0
-
     if sink is not None:  # a live VastDB table: no folder to lock or to hold a manifest
         frame = _SinkFrame(JobReport("ingest", repr(sink), list(todo)))
-        run(frame)
+        t0 = time.perf_counter()
+        with runner:
+            frame.add(runner.run(run_task, tasks, desc="partitions"))
+        totals = reduce(frame.phase, totals)
+        totals.seconds = time.perf_counter() - t0
         return frame.finish(totals, allow_partial)
+    assert store is not None and work is not None
+    path = store.local_path()
     assert path is not None
     if not overwrite:
         _check_table(path, src_spec)  # before the lock's manifest is written: a refusal changes nothing
-    if not _is_stream_source(source):
-        check_apart(Destination.of(path), source=source, what="table")
-    with Output(path, job="ingest", parameters={"cell_limit": int(cell_limit)}, scales=todo, command=command,
-                resume=resume, overwrite=overwrite, own=lambda n: n == "info" or bool(re.fullmatch(r"s[0-9]+", n))
-                ) as out:
+    with Output(store, job="ingest", parameters={"cell_limit": int(cell_limit), **src.identity()}, scales=todo,
+                source=None if _is_stream_source(source) else source, command=command, resume=resume,
+                overwrite=overwrite, own=lambda n: n == "info" or bool(_SCALE_FOLDER.fullmatch(n)),
+                workdir=work) as out, runner:
         out.update(read_from=str(origin), workers=int(workers))
+        runner.check_shared(work)
+        _clear(work)  # an earlier run's half-written files (we hold the lock)
         try:
             if read_table_info(path) is None:
                 write_table_info(path, src_spec, complete=False)
-            run(out)
+            t0 = time.perf_counter()
+            phase = runner.run(run_task, tasks, desc="partitions")
+            out.add(phase)
+            totals = reduce(phase, totals)
+            totals.seconds = time.perf_counter() - t0
             if not out.report.failed:
-                old_info = (read_table_info(path) or {}).get("dvidshards_table", {})
-                done = sorted(set(old_info.get("scales_done", [])) | set(todo))
-                counts = {f"s{k}": len(table_files(path, k)) for k in done}
-                write_table_info(path, src_spec, complete=set(done) >= set(all_scales),
-                                 extra={"scales_done": done, "scales_exported": all_scales, "shards": counts,
-                                        "cell_limit": cell_limit})
+                _finish_table(path, src_spec, todo, exported, cell_limit)
+                _clear(work)
         except OSError as e:
             if isinstance(e, DvidShardsError):
                 raise
             raise os_error(e, e.filename or path, "write it") from None
-        return out.finish(totals=totals, notes=[totals.line()], allow_partial=allow_partial)
+        report = out.finish(totals=totals, notes=[totals.line()], allow_partial=allow_partial)
+    if report.complete and not work.list_sync(""):
+        work.delete_prefix_sync("")
+    return report
+
+
+def _clear(work: ByteStore) -> None:
+    """Delete the shard files being written from a work folder (its scale folders)."""
+    for name in work.list_sync(""):
+        if _SCALE_FOLDER.fullmatch(name):
+            work.delete_prefix_sync(name)
 
 
 class _SinkFrame:
@@ -397,12 +456,14 @@ class _SinkFrame:
 
     def __init__(self, report: JobReport):
         self.report = report
+        self.phase = PhaseReport()
         self._t0 = time.perf_counter()
 
-    def add(self, phase, name=str) -> None:
+    def add(self, phase: PhaseReport) -> None:
+        self.phase = phase
         self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
         self.report.done += len(phase.results)
-        self.report.failed.update({name(k): v for k, v in phase.failed.items()})
+        self.report.failed.update({str(k): v for k, v in phase.failed.items()})
         self.report.task_cpu += phase.task_cpu
 
     def finish(self, totals: IngestTotals, allow_partial: bool) -> JobReport:
@@ -431,11 +492,12 @@ def _check_table(path: str, spec: dict) -> None:
         raise SpecError(f"{path}: a table of another volume (its spec differs from the source's)")
 
 
-# --- /blocks dumps into an export -----------------------------------------------------------------
+# --------------------------------------------------------------------------- /blocks dumps into an export
 
 
-def ingest_blocks(paths, dest=None, *, mapping=None, spec=None, scale: int = 0, compression: str = "auto",
-                  resolution=(8, 8, 8), shard_chunks: int = 32, zstd_level: int = 3, **old) -> dict:
+def ingest_blocks(paths: Any, dest: Any, *, labels: Any = "agglomerated", spec: Any = None, scale: int = 0,
+                  compression: str = "auto", resolution: Sequence[float] = (8, 8, 8), shard_chunks: int = 32,
+                  zstd_level: int = 3) -> dict:
     """Turn DVID ``/blocks`` dumps (supervoxels) into an export written like DVID's.
 
     Parameters
@@ -444,17 +506,16 @@ def ingest_blocks(paths, dest=None, *, mapping=None, spec=None, scale: int = 0, 
         ``GET …/blocks?supervoxels=true`` responses (see ``dvidshards.formats.blocks``).
     dest : path
         The export root to create, a local folder (must not exist or be empty; never written
-        into otherwise). Locked while written. ``to=`` is its old name (one more release, with a
-        DeprecationWarning).
-    mapping : optional
-        Supervoxel → body mapping (anything ``LabelMapping.from_any`` takes) for the records'
-        agglomerated ``labels``; default: labels = supervoxels.
+        into otherwise). Locked while written.
+    labels : "agglomerated", "supervoxels" or a mapping
+        The records' agglomerated ``labels``: a supervoxel -> body mapping applied to the
+        supervoxels, or (the dumps hold no bodies) the supervoxels themselves.
     spec : dict or path, optional
-        The neuroglancer multiscale spec; the blocks are its scale ``scale``.  Default: one
-        scale as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³.
-        The ``info`` written lists the spec's scales up to ``scale`` only (the export has no
-        folder for the coarser ones); with ``scale`` > 0 the finer scales have no folder
-        either, and reading them is a SpecError, never background.
+        The neuroglancer multiscale spec; the blocks are its scale ``scale``. Default: one scale
+        as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³. The ``info``
+        written lists the spec's scales up to ``scale`` only (the export has no folder for the
+        coarser ones); with ``scale`` > 0 the finer scales have no folder either, and reading
+        them is a SpecError, never background.
     compression : str
         What the dumps' payloads hold (``dvidshards.formats.blocks.read_stream``).
 
@@ -464,23 +525,20 @@ def ingest_blocks(paths, dest=None, *, mapping=None, spec=None, scale: int = 0, 
         The spec written to ``dest/info``, with ``"records"`` and ``"shards"`` counts added
         under ``"ingest"``.
     """
-    dest = renamed(old, "to", "dest", dest, job="ingest_blocks")
-    if old:
-        raise TypeError(f"ingest_blocks() got an unexpected keyword argument {next(iter(old))!r}")
-    if dest is None:
-        raise TypeError("ingest_blocks() needs dest, the export folder to create")
-    to = _local_folder(dest, "export")
-    d = Destination.of(to)
-    d.probe()
-    lock = Lock(d, "ingest")
+    src = as_labels(labels)
+    store = _local_folder(dest, "export")
+    to = store.local_path()
+    assert to is not None
+    store.check_writable()
+    lock = Lock(store, "ingest")
     made = not os.path.exists(to)
     lock.acquire()  # a second writer is refused naming this one
     ok = False
     try:
-        if [n for n in d.list() if n != lock.name]:
+        if [n for n in store.list_sync("") if n != lock.name]:
             raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
         try:
-            out = _write_blocks(paths, to, mapping, spec, scale, compression, resolution, shard_chunks, zstd_level)
+            out = _write_blocks(paths, to, src, spec, scale, compression, resolution, shard_chunks, zstd_level)
         except OSError as e:
             if isinstance(e, DvidShardsError):
                 raise
@@ -493,13 +551,13 @@ def ingest_blocks(paths, dest=None, *, mapping=None, spec=None, scale: int = 0, 
             os.rmdir(to)  # refused or failed before anything was written: no folder left behind
 
 
-def _write_blocks(paths, to: str, mapping, spec, scale: int, compression: str, resolution, shard_chunks: int,
-                  zstd_level: int) -> dict:
+def _write_blocks(paths: Any, to: str, labels: LabelSource, spec: Any, scale: int, compression: str,
+                  resolution: Sequence[float], shard_chunks: int, zstd_level: int) -> dict:
     import zstandard
 
     if isinstance(paths, (str, os.PathLike, bytes, bytearray, memoryview)):
         paths = [paths]
-    m = LabelMapping.from_any(mapping) if mapping is not None else None
+    m = labels.mapping if isinstance(labels, Mapped) else None
     zc = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True, write_content_size=True)
     recs: dict[tuple, dict] = {}
     for p in paths:
@@ -549,24 +607,29 @@ def _write_blocks(paths, to: str, mapping, spec, scale: int, compression: str, r
     return {**spec, "ingest": {"records": len(recs), "shards": len(by_origin)}}
 
 
+# --------------------------------------------------------------------------- command line
+
+
+_TABLE_ONLY = {"workers": 2, "cell_limit": CELL_LIMIT, "row_group_size": ROW_GROUP, "scales": None, "token": None,
+               "tls_root_certs": None, "scheduler": None, "workdir": None, "resume": False, "overwrite": False}
+
+
 class IngestCommand:
     """``dvidshards ingest SOURCE... DEST``: a Flight server or an export into a table; /blocks dumps into an export."""
 
     @staticmethod
     def add_arguments(p) -> None:
         p.add_argument("source", nargs="+", metavar="SOURCE",
-                       help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files; "
-                            "then DEST")
-        add_dest(p, what="the table folder (from a Flight server or an export; an earlier table of the same volume "
-                         "is resumed), or the export to create (from /blocks dumps); a local folder",
-                 old=("--to",))
+                       help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
+        add_dest(p, what="the table folder (from a Flight server or an export), or the export to create (from "
+                         "/blocks dumps); a local folder", old=())
         p.add_argument("--workers", type=int, default=2, metavar="N",
                        help="partitions pulled concurrently (default 2)")
         add_scales(p, help="scales to ingest (default: all)")
         p.add_argument("--spec", help="the neuroglancer multiscale spec (an export without info; or the "
                                       "/blocks dumps' volume)")
-        p.add_argument("--mapping",
-                       help="/blocks dumps: supervoxel -> body mapping file for the agglomerated labels")
+        p.add_argument("--labels", default="agglomerated", metavar="LABELS",
+                       help=LABELS_HELP + "; /blocks dumps hold supervoxels only: a mapping gives their bodies")
         p.add_argument("--compression", default="auto", choices=("auto", "blocks", "gzip", "lz4", "uncompressed"),
                        help="/blocks dumps: what the payloads hold (default: tell by content)")
         p.add_argument("--cell-limit", type=int, default=CELL_LIMIT, metavar="BYTES",
@@ -575,40 +638,38 @@ class IngestCommand:
                        help=f"rows per Parquet row group (default {ROW_GROUP})")
         p.add_argument("--token", help="Flight bearer token (default: $DVIDSHARDS_FLIGHT_TOKEN)")
         p.add_argument("--tls-root-certs", metavar="PEM", help="root certificate of a grpc+tls:// server")
-        add_job_options(p, workdir=False)
+        add_job_options(p)
 
     @staticmethod
     def main(args) -> int:
         """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
         srcs = list(args.source)
-        if args.dest is None and getattr(args, "_old_dest", None) is None and len(srcs) >= 2:
-            args.dest = srcs.pop()  # SOURCE... DEST: the last one is the destination
-            args.source = srcs
-        dest = dest_of(args)
         remote = [s for s in srcs if s.startswith(SCHEMES)]
         if remote or (len(srcs) == 1 and os.path.isdir(srcs[0])):
             if len(srcs) != 1:
                 raise SpecError("give one Flight server or export")
-            if args.mapping:
-                raise SpecError("--mapping applies to /blocks dumps only")
-            if args.workers < 1 or args.cell_limit < 1 or args.row_group_size < 1:
-                raise SpecError("--workers, --cell-limit and --row-group-size must be positive")
-            _local_folder(dest, "table")  # a bucket is refused before connecting to anything
-            source = srcs[0]
+            if args.compression != "auto":
+                raise SpecError("--compression applies to /blocks dumps only")
+            _local_folder(args.dest, "table")  # a bucket is refused before connecting to anything
+            source: Any = srcs[0]
             if remote:
                 source = FlightSource(source, token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None,
                                       tls_root_certs=args.tls_root_certs, tune_malloc=True)
             skip = [k for k, v in (("workers", 2), ("cell_limit", CELL_LIMIT), ("row_group_size", ROW_GROUP),
-                                   ("compression", "auto"), ("token", None)) if getattr(args, k) == v] + ["token"]
-            report = ingest(source, dest, workers=args.workers, scales=args.scales, cell_limit=args.cell_limit,
-                            row_group_size=args.row_group_size, spec=args.spec, scheduler=args.scheduler,
-                            resume=True, overwrite=args.overwrite, progress=False if args.quiet else None,
-                            allow_partial=True, command=command_line("ingest", args, skip=skip))
+                                   ("compression", "auto"), ("labels", "agglomerated")) if getattr(args, k) == v]
+            report = ingest(source, args.dest, workers=args.workers, scales=args.scales, labels=args.labels,
+                            cell_limit=args.cell_limit, row_group_size=args.row_group_size, spec=args.spec,
+                            allow_partial=True, command=command_line("ingest", args, skip=[*skip, "token"]),
+                            **job_options(args))
             print(report.summary())
             return 0 if report.ok else 1
         for s in srcs:
             if not os.path.isfile(s):
                 raise SpecError(f"{s}: no such file (nor a grpc:// URI or export folder)")
-        out = ingest_blocks(srcs, dest, mapping=args.mapping, spec=args.spec, compression=args.compression)
-        print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {dest}")
+        table_only = [k for k, v in _TABLE_ONLY.items() if getattr(args, k) != v]
+        if table_only:
+            raise SpecError(f"--{table_only[0].replace('_', '-')} applies to a table (from a Flight server or an "
+                            f"export), not to /blocks dumps")
+        out = ingest_blocks(srcs, args.dest, labels=args.labels, spec=args.spec, compression=args.compression)
+        print(f"{out['ingest']['records']} blocks in {out['ingest']['shards']} shards -> {args.dest}")
         return 0

@@ -411,7 +411,7 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
     try:
         line = p.stdout.readline().rstrip("\n")
         assert re.fullmatch(r"grpc://127\.0\.0\.1:\d+", line), line
-        r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", line, "--to", str(tmp_path / "t"),
+        r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", line, str(tmp_path / "t"),
                             "--workers", "2"], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
         assert r.returncode == 0, r.stderr
         assert "records in" in r.stdout
@@ -433,14 +433,14 @@ def test_cli_ingest_blocks_dump(synth, tmp_path):
     (tmp_path / "d.dat").write_bytes(write_stream(export_blocks(Path(synth.root))))
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(Dataset(synth.root).spec))
-    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
+    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"),
                         str(tmp_path / "exp"), "--spec", str(spec)], capture_output=True, text=True,
                        cwd=str(ROOT), timeout=300)
     assert r.returncode == 0, r.stderr
     ds = Dataset(tmp_path / "exp")
     box = [[0, 0, 0], list(ds.scale(0).size)]
     np.testing.assert_array_equal(ds.read(box, labels="supervoxels"), synth.expected(0, "supervoxels"))
-    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"), "--to",
+    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"),
                         str(tmp_path / "exp")], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
     assert r.returncode == 2 and "not an empty folder" in r.stderr
 

@@ -28,12 +28,13 @@ from dvidshards.errors import (
     OutputError,
     SpecError,
 )
-from dvidshards.jobs.ingest import ingest, ingest_blocks, ingest_partition
+from dvidshards.jobs.ingest import ingest, ingest_blocks, plan, run_task
 from dvidshards.jobs.output import read_manifest
 from dvidshards.serve.flight import ExportFlightServer, serve
 from dvidshards.sources.flight import FlightSource
 from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, TableSource, record_keys
 from dvidshards.sources.vastdb import Predicate, VastDBSink, VastDBSource, shard_predicate
+from dvidshards.stores import as_store
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export, spec_file
 from tests.support.tables import (
@@ -158,7 +159,9 @@ def test_ingest_from_local_export_without_flight(synth, tmp_path):
 def test_ingest_is_idempotent_and_refuses_other_folders(synth, tmp_path):
     to = tmp_path / "t"
     first = ingest(synth.root, to, workers=2)
-    again = ingest(synth.root, to, workers=2)  # a table fills shard by shard: a rerun resumes
+    with pytest.raises(OutputError, match="--resume"):  # a table fills shard by shard: --resume finishes one
+        ingest(synth.root, to, workers=2)
+    again = ingest(synth.root, to, workers=2, resume=True)
     assert again.ok and again.totals.shards == 0 and again.totals.skipped == first.totals.shards
     assert "0 shards already there" in first.summary() and f"{first.totals.shards} shards already there" in \
         again.summary()
@@ -173,31 +176,57 @@ def test_ingest_is_idempotent_and_refuses_other_folders(synth, tmp_path):
     assert os.listdir(other) == ["x.txt"]
     small = make_export(tmp_path / "small", shape=(70, 70, 70), scales=1, info=True)
     with pytest.raises(SpecError, match="another volume"):
-        ingest(small.root, to)
+        ingest(small.root, to, resume=True)
     assert read_manifest(to)["complete"] is True  # a refusal changes nothing
     with pytest.raises(SpecError):
         ingest(synth.root, tmp_path / "w", workers=0)
     # overwrite starts again: every shard written anew
     fresh = ingest(synth.root, to, workers=2, overwrite=True)
     assert fresh.ok and fresh.totals.skipped == 0 and fresh.totals.shards == first.totals.shards
-    # the old keyword, one release
-    with pytest.warns(DeprecationWarning, match=r"ingest\(to=...\) is now ingest\(dest=...\)"):
-        assert ingest(synth.root, to=tmp_path / "t4", workers=1, scales=[2]).ok
     # a bucket is refused in one line before any work (the table writer is local)
     with pytest.raises(OutputError, match="not to a bucket"):
         ingest(synth.root, "gs://no-such-bucket/t")
 
 
-def test_cli_ingest_dest_positional_and_old_to(synth, tmp_path, capsys):
+def test_cli_ingest_into_a_table(synth, tmp_path, capsys):
     from dvidshards.cli import main
 
     assert main(["ingest", synth.root, str(tmp_path / "t"), "--scales", "1", "2", "--quiet"]) == 0
     assert "records in" in capsys.readouterr().out
-    assert main(["ingest", synth.root, "--to", str(tmp_path / "u"), "--scales", "1,2", "--quiet"]) == 0
-    err = capsys.readouterr().err
-    assert "--to" in err and "positional DEST" in err and "--scales 1 2" in err
-    assert table_rows(tmp_path / "t", 1) == table_rows(tmp_path / "u", 1)
     assert read_manifest(tmp_path / "t")["command"] == f"dvidshards ingest {synth.root} {tmp_path / 't'} --scales 1 2"
+    assert not (tmp_path / "t.work").exists()  # the work folder goes once the table is complete
+    assert main(["ingest", synth.root, str(tmp_path / "t"), "--scales", "2", "--quiet"]) == 2  # refused
+    assert "--resume" in capsys.readouterr().err
+    assert main(["ingest", synth.root, str(tmp_path / "t"), "--scales", "0", "--quiet", "--resume"]) == 0
+    assert json.loads((tmp_path / "t" / "info").read_text())["dvidshards_table"]["complete"] is True
+
+
+def test_ingest_labels_are_the_supervoxels_or_a_mapping_of_them(synth, tmp_path, capsys):
+    """--labels supervoxels|FILE: the table's records carry their supervoxels, or the mapping applied
+    to them (an unmapped supervoxel keeps its id), and read back so; --workdir is the folder given."""
+    from dvidshards.cli import main
+
+    ds = Dataset(synth.root)
+    box = [[0, 0, 0], list(ds.scale(0).size)]
+    sv = ds.read(box, labels="supervoxels")
+    ids = np.unique(sv[sv != 0])
+    pairs = np.stack([ids[::2], ids[::2] + 1000], 1)  # every other supervoxel mapped
+    mapping = tmp_path / "map.txt"
+    np.savetxt(mapping, pairs, fmt="%d")
+    lut = dict(pairs.tolist())
+    u, inv = np.unique(sv, return_inverse=True)
+    want = np.array([lut.get(int(v), int(v)) for v in u], np.uint64)[inv].reshape(sv.shape)
+    assert ingest(synth.root, tmp_path / "s", scales=[0], labels="supervoxels").ok
+    np.testing.assert_array_equal(Dataset(TableSource(tmp_path / "s", partial=True)).read(box), sv)
+    assert main(["ingest", synth.root, str(tmp_path / "m"), "--scales", "0", "--labels", str(mapping),
+                 "--workdir", str(tmp_path / "w"), "--quiet"]) == 0
+    np.testing.assert_array_equal(Dataset(TableSource(tmp_path / "m", partial=True)).read(box), want)
+    for r in table_rows(tmp_path / "m", 0):
+        assert r["labels"] == [lut.get(v, v) for v in r["supervoxels"]]
+    assert read_manifest(tmp_path / "m")["parameters"]["mapping_file"] == str(mapping)
+    assert not (tmp_path / "w").exists() and not (tmp_path / "m.work").exists()
+    assert main(["ingest", synth.root, str(tmp_path / "x"), "--workdir", str(tmp_path / "x" / "w"), "--quiet"]) == 2
+    assert "work folder" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 # --- split cells ------------------------------------------------------------------------------------
@@ -269,11 +298,13 @@ def test_payload_over_four_cells_is_a_typed_error(tmp_path):
     write_export(vol, root, scales=1, shard_chunks=2, info=True)
     big = max(len(p) for _, _, p in export_records(root, 0).values())
     assert big > 4 * CELL_LIMIT
+    table, work = as_store(tmp_path / "t", writable=True), as_store(tmp_path / "w", writable=True)
+    task = next(plan(Dataset(root), scales=[0], workers=1, table=table, work=work))
     with pytest.raises(CellLimitError, match=r"chunk \(1, 0, 0\).*more than 4 cells") as e:
-        ingest_partition(str(root), str(tmp_path / "t"), 0, 0, 1)
+        run_task(task)
     assert str(big) in str(e.value)
-    assert not list((tmp_path / "t" / "s0").glob("*.parquet"))  # nothing half written
-    assert not [n for n in os.listdir(tmp_path / "t" / "s0") if n.endswith(".tmp")]
+    assert os.listdir(tmp_path / "t" / "s0") == []  # nothing half written in the table
+    assert not [n for n in os.listdir(tmp_path / "w" / "s0") if n.endswith(".tmp")]
     with serve(str(root)) as srv:  # through Flight and ingest(): the partition fails, named
         with pytest.raises(JobError) as e:
             ingest(FlightSource(srv.location), tmp_path / "t2", workers=2)
@@ -318,11 +349,12 @@ def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
         before = sorted(f.name for f in (to / "s0").glob("*.parquet"))
         n_shards = len(Dataset(synth.root).shards(0))
         assert 2 <= len(before) < n_shards, before
-        report = ingest(FlightSource(srv.location), to, workers=2, scales=[0])
+        report = ingest(FlightSource(srv.location), to, workers=2, scales=[0], resume=True)
     finally:
         srv.shutdown()
     assert report.ok and report.totals.skipped == len(before) and report.totals.shards == n_shards - len(before)
-    assert not [n for n in os.listdir(to / "s0") if n.startswith(".")]  # the dead worker's file is gone
+    assert not [n for n in os.listdir(to / "s0") if n.startswith(".")]  # the table never held half a file
+    assert not (tmp_path / "t.work").exists()  # the dead worker's half-written file is gone with the work folder
     rows = table_rows(to, 0)
     want = export_records(Path(synth.root), 0)
     keys = [(r["chunk_x"], r["chunk_y"], r["chunk_z"]) for r in rows]
@@ -653,7 +685,7 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     mapping = tmp_path / "map.csv"
     np.savetxt(mapping, np.asarray(sorted(synth.mapping.items()) if isinstance(synth.mapping, dict)
                                    else synth.mapping, np.uint64), fmt="%d", delimiter=",")
-    out = ingest_blocks([tmp_path / "a.dat", tmp_path / "b.dat"], tmp_path / "exp", mapping=mapping,
+    out = ingest_blocks([tmp_path / "a.dat", tmp_path / "b.dat"], tmp_path / "exp", labels=mapping,
                         spec=Dataset(synth.root).spec)
     assert out["ingest"]["records"] == len(blocks)
     ds_new = Dataset(tmp_path / "exp")
@@ -669,8 +701,6 @@ def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
     with pytest.raises(ChunkIndexError, match="twice"):
         ingest_blocks([tmp_path / "a.dat", tmp_path / "a.dat"], tmp_path / "dup")
     assert not (tmp_path / "dup").exists()  # failed before anything was written: no folder left
-    with pytest.warns(DeprecationWarning, match=r"ingest_blocks\(to=...\)"):
-        ingest_blocks([tmp_path / "b.dat"], to=tmp_path / "exp2", spec=Dataset(synth.root).spec)
     with pytest.raises(OutputError, match="not to a bucket"):
         ingest_blocks([tmp_path / "a.dat"], "s3://no-such-bucket/exp")
 
@@ -755,7 +785,7 @@ def test_ingest_reports_a_real_rate_or_none(three_shards, tmp_path, capsys):
 
     from dvidshards.cli import main
 
-    assert main(["ingest", three_shards.root, "--to", str(tmp_path / "table"), "--spec",
+    assert main(["ingest", three_shards.root, str(tmp_path / "table"), "--spec",
                  spec_file(three_shards, tmp_path)]) == 0
     out = capsys.readouterr().out
     m = re.search(r"\(([0-9.]+) (k|M|G)?B in [0-9.]+ s(, ([0-9.]+) (k|M|G)?B/s)?\)", out)
@@ -764,7 +794,7 @@ def test_ingest_reports_a_real_rate_or_none(three_shards, tmp_path, capsys):
     if m.group(3):  # a rate, when one is told, is not zero
         assert float(m.group(4)) > 0
     # again: every shard already there, nothing moved, no rate
-    assert main(["ingest", three_shards.root, "--to", str(tmp_path / "table"), "--spec",
-                 spec_file(three_shards, tmp_path)]) == 0
+    assert main(["ingest", three_shards.root, str(tmp_path / "table"), "--spec",
+                 spec_file(three_shards, tmp_path), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "B/s" not in out and "already there" in out, out
