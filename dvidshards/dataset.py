@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import functools
 import itertools
 import math
 import os
@@ -19,6 +18,7 @@ import re
 import sys
 import warnings
 from types import FrameType
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
@@ -31,11 +31,11 @@ from .errors import (
     GeometryWarning,
     IncompleteScalesWarning,
     MissingShardError,
-    RemoteReadError,
     SpecError,
 )
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
+from .pyramid import MANIFEST, Layer, LayeredStore, drive_all, given_roots, present_scales, roots_of
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, label_at, labels_in_box, unique
 from .query import mapping as export_mapping
 from .read import ChunkReader, check_scale, read_box
@@ -52,39 +52,9 @@ from .shard import (
     scale_naming,
 )
 from .sources import RecordSource, record_source_of
-from .stores import ByteStore, Stat, as_store
+from .stores import ByteStore, as_store
 
 __all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Scale", "open", "shard_origins"]
-
-MANIFEST = "_dvidshards.json"  # a job's manifest at the root of its output (a downsample's: layered over its source)
-_SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
-_PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
-
-
-def _keyword_only(*names: str):
-    """Dataset methods take ``(what, *, scale, labels, ...)``; the old positional ``scale`` (and the
-    arguments after it) keep working for one release, with a DeprecationWarning."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def method(self, *args, **kwargs):
-            if len(args) > 1:
-                extra, args = args[1:], args[:1]
-                if len(extra) > len(names):
-                    raise TypeError(f"Dataset.{fn.__name__}() takes 1 positional argument and keywords "
-                                    f"{', '.join(names)}")
-                for n, v in zip(names, extra, strict=False):
-                    if n in kwargs:
-                        raise TypeError(f"Dataset.{fn.__name__}() got {n} twice")
-                    kwargs[n] = v
-                warnings.warn(f"Dataset.{fn.__name__}: pass {', '.join(names[:len(extra)])} by keyword "
-                              f"({names[0]}=...); positional use goes in the next release",
-                              DeprecationWarning, stacklevel=2)
-            return fn(self, *args, **kwargs)
-
-        return method
-
-    return wrap
 
 
 def _caller_stacklevel() -> int:
@@ -100,194 +70,6 @@ def _caller_stacklevel() -> int:
         level += 1
     return level + 1
 
-
-class LayeredStore(ByteStore):
-    """Several export roots read as one: scale ``k``'s keys (``s{k}/...``) come from the root ``route``
-    gives it; other keys (``info``) from the first root holding them.
-
-    What ``Dataset([export, dest])`` (and a downsample destination, over its source) reads
-    through: every reader, job and message then sees one export whose scale folders live in
-    different places, and each file keeps its own path (``describe``).  Pickles when its
-    stores do.
-    """
-
-    def __init__(self, stores, route: dict[int, int] | None = None):
-        self.stores = list(stores)
-        self.route: dict[int, int] = dict(route or {})
-        self.mappable = all(st.mappable for st in self.stores)
-        self.immediate = all(st.immediate for st in self.stores)
-
-    @property
-    def base(self) -> ByteStore:
-        """The first root (the source export): what the commands a message suggests start from."""
-        return self.stores[0]
-
-    def __reduce__(self):
-        return (LayeredStore, (self.stores, self.route))
-
-    def __repr__(self) -> str:
-        return f"LayeredStore({self.stores!r}, route={self.route!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, LayeredStore) and other.stores == self.stores and other.route == self.route
-
-    def __hash__(self) -> int:
-        return hash((tuple(id(st) for st in self.stores), tuple(sorted(self.route.items()))))
-
-    def _of(self, key: str) -> ByteStore | None:
-        m = _SCALE_KEY.match(key)
-        if m is None:
-            return None
-        return self.stores[self.route.get(int(m.group(1)), 0)]
-
-    def describe(self, key: str) -> str:
-        st = self._of(key)
-        if st is not None:
-            return st.describe(key)
-        if not key:
-            return " + ".join(dict.fromkeys(st.describe("") for st in self.stores))
-        return self.stores[0].describe(key)
-
-    async def read(self, key: str, start: int | None = None, stop: int | None = None):
-        st = self._of(key)
-        if st is not None:
-            return await st.read(key, start, stop)
-        for st in self.stores[:-1]:
-            try:
-                return await st.read(key, start, stop)
-            except MissingShardError:
-                continue
-        return await self.stores[-1].read(key, start, stop)
-
-    async def read_ranges(self, key: str, ranges, *, return_exceptions: bool = False) -> builtins.list:
-        st = self._of(key) or self.stores[0]
-        return await st.read_ranges(key, ranges, return_exceptions=return_exceptions)
-
-    async def exists(self, key: str) -> bool:
-        st = self._of(key)
-        if st is not None:
-            return await st.exists(key)
-        for st in self.stores:
-            if await st.exists(key):
-                return True
-        return False
-
-    async def list(self, prefix: str = "") -> builtins.list[str]:
-        st = self._of(prefix)
-        if st is not None:
-            return await st.list(prefix)
-        names: set[str] = set()
-        for st in self.stores:
-            names.update(await st.list(prefix))
-        return sorted(names)
-
-    async def stat(self, key: str) -> Stat:
-        return await (self._of(key) or self.stores[0]).stat(key)
-
-    async def is_folder(self, prefix: str) -> bool:
-        st = self._of(prefix)
-        if st is not None:
-            return await st.is_folder(prefix)
-        for st in self.stores:
-            if await st.is_folder(prefix):
-                return True
-        return False
-
-    async def sample(self, prefix: str, n: int) -> builtins.list[str] | None:
-        st = self._of(prefix)
-        return await st.sample(prefix, n) if st is not None else None
-
-    def map(self, key: str):
-        return (self._of(key) or self.stores[0]).map(key)
-
-
-def _downsample_manifest(store: ByteStore) -> dict | None:
-    """A downsample job's manifest at the root of store (None: no manifest, or another job's)."""
-    try:
-        data = store.read_sync(MANIFEST)
-    except (MissingShardError, RemoteReadError):  # a store that fails says so at the first file a read needs
-        return None
-    where = store.describe(MANIFEST)
-    m = parse_json(bytes(data), where)
-    if m.get("job") != "downsample":
-        return None
-    src = m.get("source")
-    url = src.get("url") if isinstance(src, dict) else None
-    scales = m.get("scales")
-    if not isinstance(url, str) or not url or not isinstance(scales, list) or \
-            not all(type(k) is int and k >= 0 for k in scales) or not isinstance(m.get("complete"), bool):
-        raise SpecError(f"{where}: a downsample manifest needs source.url (the export it was made from), "
-                        f"scales (a list of scale numbers) and complete (true or false)")
-    return m
-
-
-def _manifest_source(url: str, dest: ByteStore):
-    """The source a downsample manifest names: a URL, or a path (relative ones from a local destination)."""
-    if "://" in url or os.path.isabs(url) or not hasattr(dest, "root"):
-        return url
-    return os.path.normpath(os.path.join(dest.root, url))
-
-
-def _layers(store: ByteStore, depth: int = 0) -> builtins.list[tuple[ByteStore, frozenset[int] | None, dict | None]]:
-    """(store, scales it is known to hold or None, manifest) for a root and, when it is a downsample
-    destination, the roots under it (its source first).  A LayeredStore is taken as it is routed
-    (``Dataset.with_scales``): its roots' manifests are not followed again."""
-    if isinstance(store, LayeredStore):
-        return [(st, frozenset(k for k, j in store.route.items() if j == i), None)
-                for i, st in enumerate(store.stores)]
-    m = _downsample_manifest(store)
-    if m is None:
-        return [(store, None, None)]
-    if depth > 8:
-        raise SpecError(f"{store.describe(MANIFEST)}: downsample manifests name each other's outputs in a loop")
-    url = _manifest_source(m["source"]["url"], store)
-    try:
-        source = as_store(url)
-    except SpecError as e:
-        raise SpecError(f"{store.describe(MANIFEST)}: the export this was downsampled from cannot be opened: "
-                        f"{e}") from None
-    return [*_layers(source, depth + 1), (store, frozenset(m["scales"]), m)]
-
-
-async def _present(store: ByteStore, indices: builtins.list[int], known: dict[int, bool]) -> set[int]:
-    """The scale numbers among ``indices`` whose folder the root holds.
-
-    A local folder (a store that never waits) is listed once.  Elsewhere a root listing would
-    list every file of the export, so scale folders are listed from the coarsest, a few at once
-    (an absent one costs one request, a coarse one a few names), until one is found: an export
-    holds a prefix of its spec's scales (FORMATS.md §3a), so that one and every finer scale are
-    there.  Scale 0 is never listed: it is taken as present.  ``known`` holds what listings
-    already said.
-    """
-    if store.immediate:
-        names = set(await store.list(""))
-        return {k for k in indices if f"s{k}" in names}
-    todo = sorted(indices, reverse=True)
-    while todo:
-        k = todo[0]
-        if k in known:
-            todo.pop(0)
-            if known[k]:
-                return {j for j in indices if j <= k}
-            continue
-        group = [j for j in todo[:_PRESENCE_GROUP] if j not in known and j > 0]
-        if not group:
-            break
-        found = await asyncio.gather(*(store.list(f"s{j}") for j in group))
-        known.update({j: bool(f) for j, f in zip(group, found, strict=True)})
-    return {j for j in indices if j == 0}
-
-
-def _drive_all(store, coros) -> builtins.list:
-    """Run coroutines on a store: one after the other when it never waits, else together."""
-    coros = builtins.list(coros)
-    if store.immediate:
-        return [store._sync(c) for c in coros]
-
-    async def together():
-        return await asyncio.gather(*coros)
-
-    return store._sync(together())
 
 def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
     """Voxel origins of the shard files in one scale folder (lists it; nothing is checked)."""
@@ -382,6 +164,7 @@ class Dataset:
         raw, where = _load_spec(spec, self.store)
         saved = scales_from_consolidated(self.index) if raw is None and self.index is not None else None
         self._exported: tuple[int, ...] | None = None
+        self._filled: frozenset[int] = frozenset()
         self._listed: dict[int, bool] = {}  # scale folders a listing at open found (True) or not (False)
         self._seen: dict[int, builtins.list] = {}  # shard origins the naming detection saw, checked at first use
         if layers is not None:
@@ -405,8 +188,10 @@ class Dataset:
         self._readers: dict = {}
         self._files: dict[int, ScaleFiles] = {}
         self._sampled: dict[int, bool | None] = {}
+        #: the scale numbers this export holds (a folder ``s{k}`` each, or made by a downsample job), ascending
+        self.exported: tuple[int, ...] = self._exported if self._exported is not None else self._find_exported()
 
-    def _open_roots(self, source, spec) -> builtins.list | None:
+    def _open_roots(self, source: Any, spec: Any) -> builtins.list[Layer] | None:
         """Set ``store`` from the root(s); the layers of several roots (None for one plain root)."""
         roots = builtins.list(source) if isinstance(source, (builtins.list, tuple)) else [source]
         if not roots:
@@ -417,18 +202,15 @@ class Dataset:
                 self.store: ByteStore | RecordSource = one
                 return None
             store = as_store(one)
-            layers = _layers(store)
+            layers = roots_of(store)
             if len(layers) == 1:
                 self.store = store
                 return None
         else:
-            layers = []
             for r in roots:
                 if isinstance(r, RecordSource) or record_source_of(r, spec) is not None:
                     raise SpecError(f"{r!r}: a record source cannot be one of several roots; give export folders")
-                for layer in _layers(as_store(r)):  # a destination's source given in the list too: once
-                    if not any(layer[0] == st for st, _, _ in layers):
-                        layers.append(layer)
+            layers = given_roots([as_store(r) for r in roots])
         self.store = LayeredStore([st for st, _, _ in layers])
         for st, _, m in layers:
             if m is not None and not m["complete"]:
@@ -455,11 +237,13 @@ class Dataset:
                     names = st.list_sync("")
                     held = frozenset(int(n[1:]) for n in names if re.fullmatch(r"s[0-9]+", n))
                 else:
-                    held = frozenset(st._sync(_present(st, indices, {})))
+                    held = frozenset(st._sync(present_scales(st, indices, {})))
             for k in sorted(held):
                 route.setdefault(k, i)
         self.store.route = route
         self._exported = tuple(sorted(route))
+        # the scales of a complete downsample output: a shard file it did not write holds only background
+        self._filled = frozenset(k for k, i in route.items() if layers[i][2] is not None and layers[i][2]["complete"])
 
     def __getstate__(self):
         d = self.__dict__.copy()
@@ -480,31 +264,21 @@ class Dataset:
 
     # --- which scales, and how their files are named ---------------------------------------------
 
-    @property
-    def exported(self) -> tuple[int, ...]:
-        """The scale numbers this export holds (a folder ``s{k}`` each), ascending.
-
-        An export holds any prefix of its spec's scales (DVID exports scale 0 only by default);
-        with several roots (``Dataset([export, dest])``, a downsample destination) every scale
-        some root holds.  ``require_scale`` is the check.  Known at no cost for several roots and
-        inferred geometry; otherwise found once, on first use: a local root is listed, an object
-        store's scale folders are listed coarse to fine until one is found (scale 0 is never
-        listed); a record source holds every scale of its spec.
-        """
-        if self._exported is None:
-            indices = [s.index for s in self.scales]
-            if isinstance(self.store, RecordSource):  # a source says what it holds (None: every scale)
-                held = self.store.exported
-                self._exported = tuple(indices) if held is None else tuple(k for k in indices if k in held)
-            elif all("shard_extent" in s.inferred for s in self.scales):
-                self._exported = tuple(indices)
-            else:
-                try:
-                    got = self.store._sync(_present(self.store, indices, dict(self._listed)))
-                except SpecError:  # a store that cannot list (http): every scale of the spec is taken as there
-                    got = set(indices)
-                self._exported = tuple(sorted(got))
-        return self._exported
+    def _find_exported(self) -> tuple[int, ...]:
+        """The scale folders one root holds: an export holds any prefix of its spec's scales (DVID
+        exports scale 0 only by default). A local root is listed; an object store's scale folders are
+        listed coarse to fine until one is found (scale 0 is never listed); a store that cannot list
+        holds every scale of the spec; a record source says what it holds."""
+        indices = [s.index for s in self.scales]
+        if isinstance(self.store, RecordSource):  # a source says what it holds (None: every scale)
+            held = self.store.exported
+            return tuple(indices) if held is None else tuple(k for k in indices if k in held)
+        if all("shard_extent" in s.inferred for s in self.scales):
+            return tuple(indices)
+        try:
+            return tuple(sorted(self.store._sync(present_scales(self.store, indices, dict(self._listed)))))
+        except SpecError:  # a store that cannot list (http): every scale of the spec is taken as there
+            return tuple(indices)
 
     def require_scale(self, scale=0) -> Scale:
         """The scale (``Dataset.scale``), or ``NotExportedError`` when the export does not hold it.
@@ -538,7 +312,9 @@ class Dataset:
         for k in scales:
             self.scale(k)  # a scale the spec does not list: SpecError
             route[int(k)] = len(stores) - 1
-        return Dataset(LayeredStore(stores, route), spec=self.spec, index=self.index, policy=self.policy)
+        ds = Dataset(LayeredStore(stores, route), spec=self.spec, index=self.index, policy=self.policy)
+        ds._filled = self._filled | frozenset(int(k) for k in scales)  # made whole: an absent file is background
+        return ds
 
     def _named(self, scales: builtins.list[Scale]) -> builtins.list[Scale]:
         """The scales with the naming generation of their files (``Scale.naming``) where the two differ.
@@ -557,7 +333,7 @@ class Dataset:
             ci = self._consolidated(s)
             given[s.index] = ci.shards if ci is not None else None
         store = self.store
-        found = _drive_all(store, (scale_naming(store, s, given[s.index]) for s in todo))
+        found = drive_all(store, (scale_naming(store, s, given[s.index]) for s in todo))
         named = {}
         for s, (naming, seen) in zip(todo, found, strict=True):
             if seen is not None:
@@ -675,21 +451,24 @@ class Dataset:
             self._files[s.index] = f
         return f
 
-    def shards(self, scale=0) -> list[tuple[int, int, int]]:
+    def shards(self, scale: int | Scale = 0) -> builtins.list[tuple[int, int, int]]:
         """Voxel origins of the shard files present at a scale.
 
-        A folder listing, checked (``files``): a scale the export has no folder for is a
-        SpecError.  A store that cannot list (http) takes them from the consolidated index, or
-        else probes every origin of the spec's shard grid.
+        A folder listing, checked (``files``): a scale the export does not hold is a
+        NotExportedError (a scale a downsample job made holds no files when it is all background).
+        A store that cannot list (http) takes them from the consolidated index, or else probes
+        every origin of the spec's shard grid.
         """
         s = self.scale(scale)
         if isinstance(self.store, RecordSource):
             return sorted(self.store.shard_origins(s))
         self.require_scale(s)
         f = self.files(s, refresh=True)
+        if s.index in self._filled and f.folder is False:
+            return []
         f.require_folder()
         if f.origins is not None:
-            return list(f.origins)
+            return builtins.list(f.origins)
         ci = self._consolidated(s)
         if ci is not None:
             return sorted(ci.shards)
@@ -698,7 +477,7 @@ class Dataset:
                             f"neuroglancer spec (spec=...) or a consolidated index (index=...)")
         return self._probe(s)
 
-    def _probe(self, s: Scale) -> list[tuple[int, int, int]]:
+    def _probe(self, s: Scale) -> builtins.list[tuple[int, int, int]]:
         """Origins of the shard grid whose files exist (concurrent existence checks)."""
         n = [max(1, -(-(o + z) // min(s.shard_extent, SINGLE_SHARD)))
              for o, z in zip(s.voxel_offset, s.size, strict=True)]
@@ -709,10 +488,10 @@ class Dataset:
                             f"{len(grid)} origins; use a consolidated index (index=...)")
         store = self.store
 
-        async def probe():
+        async def probe() -> builtins.list:
             sem = asyncio.Semaphore(64)
 
-            async def one(o):
+            async def one(o: tuple[int, int, int]) -> tuple[int, int, int] | None:
                 async with sem:
                     return o if await store.exists(s.stem(o) + ".arrow") else None
 
@@ -721,7 +500,7 @@ class Dataset:
         found = store._sync(probe())
         return sorted(o for o in found if o is not None)
 
-    def shard(self, scale, origin, *, policy: str | None = None, consolidated: bool = True) -> Shard:
+    def shard(self, scale: int | Scale, origin, *, policy: str | None = None, consolidated: bool = True) -> Shard:
         """The loaded, checked shard at a voxel origin (MissingShardError if its file is absent)."""
         s = self.scale(scale)
         o = tuple(int(v) for v in origin)
@@ -729,13 +508,14 @@ class Dataset:
             raise MissingShardError(f"{self.store.describe(s.stem(o) + '.arrow')}: origin {o} is not on the shard "
                                     f"grid (shard extent {s.shard_extent} voxels)")
         f = self._files.get(s.index)
-        if s.index not in self.exported or (f.folder if f is not None else self._sample(s)) is False:
+        if s.index not in self.exported or (s.index not in self._filled and
+                                            (f.folder if f is not None else self._sample(s)) is False):
             self._no_folder(s)
         if consolidated and self.index is not None and policy is None:
             return self.reader(s).cache.get_sync(o) or _missing(self, s, o)
         return load_shard_sync(self.store, s, o, policy=policy or self.policy)
 
-    def chunks(self, scale=0) -> np.ndarray:
+    def chunks(self, scale: int | Scale = 0) -> np.ndarray:
         """Every chunk coordinate present at a scale, (n, 3) x, y, z (fast with a consolidated index)."""
         s = self.scale(scale)
         ci = self._consolidated(s)
@@ -747,8 +527,8 @@ class Dataset:
 
     # --- volumes -----------------------------------------------------------------------------
 
-    def reader(self, scale=0, labels="agglomerated", *, fill_missing_shards: bool = False,
-               max_shards: int = 64) -> ChunkReader:
+    def reader(self, scale: int | Scale = 0, labels: Any = "agglomerated", *, fill_missing_shards: bool = False,
+               max_shards: int = 64) -> ChunkReader:  # TODO(J-pyramid): labels keyword-only once query/bodies pass it so
         """The (cached) chunk reader of a scale and label source; its shard cache is shared."""
         s = self.scale(scale)
         src = as_labels(labels)
@@ -759,13 +539,17 @@ class Dataset:
             self._readers[key] = r
         return r
 
-    def _new_reader(self, s: Scale, labels, fill_missing_shards: bool, max_shards: int) -> ChunkReader:
+    def _new_reader(self, s: Scale, labels: Any, fill_missing_shards: bool, max_shards: int) -> ChunkReader:
         """A reader of a scale whose files were checked here, so that a wrong geometry fails at open.
 
         A full check when this Dataset listed the scale (``shards``) or has its consolidated
         index (``files``: listed once, compared with the index); else the cheap sample of
-        ``_sample`` (the reader then probes next to its first shards, see ``ChunkReader``).
+        ``_sample`` (the reader then probes next to its first shards, see ``ChunkReader``).  A
+        scale a complete downsample output made reads a shard file it did not write as background.
         """
+        if s.index in self._filled:
+            self.require_scale(s)
+            fill_missing_shards = True
         if not fill_missing_shards:
             self.require_scale(s)
         files = self._files.get(s.index)
@@ -805,9 +589,8 @@ class Dataset:
                 self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
         return self._sampled[s.index]
 
-    @_keyword_only("scale", "labels", "out", "threads")
-    def read(self, box, *, scale=0, labels="agglomerated", out=None, threads: int | None = None,
-             fill_missing_shards: bool = False) -> np.ndarray:
+    def read(self, box, *, scale: int | Scale = 0, labels: Any = "agglomerated", out: np.ndarray | None = None,
+             threads: int | None = None, fill_missing_shards: bool = False) -> np.ndarray:
         """Decode a voxel box straight into an (x, y, z) uint64 array, in parallel (the bulk reader).
 
         Parameters
@@ -825,20 +608,22 @@ class Dataset:
         threads : int, optional
             Decoding threads (default: all cores).
         """
-        return read_box(self.reader(scale, labels, fill_missing_shards=fill_missing_shards), box, out, threads)
+        reader = self.reader(scale, labels=labels, fill_missing_shards=fill_missing_shards)
+        return read_box(reader, box, out, threads)
 
-    def open(self, scale=0, *, labels="agglomerated", fill_missing_shards: bool = False, context=None,
-             max_shards: int = 64) -> ts.TensorStore:
+    def open(self, scale: int | Scale = 0, *, labels: Any = "agglomerated", fill_missing_shards: bool = False,
+             context: ts.Context | None = None, max_shards: int = 64) -> ts.TensorStore:
         """The scale as a ``tensorstore.TensorStore``; see ``dvidshards.open``."""
         s = self.scale(scale)
         reader = self._new_reader(s, as_labels(labels), fill_missing_shards, max_shards)
-        kwargs = {} if context is None else {"context": context}
+        kwargs: dict[str, Any] = {} if context is None else {"context": context}
         units = [ts.Unit(r, "nm") for r in s.resolution] if s.resolution is not None else None
         return ts.virtual_chunked(
             reader,
             dtype=ts.uint64,
-            domain=ts.IndexDomain(labels=["x", "y", "z"], inclusive_min=list(s.voxel_offset), shape=list(s.size)),
-            chunk_layout=ts.ChunkLayout(read_chunk_shape=list(s.chunk_size), grid_origin=[0, 0, 0],
+            domain=ts.IndexDomain(labels=["x", "y", "z"], inclusive_min=builtins.list(s.voxel_offset),
+                                  shape=builtins.list(s.size)),
+            chunk_layout=ts.ChunkLayout(read_chunk_shape=builtins.list(s.chunk_size), grid_origin=[0, 0, 0],
                                         inner_order=[2, 1, 0]),
             dimension_units=units,
             **kwargs,
@@ -846,57 +631,45 @@ class Dataset:
 
     # --- queries (implemented in dvidshards.query, one layer below) -----------------------------
 
-    @_keyword_only("scale", "labels")
-    def labels(self, box, *, scale=0, labels="agglomerated") -> np.ndarray:
+    def labels(self, box, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
         """Sorted unique ids in a voxel box; whole chunks from their label lists, cut chunks decoded."""
         return labels_in_box(self, box, scale, labels)
 
-    @_keyword_only("scale", "labels")
-    def chunks_with(self, ids, *, scale=0, labels="agglomerated") -> np.ndarray:
+    def chunks_with(self, ids, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
         """(n, 3) chunk coordinates whose label lists hold any of ids (no decompression)."""
         return chunks_with(self, ids, scale, labels)
 
-    def body_index(self, path) -> BodyIndex:
+    def body_index(self, path: Any) -> BodyIndex:
         """The label index written by ``dvidshards label-index``, for per-body look-ups."""
         return BodyIndex(path)
 
-    @_keyword_only("scale", "labels", "index")
-    def body_mask(self, body, *, scale=0, labels="agglomerated", index=None) -> BodyMask:
+    def body_mask(self, body: int, *, scale: int | Scale = 0, labels: Any = "agglomerated",
+                  index: Any = None) -> BodyMask:
         """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
         return body_mask(self, body, scale, labels=labels, index=index)
 
-    @_keyword_only("scale", "labels", "index")
-    def body(self, id, *, scale=0, labels="agglomerated", index=None) -> Body:
+    def body(self, id: int, *, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None) -> Body:
         """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""
         return Body(self, id, scale, labels, index=index)
 
-    def to_dask(self, *args, scale=0, labels="agglomerated", box=None, chunks=None,
-                fill_missing_shards: bool = False):
+    def to_dask(self, box=None, *, scale: int | Scale = 0, labels: Any = "agglomerated", chunks: Any = None,
+                fill_missing_shards: bool = False) -> Any:
         """A scale (or ``box`` of it) as a lazy dask array (x, y, z) over the bulk reader, one read per
-        chunk-aligned block (needs ``dvidshards[dask]``). ``to_dask(box, scale=..., labels=...)``."""
-        if args and isinstance(args[0], (int, np.integer)):  # the old to_dask(scale, labels)
-            warnings.warn("Dataset.to_dask: pass scale, labels by keyword (scale=...); positional use goes in the "
-                          "next release", DeprecationWarning, stacklevel=2)
-            scale, args = int(args[0]), args[1:]
-            if args:
-                labels, args = args[0], args[1:]
-        elif args:
-            box, args = args[0], args[1:]
-        if args:
-            raise TypeError("Dataset.to_dask() takes a box and keywords scale, labels, chunks, fill_missing_shards")
+        chunk-aligned block (needs ``dvidshards[dask]``)."""
         return dask_array(self, scale, labels, chunks=chunks, box=box, fill_missing_shards=fill_missing_shards)
 
-    def label_at(self, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
+    def label_at(self, points, *, scale: int | Scale = 0, labels: Any = "agglomerated",
+                 fill_missing_shards: bool = False) -> np.ndarray:
         """The ids at voxels ``(n, 3)`` x, y, z (DVID's ``/labels``; cloud-volume's ``download_point``)."""
         return label_at(self, points, scale=scale, labels=labels, fill_missing_shards=fill_missing_shards)
 
-    def unique(self, box, *, scale=0, labels="agglomerated", counts: bool = False,
-               fill_missing_shards: bool = False):
+    def unique(self, box, *, scale: int | Scale = 0, labels: Any = "agglomerated", counts: bool = False,
+               fill_missing_shards: bool = False) -> Any:
         """The ids in a voxel box, with voxel counts when ``counts`` (cloud-volume's ``unique``); solid
         chunks answer from their label lists."""
         return unique(self, box, scale=scale, labels=labels, counts=counts, fill_missing_shards=fill_missing_shards)
 
-    def mapping(self, *, scale=None, supervoxels=None, table: bool = False):
+    def mapping(self, *, scale: int | Scale | None = None, supervoxels: Any = None, table: bool = False) -> Any:
         """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``):
         a LabelMapping, or a table with ``table=True``."""
         return export_mapping(self, scale=scale, supervoxels=supervoxels, table=table)

@@ -183,13 +183,10 @@ def test_body_and_to_dask_methods_delegate(tmp_path):
     box = [[0, 0, 0], [64, 100, 70]]
     a = ds.to_dask(box, labels="supervoxels", chunks=64, fill_missing_shards=True)
     np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv[:64])
-    with pytest.warns(DeprecationWarning, match="by keyword"):  # the old spelling, for one release
-        a = ds.to_dask(0, "supervoxels", chunks=64, fill_missing_shards=True)
-    np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv)
-    with pytest.warns(DeprecationWarning, match="by keyword"):
-        np.testing.assert_array_equal(ds.read(box, 0, "supervoxels"), exp.sv[:64])
-    with pytest.warns(DeprecationWarning, match="by keyword"):
-        assert ds.body(int(ids[np.argmax(counts)]), 0).size == b.size
+    for positional in (lambda: ds.to_dask(box, 0), lambda: ds.read(box, 0), lambda: ds.body(1, 0),
+                       lambda: ds.labels(box, 0), lambda: ds.chunks_with([1], 0), lambda: ds.body_mask(1, 0)):
+        with pytest.raises(TypeError, match="positional argument"):  # the scale and labels are keywords
+            positional()
 
 
 # --- geometry from a spec, from file names, or from another volume -----------------------------------

@@ -1,85 +1,83 @@
 """Make the scales an export lacks, the way DVID builds its own pyramid, one task per output shard.
 
-``downsample(source, dest)`` (and ``dvidshards downsample EXPORT DEST``) makes the scales the spec
-lists that the export does not hold (or ``scales=``), each from the one below: the first from the
+``downsample(source, dest)`` (``dvidshards downsample EXPORT DEST``) makes the scales the spec lists
+that the export does not hold (or ``scales=``), each from the one below: the first from the
 coarsest scale the export holds below it, every other from the scale this job has just made. The
 rule is DVID's ``downresArray`` (``method="dvid"``: per 2x2x2 cell the most frequent non-zero
 supervoxel, 0 only when all eight are 0, ties to the smaller id) or TensorStore's ``"mode"``
-(:mod:`dvidshards.formats.downsample`), applied to the supervoxels, in DVID's compressed block
-domain. Each record's ``labels`` are the supervoxel -> body mapping applied to its downsampled
-supervoxels: the (supervoxels, labels) pairs of the records it was made from, or ``labels=`` a
-mapping file; never a downsampling of bodies.
+(:mod:`dvidshards.formats.downsample`), applied to the supervoxels in DVID's compressed block
+domain. Each record's ``labels`` are its supervoxels' bodies: the (supervoxels, labels) pairs of
+the records it was made from, or ``labels=`` a mapping; never a downsampling of bodies. ``box``
+(scale-0 voxels) makes the pyramid of the export cut to the box (0 outside it).
 
-DEST is an export of the made scales only, laid out as today's DVID writes one: folders ``s{k}``,
-shard files named by the current naming generation, CSV index variant A, record batches of the
-spec's ``batch_size``, all-zero blocks (bodies all 0) skipped; plus an ``info`` file (the spec of
-the whole pyramid) and the job manifest ``_dvidshards.json`` (``"job": "downsample"``, the source's
-URL, the made scales, ``complete``), through which ``dvidshards.open(dest)`` / ``Dataset(dest)``
-read source and destination as one pyramid. It stands on :mod:`dvidshards.jobs.output`: the
-destination is parsed and checked before any work (a path, ``gs://`` or ``s3://``), locked while
-written, refused unless empty or this job's own earlier output (``resume``/``overwrite``).
+DEST is an export of the made scales only, as today's DVID writes one (folders ``s{k}``, today's
+shard names, CSV index variant A, the spec's ``batch_size``, all-zero blocks skipped), an ``info``
+(the spec of the whole pyramid) and the job manifest, which names the source (its URL, its path
+relative to DEST, the size of every shard file the scales were made from: ``pyramid.source_identity``)
+and the scales made that hold only background (no shard file at all). ``dvidshards.open(dest)``
+reads source and destination as one pyramid, and refuses a source that changed since.
 
-The job reads as plan -> tasks -> reduce:
+plan → run_task → reduce, scale by scale (a scale is planned from the files of the one below):
 
-* **plan** (:func:`plan_scale`): from the shard files present at the scale below, the output
-  shards their chunks' parents fall in, each with the source shards it reads (usually one:
-  where extents are multiples of 128 voxels an output block's 8 children lie in one source
-  file; elsewhere, e.g. the 64-voxel files of DVID's old naming, a child is read from the file
-  that holds it). One item per output shard: nothing on the client grows with chunks.
-* **task** (:func:`downsample_shard`): the source shards one at a time (a task holds one loaded
-  source shard, a few in the rare unaligned case), each output block from its children's zstd
-  payloads through the kernel, zstd again, and streamed into the output shard file
-  (``writer.write_shard``; a shard appears only once written whole).
-* **reduce** (:func:`reduce_results`): the tasks' small counts summed into the report.
-
-Scales are made in order; a scale whose tasks did not all succeed stops the coarser ones
-(``resume`` finishes both). ``resume`` keeps every output shard already written whole.
+* :func:`plan`: one :class:`Task` per output shard that a parent of a present source chunk falls
+  in, with the source shards it reads (usually one; more where extents are not multiples of 128
+  voxels, e.g. the 64-voxel files of DVID's old naming). Nothing on the client grows with chunks.
+* :func:`run_task`: the source shards one at a time, each output block from its children's zstd
+  payloads through the kernel, zstd again, streamed into the output shard (which appears whole).
+* :func:`reduce`: the tasks' counts summed. A scale whose tasks did not all succeed stops the
+  coarser ones; ``resume`` keeps every output shard already written whole.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
-import shutil
 import struct
 import tempfile
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Any
 
 import numpy as np
 import zstandard
 
 from ..dataset import Dataset
-from ..errors import BlockDecodeError, MissingShardError, SpecError
+from ..errors import BlockDecodeError, MissingShardError, OutputError, SpecError
+from ..formats.codec import decode_block, encode_block
 from ..formats.downsample import METHODS, downsample_block, region_limit
 from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_labels
-from ..formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
+from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.sharding import shard_filename_stem
-from ..shard import load_shard_sync, parse_shard_names
-from ..stores import as_store
+from ..pyramid import shard_sizes, source_identity
+from ..shard import held_scales, load_shard_sync, parse_shard_names
+from ..stores import ByteStore, as_store, os_error
 from ..writer import write_shard
 from .options import (
+    add_box,
     add_dest,
     add_job_options,
     add_labels,
     add_scales,
     add_source,
+    box_of,
     command_line,
-    dest_of,
     job_options,
     scales_of,
 )
-from .output import Destination, JobReport, Output
+from .output import JobReport, Output, read_manifest
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["DownsampleCommand", "DownsampleTotals", "MadeScales", "Phase", "ShardResult", "add_arguments", "downsample", "downsample_shard", "main",
-           "plan_scale", "reduce_results"]
+__all__ = ["SIZES", "DownsampleCommand", "DownsampleTotals", "MadeScales", "Phase", "ShardResult", "Task", "downsample",
+           "output_shards", "plan", "reduce", "run_task"]
 
 #: the kernels a task uses, slowest to compile first (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.downsample._down_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message")
 
+#: the size of every shard file the scales were made from (the manifest holds their digest and a sample)
+SIZES = "_dvidshards.sizes.json"
 _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (unaligned children)
 _GROUP = 512  # output blocks whose source records are fetched together (a lazily read shard: ~20 MB)
 
@@ -88,44 +86,49 @@ _GROUP = 512  # output blocks whose source records are fetched together (a lazil
 
 
 class MadeScales:
-    """This job's own output, read back (the scale below each scale it makes) through the shard loader.
+    """This job's own output, read back (the scale below each scale it makes) through the shard
+    loader; never layered over the source, so a scale the source also holds is read as made here."""
 
-    Never layered over the source (as ``Dataset(dest)`` is): a scale the source also holds is read
-    as this job made it. Pickles as its store.
-    """
-
-    def __init__(self, store):
+    def __init__(self, store: ByteStore):
         self.store = store
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (MadeScales, (self.store,))
 
     def shards(self, scale: Scale) -> list[tuple[int, int, int]]:
         """Origins of the shard files of a made scale."""
         return parse_shard_names(self.store.list_sync(scale.folder))
 
-    def shard(self, scale: Scale, origin):
+    def shard(self, scale: Scale, origin: tuple[int, int, int]) -> Any:
         """The loaded shard (MissingShardError when no file is there)."""
         return load_shard_sync(self.store, scale, origin)
 
 
 @dataclass(frozen=True)
 class Phase:
-    """What every task of one output scale needs (pickled with each task: paths, geometry, options).
-
-    :func:`downsample` makes one per scale; a benchmark or a custom scheduler can make one and call
-    :func:`downsample_shard` with the items of :func:`plan_scale`.
-    """
+    """What every task of one output scale needs (pickled with each task: paths, geometry, options)."""
 
     read: Dataset | MadeScales  # holds the scale below: the source export, or this job's own output
     below: Scale  # the scale below, as its files are named
     scale: Scale  # the output scale (today's naming)
-    dest: Destination
+    dest: ByteStore
     method: str
     labels: LabelSource
     batch_size: int
     zstd_level: int
-    staging: str | None  # a local folder for shards bound for a bucket (None: a temporary one)
+    box: tuple | None = None  # ((x0, y0, z0), (x1, y1, z1)) voxels of ``below`` read (the first scale made)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One output shard: its voxel origin and the source shards it reads."""
+
+    phase: Phase
+    origin: tuple[int, int, int]
+    sources: tuple[tuple[int, int, int], ...]
+
+    def name(self) -> str:
+        return f"{self.phase.scale.folder}/{shard_filename_stem(self.origin)}"
 
 
 @dataclass
@@ -172,14 +175,17 @@ def _origins_along(lo: int, hi: int, chunk: int, extent: int) -> range:
     return range(a, b + 1, e) if e < SINGLE_SHARD else range(0, 1)
 
 
-def plan_scale(below: Scale, scale: Scale, source_origins) -> list[tuple[tuple[int, int, int], tuple]]:
-    """The tasks of one output scale: ``[(output shard origin, (source shard origins, ...)), ...]``.
+def _meets(chunks: np.ndarray, box: tuple, cs: int) -> np.ndarray:
+    """Which chunks (n, 3) of ``cs`` voxels meet a voxel box."""
+    lo, hi = np.asarray(box[0], np.int64), np.asarray(box[1], np.int64)
+    return np.asarray(((chunks * cs < hi) & ((chunks + 1) * cs > lo)).all(axis=-1))
 
-    ``source_origins`` are the shard files present at the scale below (``below``, named as its
-    files are). Every output shard that a parent of one of their chunks falls in gets one task,
-    reading the source shards whose chunks' parents fall in it. Sorted by output origin.
-    """
-    cb = below.chunk_size[0]
+
+def output_shards(below: Scale, scale: Scale, source_origins: Iterable) -> list[tuple[tuple, tuple]]:
+    """``[(output shard origin, (source shard origins, ...)), ...]``, sorted: every output shard that a
+    parent of a chunk of the source shards (at ``below``, named as its files are) falls in, with the
+    source shards whose chunks' parents fall in it."""
+    assert below.chunk_size[0] == scale.chunk_size[0]
     c = scale.chunk_size[0]
     gb = np.asarray(below.grid, np.int64)
     g = np.asarray(scale.grid, np.int64)
@@ -194,8 +200,20 @@ def plan_scale(below: Scale, scale: Scale, source_origins) -> list[tuple[tuple[i
         axes = [_origins_along(int(plo[a]), int(phi[a]), c, scale.shard_extent) for a in range(3)]
         for out in itertools.product(*axes):
             tasks.setdefault(tuple(int(v) for v in out), set()).add(tuple(int(v) for v in o))
-    assert cb == c
     return [(o, tuple(sorted(tasks[o]))) for o in sorted(tasks)]
+
+
+def plan(phase: Phase) -> Iterator[Task]:
+    """The tasks of one output scale, from the shard files present at the scale below (those meeting
+    the box, when there is one)."""
+    origins = phase.read.shards(phase.below)
+    if phase.box is not None:  # the shard files that meet the box
+        lo, hi = (np.asarray(v, np.int64) for v in phase.box)
+        c = phase.below.chunk_size[0]
+        boxes = [phase.below.shard_box(o) for o in origins]  # chunks [a, b) of each file
+        origins = [o for o, (a, b) in zip(origins, boxes, strict=True) if ((a * c < hi) & (b * c > lo)).all()]
+    for origin, sources in output_shards(phase.below, phase.scale, origins):
+        yield Task(phase, origin, sources)
 
 
 # --------------------------------------------------------------------------- one task
@@ -204,12 +222,12 @@ def plan_scale(below: Scale, scale: Scale, source_origins) -> list[tuple[tuple[i
 class _Sources:
     """The source shards of one task, loaded one at a time (a few kept for unaligned children)."""
 
-    def __init__(self, phase: Phase, origins):
+    def __init__(self, phase: Phase, origins: Iterable):
         self.phase = phase
         self.origins = {tuple(o) for o in origins}
         self.cache: OrderedDict = OrderedDict()
 
-    def get(self, origin):
+    def get(self, origin: Iterable) -> Any:
         """The loaded shard at origin (None when no file is there)."""
         origin = tuple(int(v) for v in origin)
         if origin not in self.origins:
@@ -225,6 +243,22 @@ class _Sources:
         while len(self.cache) > _MAX_CACHED + 1:
             self.cache.popitem(last=False)
         return entry
+
+
+def _crop(block: bytes, chunk: tuple, box: tuple, cs: int) -> bytes | None:
+    """A child block with its voxels outside the box set to 0 (None: nothing of it is in the box)."""
+    lo = np.asarray(chunk, np.int64) * cs
+    a = np.clip(np.asarray(box[0], np.int64) - lo, 0, cs)
+    b = np.clip(np.asarray(box[1], np.int64) - lo, 0, cs)
+    if (a >= b).any():
+        return None
+    if (a == 0).all() and (b == cs).all():
+        return block
+    vol = decode_block(block)  # (z, y, x)
+    cut = np.zeros_like(vol)
+    inside = (slice(a[2], b[2]), slice(a[1], b[1]), slice(a[0], b[0]))
+    cut[inside] = vol[inside]
+    return encode_block(cut) if cut.any() else None
 
 
 def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
@@ -273,7 +307,7 @@ def _children(sh, o, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.
 
 
 @dataclass
-class _Task:
+class _Work:
     """One task's constants and running state (the output shard, its sources, the counts)."""
 
     phase: Phase
@@ -291,7 +325,7 @@ def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
     """The output shard's records, source shard by source shard (each output block once)."""
     scale = phase.scale
     lo, box_hi = scale.shard_box(origin)
-    task = _Task(phase, sources, res, lo, box_hi, np.minimum(box_hi, scale.grid),
+    task = _Work(phase, sources, res, lo, box_hi, np.minimum(box_hi, scale.grid),
                  zstandard.ZstdCompressor(level=phase.zstd_level, write_checksum=True, write_content_size=True),
                  struct.pack("<3I", *(v // 8 for v in phase.below.chunk_size)))
     for o in sorted(sources.origins):
@@ -300,13 +334,16 @@ def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
         sources.cache.pop(o, None)
 
 
-def _shard_records(task: _Task, o):
+def _shard_records(task: _Work, o):
     """The records of the output blocks first met in source shard ``o``."""
     sources, res, done = task.sources, task.res, task.done
     sh = sources.get(o)
     if sh is None:
         return
-    parents = np.unique(np.asarray(sh.coords, np.int64) // 2, axis=0)
+    coords = np.asarray(sh.coords, np.int64)
+    if task.phase.box is not None:  # only the records of chunks that meet the box
+        coords = coords[_meets(coords, task.phase.box, task.phase.below.chunk_size[0])]
+    parents = np.unique(coords // 2, axis=0)
     mine = ((parents >= task.lo) & (parents < task.box_hi)).all(axis=1)  # this output shard's (volume or not)
     off = mine & (parents >= task.hi).any(axis=1)  # past the output volume: counted once, skipped
     for key in map(tuple, parents[off].tolist()):
@@ -323,7 +360,7 @@ def _shard_records(task: _Task, o):
         yield from _group_records(task, parents[g:g + _GROUP], recs[g:g + _GROUP], at, others[g:g + _GROUP], table)
 
 
-def _group_records(task: _Task, parents, recs, at, others, table):
+def _group_records(task: _Work, parents, recs, at, others, table):
     """The records of a group of output blocks whose children's records (of this source shard) are
     in ``table``: ``recs`` their record numbers in the shard (-1: absent), ``at`` their rows in
     ``table``, ``others`` the children in another source shard."""
@@ -353,6 +390,11 @@ def _group_records(task: _Task, parents, recs, at, others, table):
             elif rec[i] < 0:
                 continue
             kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
+            if phase.box is not None:
+                kids[i] = _crop(kids[i], (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2)),
+                                phase.box, below.chunk_size[0])
+                if kids[i] is None:
+                    continue
             if agglomerated:
                 pairs.append((t.supervoxels(j), t.labels(j)))
             res.records_read += 1
@@ -398,34 +440,29 @@ def _names(p, sources: _Sources, below: Scale) -> list[str]:
     return names
 
 
-def downsample_shard(phase: Phase, item) -> ShardResult:
-    """Make one output shard: ``item`` is (output shard origin, source shard origins)."""
-    origin, source_origins = item
+def run_task(task: Task) -> ShardResult:
+    """Make one output shard and write it to the destination (nothing when all of it is background)."""
+    phase = task.phase
     res = ShardResult()
-    sources = _Sources(phase, source_origins)
-    records = _records(phase, origin, sources, res)
+    records = _records(phase, task.origin, _Sources(phase, task.sources), res)
     first = next(records, None)
     if first is None:  # nothing but background: no file (DVID writes none)
         return res
-    stem = shard_filename_stem(origin)
-    rel = f"{phase.scale.folder}/{stem}"
-    dest = phase.dest
-    if dest.local:
-        dest.makedirs(phase.scale.folder)
-        write_shard(dest.local_path(rel), itertools.chain([first], records), batch_size=phase.batch_size,
-                    index="A")
-    else:  # a bucket: built in a local folder, then published index first (an index alone is no shard)
-        if phase.staging is not None:
-            os.makedirs(phase.staging, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix="dvidshards-downsample-", dir=phase.staging)
+    rel = f"{phase.scale.folder}/{shard_filename_stem(task.origin)}"
+    path = phase.dest.local_path(rel)
+    if path is not None:
         try:
-            write_shard(os.path.join(folder, stem), itertools.chain([first], records), batch_size=phase.batch_size,
-                        index="A")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as e:
+            raise os_error(e, os.path.dirname(path), "make the folder") from None
+        write_shard(path, itertools.chain([first], records), batch_size=phase.batch_size, index="A")
+    else:  # a bucket: built in a local temporary folder, then published index first (an index alone is no shard)
+        with tempfile.TemporaryDirectory(prefix="dvidshards-downsample-") as folder:
+            stem = os.path.join(folder, "shard")
+            write_shard(stem, itertools.chain([first], records), batch_size=phase.batch_size, index="A")
             for ext in (".csv", ".arrow"):
-                with open(os.path.join(folder, stem + ext), "rb") as f:
-                    dest.write(rel + ext, f.read())
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+                with open(stem + ext, "rb") as f:
+                    phase.dest.put_sync(rel + ext, f.read())
     res.shards_written = 1
     return res
 
@@ -433,11 +470,7 @@ def downsample_shard(phase: Phase, item) -> ShardResult:
 # --------------------------------------------------------------------------- reduce
 
 
-def _task_name(folder: str, item) -> str:
-    return f"{folder}/{shard_filename_stem(item[0])}"
-
-
-def reduce_results(results, totals: DownsampleTotals, k: int) -> None:
+def reduce(results: Iterable[ShardResult], totals: DownsampleTotals, k: int) -> None:
     """Sum one scale's task results into the totals."""
     per = totals.per_scale.setdefault(k, ShardResult())
     for r in results:
@@ -445,12 +478,16 @@ def reduce_results(results, totals: DownsampleTotals, k: int) -> None:
         totals.add(r)
 
 
-def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, added: list[int]) -> list[str]:
+def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, added: list[int],
+           background: list[int]) -> list[str]:
     lines = [f"scales {', '.join(f's{k}' for k in made)} made from s{start} ({method} rule): "
              f"{totals.records_written:,} records in {totals.shards_written:,} shards from {totals.records_read:,} "
              f"records read"]
     if added:
         lines.append(f"also made {', '.join(f's{k}' for k in added)}: each scale is made from the one below")
+    if background:
+        lines.append(f"{held_scales(background)}: every block is background (0), so no shard file holds them; "
+                     f"reads give 0 there")
     if totals.conflicts:
         lines.append(f"{totals.conflicts:,} times the source records of an output block named different bodies "
                      f"for one supervoxel (an export written while bodies changed?); the first record's (octant "
@@ -463,33 +500,29 @@ def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, a
 # --------------------------------------------------------------------------- the job
 
 
-def _labels_of(labels) -> LabelSource:
-    if labels is None:
-        return Agglomerated()
-    src = as_labels(labels)
+def _labels_of(labels: Any) -> LabelSource:
+    src = as_labels("agglomerated" if labels is None else labels)
     if isinstance(src, Mapped):
         src.prepare()  # a bad file fails here, before any work
     return src
 
 
-def _source_url(source, ds: Dataset):
-    """What the manifest names as the source: the user's path or URL (a Dataset: its root)."""
-    if isinstance(source, (str, os.PathLike)):
-        return source
-    return ds
+def _own(name: str) -> bool:
+    return name in ("info", SIZES) or (name[:1] == "s" and name[1:].isdigit())
 
 
-def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, spec=None, scheduler=None,
-               workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, method: str = "dvid",
+               labels: Any = "agglomerated", box: Any = None, spec: Any = None, scheduler: Any = None,
+               resume: bool = False, overwrite: bool = False, progress: bool | None = None,
                allow_partial: bool = False, zstd_level: int = 3, batch_size: int | None = None,
-               command: str | None = None, _stop_after: int | None = None, _only=None) -> JobReport:
+               command: str | None = None, _stop_after: int | None = None, _only: Any = None) -> JobReport:
     """Make the scales an export lacks (or ``scales``), each from the one below, into ``dest``.
 
     Parameters
     ----------
-    source : str, path, URL or dvidshards.Dataset
+    source : str, path, URL, store or dvidshards.Dataset
         The export (it may itself be a downsample output: its pyramid is read whole).
-    dest : str, path, URL or kvstore spec dict
+    dest : str, path, URL, kvstore spec dict or store
         A folder, ``gs://…`` or ``s3://…``: empty, or this job's own earlier output. Never inside
         the source.
     scales : list of int, optional
@@ -497,20 +530,23 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
         The scales between the one below the first and the last are made too.
     method : {"dvid", "mode"}
         DVID's rule (default) or TensorStore's ``"mode"``.
-    labels : None, "agglomerated", "supervoxels" or a mapping
+    labels : "agglomerated", "supervoxels" or a mapping
         The records' ``labels``: the source records' own supervoxel -> body pairs (default), the
         supervoxel ids, or a mapping (file or object) applied to the supervoxels.
+    box : [[x0, y0, z0], [x1, y1, z1]], optional
+        Scale-0 voxels: the pyramid of the export cut to this box (0 outside it), made from the
+        records that meet it.
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``); it must list the
         scales to make.
-    scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` is where shards bound for a
-        bucket are staged (default: a temporary folder).
+    scheduler, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`). No work folder: a task writes whole
+        output shards (to a bucket: built in the system's temporary folder first).
     zstd_level : int
         zstd level of the output payloads (frames with content size and checksum, as DVID's).
     batch_size : int, optional
         Records per Arrow record batch of the output shards (default: the spec's ``batch_size``, as
-        DVID writes; 1 when it has none). One batch per record costs ~0.5 ms to write.
+        DVID writes; 1 when it has none).
     command : str, optional
         The command line, for the manifest.
 
@@ -523,7 +559,7 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
     ------
     SpecError, OutputError
         Before any work: no spec, a scale the spec does not list, no scale below to start from,
-        chunk sizes that differ, a destination that cannot be used.
+        chunk sizes that differ, a box outside the volume, a destination that cannot be used.
     JobError
         The output is incomplete and ``allow_partial`` is false (``.report`` is the report).
     """
@@ -534,13 +570,7 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
     if isinstance(zstd_level, bool) or not isinstance(zstd_level, int) or not 1 <= zstd_level <= 22:
         raise SpecError(f"zstd_level must be an integer 1..22, got {zstd_level!r}")
     scheduler_of(scheduler)
-    destination = Destination.of(dest)
-    staging = None
-    if workdir is not None:
-        wd = Destination.of(workdir, what="work folder")
-        if not wd.local:
-            raise SpecError(f"work folder {wd.describe()}: downsample stages shards on this host; give a local folder")
-        staging = wd.local_path()
+    store = as_store(getattr(dest, "store", dest), writable=True)
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     if ds.spec is None or any(s.inferred for s in ds.scales):
         raise SpecError(f"{ds.store.describe('')}: give the neuroglancer spec DVID was given (--spec): the scales "
@@ -553,20 +583,18 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
         wanted = [k for k in listed if k not in held and any(h < k for h in held)]
         if not wanted:
             raise SpecError(f"{ds.store.describe('')} holds every scale its spec lists below its coarsest "
-                            f"({', '.join(f's{k}' for k in sorted(held))}); nothing to make (--scales to make some "
-                            f"again)")
+                            f"({held_scales(held)}); nothing to make (--scales to make some again)")
     for k in wanted:
         ds.scale(k)  # a scale the spec does not list: SpecError naming the ones it does
     start = max((h for h in held if h < min(wanted)), default=None)
     if start is None:
         raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
-                        f"{ds.store.describe('')} does not hold (it holds {', '.join(f's{k}' for k in sorted(held))})")
+                        f"{ds.store.describe('')} does not hold (it holds {held_scales(held)})")
     made = list(range(start + 1, max(wanted) + 1))
-    if len(made) > 1 and destination.spec is not None and destination.spec.get("driver") == "memory":
-        raise SpecError(f"{destination.describe()}: a memory:// destination is seen by this process only, so it "
+    if len(made) > 1 and store.describe("").startswith("memory://"):
+        raise SpecError(f"{store.describe('')}: a memory:// destination is seen by this process only, so it "
                         f"cannot hold scales made from each other ({', '.join(f's{k}' for k in made)}); write to a "
                         f"folder or a bucket")
-    added = [k for k in made if k not in wanted]
     base = ds.scale(start)
     for k in [start, *made]:
         s = ds.scale(k)
@@ -577,88 +605,119 @@ def downsample(source, dest, *, scales=None, method: str = "dvid", labels=None, 
             raise SpecError(f"scale {k}: voxel_offset {list(s.voxel_offset)}; downsample needs scales at the origin")
         if k in made and s.sharding is None:
             raise SpecError(f"scale {k}: the spec gives no sharding, so its shard files cannot be named")
+    asked = box_of(box)
+    cut: tuple | None = None  # the box in voxels of the scale the first made scale is made from
+    if asked is not None:
+        lo, hi = ds.scale(0).check_box(asked)  # SpecError for a box outside the volume
+        cut = (tuple(int(v) >> start for v in lo), tuple(-(-int(v) // 2 ** start) for v in hi))
     batch = batch_size if batch_size is not None else ds.spec.get("batch_size", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise SpecError(f"batch_size must be a positive integer, got {batch!r}")
     params = {"method": method, "scales": made, "from": start, "zstd_level": zstd_level, "batch_size": batch,
-              **src_labels.identity()}
-    totals = DownsampleTotals()
-    info = ds.spec if ds.spec is not None else multiscale_info(list(ds.scales))
-    import json
+              "box": None if asked is None else [list(v) for v in asked], **src_labels.identity()}
+    sizes = shard_sizes(ds.store, base, ds.shards(start)) if isinstance(ds.store, ByteStore) else None
+    ident = None if sizes is None else source_identity(start, sizes)
 
-    with Output(destination, job="downsample", parameters=params, source=_source_url(source, ds), scales=made,
-                command=command, resume=resume, overwrite=overwrite,
-                own=lambda name: name == "info" or (name[:1] == "s" and name[1:].isdigit())) as out:
-        destination.write("info", (json.dumps(info, indent=1) + "\n").encode())
-        mine = None if not made else MadeScales(as_store(destination.path if destination.local
-                                                         else destination.kvstore))
-        stopped = None
-        ran = 0
+    def phase_of(k: int) -> Phase:
+        read, below = (ds, base) if k - 1 == start else (MadeScales(store), ds.scale(k - 1).with_naming("current"))
+        return Phase(read, below, ds.scale(k).with_naming("current"), store, method, src_labels, batch, zstd_level,
+                     cut if k - 1 == start else None)
+
+    first = list(plan(phase_of(made[0])))
+    if resume and sizes is not None:
+        _check_kept(store, sizes, first, made)
+    totals = DownsampleTotals()
+    background: list[int] = []
+    with Output(store, job="downsample", parameters=params, source=source, identity=ident, scales=made,
+                command=command, resume=resume, overwrite=overwrite, own=_own) as out:
+        store.put_sync("info", (json.dumps(ds.spec, indent=1) + "\n").encode())
+        if sizes is not None:
+            store.put_sync(SIZES, (json.dumps(sizes, separators=(",", ":")) + "\n").encode())
+        stopped, ran = None, 0
         with TaskRunner(scheduler, progress=progress) as tr:
             for k in made:
-                read: Dataset | MadeScales
-                if k - 1 == start:
-                    read, below = ds, ds.scale(k - 1)
-                else:
-                    assert mine is not None
-                    read, below = mine, ds.scale(k - 1).with_naming("current")
-                scale = ds.scale(k).with_naming("current")
-                items = plan_scale(below, scale, read.shards(below))
-                phase = Phase(read, below, scale, destination, method, src_labels, batch, zstd_level, staging)
-                names = set(destination.list(scale.folder))
-                done = [it for it in items if f"{shard_filename_stem(it[0])}.arrow" in names
-                        and f"{shard_filename_stem(it[0])}.csv" in names] if resume else []
-                run = items
-                if _only is not None:  # benchmarks: only these (scale, output origin) tasks
-                    run = [it for it in items if (k, it[0]) in _only]
+                tasks = first if k == made[0] else list(plan(phase_of(k)))
+                folder = ds.scale(k).folder
+                done = _kept(store, folder, tasks) if resume else []
+                run = tasks if _only is None else [t for t in tasks if (k, t.origin) in _only]  # benchmarks
                 if _stop_after is not None:  # tests: as if the job were killed after this many tasks
-                    run = items[:max(0, _stop_after - ran)]
-                ph = tr.run(partial(downsample_shard, phase), run, done=done, desc=f"{scale.folder} shards",
-                            kernels=KERNELS)
+                    run = tasks[:max(0, _stop_after - ran)]
+                ph = tr.run(run_task, run, done=done, desc=f"{folder} shards", kernels=KERNELS)
                 ran += len(ph.results)
-                out.add(ph, name=partial(_task_name, scale.folder))
-                out.report.tasks += len(items) - len(run)
-                reduce_results(ph.results.values(), totals, k)
-                if ph.failed or (len(run) < len(items) and _only is None):
+                out.add(ph, name=Task.name)
+                out.report.tasks += len(tasks) - len(run)
+                reduce(ph.results.values(), totals, k)
+                if ph.failed or (len(run) < len(tasks) and _only is None):
                     stopped = k
                     break
-        notes = _notes(totals, method, made, start, added)
+                if not done and not totals.per_scale[k].shards_written:
+                    background.append(k)
+        notes = _notes(totals, method, made, start, [k for k in made if k not in wanted], background)
         if stopped is not None and stopped != made[-1]:
             rest = [f"s{k}" for k in made if k > stopped]
             notes.append(f"{', '.join(rest)} not made: s{stopped} is incomplete (--resume finishes it, then them)")
+        out.update(background=background)
         return out.finish(totals=totals, notes=notes, complete=stopped is None and _only is None,
                           allow_partial=allow_partial)
+
+
+def _kept(store: ByteStore, folder: str, tasks: list[Task]) -> list[Task]:
+    """The tasks whose output shard an earlier run wrote whole (its index and its file)."""
+    names = set(store.list_sync(folder))
+    return [t for t in tasks if {f"{shard_filename_stem(t.origin)}{e}" for e in (".arrow", ".csv")} <= names]
+
+
+def _check_kept(store: ByteStore, sizes: dict, first: list[Task], made: list[int]) -> None:
+    """Before a resume: refuse when a shard file the earlier run made its kept shards from has
+    changed since (a source repaired where its tasks failed is fine: nothing made from it is kept)."""
+    m = read_manifest(store)
+    if m is None or m.get("job") != "downsample":
+        return
+    try:
+        before = json.loads(store.get_sync(SIZES) or b"{}")
+    except ValueError:
+        before = {}
+    changed = {k for k in set(before) | set(sizes) if before.get(k) != sizes.get(k)}
+    if not changed:
+        return
+    below = first[0].phase.below if first else None
+    bad = [t for t in _kept(store, f"s{made[0]}", first)
+           if below is not None and any(below.stem(o) + ".arrow" in changed for o in t.sources)]
+    later = [k for k in made[1:] if store.list_sync(f"s{k}")]
+    if bad or later:
+        what = f"{bad[0].name()} was made from it" if bad else f"s{later[0]} was made from the scales it gave"
+        key = sorted(changed)[0]
+        raise OutputError(f"{store.describe('')}: the export it is made from has changed since the earlier run "
+                          f"({len(changed):,} shard files, e.g. {key}), and {what}: resuming would mix two exports; "
+                          f"pass --overwrite to make the scales again")
 
 
 # --------------------------------------------------------------------------- command line
 
 
-def add_arguments(p) -> None:
-    """Arguments of ``dvidshards downsample``."""
-    add_source(p)
-    add_dest(p, what="output: the made scales as a DVID export (empty, or this job's own earlier output)", old=())
-    add_scales(p, help="scales to make (default: every scale the spec lists that the export lacks)")
-    p.add_argument("--method", choices=METHODS, default="dvid",
-                   help="dvid: DVID's own pyramid rule, the most frequent non-zero supervoxel (default); mode: "
-                        "TensorStore's mode (0 counts like any id)")
-    add_labels(p)
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="records per Arrow record batch of the output shards (default: the spec's batch_size)")
-    add_job_options(p)
-
-
-def main(args) -> int:
-    """Run ``dvidshards downsample``; 0 when the output is complete, 1 when it is not."""
-    skip = [k for k, v in (("method", "dvid"), ("labels", "agglomerated")) if getattr(args, k) == v]
-    report = downsample(args.source, dest_of(args), scales=args.scales, method=args.method,
-                        labels=None if args.labels == "agglomerated" else args.labels, spec=args.spec,
-                        batch_size=args.batch_size, allow_partial=True, command=command_line("downsample", args, skip=skip), **job_options(args))
-    print(report.summary())
-    return 0 if report.ok else 1
-
-
 class DownsampleCommand:
-    """``dvidshards downsample``: one row of ``cli.COMMANDS``."""
+    """``dvidshards downsample EXPORT DEST``: one row of ``cli.COMMANDS``."""
 
-    add_arguments = staticmethod(add_arguments)
-    main = staticmethod(main)
+    @staticmethod
+    def add_arguments(p: Any) -> None:
+        add_source(p)
+        add_dest(p, what="output: the made scales as a DVID export (empty, or this job's own earlier output)", old=())
+        add_scales(p, help="scales to make (default: every scale the spec lists that the export lacks)")
+        p.add_argument("--method", choices=METHODS, default="dvid",
+                       help="dvid: DVID's own pyramid rule, the most frequent non-zero supervoxel (default); mode: "
+                            "TensorStore's mode (0 counts like any id)")
+        add_labels(p)
+        add_box(p, help="make the pyramid of the box X0 Y0 Z0 X1 Y1 Z1 only (scale-0 voxels; 0 outside it)")
+        p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                       help="records per Arrow record batch of the output shards (default: the spec's batch_size)")
+        add_job_options(p, workdir=False)
+
+    @staticmethod
+    def main(args: Any) -> int:
+        """Run ``dvidshards downsample``; 0 when the output is complete, 1 when it is not."""
+        skip = [k for k, v in (("method", "dvid"), ("labels", "agglomerated")) if getattr(args, k) == v]
+        report = downsample(args.source, args.dest, scales=args.scales, method=args.method, labels=args.labels,
+                            box=args.box, spec=args.spec, batch_size=args.batch_size, allow_partial=True,
+                            command=command_line("downsample", args, skip=skip), **job_options(args, workdir=False))
+        print(report.summary())
+        return 0 if report.ok else 1

@@ -206,10 +206,9 @@ def add_labels(p, *, default: str = "agglomerated", old: bool = False) -> None:
         p.add_argument("--mapping", dest="labels", action=_Renamed, new="--labels FILE", help=argparse.SUPPRESS)
 
 
-def add_box(p) -> None:
+def add_box(p, *, help: str = "only voxels in the box X0 Y0 Z0 X1 Y1 Z1 (voxels at the scale worked on)") -> None:  # noqa: A002
     """``--box X0 Y0 Z0 X1 Y1 Z1`` (``x0,y0,z0,x1,y1,z1`` accepted, deprecated)."""
-    p.add_argument("--box", nargs="+", action=_Box, default=None, metavar="N",
-                   help="only voxels in the box X0 Y0 Z0 X1 Y1 Z1 (voxels at the scale worked on)")
+    p.add_argument("--box", nargs="+", action=_Box, default=None, metavar="N", help=help)
 
 
 def add_job_options(p, *, workdir: bool = True) -> None:

@@ -1,63 +1,52 @@
 """Where every job writes, and how its output says what it holds.
 
-Every whole-export job (convert, stats, label-index, meshes, pcg-edges, ingest, downsample) writes
-through this module, so that the same rules hold for all of them:
+Every whole-export job writes through this module, so that the same rules hold for all of them:
 
-* **One destination parser** (``stores.as_store(..., writable=True)``): a local path, ``file://``, ``gs://``,
-  ``s3://`` (``?endpoint_override=host:port&scheme=http&region=r`` accepted), ``memory://`` or a
-  TensorStore kvstore spec dict. Anything else (``http://``, ``grpc://``, a path that starts like a
-  URL with a slash missing, ``gs:/bucket``) is refused in one line before any work, and nothing
-  local is ever named like a URL. :meth:`Destination.probe` then checks, within a deadline, that
-  the destination can be written: a bucket that does not answer fails in seconds, not minutes.
-  Local files go through the operating system (atomic renames, errno messages); buckets through
-  TensorStore's kvstore, the stack the readers use, with bounded retries and timeouts
-  (``stores.local``, ``stores.kvstore``).
-* **Errors that name the path**: a full disk, a read-only or forbidden folder, an unreachable
-  bucket are one :class:`~dvidshards.errors.OutputError` line naming the path and what to do.
+* **One store** (``stores.as_store(dest, writable=True)``, the one parser: a path, ``file://``,
+  ``gs://``, ``s3://``, ``memory://`` or a TensorStore kvstore spec dict). Anything else is refused
+  in one :class:`~dvidshards.errors.OutputError` line naming the path and what to do, before any
+  work; so are a full disk, a read-only folder, an unreachable bucket (``check_writable``).
+  ``Output.store`` is where the job writes; nothing converts it back into a path or a spec.
 * **A lock on every output** (:class:`Lock`): ``_dvidshards.lock`` in the output folder (beside a
-  one-file output: ``NAME._dvidshards.lock``), created exclusively (``O_EXCL`` locally, a write
-  conditional on the key being absent in a bucket), refreshed by a heartbeat. A second job is
-  refused naming the first (job, host, pid, start time); a lock whose owner died (same host: the
-  process is gone; another host: no heartbeat for :data:`STALE_SECONDS`) is taken over with
-  ``--resume``.
+  one-file output: ``NAME._dvidshards.lock``), created only where absent, refreshed by a heartbeat.
+  A second job is refused naming the first (job, host, pid, start time); a lock whose owner died
+  (same host: the process is gone; another host: no heartbeat for :data:`STALE_SECONDS`) is taken
+  over with ``--resume``.
 * **One manifest schema** (``_dvidshards.json``, :func:`read_manifest`): job, library version,
-  parameters, command, source (URL), scales, ``complete``, ``status`` (``running``, ``complete``,
+  parameters, command, source (its URL, its path relative to the output, and what the job
+  records of its identity), scales, ``complete``, ``status`` (``running``, ``complete``,
   ``incomplete``, ``interrupted``), failed tasks with their reasons, task counts, job-specific
-  totals, start and end times. It is written ``complete: false`` before the first task and final
-  at the end, from the same :class:`JobReport` the job returns and prints: the two cannot
-  disagree. ``dvidshards verify DEST`` reads any job's manifest.
-* **Refuse / resume / overwrite**: a destination that is empty (or absent) is used; one holding
-  this job's own earlier output needs ``resume`` (same parameters; the job skips what is done)
-  or ``overwrite`` (the job's own files are deleted first, others left alone); anything else is
-  refused before any work.
-* **One work folder** (``--workdir``, :func:`work_folder`): a job that keeps partial results
-  (for ``--resume``, or for a reduce) keeps them in one folder that every worker sees: the one
-  given (a shared file system or a bucket), else ``NAME.work`` beside the output ``NAME``
-  (a sibling folder, or a sibling prefix in the same bucket); a bucket's root has no "beside":
-  give ``--workdir``. It is locked like the output and must not overlap it or the source.
-  ``Output(..., work=True)`` resolves it (``out.workdir``).
-* **One store**: every byte goes through ``dvidshards.stores`` (``as_store(dest, writable=True)``:
-  the one parser; atomic writes, create-if-absent and replace-if-equal for the lock); a
-  :class:`Destination` is that store under the names jobs call.
+  totals, start and end times, written from the same :class:`JobReport` the job returns.
+* **Refuse / resume / overwrite**: an empty destination is used; one holding this job's own
+  earlier output needs ``resume`` (same parameters, same source) or ``overwrite`` (the job's own
+  files are deleted first, others left alone); anything else is refused before any work.
+* **One work folder** (``--workdir``, :func:`work_folder`): partial results in one folder every
+  worker sees: the one given, else ``NAME.work`` beside the output ``NAME``; a bucket's root has
+  no "beside": give ``--workdir``. Locked like the output, apart from it and from the source
+  (``Output(..., work=True)``: ``out.workdir``, a store).
 * **One failure contract**: :meth:`Output.finish` returns the :class:`JobReport` when the output
-  is complete; otherwise it raises :class:`~dvidshards.errors.JobError` carrying the report,
-  unless the caller passed ``allow_partial=True``. The command line prints the summary and exits
-  1. An interrupted job (Ctrl-C, SIGTERM) leaves ``status: interrupted`` and says how to finish.
+  is complete, else raises :class:`~dvidshards.errors.JobError` carrying it unless
+  ``allow_partial=True``. An interrupted job (Ctrl-C, SIGTERM) leaves ``status: interrupted`` and
+  says how to finish.
 
-A job reads as plan → tasks → reduce; this module is only the frame around them::
+A job is a short composition of its plan, its tasks and its reduce inside this frame::
 
     with Output(dest, job="convert", parameters=params, source=ds, scales=[0, 1],
-                resume=resume, overwrite=overwrite, own=own_names) as out:
-        ...  # out.destination, out.previous (the earlier manifest when resuming)
-        phase = runner.run(task, items, done=...)
+                resume=resume, overwrite=overwrite) as out:
+        phase = runner.run(partial(run_task, ...), plan(...), done=...)
         out.add(phase, name=str)
-        return out.finish(totals=..., notes=[...], allow_partial=allow_partial)
+        return out.finish(totals=reduce(phase.results.values()), allow_partial=allow_partial)
+
+``DVIDSHARDS_PAUSE_FILE=PATH`` (tests that interrupt a job): the first :meth:`Output.add` that
+counts a finished task creates PATH and waits until it is deleted, so a test acts on a job that
+is known to be mid-way, never on a guess of how long it runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import socket
 import sys
@@ -66,7 +55,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import JobError, OutputError, OutputLockedError, RemoteReadError, SpecError
 from ..stores import ByteStore, as_store, is_temporary, os_error
@@ -80,14 +69,16 @@ __all__ = [
     "Lock",
     "Output",
     "check_apart",
+    "contains",
     "is_temporary",
     "library_version",
     "os_error",
+    "parent_and_name",
     "read_manifest",
+    "relative_path",
     "work_folder",
 ]
 
-D = TypeVar("D", bound="Destination")
 MANIFEST = "_dvidshards.json"
 LOCK = "_dvidshards.lock"
 WORK_SUFFIX = ".work"  # the default work folder of output NAME is NAME.work beside it
@@ -95,6 +86,7 @@ SCHEMA = 1  # the manifest's schema version
 #: seconds without a heartbeat after which another host's lock counts as abandoned
 STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
 HEARTBEAT_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_HEARTBEAT_SECONDS", "60"))
+_PAUSE_FILE = os.environ.get("DVIDSHARDS_PAUSE_FILE") or None
 
 
 def library_version() -> str:
@@ -115,183 +107,65 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
 
 
-# --------------------------------------------------------------------------- the destination
+# --------------------------------------------------------------------------- locations
 
 
-class Destination:
-    """Where a job writes: a writable store (``stores.as_store(dest, writable=True)``) under the
-    names jobs call today. Each method is one call of the store's; the next jobs call the store.
+def _store(dest: Any, what: str = "destination") -> ByteStore:
+    """The writable store of a path, URL, kvstore spec, store (or a Destination, while jobs still use it)."""
+    if isinstance(dest, Destination):
+        return dest.store
+    return as_store(dest, writable=True, what=what)
 
-    Use :meth:`of` to make one (it refuses what cannot be written).
-    """
 
-    def __init__(self, store: ByteStore):
-        self.store = store
+def _where(store: ByteStore) -> str:
+    return store.describe("").rstrip("/") or "/"
 
-    @classmethod
-    def of(cls, dest, *, what: str = "destination") -> Destination:
-        """The destination a user named: a path, a URL, a kvstore spec dict, a store or a Destination.
 
-        Raises
-        ------
-        OutputError
-            A location no job can write to (an unknown scheme, a URL missing a slash, ...), in one
-            line, before anything is touched.
-        """
-        if isinstance(dest, Destination):
-            return dest
-        return cls(as_store(dest, writable=True, what=what))
+def parent_and_name(store: ByteStore) -> tuple[ByteStore, str]:
+    """The folder holding a location and its last name (``name`` is ``""`` at a store's root)."""
+    path = store.local_path()
+    if path is not None:
+        folder, name = os.path.split(os.path.abspath(path).rstrip("/"))
+        return as_store(folder, writable=True), name
+    spec = store.kvstore_spec()
+    if spec is not None:
+        folder, _, name = spec.get("path", "").rstrip("/").rpartition("/")
+        return as_store({**spec, "path": folder + "/" if folder else ""}, writable=not store.read_only), name
+    base, _, name = _where(store).rpartition("/")
+    if base.endswith(":/"):
+        return store, ""  # memory://NAME: nothing beside it
+    return as_store(base + "/", writable=True), name
 
-    def __reduce__(self):
-        return (type(self), (self.store,))
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Destination) and (self.path, self.spec) == (other.path, other.spec)
-
-    def __hash__(self) -> int:
-        return hash((self.path, json.dumps(self.spec, sort_keys=True)))
-
-    @property
-    def url(self) -> str:
-        return self.store.describe("").rstrip("/") or "/"
-
-    @property
-    def path(self) -> str | None:
-        """The absolute local path (None: not on this host's file system)."""
-        p = self.store.local_path()
-        return None if p is None else os.path.abspath(p)
-
-    @property
-    def local(self) -> bool:
-        """Whether this is a path on this host's file system."""
-        return self.path is not None
-
-    @property
-    def spec(self) -> dict | None:
-        """Not local: the root's TensorStore kvstore spec (a memory store: the memory driver's)."""
-        if self.local:
-            return None
-        spec = self.store.kvstore_spec()
-        return spec if spec is not None else {"driver": "memory", "path": self.store.describe("")}
-
-    @property
-    def kvstore(self) -> dict:
-        """The root as a TensorStore kvstore spec (path ending with '/'), for TensorStore's drivers."""
-        spec = self.spec
-        return spec if spec is not None else {"driver": "file", "path": (self.path or "").rstrip("/") + "/"}
-
-    def describe(self, rel: str = "") -> str:
-        """``rel`` as the user would name it (for messages)."""
-        return f"{self.url}/{rel}" if rel and not self.local else (os.path.join(self.url, rel) if rel else self.url)
-
-    def child(self: D, rel: str) -> D:
-        """The folder ``rel`` under this one, as a Destination of its own."""
-        return type(self)(self.store.child(rel))
-
-    def parent_and_name(self: D) -> tuple[D, str]:
-        """The folder holding this location and its last name (for one-file outputs)."""
-        if self.path is not None:
-            folder, name = os.path.split(self.path.rstrip("/"))
-            return type(self)(as_store(folder, writable=True)), name
-        spec = self.store.kvstore_spec()
-        if spec is not None:
-            folder, _, name = spec.get("path", "").rstrip("/").rpartition("/")
-            parent = {**spec, "path": folder + "/" if folder else ""}
-            return type(self)(as_store(parent, writable=not self.store.read_only)), name
-        base, _, name = self.url.rstrip("/").rpartition("/")
-        if base.endswith(":/"):
-            return self, ""  # a store's root: nothing beside it
-        return type(self)(as_store(base + "/", writable=True)), name
-
-    def contains(self, other: Destination) -> bool:
-        """Whether ``other`` is this location or inside it."""
-        if self.path is not None and other.path is not None:
-            a, b = os.path.realpath(self.path), os.path.realpath(other.path)
-            return b == a or b.startswith(a.rstrip("/") + "/")
-        if self.spec is not None and other.spec is not None:
-            a_rest = {k: v for k, v in self.spec.items() if k != "path"}
-            b_rest = {k: v for k, v in other.spec.items() if k != "path"}
-            return a_rest == b_rest and other.spec.get("path", "").startswith(self.spec.get("path", ""))
+def contains(outer: ByteStore, inner: ByteStore) -> bool:
+    """Whether ``inner`` is the location ``outer`` or inside it."""
+    a, b = outer.local_path(), inner.local_path()
+    if a is not None and b is not None:
+        a, b = os.path.realpath(a), os.path.realpath(b)
+        return b == a or b.startswith(a.rstrip("/") + "/")
+    if (a is None) != (b is None):
         return False
-
-    # --- one call of the store's each ---------------------------------------------------------------
-
-    def read(self, rel: str) -> bytes | None:
-        """The bytes of ``rel``, or None when it does not exist."""
-        return self.store.get_sync(rel)
-
-    def open_input(self, rel: str):
-        """``rel`` as a readable, seekable binary file (ranged reads in a bucket)."""
-        return self.store.open(rel)
-
-    def size(self, rel: str) -> int:
-        """The size of file ``rel`` in bytes."""
-        return self.store.size_sync(rel)
-
-    def read_range(self, rel: str, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of file ``rel``."""
-        return bytes(self.store.read_sync(rel, start, stop))
-
-    def exists(self, rel: str = "") -> bool:
-        """Whether a file or a non-empty folder ``rel`` exists."""
-        return self.store.exists_sync(rel) or self.store.is_folder_sync(rel)
-
-    def is_dir(self, rel: str = "") -> bool:
-        """Whether ``rel`` is a folder (in a bucket: a prefix holding objects)."""
-        return self.store.is_folder_sync(rel)
-
-    def list(self, rel: str = "") -> list[str]:
-        """Names (files and folders) directly under ``rel``, sorted; ``[]`` when it is missing."""
-        return self.store.list_sync(rel)
-
-    def write(self, rel: str, data: bytes) -> None:
-        """Write ``data`` to ``rel`` atomically (never seen half written)."""
-        self.store.put_sync(rel, data)
-
-    def write_with(self, rel: str, write: Callable[[Any], object]) -> None:
-        """Call ``write(file)`` with a binary file open for writing, then publish it at ``rel`` atomically."""
-        with self.store.writer(rel) as f:
-            write(f)
-
-    def create(self, rel: str, data: bytes) -> bool:
-        """Write ``rel`` only if it does not exist (atomically); False when it already did."""
-        return self.store.create_sync(rel, data)
-
-    def replace_if(self, rel: str, data: bytes, expected: bytes) -> bool:
-        """Write ``rel`` only if it still holds ``expected``; False when it changed (or is gone)."""
-        return self.store.replace_sync(rel, data, expected=expected)
-
-    def delete(self, rel: str) -> None:
-        """Delete file ``rel`` if it exists."""
-        self.store.delete_sync(rel)
-
-    def rmtree(self, rel: str = "") -> None:
-        """Delete ``rel`` (a file, or a folder and everything in it) if it exists."""
-        self.store.delete_prefix_sync(rel)
-
-    def local_path(self, rel: str = "") -> str:
-        """The local path of ``rel`` (only for local destinations: writers that stream to a file)."""
-        if self.path is None:
-            raise ValueError(f"{self.describe()} is not on this host's file system")
-        return os.path.join(self.path, rel)
-
-    def makedirs(self, rel: str = "") -> None:
-        """Make folder ``rel`` locally (a bucket has no folders: nothing to do)."""
-        if self.path is not None:
-            try:
-                os.makedirs(os.path.join(self.path, rel), exist_ok=True)
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "make the folder") from None
-
-    def probe(self, *, kind: str = "folder") -> None:
-        """Check that a job can write here, before any work; one OutputError line otherwise."""
-        self.store.check_writable(kind=kind)
+    x, y = outer.describe("").rstrip("/") + "/", inner.describe("").rstrip("/") + "/"
+    return y.startswith(x)
 
 
-def work_folder(dest, workdir=None) -> Destination:
+def relative_path(frm: ByteStore, to: ByteStore) -> str | None:
+    """``to``'s location relative to ``frm`` (both local, or in the same bucket); None otherwise.
+
+    What a manifest records beside its source's URL, so that an output and its source moved or
+    uploaded together still find each other."""
+    a, b = frm.local_path(), to.local_path()
+    if a is not None and b is not None:
+        return os.path.relpath(os.path.abspath(b), os.path.abspath(a))
+    sa, sb = frm.kvstore_spec(), to.kvstore_spec()
+    if a is None and b is None and sa is not None and sb is not None:
+        pa, pb = sa.pop("path", ""), sb.pop("path", "")
+        if sa == sb:
+            return posixpath.relpath("/" + pb.strip("/"), "/" + pa.strip("/"))
+    return None
+
+
+def work_folder(dest: Any, workdir: Any = None) -> ByteStore:
     """The work folder of a job writing ``dest``: ``workdir`` when given (``--workdir``), else
     ``NAME.work`` beside the output ``NAME`` (a sibling folder, or a sibling prefix in the same
     bucket: every worker that sees the output sees it). The one rule for every job.
@@ -302,11 +176,11 @@ def work_folder(dest, workdir=None) -> Destination:
         There is no "beside" (the output is a bucket's or a file system's root): give ``workdir``.
     """
     if workdir is not None:
-        return Destination.of(workdir, what="work folder")
-    destination = Destination.of(dest)
-    folder, name = destination.parent_and_name()
+        return _store(workdir, "work folder")
+    store = _store(dest)
+    folder, name = parent_and_name(store)
     if not name:
-        raise OutputError(f"{destination.describe()}: a job keeps its partial results in a work folder beside "
+        raise OutputError(f"{_where(store)}: a job keeps its partial results in a work folder beside "
                           f"the output, and there is none here; give --workdir (a folder, gs:// or s3://)")
     return folder.child(name + WORK_SUFFIX)
 
@@ -321,39 +195,148 @@ def _remove_empty_dirs(path: str) -> None:
         path = os.path.dirname(path)
 
 
-def check_apart(dest: Destination, *, workdir: Destination | None = None, source=None,
-                what: str = "output") -> None:
+def check_apart(dest: Any, *, workdir: Any = None, source: Any = None, what: str = "output") -> None:
     """Refuse, before any work, an output inside the source export or sharing a folder with the
     work folder (the job would read or delete its own output)."""
-    if workdir is not None and (dest.contains(workdir) or workdir.contains(dest)):
-        raise OutputError(f"{what} {dest.describe()} and the work folder {workdir.describe()} overlap; give "
+    d = _store(dest)
+    w = None if workdir is None else _store(workdir, "work folder")
+    if w is not None and (contains(d, w) or contains(w, d)):
+        raise OutputError(f"{what} {_where(d)} and the work folder {_where(w)} overlap; give "
                           f"--workdir a folder of its own (or leave it out)")
-    if source is not None:
-        root = _source_root(source)
-        if root is not None and (root.contains(dest) or dest == root):
-            raise OutputError(f"{what} {dest.describe()} is inside the export {root.describe()}; a job never "
-                              f"writes into its source: choose another destination")
+    root = source_root(source)
+    if root is not None and contains(root, d):
+        raise OutputError(f"{what} {_where(d)} is inside the export {_where(root)}; a job never "
+                          f"writes into its source: choose another destination")
 
 
-def _source_root(source) -> Destination | None:
-    """The export's root as a Destination when it is a plain location (for the overlap check)."""
-    store = getattr(source, "store", None)
-    for attr in ("root", "path"):
-        p = getattr(store, attr, None)
-        if isinstance(p, (str, os.PathLike)):
-            try:
-                return Destination.of(p)
-            except OutputError:
-                return None
-    spec = getattr(store, "spec", None)
-    if isinstance(spec, dict) and spec.get("driver") in ("gcs", "s3", "memory"):
-        return Destination.of(spec)
-    if isinstance(source, (str, os.PathLike)):
-        try:
-            return Destination.of(source)
-        except OutputError:
+def source_root(source: Any) -> ByteStore | None:
+    """The export's root store when it is one location (a path, URL, store, or a Dataset over one)."""
+    if source is None:
+        return None
+    store = getattr(source, "store", source)
+    if isinstance(store, ByteStore):
+        return store if not hasattr(store, "stores") else None  # several roots: no one location
+    try:
+        return as_store(source)
+    except (SpecError, OutputError, TypeError):
+        return None
+
+
+class Destination:
+    """A writable store under the names jobs called before the store had them; each method is one
+    call of the store's. Goes once no job uses it: call ``Output.store`` (a ByteStore) instead."""
+
+    def __init__(self, store: ByteStore):
+        self.store = store
+
+    @classmethod
+    def of(cls, dest: Any, *, what: str = "destination") -> Destination:
+        return dest if isinstance(dest, Destination) else cls(_store(dest, what))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.store,))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Destination) and self.url == other.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    @property
+    def url(self) -> str:
+        return _where(self.store)
+
+    @property
+    def path(self) -> str | None:
+        p = self.store.local_path()
+        return None if p is None else os.path.abspath(p)
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def spec(self) -> dict | None:
+        if self.local:
             return None
-    return None
+        spec = self.store.kvstore_spec()
+        return spec if spec is not None else {"driver": "memory", "path": self.store.describe("")}
+
+    @property
+    def kvstore(self) -> dict:
+        spec = self.spec
+        return spec if spec is not None else {"driver": "file", "path": (self.path or "").rstrip("/") + "/"}
+
+    def describe(self, rel: str = "") -> str:
+        return f"{self.url}/{rel}" if rel and not self.local else (os.path.join(self.url, rel) if rel else self.url)
+
+    def child(self, rel: str) -> Any:
+        return type(self)(self.store.child(rel))
+
+    def parent_and_name(self) -> tuple[Any, str]:
+        folder, name = parent_and_name(self.store)
+        return type(self)(folder), name
+
+    def contains(self, other: Destination) -> bool:
+        return contains(self.store, other.store)
+
+    def read(self, rel: str) -> bytes | None:
+        return self.store.get_sync(rel)
+
+    def open_input(self, rel: str) -> Any:
+        return self.store.open(rel)
+
+    def size(self, rel: str) -> int:
+        return self.store.size_sync(rel)
+
+    def read_range(self, rel: str, start: int, stop: int) -> bytes:
+        return bytes(self.store.read_sync(rel, start, stop))
+
+    def exists(self, rel: str = "") -> bool:
+        return self.store.exists_sync(rel) or self.store.is_folder_sync(rel)
+
+    def is_dir(self, rel: str = "") -> bool:
+        return self.store.is_folder_sync(rel)
+
+    def list(self, rel: str = "") -> list[str]:
+        return self.store.list_sync(rel)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.store.put_sync(rel, data)
+
+    def write_with(self, rel: str, write: Callable[[Any], object]) -> None:
+        with self.store.writer(rel) as f:
+            write(f)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        return self.store.create_sync(rel, data)
+
+    def replace_if(self, rel: str, data: bytes, expected: bytes) -> bool:
+        return self.store.replace_sync(rel, data, expected=expected)
+
+    def delete(self, rel: str) -> None:
+        self.store.delete_sync(rel)
+
+    def rmtree(self, rel: str = "") -> None:
+        self.store.delete_prefix_sync(rel)
+
+    def local_path(self, rel: str = "") -> str:
+        if self.path is None:
+            raise ValueError(f"{self.describe()} is not on this host's file system")
+        return os.path.join(self.path, rel)
+
+    def makedirs(self, rel: str = "") -> None:
+        if self.path is not None:
+            try:
+                os.makedirs(os.path.join(self.path, rel), exist_ok=True)
+            except OSError as e:
+                raise os_error(e, self.describe(rel), "make the folder") from None
+
+    def probe(self, *, kind: str = "folder") -> None:
+        self.store.check_writable(kind=kind)
 
 
 # --------------------------------------------------------------------------- the lock
@@ -364,7 +347,7 @@ class Lock:
 
     Parameters
     ----------
-    dest : ByteStore or Destination
+    store : ByteStore
         The output's folder (a writable store).
     name : str
         The lock's key in it (``_dvidshards.lock``; ``NAME._dvidshards.lock`` for a one-file output).
@@ -372,8 +355,8 @@ class Lock:
         The job's name, for the message a second job gets.
     """
 
-    def __init__(self, dest: Destination, job: str, name: str = LOCK):
-        self.store: ByteStore = dest.store if isinstance(dest, Destination) else dest
+    def __init__(self, store: Any, job: str, name: str = LOCK):
+        self.store: ByteStore = store.store if isinstance(store, Destination) else store
         self.job, self.name = job, name
         self.token = uuid.uuid4().hex
         self.started = _now()
@@ -509,7 +492,7 @@ def _parse_manifest(data: bytes, where: str) -> dict:
     return m
 
 
-def read_manifest(dest) -> dict | None:
+def read_manifest(dest: Any) -> dict | None:
     """The manifest of any job's output: ``_dvidshards.json`` in a folder, or the ``dvidshards``
     metadata of a one-file Parquet output. None when there is none.
 
@@ -520,35 +503,38 @@ def read_manifest(dest) -> dict | None:
     OutputError
         The location cannot be read.
     """
-    if isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
-        d = Destination(as_store(os.fspath(dest), what="output"))  # read-only: an output served over http
+    if isinstance(dest, ByteStore):
+        store = dest
+    elif isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
+        store = as_store(os.fspath(dest), what="output")  # read-only: an output served over http
     else:
-        d = Destination.of(dest, what="output")
+        store = _store(dest, "output")
     try:
-        if d.local and os.path.isfile(d.path or ""):
-            return _file_manifest(d)
-        data = d.read(MANIFEST)
+        path = store.local_path()
+        if path is not None and os.path.isfile(path):
+            return _file_manifest(store)
+        data = store.get_sync(MANIFEST)
         if data is None:
-            folder, name = d.parent_and_name() if not d.local else (d, "")
-            if name and folder.read(name) is not None:
-                return _file_manifest(d)
+            folder, name = parent_and_name(store) if path is None else (store, "")
+            if name and folder.exists_sync(name):
+                return _file_manifest(store)
             return None
     except RemoteReadError as e:
         raise OutputError(str(e)) from None
-    return _parse_manifest(data, d.describe(MANIFEST))
+    return _parse_manifest(data, store.describe(MANIFEST))
 
 
-def _file_manifest(d: Destination) -> dict | None:
+def _file_manifest(store: ByteStore) -> dict | None:
     import pyarrow.parquet as pq
 
-    folder, name = d.parent_and_name()
+    folder, name = parent_and_name(store)
     try:
-        with folder.open_input(name) as f:
+        with folder.open(name) as f:
             md = pq.ParquetFile(f).schema_arrow.metadata or {}
     except Exception:  # noqa: BLE001 - not a Parquet file: no manifest in it
         return None
     raw = md.get(b"dvidshards")
-    return None if raw is None else _parse_manifest(raw, d.describe())
+    return None if raw is None else _parse_manifest(raw, _where(store))
 
 
 # --------------------------------------------------------------------------- the report
@@ -642,17 +628,20 @@ class Output:
 
     Parameters
     ----------
-    dest : path, URL, kvstore spec dict or Destination
+    dest : path, URL, kvstore spec dict or ByteStore
         The output: a folder (``kind="folder"``) or one file (``kind="file"``, e.g. a Parquet
         table; its manifest is the file's own metadata, written by the job, and the lock lies
-        beside it).
+        beside it). ``out.store`` is it as a writable store.
     job : str
         The job's name (``convert``, ``stats``, ...).
     parameters : dict
         The arguments that decide the output's content (JSON). ``resume`` needs the same ones.
     source : optional
-        The export (a path, URL or Dataset): recorded in the manifest, and an output inside it
-        is refused.
+        The export (a path, URL, store or Dataset): its URL and its path relative to the output
+        are recorded in the manifest, and an output inside it is refused.
+    identity : dict, optional
+        What the job records of its source's content (``source.identity`` in the manifest): a
+        source at another URL with the same identity is the same source (moved) for ``resume``.
     scales : list of int
     command : str, optional
         The command line, recorded in the manifest.
@@ -662,62 +651,64 @@ class Output:
         ``name -> bool``: whether a top-level name of the destination is this job's output
         (deleted by ``overwrite``, which leaves other names alone). Default: everything but the
         manifest, the lock and hidden names is the job's.
-    workdir : path, URL, kvstore spec dict or Destination, optional
+    workdir : path, URL, kvstore spec dict or ByteStore, optional
         The job's work folder (``--workdir``): it is locked too, and must not overlap the output.
     work : bool
-        The job keeps partial results: ``workdir`` (``out.workdir``, a :class:`WorkDir`-like
-        Destination) is the one given or, when none is, the default of :func:`work_folder`.
+        The job keeps partial results: ``out.workdir`` (a store) is ``workdir`` or, when none is
+        given, the default of :func:`work_folder`.
     """
 
-    def __init__(self, dest, *, job: str, parameters: dict, source=None, scales: Iterable[int] = (),
-                 command: str | None = None, resume: bool = False, overwrite: bool = False,
-                 own: Callable[[str], bool] | None = None, kind: str = "folder",
-                 workdir=None, work: bool = False):
+    def __init__(self, dest: Any, *, job: str, parameters: dict, source: Any = None,
+                 identity: dict | None = None, scales: Iterable[int] = (), command: str | None = None,
+                 resume: bool = False, overwrite: bool = False, own: Callable[[str], bool] | None = None,
+                 kind: str = "folder", workdir: Any = None, work: bool = False):
         if resume and overwrite:
             raise SpecError("give resume or overwrite, not both")
         if kind not in ("folder", "file"):
             raise ValueError(kind)
-        self.destination = Destination.of(dest)
+        self.store = _store(dest)
         self.job, self.parameters, self.kind = job, parameters, kind
         self.scales = [int(k) for k in scales]
         self.command, self.resume, self.overwrite = command, resume, overwrite
-        self.source = source
-        self.workdir = work_folder(self.destination, workdir) if work or workdir is not None else None
+        self.source, self.identity = source, identity
+        self.workdir = work_folder(self.store, workdir) if work or workdir is not None else None
         self.own = own
         self.previous: dict | None = None
-        self.report = JobReport(job, self.destination.describe(), list(self.scales))
+        self.where = _where(self.store)
+        self.report = JobReport(job, self.where, list(self.scales))
         self._t0 = time.perf_counter()
         self._locks: list[Lock] = []
         self._finished = False
         self._manifest: dict | None = None
         if kind == "file":
-            self.folder, self.name = self.destination.parent_and_name()
+            self.folder, self.name = parent_and_name(self.store)
             self.report.manifest = None
         else:
-            self.folder, self.name = self.destination, ""
+            self.folder, self.name = self.store, ""
             self.report.manifest = MANIFEST
 
     # --- opening -----------------------------------------------------------------------------------
 
     def __enter__(self) -> Output:
-        made = self.folder.local and not os.path.exists(self.folder.local_path())
+        path = self.folder.local_path()
+        made = path is not None and not os.path.exists(path)
         try:
             self.open()
         except BaseException:
             self._release()
-            if made:  # refused: leave no folder behind that was not there before
-                _remove_empty_dirs(self.folder.local_path())
+            if made and path is not None:  # refused: leave no folder behind that was not there before
+                _remove_empty_dirs(path)
             raise
         return self
 
     def open(self) -> None:
         """Check the destination, take the locks, write the manifest ``complete: false``."""
-        check_apart(self.destination, workdir=self.workdir, source=self.source)
+        check_apart(self.store, workdir=self.workdir, source=self.source)
         if self.workdir is not None:
             check_apart(self.workdir, source=self.source, what="work folder")
-        self.destination.store.check_writable(kind=self.kind)
+        self.store.check_writable(kind=self.kind)
         if self.workdir is not None:
-            self.workdir.store.check_writable()
+            self.workdir.check_writable()
         lock_name = f"{self.name}.{LOCK}" if self.kind == "file" else LOCK
         self._locks.append(Lock(self.folder, self.job, lock_name))
         if self.workdir is not None:
@@ -737,13 +728,13 @@ class Output:
         return True if self.own is None else bool(self.own(name))
 
     def _check_folder(self) -> None:
-        d, store = self.destination, self.destination.store
+        store = self.store
         names = [n for n in store.list_sync() if n not in (LOCK,) and not n.startswith(".")]
         has_manifest = MANIFEST in names
         prev = None
         if has_manifest:
             data = store.get_sync(MANIFEST)
-            prev = _parse_manifest(data, d.describe(MANIFEST)) if data is not None else None
+            prev = _parse_manifest(data, store.describe(MANIFEST)) if data is not None else None
         rest = [n for n in names if n != MANIFEST]
         if not names:
             return
@@ -757,54 +748,63 @@ class Output:
             return
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         if prev is None:
-            raise OutputError(f"{d.describe()} is not empty and holds no dvidshards output ({shown}); choose an "
+            raise OutputError(f"{self.where} is not empty and holds no dvidshards output ({shown}); choose an "
                               f"empty destination, or pass --overwrite to replace what this job would write there")
         if prev.get("job") != self.job:
-            raise OutputError(f"{d.describe()} holds the output of `dvidshards {prev.get('job')}`, not "
+            raise OutputError(f"{self.where} holds the output of `dvidshards {prev.get('job')}`, not "
                               f"{self.job}; choose another destination, or pass --overwrite")
         if not self.resume:
             state = "complete" if prev.get("complete") else "incomplete"
-            raise OutputError(f"{d.describe()} holds an earlier {self.job} output ({state}); pass --resume to "
+            raise OutputError(f"{self.where} holds an earlier {self.job} output ({state}); pass --resume to "
                               f"finish it, or --overwrite to start again")
         self._check_same(prev)
         self.previous = prev
 
     def _check_same(self, prev: dict) -> None:
-        mine = (self._new_manifest().get("source") or {}).get("url")
-        theirs = (prev.get("source") or {}).get("url")
-        if mine != theirs:
-            raise OutputError(f"{self.destination.describe()} holds a {self.job} output of another source "
-                              f"({theirs}, now {mine}); choose another destination, or pass --overwrite")
+        mine: dict = self._new_manifest().get("source") or {}
+        theirs: dict = prev["source"] if isinstance(prev.get("source"), dict) else {}
+        a, b = mine.get("identity"), theirs.get("identity")
+        moved = a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("scale", "shards", "sha256"))
+        if mine.get("url") != theirs.get("url") and not moved:  # the same files elsewhere are the same source
+            raise OutputError(f"{self.where} holds a {self.job} output of another source "
+                              f"({theirs.get('url')}, now {mine.get('url')}); choose another destination, or pass "
+                              f"--overwrite")
         old = prev.get("parameters", {})
         for k in sorted(set(old) | set(self.parameters)):
             if old.get(k) != self.parameters.get(k):
-                raise OutputError(f"{self.destination.describe()} holds a {self.job} output made with other "
+                raise OutputError(f"{self.where} holds a {self.job} output made with other "
                                   f"parameters ({k} was {old.get(k)!r}, now {self.parameters.get(k)!r}); "
                                   f"--resume needs the same ones: run the same command, or pass --overwrite")
 
     def _check_file(self) -> None:
-        if not self.folder.store.exists_sync(self.name):
+        if not self.folder.exists_sync(self.name):
             return
         try:
-            prev = read_manifest(self.destination)
+            prev = read_manifest(self.store)
         except SpecError:
             prev = None
         if prev is None or prev.get("job") != self.job:
-            raise OutputError(f"{self.destination.describe()} exists and is not a {self.job} output; choose "
+            raise OutputError(f"{self.where} exists and is not a {self.job} output; choose "
                               f"another name (--overwrite replaces only this job's own outputs)")
         if self.overwrite:
             return  # replaced atomically when the job writes it
         if not self.resume:
-            raise OutputError(f"{self.destination.describe()} exists (an earlier {self.job} output); pass "
+            raise OutputError(f"{self.where} exists (an earlier {self.job} output); pass "
                               f"--overwrite to replace it")
         self._check_same(prev)
         self.previous = prev
 
     def _new_manifest(self) -> dict:
-        source = None
+        source: dict | None = None
         if self.source is not None:
-            root = _source_root(self.source)
-            source = {"url": root.describe() if root is not None else repr(self.source)}
+            root = source_root(self.source)
+            if root is not None:
+                source = {"url": _where(root), "relative": relative_path(self.folder, root)}
+            else:
+                desc = getattr(getattr(self.source, "store", None), "describe", None)
+                source = {"url": desc("") if desc is not None else repr(self.source)}
+            if self.identity is not None:
+                source["identity"] = self.identity
         return {"dvidshards": {"manifest": SCHEMA, "version": library_version()}, "job": self.job,
                 "parameters": self.parameters, "command": self.command, "source": source,
                 "scales": self.scales, "complete": False, "status": "running",
@@ -819,11 +819,11 @@ class Output:
     def _write_manifest(self) -> None:
         if self.kind == "folder" and self._manifest is not None:
             self._manifest["updated"] = _now()
-            self.destination.store.put_sync(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
+            self.store.put_sync(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
 
     # --- while running -----------------------------------------------------------------------------
 
-    def add(self, phase, name: Callable[[Any], str] = str) -> None:
+    def add(self, phase: Any, name: Callable[[Any], str] = str) -> None:
         """Count one :meth:`TaskRunner.run` phase into the report (failures named by ``name``)."""
         self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
         self.report.done += len(phase.results)
@@ -833,19 +833,21 @@ class Output:
         self.report.task_cpu += phase.task_cpu
         if getattr(phase, "dashboard", None):
             self.report.dashboard = phase.dashboard
+        if _PAUSE_FILE is not None and phase.results:
+            _pause()
 
     def fail(self, item: str, message: str) -> None:
         """Record a failure that is not a task's (e.g. a check after the tasks)."""
         self.report.failed[item] = message
 
-    def update(self, **members) -> None:
+    def update(self, **members: Any) -> None:
         """Merge members into the manifest and write it (job-specific progress, e.g. per-scale keys)."""
         self.manifest().update(members)
         self._write_manifest()
 
     # --- the end -----------------------------------------------------------------------------------
 
-    def finish(self, *, totals=None, notes: Iterable[str] = (), complete: bool | None = None,
+    def finish(self, *, totals: Any = None, notes: Iterable[str] = (), complete: bool | None = None,
                allow_partial: bool = False, write: Callable[[dict], None] | None = None) -> JobReport:
         """Write the final manifest, release the locks, and return the report.
 
@@ -887,7 +889,7 @@ class Output:
             raise JobError(r.summary(), r)
         return r
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if self._finished:
             return
         try:
@@ -901,7 +903,7 @@ class Output:
                 except OutputError:
                     pass
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self._locks:
-                msg = (f"dvidshards {self.job}: interrupted: {self.destination.describe()} is incomplete"
+                msg = (f"dvidshards {self.job}: interrupted: {self.where} is incomplete"
                        + (f" (its {MANIFEST} says so)" if self.kind == "folder" else "")
                        + "; run the same command with --resume to finish it")
                 print(msg, file=sys.stderr, flush=True)
@@ -914,3 +916,15 @@ class Output:
         for lock in reversed(self._locks):
             lock.release()
         self._locks = []
+
+
+def _pause() -> None:
+    """``DVIDSHARDS_PAUSE_FILE``: create the file, then wait until it is deleted (once per process)."""
+    global _PAUSE_FILE
+    path, _PAUSE_FILE = _PAUSE_FILE, None
+    assert path is not None
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)  # appears whole
+    while os.path.exists(path):
+        time.sleep(0.02)

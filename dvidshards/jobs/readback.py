@@ -94,7 +94,7 @@ def compare_chunks(ds, arr: ts.TensorStore, fmt: str, scale: int, labels, n: int
     origins = ds.shards(s.index)
     if not origins or n <= 0:
         return SpotCheck(0, 0, [])
-    reader = ds.reader(s.index, labels)
+    reader = ds.reader(s.index, labels=labels)
     have = set(origins)
     off = np.asarray(s.voxel_offset, np.int64)
     chunk = np.asarray(s.chunk_size, np.int64)

@@ -1,24 +1,31 @@
-"""End-to-end checks of an export, shard by shard, in bounded memory, on any store.
+"""Check an export, or any job's output, end to end: plan → run_task → reduce on the TaskRunner.
 
-Every shard is loaded with the eager policy (remotely: one download per shard), so every
-record is checked against its index and its shard's box, and a record that no index row lists
-is found.  A shard without its index (no ``.csv`` and no footer) is a problem: DVID always
-writes one, so its absence means an incomplete copy (the reader rebuilds it, and says so).
-Every payload is decompressed, which checks its zstd content checksum; with ``decode=True``
-every block is also decoded and its label list compared with the record's.
+An export: every shard is loaded with the eager policy (remotely: one download per shard), so every
+record is checked against its index and its shard's box, a record no index row lists is found, and
+a shard without its index is a problem (DVID always writes one: its absence means an incomplete
+copy). Every payload is decompressed (its zstd checksum), and with ``decode`` every block decoded
+and its label list compared with the record's.
 
-The output of ``dvidshards convert`` (a folder holding ``_dvidshards.json``) is checked from its
-manifest: the run's state (complete, or the scales and shards done and failed), and with
-``spot_check=N`` N random chunks per scale read back through TensorStore and compared with the
-source the manifest names.
+A job's output: every manifest in it (``_dvidshards.json`` at its root and in the folders directly
+below, e.g. ``OUT/mesh/`` after ``meshes``; a one-file output's own metadata) says whether it is
+complete and names its failed tasks; a ``convert`` output's chunks are compared with its source
+(``spot_check``); a ``downsample`` output is an export over its source, and the size of every shard
+file its scales were made from is compared with the source's now.
+
+What is wrong with the data is a :class:`Problem` of the report; a check that could not run (a task
+that failed after the runner's retries) leaves the report incomplete: ``JobError`` unless
+``allow_partial``, as for every job.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,20 +34,32 @@ from ..errors import (
     BlockDecodeError,
     DvidShardsError,
     IndexRebuiltWarning,
+    JobError,
     MissingShardError,
     SpecError,
 )
 from ..formats.codec import block_header, decode_into
+from ..pyramid import (
+    LayeredStore,
+    downsample_manifest,
+    identity_changes,
+    shard_sizes,
+    source_identity,
+)
 from ..shard import not_exported_note
-from .output import MANIFEST, read_manifest
+from ..stores import ByteStore, as_store
+from .downsample import SIZES
+from .options import add_source
+from .output import MANIFEST, JobReport, read_manifest
 from .readback import compare_chunks, kvstore_root, open_scale
+from .runner import TaskRunner
 
-__all__ = ["Problem", "VerifyReport", "verify", "verify_conversion"]
+__all__ = ["Problem", "VerifyCommand", "VerifyReport", "VerifyTotals", "plan", "reduce", "run_task", "verify"]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with an export."""
+    """One thing wrong with an export or an output."""
 
     path: str
     kind: str  # the error type name
@@ -48,217 +67,368 @@ class Problem:
 
 
 @dataclass
-class VerifyReport:
-    """What ``verify`` checked and found.  ``checked`` is False when there was nothing to check."""
+class VerifyTotals:
+    """What the tasks checked."""
 
     shards: int = 0
     chunks: int = 0
-    #: of ``chunks`` spot-checked against a source: those the source holds none of (must read as 0)
-    background: int = 0
+    background: int = 0  # of ``chunks`` spot-checked against a source: those the source holds none of
     decompressed: int = 0
     decoded: int = 0
+    manifests: int = 0
+
+    def add(self, o: VerifyTotals) -> None:
+        for k in self.__dict__:
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Checked:
+    """One task's result: its counts and what it found."""
+
+    totals: VerifyTotals = field(default_factory=VerifyTotals)
     problems: list[Problem] = field(default_factory=list)
-    seconds: float = 0.0
-    manifest: dict | None = None  # a conversion output's manifest (then shards counts its source shards)
-    #: scales the spec lists and the export does not hold (not problems: said under the summary, as ``info`` does)
-    not_exported: list[int] = field(default_factory=list)
-    #: the export's store, to name it in the line about scales not exported
-    store: object = field(default=None, repr=False, compare=False)
-    #: lines said under the summary that are not problems (e.g. scales a conversion made, not spot-checked)
+    heads: list[str] = field(default_factory=list)  # a manifest's line in the summary
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport(JobReport):
+    """The :class:`~dvidshards.jobs.output.JobReport` of ``verify``: ``problems`` is what is wrong,
+    ``totals`` (a :class:`VerifyTotals`) what was checked, ``manifests`` the job manifests read."""
+
+    problems: list[Problem] = field(default_factory=list)
+    manifests: list[dict] = field(default_factory=list)
+    #: scales the spec lists and the export does not hold (said under the summary, as ``info`` does)
+    not_exported: list[int] = field(default_factory=list)
+    heads: list[str] = field(default_factory=list)
+    store: Any = field(default=None, repr=False, compare=False)
+
+    def _count(self, name: str) -> int:
+        return int(getattr(self.totals, name, 0)) if self.totals is not None else 0
+
+    @property
+    def shards(self) -> int:
+        return self._count("shards")
+
+    @property
+    def chunks(self) -> int:
+        return self._count("chunks")
+
+    @property
+    def background(self) -> int:
+        return self._count("background")
+
+    @property
+    def decompressed(self) -> int:
+        return self._count("decompressed")
+
+    @property
+    def decoded(self) -> int:
+        return self._count("decoded")
 
     @property
     def checked(self) -> bool:
-        return self.shards > 0
+        """Whether anything was checked (a shard, or a job's manifest)."""
+        return self.shards > 0 or self._count("manifests") > 0
 
     @property
     def ok(self) -> bool:
-        return self.checked and not self.problems
+        """Everything planned was checked, something was, and nothing is wrong."""
+        return self.complete and not self.failed and self.checked and not self.problems
 
-    def summary(self) -> str:
-        if self.manifest is not None:
-            return self._manifest_summary()
-        head = (f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
-                f"{self.decoded} blocks decoded in {self.seconds:.1f} s: ")
-        note = [not_exported_note(self.store, self.not_exported)] if self.not_exported and self.store else []
-        if self.ok:
-            return "\n".join([head + "no problems", *note])
-        lines = [head + (f"{len(self.problems)} problems" if self.problems else "nothing was checked")]
-        lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
-        if len(self.problems) > 50:
-            lines.append(f"  ... and {len(self.problems) - 50} more")
-        return "\n".join(lines + note)
-
-
-    def _manifest_summary(self) -> str:
-        m = self.manifest or {}
-        job = m.get("job", "?")
-        params = m.get("parameters") or {}
-        src = (m.get("source") or {}).get("url", "?") if isinstance(m.get("source"), dict) else "?"
-        what = f"{m.get('format') or params.get('format', '?')} conversion" if job == "convert" else f"{job} output"
-        unit = "source shards" if job == "convert" else "tasks"
-        scales = m.get("scales") or []
-        head = (f"{what} of {src} ({m.get('command') or 'Python API'}): {self.shards} {unit} in {len(scales)} "
-                f"scales, manifest says {'complete' if m.get('complete') is True else 'INCOMPLETE'}")
-        if self.chunks:
-            head += (f"; {self.chunks} chunks compared with the source ({self.chunks - self.background} with data, "
-                     f"{self.background} background)")
-        lines = [head + (": no problems" if self.ok else f": {len(self.problems)} problems")]
-        lines += [f"  {p.kind}: {p.message}" for p in self.problems[:50]]
-        if len(self.problems) > 50:
-            lines.append(f"  ... and {len(self.problems) - 50} more")
+    def summary(self, limit: int = 50) -> str:
+        verdict = ("no problems" if self.ok else f"{len(self.problems)} problems" if self.problems
+                   else "nothing was checked" if not self.checked else "the check is incomplete")
+        lines = list(self.heads)
+        if self._count("shards") or not self.heads:
+            lines.append(f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
+                         f"{self.decoded} blocks decoded in {self.elapsed:.1f} s")
+        lines[-1] += f": {verdict}"
+        lines += [f"  {p.kind}: {p.message}" for p in self.problems[:limit]]
+        if len(self.problems) > limit:
+            lines.append(f"  ... and {len(self.problems) - limit} more")
+        lines += [f"  FAILED {item}: {msg}" for item, msg in list(self.failed.items())[:limit]]
+        if self.failed or not self.complete:
+            lines.append("  the check is incomplete (the tasks above could not run); fix the cause and run verify "
+                         "again")
+        if self.not_exported and self.store is not None:
+            lines.append(not_exported_note(self.store, self.not_exported))
         return "\n".join(lines + self.notes)
 
+    def to_json(self) -> dict:
+        return {**super().to_json(), "problems": [p.__dict__ for p in self.problems]}
 
-def _check_records(shard, report: VerifyReport, decode: bool) -> None:
+
+# --------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class Found:
+    """A problem found while planning (nothing to run: the task returns it)."""
+
+    number: int
+    problem: Problem
+
+    def name(self) -> str:
+        return self.problem.path
+
+    def run(self) -> Checked:
+        return Checked(problems=[self.problem])
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """One shard of an export: its index against its records, its payloads (and blocks)."""
+
+    ds: Dataset
+    scale: int
+    origin: tuple[int, int, int]
+    decode: bool
+
+    def name(self) -> str:
+        return self.ds.store.describe(self.ds.scale(self.scale).stem(self.origin) + ".arrow")
+
+    def run(self) -> Checked:
+        out = Checked()
+        s, store = self.ds.scale(self.scale), self.ds.store
+        key = s.stem(self.origin) + ".arrow"
+        out.totals.shards = 1
+        try:
+            if not s.is_origin(self.origin):
+                raise MissingShardError(f"{store.describe(key)}: origin {self.origin} is not a multiple of the shard "
+                                        f"extent {s.shard_extent}")
+            with warnings.catch_warnings():  # reported as a problem, not warned about
+                warnings.simplefilter("ignore", IndexRebuiltWarning)
+                shard = self.ds.shard(s, self.origin, policy="eager")
+            out.totals.chunks = len(shard)
+            if shard.rebuilt:
+                out.problems.append(Problem(store.describe(key), "MissingShardError",
+                                            f"{store.describe(s.stem(self.origin) + '.csv')}: no chunk index (neither "
+                                            f"the .csv beside {key} nor a CHUNKIDX footer): DVID always writes one, "
+                                            f"so this copy is incomplete (rebuilt from the records to check them)"))
+            beyond = np.flatnonzero((shard.coords >= np.asarray(s.grid)).any(axis=1))
+            if len(beyond):
+                c = tuple(int(v) for v in shard.coords[beyond[0]])
+                out.problems.append(Problem(shard.path, "ChunkIndexError",
+                                            f"{shard.path}: chunk {c} lies outside the volume {s.size}"))
+            _check_records(shard, out, self.decode)
+        except DvidShardsError as e:
+            if isinstance(e, JobError):
+                raise
+            out.problems.append(Problem(store.describe(key), type(e).__name__, str(e)))
+        return out
+
+
+@dataclass(frozen=True)
+class ManifestCheck:
+    """A job's manifest: complete, or its failed tasks and the tasks not done."""
+
+    where: str
+    manifest: str  # the manifest as JSON (a task is hashable)
+
+    def name(self) -> str:
+        return self.where
+
+    def run(self) -> Checked:
+        m = json.loads(self.manifest)
+        where, job = self.where, m.get("job", "?")
+        out = Checked()
+        out.totals.manifests = 1
+        tasks: dict = m["tasks"] if isinstance(m.get("tasks"), dict) else {}
+        failed: dict = m["failed"] if isinstance(m.get("failed"), dict) else {}
+        total = int(tasks.get("total", 0))
+        src = (m.get("source") or {}).get("url", "?") if isinstance(m.get("source"), dict) else "?"
+        what = (f"{m.get('format') or (m.get('parameters') or {}).get('format', '?')} conversion" if job == "convert"
+                else f"{job} output")
+        unit = "source shards" if job == "convert" else "tasks"
+        out.heads.append(f"{what} of {src} ({m.get('command') or 'Python API'}): {total} {unit} in "
+                         f"{len(m.get('scales') or [])} scales, manifest says "
+                         f"{'complete' if m.get('complete') is True else 'INCOMPLETE'}")
+        verb = "was not converted" if job == "convert" else "failed"
+        for task, msg in failed.items():
+            out.problems.append(Problem(str(task), "TaskFailed", f"{where}: {task} {verb}: {msg}"))
+        todo = total - int(tasks.get("done", 0)) - int(tasks.get("kept", 0)) - len(failed)
+        if m.get("complete") is not True and todo > 0:
+            unit = "source shards not converted" if job == "convert" else f"{job} tasks not done"
+            out.problems.append(Problem(where, "Incomplete", f"{where}: {todo} of {total} {unit} (status "
+                                        f"{m.get('status', '?')}); run the same command with --resume to finish"))
+        if m.get("complete") is not True and not out.problems:
+            out.problems.append(Problem(where, "Incomplete", f"{where}: the {job} job did not finish "
+                                        f"(status {m.get('status', '?')}, started {m.get('started')})"))
+        return out
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    """Random chunks of one scale of a conversion compared with its source."""
+
+    where: str
+    source: str
+    spec: Any  # the source's spec (JSON text), or None for its own info file
+    root: str  # the output's kvstore spec (JSON text)
+    fmt: str
+    key: str
+    scale: int
+    labels: Any
+    n: int
+    seed: int
+
+    def name(self) -> str:
+        return f"{self.where}: s{self.scale} spot check"
+
+    def run(self) -> Checked:
+        out = Checked()
+        try:
+            ds = Dataset(self.source, spec=None if self.spec is None else json.loads(self.spec))
+            arr = open_scale(json.loads(self.root), self.fmt, self.key)
+            sc = compare_chunks(ds, arr, self.fmt, self.scale, self.labels, self.n,
+                                np.random.default_rng([self.seed, self.scale]))
+        except (DvidShardsError, KeyError, ValueError, IndexError, OSError) as e:  # IndexError: another geometry
+            out.problems.append(Problem(self.where, type(e).__name__, f"{self.where}: spot check against the source "
+                                        f"{self.source!r} failed: {e}" + ("" if self.spec is not None else
+                                                                          " (give the source's spec: --spec)")))
+            return out
+        out.totals.chunks, out.totals.background = sc.compared, sc.background
+        out.problems += [Problem(self.where, "Mismatch", f"{self.where}: {b}") for b in sc.problems]
+        return out
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """A downsample output's source: the size of every shard file its scales were made from, now."""
+
+    output: ByteStore
+    source: ByteStore
+
+    def name(self) -> str:
+        return f"{self.output.describe('')}: its source"
+
+    def run(self) -> Checked:
+        m = downsample_manifest(self.output)
+        ident = None if m is None else m["source"].get("identity")
+        if ident is None:
+            return Checked()
+        info = self.output.get_sync("info")  # the spec the scales were made with
+        ds = Dataset(self.source, spec=None if info is None else json.loads(info))
+        scale = ds.scale(int(ident["scale"]))
+        sizes = shard_sizes(self.source, scale, ds.shards(scale))
+        why = identity_changes(self.source, ident, source_identity(scale.index, sizes))
+        if why is None:
+            return Checked()
+        raw = self.output.get_sync(SIZES)
+        before = json.loads(raw) if raw is not None else {}
+        changed = sorted(k for k in set(before) | set(sizes) if before and before.get(k) != sizes.get(k))
+        if changed:
+            why += f"; the files that differ: {', '.join(changed[:5])}" + (" ..." if len(changed) > 5 else "")
+        where = self.output.describe("")
+        return Checked(problems=[Problem(where, "SourceChanged",
+                                         f"{where}: its scales were made from {self.source.describe('')} as it was "
+                                         f"then, and it has changed since ({why}); make them again with "
+                                         f"dvidshards downsample --overwrite")])
+
+
+Task = Found | ShardCheck | ManifestCheck | SpotCheck | SourceCheck
+
+
+def _check_records(shard: Any, out: Checked, decode: bool) -> None:
     """Decompress (and decode) every record; compare its label list with the block's."""
     t = shard.table()
     cs = shard.chunk_size
-    out = np.empty(cs[::-1], np.uint64) if decode else None
+    buf = np.empty(cs[::-1], np.uint64)
     for i in range(len(t)):
         try:
             block = t.block(i)
-            report.decompressed += 1
+            out.totals.decompressed += 1
             hdr = block_header(block)
             where = t.where(i)
             if hdr.shape != tuple(cs[::-1]):
-                report.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: block is "
-                                               f"{hdr.shape[::-1]} voxels (x,y,z), the export's chunks are {cs}"))
+                out.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: block is {hdr.shape[::-1]} "
+                                            f"voxels (x,y,z), the export's chunks are {cs}"))
                 continue
             sv = t.supervoxels(i)
             if len(sv) != hdr.num_labels:
-                report.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: the block has "
-                                               f"{hdr.num_labels} labels but its record lists {len(sv)}"))
+                out.problems.append(Problem(shard.path, "BlockDecodeError", f"{where}: the block has "
+                                            f"{hdr.num_labels} labels but its record lists {len(sv)}"))
                 continue
             if not np.array_equal(hdr.labels, sv):
-                report.problems.append(Problem(shard.path, "ChunkIndexError",
-                                               f"{where}: the record's supervoxels differ from the block's label list"))
+                out.problems.append(Problem(shard.path, "ChunkIndexError",
+                                            f"{where}: the record's supervoxels differ from the block's label list"))
                 continue
             if decode:  # from the block already decompressed: one decompression per record
                 try:
-                    decode_into(np.frombuffer(block, np.uint8), t.labels(i), out)
+                    decode_into(np.frombuffer(block, np.uint8), t.labels(i), buf)
                 except BlockDecodeError as e:
                     raise BlockDecodeError(f"{where}: {e}") from None
-                report.decoded += 1
+                out.totals.decoded += 1
         except DvidShardsError as e:
-            report.problems.append(Problem(shard.path, type(e).__name__, str(e)))
+            out.problems.append(Problem(shard.path, type(e).__name__, str(e)))
 
 
-def _job_manifest(source) -> dict | None:
-    """Any job's manifest (``jobs.output.read_manifest``: a folder's, or a one-file output's own
-    metadata); None when there is none, or for a downsample's output (an export, verified as one)."""
+# --------------------------------------------------------------------------- plan
+
+
+def _manifests(source: Any) -> Iterator[tuple[str, dict, bool]]:
+    """(where, manifest, at the root) of every job manifest of an output: its root's (a folder's,
+    or a one-file output's metadata) and those of the folders directly below it (``meshes`` writes
+    ``OUT/mesh/``)."""
+    if isinstance(source, Dataset):
+        return
     m = read_manifest(source)
-    return None if m is not None and m.get("job") == "downsample" else m
-
-
-def verify_conversion(source, *, spot_check: int = 0, seed: int = 0, spec=None) -> VerifyReport | None:
-    """Check a job's output from its manifest (``_dvidshards.json``; None: ``source`` holds none).
-
-    Problems: the manifest says incomplete (each failed task named with its reason, the count
-    of tasks not done), and for a ``convert`` output with ``spot_check``, chunks that differ from
-    the source the manifest names (opened with ``spec`` when given, else the manifest's ``spec``
-    member, else the source's own info file), or a source that cannot be opened.  A downsample destination is an export: None (``verify`` checks it as one).
-    """
-    t0 = time.monotonic()
-    if not isinstance(source, (str, os.PathLike, dict)):
-        return None
-    name = str(source) if isinstance(source, dict) else os.fspath(source)
-    where = str(name) if not isinstance(source, dict) and os.path.isfile(name) else f"{name}/{MANIFEST}"
+    store = _folder(source)
+    if m is not None:
+        yield (store.describe(MANIFEST) if store is not None else str(source)), m, True
+    if store is None:
+        return
     try:
-        m = _job_manifest(source)
-        kv = kvstore_root(source)
-    except DvidShardsError as e:
-        report = VerifyReport(problems=[Problem(where, type(e).__name__, str(e))])
-        report.manifest = {}
-        return report
-    except (ValueError, OSError):  # not a kvstore TensorStore can open: not a job's output
-        return None
-    if m is None:
-        return None
-    report = VerifyReport(manifest=m)
-    job = m.get("job", "?")
-    tasks: dict = m["tasks"] if isinstance(m.get("tasks"), dict) else {}
-    failed: dict = m["failed"] if isinstance(m.get("failed"), dict) else {}
-    total = int(tasks.get("total", 0))
-    report.shards = total
-    verb = "was not converted" if job == "convert" else "failed"
-    for task, msg in failed.items():
-        report.problems.append(Problem(str(task), "TaskFailed", f"{where}: {task} {verb}: {msg}"))
-    todo = total - int(tasks.get("done", 0)) - int(tasks.get("kept", 0)) - len(failed)
-    if m.get("complete") is not True and todo > 0:
-        unit = "source shards not converted" if job == "convert" else f"{job} tasks not done"
-        report.problems.append(Problem(where, "Incomplete", f"{where}: {todo} of {total} {unit} (status "
-                                       f"{m.get('status', '?')}); run the same command with --resume to finish"))
-    if m.get("complete") is not True and not report.problems:
-        report.problems.append(Problem(where, "Incomplete", f"{where}: the {job} job did not finish "
-                                       f"(status {m.get('status', '?')}, started {m.get('started')})"))
-    if spot_check > 0 and job == "convert":
-        params = m.get("parameters") or {}
-        url = (m.get("source") or {}).get("url") if isinstance(m.get("source"), dict) else None
-        fmt = m.get("format") or params.get("format")
-        keys = m.get("keys") or {}
-        rng = np.random.default_rng(seed)
+        names = store.list_sync("")
+    except SpecError:  # a store that cannot list (http): the root's manifest is all there is
+        return
+    for name in names:
+        if name[:1] in "._" or "." in name:  # files (info, spec.json, ...), hidden and own names
+            continue
+        below = read_manifest(store.child(name))
+        if below is not None:
+            yield store.describe(f"{name}/{MANIFEST}"), below, False
+
+
+def _folder(source: Any) -> ByteStore | None:
+    """The output as a folder (None: one local file)."""
+    if isinstance(source, ByteStore):
+        return source
+    if isinstance(source, dict) or "://" in os.fspath(source):
+        return as_store(source)
+    return as_store(source) if os.path.isdir(source) else None
+
+
+def _as_found(problems: list[Problem]) -> list[Found]:
+    return [Found(i, p) for i, p in enumerate(problems)]
+
+
+def plan(source: Any, *, scale: int | None = None, decode: bool = False, spec: Any = None, spot_check: int = 0,
+         seed: int = 0, report: VerifyReport | None = None) -> list[Task]:
+    """The tasks that check ``source`` (see :func:`verify`); ``report`` receives the manifests read,
+    the scales not exported and the export's store."""
+    report = report if report is not None else VerifyReport("verify", str(source))
+    tasks: list[Task] = []
+    export = True
+    if scale is None:
         try:
-            if url is None or fmt is None:
-                raise SpecError(f"{where}: the manifest names no source or format")
-            ds = Dataset(url, spec=spec if spec is not None else m.get("spec"))
-            made = {int(k) for k in m.get("made") or []}
-            if made & {int(k) for k in keys}:
-                report.notes.append(f"s{', s'.join(str(k) for k in sorted(made))}: made by the conversion (the "
-                                    f"source lacks them), not compared with it")
-            for k in sorted(keys, key=int):
-                if int(k) in made:
-                    continue
-                arr = open_scale(kv, fmt, keys[k])
-                sc = compare_chunks(ds, arr, fmt, int(k), params.get("labels", "agglomerated"), spot_check, rng)
-                n, bad = sc
-                report.chunks += n
-                report.background += getattr(sc, "background", 0)
-                report.problems += [Problem(where, "Mismatch", f"{where}: {b}") for b in bad]
-        except (DvidShardsError, KeyError, ValueError, IndexError, OSError) as e:  # IndexError: another geometry
-            report.problems.append(Problem(where, type(e).__name__, f"{where}: spot check against the source "
-                                           f"{url!r} failed: {e}" + ("" if spec is not None or m.get("spec") else
-                                                                     " (give the source's spec: --spec)")))
-    report.seconds = time.monotonic() - t0
-    return report
-
-
-def verify(source, *, scale=None, decode: bool = False, spec=None, progress: bool = False,
-           spot_check: int = 0) -> VerifyReport:
-    """Check an export: indexes against records, shard placement, payload checksums, and
-    (``decode``) every block.
-
-    Parameters
-    ----------
-    source : path, URL, store or Dataset
-        The export.
-    scale : int, optional
-        Only this scale (folder number; default: every scale the export holds; the spec's others
-        are listed in ``report.not_exported``, not problems).
-    decode : bool
-        Also decode every block and check its label lists.
-    spec : dict or path, optional
-        The export's neuroglancer multiscale spec (see ``Dataset``).
-    progress : bool
-        Show a progress bar (tqdm) on stderr.
-
-    spot_check : int
-        For a ``dvidshards convert`` output: chunks per scale to compare with the source (opened
-        with ``spec`` when given).
-
-    Returns
-    -------
-    VerifyReport
-        ``report.ok`` is False when a problem was found or nothing was checked.
-    """
-    from tqdm.auto import tqdm
-
-    t0 = time.monotonic()
-    if scale is None:  # a job's output (its manifest says what it holds); ``spec`` is then its source's
-        conv = verify_conversion(source, spot_check=spot_check, spec=spec)
-        if conv is not None:
-            return conv
-    report = VerifyReport()
+            found = list(_manifests(source))
+        except DvidShardsError as e:
+            return list(_as_found([Problem(str(source), type(e).__name__, str(e))]))
+        for where, m, _ in found:
+            report.manifests.append(m)
+            tasks.append(ManifestCheck(where, json.dumps(m, default=str)))
+            if m.get("job") == "convert" and spot_check > 0:
+                tasks += _spot_checks(where, m, source, spec, spot_check, seed, report)
+        root = next((m for _, m, at_root in found if at_root), None)
+        export = not found or (root is not None and root.get("job") == "downsample")
+    if not export:
+        return tasks
     try:
         ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec, policy="eager")
         if scale is None:  # every scale the export holds; the others are said, as info says them
@@ -272,15 +442,19 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
         except SpecError:  # a store that cannot list (http): the spec's scales are all there is
             folders = {s.folder for s in ds.scales}
     except DvidShardsError as e:
-        report.problems.append(Problem(str(source), type(e).__name__, str(e)))
-        report.seconds = time.monotonic() - t0
-        return report
+        return tasks + _as_found([Problem(str(source), type(e).__name__, str(e))])
+    problems: list[Problem] = []
     if scale is None:
         for f in sorted(folders - {s.folder for s in ds.scales}):
             if shard_origins(store, f):
-                report.problems.append(Problem(store.describe(f), "SpecError",
-                                               f"{store.describe(f)}: holds shards but the spec has no scale {f[1:]}; "
-                                               f"they were not checked"))
+                problems.append(Problem(store.describe(f), "SpecError", f"{store.describe(f)}: holds shards but the "
+                                        f"spec has no scale {f[1:]}; they were not checked"))
+        if isinstance(store, LayeredStore):  # a downsample output: the sizes of its source's files now
+            for i, st in enumerate(store.stores):
+                if i and downsample_manifest(st) is not None:
+                    below = store.stores[:i]
+                    tasks.append(SourceCheck(st, below[0] if i == 1 else LayeredStore(
+                        below, {k: j for k, j in store.route.items() if j < i})))
     for s in scales:
         try:
             origins = ds.shards(s)
@@ -289,42 +463,145 @@ def verify(source, *, scale=None, decode: bool = False, spec=None, progress: boo
             except SpecError:
                 names = set()
         except DvidShardsError as e:
-            report.problems.append(Problem(store.describe(s.folder), type(e).__name__, str(e)))
+            problems.append(Problem(store.describe(s.folder), type(e).__name__, str(e)))
             continue
         for name in sorted(names):  # an index with no shard file beside it
             if name.endswith(".csv") and name[:-4] + ".arrow" not in names:
                 w = store.describe(f"{s.folder}/{name}")
-                report.problems.append(Problem(w, "MissingShardError", f"{w}: index without its .arrow"))
-        grid = np.asarray(s.grid)
-        for o in tqdm(origins, desc=f"verify {s.folder}", unit="shard", disable=not progress):
-            key = s.stem(o) + ".arrow"
-            report.shards += 1
-            try:
-                if not s.is_origin(o):
-                    raise MissingShardError(f"{store.describe(key)}: origin {o} is not a multiple of the shard "
-                                            f"extent {s.shard_extent}")
-                with warnings.catch_warnings():  # reported below as a problem, not warned about
-                    warnings.simplefilter("ignore", IndexRebuiltWarning)
-                    shard = ds.shard(s, o, policy="eager")
-                report.chunks += len(shard)
-                if shard.rebuilt:
-                    report.problems.append(Problem(store.describe(key), "MissingShardError",
-                                                   f"{store.describe(s.stem(o) + '.csv')}: no chunk index (neither "
-                                                   f"the .csv beside {key} nor a CHUNKIDX footer): DVID always "
-                                                   f"writes one, so this copy is incomplete (rebuilt from the "
-                                                   f"records to check them)"))
-                beyond = np.flatnonzero((shard.coords >= grid).any(axis=1))
-                if len(beyond):
-                    c = tuple(int(v) for v in shard.coords[beyond[0]])
-                    report.problems.append(Problem(shard.path, "ChunkIndexError",
-                                                   f"{shard.path}: chunk {c} lies outside the volume {s.size}"))
-                _check_records(shard, report, decode)
-                del shard
-            except DvidShardsError as e:
-                report.problems.append(Problem(store.describe(key), type(e).__name__, str(e)))
-    if report.shards == 0 and not report.problems:
-        report.problems.append(Problem(store.describe(""), "SpecError",
-                                       f"no shard files found under {store.describe('')}"))
-    report.seconds = time.monotonic() - t0
+                problems.append(Problem(w, "MissingShardError", f"{w}: index without its .arrow"))
+        tasks += [ShardCheck(ds, s.index, (int(o[0]), int(o[1]), int(o[2])), decode) for o in origins]
+    if not any(isinstance(t, ShardCheck) for t in tasks) and not problems and not report.manifests:
+        problems.append(Problem(store.describe(""), "SpecError", f"no shard files found under {store.describe('')}"))
+    return tasks + _as_found(problems)
+
+
+def _spot_checks(where: str, m: dict, source: Any, spec: Any, n: int, seed: int,
+                 report: VerifyReport) -> list[Task]:
+    """One spot check per scale of a conversion that it did not make itself."""
+    params = m.get("parameters") or {}
+    url = (m.get("source") or {}).get("url") if isinstance(m.get("source"), dict) else None
+    fmt = m.get("format") or params.get("format")
+    keys = m.get("keys") or {}
+    if url is None or fmt is None:
+        return list(_as_found([Problem(where, "SpecError", f"{where}: the manifest names no source or format")]))
+    try:
+        root = json.dumps(kvstore_root(source))
+    except (DvidShardsError, ValueError, OSError) as e:
+        return list(_as_found([Problem(where, type(e).__name__, f"{where}: {e}")]))
+    made = {int(k) for k in m.get("made") or []}
+    if made & {int(k) for k in keys}:
+        report.notes.append(f"s{', s'.join(str(k) for k in sorted(made))}: made by the conversion (the source "
+                            f"lacks them), not compared with it")
+    given = spec if spec is not None else m.get("spec")
+    text = None if given is None else json.dumps(given if isinstance(given, dict) else
+                                                 json.loads(open(os.fspath(given), "rb").read()))
+    return [SpotCheck(where, url, text, root, fmt, keys[k], int(k), params.get("labels", "agglomerated"), n, seed)
+            for k in sorted(keys, key=int) if int(k) not in made]
+
+
+# --------------------------------------------------------------------------- run_task, reduce
+
+
+def run_task(task: Task) -> Checked:
+    """Run one check: what it counted and what it found (a problem is data, never an exception)."""
+    return task.run()
+
+
+def reduce(results: Any, report: VerifyReport) -> None:
+    """The tasks' counts summed into ``report.totals``, their problems and summary lines joined."""
+    totals = report.totals if isinstance(report.totals, VerifyTotals) else VerifyTotals()
+    for r in results:
+        totals.add(r.totals)
+        report.problems += r.problems
+        report.heads += r.heads
+        report.notes += r.notes
+    report.totals = totals
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def verify(source: Any, *, scale: int | None = None, decode: bool = False, spec: Any = None, spot_check: int = 0,
+           seed: int = 0, scheduler: Any = "serial", progress: bool | None = False,
+           allow_partial: bool = False) -> VerifyReport:
+    """Check an export, or a job's output, end to end.
+
+    Parameters
+    ----------
+    source : path, URL, kvstore spec dict, store or Dataset
+        An export (every shard checked), or a job's output (every manifest in it read; a
+        downsample output is also checked as the export it is, over its source).
+    scale : int, optional
+        Only this scale of an export (default: every scale it holds; the spec's others are in
+        ``report.not_exported``, not problems).
+    decode : bool
+        Also decode every block and compare its label list.
+    spec : dict or path, optional
+        The export's neuroglancer spec (for a conversion: its source's).
+    spot_check : int
+        For a ``convert`` output: chunks per scale compared with the source its manifest names.
+    seed : int
+        Of the spot checks' random draws.
+    scheduler, progress, allow_partial :
+        As for every job (default: one task at a time, one shard in memory).
+
+    Returns
+    -------
+    VerifyReport
+        ``report.ok`` is False when a problem was found or nothing was checked.
+
+    Raises
+    ------
+    JobError
+        A check could not run (a task failed after its retries) and ``allow_partial`` is false.
+    """
+    t0 = time.perf_counter()
+    report = VerifyReport("verify", source.store.describe("") if isinstance(source, Dataset) else
+                          source.describe("") if isinstance(source, ByteStore) else str(source))
+    tasks = plan(source, scale=scale, decode=decode, spec=spec, spot_check=spot_check, seed=seed, report=report)
+    with TaskRunner(scheduler, progress=progress) as tr:
+        phase = tr.run(run_task, tasks, desc="verify")
+    report.tasks, report.done = len(tasks), len(phase.results)
+    report.failed = {t.name(): msg for t, msg in phase.failed.items()}
+    report.task_cpu = phase.task_cpu
+    reduce(phase.results.values(), report)
+    report.complete = not report.failed
+    report.status = "complete" if report.complete else "incomplete"
+    report.elapsed = time.perf_counter() - t0
+    if not report.complete and not allow_partial:
+        raise JobError(report.summary(), report)
     return report
 
+
+# --------------------------------------------------------------------------- command line
+
+
+class VerifyCommand:
+    """``dvidshards verify EXPORT``: one row of ``cli.COMMANDS``."""
+
+    @staticmethod
+    def add_arguments(p: Any) -> None:
+        add_source(p)
+        p.add_argument("--scale", type=int, metavar="K", help="only scale K (folder sK); default: every scale")
+        p.add_argument("--decode", action="store_true",
+                       help="also decode every block and compare its label list with the record's")
+        p.add_argument("--spot-check", type=int, default=0, metavar="N",
+                       help="a convert output: also compare N random chunks per scale with the source its manifest "
+                            "names")
+        p.add_argument("--scheduler", default="serial", metavar="WHERE",
+                       help="where the checks run (default serial: one shard in memory at a time)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    @staticmethod
+    def main(args: Any) -> int:
+        """0: no problems; 1: problems found (or a check that could not run); nothing to check: SpecError (2)."""
+        if args.spot_check < 0:
+            raise SpecError(f"--spot-check {args.spot_check}: give a number of chunks >= 0")
+        report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec,
+                        spot_check=args.spot_check, scheduler=args.scheduler, allow_partial=True,
+                        progress=False if args.quiet else None)
+        if not report.checked:  # nothing to check is a usage error, never "no problems"
+            why = report.problems[0].message if report.problems else f"no shard files found under {args.source}"
+            raise SpecError(f"nothing was checked: {' '.join(why.split())}")
+        print(report.summary())
+        return 0 if report.ok else 1

@@ -22,7 +22,7 @@ from dvidshards.errors import GeometryWarning, JobError, OutputError, SpecError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.multiscale import parse_multiscale
 from dvidshards.jobs import downsample as D
-from dvidshards.jobs.downsample import downsample, plan_scale
+from dvidshards.jobs.downsample import downsample, output_shards
 from dvidshards.writer import write_export
 from tests.support.data import REAL_SHARD
 from tests.support.downsample import by_count, dvid_port
@@ -108,7 +108,7 @@ def test_s0_only_export_dvid_rule(s0_only, tmp_path):
     _check_pyramid(s0_only, dest, "dvid", [1, 2, 3])
     # the destination is a DVID export of the made scales: s1..s3, info, manifest
     names = sorted(os.listdir(dest))
-    assert names == ["_dvidshards.json", "info", "s1", "s2", "s3"]
+    assert names == ["_dvidshards.json", "_dvidshards.sizes.json", "info", "s1", "s2", "s3"]
     m = json.loads((dest / "_dvidshards.json").read_text())
     assert m["job"] == "downsample" and m["complete"] is True and m["scales"] == [1, 2, 3]
     assert m["source"]["url"] == os.path.abspath(s0_only.root)
@@ -235,7 +235,7 @@ def test_scales_asked(s0_only, tmp_path):
     """--scales 2: s1 is made too (s2 is made from it); a scale the spec lacks is refused."""
     rep = downsample(s0_only.root, tmp_path / "out", spec=s0_only.spec, scales=[2], progress=False)
     assert rep.ok and rep.scales == [1, 2] and any("also made s1" in n for n in rep.notes)
-    assert sorted(os.listdir(tmp_path / "out")) == ["_dvidshards.json", "info", "s1", "s2"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["_dvidshards.json", "_dvidshards.sizes.json", "info", "s1", "s2"]
     with pytest.raises(SpecError, match="scale 7"):
         downsample(s0_only.root, tmp_path / "x", spec=s0_only.spec, scales=[7], progress=False)
     assert not (tmp_path / "x").exists()
@@ -401,10 +401,10 @@ def test_command_line(s0_only, tmp_path, capsys):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(s0_only.spec))
     p = argparse.ArgumentParser()
-    D.add_arguments(p)
+    D.DownsampleCommand.add_arguments(p)
     args = p.parse_args([s0_only.root, str(tmp_path / "out"), "--spec", str(spec), "--scales", "1", "2",
                          "--method", "mode", "--quiet"])
-    assert D.main(args) == 0
+    assert D.DownsampleCommand.main(args) == 0
     out = capsys.readouterr().out
     assert "complete" in out and "s1, s2 made from s0 (mode rule)" in out
     m = json.loads((tmp_path / "out" / "_dvidshards.json").read_text())
@@ -423,13 +423,13 @@ def test_plan_reads_dvid_old_named_files(dvid_data):
     s7, s8 = scales[7], scales[8]
     old = s7.with_naming("old")
     assert old.shard_extent == 1024 and s7.shard_extent == 1088
-    tasks = plan_scale(old, s8, [(0, 0, 0), (0, 0, 1024)])
+    tasks = output_shards(old, s8, [(0, 0, 0), (0, 0, 1024)])
     assert tasks == [((0, 0, 0), ((0, 0, 0), (0, 0, 1024)))]
-    assert plan_scale(s7, s8, [(0, 0, 0)]) == [((0, 0, 0), ((0, 0, 0),))]
+    assert output_shards(s7, s8, [(0, 0, 0)]) == [((0, 0, 0), ((0, 0, 0),))]
     # mCNS s0 -> s1: an output shard of 2048 voxels reads the 8 source shards of 2048 it covers
     s0, s1 = scales[0], scales[1]
     src = [(x, y, z) for x in (0, 2048) for y in (0, 2048) for z in (0, 2048)]
-    assert plan_scale(s0, s1, src) == [((0, 0, 0), tuple(sorted(src)))]
+    assert output_shards(s0, s1, src) == [((0, 0, 0), tuple(sorted(src)))]
 
 
 @pytest.fixture(scope="module")
@@ -497,18 +497,22 @@ def test_real_shard_as_scale_0_every_chunk(real_pyramid):
 # --------------------------------------------------------------------------- destinations
 
 
-def test_a_bucket_destination(s0_only, tmp_path):
-    """s3://: the shards are built locally and published index first; the scale below each made one
-    is read back from the bucket; the output equals a local run's, object for object."""
+def test_a_bucket_destination(s0_only, tmp_path, monkeypatch):
+    """s3://: the shards are built in the temporary folder and published index first; the scale below
+    each made one is read back from the bucket; the output equals a local run's, object for object."""
     pytest.importorskip("moto.server")
+    import tempfile
+
     from tests.support.servers import MotoS3
 
     local = downsample(s0_only.root, tmp_path / "local", spec=s0_only.spec, progress=False)
     assert local.ok
+    (tmp_path / "stage").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "stage"))
     with MotoS3() as s3:
         c = s3.bucket("seg")
         url = f"s3://seg/pyr/out?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
-        rep = downsample(s0_only.root, url, spec=s0_only.spec, progress=False, workdir=str(tmp_path / "stage"))
+        rep = downsample(s0_only.root, url, spec=s0_only.spec, progress=False)
         assert rep.ok, rep.summary()
         keys = {o["Key"] for o in c.list_objects_v2(Bucket="seg", Prefix="pyr/out/")["Contents"]}
         got = {k[len("pyr/out/"):]: c.get_object(Bucket="seg", Key=k)["Body"].read() for k in keys}

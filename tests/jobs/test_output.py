@@ -35,29 +35,8 @@ from tests.support.exports import make_export
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# the CLI, with each job's task slowed down (H_DELAY seconds), so a test can act while it runs
-SLOW_CLI = """if True:
-    import os, sys, time
-    import dvidshards.jobs.ingest as ig
-    import dvidshards.jobs.pcg as pc
-    import dvidshards.jobs.stats as st
-    delay = float(os.environ.get("H_DELAY", "0"))
-
-    def slow(mod, name):
-        f = getattr(mod, name)
-
-        def g(*a, **k):
-            time.sleep(delay)
-            return f(*a, **k)
-
-        setattr(mod, name, g)
-
-    slow(st, "_shard_task")
-    slow(pc, "_run_task")
-    slow(ig, "_ingest_task")
-    from dvidshards.cli import main
-    sys.exit(main(sys.argv[1:]))
-"""
+# the command line in a child process
+CLI = "import sys; from dvidshards.cli import main; sys.exit(main(sys.argv[1:]))"
 
 _ABSL = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # TensorStore's C++ log lines (outside Python's control)
 
@@ -106,38 +85,32 @@ def job_args(job: str, exp, dest, dump=None, scale: int = 1) -> list[str]:
     raise AssertionError(job)
 
 
-def run_cli(args, *, env=None, cwd=None, delay: float = 0.0, timeout: float = 300):
+def run_cli(args, *, env=None, cwd=None, timeout: float = 300):
     """``dvidshards ARGS`` in a child process: (exit code, stdout, stderr, seconds)."""
-    e = {**os.environ, **(env or {}), "H_DELAY": str(delay), "PYTHONPATH": str(ROOT)}
+    e = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", SLOW_CLI, *map(str, args)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True,
                        env=e, cwd=cwd or ROOT, timeout=timeout)
     return r.returncode, r.stdout, r.stderr, time.monotonic() - t
 
 
-def start_cli(args, *, delay: float, env=None):
-    e = {**os.environ, **(env or {}), "H_DELAY": str(delay), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, *map(str, args)], stdout=subprocess.PIPE,
+def start_cli(args, *, pause: Path):
+    """``dvidshards ARGS`` in a child process that, once its first tasks are counted, creates ``pause``
+    and waits until the test deletes it (``DVIDSHARDS_PAUSE_FILE``): the test acts on a job known to
+    be mid-way, never on a guess of how long it runs."""
+    e = {**os.environ, "DVIDSHARDS_PAUSE_FILE": str(pause), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", CLI, *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT)
 
 
-def wait_for(pred, p, what: str, timeout: float = 120) -> None:
+def wait_for(path: Path, p, what: str, timeout: float = 300) -> None:
+    """Wait until the job creates ``path`` (the job itself signals it; it never goes on without us)."""
     deadline = time.monotonic() + timeout
-    while not pred():
+    while not path.exists():
         if p.poll() is not None:
             raise AssertionError(f"the job ended before {what}: {p.returncode}\n{p.stdout.read()}\n{p.stderr.read()}")
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
-
-
-def progress_file(job: str, dest: Path):
-    """A file that appears once the job's first task is done."""
-    if job in ("stats", "label-index"):
-        return lambda: any(Path(f"{dest}.work/shards").glob("*.arrow")) if Path(f"{dest}.work/shards").is_dir() \
-            else False
-    if job == "pcg-edges":
-        return lambda: any((dest / "supervoxels").glob("*.parquet")) if (dest / "supervoxels").is_dir() else False
-    return lambda: any((dest / "s0").glob("*.parquet")) if (dest / "s0").is_dir() else False
+        time.sleep(0.02)
 
 
 def closed_port() -> int:
@@ -236,17 +209,14 @@ def test_no_network_bucket_in_this_machines_own_environment(exp, tmp_path):
 # --------------------------------------------------------------------------- the work folder and the output
 
 
-@pytest.mark.parametrize("form", ["--out", "positional"])
 @pytest.mark.parametrize("name", ["X", "X.parquet"])
-def test_stats_out_x_workdir_x_is_refused_up_front(exp, tmp_path, capsys, form, name):
+def test_stats_out_x_workdir_x_is_refused_up_front(exp, tmp_path, capsys, name):
     from dvidshards.cli import main
 
     x = tmp_path / name
-    dest = ["--out", str(x)] if form == "--out" else [str(x)]
     t = time.process_time()
-    assert main(["stats", exp.root, *dest, "--workdir", str(x), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.strip().splitlines() if "warning:" not in ln]  # (--out's deprecation line)
+    assert main(["stats", exp.root, str(x), "--workdir", str(x), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "overlap" in lines[0] and str(x) in lines[0] and "--workdir" in lines[0]
     assert os.listdir(tmp_path) == []  # nothing made, no task ran
     assert time.process_time() - t < 5
@@ -277,9 +247,10 @@ def test_a_second_job_into_a_locked_output_is_refused_naming_the_first(exp, tmp_
     _needs(job)
     dest = tmp_path / "out"
     args = [*job_args(job, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
-    first = start_cli(args, delay=0.4)
+    pause = tmp_path / "paused"
+    first = start_cli(args, pause=pause)
     try:
-        wait_for(lambda: (dest / "_dvidshards.lock").exists(), first, "the first job's lock")
+        wait_for(pause, first, "the first job's first tasks")
         lock = json.loads((dest / "_dvidshards.lock").read_text())
         assert lock["pid"] == first.pid and lock["host"] == socket.gethostname()
         for extra in ([], ["--resume"], ["--overwrite"]):  # never two jobs in one output
@@ -293,6 +264,7 @@ def test_a_second_job_into_a_locked_output_is_refused_naming_the_first(exp, tmp_
             err = capsys.readouterr().err
             assert f"pid {first.pid}" in err and "out.work" in err, err
         assert first.poll() is None, "the first job ended before the second was refused"
+        pause.unlink()  # the first job goes on
         out, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
@@ -310,9 +282,10 @@ def test_a_dead_jobs_lock_is_taken_over_with_resume(exp, tmp_path, capsys, job):
     _needs(job)
     dest = tmp_path / "out"
     args = [*job_args(job, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
-    p = start_cli(args, delay=0.5)
+    pause = tmp_path / "paused"
+    p = start_cli(args, pause=pause)
     try:
-        wait_for(progress_file(job, dest), p, "the first task")
+        wait_for(pause, p, "the first tasks")
     finally:
         p.kill()  # SIGKILL: no clean-up, the lock stays
         p.wait()
@@ -340,9 +313,10 @@ def test_ctrl_c_says_the_output_is_incomplete_and_how_to_finish(exp, tmp_path, j
     _needs(kind)
     dest = tmp_path / ("out.parquet" if job == "stats.parquet" else "out")
     args = [*job_args(kind, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
-    p = start_cli(args, delay=0.4)
+    pause = tmp_path / "paused"
+    p = start_cli(args, pause=pause)
     try:
-        wait_for(progress_file(kind, dest), p, "the first task")
+        wait_for(pause, p, "the first tasks")
         os.kill(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=120)
     finally:
@@ -412,15 +386,13 @@ def _fill(disk: Path) -> Path:
 
 @pytest.mark.parametrize("job", ["stats", "stats.parquet", "label-index", "pcg-edges"])
 def test_a_full_disk_is_one_line_naming_the_path_then_resume_finishes(exp, small_disk, job, monkeypatch, capsys):
-    import dvidshards.jobs.pcg as pc
-    import dvidshards.jobs.stats as st
+    import dvidshards.jobs.runner as runner
     from dvidshards.cli import main
 
     kind = job.split(".")[0]
     _needs(kind)
     dest = small_disk / ("sizes.parquet" if job == "stats.parquet" else "out")
-    mod, name = (pc, "_run_task") if kind == "pcg-edges" else (st, "_shard_task")
-    real = getattr(mod, name)
+    real = runner._call  # every job's tasks run through it
     calls = []
 
     def filling(*a, **k):  # the disk fills up while the job runs (another program's writes)
@@ -429,7 +401,7 @@ def test_a_full_disk_is_one_line_naming_the_path_then_resume_finishes(exp, small
             _fill(small_disk)
         return real(*a, **k)
 
-    monkeypatch.setattr(mod, name, filling)
+    monkeypatch.setattr(runner, "_call", filling)
     args = [*job_args(kind, exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
     code = main(args)
     out, err = capsys.readouterr()
@@ -440,7 +412,7 @@ def test_a_full_disk_is_one_line_naming_the_path_then_resume_finishes(exp, small
     if code == 2:  # refused or stopped by the disk: one line on stderr
         assert len(err.strip().splitlines()) == 1
     # space is back: --resume finishes the output
-    monkeypatch.setattr(mod, name, real)
+    monkeypatch.setattr(runner, "_call", real)
     os.unlink(small_disk / "filler")
     os.unlink(small_disk / "filler2")
     assert main([*args, "--resume"]) == 0, capsys.readouterr()
@@ -455,7 +427,7 @@ def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monk
     from the second task on."""
     import builtins
 
-    import dvidshards.jobs.stats as st
+    import dvidshards.jobs.runner as runner
     import dvidshards.stores.local as local_files
     from dvidshards.cli import main
 
@@ -483,14 +455,14 @@ def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monk
         f = real_open(path, mode, *a, **k)
         return Full(f) if full["on"] and "w" in mode and str(path).startswith(str(tmp_path)) else f
 
-    real_task = st._shard_task
+    real_call = runner._call  # every job's tasks run through it
 
     def filling(*a, **k):
         full["on"] = True
-        return real_task(*a, **k)
+        return real_call(*a, **k)
 
     monkeypatch.setattr(local_files, "open", full_open, raising=False)
-    monkeypatch.setattr(st, "_shard_task", filling)
+    monkeypatch.setattr(runner, "_call", filling)
     args = [*job_args("stats", exp, dest, scale=0), "--scheduler", "serial", "--quiet"]
     code = main(args)
     out, err = capsys.readouterr()
@@ -498,7 +470,7 @@ def test_a_full_disk_simulated_where_no_tmpfs_can_be_mounted(exp, tmp_path, monk
     said = [ln for ln in (out + err).splitlines() if "no space left" in ln]
     assert said and all(str(tmp_path) in ln for ln in said) and "--resume" in out + err, out + err
     full["on"] = False
-    monkeypatch.setattr(st, "_shard_task", real_task)
+    monkeypatch.setattr(runner, "_call", real_call)
     assert main([*args, "--resume"]) == 0
     assert stats_rows(dest) == brute_voxels(exp, 0)
 

@@ -42,7 +42,7 @@ def converted(tmp_path_factory):
     spec = write_export(sv, root, mapping=mapping, scales=1, shard_chunks=2)
     assert not os.path.exists(root / "s0" / "128_128_128.arrow")
     exp = Export(str(root), spec, sv, mapping, downsample_mode(sv, 1))
-    rep = convert(exp.root, base / "out", "precomputed", spec=exp.spec, progress=False)
+    rep = convert(exp.root, base / "out", format="precomputed", spec=exp.spec, progress=False)
     assert rep.ok and rep.complete, rep.summary()
     return exp, base / "out"
 
@@ -120,7 +120,7 @@ def small(tmp_path_factory):
     sv[64:, 64:, 64:128] = 0  # and one more chunk, in a shard that has records
     base = tmp_path_factory.mktemp("draws")
     spec = write_export(sv, base / "exp", mapping=mapping, scales=1, shard_chunks=2)
-    assert convert(str(base / "exp"), base / "out", "precomputed", spec=spec, progress=False).ok
+    assert convert(str(base / "exp"), base / "out", format="precomputed", spec=spec, progress=False).ok
     ds = dvidshards.Dataset(str(base / "exp"), spec=spec)
     data = sum(len(ds.shard(0, o).index) for o in ds.shards(0))
     # brute force: the chunks holding a label are the ones with a record

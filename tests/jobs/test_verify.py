@@ -93,13 +93,13 @@ def converted(tmp_path_factory):
     """A complete precomputed conversion, and one where a damaged source shard failed."""
     base = tmp_path_factory.mktemp("conv")
     exp = make_export(base / "exp", (200, 170, 150), scales=1, shard_chunks=2)
-    rep = convert(exp.root, base / "good", "precomputed", spec=exp.spec, progress=False)
+    rep = convert(exp.root, base / "good", format="precomputed", spec=exp.spec, progress=False)
     assert rep.ok and rep.complete
     bad_root = base / "damaged"
     shutil.copytree(exp.root, bad_root)
     victim = sorted((bad_root / "s0").glob("*.arrow"))[1]
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    rep = convert(bad_root, base / "partial", "precomputed", spec=exp.spec, progress=False, allow_partial=True)
+    rep = convert(bad_root, base / "partial", format="precomputed", spec=exp.spec, progress=False, allow_partial=True)
     assert not rep.ok and not rep.complete and len(rep.failed) == 1
     return exp, base, victim.stem
 
@@ -108,14 +108,14 @@ def test_verify_reads_a_complete_manifest(converted):
     exp, base, _ = converted
     report = verify(str(base / "good"), spot_check=3, spec=exp.spec)  # the source's spec: it has no info file
     assert report.ok, report.summary()
-    assert report.manifest["complete"] is True and report.chunks == 3
+    assert report.manifests[0]["complete"] is True and report.chunks == 3
     assert "complete" in report.summary() and "no problems" in report.summary()
 
 
 def test_verify_names_the_failed_shard_of_a_partial_output(converted, capsys):
     exp, base, victim = converted
     report = verify(str(base / "partial"))
-    assert not report.ok and report.manifest["complete"] is False
+    assert not report.ok and report.manifests[0]["complete"] is False
     assert any(victim in p.message for p in report.problems), report.summary()
     assert "INCOMPLETE" in report.summary()
     assert cli(["verify", str(base / "partial"), "--quiet"]) == 1
@@ -140,11 +140,11 @@ def test_verify_spot_check_finds_a_changed_chunk(converted, tmp_path):
 def test_interrupted_conversion_says_incomplete(converted, tmp_path):
     exp, base, _ = converted
     dest = tmp_path / "out"
-    rep = convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, _stop_after=2, allow_partial=True)
+    rep = convert(exp.root, dest, format="precomputed", spec=exp.spec, progress=False, _stop_after=2, allow_partial=True)
     assert not rep.complete and not rep.failed
     report = verify(str(dest))
     assert not report.ok and any("not converted" in p.message for p in report.problems), report.summary()
-    convert(exp.root, dest, "precomputed", spec=exp.spec, progress=False, resume=True)
+    convert(exp.root, dest, format="precomputed", spec=exp.spec, progress=False, resume=True)
     assert verify(str(dest)).ok
     assert json.loads((Path(dest) / "_dvidshards.json").read_text())["complete"] is True
 
