@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import pickle
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,15 +114,15 @@ def test_root_lists_twelve_scales_and_no_info(full):
 
 
 def test_s0_lists_about_26000_shards(full):
-    t0 = time.perf_counter()
-    names = full.list_sync("s0")
-    took = time.perf_counter() - t0
+    store = ProceduralStore()  # cold caches
+    names = store.list_sync("s0")
+    # cheap: from the shard grid's mask alone, no shard's chunks planned, no CSV or record batch built
+    assert set(store._masks) == {0} and not store._plans._d and not store._csvs._d and store._batches._bytes == 0
     arrows = [n for n in names if n.endswith(".arrow")]
     assert 25_000 <= len(arrows) <= 27_500, len(arrows)
     assert len(names) == 2 * len(arrows)
     assert names == sorted(names)
     assert {n[:-4] for n in names if n.endswith(".csv")} == {n[:-6] for n in arrows}
-    assert took < 2.0, f"listing s0 took {took:.2f} s"
     # coarser scales: fewer shards, one from s6 on
     counts = [len(full.shard_origins(k)) for k in range(12)]
     assert counts == sorted(counts, reverse=True) and counts[6:] == [1] * 6
@@ -365,17 +364,12 @@ def test_module_imports_only_what_it_may():
 
 
 @pytest.mark.slow
-def test_full_shard_builds_in_seconds_and_verifies():
+def test_a_full_shard_of_32768_chunks_verifies():
     store = ProceduralStore()
     o = _shard_with(store, 0, 32768, 32768, start=len(store.shard_origins(0)) // 2)
-    store.read_sync(_key(0, store.shard_origins(0)[0]))  # compile the kernels first
-    t0 = time.perf_counter()
     csv = bytes(store.read_sync(_key(0, o, "csv")))
-    t_csv = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    assert store._batches._bytes == 0  # the index needs no record batch
     data = store.read_sync(_key(0, o))
-    t_arrow = time.perf_counter() - t0
-    assert t_arrow < 10 and t_csv < t_arrow / 10, (t_csv, t_arrow)
     assert len(data) == store.stat_sync(_key(0, o)).size and csv.count(b"\n") == 32768 + 2
     del data
     report = dvidshards.verify(_Only(store, 0, [o]), spec=store.spec, scale=0, decode=True)

@@ -306,8 +306,6 @@ def test_a_shard_file_that_shrinks_while_loaded_is_a_typed_error_naming_it(exp, 
 def test_a_shard_file_changed_in_place_after_load_is_a_typed_error(exp, tmp_path):
     """The same size, other bytes (a sync rewriting it in place): a ShardFormatError saying it changed,
     not a decode error blaming the data, nor the new bytes read as the old records."""
-    import time
-
     from dvidshards.errors import ShardFormatError
 
     root = tmp_path / "exp"
@@ -319,10 +317,12 @@ def test_a_shard_file_changed_in_place_after_load_is_a_typed_error(exp, tmp_path
     np.testing.assert_array_equal(vol[0:64, 0:64, 0:64].read().result(), want[:64, :64, :64])
     path = root / "s0" / "0_0_0.arrow"
     data = bytearray(path.read_bytes())
-    time.sleep(0.05)  # a modification time the file system can tell apart
+    loaded = path.stat()
     with open(path, "r+b") as f:  # every byte after the schema flipped, in place
         f.seek(1024)
         f.write(bytes(b ^ 0x5A for b in data[1024:]))
+    # a modification time of its own (a clock tick can be coarser than the write)
+    os.utime(path, ns=(loaded.st_atime_ns, loaded.st_mtime_ns + 1_000_000_000))
     with pytest.raises(ShardFormatError, match="0_0_0.arrow: chunk .*: the file changed since it was loaded: it "
                                                "was modified since it was loaded"):
         ds.read([[0, 0, 0], [128, 128, 128]])
