@@ -1244,6 +1244,22 @@ def _worker(args) -> int:
     return 0
 
 
+#: a trial's worker that answers nothing for this many times its CPU allowance in wall time is hung
+#: (blocked without spending CPU); a busy machine stretches wall time, here by less than this
+WALL_FACTOR = 10
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc; None without /proc or once
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14-15)
+
+
 class _Worker:
     """One trial server process; restarted by its owner after a crash, hang or RSS cap."""
 
@@ -1256,20 +1272,34 @@ class _Worker:
             [sys.executable, "-m", "tests.support.fuzz", "worker", "--workdir", str(workdir),
              "--scratch", str(self.scratch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logf, env=env, text=True, bufsize=1)
+        self.pid = self.proc.pid
         ready = self._answer(start_timeout)
-        if ready is None or "setup_error" in ready:
+        if not isinstance(ready, dict) or "setup_error" in ready:
             raise RuntimeError(f"fuzz worker {n} did not start: {ready} (log {log}: {self._tail()})")
         self.ready: dict = ready
-        self.pid = self.proc.pid
 
-    def _answer(self, timeout: float) -> dict | None:
-        """The next answer line, or None on timeout / EOF."""
+    def _answer(self, cpu_seconds: float) -> dict | str:
+        """The next answer line; or why there is none: "eof" (the worker ended) or "hang" (it spent
+        ``cpu_seconds`` of CPU, or ``WALL_FACTOR`` times that in wall time, without answering).
+
+        A hang is measured in the worker's CPU time, not in wall time: a trial on a busy machine
+        takes longer, never more CPU, so load never turns a slow trial into a hang. A worker blocked
+        without spending CPU (a deadlock) is a hang after the wall-time bound."""
         assert self.proc.stdout is not None  # Popen(stdout=PIPE)
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
-            return None
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else None
+        cpu0, t0 = _cpu_seconds(self.pid), time.monotonic()
+        while True:
+            r, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+            if r:
+                line = self.proc.stdout.readline()
+                return json.loads(line) if line else "eof"
+            cpu, wall = _cpu_seconds(self.pid), time.monotonic() - t0
+            if cpu0 is None or cpu is None:  # no /proc (or the worker is gone): wall time alone
+                if self.proc.poll() is not None:
+                    return "eof"
+                if wall > cpu_seconds:
+                    return "hang"
+            elif cpu - cpu0 > cpu_seconds or wall > cpu_seconds * WALL_FACTOR:
+                return "hang"
 
     def _tail(self) -> str:
         self.logf.flush()
@@ -1287,12 +1317,13 @@ class _Worker:
         except BrokenPipeError:
             pass
         ans = self._answer(timeout)
-        if ans is not None:
+        if isinstance(ans, dict):
             return ans
-        if self.proc.poll() is None:  # still running: a hang
+        if ans == "hang" and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-            return {"class": "hang", "detail": f"no answer within {timeout:.0f} s"}
+            return {"class": "hang", "detail": f"no answer after {timeout:.0f} s of CPU or "
+                                               f"{timeout * WALL_FACTOR:.0f} s"}
         self.proc.wait()
         rc = self.proc.returncode
         if rc >= 0:  # exited without a signal: the harness failed (a Python error in the worker)
@@ -1327,7 +1358,9 @@ class Campaign:
     jobs : int
         Worker processes.
     timeout : float
-        Seconds a trial may take before it is a hang.
+        CPU seconds a trial's worker may spend before the trial is a hang (or ``WALL_FACTOR`` times
+        that in wall time, for a worker blocked without spending CPU): never wall time alone, which
+        a busy machine stretches.
     failures : path, optional
         Folder receiving the inputs of every bad trial (bad classes and verify-missed).
     rss_cap : int
