@@ -10,9 +10,8 @@ a fresh Python process:
 
 * ``dense``: a dense 32,768-chunk s0 shard of the procedural mCNS export
   (`tests.support.procedural`), raw chunk data, converted with the export's own geometry:
-  peak RSS of the streamed route (local destinations: the shard file built on disk) against one
-  kvstore transaction per output shard (the route of remote destinations, and of every
-  destination before);
+  peak RSS of the route every destination takes (the shard streamed into the store's writer: a
+  local file built on disk; a bucket's object assembled in memory);
 * ``first``: the first task of a fresh worker with an empty ``NUMBA_CACHE_DIR``: the transcode
   kernel compiled in the caller's thread before any chunk (``DVIDSHARDS_KERNELS=compiled``,
   what every worker did before) against the default (numpy fallback while numba compiles in the
@@ -139,7 +138,7 @@ def child_dvid(d: dict, out: Path, fmt: str, data_encoding: str, encoder: str, e
     base = C.rss()
     C.reset_peak_rss()
     c0, t0 = _cpu(), time.perf_counter()
-    rep = convert(ds, out, fmt, scales=[d["scale"]], data_encoding=data_encoding, encoder=encoder,
+    rep = convert(ds, out, format=fmt, scales=[d["scale"]], data_encoding=data_encoding, encoder=encoder,
                   shard_bits_extra=extra, progress=False)
     assert rep.ok, rep.summary()
     return {"chunks": rep.totals.written, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0,
@@ -211,10 +210,10 @@ def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -
 
     import dvidshards
     from dvidshards.formats.sharding import compressed_morton_code
-    from dvidshards.jobs.convert import _gzip, plan_scale
+    from dvidshards.jobs.layouts import gzip_chunk, scale_layout
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
-    plan = plan_scale(ds.scale(d["scale"]), "precomputed", data_encoding=data_encoding)
+    plan = scale_layout(ds.scale(d["scale"]), format="precomputed", data_encoding=data_encoding)
     encoded = _encoded(d, ds, plan)
     meta = dict(plan.sharding) if ts_gzip else {**plan.sharding, "data_encoding": "raw"}
     gz = data_encoding == "gzip" and not ts_gzip
@@ -233,7 +232,7 @@ def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -
         for i in range(len(t)):
             dctx.decompress(t.payload(i))
             v = encoded[n]
-            kvt.write(struct.pack(">Q", int(keys[i])), _gzip(v, 1) if gz else v)
+            kvt.write(struct.pack(">Q", int(keys[i])), gzip_chunk(v, 1) if gz else v)
             n += 1
         txn.commit_async().result()
     return {"chunks": n, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0, "base": base,
@@ -249,16 +248,11 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
 
     import dvidshards
     from dvidshards.formats.codec import decode_block
-    from dvidshards.jobs.convert import (
-        ZARR_INDEX_CODECS,
-        _create_output,
-        _Stager,
-        _sub,
-        plan_scale,
-    )
+    from dvidshards.jobs.layouts import ZARR_INDEX_CODECS, Stager, create_output, scale_layout
+    from dvidshards.stores import as_store
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
-    plan = plan_scale(ds.scale(d["scale"]), "zarr3")
+    plan = scale_layout(ds.scale(d["scale"]), format="zarr3")
     ctx = C.context()
     vols, cache = [], {}
     for o in ds.shards(d["scale"]):
@@ -268,11 +262,10 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
             if p not in cache:
                 cache[p] = decode_block(t.block(i), t.labels(i))
             vols.append((o, t.coords[i] - plan.chunk_offset, cache[p]))
-    from dvidshards.jobs.output import Destination
-
-    kvj = Destination.of(out).kvstore
-    _create_output(kvj, "zarr3", [plan], ctx)
-    stager = _Stager("zarr3", plan, ctx)
+    store = as_store(out, writable=True)
+    kvj = store.kvstore_spec()
+    create_output(store, "zarr3", [plan], ctx)
+    stager = Stager("zarr3", plan, ctx)
     stager.encode(vols[0][1], vols[0][2])
     base = C.rss()
     C.reset_peak_rss()
@@ -283,7 +276,7 @@ def child_zarr_ts(d: dict, out: Path) -> dict:
     n = 0
     for sh, items in by_shard.items():
         kv = ts.KvStore.open({"driver": "zarr3_sharding_indexed",
-                              "base": _sub(kvj, "{}/c/{}/{}/{}".format(plan.key, *sh)),
+                              "base": {**kvj, "path": kvj["path"] + "{}/c/{}/{}/{}".format(plan.key, *sh)},
                               "grid_shape": list(plan.shard_chunks), "index_codecs": ZARR_INDEX_CODECS,
                               "index_location": "end"}, context=ctx).result()
         txn = ts.Transaction()
@@ -334,11 +327,11 @@ def i22_child(kind: str, opts: dict) -> dict:
     """One issue-22 measurement, in this (fresh) process."""
     import pickle
     import random
-    from functools import partial
 
     import dvidshards
     from dvidshards.jobs import convert as CV
-    from dvidshards.jobs.output import Destination
+    from dvidshards.jobs.layouts import scale_layout
+    from dvidshards.stores import as_store
     from tests.support.procedural import ProceduralStore
 
     t0, c0 = time.perf_counter(), _cpu()
@@ -348,36 +341,38 @@ def i22_child(kind: str, opts: dict) -> dict:
         ds = dvidshards.Dataset(store, spec=store.spec)
         o = _dense_origin(store)
         t0, c0 = time.perf_counter(), _cpu()
-        rep = CV.convert(ds, out, "precomputed", scales=[0], data_encoding="raw", scheduler="serial",
-                         progress=False, _only={(0, tuple(o))}, _stream=opts["stream"])
+        rep = CV.convert(ds, out, format="precomputed", scales=[0], data_encoding="raw", scheduler="serial",
+                         progress=False, _only={(0, tuple(o))})
         return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "peak": C.peak_rss(),
                 "chunks": rep.totals.written, "bytes": rep.totals.encoded_bytes, "ok": rep.ok}
     if kind == "first":
         spec = json.loads(Path(opts["spec"]).read_text())
         ds = dvidshards.Dataset(opts["export"], spec=spec)
         t1 = time.perf_counter()
-        rep = CV.convert(ds, out, "precomputed", scales=[0], scheduler="serial", progress=False, _stop_after=1,
+        rep = CV.convert(ds, out, format="precomputed", scales=[0], scheduler="serial", progress=False, _stop_after=1,
                          allow_partial=True)
         return {"import_open": t1 - t0, "first_task": time.perf_counter() - t1, "cpu": _cpu() - c0,
                 "peak": C.peak_rss(), "chunks": rep.totals.written, "ok": rep.ok}
     if kind == "schedulers":
         spec = json.loads(Path(opts["spec"]).read_text())
-        rep = CV.convert(opts["export"], out, "precomputed", spec=spec, scheduler=opts["scheduler"], progress=False)
+        rep = CV.convert(opts["export"], out, format="precomputed", spec=spec, scheduler=opts["scheduler"],
+                         progress=False)
         return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "tasks": rep.tasks, "ok": rep.ok,
                 "task_cpu": rep.totals.cpu_s}
     if kind == "plan":
         store = ProceduralStore()
         ds = dvidshards.Dataset(store, spec=store.spec)
-        plans = {s.index: CV.plan_scale(s, "precomputed") for s in ds.scales}
-        items = [(k, tuple(int(v) for v in o)) for k in plans for o in ds.shards(k)]
+        plans = {s.index: scale_layout(s, format="precomputed") for s in ds.scales}
+        job = CV.Job(ds, as_store(out, writable=True), "precomputed", "agglomerated")
+        tasks = list(CV.plan(ds, plans, job=job))
+        items = [t.key for t in tasks]
         t_plan = time.perf_counter() - t0
         rng = random.Random(opts["seed"])
         s0 = [it for it in items if it[0] == 0]
         sample = set(rng.sample(s0, opts["sample"]))  # empty: every task returns at once
-        job = CV._Job("x", ds, "precomputed", Destination.of(out).kvstore, "agglomerated", "transcode", False, plans)
-        task_bytes = len(pickle.dumps((partial(CV._convert_shard, job), items[0])))
+        task_bytes = len(pickle.dumps((CV.run_task, tasks[0])))
         t1 = time.perf_counter()
-        rep = CV.convert(ds, out, "precomputed", scheduler=opts["scheduler"], progress=False, _only=sample,
+        rep = CV.convert(ds, out, format="precomputed", scheduler=opts["scheduler"], progress=False, _only=sample,
                          allow_partial=True)
         # _only=set(): nothing executes; the peak is the client's own (plan, submit, results)
         wall = time.perf_counter() - t1
@@ -432,12 +427,10 @@ def issue22(args, sections: list[str]) -> None:
 
     if "dense" in sections:
         rows = []
-        for label, stream in (("one transaction per output shard (before; remote destinations)", False),
-                              ("streamed to disk (local destinations)", True)):
-            r = i22_run("dense", {"out": out(), "stream": stream})
-            rows.append([label, r["chunks"], f"{r['bytes'] / C.MIB:.0f}", f"{r['peak'] / C.MIB:.0f}",
-                         f"{r['wall']:.1f}", f"{1e3 * r['cpu'] / r['chunks']:.3f}",
-                         C.verdict(r["peak"] <= C.GIB) if stream else ""])
+        r = i22_run("dense", {"out": out()})
+        rows.append(["streamed into the store's writer", r["chunks"], f"{r['bytes'] / C.MIB:.0f}",
+                     f"{r['peak'] / C.MIB:.0f}", f"{r['wall']:.1f}", f"{1e3 * r['cpu'] / r['chunks']:.3f}",
+                     C.verdict(r["peak"] <= C.GIB)])
         C.table(["route", "chunks", "output MiB", "peak RSS MiB", "wall s", "CPU ms/chunk", "<= 1 GiB"], rows,
                 "Dense 32,768-chunk shard, raw chunk data, export's geometry (fresh process each)")
     if "first" in sections:
