@@ -547,3 +547,178 @@ def test_a_remade_scale_is_read_from_the_destination(tmp_path):
     np.testing.assert_array_equal(ds.read(box, scale=1, labels="supervoxels"), dvid_downsample(sv))
     both = dvidshards.Dataset([tmp_path / "exp", tmp_path / "down"], spec=spec)
     np.testing.assert_array_equal(both.read(box, scale=1, labels="supervoxels"), dvid_downsample(sv))
+
+
+# --------------------------------------------------------------------------- a pyramid and its source
+
+
+def _verify_cli(capsys, *args) -> tuple[int, str]:
+    from dvidshards.cli import main
+
+    code = main(["verify", *map(str, args), "--quiet"])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_pyramid_whose_export_was_replaced_is_refused_and_verify_says_so(tmp_path, capsys):
+    """Another export copied over the source: opening the pyramid (alone, or with the export given
+    again) is a SpecError that says what to do, never the new s0 under the old s1; verify finds it."""
+    import shutil
+
+    exp = S0Only(tmp_path / "exp", (130, 100, 90), 3, 1, seed=3)
+    pyr = tmp_path / "pyr"
+    assert downsample(exp.root, pyr, spec=exp.spec, progress=False).ok
+    assert _verify_cli(capsys, pyr)[0] == 0
+    other = S0Only(tmp_path / "other", (130, 100, 90), 3, 1, seed=9)  # same geometry, other bodies
+    shutil.rmtree(exp.root)
+    shutil.copytree(other.root, exp.root)
+    for roots in (pyr, [exp.root, pyr], [pyr, exp.root]):
+        with pytest.raises(SpecError, match="has changed since") as e:
+            dvidshards.Dataset(roots)
+        assert "--overwrite" in str(e.value) and "s1, s2" in str(e.value) and "0_0_0.arrow" in str(e.value)
+    code, out = _verify_cli(capsys, pyr)
+    assert code == 1 and "has changed since" in out and "no problems" not in out, out
+    # made again, the pair reads as the new export's pyramid
+    assert downsample(exp.root, pyr, spec=exp.spec, progress=False, overwrite=True).ok
+    np.testing.assert_array_equal(dvidshards.Dataset(pyr).read([[0, 0, 0], [65, 50, 45]], scale=1,
+                                                               labels="supervoxels"), other.reference("dvid", 1))
+
+
+def test_one_changed_shard_file_is_found_by_verify(tmp_path, capsys):
+    """A source shard file the open's sample does not look at (36 files, 16 looked at), rewritten:
+    the pyramid opens, and verify compares every file's size."""
+    from dvidshards.pyramid import downsample_manifest
+    from dvidshards.stores import as_store
+    from dvidshards.writer import write_shard
+
+    exp = S0Only(tmp_path / "exp", (200, 170, 150), 3, 1, seed=4)
+    pyr = tmp_path / "pyr"
+    assert downsample(exp.root, pyr, spec=exp.spec, progress=False).ok
+    sample = downsample_manifest(as_store(str(pyr)))["source"]["identity"]["sample"]
+    files = sorted(f"s0/{f}" for f in os.listdir(os.path.join(exp.root, "s0")) if f.endswith(".arrow"))
+    victim = next(f for f in files if f not in sample)
+    write_shard(os.path.join(exp.root, victim[:-6]), _records_of(exp.root, victim),
+                with_uncompressed_size=False)  # the same blocks in other bytes
+    dvidshards.Dataset(pyr)  # the sample still matches
+    code, out = _verify_cli(capsys, pyr)
+    assert code == 1 and "SourceChanged" in out and victim in out, out
+
+
+def _records_of(root, key):
+    import pyarrow as pa
+
+    with pa.OSFile(os.path.join(root, key)) as fh:
+        return [r for b in pa.ipc.open_stream(fh) for r in b.to_pylist()]
+
+
+def test_a_pyramid_moved_with_its_export_still_opens(tmp_path):
+    """Moved together (the manifest's relative path), or given again after a move that broke it."""
+    import shutil
+
+    exp = S0Only(tmp_path / "a" / "exp", (130, 100, 90), 3, 1, seed=3)
+    assert downsample(exp.root, tmp_path / "a" / "pyr", spec=exp.spec, progress=False).ok
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    want = exp.reference("dvid", 2)
+    box = [[0, 0, 0], list(want.shape)]
+    for roots in (tmp_path / "b" / "pyr", [tmp_path / "b" / "exp", tmp_path / "b" / "pyr"]):
+        np.testing.assert_array_equal(dvidshards.Dataset(roots).read(box, scale=2, labels="supervoxels"), want)
+    shutil.move(tmp_path / "b" / "exp", tmp_path / "elsewhere")  # the relative path leads nowhere now
+    with pytest.raises(SpecError, match="give it with it"):
+        dvidshards.Dataset(tmp_path / "b" / "pyr")
+    vol = dvidshards.open([tmp_path / "elsewhere", tmp_path / "b" / "pyr"], scale=2, labels="supervoxels")
+    np.testing.assert_array_equal(vol.read().result(), want)
+
+
+def test_a_pyramid_uploaded_with_its_export_opens_from_the_bucket(tmp_path):
+    pytest.importorskip("moto.server")
+    from tests.support.servers import MotoS3
+
+    exp = S0Only(tmp_path / "exp", (130, 100, 90), 3, 1, seed=3)
+    assert downsample(exp.root, tmp_path / "pyr", spec=exp.spec, progress=False).ok
+    with MotoS3() as s3:
+        s3.upload_dir("seg", tmp_path / "exp", "v1/exp/")
+        s3.upload_dir("seg", tmp_path / "pyr", "v1/pyr/")
+        ds = dvidshards.Dataset(s3.spec("seg", "v1/pyr/"))
+        assert ds.store.describe("s0/0_0_0.arrow").endswith("seg/v1/exp/s0/0_0_0.arrow")
+        np.testing.assert_array_equal(ds.read([[0, 0, 0], [33, 25, 23]], scale=2, labels="supervoxels"),
+                                      exp.reference("dvid", 2))
+
+
+def test_resume_refuses_when_kept_shards_were_made_from_files_that_changed(tmp_path):
+    import shutil
+
+    exp = S0Only(tmp_path / "exp", (200, 170, 150), 3, 1)
+    dest = tmp_path / "out"
+    rep = downsample(exp.root, dest, spec=exp.spec, progress=False, allow_partial=True, _stop_after=5)
+    assert not rep.complete
+    other = S0Only(tmp_path / "other", (200, 170, 150), 3, 1, seed=8)
+    shutil.rmtree(exp.root)
+    shutil.copytree(other.root, exp.root)
+    with pytest.raises(OutputError, match="has changed since the earlier run"):
+        downsample(exp.root, dest, spec=exp.spec, progress=False, resume=True)
+    assert downsample(exp.root, dest, spec=exp.spec, progress=False, overwrite=True).ok
+    _check_pyramid(other, dest, "dvid", [1, 2])
+
+
+# --------------------------------------------------------------------------- background, a box
+
+
+def test_a_made_scale_that_is_all_background_holds_background(s0_only, tmp_path, capsys):
+    """A mapping that sends every body to 0: the made scales hold no record (DVID skips them) and
+    read as 0 everywhere; info, verify and reads never call them not exported."""
+    from dvidshards.cli import main
+
+    m = LabelMapping.from_any(s0_only.mapping)
+    zero = tmp_path / "zero.txt"
+    zero.write_text("".join(f"{a} 0\n" for a in m.keys.tolist()))
+    dest = tmp_path / "out"
+    rep = downsample(s0_only.root, dest, spec=s0_only.spec, labels=str(zero), progress=False)
+    assert rep.ok and any("background" in n for n in rep.notes), rep.summary()
+    manifest = json.loads((dest / "_dvidshards.json").read_text())
+    assert manifest["background"] == [1, 2, 3] and manifest["complete"] is True
+    ds = dvidshards.Dataset(dest)
+    for k in (1, 2, 3):
+        assert ds.shards(k) == [] and k in ds.exported
+        size = list(ds.scale(k).size)
+        assert not ds.read([[0, 0, 0], size], scale=k).any()
+        assert not dvidshards.open(dest, scale=k).read().result().any()
+    assert main(["info", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert "not exported" not in out and "downsample" not in out
+    code, said = _verify_cli(capsys, dest)
+    assert code == 0 and "no problems" in said and "downsample" not in said.split("\n", 1)[1], said
+
+
+def test_box_makes_the_pyramid_of_the_box(s0_only, tmp_path, capsys):
+    """--box: the pyramid of the export cut to the box (0 outside), made from the records meeting it;
+    the scales hold only the shards meeting the box, and read as 0 elsewhere."""
+    box = [[37, 64, 20], [151, 117, 141]]
+    cut = np.zeros_like(s0_only.sv)
+    (x0, y0, z0), (x1, y1, z1) = box
+    cut[x0:x1, y0:y1, z0:z1] = s0_only.sv[x0:x1, y0:y1, z0:z1]
+    for method in ("dvid", "mode"):
+        dest = tmp_path / method
+        rep = downsample(s0_only.root, dest, spec=s0_only.spec, method=method, box=box, progress=False)
+        assert rep.ok, rep.summary()
+        ds = dvidshards.Dataset(dest)
+        ref = cut
+        for k in (1, 2, 3):
+            ref = _dvid_xyz(ref) if method == "dvid" else _mode_xyz(ref)
+            np.testing.assert_array_equal(ds.read([[0, 0, 0], list(ref.shape)], scale=k, labels="supervoxels"), ref,
+                                          err_msg=f"{method} s{k}")
+        assert 0 < len(ds.shards(1)) < len(dvidshards.Dataset(s0_only.root, spec=s0_only.spec).shards(0))
+    assert json.loads((tmp_path / "dvid" / "_dvidshards.json").read_text())["parameters"]["box"] == box
+    p = argparse.ArgumentParser()
+    D.DownsampleCommand.add_arguments(p)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(s0_only.spec))
+    args = p.parse_args([s0_only.root, str(tmp_path / "cli"), "--spec", str(spec), "--box", "37", "64", "20", "151",
+                         "117", "141", "--quiet"])
+    assert D.DownsampleCommand.main(args) == 0
+    for k in (1, 2):
+        a, b = (f.read_bytes() for f in (tmp_path / "cli" / f"s{k}" / "0_0_0.arrow", tmp_path / "dvid" / f"s{k}" /
+                                         "0_0_0.arrow"))
+        assert a == b
+    with pytest.raises(SpecError, match="not inside"):
+        downsample(s0_only.root, tmp_path / "x", spec=s0_only.spec, box=[[0, 0, 0], [500, 10, 10]], progress=False)
+    assert not (tmp_path / "x").exists()

@@ -242,3 +242,68 @@ def test_verify_info_and_consolidate_over_http_with_a_spec(three_shards, served,
     spec.write_text(json.dumps(three_shards.spec))
     assert main(["info", served.url, "--spec", str(spec)]) == 0
     assert main(["consolidate", served.url, "--spec", str(spec), "--out", str(tmp_path / "idx")]) == 0
+
+
+# --- every manifest of an output; the report and failure contract of every job ------------------------
+
+
+def test_verify_after_meshes_reads_the_manifest_in_the_mesh_folder(tmp_path, capsys):
+    """`meshes EXPORT OUT` writes its manifest in OUT/mesh/: verify OUT reads it (complete: exit 0;
+    said incomplete: exit 1 naming it), never "nothing was checked"."""
+    pytest.importorskip("zmesh")
+    from dvidshards.cli import main
+
+    exp = make_export(tmp_path / "exp", (96, 80, 70), seed=2, scales=1)
+    (tmp_path / "spec.json").write_text(json.dumps(exp.spec))
+    out = tmp_path / "out"
+    assert main(["meshes", exp.root, str(out), "--spec", str(tmp_path / "spec.json"), "--scale", "0",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert (out / "mesh" / "_dvidshards.json").exists() and not (out / "_dvidshards.json").exists()
+    assert cli(["verify", str(out), "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("meshes output of") and "manifest says complete: no problems" in said, said
+    m = json.loads((out / "mesh" / "_dvidshards.json").read_text())
+    m.update(complete=False, status="interrupted")
+    (out / "mesh" / "_dvidshards.json").write_text(json.dumps(m))
+    assert cli(["verify", str(out), "--quiet"]) == 1
+    said = capsys.readouterr().out
+    assert "INCOMPLETE" in said and "mesh/_dvidshards.json" in said, said
+
+
+def test_verify_reads_the_manifest_of_each_job_in_an_output(converted, tmp_path):
+    """A conversion that gained meshes: both manifests checked, each named when it says incomplete."""
+    exp, base, _ = converted
+    out = tmp_path / "out"
+    shutil.copytree(base / "good", out)
+    (out / "mesh").mkdir()
+    m = json.loads((out / "_dvidshards.json").read_text())
+    (out / "mesh" / "_dvidshards.json").write_text(json.dumps({**m, "job": "meshes", "complete": False,
+                                                               "status": "interrupted"}))
+    report = verify(str(out))
+    assert [x["job"] for x in report.manifests] == ["convert", "meshes"]
+    assert not report.ok and len(report.problems) == 1 and "mesh/_dvidshards.json" in report.problems[0].message
+
+
+def test_verify_report_is_a_job_report_and_a_check_that_cannot_run_is_a_job_error(three_shards, monkeypatch):
+    from dvidshards.errors import JobError
+    from dvidshards.jobs import verify as V
+    from dvidshards.jobs.output import JobReport
+
+    report = verify(three_shards.root, spec=three_shards.spec)
+    assert isinstance(report, JobReport) and report.ok and report.complete and report.tasks == report.done
+    assert report.tasks == report.shards == len(list(Path(three_shards.root).rglob("*.arrow")))
+    real = V.ShardCheck.run
+
+    def broken(self):  # a check that cannot run (a bug, a store that keeps failing), not a finding
+        if self.origin == (0, 0, 0) and self.scale == 0:
+            raise RuntimeError("the check itself broke")
+        return real(self)
+
+    monkeypatch.setattr(V.ShardCheck, "run", broken)
+    with pytest.raises(JobError) as e:
+        verify(three_shards.root, spec=three_shards.spec)
+    r = e.value.report
+    assert not r.complete and not r.ok and len(r.failed) == 1 and "the check itself broke" in next(iter(r.failed.values()))
+    assert "0_0_0.arrow" in next(iter(r.failed)) and "incomplete" in r.summary()
+    assert not verify(three_shards.root, spec=three_shards.spec, allow_partial=True).ok
