@@ -1,64 +1,52 @@
-"""Meshes for every body of an export: ``dvidshards meshes EXPORT DEST``, and ``dvidshards body``.
+"""Meshes for every body of an export: ``dvidshards meshes EXPORT DEST`` (and ``dvidshards body``).
 
 ``meshes(source, dest)`` writes neuroglancer's multi-resolution sharded Draco meshes
 (``neuroglancer_multilod_draco``; ``legacy=True``: the single-resolution legacy format) into a
 precomputed dataset folder: a ``convert`` output (its ``info`` gains the ``mesh`` key) or a new
-folder holding only ``info`` and the mesh directory. neuroglancer and
-``cloudvolume.CloudVolume("file://DEST").mesh.get(id)`` read it.
+folder holding only ``info`` and the mesh directory, which neuroglancer and
+``cloudvolume.CloudVolume("file://DEST").mesh.get(id)`` read. Level of detail 0 is by default the
+finest scale whose voxel is at least 32 nm (s2 of 8 nm data, as FlyEM, igneous' examples and
+FlyWire); each coarser level comes from the next coarser scale (DVID's, or those ``dvidshards
+downsample`` made), so a level costs an eighth of the one before.
 
-**At the field's scale.** Level of detail 0 is, by default, the finest scale whose voxel is at least
-32 nm (s2 of 8 nm data, as FlyEM's chunked meshes, igneous' examples and FlyWire); ``scale=K``
-chooses another. Each coarser level comes from the next coarser scale (DVID's pyramid, or the
-scales ``dvidshards downsample`` made: ``Dataset([export, downsampled])`` reads them as one), so a
-level costs an eighth of the one before.
+The job reads as plan -> tasks -> reduce:
 
-The job reads as plan → tasks → reduce:
+1. **plan** (:func:`levels`, :func:`plan`): the scales, one :class:`MeshTask` per source shard of
+   each, the mesh sharding.
+2. **task** (:func:`run_task`): each 64³ chunk's cell (the chunk plus one voxel of its +
+   neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, each body's piece
+   decimated to about a quarter with the cell's border locked, so the pieces still weld into one
+   watertight surface. The pieces go to one fragment file per shard in the work folder, sorted by
+   the *bucket* of their body (the mesh shard it lands in), with the body's voxel count in the
+   chunk and the area and volume of its marching-cubes surface. Memory: a shard's index, two
+   planes of chunk faces, the fragment table (24 bytes a piece); pieces stream to the file.
+3. **reduce** (:func:`reduce`): above ``FAN_IN`` files, groups merge bucket by bucket
+   (:func:`merge_task`); then one task per bucket (:func:`write_bucket`), body by body, per level:
+   the pieces of each octree node (``NODE`` cells a side) welded and decimated once more with the
+   node's border locked, and moved out along their normals by the distance that gives back the
+   body's voxel volume (marching cubes cuts every convex voxel corner). Memory: one body's pieces.
 
-1. **Plan** (:func:`plan`): the scales, one map task per source shard of each, the mesh sharding.
-   The client holds shard origins and bucket numbers only.
-2. **Map, one task per source shard** (:func:`mesh_shard`): each 64³ chunk's cell (the chunk plus one
-   voxel of its + neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, and
-   each body's piece is decimated to about a quarter with the cell's border locked
-   (``formats.meshreduce.decimate``: quadric edge collapses that keep the topology, within 2/3 of the
-   final error bound), so the pieces still weld into one watertight surface. Pieces go to one
-   work file per shard, sorted by the *bucket* of their body (the mesh shard it lands in), with
-   the body's voxel count in the chunk and the area and volume of its marching-cubes surface.
-   Memory: a shard's index, two planes of chunk faces, the fragment table (24 bytes a piece, 56
-   while it is sorted); pieces stream to disk.
-3. **Regroup** (only above ``FAN_IN`` files): groups of files merge bucket by bucket.
-4. **Reduce, one task per bucket** (:func:`write_bucket`): body by body, per level, the pieces of
-   each octree node (``NODE`` cells a side: 256³ voxels) are welded and decimated once more with
-   the node's border locked (the per-body pass: the cell borders inside a node go), and moved
-   out along their normals by the distance that gives back the body's voxel volume (marching
-   cubes cuts every convex voxel corner; at 32 nm a thin neurite would lose ~15 %). Nodes are
-   exactly the format's octree nodes, so no triangle crosses one and nothing is cut. Memory: one
-   body's pieces.
-
-The output frame is ``jobs.output``: the destination is parsed (a path, ``gs://``, ``s3://``) and
-refused in one line before any work, locked, its manifest (``<mesh>/dvidshards.json``) written
-``complete: false`` first; the mesh ``info`` and the volume ``info``'s ``mesh`` key are written only
-when every task succeeded, so a reader never finds an incomplete output. ``meshes()`` raises
-``JobError`` carrying the report when the output is incomplete, unless ``allow_partial=True``.
-
-The command line's adapter classes, ``MeshesCommand`` and ``BodyCommand``, sit at the end.
+The output is ``DEST/<mesh_dir>`` in :class:`dvidshards.jobs.output.Output` (its manifest there);
+the work folder is ``--workdir`` (default ``DEST.work`` beside DEST), emptied once complete. The
+mesh ``info`` and the volume ``info``'s ``mesh`` key are written only when every task succeeded,
+so a reader never finds an incomplete output.
 """
 
 from __future__ import annotations
 
-import argparse
 import array
-import functools
 import heapq
 import itertools
 import json
 import math
 import os
-import shutil
+import re
 import struct
 import tempfile
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -77,6 +65,8 @@ from ..formats.multilod import (
     multilod_info,
 )
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
+from ..stores import ByteStore, as_store
+from ..stores.base import TMP
 from .options import (
     add_box,
     add_dest,
@@ -86,29 +76,15 @@ from .options import (
     add_source,
     box_of,
     command_line,
-    dest_of,
     job_options,
-    renamed,
     scales_of,
 )
-from .output import MANIFEST, Destination, JobReport, Output
+from .output import MANIFEST, JobReport, Output, work_folder
 from .runner import TaskRunner, scheduler_of
 
-__all__ = [
-    "FAN_IN",
-    "MANIFEST",
-    "NODE",
-    "TARGET_NM",
-    "BodyCommand",
-    "MeshJob",
-    "MeshesCommand",
-    "MeshesError",
-    "default_scale",
-    "meshes",
-    "mesh_shard",
-    "plan",
-    "write_bucket",
-]
+__all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BodyCommand", "BucketTask", "MergeTask", "MeshJob", "MeshTask",
+           "MeshesCommand", "MeshesError", "default_scale", "levels", "merge_task", "meshes", "plan", "reduce",
+           "run_task", "write_bucket"]
 
 FAN_IN = 64  # work files a regroup or reduce task opens at most
 NODE = 4  # cells per octree node edge at every level (4 x 64 = 256 voxels, FlyEM's mesh blocks)
@@ -122,6 +98,7 @@ _HEAD = np.dtype([("body", "<u8"), ("x", "<i4"), ("y", "<i4"), ("z", "<i4"), ("s
                   ("nv", "<u4"), ("nf", "<u4"), ("mc", "<u4"), ("pad", "<u4"), ("voxels", "<u8"),
                   ("volume", "<f8"), ("area", "<f8")])  # one piece's header (64 bytes)
 _INDEX = np.dtype([("bucket", "<u8"), ("off", "<u8"), ("len", "<u8")])
+_WORK = re.compile(r"L[0-9]+|done")  # the work folder's own names
 
 
 class MeshesError(SpecError):
@@ -135,19 +112,20 @@ class MeshesError(SpecError):
 class MeshJob:
     """What every task of one ``meshes`` run needs: parameters and locations, never data.
 
-    ``scales`` are the folder numbers meshed, level of detail j from ``scales[j]``. ``sharding`` is
-    the mesh sharding spec (JSON) of the multi-resolution format; None for the legacy format, whose
-    buckets are ``bucket_bits`` of the body hash. ``cell_reduction`` / ``cell_error`` drive the
-    per-cell pass, ``reduction_factor`` / ``max_error`` the per-node pass (faces of the final mesh
-    = marching-cubes faces / ``reduction_factor`` where ``max_error`` allows). Errors are in voxels
-    of each level's scale; ``max_error_nm`` is what the caller gave (None: the default).
+    ``scales`` are the folder numbers meshed, level of detail j from ``scales[j]``; ``work`` the
+    work folder and ``mesh`` the mesh directory (stores). ``sharding`` is the mesh sharding spec
+    (JSON) of the multi-resolution format; None for the legacy format, whose buckets are
+    ``bucket_bits`` of the body hash. ``cell_reduction`` / ``cell_error`` drive the per-cell pass,
+    ``reduction_factor`` / ``max_error`` the per-node pass (faces of the final mesh = marching-cubes
+    faces / ``reduction_factor`` where ``max_error`` allows). Errors are in voxels of each level's
+    scale; ``max_error_nm`` is what the caller gave (None: the default).
     """
 
     dataset: Any
     labels: Any
     scales: tuple[int, ...]
-    work: str
-    mesh: Destination
+    work: ByteStore
+    mesh: ByteStore
     legacy: bool = False
     sharding: dict | None = None
     bucket_bits: int = 0
@@ -227,8 +205,9 @@ def _coarser(ds: Dataset, first: int, lods: int | None) -> tuple[int, ...]:
     return tuple(out)
 
 
-def plan(ds: Dataset, *, scales=None, scale=None, lods=None, legacy: bool = False):
-    """(scales, map items, note): the levels' scales, one ``(scale, shard origin)`` per source shard."""
+def levels(ds: Dataset, *, scales: Sequence[int] | None = None, scale: int | None = None, lods: int | None = None,
+           legacy: bool = False) -> tuple[tuple[int, ...], str | None]:
+    """(scales, note): level of detail j's scale, and what the user should know of the choice."""
     note = None
     if scales is not None and scale is not None:
         raise MeshesError("give scales (one per level of detail) or scale (level 0, coarser levels after it), "
@@ -239,8 +218,8 @@ def plan(ds: Dataset, *, scales=None, scale=None, lods=None, legacy: bool = Fals
         ks = tuple(ds.scale(k).index for k in scales_of(scales) or [])
         if lods is not None and int(lods) != len(ks) and ks:
             want = ", ".join(str(ks[0] + j) for j in range(int(lods)))
-            raise MeshesError(f"lods={lods} with scales={list(ks)}: each level of detail now comes from a scale of "
-                              f"its own; give scale={ks[0]}, lods={lods} (or scales=({want}))")
+            raise MeshesError(f"lods={lods} with scales={list(ks)}: each level of detail comes from a scale of its "
+                              f"own; give scale={ks[0]}, lods={lods} (or scales=({want}))")
     else:
         first, note = (ds.scale(scale).index, None) if scale is not None else default_scale(ds)
         ks = (first,) if legacy else _coarser(ds, first, lods)
@@ -265,8 +244,31 @@ def plan(ds: Dataset, *, scales=None, scale=None, lods=None, legacy: bool = Fals
         if j and not np.allclose(np.asarray(s.resolution, np.float64), np.asarray(res0, np.float64) * 2 ** j):
             raise MeshesError(f"scale {k}: resolution {s.resolution} is not 2**{j} x {res0}: levels of "
                               f"detail must halve the resolution one scale at a time")
-    items = [(k, tuple(int(v) for v in o)) for k in ks for o in ds.shards(k)]
-    return ks, items, note
+    return ks, note
+
+
+@dataclass(frozen=True)
+class MeshTask:
+    """One source shard of one level's scale: its pieces into the fragment file ``key``."""
+
+    job: MeshJob = field(compare=False, repr=False)
+    scale: int
+    origin: tuple[int, int, int]
+
+    @property
+    def key(self) -> str:
+        return "L0/s{}_{}_{}_{}.frag".format(self.scale, *self.origin)
+
+    def __str__(self) -> str:  # the shard file, as failures name it
+        ds = self.job.dataset
+        return ds.store.describe(ds.scale(self.scale).stem(self.origin) + ".arrow")
+
+
+def plan(job: MeshJob, shards: dict[int, list]) -> Iterator[MeshTask]:
+    """One task per shard file of each level's scale (``shards``: the origins by scale)."""
+    for k in job.scales:
+        for o in shards[k]:
+            yield MeshTask(job, k, (int(o[0]), int(o[1]), int(o[2])))
 
 
 def _default_sharding(n_tasks: int) -> ShardingSpec:
@@ -276,96 +278,58 @@ def _default_sharding(n_tasks: int) -> ShardingSpec:
                         minishard_index_encoding="gzip", data_encoding="raw")
 
 
-# --------------------------------------------------------------------------- work files
+# --------------------------------------------------------------------------- fragment files
 
 
-def _frag_path(job: MeshJob, scale: int, origin) -> str:
-    return os.path.join(job.work, "L0", f"s{scale}_{origin[0]}_{origin[1]}_{origin[2]}.frag")
-
-
-def _done_path(job: MeshJob, bucket: int) -> str:
-    return os.path.join(job.work, "done", f"{bucket}")
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _replace_atomic(path: str, write) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _write_sorted(path: str, unsorted: str, table: np.ndarray) -> None:
-    """Copy entries of ``unsorted`` (rows of ``table``: bucket, body, off, len) sorted by bucket
-    and body into ``path``, with the bucket index as a footer."""
+def _write_sorted(work: ByteStore, key: str, unsorted: str, table: np.ndarray) -> None:
+    """Copy entries of the local file ``unsorted`` (rows of ``table``: bucket, body, off, len)
+    sorted by bucket and body into ``key``, with the bucket index as a footer."""
     order = np.lexsort((table["body"], table["bucket"]))
     table = table[order]
-
-    def write(tmp):
-        with open(tmp, "wb") as out:
-            index = []
-            if len(table):
-                with open(unsorted, "rb") as src:  # plain reads: nothing of the file stays mapped
-                    pos = 0
-                    cur, start = None, 0
-                    for bk, off, n in zip(table["bucket"].tolist(), table["off"].tolist(), table["len"].tolist(),
-                                          strict=True):
-                        if bk != cur:
-                            if cur is not None:
-                                index.append((cur, start, pos - start))
-                            cur, start = bk, pos
-                        src.seek(off)
-                        out.write(src.read(n))
-                        pos += n
-                    index.append((cur, start, pos - start))
-            _write_footer(out, index)
-
-    _replace_atomic(path, write)
+    with work.writer(key) as out:
+        index = []
+        if len(table):
+            with open(unsorted, "rb") as src:  # plain reads: nothing of the file stays mapped
+                pos = 0
+                cur, start = None, 0
+                for bk, off, n in zip(table["bucket"].tolist(), table["off"].tolist(), table["len"].tolist(),
+                                      strict=True):
+                    if bk != cur:
+                        if cur is not None:
+                            index.append((cur, start, pos - start))
+                        cur, start = bk, pos
+                    src.seek(off)
+                    out.write(src.read(n))
+                    pos += n
+                index.append((cur, start, pos - start))
+        _write_footer(out, index)
 
 
-def _write_footer(out, index) -> None:
+def _write_footer(out: BinaryIO, index: list) -> None:
     idx = np.array(index, _INDEX) if index else np.zeros(0, _INDEX)
     out.write(idx.tobytes())
     out.write(struct.pack("<Q", len(idx)) + _MAGIC)
 
 
-def _read_index(f) -> np.ndarray:
+def _read_index(f: BinaryIO, where: str) -> np.ndarray:
     f.seek(0, os.SEEK_END)
     size = f.tell()
     if size < 16:
-        raise SpecError(f"{f.name}: not a fragment file (too short)")
+        raise SpecError(f"{where}: not a fragment file (too short)")
     f.seek(size - 16)
     tail = f.read(16)
     if tail[8:] != _MAGIC:
-        raise SpecError(f"{f.name}: not a fragment file (no footer)")
+        raise SpecError(f"{where}: not a fragment file (no footer)")
     n = struct.unpack("<Q", tail[:8])[0]
     if 16 + n * _INDEX.itemsize > size:
-        raise SpecError(f"{f.name}: fragment file footer is damaged")
+        raise SpecError(f"{where}: fragment file footer is damaged")
     f.seek(size - 16 - n * _INDEX.itemsize)
     return np.frombuffer(f.read(n * _INDEX.itemsize), _INDEX)
 
 
-def _span(path: str, bucket: int) -> tuple[int, int]:
-    """(offset, length) of one bucket in a fragment file ((0, 0): none)."""
-    with open(path, "rb") as f:
-        idx = _read_index(f)
-    k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
-    if k == len(idx) or int(idx["bucket"][k]) != bucket:
-        return 0, 0
-    return int(idx["off"][k]), int(idx["len"][k])
-
-
-def _buckets_of(path: str) -> np.ndarray:
-    with open(path, "rb") as f:
-        return _read_index(f)["bucket"].copy()
+def _buckets_of(work: ByteStore, key: str) -> np.ndarray:
+    with work.open(key) as f:
+        return _read_index(f, work.describe(key))["bucket"].copy()
 
 
 def _entry(body: int, cell, scale: int, m: Mesh, mc_faces: int = 0, voxels: int = 0, volume: float = 0.0,
@@ -377,26 +341,29 @@ def _entry(body: int, cell, scale: int, m: Mesh, mc_faces: int = 0, voxels: int 
     return h.tobytes() + m.vertices.astype("<f4").tobytes() + m.faces.astype("<u4").tobytes()
 
 
-def _scan(path: str, bucket: int):
+def _scan(work: ByteStore, key: str, bucket: int) -> Iterator[tuple[int, bytes]]:
     """(body, raw entry) of every fragment of a bucket of a file, in file order (sorted by body).
 
     Entries are read one at a time (plain reads, no mapping), so only the current ones are held.
     """
-    off, n = _span(path, bucket)
-    if not n:
-        return
-    with open(path, "rb") as f:
+    where = work.describe(key)
+    with work.open(key) as f:
+        idx = _read_index(f, where)
+        k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
+        if k == len(idx) or int(idx["bucket"][k]) != bucket:
+            return
+        off, n = int(idx["off"][k]), int(idx["len"][k])
         f.seek(off)
         pos = 0
         while pos < n:
             head = f.read(_HEAD.itemsize)
             if len(head) < _HEAD.itemsize or pos + _HEAD.itemsize > n:
-                raise SpecError(f"{path}: fragment data truncated")
+                raise SpecError(f"{where}: fragment data truncated")
             h = np.frombuffer(head, _HEAD, 1)[0]
             size = 12 * (int(h["nv"]) + int(h["nf"]))
             rest = f.read(size)
             if len(rest) < size or pos + _HEAD.itemsize + size > n:
-                raise SpecError(f"{path}: fragment data truncated")
+                raise SpecError(f"{where}: fragment data truncated")
             yield int(h["body"]), head + rest
             pos += _HEAD.itemsize + size
 
@@ -424,14 +391,12 @@ def _parse(raw) -> _Fragment:
                      int(h["mc"]), int(h["voxels"]), float(h["volume"]), float(h["area"]))
 
 
-def _by_body(files, bucket: int):
+def _by_body(work: ByteStore, keys: Sequence[str], bucket: int) -> Iterator[tuple[int, list[bytes]]]:
     """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge of the
     files' body-sorted sections, read entry by entry): one body's fragments in memory at a time."""
-    streams = [_scan(p, bucket) for p in files]
-    merged = heapq.merge(*streams, key=lambda e: e[0])
+    merged = heapq.merge(*(_scan(work, k, bucket) for k in keys), key=lambda e: e[0])
     for body, group in itertools.groupby(merged, key=lambda e: e[0]):
         yield body, [raw for _, raw in group]
-
 
 
 def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
@@ -460,7 +425,7 @@ def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
     return c[own]
 
 
-# --------------------------------------------------------------------------- map: one source shard
+# --------------------------------------------------------------------------- task: one source shard
 
 
 def _box_at(job: MeshJob, scale: int):
@@ -495,13 +460,12 @@ def _boxed(decode, box, cs: int):
     return dec
 
 
-def mesh_shard(job: MeshJob, item) -> dict:
-    """Map task: mesh one source shard's cells, decimate each body's piece with the cell border locked,
-    and write the pieces sorted by bucket (one work file). Returns counts."""
-    scale, origin = item
+def run_task(task: MeshTask) -> dict:
+    """Mesh one source shard's cells, decimate each body's piece with the cell border locked, and
+    write the pieces sorted by bucket (one fragment file). Returns counts."""
+    job, scale, origin = task.job, task.scale, task.origin
     ds = job.dataset
     s = ds.scale(scale)
-    path = _frag_path(job, scale, origin)
     src = as_labels(job.labels)
     _, _, cs = _grid(s)
     shard = ds.reader(s, src, fill_missing_shards=True).shard(*(int(v) // cs for v in origin))  # the decoder's too
@@ -515,7 +479,13 @@ def mesh_shard(job: MeshJob, item) -> dict:
         # a cell meshes its chunk's voxels plus one of each + neighbour: only cells reaching into the box
         vox = cells * cs
         cells = cells[((vox < box[1]) & (vox + cs + 1 > box[0])).all(axis=1)]
-    unsorted = f"{path}.unsorted-{uuid.uuid4().hex[:12]}"
+    local = job.work.local_path(task.key)
+    if local is not None:  # the pieces as they come, beside the file (hidden); else in a temporary file
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        unsorted = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{TMP}{uuid.uuid4().hex[:12]}")
+    else:
+        fd, unsorted = tempfile.mkstemp(prefix="dvidshards-meshes-")
+        os.close(fd)
     rows = array.array("Q")  # body, offset, length of each piece: 24 bytes a piece
     faces_mc = faces_kept = 0
     try:
@@ -544,37 +514,49 @@ def mesh_shard(job: MeshJob, item) -> dict:
             arr = np.frombuffer(rows, np.uint64).reshape(-1, 3)
             table["body"], table["off"], table["len"] = arr[:, 0], arr[:, 1], arr[:, 2]
             table["bucket"] = _bucket(job, table["body"])
-        _write_sorted(path, unsorted, table)
+        _write_sorted(job.work, task.key, unsorted, table)
     finally:
         if os.path.exists(unsorted):
             os.remove(unsorted)
     return {"fragments": len(table), "faces_mc": faces_mc, "faces_kept": faces_kept}
 
 
-# --------------------------------------------------------------------------- regroup and reduce
+# --------------------------------------------------------------------------- reduce
 
 
-def _regroup_task(job: MeshJob, item) -> int:
-    """Merge a group of fragment files into one, bucket by bucket, body by body (memory: one body)."""
-    level, k, files = item
-    path = os.path.join(job.work, f"L{level}", f"{k:06d}.frag")
+@dataclass(frozen=True)
+class MergeTask:
+    """A group of fragment files merged into ``key``, bucket by bucket, body by body."""
 
-    def write(tmp):
-        buckets: Any = np.unique(np.concatenate([_buckets_of(p) for p in files])) if files else []
-        index = []
-        pos = 0
-        with open(tmp, "wb") as out:
-            for b in [int(v) for v in buckets]:
-                start = pos
-                for _, raws in _by_body(files, b):  # stays sorted by body
-                    for raw in raws:
-                        out.write(raw)
-                        pos += len(raw)
-                index.append((b, start, pos - start))
-            _write_footer(out, index)
+    job: MeshJob = field(compare=False, repr=False)
+    level: int
+    k: int
+    keys: tuple[str, ...]
 
-    _replace_atomic(path, write)
-    return len(files)
+    @property
+    def key(self) -> str:
+        return f"L{self.level}/{self.k:06d}.frag"
+
+    def __str__(self) -> str:
+        return f"regroup {self.level}.{self.k}"
+
+
+def merge_task(task: MergeTask) -> int:
+    """Merge a group of fragment files into one (memory: one body)."""
+    work = task.job.work
+    buckets: Any = np.unique(np.concatenate([_buckets_of(work, k) for k in task.keys])) if task.keys else []
+    index = []
+    pos = 0
+    with work.writer(task.key) as out:
+        for b in [int(v) for v in buckets]:
+            start = pos
+            for _, raws in _by_body(work, task.keys, b):  # stays sorted by body
+                for raw in raws:
+                    out.write(raw)
+                    pos += len(raw)
+            index.append((b, start, pos - start))
+        _write_footer(out, index)
+    return len(task.keys)
 
 
 def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
@@ -659,9 +641,22 @@ def _lods(job: MeshJob, pieces: list[_Fragment]):
     return lods, np.asarray(offsets, np.float64).reshape(-1, 3)
 
 
-def write_bucket(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
-    """Reduce task: every body of one bucket, one at a time (its levels of detail, encoded), then the
-    bucket's mesh shard file. Memory: one body's pieces and the bucket's encoded output."""
+@dataclass(frozen=True)
+class BucketTask:
+    """One bucket (a mesh shard, or a hash bucket of the legacy format) of the fragment files ``keys``."""
+
+    job: MeshJob = field(compare=False, repr=False)
+    keys: tuple[str, ...]
+    bucket: int
+
+    def __str__(self) -> str:
+        return f"bucket {self.bucket}"
+
+
+def write_bucket(task: BucketTask) -> int:
+    """Every body of one bucket, one at a time (its levels of detail, encoded), then the bucket's
+    mesh shard file; bodies written. Memory: one body's pieces and the bucket's encoded output."""
+    job, files, bucket = task.job, task.keys, task.bucket
     ds = job.dataset
     s0 = ds.scale(job.scales[0])
     first0, _, cs = _grid(s0)
@@ -669,7 +664,7 @@ def write_bucket(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
     n = 0
     if job.legacy:
         res = s0.resolution if s0.resolution is not None else [1.0, 1.0, 1.0]
-        for _body, raws in _by_body(files, bucket):
+        for _body, raws in _by_body(job.work, files, bucket):
             pieces = [_parse(r) for r in raws]
             level = _level(job, job.scales[0], pieces)
             merged = merge_fragments(level.values())
@@ -677,11 +672,11 @@ def write_bucket(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
                 continue
             for rel, blob in legacy_files({pieces[0].body: merged}, res).items():
                 if rel != "info":
-                    job.mesh.write(rel, blob)
+                    job.mesh.put_sync(rel, blob)
             n += 1
     else:
         manifests, datas = {}, {}
-        for body, raws in _by_body(files, bucket):
+        for body, raws in _by_body(job.work, files, bucket):
             lods, offsets = _lods(job, [_parse(r) for r in raws])
             if not lods:
                 continue
@@ -694,36 +689,60 @@ def write_bucket(job: MeshJob, files: tuple[str, ...], bucket: int) -> int:
         for name, blob in encode_shard_files(sp, manifests, datas).items():
             if name != shard_key(bucket, sp.shard_bits):
                 raise RuntimeError(f"bucket {bucket}: body hashed to shard {name}")
-            job.mesh.write(name, blob)
-    _replace_atomic(_done_path(job, bucket), lambda tmp: _write_bytes(tmp, str(n).encode()))
+            job.mesh.put_sync(name, blob)
+    job.work.put_sync(f"done/{bucket}", str(n).encode())
     return n
+
+
+def reduce(tr: TaskRunner, out: Output, job: MeshJob, keys: list[str]) -> int:
+    """Groups of ``FAN_IN`` fragment files merged while there are more, then one task per bucket
+    (a bucket done in an earlier run is skipped); the bodies written."""
+    level = 0
+    while len(keys) > FAN_IN:
+        level += 1
+        job.work.delete_prefix_sync(f"L{level}")
+        groups = [MergeTask(job, level, k, tuple(keys[i:i + FAN_IN])) for k, i in enumerate(range(0, len(keys), FAN_IN))]
+        phase = tr.run(merge_task, groups, desc=f"regroup level {level}")
+        out.add(phase)
+        if phase.failed:
+            return 0
+        keys = [g.key for g in groups]
+    nb = 1 << (ShardingSpec.from_json(job.sharding).shard_bits if job.sharding else job.bucket_bits)
+    present = np.unique(np.concatenate([_buckets_of(job.work, k) for k in keys]))
+    tasks = [BucketTask(job, tuple(keys), int(v)) for v in present if int(v) < nb]
+    done = set(job.work.list_sync("done"))
+    phase = tr.run(write_bucket, tasks, desc="mesh buckets", done=[t for t in tasks if str(t.bucket) in done])
+    out.add(phase)
+    return sum(phase.results.values()) + sum(int(job.work.get_sync(f"done/{t.bucket}") or 0) for t in phase.skipped)
+
+
 
 
 # --------------------------------------------------------------------------- the destination's volume
 
 
-def _read_json(d: Destination, rel: str) -> Any:
-    data = d.read(rel)
+def _read_json(store: ByteStore, key: str) -> Any:
+    data = store.get_sync(key)
     if data is None:
         return None
     try:
         return json.loads(data)
     except ValueError:
-        raise OutputError(f"{d.describe(rel)}: not JSON") from None
+        raise OutputError(f"{store.describe(key)}: not JSON") from None
 
 
-def _check_root(root: Destination, mesh_dir: str, ds: Dataset) -> dict | None:
+def _check_root(root: ByteStore, mesh_dir: str, ds: Dataset) -> dict | None:
     """Refuse a destination that is neither new, empty, a precomputed dataset nor our own output.
 
     Returns the existing volume ``info`` (None for a new dataset).
     """
-    root.probe()
-    names = root.list()
+    root.check_writable()
+    names = root.list_sync("")
     info = _read_json(root, "info") if "info" in names else None
     if info is not None and not (isinstance(info, dict) and isinstance(info.get("scales"), list)):
         raise OutputError(f"{root.describe('info')}: not a neuroglancer precomputed volume info")
     if info is None and [n for n in names if n != mesh_dir]:
-        raise OutputError(f"{root.describe()}: holds {names[:3]} but no precomputed 'info'; give a new folder, "
+        raise OutputError(f"{root.describe('')}: holds {names[:3]} but no precomputed 'info'; give a new folder, "
                           f"an empty one, or a precomputed dataset (a convert output)")
     if info is not None:
         s = ds.scale(0)
@@ -745,27 +764,15 @@ def _new_info(ds) -> dict:
     return info
 
 
-def _write_json(d: Destination, rel: str, obj) -> None:
-    d.write(rel, (json.dumps(obj, indent=1) + "\n").encode())
+def _write_json(store: ByteStore, key: str, obj: Any) -> None:
+    store.put_sync(key, (json.dumps(obj, indent=1) + "\n").encode())
 
 
-# --------------------------------------------------------------------------- public API
-
-
-_GONE = {
-    "max_error": "max_error (zmesh's per-cell bound in earlier versions) has no equivalent: the simplifier's bound is now "
-                 "max_error_nm, in nm at level 0 (as igneous' max_simplification_error; default 1.25 voxels, 40 nm "
-                 "at 32 nm)",
-    "first_error": "first_error is gone: the per-cell pass works within 2/3 of max_error_nm",
-}
-
-
-def _refuse_old(old: dict) -> None:
-    """One line for a keyword whose meaning is gone; Python's own error for any other."""
-    for k in old:
-        if k in _GONE:
-            raise MeshesError(f"meshes(): {_GONE[k]}")
-        raise TypeError(f"meshes() got an unexpected keyword argument {k!r}")
+def _clear(work: ByteStore) -> None:
+    """Delete this job's files from its work folder (not the folder, nor its lock)."""
+    for name in work.list_sync(""):
+        if _WORK.fullmatch(name):
+            work.delete_prefix_sync(name)
 
 
 def _max_error_voxels(resolution, max_error_nm: float | None) -> float:
@@ -779,21 +786,25 @@ def _max_error_voxels(resolution, max_error_nm: float | None) -> float:
 
 
 
-def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=None, scheduler=None,
-           workdir=None, resume: bool = False, overwrite: bool = False, progress: bool | None = None,
-           allow_partial: bool = False, lods: int | None = None, legacy: bool = False, bits: int = 16,
-           reduction_factor: int = 10, max_error_nm: float | None = None, cell_reduction: int | None = None,
-           inflate: bool = True, mesh_dir: str = "mesh", spec=None, command: str | list | None = None,
-           **old) -> JobReport:
+# --------------------------------------------------------------------------- the job
+
+
+def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict | ByteStore, *,
+           scales: Sequence[int] | None = None, scale: int | None = None, labels: Any = "agglomerated",
+           box: Any = None, scheduler: Any = None, workdir: str | os.PathLike | dict | ByteStore | None = None,
+           resume: bool = False, overwrite: bool = False, progress: bool | None = None, allow_partial: bool = False,
+           lods: int | None = None, legacy: bool = False, bits: int = 16, reduction_factor: int = 10,
+           max_error_nm: float | None = None, cell_reduction: int = CELL_REDUCTION, inflate: bool = True,
+           mesh_dir: str = "mesh", spec: Any = None, command: str | None = None) -> JobReport:
     """Mesh every body of an export into a precomputed dataset folder.
 
     Parameters
     ----------
     source : Dataset or anything ``Dataset`` opens
         The export (with ``Dataset([export, downsampled])``, the scales ``dvidshards downsample`` made).
-    dest : path or URL
-        A new or empty folder, or a precomputed dataset (a ``convert`` output); ``gs://`` and ``s3://``
-        are written there, anything else is refused before any work.
+    dest : path, URL, kvstore spec or store
+        A new or empty folder, or a precomputed dataset (a ``convert`` output); ``gs://`` and
+        ``s3://`` are written there, anything else is refused before any work.
     scales : sequence of int, optional
         One scale per level of detail, each twice as coarse as the one before (e.g. ``(2, 3, 4)``).
     scale : int, optional
@@ -803,19 +814,12 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
         What a body is (meshes are per body id).
     box : six numbers or ((x0, y0, z0), (x1, y1, z1)), optional
         Only voxels in this box (voxels of level 0's scale); bodies are closed at its faces.
-    scheduler : see :class:`dvidshards.jobs.runner.TaskRunner`
-    workdir : path, optional
-        Work files, on a file system every worker sees; default ``DEST/<mesh_dir>/_work`` (a local
-        temporary folder for a bucket destination), removed when the output is complete.
-    resume, overwrite : bool
-        Finish an earlier, incomplete run (same parameters), or replace its meshes (only the mesh
-        directory is touched).
-    progress : bool, optional
-    allow_partial : bool
-        Return an incomplete report instead of raising ``JobError``.
+    scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` holds the fragment files
+        (default ``DEST.work``); ``overwrite`` replaces only the mesh directory.
     lods : int, optional
-        Levels of detail at most (default: every exported coarser scale, up to 6 levels); level j
-        comes from the j-th scale from level 0's (in earlier versions: levels simplified from one scale).
+        Levels of detail at most (default: every exported coarser scale, up to 6); level j comes
+        from the j-th scale from level 0's.
     legacy : bool
         neuroglancer's legacy single-resolution format (one fragment per body, in nm).
     bits : {10, 16}
@@ -826,12 +830,10 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
     max_error_nm : float, optional
         The simplifier's bound at level 0, in nm (as igneous' ``max_simplification_error``; the same
         number of voxels at each coarser level). Default: 1.25 voxels of level 0's scale, 40 nm at
-        32 nm (igneous' default). Without known resolutions only the default is accepted.
-        (``max_error``, zmesh's per-cell bound in earlier versions, is refused with a note: it has no
-        equivalent.)
-    cell_reduction : int, optional
-        The per-cell pass, cell borders locked: about ``1 / cell_reduction`` of the faces (default 4;
-        0 or 1: none), within 2/3 of the bound (``first_reduction=`` is its old spelling).
+        32 nm. Without known resolutions only the default is accepted.
+    cell_reduction : int
+        The per-cell pass, cell borders locked: about ``1 / cell_reduction`` of the faces (0 or 1:
+        none), within 2/3 of the bound.
     inflate : bool
         Move each body's surface out so that it encloses its voxel volume (see `_level`).
     mesh_dir : str
@@ -853,105 +855,72 @@ def meshes(source, dest, *, scales=None, scale=None, labels="agglomerated", box=
     JobError
         If the output is incomplete (``allow_partial`` false); ``.report`` is the report.
     """
-    cell_reduction = renamed(old, "first_reduction", "cell_reduction", cell_reduction, job="meshes")
-    _refuse_old(old)
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     if bits not in (10, 16):
         raise MeshesError(f"bits must be 10 or 16, got {bits}")
-    cell_reduction = CELL_REDUCTION if cell_reduction is None else int(cell_reduction)
-    if int(reduction_factor) < 0 or cell_reduction < 0 or (max_error_nm is not None and not max_error_nm >= 0):
+    if int(reduction_factor) < 0 or int(cell_reduction) < 0 or (max_error_nm is not None and not max_error_nm >= 0):
         raise MeshesError("reduction factors and max_error_nm must be >= 0")
     if mesh_dir in ("", ".", "..") or "/" in mesh_dir or mesh_dir == "info":
         raise MeshesError(f"mesh_dir {mesh_dir!r}: give a plain folder name")
     scheduler_of(scheduler)  # a malformed scheduler is refused before anything is written
-    ks, items, note = plan(ds, scales=scales, scale=scale, lods=lods, legacy=legacy)
-    if not items:
+    ks, note = levels(ds, scales=scales, scale=scale, lods=lods, legacy=legacy)
+    shards = {k: ds.shards(k) for k in ks}
+    n = sum(len(v) for v in shards.values())
+    if not n:
         raise MeshesError(f"{ds.store.describe('')}: no shard files at scale(s) {list(ks)}")
-    b = box_of(box)
-    if isinstance(command, list):
-        command = " ".join(command)
-    root = Destination.of(dest)
+    root = as_store(dest, writable=True)
     mdest = root.child(mesh_dir)
     info = _check_root(root, mesh_dir, ds)
-    if workdir is not None:
-        wd = Destination.of(workdir, what="work folder")
-        if not wd.local:
-            raise OutputError(f"work folder {wd.describe()}: meshes needs a folder on a file system every worker "
-                              f"sees (not a bucket)")
-        work, work_dest = wd.local_path(), wd
-    elif mdest.local:
-        work, work_dest = mdest.local_path("_work"), None
-    else:
-        work, work_dest = tempfile.mkdtemp(prefix="dvidshards-meshes-"), None
-    sharding = None if legacy else _default_sharding(len(items)).to_json()
-    bucket_bits = 0 if not legacy else max(0, min(12, math.ceil(math.log2(len(items)))))
+    work = work_folder(root, workdir)
     err = _max_error_voxels(ds.scale(ks[0]).resolution, max_error_nm)
-    job = MeshJob(ds, labels if isinstance(labels, str) else as_labels(labels), ks, work, mdest, legacy, sharding,
-                  bucket_bits, int(bits), int(reduction_factor), err, cell_reduction, err * CELL_ERROR,
-                  bool(inflate), b, None if max_error_nm is None else float(max_error_nm))
+    job = MeshJob(ds, labels if isinstance(labels, str) else as_labels(labels), ks, work, mdest, legacy,
+                  None if legacy else _default_sharding(n).to_json(),
+                  0 if not legacy else max(0, min(12, math.ceil(math.log2(n)))), int(bits), int(reduction_factor),
+                  err, int(cell_reduction), err * CELL_ERROR, bool(inflate), box_of(box),
+                  None if max_error_nm is None else float(max_error_nm))
     params = {"mesh_format": "legacy" if legacy else "multilod", "mesh_dir": mesh_dir, **job.ident()}
     r0 = ds.scale(ks[0]).resolution
     notes = [f"levels of detail from {', '.join(f's{k}' for k in ks)}" + (f" ({r0[0]:g} nm)" if r0 else "")]
     if note:
         notes.append(note)
     with Output(mdest, job="meshes", parameters=params, source=ds, scales=ks, command=command, resume=resume,
-                overwrite=overwrite, workdir=work_dest) as out:
+                overwrite=overwrite, workdir=work) as out:
         prev = out.previous
         if resume and prev is not None and prev.get("complete"):
             totals = prev.get("totals") or {}
             out.report.skipped = out.report.tasks = (prev.get("tasks") or {}).get("total", 0)
-            return out.finish(totals=totals, notes=notes + ["already complete"], allow_partial=allow_partial)
+            return out.finish(totals=totals, notes=[*notes, "already complete"], allow_partial=allow_partial)
         if overwrite and info is not None and info.get("mesh") == mesh_dir:
             info.pop("mesh")
             _write_json(root, "info", info)  # the volume points at no meshes while they change
         if not resume:
-            for sub in ("L0", "done"):
-                shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
-        for sub in ("L0", "done"):
-            os.makedirs(os.path.join(work, sub), exist_ok=True)
+            _clear(work)  # another run's fragments
         totals = {"bodies": 0, "pieces": 0, "faces_marching_cubes": 0, "faces_after_cell_pass": 0}
+        tasks = list(plan(job, shards))
         with TaskRunner(scheduler, progress=progress) as tr:
             tr.check_shared(work)
-            done = {o for o in items if os.path.exists(_frag_path(job, *o))} if resume else set()
-            rep = tr.run(functools.partial(mesh_shard, job), items, desc="mesh shards", done=done)
-            out.add(rep, name=lambda it: ds.store.describe(ds.scale(it[0]).stem(it[1]) + ".arrow"))
-            for r in rep.results.values():
+            made = set(work.list_sync("L0")) if resume else set()
+            phase = tr.run(run_task, tasks, desc="mesh shards", done=[t for t in tasks if t.key[3:] in made])
+            out.add(phase)
+            for r in phase.results.values():
                 totals["pieces"] += r["fragments"]
                 totals["faces_marching_cubes"] += r["faces_mc"]
                 totals["faces_after_cell_pass"] += r["faces_kept"]
-            if not rep.failed:  # bodies crossing a failed shard would have holes: no mesh is written
-                files = [_frag_path(job, *o) for o in items]
-                level = 0
-                while len(files) > FAN_IN:
-                    level += 1
-                    d = os.path.join(work, f"L{level}")
-                    shutil.rmtree(d, ignore_errors=True)
-                    os.makedirs(d)
-                    groups = [(level, k, tuple(files[i:i + FAN_IN])) for k, i in enumerate(range(0, len(files), FAN_IN))]
-                    r = tr.run(functools.partial(_regroup_task, job), groups, desc=f"regroup level {level}")
-                    out.add(r, name=lambda g: f"regroup {g[0]}.{g[1]}")
-                    if r.failed:
-                        break
-                    files = [os.path.join(d, f"{g[1]:06d}.frag") for g in groups]
-                if not out.report.failed:
-                    nb = (1 << ShardingSpec.from_json(job.sharding).shard_bits) if job.sharding else (1 << job.bucket_bits)
-                    present = np.unique(np.concatenate([_buckets_of(p) for p in files]))
-                    buckets = [int(v) for v in present if int(v) < nb]
-                    fin = tr.run(functools.partial(write_bucket, job, tuple(files)), buckets, desc="mesh buckets",
-                                 done={v for v in buckets if os.path.exists(_done_path(job, v))})
-                    out.add(fin, name=lambda v: f"bucket {v}")
-                    totals["bodies"] = sum(fin.results.values()) + sum(
-                        int(open(_done_path(job, v)).read() or 0) for v in fin.skipped)
+            if not phase.failed:  # bodies crossing a failed shard would have holes: no mesh is written
+                totals["bodies"] = reduce(tr, out, job, [t.key for t in tasks])
         if not out.report.failed:  # complete: the mesh info, then the volume's info pointing at it
             res0 = ds.scale(ks[0]).resolution or (1.0, 1.0, 1.0)
-            minfo = legacy_info() if job.sharding is None else multilod_info(res0, bits, ShardingSpec.from_json(job.sharding))
-            _write_json(mdest, "info", minfo)
+            sp = None if job.sharding is None else ShardingSpec.from_json(job.sharding)
+            _write_json(mdest, "info", legacy_info() if sp is None else multilod_info(res0, bits, sp))
             vinfo = info if info is not None else _new_info(ds)
             vinfo["mesh"] = mesh_dir
             _write_json(root, "info", vinfo)
-            shutil.rmtree(work, ignore_errors=True)
+            _clear(work)
         notes.insert(0, f"{totals['bodies']:,} bodies, {totals['pieces']:,} cell pieces")
-        return out.finish(totals=totals, notes=notes, allow_partial=allow_partial)
+        report = out.finish(totals=totals, notes=notes, allow_partial=allow_partial)
+    if report.complete and work.local_path() is not None and not work.list_sync(""):
+        work.delete_prefix_sync("")  # an empty local work folder goes (a bucket prefix vanishes by itself)
+    return report
 
 
 # --------------------------------------------------------------------------- command line
@@ -979,20 +948,15 @@ class MeshesCommand:
                        help=f"the simplifier's bound at level 0 in nm, as igneous' max_simplification_error "
                             f"(default {MAX_ERROR:g} voxels: 40 nm at 32 nm; the same in voxels at each coarser "
                             f"level)")
-        p.add_argument("--max-error", type=float, default=None, help=argparse.SUPPRESS)  # refused: see main
         p.add_argument("--mesh-dir", default="mesh", help="mesh folder inside DEST (default: mesh)")
         add_job_options(p)
 
     @staticmethod
     def main(args) -> int:
-        if args.max_error is not None:
-            raise MeshesError("--max-error (zmesh's per-cell bound in earlier versions) has no equivalent: give "
-                              f"--max-error-nm NM, the simplifier's bound at level 0 in nm (default {MAX_ERROR:g} "
-                              f"voxels, 40 nm at 32 nm)")
-        report = meshes(args.source, dest_of(args), spec=args.spec, scale=args.scale, scales=args.scales,
-                        lods=args.lods, labels=args.labels, box=args.box, legacy=args.legacy, bits=args.bits,
+        report = meshes(args.source, args.dest, spec=args.spec, scale=args.scale, scales=args.scales, lods=args.lods,
+                        labels=args.labels, box=args.box, legacy=args.legacy, bits=args.bits,
                         reduction_factor=args.reduction, max_error_nm=args.max_error_nm, mesh_dir=args.mesh_dir,
-                        cell_reduction=None if args.reduction else 0, allow_partial=True,
+                        cell_reduction=CELL_REDUCTION if args.reduction else 0, allow_partial=True,
                         command=command_line("meshes", args), **job_options(args))
         print(report.summary())
         return 0 if report.ok else 1
@@ -1036,15 +1000,15 @@ class BodyCommand:
             if not os.path.isdir(folder) or os.path.isdir(path):
                 raise SpecError(f"{what} {path}: cannot write a file there")
         ds = Dataset(args.source, spec=args.spec)
-        body = Body(ds, body_id, args.scale, args.labels, index=args.index)
-        if not body.exists:  # one line saying what the id is instead (exit 2, as any bad input)
+        body = Body(ds, body_id, scale=args.scale, labels=args.labels, index=args.index)
+        if not body.exists():  # one line saying what the id is instead (exit 2, as any bad input)
             raise body.not_found()
-        facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks))}
+        facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks_at()))}
         asked = args.size or args.box or args.supervoxels or args.sparsevol or args.coarse or args.mesh
         if args.size or not asked:
-            facts["size"] = body.size
+            facts["size"] = body.size_at()
         if args.box or not asked:
-            facts["box"] = body.box
+            facts["box"] = body.box_at()
         if args.supervoxels:
             facts["supervoxels"] = body.supervoxels().tolist()
         if args.sparsevol:
@@ -1062,5 +1026,7 @@ class BodyCommand:
 
 
 def _write_file(path: str, data: bytes) -> None:
-    _replace_atomic(path, lambda tmp: _write_bytes(tmp, data))
+    folder, name = os.path.split(os.path.abspath(path))
+    with as_store(folder, writable=True).writer(name) as f:
+        f.write(data)
 

@@ -126,7 +126,7 @@ def test_six_bodies_mesh_as_watertight_pieces_inside_their_boxes(six, tmp_path, 
     minfo = json.loads((dest / "mesh" / "info").read_text())
     assert minfo["@type"] == "neuroglancer_multilod_draco" and minfo["sharding"]["hash"] == "murmurhash3_x86_128"
     assert minfo["transform"][0] == 16.0  # level 0 is s1
-    assert not (dest / "mesh" / "_work").exists()
+    assert not (tmp_path / "dest.work").exists()  # the work folder beside DEST goes once complete
 
 
 def test_every_scale_meshed_watertight_at_its_voxel_volume(six, tmp_path):
@@ -221,7 +221,7 @@ def test_into_a_convert_output(six, tmp_path):
     from dvidshards.jobs.convert import convert
 
     dest = tmp_path / "pre"
-    assert convert(six.dataset(), dest, "precomputed", progress=False).ok
+    assert convert(six.dataset(), dest, format="precomputed", progress=False).ok
     before = json.loads((dest / "info").read_text())
     rep = meshes(six.dataset(), dest, scheduler="serial", progress=False)
     assert rep.ok
@@ -340,27 +340,36 @@ def test_regroup_levels_give_the_same_output(six, tmp_path, monkeypatch):
     assert tree(tmp_path / "a" / "mesh", skip=MANIFEST) == tree(tmp_path / "b" / "mesh", skip=MANIFEST)
 
 
-def test_old_simplification_keywords_say_what_replaced_them(six, tmp_path, run_cli, capsys):
-    """max_error was zmesh's per-cell bound: refused in one line naming max_error_nm; first_reduction
-    is cell_reduction (warned, mapped); levels of detail now come from a scale each."""
-    with pytest.raises(MeshesError, match="max_error_nm"):
-        meshes(six.dataset(), tmp_path / "a", max_error=40)
+def test_levels_of_detail_and_the_simplifier_bound(six, tmp_path):
+    """scales and lods that disagree are refused in one line saying what to give; max_error_nm is
+    the bound at level 0 in nm (voxels of its scale in the manifest); lods beyond the exported
+    scales says which level is missing and why."""
     with pytest.raises(MeshesError, match=r"scale=0, lods=3 \(or scales=\(0, 1, 2\)\)"):
         meshes(six.dataset(), tmp_path / "a", scales=(0,), lods=3)
-    with pytest.raises(TypeError, match="nonsense"):
-        meshes(six.dataset(), tmp_path / "a", nonsense=1)
+    with pytest.raises(TypeError, match="first_reduction"):  # no old spellings
+        meshes(six.dataset(), tmp_path / "a", first_reduction=2)
     assert not (tmp_path / "a").exists()
-    assert run_cli(["meshes", six.root, str(tmp_path / "c"), "--quiet", "--max-error", "40"]) == 2
-    assert "--max-error-nm" in capsys.readouterr().err and not (tmp_path / "c").exists()
-    with pytest.warns(DeprecationWarning, match="cell_reduction"):
-        rep = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, first_reduction=2, max_error_nm=16,
-                     scheduler="serial", progress=False)
+    rep = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, cell_reduction=2, max_error_nm=16,
+                 scheduler="serial", progress=False)
     params = json.loads((tmp_path / "b" / "mesh" / MANIFEST).read_text())["parameters"]
     assert rep.ok and params["cell_reduction"] == 2 and params["max_error_nm"] == 16
     assert params["max_error_voxels"] == 2.0  # 16 nm at 8 nm
     rep = meshes(six.dataset(), tmp_path / "d", scale=0, lods=3, scheduler="serial", progress=False)
     assert rep.ok and rep.scales == [0, 1] and any("2 of 3 levels of detail: s2 is not exported" in n
                                                    for n in rep.notes)
+
+
+def test_workdir_is_the_folder_given_apart_from_the_output(six, tmp_path, run_cli, capsys):
+    """--workdir holds the fragment files while the job runs (a failed run keeps them for --resume)
+    and is emptied once the output is complete; one inside DEST's mesh folder is refused."""
+    dest, work = tmp_path / "dest", tmp_path / "w"
+    args = ["meshes", six.root, str(dest), "--scale", "0", "--lods", "1", "--quiet", "--scheduler", "serial"]
+    assert run_cli([*args, "--workdir", str(dest / "mesh" / "w")]) == 2
+    assert "work folder" in capsys.readouterr().err
+    assert run_cli([*args, "--workdir", str(work)]) == 0
+    assert not work.exists() and not (tmp_path / "dest.work").exists()
+    assert json.loads((dest / "mesh" / MANIFEST).read_text())["command"].endswith(f"--workdir {work}")
+    check_bodies(six, dest)
 
 
 def test_a_connected_body_is_one_piece_corner_contacts_and_cavities_too(tmp_path):
