@@ -68,6 +68,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time as _time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -162,6 +163,9 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
     lm = LabelmapInstance(ds, _check_name(name), node.uuid, held, index=idx, fill=not strict,
                           time=_time_of(ds, held), describe=ds.store.describe(""))
     node.instances[name] = lm
+    if idx is not None and idx.scale == held[0] and idx.meta.get("labels") == "agglomerated":  # built now, not on the first query
+        threading.Thread(target=_build_table, args=(lm,), name=f"serve-dvid {name}: supervoxel table",
+                         daemon=True).start()
     mesh = legacy_mesh_reader(os.fspath(meshes)) if meshes is not None else mesh_maker(lm)
     node.instances[f"{name}_meshes"] = KeyvalueInstance(
         f"{name}_meshes", node.uuid, lm, ".ngmesh", mesh,
@@ -174,6 +178,13 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
         node.instances[f"{name}_skeletons"] = KeyvalueInstance(f"{name}_skeletons", node.uuid, lm, "_swc", skel,
                                                                what=f"skeletons of {name}: made on demand")
     return lm
+
+
+def _build_table(lm: LabelmapInstance) -> None:
+    try:
+        lm.table()
+    except Exception:  # the request that needs it raises it again
+        log.exception("%s: building the supervoxel table", lm.name)
 
 
 # --------------------------------------------------------------------------- the HTTP server

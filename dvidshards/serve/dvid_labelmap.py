@@ -30,8 +30,7 @@ from ..formats.sparsevol import (
     clip_runs,
     runs_from_mask,
 )
-from ..query import BodyIndex
-from ..query import mapping as export_mapping
+from ..query import BodyIndex, SupervoxelTable, lookup, supervoxel_table
 from ..query import unique as export_unique
 from .dvid_base import (
     BadRequest,
@@ -180,7 +179,7 @@ class LabelmapInstance:
 
     def ep_map_stats(self, r: Request) -> Reply:
         # DVID's in-memory mapping of this instance: the export's sv -> body pairs, one version
-        n = sum(len(sv) for sv, _ in self._pairs())
+        n = len(self.table().keys)
         return json_reply({self.name: {"MapEntries": n, "MapSize": f"{16 * n} B", "NumVersions": 1,
                                        "MaxVersion": 1}})
 
@@ -218,12 +217,22 @@ class LabelmapInstance:
         return k
 
     def _body(self, label: int, k: int, labels) -> tuple[Body, dict]:
-        """The Body of a label, with the label index when it applies, and the header saying so."""
+        """The Body of a label, with the label index when it applies (an index of bodies serves
+        supervoxels too), and the header saying so."""
         idx = self.index
-        use = idx is not None and isinstance(labels, Agglomerated) and idx.meta.get("labels") == "agglomerated" \
-            and idx.scale <= k
+        use = idx is not None and idx.scale <= k and idx.meta.get("labels") in ("agglomerated", labels.name)
         body = Body(self.ds, label, k, labels, index=idx if use else None)
         return body, {INDEX_HEADER: "label-index" if use else "scan"}
+
+    def table(self) -> SupervoxelTable:
+        """The export's supervoxel -> body table (from the label index when it is of bodies at the
+        finest held scale), built once per process."""
+        return supervoxel_table(self.ds, scale=self.held[0], index=self.index)
+
+    def _table_header(self) -> dict:
+        idx = self.index
+        use = idx is not None and idx.scale == self.held[0] and idx.meta.get("labels") == "agglomerated"
+        return {INDEX_HEADER: "label-index" if use else "scan"}
 
     def _exists(self, label: int) -> tuple[Body, dict]:
         b, head = self._body(label, self.held[0], Agglomerated())
@@ -449,13 +458,6 @@ class LabelmapInstance:
 
     # --- listings ---------------------------------------------------------------------------------
 
-    def _pairs(self):
-        if self.index is not None and self.index.meta.get("labels") == "agglomerated":
-            yield from self.index.pairs()
-            return
-        m = export_mapping(self.ds, scale=self.held[0])
-        yield np.asarray(m.keys, np.uint64), np.asarray(m.values, np.uint64)
-
     def _all_bodies(self, sizes: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Every body of the export, sorted, and (when asked) its voxels at the finest held scale."""
         with self._lock:
@@ -463,7 +465,7 @@ class LabelmapInstance:
         if have is not None and (not sizes or have[1] is not None):
             return have
         if not sizes:
-            bodies = np.unique(np.concatenate([b for _, b in self._pairs()] or [np.zeros(0, np.uint64)]))
+            bodies = np.unique(self.table().values)
             got: tuple[np.ndarray, np.ndarray | None] = (bodies[bodies != 0], None)
         elif self.index is not None and self.index.meta.get("labels") == "agglomerated":
             u, n = self.index.body_sizes()
@@ -505,36 +507,27 @@ class LabelmapInstance:
     def ep_mapping(self, r: Request) -> Reply:
         svs = ids_body(r.body)
         parse_flag(r.query, "nolookup")
-        if not svs:
-            return Reply(200, b"[]", "application/json", {INDEX_HEADER: "scan"})
-        m = export_mapping(self.ds, scale=self.held[0], supervoxels=np.asarray(svs, np.uint64))
-        keys, vals = np.asarray(m.keys), np.asarray(m.values)
-        a = np.asarray(svs, np.uint64)
-        pos = np.minimum(np.searchsorted(keys, a), max(len(keys) - 1, 0))
-        found = (pos < len(keys)) & (keys[pos] == a) if len(keys) else np.zeros(len(a), bool)
-        out = np.where(found, vals[pos] if len(keys) else 0, 0)  # DVID: 0 for a supervoxel that does not exist
-        return Reply(200, id_list(out), "application/json", {INDEX_HEADER: "scan"})
+        out = lookup(self.table(), svs) if svs else []  # DVID: 0 for a supervoxel that does not exist
+        return Reply(200, id_list(out), "application/json", self._table_header())
 
     def ep_mappings(self, r: Request) -> Reply:
         fmt = r.query.get("format", "")
         if fmt not in ("", "binary", "text", "csv"):
             raise BadRequest(f"format={fmt!r}: give binary, or nothing for text")
         binary = fmt == "binary"
-        head = {INDEX_HEADER: "label-index" if self.index is not None else "scan"}
-        pieces = self._pairs()
+        t = self.table()
 
         def encode() -> Iterator[bytes]:
-            for sv, b in pieces:
+            for a in range(0, len(t.keys), 1 << 20):
+                sv, b = t.keys[a:a + (1 << 20)], t.values[a:a + (1 << 20)]
                 keep = sv != b  # DVID lists the non-identity mappings
                 sv, b = sv[keep], b[keep]
-                if not len(sv):
-                    continue
                 if binary:
                     yield np.stack([sv, b], axis=1).astype("<u8").tobytes()
                 else:
-                    yield "".join(f"{s} {t}\n" for s, t in zip(sv.tolist(), b.tolist(), strict=True)).encode()
+                    yield "".join(f"{s} {v}\n" for s, v in zip(sv.tolist(), b.tolist(), strict=True)).encode()
 
-        return Reply(200, b"", "application/octet-stream" if binary else "text/plain", head, encode())
+        return Reply(200, b"", "application/octet-stream" if binary else "text/plain", self._table_header(), encode())
 
     # --- history: a snapshot has none -------------------------------------------------------------
 

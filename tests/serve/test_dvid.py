@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from dvidshards.jobs.stats import label_index
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 from tests.support.sparsevol import naive_dvid_bytes, reference_coarse, reference_rles
+from tests.test_query_supervoxels import Counting
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("aiohttp")
@@ -294,7 +296,7 @@ def test_sparsevol_formats_equal_brute_force(exp, servers, which):
             q = {"scale": scale, "supervoxels": str(sv).lower()}
             mask, lo = brute_mask(vol, b)
             r = get(srv, f"sparsevol/{b}", params=q)
-            assert r.status_code == 200 and r.headers["X-Dvidshards-Index"] == (header if not sv else "scan")
+            assert r.status_code == 200 and r.headers["X-Dvidshards-Index"] == header
             assert r.content == reference_rles(mask, lo)  # DVID's bytes, in DVID's order
             runs = parse_rles(r.content)
             assert runs[:, 3].sum() == mask.sum()
@@ -406,6 +408,39 @@ def test_mappings_equal_the_volumes(exp, servers):
     assert top == int(max(sv.max(), body.max()))
 
 
+def test_supervoxel_queries_with_a_label_index_read_nothing_of_the_export(exp, index):
+    """20 supervoxels' sizes, chunks, supervoxels, label indexes and their /mapping: with a label
+    index of bodies they are answered from its rows and its supervoxel table, not one byte of
+    the export read (without it each would scan the export's lists)."""
+    ds = dvidshards.Dataset(Counting(Path(exp.root), "svq-serve"), spec=exp.spec)
+    sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
+    svs = np.unique(sv[sv != 0])
+    svs = svs[np.random.default_rng(4).choice(len(svs), 20, replace=False)].tolist()
+    LabelIndex = label_index_message()
+    with serve(ds, label_index=index, port=0, threads=2) as srv:
+        q = {"supervoxels": "true"}
+        assert get(srv, "mapping", json=svs[:1]).status_code == 200  # waits for the table built at start-up
+        before = ds.store.bytes_read
+        for s in svs:
+            m = sv == s
+            chunks = np.unique(np.argwhere(m) // 64, axis=0)
+            r = get(srv, f"size/{s}", params=q)
+            assert r.json() == {"voxels": int(m.sum())} and r.headers["X-Dvidshards-Index"] == "label-index"
+            assert get(srv, f"sparsevol-size/{s}", params=q).json() == {
+                "voxels": int(m.sum()), "numblocks": len(chunks), "minvoxel": (chunks.min(axis=0) * 64).tolist(),
+                "maxvoxel": (chunks.max(axis=0) * 64 + 63).tolist()}
+            assert get(srv, f"supervoxels/{s}", params=q).json() == [s]
+            assert get(srv, f"supervoxel-sizes/{s}", params=q).json() == {"supervoxels": [s], "sizes": [int(m.sum())]}
+            msg = LabelIndex()
+            msg.ParseFromString(get(srv, f"index/{s}", params=q).content)
+            assert {block_key(k): dict(v.counts) for k, v in msg.blocks.items()} == {
+                tuple(c): {s: int(m[tuple(slice(v * 64, v * 64 + 64) for v in c)].sum())} for c in chunks.tolist()}
+        r = get(srv, "mapping", json=svs + [987654321])
+        assert r.json() == [int(body[sv == s][0]) for s in svs] + [0]
+        assert r.headers["X-Dvidshards-Index"] == "label-index"
+        assert ds.store.bytes_read == before
+
+
 # --------------------------------------------------------------------------- blocks
 
 
@@ -502,11 +537,10 @@ def test_refusals(exp, servers):
     sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
     pairs = np.unique(np.stack([sv[body > 0], body[body > 0]], axis=1), axis=0)
     s, b = next((int(p[0]), int(p[1])) for p in pairs if p[0] != p[1] and not (body == p[0]).any())
-    r = get(srv, f"size/{s}")  # a supervoxel asked for as a body
-    assert r.status_code == 404 and r.text.strip().endswith("not in the label index " + srv.api.index.path +
-                                                             " at scale 0 (a supervoxel id? pass labels='supervoxels')")
-    r = get(servers[1], f"size/{s}")
-    assert r.status_code == 404 and f"{s} is a supervoxel of body {b}" in r.text
+    assert get(srv, "mapping", json=[s]).json() == [b]  # the supervoxel table is built (at start-up)
+    for one in servers:  # a supervoxel asked for as a body: from the index's table, or the records' lists
+        r = get(one, f"size/{s}")
+        assert r.status_code == 404 and f"{s} is a supervoxel of body {b}" in r.text
     # with --strict a missing shard file is an error that says what the default does (background)
     ds = dvidshards.Dataset(exp.root)
     have = set(ds.shards(0))
