@@ -8,6 +8,8 @@ bytes it was given.  pyarrow is used only to parse the schema, once per shard.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 import pyarrow as pa
@@ -74,23 +76,23 @@ def _raise(code: int, a: int, b: int, where: str) -> None:
 
 
 @nb.njit(cache=True)
-def _u16(b, p):
+def _u16(b, p):  # type: ignore[no-untyped-def]
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8)
 
 
 @nb.njit(cache=True)
-def _u32(b, p):
+def _u32(b, p):  # type: ignore[no-untyped-def]
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16) | (np.int64(b[p + 3]) << 24)
 
 
 @nb.njit(cache=True)
-def _i32(b, p):
+def _i32(b, p):  # type: ignore[no-untyped-def]
     v = _u32(b, p)
     return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
 
 
 @nb.njit(cache=True)
-def _i64(b, p):
+def _i64(b, p):  # type: ignore[no-untyped-def]
     lo = np.uint64(_u32(b, p))
     hi = np.uint64(_u32(b, p + 4))
     return np.int64(lo | (hi << np.uint64(32)))
@@ -100,7 +102,7 @@ def _i64(b, p):
 
 
 @nb.njit(cache=True)
-def _field(b, t, k, lo, hi):
+def _field(b, t, k, lo, hi):  # type: ignore[no-untyped-def]
     """Position of field k of the table at t, 0 if absent, -1 if malformed."""
     if t < lo or t + 4 > hi:
         return -1
@@ -119,7 +121,7 @@ def _field(b, t, k, lo, hi):
 
 
 @nb.njit(cache=True)
-def _deref(b, p, lo, hi):
+def _deref(b, p, lo, hi):  # type: ignore[no-untyped-def]
     """Follow the uoffset at p; -1 if it leaves [lo, hi)."""
     if p < lo or p + 4 > hi:
         return -1
@@ -130,7 +132,7 @@ def _deref(b, p, lo, hi):
 
 
 @nb.njit(nogil=True, cache=True)
-def _message(b, off, end):
+def _message(b, off, end):  # type: ignore[no-untyped-def]
     """Decode the message envelope at off: (code, prefix+metadata length, body length, type, header table)."""
     if off < 0 or off + 8 > end:
         return 1, 0, 0, 0, 0
@@ -172,7 +174,7 @@ def _message(b, off, end):
 
 
 @nb.njit(nogil=True, cache=True)
-def _scan(b, start, end, offs, lens, rows, fill):
+def _scan(b, start, end, offs, lens, rows, fill):  # type: ignore[no-untyped-def]
     """Walk the messages of a stream from start; count (fill=False) or record batch extents."""
     p = start
     n = 0
@@ -203,7 +205,7 @@ def _scan(b, start, end, offs, lens, rows, fill):
 
 
 @nb.njit(nogil=True, cache=True)
-def _resolve(b, base, offs, lens, rows, layout, top, res):
+def _resolve(b, base, offs, lens, rows, layout, top, res):  # type: ignore[no-untyped-def]
     """Resolve row rows[i] of the batch message at offs[i] (relative to base) into res[i]."""
     checked = np.int64(-1)  # file offset of the last batch whose whole layout was validated
     for i in range(offs.shape[0]):
@@ -337,7 +339,7 @@ def _resolve(b, base, offs, lens, rows, layout, top, res):
 
 
 @nb.njit(nogil=True, cache=True)
-def _footer(b, end, offs, lens, fill):
+def _footer(b, end, offs, lens, fill):  # type: ignore[no-untyped-def]
     """Record-batch blocks of the IPC file footer ending at end (just past the closing magic)."""
     if end < 16:
         return 1, 0, 0
@@ -377,19 +379,19 @@ def _footer(b, end, offs, lens, fill):
 # 258-record shard resolves in ~50 ms while numba compiles these kernels (~6 s) in the background.
 
 
-def _py_u16(b, p):
+def _py_u16(b: Any, p: Any) -> Any:
     return int.from_bytes(b[p:p + 2], "little")
 
 
-def _py_u32(b, p):
+def _py_u32(b: Any, p: Any) -> Any:
     return int.from_bytes(b[p:p + 4], "little")
 
 
-def _py_i32(b, p):
+def _py_i32(b: Any, p: Any) -> Any:
     return int.from_bytes(b[p:p + 4], "little", signed=True)
 
 
-def _py_i64(b, p):
+def _py_i64(b: Any, p: Any) -> Any:
     return int.from_bytes(b[p:p + 8], "little", signed=True)
 
 
@@ -413,7 +415,7 @@ _k_resolve = jit.kernel(_resolve, [(_B, _I, _IN, _IN, _IN, _IN, _IN, nbt.Array(n
 # --- Python-level API ----------------------------------------------------------------------------
 
 
-def _u8(data) -> np.ndarray:
+def _u8(data: Any) -> np.ndarray:
     return data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
 
 
@@ -422,7 +424,7 @@ def raise_error(code: int, a: int, b: int, where: str) -> None:
     _raise(code, a, b, where)
 
 
-def message_prefix(head, off: int, where: str) -> tuple[int, int]:
+def message_prefix(head: Any, off: int, where: str) -> tuple[int, int]:
     """(prefix length, metadata length) of the IPC message starting at ``head[off:off + 8]``."""
     head = bytes(head[off:off + 8])
     if len(head) < 8:
@@ -433,7 +435,7 @@ def message_prefix(head, off: int, where: str) -> tuple[int, int]:
     return 4, int.from_bytes(head[:4], "little", signed=True)
 
 
-def header_rows(data, off: int, end: int) -> tuple[int, int, int, int, int]:
+def header_rows(data: Any, off: int, end: int) -> tuple[int, int, int, int, int]:
     """(code, message length incl. prefix, body length, header type, rows) from a message header.
 
     ``data[off:end]`` must hold the message's prefix and metadata (its body is not needed).
@@ -460,7 +462,7 @@ def is_ipc_file(head: bytes) -> bool:
     return bytes(head[:6]) == ARROW_MAGIC
 
 
-def message_extent(data, off: int, where: str) -> tuple[int, int, int]:
+def message_extent(data: Any, off: int, where: str) -> tuple[int, int, int]:
     """(metadata length incl. prefix, body length, header type) of the message at off."""
     b = _u8(data)
     code, mlen, body, htype, _ = _k_message(b, off, b.shape[0])
@@ -469,7 +471,7 @@ def message_extent(data, off: int, where: str) -> tuple[int, int, int]:
     return mlen, body, htype
 
 
-def schema_from_message(data, off: int, where: str) -> tuple[pa.Schema, int]:
+def schema_from_message(data: Any, off: int, where: str) -> tuple[pa.Schema, int]:
     """The schema message at off and its byte length (prefix, flatbuffer and padding)."""
     mlen, body, htype = message_extent(data, off, where)
     if htype != HEADER_SCHEMA or body != 0:
@@ -484,7 +486,7 @@ def schema_from_message(data, off: int, where: str) -> tuple[pa.Schema, int]:
         raise ShardFormatError(f"{where}: unreadable Arrow schema: {e}") from None
 
 
-def scan_stream(data, start: int, end: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def scan_stream(data: Any, start: int, end: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Offsets, lengths and row counts of every record batch message of a stream in [start, end)."""
     b = _u8(data)
     empty = np.zeros(0, np.int64)
@@ -500,7 +502,7 @@ def scan_stream(data, start: int, end: int, where: str) -> tuple[np.ndarray, np.
     return offs, lens, rows
 
 
-def file_footer_blocks(data, end: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+def file_footer_blocks(data: Any, end: int, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Offsets and message lengths of the record batches listed in an IPC file footer."""
     b = _u8(data)
     if end < 16 or bytes(b[end - 6 : end]) != ARROW_MAGIC:
@@ -514,13 +516,13 @@ def file_footer_blocks(data, end: int, where: str) -> tuple[np.ndarray, np.ndarr
     return offs, lens
 
 
-def batch_rows(data, offs: np.ndarray, lens: np.ndarray, layout: SchemaLayout, where: str) -> np.ndarray:
+def batch_rows(data: Any, offs: np.ndarray, lens: np.ndarray, layout: SchemaLayout, where: str) -> np.ndarray:
     """Row count of each record batch message (row 0 is resolved, which also validates it)."""
     res = resolve_rows(data, 0, offs, lens, np.zeros(len(offs), np.int64), layout, where)
-    return res[:, R_ROWS].copy()
+    return np.asarray(res[:, R_ROWS].copy())
 
 
-def resolve_rows(data, base: int, offs, lens, rows, layout: SchemaLayout, where: str, chunks=None) -> np.ndarray:
+def resolve_rows(data: Any, base: int, offs: Any, lens: Any, rows: Any, layout: SchemaLayout, where: str, chunks: Any = None) -> np.ndarray:
     """Resolve records to absolute byte locations (an (n, REC_FIELDS) int64 array).
 
     ``data`` holds the bytes from file offset ``base``; ``offs``/``lens`` are the batch
@@ -544,7 +546,7 @@ class SchemaLayout:
 
     REQUIRED = ("chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels", "dvid_compressed_block")
 
-    def __init__(self, schema: pa.Schema, where: str):
+    def __init__(self, schema: pa.Schema, where: str) -> None:
         names = schema.names
         unknown = [n for n in names if n not in self.REQUIRED and n != "uncompressed_size"]
         missing = [n for n in self.REQUIRED if n not in names]
@@ -563,7 +565,7 @@ class SchemaLayout:
             node += n
             buf += k
 
-        def col(name, ok, what):
+        def col(name: str, ok: Any, what: str) -> Any:
             t = where_col[name][2]
             if not ok(t):
                 raise ShardFormatError(f"{where}: column {name!r} has type {t}, expected {what}")

@@ -14,13 +14,18 @@ bounds-check: nothing reads past what the walk approved.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import numba
 import numpy as np
 
 from ..errors import BlockDecodeError
 
+BytesLike = bytes | bytearray | memoryview | np.ndarray  # what a block or payload may come as
+
 __all__ = [
-    "BITS", "E_GRID", "E_IDX_RANGE", "E_IDX_TRUNC", "E_LABELS_TRUNC", "E_NLABELS", "E_NSB_BIG", "E_NSB_TRUNC", "E_OK",
+    "BITS", "BytesLike", "E_GRID", "E_IDX_RANGE", "E_IDX_TRUNC", "E_LABELS_TRUNC", "E_NLABELS", "E_NSB_BIG", "E_NSB_TRUNC", "E_OK",
     "E_OUT_SHAPE", "E_PALETTE", "E_SHORT", "E_VAL_RANGE", "E_VAL_TRUNC", "MAX_GRID", "MAX_SUBBLOCK_LABELS",
     "NO_PALETTE", "as_u8", "assemble_block", "block_error", "body_numpy", "check_body", "check_head", "head_numpy", "read_u16",
     "read_u32", "read_u64", "row_word", "values_numpy", "write_le",
@@ -56,12 +61,12 @@ NO_PALETTE = np.zeros(0, dtype=np.uint64)  # use_palette=False
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def read_u16(d, p):
+def read_u16(d, p):  # type: ignore[no-untyped-def]
     return np.int64(d[p]) | (np.int64(d[p + 1]) << 8)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def read_u32(d, p):
+def read_u32(d, p):  # type: ignore[no-untyped-def]
     return (
         np.int64(d[p])
         | (np.int64(d[p + 1]) << 8)
@@ -71,7 +76,7 @@ def read_u32(d, p):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def read_u64(d, p):
+def read_u64(d, p):  # type: ignore[no-untyped-def]
     v = np.uint64(0)
     for i in range(7, -1, -1):
         v = (v << np.uint64(8)) | np.uint64(d[p + i])
@@ -79,7 +84,7 @@ def read_u64(d, p):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def row_word(data, r, b):
+def row_word(data, r, b):  # type: ignore[no-untyped-def]
     # big-endian word of a row of 8 values (b <= 8: b bytes); for b == 9 the first 8 bytes
     w = np.int64(0)
     for i in range(min(b, 8)):
@@ -91,14 +96,14 @@ def row_word(data, r, b):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def write_le(buf, p, v, nbytes):
+def write_le(buf, p, v, nbytes):  # type: ignore[no-untyped-def]
     """Little-endian store of the low ``nbytes`` bytes of a non-negative int at ``buf[p]``."""
     for i in range(nbytes):
         buf[p + i] = np.uint8((v >> (8 * i)) & 255)
 
 
 @numba.njit(nogil=True, cache=True)
-def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval):
+def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval):  # type: ignore[no-untyped-def]
     """A block's bytes from its parts: the grid, the first ``nlab`` labels and, for more than one
     label, the first ``nsub`` sub-block counts, ``nidx`` indices and ``nval`` packed value bytes
     (a solid block is its header and its one label)."""
@@ -129,7 +134,7 @@ def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nva
 
 
 @numba.njit(nogil=True, cache=True)
-def check_head(data):
+def check_head(data):  # type: ignore[no-untyped-def]
     """Check a block's header and label list size: (code, a, b, gx, gy, gz, N).
 
     The first half of the validation every block walker shares (decode, transcode, statistics):
@@ -153,7 +158,7 @@ def check_head(data):
 
 
 @numba.njit(nogil=True, cache=True)
-def check_body(data, gx, gy, gz, nlab):
+def check_body(data, gx, gy, gz, nlab):  # type: ignore[no-untyped-def]
     """Check a multi-label block's sub-block counts, index array, indices < N and packed value
     sizes: (code, a, b, offset of the counts, of the indices, of the packed values)."""
     n = np.int64(data.shape[0])
@@ -198,7 +203,8 @@ def head_numpy(data: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     return E_OK, 0, 0, gx, gy, gz, nlab
 
 
-def body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int):
+def body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int
+               ) -> tuple[int, int, int, Any, Any, int]:
     """``check_body`` in numpy: (code, a, b, nsb, idx, p_val), with the sub-blocks' label
     counts (``int64``) and index array (``<u4``) in place of their offsets (None on an error)."""
     n = int(data.shape[0])
@@ -225,7 +231,7 @@ def body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int):
     return E_OK, 0, 0, nsb, idx, p_val
 
 
-def values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray):
+def values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """The packed values of sub-blocks, grouped by bit width: yields (b, positions, values) with
     ``values`` (len(positions), 512) ``int64`` for the sub-blocks ``q[positions]`` (their value
     offsets) of ``b`` bits (0-bit sub-blocks are skipped)."""
@@ -238,7 +244,7 @@ def values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray):
 # --------------------------------------------------------------------------- errors
 
 
-def block_error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
+def block_error(code: int, a: int, b: int, data: BytesLike, out: Any) -> BlockDecodeError:
     """Turn a kernel error code into an exception with a readable message."""
     if code == E_SHORT:
         return BlockDecodeError(f"block is {a} bytes, shorter than the 16-byte header")
@@ -279,7 +285,7 @@ def block_error(code: int, a: int, b: int, data, out) -> BlockDecodeError:
     return BlockDecodeError(f"unknown block decode error {code}")
 
 
-def as_u8(data) -> np.ndarray:
+def as_u8(data: BytesLike) -> np.ndarray:
     """A bytes-like object or uint8 array as a contiguous 1-D uint8 view (copied only if strided)."""
     if isinstance(data, np.ndarray):
         if data.dtype != np.uint8:

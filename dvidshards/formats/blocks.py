@@ -25,10 +25,12 @@ import gzip
 import zlib
 from collections.abc import Iterable, Iterator
 from io import BytesIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..errors import BlockDecodeError, DvidShardsError
+from .blocklayout import BytesLike
 from .codec import block_header, encode_block
 
 __all__ = ["COMPRESSIONS", "BlockStreamError", "decode_payload", "lz4_block_compress", "lz4_block_decompress",
@@ -46,7 +48,7 @@ class BlockStreamError(DvidShardsError, ValueError):
 # --- lz4 block format (no frame, no size prefix: what DVID's golz4 writes) ---------------------
 
 
-def _lz4():
+def _lz4() -> Any:
     try:
         import lz4.block
     except ImportError:
@@ -54,7 +56,7 @@ def _lz4():
     return lz4.block
 
 
-def lz4_block_decompress(data, max_bytes: int) -> bytes:
+def lz4_block_decompress(data: BytesLike, max_bytes: int) -> bytes:
     """Decompress one lz4 *block* (no frame header), producing at most ``max_bytes`` bytes.
 
     Raises
@@ -70,7 +72,7 @@ def lz4_block_decompress(data, max_bytes: int) -> bytes:
         raise BlockDecodeError(f"lz4 data is truncated, corrupt or larger than {max_bytes} bytes ({e})") from None
 
 
-def lz4_block_compress(data) -> bytes:
+def lz4_block_compress(data: BytesLike) -> bytes:
     """One lz4 *block* (no frame header, no size prefix) of ``data``: DVID's lz4 form."""
     return bytes(_lz4().compress(data, store_size=False))
 
@@ -86,10 +88,10 @@ def _limits(chunk_size: int) -> tuple[int, int, int]:
     return v, biggest, biggest + biggest // 255 + 1024  # lz4's and gzip's worst-case growth
 
 
-def _gunzip(payload, max_bytes: int) -> bytes:
+def _gunzip(payload: BytesLike, max_bytes: int) -> bytes:
     d = zlib.decompressobj(wbits=31)
     try:
-        out = d.decompress(payload, max_bytes)
+        out = d.decompress(payload, max_bytes)  # type: ignore[arg-type]
     except zlib.error as e:
         raise BlockDecodeError(f"corrupt gzip data ({e})") from None
     if d.unconsumed_tail:
@@ -101,7 +103,7 @@ def _gunzip(payload, max_bytes: int) -> bytes:
     return out
 
 
-def _is_block(data, chunk_size: int) -> bool:
+def _is_block(data: BytesLike, chunk_size: int) -> bool:
     if len(data) < 16:
         return False
     head = np.frombuffer(data, "<u4", 3)
@@ -130,7 +132,7 @@ def _as_block(raw: bytes, chunk_size: int, what: str) -> bytes:
                            f"{(chunk_size,) * 3}")
 
 
-def decode_payload(payload, compression: str = "auto", chunk_size: int = 64) -> bytes:
+def decode_payload(payload: BytesLike, compression: str = "auto", chunk_size: int = 64) -> bytes:
     """The uncompressed DVID block of one ``/blocks`` record's payload (see the module doc)."""
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -147,7 +149,7 @@ def decode_payload(payload, compression: str = "auto", chunk_size: int = 64) -> 
 # --- streams ----------------------------------------------------------------------------------
 
 
-def _reader(source):
+def _reader(source: BytesLike | BinaryIO) -> tuple[BinaryIO, str]:
     """(file-like, name) of bytes, a numpy array or a binary file."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return BytesIO(source), "<bytes>"
@@ -159,7 +161,7 @@ def _reader(source):
     raise TypeError(f"read_stream takes bytes or a binary file, got {type(source).__name__}{hint}")
 
 
-def _read_exact(f, n: int) -> bytes:
+def _read_exact(f: BinaryIO, n: int) -> bytes:
     parts, got = [], 0
     while got < n:
         b = f.read(n - got)
@@ -170,7 +172,7 @@ def _read_exact(f, n: int) -> bytes:
     return b"".join(parts)
 
 
-def read_stream(source, *, compression: str = "auto", chunk_size: int = 64
+def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chunk_size: int = 64
                 ) -> Iterator[tuple[tuple[int, int, int], bytes]]:
     """Iterate the records of a DVID ``GET …/blocks`` stream.
 
@@ -227,7 +229,8 @@ def read_stream(source, *, compression: str = "auto", chunk_size: int = 64
         k += 1
 
 
-def write_stream(records: Iterable, out=None, *, compression: str = "gzip") -> bytes | None:
+def write_stream(records: Iterable[tuple[tuple[int, int, int], BytesLike]], out: BinaryIO | None = None, *,
+                 compression: str = "gzip") -> bytes | None:
     """Write ``((bx, by, bz), block)`` records as a ``/blocks`` stream (``POST …/blocks`` body).
 
     ``block`` is an uncompressed DVID block; ``compression`` is ``"gzip"`` (DVID's native
@@ -236,7 +239,7 @@ def write_stream(records: Iterable, out=None, *, compression: str = "gzip") -> b
     """
     if compression not in ("gzip", "lz4", "uncompressed"):
         raise ValueError(f"compression must be 'gzip', 'lz4' or 'uncompressed', got {compression!r}")
-    sink = BytesIO() if out is None else out
+    sink: BinaryIO = BytesIO() if out is None else out
     for (bx, by, bz), block in records:
         data = bytes(block)
         if compression == "gzip":
@@ -245,4 +248,4 @@ def write_stream(records: Iterable, out=None, *, compression: str = "gzip") -> b
             data = lz4_block_compress(data)
         sink.write(np.array([bx, by, bz, len(data)], "<i4").tobytes())
         sink.write(data)
-    return sink.getvalue() if out is None else None
+    return sink.getvalue() if isinstance(sink, BytesIO) and out is None else None

@@ -16,6 +16,8 @@ chunk outside the volume) are not counted. The kernel releases the GIL.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 from numba.core import types
@@ -54,7 +56,7 @@ _BIG = np.int64(1) << 40
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _add_box(boxes, g, x0, y0, z0, x1, y1, z1):
+def _add_box(boxes, g, x0, y0, z0, x1, y1, z1):  # type: ignore[no-untyped-def]
     if x0 < boxes[g, 0]:
         boxes[g, 0] = x0
     if y0 < boxes[g, 1]:
@@ -70,7 +72,7 @@ def _add_box(boxes, g, x0, y0, z0, x1, y1, z1):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, last):
+def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, last):  # type: ignore[no-untyped-def]
     # local (sub-block) counts and presence masks -> block-label indices; resets the locals
     for k in range(c):
         n = lcnt[k]
@@ -89,11 +91,11 @@ def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, 
 
 
 @intrinsic
-def _popcount(typingctx, x):
+def _popcount(typingctx, x):  # type: ignore[no-untyped-def]
     """Number of set bits of an int64 (llvm.ctpop)."""
     sig = types.int64(types.int64)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.ctpop(context.cast(builder, args[0], signature.args[0], types.int64))
 
     return sig, codegen
@@ -105,7 +107,7 @@ _HI2 = np.int64(0xAAAAAAAAAAAAAAAA - (1 << 64))  # 2 * _LO2 as int64
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _be64(data, r):
+def _be64(data, r):  # type: ignore[no-untyped-def]
     # 8 bytes big-endian (LLVM turns this into one load and a byte swap)
     w = np.int64(0)
     for i in range(8):
@@ -114,7 +116,7 @@ def _be64(data, r):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _rows_mask(a, rows, rowbits, rev8):
+def _rows_mask(a, rows, rowbits, rev8):  # type: ignore[no-untyped-def]
     """x and y masks of lane bits ``a``: ``rows`` rows of 8 lanes, row 0 in the top bits.
 
     ``rowbits`` is the bits per row (8 for 1-bit lanes, 16 for 2-bit lanes; then only the low
@@ -136,7 +138,7 @@ def _rows_mask(a, rows, rowbits, rev8):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _sub1(data, q, lcnt, lmask, rev8):
+def _sub1(data, q, lcnt, lmask, rev8):  # type: ignore[no-untyped-def]
     """A whole 1-bit sub-block: each z-plane is one 64-bit word, row y its byte y."""
     n1 = np.int64(0)
     a0 = np.int64(0)
@@ -161,7 +163,7 @@ def _sub1(data, q, lcnt, lmask, rev8):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _halves_mask(a0, a1, rev8):
+def _halves_mask(a0, a1, rev8):  # type: ignore[no-untyped-def]
     # x | y << 8 of 2-bit lane bits: a0 holds rows 0-3, a1 rows 4-7
     m0 = _rows_mask(a0, 4, 16, rev8)
     m1 = _rows_mask(a1, 4, 16, rev8)
@@ -169,14 +171,14 @@ def _halves_mask(a0, a1, rev8):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _eq2(w, k):
+def _eq2(w, k):  # type: ignore[no-untyped-def]
     # the low bit of each 2-bit lane of w that equals k
     t = w ^ k
     return _LO2 & ~(t | (t >> 1))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _sub2(data, q, c, lcnt, lmask, rev8):
+def _sub2(data, q, c, lcnt, lmask, rev8):  # type: ignore[no-untyped-def]
     """A whole 2-bit sub-block: a z-plane is two 64-bit words of 4 rows; 4 lane values."""
     n0 = n1 = n2 = n3 = np.int64(0)
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.int64(0)
@@ -222,7 +224,7 @@ def _sub2(data, q, c, lcnt, lmask, rev8):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _swar(data, q, lcnt, lmask, acc, zm, b, c):
+def _swar(data, q, lcnt, lmask, acc, zm, b, c):  # type: ignore[no-untyped-def]
     """A whole sub-block of b = 1, 2 or 3 bits (a literal), c <= 2**b labels, lane-parallel.
 
     The packed values are read G rows at a time (G = 8, 4, 2: one 64- or 48-bit word of
@@ -281,7 +283,7 @@ def _swar(data, q, lcnt, lmask, acc, zm, b, c):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _full_mixed(data, q, lcnt, lmask, b, c, check):
+def _full_mixed(data, q, lcnt, lmask, b, c, check):  # type: ignore[no-untyped-def]
     # a whole 8x8x8 sub-block of b bits (b a literal at the call site, 2..8); True if a value >= c
     vmask = (np.int64(1) << b) - 1
     bad = False
@@ -302,7 +304,7 @@ def _full_mixed(data, q, lcnt, lmask, b, c, check):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _full_mixed9(data, q, lcnt, lmask, c):
+def _full_mixed9(data, q, lcnt, lmask, c):  # type: ignore[no-untyped-def]
     bad = False
     for z in range(8):
         for y in range(8):
@@ -323,13 +325,13 @@ def _full_mixed9(data, q, lcnt, lmask, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
+def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):  # type: ignore[no-untyped-def]
     """Validate, then count voxels in [l, h); returns (code, a, b). counts/boxes: N+1 rows."""
     return _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
 
 
 @numba.njit(nogil=True, cache=True)
-def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
+def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):  # type: ignore[no-untyped-def]
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
     if code != E_OK:
@@ -429,7 +431,7 @@ def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
     return E_OK, zero, zero
 
 
-_SIG = types.UniTuple(types.int64, 3)(
+_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
     types.Array(types.uint8, 1, "C", readonly=True),
     types.int64,
     types.int64,
@@ -451,7 +453,7 @@ _VX, _VY, _VZ = _FLAT % 8, _FLAT // 8 % 8, _FLAT // 64  # voxel k of a sub-block
 _MIXED_BATCH = 4096  # sub-blocks handled at once by the fallback (at most 16 MiB of unpacked values)
 
 
-def _check_args(data, counts, boxes, *tables) -> None:
+def _check_args(data: Any, counts: Any, boxes: Any, *tables: Any) -> None:
     """Refuse what the kernel's signature refuses (block_stats_into names the fault)."""
     ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.c_contiguous
     for a, ndim, out in ((counts, 1, True), (boxes, 2, True), *((t, 1, False) for t in tables)):
@@ -461,14 +463,14 @@ def _check_args(data, counts, boxes, *tables) -> None:
         raise TypeError("no matching definition for the block statistics kernel's signature")
 
 
-def _add_boxes(boxes, g, x0, y0, z0, x1, y1, z1) -> None:
+def _add_boxes(boxes: Any, g: Any, x0: Any, y0: Any, z0: Any, x1: Any, y1: Any, z1: Any) -> None:
     for j, v in enumerate((x0, y0, z0)):
         np.minimum.at(boxes[:, j], g, v)
     for j, v in enumerate((x1, y1, z1)):
         np.maximum.at(boxes[:, 3 + j], g, v)
 
 
-def _stats_numpy(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
+def _stats_numpy(data: Any, lx: Any, ly: Any, lz: Any, hx: Any, hy: Any, hz: Any, counts: Any, boxes: Any, first: Any, last: Any, rev8: Any) -> Any:
     """``_stats_kernel`` in numpy: the same checks in the same order, the same codes, counts and boxes.
 
     Answers while the kernel compiles (formats.jit), so a fresh worker's first stats task, or a
@@ -552,7 +554,7 @@ _E_LIST = 101  # a: the record's list length, b: the block's N
 
 
 @numba.njit(nogil=True, cache=True)
-def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):
+def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):  # type: ignore[no-untyped-def]
     """Count many blocks (block k = buf[offs[k]:offs[k+1]]); one row per entry with voxels.
 
     Returns (code, a, b, k, block, entry, label, voxels, boxes): on error, the code of block k.
@@ -606,7 +608,7 @@ def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):
     return E_OK, np.int64(0), np.int64(0), np.int64(-1), rb[:m], re[:m], rl[:m], rv[:m], rx[:m]
 
 
-def _batch_numpy(buf, offs, lo, hi, nlists, first, last, rev8):
+def _batch_numpy(buf: Any, offs: Any, lo: Any, hi: Any, nlists: Any, first: Any, last: Any, rev8: Any) -> Any:
     """``_batch_kernel`` block by block through ``_stats_numpy``: the same rows, the same codes."""
     _check_args(buf, offs, np.zeros((0, 6), np.int64), nlists, first, last, rev8)
     for a in (lo, hi):
@@ -643,14 +645,14 @@ _batch = jit.kernel(_batch_kernel, [_BATCH_SIG], _batch_numpy, exclusive=True)
 class BlockError(BlockDecodeError):
     """A block of a batch is malformed; ``index`` is its position in the batch."""
 
-    def __init__(self, message: str, index: int, list_mismatch: bool = False):
+    def __init__(self, message: str, index: int, list_mismatch: bool = False) -> None:
         super().__init__(message)
         self.index = index
         self.list_mismatch = list_mismatch
 
 
 def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                nlists: np.ndarray):
+                nlists: np.ndarray) -> Any:
     """Counts and boxes of many blocks at once (one compiled loop, no per-block Python).
 
     Parameters
@@ -694,7 +696,7 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
     return tuple(rows)
 
 
-def block_stats_into(data_u8: np.ndarray, lo, hi, counts: np.ndarray, boxes: np.ndarray) -> None:
+def block_stats_into(data_u8: np.ndarray, lo: Any, hi: Any, counts: np.ndarray, boxes: np.ndarray) -> None:
     """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point).
 
     Parameters
@@ -768,7 +770,7 @@ class BlockStats:
 
     __slots__ = ("labels", "counts", "boxes", "background", "background_box")
 
-    def __init__(self, labels, counts, boxes, background, background_box):
+    def __init__(self, labels: Any, counts: Any, boxes: Any, background: Any, background_box: Any) -> None:
         self.labels = labels
         self.counts = counts
         self.boxes = boxes
@@ -776,7 +778,7 @@ class BlockStats:
         self.background_box = background_box
 
 
-def block_stats(data, extent=None, *, lo=(0, 0, 0)) -> BlockStats:
+def block_stats(data: Any, extent: Any = None, *, lo: Any = (0, 0, 0)) -> BlockStats:
     """Count the voxels of each block-label entry and find its exact box, writing no voxels.
 
     Parameters

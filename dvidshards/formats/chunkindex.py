@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -90,7 +91,7 @@ class ShardIndex:
         return cls(raw.variant, raw.coords, offs[b], lens[b], raw.rec - starts[b])
 
 
-def _c(c) -> tuple[int, ...]:
+def _c(c: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in c)
 
 
@@ -162,7 +163,7 @@ def footer_length(tail: bytes, file_size: int, where: str) -> int | None:
     (n,) = struct.unpack("<Q", tail[-16:-8])
     if n < 2 or n > file_size - 16:
         raise ChunkIndexError(f"{where}: CHUNKIDX footer claims {n} bytes of JSON in a {file_size}-byte file")
-    return n
+    return int(n)
 
 
 def parse_footer(blob: bytes, chunk_size: tuple[int, int, int], where: str) -> RawIndex:

@@ -12,6 +12,7 @@ outputs a general scalar path. The kernels release the GIL.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -70,7 +71,7 @@ _U64 = np.dtype(np.uint64)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _row_value(data, r, w, b, x):
+def _row_value(data, r, w, b, x):  # type: ignore[no-untyped-def]
     if b <= 8:
         return (w >> (b * (7 - x))) & ((np.int64(1) << b) - 1)
     if x < 7:
@@ -79,7 +80,7 @@ def _row_value(data, r, w, b, x):
 
 
 @intrinsic
-def _store_row(typingctx, out, z, y, x, w, ents, c):
+def _store_row(typingctx, out, z, y, x, w, ents, c):  # type: ignore[no-untyped-def]
     """Store 8 voxels out[z, y, x:x+8] (x stride must be 8 bytes) as one vector.
 
     ``ents`` is a tuple of 2**B uint64 values; the 8 values are the B-bit fields of ``w``
@@ -90,20 +91,20 @@ def _store_row(typingctx, out, z, y, x, w, ents, c):
     nbits = nl.bit_length() - 1
     sig = types.int64(out, z, y, x, w, ents, c)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         inds = [
             context.cast(builder, a, t, types.intp)
             for a, t in zip(args[1:4], signature.args[1:4], strict=True)
         ]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)  # type: ignore[no-untyped-call]
         i64 = ir.IntType(64)
         vt = ir.VectorType(i64, 8)
         undef = ir.Constant(vt, ir.Undefined)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
 
-        def bcast(val):
+        def bcast(val: Any) -> Any:
             return builder.shuffle_vector(
                 builder.insert_element(undef, val, ir.Constant(ir.IntType(32), 0)), undef, zeros
             )
@@ -133,7 +134,7 @@ def _store_row(typingctx, out, z, y, x, w, ents, c):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):
+def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):  # type: ignore[no-untyped-def]
     # a whole sub-block of b <= 3 bits (b a literal at the call site) with vector row stores
     bad = np.int64(0)
     for z in range(8):
@@ -147,7 +148,7 @@ def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check):
+def _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check):  # type: ignore[no-untyped-def]
     # a whole 8x8x8 sub-block of b <= 8 bits, any strides; True if a value >= c.  One compiled
     # body for every width (b at run time): sub-blocks wider than 3 bits are rare (0.1 % of
     # real ones) and the vector path covers 0-3 bits, so unrolling per width bought nothing
@@ -169,7 +170,7 @@ def _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check):
 
 
 @numba.njit(nogil=True, cache=True)
-def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):
+def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):  # type: ignore[no-untyped-def]
     bad = False
     for z in range(8):
         for y in range(8):
@@ -190,7 +191,7 @@ def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):
 
 
 @numba.njit(nogil=True, cache=True)
-def _decode_kernel(data, pal, use_pal, out):
+def _decode_kernel(data, pal, use_pal, out):  # type: ignore[no-untyped-def]
     """Validate the whole block, then decode it into ``out``; returns (code, a, b)."""
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
@@ -303,7 +304,7 @@ def _decode_kernel(data, pal, use_pal, out):
 # One compiled version per kernel, typed for any output strides ('A' layout): C-, F- and
 # arbitrarily strided outputs (and writable inputs) all convert to it, so no call ever triggers
 # a new compilation. Compiled (or loaded from numba's cache) on first use, not at import.
-_DECODE_SIG = types.UniTuple(types.int64, 3)(
+_DECODE_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
     types.Array(types.uint8, 1, "C", readonly=True),
     types.Array(types.uint64, 1, "C", readonly=True),
     types.boolean,
@@ -314,7 +315,7 @@ _ENCODE_SIG = types.Array(types.uint8, 1, "C")(
 )
 
 
-def _decode_numpy(data, pal, use_pal, out):
+def _decode_numpy(data: Any, pal: Any, use_pal: Any, out: np.ndarray) -> Any:
     """``_decode_kernel`` in numpy: the same checks in the same order, the same codes and voxels.
 
     Used until the kernel is compiled (formats.jit): a few ms per 64³ block instead of a
@@ -359,7 +360,7 @@ def _decode_numpy(data, pal, use_pal, out):
         bad[sel] = vi >= cs
         vox[sel] = lut[start[ids[sel]][:, None] + np.minimum(vi, cs - 1)]
 
-    def volume(a):  # (sub-block, z, y, x) -> (z, y, x) voxels, cropped to out
+    def volume(a: Any) -> Any:  # (sub-block, z, y, x) -> (z, y, x) voxels, cropped to out
         return a.reshape(cz, cy, cx, 8, 8, 8).transpose(0, 3, 1, 4, 2, 5).reshape(8 * cz, 8 * cy, 8 * cx)[
             :oz, :oy, :ox]
 
@@ -380,7 +381,7 @@ decode_kernel = jit.kernel(_decode_kernel, [_DECODE_SIG.args], _decode_numpy, ex
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _band(data, r, out, z, y0, x, b, ents, c):
+def _band(data, r, out, z, y0, x, b, ents, c):  # type: ignore[no-untyped-def]
     # 8 rows (y0..y0+7) of one sub-block at one z, b <= 3 bits (a literal at the call site)
     bad = np.int64(0)
     for yy in range(8):
@@ -392,7 +393,7 @@ def _band(data, r, out, z, y0, x, b, ents, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _row_kernel(data, offs, pal, poffs, use_pal, out):
+def _row_kernel(data, offs, pal, poffs, use_pal, out):  # type: ignore[no-untyped-def]
     """Decode k x-adjacent blocks into ``out`` (z, y, x) = (8gz, 8gy, 8gx * k) in memory order.
 
     Every block is validated and its sub-blocks' label tables are built first; the voxels are
@@ -502,7 +503,7 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):
     return E_OK, zero, zero, zero
 
 
-def _row_fallback(data, offs, pal, poffs, use_pal, out):
+def _row_fallback(data: Any, offs: Any, pal: Any, poffs: Any, use_pal: Any, out: np.ndarray) -> Any:
     """``_row_kernel`` block by block through the one-block decoder (compiled or its fallback)."""
     k = offs.shape[0] - 1
     if k < 1 or out.shape[2] % (8 * k) or out.shape[1] % 8 or out.shape[0] % 8 or poffs.shape[0] != k + 1 \
@@ -557,7 +558,7 @@ def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | No
 # --------------------------------------------------------------------------- public decode
 
 
-def decode_into(data_u8, palette, out) -> None:
+def decode_into(data_u8: Any, palette: Any, out: np.ndarray) -> None:
     """Decode one DVID block into a preallocated array (the low-overhead entry point).
 
     Parameters
@@ -588,8 +589,8 @@ def decode_into(data_u8, palette, out) -> None:
         raise block_error(code, a, b, data_u8, out)
 
 
-def _arg_error(data_u8, palette, out, exc: Exception) -> BlockDecodeError:
-    def what(a):
+def _arg_error(data_u8: Any, palette: Any, out: np.ndarray, exc: Exception) -> BlockDecodeError:
+    def what(a: Any) -> Any:
         return f"{a.ndim}-D {a.dtype} array" if isinstance(a, np.ndarray) else type(a).__name__
 
     if not isinstance(data_u8, np.ndarray) or data_u8.dtype != _U8 or data_u8.ndim != 1:
@@ -610,7 +611,7 @@ def _arg_error(data_u8, palette, out, exc: Exception) -> BlockDecodeError:
     return BlockDecodeError(f"invalid arguments to decode_into: {exc}")
 
 
-def decode_block(data, palette=None, out=None) -> np.ndarray:
+def decode_block(data: Any, palette: Any = None, out: np.ndarray | None = None) -> np.ndarray:
     """Decode one uncompressed DVID label block to a (z, y, x) ``uint64`` array.
 
     Parameters
@@ -676,7 +677,7 @@ class BlockHeader:
     nbytes: int
 
 
-def block_header(data) -> BlockHeader:
+def block_header(data: Any) -> BlockHeader:
     """Read and size-check a DVID block's header and label list.
 
     Parameters
@@ -735,7 +736,7 @@ _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
 @numba.njit(nogil=True, cache=True)
-def _encode_subblock(vol, z0, y0, x0, sb, lkeys, lstamp, lidx, loc, vbuf):
+def _encode_subblock(vol, z0, y0, x0, sb, lkeys, lstamp, lidx, loc, vbuf):  # type: ignore[no-untyped-def]
     # distinct labels of one sub-block in first-appearance order -> loc[:cnt]; local indices -> vbuf
     m = lkeys.shape[0] - 1
     cnt = 0
@@ -764,7 +765,7 @@ def _encode_subblock(vol, z0, y0, x0, sb, lkeys, lstamp, lidx, loc, vbuf):
 
 
 @numba.njit(nogil=True, cache=True)
-def _encode_kernel(vol, sort_subblocks):
+def _encode_kernel(vol, sort_subblocks):  # type: ignore[no-untyped-def]
     nz, ny, nx = vol.shape
     gz, gy, gx = nz // 8, ny // 8, nx // 8
     nsub = gz * gy * gx
@@ -852,7 +853,7 @@ def _encode_kernel(vol, sort_subblocks):
 
 
 
-def _encode_numpy(vol, sort_subblocks):
+def _encode_numpy(vol: Any, sort_subblocks: Any) -> Any:
     """``_encode_kernel`` in numpy: the same bytes.
 
     Answers while the kernel compiles (formats.jit), so a fresh install's first ``write_export``
@@ -915,7 +916,7 @@ _FALLBACK_VOXELS = 128 ** 3
 _encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], _encode_numpy, exclusive=True)
 
 
-def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:
+def encode_block(volume_zyx: Any, *, subblock_order: str = "appearance") -> bytes:
     """Encode a label volume as one DVID label block (FORMATS.md §1).
 
     Each sub-block's labels are listed in first-appearance order (voxels in z, y, x order), as
@@ -960,4 +961,4 @@ def encode_block(volume_zyx, *, subblock_order: str = "appearance") -> bytes:
         vol = vol.astype(np.uint64)
     if vol.size > _FALLBACK_VOXELS:  # the numpy fallback's temporaries are ~6x the volume: compile
         _encode.ensure()
-    return _encode(vol, subblock_order == "sorted").tobytes()
+    return bytes(_encode(vol, subblock_order == "sorted").tobytes())

@@ -34,6 +34,7 @@ children must share one even sub-block grid. The kernel releases the GIL; its nu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -82,7 +83,7 @@ _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)  # a used-label mask too wide for 64 bits: 
 
 
 @numba.njit(nogil=True, cache=True)
-def _validate(data, spans, info):
+def _validate(data, spans, info):  # type: ignore[no-untyped-def]
     """Check every present child (header, grid, body): (code, a, b, child, gx, gy, gz).
 
     ``info[i]`` receives (nlab, p_nsb, p_idx, p_val), offsets absolute in ``data``; gx = -1
@@ -116,7 +117,7 @@ def _validate(data, spans, info):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _value(data, q, b, k):
+def _value(data, q, b, k):  # type: ignore[no-untyped-def]
     # value k (0..511) of a sub-block of b bits (1..9) whose packed values start at byte q
     bit = k * b
     p = q + (bit >> 3)
@@ -128,7 +129,7 @@ def _value(data, q, b, k):
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_bad_value(data, spans, info, nsub):
+def _first_bad_value(data, spans, info, nsub):  # type: ignore[no-untyped-def]
     """The first packed value >= nsb in child order, sub-block order: (child, sub-block, nsb) or
     (-1, 0, 0). Run only once a vote has met one, so that the error named is the fallback's."""
     for i in range(8):
@@ -150,7 +151,7 @@ def _first_bad_value(data, spans, info, nsub):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _vote(vals, labs, excl0, c, ls):
+def _vote(vals, labs, excl0, c, ls):  # type: ignore[no-untyped-def]
     """Winner (local index) of 8 local indices, or ``c`` when nothing votes (label 0).
 
     Most mixed cells hold two labels: counted in one pass; others by counting each label.
@@ -201,7 +202,7 @@ def _vote(vals, labs, excl0, c, ls):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _vote_valid(vals, valid, labs, excl0, c):
+def _vote_valid(vals, valid, labs, excl0, c):  # type: ignore[no-untyped-def]
     """``_vote`` counting only the voxels with ``valid`` set."""
     best = c
     bestn = 0
@@ -224,7 +225,7 @@ def _vote_valid(vals, valid, labs, excl0, c):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _bits1(data, q, thr, qv):
+def _bits1(data, q, thr, qv):  # type: ignore[no-untyped-def]
     """A whole 1-bit sub-block: the 64 cells' winners (0/1) into ``qv`` by SWAR bit counts.
 
     A z-plane is one 64-bit word (row y its byte y, x = 7 - bit). Local index 1 wins a cell
@@ -286,7 +287,7 @@ _WIN2 = _winner_table()
 
 
 @numba.njit(nogil=True, cache=True)
-def _bits2(data, q, labs, excl0, c, qv, win):
+def _bits2(data, q, labs, excl0, c, qv, win):  # type: ignore[no-untyped-def]
     """A whole 2-bit sub-block (3 or 4 labels): each cell's winner into ``qv`` by one table look-up
     of its 8 values turned into label ranks; False on a value >= c.
 
@@ -343,7 +344,7 @@ def _bits2(data, q, labs, excl0, c, qv, win):
 
 
 @numba.njit(nogil=True, cache=True)
-def _words(data, q, b, labs, excl0, c, qv, vals, ls):
+def _words(data, q, b, labs, excl0, c, qv, vals, ls):  # type: ignore[no-untyped-def]
     """A whole sub-block of 2..7 bits: each cell's winner into ``qv``; False on a value >= c.
 
     Rows of 8 values are words of 8b bits; a cell is homogeneous when its four row fields
@@ -388,7 +389,7 @@ def _words(data, q, b, labs, excl0, c, qv, vals, ls):
 
 
 @numba.njit(nogil=True, cache=True)
-def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):
+def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):  # type: ignore[no-untyped-def]
     """Any sub-block (b 0..9 bits, b 0 meaning every value is 0), cropped to nv* voxels per
     axis: each cell's winner into ``qv``; False on a value >= c."""
     ok = True
@@ -424,7 +425,7 @@ def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _find_sorted(arr, n, v):
+def _find_sorted(arr, n, v):  # type: ignore[no-untyped-def]
     lo = 0
     hi = n
     while lo < hi:
@@ -437,7 +438,7 @@ def _find_sorted(arr, n, v):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _insert_sorted(arr, n, v):
+def _insert_sorted(arr, n, v):  # type: ignore[no-untyped-def]
     # insert v into the sorted arr[:n] unless present; returns the new length
     lo = _find_sorted(arr, n, v)
     if lo < n and arr[lo] == v:
@@ -449,7 +450,7 @@ def _insert_sorted(arr, n, v):
 
 
 @numba.njit(nogil=True, cache=True)
-def _down_kernel(data, spans, method, limit):
+def _down_kernel(data, spans, method, limit):  # type: ignore[no-untyped-def]
     """Downsample the children ``data[spans[2i]:spans[2i+1]]`` (start < 0: absent) into one
     encoded block: (code, a, b, child, block bytes); no bytes when no child is present.
 
@@ -749,7 +750,7 @@ def _down_kernel(data, spans, method, limit):
 # --------------------------------------------------------------------------- numpy fallback
 
 
-def _down_numpy(data, spans, method, limit):
+def _down_numpy(data: Any, spans: Any, method: Any, limit: Any) -> Any:
     """``_down_kernel`` in numpy: the same checks in the same order, the same codes and bytes.
 
     Validates like the kernel, decodes the children (``decode_block``), votes on the whole
@@ -808,7 +809,7 @@ def _down_numpy(data, spans, method, limit):
     return E_OK, 0, 0, 0, np.frombuffer(encode_block(out, subblock_order="sorted"), np.uint8)
 
 
-def _vote_volume(region: np.ndarray, method: str = "dvid", *, limit=None) -> np.ndarray:
+def _vote_volume(region: np.ndarray, method: str = "dvid", *, limit: Any = None) -> np.ndarray:
     """The 2x downsampling of a (z, y, x) label volume of even sizes by ``method`` (numpy).
 
     ``limit`` (x, y, z): only voxels below it vote (``mode`` at a volume edge); a cell where
@@ -858,7 +859,7 @@ class DownsampledBlock:
 
     __slots__ = ("block", "supervoxels")
 
-    def __init__(self, block: bytes):
+    def __init__(self, block: bytes) -> None:
         self.block = block
         n = int.from_bytes(block[12:16], "little")
         self.supervoxels = np.frombuffer(block, "<u8", n, 16).astype(np.uint64, copy=False)
@@ -874,7 +875,7 @@ def region_limit(origin_voxels: Sequence[int], size: Sequence[int], chunk: Seque
     return tuple(int(min(max(s - o, 0), 2 * c)) for o, s, c in zip(origin_voxels, size, chunk, strict=True))  # type: ignore[return-value]
 
 
-def downsample_block(children: Sequence, *, method: str = "dvid", limit: Sequence[int] | None = None,
+def downsample_block(children: Sequence[Any], *, method: str = "dvid", limit: Sequence[int] | None = None,
                      names: Sequence[str] | None = None) -> DownsampledBlock | None:
     """Downsample the 8 child blocks of one output block (see the module docstring).
 

@@ -23,6 +23,8 @@ class for the bodies served (1.1-1.6x its upb backend up to 20 K rows, 6-8x its 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -42,11 +44,11 @@ INDEX_SCHEMA = pa.schema([
 ])
 
 
-def bucket_of(body, bits: int) -> np.ndarray:
+def bucket_of(body: Any, bits: int) -> np.ndarray:
     """The hash bucket (0 .. 2**bits - 1) of body ids in a ``bits``-bit partition."""
     b = np.asarray(body, dtype=np.uint64)
     h = (b * _GOLDEN) >> np.uint64(64 - HASH_BITS)
-    return (h >> np.uint64(HASH_BITS - bits)).astype(np.int64)
+    return np.asarray((h >> np.uint64(HASH_BITS - bits)).astype(np.int64))
 
 
 def bucket_name(bucket: int, bits: int) -> str:
@@ -54,7 +56,7 @@ def bucket_name(bucket: int, bits: int) -> str:
     return f"bucket={bucket:0{max(1, (bits + 3) // 4)}x}/part-0.parquet"
 
 
-def labels_id(src) -> dict:
+def labels_id(src: Any) -> dict[str, Any]:
     """What identifies a label source in job metadata: ``src.identity()`` (cheap: a mapping file
     by its path and change stamp, nothing parsed; a mapping object by its content's hash)."""
     return dict(src.identity())
@@ -70,7 +72,7 @@ class LabelIndexError(DvidShardsError, ValueError):
 _AXIS = (1 << 20) - 1  # 20 bits of magnitude per axis, bit 20 the sign
 
 
-def encode_block_index(blocks) -> np.ndarray:
+def encode_block_index(blocks: Any) -> np.ndarray:
     """DVID's packed block index (``labels.EncodeBlockIndex``) of (n, 3) block coordinates.
 
     Each axis is 21 bits, sign and magnitude (bit 20 the sign): z in bits 42..62, y in 21..41,
@@ -85,10 +87,10 @@ def encode_block_index(blocks) -> np.ndarray:
     if len(c) and np.abs(c).max() > _AXIS:
         raise LabelIndexError(f"block coordinates beyond +-{_AXIS} do not fit DVID's block index")
     part = np.abs(c).astype(np.uint64) | np.where(c < 0, np.uint64(1 << 20), np.uint64(0))
-    return (part[:, 2] << np.uint64(42)) | (part[:, 1] << np.uint64(21)) | part[:, 0]
+    return np.asarray((part[:, 2] << np.uint64(42)) | (part[:, 1] << np.uint64(21)) | part[:, 0])
 
 
-def decode_block_index(keys) -> np.ndarray:
+def decode_block_index(keys: Any) -> np.ndarray:
     """(n, 3) int32 block coordinates (x, y, z) of DVID's packed block indexes."""
     k = np.asarray(keys, np.uint64).reshape(-1)
     out = np.empty((len(k), 3), np.int64)
@@ -116,7 +118,7 @@ def _varints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, n
 
 
-def _rows(*cols) -> tuple[np.ndarray, np.ndarray]:
+def _rows(*cols: Any) -> tuple[np.ndarray, np.ndarray]:
     """Rows made of columns side by side: each column a constant ``bytes`` or ``(data, lengths)``
     (ragged, one piece a row). Returns (bytes, row lengths)."""
     n = next(len(c[1]) for c in cols if not isinstance(c, bytes))
@@ -137,12 +139,12 @@ def _rows(*cols) -> tuple[np.ndarray, np.ndarray]:
     return out, total
 
 
-def _segments(data: np.ndarray, lens: np.ndarray, group: np.ndarray, ngroups: int):
+def _segments(data: np.ndarray, lens: np.ndarray, group: np.ndarray, ngroups: int) -> Any:
     """Rows concatenated per group (rows sorted by group): (bytes, length of each group)."""
     return data, np.bincount(group, weights=lens, minlength=ngroups).astype(np.int64)
 
 
-def _field(tag: int, value) -> bytes:
+def _field(tag: int, value: Any) -> bytes:
     data, _ = _varints(np.array([value], np.uint64))
     return bytes([tag]) + data.tobytes()
 
@@ -152,7 +154,7 @@ def _string(tag: int, text: str) -> bytes:
     return bytes([tag]) + _varints(np.array([len(raw)], np.uint64))[0].tobytes() + raw if raw else b""
 
 
-def encode_label_index(label: int, blocks, supervoxels, voxels, *, last_mut_id: int = 0, last_mod_time: str = "",
+def encode_label_index(label: int, blocks: Any, supervoxels: Any, voxels: Any, *, last_mut_id: int = 0, last_mod_time: str = "",
                        last_mod_user: str = "", last_mod_app: str = "") -> bytes:
     """DVID's ``LabelIndex`` protobuf of one body (``GET .../index/<label>``).
 
@@ -200,7 +202,7 @@ def encode_label_index(label: int, blocks, supervoxels, voxels, *, last_mut_id: 
     return out + _string(0x22, last_mod_time) + _string(0x2A, last_mod_user) + _string(0x32, last_mod_app)
 
 
-def _labelops():
+def _labelops() -> Any:
     """The generated module of ``proto/labelops.proto`` (protobuf: the optional extra pcg)."""
     try:
         from .proto import labelops_pb2
@@ -209,7 +211,7 @@ def _labelops():
     return labelops_pb2
 
 
-def decode_label_index(data) -> dict:
+def decode_label_index(data: Any) -> dict[str, Any]:
     """Read a ``LabelIndex`` protobuf (protobuf's generated module of ``proto/labelops.proto``).
 
     Returns

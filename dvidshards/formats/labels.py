@@ -21,7 +21,7 @@ LabelMapping) pickles by value: 16 bytes per supervoxel in every task that carri
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,14 +58,14 @@ class LabelSource:
         """The uint64 palette for record i (None: the block's own label list)."""
         raise NotImplementedError
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What identifies this source in job metadata (JSON-able, cheap to compute)."""
         return {"labels": self.name}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: Any) -> bool:
         return type(self) is type(other)
 
     def __hash__(self) -> int:
@@ -110,7 +110,7 @@ class Mapped(LabelSource):
 
     name = "mapped"
 
-    def __init__(self, mapping, *, format: str = "auto"):
+    def __init__(self, mapping: Any, *, format: str = "auto") -> None:
         self._mapping: LabelMapping | None = None
         self.path: str | None = None
         self.stamp: tuple[int, int] | None = None
@@ -145,7 +145,7 @@ class Mapped(LabelSource):
     def palette(self, table: RecordTableLike, i: int) -> np.ndarray:
         return self.mapping.palette(table.supervoxels(i))
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """A file by its path and stamp (nothing read); a mapping object by its content's
         SHA-256 (one pass over its 16 bytes per supervoxel)."""
         if self.path is not None:
@@ -157,12 +157,12 @@ class Mapped(LabelSource):
         h.update(np.ascontiguousarray(m.values).tobytes())
         return {"labels": "mapped", "mapping_sha256": h.hexdigest(), "mapping_size": len(m)}
 
-    def __getstate__(self):
+    def __getstate__(self) -> Any:
         if self.path is not None:  # by reference: loaded again in the process that runs the task
             return {"path": self.path, "stamp": self.stamp, "format": self.format}
         return {"mapping": self._mapping}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Any) -> None:
         self._mapping = state.get("mapping")
         self.path = state.get("path")
         self.stamp = tuple(state["stamp"]) if state.get("stamp") is not None else None
@@ -173,7 +173,7 @@ class Mapped(LabelSource):
             return f"Mapped({self.path!r})"
         return f"Mapped({self._mapping!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Mapped):
             return False
         if self.path is not None:
@@ -186,7 +186,7 @@ class Mapped(LabelSource):
         return id(self._mapping)
 
 
-def as_labels(labels) -> LabelSource:
+def as_labels(labels: Any) -> LabelSource:
     """A LabelSource from ``"agglomerated"``, ``"supervoxels"``, a LabelSource or a mapping.
 
     A mapping is a LabelMapping, dict, (n, 2) array, pandas Series or the path of a mapping

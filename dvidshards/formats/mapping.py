@@ -17,6 +17,8 @@ one once per host (a memory-mapped sidecar).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -39,7 +41,7 @@ _RADIX = 1 << _RADIX_BITS
 
 
 @nb.njit(nogil=True, cache=True)
-def _apply(sv, keys, values, out):
+def _apply(sv, keys, values, out):  # type: ignore[no-untyped-def]
     n = keys.shape[0]
     for i in range(sv.shape[0]):
         s = sv[i]
@@ -53,7 +55,7 @@ def _apply(sv, keys, values, out):
         out[i] = values[lo] if lo < n and keys[lo] == s else s
 
 
-def _apply_numpy(sv, keys, values, out):
+def _apply_numpy(sv: Any, keys: Any, values: Any, out: np.ndarray) -> None:
     """``_apply`` in numpy, used until it is compiled (formats.jit)."""
     n = keys.shape[0]
     if n == 0:
@@ -68,7 +70,7 @@ _apply_k = jit.kernel(_apply, [(_U64, _U64, _U64, nbt.Array(nbt.uint64, 1, "A"))
 
 
 @nb.njit(nogil=True, cache=True)
-def _radix_sort_pairs(k, v, k2, v2):
+def _radix_sort_pairs(k, v, k2, v2):  # type: ignore[no-untyped-def]
     """Sort (k, v) by k, stably, with (k2, v2) as scratch; True when the result is in k2, v2.
 
     LSD radix sort on 11-bit digits; a digit every key shares is skipped. k, v are overwritten.
@@ -110,7 +112,7 @@ def _radix_sort_pairs(k, v, k2, v2):
 # --------------------------------------------------------------------------- id checks
 
 
-def _reason(v) -> str | None:
+def _reason(v: Any) -> str | None:
     """Why a single value is not a uint64 id (None when it is one)."""
     if isinstance(v, (bool, np.bool_)):
         return "a boolean, not an integer id"
@@ -135,23 +137,23 @@ def _reason(v) -> str | None:
     return f"a {type(v).__name__}, not an integer id"
 
 
-def _show(v) -> str:
+def _show(v: Any) -> str:
     return repr(v.item() if isinstance(v, np.generic) else v)
 
 
-def _fail(source: str, where: str, value, reason: str):
+def _fail(source: str, where: str, value: Any, reason: str) -> None:
     raise MappingError(f"{source}: {where} is {_show(value)}, which is {reason}; "
                        "supervoxel and body ids must be non-negative integers") from None
 
 
-def _ids(a, source: str, where) -> np.ndarray:
+def _ids(a: Any, source: str, where: Callable[[int], str]) -> np.ndarray:
     """``a`` as uint64 ids, or `MappingError` naming ``where(i)`` and the value of the first bad one."""
     a = np.asarray(a)
     if a.ndim != 1:
         a = a.reshape(-1)
     kind = a.dtype.kind
     if kind == "u":
-        return a.astype(np.uint64, copy=False)
+        return np.asarray(a.astype(np.uint64, copy=False))
     if kind == "i":
         bad = np.flatnonzero(a < 0)
     elif kind == "f":
@@ -168,10 +170,10 @@ def _ids(a, source: str, where) -> np.ndarray:
         _fail(source, where(i), v, _reason(v) or f"of dtype {a.dtype}, not an integer id")
     if kind == "O":
         return np.fromiter((int(v) for v in a), np.uint64, a.size)
-    return a.astype(np.uint64)
+    return np.asarray(a.astype(np.uint64))
 
 
-def _check_background(sv: np.ndarray, body: np.ndarray, source: str, where) -> None:
+def _check_background(sv: np.ndarray, body: np.ndarray, source: str, where: Callable[[int], str]) -> None:
     """MappingError naming ``where(i)`` when row i sends supervoxel 0 (background) to a body."""
     i = background_row(sv, body)
     if i >= 0:
@@ -215,7 +217,7 @@ class LabelMapping:
 
     __slots__ = ("keys", "values")
 
-    def __init__(self, supervoxels, bodies):
+    def __init__(self, supervoxels: Any, bodies: Any) -> None:
         sv = _ids(supervoxels, "mapping", lambda i: f"supervoxel #{i}")
         body = _ids(bodies, "mapping", lambda i: f"body #{i}")
         if sv.shape != body.shape:
@@ -254,10 +256,10 @@ class LabelMapping:
     def __repr__(self) -> str:
         return f"LabelMapping({len(self)} supervoxels)"
 
-    def __getstate__(self):
+    def __getstate__(self) -> Any:
         return (self.keys, self.values)
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Any) -> None:
         self.keys, self.values = state
 
     def palette(self, supervoxels: np.ndarray) -> np.ndarray:
@@ -266,7 +268,7 @@ class LabelMapping:
         _apply_k(supervoxels, self.keys, self.values, out)
         return out
 
-    def __call__(self, supervoxels) -> np.ndarray:
+    def __call__(self, supervoxels: Any) -> np.ndarray:
         """Map any array of supervoxel ids (for users; the reader uses `palette`)."""
         a = np.ascontiguousarray(supervoxels, dtype=np.uint64)
         return self.palette(a.ravel()).reshape(a.shape)
@@ -274,7 +276,7 @@ class LabelMapping:
     # ----------------------------------------------------------------------- builders
 
     @classmethod
-    def from_any(cls, obj) -> LabelMapping:
+    def from_any(cls, obj: Any) -> LabelMapping:
         """Build a mapping from a dict, (n, 2) array, pandas Series, LabelMapping or file path.
 
         Parameters
@@ -327,7 +329,7 @@ class LabelMapping:
 
 
     @classmethod
-    def from_file(cls, path, format: str = "auto") -> LabelMapping:
+    def from_file(cls, path: str, format: str = "auto") -> LabelMapping:
         """Read a mapping file in DVID's ``/mappings`` formats.
 
         Parameters
@@ -367,7 +369,7 @@ class LabelMapping:
         return _files.read(as_path(path), format)
 
     @classmethod
-    def from_bytes(cls, data, name: str = "mapping bytes", format: str = "auto") -> LabelMapping:
+    def from_bytes(cls, data: Any, name: str = "mapping bytes", format: str = "auto") -> LabelMapping:
         """A mapping from the bytes of a mapping file (any bytes-like object, or a seekable binary
         file object), as `from_file` reads them; ``name`` is what errors call it."""
         return parse_mapping(data, name, format)
@@ -380,7 +382,7 @@ class LabelMapping:
         return self
 
 
-def parse_mapping(src, name: str, format: str = "auto") -> LabelMapping:
+def parse_mapping(src: Any, name: str, format: str = "auto") -> LabelMapping:
     """A mapping from the content of a mapping file, checked (see `LabelMapping.from_file`).
 
     ``src`` is a bytes-like object or a seekable binary file object (read from its start; not
@@ -394,12 +396,12 @@ def parse_mapping(src, name: str, format: str = "auto") -> LabelMapping:
 # --------------------------------------------------------------------------- files by path
 
 
-def is_path(obj) -> bool:
+def is_path(obj: Any) -> bool:
     """Whether ``obj`` names a file (a str or an ``os.PathLike``) rather than being a mapping."""
     return isinstance(obj, str) or hasattr(obj, "__fspath__")
 
 
-def as_path(path) -> str:
+def as_path(path: str) -> str:
     """The text of a path (a str, or an ``os.PathLike`` of one)."""
     p = path.__fspath__() if hasattr(path, "__fspath__") else path
     if not isinstance(p, str):
@@ -468,7 +470,7 @@ def installed_files() -> MappingFiles:
     return _files
 
 
-def file_stamp(path) -> tuple[int, int]:
+def file_stamp(path: str) -> tuple[int, int]:
     """``(size, mtime_ns)`` of a mapping file: what says that it changed.
 
     Raises
@@ -479,7 +481,7 @@ def file_stamp(path) -> tuple[int, int]:
     return _files.stamp(as_path(path))
 
 
-def load_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
+def load_file(path: str, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
     """A mapping file, loaded at most once per process and version of the file (with the
     package's runtime; see `MappingFiles`).
 
@@ -507,7 +509,7 @@ def load_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") 
     return _files.load(_files.absolute(as_path(path)), stamp, format)
 
 
-def prepare_file(path, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
+def prepare_file(path: str, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
     """Check a mapping file for a job's client, before any task: a bad file fails here. With the
     package's runtime, a large file is parsed in a child process into the per-host sidecar the
     workers memory-map, so this process's memory does not grow with the mapping.

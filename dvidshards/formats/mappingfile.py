@@ -30,6 +30,7 @@ import importlib
 import math
 import re
 from io import BufferedIOBase, BytesIO
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -57,7 +58,7 @@ _LIMIT = np.frombuffer(b"18446744073709551615", np.uint8)  # 2**64 - 1
 
 
 @nb.njit(nogil=True, cache=True)
-def _normalise(src, dst):
+def _normalise(src, dst):  # type: ignore[no-untyped-def]
     """Copy text ``src`` to ``dst`` with ``#`` comments dropped and blanks (space, tab, CR)
     collapsed to one space between fields and none at line ends; newlines are kept, so every
     line stays at its number. Returns the length written (≤ len(src))."""
@@ -89,7 +90,7 @@ def _normalise(src, dst):
 
 
 @nb.njit(nogil=True, cache=True)
-def _first_bad_line(buf, start, line, comma):
+def _first_bad_line(buf, start, line, comma):  # type: ignore[no-untyped-def]
     """First line at or after byte ``start`` (line number ``line``) of normalised text that is
     neither empty nor ``digits SEP digits`` with both numbers below 2**64; returns (its line
     number, start, end) or (-1, -1, -1). SEP is ``,`` (with at most one space either side) or
@@ -193,7 +194,7 @@ def check_format(format: str) -> None:
 
 
 
-def parse_pairs(src, name: str, format: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def parse_pairs(src: Any, name: str, format: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """(supervoxels, bodies) of a mapping file's content in file order, checked.
 
     ``src`` is a bytes-like object or a seekable binary file object (read from its start; not
@@ -231,7 +232,7 @@ def parse_pairs(src, name: str, format: str = "auto") -> tuple[np.ndarray, np.nd
 class _Source:
     """The content of a mapping file: an in-memory buffer, or a seekable binary file object."""
 
-    def __init__(self, name: str, src, compression: str | None = None):
+    def __init__(self, name: str, src: Any, compression: str | None = None) -> None:
         self.name = name
         self.compression = compression
         self.file = None if isinstance(src, (bytes, bytearray, memoryview)) or not hasattr(src, "read") else src
@@ -242,16 +243,16 @@ class _Source:
             assert self.data is not None
             return bytes(self.data[:n])
         self.file.seek(0)
-        return self.file.read(n)
+        return bytes(self.file.read(n))
 
-    def all(self):
+    def all(self) -> Any:
         """Every byte (a buffer numpy and pyarrow read without a copy)."""
         if self.file is None:
             return self.data
         self.file.seek(0)
         return self.file.read()
 
-    def arrow(self, start: int):
+    def arrow(self, start: int) -> Any:
         """A pyarrow input stream from byte ``start`` on."""
         import pyarrow as pa
 
@@ -388,14 +389,14 @@ def _read_binary(source: _Source) -> tuple[np.ndarray, np.ndarray]:
     return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64)
 
 
-def _line_at(text, pos: int) -> tuple[int, str]:
+def _line_at(text: bytes | memoryview, pos: int) -> tuple[int, str]:
     """End offset and text of the line starting at ``pos`` (``text``: bytes or memoryview)."""
     m = _NEWLINE.search(text, pos)
     end = len(text) if m is None else m.start()
     return end, bytes(text[pos:end]).decode("utf-8", "replace")
 
 
-def _layout(text) -> tuple[int, int, str] | None:
+def _layout(text: bytes | memoryview) -> tuple[int, int, str] | None:
     """Where the data of normalised text begins: (byte offset, line number from 0, delimiter).
 
     The first non-empty line is a header when every field is a name (``sv_id body_id``).
@@ -483,7 +484,7 @@ def _line_of_row(source: _Source, row: int) -> int:
     return line + int(full[row]) + 1 if row < full.size else 0
 
 
-def _read_pairs(src, delim: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_pairs(src: Any, delim: str) -> tuple[np.ndarray, np.ndarray]:
     """Two uint64 columns from a CSV stream, each copied into one contiguous array."""
     import pyarrow as pa
     import pyarrow.csv as pcsv

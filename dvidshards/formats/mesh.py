@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -51,8 +52,6 @@ __all__ = [
     "merge_fragments",
     "volume_area",
     "simplify",
-    "split_by_plane",
-    "surface_area",
     "to_nm",
     "to_obj",
     "to_ply",
@@ -67,7 +66,7 @@ class MeshError(DvidShardsError, ValueError):
     """A mesh or meshing argument is malformed (shapes, indices, block geometry)."""
 
 
-def _zmesh():
+def _zmesh() -> Any:
     try:
         import zmesh
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -101,12 +100,8 @@ class Mesh:
     def __len__(self) -> int:
         return len(self.faces)
 
-    def translated(self, offset) -> Mesh:
-        """A copy with ``offset`` (3 numbers) added to every vertex."""
-        return Mesh(self.vertices + np.asarray(offset, np.float32), self.faces)
 
-
-def to_nm(mesh: Mesh, resolution, voxel_offset=(0, 0, 0)) -> Mesh:
+def to_nm(mesh: Mesh, resolution: Any, voxel_offset: Any = (0, 0, 0)) -> Mesh:
     """Vertices in nanometres: ``(vertex + voxel_offset) * resolution``.
 
     Parameters
@@ -134,13 +129,13 @@ def to_nm(mesh: Mesh, resolution, voxel_offset=(0, 0, 0)) -> Mesh:
 # --------------------------------------------------------------------------------------
 
 
-def _triple(v, what: str) -> tuple[int, int, int]:
+def _triple(v: Any, what: str) -> tuple[int, int, int]:
     if isinstance(v, (int, np.integer)):
         v = (v,) * 3
     t = tuple(int(x) for x in v)
     if len(t) != 3 or any(int(x) != x for x in v):
         raise MeshError(f"{what} must be 3 integers, got {v!r}")
-    return t  # type: ignore[return-value]
+    return t[0], t[1], t[2]
 
 
 @dataclass(frozen=True)
@@ -186,18 +181,18 @@ class MeshGrid:
         """Cells per axis: the volume's chunk count plus one."""
         return tuple(-(-s // c) + 1 for s, c in zip(self.size, self.cell, strict=True))  # type: ignore[return-value]
 
-    def cell_of_chunk(self, chunk) -> tuple[int, int, int]:
+    def cell_of_chunk(self, chunk: Any) -> tuple[int, int, int]:
         """Cell index holding chunk ``chunk`` of the volume's chunk grid (``chunk + 1``)."""
         return tuple(int(v) + 1 for v in _triple(chunk, "chunk"))  # type: ignore[return-value]
 
-    def box(self, index) -> tuple[np.ndarray, np.ndarray]:
+    def box(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
         """Corner-coordinate box ``(lo, hi)`` (float64) of a cell."""
         i = np.asarray(_triple(index, "cell index"), np.float64)
         c = np.asarray(self.cell, np.float64)
         lo = np.asarray(self.origin) + c * i
         return lo, lo + c
 
-    def cutout(self, index) -> tuple[np.ndarray, np.ndarray] | None:
+    def cutout(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """Voxel box ``[lo, hi)`` to mesh for a cell, or None when the cell has no cube.
 
         The box may reach one voxel outside the volume on either side; those voxels are
@@ -223,7 +218,7 @@ class MeshGrid:
                         yield (i, j, k)
 
 
-def cut_padded(volume, volume_offset, lo, hi) -> np.ndarray:
+def cut_padded(volume: Any, volume_offset: Any, lo: Any, hi: Any) -> np.ndarray:
     """The box ``[lo, hi)`` of an in-memory volume ``[x, y, z]``, zero outside it.
 
     Parameters
@@ -260,8 +255,8 @@ def cut_padded(volume, volume_offset, lo, hi) -> np.ndarray:
 
 
 def mesh_block(
-    block,
-    origin=(0, 0, 0),
+    block: Any,
+    origin: Any = (0, 0, 0),
     labels: Sequence[int] | None = None,
     *,
     reduction_factor: int = 0,
@@ -346,7 +341,7 @@ _DIAGONALS = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.int64)  #
 
 
 @numba.njit(nogil=True, cache=True)
-def _corner_contacts_kernel(b, out):  # pragma: no cover - numba
+def _corner_contacts_kernel(b, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Cubes (i, j, k: their low voxel, axes as ``b``'s) of a C-ordered ``b`` in which one label holds
     exactly two opposite corners: rows (i, j, k, diagonal, label) into ``out`` (diagonal 0: from the
     cube's low corner, 1, 2, 3: from the corner one step along axis 0, 1, 2); returns how many there
@@ -429,12 +424,12 @@ def _bridge(v: np.ndarray, faces: np.ndarray, contacts: np.ndarray) -> np.ndarra
     keep = np.ones(len(faces), bool)
     new = []
 
-    def vertex(p) -> int:
+    def vertex(p: Any) -> int:
         k = (int(p[0]) << 42) | (int(p[1]) << 21) | int(p[2])
         i = int(np.searchsorted(vk, k, sorter=order))
         return int(order[i]) if i < len(vk) and vk[order[i]] == k else -1
 
-    def face(tri) -> int:
+    def face(tri: Any) -> int:
         t = sorted(tri)
         k = (t[0] << 42) | (t[1] << 21) | t[2]
         i = int(np.searchsorted(fk, k, sorter=forder))
@@ -484,7 +479,7 @@ def _label_box(b: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def _faces(arr: np.ndarray | None):
+def _faces(arr: np.ndarray | None) -> Any:
     """The three low faces of a decoded (z, y, x) chunk: x = 0 (z, y), y = 0 (z, x), z = 0 (y, x)."""
     if arr is None or not arr.any():
         return None
@@ -508,14 +503,14 @@ def _label_counts(arr: np.ndarray) -> dict[int, int]:
 
 def mesh_cells(
     decode: Callable[[tuple[int, int, int]], np.ndarray | None],
-    chunks,
+    chunks: Any,
     chunk: int = 64,
     *,
     labels: Sequence[int] | None = None,
     reduction_factor: int = 0,
     max_error: float = 8,
     voxels: bool = False,
-) -> Iterator:
+) -> Iterator[tuple[Any, ...]]:
     """Mesh the cells of some chunks, each chunk decoded once, neighbours' faces borrowed.
 
     The cell of chunk ``c`` meshes the cubes between the voxel centres ``c * chunk .. (c + 1) *
@@ -561,15 +556,15 @@ def mesh_cells(
         return
     c = np.unique(c, axis=0)
     c = c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))[::-1]]  # descending z, then y, then x
-    faces: dict[tuple[int, int, int], tuple | None] = {}
+    faces: dict[tuple[int, int, int], tuple[Any, ...] | None] = {}
     zcur = None
 
-    def borrowed(key):
+    def borrowed(key: Any) -> Any:
         if key not in faces:
             faces[key] = _faces(_checked(decode(key), key))
         return faces[key]
 
-    def _checked(arr, key):
+    def _checked(arr: Any, key: Any) -> Any:
         if arr is None:
             return None
         a = np.asarray(arr)
@@ -696,7 +691,7 @@ def _edge_keys(faces: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return a * n + b, np.minimum(a, b) * n + np.maximum(a, b)
 
 
-def is_watertight(vertices, faces, *, oriented: bool = True) -> bool:
+def is_watertight(vertices: Any, faces: Any, *, oriented: bool = True) -> bool:
     """Whether a mesh is closed: every edge shared by exactly two faces.
 
     Parameters
@@ -727,7 +722,7 @@ def is_watertight(vertices, faces, *, oriented: bool = True) -> bool:
     return True
 
 
-def enclosed_volume(vertices, faces) -> float:
+def enclosed_volume(vertices: Any, faces: Any) -> float:
     """Signed volume of a closed mesh: sum of the tetrahedra (origin, a, b, c) / 6.
 
     Positive for outward (counter-clockwise seen from outside) winding, in the vertices'
@@ -793,35 +788,7 @@ def simplify(mesh: Mesh, reduction_factor: int, max_error: float = 8) -> Mesh:
     return Mesh(out.astype(np.float32), s.faces)
 
 
-def split_by_plane(mesh: Mesh, axis: int, position: float) -> tuple[Mesh, Mesh]:
-    """Faces of a mesh on each side of a plane, by face centroid; vertices are copied.
-
-    Meant for meshes that already have no face crossing the plane (cell fragments): faces
-    lying on both sides are assigned by their centroid, not cut.
-
-    Returns
-    -------
-    (Mesh, Mesh)
-        Faces with centroid below ``position`` along ``axis``, and the rest.
-    """
-    if axis not in (0, 1, 2):
-        raise MeshError(f"axis must be 0, 1 or 2, got {axis!r}")
-    if not len(mesh.faces):
-        return Mesh.empty(), Mesh.empty()
-    cen = mesh.vertices[mesh.faces, axis].astype(np.float64).mean(axis=1)
-    low = cen < position
-    return _subset(mesh, low), _subset(mesh, ~low)
-
-
-def _subset(mesh: Mesh, keep: np.ndarray) -> Mesh:
-    faces = mesh.faces[keep]
-    if not len(faces):
-        return Mesh.empty()
-    used, inv = np.unique(faces.reshape(-1), return_inverse=True)
-    return Mesh(mesh.vertices[used], inv.reshape(-1, 3))
-
-
-def box_faces(vertices, lo, hi) -> np.ndarray:
+def box_faces(vertices: Any, lo: Any, hi: Any) -> np.ndarray:
     """uint8 bits of the faces of the box ``[lo, hi]`` each vertex lies on exactly (bit 0: x = lo,
     1: x = hi, 2: y = lo, 3: y = hi, 4: z = lo, 5: z = hi): `decimate`'s ``locked``."""
     v = np.asarray(vertices)
@@ -834,16 +801,16 @@ def box_faces(vertices, lo, hi) -> np.ndarray:
     return out
 
 
-def on_box(vertices, lo, hi) -> np.ndarray:
+def on_box(vertices: Any, lo: Any, hi: Any) -> np.ndarray:
     """Vertices lying on a face of the box ``[lo, hi]`` (exactly: cell and node boundaries)."""
     v = np.asarray(vertices)
     lo = np.asarray(lo, v.dtype).reshape(1, 3)
     hi = np.asarray(hi, v.dtype).reshape(1, 3)
-    return ((v == lo) | (v == hi)).any(axis=1)
+    return np.asarray(((v == lo) | (v == hi)).any(axis=1))
 
 
 @numba.njit(nogil=True, cache=True)
-def _volume_area_kernel(V, F):  # pragma: no cover - numba
+def _volume_area_kernel(V, F):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     vol = 0.0
     area = 0.0
     for f in range(F.shape[0]):
@@ -859,7 +826,7 @@ def _volume_area_kernel(V, F):  # pragma: no cover - numba
     return vol / 6.0, area / 2.0
 
 
-_SIG_VA = numba.types.UniTuple(numba.float64, 2)(numba.float64[:, ::1], numba.int64[:, ::1])
+_SIG_VA = numba.types.UniTuple(numba.float64, 2)(numba.float64[:, ::1], numba.int64[:, ::1])  # type: ignore[no-untyped-call]
 _volume_area = jit.kernel(_volume_area_kernel, [_SIG_VA], None)
 
 
@@ -868,9 +835,5 @@ def volume_area(mesh: Mesh) -> tuple[float, float]:
     a closed surface (each piece's tetrahedra with the origin), in the vertices' units."""
     if not len(mesh.faces):
         return 0.0, 0.0
-    return _volume_area(mesh.vertices.astype(np.float64), mesh.faces.astype(np.int64))
-
-
-def surface_area(vertices, faces) -> float:
-    """Total area of a mesh's faces, in the vertices' units squared."""
-    return volume_area(Mesh(vertices, faces))[1]
+    vol, area = _volume_area(mesh.vertices.astype(np.float64), mesh.faces.astype(np.int64))
+    return float(vol), float(area)

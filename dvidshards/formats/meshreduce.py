@@ -7,6 +7,7 @@ welded along the boxes they were meshed in (`weld_pieces`). Vertices in voxels (
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -23,14 +24,14 @@ __all__ = ["decimate", "drop_cavities", "inflate", "weld_pieces"]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z):  # pragma: no cover - numba
+def _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """The quadric (10 numbers: the upper triangle of A, then b, then c) at (x, y, z)."""
     return (x * (q0 * x + 2.0 * (q1 * y + q2 * z + q3)) + y * (q4 * y + 2.0 * (q5 * z + q6))
             + z * (q7 * z + 2.0 * q8) + q9)
 
 
 @numba.njit(nogil=True, cache=True)
-def _edge_target(V, Q, locked, a, b, p):  # pragma: no cover - numba
+def _edge_target(V, Q, locked, a, b, p):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Where edge (a, b) collapses to (into ``p``) and its quadric error; inf when both are locked.
 
     A locked end stays where it is; otherwise the quadric's optimum, if the 3x3 system is well
@@ -86,7 +87,7 @@ def _edge_target(V, Q, locked, a, b, p):  # pragma: no cover - numba
 
 
 @numba.njit(nogil=True, cache=True)
-def _refs(F, alive, n, tstart, tcount, rf):  # pragma: no cover - numba
+def _refs(F, alive, n, tstart, tcount, rf):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Vertex -> live faces lists (CSR in ``rf``); returns the length used."""
     tcount[:] = 0
     m = F.shape[0]
@@ -110,7 +111,7 @@ def _refs(F, alive, n, tstart, tcount, rf):  # pragma: no cover - numba
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _flip1(V, F, f, v, px, py, pz):  # pragma: no cover - numba
+def _flip1(V, F, f, v, px, py, pz):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Whether moving ``v`` to ``p`` turns face ``f`` by more than ~78 degrees or nearly flattens it."""
     i0, i1, i2 = F[f, 0], F[f, 1], F[f, 2]
     if i0 == v:
@@ -134,7 +135,7 @@ def _flip1(V, F, f, v, px, py, pz):  # pragma: no cover - numba
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _fin(F, alive, tstart, tcount, rf, v, c, d):  # pragma: no cover - numba
+def _fin(F, alive, tstart, tcount, rf, v, c, d):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Whether a live face of ``v`` holds both ``c`` and ``d``."""
     for k in range(tstart[v], tstart[v] + tcount[v]):
         g = rf[k]
@@ -146,7 +147,7 @@ def _fin(F, alive, tstart, tcount, rf, v, c, d):  # pragma: no cover - numba
 
 
 @numba.njit(nogil=True, cache=True)
-def _decimate_kernel(V, F, locked, target, max_err, alive):  # pragma: no cover - numba
+def _decimate_kernel(V, F, locked, target, max_err, alive):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Collapse edges of (V, F) in place until ``target`` live faces or ``max_err``; returns the live count.
 
     A collapse is made only if the mesh stays a manifold (the link condition: the edge's two
@@ -338,7 +339,7 @@ _decimate = jit.kernel(_decimate_kernel, [numba.int64(numba.float64[:, ::1], num
                                                         numba.int64, numba.float64, numba.uint8[::1])], None)
 
 
-def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked=None) -> Mesh:
+def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked: Any = None) -> Mesh:
     """Simplify a mesh by quadric edge collapses that keep its topology and its locked vertices.
 
     Unlike ``zmesh.simplify_fqmr`` (whose collapses can pinch a thin tube into a non-manifold
@@ -394,7 +395,7 @@ def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked=None) -> Me
 
 
 @numba.njit(nogil=True, cache=True)
-def _normals_kernel(V, F, out):  # pragma: no cover - numba
+def _normals_kernel(V, F, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     out[:] = 0.0
     for f in range(F.shape[0]):
         a, b, c = F[f, 0], F[f, 1], F[f, 2]
@@ -413,7 +414,7 @@ _normals = jit.kernel(_normals_kernel, [numba.void(numba.float64[:, ::1], numba.
 
 
 
-def inflate(mesh: Mesh, distance: float, locked=None) -> Mesh:
+def inflate(mesh: Mesh, distance: float, locked: Any = None) -> Mesh:
     """Move every vertex not ``locked`` by ``distance`` along its area-weighted normal (outward for
     outward-wound meshes): a closed mesh's volume changes by about ``distance`` x its area.
 
@@ -436,7 +437,7 @@ def inflate(mesh: Mesh, distance: float, locked=None) -> Mesh:
 
 
 @numba.njit(nogil=True, cache=True)
-def _shell_kernel(F, n, root):  # pragma: no cover - numba
+def _shell_kernel(F, n, root):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Union-find of the vertices of faces ``F``: each vertex's root (the smallest index of its piece)."""
     for v in range(n):
         root[v] = v
@@ -466,7 +467,7 @@ _shells = jit.kernel(_shell_kernel, [numba.void(numba.int64[:, ::1], numba.int64
 
 
 @numba.njit(nogil=True, cache=True)
-def _piece_volumes_kernel(V, F, comp, c, out):  # pragma: no cover - numba
+def _piece_volumes_kernel(V, F, comp, c, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Add each face's signed tetrahedron volume (about ``c``) to ``out[comp[face]]``."""
     for f in range(F.shape[0]):
         a, b, d = F[f, 0], F[f, 1], F[f, 2]
@@ -538,7 +539,7 @@ def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = 
     return out, gone
 
 
-def weld_pieces(pieces: Sequence[Mesh], boxes: Sequence[tuple]) -> Mesh:
+def weld_pieces(pieces: Sequence[Mesh], boxes: Sequence[tuple[Any, Any]]) -> Mesh:
     """`merge_fragments` for pieces that can share vertices only on the faces of their boxes (cells
     meshed apart): only those vertices are compared, the others kept as they are."""
     frs = [(m, b) for m, b in zip(pieces, boxes, strict=True) if len(m.faces)]

@@ -39,6 +39,7 @@ import struct
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class MeshFormatError(DvidShardsError, ValueError):
     """Mesh manifest or fragment bytes are malformed, or arguments do not fit the format."""
 
 
-def _draco():
+def _draco() -> Any:
     try:
         import DracoPy
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -91,7 +92,7 @@ def _check_bits(bits: int) -> int:
     return int(bits)
 
 
-def _res3(resolution) -> list[float]:
+def _res3(resolution: Any) -> list[float]:
     res = [float(r) for r in np.asarray(resolution, np.float64).reshape(-1)]
     if len(res) != 3 or not all(r > 0 and np.isfinite(r) for r in res):
         raise MeshFormatError(f"resolution must be 3 positive numbers, got {resolution!r}")
@@ -104,11 +105,11 @@ def _res3(resolution) -> list[float]:
 
 
 def multilod_info(
-    resolution,
+    resolution: Any,
     vertex_quantization_bits: int = 16,
     sharding: ShardingSpec | None = None,
     lod_scale_multiplier: float = 1.0,
-) -> dict:
+) -> dict[str, Any]:
     """The mesh directory's ``info`` for the multi-resolution format.
 
     Parameters
@@ -139,7 +140,7 @@ def multilod_info(
     return info
 
 
-def legacy_info() -> dict:
+def legacy_info() -> dict[str, Any]:
     """The mesh directory's ``info`` for the legacy single-resolution format."""
     return {"@type": LEGACY_TYPE}
 
@@ -212,7 +213,7 @@ def encode_manifest(m: Manifest) -> bytes:
     return b"".join(parts)
 
 
-def decode_manifest(data) -> Manifest:
+def decode_manifest(data: Any) -> Manifest:
     """Parse ``<id>.index`` bytes.
 
     Raises
@@ -252,7 +253,7 @@ def _spread(v: np.ndarray) -> np.ndarray:
     for shift, mask in ((32, 0x1F00000000FFFF), (16, 0x1F0000FF0000FF), (8, 0x100F00F00F00F00F),
                         (4, 0x10C30C30C30C30C3), (2, 0x1249249249249249)):
         x = (x | (x << np.uint64(shift))) & np.uint64(mask)
-    return x
+    return np.asarray(x)
 
 
 def _morton_keys(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +265,7 @@ def _morton_keys(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
-def morton_order(positions) -> np.ndarray:
+def morton_order(positions: Any) -> np.ndarray:
     """Permutation sorting (n, 3) fragment positions into x-y-z Z-curve order."""
     p = np.asarray(positions, np.int64).reshape(-1, 3)
     if len(p) and (p.min() < 0 or p.max() > 0xFFFFFFFF):
@@ -338,7 +339,7 @@ def build_lods(
 # --------------------------------------------------------------------------------------
 
 
-def encode_fragment(mesh: Mesh, box_lo, box_size, bits: int = 16, compression_level: int = 7,
+def encode_fragment(mesh: Mesh, box_lo: Any, box_size: Any, bits: int = 16, compression_level: int = 7,
                     tolerance: float = 1e-3) -> bytes:
     """Draco bytes of one fragment, positions quantised on its octree box.
 
@@ -382,7 +383,7 @@ def encode_fragment(mesh: Mesh, box_lo, box_size, bits: int = 16, compression_le
                               quantization_range=float(top), quantization_origin=[0.0, 0.0, 0.0]))
 
 
-def decode_fragment(data, box_lo, box_size, bits: int = 16) -> Mesh:
+def decode_fragment(data: Any, box_lo: Any, box_size: Any, bits: int = 16) -> Mesh:
     """Inverse of `encode_fragment`: vertices back in stored model coordinates."""
     bits = _check_bits(bits)
     if not len(data):
@@ -396,11 +397,11 @@ def decode_fragment(data, box_lo, box_size, bits: int = 16) -> Mesh:
 
 def encode_object(
     lods: Sequence[Mapping[tuple[int, int, int], Mesh]],
-    grid_origin,
-    chunk_shape,
+    grid_origin: Any,
+    chunk_shape: Any,
     bits: int = 16,
     compression_level: int = 7,
-    vertex_offsets=None,
+    vertex_offsets: Any = None,
     tolerance: float = 1e-3,
 ) -> tuple[bytes, bytes]:
     """Manifest and fragment data of one object from its levels of detail.
@@ -455,7 +456,7 @@ def encode_object(
     return encode_manifest(m), b"".join(data)
 
 
-def decode_object(manifest: Manifest, data, lod: int = 0, bits: int = 16) -> list[Mesh]:
+def decode_object(manifest: Manifest, data: Any, lod: int = 0, bits: int = 16) -> list[Mesh]:
     """Fragments of one level of an object, vertices in stored model coordinates.
 
     Parameters
@@ -571,9 +572,9 @@ def encode_shard_files(
 
 def multilod_files(
     objects: Mapping[int, Sequence[Mapping[tuple[int, int, int], Mesh]]],
-    resolution,
-    grid_origin,
-    chunk_shape,
+    resolution: Any,
+    grid_origin: Any,
+    chunk_shape: Any,
     *,
     bits: int = 16,
     sharding: ShardingSpec | None = None,
@@ -618,7 +619,7 @@ def encode_legacy_fragment(mesh_nm: Mesh) -> bytes:
             + mesh_nm.faces.astype("<u4").tobytes())
 
 
-def decode_legacy_fragment(data) -> Mesh:
+def decode_legacy_fragment(data: Any) -> Mesh:
     """Parse a legacy fragment.
 
     Raises
@@ -643,7 +644,7 @@ def decode_legacy_fragment(data) -> Mesh:
 
 def legacy_files(
     objects: Mapping[int, Mesh | Sequence[Mesh] | Mapping[object, Mesh]],
-    resolution,
+    resolution: Any,
 ) -> dict[str, bytes]:
     """Every file of a legacy mesh directory: ``info``, ``<id>:0`` manifests, fragments.
 

@@ -19,6 +19,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class Scale:
             return self
         return dataclasses.replace(self, shard_extent=self.extent_of(naming), naming=naming)
 
-    def fits(self, origins, extent: int | None = None) -> np.ndarray:
+    def fits(self, origins: Any, extent: int | None = None) -> np.ndarray:
         """Per origin, whether a file there lies on the shard grid of ``extent`` (default the
         scale's) and meets the volume: (n,) bool of an (n, 3) array of voxel origins."""
         o = np.asarray(origins, np.int64).reshape(-1, 3)
@@ -108,7 +109,7 @@ class Scale:
         lo = np.asarray(self.voxel_offset, np.int64)
         hi = lo + np.asarray(self.size, np.int64)
         on = ~(o % e != 0).any(axis=1) if e < SINGLE_SHARD else ~(o != 0).any(axis=1)
-        return on & ~((o >= hi) | (o + e <= lo)).any(axis=1)
+        return np.asarray(on & ~((o >= hi) | (o + e <= lo)).any(axis=1))
 
     @property
     def folder(self) -> str:
@@ -137,21 +138,21 @@ class Scale:
         cx, cy, cz = self.chunk_size
         return (x * cx // s * s, y * cy // s * s, z * cz // s * s)
 
-    def shard_box(self, origin) -> tuple[np.ndarray, np.ndarray]:
+    def shard_box(self, origin: Any) -> tuple[np.ndarray, np.ndarray]:
         """Chunk coordinates [lo, hi) of the shard whose voxel origin is given."""
         cs = np.asarray(self.chunk_size, np.int64)
         o = np.asarray(origin, np.int64)
         return o // cs, (o + min(self.shard_extent, SINGLE_SHARD)) // cs
 
-    def stem(self, origin) -> str:
+    def stem(self, origin: Any) -> str:
         """Key of a shard without extension, e.g. ``"s1/30720_24576_28672"``."""
         return f"{self.folder}/{int(origin[0])}_{int(origin[1])}_{int(origin[2])}"
 
-    def is_origin(self, origin) -> bool:
+    def is_origin(self, origin: Any) -> bool:
         """Whether a voxel origin lies on this scale's shard grid."""
         return self.shard_extent >= SINGLE_SHARD or not any(int(v) % self.shard_extent for v in origin)
 
-    def check_box(self, box) -> tuple[np.ndarray, np.ndarray]:
+    def check_box(self, box: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(lo, hi)`` int64 voxel corners of ``[[x0, y0, z0], [x1, y1, z1]]``, inside the volume."""
         try:
             lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
@@ -164,9 +165,9 @@ class Scale:
                             f"{vlo.tolist()}..{vhi.tolist()}")
         return lo, hi
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The neuroglancer scale entry."""
-        d: dict = {
+        d: dict[str, Any] = {
             "key": self.key or f"s{self.index}",
             "size": list(self.size),
             "resolution": list(self.resolution) if self.resolution is not None else [1.0, 1.0, 1.0],
@@ -180,7 +181,7 @@ class Scale:
         return d
 
 
-def naming_of_origins(scale: Scale, origins) -> str | None:
+def naming_of_origins(scale: Scale, origins: Any) -> str | None:
     """DVID's naming generation that a scale's shard file names follow, or None when they cannot tell.
 
     A name fits a generation when it lies on that generation's shard grid and meets the volume.
@@ -208,7 +209,7 @@ def naming_note(scale: Scale) -> str:
     return f", or {scale.extent_of(other)} voxels as DVID named files {when}"
 
 
-def multiscale_info(scales: list[Scale]) -> dict:
+def multiscale_info(scales: list[Scale]) -> dict[str, Any]:
     """The neuroglancer ``info`` of a list of scales (what ``parse_multiscale`` reads back)."""
     return {
         "@type": "neuroglancer_multiscale_volume",
@@ -219,7 +220,7 @@ def multiscale_info(scales: list[Scale]) -> dict:
     }
 
 
-def _number(x, cast):
+def _number(x: Any, cast: Any) -> Any:
     """A JSON number as int or float: never a string, a bool, or a fraction cut to an int."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(x)
@@ -229,7 +230,7 @@ def _number(x, cast):
     return cast(x)
 
 
-def _triple(v, what: str, where: str, cast=int) -> tuple:
+def _triple(v: Any, what: str, where: str, cast: Any = int) -> tuple[Any, ...]:
     try:
         t = tuple(_number(x, cast) for x in v)
     except (TypeError, ValueError, OverflowError):
@@ -240,7 +241,7 @@ def _triple(v, what: str, where: str, cast=int) -> tuple:
     return t
 
 
-def parse_json(data: bytes, where: str) -> dict:
+def parse_json(data: bytes, where: str) -> dict[str, Any]:
     """A JSON object from bytes, or SpecError naming where it came from."""
     try:
         obj = json.loads(data)
@@ -251,7 +252,7 @@ def parse_json(data: bytes, where: str) -> dict:
     return obj
 
 
-def parse_multiscale(spec: dict, where: str = "spec") -> list[Scale]:
+def parse_multiscale(spec: dict[str, Any], where: str = "spec") -> list[Scale]:
     """Scales of a neuroglancer multiscale spec (DVID's export-shards input or an ``info`` file).
 
     Scale ``i`` of the spec is folder ``s{i}`` of the export, as DVID writes it.

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -72,12 +73,12 @@ class PcgError(DvidShardsError, ValueError):
     """PCG output cannot be produced or read: id overflow, inconsistent labels, corrupt files."""
 
 
-def edges_path(coords) -> str:
+def edges_path(coords: Any) -> str:
     """PCG's file name for a chunk's edges: ``edges_{x}_{y}_{z}.proto.zst``."""
     return "edges_" + "_".join(str(int(c)) for c in coords) + ".proto.zst"
 
 
-def components_path(coords) -> str:
+def components_path(coords: Any) -> str:
     """PCG's file name for a chunk's components: ``components_{x}_{y}_{z}.proto``."""
     return "components_" + "_".join(str(int(c)) for c in coords) + ".proto"
 
@@ -85,7 +86,7 @@ def components_path(coords) -> str:
 # --------------------------------------------------------------------------- ids
 
 
-def layers_for_grid(grid, fanout: int = 2) -> int:
+def layers_for_grid(grid: Any, fanout: int = 2) -> int:
     """PCG's layer count for a layer-1 grid: ``ceil(log_fanout(max chunks per axis)) + 2``."""
     n = max(int(v) for v in grid)
     if n < 1 or fanout < 2:
@@ -112,7 +113,7 @@ class IdLayout:
     spatial_bits: int = 10
     layer_bits: int = 8
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (2 <= self.layers < (1 << self.layer_bits)) or self.layer_bits < 1:
             raise PcgError(f"layers must be in [2, {1 << self.layer_bits}), got {self.layers}")
         if self.spatial_bits < self.layers - 2:
@@ -137,7 +138,7 @@ class IdLayout:
     def max_chunks_per_axis(self) -> int:
         return 1 << self.bits_per_dim
 
-    def check_grid(self, grid) -> None:
+    def check_grid(self, grid: Any) -> None:
         """Raise PcgError if a grid of this many chunks per axis does not fit the id bits."""
         g = [int(v) for v in grid]
         if any(v > self.max_chunks_per_axis for v in g):
@@ -155,15 +156,15 @@ class IdLayout:
         off = 64 - self.layer_bits
         return (int(layer) << off) | (int(x) << (off - b)) | (int(y) << (off - 2 * b)) | (int(z) << (off - 3 * b))
 
-    def node_ids(self, coords, counters) -> np.ndarray:
+    def node_ids(self, coords: Any, counters: Any) -> np.ndarray:
         """Layer-1 ids of pieces with 1-based ``counters`` in chunk ``coords`` (uint64)."""
         c = np.asarray(counters, dtype=np.int64)
         if c.size and (c.min() < 1 or c.max() >= (1 << self.counter_bits)):
             raise PcgError(f"chunk {tuple(int(v) for v in coords)}: {int(c.max())} pieces do not fit the "
                            f"{self.counter_bits}-bit segment counter")
-        return np.uint64(self.chunk_id(*coords)) | c.astype(np.uint64)
+        return np.asarray(np.uint64(self.chunk_id(*coords)) | c.astype(np.uint64))
 
-    def decode(self, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def decode(self, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Split ids into (layer, x, y, z, counter) arrays."""
         a = np.asarray(ids, dtype=np.uint64)
         b, off = self.bits_per_dim, 64 - self.layer_bits
@@ -171,7 +172,7 @@ class IdLayout:
         return (a >> np.uint64(off), (a >> np.uint64(off - b)) & m, (a >> np.uint64(off - 2 * b)) & m,
                 (a >> np.uint64(off - 3 * b)) & m, a & np.uint64((1 << self.counter_bits) - 1))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"layers": self.layers, "spatial_bits": self.spatial_bits, "layer_bits": self.layer_bits,
                 "bits_per_dim": self.bits_per_dim, "counter_bits": self.counter_bits}
 
@@ -182,12 +183,12 @@ _GOLD = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _slot(v, bits):  # pragma: no cover - numba
+def _slot(v, bits):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     return np.int64((v * _GOLD) >> np.uint64(64 - bits))
 
 
 @nb.njit(nogil=True, cache=True)
-def _build_tables(vals, offs, tk, tv, toff, tbits):  # pragma: no cover - numba
+def _build_tables(vals, offs, tk, tv, toff, tbits):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Open-addressing tables id -> list index, one per list vals[offs[t]:offs[t+1]]."""
     for t in range(offs.shape[0] - 1):
         mask = (1 << tbits[t]) - 1
@@ -201,7 +202,7 @@ def _build_tables(vals, offs, tk, tv, toff, tbits):  # pragma: no cover - numba
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _lookup(tk, tv, off, bits, v):  # pragma: no cover - numba
+def _lookup(tk, tv, off, bits, v):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     mask = (1 << bits) - 1
     i = _slot(v, bits)
     while True:
@@ -214,7 +215,7 @@ def _lookup(tk, tv, off, bits, v):  # pragma: no cover - numba
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _add(pk, pv, bits, key, n):  # pragma: no cover - numba
+def _add(pk, pv, bits, key, n):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """pv[key] += n in an open-addressing table (-1 = empty); returns 1 for a new key."""
     mask = (1 << bits) - 1
     i = _slot(np.uint64(key), bits)
@@ -231,7 +232,7 @@ def _add(pk, pv, bits, key, n):  # pragma: no cover - numba
 
 
 @nb.njit(nogil=True, cache=True)
-def _list_indexes(lst, ids, out):  # pragma: no cover - numba
+def _list_indexes(lst, ids, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """out[j] = 1 + index of ids[j] in sorted lst (0 for id 0); returns the first j not found, or -1."""
     n = lst.shape[0]
     for j in range(ids.shape[0]):
@@ -260,7 +261,7 @@ def list_indexes(lst: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 @nb.njit(nogil=True, cache=True)
-def _relabel(vol, tk, tv, toff, tbits, out):  # pragma: no cover - numba
+def _relabel(vol, tk, tv, toff, tbits, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """out = 1 + list index of each id of vol (0 for 0): the chunk's voxels through table 0,
     the halo voxels of face d through table 1 + d (edges and corners of the halo stay 0).
     Returns (error, z, y, x): 1 = a chunk voxel not in its list, 2 = a halo voxel not in its
@@ -301,7 +302,7 @@ def _relabel(vol, tk, tv, toff, tbits, out):  # pragma: no cover - numba
 
 
 @nb.njit(nogil=True, cache=True)
-def _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits):  # pragma: no cover - numba
+def _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
     """Voxel counts and 6-connected contact counts of a chunk read with a 1-voxel halo.
 
     vol: (nz+2, ny+2, nx+2) holding 1 + list index (0: background): in the chunk (vol[1:-1,
@@ -456,16 +457,16 @@ class Contacts:
     face_area: np.ndarray
 
 
-def _sorted_ids(a, what: str) -> np.ndarray:
+def _sorted_ids(a: Any, what: str) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=np.uint64).ravel()
     if a.size >= _MAX_LIST:
         raise PcgError(f"{what}: {a.size} ids is too many for one chunk")
     if a.size and (a[0] == 0 or np.any(a[1:] <= a[:-1])):
         raise PcgError(f"{what}: an id list must be sorted, unique and without 0")
-    return a
+    return np.asarray(a)
 
 
-def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk", indexed: bool = False) -> Contacts:
+def contacts(vol_zyx: np.ndarray, own: Any, neighbours: Any, where: str = "chunk", indexed: bool = False) -> Contacts:
     """Count voxels and 6-connected contacts of a chunk read with a one-voxel halo.
 
     Parameters
@@ -542,7 +543,7 @@ def contacts(vol_zyx: np.ndarray, own, neighbours, where: str = "chunk", indexed
                     np.stack([rest // mx, rest % mx], axis=1).reshape(-1, 2), farea)
 
 
-def _id_error(where, err, v, z, y, x, indexed=False):
+def _id_error(where: str, err: Any, v: Any, z: Any, y: Any, x: Any, indexed: Any = False) -> None:
     what = "the chunk's" if err == 1 else "its neighbour chunk's"
     pos = f"(x={x - 1}, y={y - 1}, z={z - 1}) relative to the chunk"
     if indexed:
@@ -551,7 +552,7 @@ def _id_error(where, err, v, z, y, x, indexed=False):
                    f"export's voxels and records disagree)")
 
 
-def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity: str = "area"):
+def chunk_graph(c: Contacts, coords: Any, own: Any, neighbours: Any, layout: IdLayout, affinity: str = "area") -> Any:
     """PCG edges and the pieces of one chunk.
 
     Parameters
@@ -585,7 +586,7 @@ def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity
     ids = layout.node_ids(coords, present + 1) if present.size else np.zeros(0, np.uint64)
     base = np.uint64(layout.chunk_id(*coords))
 
-    def aff(area):
+    def aff(area: Any) -> Any:
         if affinity == "area":
             return area.astype(np.float32)
         return np.full(area.shape, DEFAULT_AFFINITY, np.float32)
@@ -623,7 +624,7 @@ def chunk_graph(c: Contacts, coords, own, neighbours, layout: IdLayout, affinity
     return edges, pieces, (nb_ids, fsv[first, 1])
 
 
-def group_components(ids, bodies) -> list[np.ndarray]:
+def group_components(ids: Any, bodies: Any) -> list[np.ndarray]:
     """Pieces grouped by body: one sorted uint64 array per body, in ascending body order."""
     ids = np.asarray(ids, np.uint64).ravel()
     bodies = np.asarray(bodies, np.uint64).ravel()
@@ -638,7 +639,7 @@ def group_components(ids, bodies) -> list[np.ndarray]:
 # --------------------------------------------------------------------------- wire format
 
 
-def message_classes():
+def message_classes() -> Any:
     """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)``: protobuf's generated classes of
     ``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto`` (PCG's messages in a package
     of ours, so they never clash with PCG's own generated modules if those are imported too).
@@ -647,14 +648,14 @@ def message_classes():
         from .proto import chunkComponents_pb2, chunkEdges_pb2
     except ImportError:
         raise PcgError("writing PCG files needs protobuf >= 4.21: pip install 'dvidshards[pcg]'") from None
-    return chunkEdges_pb2.ChunkEdgesMsg, chunkEdges_pb2.EdgesMsg, chunkComponents_pb2.ChunkComponentsMsg
+    return chunkEdges_pb2.ChunkEdgesMsg, chunkEdges_pb2.EdgesMsg, chunkComponents_pb2.ChunkComponentsMsg  # type: ignore[attr-defined]
 
 
 _FIELDS = {"in": "in_chunk", "between": "between_chunk", "cross": "cross_chunk"}
 _DTYPES = ("<u8", "<u8", "<f4", "<u8")
 
 
-def encode_edges(edges: dict) -> bytes:
+def encode_edges(edges: dict[str, Any]) -> bytes:
     """Serialise ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}`` as a ChunkEdgesMsg.
 
     Missing types are empty. Like PCG's ``put_chunk_edges`` every sub-message is present, so
@@ -672,10 +673,10 @@ def encode_edges(edges: dict) -> bytes:
         if len({c.size for c in cols}) != 1:
             raise PcgError(f"{name} edges: arrays of different lengths {[c.size for c in cols]}")
         sub.node_ids1, sub.node_ids2, sub.affinities, sub.areas = (c.tobytes() for c in cols)
-    return msg.SerializeToString()
+    return bytes(msg.SerializeToString())
 
 
-def decode_edges(data: bytes, where: str = "edges") -> dict:
+def decode_edges(data: bytes, where: str = "edges") -> dict[str, Any]:
     """Parse a (decompressed) ChunkEdgesMsg into ``{type: (ids1, ids2, affinities, areas)}``."""
     chunk_cls, _, _ = message_classes()
     msg = chunk_cls()
@@ -697,7 +698,7 @@ def decode_edges(data: bytes, where: str = "edges") -> dict:
     return out
 
 
-def encode_components(groups) -> bytes:
+def encode_components(groups: Any) -> bytes:
     """Serialise groups of ids as a ChunkComponentsMsg: ``[len(g0), g0..., len(g1), g1...]``."""
     _, _, comp_cls = message_classes()
     parts = []
@@ -707,7 +708,7 @@ def encode_components(groups) -> bytes:
     msg = comp_cls()
     if parts:
         msg.components.extend(np.concatenate(parts).tolist())
-    return msg.SerializeToString()
+    return bytes(msg.SerializeToString())
 
 
 def decode_components(data: bytes, where: str = "components") -> list[np.ndarray]:

@@ -17,6 +17,7 @@ with SIGBUS.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +29,7 @@ from .blocklayout import E_OK, NO_PALETTE, block_error
 from .codec import decode_into, decode_kernel
 from .labels import Agglomerated, Supervoxels
 
-__all__ = ["RecordTable", "decompress_block", "install_decompressor", "list_values", "max_block_bytes",
+__all__ = ["RecordTable", "install_decompressor", "list_values", "max_block_bytes",
            "normalise_batch"]
 
 # R_SV and R_NSV are adjacent (one slice gives both)
@@ -50,14 +51,14 @@ def install_decompressor(get: Callable[[], zstandard.ZstdDecompressor]) -> None:
     _dctx = get
 
 
-def max_block_bytes(chunk_size) -> int:
+def max_block_bytes(chunk_size: Any) -> int:
     """Largest possible DVID block encoding for a chunk of this size (bounds decompression)."""
     v = int(np.prod(chunk_size))
     nsub = v // 512
     return 16 + 8 * v + 2 * nsub + 4 * v + nsub * 576
 
 
-def _decompress(payload, usize: int, max_bytes: int):
+def _decompress(payload: Any, usize: int, max_bytes: int) -> Any:
     try:
         n = _frame_content_size(payload)
     except _ZstdError as e:
@@ -78,7 +79,7 @@ def _labels_match(labels: bytes, sv: bytes) -> bool:
     return labels == sv
 
 
-def _mismatch(block, sv: np.ndarray) -> str:
+def _mismatch(block: Any, sv: np.ndarray) -> str:
     """What differs between a block's label list and a record's supervoxel list (for messages)."""
     b = bytes(memoryview(block)[:16])
     n = int.from_bytes(b[12:16], "little") if len(b) >= 16 else -1
@@ -89,18 +90,6 @@ def _mismatch(block, sv: np.ndarray) -> str:
     how = ("the same ids in another order" if np.array_equal(np.sort(own), np.sort(sv)) else "other ids")
     return (f"the record's supervoxel list is not its block's label list ({how}: entry {j} is {int(sv[j])} in "
             f"the record, {int(own[j])} in the block), so its labels cannot be matched to the block's voxels")
-
-
-def decompress_block(payload, usize: int, max_bytes: int, where: str) -> bytes:
-    """zstd-decompress one record's dvid_compressed_block, checking its size claims first.
-
-    ``usize`` is the record's uncompressed_size (-1 when unknown); ``max_bytes`` bounds what a
-    frame may claim (see ``max_block_bytes``).  The frame's content checksum is verified.
-    """
-    try:
-        return _decompress(payload, usize, max_bytes)
-    except BlockDecodeError as e:
-        raise BlockDecodeError(f"{where}: {e}") from None
 
 
 class RecordTable:
@@ -119,7 +108,7 @@ class RecordTable:
     __slots__ = ("_aligned", "_bufs", "_file", "_labv", "_max_block", "_svmv", "_whole", "chunk_size", "path",
                  "rec")
 
-    def __init__(self, rec: np.ndarray, bufs: tuple, path: str, chunk_size=(64, 64, 64), file=None):
+    def __init__(self, rec: np.ndarray, bufs: tuple[np.ndarray, ...], path: str, chunk_size: Any = (64, 64, 64), file: Any = None) -> None:
         self.rec = rec
         self._bufs = tuple(bufs)
         self._file = file
@@ -127,7 +116,7 @@ class RecordTable:
         self.path = path
         self.chunk_size = tuple(int(c) for c in chunk_size)
         self._max_block = max_block_bytes(self.chunk_size)
-        self._svmv = memoryview(bufs[2])  # slicing a memoryview costs half of slicing the array
+        self._svmv = memoryview(bufs[2])  # type: ignore[arg-type]  # slicing a memoryview costs half of slicing the array
         lab, sv = bufs[1], bufs[2]
         # Arrow aligns buffers to 8 bytes; copy palettes only if a writer did not
         self._aligned = bool(len(rec) == 0 or (lab.ctypes.data % 8 == 0 and sv.ctypes.data % 8 == 0
@@ -136,7 +125,7 @@ class RecordTable:
         self._labv = lab[:lab.shape[0] // 8 * 8].view(_U64) if self._aligned else None
 
     @property
-    def bufs(self) -> tuple:
+    def bufs(self) -> tuple[Any, ...]:
         """(payloads, label lists, supervoxel lists): the buffers ``rec``'s offsets index.
 
         For a table read from its file, the first reads the whole file into memory, once per
@@ -158,7 +147,7 @@ class RecordTable:
         return (w, self._bufs[1], self._bufs[2])
 
     @property
-    def file(self):
+    def file(self) -> Any:
         """The shard file payloads are read from (None: they are in memory, ``bufs[0]``)."""
         return self._file
 
@@ -171,7 +160,7 @@ class RecordTable:
         return int(n)
 
     @classmethod
-    def concat(cls, parts: list[RecordTable], path: str, chunk_size=(64, 64, 64)) -> RecordTable:
+    def concat(cls, parts: list[RecordTable], path: str, chunk_size: Any = (64, 64, 64)) -> RecordTable:
         """One table over the records of several (their buffers copied into one per column).
 
         Parts whose three buffers are one buffer (byte ranges of a shard file) give a table
@@ -202,10 +191,10 @@ class RecordTable:
             return cls(np.concatenate(recs), (_NO_BYTES, *bufs), path, chunk_size, f)
         return cls(np.concatenate(recs), tuple(bufs * 3 if len(bufs) == 1 else bufs), path, chunk_size)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (RecordTable, (self.rec, self._bufs, self.path, self.chunk_size, self._file))
 
-    def take(self, rows) -> RecordTable:
+    def take(self, rows: Any) -> RecordTable:
         """The records ``rows`` (record numbers, in that order), sharing this table's buffers."""
         return RecordTable(self.rec[np.asarray(rows, np.int64)], self._bufs, self.path, self.chunk_size,
                            self._file)
@@ -240,7 +229,7 @@ class RecordTable:
             raise ShardFormatError(f"{self.where(i)}: the file changed since it was loaded: it ends at byte "
                                    f"{off + len(data)}, before this chunk's record [{off}, {off + n}) (copied or "
                                    f"synced while open?); open the export again")
-        return data
+        return bytes(data)
 
     def _changed(self, i: int) -> ShardFormatError | None:
         """A ShardFormatError if this table's file changed since it was loaded (None: it did not)."""
@@ -251,7 +240,7 @@ class RecordTable:
         return ShardFormatError(f"{self.where(i)}: the file changed since it was loaded: {how} (copied or synced "
                                 f"while open?); open the export again")
 
-    def gather_payloads(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def gather_payloads(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The zstd frames of records ``rows``: (buffer, offsets, lengths).
 
         A table in memory gives its own buffer (no copy); a file's table reads the records
@@ -326,9 +315,9 @@ class RecordTable:
         except BlockDecodeError as e:
             raise (self._file is not None and self._changed(i)) or BlockDecodeError(f"{self.where(i)}: {e}") \
                 from None
-        return block
+        return bytes(block)
 
-    def labels_match(self, i: int, block) -> bool:
+    def labels_match(self, i: int, block: Any) -> bool:
         """Whether record i's supervoxel list is its block's label list, entry for entry.
 
         ``block`` is the decompressed block (bytes-like or uint8 array).  N uint64 compares at
@@ -341,7 +330,7 @@ class RecordTable:
         return n < 1 << 32 and head[:4] == n.to_bytes(4, "little") and \
             _labels_match(head[4:], self._svmv[off:off + 8 * n].tobytes())
 
-    def decode_into(self, i: int, out: np.ndarray, labels) -> None:
+    def decode_into(self, i: int, out: np.ndarray, labels: Any) -> None:
         """Decode record i into out ((z, y, x) view of any strides, possibly cropped).
 
         ``labels`` is a LabelSource.  The record's supervoxel list must be the block's label
@@ -365,14 +354,14 @@ class RecordTable:
                     self._read(i, pay, plen)  # raises: the file ends before the record
             # _decompress, inline: the frame's declared size is checked before anything is allocated
             try:
-                n = _frame_content_size(payload)
+                n = _frame_content_size(payload)  # type: ignore[arg-type]
             except _ZstdError as e:
                 raise BlockDecodeError(f"dvid_compressed_block is not a zstd frame ({e})") from None
             if n > self._max_block or (usize >= 0 and n >= 0 and n != usize):
                 raise BlockDecodeError(f"zstd frame declares {n} bytes, uncompressed_size is {usize}")
             d = _dctx()
             try:
-                block = d.decompress(payload, max_output_size=usize if usize > 0 else self._max_block)
+                block = d.decompress(payload, max_output_size=usize if usize > 0 else self._max_block)  # type: ignore[arg-type]
             except _ZstdError as e:
                 raise BlockDecodeError(f"corrupt zstd frame ({e})") from None
             size = len(block)
@@ -406,8 +395,8 @@ class RecordTable:
     # --- construction -----------------------------------------------------------------------
 
     @classmethod
-    def from_ipc(cls, data, base: int, msg_off, msg_len, rows, layout: ipc.SchemaLayout, path: str,
-                 chunk_size=(64, 64, 64), chunks=None) -> RecordTable:
+    def from_ipc(cls, data: Any, base: int, msg_off: Any, msg_len: Any, rows: Any, layout: ipc.SchemaLayout, path: str,
+                 chunk_size: Any = (64, 64, 64), chunks: Any = None) -> RecordTable:
         """Records of Arrow IPC record batch messages held in ``data`` (bytes from offset ``base``).
 
         ``msg_off``/``msg_len`` are each record's batch message offset and length in the file,
@@ -425,7 +414,7 @@ class RecordTable:
         return cls(rec, (u8, u8, u8), path, chunk_size)
 
     @classmethod
-    def from_batch(cls, batch, path: str, chunk_size=(64, 64, 64)) -> RecordTable:
+    def from_batch(cls, batch: Any, path: str, chunk_size: Any = (64, 64, 64)) -> RecordTable:
         """Records of a ``pyarrow.RecordBatch`` (or Table) of DVID block records.
 
         Columns are normalised first (``normalise_batch``).  Buffers are used in place.
@@ -454,7 +443,7 @@ class RecordTable:
         return cls(rec, (pay_buf, lab_buf, sv_buf), path, chunk_size)
 
 
-def _shard_file(data):
+def _shard_file(data: Any) -> Any:
     """The ``shard_file`` of the memory under ``data`` (a local file's snapshot), else None."""
     b = data
     while isinstance(b, np.ndarray):
@@ -491,7 +480,7 @@ _RENAMES = {"block_coord_x": "chunk_x", "block_coord_y": "chunk_y", "block_coord
             "compressed_data": "dvid_compressed_block"}
 
 
-def normalise_batch(batch, path: str):
+def normalise_batch(batch: Any, path: str) -> Any:
     """A RecordBatch with DVID's export column names.
 
     Renames the prototype's ``block_coord_*`` and ``compressed_data`` columns, and reassembles
@@ -540,7 +529,7 @@ def normalise_batch(batch, path: str):
     return batch
 
 
-def _offsets(arr, path: str, what: str, nvalues: int) -> np.ndarray:
+def _offsets(arr: Any, path: str, what: str, nvalues: int) -> np.ndarray:
     """An array's value offsets (respecting its slice), checked monotone and within nvalues."""
     large = pa.types.is_large_binary(arr.type) or pa.types.is_large_list(arr.type)
     ob = arr.buffers()[1]
@@ -555,7 +544,7 @@ def _offsets(arr, path: str, what: str, nvalues: int) -> np.ndarray:
     return offs
 
 
-def _binary(arr, path: str):
+def _binary(arr: Any, path: str) -> Any:
     if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
         raise ShardFormatError(f"{path}: column 'dvid_compressed_block' has type {arr.type}, expected binary")
     data = arr.buffers()[2]
@@ -564,7 +553,7 @@ def _binary(arr, path: str):
     return buf, offs[:-1], np.diff(offs)
 
 
-def _u64_lists(arr, path: str, what: str):
+def _u64_lists(arr: Any, path: str, what: str) -> Any:
     t = arr.type
     if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type == pa.uint64()):
         raise ShardFormatError(f"{path}: column {what!r} has type {t}, expected list<uint64>")
@@ -577,7 +566,7 @@ def _u64_lists(arr, path: str, what: str):
     return buf, 8 * (offs[:-1] + child.offset), np.diff(offs)
 
 
-def list_values(t, which: str) -> tuple[np.ndarray, np.ndarray]:
+def list_values(t: Any, which: str) -> tuple[np.ndarray, np.ndarray]:
     """All entries of one list column of a RecordTable, flat, and the record each belongs to."""
     lists = t._bufs  # the list buffers (never the payloads: a file's table would read them whole)
     off_col, n_col, buf = (R_LAB, R_NLAB, lists[1]) if which == "labels" else (R_SV, R_NSV, lists[2])

@@ -375,7 +375,7 @@ _S32 = np.uint64(32)
 
 
 @njit(cache=True, nogil=True)
-def _fmix32(h):  # pragma: no cover - compiled
+def _fmix32(h):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     h ^= h >> _S16
     h = (h * _F1) & _M32
     h ^= h >> _S13
@@ -385,7 +385,7 @@ def _fmix32(h):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _murmur_low64_kernel(values, out):  # pragma: no cover - compiled
+def _murmur_low64_kernel(values, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     for i in range(values.shape[0]):
         v = values[i]
         low = v & _M32
@@ -454,7 +454,8 @@ def murmurhash3_x86_128_low64(values: Any) -> np.ndarray | np.uint64:
     out = np.empty_like(flat)
     _murmur_low64_kernel(flat, out)
     if arr.ndim == 0:
-        return out[0]
+        first: np.uint64 = np.uint64(out[0])
+        return first
     return out.reshape(arr.shape)
 
 
@@ -464,13 +465,14 @@ def murmurhash3_x86_128_low64(values: Any) -> np.ndarray | np.uint64:
 
 
 def _low_mask(nbits: int) -> np.uint64:
-    return np.uint64((1 << nbits) - 1)
+    out: np.uint64 = np.uint64((1 << nbits) - 1)
+    return out
 
 
 def _shift_right(x: np.ndarray, amount: int) -> np.ndarray:
     if amount >= 64:
         return np.zeros_like(x)
-    return x >> np.uint64(amount)
+    return np.asarray(x >> np.uint64(amount))
 
 
 def shard_and_minishard(

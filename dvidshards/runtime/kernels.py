@@ -53,7 +53,7 @@ from typing import Any
 from ..errors import SpecError
 from ..formats import jit
 from ..formats.jit import Kernel
-from . import locks
+from .locks import Held, acquire, try_acquire
 
 __all__ = ["MODES", "WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "mode", "prepare_for_job",
            "warm"]
@@ -304,7 +304,7 @@ def _job_call(k: Kernel, hand: bool = True) -> bool:
             return False
         held = None
         if _cacheable(k) and not in_cache(k):
-            held = locks.try_acquire(_kernel_lock_path(k))
+            held = try_acquire(_kernel_lock_path(k))
             if held is None:  # another process compiles it: load it when it is done
                 if hand:
                     _to_job_thread(k)
@@ -325,7 +325,7 @@ def _job_ensure(k: Kernel) -> None:
     """Compile (or load) ``k`` now, waiting for another process that compiles it."""
     if k.ready or k.failed is not None:
         return
-    held = (locks.acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
+    held = (acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
             if _cacheable(k) and not in_cache(k) else None)
     try:
         _compile(k)
@@ -363,7 +363,7 @@ def _job_run() -> None:
         try:
             if not k.ready and k.failed is None:
                 if _cacheable(k):
-                    held = locks.acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
+                    held = acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
                 with _STATE:
                     _jhere = True
                 _compile(k)
@@ -616,9 +616,9 @@ def _kernel_lock_path(k: Kernel) -> str:
     return _lock_path(k, kernel=True)
 
 
-def _cache_lock(k: Kernel) -> locks.Held:
+def _cache_lock(k: Kernel) -> Held:
     """An exclusive lock per numba cache folder, across processes (none where flock is missing)."""
-    return locks.acquire(_lock_path(k))
+    return acquire(_lock_path(k))
 
 
 def _stop() -> None:
@@ -688,7 +688,7 @@ def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, s
         if in_cache(k):
             out[k.name] = "in the cache"
             continue
-        held = locks.try_acquire(_kernel_lock_path(k))
+        held = try_acquire(_kernel_lock_path(k))
         if held is None:
             deferred.append(k)
             continue
@@ -696,7 +696,7 @@ def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, s
         if log:
             log(f"{k.name}: {out[k.name]}")
     for k in deferred:
-        held = locks.acquire(_kernel_lock_path(k))
+        held = acquire(_kernel_lock_path(k))
         if in_cache(k):
             held.release()
             out[k.name] = "compiled by another process"

@@ -39,7 +39,7 @@ import pyarrow as pa
 from ..errors import MappingError
 from ..formats import mapping as fm
 from ..formats.mapping import LabelMapping
-from . import locks
+from .locks import acquire
 
 __all__ = ["SidecarFiles", "cache_info", "clear_cache", "install"]
 
@@ -244,7 +244,7 @@ def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str)
     m = _open_sidecar(folder, path, stamp, format)
     if m is not None:
         return m
-    with locks.acquire(os.path.join(root, name + ".lock")):
+    with acquire(os.path.join(root, name + ".lock")):
         m = _open_sidecar(folder, path, stamp, format)  # another process built it while we waited
         if m is not None:
             return m

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import dvidshards
 from dvidshards.errors import BlockDecodeError
+from dvidshards.formats.blocklayout import MAX_GRID
 from dvidshards.formats.codec import (
-    MAX_GRID,
     BlockHeader,
     block_header,
     decode_block,

@@ -23,7 +23,7 @@ import pytest
 
 from dvidshards import Dataset
 from dvidshards.errors import DvidShardsError
-from dvidshards.formats import blockstats, codec, jit
+from dvidshards.formats import blocklayout, blockstats, codec, jit
 from dvidshards.formats.blockstats import new_accumulators
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.runtime import kernels as rk
@@ -130,7 +130,7 @@ def test_codec_fallback_solid_and_empty_subblocks():
     nsb = np.frombuffer(bytes(block), "<u2", nsub, p_nsb).astype(int)
     p_idx = p_nsb + 2 * nsub
     p_val = p_idx + 4 * int(nsb.sum())
-    bits = int(codec.BITS[nsb[0]])
+    bits = int(blocklayout.BITS[nsb[0]])
     idx = bytes(block[p_idx + 4 * nsb[0]:p_val])
     vals = bytes(block[p_val + 64 * bits:])
     nsb[0] = 0
