@@ -35,6 +35,7 @@ from .errors import (
 )
 from .formats.labels import as_labels
 from .formats.multiscale import SINGLE_SHARD, Scale, multiscale_info, parse_json, parse_multiscale
+from .protocol import DatasetLike
 from .pyramid import MANIFEST, Layer, LayeredStore, drive_all, given_roots, present_scales, roots_of
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, label_at, labels_in_box, unique
 from .query import mapping as export_mapping
@@ -673,6 +674,10 @@ class Dataset:
         """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``):
         a LabelMapping, or a table with ``table=True``."""
         return export_mapping(self, scale=scale, supervoxels=supervoxels, table=table)
+
+
+def _is_dataset_like(ds: Dataset) -> DatasetLike:
+    return ds  # mypy holds Dataset to the protocol query, bodies and arrays type it by
 
 
 def _missing(ds: Dataset, s: Scale, o) -> Shard:

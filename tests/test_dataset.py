@@ -514,3 +514,66 @@ def test_consolidate_refuses_a_scale_without_a_folder_and_writes_nothing_for_it(
                  "--out", str(tmp_path / "idx0")]) == 2
     assert "has no folder s0" in capsys.readouterr().err
     assert not (tmp_path / "idx0").exists()
+
+
+# --- the package's API: one convention, properties without I/O, every job by name --------------------
+
+
+class _Watched(dvidshards.stores.MemoryStore):
+    """A memory store that counts what it is asked (listings and reads)."""
+
+    asked: list
+
+    def _count(self, what):
+        self.asked.append(what)
+
+    async def list(self, prefix=""):
+        self._count(("list", prefix))
+        return await super().list(prefix)
+
+    async def read(self, key, start=None, stop=None):
+        self._count(("read", key))
+        return await super().read(key, start, stop)
+
+    async def get(self, key):
+        self._count(("get", key))
+        return await super().get(key)
+
+    async def exists(self, key):
+        self._count(("exists", key))
+        return await super().exists(key)
+
+
+def test_properties_never_read_the_store(three_shards):
+    from pathlib import Path
+
+    from dvidshards.protocol import DatasetLike
+
+    root = Path(three_shards.root)
+    st = _Watched({p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+    st.asked = []
+    ds = dvidshards.Dataset(st, spec=three_shards.spec)
+    st.asked.clear()
+    assert ds.exported == (0, 1) and ds.info["scales"][0]["size"] == list(ds.scale(0).size) and ds.store is st
+    assert st.asked == []  # found at open, not on access
+    assert isinstance(ds, DatasetLike) and not isinstance(object(), DatasetLike)
+
+
+def test_every_job_is_exported_by_name_and_imported_on_first_use():
+    import subprocess
+    import sys
+
+    import dvidshards.jobs
+    import dvidshards.jobs.convert  # the module of the same name: the package still gives the function
+    from dvidshards.jobs import convert, downsample, verify
+
+    jobs = ("convert", "body_stats", "label_index", "downsample", "meshes", "pcg_edges", "ingest", "verify",
+            "skeletons")
+    for name in jobs:
+        f = getattr(dvidshards.jobs, name)
+        assert callable(f) and f.__name__ == name and getattr(dvidshards, name) is f and name in dvidshards.__all__
+    assert convert.__module__ == "dvidshards.jobs.convert" and downsample is dvidshards.downsample
+    assert verify is dvidshards.verify and issubclass(dvidshards.VerifyReport, dvidshards.JobReport)
+    code = "import sys, dvidshards; print(sorted(m for m in sys.modules if m.startswith('dvidshards.jobs')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # import dvidshards imports no job

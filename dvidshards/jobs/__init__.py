@@ -1,26 +1,47 @@
 """Whole-export jobs: plan → tasks → reduce, run serially, on threads or on dask.
 
-* ``output``     - where every job writes: destination, lock, manifest, report, failure contract
-* ``runner``     - `TaskRunner`: where tasks run (serial, threads or dask)
-* ``options``    - the options every job shares, in Python and on the command line
-* ``workdir``    - a job's work folder for partial results (a path or a bucket)
-* ``readback``   - an output scale opened and spot-checked against the source
-* ``stats``      - per-body statistics and DVID's label index (map, tree reduce, buckets)
-* ``convert``    - neuroglancer precomputed or zarr v3, one task per source shard
-* ``downsample`` - the scales an export lacks, made the way DVID makes its pyramid
-* ``meshes``     - multi-resolution meshes of every body
-* ``pcg``        - PyChunkedGraph edges and components
-* ``verify``     - every index row, record, checksum and block checked; any job's manifest read
-* ``ingest``     - records into a sorted table; DVID /blocks dumps into an export
+Every job is here by name, imported on first use (``from dvidshards.jobs import convert`` is the
+function; its module is ``dvidshards.jobs.convert`` in ``sys.modules``):
 
-Each job module holds how the export is cut into tasks, what one task does and how results
-merge; its command line (``add_arguments``/``main``) sits at the end of its module.
+* ``convert`` - neuroglancer precomputed or zarr v3          * ``downsample`` - the scales an export lacks
+* ``body_stats`` / ``label_index`` - per-body statistics, DVID's label index
+* ``meshes`` - multi-resolution meshes of every body          * ``skeletons`` - a skeleton of every body
+* ``pcg_edges`` - PyChunkedGraph edges and components        * ``ingest`` - records into a sorted table
+* ``verify`` - an export or any job's output checked end to end
+
+They stand on ``output`` (where every job writes: store, lock, manifest, ``JobReport``, the failure
+contract), ``runner`` (``TaskRunner``: serial, threads or dask, retries), ``options`` (the options
+every job shares) and ``readback`` (an output scale read back and spot-checked).
 """
 
 from __future__ import annotations
 
-from .output import Destination, JobReport, Output, read_manifest
-from .runner import PhaseReport, TaskRunner, describe_exception, run_tasks
+import importlib
+import sys
+import types
+from typing import Any
 
-__all__ = ["Destination", "JobReport", "Output", "PhaseReport", "TaskRunner", "describe_exception", "read_manifest",
-           "run_tasks"]
+#: every name this package exports, and the module that holds it
+_EXPORTS = {"convert": "convert", "body_stats": "stats", "label_index": "labelindex", "downsample": "downsample",
+            "meshes": "meshes", "pcg_edges": "pcg", "ingest": "ingest", "verify": "verify", "skeletons": "skeletons",
+            "VerifyReport": "verify", "JobReport": "output", "Output": "output", "read_manifest": "output",
+            "PhaseReport": "runner", "TaskRunner": "runner", "describe_exception": "runner", "run_tasks": "runner"}
+
+__all__ = sorted(_EXPORTS)
+
+
+class _Jobs(types.ModuleType):
+    """This package: a job's name is its function even once its module of the same name is imported
+    (importing ``dvidshards.jobs.convert`` sets the attribute ``convert`` of the package to the module)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        where = _EXPORTS.get(name)
+        if where is None:
+            return super().__getattribute__(name)
+        return getattr(importlib.import_module(f"{__name__}.{where}"), name)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *_EXPORTS})
+
+
+sys.modules[__name__].__class__ = _Jobs
