@@ -329,7 +329,7 @@ def i22_child(kind: str, opts: dict) -> dict:
     import random
 
     import dvidshards
-    from dvidshards.jobs import convert as CV
+    from dvidshards.jobs.convert import Job, convert, plan, run_task
     from dvidshards.jobs.layouts import scale_layout
     from dvidshards.stores import as_store
     from tests.support.procedural import ProceduralStore
@@ -341,39 +341,39 @@ def i22_child(kind: str, opts: dict) -> dict:
         ds = dvidshards.Dataset(store, spec=store.spec)
         o = _dense_origin(store)
         t0, c0 = time.perf_counter(), _cpu()
-        rep = CV.convert(ds, out, format="precomputed", scales=[0], data_encoding="raw", scheduler="serial",
-                         progress=False, _only={(0, tuple(o))})
+        rep = convert(ds, out, format="precomputed", scales=[0], data_encoding="raw", scheduler="serial",
+                      progress=False, _only={(0, tuple(o))})
         return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "peak": C.peak_rss(),
                 "chunks": rep.totals.written, "bytes": rep.totals.encoded_bytes, "ok": rep.ok}
     if kind == "first":
         spec = json.loads(Path(opts["spec"]).read_text())
         ds = dvidshards.Dataset(opts["export"], spec=spec)
         t1 = time.perf_counter()
-        rep = CV.convert(ds, out, format="precomputed", scales=[0], scheduler="serial", progress=False, _stop_after=1,
-                         allow_partial=True)
+        rep = convert(ds, out, format="precomputed", scales=[0], scheduler="serial", progress=False, _stop_after=1,
+                      allow_partial=True)
         return {"import_open": t1 - t0, "first_task": time.perf_counter() - t1, "cpu": _cpu() - c0,
                 "peak": C.peak_rss(), "chunks": rep.totals.written, "ok": rep.ok}
     if kind == "schedulers":
         spec = json.loads(Path(opts["spec"]).read_text())
-        rep = CV.convert(opts["export"], out, format="precomputed", spec=spec, scheduler=opts["scheduler"],
-                         progress=False)
+        rep = convert(opts["export"], out, format="precomputed", spec=spec, scheduler=opts["scheduler"],
+                      progress=False)
         return {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "tasks": rep.tasks, "ok": rep.ok,
                 "task_cpu": rep.totals.cpu_s}
     if kind == "plan":
         store = ProceduralStore()
         ds = dvidshards.Dataset(store, spec=store.spec)
         plans = {s.index: scale_layout(s, format="precomputed") for s in ds.scales}
-        job = CV.Job(ds, as_store(out, writable=True), "precomputed", "agglomerated")
-        tasks = list(CV.plan(ds, plans, job=job))
+        job = Job(ds, as_store(out, writable=True), "precomputed", "agglomerated")
+        tasks = list(plan(ds, plans, job=job))
         items = [t.key for t in tasks]
         t_plan = time.perf_counter() - t0
         rng = random.Random(opts["seed"])
         s0 = [it for it in items if it[0] == 0]
         sample = set(rng.sample(s0, opts["sample"]))  # empty: every task returns at once
-        task_bytes = len(pickle.dumps((CV.run_task, tasks[0])))
+        task_bytes = len(pickle.dumps((run_task, tasks[0])))
         t1 = time.perf_counter()
-        rep = CV.convert(ds, out, format="precomputed", scheduler=opts["scheduler"], progress=False, _only=sample,
-                         allow_partial=True)
+        rep = convert(ds, out, format="precomputed", scheduler=opts["scheduler"], progress=False, _only=sample,
+                      allow_partial=True)
         # _only=set(): nothing executes; the peak is the client's own (plan, submit, results)
         wall = time.perf_counter() - t1
         chunks_by_scale = {}
