@@ -185,7 +185,7 @@ def main() -> None:
         rows = []
         # conversion (what igneous needs first)
         c0, t0 = cpu_now(), time.perf_counter()
-        rep = convert(ds, work / "converted", "precomputed", scheduler="serial", progress=False)
+        rep = convert(ds, work / "converted", format="precomputed", scheduler="serial", progress=False)
         conv_cpu, conv_wall = cpu_now() - c0, time.perf_counter() - t0
         assert rep.ok
         ours(ds, work / "warm", lods=1, box=[[0, 0, 0], [256, 256, 256]])  # kernels loaded: a long job's state

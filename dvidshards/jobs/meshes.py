@@ -1,52 +1,37 @@
 """Meshes for every body of an export: ``dvidshards meshes EXPORT DEST`` (and ``dvidshards body``).
 
-``meshes(source, dest)`` writes neuroglancer's multi-resolution sharded Draco meshes
-(``neuroglancer_multilod_draco``; ``legacy=True``: the single-resolution legacy format) into a
-precomputed dataset folder: a ``convert`` output (its ``info`` gains the ``mesh`` key) or a new
-folder holding only ``info`` and the mesh directory, which neuroglancer and
-``cloudvolume.CloudVolume("file://DEST").mesh.get(id)`` read. Level of detail 0 is by default the
-finest scale whose voxel is at least 32 nm (s2 of 8 nm data, as FlyEM, igneous' examples and
-FlyWire); each coarser level comes from the next coarser scale (DVID's, or those ``dvidshards
-downsample`` made), so a level costs an eighth of the one before.
+``meshes(source, dest)`` writes neuroglancer's multi-resolution sharded Draco meshes (``legacy``:
+the single-resolution format) into a precomputed dataset folder (a ``convert`` output, whose
+``info`` gains the ``mesh`` key, or a new one) that neuroglancer and cloud-volume read. Level of
+detail 0 is the finest scale whose voxel is at least 32 nm (s2 of 8 nm data, as FlyEM and igneous);
+each coarser level comes from the next coarser scale, so it costs an eighth of the one before.
 
-The job reads as plan -> tasks -> reduce:
+* **plan** (:func:`levels`, :func:`plan`): the scales, one :class:`MeshTask` per source shard.
+* **task** (:func:`run_task`): each 64³ chunk's cell (plus one voxel of its + neighbours, so cells
+  meet exactly) meshed by marching cubes, each body's piece decimated to about a quarter with the
+  cell's border locked (so pieces still weld watertight), into one fragment file per shard in the
+  work folder, sorted by the bucket of the body (the mesh shard it lands in)
+  (:mod:`dvidshards.jobs.fragments`).
+* **reduce** (:func:`reduce`): one task per bucket (:func:`write_bucket`), body by body and level
+  by level: each octree node's pieces (``NODE`` cells a side) welded and decimated with the node's
+  border locked, then moved out along their normals to the body's voxel volume (marching cubes
+  cuts every convex corner). Memory: one body's pieces.
 
-1. **plan** (:func:`levels`, :func:`plan`): the scales, one :class:`MeshTask` per source shard of
-   each, the mesh sharding.
-2. **task** (:func:`run_task`): each 64³ chunk's cell (the chunk plus one voxel of its +
-   neighbours, so neighbouring cells meet exactly) is meshed by marching cubes, each body's piece
-   decimated to about a quarter with the cell's border locked, so the pieces still weld into one
-   watertight surface. The pieces go to one fragment file per shard in the work folder, sorted by
-   the *bucket* of their body (the mesh shard it lands in), with the body's voxel count in the
-   chunk and the area and volume of its marching-cubes surface. Memory: a shard's index, two
-   planes of chunk faces, the fragment table (24 bytes a piece); pieces stream to the file.
-3. **reduce** (:func:`reduce`): above ``FAN_IN`` files, groups merge bucket by bucket
-   (:func:`merge_task`); then one task per bucket (:func:`write_bucket`), body by body, per level:
-   the pieces of each octree node (``NODE`` cells a side) welded and decimated once more with the
-   node's border locked, and moved out along their normals by the distance that gives back the
-   body's voxel volume (marching cubes cuts every convex voxel corner). Memory: one body's pieces.
-
-The output is ``DEST/<mesh_dir>`` in :class:`dvidshards.jobs.output.Output` (its manifest there);
-the work folder is ``--workdir`` (default ``DEST.work`` beside DEST), emptied once complete. The
-mesh ``info`` and the volume ``info``'s ``mesh`` key are written only when every task succeeded,
-so a reader never finds an incomplete output.
+The output is ``DEST/<mesh_dir>`` in :class:`dvidshards.jobs.output.Output`; the work folder is
+``--workdir`` (default ``DEST.work``), emptied once complete. The mesh ``info`` and the volume
+``info``'s ``mesh`` key are written only when every task succeeded.
 """
 
 from __future__ import annotations
 
-import array
-import heapq
-import itertools
+import functools
 import json
 import math
 import os
 import re
-import struct
-import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +51,7 @@ from ..formats.multilod import (
 )
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
 from ..stores import ByteStore, as_store
-from ..stores.base import TMP
+from .fragments import Fragment, FragmentWriter, MergeTask, buckets_of, by_body, merge_task, parse
 from .options import (
     add_box,
     add_dest,
@@ -82,9 +67,8 @@ from .options import (
 from .output import MANIFEST, JobReport, Output, work_folder
 from .runner import TaskRunner, scheduler_of
 
-__all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BodyCommand", "BucketTask", "MergeTask", "MeshJob", "MeshTask",
-           "MeshesCommand", "MeshesError", "default_scale", "levels", "merge_task", "meshes", "plan", "reduce",
-           "run_task", "write_bucket"]
+__all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BodyCommand", "BucketTask", "MeshJob", "MeshTask", "MeshesCommand",
+           "MeshesError", "default_scale", "levels", "meshes", "plan", "reduce", "run_task", "write_bucket"]
 
 FAN_IN = 64  # work files a regroup or reduce task opens at most
 NODE = 4  # cells per octree node edge at every level (4 x 64 = 256 voxels, FlyEM's mesh blocks)
@@ -93,11 +77,6 @@ MAX_LODS = 6  # levels of detail made from coarser scales by default
 MAX_ERROR = 1.25  # the simplifier's bound by default, voxels of each level's scale (40 nm at 32 nm)
 CELL_REDUCTION = 4  # the per-cell pass keeps about 1/4 of the marching-cubes faces
 CELL_ERROR = 2 / 3  # ... within this share of the per-node pass's bound
-_MAGIC = b"DVSMESH2"
-_HEAD = np.dtype([("body", "<u8"), ("x", "<i4"), ("y", "<i4"), ("z", "<i4"), ("scale", "<u4"),
-                  ("nv", "<u4"), ("nf", "<u4"), ("mc", "<u4"), ("pad", "<u4"), ("voxels", "<u8"),
-                  ("volume", "<f8"), ("area", "<f8")])  # one piece's header (64 bytes)
-_INDEX = np.dtype([("bucket", "<u8"), ("off", "<u8"), ("len", "<u8")])
 _WORK = re.compile(r"L[0-9]+|done")  # the work folder's own names
 
 
@@ -169,17 +148,13 @@ def _grid(s) -> tuple[np.ndarray, np.ndarray, int]:
 # --------------------------------------------------------------------------- plan
 
 
-def _voxel_nm(s) -> float | None:
-    return None if s.resolution is None else float(min(s.resolution))
-
-
 def default_scale(ds: Dataset) -> tuple[int, str | None]:
     """Level of detail 0's scale: the finest exported scale whose voxel is >= 32 nm, and a note when
     there is none (then the coarsest exported scale; unknown resolutions: scale 0)."""
     present = sorted(ds.exported)
     if not present:
         raise MeshesError(f"{ds.store.describe('')}: no scale is exported")
-    sized = [(k, _voxel_nm(ds.scale(k))) for k in present]
+    sized = [(k, None if (r := ds.scale(k).resolution) is None else float(min(r))) for k in present]
     if any(nm is None for _, nm in sized):
         return present[0], "resolutions unknown (no spec): meshed scale 0; pass --scale K to choose"
     for k, nm in sized:
@@ -278,127 +253,6 @@ def _default_sharding(n_tasks: int) -> ShardingSpec:
                         minishard_index_encoding="gzip", data_encoding="raw")
 
 
-# --------------------------------------------------------------------------- fragment files
-
-
-def _write_sorted(work: ByteStore, key: str, unsorted: str, table: np.ndarray) -> None:
-    """Copy entries of the local file ``unsorted`` (rows of ``table``: bucket, body, off, len)
-    sorted by bucket and body into ``key``, with the bucket index as a footer."""
-    order = np.lexsort((table["body"], table["bucket"]))
-    table = table[order]
-    with work.writer(key) as out:
-        index = []
-        if len(table):
-            with open(unsorted, "rb") as src:  # plain reads: nothing of the file stays mapped
-                pos = 0
-                cur, start = None, 0
-                for bk, off, n in zip(table["bucket"].tolist(), table["off"].tolist(), table["len"].tolist(),
-                                      strict=True):
-                    if bk != cur:
-                        if cur is not None:
-                            index.append((cur, start, pos - start))
-                        cur, start = bk, pos
-                    src.seek(off)
-                    out.write(src.read(n))
-                    pos += n
-                index.append((cur, start, pos - start))
-        _write_footer(out, index)
-
-
-def _write_footer(out: BinaryIO, index: list) -> None:
-    idx = np.array(index, _INDEX) if index else np.zeros(0, _INDEX)
-    out.write(idx.tobytes())
-    out.write(struct.pack("<Q", len(idx)) + _MAGIC)
-
-
-def _read_index(f: BinaryIO, where: str) -> np.ndarray:
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    if size < 16:
-        raise SpecError(f"{where}: not a fragment file (too short)")
-    f.seek(size - 16)
-    tail = f.read(16)
-    if tail[8:] != _MAGIC:
-        raise SpecError(f"{where}: not a fragment file (no footer)")
-    n = struct.unpack("<Q", tail[:8])[0]
-    if 16 + n * _INDEX.itemsize > size:
-        raise SpecError(f"{where}: fragment file footer is damaged")
-    f.seek(size - 16 - n * _INDEX.itemsize)
-    return np.frombuffer(f.read(n * _INDEX.itemsize), _INDEX)
-
-
-def _buckets_of(work: ByteStore, key: str) -> np.ndarray:
-    with work.open(key) as f:
-        return _read_index(f, work.describe(key))["bucket"].copy()
-
-
-def _entry(body: int, cell, scale: int, m: Mesh, mc_faces: int = 0, voxels: int = 0, volume: float = 0.0,
-           area: float = 0.0) -> bytes:
-    h = np.zeros(1, _HEAD)
-    h["body"], h["x"], h["y"], h["z"] = body, cell[0], cell[1], cell[2]
-    h["scale"], h["nv"], h["nf"] = scale, len(m.vertices), len(m.faces)
-    h["mc"], h["voxels"], h["volume"], h["area"] = mc_faces, voxels, volume, area
-    return h.tobytes() + m.vertices.astype("<f4").tobytes() + m.faces.astype("<u4").tobytes()
-
-
-def _scan(work: ByteStore, key: str, bucket: int) -> Iterator[tuple[int, bytes]]:
-    """(body, raw entry) of every fragment of a bucket of a file, in file order (sorted by body).
-
-    Entries are read one at a time (plain reads, no mapping), so only the current ones are held.
-    """
-    where = work.describe(key)
-    with work.open(key) as f:
-        idx = _read_index(f, where)
-        k = int(np.searchsorted(idx["bucket"], np.uint64(bucket)))
-        if k == len(idx) or int(idx["bucket"][k]) != bucket:
-            return
-        off, n = int(idx["off"][k]), int(idx["len"][k])
-        f.seek(off)
-        pos = 0
-        while pos < n:
-            head = f.read(_HEAD.itemsize)
-            if len(head) < _HEAD.itemsize or pos + _HEAD.itemsize > n:
-                raise SpecError(f"{where}: fragment data truncated")
-            h = np.frombuffer(head, _HEAD, 1)[0]
-            size = 12 * (int(h["nv"]) + int(h["nf"]))
-            rest = f.read(size)
-            if len(rest) < size or pos + _HEAD.itemsize + size > n:
-                raise SpecError(f"{where}: fragment data truncated")
-            yield int(h["body"]), head + rest
-            pos += _HEAD.itemsize + size
-
-
-@dataclass(frozen=True)
-class _Fragment:
-    """One cell's piece of one body, as a map task wrote it."""
-
-    body: int
-    cell: tuple[int, int, int]
-    scale: int
-    mesh: Mesh
-    mc_faces: int  # faces marching cubes made (before the per-cell pass)
-    voxels: int  # the body's voxels in the cell's own chunk
-    volume: float  # signed volume contribution (about the origin) of the marching-cubes surface
-    area: float  # area of the marching-cubes surface
-
-
-def _parse(raw) -> _Fragment:
-    h = np.frombuffer(raw, _HEAD, 1, 0)[0]
-    nv, nf = int(h["nv"]), int(h["nf"])
-    v = np.frombuffer(raw, "<f4", 3 * nv, _HEAD.itemsize).reshape(nv, 3)
-    f = np.frombuffer(raw, "<u4", 3 * nf, _HEAD.itemsize + 12 * nv).reshape(nf, 3)
-    return _Fragment(int(h["body"]), (int(h["x"]), int(h["y"]), int(h["z"])), int(h["scale"]), Mesh(v, f),
-                     int(h["mc"]), int(h["voxels"]), float(h["volume"]), float(h["area"]))
-
-
-def _by_body(work: ByteStore, keys: Sequence[str], bucket: int) -> Iterator[tuple[int, list[bytes]]]:
-    """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge of the
-    files' body-sorted sections, read entry by entry): one body's fragments in memory at a time."""
-    merged = heapq.merge(*(_scan(work, k, bucket) for k in keys), key=lambda e: e[0])
-    for body, group in itertools.groupby(merged, key=lambda e: e[0]):
-        yield body, [raw for _, raw in group]
-
-
 def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
     """Cells a shard's task meshes: those of its chunks and their - neighbours, plus its cells on
     its + faces (their + neighbours lie in other shards), owned by this shard."""
@@ -479,84 +333,26 @@ def run_task(task: MeshTask) -> dict:
         # a cell meshes its chunk's voxels plus one of each + neighbour: only cells reaching into the box
         vox = cells * cs
         cells = cells[((vox < box[1]) & (vox + cs + 1 > box[0])).all(axis=1)]
-    local = job.work.local_path(task.key)
-    if local is not None:  # the pieces as they come, beside the file (hidden); else in a temporary file
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        unsorted = os.path.join(os.path.dirname(local), f".{os.path.basename(local)}{TMP}{uuid.uuid4().hex[:12]}")
-    else:
-        fd, unsorted = tempfile.mkstemp(prefix="dvidshards-meshes-")
-        os.close(fd)
-    rows = array.array("Q")  # body, offset, length of each piece: 24 bytes a piece
     faces_mc = faces_kept = 0
-    try:
-        with open(unsorted, "wb") as f:
-            pos = 0
-            for cell, out, counts in mesh_cells(decode, cells, cs, voxels=True):
-                lo = np.asarray(cell, np.float64) * cs + 0.5
-                hi = lo + cs
-                for body in sorted(set(out) | set(counts)):
-                    m = out.get(body, Mesh.empty())
-                    mc = len(m.faces)
-                    vol = area = 0.0
-                    if mc:
-                        vol, area = volume_area(m)
-                        if job.cell_reduction > 1:
-                            m = decimate(m, max(mc // job.cell_reduction, 1), job.cell_error,
-                                         box_faces(m.vertices, lo, hi))
-                    faces_mc += mc
-                    faces_kept += len(m.faces)
-                    blob = _entry(body, cell, scale, m, mc, counts.get(body, 0), vol, area)
-                    f.write(blob)
-                    rows.extend((body, pos, len(blob)))
-                    pos += len(blob)
-        table = np.zeros(len(rows) // 3, [("bucket", "<u8"), ("body", "<u8"), ("off", "<u8"), ("len", "<u8")])
-        if rows:
-            arr = np.frombuffer(rows, np.uint64).reshape(-1, 3)
-            table["body"], table["off"], table["len"] = arr[:, 0], arr[:, 1], arr[:, 2]
-            table["bucket"] = _bucket(job, table["body"])
-        _write_sorted(job.work, task.key, unsorted, table)
-    finally:
-        if os.path.exists(unsorted):
-            os.remove(unsorted)
-    return {"fragments": len(table), "faces_mc": faces_mc, "faces_kept": faces_kept}
+    with FragmentWriter(job.work, task.key, functools.partial(_bucket, job)) as w:
+        for cell, out, counts in mesh_cells(decode, cells, cs, voxels=True):
+            lo = np.asarray(cell, np.float64) * cs + 0.5
+            hi = lo + cs
+            for body in sorted(set(out) | set(counts)):
+                m = out.get(body, Mesh.empty())
+                mc = len(m.faces)
+                vol = area = 0.0
+                if mc:
+                    vol, area = volume_area(m)
+                    if job.cell_reduction > 1:
+                        m = decimate(m, max(mc // job.cell_reduction, 1), job.cell_error, box_faces(m.vertices, lo, hi))
+                faces_mc += mc
+                faces_kept += len(m.faces)
+                w.add(body, cell, scale, m, mc, counts.get(body, 0), vol, area)
+    return {"fragments": w.count, "faces_mc": faces_mc, "faces_kept": faces_kept}
 
 
 # --------------------------------------------------------------------------- reduce
-
-
-@dataclass(frozen=True)
-class MergeTask:
-    """A group of fragment files merged into ``key``, bucket by bucket, body by body."""
-
-    job: MeshJob = field(compare=False, repr=False)
-    level: int
-    k: int
-    keys: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return f"L{self.level}/{self.k:06d}.frag"
-
-    def __str__(self) -> str:
-        return f"regroup {self.level}.{self.k}"
-
-
-def merge_task(task: MergeTask) -> int:
-    """Merge a group of fragment files into one (memory: one body)."""
-    work = task.job.work
-    buckets: Any = np.unique(np.concatenate([_buckets_of(work, k) for k in task.keys])) if task.keys else []
-    index = []
-    pos = 0
-    with work.writer(task.key) as out:
-        for b in [int(v) for v in buckets]:
-            start = pos
-            for _, raws in _by_body(work, task.keys, b):  # stays sorted by body
-                for raw in raws:
-                    out.write(raw)
-                    pos += len(raw)
-            index.append((b, start, pos - start))
-        _write_footer(out, index)
-    return len(task.keys)
 
 
 def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
@@ -565,7 +361,7 @@ def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
     return lo, lo + NODE * cs
 
 
-def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int, ...], Mesh]:
+def _level(job: MeshJob, scale: int, pieces: list[Fragment]) -> dict[tuple[int, ...], Mesh]:
     """One level of detail of one body: ``{octree node: Mesh}`` in corner coordinates of ``scale``.
 
     The pieces of each node are welded and decimated once more with the node's border locked (the
@@ -576,7 +372,7 @@ def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int,
     """
     s = job.dataset.scale(scale)
     first, _, cs = _grid(s)
-    nodes: dict[tuple[int, ...], list[_Fragment]] = {}
+    nodes: dict[tuple[int, ...], list[Fragment]] = {}
     mc: dict[tuple[int, ...], int] = {}
     for p in pieces:
         if len(p.mesh.faces):
@@ -616,12 +412,12 @@ def _level(job: MeshJob, scale: int, pieces: list[_Fragment]) -> dict[tuple[int,
     return {q: m for q, (m, _) in out.items()}
 
 
-def _lods(job: MeshJob, pieces: list[_Fragment]):
+def _lods(job: MeshJob, pieces: list[Fragment]):
     """(levels, vertex offsets) of one body in stored model coordinates (level 0's voxels)."""
     ds = job.dataset
     first0, _, cs = _grid(ds.scale(job.scales[0]))
     origin = first0 * cs + 0.5 - cs  # grid origin: corner of node (0, 0, 0)
-    by_scale: dict[int, list[_Fragment]] = {}
+    by_scale: dict[int, list[Fragment]] = {}
     for p in pieces:
         by_scale.setdefault(p.scale, []).append(p)
     lods: list[dict[tuple[int, ...], Mesh]] = []
@@ -664,8 +460,8 @@ def write_bucket(task: BucketTask) -> int:
     n = 0
     if job.legacy:
         res = s0.resolution if s0.resolution is not None else [1.0, 1.0, 1.0]
-        for _body, raws in _by_body(job.work, files, bucket):
-            pieces = [_parse(r) for r in raws]
+        for _body, raws in by_body(job.work, files, bucket):
+            pieces = [parse(r) for r in raws]
             level = _level(job, job.scales[0], pieces)
             merged = merge_fragments(level.values())
             if not len(merged.faces):
@@ -676,8 +472,8 @@ def write_bucket(task: BucketTask) -> int:
             n += 1
     else:
         manifests, datas = {}, {}
-        for body, raws in _by_body(job.work, files, bucket):
-            lods, offsets = _lods(job, [_parse(r) for r in raws])
+        for body, raws in by_body(job.work, files, bucket):
+            lods, offsets = _lods(job, [parse(r) for r in raws])
             if not lods:
                 continue
             # inflated vertices near a node face may poke a little out of it: clipped (borders are exact)
@@ -701,21 +497,20 @@ def reduce(tr: TaskRunner, out: Output, job: MeshJob, keys: list[str]) -> int:
     while len(keys) > FAN_IN:
         level += 1
         job.work.delete_prefix_sync(f"L{level}")
-        groups = [MergeTask(job, level, k, tuple(keys[i:i + FAN_IN])) for k, i in enumerate(range(0, len(keys), FAN_IN))]
+        groups = [MergeTask(job.work, level, k, tuple(keys[i:i + FAN_IN]))
+                  for k, i in enumerate(range(0, len(keys), FAN_IN))]
         phase = tr.run(merge_task, groups, desc=f"regroup level {level}")
         out.add(phase)
         if phase.failed:
             return 0
         keys = [g.key for g in groups]
     nb = 1 << (ShardingSpec.from_json(job.sharding).shard_bits if job.sharding else job.bucket_bits)
-    present = np.unique(np.concatenate([_buckets_of(job.work, k) for k in keys]))
+    present = np.unique(np.concatenate([buckets_of(job.work, k) for k in keys]))
     tasks = [BucketTask(job, tuple(keys), int(v)) for v in present if int(v) < nb]
     done = set(job.work.list_sync("done"))
     phase = tr.run(write_bucket, tasks, desc="mesh buckets", done=[t for t in tasks if str(t.bucket) in done])
     out.add(phase)
     return sum(phase.results.values()) + sum(int(job.work.get_sync(f"done/{t.bucket}") or 0) for t in phase.skipped)
-
-
 
 
 # --------------------------------------------------------------------------- the destination's volume
@@ -803,45 +598,33 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
     source : Dataset or anything ``Dataset`` opens
         The export (with ``Dataset([export, downsampled])``, the scales ``dvidshards downsample`` made).
     dest : path, URL, kvstore spec or store
-        A new or empty folder, or a precomputed dataset (a ``convert`` output); ``gs://`` and
-        ``s3://`` are written there, anything else is refused before any work.
-    scales : sequence of int, optional
-        One scale per level of detail, each twice as coarse as the one before (e.g. ``(2, 3, 4)``).
-    scale : int, optional
-        Level 0's scale; the coarser levels come from the exported scales after it. Default: the
+        A new or empty folder, or a precomputed dataset (a ``convert`` output).
+    scales, scale : optional
+        One scale per level of detail, each twice as coarse as the one before (e.g. ``(2, 3, 4)``);
+        or level 0's scale, the coarser levels from the exported scales after it. Default: the
         finest scale whose voxel is at least 32 nm (the coarsest there is when none is).
-    labels : "agglomerated", "supervoxels" or a mapping
-        What a body is (meshes are per body id).
-    box : six numbers or ((x0, y0, z0), (x1, y1, z1)), optional
-        Only voxels in this box (voxels of level 0's scale); bodies are closed at its faces.
-    scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` holds the fragment files
+    labels, box, scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`): what a body is; only voxels in the box
+        (level 0's scale; bodies are closed at its faces). ``workdir`` holds the fragment files
         (default ``DEST.work``); ``overwrite`` replaces only the mesh directory.
     lods : int, optional
-        Levels of detail at most (default: every exported coarser scale, up to 6); level j comes
-        from the j-th scale from level 0's.
+        Levels of detail at most (default: every exported coarser scale, up to 6).
     legacy : bool
         neuroglancer's legacy single-resolution format (one fragment per body, in nm).
     bits : {10, 16}
         Draco vertex quantisation bits.
-    reduction_factor : int
+    reduction_factor, max_error_nm :
         Keep about ``1 / reduction_factor`` of each body's marching-cubes faces (as igneous'
-        ``simplification_factor``), fewer where ``max_error_nm`` binds; 0: every face.
-    max_error_nm : float, optional
-        The simplifier's bound at level 0, in nm (as igneous' ``max_simplification_error``; the same
-        number of voxels at each coarser level). Default: 1.25 voxels of level 0's scale, 40 nm at
-        32 nm. Without known resolutions only the default is accepted.
+        ``simplification_factor``; 0: every face), fewer where the bound ``max_error_nm`` binds (nm
+        at level 0, as igneous' ``max_simplification_error``; default 1.25 voxels of level 0's
+        scale, 40 nm at 32 nm; the same in voxels at each coarser level).
     cell_reduction : int
         The per-cell pass, cell borders locked: about ``1 / cell_reduction`` of the faces (0 or 1:
         none), within 2/3 of the bound.
     inflate : bool
         Move each body's surface out so that it encloses its voxel volume (see `_level`).
-    mesh_dir : str
-        The mesh directory inside ``dest``.
-    spec : dict or path, optional
-        The export's multiscale spec when ``source`` is a path.
-    command : str, optional
-        Recorded in the manifest.
+    mesh_dir, spec, command :
+        The mesh directory inside ``dest``; the export's multiscale spec; the command line.
 
     Returns
     -------

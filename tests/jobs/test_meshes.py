@@ -4,6 +4,7 @@ near the body's voxel count), plus the job's manifest, resume and refusals."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -330,7 +331,7 @@ def test_on_a_local_dask_cluster(six, tmp_path):
 
 
 def test_regroup_levels_give_the_same_output(six, tmp_path, monkeypatch):
-    from dvidshards.jobs import meshes as job
+    job = importlib.import_module("dvidshards.jobs.meshes")  # the module (the package exports the function)
 
     monkeypatch.setattr(job, "FAN_IN", 2)  # 7 shard files -> 4 -> 2 files before the final tasks
     a = meshes(six.dataset(), tmp_path / "a", scale=0, scheduler="serial", progress=False)
