@@ -71,7 +71,7 @@ import numpy as np
 
 import dvidshards
 from dvidshards.formats import pcg as fmt
-from dvidshards.jobs import pcg
+from dvidshards.jobs import pcg, pcgfiles
 from dvidshards.stores import as_store
 
 CS = (256, 256, 256)
@@ -82,7 +82,7 @@ def _job(root, spec, scale, out, level):
     s = ds.scale(scale)
     grid = -(-np.asarray(s.size) // CS)
     layout = fmt.IdLayout(fmt.layers_for_grid(grid))
-    Path(out, pcg.SIDE_TABLE).mkdir(parents=True, exist_ok=True)
+    Path(out, pcgfiles.SIDE_TABLE).mkdir(parents=True, exist_ok=True)
     return pcg.PcgJob(ds, s, as_store(out, writable=True), as_store(Path(out) / "work", writable=True), CS, layout,
                       None, "area", level, 1, True)
 
@@ -159,12 +159,12 @@ def bench(name, root, spec, scale, chunks, rounds, level, workdir) -> dict:
                         results[c] = res
         stages = [_breakdown(job, c) for c in chunks]
         files = sum(p.stat().st_size for p in out.glob("*.proto*"))
-        part = pcg._Part()
+        part = pcgfiles.Part()
         for c in chunks:
             part.add(c, results[c][1], results[c][0]["written"])
-        pcg._write_part(job.dest, f"{pcg.SIDE_TABLE}/all.parquet", part)
+        pcgfiles.write_part(job.dest, f"{pcgfiles.SIDE_TABLE}/all.parquet", part)
         pq_rows = part.rows
-        parquet = (out / pcg.SIDE_TABLE / "all.parquet").stat().st_size
+        parquet = (out / pcgfiles.SIDE_TABLE / "all.parquet").stat().st_size
         pieces_bytes = parquet  # the side-table part is the resume record now
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -334,7 +334,7 @@ def sample_tasks(args) -> None:
 
     out = args.workdir / "pcg-mcns-sample"
     shutil.rmtree(out, ignore_errors=True)
-    (out / pcg.SIDE_TABLE).mkdir(parents=True)
+    (out / pcgfiles.SIDE_TABLE).mkdir(parents=True)
     job, _ = _mcns_job(str(out))
     tasks = pcg.plan(job)
     rng = np.random.default_rng(args.seed)

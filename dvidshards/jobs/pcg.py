@@ -20,7 +20,8 @@ reads as plan -> tasks -> reduce:
   :data:`CHECKPOINT_SECONDS` (``--workdir``, default ``DEST.work``), so a task whose worker died
   resumes where it was.
 * **reduce** (:func:`reduce`): the side table is the folder (``pyarrow.parquet.read_table(dest /
-  "supervoxels")``, or :func:`read_side_table`); the counts add up and failed chunks are named.
+  "supervoxels")``; :mod:`dvidshards.jobs.pcgfiles` reads an output back); the counts add up and
+  failed chunks are named.
 
 The output is a store (a folder, ``gs://``, ``s3://``) in :class:`dvidshards.jobs.output.Output`;
 its manifest's ``pcg`` member describes it for PCG (layers, bits, grid, file names). Chunks whose
@@ -40,8 +41,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import zstandard
 
 from ..dataset import Dataset
@@ -50,7 +49,6 @@ from ..formats import pcg as fmt
 from ..formats.labels import Agglomerated, LabelSource, Mapped, as_labels
 from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.pcg import IdLayout, PcgError
-from ..sources.base import RecordSource
 from ..stores import ByteStore, as_store, is_temporary
 from .options import (
     add_box,
@@ -64,32 +62,25 @@ from .options import (
     job_options,
 )
 from .output import JobReport, Output, work_folder
+from .pcgfiles import SIDE_TABLE, VERSION, Chunk, read_part, write_part
 from .runner import PhaseReport, TaskRunner, scheduler_of
 
 __all__ = ["CHECKPOINT_SECONDS", "MAX_TASKS", "PcgEdgesCommand", "PcgJob", "PcgTask", "PcgTotals", "add_arguments",
-           "main", "pcg_edges", "plan", "read_chunk_components", "read_chunk_edges", "read_side_table", "reduce",
-           "run_task"]
+           "main", "pcg_edges", "plan", "reduce", "run_task"]
 
 #: the kernels a task uses (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.codec._decode_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
 
-SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
 CHECKPOINTS = "tasks"  # in the work folder: the parts of running tasks
 FORMAT = "dvidshards-pcg-edges"
-VERSION = 3  # 2: manifest.json of its own; 1: one supervoxels.parquet built on the client
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
 #: seconds between a running task's records of the chunks it finished (in the work folder)
 CHECKPOINT_SECONDS = float(os.environ.get("DVIDSHARDS_PCG_CHECKPOINT_SECONDS", "60"))
-COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
-WRITTEN = b"dvidshards.written"  # and those with files
 _OWN = re.compile(r"edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|supervoxels")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
 _FAILED_PER_TASK = 8  # failed chunks a task reports by name (all are counted)
 _FAILED_NAMED = 1000  # and the report keeps by name
-_SCHEMA = pa.schema([("pcg_id", pa.uint64()), ("dvid_supervoxel", pa.uint64()), ("chunk_x", pa.int32()),
-                     ("chunk_y", pa.int32()), ("chunk_z", pa.int32()), ("voxels", pa.uint64())])
-Chunk = tuple[int, ...]
 
 
 @dataclass
@@ -400,8 +391,8 @@ def run_task(task: PcgTask) -> dict:
     members = job.members(task)
     key = f"{SIDE_TABLE}/{task.name}"
     ckpt = f"{CHECKPOINTS}/{task.name}"
-    part = _read_part(job.dest, key)
-    saved = _read_part(job.work, ckpt)
+    part = read_part(job.dest, key)
+    saved = read_part(job.work, ckpt)
     grew = part.merge(saved)
     todo = [c for c in members if c not in part.covered]
     total: dict = dict.fromkeys(_COUNTS, 0)
@@ -422,9 +413,9 @@ def run_task(task: PcgTask) -> dict:
                 total[k] += r[k]
             part.add(c, piece_rows, bool(r["written"]))
             if time.monotonic() - last >= CHECKPOINT_SECONDS:
-                _write_part(job.work, ckpt, part)
+                write_part(job.work, ckpt, part)
                 kept, last = True, time.monotonic()
-        _write_part(job.dest, key, part)
+        write_part(job.dest, key, part)
     if kept:
         job.work.delete_sync(ckpt)
     total["part_rows"] = part.rows
@@ -432,89 +423,7 @@ def run_task(task: PcgTask) -> dict:
     return total
 
 
-class _Part:
-    """A task's side-table part: its rows (pcg_id, supervoxel, voxels) with their chunks, and the
-    chunks it covers (done) and wrote files for."""
-
-    def __init__(self, rows: np.ndarray | None = None, chunks: np.ndarray | None = None, covered=(), written=()):
-        self.parts: list[tuple[np.ndarray, np.ndarray]] = [] if rows is None or chunks is None else [(rows, chunks)]
-        self.covered: set[Chunk] = set(covered)
-        self.written: set[Chunk] = set(written)
-
-    @property
-    def rows(self) -> int:
-        return sum(len(r) for r, _ in self.parts)
-
-    def add(self, c: Chunk, rows: np.ndarray, written: bool) -> None:
-        rows = rows.reshape(-1, 3)
-        self.parts.append((rows, np.broadcast_to(np.asarray(c, np.int32), (len(rows), 3))))
-        self.covered.add(c)
-        if written:
-            self.written.add(c)
-
-    def merge(self, other: _Part) -> int:
-        """Add the chunks ``other`` covers and this part does not; how many."""
-        new = other.covered - self.covered
-        for rows, chunks in other.parts:
-            keep = np.array([tuple(c) in new for c in chunks.tolist()], np.bool_)
-            if keep.any():
-                self.parts.append((rows[keep], chunks[keep]))
-        self.covered |= new
-        self.written |= other.written & new
-        return len(new)
-
-
-def _read_part(store: ByteStore, key: str) -> _Part:
-    """A task's part as written (empty when there is none)."""
-    data = store.get_sync(key)
-    where = store.describe(key)
-    if data is None:
-        return _Part()
-    try:
-        t = pq.read_table(pa.BufferReader(data))
-    except (OSError, pa.ArrowException) as e:
-        raise PcgError(f"{where}: unreadable side-table part ({e}); delete it and resume") from None
-    meta = t.schema.metadata or {}
-    try:
-        covered, written = ({tuple(int(v) for v in c) for c in json.loads(meta[k])} for k in (COVERED, WRITTEN))
-    except (KeyError, ValueError, TypeError):
-        raise PcgError(f"{where}: a side-table part without its lists of chunks; delete it and resume") from None
-    if t.schema.names != _SCHEMA.names:
-        raise PcgError(f"{where}: not a side-table part (columns {t.schema.names})")
-    rows = np.stack([t.column(n).to_numpy().astype(np.uint64) for n in ("pcg_id", "dvid_supervoxel", "voxels")], 1)
-    chunks = np.stack([t.column(n).to_numpy().astype(np.int32) for n in ("chunk_x", "chunk_y", "chunk_z")], 1)
-    return _Part(rows, chunks, covered, written)
-
-
-def _write_part(store: ByteStore, key: str, part: _Part) -> None:
-    """Write a task's part: its rows sorted by PCG id, its chunk lists in the metadata."""
-    a = np.concatenate([r for r, _ in part.parts]) if part.parts else np.zeros((0, 3), np.uint64)
-    c = np.concatenate([k for _, k in part.parts]) if part.parts else np.zeros((0, 3), np.int32)
-    order = np.argsort(a[:, 0], kind="stable")
-    a, c = a[order], c[order]
-    meta = {COVERED: json.dumps(sorted(part.covered)).encode(), WRITTEN: json.dumps(sorted(part.written)).encode()}
-    table = pa.table([a[:, 0], a[:, 1], c[:, 0], c[:, 1], c[:, 2], a[:, 2]], schema=_SCHEMA.with_metadata(meta))
-    with store.writer(key) as f:
-        pq.write_table(table, f, compression="zstd")
-
-
 # --------------------------------------------------------------------------- plan
-
-
-def _present_shards(ds: Dataset, s: Scale) -> list:
-    """Origins of the scale's shard files; SpecError when the export has no folder for the scale."""
-    origins = ds.shards(s)
-    if origins or isinstance(ds.store, RecordSource):
-        return origins
-    try:
-        names = ds.store.list_sync("")
-    except (DvidShardsError, OSError):
-        return origins  # a store that cannot list (http): the probe found no shard
-    if s.folder not in names:
-        have = sorted((n for n in names if re.fullmatch(r"s[0-9]+", n)), key=lambda n: int(n[1:]))
-        raise SpecError(f"{ds.store.describe(s.folder)}: scale {s.index} has no folder in this export (it has "
-                        f"{', '.join(have) if have else 'no scale folders'})")
-    return origins
 
 
 def _task_keys(job: PcgJob, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -587,7 +496,7 @@ def plan(job: PcgJob, *, box: Any = None, chunks: Any = None,
             raise SpecError(f"box {[blo.tolist(), bhi.tolist()]} does not overlap scale {job.scale.index}'s volume "
                             f"{[job.lo.tolist(), job.hi.tolist()]}")
         job.crange = ((lo - job.lo) // job.cs, (hi - 1 - job.lo) // job.cs + 1)
-    origins = np.asarray(_present_shards(job.ds, job.scale), np.int64).reshape(-1, 3)
+    origins = np.asarray(job.ds.shards(job.scale), np.int64).reshape(-1, 3)  # NotExportedError: no folder
     g = group if group is not None else _default_group(job, origins)
     job.group = tuple(int(v) for v in g)
     if arr is not None:
@@ -672,45 +581,30 @@ def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dic
     source : path, URL, kvstore spec or Dataset
         The export.
     dest : path, URL (``gs://``, ``s3://``), kvstore spec dict or store
-        The output folder: empty, new, or this job's earlier output (``resume`` or ``overwrite``).
-        Holds ``edges_*.proto.zst``, ``components_*.proto``, ``supervoxels/`` (the side table, one
-        Parquet file per task) and the manifest ``_dvidshards.json``.
+        The output folder: ``edges_*.proto.zst``, ``components_*.proto``, ``supervoxels/`` (the side
+        table, one Parquet file per task) and the manifest.
     chunk_size : (x, y, z)
-        PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``, e.g. (256, 256, 256)); the grid
-        starts at the scale's voxel offset.
-    scale : int
-        Scale (folder number) to build the graph of.
+        PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``); the grid starts at the scale's
+        voxel offset.
+    scale, box, scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`): only chunks overlapping the box; the
+        work folder holds the chunks running tasks finished (default ``DEST.work``); ``resume``
+        skips the chunks a side-table part covers (a box or chunk list may differ).
     labels : "agglomerated" or a mapping
         Bodies for the components files: the records' agglomerated labels, or a supervoxel -> body
-        mapping. A file is checked here (parsed once per host into a memory-mapped sidecar) and
-        travels as its path; a mapping object travels in every task (16 bytes per supervoxel).
-    box : [[x0, y0, z0], [x1, y1, z1]], optional
-        Only chunks overlapping this voxel box (which must overlap the volume).
-    scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` holds the chunks running
-        tasks finished (default ``DEST.work``; removed when the output is complete). ``resume``
-        skips the chunks a side-table part covers; a box or a chunk list may differ.
+        mapping (a file is checked here and travels as its path; an object travels in every task).
     layers, spatial_bits :
         PCG's layer count (default ``ceil(log2(max chunks per axis)) + 2``, as PCG computes it) and
         ``SPATIAL_BITS``.
     affinity : "area" or "default"
         Edge affinity: the contact face count, or PCG's default (float32 tiny).
     level : int
-        zstd level of the edges files (PCG's own ingest writes 17: ~35x the CPU of 3 for files a
-        few percent smaller).
-    spec : dict or path, optional
-        The export's neuroglancer spec.
-    chunks : (n, 3) ints, optional
-        Only these chunks (PCG grid indices).
-    chunks_per_task : int or (3 ints), optional
-        Default: one source shard's worth (8³ chunks for mCNS shards at 256³), doubled until the
-        job has at most ``MAX_TASKS`` tasks.
-    threads : int, optional
-        Decoding threads per task (default: all cores when tasks run one at a time, else 1).
-    fill_missing_shards : bool
-        Read absent shard files as background (DVID writes none for empty shards).
-    command : str, optional
-        The command line, for the manifest.
+        zstd level of the edges files (PCG's own ingest writes 17: ~35x the CPU of 3).
+    spec, chunks, chunks_per_task, threads, fill_missing_shards, command :
+        The export's spec; only these chunks (PCG grid indices); chunks per task per axis (default
+        one source shard's worth, doubled until there are at most ``MAX_TASKS`` tasks); decoding
+        threads per task (default: all cores when tasks run one at a time, else 1); absent shard
+        files read as background (DVID writes none for empty shards); the command line.
 
     Returns
     -------
@@ -721,9 +615,8 @@ def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dic
     Raises
     ------
     SpecError, OutputError, PcgError, MappingError
-        Before any work: bad arguments, a scale without folder, a box outside the volume, an id
-        layout that cannot hold the grid, a mapping file that cannot be used, a destination that
-        cannot be used or holds something else.
+        Before any work: bad arguments, a scale not exported, a box outside the volume, an id
+        layout that cannot hold the grid, a mapping file or destination that cannot be used.
     JobError
         Chunks failed and ``allow_partial`` is false; ``.report`` is the report.
     """
@@ -812,58 +705,6 @@ def _triple(v: Any, what: str) -> tuple[int, int, int]:
     if len(t) != 3 or min(t) < 1:
         raise SpecError(f"{what} must be three positive integers, got {v!r}")
     return t  # type: ignore[return-value]
-
-
-# --------------------------------------------------------------------------- reading back
-
-
-def read_chunk_edges(path: Any, coords: Sequence[int]) -> dict:
-    """The edges file of one chunk: ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``.
-
-    ``path`` is the output (a folder, ``gs://``, ``s3://``, a kvstore spec or a store). A missing
-    file reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises PcgError naming it.
-    """
-    store = as_store(path, what="pcg-edges output")
-    name = fmt.edges_path(coords)
-    where = store.describe(name)
-    data = store.get_sync(name)
-    if data is None:
-        return fmt.decode_edges(b"", where)
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
-    except zstandard.ZstdError as e:
-        raise PcgError(f"{where}: not a zstd frame ({e})") from None
-    return fmt.decode_edges(raw, where)
-
-
-def read_chunk_components(path: Any, coords: Sequence[int]) -> list[np.ndarray]:
-    """The components file of one chunk: its groups of PCG ids (one array per body), [] if absent."""
-    store = as_store(path, what="pcg-edges output")
-    name = fmt.components_path(coords)
-    data = store.get_sync(name)
-    return [] if data is None else fmt.decode_components(data, store.describe(name))
-
-
-def read_side_table(path: Any) -> pa.Table:
-    """The side table of a pcg-edges output as one table, sorted by ``pcg_id``.
-
-    ``pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels``: every piece (DVID supervoxel
-    in a PCG chunk) of the chunks done. For large outputs read the folder ``supervoxels/`` with
-    ``pyarrow.dataset`` instead (one file per task).
-    """
-    store = as_store(path, what="pcg-edges output")
-    names = [n for n in store.list_sync(SIDE_TABLE) if n.endswith(".parquet")]
-    if not names and not store.is_folder_sync(SIDE_TABLE):
-        raise PcgError(f"{store.describe(SIDE_TABLE)}: no side table (not a pcg-edges output of version {VERSION})")
-    parts = []
-    for n in names:
-        key = f"{SIDE_TABLE}/{n}"
-        try:
-            parts.append(pq.read_table(pa.BufferReader(store.get_sync(key) or b"")).replace_schema_metadata(None))
-        except (OSError, pa.ArrowException) as e:
-            raise PcgError(f"{store.describe(key)}: unreadable side-table part ({e})") from None
-    t = pa.concat_tables(parts) if parts else _SCHEMA.empty_table()
-    return t.sort_by("pcg_id")
 
 
 # --------------------------------------------------------------------------- command line

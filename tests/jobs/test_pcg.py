@@ -15,7 +15,7 @@ import pytest
 from dvidshards.errors import DvidShardsError, JobError, OutputError, SpecError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.pcg import EDGE_TYPES, IdLayout, PcgError
-from dvidshards.jobs import pcg
+from dvidshards.jobs import pcg, pcgfiles
 from dvidshards.jobs.output import read_manifest
 from tests.support.data import REAL_SHARD
 from tests.support.pcg import (
@@ -31,7 +31,7 @@ zstandard = pytest.importorskip("zstandard")
 def side_table(out):
     import pyarrow.parquet as pq
 
-    t = pcg.read_side_table(out)
+    t = pcgfiles.read_side_table(out)
     assert t.column_names == ["pcg_id", "dvid_supervoxel", "chunk_x", "chunk_y", "chunk_z", "voxels"]
     folder = pq.read_table(os.path.join(out, "supervoxels"))  # the folder reads as one table too
     assert folder.num_rows == t.num_rows and folder.sort_by("pcg_id").equals(t.replace_schema_metadata(None))
@@ -65,7 +65,7 @@ def read_file(out, c):
     raw = zstandard.ZstdDecompressor().decompress(data)
     assert zstandard.get_frame_parameters(data).content_size == len(raw)  # PCG's reader needs it
     got = decode_independently(raw)
-    lib = pcg.read_chunk_edges(out, c)
+    lib = pcgfiles.read_chunk_edges(out, c)
     for t in EDGE_TYPES:
         for a, b in zip(got[t], lib[t], strict=True):
             np.testing.assert_array_equal(a, b)
@@ -103,7 +103,7 @@ def check_output(out, ref_vol, origin, cs, chunks, body, piece_of=None):
     got, seen = {}, Counter()
     for c in chunks:
         edges = read_file(out, c)
-        comps = pcg.read_chunk_components(out, c)
+        comps = pcgfiles.read_chunk_components(out, c)
         if edges is None:
             assert not comps and not any(k[1] == c for k in want_vox)
             continue
@@ -204,15 +204,15 @@ def test_components_from_a_mapping(tmp_path, synthetic_export):
     rep = pcg.pcg_edges(ex.root, tmp_path / "o", chunk_size=cs, spec=ex.spec, labels=m, affinity="default",
                         progress=False)
     assert rep.ok
-    lay_edges = pcg.read_chunk_edges(tmp_path / "o", (0, 0, 0))
+    lay_edges = pcgfiles.read_chunk_edges(tmp_path / "o", (0, 0, 0))
     assert (lay_edges["in"][2] == np.finfo(np.float32).tiny).all()
     body = _body(m)
     st = side_table(str(tmp_path / "o"))
     names = dict(zip(st["pcg_id"].tolist(), st["dvid_supervoxel"].tolist(), strict=True))
     for c in _grid(ex.sv.shape, cs):
-        for g in pcg.read_chunk_components(tmp_path / "o", c):
+        for g in pcgfiles.read_chunk_components(tmp_path / "o", c):
             assert len({int(body(names[int(i)])) for i in g}) == 1
-        groups = pcg.read_chunk_components(tmp_path / "o", c)
+        groups = pcgfiles.read_chunk_components(tmp_path / "o", c)
         bodies = [int(body(names[int(g[0])])) for g in groups]
         assert bodies == sorted(set(bodies))
 
@@ -241,7 +241,7 @@ def test_resume_and_guards(tmp_path, synthetic_export):
         assert (out / name).read_bytes() == data, name
     full = pcg.pcg_edges(ex.root, tmp_path / "fresh", chunk_size=cs, spec=ex.spec, progress=False)
     assert files(tmp_path / "fresh") == files(out)  # deterministic output
-    assert pcg.read_side_table(tmp_path / "fresh").equals(pcg.read_side_table(out))
+    assert pcgfiles.read_side_table(tmp_path / "fresh").equals(pcgfiles.read_side_table(out))
     assert full.totals.pieces == rep.totals.pieces and full.totals.written == rep.totals.written
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("x")
@@ -290,7 +290,7 @@ def test_a_task_whose_worker_died_resumes_from_the_chunks_it_finished(tmp_path, 
     assert not (tmp_path / "o.work").exists()
     fresh = pcg.pcg_edges(ex.root, tmp_path / "fresh", **kw)
     assert fresh.ok and files(out) == files(tmp_path / "fresh")
-    assert pcg.read_side_table(out).equals(pcg.read_side_table(tmp_path / "fresh"))
+    assert pcgfiles.read_side_table(out).equals(pcgfiles.read_side_table(tmp_path / "fresh"))
 
 
 def test_workdir_is_the_folder_given_and_apart_from_the_output(tmp_path, synthetic_export, capsys):
@@ -317,32 +317,32 @@ def test_chunk_groups_match_one_chunk_per_task(tmp_path, synthetic_export):
     assert a.totals.pieces == b.totals.pieces == c.totals.pieces
     assert (a.tasks, b.tasks, c.tasks) == (36, 2 * 1 * 1, 2 * 2 * 2)
     assert files(tmp_path / "a") == files(tmp_path / "b") == files(tmp_path / "c")
-    table = pcg.read_side_table(tmp_path / "a")
-    assert pcg.read_side_table(tmp_path / "b").equals(table) and pcg.read_side_table(tmp_path / "c").equals(table)
+    table = pcgfiles.read_side_table(tmp_path / "a")
+    assert pcgfiles.read_side_table(tmp_path / "b").equals(table) and pcgfiles.read_side_table(tmp_path / "c").equals(table)
     (tmp_path / "b" / "supervoxels" / "0_0_0.parquet").unlink()  # the task of chunks x 0:3, y 0:3, z 0:3
     d = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks_per_task=3, resume=True,
                       box=[[0, 0, 0], [256, 128, 192]], progress=False)
     # task (1, 0, 0)'s chunks in the box were done
     assert d.ok and d.totals.chunks == 4 * 2 * 3 and d.totals.skipped == 1 * 2 * 3
-    assert pcg.read_side_table(tmp_path / "b").num_rows < table.num_rows  # chunks y 2:3 of task 0 are not done yet
+    assert pcgfiles.read_side_table(tmp_path / "b").num_rows < table.num_rows  # chunks y 2:3 of task 0 are not done yet
     e = pcg.pcg_edges(ex.root, tmp_path / "b", chunk_size=cs, spec=ex.spec, chunks_per_task=3, resume=True,
                       progress=False)
-    assert e.ok and e.totals.skipped == 36 - 3 * 1 * 3 and pcg.read_side_table(tmp_path / "b").equals(table)
+    assert e.ok and e.totals.skipped == 36 - 3 * 1 * 3 and pcgfiles.read_side_table(tmp_path / "b").equals(table)
     assert files(tmp_path / "b") == files(tmp_path / "a")
 
 
 def test_corrupt_output_files_are_typed(tmp_path):
     (tmp_path / "edges_0_0_0.proto.zst").write_bytes(b"not zstd")
     with pytest.raises(PcgError, match="edges_0_0_0"):
-        pcg.read_chunk_edges(tmp_path, (0, 0, 0))
+        pcgfiles.read_chunk_edges(tmp_path, (0, 0, 0))
     (tmp_path / "edges_0_0_1.proto.zst").write_bytes(zstandard.ZstdCompressor().compress(b"\x0a\x09abc"))
     with pytest.raises(PcgError, match="edges_0_0_1"):
-        pcg.read_chunk_edges(tmp_path, (0, 0, 1))
+        pcgfiles.read_chunk_edges(tmp_path, (0, 0, 1))
     (tmp_path / "components_0_0_0.proto").write_bytes(b"\x0a\x02\x05\x01")
     with pytest.raises(PcgError, match="components_0_0_0"):
-        pcg.read_chunk_components(tmp_path, (0, 0, 0))
-    assert all(len(a) == 0 for v in pcg.read_chunk_edges(tmp_path, (5, 5, 5)).values() for a in v)
-    assert pcg.read_chunk_components(tmp_path, (5, 5, 5)) == []
+        pcgfiles.read_chunk_components(tmp_path, (0, 0, 0))
+    assert all(len(a) == 0 for v in pcgfiles.read_chunk_edges(tmp_path, (5, 5, 5)).values() for a in v)
+    assert pcgfiles.read_chunk_components(tmp_path, (5, 5, 5)) == []
 
 
 def test_cli(tmp_path, synthetic_export, capsys):
@@ -403,11 +403,11 @@ def test_writes_into_a_bucket_through_the_destination(tmp_path, synthetic_export
         got = {k[2:]: s3.client().get_object(Bucket="pcg", Key=k)["Body"].read() for k in keys
                if k.startswith("e/edges_") or k.startswith("e/components_")}
         assert got == files(tmp_path / "local") and local.ok
-        assert pcg.read_side_table(url).equals(pcg.read_side_table(tmp_path / "local"))
+        assert pcgfiles.read_side_table(url).equals(pcgfiles.read_side_table(tmp_path / "local"))
         c = next(tuple(int(v) for v in k[len("edges_"):-len(".proto.zst")].split("_")) for k in got
                  if k.startswith("edges_"))
-        for t, arrays in pcg.read_chunk_edges(url, c).items():
-            for x, y in zip(arrays, pcg.read_chunk_edges(tmp_path / "local", c)[t], strict=True):
+        for t, arrays in pcgfiles.read_chunk_edges(url, c).items():
+            for x, y in zip(arrays, pcgfiles.read_chunk_edges(tmp_path / "local", c)[t], strict=True):
                 np.testing.assert_array_equal(x, y)
         assert read_manifest(url)["complete"] is True
 
