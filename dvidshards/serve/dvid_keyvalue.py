@@ -64,11 +64,14 @@ class KeyvalueInstance:
         self._busy: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._key = re.compile(r"^([0-9]{1,20})" + re.escape(suffix) + "$")
+        self.routes = {"help": self.ep_help, "info": self.ep_info, "tags": self.ep_tags, "keys": self.ep_keys,
+                       "keyrange": self.ep_keyrange, "key": self.ep_key, "mutations": self.ep_empty,
+                       "mutations-range": self.ep_empty}
 
-    def routes(self) -> dict:
-        return {"help": self.ep_help, "info": self.ep_info, "tags": self.ep_tags, "keys": self.ep_keys,
-                "keyrange": self.ep_keyrange, "key": self.ep_key, "mutations": self.ep_empty,
-                "mutations-range": self.ep_empty}
+    def quick(self, endpoint: str, r: Request) -> bool:
+        m = self._key.match("/".join(r.args)) if endpoint == "key" and not r.head else None
+        return endpoint in ("help", "info", "tags", "mutations", "mutations-range") or (
+            m is not None and int(m.group(1)) in self._cache)
 
     def is_write(self, endpoint: str, method: str) -> bool:
         return method not in ("GET", "HEAD")

@@ -59,6 +59,7 @@ _PIECE = 1 << 20
 MAX_LISTLABELS = 10_000_000
 _WRITES = {"merge", "cleave", "split", "split-supervoxel", "renumber", "ingest-supervoxels", "set-nextlabel",
            "extents", "resolution", "sync"}
+_QUICK = {"help", "tags", "mutations", "mutations-range", "history", "supervoxel-splits"}
 
 
 def _varint(v: int) -> bytes:
@@ -106,8 +107,10 @@ class LabelmapInstance:
         self._lock = threading.Lock()
         self._maxlabel: int | None = None
         self._bodies: tuple[np.ndarray, np.ndarray | None] | None = None
+        self._table: SupervoxelTable | None = None
+        self.routes = self._route_table()
 
-    def routes(self) -> dict:
+    def _route_table(self) -> dict:
         r = {"help": self.ep_help, "info": self.ep_info, "tags": self.ep_tags, "metadata": self.ep_metadata,
              "map-stats": self.ep_map_stats, "maxlabel": self.ep_maxlabel, "nextlabel": self.ep_nextlabel,
              "size": self.ep_size, "sizes": self.ep_sizes, "supervoxels": self.ep_supervoxels,
@@ -122,6 +125,16 @@ class LabelmapInstance:
              "pseudocolor": self.ep_pseudocolor, "fvdb": self.ep_fvdb}
         r.update(self.volume.routes())
         return r
+
+    def quick(self, endpoint: str, r: Request) -> bool:
+        """Whether the answer is in memory already (answered on the event loop, no thread hop)."""
+        if endpoint in _QUICK:
+            return True
+        if endpoint in ("info", "metadata", "maxlabel", "nextlabel"):
+            return self._maxlabel is not None
+        if endpoint == "mapping":
+            return self._table is not None
+        return endpoint == "label" and self.volume.quick_label(r)
 
     def is_write(self, endpoint: str, method: str) -> bool:
         return endpoint in _WRITES or method not in ("GET", "HEAD")
@@ -227,7 +240,9 @@ class LabelmapInstance:
     def table(self) -> SupervoxelTable:
         """The export's supervoxel -> body table (from the label index when it is of bodies at the
         finest held scale), built once per process."""
-        return supervoxel_table(self.ds, scale=self.held[0], index=self.index)
+        if self._table is None:
+            self._table = supervoxel_table(self.ds, scale=self.held[0], index=self.index)
+        return self._table
 
     def _table_header(self) -> dict:
         idx = self.index
@@ -594,7 +609,7 @@ def _rles(first: bytes, rest: Iterator[bytes], comp: str) -> Iterator[bytes]:
 
             yield lz4_block(head + spool.read())
             return
-        z = zlib.compressobj(6, zlib.DEFLATED, 31) if comp == "gzip" else None
+        z = zlib.compressobj(1, zlib.DEFLATED, 31) if comp == "gzip" else None
         yield z.compress(head) if z is not None else head
         while True:
             piece = spool.read(_PIECE)

@@ -217,6 +217,22 @@ class Pyramid:
                     self._made_bytes -= 64 + (len(old.block) + 16 * len(old.supervoxels) if old is not None else 0)
         return rec
 
+    def cached(self, k: int, point, src: LabelSource) -> bool:
+        """Whether the block holding a point is in memory (outside the volume: nothing to read)."""
+        p = np.asarray(point, np.int64)
+        lo, hi = self.box(k)
+        if not ((p >= lo) & (p < hi)).all():
+            return True
+        c = tuple(int(v) for v in p // self.chunk)
+        if k not in self.held:
+            return (k, c) in self._made
+        reader = self.ds.reader(k, src, fill_missing_shards=self.fill)
+        try:
+            reader.cache.peek(reader.scale.shard_origin(*c))
+        except KeyError:
+            return False
+        return True
+
     # --- voxels ---------------------------------------------------------------------------------
 
     def decode(self, rec: Rec, src: LabelSource, out: np.ndarray) -> None:
@@ -332,6 +348,14 @@ class VolumeEndpoints:
 
     # --- points ---------------------------------------------------------------------------------
 
+    def quick_label(self, r: Request) -> bool:
+        """Whether ``label``'s point is in a shard (or made block) in memory."""
+        try:
+            k, p = self.pyr.scale(r.query), parse_point(r.args[0]) if r.args else None
+        except BadRequest:
+            return True  # answered at once
+        return p is None or self.pyr.cached(k, p, self.labels(r.query))
+
     def ep_label(self, r: Request) -> Reply:
         need(r.args, 1, "a coordinate x_y_z")
         p = parse_point(r.args[0])
@@ -380,11 +404,11 @@ class VolumeEndpoints:
             data = self._cseg(k, src, off, size)
             if comp == "google":
                 return Reply(200, data, "application/octet-stream")
-            return Reply(200, gzip_bytes(data, 6), "application/octet-stream", {"Content-Encoding": "gzip"})
+            return Reply(200, gzip_bytes(data), "application/octet-stream", {"Content-Encoding": "gzip"})
         vol = self.pyr.read(k, off, [a + n for a, n in zip(off, size, strict=True)], src)
         raw = np.ascontiguousarray(vol.T).astype("<u8", copy=False).tobytes()  # z, y, x with x fastest
         if comp == "gzip":
-            raw = gzip_bytes(raw, 1)
+            raw = gzip_bytes(raw)
         elif comp == "lz4":
             raw = lz4_block(raw)
         return Reply(200, raw, "application/octet-stream")
@@ -489,12 +513,12 @@ class VolumeEndpoints:
             if pal is not None:
                 m = int.from_bytes(block[12:16], "little")
                 block = block[:16] + np.asarray(pal, "<u8").tobytes() + block[16 + 8 * m:]
-            return gzip_bytes(block, 6)
+            return gzip_bytes(block)
         vol = np.empty((n, n, n), np.uint64)
         self.pyr.decode(rec, src, vol)
         raw = vol.astype("<u8", copy=False).tobytes()
         if comp == "gzip":
-            return gzip_bytes(raw, 1)
+            return gzip_bytes(raw)
         return raw if comp == "uncompressed" else lz4_block(raw)
 
     def ep_specificblocks(self, r: Request) -> Reply:
