@@ -181,8 +181,7 @@ def _relabel(batch: pa.RecordBatch, labels: LabelSource) -> pa.RecordBatch:
     if isinstance(labels, Agglomerated) or not batch.num_rows:
         return batch
     sv = batch.column("supervoxels")
-    if not isinstance(labels, Supervoxels):
-        assert isinstance(labels, Mapped)
+    if isinstance(labels, Mapped):
         values = labels.mapping(sv.flatten().to_numpy(zero_copy_only=False))
         offsets = sv.offsets.to_numpy() - sv.offsets[0].as_py()
         sv = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.uint64()))
@@ -371,6 +370,8 @@ def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, label
         raise SpecError(f"{source}: pass dvidshards.sources.FlightSource({source!r}, token=...) to ingest from a "
                         f"Flight server (or run `dvidshards ingest {source} TABLE`)")
     src = as_labels(labels)
+    if not isinstance(src, (Agglomerated, Supervoxels, Mapped)):
+        raise SpecError(f"labels must be 'agglomerated', 'supervoxels' or a mapping, got {labels!r}")
     if isinstance(src, Mapped):
         src.prepare()  # a bad file fails here, before any work
     sink = dest if isinstance(dest, VastDBSink) else None

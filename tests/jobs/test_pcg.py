@@ -293,6 +293,32 @@ def test_a_task_whose_worker_died_resumes_from_the_chunks_it_finished(tmp_path, 
     assert pcgfiles.read_side_table(out).equals(pcgfiles.read_side_table(tmp_path / "fresh"))
 
 
+def test_a_task_that_failed_for_a_passing_reason_runs_again_from_its_chunks(tmp_path, synthetic_export, monkeypatch):
+    """A network error in a task: the runner runs it again (retries), and it goes on from the chunks
+    it had finished; the output equals a clean run's."""
+    from dvidshards.jobs import runner
+
+    ex = synthetic_export
+    monkeypatch.setattr(pcg, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(runner, "RETRY_SECONDS", 0.0)
+    real = pcg.PcgJob.run
+    calls = []
+
+    def flaky(self, c):
+        calls.append(c)
+        if len(calls) == 7:
+            raise ConnectionResetError("the bucket hung up")
+        return real(self, c)
+
+    monkeypatch.setattr(pcg.PcgJob, "run", flaky)
+    kw = dict(chunk_size=(64, 64, 64), spec=ex.spec, chunks_per_task=6, scheduler="serial", progress=False)
+    rep = pcg.pcg_edges(ex.root, tmp_path / "o", **kw)
+    assert rep.ok and rep.totals.chunks == 36 and len(calls) == 36 + 1  # the failed chunk once more, no other
+    monkeypatch.setattr(pcg.PcgJob, "run", real)
+    assert pcg.pcg_edges(ex.root, tmp_path / "fresh", **kw).ok
+    assert files(tmp_path / "o") == files(tmp_path / "fresh")
+
+
 def test_workdir_is_the_folder_given_and_apart_from_the_output(tmp_path, synthetic_export, capsys):
     from dvidshards import cli
 
