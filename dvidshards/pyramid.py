@@ -144,8 +144,9 @@ class LayeredStore(ByteStore):
 
 
 def parse_manifest(data: bytes, where: str) -> dict:
-    """A job's manifest (``_dvidshards.json``): a JSON object with ``job`` and ``complete``."""
-    m = parse_json(bytes(data), where)
+    """A job's manifest (``_dvidshards.json``, written by ``jobs.output``): a JSON object with
+    ``job`` and ``complete``; SpecError naming where it came from otherwise."""
+    m = parse_json(bytes(data), f"{where} (a dvidshards manifest)")
     if "complete" not in m or not isinstance(m.get("job"), str):
         raise SpecError(f"{where}: not a dvidshards manifest (no 'job' and 'complete' members)")
     return m
@@ -158,7 +159,7 @@ def downsample_manifest(store: ByteStore) -> dict | None:
     except (MissingShardError, RemoteReadError):  # a store that fails says so at the first file a read needs
         return None
     where = store.describe(MANIFEST)
-    m = parse_json(bytes(data), where)
+    m = parse_manifest(bytes(data), where)
     if m.get("job") != "downsample":
         return None
     src = m.get("source")
@@ -295,7 +296,7 @@ def roots_of(store: ByteStore, depth: int = 0) -> builtins.list[Layer]:
     places: builtins.list = []
     if isinstance(src.get("relative"), str):
         places.append(_beside(store, src["relative"]))
-    places.append(_manifest_source(src["url"], store))
+    places.append(src["url"])
     tried: builtins.list[Any] = []
     changed = None
     for place in places:
@@ -322,14 +323,6 @@ def roots_of(store: ByteStore, depth: int = 0) -> builtins.list[Layer]:
     said = "; ".join(t if isinstance(t, str) else t.describe("") for t in tried)
     raise SpecError(f"{store.describe(MANIFEST)}: the export this was downsampled from cannot be opened ({said}); "
                     f"give it with it: dvidshards.open([EXPORT, {store.describe('')!r}])")
-
-
-def _manifest_source(url: str, dest: ByteStore) -> str:
-    """The source URL a manifest names (a relative path from a local destination)."""
-    root = dest.local_path()
-    if "://" in url or os.path.isabs(url) or root is None:
-        return url
-    return os.path.normpath(os.path.join(root, url))
 
 
 def given_roots(stores: builtins.list[ByteStore]) -> builtins.list[Layer]:

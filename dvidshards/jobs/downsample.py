@@ -511,6 +511,34 @@ def _own(name: str) -> bool:
     return name in ("info", SIZES) or (name[:1] == "s" and name[1:].isdigit())
 
 
+def _scales_to_make(ds: Dataset, scales: Any) -> tuple[int, list[int], list[int]]:
+    """(the scale the first is made from, the scales to make, the scales asked), checked before any work."""
+    held = set(ds.exported)
+    wanted = scales_of(scales)
+    if wanted is None:
+        wanted = [s.index for s in ds.scales if s.index not in held and any(h < s.index for h in held)]
+        if not wanted:
+            raise SpecError(f"{ds.store.describe('')} holds every scale its spec lists below its coarsest "
+                            f"({held_scales(held)}); nothing to make (--scales to make some again)")
+    for k in wanted:
+        ds.scale(k)  # a scale the spec does not list: SpecError naming the ones it does
+    start = max((h for h in held if h < min(wanted)), default=None)
+    if start is None:
+        raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
+                        f"{ds.store.describe('')} does not hold (it holds {held_scales(held)})")
+    made = list(range(start + 1, max(wanted) + 1))
+    for k in [start, *made]:
+        s = ds.scale(k)
+        if s.chunk_size != ds.scale(start).chunk_size or len(set(s.chunk_size)) != 1 or s.chunk_size[0] % 16:
+            raise SpecError(f"scale {k}: chunks {s.chunk_size}; downsample needs the same cubic chunks (a multiple of "
+                            f"16 voxels) at every scale")
+        if any(s.voxel_offset):
+            raise SpecError(f"scale {k}: voxel_offset {list(s.voxel_offset)}; downsample needs scales at the origin")
+        if k in made and s.sharding is None:
+            raise SpecError(f"scale {k}: the spec gives no sharding, so its shard files cannot be named")
+    return start, made, wanted
+
+
 def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, method: str = "dvid",
                labels: Any = "agglomerated", box: Any = None, spec: Any = None, scheduler: Any = None,
                resume: bool = False, overwrite: bool = False, progress: bool | None = None,
@@ -570,41 +598,18 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     if isinstance(zstd_level, bool) or not isinstance(zstd_level, int) or not 1 <= zstd_level <= 22:
         raise SpecError(f"zstd_level must be an integer 1..22, got {zstd_level!r}")
     scheduler_of(scheduler)
-    store = as_store(getattr(dest, "store", dest), writable=True)
+    store = as_store(dest, writable=True)
     ds = source if isinstance(source, Dataset) else Dataset(source, spec=spec)
     if ds.spec is None or any(s.inferred for s in ds.scales):
         raise SpecError(f"{ds.store.describe('')}: give the neuroglancer spec DVID was given (--spec): the scales "
                         f"to make and their shard sizes come from it")
     src_labels = _labels_of(labels)
-    held = set(ds.exported)
-    listed = [s.index for s in ds.scales]
-    wanted = scales_of(scales)
-    if wanted is None:
-        wanted = [k for k in listed if k not in held and any(h < k for h in held)]
-        if not wanted:
-            raise SpecError(f"{ds.store.describe('')} holds every scale its spec lists below its coarsest "
-                            f"({held_scales(held)}); nothing to make (--scales to make some again)")
-    for k in wanted:
-        ds.scale(k)  # a scale the spec does not list: SpecError naming the ones it does
-    start = max((h for h in held if h < min(wanted)), default=None)
-    if start is None:
-        raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
-                        f"{ds.store.describe('')} does not hold (it holds {held_scales(held)})")
-    made = list(range(start + 1, max(wanted) + 1))
+    start, made, wanted = _scales_to_make(ds, scales)
     if len(made) > 1 and store.describe("").startswith("memory://"):
         raise SpecError(f"{store.describe('')}: a memory:// destination is seen by this process only, so it "
-                        f"cannot hold scales made from each other ({', '.join(f's{k}' for k in made)}); write to a "
-                        f"folder or a bucket")
+                        f"cannot hold scales made from each other ({held_scales(made)}); write to a folder or a "
+                        f"bucket")
     base = ds.scale(start)
-    for k in [start, *made]:
-        s = ds.scale(k)
-        if s.chunk_size != base.chunk_size or len(set(s.chunk_size)) != 1 or s.chunk_size[0] % 16:
-            raise SpecError(f"scale {k}: chunks {s.chunk_size}; downsample needs the same cubic chunks (a multiple of "
-                            f"16 voxels) at every scale")
-        if any(s.voxel_offset):
-            raise SpecError(f"scale {k}: voxel_offset {list(s.voxel_offset)}; downsample needs scales at the origin")
-        if k in made and s.sharding is None:
-            raise SpecError(f"scale {k}: the spec gives no sharding, so its shard files cannot be named")
     asked = box_of(box)
     cut: tuple | None = None  # the box in voxels of the scale the first made scale is made from
     if asked is not None:
@@ -627,7 +632,7 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     if resume and sizes is not None:
         _check_kept(store, sizes, first, made)
     totals = DownsampleTotals()
-    background: list[int] = []
+    files: dict[str, int] = {}  # shard files each made scale holds (verify counts them)
     with Output(store, job="downsample", parameters=params, source=source, identity=ident, scales=made,
                 command=command, resume=resume, overwrite=overwrite, own=_own) as out:
         store.put_sync("info", (json.dumps(ds.spec, indent=1) + "\n").encode())
@@ -650,13 +655,13 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
                 if ph.failed or (len(run) < len(tasks) and _only is None):
                     stopped = k
                     break
-                if not done and not totals.per_scale[k].shards_written:
-                    background.append(k)
+                files[str(k)] = len(done) + totals.per_scale[k].shards_written
+        background = [int(k) for k, n in files.items() if not n]
         notes = _notes(totals, method, made, start, [k for k in made if k not in wanted], background)
         if stopped is not None and stopped != made[-1]:
             rest = [f"s{k}" for k in made if k > stopped]
             notes.append(f"{', '.join(rest)} not made: s{stopped} is incomplete (--resume finishes it, then them)")
-        out.update(background=background)
+        out.update(background=background, files=files)
         return out.finish(totals=totals, notes=notes, complete=stopped is None and _only is None,
                           allow_partial=allow_partial)
 

@@ -8,19 +8,14 @@ Command line, built from the definitions here for every command::
     dvidshards JOB EXPORT DEST [--spec SPEC] [--scales 0 1 2 | --scale K]
                [--labels agglomerated|supervoxels|FILE] [--box X0 Y0 Z0 X1 Y1 Z1]
                [--scheduler WHERE] [--workdir FOLDER] [--resume | --overwrite] [--quiet]
-
-Old spellings keep working for one release, with a warning that names the new one:
-``--box x0,y0,z0,x1,y1,z1``, ``--scales 0,1,2``, ``--mapping FILE`` (now ``--labels FILE``),
-``--out``/``--to DEST`` (now the positional DEST), and the keywords ``ds=``, ``out=``, ``to=``,
-``mapping=`` in Python.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
+import shlex
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,73 +32,44 @@ __all__ = [
     "add_scales",
     "add_source",
     "box_of",
+    "command_line",
     "dest_of",
     "job_options",
-    "renamed",
     "scales_of",
 ]
 
 LABELS_HELP = "ids written: agglomerated (default), supervoxels, or a mapping file (DVID's text or binary pairs)"
 
 
-def _say_deprecated(text: str) -> None:
-    """On the command line: a warning line on stderr (DeprecationWarnings are hidden by default)."""
-    print(f"dvidshards: warning: {text} (the old spelling goes in the next release)", file=sys.stderr)
-
-
 # --------------------------------------------------------------------------- Python arguments
 
 
-def renamed(kwargs: dict, old: str, new: str, value, *, job: str):
-    """``value`` or, when the caller used the old keyword ``old``, its value (with a
-    DeprecationWarning naming ``new``). Pops ``old`` from ``kwargs``."""
-    if old not in kwargs:
-        return value
-    if value is not None:
-        raise TypeError(f"{job}() got both {old}= and {new}=; give {new}= only")
-    warnings.warn(f"{job}({old}=...) is now {job}({new}=...) (the old keyword goes in the next release)",
-                  DeprecationWarning, stacklevel=3)
-    return kwargs.pop(old)
-
-
-def scales_of(scales) -> list[int] | None:
-    """``None`` or a sorted list of distinct scale numbers from an int, a sequence or ``"0,1,2"``."""
+def scales_of(scales: Any) -> list[int] | None:
+    """``None`` or a sorted list of distinct scale numbers from an int or a sequence of them."""
     if scales is None:
         return None
-    parts: list
-    if isinstance(scales, str):
-        parts = [p for p in scales.replace(",", " ").split() if p]
-    elif isinstance(scales, (int, np.integer)):
-        parts = [scales]
-    else:
-        parts = list(scales)
+    parts = [scales] if isinstance(scales, (int, np.integer, str)) else list(scales)
     out = []
     for p in parts:
         try:
-            k = int(p)
+            k = int(p) if not isinstance(p, (bool, float)) and str(p).strip().isdigit() else -1
         except (TypeError, ValueError):
-            raise SpecError(f"scales must be whole numbers (0 1 2), got {scales!r}") from None
-        if k < 0 or (not isinstance(p, (int, np.integer)) and str(k) != str(p).strip()):
-            raise SpecError(f"scales must be whole numbers >= 0, got {scales!r}")
+            k = -1
+        if k < 0:
+            raise SpecError(f"scales must be whole numbers >= 0 (0 1 2), got {scales!r}")
         out.append(k)
     if not out:
         raise SpecError("scales is empty; give at least one scale, or leave it out for all")
     return sorted(set(out))
 
 
-def box_of(box) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
-    """``None`` or ``((x0, y0, z0), (x1, y1, z1))`` from ``[[x0, y0, z0], [x1, y1, z1]]``, six
-    numbers or ``"x0,y0,z0,x1,y1,z1"``; the box must not be empty."""
+def box_of(box: Any) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """``None`` or ``((x0, y0, z0), (x1, y1, z1))`` from ``[[x0, y0, z0], [x1, y1, z1]]`` or six
+    numbers; the box must not be empty."""
     if box is None:
         return None
-    if isinstance(box, str):
-        vals: Sequence = [v for v in box.replace(",", " ").split() if v]
-    else:
-        try:
-            vals = np.asarray(box).reshape(-1).tolist()
-        except (TypeError, ValueError):
-            vals = []
     try:
+        vals = [] if isinstance(box, str) else np.asarray(box).reshape(-1).tolist()
         nums = [int(v) for v in vals]
         if any(float(v) != int(v) for v in vals):
             raise ValueError
@@ -111,50 +77,31 @@ def box_of(box) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
         nums = []
     if len(nums) != 6:
         raise SpecError(f"box must be six whole numbers X0 Y0 Z0 X1 Y1 Z1, got {box!r}")
-    lo, hi = tuple(nums[:3]), tuple(nums[3:])
+    lo, hi = (nums[0], nums[1], nums[2]), (nums[3], nums[4], nums[5])
     if any(a >= b for a, b in zip(lo, hi, strict=True)) or min(lo) < 0:
         raise SpecError(f"box {list(lo)}..{list(hi)} is empty or negative: each X1 must exceed X0 (and so on)")
-    return lo, hi  # type: ignore[return-value]
+    return lo, hi
 
 
 # --------------------------------------------------------------------------- command line
 
 
 class _Scales(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        values = list(values)
-        if any("," in v for v in values):
-            _say_deprecated(f"{option_string} {','.join(values)} is now {option_string} "
-                            f"{' '.join(v for s in values for v in s.split(',') if v)}")
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
         try:
-            setattr(namespace, self.dest, scales_of(" ".join(values)))
+            setattr(namespace, self.dest, scales_of(list(values)))
         except SpecError as e:
             parser.error(str(e))
 
 
 class _Box(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        values = list(values)
-        if len(values) == 1 and "," in values[0]:
-            _say_deprecated(f"--box {values[0]} is now --box {values[0].replace(',', ' ')}")
-        elif len(values) != 6:
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if len(values) != 6:
             parser.error(f"--box takes six numbers X0 Y0 Z0 X1 Y1 Z1, got {len(values)}")
         try:
-            setattr(namespace, self.dest, box_of(" ".join(values)))
-        except SpecError as e:
-            parser.error(str(e))
-
-
-class _Renamed(argparse.Action):
-    """An old option that now has another name: stores into the new one's destination, with a warning."""
-
-    def __init__(self, *args, new: str = "", **kwargs):
-        self.new = new
-        super().__init__(*args, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        _say_deprecated(f"{option_string} {values} is now {self.new}")
-        setattr(namespace, self.dest, values)
+            setattr(namespace, self.dest, box_of([float(v) if "." in v else int(v) for v in values]))
+        except (SpecError, ValueError) as e:
+            parser.error(str(e) if isinstance(e, SpecError) else f"--box takes six whole numbers, got {values}")
 
 
 def add_source(p, *, spec: bool = True) -> None:
@@ -167,29 +114,22 @@ def add_source(p, *, spec: bool = True) -> None:
                                       "(default: the export's info, else inferred from the files)")
 
 
-def add_dest(p, *, what: str, old: Sequence[str] = ("--out",), required: bool = True) -> None:
-    """The positional ``DEST`` (and its old ``--out``/``--to`` spelling, deprecated)."""
-    p.add_argument("dest", metavar="DEST", nargs=None if not old else "?",
+def add_dest(p: Any, *, what: str, old: Sequence[str] = (), required: bool = True) -> None:
+    """The positional ``DEST`` (``old``: no old spelling is taken any more; the argument goes once
+    no command passes it)."""
+    if old:
+        raise ValueError(f"old spellings {list(old)} are gone: DEST is positional")
+    p.add_argument("dest", metavar="DEST", nargs=None if required else "?",
                    help=f"{what}: a folder, gs:// or s3:// (written there or refused before any work)")
-    for flag in old:
-        p.add_argument(flag, dest="_old_dest", metavar="DEST", action=_Renamed, new="the positional DEST",
-                       help=argparse.SUPPRESS)
-    p.set_defaults(_dest_required=required)
 
 
-def dest_of(args) -> str | None:
-    """The destination from ``DEST`` or its old option; a usage error when neither or both."""
-    new, old = getattr(args, "dest", None), getattr(args, "_old_dest", None)
-    if new is not None and old is not None and new != old:
-        raise SpecError(f"give the destination once (DEST {new!r} and the old option {old!r})")
-    d = new if new is not None else old
-    if d is None and getattr(args, "_dest_required", True):
-        raise SpecError("give a destination: dvidshards COMMAND EXPORT DEST")
-    return d
+def dest_of(args: Any) -> str | None:
+    """The destination ``DEST`` (``args.dest``; this helper goes once no command calls it)."""
+    return getattr(args, "dest", None)
 
 
-def add_scales(p, *, help: str = "scales to work on (default: every scale the export holds)") -> None:  # noqa: A002
-    """``--scales 0 1 2`` (``0,1,2`` accepted, deprecated)."""
+def add_scales(p: Any, *, help: str = "scales to work on (default: every scale the export holds)") -> None:  # noqa: A002
+    """``--scales 0 1 2``."""
     p.add_argument("--scales", nargs="+", action=_Scales, default=None, metavar="K", help=help)
 
 
@@ -199,15 +139,13 @@ def add_scale(p, *, default: int | None = 0) -> None:
                    help=f"scale K (folder sK){'' if default is None else f'; default {default}'}")
 
 
-def add_labels(p, *, default: str = "agglomerated", old: bool = False) -> None:
-    """``--labels agglomerated|supervoxels|FILE`` (and the old ``--mapping FILE``, deprecated)."""
+def add_labels(p: Any, *, default: str = "agglomerated") -> None:
+    """``--labels agglomerated|supervoxels|FILE``."""
     p.add_argument("--labels", default=default, metavar="LABELS", help=LABELS_HELP)
-    if old:
-        p.add_argument("--mapping", dest="labels", action=_Renamed, new="--labels FILE", help=argparse.SUPPRESS)
 
 
-def add_box(p, *, help: str = "only voxels in the box X0 Y0 Z0 X1 Y1 Z1 (voxels at the scale worked on)") -> None:  # noqa: A002
-    """``--box X0 Y0 Z0 X1 Y1 Z1`` (``x0,y0,z0,x1,y1,z1`` accepted, deprecated)."""
+def add_box(p: Any, *, help: str = "only voxels in the box X0 Y0 Z0 X1 Y1 Z1 (voxels at the scale worked on)") -> None:  # noqa: A002
+    """``--box X0 Y0 Z0 X1 Y1 Z1``."""
     p.add_argument("--box", nargs="+", action=_Box, default=None, metavar="N", help=help)
 
 
@@ -235,17 +173,14 @@ def job_options(args, *, workdir: bool = True) -> dict:
     return kw
 
 
-def command_line(job: str, args, skip: Iterable[str] = ()) -> str:
+def command_line(job: str, args: Any, skip: Iterable[str] = ()) -> str:
     """The command as given (options at their defaults left out), for the manifest."""
-    import shlex
-
     words = ["dvidshards", job]
     hidden = {"command", "quiet", "source", "dest", *skip}
     if getattr(args, "source", None) is not None:
         words += [str(s) for s in (args.source if isinstance(args.source, list) else [args.source])]
-    d = getattr(args, "dest", None) or getattr(args, "_old_dest", None)
-    if d is not None:
-        words.append(str(d))
+    if getattr(args, "dest", None) is not None:
+        words.append(str(args.dest))
     for name, value in vars(args).items():
         if name in hidden or name.startswith("_") or value in (None, False):
             continue

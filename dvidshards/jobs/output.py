@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import JobError, OutputError, OutputLockedError, RemoteReadError, SpecError
+from ..pyramid import MANIFEST, parse_manifest
 from ..stores import ByteStore, as_store, is_temporary, os_error
 
 __all__ = [
@@ -79,7 +80,6 @@ __all__ = [
     "work_folder",
 ]
 
-MANIFEST = "_dvidshards.json"
 LOCK = "_dvidshards.lock"
 WORK_SUFFIX = ".work"  # the default work folder of output NAME is NAME.work beside it
 SCHEMA = 1  # the manifest's schema version
@@ -482,16 +482,6 @@ def _gone(owner: dict) -> bool:
 # --------------------------------------------------------------------------- the manifest
 
 
-def _parse_manifest(data: bytes, where: str) -> dict:
-    try:
-        m = json.loads(data)
-    except ValueError as e:
-        raise SpecError(f"{where}: not a dvidshards manifest ({_one_line(e)[:80]})") from None
-    if not isinstance(m, dict) or "complete" not in m or not isinstance(m.get("job"), str):
-        raise SpecError(f"{where}: not a dvidshards manifest (no 'job' and 'complete' members)")
-    return m
-
-
 def read_manifest(dest: Any) -> dict | None:
     """The manifest of any job's output: ``_dvidshards.json`` in a folder, or the ``dvidshards``
     metadata of a one-file Parquet output. None when there is none.
@@ -521,7 +511,7 @@ def read_manifest(dest: Any) -> dict | None:
             return None
     except RemoteReadError as e:
         raise OutputError(str(e)) from None
-    return _parse_manifest(data, store.describe(MANIFEST))
+    return parse_manifest(data, store.describe(MANIFEST))
 
 
 def _file_manifest(store: ByteStore) -> dict | None:
@@ -534,7 +524,7 @@ def _file_manifest(store: ByteStore) -> dict | None:
     except Exception:  # noqa: BLE001 - not a Parquet file: no manifest in it
         return None
     raw = md.get(b"dvidshards")
-    return None if raw is None else _parse_manifest(raw, _where(store))
+    return None if raw is None else parse_manifest(raw, _where(store))
 
 
 # --------------------------------------------------------------------------- the report
@@ -734,7 +724,7 @@ class Output:
         prev = None
         if has_manifest:
             data = store.get_sync(MANIFEST)
-            prev = _parse_manifest(data, store.describe(MANIFEST)) if data is not None else None
+            prev = parse_manifest(data, store.describe(MANIFEST)) if data is not None else None
         rest = [n for n in names if n != MANIFEST]
         if not names:
             return

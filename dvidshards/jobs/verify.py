@@ -100,6 +100,7 @@ class VerifyReport(JobReport):
     """The :class:`~dvidshards.jobs.output.JobReport` of ``verify``: ``problems`` is what is wrong,
     ``totals`` (a :class:`VerifyTotals`) what was checked, ``manifests`` the job manifests read."""
 
+    totals: VerifyTotals = field(default_factory=VerifyTotals)
     problems: list[Problem] = field(default_factory=list)
     manifests: list[dict] = field(default_factory=list)
     #: scales the spec lists and the export does not hold (said under the summary, as ``info`` does)
@@ -107,33 +108,16 @@ class VerifyReport(JobReport):
     heads: list[str] = field(default_factory=list)
     store: Any = field(default=None, repr=False, compare=False)
 
-    def _count(self, name: str) -> int:
-        return int(getattr(self.totals, name, 0)) if self.totals is not None else 0
-
-    @property
-    def shards(self) -> int:
-        return self._count("shards")
-
-    @property
-    def chunks(self) -> int:
-        return self._count("chunks")
-
-    @property
-    def background(self) -> int:
-        return self._count("background")
-
-    @property
-    def decompressed(self) -> int:
-        return self._count("decompressed")
-
-    @property
-    def decoded(self) -> int:
-        return self._count("decoded")
+    shards = property(lambda self: self.totals.shards, doc="Shards checked.")
+    chunks = property(lambda self: self.totals.chunks, doc="Chunks checked (or compared with a source).")
+    background = property(lambda self: self.totals.background, doc="Of them, background in the source.")
+    decompressed = property(lambda self: self.totals.decompressed, doc="Payloads decompressed.")
+    decoded = property(lambda self: self.totals.decoded, doc="Blocks decoded.")
 
     @property
     def checked(self) -> bool:
         """Whether anything was checked (a shard, or a job's manifest)."""
-        return self.shards > 0 or self._count("manifests") > 0
+        return self.totals.shards > 0 or self.totals.manifests > 0
 
     @property
     def ok(self) -> bool:
@@ -144,7 +128,7 @@ class VerifyReport(JobReport):
         verdict = ("no problems" if self.ok else f"{len(self.problems)} problems" if self.problems
                    else "nothing was checked" if not self.checked else "the check is incomplete")
         lines = list(self.heads)
-        if self._count("shards") or not self.heads:
+        if self.totals.shards or not self.heads:
             lines.append(f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
                          f"{self.decoded} blocks decoded in {self.elapsed:.1f} s")
         lines[-1] += f": {verdict}"
@@ -449,12 +433,19 @@ def plan(source: Any, *, scale: int | None = None, decode: bool = False, spec: A
             if shard_origins(store, f):
                 problems.append(Problem(store.describe(f), "SpecError", f"{store.describe(f)}: holds shards but the "
                                         f"spec has no scale {f[1:]}; they were not checked"))
-        if isinstance(store, LayeredStore):  # a downsample output: the sizes of its source's files now
+        if isinstance(store, LayeredStore):  # a downsample output: its files, and its source's sizes now
             for i, st in enumerate(store.stores):
-                if i and downsample_manifest(st) is not None:
-                    below = store.stores[:i]
-                    tasks.append(SourceCheck(st, below[0] if i == 1 else LayeredStore(
-                        below, {k: j for k, j in store.route.items() if j < i})))
+                made = downsample_manifest(st) if i else None
+                if made is None:
+                    continue
+                below = store.stores[:i]
+                tasks.append(SourceCheck(st, below[0] if i == 1 else LayeredStore(
+                    below, {k: j for k, j in store.route.items() if j < i})))
+                for k, n in (made.get("files") or {}).items():  # a made shard file lost in a copy reads as 0
+                    if len(shard_origins(st, f"s{k}")) != n:
+                        problems.append(Problem(st.describe(f"s{k}"), "MissingShardError", f"{st.describe(f's{k}')}: "
+                                                f"holds {len(shard_origins(st, f's{k}'))} shard files, the job "
+                                                f"wrote {n}: an incomplete copy"))
     for s in scales:
         try:
             origins = ds.shards(s)
@@ -509,13 +500,11 @@ def run_task(task: Task) -> Checked:
 
 def reduce(results: Any, report: VerifyReport) -> None:
     """The tasks' counts summed into ``report.totals``, their problems and summary lines joined."""
-    totals = report.totals if isinstance(report.totals, VerifyTotals) else VerifyTotals()
     for r in results:
-        totals.add(r.totals)
+        report.totals.add(r.totals)
         report.problems += r.problems
         report.heads += r.heads
         report.notes += r.notes
-    report.totals = totals
 
 
 # --------------------------------------------------------------------------- the job

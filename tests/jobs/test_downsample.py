@@ -21,8 +21,7 @@ from dvidshards.dataset import IncompleteScalesWarning
 from dvidshards.errors import GeometryWarning, JobError, OutputError, SpecError
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.formats.multiscale import parse_multiscale
-from dvidshards.jobs import downsample as D
-from dvidshards.jobs.downsample import downsample, output_shards
+from dvidshards.jobs.downsample import DownsampleCommand, downsample, output_shards
 from dvidshards.writer import write_export
 from tests.support.data import REAL_SHARD
 from tests.support.downsample import by_count, dvid_port
@@ -401,10 +400,10 @@ def test_command_line(s0_only, tmp_path, capsys):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(s0_only.spec))
     p = argparse.ArgumentParser()
-    D.DownsampleCommand.add_arguments(p)
+    DownsampleCommand.add_arguments(p)
     args = p.parse_args([s0_only.root, str(tmp_path / "out"), "--spec", str(spec), "--scales", "1", "2",
                          "--method", "mode", "--quiet"])
-    assert D.DownsampleCommand.main(args) == 0
+    assert DownsampleCommand.main(args) == 0
     out = capsys.readouterr().out
     assert "complete" in out and "s1, s2 made from s0 (mode rule)" in out
     m = json.loads((tmp_path / "out" / "_dvidshards.json").read_text())
@@ -709,12 +708,12 @@ def test_box_makes_the_pyramid_of_the_box(s0_only, tmp_path, capsys):
         assert 0 < len(ds.shards(1)) < len(dvidshards.Dataset(s0_only.root, spec=s0_only.spec).shards(0))
     assert json.loads((tmp_path / "dvid" / "_dvidshards.json").read_text())["parameters"]["box"] == box
     p = argparse.ArgumentParser()
-    D.DownsampleCommand.add_arguments(p)
+    DownsampleCommand.add_arguments(p)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(s0_only.spec))
     args = p.parse_args([s0_only.root, str(tmp_path / "cli"), "--spec", str(spec), "--box", "37", "64", "20", "151",
                          "117", "141", "--quiet"])
-    assert D.DownsampleCommand.main(args) == 0
+    assert DownsampleCommand.main(args) == 0
     for k in (1, 2):
         a, b = (f.read_bytes() for f in (tmp_path / "cli" / f"s{k}" / "0_0_0.arrow", tmp_path / "dvid" / f"s{k}" /
                                          "0_0_0.arrow"))
@@ -722,3 +721,14 @@ def test_box_makes_the_pyramid_of_the_box(s0_only, tmp_path, capsys):
     with pytest.raises(SpecError, match="not inside"):
         downsample(s0_only.root, tmp_path / "x", spec=s0_only.spec, box=[[0, 0, 0], [500, 10, 10]], progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_made_shard_file_lost_in_a_copy_is_found_by_verify(s0_only, tmp_path, capsys):
+    """A complete made scale reads a shard file it did not write as 0, so verify counts its files."""
+    dest = tmp_path / "out"
+    assert downsample(s0_only.root, dest, spec=s0_only.spec, progress=False).ok
+    assert json.loads((dest / "_dvidshards.json").read_text())["files"] == {"1": 1, "2": 1, "3": 1}
+    (dest / "s2" / "0_0_0.arrow").unlink()
+    (dest / "s2" / "0_0_0.csv").unlink()
+    code, out = _verify_cli(capsys, dest)
+    assert code == 1 and "holds 0 shard files, the job wrote 1" in out and "s2" in out, out

@@ -287,20 +287,20 @@ def test_verify_reads_the_manifest_of_each_job_in_an_output(converted, tmp_path)
 
 def test_verify_report_is_a_job_report_and_a_check_that_cannot_run_is_a_job_error(three_shards, monkeypatch):
     from dvidshards.errors import JobError
-    from dvidshards.jobs import verify as V
     from dvidshards.jobs.output import JobReport
+    from dvidshards.jobs.verify import ShardCheck
 
     report = verify(three_shards.root, spec=three_shards.spec)
     assert isinstance(report, JobReport) and report.ok and report.complete and report.tasks == report.done
     assert report.tasks == report.shards == len(list(Path(three_shards.root).rglob("*.arrow")))
-    real = V.ShardCheck.run
+    real = ShardCheck.run
 
     def broken(self):  # a check that cannot run (a bug, a store that keeps failing), not a finding
         if self.origin == (0, 0, 0) and self.scale == 0:
             raise RuntimeError("the check itself broke")
         return real(self)
 
-    monkeypatch.setattr(V.ShardCheck, "run", broken)
+    monkeypatch.setattr(ShardCheck, "run", broken)
     with pytest.raises(JobError) as e:
         verify(three_shards.root, spec=three_shards.spec)
     r = e.value.report
