@@ -306,6 +306,24 @@ def test_destinations_refused(six, tmp_path, run_cli, capsys):
     assert "gs:" not in os.listdir(".") and not os.path.exists("gs:")
 
 
+def test_into_a_bucket_with_its_work_folder_there(six, tmp_path):
+    """meshes into s3:// (moto): the fragment files go to DEST.work in the bucket (the one rule), the
+    mesh files equal a local run's byte for byte, and the work folder is empty once complete."""
+    from tests.support.servers import MotoS3
+
+    local = meshes(six.dataset(), tmp_path / "local", scale=0, lods=1, scheduler="serial", progress=False)
+    with MotoS3() as s3:
+        c = s3.bucket("meshes")
+        url = f"s3://meshes/d?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = meshes(six.dataset(), url, scale=0, lods=1, scheduler="threads:2", progress=False)
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="meshes")["Contents"]}
+        got = {k[len("d/mesh/"):]: c.get_object(Bucket="meshes", Key=k)["Body"].read() for k in keys
+               if k.startswith("d/mesh/") and not k.endswith(MANIFEST)}
+    assert local.ok and rep.ok and rep.totals["bodies"] == 6
+    assert got == tree(tmp_path / "local" / "mesh", skip=MANIFEST)
+    assert not [k for k in keys if k.startswith("d.work/")] and "d/info" in keys
+
+
 def test_a_box_meshes_the_voxels_inside_it(six, tmp_path):
     box = [[40, 30, 20], [150, 120, 110]]
     rep = meshes(six.dataset(), tmp_path / "b", scale=0, lods=1, box=box, scheduler="serial", progress=False)
