@@ -10,7 +10,7 @@ Data (built once into the work directory and reused):
 
 Measured in one process, serially (one core) unless said otherwise:
 
-* ``body_stats`` (and ``label_index``) over the whole export: chunks per second of CPU time;
+* ``body_stats_table`` (and ``label_index``) over the whole export: chunks per second of CPU time;
 * the floor: zstd decompression of the same payloads plus the count kernel
   (``blockstats.batch_stats`` on ready buffers), nothing else;
 * today's way: 256³ boxes read through TensorStore (``dvidshards.open``) and
@@ -39,7 +39,8 @@ from common import CHUNK, MIB, _done, _fresh, _reset, table
 import dvidshards
 from dvidshards.formats.blockstats import batch_stats
 from dvidshards.formats.records import _dctx
-from dvidshards.jobs.stats import body_stats, label_index, shard_body_stats, shard_label_index
+from dvidshards.jobs.labelindex import label_index, shard_label_index
+from dvidshards.jobs.stats import body_stats_table, shard_body_stats
 
 REAL_CHUNKS = 587_000_000
 REAL_SHARDS = 26_128
@@ -150,14 +151,16 @@ def todays_way(export: Path, spec: dict, boxes: int, edge: int = 256):
 def merge_cost(ds, scale: int, work: Path) -> float:
     """CPU seconds per row of one reduce pass: the scale's label-index partials (6-bit row groups,
     as the shard tasks write them in a big job) merged into one file of 7-bit buckets."""
-    from dvidshards.jobs.stats import _Job, _merge_task, _shard_rel, _shard_task
-    from dvidshards.jobs.workdir import WorkDir
+    from dvidshards.jobs import buckets
+    from dvidshards.jobs.labelindex import ROWS, run_task
+    from dvidshards.stores import as_store
 
-    work.mkdir(parents=True)
-    job = _Job(ds, scale, "agglomerated", None, "index", WorkDir.of(work), 7, 6)
-    rows = sum(_shard_task(job, o) for o in ds.shards(scale))
-    files = tuple(_shard_rel(o) for o in ds.shards(scale))
-    (c, _), n = cpu_wall(lambda: _merge_task(job, (1, 0, files)))
+    store = as_store(work, writable=True)
+    src = buckets.label_source("agglomerated")
+    tasks = [buckets.ShardTask(ds, scale, o, src, None, store, 6) for o in ds.shards(scale)]
+    rows = sum(run_task(t) for t in tasks)
+    merge = buckets.MergeTask(ROWS, store, tuple(t.key for t in tasks), 1, 0, 7)
+    (c, _), n = cpu_wall(lambda: buckets.merge_task(merge))
     assert n == rows
     return c / rows
 
@@ -169,7 +172,7 @@ def real_bytes_per_row(data: Path, work: Path) -> float:
     import pyarrow.parquet as pq
 
     rds = dvidshards.Dataset(common.real_export(work, data), spec=common.mcns_spec(data))
-    t = shard_label_index(rds, 1, rds.shards(1)[0])
+    t = shard_label_index(rds, scale=1, origin=rds.shards(1)[0])
     t = t.sort_by([("body", "ascending"), ("supervoxel", "ascending")])
     buf = io.BytesIO()
     pq.write_table(t, buf, compression="zstd", row_group_size=32768)
@@ -200,13 +203,13 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-stats-"))
     try:
-        body_stats(ds, scale=0, scheduler="serial", progress=False)  # compile / load kernels
-        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats(ds, scale=0, scheduler="serial", progress=False))
+        body_stats_table(ds, scale=0, scheduler="serial", progress=False)  # compile / load kernels
+        (st_cpu, st_wall), t = cpu_wall(lambda: body_stats_table(ds, scale=0, scheduler="serial", progress=False))
         bodies = t.num_rows
         (ix_cpu, ix_wall), rep = cpu_wall(lambda: label_index(ds, tmp / "idx", scale=0, scheduler="serial", overwrite=True, progress=False))
         idx_bytes = du(tmp / "idx")
-        (map_cpu, _), _ = cpu_wall(lambda: [shard_body_stats(ds, 0, o) for o in ds.shards(0)])
-        (ix_map, _), _ = cpu_wall(lambda: [shard_label_index(ds, 0, o) for o in ds.shards(0)])
+        (map_cpu, _), _ = cpu_wall(lambda: [shard_body_stats(ds, scale=0, origin=o) for o in ds.shards(0)])
+        (ix_map, _), _ = cpu_wall(lambda: [shard_label_index(ds, scale=0, origin=o) for o in ds.shards(0)])
         zs, ks, n = floor_parts(ds, 0)
         assert n == nchunks
         floor = zs + ks
@@ -218,13 +221,13 @@ def main() -> None:
             w = time.perf_counter()
             runner = TaskRunner("local:2")
             client = runner.client()
-            body_stats(ds, scale=0, scheduler=client, progress=False)  # workers load the kernels once
+            body_stats_table(ds, scale=0, scheduler=client, progress=False)  # workers load the kernels once
             dask_start = time.perf_counter() - w
             try:
                 runs = []
                 for _ in range(2):
                     w = time.perf_counter()
-                    t2 = body_stats(ds, scale=0, scheduler=client, progress=False)
+                    t2 = body_stats_table(ds, scale=0, scheduler=client, progress=False)
                     runs.append(time.perf_counter() - w)
                     assert t2.equals(t)
                 dask_wall = min(runs)
@@ -233,7 +236,7 @@ def main() -> None:
 
         per = st_cpu / nchunks
         rows = [
-            ["body_stats (serial)", f"{st_cpu:.2f}", f"{st_wall:.2f}", f"{per * 1e6:.0f}",
+            ["body_stats_table (serial)", f"{st_cpu:.2f}", f"{st_wall:.2f}", f"{per * 1e6:.0f}",
              f"{1 / per:,.0f}", f"{floor / st_cpu:.2f}", f"{today_cpu / per:,.0f}x"],
             ["  per-shard tasks only (no reduce)", f"{map_cpu:.2f}", "", f"{map_cpu / nchunks * 1e6:.0f}",
              f"{nchunks / map_cpu:,.0f}", f"{floor / map_cpu:.2f}", ""],
@@ -249,7 +252,7 @@ def main() -> None:
              f"{1 / today_cpu:,.0f}", f"{floor / nchunks / today_cpu:.3f}", "1x"],
         ]
         if dask_wall is not None:
-            rows.append(["body_stats, LocalCluster 2 workers (wall)", "", f"{dask_wall:.2f}", "", "", "", ""])
+            rows.append(["body_stats_table, LocalCluster 2 workers (wall)", "", f"{dask_wall:.2f}", "", "", "", ""])
             rows.append(["  cluster start + first run (wall)", "", f"{dask_start:.2f}", "", "", "", ""])
         table(["job", "cpu s", "wall s", "us/chunk (cpu)", "chunks/s per core", "floor / this",
                "vs today"], rows, title=f"{nchunks} chunks, {voxels / 1e9:.2f} G voxels")
@@ -264,14 +267,14 @@ def main() -> None:
                                            log=lambda s_: print(s_, file=sys.stderr))
             rds = dvidshards.Dataset(real, spec=common.mcns_spec(args.data))
             rn = len(rds.chunks(1))
-            body_stats(rds, scale=1, scheduler="serial", progress=False)
-            (rc, rw), rt = cpu_wall(lambda: body_stats(rds, scale=1, scheduler="serial", progress=False))
+            body_stats_table(rds, scale=1, scheduler="serial", progress=False)
+            (rc, rw), rt = cpu_wall(lambda: body_stats_table(rds, scale=1, scheduler="serial", progress=False))
             (ric, riw), rrep = cpu_wall(lambda: label_index(rds, tmp / "ridx", scale=1, scheduler="serial", overwrite=True, progress=False))
             rbytes = du(tmp / "ridx")
             rzs, rks, _ = floor_parts(rds, 1)
             rper, riper = rc / rn, ric / rn
             table(["job (real blocks, 1 shard)", "chunks", "cpu s", "us/chunk", "chunks/s per core", "floor / this"],
-                  [["body_stats", rn, f"{rc:.2f}", f"{rper * 1e6:.0f}", f"{1 / rper:,.0f}", f"{(rzs + rks) / rc:.2f}"],
+                  [["body_stats_table", rn, f"{rc:.2f}", f"{rper * 1e6:.0f}", f"{1 / rper:,.0f}", f"{(rzs + rks) / rc:.2f}"],
                    ["label_index", rn, f"{ric:.2f}", f"{riper * 1e6:.0f}", f"{1 / riper:,.0f}",
                     f"{(rzs + rks) / ric:.2f}"],
                    ["floor (zstd + kernel)", rn, f"{rzs + rks:.2f}", f"{(rzs + rks) / rn * 1e6:.0f}",

@@ -10,7 +10,7 @@ client is ``dvidshards stats EXPORT sizes/ --scheduler tcp://...`` in a child pr
 peak RSS is the child's own ``VmHWM`` at exit. Both tables are compared with the tiling's own
 arithmetic (voxels, supervoxels, chunks and box of every cell, clipped to the volume) and the
 voxel counts also with ``np.bincount`` over the volume. Baseline in the same run: a client that
-gathers the table (``body_stats()``, what ``stats`` did before) over the same cluster.
+gathers the table (``body_stats_table()``, what ``stats`` did before) over the same cluster.
 Target: the client's peak grows by at most 64 MiB from 18 K to 1.1 M bodies.
 
 Part 2, procedural mCNS ``s0`` (``tests.support.procedural``: 26,456 shards of ~22.5 K chunks,
@@ -185,8 +185,8 @@ def run_child(code: str, *args: str) -> tuple[int, int, float, str]:
 _HWM = ("\nfor _l in open('/proc/self/status'):\n    if _l.startswith('VmHWM:'):\n"
         "        print('VmHWM', int(_l.split()[1]) * 1024)\n")
 _CLI = "import sys\nfrom dvidshards.cli import main\nrc = main(sys.argv[1:])" + _HWM + "sys.exit(rc)"
-_GATHER = ("import sys\nfrom dvidshards.jobs.stats import body_stats\n"
-           "t = body_stats(sys.argv[1], scheduler=sys.argv[2], progress=False, max_rows=10**9)" + _HWM)
+_GATHER = ("import sys\nfrom dvidshards.jobs.stats import body_stats_table\n"
+           "t = body_stats_table(sys.argv[1], scheduler=sys.argv[2], progress=False, max_rows=10**9)" + _HWM)
 
 
 def held_out(workdir: Path, shape=(512, 512, 256), cells=(16, 4), log=print) -> dict:
@@ -213,7 +213,7 @@ def held_out(workdir: Path, shape=(512, 512, 256), cells=(16, 4), log=print) -> 
             shutil.rmtree(out.parent)
             grc, gpeak, gwall, gtext = run_child(_GATHER, str(exports[c]), cl.address)
             if grc != 0:
-                raise RuntimeError(f"body_stats exited {grc}: {gtext[-3000:]}")
+                raise RuntimeError(f"body_stats_table exited {grc}: {gtext[-3000:]}")
             res[c] = {"rows": len(expected(shape, c)["label"]), "ok": ok, "why": why, "peak": peak, "wall": wall,
                       "gather_peak": gpeak, "gather_wall": gwall}
     lo, hi = res[cells[0]], res[cells[-1]]
@@ -223,7 +223,7 @@ def held_out(workdir: Path, shape=(512, 512, 256), cells=(16, 4), log=print) -> 
             for r in res.values()]
     rows.append(["growth", "", f"{grow / MIB:+.1f}", "", f"{ggrow / MIB:+.1f}", ""])
     table(["bodies", "table vs tiling + bincount", "stats client peak MiB", "wall s",
-           "gather-table client peak MiB (body_stats)", "wall s"], rows,
+           "gather-table client peak MiB (body_stats_table)", "wall s"], rows,
           title=f"held-out bar: stats on an external dask scheduler + 2 workers, {'x'.join(map(str, shape))} voxels")
     print(f"client peak growth {grow / MIB:+.1f} MiB (target <= {TARGET_MIB}): "
           f"{common.verdict(grow <= TARGET_MIB * MIB and all(r['ok'] for r in res.values()))}; a client that "
@@ -242,25 +242,27 @@ def hwm():
 """
 
 _PLAN = _HWM_FN + r"""
-import json, os, pickle, sys, time, functools
+import json, os, pickle, sys, time
 t0 = time.perf_counter()
 import dvidshards
 from tests.support.procedural import ProceduralStore
-import dvidshards.jobs.stats as st
-from dvidshards.jobs.workdir import WorkDir
+import dvidshards.jobs.buckets as bk
+from dvidshards.jobs.labelindex import run_task as index_task
+from dvidshards.jobs.stats import run_task as stats_task
+from dvidshards.stores import as_store
 kind = sys.argv[1]
 t1 = time.perf_counter()
 store = ProceduralStore()
 ds = dvidshards.Dataset(store, spec=store.spec)
 s = ds.scale(0)
 t2 = time.perf_counter()
-origins = st._origins(ds, s, None)
-bits = st._bits(origins, None, st.FAN_IN)
-labels = st._labels_arg("agglomerated")
-ident = st._ident(kind, s, None, st._labels_identity(labels), bits)
-shard_bits = st._shard_bits(origins, bits, st.FAN_IN)
-job = st._Job(ds, s.index, labels, None, kind, WorkDir.of(sys.argv[2]), bits, shard_bits, WorkDir.of(sys.argv[2]))
-task = pickle.dumps((functools.partial(st._shard_task, job), origins[0]))
+origins = bk.shard_origins(ds, s, None)
+bits = bk.partition_bits(len(origins), None, bk.FAN_IN)
+labels = bk.label_source("agglomerated")
+params = bk.parameters(kind, s, None, labels, bits)
+tasks = list(bk.plan(ds, s, origins, labels=labels, box=None, work=as_store(sys.argv[2], writable=True), bits=bits,
+                     fan_in=bk.FAN_IN))
+task = pickle.dumps((stats_task if kind == "stats" else index_task, tasks[0]))
 t3 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "open": t2 - t1, "plan": t3 - t2, "shards": len(origins), "bits": bits,
                   "task_bytes": len(task), "peak": hwm()}))
@@ -271,18 +273,18 @@ import json, sys, time
 t0 = time.perf_counter()
 import dvidshards
 from tests.support.procedural import ProceduralStore
+import dvidshards.jobs.buckets as bk
+import dvidshards.jobs.labelindex as li
 import dvidshards.jobs.stats as st
-st._shard_task = lambda job, origin: 0
-st._merge_task = lambda job, item: 0
-st._final_task = lambda job, inputs, bucket: 0
+st.run_task = li.run_task = bk.merge_task = bk.bucket_task = lambda task: 0
 store = ProceduralStore()
 ds = dvidshards.Dataset(store, spec=store.spec)
 out, kind = sys.argv[1], sys.argv[2]
 t1 = time.perf_counter()
 if kind == "stats":
-    rep = st.write_body_stats(ds, out, scale=0, scheduler="threads:2", progress=False)
+    rep = st.body_stats(ds, out, scale=0, scheduler="threads:2", progress=False)
 else:
-    rep = st.label_index(ds, out, scale=0, scheduler="threads:2", progress=False)
+    rep = li.label_index(ds, out, scale=0, scheduler="threads:2", progress=False)
 t2 = time.perf_counter()
 print(json.dumps({"start": t1 - t0, "job": t2 - t1, "shards": rep.totals.shards, "ok": rep.ok, "peak": hwm()}))
 """
@@ -292,14 +294,15 @@ import json, os, resource, sys, time
 os.environ.setdefault("DVIDSHARDS_KERNELS", "compiled")
 import dvidshards
 from tests.support.procedural import ProceduralStore
-import dvidshards.jobs.stats as st
-from dvidshards.jobs.workdir import WorkDir
+import dvidshards.jobs.buckets as bk
+from dvidshards.jobs.labelindex import run_task as index_task
+from dvidshards.jobs.stats import run_task as stats_task
+from dvidshards.stores import as_store
 kind, work, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = ProceduralStore()
 ds = dvidshards.Dataset(store, spec=store.spec)
-origins = st._origins(ds, ds.scale(0), None)
-origin = origins[k]
-job = st._Job(ds, 0, "agglomerated", None, kind, WorkDir.of(work), 11, 6, WorkDir.of(work))
+origin = bk.shard_origins(ds, ds.scale(0), None)[k]
+task = bk.ShardTask(ds, 0, origin, bk.label_source("agglomerated"), None, as_store(work, writable=True), 6)
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -308,14 +311,14 @@ before = rss()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 w0, c0 = time.perf_counter(), time.process_time()
-rows = st._shard_task(job, origin)
+rows = (stats_task if kind == "stats" else index_task)(task)
 w1, c1 = time.perf_counter(), time.process_time()
 peak = 0
 for line in open("/proc/self/status"):
     if line.startswith("VmHWM:"):
         peak = int(line.split()[1]) * 1024
 chunks = len(ds.shard(0, origin).table())
-size = os.path.getsize(os.path.join(work, st._shard_rel(origin)))
+size = os.path.getsize(os.path.join(work, task.key))
 print(json.dumps({"origin": origin, "chunks": chunks, "rows": rows, "wall": w1 - w0, "cpu": c1 - c0,
                   "before": before, "peak": peak, "bytes": size}))
 """

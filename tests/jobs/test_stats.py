@@ -1,6 +1,6 @@
-"""body_stats, write_body_stats and label_index vs brute force over written volumes, serial, on
-threads and on dask; the outputs they refuse to write, and what they leave when shards fail.
-Every job stands on dvidshards.jobs.output: one manifest, a lock, JobError unless allow_partial."""
+"""stats (body_stats, body_stats_table) vs brute force over written volumes, serially, on threads and
+on dask; the outputs it refuses to write, and what it leaves when shards fail. It stands on
+dvidshards.jobs.output: one manifest, a lock, JobError unless allow_partial."""
 
 from __future__ import annotations
 
@@ -12,112 +12,37 @@ import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 
 import dvidshards
-from dvidshards.errors import MappingError, OutputError, SpecError
+from dvidshards.errors import JobError, MappingError, OutputError, RemoteReadError, SpecError
 from dvidshards.formats import jit
 from dvidshards.formats.codec import decode_block
 from dvidshards.formats.labelindex import bucket_of
+from dvidshards.jobs import buckets, runner
+from dvidshards.jobs import stats as stats_job
+from dvidshards.jobs.labelindex import label_index
 from dvidshards.jobs.output import JobReport, read_manifest
 from dvidshards.jobs.runner import TaskRunner
-from dvidshards.jobs.stats import (
-    INDEX_SCHEMA,
-    STATS_SCHEMA,
-    JobError,
-    body_stats,
-    label_index,
-    shard_body_stats,
-    shard_label_index,
-    write_body_stats,
-)
+from dvidshards.jobs.stats import STATS_SCHEMA, body_stats, body_stats_table, shard_body_stats
 from tests.support.data import REAL_SHARD
-from tests.support.exports import make_export
-
-# --------------------------------------------------------------------------- brute force
-
-
-def unique_pairs(a: np.ndarray, b: np.ndarray):
-    """Distinct (a, b) pairs sorted, with their counts (np.unique(axis=0) is very slow)."""
-    o = np.lexsort((b, a))
-    a, b = a[o], b[o]
-    starts = np.flatnonzero(np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])])
-    return a[starts], b[starts], np.diff(np.r_[starts, len(a)])
-
-
-def brute_stats(body: np.ndarray, sv: np.ndarray, offset=(0, 0, 0), chunk=64) -> dict:
-    """{label: (voxels, supervoxels, chunks, box)} of an (x, y, z) volume, label 0 left out."""
-    flat = body.ravel()
-    order = np.argsort(flat, kind="stable")
-    lab = flat[order]
-    starts = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]])
-    xyz = np.stack(np.unravel_index(order, body.shape), axis=1) + np.asarray(offset)
-    lo = np.minimum.reduceat(xyz, starts, axis=0)
-    hi = np.maximum.reduceat(xyz, starts, axis=0) + 1
-    voxels = np.diff(np.r_[starts, len(lab)])
-    pb, _, _ = unique_pairs(flat, sv.ravel())
-    nsv = dict(zip(*np.unique(pb, return_counts=True), strict=True))
-    cid = xyz // chunk
-    key = (cid[:, 0] * 100_003 + cid[:, 1]) * 100_003 + cid[:, 2]
-    cb, _, _ = unique_pairs(lab, key.astype(np.uint64))
-    nch = dict(zip(*np.unique(cb, return_counts=True), strict=True))
-    out = {}
-    for k, s in enumerate(starts):
-        lb = int(lab[s])
-        if lb:
-            out[lb] = (int(voxels[k]), int(nsv[lb]), int(nch[lb]), tuple(lo[k].tolist() + hi[k].tolist()))
-    return out
-
-
-def as_dict(t) -> dict:
-    d = t.to_pydict()
-    return {d["label"][i]: (d["voxels"][i], d["supervoxels"][i], d["chunks"][i],
-                            tuple(d[c][i] for c in ("x0", "y0", "z0", "x1", "y1", "z1")))
-            for i in range(t.num_rows)}
-
-
-def check_sorted(t):
-    assert t.schema.remove_metadata() == STATS_SCHEMA
-    v = t["voxels"].to_numpy()
-    assert (np.diff(v) <= 0).all()
-
-
-def brute_index(body, sv, chunk=64) -> set:
-    """{(body, sv, cx, cy, cz, voxels)} of (x, y, z) volumes."""
-    rows = set()
-    nx, ny, nz = (-(-n // chunk) for n in body.shape)
-    for cx in range(nx):
-        for cy in range(ny):
-            for cz in range(nz):
-                sl = np.s_[cx * chunk:(cx + 1) * chunk, cy * chunk:(cy + 1) * chunk, cz * chunk:(cz + 1) * chunk]
-                pb, ps, n = unique_pairs(body[sl].ravel(), sv[sl].ravel())
-                rows |= {(int(b), int(s), cx, cy, cz, int(c)) for b, s, c in zip(pb, ps, n, strict=True) if b}
-    return rows
-
-
-def read_folder(out) -> pa.Table:
-    """A dataset folder as one table (the manifest _dvidshards.json is not a Parquet file)."""
-    return pds.dataset(out, format="parquet", partitioning="hive", ignore_prefixes=[".", "_", "dvidshards."]).to_table()
-
-
-def read_index(out) -> set:
-    t = read_folder(out)  # the whole hive-partitioned dataset
-    d = t.to_pydict()
-    return set(zip(d["body"], d["supervoxel"], d["chunk_x"], d["chunk_y"], d["chunk_z"], d["voxels"],
-                   strict=False))
-
-
-# --------------------------------------------------------------------------- fixtures
+from tests.support.stats import (
+    as_dict,
+    brute_index,
+    brute_stats,
+    damaged_copy,
+    read_dataset,
+    read_folder,
+    read_index,
+    stats_export,
+    tree,
+)
 
 
 @pytest.fixture(scope="module")
 def exp(tmp_path_factory):
-    e = make_export(tmp_path_factory.mktemp("stats") / "exp", shape=(200, 170, 150), seed=5, scales=2)
-    with open(os.path.join(e.root, "info"), "w") as f:  # exact geometry, no GeometryWarning
-        json.dump(e.spec, f)
-    return e
+    return stats_export(tmp_path_factory.mktemp("stats") / "exp")
 
 
 @pytest.fixture(scope="module")
@@ -130,60 +55,17 @@ def client():
     tr.close()
 
 
-def read_dataset(out) -> dict:
-    """{label: row} of a statistics dataset folder, checking that each file holds its bucket only."""
-    meta = json.loads((out / "_meta.json").read_text())
-    rows = {}
-    for b in range(1 << meta["bits"]):
-        t = pq.read_table(out / f"bucket={b:0{max(1, (meta['bits'] + 3) // 4)}x}" / "part-0.parquet")
-        assert t.schema.remove_metadata() == STATS_SCHEMA
-        lab = t["label"].to_numpy()
-        assert (bucket_of(lab, meta["bits"]) == b).all()
-        v = t["voxels"].to_numpy()
-        assert (np.diff(v) <= 0).all()  # in a bucket: voxels descending
-        rows.update(as_dict(t))
-    return rows
-
-
-def _corrupt_one_record(root, scale=0):
-    ds = dvidshards.Dataset(root)
-    o = ds.shards(scale)[3]
-    t = ds.shard(scale, o).table()
-    path = os.path.join(root, f"s{scale}", f"{o[0]}_{o[1]}_{o[2]}.arrow")
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    pay = bytes(t.payload(len(t) - 1))
-    at = data.find(pay)
-    assert at > 0 and len(pay) > 20
-    data[at + len(pay) // 2] ^= 0xFF
-    with open(path, "wb") as f:
-        f.write(bytes(data))
-    return path, o
-
-
 @pytest.fixture
 def damaged(exp, tmp_path):
-    """A copy of the export with one record of one s0 shard damaged: (root, shard path, origin, good bytes)."""
-    root = tmp_path / "exp"
-    shutil.copytree(exp.root, root)
-    path, o = _corrupt_one_record(root)
-    with open(os.path.join(exp.root, "s0", os.path.basename(path)), "rb") as f:
-        good = f.read()
-    return root, path, o, good
+    return damaged_copy(exp, tmp_path)
 
 
-def tree(folder) -> dict:
-    """{relative path: (size, mtime_ns)} of every file under a folder (to show nothing changed)."""
-    folder = str(folder)
-    out = {}
-    for d, _, files in os.walk(folder):
-        for f in files:
-            st = os.stat(os.path.join(d, f))
-            out[os.path.relpath(os.path.join(d, f), folder)] = (st.st_size, st.st_mtime_ns)
-    return out
+def check_sorted(t):
+    assert t.schema.remove_metadata() == STATS_SCHEMA
+    assert (np.diff(t["voxels"].to_numpy()) <= 0).all()
 
 
-# --------------------------------------------------------------------------- body_stats
+# --------------------------------------------------------------------------- body_stats_table
 
 
 @pytest.mark.parametrize("scale", [0, 1])
@@ -195,7 +77,7 @@ def test_body_stats_equal_brute_force(exp, scale, labels):
         svs = svs[svs != 0]
         mapping = {int(s): 1000 + int(s) % 7 for s in svs[::2]}
     lab = mapping if labels == "mapped" else labels
-    t = body_stats(exp.root, scale=scale, labels=lab, progress=False)
+    t = body_stats_table(exp.root, scale=scale, labels=lab, progress=False)
     check_sorted(t)
     want = brute_stats(exp.expected(scale, lab), exp.expected(scale, "supervoxels"))
     assert as_dict(t) == want
@@ -206,7 +88,7 @@ def test_body_stats_equal_brute_force(exp, scale, labels):
 
 def test_body_stats_box(exp):
     box = [[37, 70, 11], [190, 129, 140]]
-    t = body_stats(dvidshards.Dataset(exp.root), scale=0, labels="agglomerated", box=box, progress=False)
+    t = body_stats_table(dvidshards.Dataset(exp.root), scale=0, labels="agglomerated", box=box, progress=False)
     sl = np.s_[37:190, 70:129, 11:140]
     want = brute_stats(exp.expected(0)[sl], exp.expected(0, "supervoxels")[sl], offset=box[0])
     assert as_dict(t) == want
@@ -218,18 +100,18 @@ def test_reduce_tree_and_partitions(exp, tmp_path):
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
     # 3 levels, 2 levels, no merge level; 128 buckets: 6-bit shard partials merged into 7-bit files
     for fan_in, parts in [(2, 4), (3, 1), (64, 8), (3, 128)]:
-        t = body_stats(ds, scale=0, workdir=tmp_path / f"w{fan_in}", partitions=parts, fan_in=fan_in,
-                       progress=False)
+        t = body_stats_table(ds, scale=0, workdir=tmp_path / f"w{fan_in}", partitions=parts, fan_in=fan_in,
+                             progress=False)
         assert as_dict(t) == want
         assert not (tmp_path / f"w{fan_in}").exists()  # removed after a run with no failure
     with pytest.raises(SpecError, match="power of two"):
-        body_stats(ds, scale=0, partitions=3)
+        body_stats_table(ds, scale=0, partitions=3)
 
 
 def test_shard_function_is_plain(exp):
     ds = dvidshards.Dataset(exp.root)
     o = ds.shards(0)[0]
-    t = shard_body_stats(exp.root, 0, o)  # a path works as well as a Dataset
+    t = shard_body_stats(exp.root, scale=0, origin=o)  # a path works as well as a Dataset
     assert t.column_names[:3] == ["label", "voxels", "chunks"] and t.num_rows
     (x0, y0, z0) = o
     sl = np.s_[x0:x0 + 128, y0:y0 + 128, z0:z0 + 128]
@@ -239,33 +121,43 @@ def test_shard_function_is_plain(exp):
         {k: v[:3] for k, v in want.items()}
 
 
+def test_arguments_after_the_source_are_keywords(exp, tmp_path):
+    with pytest.raises(TypeError):
+        body_stats(exp.root, tmp_path / "a.parquet", 1)  # the scale by position
+    with pytest.raises(TypeError):
+        body_stats(exp.root)  # no destination: body_stats_table returns a table
+    with pytest.raises(TypeError):
+        body_stats_table(exp.root, 1)
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_dask_equals_serial(exp, client, tmp_path):
-    serial = body_stats(exp.root, scale=0, scheduler="serial", progress=False)
-    t = body_stats(exp.root, scale=0, scheduler=client, fan_in=2, partitions=2, progress=False)
+    serial = body_stats_table(exp.root, scale=0, scheduler="serial", progress=False)
+    t = body_stats_table(exp.root, scale=0, scheduler=client, fan_in=2, partitions=2, progress=False)
     assert t.equals(serial)
     rep = label_index(exp.root, tmp_path / "idx", scale=0, scheduler=client, fan_in=3, partitions=4,
                       progress=False)
     assert rep.ok and read_index(tmp_path / "idx") == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-    rep = write_body_stats(exp.root, tmp_path / "sizes.parquet", scheduler=client, fan_in=3, progress=False)
+    rep = body_stats(exp.root, tmp_path / "sizes.parquet", scheduler=client, fan_in=3, progress=False)
     assert rep.ok and as_dict(pq.read_table(tmp_path / "sizes.parquet")) == as_dict(serial)
 
 
-def test_body_stats_refuses_a_table_above_max_rows(exp, tmp_path):
+def test_body_stats_table_refuses_more_than_max_rows(exp, tmp_path):
     n = len(brute_stats(exp.expected(0), exp.expected(0, "supervoxels")))
     with pytest.raises(SpecError, match=f"{n} bodies, more than max_rows=3") as e:
-        body_stats(exp.root, scale=0, workdir=tmp_path / "w", max_rows=3, progress=False)
-    assert "write_body_stats" in str(e.value) and str(tmp_path / "w" / "table") in str(e.value)
+        body_stats_table(exp.root, scale=0, workdir=tmp_path / "w", max_rows=3, progress=False)
+    assert "body_stats(source, dest)" in str(e.value) and str(tmp_path / "w" / "table") in str(e.value)
     assert len(as_dict(read_folder(tmp_path / "w" / "table"))) == n  # the complete dataset, where it says
     assert read_manifest(tmp_path / "w" / "table")["complete"] is True
 
 
-# --------------------------------------------------------------------------- reductions on the workers
+# --------------------------------------------------------------------------- body_stats: written by the workers
 
 
 def test_stats_dataset_written_by_the_workers(exp, tmp_path):
     out = tmp_path / "sizes"
-    rep = write_body_stats(exp.root, out, scale=0, partitions=4, fan_in=3, progress=False)
+    rep = body_stats(exp.root, out, scale=0, partitions=4, fan_in=3, progress=False)
     want = brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
     assert isinstance(rep, JobReport) and rep.ok and rep.complete and rep.job == "stats"
     assert rep.totals.rows == len(want) and rep.totals.shards == 7 and rep.dest == str(out)
@@ -285,7 +177,7 @@ def test_stats_dataset_written_by_the_workers(exp, tmp_path):
 
 def test_single_file_assembled_from_the_buckets(exp, tmp_path):
     out = tmp_path / "sizes.parquet"
-    rep = write_body_stats(exp.root, out, scale=1, labels="supervoxels", partitions=8, progress=False)
+    rep = body_stats(exp.root, out, scale=1, labels="supervoxels", partitions=8, progress=False)
     t = pq.read_table(out)
     sv = exp.expected(1, "supervoxels")
     assert rep.ok and as_dict(t) == brute_stats(sv, sv)
@@ -301,6 +193,21 @@ def test_single_file_assembled_from_the_buckets(exp, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["sizes.parquet"]  # work folder sizes.parquet.work and lock removed
 
 
+def test_workdir_is_the_one_given_or_beside_the_output(exp, damaged, tmp_path):
+    """--workdir holds the partial results when given, else DEST.work beside the output; a work
+    folder inside the output is refused before any work."""
+    root, path, _, _ = damaged
+    rep = body_stats(root, tmp_path / "a", workdir=tmp_path / "elsewhere" / "w", allow_partial=True, progress=False)
+    assert not rep.ok and len(os.listdir(tmp_path / "elsewhere" / "w" / "shards")) == 6
+    assert not (tmp_path / "a.work").exists() and rep.totals.work == str(tmp_path / "elsewhere" / "w")
+    rep = body_stats(root, tmp_path / "b.parquet", allow_partial=True, progress=False)
+    assert len(os.listdir(tmp_path / "b.parquet.work" / "shards")) == 6
+    before = tree(tmp_path)
+    with pytest.raises(OutputError, match="overlap"):
+        body_stats(exp.root, tmp_path / "c", workdir=tmp_path / "c" / "w")
+    assert tree(tmp_path) == before and not (tmp_path / "c").exists()
+
+
 @pytest.mark.slow
 def test_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
     from tests.support.servers import MotoS3
@@ -309,8 +216,8 @@ def test_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
         s3.bucket("work")
         q = f"?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
         out = tmp_path / "sizes"
-        rep = write_body_stats(exp.root, out, scale=0, workdir=f"s3://work/job1{q}", fan_in=4, partitions=2,
-                               progress=False)
+        rep = body_stats(exp.root, out, scale=0, workdir=f"s3://work/job1{q}", fan_in=4, partitions=2,
+                         progress=False)
         assert rep.ok and read_dataset(out) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
         assert s3.client().list_objects_v2(Bucket="work").get("KeyCount", 0) == 0  # emptied after a complete run
         # the outputs themselves can live in a bucket, their work folder beside them
@@ -319,7 +226,7 @@ def test_workdir_and_outputs_in_an_s3_bucket(exp, tmp_path):
         assert rep.ok and keys == ["idx/_dvidshards.json", "idx/_meta.json", "idx/bucket=0/part-0.parquet",
                                    "idx/bucket=1/part-0.parquet"]
         # one file in a bucket
-        rep = write_body_stats(exp.root, f"s3://work/out/sizes.parquet{q}", scale=0, partitions=2, progress=False)
+        rep = body_stats(exp.root, f"s3://work/out/sizes.parquet{q}", scale=0, partitions=2, progress=False)
         body = s3.client().get_object(Bucket="work", Key="out/sizes.parquet")["Body"].read()
         assert rep.ok and as_dict(pq.read_table(pa.BufferReader(body))) == brute_stats(
             exp.expected(0), exp.expected(0, "supervoxels"))
@@ -333,9 +240,9 @@ def test_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatc
     seen = []
 
     def blind(self, workdir):
-        seen.append(os.fspath(workdir))
-        raise SpecError(f"work folder {workdir}: 2 of 2 dask workers cannot see it (first: tcp://w:1); give "
-                        f"--workdir on a file system every worker shares")
+        seen.append(workdir.local_path())
+        raise SpecError(f"work folder {workdir.local_path()}: 2 of 2 dask workers cannot see it (first: tcp://w:1); "
+                        f"give --workdir on a file system every worker shares")
 
     monkeypatch.setattr(TaskRunner, "check_shared", blind)
     out = tmp_path / "sizes"
@@ -346,8 +253,6 @@ def test_remote_scheduler_checks_the_work_folder_first(exp, tmp_path, monkeypatc
 
 
 def test_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
-    import dvidshards.jobs.stats as stats
-
     made, phases = [], []
 
     class Counting(TaskRunner):
@@ -355,20 +260,43 @@ def test_one_task_runner_for_every_phase(exp, tmp_path, monkeypatch):
             made.append(1)
             super().__init__(*a, **k)
 
-        def run(self, fn, items, *, desc="tasks", done=None, kernels=()):
-            phases.append(desc)
-            return super().run(fn, items, desc=desc, done=done, kernels=kernels)
+        def run(self, fn, items, **kw):
+            phases.append(kw.get("desc"))
+            return super().run(fn, items, **kw)
 
-    monkeypatch.setattr(stats, "TaskRunner", Counting)
-    rep = write_body_stats(exp.root, tmp_path / "s.parquet", fan_in=2, partitions=2, progress=False)
+    monkeypatch.setattr(stats_job, "TaskRunner", Counting)
+    rep = body_stats(exp.root, tmp_path / "s.parquet", fan_in=2, partitions=2, progress=False)
     assert rep.ok and len(made) == 1
     assert phases == ["s0 shards", "merge level 1", "merge level 2", "buckets", "one file"]  # 7 -> 4 -> 2 files
 
 
+def test_failures_that_may_pass_are_run_again_by_the_runner(exp, tmp_path, monkeypatch):
+    """A shard task and a merge task that fail once on a remote read run again (the runner's
+    retries); the output equals brute force."""
+    monkeypatch.setattr(runner, "RETRY_SECONDS", 0.0)
+    calls: dict = {}
+
+    def flaky(fn, what):
+        def task(t):
+            key = (what, t.origin if what == "shard" else (t.level, t.group))
+            n = calls[key] = calls.get(key, 0) + 1
+            if n == 1 and (what == "merge" or t.origin == first):
+                raise RemoteReadError(f"{t}: connection reset")
+            return fn(t)
+        return task
+
+    first = dvidshards.Dataset(exp.root).shards(0)[0]
+    monkeypatch.setattr(stats_job, "run_task", flaky(stats_job.run_task, "shard"))
+    monkeypatch.setattr(buckets, "merge_task", flaky(buckets.merge_task, "merge"))
+    out = tmp_path / "sizes"
+    rep = body_stats(exp.root, out, fan_in=4, scheduler="serial", progress=False)
+    assert rep.ok and read_dataset(out) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
+    assert calls["shard", first] == 2 and sum(v for k, v in calls.items() if k[0] == "shard") == 8
+    assert sorted(v for k, v in calls.items() if k[0] == "merge") == [2, 2]  # 7 files -> 2 merges, each run twice
+
+
 def test_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     import pickle
-
-    import dvidshards.jobs.stats as stats
 
     svs = np.unique(exp.scales[0])
     svs = svs[svs != 0]
@@ -377,15 +305,14 @@ def test_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     path.write_text("".join(f"{k} {v}\n" for k, v in mapping.items()) + "".join(
         f"{10**9 + k} 7\n" for k in range(20000)))  # rows for absent supervoxels: a bigger file
     carried = []
-    orig = stats._shard_task
+    orig = stats_job.run_task
 
-    def spy(job, origin):
-        carried.append(len(pickle.dumps(job)))
-        return orig(job, origin)
+    def spy(task):
+        carried.append(len(pickle.dumps(task)))
+        return orig(task)
 
-    monkeypatch.setattr(stats, "_shard_task", spy)
-    rep = write_body_stats(exp.root, tmp_path / "sizes", scale=0, labels=str(path), scheduler="serial",
-                           progress=False)
+    monkeypatch.setattr(stats_job, "run_task", spy)
+    rep = body_stats(exp.root, tmp_path / "sizes", scale=0, labels=str(path), scheduler="serial", progress=False)
     assert rep.ok and read_dataset(tmp_path / "sizes") == brute_stats(exp.expected(0, mapping),
                                                                       exp.expected(0, "supervoxels"))
     assert carried and max(carried) < 4096 < path.stat().st_size // 10  # the path, not 16 B per supervoxel
@@ -401,154 +328,47 @@ def test_mapping_file_travels_by_reference(exp, tmp_path, monkeypatch):
     assert box == [[int(x.min()), int(y.min()), int(z.min())], [int(x.max()) + 1, int(y.max()) + 1, int(z.max()) + 1]]
     assert int(m.sum()) == int((vol == body).sum())
     with pytest.raises(MappingError, match="not found"):
-        write_body_stats(exp.root, tmp_path / "other", scale=0, labels=str(tmp_path / "nope.txt"), progress=False)
+        body_stats(exp.root, tmp_path / "other", scale=0, labels=str(tmp_path / "nope.txt"), progress=False)
     assert not (tmp_path / "other").exists()
-
-
-# --------------------------------------------------------------------------- label index
-
-
-def test_label_index_equals_brute_force(exp, tmp_path):
-    out = tmp_path / "idx"
-    rep = label_index(exp.root, out, scale=0, partitions=4, progress=False)
-    want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert rep.ok and rep.totals.rows == len(want) and rep.totals.shards == 7
-    assert read_index(out) == want
-    meta = json.loads((out / "_meta.json").read_text())
-    assert meta["complete"] and meta["bits"] == 2 and meta["labels"] == "agglomerated"
-    assert read_manifest(out)["job"] == "label-index" and not (tmp_path / "idx.work").exists()
-    # each bucket file holds exactly its bodies, sorted
-    for b in range(4):
-        t = pq.read_table(out / f"bucket={b:x}" / "part-0.parquet")
-        assert t.schema.remove_metadata() == INDEX_SCHEMA
-        body = t["body"].to_numpy()
-        assert (bucket_of(body, 2) == b).all() and (np.diff(body.astype(np.float64)) >= 0).all()
-    # supervoxels: body == supervoxel; overwrite replaces the index
-    rep = label_index(exp.root, out, scale=1, labels="supervoxels", overwrite=True, progress=False)
-    got = read_index(out)
-    assert got == brute_index(exp.expected(1, "supervoxels"), exp.expected(1, "supervoxels"))
-    assert all(r[0] == r[1] for r in got)
-    assert json.loads((out / "_meta.json").read_text())["scale"] == 1
-
-
-def test_shard_label_index_rows(exp):
-    ds = dvidshards.Dataset(exp.root)
-    o = ds.shards(0)[-1]
-    t = shard_label_index(ds, 0, o)
-    (x0, y0, z0) = o
-    sl = np.s_[x0:x0 + 128, y0:y0 + 128, z0:z0 + 128]
-    want = {(b, s, cx + x0 // 64, cy + y0 // 64, cz + z0 // 64, n) for b, s, cx, cy, cz, n in
-            brute_index(exp.expected(0)[sl], exp.expected(0, "supervoxels")[sl])}
-    d = t.to_pydict()
-    assert set(zip(*d.values(), strict=True)) == want and t.num_rows == len(want)
-
-
-# --------------------------------------------------------------------------- old spellings, one release
-
-
-def test_old_call_forms_warn_and_work(exp, tmp_path):
-    want = brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
-    with pytest.warns(DeprecationWarning, match="by position"):
-        rep = write_body_stats(exp.root, tmp_path / "a.parquet", 1, "agglomerated", None, "serial", progress=False)
-    assert rep.ok and as_dict(pq.read_table(tmp_path / "a.parquet")) == want
-    with pytest.warns(DeprecationWarning) as w:
-        rep = write_body_stats(ds=exp.root, out=tmp_path / "b.parquet", scale=1, progress=False)
-    assert sorted(str(x.message).split(" (")[0] for x in w) == [
-        "write_body_stats(ds=...) is now write_body_stats(source=...)",
-        "write_body_stats(out=...) is now write_body_stats(dest=...)"]
-    assert rep.ok and as_dict(pq.read_table(tmp_path / "b.parquet")) == want
-    with pytest.warns(DeprecationWarning, match=r"label_index\(ds, scale, out\)"):
-        rep = label_index(exp.root, 1, tmp_path / "idx1", progress=False)
-    assert rep.ok and json.loads((tmp_path / "idx1" / "_meta.json").read_text())["scale"] == 1
-    with pytest.warns(DeprecationWarning) as w:
-        rep = label_index(exp.root, 0, out=tmp_path / "idx0", progress=False)
-    assert len(w) == 2 and all(x.filename == __file__ for x in w)  # both point at the caller
-    assert rep.ok and read_index(tmp_path / "idx0") == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-    with pytest.warns(DeprecationWarning, match="by position"):
-        t = body_stats(exp.root, 1, "agglomerated", progress=False)
-    assert as_dict(t) == want
-    with pytest.raises(TypeError, match="twice"), pytest.warns(DeprecationWarning):
-        write_body_stats(exp.root, tmp_path / "c", 1, scale=1)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'nonsense'"):
-        label_index(exp.root, tmp_path / "d", nonsense=1)
-    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
 
 # --------------------------------------------------------------------------- failures and resume
 
 
 def test_corrupt_shard_fails_its_task_and_resumes(exp, damaged, tmp_path, monkeypatch):
-    import dvidshards.jobs.stats as stats
-
     root, path, o, good = damaged
     work = tmp_path / "work"
     with pytest.raises(JobError, match="1 of 7 tasks failed") as e:
-        body_stats(root, scale=0, workdir=work, progress=False)
+        body_stats_table(root, scale=0, workdir=work, progress=False)
     msg = str(e.value)
     assert os.path.basename(path) in msg and "BlockDecodeError" in msg and "chunk (" in msg and str(work) in msg
     assert list(e.value.report.failed) == [path] and not e.value.report.complete
     # the other shards are there, the failed one wrote nothing; no reduce ran
-    parts = sorted(os.listdir(work / "parts" / "shards"))
+    parts = sorted(os.listdir(work / "table.work" / "shards"))
     assert len(parts) == 6 and f"{o[0]}_{o[1]}_{o[2]}.arrow" not in parts
-    assert sorted(os.listdir(work / "parts")) == ["shards", "work.json"]  # its lock released
+    assert sorted(os.listdir(work / "table.work")) == ["shards", "work.json"]  # its lock released
     m = read_manifest(work / "table")
     assert m["complete"] is False and list(m["failed"]) == [path] and m["failed"][path].startswith("BlockDecodeError:")
-    assert [n for n in os.listdir(work / "table")] == ["_dvidshards.json"]  # no rows
+    assert os.listdir(work / "table") == ["_dvidshards.json"]  # no rows
     # fix the shard and resume: only it runs again
     with open(path, "wb") as f:
         f.write(good)
     ran = []
-    orig = stats.shard_body_stats
-    monkeypatch.setattr(stats, "shard_body_stats", lambda ds, scale, origin, *a: ran.append(origin) or
-                        orig(ds, scale, origin, *a))
-    t = body_stats(root, scale=0, workdir=work, resume=True, scheduler="serial", progress=False)
+    orig = stats_job.shard_body_stats
+    monkeypatch.setattr(stats_job, "shard_body_stats", lambda source, **k: ran.append(k["origin"]) or orig(source, **k))
+    t = body_stats_table(root, scale=0, workdir=work, resume=True, scheduler="serial", progress=False)
     assert as_dict(t) == brute_stats(exp.expected(0), exp.expected(0, "supervoxels"))
     assert ran == [o] and not work.exists()
 
 
-def test_label_index_failure_then_resume(exp, damaged, tmp_path, monkeypatch):
-    import dvidshards.jobs.stats as stats
-
-    root, path, o, good = damaged
-    out = tmp_path / "idx"
-    # 128 buckets, fan-in 6: the 6 good partials (6-bit batches) go straight to the 7-bit buckets
-    with pytest.raises(JobError) as e:
-        label_index(root, out, scale=0, partitions=128, fan_in=6, progress=False)
-    rep = e.value.report
-    assert not rep.ok and list(rep.failed) == [path]
-    want = brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-    assert read_index(out) == {r for r in want if (r[2] * 64 // 128 * 128, r[3] * 64 // 128 * 128,
-                                                   r[4] * 64 // 128 * 128) != tuple(o)}
-    meta = json.loads((out / "_meta.json").read_text())
-    assert not meta["complete"] and list(meta["failed_shards"]) == [path]
-    m = read_manifest(out)
-    assert m["complete"] is False and list(m["failed"]) == [path] == list(rep.failed)  # manifest = report
-    with pytest.warns(RuntimeWarning, match="incomplete"):
-        dvidshards.Dataset(root).body_index(out)
-    assert len(os.listdir(tmp_path / "idx.work" / "shards")) == 6
-    shutil.copy(os.path.join(exp.root, "s0", os.path.basename(path)), path)
-    ran = []
-    orig = stats.shard_label_index
-    monkeypatch.setattr(stats, "shard_label_index", lambda ds, scale, origin, *a: ran.append(origin) or
-                        orig(ds, scale, origin, *a))
-    rep = label_index(root, out, scale=0, partitions=128, fan_in=6, resume=True, scheduler="serial",
-                      progress=False)
-    assert rep.ok and rep.skipped == 6 and ran == [o]  # resumed shards were not recomputed
-    assert read_index(out) == want  # 7 partials > fan-in 6: a merge level from 6-bit batches
-    assert len(os.listdir(out)) == 128 + 2 and not (tmp_path / "idx.work").exists()
-    # resuming a complete index does nothing
-    rep2 = label_index(root, out, scale=0, partitions=128, fan_in=6, resume=True, progress=False)
-    assert rep2.ok and rep2.totals.rows == rep.totals.rows and rep2.skipped == rep.tasks and ran == [o]
-
-
 def test_allow_partial_returns_the_report(damaged, tmp_path):
     root, path, _, _ = damaged
-    rep = write_body_stats(root, tmp_path / "s", allow_partial=True, progress=False)
+    rep = body_stats(root, tmp_path / "s", allow_partial=True, progress=False)
     assert not rep.ok and not rep.complete and rep.status == "incomplete" and list(rep.failed) == [path]
     assert "INCOMPLETE" in rep.summary() and "--resume" in rep.summary()
     m = read_manifest(tmp_path / "s")
     assert m["complete"] is False and m["failed"] == rep.failed and m["tasks"]["failed"] == len(rep.failed)
-    rep = write_body_stats(root, tmp_path / "s.parquet", allow_partial=True, progress=False)
+    rep = body_stats(root, tmp_path / "s.parquet", allow_partial=True, progress=False)
     assert not rep.ok and not (tmp_path / "s.parquet").exists()  # a one-file output only when complete
     assert os.listdir(tmp_path / "s.parquet.work" / "shards")
 
@@ -557,30 +377,30 @@ def test_resume_refuses_other_parameters(damaged, tmp_path):
     root = damaged[0]
     work = tmp_path / "w"
     with pytest.raises(JobError):
-        body_stats(root, scale=0, workdir=work, progress=False)
+        body_stats_table(root, scale=0, workdir=work, progress=False)
     with pytest.raises(OutputError, match="other parameters"):
-        body_stats(root, scale=0, labels="supervoxels", workdir=work, resume=True)
+        body_stats_table(root, scale=0, labels="supervoxels", workdir=work, resume=True)
     with pytest.raises(OutputError, match="--resume to finish it"):
-        body_stats(root, scale=0, workdir=work)
+        body_stats_table(root, scale=0, workdir=work)
     with pytest.raises(SpecError, match="workdir"):
-        body_stats(root, scale=0, resume=True)
+        body_stats_table(root, scale=0, resume=True)
     # a work folder given that holds something else is refused, and left alone
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("x")
     with pytest.raises(OutputError, match="not a dvidshards work folder"):
-        write_body_stats(root, tmp_path / "o", workdir=tmp_path / "mine", overwrite=True)
+        body_stats(root, tmp_path / "o", workdir=tmp_path / "mine", overwrite=True)
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
     # the partial results of another job's parameters are not mixed in
     with pytest.raises(JobError):
-        write_body_stats(root, tmp_path / "o2", workdir=tmp_path / "w2", progress=False)
+        body_stats(root, tmp_path / "o2", workdir=tmp_path / "w2", progress=False)
     with pytest.raises(OutputError, match="other parameters"):
-        write_body_stats(root, tmp_path / "o3", labels="supervoxels", workdir=tmp_path / "w2", resume=True)
+        body_stats(root, tmp_path / "o3", labels="supervoxels", workdir=tmp_path / "w2", resume=True)
 
 
 # --------------------------------------------------------------------------- command line
 
 
-def test_cli_stats_and_label_index(exp, tmp_path, capsys):
+def test_cli_stats(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     out = tmp_path / "sizes.parquet"
@@ -588,7 +408,7 @@ def test_cli_stats_and_label_index(exp, tmp_path, capsys):
     t = pq.read_table(out)
     assert as_dict(t) == brute_stats(exp.expected(1), exp.expected(1, "supervoxels"))
     text = capsys.readouterr().out
-    assert "stats -> " in text and ": complete:" in text and "bodies from 7 shards" not in text
+    assert "stats -> " in text and ": complete:" in text
     assert read_manifest(out)["command"] == f"dvidshards stats {exp.root} {out} --scale 1"
     folder = tmp_path / "sizes"
     assert main(["stats", exp.root, str(folder), "--scale", "1", "--quiet"]) == 0
@@ -601,28 +421,8 @@ def test_cli_stats_and_label_index(exp, tmp_path, capsys):
     sl = np.s_[10:150, 20:160, 30:140]
     sv = exp.expected(0, "supervoxels")[sl]
     assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
-    idx = tmp_path / "idx"
-    assert main(["label-index", exp.root, str(idx), "--partitions", "2", "--quiet"]) == 0
-    assert read_index(idx) == brute_index(exp.expected(0), exp.expected(0, "supervoxels"))
-
-
-def test_cli_old_spellings_warn_and_work(exp, tmp_path, capsys):
-    from dvidshards.cli import main
-
-    box = tmp_path / "box.parquet"
-    assert main(["stats", exp.root, "--out", str(box), "--box", "10,20,30,150,160,140", "--labels", "supervoxels",
-                 "--quiet"]) == 0
-    err = capsys.readouterr().err
-    assert "--out" in err and "positional DEST" in err and "--box 10 20 30 150 160 140" in err
-    sl = np.s_[10:150, 20:160, 30:140]
-    sv = exp.expected(0, "supervoxels")[sl]
-    assert as_dict(pq.read_table(box)) == brute_stats(sv, sv, offset=(10, 20, 30))
-    assert main(["label-index", exp.root, "--out", str(tmp_path / "idx"), "--scale", "1", "--quiet"]) == 0
-    assert "positional DEST" in capsys.readouterr().err
-    assert json.loads((tmp_path / "idx" / "_meta.json").read_text())["scale"] == 1
-
-
-# --------------------------------------------------------------------------- bad input, from the user's side
+    assert main(["stats", exp.root, "--out", str(tmp_path / "old.parquet"), "--quiet"]) == 2  # DEST is positional
+    assert not (tmp_path / "old.parquet").exists()
 
 
 def test_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
@@ -639,7 +439,7 @@ def test_scale_in_the_spec_without_a_folder(exp, tmp_path, capsys):
         assert "s0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert tree(tmp_path) == before  # nothing written
     with pytest.raises(SpecError, match="s0"):
-        body_stats(root, scale=0, progress=False)
+        body_stats_table(root, scale=0, progress=False)
     assert main(["stats", str(root), str(tmp_path / "s1.parquet"), "--scale", "1", "--quiet"]) == 0
 
 
@@ -654,16 +454,16 @@ def test_box_outside_the_volume(exp, tmp_path, capsys):
         assert said in err and len(err.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == []
     with pytest.raises(SpecError, match="not inside"):
-        body_stats(exp.root, scale=0, box=[[150, 100, 100], [260, 160, 140]])
+        body_stats_table(exp.root, scale=0, box=[[150, 100, 100], [260, 160, 140]])
     with pytest.raises(SpecError, match="not inside"):
-        shard_body_stats(exp.root, 0, (0, 0, 0), box=[[0, 0, 0], [300, 10, 10]])
+        shard_body_stats(exp.root, scale=0, origin=(0, 0, 0), box=[[0, 0, 0], [300, 10, 10]])
 
 
 @pytest.mark.parametrize("form", ["sizes.parquet", "sizes"])
 def test_damaged_shard_writes_no_rows(exp, damaged, tmp_path, capsys, form):
     from dvidshards.cli import main
 
-    root, path, _, good = damaged
+    root, path, _, _ = damaged
     out = tmp_path / form
     work = tmp_path / f"{form}.work"
     assert main(["stats", str(root), str(out), "--quiet"]) == 1
@@ -722,7 +522,7 @@ def test_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
     from dvidshards.cli import main
 
     other = tmp_path / "other.parquet"
-    pq.write_table(pa_table(), other)
+    pq.write_table(pa.table({"x": [1, 2]}), other)
     before = tree(tmp_path)
     for flags in ([], ["--resume"]):
         assert main(["stats", exp.root, str(other), "--quiet", *flags]) == 2
@@ -735,10 +535,6 @@ def test_file_output_refused_unless_ours_and_asked(exp, tmp_path, capsys):
     assert main(["stats", exp.root, str(out), "--quiet", "--labels", "supervoxels", "--overwrite"]) == 0
     sv = exp.expected(0, "supervoxels")
     assert as_dict(pq.read_table(out)) == brute_stats(sv, sv)
-
-
-def pa_table():
-    return pa.table({"x": [1, 2]})
 
 
 def test_scheduler_vocabulary(exp, tmp_path, capsys):
@@ -788,6 +584,7 @@ def _chunk_brute(c, ub, ib, us, js, acc, rows):
 
 @pytest.mark.slow  # brute force decodes every chunk of the real shard twice (~1 min)
 def test_real_shard(real_export, real_records, tmp_path):
+    """Statistics and the label index of the real mCNS shard equal its blocks decoded one by one."""
     root, spec = real_export
     ds = dvidshards.Dataset(root, spec=spec)
     acc = {"agglomerated": {}, "supervoxels": {}}
@@ -803,12 +600,12 @@ def test_real_shard(real_export, real_records, tmp_path):
     for labels in ("agglomerated", "supervoxels"):
         want = {k: (v, len(s), n, tuple(lo.tolist() + hi.tolist()))
                 for k, (v, s, n, lo, hi) in acc[labels].items()}
-        t = body_stats(ds, scale=1, labels=labels, progress=False)
+        t = body_stats_table(ds, scale=1, labels=labels, progress=False)
         check_sorted(t)
         assert as_dict(t) == want and len(want) > 50
         if labels == "agglomerated":
             with jit.fallbacks():  # what a fresh worker answers with while numba compiles
-                assert as_dict(body_stats(ds, scale=1, labels=labels, progress=False)) == want
+                assert as_dict(body_stats_table(ds, scale=1, labels=labels, progress=False)) == want
         rep = label_index(ds, tmp_path / labels, scale=1, labels=labels, progress=False)
         assert rep.ok and read_index(tmp_path / labels) == rows[labels]
 
@@ -819,8 +616,8 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
     code = """if True:
         import json, os, sys
         from dvidshards.formats import blockstats
-        from dvidshards.jobs.stats import body_stats
-        t = body_stats(sys.argv[1], scale=0, labels="agglomerated", scheduler="serial", progress=False)
+        from dvidshards.jobs.stats import body_stats_table
+        t = body_stats_table(sys.argv[1], scale=0, labels="agglomerated", scheduler="serial", progress=False)
         rows = sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names))))
         print(json.dumps([blockstats._batch.ready, rows]), flush=True)
         os._exit(0)  # leave the compile to the helper process
@@ -830,12 +627,12 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr
     ready, rows = json.loads(out.stdout)
-    t = body_stats(exp.root, scale=0, labels="agglomerated", progress=False)
+    t = body_stats_table(exp.root, scale=0, labels="agglomerated", progress=False)
     assert ready is False
     assert rows == sorted(map(list, zip(*(t[c].to_pylist() for c in t.column_names), strict=True)))
 
 
-# --------------------------------------------------------------------------- the client's memory on a remote scheduler, small
+# --------------------------------------------------------------------------- the client's memory, small
 
 
 @pytest.mark.slow

@@ -1,0 +1,155 @@
+"""DVID's label index of every body at once (``dvidshards label-index EXPORT DEST``): a Parquet
+dataset of (body, supervoxel, chunk_x, chunk_y, chunk_z, voxels), read back per body by
+:class:`dvidshards.query.BodyIndex` (``serve-dvid --label-index``).
+
+* **plan**: one task per shard (:func:`dvidshards.jobs.buckets.plan`), those meeting ``box``;
+* **run_task**: one shard's rows (:func:`shard_label_index`) into a partial file of the work folder;
+* **reduce**: rows of the same buckets concatenated, as a tree by hash bucket of the body
+  (:func:`dvidshards.jobs.buckets.map_reduce`); each bucket sorted by body, supervoxel and chunk
+  into ``DEST/bucket=HH/part-0.parquet`` (row groups of 32768 rows), then ``DEST/_meta.json``.
+
+A failed shard's rows are missing: the index is still reduced, and its ``_meta.json`` and
+manifest say ``"complete": false`` (``BodyIndex`` warns); ``--resume`` adds them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..formats.labelindex import INDEX_FORMAT, INDEX_SCHEMA
+from .buckets import (
+    FAN_IN,
+    BoxLike,
+    LabelsLike,
+    Location,
+    Rows,
+    ShardTask,
+    SourceLike,
+    TableTotals,
+    add_arguments,
+    check_box,
+    check_shared,
+    label_source,
+    open_source,
+    own,
+    parameters,
+    partition_bits,
+    plan,
+    remove_work,
+    run_command,
+    run_dataset,
+    runs,
+    shard_origins,
+    shard_rows,
+    write_partial,
+)
+from .output import JobReport, Output
+from .runner import TaskRunner
+
+__all__ = ["LabelIndexCommand", "label_index", "reduce", "run_task", "shard_label_index"]
+
+
+def shard_label_index(source: SourceLike, *, scale: int, origin: tuple[int, int, int],
+                      labels: LabelsLike = "agglomerated", box: BoxLike | None = None) -> pa.Table:
+    """Label-index rows of one shard (``INDEX_SCHEMA``: body, supervoxel, chunk_x, chunk_y, chunk_z,
+    voxels), one per supervoxel per chunk (its voxels inside ``box``), sorted by body, supervoxel, chunk."""
+    rec, sv, body, vox, _, coords = shard_rows(open_source(source, None), scale, origin, labels, box)
+    order = np.lexsort((rec, sv, body))
+    rec, sv, body, vox = rec[order], sv[order], body[order], vox[order]
+    starts = runs([body, sv, rec])  # a label listed twice in one block: one row
+    if len(starts) != len(rec):
+        vox = np.add.reduceat(vox, starts)
+        rec, sv, body = rec[starts], sv[starts], body[starts]
+    c = coords[rec].astype(np.int32) if len(rec) else np.zeros((0, 3), np.int32)
+    return pa.Table.from_arrays(
+        [pa.array(body, pa.uint64()), pa.array(sv, pa.uint64()), pa.array(c[:, 0]), pa.array(c[:, 1]),
+         pa.array(c[:, 2]), pa.array(vox, pa.int64())], schema=INDEX_SCHEMA)
+
+
+def reduce(tables: list[pa.Table]) -> pa.Table:
+    """Rows of the same buckets from different shards: together (a body's rows differ by chunk)."""
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table()
+
+
+def finish(t: pa.Table) -> pa.Table:
+    if not t.num_rows:
+        return t
+    return t.sort_by([("body", "ascending"), ("supervoxel", "ascending"), ("chunk_z", "ascending"),
+                      ("chunk_y", "ascending"), ("chunk_x", "ascending")])
+
+
+ROWS = Rows("body", INDEX_SCHEMA, reduce, finish, 32768)
+
+
+def run_task(task: ShardTask) -> int:
+    """One shard's label-index rows into its partial file; returns its rows."""
+    t = shard_label_index(task.source, scale=task.scale, origin=task.origin, labels=task.labels, box=task.box)
+    return write_partial(task.work, task.key, t, ROWS, task.bits)
+
+
+def label_index(source: SourceLike, dest: Location, *, scale: int = 0, labels: LabelsLike = "agglomerated",
+                box: BoxLike | None = None, spec: Any = None, scheduler: Any = None, workdir: Location | None = None,
+                resume: bool = False, overwrite: bool = False, progress: bool | None = None,
+                allow_partial: bool = False, partitions: int | None = None, fan_in: int = FAN_IN,
+                command: str | None = None) -> JobReport:
+    """Write the label index of a scale (of the voxels inside ``box``) as a Parquet dataset.
+
+    ``dest`` (a folder, ``gs://``, ``s3://``, a kvstore spec or a store) gets
+    ``bucket=HH/part-0.parquet`` files, the rows of a body all in the file of
+    ``bucket_of(body, bits)``, plus ``_meta.json`` (scale, label source, bits, box,
+    completeness), written last, and the manifest ``_dvidshards.json``. Read it with
+    :class:`dvidshards.query.BodyIndex` (``Dataset.body_index(dest)``). The other parameters are
+    those of :func:`dvidshards.jobs.stats.body_stats`.
+
+    Returns
+    -------
+    JobReport
+        ``totals`` is a :class:`~dvidshards.jobs.buckets.TableTotals`.
+
+    Raises
+    ------
+    SpecError, OutputError
+        Bad input or a destination that cannot be used, before any work.
+    JobError
+        Shards failed and ``allow_partial`` is false: their rows are missing (``_meta.json`` and the
+        manifest say ``"complete": false``), the partial results kept; ``resume=True`` adds them.
+    """
+    ds = open_source(source, spec)
+    s = ds.scale(scale)
+    box = check_box(s, box)
+    src = label_source(labels)
+    origins = shard_origins(ds, s, box)
+    bits = partition_bits(len(origins), partitions, fan_in)
+    out = Output(dest, job="label-index", parameters=parameters("index", s, box, src, bits), source=ds,
+                 scales=[s.index], command=command, resume=resume, overwrite=overwrite, own=own, workdir=workdir,
+                 work=True)
+    work = out.workdir
+    assert work is not None  # work=True
+    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=work.describe("").rstrip("/"))
+    with TaskRunner(scheduler, progress=progress) as tr:
+        check_shared(tr, out.store, work)
+        with out:
+            tasks = list(plan(ds, s, origins, labels=src, box=box, work=work, bits=bits, fan_in=fan_in))
+            report = run_dataset(out, tr, run_task, tasks, work=work, rows=ROWS, s=s, fmt=INDEX_FORMAT, what="rows",
+                                 totals=totals, fan_in=fan_in, resume=resume, overwrite=overwrite,
+                                 allow_partial=allow_partial, partial_ok=True)
+    if report.complete:
+        remove_work(work)
+    return report
+
+
+class LabelIndexCommand:
+    """``dvidshards label-index EXPORT DEST``: the label index as a Parquet dataset."""
+
+    @staticmethod
+    def add_arguments(p) -> None:
+        add_arguments(p, what="the label index: a folder (one Parquet file per hash bucket, plus _meta.json)")
+
+    @staticmethod
+    def main(args) -> int:
+        """Run ``dvidshards label-index``: 0 when complete, 1 when not."""
+        return run_command(label_index, "label-index", args)
