@@ -149,10 +149,10 @@ if sys.argv[2] == "before":  # block statistics without its numpy fallback, as b
     blockstats._kernel.fallback = blockstats._batch.fallback = None
 import dvidshards
 import dvidshards.runtime
-from dvidshards.jobs.stats import body_stats
+from dvidshards.jobs.stats import body_stats_table
 t1 = time.perf_counter()
 ds = dvidshards.Dataset(sys.argv[1], spec=json.loads(open(sys.argv[3]).read()))
-t = body_stats(ds, 0, "agglomerated", scheduler="serial", progress=False)
+t = body_stats_table(ds, scale=0, labels="agglomerated", scheduler="serial", progress=False)
 t2 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "stats": t2 - t1, "rows": t.num_rows, "ready": blockstats._batch.ready}))
 import os

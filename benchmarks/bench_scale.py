@@ -97,13 +97,13 @@ def _start(job: str, out: Path):
     store = _store()
     ds = Dataset(store, spec=store.spec)
     if job == "stats":
-        from dvidshards.jobs.stats import write_body_stats
+        from dvidshards.jobs.stats import body_stats
 
-        write_body_stats(ds, out / "stats", scale=0, scheduler="serial", progress=False)
+        body_stats(ds, out / "stats", scale=0, scheduler="serial", progress=False)
     elif job == "label-index":
-        from dvidshards.jobs.stats import label_index
+        from dvidshards.jobs.labelindex import label_index
 
-        label_index(ds, 0, out=out / "index", scheduler="serial", progress=False)
+        label_index(ds, out / "index", scale=0, scheduler="serial", progress=False)
     elif job == "convert":
         from dvidshards.jobs.convert import convert
 

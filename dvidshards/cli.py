@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "lacks are made the way DVID makes its pyramid)"),
     "stats": ("dvidshards.jobs.stats:StatsCommand",
               "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
-    "label-index": ("dvidshards.jobs.stats:LabelIndexCommand",
+    "label-index": ("dvidshards.jobs.labelindex:LabelIndexCommand",
                     "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
     "body": ("dvidshards.jobs.meshes:BodyCommand",
              "one body: size, box, supervoxels, DVID sparsevol (and -coarse) bytes, its mesh as .ply/.obj"),

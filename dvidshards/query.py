@@ -8,7 +8,7 @@ here:
 * :func:`chunks_with` - the chunks whose lists hold any of some ids: a vectorised scan of the
   list columns, no zstd.
 * :class:`BodyIndex` - DVID's ``LabelIndex`` of one body (its chunks, supervoxel sizes, box)
-  from the Parquet dataset written by :func:`dvidshards.jobs.stats.label_index`.
+  from the Parquet dataset written by :func:`dvidshards.jobs.labelindex.label_index`.
 * :func:`body_mask` - a body as a mask over its bounding box, decoding only its chunks (DVID's
   ``sparsevol``).
 * :func:`label_at` - the ids at voxels (DVID's ``/labels``): one zstd frame per chunk holding
@@ -457,7 +457,7 @@ def mapping(ds, *, scale=None, supervoxels=None, table: bool = False, index: Bod
 
 # --------------------------------------------------------------------------- label index
 
-INDEX_META = "_meta.json"  # the label index's own description (jobs.stats writes it)
+INDEX_META = "_meta.json"  # the label index's own description (jobs.labelindex writes it)
 _ROW_COLUMNS = ("body", "supervoxel", "chunk_x", "chunk_y", "chunk_z", "voxels")
 
 

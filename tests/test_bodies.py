@@ -16,7 +16,7 @@ from dvidshards.bodies import Body, chunk_decoder
 from dvidshards.errors import MissingShardError, NotFoundError, SpecError
 from dvidshards.formats import mesh as M
 from dvidshards.formats import sparsevol as SV
-from dvidshards.jobs.stats import label_index
+from dvidshards.jobs.labelindex import label_index
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 from tests.support.sparsevol import decode, mask_from_runs, reference_coarse, reference_rles

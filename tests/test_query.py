@@ -10,7 +10,7 @@ import pytest
 
 import dvidshards
 from dvidshards.errors import MissingShardError, SpecError
-from dvidshards.jobs.stats import label_index
+from dvidshards.jobs.labelindex import label_index
 from dvidshards.query import BodyIndex, body_mask, chunks_with, labels_in_box
 from tests.support.exports import make_export
 

@@ -11,7 +11,7 @@ import pytest
 from dvidshards import Dataset
 from dvidshards.bodies import Body
 from dvidshards.errors import NotFoundError, ShardFormatError, SpecError
-from dvidshards.jobs.stats import label_index
+from dvidshards.jobs.labelindex import label_index
 from dvidshards.query import BodyIndex, mapping
 from dvidshards.stores import MemoryStore
 from dvidshards.stores.base import Stat, slice_range

@@ -389,7 +389,3 @@ class StatsCommand:
         """Run ``dvidshards stats``: 0 when complete, 1 when not (the summary says why and how to finish)."""
         return run_command(body_stats, "stats", args)
 
-
-# TEMPORARY, while cli.py's "label-index" row and a few tests still name dvidshards.jobs.stats: delete these
-# two lines with that change (lint-imports fails on them once "stats | labelindex" is in the contract)
-from .labelindex import LabelIndexCommand, label_index  # noqa: E402, F401

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import dvidshards
-from dvidshards.jobs.stats import label_index
+from dvidshards.jobs.labelindex import label_index
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 from tests.support.sparsevol import naive_dvid_bytes, reference_coarse, reference_rles

@@ -555,10 +555,10 @@ def test_mesh_chunks_from_a_label_index(export, tmp_path, monkeypatch):
     """With a label index, a coarser scale's chunks come from the index's blocks (no scan of
     the lists): the same mesh as without it."""
     pytest.importorskip("zmesh")
-    from dvidshards.jobs.stats import label_index
+    from dvidshards.jobs.labelindex import label_index
 
     ds = Dataset(export.root, spec=export.spec)
-    label_index(ds, 0, tmp_path / "idx", scheduler="serial")
+    label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     vol = export.expected(0)
     ids, counts = np.unique(vol[vol != 0], return_counts=True)
     b = int(ids[np.argmax(counts)])

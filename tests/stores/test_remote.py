@@ -209,10 +209,10 @@ def test_gcs_jobs_read_and_write_buckets(root, gcs):
     """stats over a gs:// export equals stats over the local files; convert writes into a bucket
     (TensorStore's conditional writes), its manifest says complete, and verify spot-checks it."""
     from dvidshards.jobs.convert import convert
-    from dvidshards.jobs.stats import body_stats
+    from dvidshards.jobs.stats import body_stats_table
 
-    local = body_stats(root / "synth", scale=0, progress=False)
-    remote = body_stats(f"gs://{BUCKET}/exports/synth", scale=0, progress=False)
+    local = body_stats_table(root / "synth", scale=0, progress=False)
+    remote = body_stats_table(f"gs://{BUCKET}/exports/synth", scale=0, progress=False)
     assert remote.num_rows > 5 and remote.select(local.column_names).equals(local)
     dest = f"gs://{BUCKET}/converted/synth"
     rep = convert(root / "synth", dest, "precomputed", scheduler="serial", progress=False)
