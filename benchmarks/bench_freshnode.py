@@ -25,7 +25,7 @@ still spend after the window until they exit.
   beforehand by ``kernels.warm`` (what ``dvidshards warm`` does), which also measures **one
   compile**: the CPU of compiling the kernels convert uses, in one process;
 * **fresh**: an empty cache, the tasks calling ``prepare_for_job()`` (the benchmark wraps
-  ``convert._convert_shard`` in the workers when convert does not call it itself);
+  convert's ``run_task`` in the workers when convert does not call it itself);
 * **fresh, before** (``--before``): an empty cache, no call (the low-priority helper).
 
 Targets (issue 32): the fresh run's CPU ≤ 1.2 x the warm CPU for the same chunks + one compile;
@@ -143,21 +143,23 @@ CONVERT_KERNELS = ("dvidshards.formats.cseg._transcode_kernel", "dvidshards.form
 
 
 def _wrap_convert(names: tuple, wait: bool) -> str:
-    """In a worker: make ``convert._convert_shard`` call ``prepare_for_job(*names, wait=wait)``
-    first (as the job's task will); nothing when it calls it already."""
-    from dvidshards.jobs import convert
+    """In a worker: make convert's ``run_task`` call ``prepare_for_job(*names, wait=wait)`` first
+    (as the job's task will); nothing when it calls it already."""
+    import importlib
+
     from dvidshards.runtime import kernels
 
-    real = convert._convert_shard
+    convert = importlib.import_module("dvidshards.jobs.convert")  # the module (the package's name is the job)
+    real = convert.run_task
     if getattr(real, "_bench_wrapped", False) or "prepare_for_job" in inspect.getsource(real):
         return "convert calls prepare_for_job itself"
 
-    def _convert_shard(job, item):
+    def run_task(task):
         kernels.prepare_for_job(*names, wait=wait)
-        return real(job, item)
+        return real(task)
 
-    _convert_shard._bench_wrapped = True  # type: ignore[attr-defined]
-    convert._convert_shard = _convert_shard
+    run_task._bench_wrapped = True  # type: ignore[attr-defined]
+    convert.run_task = run_task
     return "wrapped"
 
 
@@ -214,7 +216,7 @@ def run_condition(name: str, export: Path, spec: dict, cache: Path, seconds: flo
                 ts0 = time.perf_counter()
                 cs0 = meter.sample()
                 with contextlib.redirect_stderr(io.StringIO()):  # the runner names the dask dashboard each run
-                    rep = convert(str(export), str(dest), spec=spec, scheduler=client, progress=False)
+                    rep = convert(str(export), str(dest), format="precomputed", spec=spec, scheduler=client, progress=False)
                 ts1 = time.perf_counter()
                 cs1 = meter.sample()
                 runs.append({"start": ts0 - t0, "end": ts1 - t0, "chunks": _chunks(rep), "cpu": cs1 - cs0})

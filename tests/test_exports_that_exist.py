@@ -523,7 +523,7 @@ def test_convert_old_names_at_s8_s9_reads_back_by_tensorstore(old_mcns, mcns_spe
     np.testing.assert_array_equal(_precomputed(dest, mcns_spec["scales"][9]["key"]).read().result(),
                                   _truth(s9.size, whole, "agglomerated"))
     # zarr3 of the same scales, supervoxels: the whole of s9 and the boundary box of s8
-    rep = convert(old_mcns, tmp_path / "z", "zarr3", spec=mcns_spec, scales=[8, 9],
+    rep = convert(old_mcns, tmp_path / "z", format="zarr3", spec=mcns_spec, scales=[8, 9],
                                           labels="supervoxels", progress=False)
     assert rep.ok and rep.tasks == 2
     z9 = ts.open({"driver": "zarr3", "kvstore": f"file://{tmp_path / 'z'}/s9/"}).result()
@@ -538,7 +538,7 @@ def test_convert_old_names_by_default_makes_the_coarser_scales(old_mcns, mcns_sp
     """Default scales of the old s7-s9: those three, and s10, s11 made from s9 by DVID's rule."""
     from dvidshards.demo import dvid_downsample
 
-    rep = convert(old_mcns, tmp_path / "out", "precomputed", spec=mcns_spec,
+    rep = convert(old_mcns, tmp_path / "out", format="precomputed", spec=mcns_spec,
                                           labels="supervoxels", progress=False, scheduler="serial")
     assert rep.ok and rep.scales == [7, 8, 9, 10, 11], rep.summary()
     assert any("s0, s1, s2, s3, s4, s5, s6 not exported and not made" in n for n in rep.notes)
@@ -577,13 +577,13 @@ def test_convert_s0_only_real_shard_with_the_12_scale_spec(s0_only_real, mcns_sp
     """The real mCNS shard as an s0-only export: one convert gives every scale of the spec; s1 and s2
     are DVID's rule on the real supervoxels, and the bodies the records' own mapping of them."""
     dest = tmp_path / "out"
-    rep = convert(s0_only_real, dest, "precomputed", spec=mcns_spec, progress=False,
+    rep = convert(s0_only_real, dest, format="precomputed", spec=mcns_spec, progress=False,
                                           scheduler="serial")
     assert rep.ok and rep.scales == list(range(12)), rep.summary()
     assert not (tmp_path / "out.work").exists()
     info = json.loads((dest / "info").read_text())
     assert [s["key"] for s in info["scales"]] == [s["key"] for s in mcns_spec["scales"]]
-    sv = convert(s0_only_real, tmp_path / "sv", "precomputed", spec=mcns_spec,
+    sv = convert(s0_only_real, tmp_path / "sv", format="precomputed", spec=mcns_spec,
                                          labels="supervoxels", scales=[1, 2], progress=False, scheduler="serial")
     assert sv.ok and sv.scales == [1, 2]
     pairs = {}

@@ -74,8 +74,8 @@ def test_every_readme_python_line_runs(workspace, tmp_path):
          'downsample("export/", "pyramid2/", spec="mcns-ng-specs.json", progress=False)'),
         ('"out/s0/0_0_0"', '"out2/s0/0_0_0"'),
         ('spec = dvidshards.write_export(', 'spec_out = dvidshards.write_export('),  # keep export/'s spec
-        ('convert("export/", "out/", "precomputed", spec=spec)', 'convert("export/", "conv/", "precomputed", spec=spec, '
-                                                               'progress=False)'),
+        ('convert("export/", "out/", format="precomputed", spec=spec)',
+         'convert("export/", "conv/", format="precomputed", spec=spec, progress=False)'),
         ("[[0, 0, 0], [512, 512, 64]]", "[[0, 0, 0], [128, 128, 64]]"),
         ("[[100, 200, 30], [5, 6, 7]]", "[[100, 120, 30], [5, 6, 7]]"),
     ]
