@@ -35,18 +35,9 @@ from .formats.codec import decode_into, decode_row_into
 from .formats.labels import LabelSource
 from .formats.multiscale import Scale
 from .formats.records import RecordTable, max_block_bytes
-from .shard import (
-    RecordSource,
-    ScaleFiles,
-    Shard,
-    ShardCache,
-    check_origins,
-    list_scale,
-    load_shard,
-    merge_ranges,
-    probe_neighbours,
-    with_chunk,
-)
+from .scalefiles import ScaleFiles, check_origins, list_scale, probe_neighbours
+from .shard import Shard, ShardCache, load_shard, merge_ranges, with_chunk
+from .sources.base import RecordSource
 from .stores.base import ByteStore, background_loop, decode_pool
 
 __all__ = ["ChunkReader", "aligned_empty", "check_scale", "read_box"]

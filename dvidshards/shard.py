@@ -1,39 +1,33 @@
 """The one shard loader, the ``Shard`` object and the shard cache, over any byte store.
 
 Loading a shard finds its chunk index (CSV variants A/B/C, the ``CHUNKIDX`` footer, a
-consolidated index, or, when none exists, the records' own chunk columns), its Arrow schema and
-the record batch holding each chunk, then checks them against each other.  How much is checked
-at load is the validation policy:
+consolidated index, or else the records' own chunk columns), its Arrow schema and the record
+batch holding each chunk, and checks them against each other.  How much is checked at load is
+the validation policy:
 
 ``"eager"``
-    Needs every byte of the shard (read once into private memory locally and freed after the
-    load, one download remotely).  Every
-    record's batch header, buffers and offsets are resolved and checked; every record must
-    have exactly one index row and lie in the shard's box.  Default for local files and
-    memory; ``verify`` always uses it, on every store.
+    Reads every byte of the shard (into private memory locally, freed after the load; one
+    download remotely).  Every record's batch header, buffers and offsets are checked; every
+    record must have exactly one index row and lie in the shard's box.  Default for local
+    files and memory; ``verify`` always uses it.
 ``"lazy"``
-    Reads only the index, the schema and (for legacy variants) batch headers.  Each record is
-    checked when it is read: its batch, buffers and offsets, its coordinates against its index
-    row and the shard's box.  Default for remote stores.  What it cannot see: a record that no
-    index row lists (it is never read, so its chunk reads as background); ``verify`` finds it.
+    Reads only the index, the schema and (legacy variants) batch headers; each record is
+    checked when it is read.  Default for remote stores.  It cannot see a record no index row
+    lists (its chunk reads as background); ``verify`` finds it.
 
-A chunk read is then a lookup, a zstd decompression of a slice and a nogil decode straight
-into the caller's array (``RecordTable.decode_into``), the same code whatever the store.
-Under either policy every chunk read checks that its record's supervoxel list is its block's
-label list, entry for entry (``RecordTable.labels_match``; N uint64 compares, ~0.3 µs a chunk):
-a list in another order would pair the record's labels with the wrong voxels.
+A chunk read is a lookup, a zstd decompression of a slice and a nogil decode into the caller's
+array (``RecordTable.decode_into``), whatever the store.  Every chunk read checks that its
+record's supervoxel list is its block's label list entry for entry (``labels_match``: ~0.3 µs
+a chunk): a list in another order would pair the labels with the wrong voxels.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import re
 import threading
 import warnings
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,10 +36,8 @@ from .errors import (
     DvidShardsError,
     IndexRebuiltWarning,
     MissingShardError,
-    NotExportedError,
     RemoteReadError,
     ShardFormatError,
-    SpecError,
 )
 from .formats import arrowipc as ipc
 from .formats.chunkindex import (
@@ -59,14 +51,26 @@ from .formats.chunkindex import (
     parse_csv,
     parse_footer,
 )
-from .formats.multiscale import SINGLE_SHARD, Scale, naming_note, naming_of_origins
+from .formats.multiscale import Scale
 from .formats.records import RecordTable
-from .sources.base import RecordSource
-from .stores.base import ByteStore, PastEndError, drive, run_sync
 
-__all__ = ["POLICIES", "ScaleFiles", "Shard", "ShardCache", "check_origins", "held_scales", "list_scale", "load_shard",
-           "load_shard_sync", "neighbour_origins", "not_exported_error", "not_exported_note", "parse_shard_names", "probe_neighbours",
-           "sample_scale", "scale_folders", "scale_naming", "with_chunk"]
+# TRANSITIONAL: these names live in scalefiles.py (held_scales is scales_phrase there); dataset.py, cli.py,
+# pyramid.py, jobs/verify.py and jobs/downsample.py import them from here until their owners switch.
+from .scalefiles import (  # noqa: F401
+    ScaleFiles,
+    check_origins,
+    not_exported_error,
+    not_exported_note,
+    parse_shard_names,
+    sample_scale,
+    scale_folders,
+    scale_naming,
+)
+from .scalefiles import scales_phrase as held_scales  # noqa: F401
+from .sources.base import RecordSource
+from .stores.base import ByteStore, PastEndError
+
+__all__ = ["POLICIES", "Shard", "ShardCache", "load_shard", "load_shard_sync", "merge_ranges", "with_chunk"]
 
 POLICIES = ("eager", "lazy")
 _WINDOW, _WINDOW_MAX = 1 << 20, 16 << 20  # stream scan window (lazy, legacy C streams)
@@ -88,10 +92,9 @@ def with_chunk(e: DvidShardsError, chunk) -> DvidShardsError:
     if tag in msg:
         return e
     try:
-        new = type(e)(f"{msg} (while reading {tag})")
+        return type(e)(f"{msg} (while reading {tag})")
     except TypeError:
         return e
-    return new
 
 
 def merge_ranges(ranges, gap: int = GAP, max_bytes: int = MAX_REQUEST) -> list[list]:
@@ -115,279 +118,15 @@ def _is_end_of_stream(data: np.ndarray, off: int, end: int) -> bool:
     return meta == b"\x00\x00\x00\x00"
 
 
-# --- the files of a scale ---------------------------------------------------------------------
-
-_SHARD_NAME = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)\.arrow")  # ASCII digits: \d takes other scripts' too
-
-
-def parse_shard_names(names) -> list[tuple[int, int, int]]:
-    """Sorted voxel origins of the ``{ox}_{oy}_{oz}.arrow`` names among a folder's names."""
-    out = []
-    for n in names:
-        if n.endswith(".arrow"):
-            m = _SHARD_NAME.fullmatch(n)
-            if m:
-                out.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return sorted(out)
-
-
-@dataclass(frozen=True)
-class ScaleFiles:
-    """What one listing of a scale's folder found: names only, no file read.
-
-    ``origins`` are the shard files' voxel origins (None: the store cannot list, e.g. http);
-    ``folder`` is False when the export has no folder for the scale at all.
-    """
-
-    scale: Scale
-    where: str
-    origins: tuple[tuple[int, int, int], ...] | None
-    folder: bool
-    #: with no folder: the scale folders the export has (None: not listed)
-    others: tuple[str, ...] | None = None
-    #: the store listed (for the message of a scale it does not hold)
-    store: ByteStore | RecordSource | None = field(default=None, compare=False, repr=False)
-
-    def require_folder(self) -> None:
-        """NotExportedError (a SpecError) when the export has no folder for the scale."""
-        if not self.folder:
-            held = None if self.others is None else [int(f[1:]) for f in self.others]
-            if self.store is not None:
-                raise not_exported_error(self.store, self.scale.index, held)
-            s = self.scale
-            raise NotExportedError(f"scale {s.index} is not exported in {self.where} (it has no folder {s.folder}); "
-                                   f"make it with: dvidshards downsample EXPORT DEST")
-
-
-async def scale_folders(store: ByteStore) -> tuple[str, ...] | None:
-    """The export's scale folders, in scale order, where a root listing is cheap (else None).
-
-    For messages only: an object store lists every key below the root (the whole export).
-    """
-    if not store.immediate:
-        return None
-    try:
-        names = await store.list("")
-    except SpecError:
-        return None
-    return tuple(sorted((n for n in names if re.fullmatch(r"s[0-9]+", n)), key=lambda n: int(n[1:])))
-
-
-async def list_scale(store: ByteStore | RecordSource, scale: Scale, geometry: str = "the spec", *,
-                     check: bool = True) -> ScaleFiles:
-    """List a scale's folder and check its shard files against the scale's geometry.
-
-    Every ``{ox}_{oy}_{oz}.arrow`` must lie on the scale's shard grid and inside its volume:
-    a file that does not is a SpecError naming it (the spec is not the export's).  One listing
-    and arithmetic on the names (the 52,900 names of the mCNS ``s0``: ~25 ms beyond the
-    listing; see bench_read).  A record source, or a store that cannot list, gives
-    ``origins=None`` and nothing is checked.  ``check=False`` lists only (the caller runs
-    ``check_origins``).
-    """
-    where = store.describe(scale.folder)
-    if isinstance(store, RecordSource):
-        return ScaleFiles(scale, where, None, True)
-    try:
-        names = await store.list(scale.folder)
-    except SpecError:  # the store cannot list (http)
-        return ScaleFiles(scale, where, None, True)
-    origins = parse_shard_names(names)
-    folder = bool(names) or await store.is_folder(scale.folder)
-    if origins and check:
-        check_origins(scale, origins, store, geometry)
-    return ScaleFiles(scale, where, tuple(origins), folder, None if folder else await scale_folders(store), store)
-
-
-async def sample_scale(store: ByteStore | RecordSource, scale: Scale, geometry: str = "the spec",
-                       n: int = 256) -> bool | None:
-    """The cheap check at open: up to ``n`` shard file names of a scale's folder against its geometry.
-
-    Only for stores that give a few names cheaply (``ByteStore.sample``: a local folder stops
-    reading it after ``n`` shard files; memory lists).  Returns whether the folder exists (None:
-    this store cannot tell cheaply); SpecError naming a sampled file off the shard grid or
-    outside the volume.  When DVID's shards are smaller than the spec's, 7 in 8 of its files
-    (or more) lie off the spec's grid, so a sample of a few hundred finds one.
-    """
-    if isinstance(store, RecordSource):
-        return True
-    names = await store.sample(scale.folder, n)
-    if names is None:
-        return None
-    origins = parse_shard_names(names)
-    if origins:
-        check_origins(scale, origins, store, geometry)
-        return True
-    return await store.is_folder(scale.folder)
-
-
-async def scale_naming(store: ByteStore | RecordSource, scale: Scale, origins=None,
-                       n: int = 256) -> tuple[str | None, list[tuple[int, int, int]] | None]:
-    """DVID's naming generation of a scale's shard files, from their names: (naming, the names seen).
-
-    Only where the two generations differ (``Scale.namings_differ``).  ``origins`` (a
-    consolidated index's shards) are used when given; else a sample of ``n`` names where the
-    store gives one cheaply (a local folder), read whole only when the sample cannot tell; else
-    the folder's listing (an object store; small at the coarse scales where the generations
-    differ with DVID's specs); a store that cannot list is asked whether files exist at the
-    origins only the old generation uses (up to 4,096).  ``naming`` is None when the names cannot
-    tell (then today's naming reads them exactly: see ``naming_of_origins``).  The names seen
-    (origins; None when nothing was listed) are for the caller to check against the grid of the
-    naming chosen (``check_origins``): a name that fits neither generation is the SpecError of
-    a spec that is not the export's.
-    """
-    if isinstance(store, RecordSource) or not scale.namings_differ:
-        return None, None
-    if origins is not None:
-        return naming_of_origins(scale, origins), None
-    names = await store.sample(scale.folder, n)
-    if names is not None:
-        seen = parse_shard_names(names)
-        got = naming_of_origins(scale, seen)
-        if got is not None or len(names) < n:
-            return got, seen
-    try:
-        names = await store.list(scale.folder)
-    except SpecError:  # the store cannot list (http)
-        return await _probe_naming(store, scale), None
-    seen = parse_shard_names(names)
-    return naming_of_origins(scale, seen), seen
-
-
-async def _probe_naming(store: ByteStore, scale: Scale, limit: int = 4096) -> str | None:
-    """"old" when a shard file exists at an origin only the old naming uses (None: none found or too many)."""
-    old, new = scale.extent_of("old"), scale.extent_of("current")
-    lo = np.asarray(scale.voxel_offset, np.int64)
-    hi = lo + np.asarray(scale.size, np.int64)
-    axes = [range(int(a) // old * old, int(b), old) for a, b in zip(lo, hi, strict=True)]
-    if np.prod([len(a) for a in axes]) > limit * 8:
-        return None
-    only_old = [o for o in itertools.product(*axes) if any(v % new for v in o)][:limit]
-    keys = [scale.stem(o) + ".arrow" for o in only_old]
-    sem = asyncio.Semaphore(64)
-
-    async def one(k):
-        async with sem:
-            return await store.exists(k)
-
-    found = [await store.exists(k) for k in keys] if store.immediate else \
-        await asyncio.gather(*(one(k) for k in keys))
-    return "old" if any(found) else None
-
-
-def neighbour_origins(scale: Scale, origin) -> list[tuple[int, int, int]]:
-    """Voxel origins off the scale's shard grid where a smaller-sharded export would have files
-    next to the shard at ``origin``: origin + e along each axis, e = one chunk, 2, 4, ... chunks
-    (DVID's shard sizes) below the extent, inside the volume (15 for mCNS's 2048-voxel shards)."""
-    e = min(scale.shard_extent, SINGLE_SHARD)
-    c = min(scale.chunk_size)
-    end = [a + b for a, b in zip(scale.voxel_offset, scale.size, strict=True)]
-    out = []
-    step = c
-    while step < e:
-        for axis in range(3):
-            p = [int(v) for v in origin]
-            p[axis] += step
-            if p[axis] < end[axis] and p[axis] % e:
-                out.append((p[0], p[1], p[2]))
-        step *= 2
-    return out
-
-
-async def probe_neighbours(store: ByteStore, scale: Scale, origin, geometry: str = "the spec") -> None:
-    """SpecError when a shard file exists off the scale's grid next to the shard at ``origin``.
-
-    Names only: an existence check per ``neighbour_origins`` entry (concurrent on remote
-    stores).  What reads check when they list nothing: a spec whose shards are larger than
-    the export's (its files then lie between the spec's origins) would read the chunks of
-    those files as background.
-    """
-    keys = [scale.stem(p) + ".arrow" for p in neighbour_origins(scale, origin)]
-    if not keys:
-        return
-    if store.immediate:
-        found = [await store.exists(k) for k in keys]
-    else:
-        found = list(await asyncio.gather(*(store.exists(k) for k in keys)))
-    hits = [k for k, f in zip(keys, found, strict=True) if f]
-    if hits:
-        e = min(scale.shard_extent, SINGLE_SHARD)
-        grid = f"shards of {e} voxels{naming_note(scale)}" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
-        raise SpecError(f"{store.describe(hits[0])}: this shard file is not on the shard grid of {geometry} (scale "
-                        f"{scale.index}: {grid}), so the chunks it holds would read as background: that geometry is "
-                        f"not this export's; give the spec given to DVID's export-shards")
-
-
-def check_origins(scale: Scale, origins, store, geometry: str = "the spec") -> None:
-    """SpecError naming a shard file off the scale's shard grid or outside its volume.
-
-    The grid is the one of the scale's naming generation (``Scale.naming``); where DVID's two
-    generations differ, the message gives both extents (a file that fits neither means the
-    geometry is another export's).
-    """
-    o = np.asarray(origins, np.int64).reshape(-1, 3)
-    fit = scale.fits(o)
-    bad = np.flatnonzero(~fit)
-    if not bad.size:
-        return
-    e = min(scale.shard_extent, SINGLE_SHARD)
-    lo = np.asarray(scale.voxel_offset, np.int64)
-    hi = lo + np.asarray(scale.size, np.int64)
-    i = int(bad[0])
-    name = store.describe(scale.stem(o[i]) + ".arrow")
-    off = (o[i] % e != 0).any() if e < SINGLE_SHARD else (o[i] != 0).any()
-    if off:
-        grid = f"shards of {e} voxels{naming_note(scale)}" if e < SINGLE_SHARD else "one shard at 0_0_0 (no sharding)"
-        why = f"is not on the shard grid of {geometry} (scale {scale.index}: {grid})"
-    else:
-        why = (f"lies outside the volume of {geometry} (scale {scale.index}: voxels {lo.tolist()} to "
-               f"{hi.tolist()})")
-    raise SpecError(f"{name}: this shard file {why}: that geometry is not this export's ({int(bad.size)} of "
-                    f"{len(o)} files do not fit); give the spec given to DVID's export-shards")
-
-
-def held_scales(held) -> str:
-    """Scale folders as a short phrase: "s0", "s0-s3", "s0-s6, s10, s11" or "no scale"."""
-    ks = sorted({int(k) for k in held})
-    if not ks:
-        return "no scale"
-    runs: list[list[int]] = []
-    for k in ks:
-        if runs and k == runs[-1][-1] + 1:
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    return ", ".join(f"s{r[0]}-s{r[-1]}" if len(r) > 2 else ", ".join(f"s{k}" for k in r) for r in runs)
-
-
-def not_exported_note(store, indices) -> str:
-    """The line ``info`` and ``verify`` print under their report for the scales an export does not hold."""
-    source = getattr(store, "base", store).describe("")
-    return (f"not exported: {held_scales(indices)} (the spec lists them, this export does not hold them; make them "
-            f"with: dvidshards downsample {source} DEST)")
-
-
-def not_exported_error(store, index: int, held) -> NotExportedError:
-    """The one-line error of a scale the spec lists and the export does not hold.
-
-    ``held``: the scale numbers the export holds (None: not known).  The command it suggests
-    makes the scale from the finest one present (``dvidshards downsample``).
-    """
-    root = store.describe("")
-    source = getattr(store, "base", store).describe("")
-    has = f"; it holds {held_scales(held)}" if held is not None else ""
-    return NotExportedError(f"scale {index} is not exported in {root} (it has no folder s{index}{has}); make it "
-                            f"with: dvidshards downsample {source} DEST")
-
-
 # --- the Shard --------------------------------------------------------------------------------
 
 
 class Shard:
     """A loaded shard: its index, schema and (eager) records; read chunks by coordinate.
 
-    Built by ``load_shard``.  ``coords`` are the index's chunk coordinates (one row per record),
-    ``find`` maps a chunk to its record number, ``table`` gives validated records for bulk
-    work and ``read_into`` decodes one chunk.
+    Built by ``load_shard``.  ``coords``: the index's chunk coordinates (one row per record);
+    ``find``: a chunk's record number; ``table``: validated records for bulk work;
+    ``read_into``: one chunk decoded.
     """
 
     def __init__(self, store, key: str, scale: Scale, origin, policy: str, index: ShardIndex,
@@ -409,16 +148,12 @@ class Shard:
         self._grid: memoryview | None = None
         self._lookup: dict | None = None
         self._make_lookup()
-        self.nbytes = int(index.coords.nbytes * 2 + 24 * len(index)
-                          + (table.nbytes if table is not None else 0))
+        self.nbytes = int(index.coords.nbytes * 2 + 24 * len(index) + (table.nbytes if table is not None else 0))
 
     @classmethod
     def from_records(cls, source, table: RecordTable, scale: Scale, origin) -> Shard:
-        """A shard whose records arrived as a RecordTable (a table, a stream), not as a file.
-
-        The records' own chunk columns are its index: they must be unique and inside the
-        shard's box.  ``source`` is the RecordSource they came from.
-        """
+        """A shard whose records came from a RecordSource: their own chunk columns are its index
+        (unique, inside the shard's box)."""
         coords = np.ascontiguousarray(table.coords, np.int64)
         check_coords(coords, table.path)
         n = len(coords)
@@ -490,11 +225,7 @@ class Shard:
         assert self.layout is not None, "records of a RecordSource are never fetched"
         t = RecordTable.from_ipc(buf, base, ix.msg_off[rows], ix.msg_len[rows], ix.row[rows], self.layout,
                                  self.path, self.chunk_size, chunks=ix.coords[rows])
-        bad = np.flatnonzero((t.coords != ix.coords[rows]).any(axis=1))
-        if bad.size:
-            k = int(bad[0])
-            raise ChunkIndexError(f"{self.path}: index says chunk {_c(ix.coords[rows[k]])} but its record holds "
-                                  f"chunk {_c(t.coords[k])}")
+        _check_records(t, ix.coords[rows], self.path)
         return t
 
     async def fetch(self, rows) -> RecordTable:
@@ -502,8 +233,8 @@ class Shard:
         rows = np.asarray(rows, np.int64)
         if self._table is not None:
             return self._table.take(rows)
-        items = [(*self.batch(int(i)), int(i)) for i in rows]
-        groups = merge_ranges([(o, o + n, i) for o, n, i in items])
+        spans = [self.batch(int(i)) for i in rows]
+        groups = merge_ranges([(o, o + n, int(i)) for i, (o, n) in zip(rows, spans, strict=True)])
         bufs = await self.store.read_ranges(self.key, [(g[0], g[1]) for g in groups], return_exceptions=True)
         parts, order = [], []
         for g, buf in zip(groups, bufs, strict=True):
@@ -536,10 +267,8 @@ class Shard:
             self.store._sync(self.fetch([i])).decode_into(0, out, labels)
 
     def read_into(self, x: int, y: int, z: int, out: np.ndarray, labels) -> bool:
-        """Decode chunk (x, y, z) into out ((z, y, x), any strides, possibly cropped); 0 if absent.
-
-        Returns whether the shard held the chunk.
-        """
+        """Decode chunk (x, y, z) into out ((z, y, x), any strides, possibly cropped); whether the
+        shard held it (else out is 0)."""
         i = self.find(x, y, z)
         if i is None:
             out.fill(0)
@@ -560,10 +289,8 @@ class Shard:
 
 
 def _tiles(index: ShardIndex, schema_size: int) -> bool:
-    """Whether the index's record batches follow each other from the schema with no gap.
-
-    A file shorter than such an index is truncated; otherwise the index itself is wrong.
-    """
+    """Whether the index's batches follow the schema with no gap: a file shorter than such an
+    index is truncated; otherwise the index itself is wrong."""
     if not len(index):
         return False
     offs, first = np.unique(index.msg_off, return_index=True)
@@ -580,10 +307,10 @@ async def load_shard(store: ByteStore | RecordSource, scale: Scale, origin, *, p
 
     Parameters
     ----------
-    store : ByteStore
+    store : ByteStore or RecordSource
         Where the export is.
     scale : Scale
-        The scale's geometry (chunk size, shard extent).
+        The scale's geometry.
     origin : (x, y, z)
         The shard's voxel origin (its file name).
     policy : "eager", "lazy" or None
@@ -598,25 +325,23 @@ async def load_shard(store: ByteStore | RecordSource, scale: Scale, origin, *, p
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     stem = scale.stem(origin)
     key = stem + ".arrow"
-    if policy == "eager":
-        if store.mappable:
-            data = store.map(key)
-        else:
-            try:
-                raw = await store.read(key)
-            except MissingShardError:
-                raise MissingShardError(f"{store.describe(key)}: no such shard file") from None
-            data = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw
-        loader = _Eager(store, stem, scale, data, index)
-        return await loader.load(policy)
-    return await _Lazy(store, stem, scale, index).load(policy)
+    if policy == "lazy":
+        return await _Lazy(store, stem, scale, index).load(policy)
+    if store.mappable:
+        data = store.map(key)
+    else:
+        try:
+            raw = await store.read(key)
+        except MissingShardError:
+            raise MissingShardError(f"{store.describe(key)}: no such shard file") from None
+        data = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw
+    return await _Eager(store, stem, scale, data, index).load(policy)
 
 
 def load_shard_sync(store: ByteStore | RecordSource, scale: Scale, origin, *, policy: str | None = None,
                     index: ShardIndex | None = None) -> Shard:
     """``load_shard`` from a thread (not from the I/O loop)."""
-    coro = load_shard(store, scale, origin, policy=policy, index=index)
-    return drive(coro) if store.immediate else run_sync(coro)
+    return store._sync(load_shard(store, scale, origin, policy=policy, index=index))
 
 
 def _check_box(index: ShardIndex, scale: Scale, origin, where: str) -> None:
@@ -632,6 +357,25 @@ def _check_box(index: ShardIndex, scale: Scale, origin, where: str) -> None:
                               f"is the spec the one the export was written with?)")
 
 
+def _origin(stem: str) -> tuple[int, int, int]:
+    x, y, z = stem.rsplit("/", 1)[-1].split("_")
+    return int(x), int(y), int(z)
+
+
+async def _read_csv(store: ByteStore, stem: str) -> RawIndex | None:
+    """The shard's CSV index, None when it has none."""
+    try:
+        text = await store.read(stem + ".csv")
+    except MissingShardError:
+        return None
+    return parse_csv(bytes(text), store.describe(stem + ".csv"))
+
+
+def _schema_size_error(store: ByteStore, stem: str, hint: int, n: int) -> ChunkIndexError:
+    return ChunkIndexError(f"{store.describe(stem + '.csv')}: schema_size={hint} but the schema message in "
+                           f"{store.describe(stem + '.arrow')} is {n} bytes")
+
+
 class _Eager:
     """Index discovery with every byte of the shard at hand; every record resolved and checked."""
 
@@ -639,14 +383,7 @@ class _Eager:
         self.store, self.stem, self.scale, self.data, self.given = store, stem, scale, data, given
         self.key = stem + ".arrow"
         self.where = store.describe(self.key)
-
-    async def _csv(self) -> RawIndex | None:
-        csv_key = self.stem + ".csv"
-        try:
-            text = await self.store.read(csv_key)
-        except MissingShardError:
-            return None
-        return parse_csv(bytes(text), self.store.describe(csv_key))
+        self.origin = _origin(stem)
 
     async def load(self, policy: str) -> Shard:
         data, where = self.data, self.where
@@ -658,10 +395,9 @@ class _Eager:
         is_file = ipc.is_ipc_file(bytes(data[:6]))
         schema, schema_len = ipc.schema_from_message(data, 8 if is_file else 0, where)
         layout = ipc.SchemaLayout(schema, where)
-        raw = None if self.given is not None else await self._csv()
+        raw = None if self.given is not None else await _read_csv(self.store, self.stem)
         if raw is not None and raw.schema_size is not None and not is_file and raw.schema_size != schema_len:
-            raise ChunkIndexError(f"{self.store.describe(self.stem + '.csv')}: schema_size={raw.schema_size} "
-                                  f"but the schema message in {where} is {schema_len} bytes")
+            raise _schema_size_error(self.store, self.stem, raw.schema_size, schema_len)
         index = self.given
         if index is None and raw is not None and raw.variant in ("A", "B"):
             index = ShardIndex.from_raw(raw, where)
@@ -677,8 +413,7 @@ class _Eager:
         if index is not None and not is_file:
             fast = self._by_offsets(index, layout, schema_len, ipc_end)
             if fast is not None:
-                return Shard(self.store, self.key, self.scale, _origin(self.stem), policy, index, layout,
-                             schema_len, fast)
+                return Shard(self.store, self.key, self.scale, self.origin, policy, index, layout, schema_len, fast)
         # every record batch in the file: the index must list each record exactly once
         if is_file:
             offs, lens = ipc.file_footer_blocks(data, ipc_end, where)
@@ -704,10 +439,9 @@ class _Eager:
         _check_complete(index, offs, lens, rows, where)
         table = RecordTable.from_ipc(data, 0, index.msg_off, index.msg_len, index.row, layout, where,
                                      self.scale.chunk_size, chunks=index.coords)
-        _check_records(table, index, where)
-        _check_box(index, self.scale, _origin(self.stem), where)
-        return Shard(self.store, self.key, self.scale, _origin(self.stem), policy, index, layout, schema_len, table,
-                     rebuilt)
+        _check_records(table, index.coords, where)
+        _check_box(index, self.scale, self.origin, where)
+        return Shard(self.store, self.key, self.scale, self.origin, policy, index, layout, schema_len, table, rebuilt)
 
     def _rebuild(self, offs, lens, rows, layout) -> ShardIndex:
         """An index from the records' own chunk columns (the shard has no CSV and no footer)."""
@@ -726,10 +460,9 @@ class _Eager:
     def _by_offsets(self, index: ShardIndex, layout, schema_len: int, ipc_end: int) -> RecordTable | None:
         """Resolve an index with byte offsets (A, B, consolidated) without scanning the stream.
 
-        When the indexed batches, resolved (which checks each one as the scan would), tile the
-        stream from the schema to its end or end-of-stream marker, a scan could find exactly
-        these batches, so it is skipped.  None: take the full path (which also reports errors
-        in its own order).
+        When the indexed batches, resolved and checked, tile the stream from the schema to its
+        end (or end-of-stream marker), a scan would find exactly these batches.  None: take the
+        full path (which also reports errors in its own order).
         """
         if not len(index):
             return None
@@ -748,21 +481,17 @@ class _Eager:
         if end != ipc_end and not _is_end_of_stream(self.data, end, ipc_end):
             return None
         _check_complete(index, offs, lens, table.rec[first, ipc.R_ROWS], self.where)
-        _check_records(table, index, self.where)
-        _check_box(index, self.scale, _origin(self.stem), self.where)
+        _check_records(table, index.coords, self.where)
+        _check_box(index, self.scale, self.origin, self.where)
         return table
 
 
-def _origin(stem: str) -> tuple[int, int, int]:
-    x, y, z = stem.rsplit("/", 1)[-1].split("_")
-    return int(x), int(y), int(z)
-
-
-def _check_records(table: RecordTable, index: ShardIndex, where: str) -> None:
-    bad = np.flatnonzero((table.coords != index.coords).any(axis=1))
+def _check_records(table: RecordTable, coords: np.ndarray, where: str) -> None:
+    """Each record holds the chunk its index row says."""
+    bad = np.flatnonzero((table.coords != coords).any(axis=1))
     if bad.size:
         i = int(bad[0])
-        raise ChunkIndexError(f"{where}: index says chunk {_c(index.coords[i])} but its record holds chunk "
+        raise ChunkIndexError(f"{where}: index says chunk {_c(coords[i])} but its record holds chunk "
                               f"{_c(table.coords[i])}")
 
 
@@ -838,34 +567,30 @@ class _Lazy:
         self.store, self.stem, self.scale, self.given = store, stem, scale, given
         self.key = stem + ".arrow"
         self.where = store.describe(self.key)
+        self.origin = _origin(stem)
         self._headbuf = self._tailbuf = b""
         self._whole = False
 
     async def load(self, policy: str) -> Shard:
-        src, where = self.store, self.where
-        csv_key = self.stem + ".csv"
+        where = self.where
         if self.given is not None:
-            schema, schema_len, _ = await self._schema(None, None)
+            schema, schema_len, _ = await self._schema(None)
             index = self.given
         else:
-            try:
-                text = await src.read(csv_key)
-            except MissingShardError:
-                text = None
-            if text is not None:
-                raw = parse_csv(bytes(text), src.describe(csv_key))
-                schema, schema_len, is_file = await self._schema(raw.schema_size, src.describe(csv_key))
+            raw = await _read_csv(self.store, self.stem)
+            if raw is not None:
+                schema, schema_len, is_file = await self._schema(raw.schema_size)
                 trailer = 0
             else:
-                await self._speculate(tail=True, missing=f"no such shard file (nor {csv_key})")
+                await self._speculate(tail=True, missing=f"no such shard file (nor {self.stem}.csv)")
                 tail = await self._tail(16, "a CHUNKIDX footer")
                 n = footer_length(bytes(tail), 1 << 62, where)
                 if n is None:
                     # no index at all: rebuild it from the records, which needs the whole file
-                    return await load_shard(src, self.scale, _origin(self.stem), policy="eager")
+                    return await load_shard(self.store, self.scale, self.origin, policy="eager")
                 blob = await self._tail(16 + n, f"its {n}-byte CHUNKIDX footer", chunk_error=True)
                 raw = parse_footer(bytes(blob[:n]), self.scale.chunk_size, where)
-                schema, schema_len, is_file = await self._schema(None, None)
+                schema, schema_len, is_file = await self._schema(None)
                 trailer = 16 + n
             if raw.variant in ("A", "B"):
                 index = ShardIndex.from_raw(raw, where)
@@ -875,8 +600,8 @@ class _Lazy:
                 index = ShardIndex.from_raw(raw, where, await self._stream_batches(schema_len))
         self._headbuf = self._tailbuf = b""
         layout = ipc.SchemaLayout(schema, where)
-        _check_box(index, self.scale, _origin(self.stem), where)
-        return Shard(src, self.key, self.scale, _origin(self.stem), policy, index, layout, schema_len, None)
+        _check_box(index, self.scale, self.origin, where)
+        return Shard(self.store, self.key, self.scale, self.origin, policy, index, layout, schema_len, None)
 
     async def _speculate(self, *, tail: bool, missing: str = "no such shard file") -> None:
         """Read up to _TAIL last (or _HEAD first) bytes in one request; the whole file if shorter."""
@@ -899,32 +624,31 @@ class _Lazy:
         else:
             self._headbuf = bytes(buf)
 
+    async def _read(self, start: int, stop: int | None, past_end: DvidShardsError) -> bytes:
+        try:
+            return bytes(await self.store.read(self.key, start, stop))
+        except MissingShardError:
+            raise MissingShardError(f"{self.where}: no such shard file") from None
+        except PastEndError:
+            raise past_end from None
+
     async def _tail(self, n: int, what: str, *, chunk_error: bool = False) -> bytes:
         err = ChunkIndexError if chunk_error else ShardFormatError
         if len(self._tailbuf) >= n:
             return self._tailbuf[len(self._tailbuf) - n:]
         if self._whole:
             raise err(f"{self.where}: the file ({len(self._tailbuf)} bytes) is shorter than {what} ({n} bytes)")
-        try:
-            return bytes(await self.store.read(self.key, -n, None))
-        except MissingShardError:
-            raise MissingShardError(f"{self.where}: no such shard file") from None
-        except PastEndError:
-            raise err(f"{self.where}: the file is shorter than {what} ({n} bytes)") from None
+        return await self._read(-n, None, err(f"{self.where}: the file is shorter than {what} ({n} bytes)"))
 
     async def _head(self, stop: int) -> bytes:
         if len(self._headbuf) >= stop:
             return self._headbuf[:stop]
+        short = ShardFormatError(f"{self.where}: truncated: the file ends inside its {stop}-byte schema")
         if self._whole:
-            raise ShardFormatError(f"{self.where}: truncated: the file ends inside its {stop}-byte schema")
-        try:
-            return bytes(await self.store.read(self.key, 0, stop))
-        except MissingShardError:
-            raise MissingShardError(f"{self.where}: no such shard file") from None
-        except PastEndError:
-            raise ShardFormatError(f"{self.where}: truncated: the file ends inside its {stop}-byte schema") from None
+            raise short
+        return await self._read(0, stop, short)
 
-    async def _schema(self, hint: int | None, csv_where: str | None):
+    async def _schema(self, hint: int | None):
         """(schema, schema message length, is IPC file); one read when the CSV gives the size."""
         where = self.where
         if hint is not None:
@@ -936,8 +660,7 @@ class _Lazy:
                     pass  # diagnosed below
                 else:
                     if n != hint:
-                        raise ChunkIndexError(f"{csv_where}: schema_size={hint} but the schema message in {where} "
-                                              f"is {n} bytes")
+                        raise _schema_size_error(self.store, self.stem, hint, n)
                     return schema, n, False
         await self._speculate(tail=False)
         first = await self._head(16)
@@ -949,7 +672,7 @@ class _Lazy:
         head = await self._head(off + prefix + meta)
         schema, n = ipc.schema_from_message(head, off, where)
         if hint is not None and not is_file and n != hint:
-            raise ChunkIndexError(f"{csv_where}: schema_size={hint} but the schema message in {where} is {n} bytes")
+            raise _schema_size_error(self.store, self.stem, hint, n)
         return schema, n, is_file
 
     async def _file_batches(self, trailer: int, raw: RawIndex):
@@ -969,7 +692,6 @@ class _Lazy:
         n = len(offs)
         if n == len(raw.coords) and (n == 0 or (raw.rec is not None and int(raw.rec.max()) == n - 1)):
             return np.ones(n, np.int64)  # one record per batch (DVID's default), checked per read
-        where = self.where
         probes = [(int(o), int(o) + int(min(ln, _HEADER_PROBE)), k) for k, (o, ln) in enumerate(zip(offs, lens,
                                                                                                    strict=True))]
         groups = merge_ranges(probes)
@@ -984,7 +706,7 @@ class _Lazy:
                     whole = await self.store.read(self.key, int(offs[k]), int(offs[k] + lens[k]))
                     code, a, _, _, r = ipc.header_rows(whole, 0, len(whole))
                 if code:
-                    ipc.raise_error(code, int(offs[k]), a, where)
+                    ipc.raise_error(code, int(offs[k]), a, self.where)
                 rows[k] = r
         return rows
 
@@ -1017,12 +739,11 @@ class _Lazy:
 class ShardCache:
     """Loaded shards of one scale, per process: single-flight loads, bounded, failures remembered.
 
-    ``load(origin)`` is a coroutine returning a Shard, or None for a shard to read as background.
-    One load runs per shard at a time, whether the callers are threads (``get_sync``) or
-    coroutines (``get``).  The cache keeps at most ``max_shards`` shards and ``max_bytes`` of
-    their index and record tables.  A load that failed with a library error (other than a
-    transient remote failure) is remembered: the shard's other chunks raise the same error
-    without loading it again, until the store is reopened.
+    ``load(origin)`` is a coroutine giving a Shard, or None for a shard read as background.  One
+    load runs per shard at a time, whether the callers are threads (``get_sync``) or coroutines
+    (``get``).  At most ``max_shards`` shards and ``max_bytes`` of their index and records are
+    kept.  A load that failed with a library error (not a transient remote one) is remembered:
+    the shard's other chunks raise it without loading again, until the store is reopened.
     """
 
     def __init__(self, load, store, *, max_shards: int = 64, max_bytes: int = 512 << 20):
@@ -1102,8 +823,7 @@ class ShardCache:
         if not owner:
             return fut.result()
         try:
-            coro = self._load(origin)
-            shard = drive(coro) if self.store.immediate else run_sync(coro)
+            shard = self.store._sync(self._load(origin))
         except BaseException as e:
             self._settle(origin, fut, error=e)
             raise

@@ -262,7 +262,7 @@ def _mcns_scale(dvid_data, k: int):
 def test_scale_naming_from_a_sample_a_listing_or_existence_probes(dvid_data, kind):
     """A local folder gives a sample, an object store a listing, an http server neither: each decides."""
     from dvidshards.errors import SpecError
-    from dvidshards.shard import scale_naming
+    from dvidshards.scalefiles import scale_naming
     from dvidshards.stores import MemoryStore
     from dvidshards.stores.base import drive
 
@@ -287,10 +287,10 @@ def test_scale_naming_from_a_sample_a_listing_or_existence_probes(dvid_data, kin
 
 def test_messages_of_scales_not_exported_and_files_off_both_grids(dvid_data):
     from dvidshards.errors import NotExportedError, SpecError
-    from dvidshards.shard import check_origins, held_scales, not_exported_error
+    from dvidshards.scalefiles import check_origins, not_exported_error, scales_phrase
     from dvidshards.stores import MemoryStore
 
-    assert [held_scales(h) for h in ([0], [0, 1], range(4), [0, 1, 2, 3, 4, 5, 6, 10, 11], [], [1, 3, 4, 5, 9])] == \
+    assert [scales_phrase(h) for h in ([0], [0, 1], range(4), [0, 1, 2, 3, 4, 5, 6, 10, 11], [], [1, 3, 4, 5, 9])] == \
         ["s0", "s0, s1", "s0-s3", "s0-s6, s10, s11", "no scale", "s1, s3-s5, s9"]
     st = MemoryStore({}, name="exp")
     e = not_exported_error(st, 2, [0])
