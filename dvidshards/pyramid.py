@@ -214,9 +214,10 @@ def source_identity(scale: int, sizes: dict[str, int | None]) -> dict:
     """What a downsample output records of the scale it was made from, from its files' sizes.
 
     The size of a compressed shard file is a fingerprint of its content: another export, or another
-    snapshot of this one, changes it; a copy or an upload keeps it (mtimes and generations do not
-    survive either). ``sha256`` digests every file's size, ``sample`` names a few of them (what an
-    open checks: a few stats); ``dvidshards verify`` checks them all.
+    snapshot whose supervoxels differ, changes it; a copy or an upload keeps it (mtimes and
+    generations survive neither). A snapshot that differs only by merges (the same supervoxels,
+    other bodies in the labels column) keeps every size and is not seen. ``sha256`` digests every
+    file's size, ``sample`` names a few (what an open checks: a few stats); ``verify`` checks all.
     """
     keys = sorted(sizes)
     return {"scale": int(scale), "shards": len(keys), "sha256": _digest(sizes),

@@ -1,31 +1,16 @@
 """Make the scales an export lacks, the way DVID builds its own pyramid, one task per output shard.
 
-``downsample(source, dest)`` (``dvidshards downsample EXPORT DEST``) makes the scales the spec lists
-that the export does not hold (or ``scales=``), each from the one below: the first from the
-coarsest scale the export holds below it, every other from the scale this job has just made. The
-rule is DVID's ``downresArray`` (``method="dvid"``: per 2x2x2 cell the most frequent non-zero
-supervoxel, 0 only when all eight are 0, ties to the smaller id) or TensorStore's ``"mode"``
-(:mod:`dvidshards.formats.downsample`), applied to the supervoxels in DVID's compressed block
-domain. Each record's ``labels`` are its supervoxels' bodies: the (supervoxels, labels) pairs of
-the records it was made from, or ``labels=`` a mapping; never a downsampling of bodies. ``box``
-(scale-0 voxels) makes the pyramid of the export cut to the box (0 outside it).
-
-DEST is an export of the made scales only, as today's DVID writes one (folders ``s{k}``, today's
-shard names, CSV index variant A, the spec's ``batch_size``, all-zero blocks skipped), an ``info``
-(the spec of the whole pyramid) and the job manifest, which names the source (its URL, its path
-relative to DEST, the size of every shard file the scales were made from: ``pyramid.source_identity``)
-and the scales made that hold only background (no shard file at all). ``dvidshards.open(dest)``
-reads source and destination as one pyramid, and refuses a source that changed since.
-
-plan → run_task → reduce, scale by scale (a scale is planned from the files of the one below):
-
-* :func:`plan`: one :class:`Task` per output shard that a parent of a present source chunk falls
-  in, with the source shards it reads (usually one; more where extents are not multiples of 128
-  voxels, e.g. the 64-voxel files of DVID's old naming). Nothing on the client grows with chunks.
-* :func:`run_task`: the source shards one at a time, each output block from its children's zstd
-  payloads through the kernel, zstd again, streamed into the output shard (which appears whole).
-* :func:`reduce`: the tasks' counts summed. A scale whose tasks did not all succeed stops the
-  coarser ones; ``resume`` keeps every output shard already written whole.
+Each scale is made from the one below (the first from the coarsest the export holds) by DVID's
+``downresArray`` (``method="dvid"``) or TensorStore's ``"mode"`` (:mod:`dvidshards.formats.downsample`),
+on the supervoxels, in DVID's compressed block domain; each record's bodies are the pairs of the
+records it was made from (or ``labels=``), never a downsampling of bodies. DEST is an export of the
+made scales as today's DVID writes one, an ``info`` and the manifest, which names the source (URL,
+path relative to DEST, the size of every shard file the scales were made from: :mod:`dvidshards.pyramid`),
+the shard files each made scale holds and the scales that hold only background. ``dvidshards.open(DEST)``
+reads both as one pyramid. Scale by scale: :func:`plan` (one :class:`Task` per output shard, with the
+source shards it reads), :func:`run_task` (the sources one at a time, the output shard written whole),
+:func:`reduce` (counts summed). A scale that did not finish stops the coarser ones; ``resume`` keeps
+every output shard written whole.
 """
 
 from __future__ import annotations
@@ -43,7 +28,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from ..dataset import Dataset
+from ..dataset import Dataset, shard_origins
 from ..errors import BlockDecodeError, MissingShardError, OutputError, SpecError
 from ..formats.codec import decode_block, encode_block
 from ..formats.downsample import METHODS, downsample_block, region_limit
@@ -51,7 +36,7 @@ from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_
 from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.sharding import shard_filename_stem
 from ..pyramid import shard_sizes, source_identity
-from ..shard import held_scales, load_shard_sync, parse_shard_names
+from ..shard import held_scales, load_shard_sync
 from ..stores import ByteStore, as_store, os_error
 from ..writer import write_shard
 from .options import (
@@ -97,7 +82,7 @@ class MadeScales:
 
     def shards(self, scale: Scale) -> list[tuple[int, int, int]]:
         """Origins of the shard files of a made scale."""
-        return parse_shard_names(self.store.list_sync(scale.folder))
+        return shard_origins(self.store, scale.folder)
 
     def shard(self, scale: Scale, origin: tuple[int, int, int]) -> Any:
         """The loaded shard (MissingShardError when no file is there)."""
@@ -549,34 +534,25 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     Parameters
     ----------
     source : str, path, URL, store or dvidshards.Dataset
-        The export (it may itself be a downsample output: its pyramid is read whole).
+        The export (a downsample output too: its pyramid is read whole).
     dest : str, path, URL, kvstore spec dict or store
-        A folder, ``gs://…`` or ``s3://…``: empty, or this job's own earlier output. Never inside
-        the source.
+        A folder, ``gs://…`` or ``s3://…``: empty, or this job's own earlier output.
     scales : list of int, optional
-        The scales to make (default: every scale the spec lists that the export does not hold).
-        The scales between the one below the first and the last are made too.
+        The scales to make (default: those the spec lists and the export lacks); the scales
+        between the one below the first and the last are made too.
     method : {"dvid", "mode"}
         DVID's rule (default) or TensorStore's ``"mode"``.
     labels : "agglomerated", "supervoxels" or a mapping
-        The records' ``labels``: the source records' own supervoxel -> body pairs (default), the
-        supervoxel ids, or a mapping (file or object) applied to the supervoxels.
+        The records' bodies: the source records' own pairs (default), the supervoxels, or a mapping.
     box : [[x0, y0, z0], [x1, y1, z1]], optional
-        Scale-0 voxels: the pyramid of the export cut to this box (0 outside it), made from the
-        records that meet it.
+        Scale-0 voxels: the pyramid of the export cut to the box (0 outside it).
     spec : dict or path, optional
-        The neuroglancer spec DVID was given (default: the export's ``info``); it must list the
-        scales to make.
+        The neuroglancer spec DVID was given (default: the export's ``info``).
     scheduler, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). No work folder: a task writes whole
-        output shards (to a bucket: built in the system's temporary folder first).
-    zstd_level : int
-        zstd level of the output payloads (frames with content size and checksum, as DVID's).
-    batch_size : int, optional
-        Records per Arrow record batch of the output shards (default: the spec's ``batch_size``, as
-        DVID writes; 1 when it has none).
-    command : str, optional
-        The command line, for the manifest.
+        As for every job. No work folder: a task writes whole shards (to a bucket: built in the
+        system's temporary folder first).
+    zstd_level, batch_size : int
+        Of the output (default batch: the spec's ``batch_size``, as DVID writes).
 
     Returns
     -------
@@ -586,8 +562,8 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     Raises
     ------
     SpecError, OutputError
-        Before any work: no spec, a scale the spec does not list, no scale below to start from,
-        chunk sizes that differ, a box outside the volume, a destination that cannot be used.
+        Before any work: no spec, a scale it does not list, nothing below to start from, chunks
+        that differ, a box outside the volume, a destination that cannot be used.
     JobError
         The output is incomplete and ``allow_partial`` is false (``.report`` is the report).
     """

@@ -1,45 +1,32 @@
-"""Where every job writes, and how its output says what it holds.
+"""Where every job writes, and how its output says what it holds: the frame every job runs in.
 
-Every whole-export job writes through this module, so that the same rules hold for all of them:
-
-* **One store** (``stores.as_store(dest, writable=True)``, the one parser: a path, ``file://``,
-  ``gs://``, ``s3://``, ``memory://`` or a TensorStore kvstore spec dict). Anything else is refused
-  in one :class:`~dvidshards.errors.OutputError` line naming the path and what to do, before any
-  work; so are a full disk, a read-only folder, an unreachable bucket (``check_writable``).
-  ``Output.store`` is where the job writes; nothing converts it back into a path or a spec.
-* **A lock on every output** (:class:`Lock`): ``_dvidshards.lock`` in the output folder (beside a
-  one-file output: ``NAME._dvidshards.lock``), created only where absent, refreshed by a heartbeat.
-  A second job is refused naming the first (job, host, pid, start time); a lock whose owner died
-  (same host: the process is gone; another host: no heartbeat for :data:`STALE_SECONDS`) is taken
-  over with ``--resume``.
-* **One manifest schema** (``_dvidshards.json``, :func:`read_manifest`): job, library version,
-  parameters, command, source (its URL, its path relative to the output, and what the job
-  records of its identity), scales, ``complete``, ``status`` (``running``, ``complete``,
-  ``incomplete``, ``interrupted``), failed tasks with their reasons, task counts, job-specific
-  totals, start and end times, written from the same :class:`JobReport` the job returns.
-* **Refuse / resume / overwrite**: an empty destination is used; one holding this job's own
-  earlier output needs ``resume`` (same parameters, same source) or ``overwrite`` (the job's own
-  files are deleted first, others left alone); anything else is refused before any work.
-* **One work folder** (``--workdir``, :func:`work_folder`): partial results in one folder every
-  worker sees: the one given, else ``NAME.work`` beside the output ``NAME``; a bucket's root has
-  no "beside": give ``--workdir``. Locked like the output, apart from it and from the source
-  (``Output(..., work=True)``: ``out.workdir``, a store).
-* **One failure contract**: :meth:`Output.finish` returns the :class:`JobReport` when the output
-  is complete, else raises :class:`~dvidshards.errors.JobError` carrying it unless
-  ``allow_partial=True``. An interrupted job (Ctrl-C, SIGTERM) leaves ``status: interrupted`` and
-  says how to finish.
+* **One store**: ``Output.store`` is ``stores.as_store(dest, writable=True)`` (a path, ``gs://``,
+  ``s3://``, ``memory://``, a kvstore spec); what cannot be written is one ``OutputError`` line naming
+  it and what to do, before any work (a full disk, a read-only folder, an unreachable bucket too).
+* **A lock on every output** (:class:`Lock`, ``_dvidshards.lock``, refreshed by a heartbeat): a second
+  job is refused naming the first; a dead job's lock is taken over with ``--resume``.
+* **One manifest** (``_dvidshards.json``; a one-file output's own metadata; :func:`read_manifest`):
+  job, version, parameters, command, source (URL, path relative to the output, what the job records
+  of its content), scales, ``complete``, ``status``, failed tasks, counts, totals, times; written
+  from the same :class:`JobReport` the job returns.
+* **Refuse / resume / overwrite**: an empty destination is used; this job's own earlier output needs
+  ``resume`` (same parameters and source) or ``overwrite`` (its own files deleted, others kept).
+* **One work folder** (:func:`work_folder`): ``--workdir``, else ``NAME.work`` beside the output;
+  locked, apart from the output and the source (``Output(..., work=True)``: ``out.workdir``).
+* **One failure contract**: :meth:`Output.finish` returns the report when the output is complete,
+  else raises ``JobError`` carrying it unless ``allow_partial``; an interrupted job says how to finish.
 
 A job is a short composition of its plan, its tasks and its reduce inside this frame::
 
     with Output(dest, job="convert", parameters=params, source=ds, scales=[0, 1],
                 resume=resume, overwrite=overwrite) as out:
-        phase = runner.run(partial(run_task, ...), plan(...), done=...)
+        phase = runner.run(run_task, plan(...), done=...)
         out.add(phase, name=str)
         return out.finish(totals=reduce(phase.results.values()), allow_partial=allow_partial)
 
-``DVIDSHARDS_PAUSE_FILE=PATH`` (tests that interrupt a job): the first :meth:`Output.add` that
-counts a finished task creates PATH and waits until it is deleted, so a test acts on a job that
-is known to be mid-way, never on a guess of how long it runs.
+``DVIDSHARDS_PAUSE_FILE=PATH`` (tests that interrupt a job): the first :meth:`Output.add` that counts
+a finished task creates PATH and waits until it is deleted, so a test acts on a job known to be
+mid-way, never on a guess of how long it runs.
 """
 
 from __future__ import annotations
