@@ -307,3 +307,23 @@ def test_verify_report_is_a_job_report_and_a_check_that_cannot_run_is_a_job_erro
     assert not r.complete and not r.ok and len(r.failed) == 1 and "the check itself broke" in next(iter(r.failed.values()))
     assert "0_0_0.arrow" in next(iter(r.failed)) and "incomplete" in r.summary()
     assert not verify(three_shards.root, spec=three_shards.spec, allow_partial=True).ok
+
+
+def test_verify_command_ends_its_module(exports, tmp_path, capsys):
+    """``VerifyCommand`` (the row ``cli.COMMANDS`` points at): 0 clean, 1 problems, SpecError for nothing."""
+    import argparse
+
+    from dvidshards.errors import SpecError
+    from dvidshards.jobs.verify import VerifyCommand
+
+    exp, base, _, _ = exports
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(exp.spec))
+    p = argparse.ArgumentParser()
+    VerifyCommand.add_arguments(p)
+    assert VerifyCommand.main(p.parse_args([str(base / "clean"), "--spec", str(spec), "--quiet"])) == 0
+    assert VerifyCommand.main(p.parse_args([str(base / "noindex"), "--spec", str(spec), "--quiet",
+                                            "--scheduler", "threads:2"])) == 1
+    assert "no chunk index" in capsys.readouterr().out
+    with pytest.raises(SpecError, match="nothing was checked"):
+        VerifyCommand.main(p.parse_args([str(tmp_path), "--quiet"]))
