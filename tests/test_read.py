@@ -112,14 +112,15 @@ def test_boxes_equal_written_volume(exp, ds, order, threads):
                 out = np.full(shape, 99, np.uint64, order="F")
             elif order == "C":
                 out = np.full(shape, 99, np.uint64, order="C")
-            else:  # a view into a bigger array, no axis contiguous
-                big = np.full(tuple(2 * s + 1 for s in shape), 99, np.uint64, order="F")
-                out = big[1::2, 1::2, 1::2]
+            else:  # a view into a bigger array: x not contiguous, neither C nor F order
+                big = np.full((2 * shape[0] + 1, shape[1] + 1, shape[2] + 1), 99, np.uint64, order="F")
+                out = big[1::2, 1:, 1:]
+                assert out.strides[0] == 16 and not (out.flags.c_contiguous or out.flags.f_contiguous)
             got = ds.read(box, labels=labels, out=out, threads=threads)
             assert got is out
             np.testing.assert_array_equal(got, want, err_msg=f"{order} {box} {labels!r}")
-            if order == "strided":
-                assert (big[0::2] == 99).all()  # nothing written outside the view
+            if order == "strided":  # nothing written outside the view
+                assert (big[0::2] == 99).all() and (big[:, 0] == 99).all() and (big[:, :, 0] == 99).all()
 
 
 def test_absent_chunk_is_zeroed_in_a_dirty_out(exp, ds):
