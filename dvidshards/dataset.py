@@ -40,18 +40,17 @@ from .pyramid import MANIFEST, Layer, LayeredStore, drive_all, given_roots, pres
 from .query import BodyIndex, BodyMask, body_mask, chunks_with, label_at, labels_in_box, unique
 from .query import mapping as export_mapping
 from .read import ChunkReader, check_scale, read_box
-from .shard import (
+from .scalefiles import (
     ScaleFiles,
-    Shard,
     check_origins,
-    held_scales,
-    load_shard_sync,
     not_exported_error,
     parse_shard_names,
     sample_scale,
     scale_folders,
     scale_naming,
+    scales_phrase,
 )
+from .shard import Shard, load_shard_sync
 from .sources import RecordSource, record_source_of
 from .stores import ByteStore, as_store
 
@@ -215,7 +214,7 @@ class Dataset:
         self.store = LayeredStore([st for st, _, _ in layers])
         for st, _, m in layers:
             if m is not None and not m["complete"]:
-                warnings.warn(f"{st.describe('')}: the downsampled scales {held_scales(m['scales'])} are not "
+                warnings.warn(f"{st.describe('')}: the downsampled scales {scales_phrase(m['scales'])} are not "
                               f"complete ({MANIFEST} says complete: false): chunks of the shards not made yet are "
                               f"missing; finish them by running the same dvidshards downsample command with --resume",
                               IncompleteScalesWarning, stacklevel=_caller_stacklevel())

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import MissingShardError, RemoteReadError, SpecError
 from .formats.multiscale import Scale, parse_json
-from .shard import held_scales
+from .scalefiles import scales_phrase
 from .stores import ByteStore, Stat, as_store
 
 __all__ = ["ABSENT", "MANIFEST", "LayeredStore", "Layer", "check_source", "downsample_manifest", "drive_all",
@@ -273,7 +273,7 @@ def check_source(store: ByteStore, m: dict, layers: builtins.list[Layer]) -> str
 
 def mixed_error(store: ByteStore, m: dict, source: str, why: str) -> SpecError:
     """The error of a downsample output whose source changed since its scales were made."""
-    made = held_scales(m["scales"])
+    made = scales_phrase(m["scales"])
     return SpecError(f"{store.describe('')}: its {made} were made from {source} as it was then, and it has changed "
                      f"since ({why}): read together they would mix two exports. Make them again (dvidshards "
                      f"downsample {source} {store.describe('')} --overwrite), or open {source} alone")

@@ -36,7 +36,8 @@ from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_
 from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.sharding import shard_filename_stem
 from ..pyramid import shard_sizes, source_identity
-from ..shard import held_scales, load_shard_sync
+from ..scalefiles import scales_phrase
+from ..shard import load_shard_sync
 from ..stores import ByteStore, as_store, os_error
 from ..writer import write_shard
 from .options import (
@@ -471,7 +472,7 @@ def _notes(totals: DownsampleTotals, method: str, made: list[int], start: int, a
     if added:
         lines.append(f"also made {', '.join(f's{k}' for k in added)}: each scale is made from the one below")
     if background:
-        lines.append(f"{held_scales(background)}: every block is background (0), so no shard file holds them; "
+        lines.append(f"{scales_phrase(background)}: every block is background (0), so no shard file holds them; "
                      f"reads give 0 there")
     if totals.conflicts:
         lines.append(f"{totals.conflicts:,} times the source records of an output block named different bodies "
@@ -504,13 +505,13 @@ def _scales_to_make(ds: Dataset, scales: Any) -> tuple[int, list[int], list[int]
         wanted = [s.index for s in ds.scales if s.index not in held and any(h < s.index for h in held)]
         if not wanted:
             raise SpecError(f"{ds.store.describe('')} holds every scale its spec lists below its coarsest "
-                            f"({held_scales(held)}); nothing to make (--scales to make some again)")
+                            f"({scales_phrase(held)}); nothing to make (--scales to make some again)")
     for k in wanted:
         ds.scale(k)  # a scale the spec does not list: SpecError naming the ones it does
     start = max((h for h in held if h < min(wanted)), default=None)
     if start is None:
         raise SpecError(f"scale {min(wanted)} is made from scale {min(wanted) - 1}, which "
-                        f"{ds.store.describe('')} does not hold (it holds {held_scales(held)})")
+                        f"{ds.store.describe('')} does not hold (it holds {scales_phrase(held)})")
     made = list(range(start + 1, max(wanted) + 1))
     for k in [start, *made]:
         s = ds.scale(k)
@@ -583,7 +584,7 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     start, made, wanted = _scales_to_make(ds, scales)
     if len(made) > 1 and store.describe("").startswith("memory://"):
         raise SpecError(f"{store.describe('')}: a memory:// destination is seen by this process only, so it "
-                        f"cannot hold scales made from each other ({held_scales(made)}); write to a folder or a "
+                        f"cannot hold scales made from each other ({scales_phrase(made)}); write to a folder or a "
                         f"bucket")
     base = ds.scale(start)
     asked = box_of(box)

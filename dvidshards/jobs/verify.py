@@ -46,7 +46,7 @@ from ..pyramid import (
     shard_sizes,
     source_identity,
 )
-from ..shard import not_exported_note
+from ..scalefiles import not_exported_note
 from ..stores import ByteStore, as_store
 from .downsample import SIZES
 from .options import add_source
