@@ -42,6 +42,7 @@ from .blocklayout import (
     read_u16,
     read_u32,
     read_u64,
+    row_word,
     values_numpy,
 )
 
@@ -107,15 +108,6 @@ _HI2 = np.int64(0xAAAAAAAAAAAAAAAA - (1 << 64))  # 2 * _LO2 as int64
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _be64(data, r):  # type: ignore[no-untyped-def]
-    # 8 bytes big-endian (LLVM turns this into one load and a byte swap)
-    w = np.int64(0)
-    for i in range(8):
-        w = (w << 8) | np.int64(data[r + i])
-    return w
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
 def _rows_mask(a, rows, rowbits, rev8):  # type: ignore[no-untyped-def]
     """x and y masks of lane bits ``a``: ``rows`` rows of 8 lanes, row 0 in the top bits.
 
@@ -146,7 +138,7 @@ def _sub1(data, q, lcnt, lmask, rev8):  # type: ignore[no-untyped-def]
     z0 = np.int64(0)
     z1 = np.int64(0)
     for z in range(8):
-        w = _be64(data, q + 8 * z)
+        w = row_word(data, q + 8 * z, 8)
         n1 += _popcount(w)  # type: ignore[call-arg]
         a1 |= w
         a0 |= ~w
@@ -184,8 +176,8 @@ def _sub2(data, q, c, lcnt, lmask, rev8):  # type: ignore[no-untyped-def]
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = np.int64(0)
     z0 = z1 = z2 = z3 = np.int64(0)
     for z in range(8):
-        u = _be64(data, q + 16 * z)
-        v = _be64(data, q + 16 * z + 8)
+        u = row_word(data, q + 16 * z, 8)
+        v = row_word(data, q + 16 * z + 8, 8)
         e0, f0 = _eq2(u, 0), _eq2(v, 0)
         e1, f1 = _eq2(u, _LO2), _eq2(v, _LO2)
         e2, f2 = _eq2(u, _HI2), _eq2(v, _HI2)

@@ -139,11 +139,6 @@ def _rows(*cols: Any) -> tuple[np.ndarray, np.ndarray]:
     return out, total
 
 
-def _segments(data: np.ndarray, lens: np.ndarray, group: np.ndarray, ngroups: int) -> Any:
-    """Rows concatenated per group (rows sorted by group): (bytes, length of each group)."""
-    return data, np.bincount(group, weights=lens, minlength=ngroups).astype(np.int64)
-
-
 def _field(tag: int, value: Any) -> bytes:
     data, _ = _varints(np.array([value], np.uint64))
     return bytes([tag]) + data.tobytes()
@@ -193,7 +188,7 @@ def encode_label_index(label: int, blocks: Any, supervoxels: Any, voxels: Any, *
         counts = _rows(b"\x0a", _varints(entry[1].astype(np.uint64)), entry)
         bstart = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
         group = np.cumsum(np.concatenate([[True], key[1:] != key[:-1]])) - 1
-        svcount = _segments(counts[0], counts[1], group, len(bstart))
+        svcount = counts[0], np.bincount(group, weights=counts[1], minlength=len(bstart)).astype(np.int64)
         bentry = _rows(b"\x08", _varints(key[bstart]), b"\x12", _varints(svcount[1].astype(np.uint64)), svcount)
         top = _rows(b"\x0a", _varints(bentry[1].astype(np.uint64)), bentry)
         out = top[0].tobytes()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numba as nb
 import numpy as np
@@ -29,7 +29,7 @@ from . import jit
 from .mappingfile import background_message, background_row, check_format, parse_pairs
 
 __all__ = ["LabelMapping", "MappingFiles", "as_path", "check_format", "check_stamp", "file_stamp", "install_files",
-           "installed_files", "is_path", "load_file", "parse_mapping", "prepare_file"]
+           "installed_files", "PathLike", "is_path", "load_file", "parse_mapping", "prepare_file"]
 
 _U64_MAX = (1 << 64) - 1
 _FLOAT_EXACT = float(1 << 53)  # floats at or above hold integers inexactly
@@ -329,7 +329,7 @@ class LabelMapping:
 
 
     @classmethod
-    def from_file(cls, path: str, format: str = "auto") -> LabelMapping:
+    def from_file(cls, path: PathLike, format: str = "auto") -> LabelMapping:
         """Read a mapping file in DVID's ``/mappings`` formats.
 
         Parameters
@@ -366,7 +366,7 @@ class LabelMapping:
         Parses the file at every call. `load_file` (what ``from_any``, the readers and the jobs
         use) parses it once per process, and large files once per host.
         """
-        return _files.read(as_path(path), format)
+        return installed_files().read(as_path(path), format)
 
     @classmethod
     def from_bytes(cls, data: Any, name: str = "mapping bytes", format: str = "auto") -> LabelMapping:
@@ -401,7 +401,7 @@ def is_path(obj: Any) -> bool:
     return isinstance(obj, str) or hasattr(obj, "__fspath__")
 
 
-def as_path(path: str) -> str:
+def as_path(path: PathLike) -> str:
     """The text of a path (a str, or an ``os.PathLike`` of one)."""
     p = path.__fspath__() if hasattr(path, "__fspath__") else path
     if not isinstance(p, str):
@@ -409,43 +409,31 @@ def as_path(path: str) -> str:
     return p
 
 
-class MappingFiles:
+class _Fspath(Protocol):
+    def __fspath__(self) -> str: ...
+
+
+PathLike = str | _Fspath  # a path as text, or an os.PathLike of text (pathlib.Path)
+
+
+class MappingFiles(Protocol):
     """How mapping files given as paths are reached: `file_stamp`, `LabelMapping.from_file`,
     `load_file`, `prepare_file` and the label sources all go through the one installed
-    (`install_files`).
+    (`install_files`). This module does no I/O: ``dvidshards.runtime.mappings`` installs the
+    package's when ``dvidshards`` is imported (each file version loaded once per process, large
+    files parsed once per host into a sidecar every process memory-maps)."""
 
-    This module does no I/O: this base class refuses every file. ``dvidshards.runtime.mappings``
-    installs the package's when ``dvidshards`` is imported: each file version loaded once per
-    process, and large files parsed once per host into a sidecar that every process
-    memory-maps.
-    """
+    def absolute(self, path: str) -> str: ...  # the absolute path (what a task elsewhere opens)
 
-    def _none(self, path: str) -> MappingError:
-        return MappingError(f"{path}: mapping files are read by dvidshards.runtime.mappings (import dvidshards)")
+    def exists(self, path: str) -> bool: ...  # a file (or folder) is there
 
-    def absolute(self, path: str) -> str:
-        """The absolute path (what a task in another folder opens)."""
-        raise self._none(path)
+    def stamp(self, path: str) -> tuple[int, int]: ...  # (size, mtime_ns); MappingError if not a file
 
-    def exists(self, path: str) -> bool:
-        """Whether there is a file (or folder) at ``path``."""
-        raise self._none(path)
+    def read(self, path: str, format: str = "auto") -> LabelMapping: ...  # parsed now (from_file)
 
-    def stamp(self, path: str) -> tuple[int, int]:
-        """``(size, mtime_ns)`` of the file; MappingError when it is missing or not a file."""
-        raise self._none(path)
+    def load(self, path: str, stamp: tuple[int, int] | None, format: str) -> LabelMapping: ...  # (load_file)
 
-    def read(self, path: str, format: str = "auto") -> LabelMapping:
-        """Parse the file now (`LabelMapping.from_file`)."""
-        raise self._none(path)
-
-    def load(self, path: str, stamp: tuple[int, int] | None, format: str) -> LabelMapping:
-        """The mapping of the file as it was at ``stamp`` (`load_file`)."""
-        raise self._none(path)
-
-    def prepare(self, path: str, stamp: tuple[int, int] | None, format: str) -> None:
-        """Check the file for a job's client (`prepare_file`)."""
-        raise self._none(path)
+    def prepare(self, path: str, stamp: tuple[int, int] | None, format: str) -> None: ...  # (prepare_file)
 
 
 def check_stamp(path: str, planned: tuple[int, int] | None, now: tuple[int, int]) -> None:
@@ -455,10 +443,10 @@ def check_stamp(path: str, planned: tuple[int, int] | None, now: tuple[int, int]
                            f"{now[0]} bytes, modified {planned[1]} -> {now[1]} ns); run the job again to use it")
 
 
-_files = MappingFiles()
+_files: MappingFiles | None = None
 
 
-def install_files(files: MappingFiles) -> MappingFiles:
+def install_files(files: MappingFiles) -> MappingFiles | None:
     """Make ``files`` reach every mapping file of this process; returns the one it replaces."""
     global _files
     old, _files = _files, files
@@ -467,10 +455,12 @@ def install_files(files: MappingFiles) -> MappingFiles:
 
 def installed_files() -> MappingFiles:
     """The `MappingFiles` in use."""
+    if _files is None:
+        raise MappingError("mapping files are read by dvidshards.runtime.mappings: import dvidshards first")
     return _files
 
 
-def file_stamp(path: str) -> tuple[int, int]:
+def file_stamp(path: PathLike) -> tuple[int, int]:
     """``(size, mtime_ns)`` of a mapping file: what says that it changed.
 
     Raises
@@ -478,10 +468,10 @@ def file_stamp(path: str) -> tuple[int, int]:
     MappingError
         The file does not exist or cannot be read.
     """
-    return _files.stamp(as_path(path))
+    return installed_files().stamp(as_path(path))
 
 
-def load_file(path: str, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
+def load_file(path: PathLike, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
     """A mapping file, loaded at most once per process and version of the file (with the
     package's runtime; see `MappingFiles`).
 
@@ -506,10 +496,11 @@ def load_file(path: str, stamp: tuple[int, int] | None = None, format: str = "au
         The file is missing, unreadable, empty or malformed (line and value named), or it
         changed since ``stamp``.
     """
-    return _files.load(_files.absolute(as_path(path)), stamp, format)
+    files = installed_files()
+    return files.load(files.absolute(as_path(path)), stamp, format)
 
 
-def prepare_file(path: str, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
+def prepare_file(path: PathLike, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
     """Check a mapping file for a job's client, before any task: a bad file fails here. With the
     package's runtime, a large file is parsed in a child process into the per-host sidecar the
     workers memory-map, so this process's memory does not grow with the mapping.
@@ -519,4 +510,5 @@ def prepare_file(path: str, stamp: tuple[int, int] | None = None, format: str = 
     MappingError
         As `load_file`.
     """
-    _files.prepare(_files.absolute(as_path(path)), stamp, format)
+    files = installed_files()
+    files.prepare(files.absolute(as_path(path)), stamp, format)

@@ -442,11 +442,7 @@ def _read_text(source: _Source, head: bytes) -> tuple[np.ndarray, np.ndarray]:
             if source.file is None:  # (a file object is the caller's: not closed here)
                 src.close()
     # anything else (comments, runs of blanks, trailing blanks, a bad line): normalise it all
-    raw = np.frombuffer(source.all(), np.uint8)
-    clean = np.empty(raw.shape[0] - bom, np.uint8)
-    clean = clean[:_normalise(raw[bom:], clean)]
-    del raw
-    where = _layout(clean.data)
+    clean, where = _normalised(source)
     if where is None:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     pos, line, delim = where
@@ -458,6 +454,16 @@ def _read_text(source: _Source, head: bytes) -> tuple[np.ndarray, np.ndarray]:
     raise AssertionError("unreachable")  # _diagnose raises
 
 
+def _normalised(source: _Source) -> tuple[np.ndarray, tuple[int, int, str] | None]:
+    """The whole content normalised (`_normalise`, a byte-order mark dropped), and its `_layout`."""
+    raw = np.frombuffer(source.all(), np.uint8)
+    bom = len(_BOM) if raw[:3].tobytes() == _BOM else 0
+    clean = np.empty(raw.shape[0] - bom, np.uint8)
+    clean = clean[:_normalise(raw[bom:], clean)]
+    del raw
+    return clean, _layout(clean.data)
+
+
 def _line_offset(raw: np.ndarray, line: int) -> int:
     """Byte offset of line ``line`` (from 0) in ``raw`` (a file's first bytes)."""
     if line == 0:
@@ -467,12 +473,7 @@ def _line_offset(raw: np.ndarray, line: int) -> int:
 
 def _line_of_row(source: _Source, row: int) -> int:
     """Line number (from 1) of data row ``row`` (from 0) of a text mapping (for error messages)."""
-    raw = np.frombuffer(source.all(), np.uint8)
-    bom = len(_BOM) if raw[:3].tobytes() == _BOM else 0
-    clean = np.empty(raw.shape[0] - bom, np.uint8)
-    clean = clean[:_normalise(raw[bom:], clean)]
-    del raw
-    where = _layout(clean.data)
+    clean, where = _normalised(source)
     if where is None:
         return 0
     pos, line, _ = where

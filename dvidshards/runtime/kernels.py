@@ -53,7 +53,7 @@ from typing import Any
 from ..errors import SpecError
 from ..formats import jit
 from ..formats.jit import Kernel
-from .locks import Held, acquire, try_acquire
+from .locks import acquire, try_acquire
 
 __all__ = ["MODES", "WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "mode", "prepare_for_job",
            "warm"]
@@ -581,7 +581,7 @@ def _helper_main(idle: float = _HELPER_IDLE) -> None:
             continue
         try:
             k = _registered(name)
-            with _cache_lock(k):  # helpers of other processes: one compiles, the others load
+            with acquire(_lock_path(k)):  # one lock per numba cache folder: one helper compiles, the others load
                 _compile(k)
         except Exception:  # noqa: BLE001 - the parent compiles it itself and reports what went wrong
             pass  # the parent compiles it itself and reports what went wrong
@@ -614,11 +614,6 @@ def _lock_path(k: Kernel, kernel: bool = False) -> str:
 
 def _kernel_lock_path(k: Kernel) -> str:
     return _lock_path(k, kernel=True)
-
-
-def _cache_lock(k: Kernel) -> Held:
-    """An exclusive lock per numba cache folder, across processes (none where flock is missing)."""
-    return acquire(_lock_path(k))
 
 
 def _stop() -> None:

@@ -106,8 +106,7 @@ class SidecarFiles(fm.MappingFiles):
 
 def install() -> None:
     """Make `formats.mapping` reach mapping files through `SidecarFiles` (idempotent)."""
-    if not isinstance(fm.installed_files(), SidecarFiles):
-        fm.install_files(SidecarFiles())
+    fm.install_files(SidecarFiles())
 
 
 def cache_info() -> dict:
