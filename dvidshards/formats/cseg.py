@@ -36,7 +36,7 @@ from numba.core import types
 
 from ..errors import BlockDecodeError
 from . import jit
-from .codec import (
+from .blocklayout import (
     BITS,
     E_OK,
     E_PALETTE,
