@@ -1,24 +1,20 @@
 """Write DVID ``export-shards`` exports exactly as DVID lays them out (FORMATS.md §2-§3).
 
-DVID itself is the only producer of real exports; this module reproduces its output for
-tests, the demo and benchmarks, and can also write the older layouts (variants B, C, D) a
-reader has to accept:
-
-* `write_shard` writes one shard (``{stem}.arrow`` plus its chunk index) from ready-made
-  records, in any of the four variants, preserving the record order given.
-* `write_export` turns a supervoxel volume into a whole multi-scale export: 64³ blocks in
-  DVID's block encoding, zstd-compressed, one folder ``s{k}`` per scale, shard files named
-  by DVID's cubic shard origin, records in ZYX order within each shard, all-background
-  blocks skipped. It returns the neuroglancer multiscale spec DVID would have been given.
+DVID is the only producer of real exports; this module reproduces its output for tests, the
+demo and benchmarks, and writes the older layouts (variants B, C, D) a reader has to accept:
+`write_shard` writes one shard from ready-made records, in any variant, in the order given;
+`write_export` turns a supervoxel volume into a multi-scale export (64³ blocks in DVID's
+encoding, zstd, one folder ``s{k}`` per scale, files named by DVID's cubic shard origin,
+records in ZYX order, all-background blocks skipped) and returns the spec DVID was given.
 
 Byte-level facts reproduced (checked against the real mCNS shard in ``shared/data/dvid``):
 the record schema (non-nullable fields, ``list<item: uint64>`` with nullable items, field
-metadata ``compression=true, codec=zstd`` on ``dvid_compressed_block``); IPC stream with
-continuation markers and the 8-byte end-of-stream marker ``ff ff ff ff 00 00 00 00``;
-zstd frames with the content size and a checksum (as Go's zstd encoder writes them); CSV
-``# schema_size=N`` comment, header, ``\\n`` line ends. ``N`` and the offsets are measured
-from the bytes actually written (pyarrow's schema message for this schema is 696 bytes,
-Go's is 688, so offsets differ from DVID's by that constant).
+metadata ``compression=true, codec=zstd`` on ``dvid_compressed_block``); an IPC stream with
+continuation markers and the end-of-stream marker ``ff ff ff ff 00 00 00 00``; zstd frames
+with content size and checksum (as Go's encoder writes them); the CSV's ``# schema_size=N``
+comment, header and ``\\n`` line ends.  ``N`` and the offsets are measured from the bytes
+written (pyarrow's schema message is 696 bytes, Go's 688, so offsets differ from DVID's by
+that constant).
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import tensorstore as ts
 import zstandard
+from tqdm.auto import tqdm
 
 from .errors import SpecError
 from .formats.codec import encode_block
@@ -53,16 +50,8 @@ from .formats.sharding import (
     shard_filename_stem,
 )
 
-__all__ = [
-    "CHUNK_SIZE",
-    "D_FOOTER_MAGIC",
-    "RECORD_SCHEMA",
-    "RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE",
-    "default_sharding",
-    "record_schema",
-    "write_export",
-    "write_shard",
-]
+__all__ = ["CHUNK_SIZE", "D_FOOTER_MAGIC", "RECORD_SCHEMA", "RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE", "default_sharding",
+           "record_schema", "write_export", "write_shard"]
 
 CHUNK_SIZE = 64  # DVID label blocks (and export chunks) are 64³ voxels
 D_FOOTER_MAGIC = b"CHUNKIDX"  # variant D: [JSON index][u64 LE length][b"CHUNKIDX"]
@@ -74,34 +63,17 @@ _TMP_DIR = re.compile(r"\.dvidshards-write-[0-9]+-[0-9a-f]+\.tmp")  # write_expo
 
 
 def record_schema(with_uncompressed_size: bool = True) -> pa.Schema:
-    """The Arrow schema of an export record (FORMATS.md §2), as DVID writes it.
+    """The Arrow schema of an export record as DVID writes it (FORMATS.md §2).
 
-    Parameters
-    ----------
-    with_uncompressed_size : bool, optional
-        Include the trailing ``uncompressed_size`` (uint32) field; the oldest layout
-        (variant D) has none.
-
-    Returns
-    -------
-    pyarrow.Schema
-        Non-nullable ``chunk_x, chunk_y, chunk_z`` (int32), ``labels`` and
-        ``supervoxels`` (list<uint64>), ``dvid_compressed_block`` (binary, field metadata
-        ``compression=true, codec=zstd``) and optionally ``uncompressed_size`` (uint32).
+    Non-nullable ``chunk_x, chunk_y, chunk_z`` (int32), ``labels`` and ``supervoxels``
+    (list<uint64>), ``dvid_compressed_block`` (binary, field metadata ``compression=true,
+    codec=zstd``) and, unless ``with_uncompressed_size`` is False (variant D), ``uncompressed_size``
+    (uint32).
     """
-    fields = [
-        pa.field("chunk_x", pa.int32(), nullable=False),
-        pa.field("chunk_y", pa.int32(), nullable=False),
-        pa.field("chunk_z", pa.int32(), nullable=False),
-        pa.field("labels", pa.list_(pa.uint64()), nullable=False),
-        pa.field("supervoxels", pa.list_(pa.uint64()), nullable=False),
-        pa.field(
-            "dvid_compressed_block",
-            pa.binary(),
-            nullable=False,
-            metadata={"compression": "true", "codec": "zstd"},
-        ),
-    ]
+    fields = [pa.field(f"chunk_{a}", pa.int32(), nullable=False) for a in "xyz"]
+    fields += [pa.field(n, pa.list_(pa.uint64()), nullable=False) for n in ("labels", "supervoxels")]
+    fields.append(pa.field("dvid_compressed_block", pa.binary(), nullable=False,
+                           metadata={"compression": "true", "codec": "zstd"}))
     if with_uncompressed_size:
         fields.append(pa.field("uncompressed_size", pa.uint32(), nullable=False))
     return pa.schema(fields)
@@ -111,9 +83,13 @@ RECORD_SCHEMA = record_schema(True)
 RECORD_SCHEMA_NO_UNCOMPRESSED_SIZE = record_schema(False)
 
 
-# --------------------------------------------------------------------------------------
-# one shard
-# --------------------------------------------------------------------------------------
+# --- one shard ------------------------------------------------------------------------------------
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _check_layout(index: str, container: str, batch_size: int) -> str:
@@ -122,12 +98,7 @@ def _check_layout(index: str, container: str, batch_size: int) -> str:
         raise SpecError(f"index must be one of {', '.join(_INDEXES)}, got {index!r}")
     if container not in _CONTAINERS:
         raise SpecError(f"container must be 'stream' or 'file', got {container!r}")
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, (int, np.integer))
-        or batch_size < 1
-    ):
-        raise SpecError(f"batch_size must be a positive integer, got {batch_size!r}")
+    _positive_int(batch_size, "batch_size")
     if index == "B" and batch_size != 1:
         raise SpecError("index variant B has one record per batch: batch_size must be 1")
     if index in ("A", "B") and container != "stream":
@@ -149,31 +120,20 @@ def _tmp_name(path: Path) -> Path:
 
 def _unlink(path: Path | None) -> None:
     if path is not None:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        path.unlink(missing_ok=True)
 
 
-class _ShardFileWriter:
-    """Writes one shard's .arrow file record by record and its index on `close`.
+class _DvidShardWriter:
+    """One shard's .arrow file, written record by record, and its index, written on `close`.
 
-    Rows are buffered until ``batch_size`` of them form a record batch; byte ranges of
-    every batch message are taken from the file position around each write.  Both files are
-    written under hidden temporary names and renamed into place only when complete, so a
-    refused or interrupted write leaves nothing a reader would take for a shard.
+    Rows are buffered until ``batch_size`` of them form a record batch; each batch message's
+    byte range is the file position around its write.  Both files are written under hidden
+    temporary names and renamed into place when complete, so a refused or interrupted write
+    leaves nothing a reader would take for a shard.
     """
 
-    def __init__(
-        self,
-        path_stem: str | os.PathLike,
-        *,
-        batch_size: int,
-        index: str,
-        container: str,
-        with_uncompressed_size: bool,
-        chunk_size: int = CHUNK_SIZE,
-    ) -> None:
+    def __init__(self, path_stem: str | os.PathLike, *, batch_size: int, index: str, container: str,
+                 with_uncompressed_size: bool, chunk_size: int = CHUNK_SIZE) -> None:
         self.container = _check_layout(index, container, batch_size)
         self.index = index
         self.batch_size = int(batch_size)
@@ -200,7 +160,6 @@ class _ShardFileWriter:
         self.num_batches = 0
         self._closed = False
 
-    # ---- rows -> batches
     def add(self, record: Mapping[str, Any]) -> None:
         """Queue one record; writes a batch once ``batch_size`` records are queued."""
         self._pending.append(record)
@@ -218,25 +177,17 @@ class _ShardFileWriter:
             raise SpecError(f"record {len(self.entries)}+ does not fit the record schema: {e}") from None
 
     def _make_batch(self, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-        coords = {
-            k: pa.array(np.array([_int32(r[k], k) for r in rows], dtype=np.int32), pa.int32())
-            for k in ("chunk_x", "chunk_y", "chunk_z")
-        }
-        arrays = [coords["chunk_x"], coords["chunk_y"], coords["chunk_z"]]
+        arrays = [pa.array(np.array([_int32(r[k], k) for r in rows], np.int32), pa.int32())
+                  for k in ("chunk_x", "chunk_y", "chunk_z")]
         for name in ("labels", "supervoxels"):
             lists = [np.asarray(r[name], dtype=np.uint64).reshape(-1) for r in rows]
             offsets = np.zeros(len(lists) + 1, dtype=np.int32)
             np.cumsum([len(v) for v in lists], out=offsets[1:])
             values = np.concatenate(lists) if lists else np.zeros(0, np.uint64)
-            arrays.append(
-                pa.ListArray.from_arrays(
-                    pa.array(offsets, pa.int32()), pa.array(values, pa.uint64())
-                )
-            )
+            arrays.append(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.uint64())))
         arrays.append(pa.array([bytes(r["dvid_compressed_block"]) for r in rows], pa.binary()))
         if "uncompressed_size" in self.schema.names:
-            missing = [i for i, r in enumerate(rows) if "uncompressed_size" not in r]
-            if missing:
+            if any("uncompressed_size" not in r for r in rows):
                 raise SpecError("records lack 'uncompressed_size', which this schema requires")
             sizes = np.array([int(r["uncompressed_size"]) for r in rows], dtype=np.int64)
             if sizes.size and (sizes.min() < 0 or sizes.max() >= 2**32):
@@ -245,14 +196,13 @@ class _ShardFileWriter:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _read_schema_size(self) -> int:
-        """Length of the schema message actually written (continuation + length + flatbuffer)."""
+        """Length of the schema message written (continuation + length + flatbuffer, no body)."""
         with open(self._tmp_arrow, "rb") as f:
             f.seek(self._base)
-            head = f.read(8)
-        cont, meta_len = struct.unpack("<Ii", head)
+            cont, meta_len = struct.unpack("<Ii", f.read(8))
         if cont != 0xFFFFFFFF:
             raise RuntimeError("pyarrow wrote an IPC schema message without a continuation marker")
-        return 8 + meta_len  # a schema message has no body
+        return 8 + meta_len
 
     def _flush(self) -> None:
         if not self._pending:
@@ -266,30 +216,17 @@ class _ShardFileWriter:
             self.schema_size = self._read_schema_size()
             start = self._base + self.schema_size
             if before not in (0, start):
-                raise RuntimeError(
-                    f"unexpected IPC writer position {before} before the first batch"
-                )
+                raise RuntimeError(f"unexpected IPC writer position {before} before the first batch")
         else:
             start = before
-        first_rec = len(self.entries)
-        for i, r in enumerate(rows):
-            self.entries.append(
-                {
-                    "x": int(r["chunk_x"]),
-                    "y": int(r["chunk_y"]),
-                    "z": int(r["chunk_z"]),
-                    "rec": first_rec + i,
-                    "offset": start,
-                    "size": after - start,
-                    "batch_idx": i,
-                }
-            )
+        first = len(self.entries)
+        self.entries.extend({"x": int(r["chunk_x"]), "y": int(r["chunk_y"]), "z": int(r["chunk_z"]), "rec": first + i,
+                             "offset": start, "size": after - start, "batch_idx": i} for i, r in enumerate(rows))
         self.num_batches += 1
 
-    # ---- finish
     def close(self) -> dict[str, Any]:
-        """Write the last partial batch, the end of the IPC data and the chunk index, then put
-        both files in place (the index first: an index without its .arrow is no shard)."""
+        """Write the last batch, the end of the IPC data and the chunk index, then put both files
+        in place (the index first: an index without its .arrow is no shard)."""
         if self._closed:
             raise RuntimeError("shard writer already closed")
         self._closed = True
@@ -317,14 +254,8 @@ class _ShardFileWriter:
             _unlink(self._tmp_arrow)
             _unlink(self._tmp_index)
             raise
-        return {
-            "arrow_path": self.arrow_path,
-            "index_path": self.index_path,
-            "schema_size": self.schema_size,
-            "num_records": len(self.entries),
-            "num_batches": self.num_batches,
-            "entries": self.entries,
-        }
+        return {"arrow_path": self.arrow_path, "index_path": self.index_path, "schema_size": self.schema_size,
+                "num_records": len(self.entries), "num_batches": self.num_batches, "entries": self.entries}
 
     def abort(self) -> None:
         """Close and remove the temporary files after a failure (nothing is put in place)."""
@@ -340,87 +271,65 @@ class _ShardFileWriter:
     def _csv(self) -> str:
         if self.index == "A":
             head = [f"# schema_size={self.schema_size}", "x,y,z,offset,size,batch_idx"]
-            cols: tuple[str, ...] = ("x", "y", "z", "offset", "size", "batch_idx")
         elif self.index == "B":
             head = [f"# schema_size={self.schema_size}", "x,y,z,rec,offset,size"]
-            cols = ("x", "y", "z", "rec", "offset", "size")
         else:
             head = ["x,y,z,rec"]
-            cols = ("x", "y", "z", "rec")
-        lines = head + [",".join(str(e[c]) for c in cols) for e in self.entries]
-        return "\n".join(lines) + "\n"
+        cols = head[-1].split(",")
+        return "\n".join(head + [",".join(str(e[c]) for c in cols) for e in self.entries]) + "\n"
 
 
-def write_shard(
-    path_stem: str | os.PathLike,
-    records: Iterable[Mapping[str, Any]],
-    *,
-    batch_size: int = 1,
-    index: str = "A",
-    container: str = "stream",
-    with_uncompressed_size: bool | None = None,
-    chunk_size: int = CHUNK_SIZE,
-) -> dict[str, Any]:
+def write_shard(path_stem: str | os.PathLike, records: Iterable[Mapping[str, Any]], *, batch_size: int = 1,
+                index: str = "A", container: str = "stream", with_uncompressed_size: bool | None = None,
+                chunk_size: int = CHUNK_SIZE) -> dict[str, Any]:
     """Write one DVID shard file and its chunk index from ready-made records.
 
-    Records are written in the order given, ``batch_size`` rows per Arrow record batch
-    (the last batch may be partial). The same code path writes every shard of
-    `write_export`.
+    Records are written in the order given, ``batch_size`` rows per Arrow record batch (the last
+    may be partial), by the code that writes every shard of `write_export`.
 
     Parameters
     ----------
     path_stem : str or os.PathLike
-        Path without extension, e.g. ``export/s0/0_0_0``; writes ``{stem}.arrow`` and,
-        except for variant D, ``{stem}.csv``. Existing files are replaced (for variant D, an
-        old ``{stem}.csv`` is removed). Both are written under hidden temporary names and
-        renamed into place when complete: records the writer refuses, or an interruption,
-        leave nothing behind (and an existing shard untouched).
+        Path without extension, e.g. ``export/s0/0_0_0``: writes ``{stem}.arrow`` and, except
+        for variant D, ``{stem}.csv`` (for D, an old ``{stem}.csv`` is removed).  Both are
+        written under hidden temporary names and renamed into place when complete: refused
+        records, or an interruption, leave nothing behind (and an existing shard untouched).
     records : iterable of mapping
         Each with ``chunk_x, chunk_y, chunk_z`` (int), ``labels`` and ``supervoxels``
-        (sequences of uint64), ``dvid_compressed_block`` (bytes) and, when the schema
-        has it, ``uncompressed_size`` (int). Other keys are ignored. Values are written
-        as given (no consistency checks), so corrupted shards can be built too.
+        (sequences of uint64), ``dvid_compressed_block`` (bytes) and, when the schema has it,
+        ``uncompressed_size`` (int); other keys are ignored.  Values are written as given (no
+        consistency checks), so corrupted shards can be built too.
     batch_size : int, optional
         Rows per record batch (DVID's default is 1).
     index : {"A", "B", "C", "D"}, optional
         Index variant (FORMATS.md §3). "A": CSV ``# schema_size=N`` then
-        ``x,y,z,offset,size,batch_idx``; "B": ``# schema_size=N`` then
-        ``x,y,z,rec,offset,size`` (needs ``batch_size == 1``); "C": CSV ``x,y,z,rec``;
-        "D": IPC file followed by ``[JSON {"x_y_z": rec}][u64 LE length][b"CHUNKIDX"]``
-        with keys in voxel units (chunk coordinate × ``chunk_size``), no CSV.
+        ``x,y,z,offset,size,batch_idx``; "B": ``# schema_size=N`` then ``x,y,z,rec,offset,size``
+        (needs ``batch_size == 1``); "C": CSV ``x,y,z,rec``; "D": IPC file followed by
+        ``[JSON {"x_y_z": rec}][u64 LE length][b"CHUNKIDX"]`` with keys in voxel units
+        (chunk coordinate × ``chunk_size``), no CSV.
     container : {"stream", "file"}, optional
-        Arrow IPC stream (DVID) or IPC file format. "file" is only allowed with
-        variant C; variant D always uses the file format.
+        Arrow IPC stream (DVID) or IPC file; "file" only with variant C (D is always a file).
     with_uncompressed_size : bool, optional
         Whether the schema has ``uncompressed_size``. Default: yes, except for variant D.
     chunk_size : int, optional
-        Chunk size in voxels used for variant D's keys.
+        Chunk size in voxels of variant D's keys.
 
     Returns
     -------
     dict
-        ``arrow_path``, ``index_path`` (None for D), ``schema_size`` (byte length of the
-        schema message written), ``num_records``, ``num_batches`` and ``entries``: one dict
-        per record with ``x, y, z, rec, offset, size, batch_idx`` (offset/size = byte
-        range of the record batch message holding it).
+        ``arrow_path``, ``index_path`` (None for D), ``schema_size`` (bytes of the schema
+        message written), ``num_records``, ``num_batches`` and ``entries``: per record ``x, y,
+        z, rec, offset, size, batch_idx`` (offset/size: the byte range of its batch message).
 
     Raises
     ------
     SpecError
-        For an unknown variant or container, an invalid combination (B with
-        ``batch_size != 1``, A/B with the file container), or records that do not fit
-        the schema.
+        An unknown variant or container, an invalid combination (B with ``batch_size != 1``,
+        A/B with the file container), or records that do not fit the schema.
     """
-    if with_uncompressed_size is None:
-        with_uncompressed_size = index != "D"
-    writer = _ShardFileWriter(
-        path_stem,
-        batch_size=batch_size,
-        index=index,
-        container=container,
-        with_uncompressed_size=with_uncompressed_size,
-        chunk_size=chunk_size,
-    )
+    writer = _DvidShardWriter(path_stem, batch_size=batch_size, index=index, container=container,
+                              with_uncompressed_size=index != "D" if with_uncompressed_size is None
+                              else with_uncompressed_size, chunk_size=chunk_size)
     try:
         for rec in records:
             writer.add(rec)
@@ -430,55 +339,28 @@ def write_shard(
     return writer.close()
 
 
-# --------------------------------------------------------------------------------------
-# sharding specs
-# --------------------------------------------------------------------------------------
+# --- sharding specs -------------------------------------------------------------------------------
 
 
-def default_sharding(
-    size_voxels: Sequence[int], shard_chunks: int = 32, chunk_size: int = CHUNK_SIZE
-) -> ShardingSpec:
-    """The sharding spec DVID exports use for a scale, for cubic shards of ``shard_chunks``.
+def default_sharding(size_voxels: Sequence[int], shard_chunks: int = 32, chunk_size: int = CHUNK_SIZE
+                     ) -> ShardingSpec:
+    """The sharding spec of DVID exports for a scale with cubic shards of ``shard_chunks`` chunks.
 
-    ``preshift_bits + minishard_bits = 3·log2(shard_chunks)`` (fewer when the whole chunk
-    grid needs fewer compressed-Morton bits, then everything is one shard), split like the
-    mCNS spec: ``preshift_bits = min(9, that)``, the rest minishard bits; ``shard_bits``
-    covers the remaining bits of the grid; identity hash, gzip minishard index. With
-    ``shard_chunks=32`` this reproduces every scale of ``mcns-ng-specs.json``.
-
-    Parameters
-    ----------
-    size_voxels : sequence of 3 int
-        Volume size of the scale (x, y, z).
-    shard_chunks : int, optional
-        Chunks per shard side, a power of two.
-    chunk_size : int, optional
-        Chunk size in voxels.
-
-    Returns
-    -------
-    ShardingSpec
-
-    Raises
-    ------
-    ValueError
-        If ``shard_chunks`` is not a positive power of two.
+    ``preshift_bits + minishard_bits = 3·log2(shard_chunks)`` (fewer when the chunk grid needs
+    fewer compressed-Morton bits: then it is one shard), split like the mCNS spec:
+    ``preshift_bits = min(9, that)``, the rest minishard bits; ``shard_bits`` the remaining
+    bits of the grid; identity hash, gzip minishard index.  ``shard_chunks=32`` reproduces
+    every scale of ``mcns-ng-specs.json``.  SpecError unless ``shard_chunks`` is a power of two.
     """
-    if isinstance(shard_chunks, bool) or not isinstance(shard_chunks, (int, np.integer)):
-        raise SpecError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
-    if shard_chunks < 1 or shard_chunks & (shard_chunks - 1):
+    if isinstance(shard_chunks, bool) or not isinstance(shard_chunks, (int, np.integer)) or \
+            shard_chunks < 1 or shard_chunks & (shard_chunks - 1):
         raise SpecError(f"shard_chunks must be a power of two, got {shard_chunks!r}")
     per_axis = int(shard_chunks).bit_length() - 1
     total = sum(compressed_z_index_bits(grid_shape(size_voxels, chunk_size)))
     low = min(3 * per_axis, total)
     preshift = min(9, low)
-    return ShardingSpec(
-        preshift_bits=preshift,
-        minishard_bits=low - preshift,
-        shard_bits=total - low,
-        hash="identity",
-        minishard_index_encoding="gzip",
-    )
+    return ShardingSpec(preshift_bits=preshift, minishard_bits=low - preshift, shard_bits=total - low,
+                        hash="identity", minishard_index_encoding="gzip")
 
 
 def _as_spec(value: Any) -> ShardingSpec:
@@ -499,41 +381,35 @@ def _sharding_json(spec: ShardingSpec) -> dict[str, Any]:
     return {k: d[k] for k in sorted(d)}  # "@type" sorts first, as in mcns-ng-specs.json
 
 
-# --------------------------------------------------------------------------------------
-# volume access
-# --------------------------------------------------------------------------------------
+# --- volume access --------------------------------------------------------------------------------
 
 
 class _Volume:
     """Piecewise (x, y, z) access to a numpy array or a TensorStore, as uint64."""
 
     def __init__(self, data: Any) -> None:
+        self.store: ts.TensorStore | None = None
+        self.array: np.ndarray | None = None
         if isinstance(data, ts.TensorStore):
             store = data
             if store.rank == 4 and store.shape[3] == 1:  # neuroglancer x, y, z, channel
                 store = store[..., 0]
             if store.rank != 3:
                 raise SpecError(f"volume must be 3-D (x, y, z), got rank {store.rank}")
-            store = store[ts.d[:].translate_to[0]]
-            kind = np.dtype(store.dtype.numpy_dtype).kind
-            self.signed = kind == "i"
-            if kind not in "ui":
-                raise SpecError(f"volume must hold integer labels, got {store.dtype}")
-            self.store: ts.TensorStore | None = store
-            self.array: np.ndarray | None = None
-            self.shape = tuple(int(s) for s in store.shape)
+            self.store = store[ts.d[:].translate_to[0]]
+            dtype, shape = np.dtype(store.dtype.numpy_dtype), store.shape
         else:
             arr = np.asarray(data)
             if arr.ndim == 4 and arr.shape[3] == 1:
                 arr = arr[..., 0]
             if arr.ndim != 3:
                 raise SpecError(f"volume must be 3-D (x, y, z), got shape {arr.shape}")
-            if arr.dtype.kind not in "ui":
-                raise SpecError(f"volume must hold integer labels, got dtype {arr.dtype}")
-            self.signed = arr.dtype.kind == "i"
-            self.store = None
             self.array = arr
-            self.shape = tuple(int(s) for s in arr.shape)
+            dtype, shape = arr.dtype, arr.shape
+        if dtype.kind not in "ui":
+            raise SpecError(f"volume must hold integer labels, got dtype {dtype}")
+        self.signed = dtype.kind == "i"
+        self.shape = tuple(int(s) for s in shape)
         if min(self.shape) < 1:
             raise SpecError(f"volume must not be empty, got shape {self.shape}")
 
@@ -544,13 +420,14 @@ class _Volume:
         return ts.array(self.array)  # references the numpy data when it can
 
     def read(self, lo: Sequence[int], hi: Sequence[int]) -> np.ndarray:
-        """Voxels ``[lo, hi)`` (x, y, z), indexed [x, y, z], in the volume's own integer type (never
-        negative): blocks become uint64 one at a time, so a narrow or mostly empty volume is cheap."""
+        """Voxels ``[lo, hi)``, indexed [x, y, z], in the volume's own integer type (never negative):
+        blocks become uint64 one at a time, so a narrow or mostly empty volume is cheap."""
+        box = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
         if self.store is not None:
-            out = self.store[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].read().result()
+            out = self.store[box].read().result()
         else:
             assert self.array is not None
-            out = self.array[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+            out = self.array[box]
         if self.signed and out.size and out.min() < 0:
             raise SpecError("volume holds negative labels")
         return out
@@ -581,9 +458,7 @@ def _prepare_dir(root: Path, overwrite: bool) -> bool:
         if not root.is_dir():
             raise FileExistsError(f"{root} exists and is not a directory")
         if not overwrite and any(e for e in root.iterdir() if not _TMP_DIR.fullmatch(e.name)):
-            raise FileExistsError(
-                f"{root} is not empty (pass overwrite=True to replace an export)"
-            )
+            raise FileExistsError(f"{root} is not empty (pass overwrite=True to replace an export)")
         return False
     root.mkdir(parents=True)
     return True
@@ -606,48 +481,14 @@ def _put_in_place(root: Path, tmp: Path) -> None:
 def _shard_runs(size: Sequence[int], spec: ShardingSpec, naming: str = "current") -> list[list[tuple[int, int, int]]]:
     """Per axis, (origin voxel, first chunk, end chunk) of each shard file of a scale under a naming."""
     grid = grid_shape(size, CHUNK_SIZE)
-    if naming == "old":
-        extent = dvid_old_shard_extent(spec, CHUNK_SIZE)
-    else:
-        extent = dvid_shard_extent(spec, size, CHUNK_SIZE)
+    extent = dvid_old_shard_extent(spec, CHUNK_SIZE) if naming == "old" else dvid_shard_extent(spec, size, CHUNK_SIZE)
     return [_axis_runs(grid[a], a, extent) for a in range(3)]
 
 
-def _progress(total: int, enabled: bool | None, desc: str):
-    """A tqdm bar on stderr (``enabled`` None: only on a terminal), a no-op without tqdm."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # progress is cosmetic
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit="shard", file=sys.stderr,
-                disable={None: None, True: False}.get(enabled, True), leave=False)
-
-
-class _NoBar:
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-
-def _write_scale(
-    vol: _Volume,
-    scale_dir: Path,
-    runs: list[list[tuple[int, int, int]]],
-    mapping: LabelMapping | None,
-    compressor: zstandard.ZstdCompressor,
-    *,
-    batch_size: int,
-    index: str,
-    container: str,
-    done,
-    zero_blocks: bool = False,
-) -> int:
-    """Write every shard of one scale; returns the number of records written.
+def _write_scale(vol: _Volume, scale_dir: Path, runs: list[list[tuple[int, int, int]]], mapping: LabelMapping | None,
+                 compressor: zstandard.ZstdCompressor, *, batch_size: int, index: str, container: str, done,
+                 zero_blocks: bool = False) -> int:
+    """Write every shard of one scale; the number of records written.
 
     ``zero_blocks``: also a record for every all-background block of the grid (DVID before 2026-03-27).
     """
@@ -658,58 +499,38 @@ def _write_scale(
     for oz, z0c, z1c in runs[2]:
         for oy, y0c, y1c in runs[1]:
             for ox, x0c, x1c in runs[0]:
-                writer: _ShardFileWriter | None = None
+                writer: _DvidShardWriter | None = None
                 try:
                     for zc in range(z0c, z1c):
                         for yc in range(y0c, y1c):
                             # one row of chunks of this shard: bounded memory
-                            lo = (x0c * cs, yc * cs, zc * cs)
-                            hi = (
-                                min(x1c * cs, size[0]),
-                                min((yc + 1) * cs, size[1]),
-                                min((zc + 1) * cs, size[2]),
-                            )
-                            row = vol.read(lo, hi)
+                            row = vol.read((x0c * cs, yc * cs, zc * cs),
+                                           (min(x1c * cs, size[0]), min((yc + 1) * cs, size[1]),
+                                            min((zc + 1) * cs, size[2])))
                             if not zero_blocks and not row.any():
                                 continue
                             row_zyx = row.transpose(2, 1, 0)
                             for xc in range(x0c, x1c):
-                                part = row_zyx[:, :, (xc - x0c) * cs : (xc - x0c + 1) * cs]
+                                part = row_zyx[:, :, (xc - x0c) * cs:(xc - x0c + 1) * cs]
                                 if not part.any():
                                     if not zero_blocks:
                                         continue
                                     encoded = zero  # every all-background block encodes alike
                                 else:
-                                    if part.shape == (cs, cs, cs):
-                                        block = np.ascontiguousarray(part, dtype=np.uint64)
-                                    else:  # edge block: pad with background like DVID
-                                        block = np.zeros((cs, cs, cs), dtype=np.uint64)
-                                        block[: part.shape[0], : part.shape[1], : part.shape[2]] = part
+                                    block = np.zeros((cs, cs, cs), dtype=np.uint64)  # edge blocks padded with 0
+                                    block[:part.shape[0], :part.shape[1], :part.shape[2]] = part
                                     encoded = encode_block(block, subblock_order="sorted")  # as in real exports
                                 svs = _block_label_list(encoded)
                                 labels = svs.copy() if mapping is None else mapping.palette(svs)
                                 if not zero_blocks and not labels.any():  # DVID skips all-background blocks
                                     continue
                                 if writer is None:
-                                    stem = scale_dir / shard_filename_stem((ox, oy, oz))
-                                    writer = _ShardFileWriter(
-                                        stem,
-                                        batch_size=batch_size,
-                                        index=index,
-                                        container=container,
-                                        with_uncompressed_size=index != "D",
-                                    )
-                                writer.add(
-                                    {
-                                        "chunk_x": xc,
-                                        "chunk_y": yc,
-                                        "chunk_z": zc,
-                                        "labels": labels,
-                                        "supervoxels": svs,
-                                        "dvid_compressed_block": compressor.compress(encoded),
-                                        "uncompressed_size": len(encoded),
-                                    }
-                                )
+                                    writer = _DvidShardWriter(scale_dir / shard_filename_stem((ox, oy, oz)),
+                                                              batch_size=batch_size, index=index, container=container,
+                                                              with_uncompressed_size=index != "D")
+                                writer.add({"chunk_x": xc, "chunk_y": yc, "chunk_z": zc, "labels": labels,
+                                            "supervoxels": svs, "dvid_compressed_block": compressor.compress(encoded),
+                                            "uncompressed_size": len(encoded)})
                                 n_written += 1
                 except BaseException:
                     if writer is not None:
@@ -721,53 +542,33 @@ def _write_scale(
     return n_written
 
 
-def _scale_key(resolution: Sequence[float]) -> str:
-    return "x".join(f"{r:g}" for r in resolution)
-
-
-def write_export(
-    volume: Any,
-    path: str | os.PathLike,
-    *,
-    mapping: Any = None,
-    scales: int = 1,
-    resolution: Sequence[float] = (8, 8, 8),
-    shard_chunks: int | None = None,
-    sharding: Any = None,
-    batch_size: int = 1,
-    index: str = "A",
-    container: str = "stream",
-    zstd_level: int = 3,
-    info: bool = False,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    naming: str = "current",
-    zero_blocks: bool = False,
-    only_scales: Sequence[int] | None = None,
-) -> dict[str, Any]:
+def write_export(volume: Any, path: str | os.PathLike, *, mapping: Any = None, scales: int = 1,
+                 resolution: Sequence[float] = (8, 8, 8), shard_chunks: int | None = None, sharding: Any = None,
+                 batch_size: int = 1, index: str = "A", container: str = "stream", zstd_level: int = 3,
+                 info: bool = False, overwrite: bool = False, progress: bool | None = None, naming: str = "current",
+                 zero_blocks: bool = False, only_scales: Sequence[int] | None = None) -> dict[str, Any]:
     """Write a supervoxel volume as a DVID ``export-shards`` export.
 
-    For every scale ``k`` a folder ``s{k}`` receives one ``{ox}_{oy}_{oz}.arrow`` (+ index)
-    per DVID shard holding data, named by DVID's cubic shard origin
-    (`dvid_shard_origin` with `dvid_shard_extent`). Each 64³ block (edge blocks padded
-    with 0) is encoded in DVID's block format, zstd-compressed and written as one record
-    with its block label list as ``supervoxels`` and the mapped ids as ``labels``; blocks
-    whose mapped labels are all 0 get no record. Records are in ZYX order (z slowest)
-    within each shard. The volume is read one row of chunks of one shard at a time. The
-    scales are written into a hidden folder under ``path`` and moved into place when all are
-    complete: a failed or interrupted write leaves no export (and an overwritten one intact).
+    Every scale ``k`` gets a folder ``s{k}`` of ``{ox}_{oy}_{oz}.arrow`` files (+ index), one
+    per DVID shard holding data, named by DVID's cubic shard origin (`dvid_shard_origin`,
+    `dvid_shard_extent`).  Each 64³ block (edge blocks padded with 0) is encoded in DVID's
+    block format, zstd-compressed and written as one record with its block label list as
+    ``supervoxels`` and the mapped ids as ``labels``; blocks whose mapped labels are all 0 get
+    no record.  Records are in ZYX order within a shard; the volume is read one row of chunks
+    of one shard at a time.  The scales are written into a hidden folder under ``path`` and
+    moved into place when all are complete: a failed or interrupted write leaves no export
+    (and an overwritten one intact).
 
     Parameters
     ----------
     volume : numpy.ndarray or tensorstore.TensorStore
-        Supervoxel ids (non-negative integers, stored as uint64), indexed ``[x, y, z]``
-        (a trailing channel axis of size 1 is dropped). Any size. A TensorStore's domain
-        origin is taken as voxel (0, 0, 0).
+        Supervoxel ids (non-negative integers, stored as uint64), indexed ``[x, y, z]`` (a
+        trailing channel axis of size 1 is dropped); a TensorStore's origin is voxel (0, 0, 0).
     path : str or os.PathLike
         Export root; created if needed.
     mapping : LabelMapping, dict, pandas.Series, (n, 2) array_like or path, optional
-        Supervoxel -> body ids (anything `LabelMapping.from_any` takes); supervoxels
-        absent from it map to themselves.
+        Supervoxel -> body ids (anything `LabelMapping.from_any` takes); absent supervoxels map
+        to themselves.
     scales : int, optional
         Number of scales; scale ``k+1`` is the 2×2×2 mode downsampling of scale ``k``
         (``tensorstore.downsample(..., "mode")``, size ``ceil(size / 2)``).
@@ -775,59 +576,52 @@ def write_export(
         Voxel size of scale 0 (nm); doubled at every scale.
     shard_chunks : int, optional
         Chunks per shard side (power of two) for `default_sharding`; default 32 (mCNS).
-        Not allowed together with ``sharding``.
     sharding : ShardingSpec or dict, or a list of them (one per scale), optional
-        Sharding spec(s) to use instead of `default_sharding`.
+        Sharding spec(s) instead of `default_sharding` (not with ``shard_chunks``).
     batch_size : int, optional
         Records per Arrow record batch (DVID's default 1); also the spec's ``batch_size``.
     index : {"A", "B", "C", "D"}, optional
-        Index variant of every shard, see `write_shard`. Default "A" (current DVID).
+        Index variant of every shard (`write_shard`); default "A" (current DVID).
     container : {"stream", "file"}, optional
-        Arrow IPC container, see `write_shard`.
+        Arrow IPC container (`write_shard`).
     zstd_level : int, optional
         zstd level of ``dvid_compressed_block`` (frames carry content size and checksum).
     info : bool, optional
-        Also write the returned spec as JSON to ``{path}/info`` (DVID writes none).
+        Also write the returned spec to ``{path}/info`` (DVID writes none).
     overwrite : bool, optional
-        Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are replaced by the new
-        export once it is complete; nothing else is touched.
+        Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are replaced once the new
+        export is complete; nothing else is touched.
     progress : bool, optional
-        A tqdm bar on stderr, one step per shard box. Default (None): only when stderr is
-        a terminal; ``False``: never; ``True``: always.
+        A tqdm bar on stderr, a step per shard box: None (default) on a terminal only.
     naming : {"current", "old"}, optional
         DVID's shard-file naming generation (FORMATS.md §3a): ``"current"`` (since 2026-03-21,
-        `dvid_shard_extent`) or ``"old"`` (before: one cube of `dvid_old_shard_extent` voxels
-        per scale, so that a neuroglancer shard larger than that cube on some axis is split
-        over several files, as in the real mCNS export).
+        `dvid_shard_extent`) or ``"old"`` (one cube of `dvid_old_shard_extent` voxels per
+        scale, so a neuroglancer shard larger than it on some axis is split over several files,
+        as in the real mCNS export).
     zero_blocks : bool, optional
-        Also write a record for every all-background block of the grid (its agglomerated
-        labels all 0), as DVID did before 2026-03-27; default: skip them, as DVID does now.
+        Also a record for every all-background block (labels all 0), as DVID wrote before
+        2026-03-27.
     only_scales : sequence of int, optional
-        Write only these scale folders (the spec still lists every scale): an export holding
-        a prefix of its spec's scales (``[0]``: DVID's default since 2026-03-29), or the coarse
-        scales of a downsample destination.
+        Write only these scale folders (the spec lists every scale): an export holding a prefix
+        of its spec's scales (``[0]``: DVID's default since 2026-03-29), or the coarse scales of
+        a downsample destination.
 
     Returns
     -------
     dict
-        The neuroglancer multiscale spec (``batch_size``, ``@type``
-        ``neuroglancer_multiscale_volume``, ``data_type`` uint64, ``num_channels`` 1,
-        ``scales`` with key, size, resolution, voxel_offset, chunk_sizes, encoding,
-        compressed_segmentation_block_size and sharding, ``type`` segmentation), shaped
-        like ``mcns-ng-specs.json``.
+        The neuroglancer multiscale spec DVID is given, shaped like ``mcns-ng-specs.json``.
 
     Raises
     ------
     FileExistsError
-        If ``path`` is a non-empty directory and ``overwrite`` is False, or is a file.
+        If ``path`` is a file, or a non-empty folder and ``overwrite`` is False.
     SpecError
-        For invalid options or a volume that is not 3-D non-negative integer data.
+        Invalid options, or a volume that is not 3-D non-negative integer data.
     MappingError
-        For a mapping that `LabelMapping.from_any` refuses.
+        A mapping that `LabelMapping.from_any` refuses.
     """
     container = _check_layout(index, container, batch_size)
-    if isinstance(scales, bool) or not isinstance(scales, (int, np.integer)) or scales < 1:
-        raise SpecError(f"scales must be a positive integer, got {scales!r}")
+    scales = _positive_int(scales, "scales")
     try:
         res = [float(r) for r in resolution]
     except (TypeError, ValueError):
@@ -836,67 +630,44 @@ def write_export(
         raise SpecError(f"resolution must be 3 positive numbers, got {resolution!r}")
     if sharding is not None and shard_chunks is not None:
         raise SpecError("give either sharding or shard_chunks, not both")
-    if isinstance(zstd_level, bool) or not isinstance(zstd_level, (int, np.integer)) or not (
-        -(1 << 17) <= zstd_level <= 22
-    ):
+    if isinstance(zstd_level, bool) or not isinstance(zstd_level, (int, np.integer)) or \
+            not -(1 << 17) <= zstd_level <= 22:
         raise SpecError(f"zstd_level must be an integer from -131072 to 22, got {zstd_level!r}")
     if naming not in NAMINGS:
         raise SpecError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
     written = list(range(scales)) if only_scales is None else sorted({int(k) for k in only_scales})
     if any(not 0 <= k < scales for k in written):
         raise SpecError(f"only_scales must be scale numbers from 0 to {scales - 1}, got {only_scales!r}")
-    vol0 = _Volume(volume)
+    vols = [_Volume(volume)]
     labels = None if mapping is None else LabelMapping.from_any(mapping)
-
-    # volumes of every scale (lazy mode downsampling, read piecewise later)
-    vols = [vol0]
-    if scales > 1:
-        store = vol0.as_tensorstore()
+    if scales > 1:  # lazy mode downsampling, read piecewise later
+        store = vols[0].as_tensorstore()
         if np.dtype(store.dtype.numpy_dtype) != np.uint64:
             store = ts.cast(store, ts.uint64)
         for _ in range(1, scales):
             store = ts.downsample(store, [2, 2, 2], "mode")
             vols.append(_Volume(store))
-
     if sharding is None:
-        chunks = 32 if shard_chunks is None else shard_chunks
-        specs = [default_sharding(v.shape, chunks) for v in vols]
+        specs = [default_sharding(v.shape, 32 if shard_chunks is None else shard_chunks) for v in vols]
     elif isinstance(sharding, (list, tuple)):
         if len(sharding) != scales:
             raise SpecError(f"got {len(sharding)} sharding specs for {scales} scales")
         specs = [_as_spec(s) for s in sharding]
     else:
         specs = [_as_spec(sharding)] * scales
-
     spec_scales = []
     for k, (v, sh) in enumerate(zip(vols, specs, strict=True)):
         scale_res = [r * 2**k for r in res]
-        spec_scales.append(
-            {
-                "chunk_sizes": [[CHUNK_SIZE, CHUNK_SIZE, CHUNK_SIZE]],
-                "compressed_segmentation_block_size": [8, 8, 8],
-                "encoding": "compressed_segmentation",
-                "key": _scale_key(scale_res),
-                "resolution": scale_res,
-                "sharding": _sharding_json(sh),
-                "size": list(v.shape),
-                "voxel_offset": [0, 0, 0],
-            }
-        )
-    ng_spec = {
-        "batch_size": int(batch_size),
-        "@type": "neuroglancer_multiscale_volume",
-        "data_type": "uint64",
-        "num_channels": 1,
-        "scales": spec_scales,
-        "type": "segmentation",
-    }
+        spec_scales.append({"chunk_sizes": [[CHUNK_SIZE] * 3], "compressed_segmentation_block_size": [8, 8, 8],
+                            "encoding": "compressed_segmentation", "key": "x".join(f"{r:g}" for r in scale_res),
+                            "resolution": scale_res, "sharding": _sharding_json(sh), "size": list(v.shape),
+                            "voxel_offset": [0, 0, 0]})
+    ng_spec = {"batch_size": int(batch_size), "@type": "neuroglancer_multiscale_volume", "data_type": "uint64",
+               "num_channels": 1, "scales": spec_scales, "type": "segmentation"}
 
     root = Path(path)
     made = _prepare_dir(root, overwrite)
-    compressor = zstandard.ZstdCompressor(
-        level=zstd_level, write_checksum=True, write_content_size=True
-    )
+    compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True, write_content_size=True)
     runs = [_shard_runs(v.shape, sh, naming) for v, sh in zip(vols, specs, strict=True)]
     total = sum(len(r[0]) * len(r[1]) * len(r[2]) for k, r in enumerate(runs) if k in written)
     # every scale goes into a hidden work folder first: the export appears only when complete,
@@ -904,24 +675,13 @@ def write_export(
     tmp = root / f".dvidshards-write-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         tmp.mkdir()
-        with _progress(total, progress, f"writing {root.name or root}") as bar:
+        with tqdm(total=total, desc=f"writing {root.name or root}", unit="shard", file=sys.stderr,
+                  disable=None if progress is None else not progress, leave=False) as bar:
             for k, (v, r) in enumerate(zip(vols, runs, strict=True)):
-                if k not in written:
-                    continue
-                scale_dir = tmp / f"s{k}"
-                scale_dir.mkdir()
-                _write_scale(
-                    v,
-                    scale_dir,
-                    r,
-                    labels,
-                    compressor,
-                    batch_size=batch_size,
-                    index=index,
-                    container=container,
-                    done=bar.update,
-                    zero_blocks=zero_blocks,
-                )
+                if k in written:
+                    (tmp / f"s{k}").mkdir()
+                    _write_scale(v, tmp / f"s{k}", r, labels, compressor, batch_size=batch_size, index=index,
+                                 container=container, done=bar.update, zero_blocks=zero_blocks)
         if info:
             (tmp / "info").write_text(json.dumps(ng_spec, indent=2) + "\n", encoding="utf-8")
         _put_in_place(root, tmp)
