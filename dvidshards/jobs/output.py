@@ -172,12 +172,22 @@ def work_folder(dest: Any, workdir: Any = None) -> ByteStore:
     return folder.child(name + WORK_SUFFIX)
 
 
-def _remove_empty_dirs(path: str) -> None:
-    """Remove ``path`` and its parents while they are empty folders (what a refused job made)."""
-    while path and os.path.isdir(path):
+def _made_here(path: str) -> tuple[str, str | None]:
+    """``path`` and its outermost ancestor that does not exist yet (None: ``path`` exists)."""
+    p, top = os.path.abspath(path), None
+    while not os.path.exists(p):
+        top, p = p, os.path.dirname(p)
+    return os.path.abspath(path), top
+
+
+def _remove_empty_dirs(path: str, top: str | None) -> None:
+    """Remove ``path`` and its parents up to ``top`` while they are empty (what a refused job made)."""
+    while top is not None and os.path.isdir(path):
         try:
             os.rmdir(path)
         except OSError:
+            return
+        if path == top:
             return
         path = os.path.dirname(path)
 
@@ -667,14 +677,14 @@ class Output:
     # --- opening -----------------------------------------------------------------------------------
 
     def __enter__(self) -> Output:
-        path = self.folder.local_path()
-        made = path is not None and not os.path.exists(path)
+        paths = [st.local_path() for st in (self.folder, self.workdir) if st is not None]
+        made = [_made_here(p) for p in paths if p is not None]
         try:
             self.open()
         except BaseException:
             self._release()
-            if made and path is not None:  # refused: leave no folder behind that was not there before
-                _remove_empty_dirs(path)
+            for path, top in made:  # refused: leave no folder behind that was not there before
+                _remove_empty_dirs(path, top)
             raise
         return self
 

@@ -237,6 +237,24 @@ def test_an_output_inside_the_export_is_refused(exp, tmp_path, capsys):
     assert tree(exp.root) == before
 
 
+@pytest.mark.parametrize("job", ["pcg-edges", "stats", "label-index", "ingest"])
+def test_a_refused_job_leaves_no_folder_it_made_behind(exp, tmp_path, capsys, job):
+    """A destination holding something else is refused before any work; neither the work folder
+    made beside it nor one made for --workdir is left behind, and folders that were there stay."""
+    from dvidshards.cli import main
+
+    _needs(job)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("not a dvidshards output")
+    assert main([*job_args(job, exp, dest), "--quiet"]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["out"] and os.listdir(dest) == ["notes.txt"]
+    (tmp_path / "kept").mkdir()  # there before, empty: it stays; the folders made inside it go
+    assert main([*job_args(job, exp, dest), "--workdir", str(tmp_path / "kept" / "a" / "w"), "--quiet"]) == 2
+    assert sorted(os.listdir(tmp_path)) == ["kept", "out"] and os.listdir(tmp_path / "kept") == []
+
+
 # --------------------------------------------------------------------------- locks
 
 
