@@ -1,12 +1,10 @@
 """Consolidated per-scale chunk indexes: every shard's index in one memory-mapped file.
 
-``write_consolidated`` streams a scale shard by shard (bounded memory) into two Arrow IPC files
-outside the export: ``s{k}.chunks.arrow`` (one row per chunk) and ``s{k}.shards.arrow`` (one row
-per shard: its rows, index variant, and the size and change stamp of its file when indexed).
-A consolidated index knows what it saw: a shard it lists whose file changed, or a shard it does
-not list whose file appeared since, is a typed "stale index" error.  It saves each scale's
-geometry with the file extent and naming generation its shard files were read with
-(``Scale.shard_extent``, ``Scale.naming``).
+Two Arrow IPC files outside the export per scale: ``s{k}.chunks.arrow`` (a row per chunk) and
+``s{k}.shards.arrow`` (a row per shard: its rows, index variant, and its file's size and change
+stamp when indexed), so that a shard file that changed, or appeared since, is a typed "stale
+index" error.  Each scale's geometry is saved with the file extent and naming generation its
+files were read with (``Scale.shard_extent``, ``Scale.naming``).
 """
 
 from __future__ import annotations
@@ -14,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.feather
+from tqdm.auto import tqdm
 
 from .errors import ChunkIndexError
 from .formats.chunkindex import ShardIndex, pack_keys
@@ -46,13 +46,12 @@ def consolidated_paths(folder: str, scale_folder: str) -> tuple[str, str]:
 
 
 def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> tuple[str, int, int]:
-    """Write one scale's consolidated index (every shard loaded and checked) into folder.
+    """Write one scale's consolidated index (every shard loaded and checked) into folder:
+    (chunks file path, chunks, shards).
 
-    ``dataset`` is a ``Dataset``.  Streams shard by shard (one record batch each), so memory
-    stays bounded whatever the export's size.  Returns (chunks file path, chunks, shards).
-    A scale the export has no folder for, or whose files do not fit the geometry, is a
-    SpecError before anything is written.  The geometry is saved with the index, guessed
-    parts included (``Scale.inferred``), so that it opens as it was.
+    Streams shard by shard (bounded memory).  A scale the export has no folder for, or whose
+    files do not fit the geometry, is a SpecError before anything is written.  The geometry is
+    saved with guessed parts (``Scale.inferred``), so that it opens as it was.
     """
     store = dataset.store
     for st in getattr(store, "stores", [store]):  # every root of a layered dataset
@@ -75,7 +74,7 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
                                        "shard_extent": scale.shard_extent, "inferred": list(scale.inferred),
                                        "proven_extent": scale.proven_extent, "naming": scale.naming}).encode()}
     tmp = chunks_path + ".tmp"
-    bar = _bar(len(origins), f"consolidate {scale.folder}", progress)
+    bar = tqdm(total=len(origins), desc=f"consolidate {scale.folder}", unit="shard", disable=not progress)
     try:
         with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, _CHUNKS_SCHEMA.with_metadata(meta)) as w:
             for o in origins:
@@ -105,12 +104,6 @@ def write_consolidated(dataset, scale, folder: str, progress: bool = False) -> t
     return chunks_path, n, len(origins)
 
 
-def _bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="shard", disable=not enabled)
-
-
 class ConsolidatedIndex:
     """A scale's consolidated index, memory-mapped: shard tables and a listing of every chunk."""
 
@@ -134,8 +127,7 @@ class ConsolidatedIndex:
         if self._chunks.schema.remove_metadata() != _CHUNKS_SCHEMA:
             raise ChunkIndexError(f"{chunks_path}: not a dvidshards consolidated index")
         cols = {k: toc.column(k).to_pylist() for k in _SHARDS_SCHEMA.names}
-        self._toc: dict[tuple, tuple] = {(x, y, z): (a, b, v, size, stamp) for x, y, z, a, b, v, size, stamp in zip(*cols.values(),
-                                                                                               strict=True)}
+        self._toc: dict[tuple, tuple] = {tuple(r[:3]): tuple(r[3:]) for r in zip(*cols.values(), strict=True)}
         self._cols = {k: self._chunks.column(k).combine_chunks().to_numpy() for k in _CHUNKS_SCHEMA.names}
         if sum(e[1] - e[0] for e in self._toc.values()) != len(self):
             raise ChunkIndexError(f"{chunks_path}: table of shards does not cover its {len(self)} chunks")
@@ -177,21 +169,18 @@ class ConsolidatedIndex:
 
 
 def spec_from_consolidated(folder: str) -> dict | None:
-    """The multiscale spec stored in a folder of consolidated indexes (None if it holds none).
-
-    The neuroglancer form of ``scales_from_consolidated``: geometry that was inferred from the
-    files (no sharding spec) does not survive it; open such an index with ``Dataset(index=)``.
-    """
+    """The multiscale spec stored in a folder of consolidated indexes (None if it holds none): the
+    neuroglancer form, which loses geometry inferred from the files (open those with ``index=``)."""
     return _consolidated_metas(folder)[0]
 
 
 def scales_from_consolidated(folder: str) -> tuple[dict | None, list[Scale]] | None:
-    """(spec, scales) saved in a folder of consolidated indexes, as they were when it was written.
+    """(spec, scales) saved in a folder of consolidated indexes, as when it was written; None when
+    it does not hold scales 0, 1, ... of one export.
 
-    ``spec`` is None when the geometry was inferred from the files (then ``Scale.inferred``
-    names what was guessed and units stay unknown); the scales always carry the shard extent
-    that was used, which the neuroglancer form cannot hold without a sharding spec.  None when
-    the folder does not hold scales 0, 1, ... of one export.
+    ``spec`` is None when the geometry was inferred (``Scale.inferred`` says what was guessed);
+    the scales carry the shard extent used, which the neuroglancer form cannot hold without a
+    sharding spec.
     """
     spec, metas = _consolidated_metas(folder)
     if spec is None:
@@ -216,8 +205,6 @@ def scales_from_consolidated(folder: str) -> tuple[dict | None, list[Scale]] | N
 
 
 def _consolidated_metas(folder: str) -> tuple[dict | None, list[dict]]:
-    import re
-
     if not os.path.isdir(folder):
         raise ChunkIndexError(f"{folder}: no such folder of consolidated indexes")
     names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"s[0-9]+\.chunks\.arrow", n)),

@@ -1,19 +1,12 @@
 """The read layer: chunk requests over shards, for TensorStore and for bulk reads.
 
-``ChunkReader`` is the one ``virtual_chunked`` read function, for every store and with or
-without a consolidated index.  It holds only picklable settings (store, geometry, label
-source); each process opens shards lazily through its own ``ShardCache``.
-
-* Stores that never wait (local files, memory) are read on TensorStore's callback thread: a
-  lookup, a zstd decompression of a slice of the map and a nogil decode into TensorStore's
-  buffer.
-* Remote stores return a ``ts.Future`` at once: the chunk is queued on the per-process I/O
-  loop, where the chunks of one shard arriving together are merged into as few byte-range
-  requests as possible (the request planner), fetched concurrently and decoded on a thread
-  pool.
-
-``read_box`` is the bulk reader: every chunk of a box decoded in parallel straight into the
-caller's array, with no intermediate buffer.
+``ChunkReader`` is the one ``virtual_chunked`` read function, for every store.  It holds only
+picklable settings; each process opens shards through its own ``ShardCache``.  Stores that never
+wait (local files, memory) are read on TensorStore's callback thread; remote stores return a
+``ts.Future`` at once and queue the chunk on the per-process I/O loop, where the chunks of a
+shard arriving together are merged into as few byte-range requests as possible, fetched
+concurrently and decoded on a thread pool.  ``read_box`` is the bulk reader: every chunk of a box
+decoded in parallel straight into the caller's array.
 """
 
 from __future__ import annotations
@@ -48,28 +41,25 @@ _MISSING_HINT = ("DVID writes no file for an all-background shard: open with fil
                  "it as 0")
 
 
+def _stale(ci: ConsolidatedIndex, what: str) -> ChunkIndexError:
+    return ChunkIndexError(f"{ci.path}: the consolidated index is stale: {what}; run `dvidshards consolidate` again")
+
+
 async def check_scale(store: ByteStore | RecordSource, scale: Scale, consolidated: ConsolidatedIndex | None = None,
                       geometry: str = "the spec") -> ScaleFiles:
-    """List a scale's folder once and check it: geometry (``shard.list_scale``) and index.
-
-    With a consolidated index, the listed shard files must be the ones it lists: a shard file
-    that appeared since, or one that is gone, is a ChunkIndexError "the consolidated index is
-    stale".  A store that cannot list (http) is not checked here; the shard loader then asks
-    the store about each absent shard it is asked for.
-    """
+    """List a scale's folder once and check its names against the geometry (``list_scale``) and
+    a consolidated index: a shard file that appeared since, or is gone, is a ChunkIndexError "the
+    consolidated index is stale".  A store that cannot list (http) is not checked here."""
     files = await list_scale(store, scale, geometry, check=False)
     if consolidated is not None and files.origins is not None:
         listed, indexed = set(files.origins), set(consolidated.shards)
         new, gone = sorted(listed - indexed), sorted(indexed - listed)
         if new:
-            key = scale.stem(new[0]) + ".arrow"
-            raise ChunkIndexError(f"{consolidated.path}: the consolidated index is stale: it lists no shard "
-                                  f"{store.describe(key)}, which exists now ({len(new)} such files); run "
-                                  f"`dvidshards consolidate` again")
+            raise _stale(consolidated, f"it lists no shard {store.describe(scale.stem(new[0]) + '.arrow')}, which "
+                                       f"exists now ({len(new)} such files)")
         if gone:
-            key = scale.stem(gone[0]) + ".arrow"
-            raise ChunkIndexError(f"{consolidated.path}: the consolidated index is stale: {store.describe(key)} is "
-                                  f"gone ({len(gone)} such files); run `dvidshards consolidate` again")
+            raise _stale(consolidated, f"{store.describe(scale.stem(gone[0]) + '.arrow')} is gone ({len(gone)} such "
+                                       f"files)")
     if files.origins:
         check_origins(scale, files.origins, store, geometry)
     return files
@@ -97,25 +87,18 @@ class ChunkReader:
     geometry : str
         Where the scale's geometry came from, for messages ("the spec", ...).
 
-    How each process checks the scale's files against its geometry, names only:
-
-    * with a consolidated index, it lists the folder once before its first shard load
-      (``check_scale``): shard files off the scale's grid or outside its volume are a
-      SpecError, and an index that lists other shard files than the folder is stale;
-    * otherwise it lists nothing (opening a 26,500-shard scale must not cost a listing): with
-      its first three shard loads (remote stores: the first, concurrently with it) it looks
-      for files between the grid's origins next to that shard (``shard.probe_neighbours``, an
-      existence check each; a spec with larger shards than the export's would read their
-      chunks as background); ``Dataset.open`` has sampled the folder first where that is cheap;
-    * a check done by whoever built the reader in this process (``checked``) counts.
-
-    A scale the export has no folder for is a SpecError where that is known, unless
-    ``fill_missing_shards`` (then it reads as 0); elsewhere each missing shard is a
-    MissingShardError.
+    Each process checks the scale's file names against its geometry: with a consolidated index
+    it lists the folder once before its first load (``check_scale``); otherwise it lists
+    nothing (opening a 26,500-shard scale must not cost a listing) and, with its first three
+    loads (remote: the first, concurrently), probes for files between the grid's origins next
+    to that shard (``probe_neighbours``: a spec with larger shards than the export's would read
+    their chunks as background).  A check done in this process by whoever built the reader
+    (``checked``) counts.  A scale without folder is a SpecError where that is known, unless
+    ``fill_missing_shards`` (it reads as 0); elsewhere each missing shard a MissingShardError.
     """
 
-    def __init__(self, store: ByteStore | RecordSource, scale: Scale, labels: LabelSource, *, fill_missing_shards: bool = False,
-                 max_shards: int = 64, max_bytes: int = 512 << 20, consolidated: str | None = None,
+    def __init__(self, store: ByteStore | RecordSource, scale: Scale, labels: LabelSource, *,
+                 fill_missing_shards: bool = False, max_shards: int = 64, max_bytes: int = 512 << 20, consolidated: str | None = None,
                  policy: str | None = None, geometry: str = "the spec"):
         if int(max_shards) < 1:
             raise ValueError("max_shards must be at least 1")
@@ -217,9 +200,7 @@ class ChunkReader:
             given = ci.shard_index(origin)
             if given is None:  # the index saw no such shard: is that still so? (the listing said, if any)
                 if (files is None or files.origins is None) and await store.exists(key):
-                    raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: it lists no shard "
-                                          f"{store.describe(key)}, which exists now; run `dvidshards consolidate` "
-                                          f"again")
+                    raise _stale(ci, f"it lists no shard {store.describe(key)}, which exists now")
                 if self.fill_missing_shards:
                     return None
                 raise MissingShardError(f"{store.describe(key)}: no such shard file ({_MISSING_HINT})")
@@ -227,14 +208,12 @@ class ChunkReader:
             try:
                 now = await store.stat(key)
             except MissingShardError:
-                raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} is gone; "
-                                      f"run `dvidshards consolidate` again") from None
+                raise _stale(ci, f"{store.describe(key)} is gone") from None
             same_kind = stamp is not None and now.stamp is not None and \
                 stamp.split(":", 1)[0] == now.stamp.split(":", 1)[0]
             if (size is not None and now.size is not None and now.size != size) or \
                     (same_kind and now.stamp != stamp):
-                raise ChunkIndexError(f"{ci.path}: the consolidated index is stale: {store.describe(key)} changed "
-                                      f"since it was indexed; run `dvidshards consolidate` again")
+                raise _stale(ci, f"{store.describe(key)} changed since it was indexed")
         probe = None
         if files is None and isinstance(store, ByteStore) and "shard_extent" not in s.inferred and \
                 st.probes < (_PROBED_SHARDS if store.immediate else 1):
@@ -260,7 +239,7 @@ class ChunkReader:
         return shard
 
     async def _probe(self, origin) -> None:
-        """``shard.probe_neighbours`` of one shard; a SpecError is this process's answer from then on."""
+        """``probe_neighbours`` of one shard; a SpecError is this process's answer from then on."""
         assert isinstance(self.store, ByteStore)
         try:
             await probe_neighbours(self.store, self.scale, origin, self.geometry)
@@ -278,12 +257,9 @@ class ChunkReader:
             raise with_chunk(e, (x, y, z)) from None
 
     def absent(self, shard: Shard | None, x: int, y: int, z: int) -> None:
-        """Check that reading chunk (x, y, z) as background is not a guess (inferred geometry).
-
-        With a shard extent guessed from file names and larger than what the records seen at
-        open prove, a chunk beyond the proven part of its shard might belong to a shard file
-        that is missing: that is a SpecError, not background.
-        """
+        """SpecError when reading chunk (x, y, z) as background is a guess: with a shard extent
+        guessed from file names larger than the records seen prove, a chunk beyond the proven
+        part of its shard might belong to a missing shard file."""
         s = self.scale
         proven = s.proven_extent
         if proven is None or proven >= s.shard_extent or self.fill_missing_shards:
@@ -491,10 +467,9 @@ def _decode(table, k: int, req: _Request, labels) -> None:
 def aligned_empty(shape, order: str = "F", align: int = 64) -> np.ndarray:
     """An uninitialised uint64 array whose data starts on an ``align``-byte boundary.
 
-    The bulk reader decodes faster into it: numpy's large allocations start 16 bytes into a
-    page, so every 8-voxel row (64 bytes) the decoder stores straddles two cache lines; from a
-    64-byte boundary each row is one line.  On the 512³ benchmark (benchmarks/bench_bulk.py, 2
-    threads) a read into it took 1.33x the time of filling it, against 1.40x into ``np.empty``.
+    numpy's large allocations start 16 bytes into a page, so every 8-voxel row (64 bytes) the
+    decoder stores straddles two cache lines; from a 64-byte boundary each is one line (bench_bulk
+    512³, 2 threads: a read took 1.33x the time of filling it, against 1.40x into ``np.empty``).
     """
     shape = tuple(int(v) for v in shape)
     n = 8 * int(np.prod(shape, dtype=np.int64))
@@ -523,17 +498,14 @@ def read_box(reader: ChunkReader, box, out: np.ndarray | None = None, threads: i
     threads : int, optional
         Decoding threads (default: the number of cores).
 
-    The box is cut into rows: the chunks of one shard along one x row of chunks, in memory
-    order of an F-ordered output (x fastest, then y, then z).  On local stores each row is a run;
-    on remote ones a run gathers up to 256 chunks of one shard (rows in order), so that its
-    records come in one coalesced fetch, and a shard is split so that every thread has a part.
-    Threads take the next run as they finish one, so they write neighbouring rows of the output
-    together and finish together.  A run's payloads are decompressed in one zstd call.  Whole
-    chunks side by side along x, when x is contiguous in ``out``, are decoded together z by z
-    and y by y (``codec.decode_row_into``), so that the output is written in its memory order:
-    chunk by chunk, the same writes cost ~1.6x as much.  Other chunks are decoded one at a time
-    straight into the output (any strides); chunks cut on their near side go through a
-    per-thread 64³ scratch block.
+    The box is cut into rows (one shard's chunks along an x row of chunks, in the memory order
+    of an F-ordered output).  Locally each row is a run; remotely a run gathers up to 256 chunks
+    of a shard, fetched at once, and a shard is split so that every thread has a part.  Threads
+    take the next run as they finish one, so they write neighbouring rows together.  A run's
+    payloads are decompressed in one zstd call.  Whole chunks side by side along x (x contiguous
+    in ``out``) are decoded together z by z and y by y (``codec.decode_row_into``), writing the
+    output in memory order: chunk by chunk costs ~1.6x.  Chunks cut on their near side go through
+    a per-thread scratch block.
     """
     scale = reader.scale
     lo, hi = scale.check_box(box)
@@ -593,11 +565,8 @@ def _plan(scale: Scale, lo: list[int], hi: list[int]) -> list[tuple]:
 
 
 def _group(rows: list[tuple], threads: int) -> list[tuple]:
-    """Runs ``(origin, [(cy, cz, cx0, cx1), ...])`` of one shard's rows, for remote stores.
-
-    Each run holds at most ``_REMOTE_RUN`` chunks and at most its share of the shard's chunks
-    among ``threads``, so one shard still keeps every thread busy.
-    """
+    """Runs ``(origin, [(cy, cz, cx0, cx1), ...])`` of one shard's rows, for remote stores: at most
+    ``_REMOTE_RUN`` chunks and a thread's share of the shard's, so one shard keeps every thread busy."""
     by_shard: dict = {}
     for r in rows:
         by_shard.setdefault(r[0], []).append(r[1:])
@@ -702,11 +671,8 @@ class _BulkWorker:
             j = e
 
     def _decode_row(self, t: RecordTable, ks: list[int], blocks: list, out: np.ndarray) -> bool:
-        """Decode whole chunks that lie side by side along x into ``out`` in memory order.
-
-        False (nothing to report) when a block is damaged or its label lists do not match it:
-        the caller then decodes them one at a time, which raises the typed error.
-        """
+        """Decode whole chunks side by side along x into ``out`` in memory order; False when a block
+        is damaged or its lists do not match it (one at a time then raises the typed error)."""
         parts = [np.frombuffer(b, np.uint8) for b in blocks]
         for k, b in zip(ks, parts, strict=True):
             if b.shape[0] < 16 or not t.labels_match(k, b):
@@ -723,12 +689,8 @@ class _BulkWorker:
         return decode_row_into(np.concatenate(parts), offs, pal, poffs, out)
 
     def _decompress(self, t: RecordTable, ks: list[int]):
-        """Payloads of records ks of t in one zstd call, or None (each chunk takes the one-chunk path).
-
-        Only when every record states a plausible uncompressed size; zstd checks each frame's
-        size and checksum, and any failure leaves the run to the one-chunk path, which raises
-        the typed error naming file and chunk.
-        """
+        """Payloads of records ks in one zstd call when every record states a plausible size (zstd
+        checks each frame's size and checksum); None: the one-chunk path, which raises the typed error."""
         usize = t.rec[ks, R_USIZE]
         if len(usize) < 2 or usize.min() < 16 or usize.max() > self.max_block:
             return None
