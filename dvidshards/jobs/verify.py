@@ -49,6 +49,7 @@ from ..pyramid import (
 from ..scalefiles import not_exported_note
 from ..stores import ByteStore, as_store
 from .downsample import SIZES
+from .layouts import scale_boxes
 from .options import add_source
 from .output import MANIFEST, JobReport, read_manifest
 from .readback import compare_chunks, kvstore_root, open_scale
@@ -260,6 +261,7 @@ class SpotCheck:
     labels: Any
     n: int
     seed: int
+    box: Any = None  # a boxed conversion's box (scale-0 voxels)
 
     def name(self) -> str:
         return f"{self.where}: s{self.scale} spot check"
@@ -269,8 +271,9 @@ class SpotCheck:
         try:
             ds = Dataset(self.source, spec=None if self.spec is None else json.loads(self.spec))
             arr = open_scale(json.loads(self.root), self.fmt, self.key)
+            box = None if self.box is None else scale_boxes(ds, self.box, [self.scale])[self.scale]
             sc = compare_chunks(ds, arr, self.fmt, self.scale, self.labels, self.n,
-                                np.random.default_rng([self.seed, self.scale]))
+                                np.random.default_rng([self.seed, self.scale]), box=box)
         except (DvidShardsError, KeyError, ValueError, IndexError, OSError) as e:  # IndexError: another geometry
             out.problems.append(Problem(self.where, type(e).__name__, f"{self.where}: spot check against the source "
                                         f"{self.source!r} failed: {e}" + ("" if self.spec is not None else
@@ -486,7 +489,9 @@ def _spot_checks(where: str, m: dict, source: Any, spec: Any, n: int, seed: int,
     given = spec if spec is not None else m.get("spec")
     text = None if given is None else json.dumps(given if isinstance(given, dict) else
                                                  json.loads(open(os.fspath(given), "rb").read()))
-    return [SpotCheck(where, url, text, root, fmt, keys[k], int(k), params.get("labels", "agglomerated"), n, seed)
+    box = params.get("box")
+    return [SpotCheck(where, url, text, root, fmt, keys[k], int(k), params.get("labels", "agglomerated"), n, seed,
+                      None if box is None else tuple(map(tuple, box)))
             for k in sorted(keys, key=int) if int(k) not in made]
 
 

@@ -84,10 +84,9 @@ def test_spot_check_counts_each_kind(converted):
     key = m["keys"]["0"] if "keys" in m else m["scales"]["0"]["key"]
     arr = open_scale(kvstore_root(out), "precomputed", key)
     got = compare_chunks(ds, arr, "precomputed", 0, "agglomerated", 300, np.random.default_rng(3))
-    n, bad = got  # still unpacks as (chunks compared, problems)
     # 36 chunk slots, fewer than 300 draws: each compared once, those with records and the others
     data = sum(len(ds.shard(0, o).index) for o in ds.shards(0))
-    assert isinstance(got, SpotCheck) and bad == [] and n == 36
+    assert isinstance(got, SpotCheck) and got.problems == [] and got.compared == 36
     assert (got.with_data, got.background) == (data, 36 - data) and 0 < 36 - data < 36
     assert got.describe() == f"36 chunks compared ({data} with data, {36 - data} background)"
     half = compare_chunks(ds, arr, "precomputed", 0, "agglomerated", 10, np.random.default_rng(3))
@@ -102,7 +101,36 @@ def test_spot_check_counts_each_kind(converted):
     finally:
         compare_chunks.__globals__["_BACKGROUND_TRIES"] = saved
     assert (only.with_data, only.background, only.problems) == (10, 0, [])
-    assert compare_chunks(ds, arr, "precomputed", 0, "agglomerated", 0, np.random.default_rng(3)) == (0, [])
+    assert compare_chunks(ds, arr, "precomputed", 0, "agglomerated", 0, np.random.default_rng(3)) == SpotCheck(0, 0, [])
+
+
+def test_spot_check_of_a_boxed_conversion_compares_the_box(converted, tmp_path):
+    """`convert --box` writes the box and 0 elsewhere: `verify --spot-check` compares the chunks
+    meeting the box (the source read as 0 outside it), reports no difference outside it, and finds
+    a change inside it."""
+    exp, _ = converted
+    box = [[10, 20, 30], [150, 100, 90]]
+    dest = tmp_path / "boxed"
+    assert convert(exp.root, dest, format="precomputed", spec=exp.spec, box=box, progress=False).ok
+    meet = [(x, y, z) for x in range(4) for y in range(3) for z in range(3)
+            if all(64 * c < b and 64 * c + 64 > a for c, a, b in zip((x, y, z), *box, strict=True))]
+    report = verify(str(dest), spot_check=500, spec=exp.spec)
+    assert report.ok and report.chunks == len(meet) == 12, report.summary()
+    got = compare_chunks(dvidshards.Dataset(exp.root, spec=exp.spec), _scale0_of(dest)[1], "precomputed", 0,
+                         "agglomerated", 500, np.random.default_rng(0), box=box)
+    with_data = sum(bool(exp.sv[64 * x:64 * x + 64, 64 * y:64 * y + 64, 64 * z:64 * z + 64].any()) for x, y, z in meet)
+    assert (got.with_data, got.background, got.problems) == (with_data, len(meet) - with_data, [])
+    assert cli(["verify", str(dest), "--spot-check", "50", "--spec", _spec_file(exp, tmp_path), "--quiet"]) == 0
+    _garbage(dest, [[100, 70, 40], [101, 71, 41]])  # one voxel inside the box
+    report = verify(str(dest), spot_check=500, spec=exp.spec)
+    assert [p.message for p in report.problems] == [f"{dest}/_dvidshards.json: s0 chunk (1, 1, 0): 1 voxels differ "
+                                                    f"from the source"], report.summary()
+
+
+def _spec_file(exp, tmp_path) -> str:
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(exp.spec))
+    return str(p)
 
 
 # --------------------------------------------------------------------------- each chunk drawn once
