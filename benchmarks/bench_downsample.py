@@ -8,7 +8,7 @@ All in one run, CPU time (``time.process_time``: every thread of this process), 
 
 1. **The same 256³ neuron-like volume** (``dvidshards.demo.neurons.neuron_volume``, written as an
    s0-only export of one shard): dvidshards making s1 from the export's records through to the
-   written output shard (``jobs.downsample.downsample_shard``: shard load, zstd, the kernel, the
+   written output shard (``jobs.downsample.run_task``: shard load, zstd, the kernel, the
    records' body pairs, zstd, Arrow IPC + CSV), with DVID's rule and with ``mode``; the kernel
    alone on ready blocks; tinybrain's ``downsample_segmentation`` (mode, and ``sparse=True``, which
    ignores 0 like DVID's rule); ``ts.downsample(..., "mode")``. Rounds interleaved; medians; ns
@@ -97,19 +97,18 @@ def tiled_export(workdir: Path, export: Path, spec: dict, n: int, log=print) -> 
     return folder, json.loads((folder / "spec.json").read_text())
 
 
-def phase_for(export: Path, spec: dict, dest: Path, method: str, source_scale: int = 0, batch: int = 256):
-    """The downsample Phase making scale source_scale + 1, and its tasks (record batches of 256, as
-    the mCNS spec's)."""
+def tasks_for(export: Path, spec: dict, dest: Path, method: str, source_scale: int = 0, batch: int = 256) -> list:
+    """The downsample tasks making scale source_scale + 1 (record batches of 256, as the mCNS spec's)."""
     import dvidshards
     from dvidshards.formats.labels import Agglomerated
-    from dvidshards.jobs.downsample import Phase, plan_scale
-    from dvidshards.jobs.output import Destination
+    from dvidshards.jobs.downsample import Phase, Task, output_shards
+    from dvidshards.stores import as_store
 
     ds = dvidshards.Dataset(str(export), spec=spec)
     below = ds.scale(source_scale)
     scale = ds.scale(source_scale + 1).with_naming("current")
-    items = plan_scale(below, scale, ds.shards(below))
-    return Phase(ds, below, scale, Destination.of(str(dest)), method, Agglomerated(), batch, 3, None), items
+    phase = Phase(ds, below, scale, as_store(str(dest), writable=True), method, Agglomerated(), batch, 3)
+    return [Task(phase, o, sources) for o, sources in output_shards(below, scale, ds.shards(below))]
 
 
 # --------------------------------------------------------------------------- 1: one volume, every method
@@ -121,7 +120,7 @@ def same_volume(args) -> dict:
 
     import dvidshards
     from dvidshards.formats import downsample as FD
-    from dvidshards.jobs.downsample import downsample_shard
+    from dvidshards.jobs.downsample import run_task
 
     size = 128 if args.quick else 256
     sv, export, spec = neuron_export(args.workdir, size)
@@ -129,8 +128,8 @@ def same_volume(args) -> dict:
     tiles = 8 if args.quick else 16
     tiled, tspec = tiled_export(args.workdir, export, spec, tiles)
     out = Path(tempfile.mkdtemp(prefix="bench-downsample-", dir=args.workdir))
-    phases = {m: phase_for(export, spec, out / m, m) for m in ("dvid", "mode")}
-    dense = phase_for(tiled, tspec, out / "tiled", "dvid")
+    phases = {m: tasks_for(export, spec, out / m, m) for m in ("dvid", "mode")}
+    dense = tasks_for(tiled, tspec, out / "tiled", "dvid")
     ds = dvidshards.Dataset(str(export), spec=spec)
     t = ds.shard(0, (0, 0, 0)).table()
     blocks = {tuple(c): t.block(i) for i, c in enumerate(t.coords.tolist())}
@@ -139,10 +138,9 @@ def same_volume(args) -> dict:
             for px, py, pz in parents]
     FD._down.compile()
 
-    def task(phase_items):
-        phase, items = phase_items
-        for it in items:
-            downsample_shard(phase, it)
+    def task(tasks):
+        for t in tasks:
+            run_task(t)
 
     def kernel_only():
         for k in kids:
