@@ -1,31 +1,22 @@
 """Label queries from the records' label lists, and per-body look-ups in a label index.
 
-The ``Dataset`` methods ``labels``, ``chunks_with``, ``body_index`` and ``body_mask`` delegate
-here:
+The ``Dataset`` methods ``labels``, ``chunks_with``, ``label_at``, ``mapping`` and ``body_mask``
+delegate here: `labels_in_box` (whole chunks from their lists, cut ones decoded), `chunks_with`
+(a scan of the list columns, no zstd), `label_at` (DVID's ``/labels``: one zstd frame per chunk
+holding points, their entries read from the block's packed values, nothing in a solid chunk),
+`unique` (cloud-volume's: solid chunks from their lists, the others counted in their blocks),
+`mapping` (DVID's ``/mappings`` from the records' two lists), `body_mask` (DVID's
+``sparsevol``: only the body's chunks decoded) and `BodyIndex` (DVID's ``LabelIndex`` from the
+Parquet dataset ``dvidshards label-index`` writes).
 
-* :func:`labels_in_box` - the ids in a box: chunks inside the box from their label lists (no
-  decompression), the chunks the box cuts through decoded.
-* :func:`chunks_with` - the chunks whose lists hold any of some ids: a vectorised scan of the
-  list columns, no zstd.
-* :class:`BodyIndex` - DVID's ``LabelIndex`` of one body (its chunks, supervoxel sizes, box)
-  from the Parquet dataset written by :func:`dvidshards.jobs.labelindex.label_index`.
-* :func:`body_mask` - a body as a mask over its bounding box, decoding only its chunks (DVID's
-  ``sparsevol``).
-* :func:`label_at` - the ids at voxels (DVID's ``/labels``): one zstd frame per chunk holding
-  points, no voxel decoded (the points' entries are read from the block's packed values),
-  nothing at all in a solid chunk.
-* :func:`unique` - the ids in a box with their voxel counts (cloud-volume's ``unique``): solid
-  chunks from their lists, the others counted in their blocks without writing a voxel.
-* :func:`mapping` - the export's own supervoxel -> body pairs, from the records' two lists
-  (DVID's ``/mappings``), no block decompressed.
-
-The lists name the labels a block holds: DVID lists exactly those, so a chunk inside the box
-holds every label of its list. Background (0) is reported when a chunk of the box is absent
-or a list or decoded chunk holds it.
+DVID lists exactly the labels a block holds, so a chunk inside a box holds every label of its
+list.  Background (0) is reported when a chunk of the box is absent, or a list or decoded chunk
+holds it.  The dataset is any `DatasetLike` (this module sits below ``dataset.py``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -39,6 +30,7 @@ import numpy as np
 
 from .errors import BlockDecodeError, MissingShardError, ShardFormatError, SpecError
 from .formats.blockstats import BlockError, batch_stats
+from .formats.chunkindex import pack_keys
 from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
 from .formats.labels import Mapped, Supervoxels, as_labels
 from .formats.mapping import LabelMapping
@@ -47,15 +39,10 @@ from .formats.sparsevol import block_bits, entries_at
 from .stores import as_store
 
 __all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_bits", "body_mask", "chunks_with",
-           "count_blocks", "held_scales",
-           "label_at", "labels_in_box", "lookup", "mapping", "record_ids", "shard_groups", "sorted_chunks",
-           "supervoxel_table", "unique"]
+           "count_blocks", "held_scales", "ids_of", "label_at", "labels_in_box", "lookup", "mapping", "record_ids",
+           "shard_groups", "sorted_chunks", "supervoxel_table", "unique"]
 
 _U64_MAX = np.uint64((1 << 64) - 1)
-
-
-def _box(box, s) -> tuple[np.ndarray, np.ndarray]:
-    return s.check_box(box)
 
 
 def record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +55,12 @@ def record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
     return list_values(t, "labels")
 
 
+def ids_of(t, k: int, src) -> np.ndarray:
+    """Record k's label list under a label source (``uint64``, entry for entry its supervoxels')."""
+    pal = src.palette(t, k)
+    return t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
+
+
 def _ids(ids) -> np.ndarray:
     a = np.atleast_1d(np.asarray(ids))
     if a.dtype.kind not in "ui" or (a.dtype.kind == "i" and a.size and a.min() < 0):
@@ -76,22 +69,9 @@ def _ids(ids) -> np.ndarray:
 
 
 def chunks_with(ds, ids, scale=0, labels="agglomerated") -> np.ndarray:
-    """Chunks whose label lists hold any of ``ids``, without decompressing any block.
-
-    Parameters
-    ----------
-    ds : Dataset
-    ids : int or array_like of int
-        Body ids (or supervoxel ids with ``labels="supervoxels"``).
-    scale : int
-    labels : "agglomerated", "supervoxels" or a mapping
-
-    Returns
-    -------
-    numpy.ndarray
-        (n, 3) int64 chunk coordinates (x, y, z), sorted by z, y, x. Absent chunks are
-        background but hold no list: id 0 finds only the chunks that list it.
-    """
+    """(n, 3) int64 chunks (x, y, z; sorted by z, y, x) whose label lists hold any of ``ids``
+    (bodies, or supervoxels with ``labels="supervoxels"``), no block decompressed.  Absent chunks
+    hold no list: id 0 finds only the chunks that list it."""
     s = ds.scale(scale)
     src = as_labels(labels)
     want = _ids(ids)
@@ -107,31 +87,12 @@ def chunks_with(ds, ids, scale=0, labels="agglomerated") -> np.ndarray:
 
 
 def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
-    """Sorted unique ids in a voxel box: whole chunks from their lists, cut chunks decoded.
-
-    Parameters
-    ----------
-    ds : Dataset
-    box : [[x0, y0, z0], [x1, y1, z1]]
-        Voxels (upper bound exclusive), inside the volume.
-    scale : int
-    labels : "agglomerated", "supervoxels" or a mapping
-
-    Returns
-    -------
-    numpy.ndarray
-        ``uint64`` ids, sorted; 0 when background is in the box.
-
-    Raises
-    ------
-    SpecError
-        If the box is not inside the volume.
-    MissingShardError
-        If a shard file the box needs is missing (as ``Dataset.read`` does).
-    """
+    """Sorted ``uint64`` ids in a voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` inside the volume (0 when
+    background is in it): whole chunks from their lists, cut chunks decoded.  MissingShardError for
+    a missing shard file the box needs, as ``Dataset.read``."""
     s = ds.scale(scale)
     src = as_labels(labels)
-    lo, hi = _box(box, s)
+    lo, hi = s.check_box(box)
     if (hi <= lo).any():
         return np.zeros(0, np.uint64)
     cs = np.asarray(s.chunk_size, np.int64)
@@ -139,29 +100,15 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
     reader = ds.reader(s, src)
     found = [np.zeros(0, np.uint64)]
     present = 0
-    so = min(s.shard_extent, 1 << 40) // cs  # chunks per shard side
-    for sx in range(clo[0] // so[0], (chi[0] - 1) // so[0] + 1):
-        for sy in range(clo[1] // so[1], (chi[1] - 1) // so[1] + 1):
-            for sz in range(clo[2] // so[2], (chi[2] - 1) // so[2] + 1):
-                first = np.maximum(clo, np.array([sx, sy, sz]) * so)
-                shard = reader.shard(*(int(v) for v in first))
-                if shard is None:  # missing and filled as background
-                    continue
-                c = np.asarray(shard.coords, np.int64)
-                rows = np.flatnonzero(((c >= clo) & (c < chi)).all(axis=1))
-                present += rows.size
-                if not rows.size:
-                    continue
-                c = c[rows]
-                whole = ((c * cs >= lo) & ((c + 1) * cs <= hi)).all(axis=1)
-                if whole.any():
-                    t = shard.table(rows[whole])
-                    vals, _ = record_ids(t, src)
-                    found.append(np.unique(vals))
-                for cc in c[~whole]:  # cut by the box: decode the part inside
-                    a = np.maximum(cc * cs, lo)
-                    b = np.minimum((cc + 1) * cs, hi)
-                    found.append(np.unique(ds.read([a, b], scale=s.index, labels=src)))
+    for shard, rows, c in _shards_in(reader, s, clo, chi):
+        present += rows.size
+        whole = ((c * cs >= lo) & ((c + 1) * cs <= hi)).all(axis=1)
+        if whole.any():
+            found.append(np.unique(record_ids(shard.table(rows[whole]), src)[0]))
+        for cc in c[~whole]:  # cut by the box: decode the part inside
+            a = np.maximum(cc * cs, lo)
+            b = np.minimum((cc + 1) * cs, hi)
+            found.append(np.unique(ds.read([a, b], scale=s.index, labels=src)))
     if present < int(np.prod(chi - clo)):
         found.append(np.zeros(1, np.uint64))  # absent chunks are background
     return np.unique(np.concatenate(found))
@@ -185,31 +132,12 @@ def _points(points) -> np.ndarray:
 
 
 def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
-    """The ids at voxels (DVID's ``/labels``, cloud-volume's ``download_point``).
+    """The ``uint64`` ids at (n, 3) voxels x, y, z of a scale, 0 for background (DVID's ``/labels``,
+    cloud-volume's ``download_point``); SpecError naming the first point outside the volume.
 
-    Points are grouped by chunk: a solid chunk answers from its lists; any other costs one
-    zstd decompression, after which each point's label-list entry is read from the block's
-    packed values (no voxel decoded).
-
-    Parameters
-    ----------
-    ds : Dataset
-    points : array_like of int, shape (n, 3)
-        Voxel coordinates x, y, z of the scale, inside the volume.
-    scale : int
-    labels : "agglomerated", "supervoxels" or a mapping
-    fill_missing_shards : bool
-        Read a missing shard file as background instead of raising MissingShardError.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``uint64`` (n,), 0 for background.
-
-    Raises
-    ------
-    SpecError
-        If a point is outside the volume (the message names the first).
+    Points are grouped by chunk: a solid chunk answers from its lists; any other costs one zstd
+    decompression, then each point's label-list entry is read from the block's packed values.
+    ``fill_missing_shards``: a missing shard file reads as background.
     """
     s = ds.scale(scale)
     src = as_labels(labels)
@@ -254,8 +182,7 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
         t = shard.table(np.asarray(rows, np.int64))
         for r, k in enumerate(which):
             sel = order[bounds[k]:bounds[k + 1]]
-            pal = src.palette(t, r)
-            pal = t.supervoxels(r) if pal is None else np.asarray(pal, np.uint64)
+            pal = ids_of(t, r, src)
             if int(t.rec[r, R_NSV]) == 1:  # solid: the list says it all
                 out[sel] = pal[0]
                 continue
@@ -268,9 +195,26 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
 
 
 def _pack(c: np.ndarray) -> np.ndarray:
-    """One int64 per (n, 3) coordinate row, ordered as the rows by (x, y, z) (21 bits an axis)."""
-    k = c - c.min(axis=0)
-    return (k[:, 0] << 42) | (k[:, 1] << 21) | k[:, 2]
+    """One int64 per (n, 3) coordinate row, ordered as the rows by (x, y, z)."""
+    return pack_keys(c - c.min(axis=0))
+
+
+def _per_shard(s) -> np.ndarray:
+    """Chunks per shard side (x, y, z)."""
+    return np.maximum(min(s.shard_extent, 1 << 40) // np.asarray(s.chunk_size, np.int64), 1)
+
+
+def _shards_in(reader, s, clo: np.ndarray, chi: np.ndarray):
+    """(shard, rows, coords) of each shard holding chunks of [clo, chi) (rows: its records there;
+    a shard missing and filled as background is left out)."""
+    so = _per_shard(s)
+    for sx, sy, sz in itertools.product(*(range(a // n, (b - 1) // n + 1) for a, b, n in zip(clo, chi, so,
+                                                                                              strict=True))):
+        shard = reader.shard(*(int(v) for v in np.maximum(clo, np.array([sx, sy, sz]) * so)))
+        if shard is not None:
+            c = np.asarray(shard.coords, np.int64)
+            rows = np.flatnonzero(((c >= clo) & (c < chi)).all(axis=1))
+            yield shard, rows, c[rows]
 
 
 def shard_groups(s, chunks) -> list[np.ndarray]:
@@ -278,8 +222,7 @@ def shard_groups(s, chunks) -> list[np.ndarray]:
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
     if not len(c):
         return []
-    key = _pack(c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64)
-                                // np.asarray(s.chunk_size, np.int64), 1))
+    key = _pack(c // _per_shard(s))
     order = np.argsort(key, kind="stable")
     return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
 
@@ -288,76 +231,49 @@ def shard_groups(s, chunks) -> list[np.ndarray]:
 
 
 def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fill_missing_shards: bool = False):
-    """The ids in a voxel box, with their voxel counts if asked (cloud-volume's ``unique``).
+    """Sorted ``uint64`` ids in a voxel box (0 for background), and with ``counts`` their ``int64``
+    voxels in it (cloud-volume's ``unique``).
 
-    A solid chunk answers from its lists (its count is the part of the box it covers); a chunk
-    wholly inside the box answers ids from its lists too; the others are counted in their
-    blocks (``formats.blockstats``: zstd, then counts, no voxel written). Absent chunks are
-    background.
-
-    Parameters
-    ----------
-    ds : Dataset
-    box : [[x0, y0, z0], [x1, y1, z1]]
-        Voxels (upper bound exclusive), inside the volume.
-    scale : int
-    labels : "agglomerated", "supervoxels" or a mapping
-    counts : bool
-        Also return each id's voxels in the box.
-    fill_missing_shards : bool
-        Read a missing shard file as background instead of raising MissingShardError.
-
-    Returns
-    -------
-    numpy.ndarray or (numpy.ndarray, numpy.ndarray)
-        Sorted ``uint64`` ids (0 for background), and with ``counts`` their ``int64`` voxels.
+    A solid chunk answers from its lists (its count: the part of the box it covers), as does a
+    chunk wholly inside the box when counts are not asked; the others are counted in their
+    blocks (``formats.blockstats``: no voxel written).  Absent chunks are background;
+    ``fill_missing_shards``: so are missing shard files.
     """
     s = ds.scale(scale)
     src = as_labels(labels)
-    lo, hi = _box(box, s)
+    lo, hi = s.check_box(box)
     ids_parts, cnt_parts = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
     if (hi <= lo).any():
         return (ids_parts[0], cnt_parts[0]) if counts else ids_parts[0]
     cs = np.asarray(s.chunk_size, np.int64)
     clo, chi = lo // cs, -(-hi // cs)
     reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
-    so = min(s.shard_extent, 1 << 40) // cs
     background = int(np.prod(hi - lo))  # voxels not yet accounted for by a chunk
-    for sx in range(clo[0] // so[0], (chi[0] - 1) // so[0] + 1):
-        for sy in range(clo[1] // so[1], (chi[1] - 1) // so[1] + 1):
-            for sz in range(clo[2] // so[2], (chi[2] - 1) // so[2] + 1):
-                first = np.maximum(clo, np.array([sx, sy, sz]) * so)
-                shard = reader.shard(*(int(v) for v in first))
-                if shard is None:
-                    continue
-                c = np.asarray(shard.coords, np.int64)
-                rows = np.flatnonzero(((c >= clo) & (c < chi)).all(axis=1))
-                if not rows.size:
-                    continue
-                c = c[rows]
-                org = c * cs
-                a = np.maximum(org, lo) - org
-                b = np.minimum(org + cs, hi) - org
-                t = shard.table(rows)
-                solid = t.rec[:, R_NSV] == 1
-                whole = ((a == 0) & (b == cs)).all(axis=1)
-                listed = solid | (whole & (not counts))
-                for k in np.flatnonzero(listed):
-                    pal = src.palette(t, int(k))
-                    pal = t.supervoxels(int(k)) if pal is None else np.asarray(pal, np.uint64)
-                    nvox = int(np.prod(b[k] - a[k]))
-                    background -= nvox  # DVID lists exactly the labels a block holds
-                    if solid[k]:
-                        ids_parts.append(pal[:1])
-                        cnt_parts.append(np.array([nvox], np.int64))
-                    else:
-                        ids_parts.append(np.unique(pal))
-                rest = np.flatnonzero(~listed)
-                if rest.size:
-                    _, got_ids, _, got_n, _ = count_blocks(t, rest, a[rest], b[rest], src)
-                    ids_parts.append(got_ids)
-                    cnt_parts.append(got_n)
-                    background -= int(got_n.sum())  # empty sub-blocks are not reported: background
+    for shard, rows, c in _shards_in(reader, s, clo, chi):
+        if not rows.size:
+            continue
+        org = c * cs
+        a = np.maximum(org, lo) - org
+        b = np.minimum(org + cs, hi) - org
+        t = shard.table(rows)
+        solid = t.rec[:, R_NSV] == 1
+        whole = ((a == 0) & (b == cs)).all(axis=1)
+        listed = solid | (whole & (not counts))
+        for k in np.flatnonzero(listed):
+            pal = ids_of(t, int(k), src)
+            nvox = int(np.prod(b[k] - a[k]))
+            background -= nvox  # DVID lists exactly the labels a block holds
+            if solid[k]:
+                ids_parts.append(pal[:1])
+                cnt_parts.append(np.array([nvox], np.int64))
+            else:
+                ids_parts.append(np.unique(pal))
+        rest = np.flatnonzero(~listed)
+        if rest.size:
+            _, got_ids, _, got_n, _ = count_blocks(t, rest, a[rest], b[rest], src)
+            ids_parts.append(got_ids)
+            cnt_parts.append(got_n)
+            background -= int(got_n.sum())  # empty sub-blocks are not reported: background
     # what no chunk accounted for lies in absent chunks or empty sub-blocks: background
     ids = np.concatenate(ids_parts + [np.zeros(1 if background else 0, np.uint64)])
     if not counts:
@@ -410,35 +326,16 @@ def held_scales(ds) -> list[int]:
 
 
 def mapping(ds, *, scale=None, supervoxels=None, table: bool = False, index: BodyIndex | None = None):
-    """The export's own supervoxel -> body pairs, from the records' two lists (DVID's ``/mappings``).
+    """The export's own supervoxel -> body pairs (DVID's ``/mappings``): every supervoxel found (0
+    excluded, identity pairs included), as a `LabelMapping` or with ``table`` a ``pyarrow.Table``
+    (``supervoxel``, ``body``; sorted by supervoxel).
 
-    Every record pairs its block's supervoxels with their agglomerated labels at export time.
-    The pairs of a scale are collected once per process and dataset (`supervoxel_table`: a
-    scan of the scale's lists, no block decompressed, or the label index's columns), and
-    every call after answers from that table.
-
-    Parameters
-    ----------
-    ds : Dataset
-    scale : int, optional
-        Default: the finest scale the export holds (the one holding every supervoxel).
-    supervoxels : array_like of int, optional
-        Only these supervoxels (those the export does not hold are left out).
-    table : bool
-        Return a ``pyarrow.Table`` (``supervoxel``, ``body``; sorted by supervoxel) instead of
-        a `LabelMapping`.
-    index : BodyIndex, optional
-        A label index of agglomerated labels at that scale: the table is built from it.
-
-    Returns
-    -------
-    LabelMapping or pyarrow.Table
-        Every supervoxel found (0 excluded), identity pairs included.
-
-    Raises
-    ------
-    ShardFormatError
-        If two records pair one supervoxel with different bodies (not one export).
+    Every record pairs its block's supervoxels with their agglomerated labels at export time; a
+    scale's pairs are collected once per process and dataset (`supervoxel_table`: the lists, or
+    ``index``'s columns when it is a label index of agglomerated labels at that scale).  Default
+    scale: the finest the export holds (it holds every supervoxel).  ``supervoxels``: only these
+    (those the export does not hold left out).  ShardFormatError when two records pair one
+    supervoxel with different bodies (not one export).
     """
     t = supervoxel_table(ds, scale=scale, index=index)
     if supervoxels is None:
@@ -880,7 +777,7 @@ def body_bits(ds, s, src, body: int, chunks) -> Iterator[tuple[np.ndarray, np.nd
     target = np.uint64(body)
     shape = (int(cs[2]), int(cs[1]), int(cs[0]) // 8)
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    key = c // np.maximum(np.asarray([min(s.shard_extent, 1 << 40)] * 3, np.int64) // cs, 1)
+    key = c // _per_shard(s)
     for run in np.split(c, np.flatnonzero((key[1:] != key[:-1]).any(axis=1)) + 1) if len(c) else []:
         shard = reader.shard(*(int(v) for v in run[0]))
         rows = [None if shard is None else shard.find(*(int(v) for v in cc)) for cc in run]
@@ -893,8 +790,7 @@ def body_bits(ds, s, src, body: int, chunks) -> Iterator[tuple[np.ndarray, np.nd
                     reader.absent(shard, *(int(v) for v in cc))
                 yield cc, np.zeros(shape, np.uint8)
                 continue
-            pal = src.palette(t, k)
-            pal = t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
+            pal = ids_of(t, k, src)
             org = cc * cs
             try:
                 bits = block_bits(t.block(k), pal == target, vlo - org, vhi - org, np.empty(shape, np.uint8))
