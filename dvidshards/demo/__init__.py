@@ -73,24 +73,13 @@ def _coarse_box(box, k: int) -> tuple[slice, ...]:
 
 
 def dvid_downsample(volume: np.ndarray, *, slab: int = 16) -> np.ndarray:
-    """One 2×2×2 downsampling step by DVID's rule (``downresArray`` in DVID's
-    ``datatype/common/labels/compressed.go``), written plainly in numpy.
+    """One 2×2×2 downsampling step of labels indexed ``[x, y, z]`` by DVID's rule (``downresArray``
+    in DVID's ``datatype/common/labels/compressed.go``), written plainly in numpy.
 
-    Each output voxel is the most frequent **non-zero** label of its 2×2×2 cell, ties going to
-    the smaller id; 0 only when all eight voxels are 0. Voxels past an odd edge count as 0, so
-    the result has ``ceil(n / 2)`` voxels per axis.
-
-    Parameters
-    ----------
-    volume : numpy.ndarray
-        Labels indexed ``[x, y, z]``.
-    slab : int, optional
-        Output z planes computed at a time (bounds the temporaries).
-
-    Returns
-    -------
-    numpy.ndarray
-        Same dtype, indexed ``[x, y, z]`` (Fortran order).
+    Each output voxel is the most frequent **non-zero** label of its cell, ties going to the
+    smaller id; 0 only when all eight are 0.  Voxels past an odd edge count as 0, so the result
+    has ``ceil(n / 2)`` voxels per axis (same dtype, Fortran order).  ``slab``: output z planes
+    computed at a time (bounds the temporaries).
     """
     v = np.asarray(volume)
     if v.ndim != 3:
@@ -177,24 +166,10 @@ def _hue_distance(a: int, b: int) -> int:
 
 def region_colors(bodies: np.ndarray, supervoxels: np.ndarray, background=(0.1, 0.1, 0.1), *,
                   more_bodies=()) -> tuple[np.ndarray, ...]:
-    """Colours for one 2-D slice: bodies in distinct hues, each supervoxel a shade of its body's hue.
-
-    Neighbouring bodies (within 2 pixels) get different hues; neighbouring supervoxels of the
-    same body different shades.
-
-    Parameters
-    ----------
-    bodies, supervoxels : numpy.ndarray
-        The same 2-D region as agglomerated and as supervoxel ids (0 = background).
-    background : RGB tuple, optional
-    more_bodies : sequence of numpy.ndarray, optional
-        Other 2-D images of body ids (e.g. the region at a coarser scale), any shape, painted
-        with the same hue per body; their neighbours are kept apart too.
-
-    Returns
-    -------
-    body_rgb, sv_rgb, *more_rgb : numpy.ndarray
-        float RGB images, shape ``bodies.shape + (3,)`` (``more_rgb``: each image's shape).
+    """Float RGB images (body_rgb, sv_rgb, *more_rgb) of one 2-D region given as body and as
+    supervoxel ids (0: background): bodies in distinct hues (neighbours within 2 pixels apart),
+    each supervoxel a shade of its body's hue (neighbours of one body apart).  ``more_bodies``:
+    other images of body ids (the region at a coarser scale), painted with the same hue per body.
     """
     images = [np.asarray(bodies), *(np.asarray(b) for b in more_bodies)]
     body_ids = np.unique(np.concatenate([b[b != 0].ravel() for b in images]))
@@ -262,37 +237,13 @@ def _count(img: np.ndarray) -> int:
 
 def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: int, resolution,
                 origin=(0, 0), coarse=None, shard_extent=None) -> list[tuple[int, int, int, int]]:
-    """Save the figure of one z slice as a PNG: bodies, the same region as supervoxels, and
-    optionally the same region at a coarser scale.
+    """Save the figure of one z slice as a PNG; each panel's pixel box (left, top, right, bottom;
+    row 0 at the top), left to right.  DemoDependencyError without matplotlib.
 
-    Parameters
-    ----------
-    path : str
-        The PNG file.
-    bodies, supervoxels : numpy.ndarray
-        The scale-0 slice, indexed (x, y), as agglomerated and as supervoxel ids.
-    z : int
-        The slice's scale-0 voxel index.
-    resolution : (x, y, z)
-        Scale 0's voxel size in nm.
-    origin : (x, y), optional
-        The scale-0 voxel of the slice's first pixel.
-    coarse : (k, bodies_k, origin_k), optional
-        A third panel: scale ``k``'s bodies over the same region, indexed (x, y), with its first
-        pixel's voxel in scale-``k`` voxels. Drawn with the same colour per body.
-    shard_extent : dict, optional
-        Shard side in voxels per scale index (e.g. ``{0: 128, 1: 128}``): shard boundaries are
-        drawn as dashed lines.
-
-    Returns
-    -------
-    list of (left, top, right, bottom)
-        Each panel's pixel box in the saved image (row 0 at the top), left to right.
-
-    Raises
-    ------
-    DemoDependencyError
-        Without matplotlib.
+    ``bodies``, ``supervoxels``: the scale-0 slice (x, y) at voxel ``z``, its first pixel at
+    voxel ``origin``; ``resolution``: scale 0's voxel size (nm).  ``coarse`` = (k, bodies_k,
+    origin_k): a third panel of scale k's bodies over the region (same colour per body).
+    ``shard_extent``: shard side in voxels per scale, drawn as dashed lines.
     """
     Figure, FigureCanvasAgg, AnchoredSizeBar = _matplotlib()
     rx, ry, rz = (float(r) for r in resolution)
@@ -365,24 +316,6 @@ def save_figure(path: str, bodies: np.ndarray, supervoxels: np.ndarray, *, z: in
 # --- the demo ------------------------------------------------------------------------------------
 
 
-def _full_spec(spec0: dict, n_scales: int) -> dict:
-    """The spec one gives DVID's export-shards: ``spec0``'s scale 0 and ``n_scales - 1`` coarser
-    scales (sizes halved, rounding up; the same sharding rule)."""
-    from dvidshards.writer import default_sharding
-
-    s0 = spec0["scales"][0]
-    scales = [s0]
-    for k in range(1, n_scales):
-        size = [-(-n >> k) for n in s0["size"]]
-        res = [r * 2 ** k for r in s0["resolution"]]
-        sharding = default_sharding(size, SHARD_CHUNKS).to_json()
-        if sharding.get("data_encoding", "raw") == "raw":
-            sharding.pop("data_encoding", None)
-        scales.append({**s0, "key": "x".join(f"{r:g}" for r in res), "resolution": res, "size": size,
-                       "sharding": {key: sharding[key] for key in sorted(sharding)}})
-    return {**spec0, "scales": scales}
-
-
 def _coarse_reference(sv: np.ndarray, box, k_max: int) -> dict[int, np.ndarray]:
     """Scales 1..k_max of the volume over ``box`` by DVID's rule (`dvid_downsample`), each from
     the one below, cut to `_coarse_box` (only the region the box needs is downsampled)."""
@@ -450,8 +383,8 @@ def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, pn
         t = time.perf_counter()
         sv, mapping = neuron_volume(size, n_bodies=40, svs_per_body=6, seed=seed)
         # as DVID's export-shards writes by default: scale 0 only, the spec listing every scale
-        spec = _full_spec(write_export(sv, export, mapping=mapping, scales=1, resolution=RESOLUTION,
-                                       shard_chunks=SHARD_CHUNKS, overwrite=True), SCALES)
+        spec = write_export(sv, export, mapping=mapping, scales=SCALES, only_scales=[0], resolution=RESOLUTION,
+                            shard_chunks=SHARD_CHUNKS, overwrite=True)
         with open(os.path.join(root, "spec.json"), "w") as f:  # DVID writes no spec: keep it beside
             json.dump(spec, f, indent=1)
         ds = dvidshards.Dataset(export, spec=spec)

@@ -19,27 +19,18 @@ _ID_HIGH = 2**40
 
 
 @numba.njit(cache=True, nogil=True)
-def _paint_spheres(
-    vol_zyx, centers, radii, body_of_sphere, seeds, seed_counts, sv_ids
-):  # pragma: no cover - numba
-    """Rasterise spheres (x, y, z centres) into ``vol_zyx``; the first body to reach a voxel keeps it.
-
-    A voxel painted for body ``b`` takes the id of the nearest of that body's seeds.
-    """
+def _paint_spheres(vol_zyx, centers, radii, body_of_sphere, seeds, sv_ids):  # pragma: no cover - numba
+    """Rasterise spheres (x, y, z centres) into ``vol_zyx``; the first body to reach a voxel keeps
+    it, with the id of the nearest of that body's seeds."""
     nz, ny, nx = vol_zyx.shape
     for s in range(centers.shape[0]):
-        cx = centers[s, 0]
-        cy = centers[s, 1]
-        cz = centers[s, 2]
+        cx, cy, cz = centers[s, 0], centers[s, 1], centers[s, 2]
         r = radii[s]
         r2 = r * r
         b = body_of_sphere[s]
-        x0 = max(int(np.floor(cx - r)), 0)
-        x1 = min(int(np.ceil(cx + r)) + 1, nx)
-        y0 = max(int(np.floor(cy - r)), 0)
-        y1 = min(int(np.ceil(cy + r)) + 1, ny)
-        z0 = max(int(np.floor(cz - r)), 0)
-        z1 = min(int(np.ceil(cz + r)) + 1, nz)
+        x0, x1 = max(int(np.floor(cx - r)), 0), min(int(np.ceil(cx + r)) + 1, nx)
+        y0, y1 = max(int(np.floor(cy - r)), 0), min(int(np.ceil(cy + r)) + 1, ny)
+        z0, z1 = max(int(np.floor(cz - r)), 0), min(int(np.ceil(cz + r)) + 1, nz)
         for z in range(z0, z1):
             dz = z - cz
             for y in range(y0, y1):
@@ -53,10 +44,8 @@ def _paint_spheres(
                         continue
                     best = 0
                     best_d = 1e300
-                    for k in range(seed_counts[b]):
-                        ex = x - seeds[b, k, 0]
-                        ey = y - seeds[b, k, 1]
-                        ez = z - seeds[b, k, 2]
+                    for k in range(seeds.shape[1]):
+                        ex, ey, ez = x - seeds[b, k, 0], y - seeds[b, k, 1], z - seeds[b, k, 2]
                         d = ex * ex + ey * ey + ez * ez
                         if d < best_d:
                             best_d = d
@@ -72,23 +61,15 @@ def _smooth_noise(rng: np.random.Generator, n: int, scale: float, corr: int) -> 
     return scale * np.convolve(raw, kernel, mode="valid")[:n]
 
 
-def _trace_path(
-    rng: np.random.Generator,
-    start: np.ndarray,
-    direction: np.ndarray,
-    shape_xyz: np.ndarray,
-    max_len: float,
-    step: float,
-    bend: float,
-) -> np.ndarray:
+def _trace_path(rng: np.random.Generator, start: np.ndarray, direction: np.ndarray, shape_xyz: np.ndarray,
+                max_len: float, step: float, bend: float) -> np.ndarray:
     """A smooth random path (m, 3) from ``start`` until it leaves the volume or reaches ``max_len``."""
     n_max = max(int(max_len / step), 2)
     turn = np.stack([_smooth_noise(rng, n_max, bend, 12) for _ in range(3)], axis=1)
     points = np.empty((n_max, 3))
     pos = start.astype(float).copy()
     d = direction / np.linalg.norm(direction)
-    lo = -2.0 * step
-    hi = shape_xyz + 2.0 * step
+    lo, hi = -2.0 * step, shape_xyz + 2.0 * step
     m = 0
     for i in range(n_max):
         points[i] = pos
@@ -106,13 +87,8 @@ def _random_direction(rng: np.random.Generator) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def neuron_volume(
-    shape_xyz: tuple[int, int, int],
-    *,
-    n_bodies: int = 12,
-    svs_per_body: int = 4,
-    seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
+def neuron_volume(shape_xyz: tuple[int, int, int], *, n_bodies: int = 12, svs_per_body: int = 4,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Make a neuron-like supervoxel volume and its supervoxel -> body mapping.
 
     Each body is a tube along a smooth random path that enters through a face of the volume
@@ -157,25 +133,20 @@ def neuron_volume(
         raise ValueError("n_bodies must be >= 0 and svs_per_body >= 1")
     rng = np.random.default_rng(seed)
     dims = shape.astype(float)
-    min_dim = float(dims.min())
     diag = float(np.linalg.norm(dims))
-    r_lo = max(1.5, 0.025 * min_dim)
-    r_hi = max(2.5, 0.06 * min_dim)
+    r_lo, r_hi = max(1.5, 0.025 * float(dims.min())), max(2.5, 0.06 * float(dims.min()))
 
     # unique large supervoxel ids; each body's id is its first supervoxel
     n_sv = n_bodies * svs_per_body
     ids = np.unique(rng.integers(_ID_LOW, _ID_HIGH, size=n_sv * 2 + 8, dtype=np.uint64))
     ids = rng.permutation(ids)[:n_sv]
-    sv_ids = (
-        ids.reshape(n_bodies, svs_per_body) if n_bodies else np.zeros((0, svs_per_body), np.uint64)
-    )
+    sv_ids = ids.reshape(n_bodies, svs_per_body) if n_bodies else np.zeros((0, svs_per_body), np.uint64)
 
     centers_all, radii_all, body_all = [], [], []
     seeds = np.zeros((max(n_bodies, 1), svs_per_body, 3))
     for b in range(n_bodies):
         # enter through a random face, heading inwards
-        axis = int(rng.integers(3))
-        side = int(rng.integers(2))
+        axis, side = int(rng.integers(3)), int(rng.integers(2))
         start = rng.uniform(0.15, 0.85, size=3) * dims
         start[axis] = 0.0 if side == 0 else dims[axis] - 1
         inward = np.zeros(3)
@@ -204,9 +175,7 @@ def neuron_volume(
             side_dir = _random_direction(rng)
             side_dir -= side_dir.dot(tangent) * tangent
             bdir = 0.6 * tangent + side_dir / max(np.linalg.norm(side_dir), 1e-9)
-            bpath = _trace_path(
-                rng, path[at], bdir, dims, rng.uniform(0.25, 0.6) * diag, step, 0.04
-            )
+            bpath = _trace_path(rng, path[at], bdir, dims, rng.uniform(0.25, 0.6) * diag, step, 0.04)
             br0 = max(0.8, rng.uniform(0.45, 0.7) * radius[at])
             bradius = br0 * (1.0 + _smooth_noise(rng, len(bpath), 0.2, 15))
             bradius = np.clip(bradius, 0.5 * br0, 1.4 * br0)
@@ -216,15 +185,8 @@ def neuron_volume(
 
     vol_zyx = np.zeros((int(shape[2]), int(shape[1]), int(shape[0])), dtype=np.uint64)
     if n_bodies:
-        _paint_spheres(
-            vol_zyx,
-            np.ascontiguousarray(np.concatenate(centers_all)),
-            np.ascontiguousarray(np.concatenate(radii_all)),
-            np.ascontiguousarray(np.concatenate(body_all)),
-            np.ascontiguousarray(seeds),
-            np.full(max(n_bodies, 1), svs_per_body, np.int64),
-            np.ascontiguousarray(sv_ids if n_bodies else np.zeros((1, svs_per_body), np.uint64)),
-        )
+        _paint_spheres(vol_zyx, np.concatenate(centers_all), np.concatenate(radii_all), np.concatenate(body_all),
+                       seeds, np.ascontiguousarray(sv_ids))
 
     bodies = np.repeat(sv_ids[:, 0], svs_per_body)
     mapping = np.stack([sv_ids.ravel(), bodies], axis=1).astype(np.uint64)
