@@ -30,9 +30,12 @@ worker's first task does not wait for the compiler.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba
 import numpy as np
 from numba.core import types
+from numpy.typing import ArrayLike
 
 from ..errors import BlockDecodeError
 from . import jit
@@ -42,6 +45,7 @@ from .blocklayout import (
     E_PALETTE,
     E_VAL_RANGE,
     MAX_SUBBLOCK_LABELS,
+    BytesLike,
     as_u8,
     block_error,
     body_numpy,
@@ -72,7 +76,7 @@ _NO_PALETTE = np.zeros(0, dtype=_U64)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _put32(buf, p, v):
+def _put32(buf, p, v):  # type: ignore[no-untyped-def]
     buf[p] = np.uint8(v & 255)
     buf[p + 1] = np.uint8((v >> 8) & 255)
     buf[p + 2] = np.uint8((v >> 16) & 255)
@@ -80,7 +84,7 @@ def _put32(buf, p, v):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _put64(buf, p, v):
+def _put64(buf, p, v):  # type: ignore[no-untyped-def]
     for i in range(8):
         buf[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
 
@@ -91,7 +95,7 @@ _M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _le64(d, p):
+def _le64(d, p):  # type: ignore[no-untyped-def]
     w = np.uint64(0)
     for i in range(8):
         w |= np.uint64(d[p + i]) << np.uint64(8 * i)
@@ -99,13 +103,13 @@ def _le64(d, p):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _put_le64(out, p, v):
+def _put_le64(out, p, v):  # type: ignore[no-untyped-def]
     for i in range(8):
         out[p + i] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(255))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _scan2(data, q):
+def _scan2(data, q):  # type: ignore[no-untyped-def]
     # bitmask of the 2-bit values of one sub-block, 32 voxels per 64-bit word (bit planes)
     a0 = np.uint64(0)
     a1 = np.uint64(0)
@@ -124,7 +128,7 @@ def _scan2(data, q):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _pack22(data, q, rank, out, pos):
+def _pack22(data, q, rank, out, pos):  # type: ignore[no-untyped-def]
     # 2-bit MSB-first values -> 2-bit LSB-first ranks, 32 voxels per 64-bit word: reverse the
     # fields inside each byte, then map each value through rank with bit-plane masks
     zero = np.uint64(0)
@@ -152,7 +156,7 @@ def _pack22(data, q, rank, out, pos):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _scan(data, q, b):
+def _scan(data, q, b):  # type: ignore[no-untyped-def]
     # bitmask of the b-bit values (b <= 6, a literal at the call site) of one sub-block
     used = np.int64(0)
     mask = (np.int64(1) << b) - 1
@@ -167,7 +171,7 @@ def _scan(data, q, b):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _pack(data, q, b, rank, cb, out, pos):
+def _pack(data, q, b, rank, cb, out, pos):  # type: ignore[no-untyped-def]
     # repack one sub-block's MSB-first b-bit values (b <= 8 literal) as LSB-first cb-bit ranks
     # (cb <= 8): a row of 8 voxels is b bytes in, cb bytes out
     mask = (np.int64(1) << b) - 1
@@ -185,7 +189,7 @@ def _pack(data, q, b, rank, cb, out, pos):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _rank_table(keys, ks, m, rank, table):
+def _rank_table(keys, ks, m, rank, table):  # type: ignore[no-untyped-def]
     # sort the m used labels keys[:m] (with their indices ks), deduplicate them into table and
     # set rank[index] = position of its label in table; returns the table length
     if m <= 24:  # insertion sort: m is small almost always
@@ -215,7 +219,7 @@ def _rank_table(keys, ks, m, rank, table):
 
 
 @numba.njit(nogil=True, cache=True)
-def _transcode_kernel(data, pal, use_pal):
+def _transcode_kernel(data, pal, use_pal):  # type: ignore[no-untyped-def]
     """Validate a DVID block and transcode it; returns (code, a, b, out, nbytes)."""
     zero = np.int64(0)
     nothing = np.empty(0, dtype=np.uint8)
@@ -431,7 +435,7 @@ def _transcode_kernel(data, pal, use_pal):
     return E_OK, zero, zero, out, pos
 
 
-_SIG = types.Tuple(
+_SIG = types.Tuple(  # type: ignore[no-untyped-call]
     (types.int64, types.int64, types.int64, types.Array(types.uint8, 1, "C"), types.int64)
 )(
     types.Array(types.uint8, 1, "C", readonly=True),
@@ -440,7 +444,8 @@ _SIG = types.Tuple(
 )
 
 
-def _transcode_numpy(data, pal, use_pal):
+def _transcode_numpy(data: np.ndarray, pal: np.ndarray, use_pal: bool
+                     ) -> tuple[int, int, int, np.ndarray, int]:
     """``_transcode_kernel`` in numpy: the same checks in the same order, the same codes and bytes.
 
     Answers while the kernel compiles (formats.jit): a few ms per 64³ chunk instead of a
@@ -448,9 +453,9 @@ def _transcode_numpy(data, pal, use_pal):
     sub-block by sub-block into labels (as ``codec``'s numpy decoder does), then encoded from the
     labels: per block, sort, rank, pack LSB-first, and write each distinct sorted table once.
     """
-    for a in (data, pal):  # the arguments numba's signature accepts, and nothing else
-        if not isinstance(a, np.ndarray) or a.dtype != (_U8 if a is data else _U64) or a.ndim != 1 \
-                or not a.flags.c_contiguous:
+    for arg in (data, pal):  # the arguments numba's signature accepts, and nothing else
+        if not isinstance(arg, np.ndarray) or arg.dtype != (_U8 if arg is data else _U64) or arg.ndim != 1 \
+                or not arg.flags.c_contiguous:
             raise TypeError("no matching definition for the transcode kernel's signature")
     nothing = np.empty(0, dtype=np.uint8)
     code, a, b, gx, gy, gz, nlab = head_numpy(data)
@@ -546,7 +551,7 @@ def _pack_blocks(rank: np.ndarray, nd: np.ndarray, tables: np.ndarray) -> np.nda
 _kernel = jit.kernel(_transcode_kernel, [_SIG.args], _transcode_numpy, exclusive=True)
 
 
-def _as_palette(palette) -> np.ndarray:
+def _as_palette(palette: ArrayLike) -> np.ndarray:
     p = np.asarray(palette)
     if p.dtype != np.uint64:
         if p.dtype.kind not in "ui" or (p.size and p.min() < 0):
@@ -557,7 +562,7 @@ def _as_palette(palette) -> np.ndarray:
     return np.ascontiguousarray(p)
 
 
-def transcode(block, palette=None) -> bytes:
+def transcode(block: BytesLike, palette: ArrayLike | None = None) -> bytes:
     """Transcode one uncompressed DVID label block to ``compressed_segmentation`` bytes.
 
     The result is the chunk TensorStore's ``neuroglancer_precomputed`` driver writes for the
@@ -590,7 +595,7 @@ def transcode(block, palette=None) -> bytes:
         code, a, b, out, nbytes = _kernel(d, _as_palette(palette), True)
     if code:
         raise block_error(code, a, b, d, None)
-    return out[:nbytes].tobytes()
+    return bytes(out[:nbytes].tobytes())
 
 
 def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
@@ -619,10 +624,10 @@ def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
                                f"uint64 palette or None ({e})") from None
     if code:
         raise block_error(code, a, b, data_u8, None)
-    return out[:nbytes].tobytes()
+    return bytes(out[:nbytes].tobytes())
 
 
-def is_background(encoded: bytes, shape=(64, 64, 64)) -> bool:
+def is_background(encoded: bytes, shape: Sequence[int] = (64, 64, 64)) -> bool:
     """Whether a ``compressed_segmentation`` chunk of ``shape`` (z, y, x) voxels is all 0.
 
     The encoder writes such a chunk as the header and one table holding the value 0, which

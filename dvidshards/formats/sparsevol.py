@@ -51,12 +51,14 @@ Runs here are ``int32`` arrays of shape ``(n, 4)``: columns x, y, z, length.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
+from numpy.typing import ArrayLike
 
 from ..errors import BlockDecodeError, DvidShardsError
 from . import jit
@@ -66,6 +68,7 @@ from .blocklayout import (
     E_PALETTE,
     E_VAL_RANGE,
     MAX_SUBBLOCK_LABELS,
+    BytesLike,
     block_error,
     body_numpy,
     check_body,
@@ -104,7 +107,7 @@ class SparsevolError(DvidShardsError, ValueError):
     """Sparse-volume bytes or runs are malformed (truncated, wrong header, bad run)."""
 
 
-def _as_runs(runs, what: str = "runs") -> np.ndarray:
+def _as_runs(runs: ArrayLike, what: str = "runs") -> np.ndarray:
     """Validated (n, 4) int64 copy of runs: integer, lengths >= 1, inside int32."""
     arr = np.asarray(runs)
     if arr.size == 0:
@@ -125,7 +128,7 @@ def _as_runs(runs, what: str = "runs") -> np.ndarray:
     return a
 
 
-def merge_runs(*run_arrays) -> np.ndarray:
+def merge_runs(*run_arrays: ArrayLike) -> np.ndarray:
     """Union of runs as maximal x-runs sorted by (z, y, x).
 
     Runs from chunks read one by one (each cut at its chunk's x faces) merge into the runs of
@@ -168,7 +171,7 @@ def merge_runs(*run_arrays) -> np.ndarray:
     return out.astype(np.int32)
 
 
-def runs_from_mask(mask_xyz, offset=(0, 0, 0)) -> np.ndarray:
+def runs_from_mask(mask_xyz: ArrayLike, offset: ArrayLike = (0, 0, 0)) -> np.ndarray:
     """Maximal x-runs of a boolean mask, sorted by (z, y, x).
 
     Parameters
@@ -207,12 +210,12 @@ def runs_from_mask(mask_xyz, offset=(0, 0, 0)) -> np.ndarray:
     return _as_runs(runs).astype(np.int32) if len(runs) else np.zeros((0, 4), np.int32)
 
 
-def voxel_count(runs) -> int:
+def voxel_count(runs: ArrayLike) -> int:
     """Number of voxels covered by runs (overlaps counted twice; merge first if they may overlap)."""
     return int(_as_runs(runs)[:, 3].sum())
 
 
-def encode_runs(runs, order: str = "dvid", block_size: int = 64) -> bytes:
+def encode_runs(runs: ArrayLike, order: str = "dvid", block_size: int = 64) -> bytes:
     """Encode runs as DVID's legacy ``rles`` sparse volume (``GET .../sparsevol/<label>``).
 
     Runs are merged to maximal x-runs first, so the bytes depend only on the set of voxels.
@@ -261,7 +264,7 @@ def encode_runs(runs, order: str = "dvid", block_size: int = 64) -> bytes:
 
 
 
-def coarse_runs(blocks) -> np.ndarray:
+def coarse_runs(blocks: ArrayLike) -> np.ndarray:
     """Runs of block coordinates as ``sparsevol-coarse`` has them: sorted (z, y, x), x merged.
 
     Parameters
@@ -282,7 +285,7 @@ def coarse_runs(blocks) -> np.ndarray:
     return merge_runs(np.concatenate([b.astype(np.int64), ones], axis=1))
 
 
-def encode_coarse(blocks) -> bytes:
+def encode_coarse(blocks: ArrayLike) -> bytes:
     """Encode a body's blocks as DVID's ``GET .../sparsevol-coarse/<label>`` bytes.
 
     Parameters
@@ -303,7 +306,7 @@ def encode_coarse(blocks) -> bytes:
 # --------------------------------------------------------------------------- bounds, streaming
 
 
-def clip_runs(runs, lo, hi) -> np.ndarray:
+def clip_runs(runs: ArrayLike, lo: ArrayLike, hi: ArrayLike) -> np.ndarray:
     """The parts of runs inside DVID's ``minx`` .. ``maxz`` bounds ``lo``, ``hi`` (voxels x, y, z,
     both inclusive), in their order (int32 (m, 4)); runs wholly outside are dropped."""
     a = _as_runs(runs)
@@ -313,7 +316,7 @@ def clip_runs(runs, lo, hi) -> np.ndarray:
     x0 = np.maximum(a[:, 0], lo_[0])
     x1 = np.minimum(a[:, 0] + a[:, 3] - 1, hi_[0])
     ok = x1 >= x0
-    out = a[ok].copy()
+    out: np.ndarray = a[ok].copy()
     out[:, 0] = x0[ok]
     out[:, 3] = x1[ok] - x0[ok] + 1
     return out.astype(np.int32)
@@ -348,7 +351,7 @@ def _merge_held(a: np.ndarray, held: np.ndarray, flush: bool, x0: int, stop: int
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _put(x, y, z, n, stop, out, no, held, nh):
+def _put(x, y, z, n, stop, out, no, held, nh):  # type: ignore[no-untyped-def]
     # one run, final (out) or held for the next block (it ends where the row scan stops)
     if x + n == stop:
         held[nh, 0], held[nh, 1], held[nh, 2], held[nh, 3] = x, y, z, n
@@ -358,18 +361,18 @@ def _put(x, y, z, n, stop, out, no, held, nh):
 
 
 @intrinsic
-def _ctz(typingctx, x):
+def _ctz(typingctx, x):  # type: ignore[no-untyped-def]
     """Trailing zero bits of a non-zero int64 (llvm.cttz)."""
     sig = types.int64(types.int64)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
 
     return sig, codegen
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _run(pend, hx, hn, a, e, x0, yy, zz, stop, out, no, held, nh):
+def _run(pend, hx, hn, a, e, x0, yy, zz, stop, out, no, held, nh):  # type: ignore[no-untyped-def]
     # the row's next run [a, e), after the held run of the row (pending until a run or the row's end)
     if pend and a == x0:  # continues the held run
         return _put(hx, yy, zz, hn + e - a, stop, out, no, held, nh)
@@ -379,7 +382,7 @@ def _run(pend, hx, hn, a, e, x0, yy, zz, stop, out, no, held, nh):
 
 
 @numba.njit(nogil=True, cache=True)
-def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
+def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):  # type: ignore[no-untyped-def]
     """`_merge_held` of a block's runs read from its member bits (`block_bits`), cut to the
     bounds [blo, bhi] (inclusive): (runs written into ``out``, runs held into ``held_out``).
     The bits come as 64-bit words (``nx`` voxels a row, ``words[z, y, k]`` bit p voxel 64 k + p):
@@ -446,7 +449,8 @@ def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
     return no, nh
 
 
-def _order_numpy(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
+def _order_numpy(words: np.ndarray, nx: int, org: np.ndarray, stop: int, blo: np.ndarray, bhi: np.ndarray,
+                 held: np.ndarray, flush: bool, out: np.ndarray, held_out: np.ndarray) -> tuple[int, int]:
     """``_order_kernel`` in numpy: the same runs in the same order."""
     mask = np.unpackbits(words.view(np.uint8), axis=2, bitorder="little").astype(bool)[:, :, :nx]
     runs = clip_runs(runs_from_mask(mask.transpose(2, 1, 0), org), blo, bhi).astype(np.int64)
@@ -456,7 +460,7 @@ def _order_numpy(words, nx, org, stop, blo, bhi, held, flush, out, held_out):
     return len(done), len(kept)
 
 
-_ORDER_SIG = types.UniTuple(types.int64, 2)(
+_ORDER_SIG = types.UniTuple(types.int64, 2)(  # type: ignore[no-untyped-call]
     types.Array(types.int64, 3, "C", readonly=True), types.int64, types.Array(types.int64, 1, "C", readonly=True), types.int64,
     types.Array(types.int64, 1, "C", readonly=True), types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.int64, 2, "C", readonly=True), types.boolean, types.Array(types.int32, 2, "C"),
@@ -491,7 +495,8 @@ class RunOrder:
     a block.
     """
 
-    def __init__(self, block_size: int = 64, maxx: int | None = None, *, bounds=None):
+    def __init__(self, block_size: int = 64, maxx: int | None = None, *,
+                 bounds: tuple[ArrayLike, ArrayLike] | None = None) -> None:
         if not isinstance(block_size, (int, np.integer)) or block_size < 1:
             raise SparsevolError(f"block_size must be a positive integer, got {block_size!r}")
         self.b = int(block_size)
@@ -505,7 +510,7 @@ class RunOrder:
         self._held = np.zeros((0, 4), np.int64)
         self._out: np.ndarray | None = None
 
-    def _next(self, block) -> tuple[int, int, int, bool, int]:
+    def _next(self, block: ArrayLike) -> tuple[int, int, int, bool, int]:
         """(bx, by, bz, flush, stop) of the next block; SparsevolError when out of order."""
         bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
         prev = self._prev
@@ -516,7 +521,7 @@ class RunOrder:
         stop = x0 + self.b if self.maxx is None else min(x0 + self.b, self.maxx + 1)
         return bx, by, bz, prev is not None and prev != (bx - 1, by, bz), stop
 
-    def add(self, block, runs) -> np.ndarray:
+    def add(self, block: ArrayLike, runs: ArrayLike) -> np.ndarray:
         """The runs made final by one more block (int32 (n, 4), in DVID's order).
 
         Raises
@@ -535,7 +540,7 @@ class RunOrder:
         done, self._held = _merge_held(a, self._held, flush, x0, stop)
         return done.astype(np.int32)
 
-    def add_bits(self, block, bits) -> np.ndarray:
+    def add_bits(self, block: ArrayLike, bits: ArrayLike) -> np.ndarray:
         """`add` for a block given as its member bits (`block_bits`, shape (b, b, b / 8)):
         its runs are read and cut to ``bounds`` in one numba pass. Returns int32 (n, 4)."""
         b = self.b
@@ -545,16 +550,17 @@ class RunOrder:
                                  f"{bits.dtype} {bits.shape}")
         bx, by, bz, flush, stop = self._next(block)
         cap = len(self._held) + b * b * (b // 2 + 1)
-        if self._out is None or len(self._out) < cap:
-            self._out = np.empty((cap, 4), np.int32)
+        out = self._out
+        if out is None or len(out) < cap:
+            out = self._out = np.empty((cap, 4), np.int32)
         held = np.empty((b * b + len(self._held), 4), np.int64)
         org = np.array([bx * b, by * b, bz * b], np.int64)
         lo, hi = self.bounds
         words = bits if b % 64 == 0 else np.pad(bits, ((0, 0), (0, 0), (0, -(b // 8) % 8)))
-        n, nh = _order(np.ascontiguousarray(words).view(np.int64), b, org, stop, lo, hi, self._held, flush,
-                       self._out, held)
+        n, nh = _order(np.ascontiguousarray(words).view(np.int64), b, org, stop, lo, hi, self._held, flush, out, held)
         self._held = held[:nh]
-        return self._out[:n].copy()
+        done: np.ndarray = out[:n].copy()
+        return done
 
     def finish(self) -> np.ndarray:
         """The runs still held after the last block (int32 (n, 4))."""
@@ -572,7 +578,7 @@ _REV8 = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], np.int64)  # bi
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _lanes(m):
+def _lanes(m):  # type: ignore[no-untyped-def]
     # the low bits of 8 2-bit lanes (lane k at bit 2 k) gathered into bits 0..7
     m = (m | (m >> 1)) & 0x3333
     m = (m | (m >> 2)) & 0x0F0F
@@ -580,7 +586,7 @@ def _lanes(m):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _value(data, r, w, b, x):
+def _value(data, r, w, b, x):  # type: ignore[no-untyped-def]
     # value x of a row of 8 MSB-first values of b bits starting at byte r (w: its first bytes)
     if b <= 8:
         return (w >> (b * (7 - x))) & ((np.int64(1) << b) - 1)
@@ -590,7 +596,7 @@ def _value(data, r, w, b, x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _bits_kernel(data, member, lo, hi, bits):
+def _bits_kernel(data, member, lo, hi, bits):  # type: ignore[no-untyped-def]
     """Validate the block, then set bit i of ``bits[z, y, j]`` where voxel (8j + i, y, z) is a
     label-list entry ``member`` marks, inside [lo, hi) (voxels at or past hi not visited, as
     the decoder's with an output cut there); returns (code, a, b)."""
@@ -694,7 +700,8 @@ def _bits_kernel(data, member, lo, hi, bits):
     return E_OK, zero, zero
 
 
-def _bits_numpy(data, member, lo, hi, bits):
+def _bits_numpy(data: np.ndarray, member: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: np.ndarray
+                ) -> tuple[int, int, int]:
     """``_bits_kernel`` through the block decoder, its palette 1 for a member and 0 otherwise: the
     same checks in the same order, the same codes and bits."""
     code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
@@ -713,14 +720,15 @@ def _bits_numpy(data, member, lo, hi, bits):
     return E_OK, 0, 0
 
 
-_BITS_SIG = types.UniTuple(types.int64, 3)(
+_BITS_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
     types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.uint8, 1, "C", readonly=True),
     types.Array(types.int64, 1, "C", readonly=True), types.Array(types.int64, 1, "C", readonly=True),
     types.Array(types.uint8, 3, "C"))
 _bits = jit.kernel(_bits_kernel, [_BITS_SIG.args], _bits_numpy, exclusive=True)
 
 
-def block_bits(block, member, lo=(0, 0, 0), hi=None, out=None) -> np.ndarray:
+def block_bits(block: BytesLike, member: ArrayLike, lo: ArrayLike = (0, 0, 0), hi: ArrayLike | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
     """The voxels of a DVID block whose label-list entry ``member`` marks, as bits.
 
     One numba pass over the block's packed values (no voxel decoded): what a body's sparse
@@ -777,7 +785,7 @@ _E_POINT = 101  # a point outside the block (a: its number)
 
 
 @numba.njit(nogil=True, cache=True)
-def _entries_kernel(data, xyz, out):
+def _entries_kernel(data, xyz, out):  # type: ignore[no-untyped-def]
     """Validate the block, then ``out[i]``: the label-list entry of voxel ``xyz[i]`` (x, y, z in
     the block) read from its sub-block's packed values, -1 in an empty sub-block; (code, a, b)."""
     zero = np.int64(0)
@@ -827,7 +835,7 @@ def _entries_kernel(data, xyz, out):
     return E_OK, zero, zero
 
 
-def _entries_numpy(data, xyz, out):
+def _entries_numpy(data: np.ndarray, xyz: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
     """``_entries_kernel`` in numpy: the same checks in the same order, the same entries."""
     code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
     if code != E_OK:
@@ -860,13 +868,13 @@ def _entries_numpy(data, xyz, out):
     return E_OK, 0, 0
 
 
-_ENTRIES_SIG = types.UniTuple(types.int64, 3)(
+_ENTRIES_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
     types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.int64, 2, "C", readonly=True),
     types.Array(types.int64, 1, "C"))
 _entries = jit.kernel(_entries_kernel, [_ENTRIES_SIG.args], _entries_numpy, exclusive=True)
 
 
-def entries_at(block, xyz) -> np.ndarray:
+def entries_at(block: BytesLike, xyz: ArrayLike) -> np.ndarray:
     """The label-list entries of voxels of a DVID block, read from its packed values (one numba
     pass, no voxel decoded): what DVID's ``/labels`` answers from.
 
@@ -902,7 +910,7 @@ def entries_at(block, xyz) -> np.ndarray:
 # --------------------------------------------------------------------------- format=blocks
 
 
-def binary_block(offset, mask_zyx) -> bytes:
+def binary_block(offset: ArrayLike, mask_zyx: ArrayLike) -> bytes:
     """One block of DVID's ``sparsevol?format=blocks`` stream (``WriteBinaryBlock``).
 
     Parameters
@@ -925,7 +933,7 @@ def binary_block(offset, mask_zyx) -> bytes:
 
 
 @numba.njit(nogil=True, cache=True)
-def _binary_kernel(bits, out):
+def _binary_kernel(bits, out):  # type: ignore[no-untyped-def]
     """The sub-block records of ``format=blocks`` from a block's bits into ``out`` (its content
     byte first): the bytes written (1 when the block is all or nothing: ``out[0]`` says which)."""
     nz, ny, gx = bits.shape
@@ -960,7 +968,7 @@ def _binary_kernel(bits, out):
     return np.int64(1) if full or not some else n
 
 
-def _binary_numpy(bits, out):
+def _binary_numpy(bits: np.ndarray, out: np.ndarray) -> int:
     """``_binary_kernel`` in numpy: the same bytes."""
     nz, ny, gx = bits.shape
     sub = bits.reshape(nz // _SUB, _SUB, ny // _SUB, _SUB, gx).transpose(0, 2, 4, 1, 3).reshape(-1, 64)
@@ -980,7 +988,7 @@ _BINARY_SIG = types.int64(types.Array(types.uint8, 3, "C", readonly=True), types
 _binary = jit.kernel(_binary_kernel, [_BINARY_SIG.args], _binary_numpy, exclusive=True)
 
 
-def binary_block_bits(offset, bits) -> bytes:
+def binary_block_bits(offset: ArrayLike, bits: ArrayLike) -> bytes:
     """`binary_block` of a block given as its bits (`block_bits`: uint8 (nz, ny, nx / 8)), in one
     numba pass."""
     head = np.asarray(offset, np.int64).reshape(3)
