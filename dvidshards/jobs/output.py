@@ -1,22 +1,19 @@
-"""Where every job writes, and how its output says what it holds: the frame every job runs in.
+"""Where every job writes and how its output says what it holds: the frame every job runs in.
 
-* **One store**: ``Output.store`` is ``stores.as_store(dest, writable=True)`` (a path, ``gs://``,
-  ``s3://``, ``memory://``, a kvstore spec); what cannot be written is one ``OutputError`` line naming
-  it and what to do, before any work (a full disk, a read-only folder, an unreachable bucket too).
-* **A lock on every output** (:class:`Lock`, ``_dvidshards.lock``, refreshed by a heartbeat): a second
-  job is refused naming the first; a dead job's lock is taken over with ``--resume``.
-* **One manifest** (``_dvidshards.json``; a one-file output's own metadata; :func:`read_manifest`):
-  job, version, parameters, command, source (URL, path relative to the output, what the job records
-  of its content), scales, ``complete``, ``status``, failed tasks, counts, totals, times; written
-  from the same :class:`JobReport` the job returns.
+* **One store**: ``Output.store`` is ``stores.as_store(dest, writable=True)``; what cannot be written
+  is one ``OutputError`` line before any work (a full disk, a read-only folder, an unreachable bucket).
+* **A lock on every output** (:class:`Lock`, ``_dvidshards.lock``, with a heartbeat): a second job
+  is refused naming the first; a dead job's lock is taken over with ``--resume``.
+* **One manifest** (``_dvidshards.json``, or a one-file output's own metadata; :func:`read_manifest`),
+  written from the :class:`JobReport` the job returns.
 * **Refuse / resume / overwrite**: an empty destination is used; this job's own earlier output needs
   ``resume`` (same parameters and source) or ``overwrite`` (its own files deleted, others kept).
 * **One work folder** (:func:`work_folder`): ``--workdir``, else ``NAME.work`` beside the output;
-  locked, apart from the output and the source (``Output(..., work=True)``: ``out.workdir``).
-* **One failure contract**: :meth:`Output.finish` returns the report when the output is complete,
-  else raises ``JobError`` carrying it unless ``allow_partial``; an interrupted job says how to finish.
+  locked, apart from the output and the source.
+* **One failure contract**: :meth:`Output.finish` returns the report of a complete output, else
+  raises ``JobError`` carrying it unless ``allow_partial``; an interrupted job says how to finish.
 
-A job is a short composition of its plan, its tasks and its reduce inside this frame::
+A job is a short composition of its plan, tasks and reduce in this frame::
 
     with Output(dest, job="convert", parameters=params, source=ds, scales=[0, 1],
                 resume=resume, overwrite=overwrite) as out:
@@ -46,29 +43,11 @@ from typing import Any
 
 from ..errors import JobError, OutputError, OutputLockedError, RemoteReadError, SpecError
 from ..pyramid import MANIFEST, parse_manifest
-from ..stores import ByteStore, as_store, is_temporary, os_error
+from ..stores import ByteStore, as_store, os_error
 
-__all__ = [
-    "LOCK",
-    "MANIFEST",
-    "STALE_SECONDS",
-    "Destination",
-    "JobReport",
-    "Lock",
-    "Output",
-    "check_apart",
-    "contains",
-    "is_temporary",
-    "library_version",
-    "os_error",
-    "parent_and_name",
-    "read_manifest",
-    "relative_path",
-    "work_folder",
-]
+__all__ = ["LOCK", "MANIFEST", "Destination", "JobReport", "Lock", "Output", "read_manifest", "work_folder"]
 
 LOCK = "_dvidshards.lock"
-WORK_SUFFIX = ".work"  # the default work folder of output NAME is NAME.work beside it
 SCHEMA = 1  # the manifest's schema version
 #: seconds without a heartbeat after which another host's lock counts as abandoned
 STALE_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_STALE_SECONDS", "600"))
@@ -76,13 +55,12 @@ HEARTBEAT_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_HEARTBEAT_SECONDS", "6
 _PAUSE_FILE = os.environ.get("DVIDSHARDS_PAUSE_FILE") or None
 
 
-def library_version() -> str:
-    """The installed dvidshards version (``unknown`` in a source tree that is not installed)."""
+def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("dvidshards")
-    except PackageNotFoundError:  # pragma: no cover - a source tree without installation
+    except PackageNotFoundError:  # pragma: no cover - a source tree not installed
         return "unknown"
 
 
@@ -90,15 +68,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]
-
-
 # --------------------------------------------------------------------------- locations
 
 
 def _store(dest: Any, what: str = "destination") -> ByteStore:
-    """The writable store of a path, URL, kvstore spec, store (or a Destination, while jobs still use it)."""
     if isinstance(dest, Destination):
         return dest.store
     return as_store(dest, writable=True, what=what)
@@ -109,7 +82,7 @@ def _where(store: ByteStore) -> str:
 
 
 def parent_and_name(store: ByteStore) -> tuple[ByteStore, str]:
-    """The folder holding a location and its last name (``name`` is ``""`` at a store's root)."""
+    """The folder holding a location and its last name (``""`` at a store's root)."""
     path = store.local_path()
     if path is not None:
         folder, name = os.path.split(os.path.abspath(path).rstrip("/"))
@@ -124,23 +97,19 @@ def parent_and_name(store: ByteStore) -> tuple[ByteStore, str]:
     return as_store(base + "/", writable=True), name
 
 
-def contains(outer: ByteStore, inner: ByteStore) -> bool:
-    """Whether ``inner`` is the location ``outer`` or inside it."""
+def _contains(outer: ByteStore, inner: ByteStore) -> bool:
     a, b = outer.local_path(), inner.local_path()
     if a is not None and b is not None:
         a, b = os.path.realpath(a), os.path.realpath(b)
         return b == a or b.startswith(a.rstrip("/") + "/")
     if (a is None) != (b is None):
         return False
-    x, y = outer.describe("").rstrip("/") + "/", inner.describe("").rstrip("/") + "/"
-    return y.startswith(x)
+    return (_where(inner) + "/").startswith(_where(outer).rstrip("/") + "/")
 
 
-def relative_path(frm: ByteStore, to: ByteStore) -> str | None:
-    """``to``'s location relative to ``frm`` (both local, or in the same bucket); None otherwise.
-
-    What a manifest records beside its source's URL, so that an output and its source moved or
-    uploaded together still find each other."""
+def _relative(frm: ByteStore, to: ByteStore) -> str | None:
+    """``to`` relative to ``frm`` (both local, or in one bucket): a manifest records it beside its
+    source's URL, so that an output and its source moved or uploaded together find each other."""
     a, b = frm.local_path(), to.local_path()
     if a is not None and b is not None:
         return os.path.relpath(os.path.abspath(b), os.path.abspath(a))
@@ -153,14 +122,14 @@ def relative_path(frm: ByteStore, to: ByteStore) -> str | None:
 
 
 def work_folder(dest: Any, workdir: Any = None) -> ByteStore:
-    """The work folder of a job writing ``dest``: ``workdir`` when given (``--workdir``), else
-    ``NAME.work`` beside the output ``NAME`` (a sibling folder, or a sibling prefix in the same
-    bucket: every worker that sees the output sees it). The one rule for every job.
+    """The work folder of a job writing ``dest``, the one rule for every job: ``workdir`` when given
+    (``--workdir``), else ``NAME.work`` beside the output ``NAME`` (in the same bucket too: every
+    worker that sees the output sees it).
 
     Raises
     ------
     OutputError
-        There is no "beside" (the output is a bucket's or a file system's root): give ``workdir``.
+        The output is a bucket's or a file system's root (nothing beside it): give ``workdir``.
     """
     if workdir is not None:
         return _store(workdir, "work folder")
@@ -169,7 +138,7 @@ def work_folder(dest: Any, workdir: Any = None) -> ByteStore:
     if not name:
         raise OutputError(f"{_where(store)}: a job keeps its partial results in a work folder beside "
                           f"the output, and there is none here; give --workdir (a folder, gs:// or s3://)")
-    return folder.child(name + WORK_SUFFIX)
+    return folder.child(name + ".work")
 
 
 def _made_here(path: str) -> tuple[str, str | None]:
@@ -192,22 +161,20 @@ def _remove_empty_dirs(path: str, top: str | None) -> None:
         path = os.path.dirname(path)
 
 
-def check_apart(dest: Any, *, workdir: Any = None, source: Any = None, what: str = "output") -> None:
-    """Refuse, before any work, an output inside the source export or sharing a folder with the
-    work folder (the job would read or delete its own output)."""
-    d = _store(dest)
-    w = None if workdir is None else _store(workdir, "work folder")
-    if w is not None and (contains(d, w) or contains(w, d)):
-        raise OutputError(f"{what} {_where(d)} and the work folder {_where(w)} overlap; give "
+def _check_apart(dest: ByteStore, *, workdir: ByteStore | None = None, source: Any = None,
+                 what: str = "output") -> None:
+    """Refuse an output inside its source, or overlapping the work folder (it would read or delete itself)."""
+    if workdir is not None and (_contains(dest, workdir) or _contains(workdir, dest)):
+        raise OutputError(f"{what} {_where(dest)} and the work folder {_where(workdir)} overlap; give "
                           f"--workdir a folder of its own (or leave it out)")
-    root = source_root(source)
-    if root is not None and contains(root, d):
-        raise OutputError(f"{what} {_where(d)} is inside the export {_where(root)}; a job never "
+    root = _source_root(source)
+    if root is not None and _contains(root, dest):
+        raise OutputError(f"{what} {_where(dest)} is inside the export {_where(root)}; a job never "
                           f"writes into its source: choose another destination")
 
 
-def source_root(source: Any) -> ByteStore | None:
-    """The export's root store when it is one location (a path, URL, store, or a Dataset over one)."""
+def _source_root(source: Any) -> ByteStore | None:
+    """The export's root when it is one location (a path, URL, store, or a Dataset over one)."""
     if source is None:
         return None
     store = getattr(source, "store", source)
@@ -217,6 +184,513 @@ def source_root(source: Any) -> ByteStore | None:
         return as_store(source)
     except (SpecError, OutputError, TypeError):
         return None
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+class Lock:
+    """An exclusive lock on one output (``name`` in its folder ``store``), held while a job writes it;
+    a heartbeat thread keeps it fresh. ``job`` names the holder in the message a second job gets."""
+
+    def __init__(self, store: Any, job: str, name: str = LOCK):
+        self.store: ByteStore = store.store if isinstance(store, Destination) else store
+        self.job, self.name = job, name
+        self.token = uuid.uuid4().hex
+        self.started = _now()
+        self._body: bytes | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _content(self) -> bytes:
+        return json.dumps({"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
+                           "started": self.started, "heartbeat": time.time(), "token": self.token}).encode()
+
+    def acquire(self, *, take_over: bool = False) -> None:
+        """Take the lock, or raise OutputLockedError naming its holder. A lock whose holder is gone
+        (a dead process on this host, or no heartbeat for :data:`STALE_SECONDS`) is taken over when
+        ``take_over`` (``--resume``)."""
+        body = self._content()
+        if not self.store.create_sync(self.name, body):
+            raw = self.store.get_sync(self.name)
+            try:
+                owner = json.loads(raw) if raw is not None else {}
+            except ValueError:
+                owner = {"job": "?", "host": "?", "pid": 0, "started": "?", "heartbeat": 0}
+            owner = owner if isinstance(owner, dict) else {}
+            who = (f"`dvidshards {owner.get('job', '?')}` (host {owner.get('host', '?')}, pid "
+                   f"{owner.get('pid', '?')}, started {owner.get('started', '?')})")
+            folder, where = _where(self.store), self.store.describe(self.name)
+            if not _gone(owner):
+                raise OutputLockedError(f"{folder} is being written by {who}; wait for it to finish or "
+                                        f"stop it (its lock: {where})")
+            if not take_over:
+                raise OutputLockedError(f"{folder} was being written by {who}, which is gone; run the "
+                                        f"same command with --resume to take its lock over and finish the output")
+            if raw is None or not self.store.replace_sync(self.name, body, expected=raw):
+                raise OutputLockedError(f"{folder}: another job took the lock over at the same time ({where})")
+        self._body = body
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="dvidshards-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            body = self._content()
+            try:
+                if self._body is not None and self.store.replace_sync(self.name, body, expected=self._body):
+                    self._body = body
+            except OutputError:  # transient: the next beat tries again
+                pass
+
+    def release(self) -> None:
+        """Give the lock back (only if it is still ours)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._body is None:
+            return
+        try:
+            if self.store.get_sync(self.name) == self._body:
+                self.store.delete_sync(self.name)
+        except OutputError:
+            pass
+        self._body = None
+
+
+def _gone(owner: dict) -> bool:
+    """Whether a lock's holder is no longer running."""
+    if not owner:
+        return True
+    try:
+        beat = float(owner.get("heartbeat", 0))
+    except (TypeError, ValueError):
+        beat = 0.0
+    if owner.get("host") == socket.gethostname():
+        try:
+            pid = int(owner.get("pid", 0))
+        except (TypeError, ValueError):
+            return True
+        if pid <= 0:
+            return True
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return time.time() - beat > STALE_SECONDS
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def read_manifest(dest: Any) -> dict | None:
+    """The manifest of any job's output: ``_dvidshards.json`` in a folder, or the ``dvidshards``
+    metadata of a one-file Parquet output; None when there is none.
+
+    Raises
+    ------
+    SpecError
+        The file is there but is not a manifest (damaged, or another program's).
+    OutputError
+        The location cannot be read.
+    """
+    if isinstance(dest, ByteStore):
+        store = dest
+    elif isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
+        store = as_store(os.fspath(dest), what="output")  # read-only: an output served over http
+    else:
+        store = _store(dest, "output")
+    try:
+        path = store.local_path()
+        if path is not None and os.path.isfile(path):
+            return _file_manifest(store)
+        data = store.get_sync(MANIFEST)
+        if data is None:
+            folder, name = parent_and_name(store) if path is None else (store, "")
+            return _file_manifest(store) if name and folder.exists_sync(name) else None
+    except RemoteReadError as e:
+        raise OutputError(str(e)) from None
+    return parse_manifest(data, store.describe(MANIFEST))
+
+
+def _file_manifest(store: ByteStore) -> dict | None:
+    import pyarrow.parquet as pq
+
+    folder, name = parent_and_name(store)
+    try:
+        with folder.open(name) as f:
+            md = pq.ParquetFile(f).schema_arrow.metadata or {}
+    except Exception:  # noqa: BLE001 - not a Parquet file: no manifest in it
+        return None
+    raw = md.get(b"dvidshards")
+    return None if raw is None else parse_manifest(raw, _where(store))
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class JobReport:
+    """What a job did, the same for every job; its manifest is written from it.
+
+    Attributes
+    ----------
+    job, dest : str
+        The job (``convert``, ``stats``, ...) and its output as the user named it.
+    scales : list of int
+    tasks, done, skipped : int
+        Tasks planned, done in this run, and kept from an earlier run (``resume``).
+    failed : dict
+        ``{task: "TypeName: message"}`` of the tasks that failed.
+    complete : bool
+        Every task done and nothing else went wrong.
+    status : str
+        ``complete``, ``incomplete`` or ``interrupted``.
+    totals : object
+        The job's own figures (``to_json()`` or a dict).
+    notes : list of str
+        The job's own summary lines.
+    elapsed, task_cpu : float
+        Wall seconds of the job, CPU seconds of its tasks.
+    """
+
+    job: str
+    dest: str
+    scales: list = field(default_factory=list)
+    tasks: int = 0
+    done: int = 0
+    skipped: int = 0
+    failed: dict = field(default_factory=dict)
+    complete: bool = False
+    status: str = "running"
+    totals: Any = None
+    notes: list = field(default_factory=list)
+    elapsed: float = 0.0
+    task_cpu: float = 0.0
+    dashboard: str | None = None
+    manifest: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The output is complete and no task failed."""
+        return self.complete and not self.failed
+
+    def summary(self, limit: int = 10) -> str:
+        """A few lines: what was done, the job's figures, the first failures, and what to do."""
+        state = "complete" if self.complete else ("INTERRUPTED" if self.status == "interrupted" else "INCOMPLETE")
+        kept = f", {self.skipped:,} kept from an earlier run" if self.skipped else ""
+        lines = [f"{self.job} -> {self.dest}: {state}: {self.done:,} of {self.tasks:,} tasks done{kept}, "
+                 f"{len(self.failed):,} failed; {self.elapsed:.1f} s, {self.task_cpu:.1f} CPU s in tasks"]
+        lines += [f"  {n}" for n in self.notes]
+        lines += [f"  FAILED {item}: {msg}" for item, msg in list(self.failed.items())[:limit]]
+        if len(self.failed) > limit:
+            lines.append(f"  ... and {len(self.failed) - limit:,} more" +
+                         (f" (all in {self.manifest})" if self.manifest else ""))
+        if not self.complete:
+            where = f" (its {self.manifest} says so)" if self.manifest else ""
+            lines.append(f"  the output is incomplete{where}; fix the cause and run the same command with --resume "
+                         f"to finish it")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        t = self.totals.to_json() if hasattr(self.totals, "to_json") else self.totals
+        return {"tasks": {"total": self.tasks, "done": self.done, "kept": self.skipped, "failed": len(self.failed)},
+                "failed": dict(self.failed), "totals": t, "notes": list(self.notes),
+                "elapsed_s": round(self.elapsed, 3), "task_cpu_s": round(self.task_cpu, 3)}
+
+
+# --------------------------------------------------------------------------- the frame of a job
+
+
+class Output:
+    """The frame every job runs in: destination checked, locks taken, manifest kept, report made.
+
+    Parameters
+    ----------
+    dest : path, URL, kvstore spec dict or ByteStore
+        A folder (``kind="folder"``), or one file (``kind="file"``, e.g. a Parquet table whose own
+        metadata is its manifest, written by the job; its lock lies beside it). ``out.store``.
+    job : str
+    parameters : dict
+        The arguments that decide the output's content (JSON); ``resume`` needs the same ones.
+    source : optional
+        The export (path, URL, store or Dataset): recorded in the manifest (URL, and path relative
+        to the output); an output inside it is refused.
+    identity : dict, optional
+        What the job records of its source's content: a source at another URL with the same
+        identity is the same source, moved, for ``resume``.
+    scales : list of int
+    command : str, optional
+        The command line, for the manifest.
+    resume, overwrite : bool
+        See the module docstring.
+    own : callable, optional
+        ``name -> bool``: whether a top-level name is this job's (what ``overwrite`` deletes).
+        Default: everything but the manifest, the lock and hidden names.
+    workdir : path, URL, kvstore spec dict or ByteStore, optional
+        The work folder (``--workdir``): locked too, and apart from the output.
+    work : bool
+        The job keeps partial results: ``out.workdir`` is ``workdir`` or :func:`work_folder`'s default.
+    """
+
+    def __init__(self, dest: Any, *, job: str, parameters: dict, source: Any = None,
+                 identity: dict | None = None, scales: Iterable[int] = (), command: str | None = None,
+                 resume: bool = False, overwrite: bool = False, own: Callable[[str], bool] | None = None,
+                 kind: str = "folder", workdir: Any = None, work: bool = False):
+        if resume and overwrite:
+            raise SpecError("give resume or overwrite, not both")
+        if kind not in ("folder", "file"):
+            raise ValueError(kind)
+        self.store = _store(dest)
+        self.job, self.parameters, self.kind = job, parameters, kind
+        self.scales = [int(k) for k in scales]
+        self.command, self.resume, self.overwrite = command, resume, overwrite
+        self.source, self.identity, self.own = source, identity, own
+        self.workdir = work_folder(self.store, workdir) if work or workdir is not None else None
+        self.previous: dict | None = None
+        self.where = _where(self.store)
+        self.report = JobReport(job, self.where, list(self.scales))
+        self._t0 = time.perf_counter()
+        self._locks: list[Lock] = []
+        self._finished = False
+        self._manifest: dict | None = None
+        if kind == "file":
+            self.folder, self.name = parent_and_name(self.store)
+        else:
+            self.folder, self.name = self.store, ""
+            self.report.manifest = MANIFEST
+
+    def __enter__(self) -> Output:
+        paths = [st.local_path() for st in (self.folder, self.workdir) if st is not None]
+        made = [_made_here(p) for p in paths if p is not None]
+        try:
+            self.open()
+        except BaseException:
+            self._release()
+            for path, top in made:  # refused: leave no folder behind that was not there before
+                _remove_empty_dirs(path, top)
+            raise
+        return self
+
+    def open(self) -> None:
+        """Check the destination, take the locks, write the manifest ``complete: false``."""
+        _check_apart(self.store, workdir=self.workdir, source=self.source)
+        if self.workdir is not None:
+            _check_apart(self.workdir, source=self.source, what="work folder")
+        self.store.check_writable(kind=self.kind)
+        if self.workdir is not None:
+            self.workdir.check_writable()
+        self._locks.append(Lock(self.folder, self.job, f"{self.name}.{LOCK}" if self.kind == "file" else LOCK))
+        if self.workdir is not None:
+            self._locks.append(Lock(self.workdir, self.job))
+        for lock in self._locks:
+            lock.acquire(take_over=self.resume)
+        if self.kind == "folder":
+            self._check_folder()
+            self._manifest = self._new_manifest()
+            self._write_manifest()
+        else:
+            self._check_file()
+
+    def _check_folder(self) -> None:
+        store = self.store
+        names = [n for n in store.list_sync() if n != LOCK and not n.startswith(".")]
+        if not names:
+            return
+        data = store.get_sync(MANIFEST) if MANIFEST in names else None
+        prev = parse_manifest(data, store.describe(MANIFEST)) if data is not None else None
+        if self.overwrite:
+            for n in names:
+                if n != MANIFEST and (self.own is None or self.own(n)):
+                    store.delete_prefix_sync(n)
+            if MANIFEST in names:
+                store.delete_sync(MANIFEST)
+            return
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        if prev is None:
+            raise OutputError(f"{self.where} is not empty and holds no dvidshards output ({shown}); choose an "
+                              f"empty destination, or pass --overwrite to replace what this job would write there")
+        if prev.get("job") != self.job:
+            raise OutputError(f"{self.where} holds the output of `dvidshards {prev.get('job')}`, not "
+                              f"{self.job}; choose another destination, or pass --overwrite")
+        if not self.resume:
+            state = "complete" if prev.get("complete") else "incomplete"
+            raise OutputError(f"{self.where} holds an earlier {self.job} output ({state}); pass --resume to "
+                              f"finish it, or --overwrite to start again")
+        self._check_same(prev)
+
+    def _check_file(self) -> None:
+        if not self.folder.exists_sync(self.name):
+            return
+        try:
+            prev = read_manifest(self.store)
+        except SpecError:
+            prev = None
+        if prev is None or prev.get("job") != self.job:
+            raise OutputError(f"{self.where} exists and is not a {self.job} output; choose "
+                              f"another name (--overwrite replaces only this job's own outputs)")
+        if self.overwrite:
+            return  # replaced atomically when the job writes it
+        if not self.resume:
+            raise OutputError(f"{self.where} exists (an earlier {self.job} output); pass "
+                              f"--overwrite to replace it")
+        self._check_same(prev)
+
+    def _check_same(self, prev: dict) -> None:
+        """``resume`` of an earlier output: the same source (or its files moved) and parameters."""
+        mine: dict = self._new_manifest().get("source") or {}
+        theirs: dict = prev["source"] if isinstance(prev.get("source"), dict) else {}
+        a, b = mine.get("identity"), theirs.get("identity")
+        moved = a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("scale", "shards", "sha256"))
+        if mine.get("url") != theirs.get("url") and not moved:
+            raise OutputError(f"{self.where} holds a {self.job} output of another source "
+                              f"({theirs.get('url')}, now {mine.get('url')}); choose another destination, or pass "
+                              f"--overwrite")
+        old = prev.get("parameters", {})
+        for k in sorted(set(old) | set(self.parameters)):
+            if old.get(k) != self.parameters.get(k):
+                raise OutputError(f"{self.where} holds a {self.job} output made with other "
+                                  f"parameters ({k} was {old.get(k)!r}, now {self.parameters.get(k)!r}); "
+                                  f"--resume needs the same ones: run the same command, or pass --overwrite")
+        self.previous = prev
+
+    def _new_manifest(self) -> dict:
+        source: dict | None = None
+        if self.source is not None:
+            root = _source_root(self.source)
+            if root is not None:
+                source = {"url": _where(root), "relative": _relative(self.folder, root)}
+            else:
+                desc = getattr(getattr(self.source, "store", None), "describe", None)
+                source = {"url": desc("") if desc is not None else repr(self.source)}
+            if self.identity is not None:
+                source["identity"] = self.identity
+        return {"dvidshards": {"manifest": SCHEMA, "version": _version()}, "job": self.job,
+                "parameters": self.parameters, "command": self.command, "source": source,
+                "scales": self.scales, "complete": False, "status": "running",
+                "started": (self.previous or {}).get("started") or _now(), "updated": _now(), "finished": None}
+
+    def manifest(self) -> dict:
+        """The manifest as it stands (a one-file output embeds it in its metadata)."""
+        if self._manifest is None:
+            self._manifest = self._new_manifest()
+        return self._manifest
+
+    def _write_manifest(self) -> None:
+        if self.kind == "folder" and self._manifest is not None:
+            self._manifest["updated"] = _now()
+            self.store.put_sync(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
+
+    def add(self, phase: Any, name: Callable[[Any], str] = str) -> None:
+        """Count one :meth:`TaskRunner.run` phase into the report (failures named by ``name``)."""
+        self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
+        self.report.done += len(phase.results)
+        self.report.skipped += len(phase.skipped)
+        for item, msg in phase.failed.items():
+            self.report.failed[name(item)] = msg
+        self.report.task_cpu += phase.task_cpu
+        if getattr(phase, "dashboard", None):
+            self.report.dashboard = phase.dashboard
+        if _PAUSE_FILE is not None and phase.results:
+            _pause()
+
+    def fail(self, item: str, message: str) -> None:
+        """Record a failure that is not a task's (e.g. a check after the tasks)."""
+        self.report.failed[item] = message
+
+    def update(self, **members: Any) -> None:
+        """Merge members into the manifest and write it (the job's own keys)."""
+        self.manifest().update(members)
+        self._write_manifest()
+
+    def finish(self, *, totals: Any = None, notes: Iterable[str] = (), complete: bool | None = None,
+               allow_partial: bool = False, write: Callable[[dict], None] | None = None) -> JobReport:
+        """Write the final manifest, release the locks, return the report.
+
+        Parameters
+        ----------
+        totals, notes :
+            The job's own figures and summary lines.
+        complete : bool, optional
+            Whether the output is whole (default: no task failed).
+        allow_partial : bool
+            Return an incomplete report instead of raising.
+        write : callable, optional
+            One-file outputs: ``write(manifest)`` publishes the file, the final manifest in its
+            metadata (only when the output is complete).
+
+        Raises
+        ------
+        JobError
+            The output is incomplete and ``allow_partial`` is false; ``.report`` is the report.
+        """
+        r = self.report
+        r.totals = totals if totals is not None else r.totals
+        r.notes = list(notes)
+        r.complete = (not r.failed) if complete is None else bool(complete) and not r.failed
+        r.status = "complete" if r.complete else "incomplete"
+        r.elapsed = time.perf_counter() - self._t0
+        m = self.manifest()
+        m.update({"complete": r.complete, "status": r.status, "finished": _now(), **r.to_json()})
+        try:
+            if self.kind == "folder":
+                self._write_manifest()
+            elif r.complete and write is not None:
+                write(m)
+        finally:
+            self._finished = True
+            self._release()
+        if not r.complete and not allow_partial:
+            raise JobError(r.summary(), r)
+        return r
+
+    def __exit__(self, kind: Any, exc: BaseException | None, _tb: Any) -> None:
+        if self._finished:
+            return
+        interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        try:
+            if exc is not None and self._manifest is not None and self.kind == "folder":
+                self._manifest.update({"complete": False, "status": "interrupted" if interrupted else "incomplete",
+                                       "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                                       "finished": _now(), **self.report.to_json()})
+                try:
+                    self._write_manifest()
+                except OutputError:
+                    pass
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self._locks:
+                msg = (f"dvidshards {self.job}: interrupted: {self.where} is incomplete"
+                       + (f" (its {MANIFEST} says so)" if self.kind == "folder" else "")
+                       + "; run the same command with --resume to finish it")
+                print(msg, file=sys.stderr, flush=True)
+                if hasattr(exc, "add_note"):
+                    exc.add_note(msg)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+        self._locks = []
+
+
+def _pause() -> None:
+    """``DVIDSHARDS_PAUSE_FILE``: create the file, then wait until it is deleted (once per process)."""
+    global _PAUSE_FILE
+    path, _PAUSE_FILE = _PAUSE_FILE, None
+    assert path is not None
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)  # appears whole
+    while os.path.exists(path):
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- until the last caller goes
 
 
 class Destination:
@@ -278,7 +752,7 @@ class Destination:
         return type(self)(folder), name
 
     def contains(self, other: Destination) -> bool:
-        return contains(self.store, other.store)
+        return _contains(self.store, other.store)
 
     def read(self, rel: str) -> bytes | None:
         return self.store.get_sync(rel)
@@ -334,584 +808,3 @@ class Destination:
 
     def probe(self, *, kind: str = "folder") -> None:
         self.store.check_writable(kind=kind)
-
-
-# --------------------------------------------------------------------------- the lock
-
-
-class Lock:
-    """An exclusive lock on one output, held while a job writes it.
-
-    Parameters
-    ----------
-    store : ByteStore
-        The output's folder (a writable store).
-    name : str
-        The lock's key in it (``_dvidshards.lock``; ``NAME._dvidshards.lock`` for a one-file output).
-    job : str
-        The job's name, for the message a second job gets.
-    """
-
-    def __init__(self, store: Any, job: str, name: str = LOCK):
-        self.store: ByteStore = store.store if isinstance(store, Destination) else store
-        self.job, self.name = job, name
-        self.token = uuid.uuid4().hex
-        self.started = _now()
-        self._body: bytes | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def _where(self) -> str:
-        return self.store.describe("").rstrip("/") or "/"
-
-    def _content(self) -> bytes:
-        return json.dumps({"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
-                           "started": self.started, "heartbeat": time.time(), "token": self.token}).encode()
-
-    def owner(self) -> dict | None:
-        """The current holder's record (None when unlocked or unreadable)."""
-        data = self.store.get_sync(self.name)
-        if data is None:
-            return None
-        try:
-            d = json.loads(data)
-        except ValueError:
-            return {"job": "?", "host": "?", "pid": 0, "started": "?", "heartbeat": 0, "raw": data}
-        return d if isinstance(d, dict) else None
-
-    def acquire(self, *, take_over: bool = False) -> None:
-        """Take the lock, or raise OutputLockedError naming its holder.
-
-        A lock whose holder is gone (the process died on this host, or no heartbeat for
-        :data:`STALE_SECONDS` from another host) is taken over when ``take_over`` (``--resume``).
-        """
-        body = self._content()
-        if self.store.create_sync(self.name, body):
-            self._body = body
-            self._start_heartbeat()
-            return
-        owner = self.owner() or {}
-        raw = self.store.get_sync(self.name)
-        who = (f"`dvidshards {owner.get('job', '?')}` (host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, "
-               f"started {owner.get('started', '?')})")
-        where = self.store.describe(self.name)
-        if not _gone(owner):
-            raise OutputLockedError(f"{self._where} is being written by {who}; wait for it to finish or "
-                                    f"stop it (its lock: {where})")
-        if not take_over:
-            raise OutputLockedError(f"{self._where} was being written by {who}, which is gone; run the "
-                                    f"same command with --resume to take its lock over and finish the output")
-        if raw is None or not self.store.replace_sync(self.name, body, expected=raw):
-            raise OutputLockedError(f"{self._where}: another job took the lock over at the same time "
-                                    f"({where})")
-        self._body = body
-        self._start_heartbeat()
-
-    def _start_heartbeat(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name="dvidshards-lock", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            body = self._content()
-            try:
-                if self._body is not None and self.store.replace_sync(self.name, body, expected=self._body):
-                    self._body = body
-            except OutputError:  # a transient failure: the next beat tries again
-                pass
-
-    @property
-    def held(self) -> bool:
-        return self._body is not None
-
-    def release(self) -> None:
-        """Give the lock back (only if it is still ours)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        if self._body is None:
-            return
-        try:
-            if self.store.get_sync(self.name) == self._body:
-                self.store.delete_sync(self.name)
-        except OutputError:
-            pass
-        self._body = None
-
-    def __enter__(self) -> Lock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def _gone(owner: dict) -> bool:
-    """Whether a lock's holder is no longer running."""
-    if not owner:
-        return True
-    try:
-        beat = float(owner.get("heartbeat", 0))
-    except (TypeError, ValueError):
-        beat = 0.0
-    if owner.get("host") == socket.gethostname():
-        try:
-            pid = int(owner.get("pid", 0))
-        except (TypeError, ValueError):
-            return True
-        if pid <= 0:
-            return True
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return time.time() - beat > STALE_SECONDS
-    return time.time() - beat > STALE_SECONDS
-
-
-# --------------------------------------------------------------------------- the manifest
-
-
-def read_manifest(dest: Any) -> dict | None:
-    """The manifest of any job's output: ``_dvidshards.json`` in a folder, or the ``dvidshards``
-    metadata of a one-file Parquet output. None when there is none.
-
-    Raises
-    ------
-    SpecError
-        The file is there but is not a manifest (damaged, or another program's).
-    OutputError
-        The location cannot be read.
-    """
-    if isinstance(dest, ByteStore):
-        store = dest
-    elif isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
-        store = as_store(os.fspath(dest), what="output")  # read-only: an output served over http
-    else:
-        store = _store(dest, "output")
-    try:
-        path = store.local_path()
-        if path is not None and os.path.isfile(path):
-            return _file_manifest(store)
-        data = store.get_sync(MANIFEST)
-        if data is None:
-            folder, name = parent_and_name(store) if path is None else (store, "")
-            if name and folder.exists_sync(name):
-                return _file_manifest(store)
-            return None
-    except RemoteReadError as e:
-        raise OutputError(str(e)) from None
-    return parse_manifest(data, store.describe(MANIFEST))
-
-
-def _file_manifest(store: ByteStore) -> dict | None:
-    import pyarrow.parquet as pq
-
-    folder, name = parent_and_name(store)
-    try:
-        with folder.open(name) as f:
-            md = pq.ParquetFile(f).schema_arrow.metadata or {}
-    except Exception:  # noqa: BLE001 - not a Parquet file: no manifest in it
-        return None
-    raw = md.get(b"dvidshards")
-    return None if raw is None else parse_manifest(raw, _where(store))
-
-
-# --------------------------------------------------------------------------- the report
-
-
-@dataclass
-class JobReport:
-    """What a job did, the same for every job; its manifest is written from it.
-
-    Attributes
-    ----------
-    job : str
-        The job (``convert``, ``stats``, ``downsample``, ...).
-    dest : str
-        The output, as the user named it.
-    scales : list of int
-        The scales the job worked on.
-    tasks : int
-        Tasks planned.
-    done : int
-        Tasks that succeeded in this run.
-    skipped : int
-        Tasks done by an earlier run and kept (``resume``).
-    failed : dict
-        ``{task: "TypeName: message"}`` of the tasks that failed (their files and chunks named).
-    complete : bool
-        Whether the output is whole: every task done and nothing else went wrong.
-    status : str
-        ``complete``, ``incomplete`` or ``interrupted``.
-    totals : object
-        The job's own figures (chunks written, bodies, ...), with ``to_json()`` or a dict.
-    notes : list of str
-        The job's own summary lines.
-    elapsed, task_cpu : float
-        Wall seconds of the job and CPU seconds of its tasks.
-    """
-
-    job: str
-    dest: str
-    scales: list = field(default_factory=list)
-    tasks: int = 0
-    done: int = 0
-    skipped: int = 0
-    failed: dict = field(default_factory=dict)
-    complete: bool = False
-    status: str = "running"
-    totals: Any = None
-    notes: list = field(default_factory=list)
-    elapsed: float = 0.0
-    task_cpu: float = 0.0
-    dashboard: str | None = None
-    manifest: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the output is complete and no task failed."""
-        return self.complete and not self.failed
-
-    def summary(self, limit: int = 10) -> str:
-        """A few lines: what was done, the job's own figures, the first failures, and what to do."""
-        state = "complete" if self.complete else ("INTERRUPTED" if self.status == "interrupted" else "INCOMPLETE")
-        kept = f", {self.skipped:,} kept from an earlier run" if self.skipped else ""
-        lines = [f"{self.job} -> {self.dest}: {state}: {self.done:,} of {self.tasks:,} tasks done{kept}, "
-                 f"{len(self.failed):,} failed; {self.elapsed:.1f} s, {self.task_cpu:.1f} CPU s in tasks"]
-        lines += [f"  {n}" for n in self.notes]
-        for item, msg in list(self.failed.items())[:limit]:
-            lines.append(f"  FAILED {item}: {msg}")
-        if len(self.failed) > limit:
-            lines.append(f"  ... and {len(self.failed) - limit:,} more" +
-                         (f" (all in {self.manifest})" if self.manifest else ""))
-        if not self.complete:
-            where = f" (its {self.manifest} says so)" if self.manifest else ""
-            lines.append(f"  the output is incomplete{where}; fix the cause and run the same command with --resume "
-                         f"to finish it")
-        return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        t = self.totals
-        if t is not None and hasattr(t, "to_json"):
-            t = t.to_json()
-        return {"tasks": {"total": self.tasks, "done": self.done, "kept": self.skipped, "failed": len(self.failed)},
-                "failed": dict(self.failed), "totals": t, "notes": list(self.notes),
-                "elapsed_s": round(self.elapsed, 3), "task_cpu_s": round(self.task_cpu, 3)}
-
-
-# --------------------------------------------------------------------------- the frame of a job
-
-
-class Output:
-    """The frame every job runs in: destination checked, lock taken, manifest kept, report made.
-
-    Parameters
-    ----------
-    dest : path, URL, kvstore spec dict or ByteStore
-        The output: a folder (``kind="folder"``) or one file (``kind="file"``, e.g. a Parquet
-        table; its manifest is the file's own metadata, written by the job, and the lock lies
-        beside it). ``out.store`` is it as a writable store.
-    job : str
-        The job's name (``convert``, ``stats``, ...).
-    parameters : dict
-        The arguments that decide the output's content (JSON). ``resume`` needs the same ones.
-    source : optional
-        The export (a path, URL, store or Dataset): its URL and its path relative to the output
-        are recorded in the manifest, and an output inside it is refused.
-    identity : dict, optional
-        What the job records of its source's content (``source.identity`` in the manifest): a
-        source at another URL with the same identity is the same source (moved) for ``resume``.
-    scales : list of int
-    command : str, optional
-        The command line, recorded in the manifest.
-    resume, overwrite : bool
-        See the module docstring.
-    own : callable, optional
-        ``name -> bool``: whether a top-level name of the destination is this job's output
-        (deleted by ``overwrite``, which leaves other names alone). Default: everything but the
-        manifest, the lock and hidden names is the job's.
-    workdir : path, URL, kvstore spec dict or ByteStore, optional
-        The job's work folder (``--workdir``): it is locked too, and must not overlap the output.
-    work : bool
-        The job keeps partial results: ``out.workdir`` (a store) is ``workdir`` or, when none is
-        given, the default of :func:`work_folder`.
-    """
-
-    def __init__(self, dest: Any, *, job: str, parameters: dict, source: Any = None,
-                 identity: dict | None = None, scales: Iterable[int] = (), command: str | None = None,
-                 resume: bool = False, overwrite: bool = False, own: Callable[[str], bool] | None = None,
-                 kind: str = "folder", workdir: Any = None, work: bool = False):
-        if resume and overwrite:
-            raise SpecError("give resume or overwrite, not both")
-        if kind not in ("folder", "file"):
-            raise ValueError(kind)
-        self.store = _store(dest)
-        self.job, self.parameters, self.kind = job, parameters, kind
-        self.scales = [int(k) for k in scales]
-        self.command, self.resume, self.overwrite = command, resume, overwrite
-        self.source, self.identity = source, identity
-        self.workdir = work_folder(self.store, workdir) if work or workdir is not None else None
-        self.own = own
-        self.previous: dict | None = None
-        self.where = _where(self.store)
-        self.report = JobReport(job, self.where, list(self.scales))
-        self._t0 = time.perf_counter()
-        self._locks: list[Lock] = []
-        self._finished = False
-        self._manifest: dict | None = None
-        if kind == "file":
-            self.folder, self.name = parent_and_name(self.store)
-            self.report.manifest = None
-        else:
-            self.folder, self.name = self.store, ""
-            self.report.manifest = MANIFEST
-
-    # --- opening -----------------------------------------------------------------------------------
-
-    def __enter__(self) -> Output:
-        paths = [st.local_path() for st in (self.folder, self.workdir) if st is not None]
-        made = [_made_here(p) for p in paths if p is not None]
-        try:
-            self.open()
-        except BaseException:
-            self._release()
-            for path, top in made:  # refused: leave no folder behind that was not there before
-                _remove_empty_dirs(path, top)
-            raise
-        return self
-
-    def open(self) -> None:
-        """Check the destination, take the locks, write the manifest ``complete: false``."""
-        check_apart(self.store, workdir=self.workdir, source=self.source)
-        if self.workdir is not None:
-            check_apart(self.workdir, source=self.source, what="work folder")
-        self.store.check_writable(kind=self.kind)
-        if self.workdir is not None:
-            self.workdir.check_writable()
-        lock_name = f"{self.name}.{LOCK}" if self.kind == "file" else LOCK
-        self._locks.append(Lock(self.folder, self.job, lock_name))
-        if self.workdir is not None:
-            self._locks.append(Lock(self.workdir, self.job))
-        for lock in self._locks:
-            lock.acquire(take_over=self.resume)
-        if self.kind == "folder":
-            self._check_folder()
-            self._manifest = self._new_manifest()
-            self._write_manifest()
-        else:
-            self._check_file()
-
-    def _is_own(self, name: str) -> bool:
-        if name in (MANIFEST, LOCK) or name.startswith("."):
-            return False
-        return True if self.own is None else bool(self.own(name))
-
-    def _check_folder(self) -> None:
-        store = self.store
-        names = [n for n in store.list_sync() if n not in (LOCK,) and not n.startswith(".")]
-        has_manifest = MANIFEST in names
-        prev = None
-        if has_manifest:
-            data = store.get_sync(MANIFEST)
-            prev = parse_manifest(data, store.describe(MANIFEST)) if data is not None else None
-        rest = [n for n in names if n != MANIFEST]
-        if not names:
-            return
-        if self.overwrite:
-            self.previous = None
-            for n in rest:
-                if self._is_own(n):
-                    store.delete_prefix_sync(n)
-            if has_manifest:
-                store.delete_sync(MANIFEST)
-            return
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        if prev is None:
-            raise OutputError(f"{self.where} is not empty and holds no dvidshards output ({shown}); choose an "
-                              f"empty destination, or pass --overwrite to replace what this job would write there")
-        if prev.get("job") != self.job:
-            raise OutputError(f"{self.where} holds the output of `dvidshards {prev.get('job')}`, not "
-                              f"{self.job}; choose another destination, or pass --overwrite")
-        if not self.resume:
-            state = "complete" if prev.get("complete") else "incomplete"
-            raise OutputError(f"{self.where} holds an earlier {self.job} output ({state}); pass --resume to "
-                              f"finish it, or --overwrite to start again")
-        self._check_same(prev)
-        self.previous = prev
-
-    def _check_same(self, prev: dict) -> None:
-        mine: dict = self._new_manifest().get("source") or {}
-        theirs: dict = prev["source"] if isinstance(prev.get("source"), dict) else {}
-        a, b = mine.get("identity"), theirs.get("identity")
-        moved = a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("scale", "shards", "sha256"))
-        if mine.get("url") != theirs.get("url") and not moved:  # the same files elsewhere are the same source
-            raise OutputError(f"{self.where} holds a {self.job} output of another source "
-                              f"({theirs.get('url')}, now {mine.get('url')}); choose another destination, or pass "
-                              f"--overwrite")
-        old = prev.get("parameters", {})
-        for k in sorted(set(old) | set(self.parameters)):
-            if old.get(k) != self.parameters.get(k):
-                raise OutputError(f"{self.where} holds a {self.job} output made with other "
-                                  f"parameters ({k} was {old.get(k)!r}, now {self.parameters.get(k)!r}); "
-                                  f"--resume needs the same ones: run the same command, or pass --overwrite")
-
-    def _check_file(self) -> None:
-        if not self.folder.exists_sync(self.name):
-            return
-        try:
-            prev = read_manifest(self.store)
-        except SpecError:
-            prev = None
-        if prev is None or prev.get("job") != self.job:
-            raise OutputError(f"{self.where} exists and is not a {self.job} output; choose "
-                              f"another name (--overwrite replaces only this job's own outputs)")
-        if self.overwrite:
-            return  # replaced atomically when the job writes it
-        if not self.resume:
-            raise OutputError(f"{self.where} exists (an earlier {self.job} output); pass "
-                              f"--overwrite to replace it")
-        self._check_same(prev)
-        self.previous = prev
-
-    def _new_manifest(self) -> dict:
-        source: dict | None = None
-        if self.source is not None:
-            root = source_root(self.source)
-            if root is not None:
-                source = {"url": _where(root), "relative": relative_path(self.folder, root)}
-            else:
-                desc = getattr(getattr(self.source, "store", None), "describe", None)
-                source = {"url": desc("") if desc is not None else repr(self.source)}
-            if self.identity is not None:
-                source["identity"] = self.identity
-        return {"dvidshards": {"manifest": SCHEMA, "version": library_version()}, "job": self.job,
-                "parameters": self.parameters, "command": self.command, "source": source,
-                "scales": self.scales, "complete": False, "status": "running",
-                "started": (self.previous or {}).get("started") or _now(), "updated": _now(), "finished": None}
-
-    def manifest(self) -> dict:
-        """The manifest as it stands (for one-file outputs: to embed in the file's metadata)."""
-        if self._manifest is None:
-            self._manifest = self._new_manifest()
-        return self._manifest
-
-    def _write_manifest(self) -> None:
-        if self.kind == "folder" and self._manifest is not None:
-            self._manifest["updated"] = _now()
-            self.store.put_sync(MANIFEST, (json.dumps(self._manifest, indent=1, default=str) + "\n").encode())
-
-    # --- while running -----------------------------------------------------------------------------
-
-    def add(self, phase: Any, name: Callable[[Any], str] = str) -> None:
-        """Count one :meth:`TaskRunner.run` phase into the report (failures named by ``name``)."""
-        self.report.tasks += len(phase.results) + len(phase.failed) + len(phase.skipped)
-        self.report.done += len(phase.results)
-        self.report.skipped += len(phase.skipped)
-        for item, msg in phase.failed.items():
-            self.report.failed[name(item)] = msg
-        self.report.task_cpu += phase.task_cpu
-        if getattr(phase, "dashboard", None):
-            self.report.dashboard = phase.dashboard
-        if _PAUSE_FILE is not None and phase.results:
-            _pause()
-
-    def fail(self, item: str, message: str) -> None:
-        """Record a failure that is not a task's (e.g. a check after the tasks)."""
-        self.report.failed[item] = message
-
-    def update(self, **members: Any) -> None:
-        """Merge members into the manifest and write it (job-specific progress, e.g. per-scale keys)."""
-        self.manifest().update(members)
-        self._write_manifest()
-
-    # --- the end -----------------------------------------------------------------------------------
-
-    def finish(self, *, totals: Any = None, notes: Iterable[str] = (), complete: bool | None = None,
-               allow_partial: bool = False, write: Callable[[dict], None] | None = None) -> JobReport:
-        """Write the final manifest, release the locks, and return the report.
-
-        Parameters
-        ----------
-        totals, notes :
-            The job's own figures and summary lines.
-        complete : bool, optional
-            Whether the output is whole (default: no task failed).
-        allow_partial : bool
-            Return an incomplete report instead of raising.
-        write : callable, optional
-            One-file outputs: ``write(manifest)`` publishes the file with the final manifest in its
-            metadata (called only when the output is complete).
-
-        Raises
-        ------
-        JobError
-            The output is incomplete and ``allow_partial`` is false; ``.report`` is the report.
-        """
-        r = self.report
-        r.totals = totals if totals is not None else r.totals
-        r.notes = list(notes)
-        r.complete = (not r.failed) if complete is None else bool(complete) and not r.failed
-        r.status = "complete" if r.complete else "incomplete"
-        r.elapsed = time.perf_counter() - self._t0
-        m = self.manifest()
-        m.update({"complete": r.complete, "status": r.status, "finished": _now(), **r.to_json()})
-        try:
-            if self.kind == "file":
-                if r.complete and write is not None:
-                    write(m)
-            else:
-                self._write_manifest()
-        finally:
-            self._finished = True
-            self._release()
-        if not r.complete and not allow_partial:
-            raise JobError(r.summary(), r)
-        return r
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._finished:
-            return
-        try:
-            if exc is not None and self._manifest is not None and self.kind == "folder":
-                interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
-                self._manifest.update({"complete": False, "status": "interrupted" if interrupted else "incomplete",
-                                       "error": f"{type(exc).__name__}: {_one_line(exc)}", "finished": _now(),
-                                       **self.report.to_json()})
-                try:
-                    self._write_manifest()
-                except OutputError:
-                    pass
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self._locks:
-                msg = (f"dvidshards {self.job}: interrupted: {self.where} is incomplete"
-                       + (f" (its {MANIFEST} says so)" if self.kind == "folder" else "")
-                       + "; run the same command with --resume to finish it")
-                print(msg, file=sys.stderr, flush=True)
-                if hasattr(exc, "add_note"):
-                    exc.add_note(msg)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        for lock in reversed(self._locks):
-            lock.release()
-        self._locks = []
-
-
-def _pause() -> None:
-    """``DVIDSHARDS_PAUSE_FILE``: create the file, then wait until it is deleted (once per process)."""
-    global _PAUSE_FILE
-    path, _PAUSE_FILE = _PAUSE_FILE, None
-    assert path is not None
-    with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(path + ".tmp", path)  # appears whole
-    while os.path.exists(path):
-        time.sleep(0.02)

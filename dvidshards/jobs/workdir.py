@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import OutputError
-from .output import Destination, is_temporary
+from ..stores import is_temporary
+from .output import Destination
 
 __all__ = ["WorkDir", "is_temporary"]
 
