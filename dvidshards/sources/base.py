@@ -8,6 +8,8 @@ converts exactly as over shard files.
 
 from __future__ import annotations
 
+import re
+
 from ..errors import SpecError
 from ..formats.multiscale import Scale
 from ..formats.records import RecordTable
@@ -19,20 +21,22 @@ __all__ = ["RecordSource"]
 class RecordSource:
     """Block records that do not come as shard files: the interface.
 
-    Implementations give the multiscale ``spec`` (a neuroglancer multiscale dict), the shard
-    origins holding records, and each shard's records as a ``RecordTable``.
+    Implementations give the multiscale ``spec`` (a neuroglancer multiscale dict) and its
+    ``scales``, the shard origins holding records, and each shard's records as a ``RecordTable``.
     """
 
     #: the coroutines complete without waiting (in-memory sources): run them with ``drive``
     immediate = False
     mappable = False
     spec: dict | None = None
+    scales: dict[int, Scale]
+    name: str = "records"
     #: the scales of ``spec`` the source holds records of (None: every one); the others are "not exported"
     exported: tuple[int, ...] | None = None
 
     def describe(self, key: str) -> str:
         """A name for messages."""
-        raise NotImplementedError
+        return f"{self.name}/{key}" if key else self.name
 
     def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
         """Voxel origins of the shards that hold records at a scale."""
@@ -43,7 +47,13 @@ class RecordSource:
         raise NotImplementedError
 
     async def exists(self, key: str) -> bool:
-        return False
+        """Whether ``key`` names a shard of a scale (``s{k}/{ox}_{oy}_{oz}.arrow``) holding records."""
+        m = re.fullmatch(r"s([0-9]+)/([0-9]+)_([0-9]+)_([0-9]+)\.arrow", key)
+        if not m:
+            return False
+        k, *o = (int(g) for g in m.groups())
+        s = self.scales.get(k)
+        return s is not None and tuple(o) in set(self.shard_origins(s))
 
     async def stat(self, key: str) -> Stat:
         return Stat(None, None)

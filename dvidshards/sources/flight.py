@@ -102,21 +102,17 @@ _tune_lock = threading.Lock()
 
 
 def tune_malloc(keep_bytes: int = 256 << 20, mmap_threshold: int = 32 << 20) -> bool:
-    """Make glibc's malloc keep the memory a Flight stream frees, for the whole process.
+    """Make glibc's malloc keep the memory a Flight stream frees, for the whole process; whether
+    it applied (glibc only; the first call's values stay).
 
-    gRPC receives (and sends) each record batch in buffers from ``malloc``.  With glibc's
-    defaults a ~1 MB buffer is mmapped or trimmed back to the system as soon as it is freed,
-    so the next batch page-faults every 4 KiB again: on loopback that was half of a Flight
-    client's CPU time and capped a bulk scan at ~0.7 GB/s (benchmarks/bench_sources.py).
-    This sets ``M_MMAP_THRESHOLD`` (allocations below it come from the heap) and
-    ``M_TRIM_THRESHOLD`` (free memory kept at a heap's top) with ``mallopt``.
-
-    The cost: up to ``keep_bytes`` of freed memory per heap stays with the process.  It is a
-    process-wide setting, so the library never makes it on its own: ``dvidshards serve-flight``
-    and ``dvidshards ingest`` call it (they own their process), and ``FlightSource(...,
-    tune_malloc=True)`` does.  Setting ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_``
-    in the environment has the same effect.  Returns whether it applied (glibc only; the
-    first call's values stay).
+    gRPC receives and sends each record batch in ``malloc`` buffers.  With glibc's defaults a
+    ~1 MB buffer is mmapped or trimmed back to the system when freed, so the next batch
+    page-faults every 4 KiB again: on loopback half of a Flight client's CPU, a bulk scan capped
+    at ~0.7 GB/s (bench_sources).  This sets ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` with
+    ``mallopt`` (as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment
+    would); up to ``keep_bytes`` of freed memory per heap then stays with the process.  Being
+    process-wide, the library never makes it on its own: ``serve-flight`` and ``ingest`` call it
+    (they own their process), as does ``FlightSource(..., tune_malloc=True)``.
     """
     global _tuned
     with _tune_lock:
@@ -254,7 +250,7 @@ class FlightSource(RecordSource):
             raise SpecError(f"a Flight URI must start with one of {SCHEMES}, got {uri!r}")
         if tune_malloc:
             _tune_malloc()
-        self.uri = uri
+        self.uri = self.name = uri
         self.token = token
         self.tls_root_certs = read_pem(tls_root_certs) if tls_root_certs is not None else None
         self.timeout = timeout
@@ -397,9 +393,6 @@ class FlightSource(RecordSource):
 
     # --- RecordSource ---------------------------------------------------------------------------
 
-    def describe(self, key: str) -> str:
-        return f"{self.uri}/{key}" if key else self.uri
-
     def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
         d = fl.FlightDescriptor.for_command(json.dumps({"v": TICKET_VERSION, "scale": scale.index}))
         try:
@@ -415,15 +408,6 @@ class FlightSource(RecordSource):
                                       f"{bytes(ep.ticket.ticket)[:80]!r}")
             out.append(tuple(o))
         return sorted(out)
-
-    async def exists(self, key: str) -> bool:
-        import re
-
-        m = re.match(r"^s([0-9]+)/([0-9]+)_([0-9]+)_([0-9]+)\.arrow$", key)
-        if not m:
-            return False
-        k, *o = (int(g) for g in m.groups())
-        return k in self.scales and tuple(o) in set(self.shard_origins(self.scales[k]))
 
     async def load_records(self, scale: Scale, origin) -> RecordTable:
         o = tuple(int(v) for v in origin)

@@ -32,6 +32,7 @@ from .tables import (
 
 __all__ = ["Predicate", "VastDBSink", "VastDBSource", "shard_predicate"]
 
+
 @dataclass(frozen=True)
 class Predicate:
     """A pushed-down selection: an AND of per-column conditions (what VastDB can push down).
@@ -68,6 +69,15 @@ class Predicate:
         return expr
 
 
+def _pushed(p: Predicate):
+    """The predicate as VastDB's SDK takes it: an ibis expression when ibis is installed."""
+    try:
+        import ibis  # noqa: F401
+    except ImportError:
+        return p
+    return p.to_ibis()
+
+
 def shard_predicate(scale: Scale, origin) -> Predicate:
     """The predicate selecting one DVID shard's records: its shard ids and its chunk box."""
     lo, hi = scale.shard_box(origin)
@@ -99,29 +109,17 @@ class VastDBSource(RecordSource):
     def __getstate__(self):
         raise TypeError("a VastDBSource holds a live table; build it in each worker")
 
-    def describe(self, key: str) -> str:
-        return f"{self.name}/{key}" if key else self.name
-
-    def _predicate(self, p: Predicate):
-        try:
-            import ibis  # noqa: F401
-        except ImportError:
-            return p
-        return p.to_ibis()
-
     def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
         if scale.index not in self._origins:
             reader = self.table.select(columns=["chunk_x", "chunk_y", "chunk_z"], predicate=None, config=self.config)
-            c = coords_of(reader.read_all())
-            o = c * np.asarray(scale.chunk_size) // min(scale.shard_extent, SINGLE_SHARD) * min(
-                scale.shard_extent, SINGLE_SHARD)
+            ext = min(scale.shard_extent, SINGLE_SHARD)
+            o = coords_of(reader.read_all()) * np.asarray(scale.chunk_size) // ext * ext
             self._origins[scale.index] = sorted({tuple(int(v) for v in r) for r in o})
         return list(self._origins[scale.index])
 
     async def load_records(self, scale: Scale, origin) -> RecordTable:
         o = tuple(int(v) for v in origin)
-        cols = [c for c in TABLE_SCHEMA.names]
-        reader = self.table.select(columns=cols, predicate=self._predicate(shard_predicate(scale, o)),
+        reader = self.table.select(columns=list(TABLE_SCHEMA.names), predicate=_pushed(shard_predicate(scale, o)),
                                    config=self.config)
         t = reader.read_all() if hasattr(reader, "read_all") else as_arrow_table(reader)
         if not t.num_rows:
@@ -141,13 +139,7 @@ class VastDBSink:
         self.table, self.cell_limit, self.config = table, cell_limit, config
 
     def present(self, shard_id: int) -> int:
-        p = Predicate((("shard_id", ("isin", [int(shard_id)])),))
-        try:
-            import ibis  # noqa: F401
-
-            pred = p.to_ibis()
-        except ImportError:
-            pred = p
+        pred = _pushed(Predicate((("shard_id", ("isin", [int(shard_id)])),)))
         return self.table.select(columns=["shard_id"], predicate=pred, config=self.config).read_all().num_rows
 
     def writer(self, shard_id: int, origin=None) -> _SinkShardWriter:
@@ -163,9 +155,9 @@ class VastDBSink:
                                      f"delete them and ingest again")
         t = pa.Table.from_batches([split_cells(b, self.cell_limit, f"shard {shard_id}") for b in batches],
                                   schema=TABLE_SCHEMA)
-        for name in ("labels", "supervoxels"):
-            import pyarrow.compute as pc
+        import pyarrow.compute as pc
 
+        for name in ("labels", "supervoxels"):
             n = pc.list_value_length(t.column(name)).to_numpy(zero_copy_only=False) * 8
             big = np.flatnonzero(n > self.cell_limit)
             if big.size:
