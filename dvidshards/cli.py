@@ -43,6 +43,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "meshes": ("dvidshards.jobs.meshes:MeshesCommand",
                "neuroglancer multi-resolution (or legacy) meshes of every body into a precomputed dataset, one task "
                "per shard"),
+    "skeletons": ("dvidshards.jobs.skeletons:SkeletonsCommand",
+                  "skeletons of every body (kimimaro on blocks, one tree per connected piece, nm) as sharded "
+                  "precomputed and/or SWC"),
     "downsample": ("dvidshards.jobs.downsample:DownsampleCommand",
                    "make the scales an export lacks the way DVID makes its pyramid (a DVID export beside it)"),
     "pcg-edges": ("dvidshards.jobs.pcg:PcgEdgesCommand",
