@@ -1,33 +1,24 @@
 """A scale of an export as a dask array over the bulk reader (``Dataset.to_dask``).
 
-Each block of the dask array is one ``ds.read(box, ...)`` call of a box aligned to the export's
-chunk grid (block sides are multiples of the 64³ chunk, so no chunk is decoded by two blocks);
-the first and last blocks along an axis are cut by the volume (or the ``box`` asked for). The
-graph is lazy (one blockwise layer: nothing per block is built until dask needs it), and its
-tasks pickle the dataset, not data, so they run on any dask scheduler.
-
-dask is optional (``pip install 'dvidshards[dask]'``). The dataset is duck-typed (``scale``,
-``read``), as in :mod:`dvidshards.query`: this module sits below ``dataset.py``.
+Each block is one ``ds.read(box, ...)`` of a box aligned to the chunk grid (no chunk is decoded
+by two blocks); the first and last blocks along an axis are cut by the volume or ``box``.  The
+graph is one lazy blockwise layer whose tasks pickle the dataset, not data, so they run on any
+dask scheduler.  dask is optional (``pip install 'dvidshards[dask]'``).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
 from .errors import SpecError
 from .formats.labels import as_labels
+from .formats.multiscale import Scale
+from .protocol import DatasetLike
 
 __all__ = ["block_boxes", "to_dask"]
-
-
-def _dask_array():
-    try:
-        import dask.array as da
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("to_dask needs dask: pip install 'dvidshards[dask]'") from e
-    return da
 
 
 def _edges(lo: int, hi: int, step: int) -> list[int]:
@@ -36,7 +27,7 @@ def _edges(lo: int, hi: int, step: int) -> list[int]:
     return [lo, *range(first, hi, step), hi]
 
 
-def block_boxes(s, chunks=None, box=None) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+def block_boxes(s: Scale, chunks: Any = None, box: Any = None) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
     """(lo, hi, per-axis block boundaries) of the blocks of a scale (see `to_dask`)."""
     cs = np.asarray(s.chunk_size, np.int64)
     vlo = np.asarray(s.voxel_offset, np.int64)
@@ -59,37 +50,34 @@ def block_boxes(s, chunks=None, box=None) -> tuple[np.ndarray, np.ndarray, list[
     return lo, hi, edges
 
 
-def _read_block(ds, scale, labels, edges, fill_missing_shards, block_id=None):
+def _read_block(ds: DatasetLike, scale: int, labels: Any, edges, fill_missing_shards: bool, block_id=None):
     i, j, k = block_id
     box = [[edges[0][i], edges[1][j], edges[2][k]], [edges[0][i + 1], edges[1][j + 1], edges[2][k + 1]]]
     return ds.read(box, scale=scale, labels=labels, threads=1, fill_missing_shards=fill_missing_shards)
 
 
-def to_dask(ds, scale=0, labels="agglomerated", *, chunks=None, box=None, fill_missing_shards: bool = False):
-    """A scale as a lazy ``dask.array.Array`` (x, y, z) of uint64, one bulk read per block.
+def to_dask(ds: DatasetLike, scale: int | Scale = 0, labels: Any = "agglomerated", *, chunks: Any = None,
+            box: Any = None, fill_missing_shards: bool = False) -> Any:
+    """A scale as a lazy ``dask.array.Array`` (x, y, z) of uint64, one single-threaded bulk read per
+    block (dask runs blocks in parallel).
 
     Parameters
     ----------
-    ds : Dataset
-    scale : int
-        Folder number.
+    ds : DatasetLike
+    scale : int or Scale
     labels : "agglomerated", "supervoxels" or a mapping
         Voxel values (see ``Dataset.read``).
     chunks : int or (x, y, z), optional
-        Block size in voxels: multiples of the export's chunk size (default 256³). Blocks are
-        aligned to the chunk grid, so the first and last along an axis may be smaller.
+        Block size in voxels, multiples of the chunk size (default 256³), aligned to the chunk grid.
     box : [[x0, y0, z0], [x1, y1, z1]], optional
         Only this part of the volume (default: all of it); index 0 of the array is ``x0``.
     fill_missing_shards : bool
         Read missing shard files as background instead of raising ``MissingShardError``.
-
-    Returns
-    -------
-    dask.array.Array
-        Shape ``hi - lo``; each block is decoded with one thread (dask runs blocks in
-        parallel).
     """
-    da = _dask_array()
+    try:
+        import dask.array as da
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("to_dask needs dask: pip install 'dvidshards[dask]'") from e
     s = ds.scale(scale)
     src = as_labels(labels)
     _, _, edges = block_boxes(s, chunks, box)
