@@ -260,3 +260,26 @@ def test_the_real_mcns_shard_bodies_at_32nm(real_export, tmp_path):
         ours[b] = Skeleton(sk.vertices - lo * 32, sk.edges, sk.radii)
         check(vol, b, ours[b], 32.0, dust=1000)
     close_to(ours, whole, worst=1.5)  # real bodies: a branch more or less can double a short body (3 % in total)
+
+
+def test_into_a_bucket_with_its_work_folder_there(neurons, output):
+    """skeletons into s3:// (moto): partial files in DEST.work in the bucket, the output equals a local
+    run's byte for byte, the work folder is empty once complete, and one body reads back from there."""
+    from tests.support.servers import MotoS3
+
+    local, _ = output
+    with MotoS3() as s3:
+        c = s3.bucket("skel")
+        url = f"s3://skel/d?endpoint_override=127.0.0.1:{s3.port}&scheme=http&region={s3.REGION}"
+        rep = skeletons(neurons.dataset(), url, formats=("precomputed", "swc"), scheduler="threads:2", progress=False)
+        keys = {o["Key"] for o in c.list_objects_v2(Bucket="skel")["Contents"]}
+        got = {k[2:]: c.get_object(Bucket="skel", Key=k)["Body"].read() for k in keys
+               if k.startswith("d/") and not k.endswith(".json") and not k.endswith(".lock")}
+        b = int(next(k for k in got if k.startswith("swc/"))[4:-4])
+        remote = SkeletonOutput(url).get(b)
+    assert rep.ok and not [k for k in keys if k.startswith("d.work/") and not k.endswith(".lock")]
+    want = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()
+            and p.name != "_dvidshards.json"}
+    assert got == want
+    here = SkeletonOutput(local).get(b)
+    assert remote is not None and here is not None and np.array_equal(remote.vertices, here.vertices)
