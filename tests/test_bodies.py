@@ -70,15 +70,15 @@ def test_size_box_mask_equal_brute_force(exp, ds):
         for labels in ("agglomerated", "supervoxels", _mapping(exp)):
             vol = exp.expected(scale, labels)
             for b in _some_ids(vol, 3):
-                body = Body(ds, b, scale, labels)
+                body = Body(ds, b, scale=scale, labels=labels)
                 size, box, mask = _brute(vol, b)
-                assert body.size == size
-                assert body.box == box
+                assert body.size() == size
+                assert body.box() == box
                 got = body.mask()
                 assert got.box == box
                 np.testing.assert_array_equal(got.mask, mask)
                 chunks = {tuple(c) for c in (np.argwhere(vol == b) // 64).tolist()}
-                assert {tuple(c) for c in body.chunks.tolist()} == chunks
+                assert {tuple(c) for c in body.chunks().tolist()} == chunks
 
 
 def test_label_index_answers_the_same(exp, ds, tmp_path):
@@ -86,9 +86,9 @@ def test_label_index_answers_the_same(exp, ds, tmp_path):
     label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     for b in _some_ids(vol, 4):
         plain, indexed = Body(ds, b), Body(ds, b, index=tmp_path / "idx")
-        np.testing.assert_array_equal(indexed.chunks, plain.chunks)
-        assert indexed.size == plain.size == int((vol == b).sum())
-        assert indexed.box == plain.box
+        np.testing.assert_array_equal(indexed.chunks(), plain.chunks())
+        assert indexed.size() == plain.size() == int((vol == b).sum())
+        assert indexed.box() == plain.box()
         np.testing.assert_array_equal(indexed.supervoxels(), plain.supervoxels())
         np.testing.assert_array_equal(indexed.supervoxels(), np.unique(exp.sv[vol == b]))
         assert indexed.sparsevol() == plain.sparsevol()
@@ -119,7 +119,7 @@ def test_sparsevol_bytes_equal_the_reference(exp, ds):
             assert body.sparsevol_coarse() == reference_coarse(mask, box[0])
             runs = decode(body.sparsevol(order="zyx"))
             np.testing.assert_array_equal(mask_from_runs(runs, *box), mask)
-            assert SV.voxel_count(decode(got)) == body.size
+            assert SV.voxel_count(decode(got)) == body.size()
     vol = exp.expected(1)
     b = _some_ids(vol, 1)[0]
     _, box, mask = _brute(vol, b)
@@ -138,14 +138,14 @@ def real_ds(dvid_data, tmp_path_factory):
 
 def test_sparsevol_of_a_real_body(real_ds):
     body = Body(real_ds, 1538452683, scale=1)  # 22 chunks of the real shard, runs across block faces
-    c = body.chunks
+    c = body.chunks()
     assert len(c) == 22
     lo, hi = c.min(axis=0) * 64, (c.max(axis=0) + 1) * 64
     vol = real_ds.open(1)[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result()  # TensorStore
     mask = vol == np.uint64(body.id)
     idx = np.argwhere(mask)
-    assert body.size == int(mask.sum())
-    assert body.box == [(idx.min(axis=0) + lo).tolist(), (idx.max(axis=0) + 1 + lo).tolist()]
+    assert body.size() == int(mask.sum())
+    assert body.box() == [(idx.min(axis=0) + lo).tolist(), (idx.max(axis=0) + 1 + lo).tolist()]
     got = body.sparsevol()
     assert got == reference_rles(mask, lo)
     assert body.sparsevol_coarse() == reference_coarse(mask, lo)
@@ -195,9 +195,9 @@ def test_bad_ids_and_absent_bodies(ds):
         with pytest.raises(SpecError):
             Body(ds, bad)
     body = Body(ds, 123456789)  # no such body
-    assert not body.exists() and len(body.chunks_at()) == 0
-    for ask in (lambda: body.chunks, lambda: body.size, lambda: body.box, body.mask, body.runs, body.sparsevol,
-                body.sparsevol_coarse, body.supervoxels, body.mesh, lambda: body.size_at(1)):
+    assert not body.exists() and len(body.chunks(missing_ok=True)) == 0
+    for ask in (body.chunks, body.size, body.box, body.mask, body.runs, body.sparsevol,
+                body.sparsevol_coarse, body.supervoxels, body.mesh, lambda: body.size(1), lambda: body.chunks(1)):
         with pytest.raises(NotFoundError, match="123456789 is not in this export at scale"):
             ask()
     assert len(body.mesh(chunks=[[0, 0, 0]]).faces) == 0  # chunks given: an empty mesh, as the viewer asks
@@ -211,28 +211,28 @@ def test_a_supervoxel_passed_as_a_body_is_named(exp, ds, tmp_path):
     s, b = (int(v) for v in next(p for p in pairs if p[0] != p[1] and not (vol == p[0]).any()))
     body = Body(ds, s)
     assert not body.exists()
-    for ask in (lambda: body.size, lambda: body.box, body.sparsevol, lambda: body.chunks):
+    for ask in (body.size, body.box, body.sparsevol, body.chunks):
         with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b} at scale 0"):
             ask()
-    assert Body(ds, s, labels="supervoxels").size == int((sv == s).sum())
+    assert Body(ds, s, labels="supervoxels").size() == int((sv == s).sum())
     small = np.zeros((70, 64, 64), np.uint64)  # bodies whose ids are no supervoxel's
     small[:40], small[40:] = 11, 12
     from dvidshards.writer import write_export
 
     write_export(small, tmp_path / "small", mapping={11: 900, 12: 900})
     other = dvidshards.Dataset(str(tmp_path / "small"))
-    assert Body(other, 900).size == small.size
+    assert Body(other, 900).size() == small.size
     with pytest.raises(NotFoundError, match="900 is a body at scale 0, not a supervoxel"):
-        Body(other, 900, labels="supervoxels").size_at()
+        Body(other, 900, labels="supervoxels").size()
     with pytest.raises(NotFoundError, match="11 is a supervoxel of body 900 at scale 0"):
-        Body(other, 11).box_at()
+        Body(other, 11).box()
     label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     indexed = Body(ds, s, index=tmp_path / "idx")
     assert not indexed.exists()  # from the index's rows: no scan
     with pytest.raises(NotFoundError, match="not in the label index"):
         indexed.sparsevol()
     with pytest.raises(NotFoundError, match=f"{s} is a supervoxel of body {b}"):
-        ds.body(s).size_at()
+        ds.body(s).size()
 
 
 def test_index_of_scale_0_finds_the_chunks_of_scale_1(exp, ds, tmp_path, monkeypatch):
@@ -243,13 +243,13 @@ def test_index_of_scale_0_finds_the_chunks_of_scale_1(exp, ds, tmp_path, monkeyp
     label_index(ds, tmp_path / "idx", scale=0, scheduler="serial")
     vol1 = exp.expected(1)
     for b in _some_ids(vol1, 4):
-        plain = Body(ds, b, 1)
-        want, rles = plain.chunks, plain.sparsevol()
+        plain = Body(ds, b, scale=1)
+        want, rles = plain.chunks(), plain.sparsevol()
         with monkeypatch.context() as m:
             m.setattr(B, "chunks_with", lambda *a, **k: pytest.fail("scanned the lists"))
-            body = Body(ds, b, 1, index=tmp_path / "idx")
-            np.testing.assert_array_equal(body.chunks, want)
-            assert body.size == int((vol1 == b).sum())
+            body = Body(ds, b, scale=1, index=tmp_path / "idx")
+            np.testing.assert_array_equal(body.chunks(), want)
+            assert body.size() == int((vol1 == b).sum())
             assert body.sparsevol() == rles
 
 
@@ -299,3 +299,12 @@ def test_body_command(exp, ds, tmp_path, body_cli, capsys):
     assert ".ply or .obj" in capsys.readouterr().err
     assert body_cli(["body", exp.root, "abc"]) == 2
     assert not (tmp_path / "b.stl").exists()
+
+
+def test_body_options_are_keywords_and_its_answers_methods(ds, exp):
+    b = _some_ids(exp.expected(0), 1)[0]
+    for positional in (lambda: Body(ds, b, 0), lambda: Body(ds, b).sparsevol(0, "zyx"),
+                       lambda: Body(ds, b).sparsevol_coarse(0, None), lambda: Body(ds, b).chunks(0, True)):
+        with pytest.raises(TypeError, match="positional argument"):
+            positional()
+    assert not [k for k, v in vars(Body).items() if isinstance(v, property)]  # a property never reads
