@@ -1,32 +1,18 @@
-"""Meshing primitives on numpy label arrays: marching cubes per cell, welding, simplification.
+"""Meshing primitives on numpy label arrays: marching cubes per cell, welding, file formats.
 
-Geometry conventions (all vectors x, y, z):
-
-* Vertices are in *voxel corner* coordinates of the scale: voxel ``i`` spans ``[i, i + 1)``
-  (neuroglancer's convention; nm = coordinate x resolution, see `to_nm`).
-* zmesh's marching cubes runs on voxel centres, so a block meshes the cubes between the
-  centres it holds and its surface lies half a voxel inside the block. Meshing cells are
-  therefore the cubes between centres ``c .. c + cell`` (corner box ``[c + 0.5, c + cell +
-  0.5]``): a cell's cutout is its chunk plus **one voxel of overlap on the + sides** (as
-  igneous' ``MeshTask``, ``high_padding=1``), and neighbouring cells meet exactly on the
-  shared plane through voxel centres, where both produce the same vertices from the same
-  voxels. `MeshGrid` lays the cells over a volume, with one extra cell on the low side and
-  zero padding outside the volume so bodies touching the volume's faces come out closed.
-* `merge_fragments` welds the fragments of one body (identical positions become one vertex):
-  a body meshed cell by cell and merged is watertight (`is_watertight`).
-* `simplify` and `mesh_block`'s reduction use zmesh's quadric simplifier (Zlateski's
-  ``zi::mesh::simplifier``), which never moves a vertex on an open boundary: cell fragments
-  simplified on their own still meet their neighbours exactly. (``zmesh.simplify_fqmr`` with
-  ``preserve_border=True`` does *not* keep them; it is not used.)
-
-What the meshes job then does to a body's surface (decimation, cavities, inflation, welding
-pieces) is `formats.meshreduce`. zmesh is optional (``pip install 'dvidshards[mesh]'``) and
-imported on use.
+Vertices are in voxel corner coordinates of the scale (voxel ``i`` spans ``[i, i + 1)``, as in
+neuroglancer; `to_nm` scales them). zmesh's marching cubes runs on voxel centres, so the cell of
+chunk ``c`` meshes the cubes between centres ``c * chunk .. (c + 1) * chunk``: its cutout is the
+chunk plus one voxel on the + sides (igneous' ``high_padding=1``), neighbouring cells produce
+identical vertices on their shared plane, and `merge_fragments` welds them into a closed
+surface. zmesh's quadric simplifier never moves a vertex on an open boundary, so fragments
+simplified apart still meet (``simplify_fqmr(preserve_border=True)`` does not keep them:
+unused). What the meshes job does to a body's surface afterwards is `formats.meshreduce`. zmesh
+is optional, imported on use.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +24,9 @@ from ..errors import DvidShardsError
 from . import jit
 
 __all__ = [
-    "LATTICE",
     "Mesh",
     "MeshError",
-    "MeshGrid",
     "box_faces",
-    "cut_padded",
     "enclosed_volume",
     "is_watertight",
     "mesh_block",
@@ -51,14 +34,11 @@ __all__ = [
     "on_box",
     "merge_fragments",
     "volume_area",
-    "simplify",
     "to_nm",
     "to_obj",
     "to_ply",
 ]
 
-#: vertices handed to the simplifier are snapped to 1/LATTICE voxel (zmesh packs coordinates)
-LATTICE = 16
 _INSTALL = "pip install 'dvidshards[mesh]'"
 
 
@@ -102,31 +82,12 @@ class Mesh:
 
 
 def to_nm(mesh: Mesh, resolution: Any, voxel_offset: Any = (0, 0, 0)) -> Mesh:
-    """Vertices in nanometres: ``(vertex + voxel_offset) * resolution``.
-
-    Parameters
-    ----------
-    mesh : Mesh
-        Vertices in voxel corner coordinates of the scale.
-    resolution : sequence of 3 float
-        nm per voxel of the scale.
-    voxel_offset : sequence of 3 number, optional
-        Added first, for meshes built relative to a block.
-
-    Returns
-    -------
-    Mesh
-    """
+    """Vertices in nanometres: ``(vertex + voxel_offset) * resolution`` (nm per voxel)."""
     res = np.asarray(resolution, np.float64).reshape(-1)
     if res.shape != (3,) or not np.all(res > 0):
         raise MeshError(f"resolution must be 3 positive numbers, got {resolution!r}")
     v = (mesh.vertices.astype(np.float64) + np.asarray(voxel_offset, np.float64)) * res
     return Mesh(v.astype(np.float32), mesh.faces)
-
-
-# --------------------------------------------------------------------------------------
-# cells over a volume
-# --------------------------------------------------------------------------------------
 
 
 def _triple(v: Any, what: str) -> tuple[int, int, int]:
@@ -136,122 +97,6 @@ def _triple(v: Any, what: str) -> tuple[int, int, int]:
     if len(t) != 3 or any(int(x) != x for x in v):
         raise MeshError(f"{what} must be 3 integers, got {v!r}")
     return t[0], t[1], t[2]
-
-
-@dataclass(frozen=True)
-class MeshGrid:
-    """Meshing cells over a volume ``[offset, offset + size)`` (voxels of one scale).
-
-    Cell ``(i, j, k)`` meshes the cubes between voxel centres ``c .. c + cell`` with
-    ``c = offset - cell + cell * index``; its corner box is ``[origin + cell * index,
-    origin + cell * (index + 1)]`` with ``origin = offset + 0.5 - cell``. Cell ``1 + n`` holds
-    chunk ``n`` of the volume's chunk grid (plus its + side overlap); cells with a 0 index
-    hold only the thin layer between the zero padding and the volume's low faces. Fragments
-    of one cell stay inside its box, so these cells can be the finest octree nodes of a
-    multi-resolution mesh (`dvidshards.formats.multilod`).
-
-    Parameters
-    ----------
-    offset : sequence of 3 int
-        Voxel offset of the volume.
-    size : sequence of 3 int
-        Volume size in voxels.
-    cell : int or sequence of 3 int, optional
-        Cell edge in voxels (the chunk size, 64).
-    """
-
-    offset: tuple[int, int, int]
-    size: tuple[int, int, int]
-    cell: tuple[int, int, int] = (64, 64, 64)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "offset", _triple(self.offset, "offset"))
-        object.__setattr__(self, "size", _triple(self.size, "size"))
-        object.__setattr__(self, "cell", _triple(self.cell, "cell"))
-        if min(self.size) < 1 or min(self.cell) < 1:
-            raise MeshError(f"size {self.size} and cell {self.cell} must be positive")
-
-    @property
-    def origin(self) -> tuple[float, float, float]:
-        """Corner coordinate of cell (0, 0, 0): ``offset + 0.5 - cell``."""
-        return tuple(o + 0.5 - c for o, c in zip(self.offset, self.cell, strict=True))  # type: ignore[return-value]
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """Cells per axis: the volume's chunk count plus one."""
-        return tuple(-(-s // c) + 1 for s, c in zip(self.size, self.cell, strict=True))  # type: ignore[return-value]
-
-    def cell_of_chunk(self, chunk: Any) -> tuple[int, int, int]:
-        """Cell index holding chunk ``chunk`` of the volume's chunk grid (``chunk + 1``)."""
-        return tuple(int(v) + 1 for v in _triple(chunk, "chunk"))  # type: ignore[return-value]
-
-    def box(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Corner-coordinate box ``(lo, hi)`` (float64) of a cell."""
-        i = np.asarray(_triple(index, "cell index"), np.float64)
-        c = np.asarray(self.cell, np.float64)
-        lo = np.asarray(self.origin) + c * i
-        return lo, lo + c
-
-    def cutout(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        """Voxel box ``[lo, hi)`` to mesh for a cell, or None when the cell has no cube.
-
-        The box may reach one voxel outside the volume on either side; those voxels are
-        background (`cut_padded` fills them with 0).
-        """
-        i = np.asarray(_triple(index, "cell index"), np.int64)
-        if (i < 0).any() or (i >= np.asarray(self.shape)).any():
-            raise MeshError(f"cell {tuple(i.tolist())} is outside the grid {self.shape}")
-        c, off, size = (np.asarray(v, np.int64) for v in (self.cell, self.offset, self.size))
-        first = off - c + c * i  # first centre of the cell
-        lo = np.maximum(first, off - 1)
-        hi = np.minimum(first + c, off + size) + 1
-        if (hi - lo < 2).any():
-            return None
-        return lo, hi
-
-    def cells(self) -> Iterable[tuple[int, int, int]]:
-        """Every cell index with a cutout, x fastest."""
-        for k in range(self.shape[2]):
-            for j in range(self.shape[1]):
-                for i in range(self.shape[0]):
-                    if self.cutout((i, j, k)) is not None:
-                        yield (i, j, k)
-
-
-def cut_padded(volume: Any, volume_offset: Any, lo: Any, hi: Any) -> np.ndarray:
-    """The box ``[lo, hi)`` of an in-memory volume ``[x, y, z]``, zero outside it.
-
-    Parameters
-    ----------
-    volume : numpy.ndarray, shape (nx, ny, nz)
-    volume_offset : sequence of 3 int
-        Voxel coordinate of ``volume[0, 0, 0]``.
-    lo, hi : sequence of 3 int
-
-    Returns
-    -------
-    numpy.ndarray of the volume's dtype, shape ``hi - lo``
-    """
-    vol = np.asarray(volume)
-    if vol.ndim != 3:
-        raise MeshError(f"volume must be 3-d, got shape {vol.shape}")
-    off = np.asarray(_triple(volume_offset, "volume offset"), np.int64)
-    lo_, hi_ = (np.asarray(_triple(v, "box corner"), np.int64) for v in (lo, hi))
-    if (hi_ < lo_).any():
-        raise MeshError(f"bad box {lo_.tolist()}..{hi_.tolist()}")
-    out = np.zeros(tuple(hi_ - lo_), vol.dtype)
-    a = np.maximum(lo_, off)
-    b = np.minimum(hi_, off + np.asarray(vol.shape))
-    if (b > a).all():
-        src = tuple(slice(int(x - o), int(y - o)) for x, y, o in zip(a, b, off, strict=True))
-        dst = tuple(slice(int(x - s), int(y - s)) for x, y, s in zip(a, b, lo_, strict=True))
-        out[dst] = vol[src]
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# marching cubes
-# --------------------------------------------------------------------------------------
 
 
 def mesh_block(
@@ -264,9 +109,8 @@ def mesh_block(
 ) -> dict[int, Mesh]:
     """Marching cubes of the labels of a block (zmesh), vertices in corner coordinates.
 
-    The block covers the cubes between the voxel centres it holds: for seamless cells cut it
-    out with `MeshGrid.cutout` (one voxel of overlap on the + sides). Each label gets its
-    own surface (a body split into supervoxels must be relabelled to body ids first).
+    The block covers the cubes between the voxel centres it holds (for seamless cells, its chunk
+    and one voxel on the + sides); each label gets its own surface.
 
     Parameters
     ----------
@@ -277,18 +121,16 @@ def mesh_block(
     labels : sequence of int, optional
         Labels to return (default: every non-zero label present).
     reduction_factor : int, optional
-        zmesh simplification target (faces / factor); 0 keeps the marching-cubes mesh.
-        Vertices on the block's faces are never moved; a vertex the simplifier puts outside the
-        label's voxel box or the cubes' box (``[0.5, shape - 0.5]``) is clipped back onto them,
-        so a simplified body stays inside its voxel box and its fragments inside their cells.
+        zmesh simplification target (faces / factor); 0 keeps the marching-cubes mesh. Vertices
+        on the block's faces never move; one the simplifier puts outside the label's voxel box or
+        the cubes' box is clipped back, so fragments stay inside their cells.
     max_error : float, optional
-        zmesh's error bound for that simplification (its ``Mesher.get(max_error=)`` at voxel
-        resolution 1).
+        zmesh's error bound for that simplification (voxel resolution 1).
 
     Returns
     -------
     dict of int to Mesh
-        One mesh per label with faces; labels absent from the block are left out.
+        One mesh per label with faces.
 
     Raises
     ------
@@ -342,10 +184,9 @@ _DIAGONALS = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.int64)  #
 
 @numba.njit(nogil=True, cache=True)
 def _corner_contacts_kernel(b, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Cubes (i, j, k: their low voxel, axes as ``b``'s) of a C-ordered ``b`` in which one label holds
-    exactly two opposite corners: rows (i, j, k, diagonal, label) into ``out`` (diagonal 0: from the
-    cube's low corner, 1, 2, 3: from the corner one step along axis 0, 1, 2); returns how many there
-    are (rows past ``out``'s length are counted, not written)."""
+    """Rows (i, j, k, diagonal, label) of the cubes of C-ordered ``b`` in which one label holds
+    exactly two opposite corners (diagonal 0 from the low corner, 1-3 from one step along axis
+    0-2); returns their count (rows past ``out`` are counted, not written)."""
     ni, nj, nk = b.shape
     n = 0
     for i in range(ni - 1):
@@ -384,9 +225,8 @@ _contacts = jit.kernel(_corner_contacts_kernel, [numba.int64(numba.uint64[:, :, 
 
 
 def _corner_contacts(b: np.ndarray) -> dict[int, np.ndarray] | None:
-    """{label: (n, 4) rows (x, y, z, diagonal)} of the cubes of an (x, y, z) block where the label's
-    voxels meet only at a corner (diagonal: 0 from the cube's low corner, 1, 2, 3 from the corner one
-    step along x, y, z); None when there are none."""
+    """``{label: (n, 4) rows (x, y, z, diagonal)}`` of the cubes of an (x, y, z) block where the
+    label's voxels meet only at a corner; None when there are none."""
     flip = not b.flags.c_contiguous and b.flags.f_contiguous  # mesh_cells' blocks: (z, y, x) in memory
     a = b.T if flip else b
     a = np.ascontiguousarray(a, dtype=np.uint64)
@@ -406,13 +246,10 @@ def _corner_contacts(b: np.ndarray) -> dict[int, np.ndarray] | None:
 
 
 def _bridge(v: np.ndarray, faces: np.ndarray, contacts: np.ndarray) -> np.ndarray:
-    """Join a label's voxels that meet only at a corner: in each such cube, the two corner caps
-    marching cubes made (one triangle each, facing each other) become a three-sided tube between them,
-    wound as the caps were, so the surface stays closed and oriented and the two pieces are one.
-
-    ``v`` are the label's vertices in voxel-centred coordinates of the block (voxel i at i + 0.5).
-    A cube whose caps are not found as expected is left as it is.
-    """
+    """Join a label's voxels that meet only at a corner: the two caps marching cubes made in each
+    such cube become a three-sided tube wound as they were (zmesh leaves them apart), so the
+    surface stays closed, oriented and one piece. ``v`` is voxel-centred; a cube whose caps are
+    not found as expected is left alone."""
     key = np.round(np.asarray(v, np.float64) * 2).astype(np.int64)  # half voxels: exact
     vk = (key[:, 0] << 42) | (key[:, 1] << 21) | key[:, 2]
     order = np.argsort(vk)
@@ -438,8 +275,7 @@ def _bridge(v: np.ndarray, faces: np.ndarray, contacts: np.ndarray) -> np.ndarra
     for x, y, z, d in contacts.tolist():
         c0 = np.array([x, y, z]) + _DIAGONALS[d]
         c1 = 2 * np.array([x, y, z]) + 1 - c0
-        s = c1 - c0  # +-1 per axis: from corner A towards corner B
-        # in half voxels, voxel i's centre is 2 i + 1; a cap vertex sits half way along a cube edge
+        s = c1 - c0  # +-1 per axis, from corner A towards B; in half voxels a centre is 2 i + 1
         ca, cb = 2 * c0 + 1, 2 * c1 + 1
         ua = [vertex(ca + s * np.eye(3, dtype=np.int64)[ax]) for ax in range(3)]
         ub = [vertex(cb - s * np.eye(3, dtype=np.int64)[ax]) for ax in range(3)]
@@ -469,7 +305,6 @@ def _bridge(v: np.ndarray, faces: np.ndarray, contacts: np.ndarray) -> np.ndarra
 
 
 def _label_box(b: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) voxel index per axis of ``label`` in ``b``."""
     m = b == np.uint64(label)
     lo, hi = np.zeros(3), np.asarray(b.shape, np.float64) - 1  # absent: the whole block
     for ax in range(3):
@@ -480,15 +315,15 @@ def _label_box(b: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _faces(arr: np.ndarray | None) -> Any:
-    """The three low faces of a decoded (z, y, x) chunk: x = 0 (z, y), y = 0 (z, x), z = 0 (y, x)."""
+    """The low faces of a (z, y, x) chunk: x = 0 (z, y), y = 0 (z, x), z = 0 (y, x)."""
     if arr is None or not arr.any():
         return None
     return arr[:, :, 0].copy(), arr[:, 0, :].copy(), arr[0, :, :].copy()
 
 
 def _label_counts(arr: np.ndarray) -> dict[int, int]:
-    """{label: voxels} of the non-zero labels of an array, counted over its runs (a third of
-    ``np.unique``'s sort on a 64³ chunk of a few dozen labels)."""
+    """``{label: voxels}`` of the non-zero labels, counted over runs (a third of ``np.unique``'s
+    sort on a 64³ chunk of a few dozen labels)."""
     f = arr.reshape(-1)
     if not f.size:
         return {}
@@ -514,39 +349,32 @@ def mesh_cells(
     """Mesh the cells of some chunks, each chunk decoded once, neighbours' faces borrowed.
 
     The cell of chunk ``c`` meshes the cubes between the voxel centres ``c * chunk .. (c + 1) *
-    chunk`` (its cutout is the chunk plus one voxel on the + sides, corner box ``[c * chunk +
-    0.5, (c + 1) * chunk + 0.5]``): the cell `MeshGrid` numbers ``c + 1`` on a grid whose
-    offset is a multiple of ``chunk``. Neighbouring cells meet exactly, so the fragments of a
-    body weld into one watertight surface (`merge_fragments`). A volume's first cell along an
-    axis is that of chunk ``-1`` relative to it (``decode`` returns None outside the volume).
-
-    Cells are visited in descending (z, y, x) order: a cell's + neighbours are decoded before
-    it, and only their low faces are kept, for two planes of chunks at most.
+    chunk``, so the fragments of a body weld into one watertight surface (`merge_fragments`).
+    Cells are visited in descending (z, y, x) order, keeping the low faces of two planes of
+    chunks at most.
 
     Parameters
     ----------
     decode : callable
-        ``chunk (x, y, z) -> (z, y, x)`` array of shape ``(chunk,) * 3`` of unsigned labels,
-        or None for an all-background chunk (absent, outside the volume). Called once per
-        chunk of ``chunks`` and once per + neighbour outside them.
+        ``chunk (x, y, z) -> (z, y, x)`` unsigned array of shape ``(chunk,) * 3``, or None for
+        background (absent, outside the volume). Called once per chunk and + neighbour.
     chunks : array_like of int, shape (n, 3)
-        Chunk coordinates (x, y, z) whose cells to mesh; duplicates are ignored.
+        Chunk coordinates (x, y, z) to mesh; duplicates are ignored.
     chunk : int, optional
         Chunk edge in voxels.
     labels : sequence of int, optional
         Labels to mesh (default: every non-zero label).
     reduction_factor, max_error :
-        Per-cell simplification (see `mesh_block`); vertices on cell faces never move.
+        Per-cell simplification (see `mesh_block`).
     voxels : bool, optional
-        Also yield the voxel count of each non-zero label in the chunk itself (not its
-        neighbours), and yield chunks that hold labels but no surface too.
+        Also yield each non-zero label's voxel count in the chunk itself, and chunks with labels
+        but no surface.
 
     Yields
     ------
     (x, y, z), dict of int to Mesh[, dict of int to int]
-        A chunk of ``chunks`` and the meshes of its cell in absolute voxel corner
-        coordinates (and, with ``voxels``, its label counts); cells without a surface (or
-        label) are skipped.
+        A chunk and its cell's meshes in absolute corner coordinates (with ``voxels``, its label
+        counts); cells without a surface are skipped.
     """
     n = int(chunk)
     if n < 2:
@@ -624,11 +452,6 @@ def mesh_cells(
             yield key, out
 
 
-# --------------------------------------------------------------------------------------
-# files
-# --------------------------------------------------------------------------------------
-
-
 def to_ply(mesh: Mesh) -> bytes:
     """Binary little-endian PLY bytes of a mesh (float32 x, y, z; uint32 triangle indices)."""
     head = (f"ply\nformat binary_little_endian 1.0\ncomment dvidshards\nelement vertex {len(mesh.vertices)}\n"
@@ -647,26 +470,9 @@ def to_obj(mesh: Mesh) -> bytes:
     return ("# dvidshards\n" + v + f).encode()
 
 
-# --------------------------------------------------------------------------------------
-# welding, checks, volume
-# --------------------------------------------------------------------------------------
-
-
 def merge_fragments(fragments: Iterable[Mesh]) -> Mesh:
-    """One mesh from fragments of one body, vertices at identical positions welded.
-
-    Fragments made cell by cell share their vertices on the cell planes exactly (same
-    float32 values), so welding by exact position closes the seams. Faces that become
-    degenerate (two equal corners) are dropped.
-
-    Parameters
-    ----------
-    fragments : iterable of Mesh
-
-    Returns
-    -------
-    Mesh
-    """
+    """One mesh from fragments of one body, vertices at identical positions welded (cells share
+    their plane's vertices exactly, so this closes the seams); degenerate faces are dropped."""
     frs = [f for f in fragments if len(f.faces)]
     if not frs:
         return Mesh.empty()
@@ -675,7 +481,7 @@ def merge_fragments(fragments: Iterable[Mesh]) -> Mesh:
     faces = np.concatenate([f.faces.astype(np.int64) + s for f, s in zip(frs, starts, strict=True)])
     key = np.ascontiguousarray(v).view(np.dtype((np.void, 12))).reshape(-1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    # keep vertices in order of first appearance: deterministic, independent of float sort order
+    # vertices in order of first appearance: independent of float sort order
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -737,60 +543,9 @@ def enclosed_volume(vertices: Any, faces: Any) -> float:
     return float(np.einsum("ij,ij->i", a, np.cross(b, d)).sum() / 6.0)
 
 
-# --------------------------------------------------------------------------------------
-# simplification and cutting
-# --------------------------------------------------------------------------------------
-
-
-def simplify(mesh: Mesh, reduction_factor: int, max_error: float = 8) -> Mesh:
-    """zmesh's quadric simplifier; vertices on open boundaries stay where they are.
-
-    Vertices are first snapped to a 1/`LATTICE` voxel lattice (zmesh packs coordinates
-    into integers; snapping keeps boundary vertices, which lie on half voxels, exact).
-
-    Parameters
-    ----------
-    mesh : Mesh
-        Vertices in voxel units (any origin); the extent must be under 65536 voxels.
-    reduction_factor : int
-        Target face count = faces / factor (stops early where ``max_error`` binds).
-    max_error : float, optional
-        Error bound on the same scale as `mesh_block`'s.
-
-    Returns
-    -------
-    Mesh
-
-    Raises
-    ------
-    MeshError
-        If the mesh is too large for zmesh's packed coordinates.
-    ImportError
-        If zmesh is not installed.
-    """
-    zmesh = _zmesh()
-    if int(reduction_factor) < 1 or max_error < 0:
-        raise MeshError("reduction_factor must be >= 1 and max_error >= 0")
-    if not len(mesh.faces):
-        return Mesh.empty()
-    v = mesh.vertices.astype(np.float64)
-    base = np.floor(v.min(axis=0))
-    q = np.round((v - base) * LATTICE)
-    if q.max() >= (1 << 20):
-        raise MeshError(f"mesh spans {q.max() / LATTICE:.0f} voxels; zmesh packs at most "
-                        f"{(1 << 20) // LATTICE}")
-    r = 2.0 / LATTICE  # zmesh voxel_res whose half-voxel packing is the lattice
-    lattice = zmesh.Mesh((q / LATTICE * 1.0).astype(np.float32), mesh.faces, normals=None)
-    norm = math.sqrt(3) * r
-    s = zmesh.Mesher((r, r, r)).simplify(
-        lattice, reduction_factor=int(reduction_factor), max_error=(float(max_error) + 0.5) * norm)
-    out = s.vertices.astype(np.float64) + base
-    return Mesh(out.astype(np.float32), s.faces)
-
-
 def box_faces(vertices: Any, lo: Any, hi: Any) -> np.ndarray:
-    """uint8 bits of the faces of the box ``[lo, hi]`` each vertex lies on exactly (bit 0: x = lo,
-    1: x = hi, 2: y = lo, 3: y = hi, 4: z = lo, 5: z = hi): `decimate`'s ``locked``."""
+    """uint8 bits of the faces of the box ``[lo, hi]`` each vertex lies on exactly (bit 2 ax: the
+    low face of axis ax, 2 ax + 1 the high): `decimate`'s ``locked``."""
     v = np.asarray(vertices)
     lo = np.asarray(lo, v.dtype).reshape(3)
     hi = np.asarray(hi, v.dtype).reshape(3)
@@ -831,8 +586,8 @@ _volume_area = jit.kernel(_volume_area_kernel, [_SIG_VA], None)
 
 
 def volume_area(mesh: Mesh) -> tuple[float, float]:
-    """(signed volume about the origin, area) of a mesh: the volume is additive over the pieces of
-    a closed surface (each piece's tetrahedra with the origin), in the vertices' units."""
+    """(signed volume about the origin, area) of a mesh, in the vertices' units; the volume is
+    additive over the pieces of a closed surface."""
     if not len(mesh.faces):
         return 0.0, 0.0
     vol, area = _volume_area(mesh.vertices.astype(np.float64), mesh.faces.astype(np.int64))

@@ -1,8 +1,7 @@
 """What the meshes job does to a body's welded surface: quadric decimation that keeps the topology
 and the vertices shared with pieces meshed apart (`decimate`), inner shells dropped
 (`drop_cavities`), the surface moved out to the volume its voxels hold (`inflate`), and pieces
-welded along the boxes they were meshed in (`weld_pieces`). Vertices in voxels (`formats.mesh`).
-"""
+welded along the boxes they were meshed in (`weld_pieces`). Vertices in voxels (`formats.mesh`)."""
 
 from __future__ import annotations
 
@@ -18,24 +17,17 @@ from .mesh import Mesh, MeshError, on_box
 __all__ = ["decimate", "drop_cavities", "inflate", "weld_pieces"]
 
 
-# --------------------------------------------------------------------------------------
-# decimation: quadric edge collapse that keeps the topology and locked vertices
-# --------------------------------------------------------------------------------------
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def _qe(q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, x, y, z):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """The quadric (10 numbers: the upper triangle of A, then b, then c) at (x, y, z)."""
     return (x * (q0 * x + 2.0 * (q1 * y + q2 * z + q3)) + y * (q4 * y + 2.0 * (q5 * z + q6))
             + z * (q7 * z + 2.0 * q8) + q9)
 
 
 @numba.njit(nogil=True, cache=True)
 def _edge_target(V, Q, locked, a, b, p):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Where edge (a, b) collapses to (into ``p``) and its quadric error; inf when both are locked.
-
-    A locked end stays where it is; otherwise the quadric's optimum, if the 3x3 system is well
-    conditioned and the point stays near the edge, else the best of the ends and the midpoint."""
+    """Where edge (a, b) collapses (into ``p``) and its quadric error; inf when both ends are
+    locked. A locked end stays; else the quadric's optimum if well conditioned and near the edge,
+    else the best of the ends and the midpoint."""
     la = locked[a]
     lb = locked[b]
     if la and lb:
@@ -88,7 +80,7 @@ def _edge_target(V, Q, locked, a, b, p):  # type: ignore[no-untyped-def]  # prag
 
 @numba.njit(nogil=True, cache=True)
 def _refs(F, alive, n, tstart, tcount, rf):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Vertex -> live faces lists (CSR in ``rf``); returns the length used."""
+    """Vertex -> live faces (CSR in ``rf``); returns the length used."""
     tcount[:] = 0
     m = F.shape[0]
     for f in range(m):
@@ -112,7 +104,7 @@ def _refs(F, alive, n, tstart, tcount, rf):  # type: ignore[no-untyped-def]  # p
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _flip1(V, F, f, v, px, py, pz):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Whether moving ``v`` to ``p`` turns face ``f`` by more than ~78 degrees or nearly flattens it."""
+    """Whether moving ``v`` to ``p`` turns face ``f`` by more than ~78 degrees or flattens it."""
     i0, i1, i2 = F[f, 0], F[f, 1], F[f, 2]
     if i0 == v:
         s, t = i1, i2
@@ -136,7 +128,6 @@ def _flip1(V, F, f, v, px, py, pz):  # type: ignore[no-untyped-def]  # pragma: n
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _fin(F, alive, tstart, tcount, rf, v, c, d):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Whether a live face of ``v`` holds both ``c`` and ``d``."""
     for k in range(tstart[v], tstart[v] + tcount[v]):
         g = rf[k]
         if alive[g]:
@@ -148,17 +139,12 @@ def _fin(F, alive, tstart, tcount, rf, v, c, d):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _decimate_kernel(V, F, locked, target, max_err, alive):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Collapse edges of (V, F) in place until ``target`` live faces or ``max_err``; returns the live count.
-
-    A collapse is made only if the mesh stays a manifold (the link condition: the edge's two
-    faces are the only ones its ends share, and its two opposite vertices are not the third side
-    of a face of each end, as in a tetrahedron), no face turns over or flattens, no locked vertex
-    moves or goes, and no edge appears between two vertices locked on the same box face (``locked``
-    holds bits of box faces: such an edge would lie in the face, where the piece beyond it has
-    its own edges). Thresholds rise sweep by sweep (Fast Quadric Mesh Simplification's schedule)
-    up to ``max_err`` (a quadric error: squared distance summed over the planes around). An edge
-    refused by those checks is not tried again until a collapse changes its face.
-    """
+    """Collapse edges of (V, F) in place until ``target`` live faces or ``max_err``; returns the
+    live count. A collapse keeps a manifold (link condition, tetrahedron case included), turns or
+    flattens no face, moves no locked vertex and makes no edge between two vertices locked on the
+    same box face (it would lie in the face, beside the next piece's own edges). Thresholds rise
+    sweep by sweep (Fast Quadric Mesh Simplification's schedule) up to ``max_err``; a refused edge
+    is not tried again until a collapse changes its face."""
     n = V.shape[0]
     m = F.shape[0]
     Q = np.zeros((n, 10))
@@ -239,8 +225,7 @@ def _decimate_kernel(V, F, locked, target, max_err, alive):  # type: ignore[no-u
                 _edge_target(V, Q, locked, a, b, p)
                 if locked[b]:
                     a, b = b, a  # keep the locked end
-                # the link condition (the two faces of the edge are the only ones a and b share) and no
-                # face of a or b turned over, in one pass over each end's faces
+                # link condition and turned faces, in one pass over each end's faces
                 stamp += 1
                 px, py, pz = p[0], p[1], p[2]
                 moves = not locked[a]  # a locked end stays: its faces cannot turn
@@ -342,31 +327,27 @@ _decimate = jit.kernel(_decimate_kernel, [numba.int64(numba.float64[:, ::1], num
 def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked: Any = None) -> Mesh:
     """Simplify a mesh by quadric edge collapses that keep its topology and its locked vertices.
 
-    Unlike ``zmesh.simplify_fqmr`` (whose collapses can pinch a thin tube into a non-manifold
-    edge, and whose ``preserve_border`` misses some border vertices) and like zmesh's
-    ``Mesher.simplify`` (at about a fifth of its cost), a closed mesh stays closed and
-    consistently oriented, and a vertex marked ``locked`` keeps its exact position, so pieces
-    simplified apart with their shared boundary locked still weld into one closed surface.
+    Unlike ``zmesh.simplify_fqmr`` (which can pinch a tube into a non-manifold edge, and whose
+    ``preserve_border`` misses border vertices) and at about a fifth of ``Mesher.simplify``'s cost,
+    a closed mesh stays closed and oriented, and pieces simplified apart with their shared boundary
+    locked still weld into one closed surface.
 
     Parameters
     ----------
     mesh : Mesh
-        Vertices in voxels; welded (shared vertices are one vertex).
+        Welded, vertices in voxels.
     target : int
-        Faces wanted; fewer collapses are made where ``max_error`` binds.
+        Faces wanted; fewer collapses where ``max_error`` binds.
     max_error : float, optional
-        The largest quadric error accepted, as a distance in the vertices' units (its square
-        bounds the summed squared distances to the original planes around a vertex).
+        The largest quadric error accepted, as a distance in the vertices' units.
     locked : array_like of bool or uint8, shape (n,), optional
-        Vertices that must not move (open boundaries must be locked): booleans, or bits of the box
-        faces each lies on (`box_faces`). No collapse makes an edge between two locked vertices
-        sharing a bit (with booleans: between any two), so pieces meshed on either side of a face
-        still weld into a manifold.
+        Vertices that must not move (open boundaries must be): booleans, or `box_faces` bits. No
+        collapse makes an edge between two locked vertices sharing a bit (booleans: any two).
 
     Returns
     -------
     Mesh
-        Vertices that remain (in their original order), faces among them.
+        The remaining vertices (in their order) and faces.
     """
     if not len(mesh.faces):
         return Mesh.empty()
@@ -375,8 +356,7 @@ def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked: Any = None
     if len(mesh.vertices) >= 1 << 31 or len(mesh.faces) >= 1 << 28:
         raise MeshError(f"mesh of {len(mesh.vertices):,} vertices and {len(mesh.faces):,} faces is too large to decimate")
     V = mesh.vertices.astype(np.float64)
-    # about a corner near the mesh: the quadrics lose less to cancellation; an integer shift of float32
-    # values is exact both ways, so an unmoved (locked) vertex comes back bit for bit
+    # about a corner: less cancellation; an integer shift is exact, so locked vertices come back bit for bit
     corner = np.floor(V.min(axis=0))
     V -= corner
     F = mesh.faces.astype(np.int32)
@@ -415,13 +395,12 @@ _normals = jit.kernel(_normals_kernel, [numba.void(numba.float64[:, ::1], numba.
 
 
 def inflate(mesh: Mesh, distance: float, locked: Any = None) -> Mesh:
-    """Move every vertex not ``locked`` by ``distance`` along its area-weighted normal (outward for
-    outward-wound meshes): a closed mesh's volume changes by about ``distance`` x its area.
+    """Move every vertex not ``locked`` by ``distance`` along its area-weighted normal: a closed
+    mesh's volume changes by about ``distance`` x its area.
 
-    Marching cubes at the iso-level half-way between voxel centres cuts every convex corner and
-    edge of a voxel set, so a thin body's mesh encloses less than its voxels (a 2-voxel-wide tube,
-    ~13 % less); the meshes job moves each body's surface out by the distance that gives back its
-    voxel volume. Locked vertices (shared with pieces meshed apart) stay, so the pieces still weld.
+    Marching cubes half-way between voxel centres cuts every convex corner and edge, so a thin
+    body's mesh encloses less than its voxels (a 2-voxel tube, ~13 %); the meshes job moves each
+    surface out to give back its voxel volume. Locked vertices stay, so pieces still weld.
     """
     if not len(mesh.faces) or distance == 0:
         return mesh
@@ -438,7 +417,7 @@ def inflate(mesh: Mesh, distance: float, locked: Any = None) -> Mesh:
 
 @numba.njit(nogil=True, cache=True)
 def _shell_kernel(F, n, root):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Union-find of the vertices of faces ``F``: each vertex's root (the smallest index of its piece)."""
+    """Union-find of the vertices of ``F``: each vertex's root (the smallest index of its piece)."""
     for v in range(n):
         root[v] = v
     for f in range(F.shape[0]):
@@ -468,7 +447,6 @@ _shells = jit.kernel(_shell_kernel, [numba.void(numba.int64[:, ::1], numba.int64
 
 @numba.njit(nogil=True, cache=True)
 def _piece_volumes_kernel(V, F, comp, c, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Add each face's signed tetrahedron volume (about ``c``) to ``out[comp[face]]``."""
     for f in range(F.shape[0]):
         a, b, d = F[f, 0], F[f, 1], F[f, 2]
         ax, ay, az = V[a, 0] - c[0], V[a, 1] - c[1], V[a, 2] - c[2]
@@ -483,15 +461,13 @@ _piece_volumes = jit.kernel(_piece_volumes_kernel, [numba.void(numba.float64[:, 
 
 
 def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = None) -> tuple[list[Mesh], float]:
-    """The pieces of one closed surface (welded where their vertices coincide) without its inner shells.
+    """The pieces of one closed surface (welded where vertices coincide) without its inner shells.
 
-    A body's voxels that enclose something else (another body, or background) make marching cubes a
-    second, inward-facing closed shell around it, a separate piece of the body's mesh that no one
-    outside can see. Shells whose signed volume is not positive (inward, or flat) are removed from
-    every piece. Returns the pieces (unchanged objects when nothing is removed) and the signed volume
-    removed (<= 0: minus the cavities' volume), in the vertices' units cubed. ``shared`` (a boolean
-    mask per piece) names the only vertices that can coincide with another piece's (those on the
-    pieces' box faces); default: any.
+    Voxels enclosing something (another body, or background) make marching cubes a second,
+    inward-facing shell that no one outside sees: shells of signed volume <= 0 are removed.
+    ``shared`` (a mask per piece) names the only vertices that can coincide with another piece's
+    (those on box faces; default: any). Returns the pieces (the same objects when nothing goes)
+    and the signed volume removed (<= 0), in the vertices' units cubed.
     """
     idx = [i for i, m in enumerate(pieces) if len(m.faces)]
     if not idx:
@@ -513,7 +489,7 @@ def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = 
     comp = root[allf[:, 0]]
     if comp.min() == comp.max():  # one piece (most bodies)
         return list(pieces), 0.0
-    # each piece's signed volume, indexed by its root vertex (no sort), about the vertices' mean
+    # each piece's signed volume by its root vertex, about the mean
     vol = np.zeros(len(v))
     _piece_volumes(v.astype(np.float64), allf, comp, np.asarray(v.mean(axis=0), np.float64), vol)
     inner = (vol <= 0) & (np.bincount(comp, minlength=len(v)) > 0)
@@ -540,8 +516,8 @@ def drop_cavities(pieces: Sequence[Mesh], shared: Sequence[np.ndarray] | None = 
 
 
 def weld_pieces(pieces: Sequence[Mesh], boxes: Sequence[tuple[Any, Any]]) -> Mesh:
-    """`merge_fragments` for pieces that can share vertices only on the faces of their boxes (cells
-    meshed apart): only those vertices are compared, the others kept as they are."""
+    """`merge_fragments` for pieces that can share vertices only on their boxes' faces (cells
+    meshed apart): only those vertices are compared."""
     frs = [(m, b) for m, b in zip(pieces, boxes, strict=True) if len(m.faces)]
     if not frs:
         return Mesh.empty()

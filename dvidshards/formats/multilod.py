@@ -1,34 +1,27 @@
 """Neuroglancer precomputed meshes: ``neuroglancer_multilod_draco`` and the legacy format.
 
-Multi-resolution format (neuroglancer ``src/datasource/precomputed/meshes.md``):
+Multi-resolution (neuroglancer ``src/datasource/precomputed/meshes.md``):
 
-* mesh ``info``: ``@type`` ``neuroglancer_multilod_draco``, ``vertex_quantization_bits`` (10
-  or 16), ``transform`` (12 numbers, the top 3 rows of a 4x4 row-major matrix from "stored
-  model" to model coordinates; here stored model = voxels, so the diagonal is the
-  resolution in nm), ``lod_scale_multiplier``, optional ``sharding``.
-* per object a manifest ``<id>.index``: ``chunk_shape`` 3 f32, ``grid_origin`` 3 f32,
-  ``num_lods`` u32, ``lod_scales`` f32 x num_lods, ``vertex_offsets`` f32 [num_lods, 3],
-  ``num_fragments_per_lod`` u32 x num_lods, then per lod the fragment positions as u32
-  ``[3, n]`` C order (all x, then all y, then all z) in x-y-z Z-curve (Morton) order and the
-  byte size of each fragment.
-* fragment data ``<id>``: the Draco meshes of every fragment, lod 0 first, in manifest order.
-  Neuroglancer decodes positions *without* Draco dequantisation (``SetSkipAttributeTransform``
-  in ``src/mesh/draco/neuroglancer_draco.cc``): the stored integers must be the vertex
-  positions quantised on the fragment's box, ``x = round((v - box_lo) / box_size *
-  (2**bits - 1))``. Draco is therefore asked to quantise with ``bits``, origin 0 and range
-  ``2**bits - 1``, which maps each integer to itself. Vertices on a box face become exactly
-  0 or ``2**bits - 1`` in both neighbours, so fragments meet without cracks.
-* lod > 0 fragments must not have a triangle crossing their 2x2x2 partition: `build_lods`
-  simplifies each child box on its own (boundary vertices fixed) and unions the children.
-* sharded: ``neuroglancer_uint64_sharded_v1`` with the segment id as key; the shard entry is
-  the manifest and the fragment data sits immediately before it (so ``data_encoding`` must
-  be ``raw``).
+* ``info``: ``vertex_quantization_bits`` (10 or 16), ``transform`` (the top 3 rows of a 4x4
+  row-major matrix from stored model coordinates, here voxels, to nm: the resolution on the
+  diagonal), ``lod_scale_multiplier``, optional ``sharding``.
+* manifest ``<id>.index``: ``chunk_shape`` 3 f32, ``grid_origin`` 3 f32, ``num_lods`` u32,
+  ``lod_scales`` f32[num_lods], ``vertex_offsets`` f32[num_lods, 3],
+  ``num_fragments_per_lod`` u32[num_lods], then per lod the fragment positions u32 ``[3, n]``
+  in Z-curve order and each fragment's byte size.
+* data ``<id>``: every fragment's Draco mesh, lod 0 first, in manifest order. Neuroglancer skips
+  Draco's dequantisation (``SetSkipAttributeTransform``), so the stored integers must be the
+  positions quantised on the fragment's box, ``round((v - lo) / size * (2**bits - 1))``: Draco
+  quantises with ``bits``, origin 0, range ``2**bits - 1`` (each integer to itself), and vertices
+  on a box face are exactly 0 or ``2**bits - 1`` in both neighbours (no cracks).
+* lod > 0 fragments must not cross their 2x2x2 partition.
+* sharded: ``neuroglancer_uint64_sharded_v1`` keyed by segment id; the entry is the manifest and
+  the fragment data sits right before it (so ``data_encoding`` must be ``raw``).
 
-Legacy single-resolution format: mesh ``info`` ``{"@type": "neuroglancer_legacy_mesh"}``, a JSON
-manifest ``<id>:0`` listing fragment files, each ``u32 num_vertices``, ``f32 [n, 3]`` vertex
-positions in nm, ``u32 [m, 3]`` triangles.
+Legacy: ``info`` ``{"@type": "neuroglancer_legacy_mesh"}``, a JSON manifest ``<id>:0`` listing
+fragment files, each ``u32 n``, ``f32 [n, 3]`` positions in nm, ``u32 [m, 3]`` triangles.
 
-DracoPy is optional (``pip install 'dvidshards[mesh]'``) and imported on use.
+DracoPy is optional, imported on use.
 """
 
 from __future__ import annotations
@@ -36,7 +29,6 @@ from __future__ import annotations
 import gzip
 import json
 import struct
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DvidShardsError
-from .mesh import Mesh, MeshError, merge_fragments, simplify, to_nm
+from .mesh import Mesh, MeshError, to_nm
 from .sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
 
 __all__ = [
@@ -52,7 +44,6 @@ __all__ = [
     "MULTILOD_TYPE",
     "Manifest",
     "MeshFormatError",
-    "build_lods",
     "decode_fragment",
     "decode_legacy_fragment",
     "decode_object",
@@ -65,7 +56,6 @@ __all__ = [
     "legacy_files",
     "legacy_info",
     "morton_order",
-    "multilod_files",
     "multilod_info",
 ]
 
@@ -99,32 +89,14 @@ def _res3(resolution: Any) -> list[float]:
     return res
 
 
-# --------------------------------------------------------------------------------------
-# info files
-# --------------------------------------------------------------------------------------
-
-
 def multilod_info(
     resolution: Any,
     vertex_quantization_bits: int = 16,
     sharding: ShardingSpec | None = None,
     lod_scale_multiplier: float = 1.0,
 ) -> dict[str, Any]:
-    """The mesh directory's ``info`` for the multi-resolution format.
-
-    Parameters
-    ----------
-    resolution : sequence of 3 float
-        nm per voxel of the meshed scale (stored model coordinates are its voxels).
-    vertex_quantization_bits : {10, 16}, optional
-    sharding : ShardingSpec, optional
-        Sharded storage (``data_encoding`` must be ``raw``); None for one file pair per object.
-    lod_scale_multiplier : float, optional
-
-    Returns
-    -------
-    dict
-    """
+    """The mesh directory's multi-resolution ``info`` (``resolution``: nm per voxel of the meshed
+    scale; ``sharding`` needs ``data_encoding`` raw)."""
     r = _res3(resolution)
     info = {
         "@type": MULTILOD_TYPE,
@@ -145,18 +117,10 @@ def legacy_info() -> dict[str, Any]:
     return {"@type": LEGACY_TYPE}
 
 
-# --------------------------------------------------------------------------------------
-# manifest
-# --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Manifest:
-    """One object's multi-resolution manifest (``<id>.index``).
-
-    ``fragment_positions[lod]`` is a uint32 (n, 3) array in Z-curve order and
-    ``fragment_sizes[lod]`` the byte size of each fragment.
-    """
+    """One object's multi-resolution manifest: ``fragment_positions[lod]`` uint32 (n, 3) in Z-curve
+    order, ``fragment_sizes[lod]`` their byte sizes."""
 
     chunk_shape: tuple[float, float, float]
     grid_origin: tuple[float, float, float]
@@ -167,7 +131,6 @@ class Manifest:
 
     @property
     def num_lods(self) -> int:
-        """Number of levels of detail."""
         return len(self.lod_scales)
 
     @property
@@ -177,13 +140,8 @@ class Manifest:
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    """Bytes of a manifest (neuroglancer's multi-resolution ``<id>.index`` layout).
-
-    Raises
-    ------
-    MeshFormatError
-        If the per-lod arrays disagree in length or positions are not in Z-curve order.
-    """
+    """``<id>.index`` bytes; MeshFormatError when the per-lod arrays disagree or positions are not
+    in strict Z-curve order."""
     n = m.num_lods
     vo = np.asarray(m.vertex_offsets, np.float32).reshape(-1)
     if n < 1 or len(m.fragment_positions) != n or len(m.fragment_sizes) != n or vo.size != 3 * n:
@@ -214,13 +172,7 @@ def encode_manifest(m: Manifest) -> bytes:
 
 
 def decode_manifest(data: Any) -> Manifest:
-    """Parse ``<id>.index`` bytes.
-
-    Raises
-    ------
-    MeshFormatError
-        If the bytes are truncated or longer than the manifest they describe.
-    """
+    """Parse ``<id>.index`` bytes; MeshFormatError when truncated or too long."""
     buf = bytes(data)
     if len(buf) < 28:
         raise MeshFormatError(f"manifest of {len(buf)} bytes is shorter than its header")
@@ -248,7 +200,7 @@ def decode_manifest(data: Any) -> Manifest:
 
 
 def _spread(v: np.ndarray) -> np.ndarray:
-    """Bits of values < 2**21 moved to every third bit (bit i -> 3i)."""
+    """Bits of values < 2**21 moved to every third bit."""
     x = v.astype(np.uint64) & np.uint64(0x1FFFFF)
     for shift, mask in ((32, 0x1F00000000FFFF), (16, 0x1F0000FF0000FF), (8, 0x100F00F00F00F00F),
                         (4, 0x10C30C30C30C30C3), (2, 0x1249249249249249)):
@@ -257,7 +209,7 @@ def _spread(v: np.ndarray) -> np.ndarray:
 
 
 def _morton_keys(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Z-curve key of (n, 3) uint32 positions as (high, low) uint64 halves (x is bit 0)."""
+    """Z-curve keys of (n, 3) positions as (high, low) uint64 halves (x is bit 0)."""
     p = np.asarray(p, np.int64).reshape(-1, 3)
     lo = _spread(p[:, 0]) | (_spread(p[:, 1]) << np.uint64(1)) | (_spread(p[:, 2]) << np.uint64(2))
     h = p >> 21
@@ -274,74 +226,9 @@ def morton_order(positions: Any) -> np.ndarray:
     return np.lexsort((lo, hi))
 
 
-# --------------------------------------------------------------------------------------
-# levels of detail
-# --------------------------------------------------------------------------------------
-
-
-def build_lods(
-    fragments: Mapping[tuple[int, int, int], Mesh],
-    num_lods: int,
-    *,
-    reduction_factor: int = 4,
-    max_error: float = 8,
-) -> list[dict[tuple[int, int, int], Mesh]]:
-    """Octree levels of detail of one body from its finest cell fragments.
-
-    Level 0 is ``fragments`` as given. A node ``c`` of level ``j`` is the union, over its 8
-    children ``d`` (level ``j - 1`` nodes at ``2c + {0, 1}``), of ``d``'s mesh welded and
-    simplified on its own. The simplifier keeps vertices on open boundaries, so every level's
-    fragments meet their neighbours exactly (they all keep the finest fragments' vertices on
-    the box faces), and no triangle crosses a node's 2x2x2 partition.
-
-    Parameters
-    ----------
-    fragments : mapping of (x, y, z) node position to Mesh
-        Level-0 fragments (e.g. `dvidshards.formats.mesh.MeshGrid` cells), vertices in voxels.
-    num_lods : int
-        Levels wanted; fewer are returned once the body fits one node (that node repeats no
-        further).
-    reduction_factor : int, optional
-        Face reduction per level.
-    max_error : float, optional
-        Simplifier error bound at level 1, doubled per level.
-
-    Returns
-    -------
-    list of dict of (x, y, z) to Mesh
-    """
-    if num_lods < 1:
-        raise MeshFormatError(f"num_lods must be >= 1, got {num_lods}")
-    level: dict[tuple[int, int, int], Mesh] = {}
-    for k, m in fragments.items():
-        if len(k) != 3 or min(int(v) for v in k) < 0:
-            raise MeshFormatError(f"fragment position {k} is not 3 non-negative integers")
-        if len(m.faces):
-            level[(int(k[0]), int(k[1]), int(k[2]))] = m
-    lods = [level]
-    for j in range(1, num_lods):
-        if len(level) <= 1 and j > 1:
-            break
-        parents: dict[tuple[int, int, int], list[Mesh]] = defaultdict(list)
-        for d, mesh in sorted(level.items()):
-            piece = simplify(merge_fragments([mesh]), reduction_factor, max_error * 2 ** (j - 1))
-            if len(piece.faces):
-                parents[(d[0] >> 1, d[1] >> 1, d[2] >> 1)].append(piece)
-        level = {c: merge_fragments(ps) for c, ps in parents.items()}
-        lods.append(level)
-        if len(level) <= 1:
-            break
-    return lods
-
-
-# --------------------------------------------------------------------------------------
-# fragments
-# --------------------------------------------------------------------------------------
-
-
 def encode_fragment(mesh: Mesh, box_lo: Any, box_size: Any, bits: int = 16, compression_level: int = 7,
                     tolerance: float = 1e-3) -> bytes:
-    """Draco bytes of one fragment, positions quantised on its octree box.
+    """Draco bytes of one fragment (empty without faces), positions quantised on its octree box.
 
     Parameters
     ----------
@@ -351,21 +238,10 @@ def encode_fragment(mesh: Mesh, box_lo: Any, box_size: Any, bits: int = 16, comp
         ``grid_origin + chunk_shape * 2**lod * position`` and ``chunk_shape * 2**lod``.
     bits : {10, 16}
     compression_level : int, optional
-        Draco compression level 0..10.
+        Draco's, 0..10.
     tolerance : float, optional
-        How far (in box fractions) a vertex may lie outside the box before it is an error.
-
-    Returns
-    -------
-    bytes
-        Empty for a mesh without faces.
-
-    Raises
-    ------
-    MeshFormatError
-        If a vertex lies outside the box.
-    ImportError
-        If DracoPy is not installed.
+        How far (in box fractions) a vertex may lie outside the box (it is clipped) before it is
+        a MeshFormatError.
     """
     bits = _check_bits(bits)
     if not len(mesh.faces):
@@ -404,29 +280,20 @@ def encode_object(
     vertex_offsets: Any = None,
     tolerance: float = 1e-3,
 ) -> tuple[bytes, bytes]:
-    """Manifest and fragment data of one object from its levels of detail.
+    """Manifest and fragment data (``<id>.index``, ``<id>``) of one object from its levels of detail.
 
     Parameters
     ----------
     lods : sequence of mapping of (x, y, z) to Mesh
-        `build_lods` output: per level, node position to mesh (voxels).
-    grid_origin : sequence of 3 float
-        Corner of node (0, 0, 0) (e.g. ``MeshGrid.origin``).
-    chunk_shape : sequence of 3 float
-        Level-0 node size (e.g. ``MeshGrid.cell``).
+        Per level, node position to mesh (voxels, inside the node's box).
+    grid_origin, chunk_shape : sequence of 3 float
+        Corner of node (0, 0, 0) and the level-0 node size.
     bits : {10, 16}
     compression_level : int, optional
     vertex_offsets : array_like, shape (num_lods, 3), optional
-        Per level, what the viewer adds to every decoded vertex (stored model units); the
-        meshes of ``lods`` are given *without* it, inside their nodes' boxes. Default 0.
+        Per level, what the viewer adds to every decoded vertex (default 0).
     tolerance : float, optional
-        How far (in box fractions) a vertex may lie outside its node's box; it is clipped
-        onto the box (simplified levels may poke out a little), beyond it is an error.
-
-    Returns
-    -------
-    manifest, data : bytes
-        ``<id>.index`` and ``<id>``.
+        See `encode_fragment`.
     """
     origin = np.asarray(grid_origin, np.float64).reshape(3)
     chunk = np.asarray(chunk_shape, np.float64).reshape(3)
@@ -457,21 +324,8 @@ def encode_object(
 
 
 def decode_object(manifest: Manifest, data: Any, lod: int = 0, bits: int = 16) -> list[Mesh]:
-    """Fragments of one level of an object, vertices in stored model coordinates.
-
-    Parameters
-    ----------
-    manifest : Manifest
-    data : bytes-like
-        The object's fragment data (``<id>``).
-    lod : int, optional
-    bits : {10, 16}, optional
-
-    Returns
-    -------
-    list of Mesh
-        Non-empty fragments in manifest order.
-    """
+    """The non-empty fragments of one level of an object, in manifest order, vertices in stored
+    model coordinates."""
     if not 0 <= lod < manifest.num_lods:
         raise MeshFormatError(f"lod {lod} not in [0, {manifest.num_lods})")
     buf = memoryview(bytes(data))
@@ -488,11 +342,6 @@ def decode_object(manifest: Manifest, data: Any, lod: int = 0, bits: int = 16) -
     return out
 
 
-# --------------------------------------------------------------------------------------
-# sharded storage
-# --------------------------------------------------------------------------------------
-
-
 def encode_shard_files(
     spec: ShardingSpec,
     entries: Mapping[int, bytes],
@@ -500,10 +349,9 @@ def encode_shard_files(
 ) -> dict[str, bytes]:
     """``neuroglancer_uint64_sharded_v1`` shard files holding one entry per uint64 key.
 
-    Layout as TensorStore writes it: the shard index (``2**minishard_bits`` pairs of u64
-    [start, end) of each minishard index, relative to the end of the shard index), then per
-    minishard in order its entries (keys ascending) followed by its minishard index (u64
-    ``[3, n]``: delta-coded keys, delta-coded data starts, sizes).
+    As TensorStore writes them: the shard index (per minishard, u64 [start, end) of its index,
+    relative to the index's end), then per minishard its entries (keys ascending) and its index
+    (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes).
 
     Parameters
     ----------
@@ -511,13 +359,13 @@ def encode_shard_files(
     entries : mapping of int to bytes
         Key (segment id) to the bytes the index points at.
     prefixes : mapping of int to bytes, optional
-        Bytes written immediately before a key's entry and not indexed (a mesh's fragment
-        data before its manifest). Needs ``data_encoding`` ``raw``.
+        Bytes written right before a key's entry and not indexed (a mesh's fragment data before
+        its manifest); needs ``data_encoding`` raw.
 
     Returns
     -------
     dict of str to bytes
-        Shard file name (``shard_key``) to its bytes; shards without entries are absent.
+        Shard file name to its bytes; shards without entries are absent.
     """
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
@@ -565,54 +413,6 @@ def encode_shard_files(
     return out
 
 
-# --------------------------------------------------------------------------------------
-# whole directories
-# --------------------------------------------------------------------------------------
-
-
-def multilod_files(
-    objects: Mapping[int, Sequence[Mapping[tuple[int, int, int], Mesh]]],
-    resolution: Any,
-    grid_origin: Any,
-    chunk_shape: Any,
-    *,
-    bits: int = 16,
-    sharding: ShardingSpec | None = None,
-    compression_level: int = 7,
-) -> dict[str, bytes]:
-    """Every file of a multi-resolution mesh directory, ``info`` included.
-
-    Parameters
-    ----------
-    objects : mapping of segment id to levels of detail (`build_lods` output)
-    resolution : sequence of 3 float
-    grid_origin, chunk_shape : sequence of 3 float
-        Shared octree geometry (e.g. ``MeshGrid.origin`` and ``MeshGrid.cell``).
-    bits : {10, 16}, optional
-    sharding : ShardingSpec, optional
-        Sharded storage; None writes ``<id>.index`` and ``<id>`` per object.
-    compression_level : int, optional
-
-    Returns
-    -------
-    dict of str to bytes
-        Paths relative to the mesh directory.
-    """
-    info = multilod_info(resolution, bits, sharding)
-    files = {"info": json.dumps(info).encode()}
-    manifests, datas = {}, {}
-    for segid, lods in objects.items():
-        manifests[int(segid)], datas[int(segid)] = encode_object(lods, grid_origin, chunk_shape,
-                                                                 bits, compression_level)
-    if sharding is None:
-        for segid in manifests:
-            files[f"{segid}.index"] = manifests[segid]
-            files[f"{segid}"] = datas[segid]
-    else:
-        files.update(encode_shard_files(sharding, manifests, datas))
-    return files
-
-
 def encode_legacy_fragment(mesh_nm: Mesh) -> bytes:
     """Legacy fragment bytes: u32 vertex count, f32 xyz vertices (nm), u32 triangles."""
     return (struct.pack("<I", len(mesh_nm.vertices)) + mesh_nm.vertices.astype("<f4").tobytes()
@@ -620,13 +420,7 @@ def encode_legacy_fragment(mesh_nm: Mesh) -> bytes:
 
 
 def decode_legacy_fragment(data: Any) -> Mesh:
-    """Parse a legacy fragment.
-
-    Raises
-    ------
-    MeshFormatError
-        If the sizes do not add up.
-    """
+    """Parse a legacy fragment; MeshFormatError when the sizes do not add up."""
     buf = bytes(data)
     if len(buf) < 4:
         raise MeshFormatError("legacy fragment shorter than its vertex count")
@@ -646,20 +440,11 @@ def legacy_files(
     objects: Mapping[int, Mesh | Sequence[Mesh] | Mapping[object, Mesh]],
     resolution: Any,
 ) -> dict[str, bytes]:
-    """Every file of a legacy mesh directory: ``info``, ``<id>:0`` manifests, fragments.
+    """Every file of a legacy mesh directory: ``info``, ``<id>:0`` manifests and fragments.
 
-    Parameters
-    ----------
-    objects : mapping of segment id to a mesh, a list of fragments or a mapping of fragment
-        names (e.g. cell positions) to fragments, vertices in voxel corner coordinates
-    resolution : sequence of 3 float
-        nm per voxel; fragments are stored in nm.
-
-    Returns
-    -------
-    dict of str to bytes
-        ``<id>:0`` lists ``<id>:0:<name>`` fragment files; names are the mapping's keys
-        (tuples joined by ``_``) or list positions.
+    ``objects`` maps a segment id to a mesh, a list of fragments or a mapping of fragment names
+    (tuples joined by ``_``) to fragments, in voxel corner coordinates; fragments are stored in nm
+    (``resolution``) as ``<id>:0:<name>``.
     """
     res = _res3(resolution)
     files = {"info": json.dumps(legacy_info()).encode()}

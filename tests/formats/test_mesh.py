@@ -7,6 +7,7 @@ import pytest
 
 from dvidshards.formats import mesh as M
 from dvidshards.formats import meshreduce as R
+from tests.support import meshgrid as G
 from tests.support import watertight as W
 from tests.support.mesh_volume import (
     BODIES,
@@ -21,32 +22,8 @@ from tests.support.mesh_volume import (
 pytest.importorskip("zmesh")
 
 
-def test_grid_geometry():
-    g = M.MeshGrid(OFFSET, SIZE, 64)
-    assert g.origin == (0.5, -63.5, 64.5)
-    assert g.shape == (4, 4, 3)
-    assert g.cell_of_chunk((0, 0, 0)) == (1, 1, 1)
-    # the low sliver cell: padding voxel and the volume's first voxel
-    lo, hi = g.cutout((0, 1, 1))
-    assert lo.tolist() == [63, 0, 128] and hi.tolist() == [65, 65, 193]
-    # the last chunk along x (150 = 2 * 64 + 22) with its zero voxel past the volume
-    lo, hi = g.cutout((3, 1, 1))
-    assert lo.tolist() == [192, 0, 128] and hi.tolist() == [215, 65, 193]
-    assert len(list(g.cells())) == 4 * 4 * 3
-    with pytest.raises(M.MeshError):
-        g.cutout((4, 0, 0))
-
-
-def test_cut_padded():
-    vol = np.arange(24, dtype=np.uint64).reshape(2, 3, 4)
-    out = M.cut_padded(vol, (10, 0, 0), (9, -1, 1), (12, 2, 3))
-    assert out.shape == (3, 3, 2)
-    assert (out[0] == 0).all() and (out[:, 0] == 0).all()
-    np.testing.assert_array_equal(out[1:, 1:], vol[:, :2, 1:3])
-
-
 def test_fragments_stay_in_their_cells():
-    g = M.MeshGrid(OFFSET, SIZE, 64)
+    g = G.MeshGrid(OFFSET, SIZE, 64)
     frs = cell_fragments()
     assert set(frs) == set(BODIES.values())
     for cells in frs.values():
@@ -86,7 +63,7 @@ def test_cells_equal_one_whole_mesh():
     """Meshing cell by cell and welding gives exactly the whole padded volume's mesh."""
     vol = bodies()
     lo = np.asarray(OFFSET) - 1
-    whole = M.mesh_block(M.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
+    whole = M.mesh_block(G.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
     for body, cells in cell_fragments().items():
         merged = M.merge_fragments(cells.values())
         np.testing.assert_array_equal(_triangles(merged), _triangles(whole[body]))
@@ -99,7 +76,7 @@ def test_simplified_cells_keep_their_seams():
         b = M.merge_fragments(simp[body].values())
         assert len(b.faces) < len(a.faces) / 2
         # second pass: simplify whole cells again, still closed once welded
-        again = [M.simplify(m, 4, 16) for m in simp[body].values()]
+        again = [G.simplify(m, 4, 16) for m in simp[body].values()]
         c = M.merge_fragments(again)
         assert W.is_watertight(c.vertices, c.faces) and len(c.faces) < len(b.faces)
 
@@ -152,13 +129,13 @@ def test_mesh_cells_equal_the_grid_cells():
     def decode(c):
         decoded.append(tuple(c))
         lo = np.asarray(c) * 64
-        block = M.cut_padded(vol, OFFSET, np.maximum(lo, off), lo + 64)  # zero outside the volume
+        block = G.cut_padded(vol, OFFSET, np.maximum(lo, off), lo + 64)  # zero outside the volume
         out = np.zeros((64, 64, 64), vol.dtype)
         a = np.maximum(lo, off) - lo
         out[a[0]:a[0] + block.shape[0], a[1]:a[1] + block.shape[1], a[2]:a[2] + block.shape[2]] = block
         return out.T.copy() if out.any() else None  # (z, y, x)
 
-    g = M.MeshGrid(OFFSET, SIZE, 64)
+    g = G.MeshGrid(OFFSET, SIZE, 64)
     first = off // 64
     chunks = [np.asarray(cell) + first - 1 for cell in g.cells()]
     got = {tuple(int(v) for v in np.asarray(c) - first + 1): out for c, out in M.mesh_cells(decode, chunks)}
@@ -235,19 +212,19 @@ def test_decimate_keeps_closed_meshes_closed_and_locked_vertices_exact():
     decimated apart still weld into one watertight surface (fqmr's preserve_border drops some)."""
     vol = bodies()
     lo = np.asarray(OFFSET) - 1
-    whole = M.mesh_block(M.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
+    whole = M.mesh_block(G.cut_padded(vol, OFFSET, lo, lo + np.asarray(SIZE) + 2), lo)
     for body, m in whole.items():
         d = R.decimate(m, len(m.faces) // 8, max_error=1.5)
         assert W.is_watertight(d.vertices, d.faces), body
         assert len(d.faces) < len(m.faces) / 4, body
         ratio = W.enclosed_volume(d.vertices, d.faces) / W.enclosed_volume(m.vertices, m.faces)
         assert 0.9 < ratio < 1.05, (body, ratio)
-    grid = M.MeshGrid(OFFSET, SIZE, 64)
+    grid = G.MeshGrid(OFFSET, SIZE, 64)
     for body in BODIES.values():
         pieces, boxes = [], []
         for idx in grid.cells():
             c = grid.cutout(idx)
-            out = M.mesh_block(M.cut_padded(vol, OFFSET, *c), c[0], labels=[body])
+            out = M.mesh_block(G.cut_padded(vol, OFFSET, *c), c[0], labels=[body])
             if body in out:
                 box = grid.box(idx)
                 m = out[body]
@@ -283,13 +260,13 @@ def test_pieces_decimated_apart_stay_manifold_where_they_meet(seed):
 
     sv, _ = neuron_volume((128, 128, 128), n_bodies=12, svs_per_body=1, seed=seed)
     vol = np.asarray(sv)[::4, ::4, ::4].copy()
-    grid = M.MeshGrid((0, 0, 0), vol.shape, 16)
+    grid = G.MeshGrid((0, 0, 0), vol.shape, 16)
     for locks in (M.box_faces, M.on_box):
         for body in np.unique(vol[vol != 0]).tolist():
             pieces, boxes = [], []
             for idx in grid.cells():
                 c = grid.cutout(idx)
-                out = M.mesh_block(M.cut_padded(vol, (0, 0, 0), *c), c[0], labels=[body])
+                out = M.mesh_block(G.cut_padded(vol, (0, 0, 0), *c), c[0], labels=[body])
                 if body in out:
                     box = grid.box(idx)
                     m = out[body]

@@ -12,13 +12,14 @@ from dvidshards.formats import mesh as M
 from dvidshards.formats import multilod as ML
 from dvidshards.formats.multiscale import SINGLE_SHARD, Scale, multiscale_info
 from dvidshards.formats.sharding import ShardingSpec
+from tests.support import meshgrid as G
 from tests.support import watertight as W
 from tests.support.mesh_volume import OFFSET, RESOLUTION, SIZE
 
 pytest.importorskip("zmesh")
 DracoPy = pytest.importorskip("DracoPy")
 
-GRID = M.MeshGrid(OFFSET, SIZE, 64)
+GRID = G.MeshGrid(OFFSET, SIZE, 64)
 BITS = 16
 
 
@@ -33,7 +34,7 @@ def _write(root, files) -> None:
 def objects() -> dict[int, list[dict]]:
     from tests.support.mesh_volume import cell_fragments
 
-    return {b: ML.build_lods(cells, 3) for b, cells in cell_fragments(0).items()}
+    return {b: G.build_lods(cells, 3) for b, cells in cell_fragments(0).items()}
 
 
 @lru_cache(maxsize=1)
@@ -159,7 +160,7 @@ SHARDINGS = {
 @pytest.mark.parametrize("name", list(SHARDINGS))
 def test_cloudvolume_reads_multilod(tmp_path, name):
     CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
-    files = ML.multilod_files(objects(), RESOLUTION, GRID.origin, GRID.cell, bits=BITS,
+    files = G.multilod_files(objects(), RESOLUTION, GRID.origin, GRID.cell, bits=BITS,
                               sharding=SHARDINGS[name])
     cv = CloudVolume(_write_volume(tmp_path, files))
     assert cv.mesh.meta.info["@type"] == ML.MULTILOD_TYPE

@@ -7,6 +7,7 @@ from functools import lru_cache
 import numpy as np
 
 from dvidshards.formats import mesh as M
+from tests.support.meshgrid import MeshGrid, cut_padded
 
 OFFSET = (64, 0, 128)  # voxel offset of the volume
 SIZE = (150, 140, 100)  # 3 x 3 x 2 chunks of 64, the last ones partial
@@ -59,12 +60,12 @@ def body_box(body: int) -> tuple[np.ndarray, np.ndarray]:
 @lru_cache(maxsize=4)
 def cell_fragments(reduction_factor: int = 0) -> dict[int, dict[tuple[int, int, int], M.Mesh]]:
     """body -> cell -> fragment, meshed cell by cell from the body volume."""
-    grid = M.MeshGrid(OFFSET, SIZE, 64)
+    grid = MeshGrid(OFFSET, SIZE, 64)
     vol = bodies()
     out: dict[int, dict] = {}
     for cell in grid.cells():
         lo, hi = grid.cutout(cell)
-        block = M.cut_padded(vol, OFFSET, lo, hi)
+        block = cut_padded(vol, OFFSET, lo, hi)
         for label, m in M.mesh_block(block, lo, reduction_factor=reduction_factor, max_error=4).items():
             out.setdefault(label, {})[cell] = m
     return out
