@@ -1,32 +1,18 @@
 """Neuroglancer ``neuroglancer_uint64_sharded_v1`` math and DVID's shard naming.
 
-Two layers live here:
-
-* The neuroglancer precomputed sharding scheme (see FORMATS.md §4 and the
-  neuroglancer "sharded" format document): chunk id = compressed Morton code of the
-  chunk grid coordinate, ``hashed = hash(id >> preshift_bits)``, minishard = low
-  ``minishard_bits`` of ``hashed``, shard = the next ``shard_bits``; shard files are
-  named ``<lowercase hex, zero padded to ceil(shard_bits/4)>.shard``.  This matches
-  TensorStore (``GetCompressedZIndexBits``/``EncodeCompressedZIndex`` in
-  ``driver/neuroglancer_precomputed/metadata.cc``, ``GetChunkShardInfo`` and
-  ``MurmurHash3_x86_128Hash64Bits`` in ``kvstore/neuroglancer_uint64_sharded``).
-
-* DVID's ``export-shards`` naming (FORMATS.md §3): each DVID shard file is named
-  ``{ox}_{oy}_{oz}`` after a voxel origin ``floor(chunk_size * chunk / S) * S`` where
-  ``S`` is one *cubic* extent per scale.  DVID derives ``S`` by walking the compressed
-  Morton code bit by bit (like TensorStore's ``GetShardChunkHierarchy``): the low
-  ``min(preshift_bits + minishard_bits, total z-index bits)`` bits are handed out round
-  robin over x, y, z (skipping axes whose bits are used up), each axis' extent is
-  ``min(grid, 2**bits_taken)`` chunks, and ``S`` is the largest of the three extents
-  times the chunk size (``datatype/labelmap/export.go`` in janelia-flyem/dvid,
-  ``shardHandler.Initialize`` and ``shardOriginFromChunkCoord``).
-
-  That is the naming since DVID's commit "Fix Morton code and shard extent computation to match
-  tensorstore" (2026-03-21).  Before it, ``S`` was ``2 ** ((18 + preshift_bits + minishard_bits)
-  // 3)`` voxels (18 = 3 * log2 64) whatever the grid (`dvid_old_shard_extent`): where the
-  neuroglancer shard is larger than that cube on some axis, one shard is split over several
-  files (FORMATS.md §3a).  `dvid_namings_agree` tells whether the two generations name every
-  chunk's file alike at a scale.
+* Neuroglancer's scheme (FORMATS.md §4): chunk id = compressed Morton code of the chunk's grid
+  coordinate, ``hashed = hash(id >> preshift_bits)``, minishard = its low ``minishard_bits``,
+  shard = the next ``shard_bits``; files ``<hex, zero padded to ceil(shard_bits / 4)>.shard``,
+  as TensorStore (``EncodeCompressedZIndex``, ``GetChunkShardInfo``,
+  ``MurmurHash3_x86_128Hash64Bits``).
+* DVID's ``export-shards`` names (FORMATS.md §3, ``datatype/labelmap/export.go``): a file is
+  ``{ox}_{oy}_{oz}`` after the voxel origin ``floor(chunk * c / S) * S`` of one cubic extent
+  ``S`` per scale: the low ``min(preshift + minishard bits, total)`` Morton bits handed out
+  round robin over x, y, z (as TensorStore's ``GetShardChunkHierarchy``), ``S`` the largest
+  ``min(grid, 2**bits_taken)`` times the chunk. Before DVID's 2026-03-21 commit ("Fix Morton
+  code and shard extent computation to match tensorstore") ``S`` was ``2 ** ((18 + preshift +
+  minishard) // 3)`` voxels whatever the grid (`dvid_old_shard_extent`), which splits a shard
+  over several files where it is larger on some axis (FORMATS.md §3a).
 """
 
 from __future__ import annotations
@@ -53,7 +39,6 @@ __all__ = [
     "compressed_z_index_bits",
     "DVID_NAMING_CHANGE",
     "NAMINGS",
-    "dvid_namings_agree",
     "dvid_old_shard_extent",
     "dvid_shard_extent",
     "dvid_shard_names_collide",
@@ -77,38 +62,22 @@ ENCODINGS = ("raw", "gzip")
 
 
 def _is_int(value: Any) -> bool:
-    """True for Python/numpy integers, False for bools and everything else."""
+    """Python or numpy integers, not bools."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-# --------------------------------------------------------------------------------------
-# sharding spec
-# --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ShardingSpec:
-    """A validated neuroglancer ``neuroglancer_uint64_sharded_v1`` sharding spec.
+    """A validated ``neuroglancer_uint64_sharded_v1`` spec (SpecError on a bad field).
 
     Parameters
     ----------
     preshift_bits : int
         Low bits of the chunk id dropped before hashing.
-    minishard_bits : int
-        Bits of the hashed id that give the minishard number.
-    shard_bits : int
-        Bits of the hashed id, above the minishard bits, that give the shard number.
-    hash : str
-        ``"identity"`` or ``"murmurhash3_x86_128"``.
-    minishard_index_encoding : str, optional
-        ``"raw"`` (default) or ``"gzip"``.
-    data_encoding : str, optional
-        ``"raw"`` (default) or ``"gzip"``.
-
-    Raises
-    ------
-    SpecError
-        If any field is invalid (checked on construction as well as in `from_json`).
+    minishard_bits, shard_bits : int
+        Bits of the hashed id giving the minishard, and above them the shard.
+    hash : {"identity", "murmurhash3_x86_128"}
+    minishard_index_encoding, data_encoding : {"raw", "gzip"}, optional
     """
 
     preshift_bits: int
@@ -145,25 +114,8 @@ class ShardingSpec:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ShardingSpec:
-        """Build a spec from its JSON object (the ``"sharding"`` member of a scale).
-
-        Parameters
-        ----------
-        d : Mapping
-            The decoded JSON object. ``@type``, ``preshift_bits``, ``minishard_bits``,
-            ``shard_bits`` and ``hash`` are required; the two encodings default to
-            ``"raw"``. Members this format does not define are ignored.
-
-        Returns
-        -------
-        ShardingSpec
-
-        Raises
-        ------
-        SpecError
-            If ``d`` is not an object, ``@type`` is not ``neuroglancer_uint64_sharded_v1``,
-            a required member is missing, or any member has an invalid value.
-        """
+        """The spec of a scale's ``"sharding"`` JSON object (encodings default to raw, unknown
+        members ignored); SpecError when it is not such an object or a member is missing or bad."""
         if not isinstance(d, Mapping):
             raise SpecError(f"sharding spec must be a JSON object, got {type(d).__name__}")
         if "@type" not in d:
@@ -185,14 +137,7 @@ class ShardingSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Return the spec as its JSON object.
-
-        Returns
-        -------
-        dict
-            ``{"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": ..., ...}``,
-            accepted back by `from_json` and by TensorStore.
-        """
+        """The spec's JSON object, accepted back by `from_json` and by TensorStore."""
         return {
             "@type": SHARDING_TYPE,
             "hash": self.hash,
@@ -204,13 +149,8 @@ class ShardingSpec:
         }
 
 
-# --------------------------------------------------------------------------------------
-# chunk grid and compressed Morton code
-# --------------------------------------------------------------------------------------
-
-
 def _xyz_ints(values: Any, what: str, *, minimum: int) -> tuple[int, int, int]:
-    """Validate an int or a length-3 sequence of ints >= minimum; SpecError otherwise."""
+    """An int or 3 ints >= minimum as (x, y, z); SpecError otherwise."""
     if _is_int(values):
         values = (values,) * 3
     try:
@@ -225,48 +165,16 @@ def _xyz_ints(values: Any, what: str, *, minimum: int) -> tuple[int, int, int]:
 
 
 def grid_shape(size_voxels: Sequence[int], chunk_size: Sequence[int] | int) -> tuple[int, int, int]:
-    """Number of chunks along x, y, z covering a volume.
-
-    Parameters
-    ----------
-    size_voxels : sequence of 3 int
-        Volume size in voxels (x, y, z), each >= 1.
-    chunk_size : int or sequence of 3 int
-        Chunk size in voxels, each >= 1.
-
-    Returns
-    -------
-    tuple of 3 int
-        ``ceil(size / chunk)`` per axis.
-
-    Raises
-    ------
-    SpecError
-        If a size or chunk size is not a positive integer, or there are not 3 of them.
-    """
+    """Chunks along x, y, z covering ``size_voxels`` (``ceil(size / chunk)``); SpecError unless
+    both are positive integers (3, or one for every axis)."""
     size = _xyz_ints(size_voxels, "volume size", minimum=1)
     chunk = _xyz_ints(chunk_size, "chunk size", minimum=1)
     return tuple(-(-s // c) for s, c in zip(size, chunk, strict=True))  # type: ignore[return-value]
 
 
 def compressed_z_index_bits(grid: Sequence[int]) -> tuple[int, int, int]:
-    """Bits each axis contributes to the compressed Morton code.
-
-    Parameters
-    ----------
-    grid : sequence of 3 int
-        Chunk grid shape (x, y, z), each >= 1.
-
-    Returns
-    -------
-    tuple of 3 int
-        ``bit_width(grid - 1)`` per axis (0 for an axis of one chunk).
-
-    Raises
-    ------
-    SpecError
-        If the grid is invalid or needs more than 64 bits in total.
-    """
+    """Bits each axis gives the compressed Morton code (``bit_width(grid - 1)``); SpecError when
+    the grid is bad or needs more than 64 bits."""
     g = _xyz_ints(grid, "chunk grid shape", minimum=1)
     bits = tuple(int(n - 1).bit_length() for n in g)
     if sum(bits) > 64:
@@ -275,7 +183,7 @@ def compressed_z_index_bits(grid: Sequence[int]) -> tuple[int, int, int]:
 
 
 def _bit_layout(bits: tuple[int, int, int]) -> list[tuple[int, int]]:
-    """(axis, source bit) of each output bit of the compressed Morton code, bit 0 first."""
+    """(axis, source bit) of each bit of the compressed Morton code, bit 0 first."""
     layout = []
     for bit in range(max(bits)):
         for axis in range(3):
@@ -285,7 +193,7 @@ def _bit_layout(bits: tuple[int, int, int]) -> list[tuple[int, int]]:
 
 
 def _as_coords(chunk_coords: Any) -> tuple[np.ndarray, bool]:
-    """Chunk coordinates as an (n, 3) int64 array, plus whether the input was one (3,) point."""
+    """Chunk coordinates as (n, 3) int64, and whether the input was one (3,) point."""
     arr = np.asarray(chunk_coords)
     if not np.issubdtype(arr.dtype, np.integer):  # bool, float, object, str...
         if arr.size == 0 and arr.dtype.kind == "f":  # np.asarray([]) is float64
@@ -319,23 +227,19 @@ def _check_in_grid(coords: np.ndarray, grid: tuple[int, int, int]) -> None:
 
 
 def compressed_morton_code(chunk_coords: Any, grid_shape: Sequence[int]) -> np.ndarray | np.uint64:
-    """Neuroglancer compressed Morton code (chunk id) of chunk grid coordinates.
+    """Neuroglancer's compressed Morton code (chunk id) of chunk grid coordinates.
 
-    Bits of x, y, z are interleaved from bit 0 upward, each axis contributing only
-    ``bit_width(grid - 1)`` bits; an axis whose bits are exhausted is skipped
-    (TensorStore's ``EncodeCompressedZIndex``).
+    Bits of x, y, z interleaved from bit 0 upward, each axis contributing ``bit_width(grid - 1)``
+    bits, an exhausted axis skipped (TensorStore's ``EncodeCompressedZIndex``).
 
     Parameters
     ----------
     chunk_coords : array_like of int, shape (n, 3) or (3,)
-        Chunk coordinates (x, y, z).
     grid_shape : sequence of 3 int
-        Chunk grid shape (x, y, z).
 
     Returns
     -------
-    numpy.ndarray of uint64, shape (n,), or numpy.uint64
-        One code per row; a scalar for a single (3,) coordinate.
+    numpy.ndarray of uint64, shape (n,), or numpy.uint64 for one (3,) coordinate
 
     Raises
     ------
@@ -356,10 +260,7 @@ def compressed_morton_code(chunk_coords: Any, grid_shape: Sequence[int]) -> np.n
     return code[0] if single else code
 
 
-# --------------------------------------------------------------------------------------
 # MurmurHash3_x86_128 (seed 0) of one little-endian uint64, low 64 bits of the result
-# --------------------------------------------------------------------------------------
-
 _M32 = np.uint64(0xFFFFFFFF)
 _C1 = np.uint64(0x239B961B)
 _C2 = np.uint64(0xAB0E9789)
@@ -423,25 +324,9 @@ def _murmur_low64_kernel(values, out):  # type: ignore[no-untyped-def]  # pragma
 
 
 def murmurhash3_x86_128_low64(values: Any) -> np.ndarray | np.uint64:
-    """MurmurHash3_x86_128 (seed 0) of each uint64 in little-endian encoding, low 64 bits.
-
-    The 16-byte hash is ``h1 h2 h3 h4`` (little-endian uint32 words); the low 8 bytes read
-    as a little-endian uint64 are ``h2 << 32 | h1``, the value neuroglancer's sharding uses.
-
-    Parameters
-    ----------
-    values : array_like of unsigned/non-negative integers, or an int
-        Values to hash (any shape).
-
-    Returns
-    -------
-    numpy.ndarray of uint64 (same shape) or numpy.uint64 for a scalar input.
-
-    Raises
-    ------
-    ValueError
-        If the input is not integer or holds negative values.
-    """
+    """MurmurHash3_x86_128 (seed 0) of each non-negative integer as 8 little-endian bytes, low 64 bits
+    (``h2 << 32 | h1``, what neuroglancer's sharding uses); an array of the input's shape, or a
+    ``numpy.uint64`` for a scalar. ValueError for non-integers or negatives."""
     arr = np.asarray(values)
     if not np.issubdtype(arr.dtype, np.integer):
         if arr.size == 0:
@@ -459,11 +344,6 @@ def murmurhash3_x86_128_low64(values: Any) -> np.ndarray | np.uint64:
     return out.reshape(arr.shape)
 
 
-# --------------------------------------------------------------------------------------
-# shard / minishard assignment and shard boxes
-# --------------------------------------------------------------------------------------
-
-
 def _low_mask(nbits: int) -> np.uint64:
     out: np.uint64 = np.uint64((1 << nbits) - 1)
     return out
@@ -478,25 +358,8 @@ def _shift_right(x: np.ndarray, amount: int) -> np.ndarray:
 def shard_and_minishard(
     spec: ShardingSpec, chunk_coords: Any, grid_shape: Sequence[int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Shard and minishard numbers of chunks under a sharding spec.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    chunk_coords : array_like of int, shape (n, 3) or (3,)
-        Chunk coordinates (x, y, z).
-    grid_shape : sequence of 3 int
-        Chunk grid shape of the scale.
-
-    Returns
-    -------
-    shard, minishard : numpy.ndarray of uint64, shape (n,) (scalars for a (3,) input)
-
-    Raises
-    ------
-    ValueError
-        If coordinates are malformed or outside the grid.
-    """
+    """(shard, minishard) uint64 arrays of chunk coordinates ((n, 3), or scalars for (3,)) under
+    ``spec``; ValueError when coordinates are malformed or outside ``grid_shape``."""
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
     ids = np.atleast_1d(compressed_morton_code(chunk_coords, grid_shape))
@@ -511,12 +374,8 @@ def shard_and_minishard(
 
 
 def _bits_taken(bits: tuple[int, int, int], nbits: int) -> list[int]:
-    """Bits per axis consumed by the lowest ``nbits`` bits of the compressed Morton code.
-
-    Walks the code the way it is built: round robin over x, y, z, skipping an axis whose
-    bits are used up (TensorStore's ``CompressedMortonBitIterator``). ``nbits`` must not
-    exceed ``sum(bits)``.
-    """
+    """Bits per axis used by the lowest ``nbits`` Morton bits: round robin over x, y, z, skipping
+    an exhausted axis (TensorStore's ``CompressedMortonBitIterator``)."""
     taken = [0, 0, 0]
     axis = 0
     for _ in range(nbits):
@@ -535,32 +394,13 @@ def _box_chunks(spec: ShardingSpec, grid: tuple[int, int, int]) -> tuple[int, in
 
 
 def shard_extent_chunks(spec: ShardingSpec, grid_shape: Sequence[int]) -> tuple[int, int, int]:
-    """Per-axis extent, in chunks, of the box of chunks that share one shard.
+    """Per-axis extent, in chunks, of the aligned box of chunks one identity-hash shard holds.
 
-    With the identity hash a shard holds the chunks whose compressed Morton codes agree
-    above the low ``preshift_bits + minishard_bits`` bits. Those low bits are distributed
-    over the axes the way the interleave does, giving an aligned box of
-    ``min(grid, 2**bits_on_axis)`` chunks per axis (TensorStore's
-    ``GetShardChunkHierarchy``). Boxes tile the grid from the origin; the last box on an
-    axis may be cut by the grid. When the grid needs more Morton bits than
-    ``preshift + minishard + shard`` bits, shard numbers wrap: every box still lies in a
-    single shard, but one shard then holds several boxes.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-        Must use the ``identity`` hash.
-    grid_shape : sequence of 3 int
-        Chunk grid shape (x, y, z).
-
-    Returns
-    -------
-    tuple of 3 int
-
-    Raises
-    ------
-    SpecError
-        If the hash is not ``identity`` (hashed shards are not boxes) or the grid is invalid.
+    The low ``preshift_bits + minishard_bits`` Morton bits spread over the axes as the interleave
+    does: ``min(grid, 2**bits_on_axis)`` chunks per axis (TensorStore's ``GetShardChunkHierarchy``);
+    boxes tile the grid from the origin. When the grid needs more Morton bits than the spec's, shard
+    numbers wrap: a box is still one shard, a shard several boxes. SpecError for a hashed spec
+    (hashed shards are not boxes) or a bad grid.
     """
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
@@ -572,11 +412,6 @@ def shard_extent_chunks(spec: ShardingSpec, grid_shape: Sequence[int]) -> tuple[
     return _box_chunks(spec, grid)
 
 
-# --------------------------------------------------------------------------------------
-# DVID export-shards naming
-# --------------------------------------------------------------------------------------
-
-
 def _cubic_chunk_size(chunk_size: Any) -> int:
     c = _xyz_ints(chunk_size, "chunk size", minimum=1)
     if len(set(c)) != 1:
@@ -585,32 +420,12 @@ def _cubic_chunk_size(chunk_size: Any) -> int:
 
 
 def dvid_shard_extent(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64) -> int:
-    """Shard extent ``S`` in voxels that DVID's export-shards uses to name shard files.
+    """Shard extent ``S`` (voxels) DVID's export-shards names files by (``shardHandler.Initialize``).
 
-    DVID (``datatype/labelmap/export.go``, ``shardHandler.Initialize``) computes the chunk
-    grid ``ceil(size / chunk)``, the compressed Morton bits ``bit_width(grid - 1)`` per
-    axis, takes ``min(preshift_bits + minishard_bits, total bits)`` low bits, hands them
-    out round robin over x, y, z skipping exhausted axes, and sets
-    ``S = max over axes of min(grid, 2**bits_taken) * chunk``. The hash and shard_bits do
-    not enter (DVID only implements the identity hash). ``S`` need not be a power of two
-    at coarse scales where the grid caps the box (e.g. 17 chunks -> 1088 voxels).
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    size_voxels : sequence of 3 int
-        Volume size of the scale in voxels (x, y, z).
-    chunk_size : int, optional
-        Cubic chunk size in voxels; DVID exports always use 64.
-
-    Returns
-    -------
-    int
-
-    Raises
-    ------
-    SpecError
-        If the size or chunk size is invalid.
+    ``S = max over axes of min(grid, 2**bits_taken) * chunk`` from the low ``min(preshift +
+    minishard, total)`` Morton bits; hash and shard_bits do not enter (DVID implements only the
+    identity hash). Not a power of two where the grid caps the box (17 chunks -> 1088 voxels).
+    SpecError for a bad size or non-cubic chunk.
     """
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
@@ -620,29 +435,10 @@ def dvid_shard_extent(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size
 
 
 def dvid_old_shard_extent(spec: ShardingSpec, chunk_size: int = 64) -> int:
-    """Shard extent ``S`` in voxels of DVID's file names before 2026-03-21 (`DVID_NAMING_CHANGE`).
-
-    ``S = 2 ** ((18 + preshift_bits + minishard_bits) // 3)`` voxels for DVID's 64-voxel chunks
-    (18 = 3 * log2 64), one cube whatever the grid: that is
-    ``chunk * 2 ** ((preshift_bits + minishard_bits) // 3)``. With the mCNS spec: 2048 voxels at
-    s0-s6 (as today), then 1024, 512, 256, 128, 64 at s7-s11 where today's `dvid_shard_extent`
-    is 1088, 576, 320, 192, 128.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    chunk_size : int, optional
-        Cubic chunk size in voxels, a power of two; DVID exports always use 64.
-
-    Returns
-    -------
-    int
-
-    Raises
-    ------
-    SpecError
-        If the chunk size is not a power of two.
-    """
+    """``S`` (voxels) of DVID's names before 2026-03-21 (`DVID_NAMING_CHANGE`): ``chunk * 2 **
+    ((preshift_bits + minishard_bits) // 3)``, one cube whatever the grid. mCNS: 2048 at s0-s6 (as
+    today), then 1024 .. 64 at s7-s11 where `dvid_shard_extent` gives 1088, 576, 320, 192, 128.
+    SpecError unless the chunk size is a power of two."""
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
     chunk = chunk_size if type(chunk_size) is int and chunk_size > 0 else _cubic_chunk_size(chunk_size)
@@ -651,33 +447,9 @@ def dvid_old_shard_extent(spec: ShardingSpec, chunk_size: int = 64) -> int:
     return chunk << ((spec.preshift_bits + spec.minishard_bits) // 3)
 
 
-def dvid_namings_agree(spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64) -> bool:
-    """Whether DVID's two naming generations give every chunk of a scale the same file.
-
-    True when ``floor(chunk * c / S) * S`` is the same with `dvid_shard_extent` and with
-    `dvid_old_shard_extent` for every chunk coordinate ``c`` of the grid, on every axis: the
-    file names alone then cannot tell the generations apart, and need not. False at the mCNS
-    spec's s7-s11.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    size_voxels : sequence of 3 int
-        Volume size of the scale in voxels (x, y, z), from the origin.
-    chunk_size : int, optional
-
-    Returns
-    -------
-    bool
-    """
-    chunk = _cubic_chunk_size(chunk_size)
-    return namings_agree(dvid_old_shard_extent(spec, chunk), dvid_shard_extent(spec, size_voxels, chunk),
-                         grid_shape(size_voxels, chunk), chunk)
-
-
 def namings_agree(old: int, new: int, grid: Sequence[int], chunk: int = 64) -> bool:
-    """`dvid_namings_agree` from the two extents (voxels) and the chunk grid: whether
-    ``floor(chunk * c / S) * S`` is the same with both for every chunk coordinate of the grid."""
+    """Whether ``floor(chunk * c / S) * S`` is the same with both extents (voxels) for every chunk
+    coordinate of the grid: DVID's two naming generations then name every file alike."""
     if old == new:
         return True
     for g in grid:
@@ -690,24 +462,9 @@ def namings_agree(old: int, new: int, grid: Sequence[int], chunk: int = 64) -> b
 def dvid_shard_names_collide(
     spec: ShardingSpec, size_voxels: Sequence[int], chunk_size: int = 64
 ) -> bool:
-    """Whether DVID's cubic naming can give two neuroglancer shards the same file name.
-
-    DVID names a shard after ``floor(chunk * c / S) * S`` with one cubic ``S`` (the largest
-    box extent). If on some axis the identity-hash shard box is shorter than ``S`` without
-    covering the whole grid on that axis, two different shards fall in one cubic cell and
-    get the same name (DVID then appends both to one file). False means every DVID file
-    holds exactly one shard's box.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    size_voxels : sequence of 3 int
-    chunk_size : int, optional
-
-    Returns
-    -------
-    bool
-    """
+    """Whether DVID's cubic naming can give two neuroglancer shards one file name: where the shard box
+    is shorter than ``S`` on an axis without covering the grid, two shards share a cubic cell and
+    DVID appends both to one file."""
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
     chunk = _cubic_chunk_size(chunk_size)
@@ -720,31 +477,9 @@ def dvid_shard_names_collide(
 def dvid_shard_origin(
     chunk_coords: Any, shard_extent_voxels: int, chunk_size: int = 64
 ) -> np.ndarray:
-    """Voxel origin of the DVID shard file holding each chunk.
-
-    ``origin = floor(chunk_size * chunk / S) * S`` per axis (DVID's
-    ``shardOriginFromChunkCoord``, which assumes cubic shards).
-
-    Parameters
-    ----------
-    chunk_coords : array_like of int, shape (n, 3) or (3,)
-        Non-negative chunk coordinates (x, y, z).
-    shard_extent_voxels : int
-        ``S`` from `dvid_shard_extent`; a positive multiple of ``chunk_size``.
-    chunk_size : int, optional
-        Chunk size in voxels (64 for DVID).
-
-    Returns
-    -------
-    numpy.ndarray of int64, shape (n, 3) (or (3,) for a single coordinate)
-
-    Raises
-    ------
-    ValueError
-        If coordinates are malformed or negative.
-    SpecError
-        If ``S`` or the chunk size is invalid.
-    """
+    """Voxel origin ``floor(chunk_size * chunk / S) * S`` of the DVID shard file holding each chunk
+    (``shardOriginFromChunkCoord``): (n, 3) int64, or (3,) for one coordinate. ValueError for
+    malformed or negative coordinates, SpecError unless ``S`` is a positive multiple of the chunk."""
     chunk = _cubic_chunk_size(chunk_size)
     if not _is_int(shard_extent_voxels) or shard_extent_voxels <= 0:
         raise SpecError(f"shard extent must be a positive integer, got {shard_extent_voxels!r}")
@@ -760,21 +495,7 @@ def dvid_shard_origin(
 
 
 def shard_filename_stem(origin: Sequence[int]) -> str:
-    """DVID shard file stem ``"{ox}_{oy}_{oz}"`` for a voxel origin.
-
-    Parameters
-    ----------
-    origin : sequence of 3 int
-
-    Returns
-    -------
-    str
-
-    Raises
-    ------
-    ValueError
-        If ``origin`` is not 3 integers.
-    """
+    """DVID's shard file stem ``"{ox}_{oy}_{oz}"`` of a voxel origin (3 integers, else ValueError)."""
     items = list(np.asarray(origin).reshape(-1)) if isinstance(origin, np.ndarray) else list(origin)
     if len(items) != 3 or not all(_is_int(v) for v in items):
         raise ValueError(f"a shard origin must be 3 integers, got {origin!r}")
@@ -782,37 +503,14 @@ def shard_filename_stem(origin: Sequence[int]) -> str:
 
 
 def shard_key(shard_number: int, shard_bits: int) -> str:
-    """Neuroglancer precomputed shard file name for a shard number.
-
-    Parameters
-    ----------
-    shard_number : int
-        In ``[0, 2**shard_bits)``.
-    shard_bits : int
-        From the sharding spec, 0..64.
-
-    Returns
-    -------
-    str
-        Lowercase hex zero padded to ``ceil(shard_bits / 4)`` digits, plus ``".shard"``
-        (``"0.shard"`` when ``shard_bits`` is 0).
-
-    Raises
-    ------
-    ValueError
-        If the arguments are not integers in range.
-    """
+    """Neuroglancer's shard file name: lowercase hex zero padded to ``ceil(shard_bits / 4)``
+    digits, plus ``".shard"``; ValueError for arguments out of range."""
     if not _is_int(shard_bits) or not 0 <= shard_bits <= 64:
         raise ValueError(f"shard_bits must be an integer in [0, 64], got {shard_bits!r}")
     if not _is_int(shard_number) or not 0 <= int(shard_number) < (1 << int(shard_bits)):
         raise ValueError(f"shard number {shard_number!r} is not in [0, 2**{shard_bits})")
     width = math.ceil(int(shard_bits) / 4)
     return f"{int(shard_number):0{width}x}.shard"
-
-
-# --------------------------------------------------------------------------------------
-# writing a shard file as its entries arrive
-# --------------------------------------------------------------------------------------
 
 
 def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
@@ -831,27 +529,21 @@ def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
 class ShardFileWriter:
     """Write one ``neuroglancer_uint64_sharded_v1`` shard file as its entries arrive.
 
-    The layout is TensorStore's: the shard index (``2**minishard_bits`` pairs of u64 [start,
-    end) of each minishard index, relative to the end of the shard index; (0, 0) for an empty
-    minishard), then per minishard in order its entries (keys ascending) followed by its
-    minishard index (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes). Memory
-    is one minishard's index, whatever the size of the shard: entries go to ``file`` as they
-    come, and the shard index is written over its placeholder by :meth:`finish`.
+    TensorStore's layout: the shard index (per minishard u64 [start, end) of its index, relative to
+    the index's end; (0, 0) when empty), then per minishard its entries (keys ascending) and its
+    index (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes). Memory is one
+    minishard's index: entries go to ``file`` as they come, `finish` writes the shard index over its
+    placeholder. Entries are written as given (gzip them for ``data_encoding`` gzip), in file order:
+    by minishard, then ascending, all in one shard.
 
     Parameters
     ----------
     spec : ShardingSpec
     file : binary file
-        Open for writing and seekable, positioned at its start (empty).
+        Empty, seekable, open for writing.
     compress : callable, optional
-        ``bytes -> bytes`` gzip of a minishard index when ``minishard_index_encoding`` is gzip
-        (default: Python's ``gzip`` at level 9, mtime 0; pass TensorStore's own to match its
-        bytes exactly: zlib builds differ).
-
-    Notes
-    -----
-    Entries are written as given: with ``data_encoding`` gzip the caller passes gzipped bytes.
-    Keys must come in the order of the file: by minishard, then ascending, all in one shard.
+        gzip of a minishard index for ``minishard_index_encoding`` gzip (default: Python's, mtime
+        0; pass TensorStore's to match its bytes: zlib builds differ).
     """
 
     def __init__(self, spec: ShardingSpec, file: BinaryIO, compress: Callable[[bytes], bytes] | None = None):
@@ -872,13 +564,8 @@ class ShardFileWriter:
         file.write(bytes(16 * self._nmini))
 
     def add(self, key: int, value: bytes) -> None:
-        """Append the entry ``key`` holding ``value``.
-
-        Raises
-        ------
-        ValueError
-            If the key belongs to another shard than the earlier ones, or comes out of order.
-        """
+        """Append the entry ``key`` holding ``value``; ValueError when the key belongs to another
+        shard or comes out of order."""
         shard, mini = shard_of_key(self.spec, key)
         if self.shard is None:
             self.shard = shard
@@ -914,11 +601,8 @@ class ShardFileWriter:
         self._keys, self._starts, self._sizes = [], [], []
 
     def finish(self) -> int:
-        """Write the last minishard index and the shard index; returns the entries written.
-
-        The file then holds the whole shard (``16 * 2**minishard_bits`` bytes of zeros when no
-        entry was added: write no such file, TensorStore does not).
-        """
+        """Write the last minishard index and the shard index; returns the entries written (none: the
+        file is only zeros, write no such file, TensorStore does not)."""
         self._flush()
         self.file.seek(0)
         self.file.write(self._ranges.tobytes())

@@ -767,9 +767,17 @@ def _ref_agree(old: int, new: int, size) -> bool:
     return True
 
 
+def dvid_namings_agree(sp, size, chunk=64) -> bool:
+    """Whether DVID's two naming generations name every chunk's file of a scale alike."""
+    from dvidshards.formats.sharding import dvid_old_shard_extent, grid_shape, namings_agree
+
+    return namings_agree(dvid_old_shard_extent(sp, chunk), dvid_shard_extent(sp, size, chunk), grid_shape(size, chunk),
+                         chunk)
+
+
 def test_dvid_old_shard_extent_mcns(dvid_data):
     """The real spec: 2048 at s0-s6 (as today), then 1024..64 where today's extent is 1088..128."""
-    from dvidshards.formats.sharding import dvid_namings_agree, dvid_old_shard_extent
+    from dvidshards.formats.sharding import dvid_old_shard_extent
 
     scales = _mcns_scales(dvid_data)
     old = [dvid_old_shard_extent(ShardingSpec.from_json(s["sharding"])) for s in scales]
@@ -784,7 +792,7 @@ def test_dvid_old_shard_extent_mcns(dvid_data):
 def test_dvid_namings_agree_against_brute_force():
     """Random specs and volumes; also: wherever the old cube is the larger, the two name files alike
     (so an old file is always inside one of today's shard cells)."""
-    from dvidshards.formats.sharding import dvid_namings_agree, dvid_old_shard_extent
+    from dvidshards.formats.sharding import dvid_old_shard_extent
 
     rng = np.random.default_rng(21)
     seen = {True: 0, False: 0}
