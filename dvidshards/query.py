@@ -24,7 +24,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,10 +32,14 @@ from .errors import BlockDecodeError, MissingShardError, ShardFormatError, SpecE
 from .formats.blockstats import BlockError, batch_stats
 from .formats.chunkindex import pack_keys
 from .formats.labelindex import INDEX_FORMAT, bucket_name, bucket_of, labels_id
-from .formats.labels import Mapped, Supervoxels, as_labels
+from .formats.labels import LabelSource, Mapped, Supervoxels, as_labels
 from .formats.mapping import LabelMapping
-from .formats.records import R_NSV, list_values
+from .formats.multiscale import Scale
+from .formats.records import R_NSV, RecordTable, list_values
 from .formats.sparsevol import block_bits, entries_at
+from .protocol import DatasetLike
+from .read import ChunkReader
+from .shard import Shard
 from .stores import as_store
 
 __all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_bits", "body_mask", "chunks_with",
@@ -45,7 +49,7 @@ __all__ = ["BodyIndex", "BodyMask", "IndexRows", "SupervoxelTable", "body_bits",
 _U64_MAX = np.uint64((1 << 64) - 1)
 
 
-def record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
+def record_ids(t: RecordTable, src: LabelSource) -> tuple[np.ndarray, np.ndarray]:
     """Every record's ids under a label source (flat) and the record each belongs to."""
     if isinstance(src, Supervoxels):
         return list_values(t, "supervoxels")
@@ -55,7 +59,7 @@ def record_ids(t, src) -> tuple[np.ndarray, np.ndarray]:
     return list_values(t, "labels")
 
 
-def ids_of(t, k: int, src) -> np.ndarray:
+def ids_of(t: RecordTable, k: int, src: LabelSource) -> np.ndarray:
     """Record k's label list under a label source (``uint64``, entry for entry its supervoxels')."""
     pal = src.palette(t, k)
     return t.supervoxels(k) if pal is None else np.asarray(pal, np.uint64)
@@ -68,7 +72,7 @@ def _ids(ids) -> np.ndarray:
     return np.unique(a.astype(np.uint64))
 
 
-def chunks_with(ds, ids, scale=0, labels="agglomerated") -> np.ndarray:
+def chunks_with(ds: DatasetLike, ids: Any, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
     """(n, 3) int64 chunks (x, y, z; sorted by z, y, x) whose label lists hold any of ``ids``
     (bodies, or supervoxels with ``labels="supervoxels"``), no block decompressed.  Absent chunks
     hold no list: id 0 finds only the chunks that list it."""
@@ -86,7 +90,7 @@ def chunks_with(ds, ids, scale=0, labels="agglomerated") -> np.ndarray:
     return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
 
 
-def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
+def labels_in_box(ds: DatasetLike, box: Any, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
     """Sorted ``uint64`` ids in a voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` inside the volume (0 when
     background is in it): whole chunks from their lists, cut chunks decoded.  MissingShardError for
     a missing shard file the box needs, as ``Dataset.read``."""
@@ -97,7 +101,7 @@ def labels_in_box(ds, box, scale=0, labels="agglomerated") -> np.ndarray:
         return np.zeros(0, np.uint64)
     cs = np.asarray(s.chunk_size, np.int64)
     clo, chi = lo // cs, -(-hi // cs)
-    reader = ds.reader(s, src)
+    reader = ds.reader(s, labels=src)
     found = [np.zeros(0, np.uint64)]
     present = 0
     for shard, rows, c in _shards_in(reader, s, clo, chi):
@@ -131,7 +135,8 @@ def _points(points) -> np.ndarray:
     return p.astype(np.int64)
 
 
-def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False) -> np.ndarray:
+def label_at(ds: DatasetLike, points: Any, *, scale: int | Scale = 0, labels: Any = "agglomerated",
+             fill_missing_shards: bool = False) -> np.ndarray:
     """The ``uint64`` ids at (n, 3) voxels x, y, z of a scale, 0 for background (DVID's ``/labels``,
     cloud-volume's ``download_point``); SpecError naming the first point outside the volume.
 
@@ -162,7 +167,7 @@ def label_at(ds, points, *, scale=0, labels="agglomerated", fill_missing_shards:
         order = np.argsort(inv, kind="stable")
         bounds = np.searchsorted(inv[order], np.arange(len(chunks) + 1))
         groups = shard_groups(s, chunks)
-    reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
+    reader = ds.reader(s, labels=src, fill_missing_shards=fill_missing_shards)
     for group in groups:
         first = chunks[group[0]]
         shard = reader.shard(*(int(v) for v in first))
@@ -199,12 +204,13 @@ def _pack(c: np.ndarray) -> np.ndarray:
     return pack_keys(c - c.min(axis=0))
 
 
-def _per_shard(s) -> np.ndarray:
+def _per_shard(s: Scale) -> np.ndarray:
     """Chunks per shard side (x, y, z)."""
     return np.maximum(min(s.shard_extent, 1 << 40) // np.asarray(s.chunk_size, np.int64), 1)
 
 
-def _shards_in(reader, s, clo: np.ndarray, chi: np.ndarray):
+def _shards_in(reader: ChunkReader, s: Scale, clo: np.ndarray, chi: np.ndarray
+               ) -> Iterator[tuple[Shard, np.ndarray, np.ndarray]]:
     """(shard, rows, coords) of each shard holding chunks of [clo, chi) (rows: its records there;
     a shard missing and filled as background is left out)."""
     so = _per_shard(s)
@@ -217,7 +223,7 @@ def _shards_in(reader, s, clo: np.ndarray, chi: np.ndarray):
             yield shard, rows, c[rows]
 
 
-def shard_groups(s, chunks) -> list[np.ndarray]:
+def shard_groups(s: Scale, chunks: Any) -> list[np.ndarray]:
     """Positions of chunks grouped by the shard holding them (each group non-empty, ascending)."""
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
     if not len(c):
@@ -230,7 +236,8 @@ def shard_groups(s, chunks) -> list[np.ndarray]:
 # --------------------------------------------------------------------------- unique, mapping
 
 
-def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fill_missing_shards: bool = False):
+def unique(ds: DatasetLike, box: Any, *, scale: int | Scale = 0, labels: Any = "agglomerated", counts: bool = False,
+           fill_missing_shards: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Sorted ``uint64`` ids in a voxel box (0 for background), and with ``counts`` their ``int64``
     voxels in it (cloud-volume's ``unique``).
 
@@ -247,7 +254,7 @@ def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fil
         return (ids_parts[0], cnt_parts[0]) if counts else ids_parts[0]
     cs = np.asarray(s.chunk_size, np.int64)
     clo, chi = lo // cs, -(-hi // cs)
-    reader = ds.reader(s, src, fill_missing_shards=fill_missing_shards)
+    reader = ds.reader(s, labels=src, fill_missing_shards=fill_missing_shards)
     background = int(np.prod(hi - lo))  # voxels not yet accounted for by a chunk
     for shard, rows, c in _shards_in(reader, s, clo, chi):
         if not rows.size:
@@ -285,7 +292,7 @@ def unique(ds, box, *, scale=0, labels="agglomerated", counts: bool = False, fil
     return u[keep], tot[keep]
 
 
-def count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, ...]:
+def count_blocks(t: RecordTable, rows: Any, a: np.ndarray, b: np.ndarray, src: LabelSource) -> tuple[np.ndarray, ...]:
     """The labels of records ``rows`` of a table counted inside [a, b) of each (voxels of its
     chunk; no voxel written): ``(k, ids, supervoxels, voxels, boxes)``, one entry per label
     found in a record: its position in ``rows``, id under ``src``, supervoxel, voxels and box
@@ -309,7 +316,7 @@ def count_blocks(t, rows, a, b, src) -> tuple[np.ndarray, ...]:
     return blk, ids, sv.astype(np.uint64), vox.astype(np.int64), box
 
 
-def held_scales(ds) -> list[int]:
+def held_scales(ds: DatasetLike) -> list[int]:
     """The scales the export holds (a folder with shard files), finest first.
 
     A spec may list more scales than an export holds (DVID exports scale 0 by default; FORMATS
@@ -325,7 +332,8 @@ def held_scales(ds) -> list[int]:
     return out
 
 
-def mapping(ds, *, scale=None, supervoxels=None, table: bool = False, index: BodyIndex | None = None):
+def mapping(ds: DatasetLike, *, scale: int | Scale | None = None, supervoxels: Any = None, table: bool = False,
+            index: BodyIndex | None = None) -> Any:
     """The export's own supervoxel -> body pairs (DVID's ``/mappings``): every supervoxel found (0
     excluded, identity pairs included), as a `LabelMapping` or with ``table`` a ``pyarrow.Table``
     (``supervoxel``, ``body``; sorted by supervoxel).
@@ -665,7 +673,8 @@ def lookup(table: SupervoxelTable | None, supervoxels) -> np.ndarray:
 _EXPORT_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def supervoxel_table(ds, *, scale=None, index: BodyIndex | None = None) -> SupervoxelTable:
+def supervoxel_table(ds: DatasetLike, *, scale: int | Scale | None = None, index: BodyIndex | None = None
+                     ) -> SupervoxelTable:
     """The export's supervoxel -> body table, built once per process and dataset (and scale).
 
     From ``index`` when it is a label index of agglomerated labels at that scale (its
@@ -692,7 +701,7 @@ def supervoxel_table(ds, *, scale=None, index: BodyIndex | None = None) -> Super
         return got[s.index]
 
 
-def _export_pairs(ds, s):
+def _export_pairs(ds: DatasetLike, s: Scale) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for o in ds.shards(s):
         t = ds.shard(s, o).table()
         sv, _ = list_values(t, "supervoxels")
@@ -708,7 +717,8 @@ class BodyMask(NamedTuple):
     box: list | None
 
 
-def body_mask(ds, body, scale=0, labels="agglomerated", index=None, *, chunks=None) -> BodyMask:
+def body_mask(ds: DatasetLike, body: int, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None, *,
+              chunks: Any = None) -> BodyMask:
     """A body's voxels as a boolean mask over its exact bounding box (DVID's ``sparsevol``).
 
     Only the chunks holding the body are decompressed and decoded: those listed by ``index``
@@ -765,13 +775,14 @@ def body_mask(ds, body, scale=0, labels="agglomerated", index=None, *, chunks=No
     return BodyMask(mask, [lo.tolist(), hi.tolist()])
 
 
-def body_bits(ds, s, src, body: int, chunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def body_bits(ds: DatasetLike, s: Scale, src: LabelSource, body: int, chunks: Any
+              ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(chunk, bits)`` for chunks, in their order: `formats.sparsevol.block_bits` of the chunk's
     block for the voxels that are ``body`` under label source ``src``, uint8 (nz, ny, nx / 8), bit
     i of ``[z, y, j]`` voxel (8 j + i, y, z) of the chunk (voxels outside the volume, and absent
     chunks, all 0). A run of consecutive chunks of one shard is fetched at once."""
     cs = np.asarray(s.chunk_size, np.int64)
-    reader = ds.reader(s, src)
+    reader = ds.reader(s, labels=src)
     vlo = np.asarray(s.voxel_offset, np.int64)
     vhi = vlo + np.asarray(s.size, np.int64)
     target = np.uint64(body)
@@ -782,7 +793,7 @@ def body_bits(ds, s, src, body: int, chunks) -> Iterator[tuple[np.ndarray, np.nd
         shard = reader.shard(*(int(v) for v in run[0]))
         rows = [None if shard is None else shard.find(*(int(v) for v in cc)) for cc in run]
         held = [i for i in rows if i is not None]
-        t = shard.table(np.asarray(held, np.int64)) if held else None
+        t = shard.table(np.asarray(held, np.int64)) if held and shard is not None else None
         k = 0
         for cc, i in zip(run, rows, strict=True):
             if i is None or t is None:
