@@ -1,51 +1,27 @@
-"""DVID's binary sparse-volume format: the RLEs of ``GET .../sparsevol/<label>`` and ``-coarse``.
+"""DVID's binary sparse volumes: the RLEs of ``GET .../sparsevol/<label>`` and ``-coarse``.
 
-Layout (DVID ``datatype/labelmap/labelmap.go`` help text; ``getLegacyRLEs`` and
-``GetSparseCoarseVol`` in ``datatype/labelmap/labelidx.go``), all integers little endian::
+Layout (``labelmap.go`` help text; ``getLegacyRLEs``, ``GetSparseCoarseVol``), little endian:
+``u8`` descriptor 0, ``u8`` dimensions 3, ``u8`` run dimension 0 (x), ``u8`` 0, ``u32`` voxels
+(DVID writes 0, "TODO"), ``u32`` spans n, then n x ``i32 x, y, z, length``. ``-coarse`` has the
+same header and runs of block coordinates (the label index's blocks sorted (z, y, x), x merged).
+``format=srles`` is the spans alone.
 
-    u8   payload descriptor   0 (binary sparse volume: no payload after a span)
-    u8   number of dimensions 3
-    u8   dimension of run     0 (runs along x)
-    u8   reserved             0
-    u32  voxels               0 (DVID writes a placeholder 0, "TODO")
-    u32  number of spans      n
-    n x (i32 x, i32 y, i32 z, i32 length)
+DVID's order (``labels.WriteRLEs``, ``datatype/common/labels/compressed.go``): blocks in sorted
+``IZYXString`` order (z, y, x; negatives first), rows z then y inside a block, a run written
+when it ends; a run reaching the block's +x face is held per (y, z) and continued into the
+x-successor block, so runs are maximal along x. Held runs whose successor holds none of the
+body are written when the next block starts, from a Go map: in random order (`RunOrder` writes
+them sorted by (z, y), otherwise DVID's order exactly). Under ``minx`` .. ``maxz`` bounds a run
+reaching ``maxx`` is held like one reaching the +x face.
 
-``sparsevol-coarse`` has the same header; its spans are runs of *block* coordinates.
+``format=blocks`` (``labels.WriteBinaryBlocks``): ``u32 gx, gy, gz`` (sub-blocks per axis),
+``u64 label``, then per block ``i32 x, y, z`` (first voxel) and a content byte (0 background, 1
+all the body, 2 both), for 2 followed by per 8³ sub-block (z, y, x) a content byte and for 2 a
+64-byte mask, x fastest then y then z, least significant bit first.
 
-What DVID emits (``labels.WriteRLEs`` in ``datatype/common/labels/compressed.go``):
-
-* Runs are **maximal along x**: a run reaching the +x face of a block is held in a buffer
-  keyed by (y, z) and extended into the next block when that block is the x-successor in the
-  sorted block list, so runs are *not* split at block boundaries.
-* Blocks are visited in sorted ``IZYXString`` order (z, then y, then x of the block
-  coordinate; the key is big-endian with the sign bit flipped, so negatives sort first).
-  Within a block rows go z, then y, and a run is written when it ends, so the stream is
-  ordered block by block, not globally by (z, y, x).
-* A run touching a block's +x face whose x-successor block holds none of the body is written
-  when the next block starts (or at the end) from a Go map: in **random order**. DVID's bytes
-  are therefore not reproducible in general; `RunOrder` reproduces DVID's order exactly and
-  writes such flushed groups sorted by (z, y).
-* Coarse spans: the label index's blocks sorted (z, y, x), consecutive x merged
-  (``IZYXSlice.WriteSerializedRLEs`` in ``dvid/``): deterministic.
-
-`RunOrder` gives that order block by block (what a server streams; `encode_runs` feeds it a
-body's runs), also under DVID's ``minx`` .. ``maxz`` bounds: there a run is held for the next
-block when it reaches the last voxel the row scan visits (the block's +x face or ``maxx``), as
-``writeRLEs`` does. A server feeds it each block's voxels as bits read from the block's packed
-values by numba kernels (`block_bits`, `RunOrder.add_bits`), as `entries_at` reads the labels at
-points and `binary_block_bits` makes ``format=blocks``.
-
-The other two ``format`` values of ``GET .../sparsevol/<label>``:
-
-* ``srles``: the spans alone, no header (16 bytes each, in the same order).
-* ``blocks`` (``labels.WriteBinaryBlocks``): a header ``u32 gx, gy, gz`` (sub-blocks per block
-  axis) and ``u64 label``, then per block holding the body ``i32 x, y, z`` (its first voxel)
-  and a content byte: 0 background only, 1 foreground only, 2 both, followed then by one
-  record per 8x8x8 sub-block (z, y, x order): a content byte, and for 2 a 64-byte mask, one
-  bit per voxel, x fastest then y then z, least significant bit first. See `binary_block`.
-
-Runs here are ``int32`` arrays of shape ``(n, 4)``: columns x, y, z, length.
+A server reads a block's voxels as bits straight from its packed values (`block_bits`), runs
+from them (`RunOrder.add_bits`) and ``format=blocks`` (`binary_block_bits`); `entries_at` reads
+the labels at points. Runs are ``int32`` (n, 4): x, y, z, length.
 """
 
 from __future__ import annotations
@@ -90,7 +66,6 @@ __all__ = [
     "clip_runs",
     "coarse_runs",
     "encode_coarse",
-    "encode_runs",
     "entries_at",
     "merge_runs",
     "runs_from_mask",
@@ -100,15 +75,14 @@ HEADER = struct.Struct("<BBBBII")  # descriptor, ndim, run dim, reserved, voxels
 BLOCKS_HEADER = struct.Struct("<IIIQ")  # format=blocks: sub-blocks per axis (x, y, z), label
 _SUB = 8  # sub-block edge of format=blocks (DVID's SubBlockSize)
 _I32 = np.iinfo(np.int32)
-_ORDERS = ("dvid", "zyx")
 
 
 class SparsevolError(DvidShardsError, ValueError):
-    """Sparse-volume bytes or runs are malformed (truncated, wrong header, bad run)."""
+    """Sparse-volume bytes or runs are malformed."""
 
 
 def _as_runs(runs: ArrayLike, what: str = "runs") -> np.ndarray:
-    """Validated (n, 4) int64 copy of runs: integer, lengths >= 1, inside int32."""
+    """Validated (n, 4) int64 copy of runs: integers, lengths >= 1, inside int32."""
     arr = np.asarray(runs)
     if arr.size == 0:
         return np.zeros((0, 4), np.int64)
@@ -129,26 +103,8 @@ def _as_runs(runs: ArrayLike, what: str = "runs") -> np.ndarray:
 
 
 def merge_runs(*run_arrays: ArrayLike) -> np.ndarray:
-    """Union of runs as maximal x-runs sorted by (z, y, x).
-
-    Runs from chunks read one by one (each cut at its chunk's x faces) merge into the runs of
-    the whole body; overlapping or touching runs of one row join, so the result does not
-    depend on how the body was cut.
-
-    Parameters
-    ----------
-    *run_arrays : array_like of int, shape (n, 4)
-        Runs (x, y, z, length), any order.
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (m, 4)
-
-    Raises
-    ------
-    SparsevolError
-        If a run array is malformed.
-    """
+    """Union of runs (x, y, z, length; any order, overlapping or cut at chunk faces) as maximal
+    x-runs sorted by (z, y, x), int32 (m, 4); SparsevolError when a run array is malformed."""
     parts = [_as_runs(r) for r in run_arrays]
     a = np.concatenate(parts) if parts else np.zeros((0, 4), np.int64)
     if not len(a):
@@ -172,25 +128,8 @@ def merge_runs(*run_arrays: ArrayLike) -> np.ndarray:
 
 
 def runs_from_mask(mask_xyz: ArrayLike, offset: ArrayLike = (0, 0, 0)) -> np.ndarray:
-    """Maximal x-runs of a boolean mask, sorted by (z, y, x).
-
-    Parameters
-    ----------
-    mask_xyz : array_like of bool, shape (nx, ny, nz)
-        The body's voxels, indexed ``[x, y, z]``.
-    offset : sequence of 3 int, optional
-        Voxel coordinate of ``mask_xyz[0, 0, 0]``.
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (n, 4)
-        Runs (x, y, z, length).
-
-    Raises
-    ------
-    SparsevolError
-        If the mask is not 3-d or a run falls outside int32.
-    """
+    """Maximal x-runs (int32 (n, 4), sorted by (z, y, x)) of a bool ``[x, y, z]`` mask whose first
+    voxel is at ``offset``; SparsevolError unless 3-d and inside int32."""
     m = np.asarray(mask_xyz)
     if m.ndim != 3:
         raise SparsevolError(f"mask must be 3-d (x, y, z), got shape {m.shape}")
@@ -211,71 +150,13 @@ def runs_from_mask(mask_xyz: ArrayLike, offset: ArrayLike = (0, 0, 0)) -> np.nda
 
 
 def voxel_count(runs: ArrayLike) -> int:
-    """Number of voxels covered by runs (overlaps counted twice; merge first if they may overlap)."""
+    """Voxels covered by runs (overlaps counted twice)."""
     return int(_as_runs(runs)[:, 3].sum())
 
 
-def encode_runs(runs: ArrayLike, order: str = "dvid", block_size: int = 64) -> bytes:
-    """Encode runs as DVID's legacy ``rles`` sparse volume (``GET .../sparsevol/<label>``).
-
-    Runs are merged to maximal x-runs first, so the bytes depend only on the set of voxels.
-
-    Parameters
-    ----------
-    runs : array_like of int, shape (n, 4)
-        Runs (x, y, z, length) of one body, any order, possibly cut at chunk faces.
-    order : {"dvid", "zyx"}, optional
-        ``"dvid"``: DVID's streaming order (the runs cut at block faces, fed to `RunOrder`
-        block by block); ``"zyx"``: sorted by z, y, x.
-    block_size : int, optional
-        DVID block edge, used by ``order="dvid"``.
-
-    Returns
-    -------
-    bytes
-        12-byte header then 16 bytes per span. The voxel field is 0, as DVID writes it.
-
-    Raises
-    ------
-    SparsevolError
-        If runs are malformed or there are more than 2**32 - 1 spans.
-    """
-    if order not in _ORDERS:
-        raise SparsevolError(f"order must be one of {_ORDERS}, got {order!r}")
-    a = merge_runs(runs).astype(np.int64)
-    if order == "dvid" and len(a):
-        ro = RunOrder(block_size)
-        b = ro.b
-        first, last = a[:, 0] // b, (a[:, 0] + a[:, 3] - 1) // b
-        rep = np.repeat(np.arange(len(a)), last - first + 1)  # a run's piece in each block it crosses
-        bx = first[rep] + np.arange(len(rep)) - np.repeat(np.cumsum(last - first + 1) - (last - first + 1),
-                                                            last - first + 1)
-        x0 = np.maximum(a[rep, 0], bx * b)
-        pieces = np.stack([x0, a[rep, 1], a[rep, 2], np.minimum(a[rep, 0] + a[rep, 3], (bx + 1) * b) - x0], axis=1)
-        blocks = np.stack([bx, a[rep, 1] // b, a[rep, 2] // b], axis=1)
-        k = np.lexsort((blocks[:, 0], blocks[:, 1], blocks[:, 2]))
-        pieces, blocks = pieces[k], blocks[k]
-        cut = np.flatnonzero((blocks[1:] != blocks[:-1]).any(axis=1)) + 1
-        a = np.concatenate([ro.add(blocks[i], p) for i, p in zip(np.r_[0, cut], np.split(pieces, cut),
-                                                                   strict=True)] + [ro.finish()])
-    if len(a) > 0xFFFFFFFF:
-        raise SparsevolError(f"{len(a)} spans do not fit the u32 span count")
-    return HEADER.pack(0, 3, 0, 0, 0, len(a)) + a.astype("<i4").tobytes()
-
-
-
 def coarse_runs(blocks: ArrayLike) -> np.ndarray:
-    """Runs of block coordinates as ``sparsevol-coarse`` has them: sorted (z, y, x), x merged.
-
-    Parameters
-    ----------
-    blocks : array_like of int, shape (n, 3)
-        Block coordinates (x, y, z) of the body (its label index), any order; duplicates ok.
-
-    Returns
-    -------
-    numpy.ndarray of int32, shape (m, 4)
-    """
+    """``sparsevol-coarse`` runs of block coordinates (n, 3) (duplicates ok): sorted (z, y, x),
+    consecutive x merged."""
     b = np.asarray(blocks)
     if b.size == 0:
         return np.zeros((0, 4), np.int32)
@@ -286,29 +167,13 @@ def coarse_runs(blocks: ArrayLike) -> np.ndarray:
 
 
 def encode_coarse(blocks: ArrayLike) -> bytes:
-    """Encode a body's blocks as DVID's ``GET .../sparsevol-coarse/<label>`` bytes.
-
-    Parameters
-    ----------
-    blocks : array_like of int, shape (n, 3)
-        Block coordinates (x, y, z) holding the body (its label index).
-
-    Returns
-    -------
-    bytes
-        Same header as `encode_runs` (block count field 0, as DVID writes it), then spans of
-        block coordinates.
-    """
+    """``GET .../sparsevol-coarse/<label>`` bytes of a body's blocks (x, y, z; its label index)."""
     runs = coarse_runs(blocks)
     return HEADER.pack(0, 3, 0, 0, 0, len(runs)) + runs.astype("<i4").tobytes()
 
 
-# --------------------------------------------------------------------------- bounds, streaming
-
-
 def clip_runs(runs: ArrayLike, lo: ArrayLike, hi: ArrayLike) -> np.ndarray:
-    """The parts of runs inside DVID's ``minx`` .. ``maxz`` bounds ``lo``, ``hi`` (voxels x, y, z,
-    both inclusive), in their order (int32 (m, 4)); runs wholly outside are dropped."""
+    """The parts of runs inside DVID's ``minx`` .. ``maxz`` bounds (inclusive), in their order."""
     a = _as_runs(runs)
     lo_, hi_ = np.asarray(lo, np.int64).reshape(3), np.asarray(hi, np.int64).reshape(3)
     keep = (a[:, 1] >= lo_[1]) & (a[:, 1] <= hi_[1]) & (a[:, 2] >= lo_[2]) & (a[:, 2] <= hi_[2])
@@ -323,11 +188,9 @@ def clip_runs(runs: ArrayLike, lo: ArrayLike, hi: ArrayLike) -> np.ndarray:
 
 
 def _merge_held(a: np.ndarray, held: np.ndarray, flush: bool, x0: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """One block's step of `RunOrder` in numpy: (runs written now, runs held), both int64.
-
-    ``a``: the block's runs (maximal, inside the block); ``held``: runs held from the block
-    before, sorted by (z, y); ``flush``: that block was not this one's x-predecessor.
-    """
+    """One block's step of `RunOrder` in numpy: (runs written now, runs held). ``a``: the block's
+    maximal runs; ``held``: those held from the block before, sorted (z, y); ``flush``: that block
+    was not this one's x-predecessor."""
     out = []
     if flush and len(held):
         out.append(held)
@@ -362,7 +225,6 @@ def _put(x, y, z, n, stop, out, no, held, nh):  # type: ignore[no-untyped-def]
 
 @intrinsic
 def _ctz(typingctx, x):  # type: ignore[no-untyped-def]
-    """Trailing zero bits of a non-zero int64 (llvm.cttz)."""
     sig = types.int64(types.int64)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -383,10 +245,8 @@ def _run(pend, hx, hn, a, e, x0, yy, zz, stop, out, no, held, nh):  # type: igno
 
 @numba.njit(nogil=True, cache=True)
 def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):  # type: ignore[no-untyped-def]
-    """`_merge_held` of a block's runs read from its member bits (`block_bits`), cut to the
-    bounds [blo, bhi] (inclusive): (runs written into ``out``, runs held into ``held_out``).
-    The bits come as 64-bit words (``nx`` voxels a row, ``words[z, y, k]`` bit p voxel 64 k + p):
-    a word's changes of value give its runs."""
+    """`_merge_held` of a block's runs read from its member bits as 64-bit words (``words[z, y, k]``
+    bit p is voxel 64 k + p; a word's changes give its runs), cut to [blo, bhi]."""
     nz, ny, nw = words.shape
     x0, y0, z0 = org[0], org[1], org[2]
     no = np.int64(0)
@@ -451,7 +311,6 @@ def _order_kernel(words, nx, org, stop, blo, bhi, held, flush, out, held_out):  
 
 def _order_numpy(words: np.ndarray, nx: int, org: np.ndarray, stop: int, blo: np.ndarray, bhi: np.ndarray,
                  held: np.ndarray, flush: bool, out: np.ndarray, held_out: np.ndarray) -> tuple[int, int]:
-    """``_order_kernel`` in numpy: the same runs in the same order."""
     mask = np.unpackbits(words.view(np.uint8), axis=2, bitorder="little").astype(bool)[:, :, :nx]
     runs = clip_runs(runs_from_mask(mask.transpose(2, 1, 0), org), blo, bhi).astype(np.int64)
     done, kept = _merge_held(runs, held, bool(flush), int(org[0]), int(stop))
@@ -469,30 +328,22 @@ _order = jit.kernel(_order_kernel, [_ORDER_SIG.args], _order_numpy, exclusive=Tr
 
 
 class RunOrder:
-    """DVID's sparsevol run order, computed block by block (``labels.WriteRLEs``).
+    """DVID's sparsevol run order, block by block (``labels.WriteRLEs``).
 
-    Feed the blocks holding the body in ascending (z, y, x) block order, each with the body's
-    runs inside it (`add`: cut at the block's x faces, any order, already cut to the bounds)
-    or its member bits (`add_bits`: `block_bits` of the block; cut to ``bounds`` here, by a
-    numba kernel); each call returns the runs that are final, in DVID's order; `finish`
-    returns the rest. The concatenation equals `encode_runs` of all the runs when no bounds
-    are given.
+    Feed the blocks holding the body in ascending (z, y, x) order, each with its runs (`add`:
+    inside the block, any order) or its member bits (`add_bits`: `block_bits`, cut to ``bounds``
+    in one numba pass); each call returns the runs now final, in DVID's order, and `finish` the
+    rest. Memory is one row of blocks (at most one held run per (y, z) row).
 
     Parameters
     ----------
     block_size : int
         DVID block edge (64).
     maxx : int, optional
-        DVID's ``maxx`` bound: a row scan stops there, so a run reaching it is held for the
-        next block like one reaching the block's +x face. Default: ``bounds``' maxx.
+        DVID's ``maxx``: a run reaching it is held like one reaching the +x face. Default:
+        ``bounds``' maxx.
     bounds : (lo, hi), optional
-        DVID's ``minx`` .. ``maxz`` bounds, inclusive voxel coordinates (`add_bits` cuts the
-        runs to them).
-
-    Notes
-    -----
-    Memory is bounded by one row of blocks: the runs held are at most one per (y, z) row of
-    a block.
+        DVID's ``minx`` .. ``maxz`` bounds, inclusive voxel coordinates.
     """
 
     def __init__(self, block_size: int = 64, maxx: int | None = None, *,
@@ -511,7 +362,7 @@ class RunOrder:
         self._out: np.ndarray | None = None
 
     def _next(self, block: ArrayLike) -> tuple[int, int, int, bool, int]:
-        """(bx, by, bz, flush, stop) of the next block; SparsevolError when out of order."""
+        """(bx, by, bz, flush, stop) of the next block; SparsevolError out of order."""
         bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
         prev = self._prev
         if prev is not None and (bz, by, bx) <= prev[::-1]:
@@ -522,13 +373,8 @@ class RunOrder:
         return bx, by, bz, prev is not None and prev != (bx - 1, by, bz), stop
 
     def add(self, block: ArrayLike, runs: ArrayLike) -> np.ndarray:
-        """The runs made final by one more block (int32 (n, 4), in DVID's order).
-
-        Raises
-        ------
-        SparsevolError
-            If blocks do not come in ascending (z, y, x) order, or a run is not inside its block.
-        """
+        """The runs made final by one more block (int32 (n, 4)); SparsevolError when blocks come out
+        of (z, y, x) order or a run leaves its block."""
         b = self.b
         a = merge_runs(runs).astype(np.int64)
         bx, by, bz = (int(v) for v in np.asarray(block).reshape(3))
@@ -541,8 +387,7 @@ class RunOrder:
         return done.astype(np.int32)
 
     def add_bits(self, block: ArrayLike, bits: ArrayLike) -> np.ndarray:
-        """`add` for a block given as its member bits (`block_bits`, shape (b, b, b / 8)):
-        its runs are read and cut to ``bounds`` in one numba pass. Returns int32 (n, 4)."""
+        """`add` for a block given as its member bits (`block_bits`, (b, b, b / 8) uint8)."""
         b = self.b
         bits = np.asarray(bits)
         if bits.dtype != np.uint8 or bits.shape != (b, b, b // 8) or b % 8:
@@ -563,13 +408,11 @@ class RunOrder:
         return done
 
     def finish(self) -> np.ndarray:
-        """The runs still held after the last block (int32 (n, 4))."""
+        """The runs still held after the last block."""
         self._prev = None
         h, self._held = self._held, np.zeros((0, 4), np.int64)
         return h.astype(np.int32)  # DVID: Go map order; here (z, y)
 
-
-# --------------------------------------------------------------------------- a block's packed values: a body's voxels, the labels at points
 
 _E_SHAPE = 100  # the block's grid is not the shape of the bits asked for
 
@@ -597,9 +440,8 @@ def _value(data, r, w, b, x):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _bits_kernel(data, member, lo, hi, bits):  # type: ignore[no-untyped-def]
-    """Validate the block, then set bit i of ``bits[z, y, j]`` where voxel (8j + i, y, z) is a
-    label-list entry ``member`` marks, inside [lo, hi) (voxels at or past hi not visited, as
-    the decoder's with an output cut there); returns (code, a, b)."""
+    """Validate the block, then set bit i of ``bits[z, y, j]`` where voxel (8 j + i, y, z) is a
+    label-list entry ``member`` marks, inside [lo, hi) (voxels past hi not read); (code, a, b)."""
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
     if code != E_OK:
@@ -702,8 +544,7 @@ def _bits_kernel(data, member, lo, hi, bits):  # type: ignore[no-untyped-def]
 
 def _bits_numpy(data: np.ndarray, member: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits: np.ndarray
                 ) -> tuple[int, int, int]:
-    """``_bits_kernel`` through the block decoder, its palette 1 for a member and 0 otherwise: the
-    same checks in the same order, the same codes and bits."""
+    """``_bits_kernel`` through the block decoder with a 1/0 member palette."""
     code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
     if code != E_OK:
         return code, ea, eb
@@ -731,31 +572,30 @@ def block_bits(block: BytesLike, member: ArrayLike, lo: ArrayLike = (0, 0, 0), h
                out: np.ndarray | None = None) -> np.ndarray:
     """The voxels of a DVID block whose label-list entry ``member`` marks, as bits.
 
-    One numba pass over the block's packed values (no voxel decoded): what a body's sparse
-    volume, binary blocks and runs are made from.
+    One numba pass over the block's packed values (no voxel decoded): what a body's sparse volume,
+    binary blocks and runs are made from.
 
     Parameters
     ----------
     block : bytes-like or uint8 array
-        An uncompressed DVID block (FORMATS §1).
+        An uncompressed DVID block (FORMATS.md §1).
     member : array_like of bool, shape (N,)
-        Per entry of the block's label list: whether it is the body (``palette == id``).
+        Per label-list entry: whether it is the body.
     lo, hi : sequence of 3 int, optional
-        Voxels (x, y, z) of the block to keep, [lo, hi) (a chunk cut by the volume's edge);
-        voxels at or past ``hi`` are not read. Default: the whole block.
+        Voxels (x, y, z) to keep, [lo, hi) (a chunk cut by the volume's edge); voxels past
+        ``hi`` are not read. Default: the whole block.
     out : numpy.ndarray, optional
         uint8 (nz, ny, nx / 8) to write into.
 
     Returns
     -------
     numpy.ndarray
-        uint8 (nz, ny, nx / 8): bit i of ``[z, y, j]`` (least significant first) is voxel
-        (8 j + i, y, z).
+        uint8 (nz, ny, nx / 8): bit i of ``[z, y, j]`` (LSB first) is voxel (8 j + i, y, z).
 
     Raises
     ------
     BlockDecodeError
-        If the block is malformed, ``member`` is not one entry per label, or ``out`` does not
+        If the block is malformed, ``member`` has not one entry per label, or ``out`` does not
         have the block's shape.
     """
     data = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8).reshape(-1)
@@ -786,8 +626,8 @@ _E_POINT = 101  # a point outside the block (a: its number)
 
 @numba.njit(nogil=True, cache=True)
 def _entries_kernel(data, xyz, out):  # type: ignore[no-untyped-def]
-    """Validate the block, then ``out[i]``: the label-list entry of voxel ``xyz[i]`` (x, y, z in
-    the block) read from its sub-block's packed values, -1 in an empty sub-block; (code, a, b)."""
+    """Validate the block, then ``out[i]``: the label-list entry of voxel ``xyz[i]`` from its
+    sub-block's packed values, -1 in an empty sub-block; (code, a, b)."""
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
     if code != E_OK:
@@ -836,7 +676,6 @@ def _entries_kernel(data, xyz, out):  # type: ignore[no-untyped-def]
 
 
 def _entries_numpy(data: np.ndarray, xyz: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
-    """``_entries_kernel`` in numpy: the same checks in the same order, the same entries."""
     code, ea, eb, gx, gy, gz, nlab = head_numpy(data)
     if code != E_OK:
         return code, ea, eb
@@ -875,27 +714,9 @@ _entries = jit.kernel(_entries_kernel, [_ENTRIES_SIG.args], _entries_numpy, excl
 
 
 def entries_at(block: BytesLike, xyz: ArrayLike) -> np.ndarray:
-    """The label-list entries of voxels of a DVID block, read from its packed values (one numba
-    pass, no voxel decoded): what DVID's ``/labels`` answers from.
-
-    Parameters
-    ----------
-    block : bytes-like or uint8 array
-        An uncompressed DVID block (FORMATS §1).
-    xyz : array_like of int, shape (n, 3)
-        Voxels (x, y, z) of the block.
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 (n,): the entry of each voxel in the block's label list, -1 for a voxel of an
-        empty sub-block (background).
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed or a point lies outside it.
-    """
+    """The label-list entries (int64 (n,)) of voxels ``xyz`` (x, y, z in the block) of a DVID block,
+    read from its packed values in one numba pass: what DVID's ``/labels`` answers from. -1 for a
+    voxel of an empty sub-block; BlockDecodeError for a malformed block or a point outside it."""
     data = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8).reshape(-1)
     p = np.ascontiguousarray(np.asarray(xyz, np.int64).reshape(-1, 3))
     out = np.empty(len(p), np.int64)
@@ -907,25 +728,9 @@ def entries_at(block: BytesLike, xyz: ArrayLike) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------- format=blocks
-
-
 def binary_block(offset: ArrayLike, mask_zyx: ArrayLike) -> bytes:
-    """One block of DVID's ``sparsevol?format=blocks`` stream (``WriteBinaryBlock``).
-
-    Parameters
-    ----------
-    offset : sequence of 3 int
-        Voxel coordinate (x, y, z) of the block's first voxel.
-    mask_zyx : array_like of bool, shape (nz, ny, nx)
-        The body's voxels in the block, each side a multiple of 8.
-
-    Returns
-    -------
-    bytes
-        ``i32 x, y, z``, a content byte (1: every voxel is the body) and, for a block that
-        mixes, one record per sub-block. An all-background block gives content 0.
-    """
+    """One block of ``sparsevol?format=blocks`` (``WriteBinaryBlock``) from the body's mask
+    (nz, ny, nx, sides multiples of 8) and the block's first voxel (x, y, z)."""
     m = np.asarray(mask_zyx, bool)
     if m.ndim != 3 or any(n % _SUB or n == 0 for n in m.shape):
         raise SparsevolError(f"block mask must be 3-d with sides multiples of {_SUB}, got {m.shape}")
@@ -934,8 +739,8 @@ def binary_block(offset: ArrayLike, mask_zyx: ArrayLike) -> bytes:
 
 @numba.njit(nogil=True, cache=True)
 def _binary_kernel(bits, out):  # type: ignore[no-untyped-def]
-    """The sub-block records of ``format=blocks`` from a block's bits into ``out`` (its content
-    byte first): the bytes written (1 when the block is all or nothing: ``out[0]`` says which)."""
+    """``format=blocks`` sub-block records of a block's bits into ``out`` after its content byte;
+    returns the bytes written (1 when the block is all or nothing: ``out[0]`` says which)."""
     nz, ny, gx = bits.shape
     n = np.int64(1)
     full = True
@@ -969,7 +774,6 @@ def _binary_kernel(bits, out):  # type: ignore[no-untyped-def]
 
 
 def _binary_numpy(bits: np.ndarray, out: np.ndarray) -> int:
-    """``_binary_kernel`` in numpy: the same bytes."""
     nz, ny, gx = bits.shape
     sub = bits.reshape(nz // _SUB, _SUB, ny // _SUB, _SUB, gx).transpose(0, 2, 4, 1, 3).reshape(-1, 64)
     full, some = (sub == 255).all(axis=1), sub.any(axis=1)
@@ -989,8 +793,7 @@ _binary = jit.kernel(_binary_kernel, [_BINARY_SIG.args], _binary_numpy, exclusiv
 
 
 def binary_block_bits(offset: ArrayLike, bits: ArrayLike) -> bytes:
-    """`binary_block` of a block given as its bits (`block_bits`: uint8 (nz, ny, nx / 8)), in one
-    numba pass."""
+    """`binary_block` of a block given as its bits (`block_bits`), in one numba pass."""
     head = np.asarray(offset, np.int64).reshape(3)
     if (head < _I32.min).any() or (head > _I32.max).any():
         raise SparsevolError(f"block offset {head.tolist()} out of int32 range")
