@@ -1,10 +1,9 @@
 """A whole export: its scales and their geometry, shards, volumes and bulk reads.
 
-Geometry comes from the neuroglancer multiscale spec given to DVID's export-shards (``spec=``),
-an ``info`` file in the export, or a folder of consolidated indexes.  Without any of them it is
-inferred from the files, and said so: ``open`` warns (``GeometryWarning``) with what it
-guessed, ``Scale.inferred`` names it, units are unknown unless ``resolution=`` is given, and a
-chunk that could belong to a missing shard file is never read as background on a guess.
+Geometry comes from the neuroglancer spec given to DVID's export-shards (``spec=``), the export's
+``info``, or a folder of consolidated indexes; else it is inferred from the files, and said so
+(``GeometryWarning``, ``Scale.inferred``; units unknown unless ``resolution=``), and a chunk that
+could belong to a missing shard file is never read as background on a guess.
 """
 
 from __future__ import annotations
@@ -54,25 +53,21 @@ from .shard import Shard, load_shard_sync
 from .sources import RecordSource, record_source_of
 from .stores import ByteStore, as_store
 
-__all__ = ["MANIFEST", "Dataset", "IncompleteScalesWarning", "LayeredStore", "Scale", "open", "shard_origins"]
+__all__ = ["Dataset", "IncompleteScalesWarning", "LayeredStore", "Scale", "open", "shard_origins"]
 
 
 def _caller_stacklevel() -> int:
-    """``warnings.warn``'s stacklevel of the first frame outside dvidshards, for the function calling this.
-
-    Level 1 is the function that calls ``warnings.warn``; every frame of the dvidshards package
-    above it is skipped, so that a warning points at the user's code whatever the call path.
-    """
+    """The ``stacklevel`` that points a warning at the first frame outside dvidshards (the user's)."""
     level = 1
-    f: FrameType | None = sys._getframe(2)  # the frame of whoever called the function warning
+    f: FrameType | None = sys._getframe(2)  # whoever called the function warning
     while f is not None and f.f_globals.get("__name__", "").partition(".")[0] == "dvidshards":
         f = f.f_back
         level += 1
     return level + 1
 
 
-def shard_origins(store, folder: str) -> list[tuple[int, int, int]]:
-    """Voxel origins of the shard files in one scale folder (lists it; nothing is checked)."""
+def shard_origins(store: Any, folder: str) -> list[tuple[int, int, int]]:
+    """Voxel origins of the shard files in one scale folder (a listing, nothing checked)."""
     return parse_shard_names(store.list_sync(folder))
 
 
@@ -115,42 +110,34 @@ class Dataset:
     Parameters
     ----------
     source : str, path, URL, kvstore spec dict or ByteStore, or a list of them
-        The export root (holding ``s0``, ``s1``, ...).  A list of roots is one multiscale
-        dataset: scale ``k`` is read from the first root holding folder ``s{k}`` (an export and
-        the destination of ``dvidshards downsample``).  A root holding a downsample manifest
-        (``_dvidshards.json`` with ``"job": "downsample"``) is read over the source it names, its
-        own scales from it and the others from the source: ``Dataset(dest)`` is the whole
-        pyramid (``IncompleteScalesWarning`` when the manifest says its scales are not complete).
+        The export root (holding ``s0``, ``s1``, ...). Several roots are one pyramid: scale ``k``
+        from the first root holding ``s{k}``. A downsample output is read over the source its
+        manifest names: ``Dataset(dest)`` is the whole pyramid (``IncompleteScalesWarning`` when
+        its scales are not complete).
     spec : dict or path, optional
-        The neuroglancer multiscale spec given to DVID's export-shards (``mcns-ng-specs.json``).
-        Default: an ``info`` file at the root, else the geometry saved in ``index``, else
-        geometry inferred from the files (with a ``GeometryWarning``).
+        The neuroglancer spec given to DVID's export-shards. Default: the root's ``info``, else
+        the geometry saved in ``index``, else inferred from the files (``GeometryWarning``).
     index : path, optional
-        A folder of consolidated indexes (``dvidshards consolidate``): shards are located
-        without reading their own indexes, and geometry comes with them.
+        A folder of consolidated indexes (``dvidshards consolidate``): shards located without
+        reading their own indexes, geometry with them.
     resolution : (x, y, z), optional
-        Scale 0's voxel size in nm when geometry is inferred (scale k: 2**k times it).
+        Scale 0's voxel size in nm when geometry is inferred.
     policy : "eager", "lazy" or None
-        Shard validation policy (None: eager for local files and memory, lazy for remote).
+        Shard validation (None: eager for local files and memory, lazy for remote).
 
     Notes
     -----
-    An export may hold any prefix of its spec's scales (DVID exports scale 0 only by default):
-    ``exported`` lists the scale numbers present, and ``require_scale(k)`` is the check every
-    read and job makes (``NotExportedError``, one line naming how to make the scale).  Where
-    DVID's two shard-file naming generations differ (FORMATS.md §3a; the mCNS spec's s7-s11),
-    the generation of each scale is read from its file names at open (``Scale.naming``).
-
-    The geometry is checked against the export's files, by name only: a shard file off a
-    scale's shard grid (under either naming generation), or outside its volume, is a SpecError
-    naming it (the spec is another volume's), and a scale the spec lists but the export has no
-    folder for is a ``NotExportedError`` (reads: unless ``fill_missing_shards``).  Jobs check
-    when they list a scale (``shards``); ``open``/``read`` check a sample of a local folder's
-    names at once, and each process looks for off-grid files next to the first shards it loads
-    (a remote listing is slow).
+    An export holds a prefix of its spec's scales (DVID exports scale 0 only by default):
+    ``exported`` lists them, ``require_scale(k)`` is the check every read and job makes
+    (``NotExportedError``). Where DVID's two shard-file naming generations differ (FORMATS.md §3a),
+    each scale's is read from its file names at open (``Scale.naming``). File names are checked
+    against the geometry: a shard file off a scale's grid or outside its volume is a SpecError
+    naming it. Jobs check when they list a scale (``shards``); reads check a sample of names at
+    open and look next to the first shards they load (a remote listing is slow).
     """
 
-    def __init__(self, source, *, spec=None, index=None, resolution=None, policy: str | None = None):
+    def __init__(self, source: Any, *, spec: Any = None, index: Any = None, resolution: Any = None,
+                 policy: str | None = None):
         layers = self._open_roots(source, spec)
         self.index = os.fspath(index) if index is not None else None
         if self.index is not None and not os.path.isdir(self.index):
@@ -188,11 +175,11 @@ class Dataset:
         self._readers: dict = {}
         self._files: dict[int, ScaleFiles] = {}
         self._sampled: dict[int, bool | None] = {}
-        #: the scale numbers this export holds (a folder ``s{k}`` each, or made by a downsample job), ascending
+        #: the scale numbers this export holds, ascending
         self.exported: tuple[int, ...] = self._exported if self._exported is not None else self._find_exported()
 
     def _open_roots(self, source: Any, spec: Any) -> builtins.list[Layer] | None:
-        """Set ``store`` from the root(s); the layers of several roots (None for one plain root)."""
+        """Set ``store``; the layers of several roots (None: one plain root)."""
         roots = builtins.list(source) if isinstance(source, (builtins.list, tuple)) else [source]
         if not roots:
             raise SpecError("give an export root (or a list of them)")
@@ -220,12 +207,11 @@ class Dataset:
                               IncompleteScalesWarning, stacklevel=_caller_stacklevel())
         return layers
 
-    def _route(self, layers, indices: builtins.list[int] | None) -> None:
-        """Give each scale the first root holding its folder (``LayeredStore.route``)."""
+    def _route(self, layers: builtins.list[Layer], indices: builtins.list[int] | None) -> None:
+        """Give each scale a root: a downsample output's own (remade) scales first, outermost first;
+        every other scale the first root holding its folder."""
         assert isinstance(self.store, LayeredStore)
         route: dict[int, int] = {}
-        # a downsample destination's own scales win over a copy its source holds (it was remade), the
-        # outermost destination first; every other scale goes to the first root holding its folder
         for i in reversed(range(len(layers))):
             st, held, m = layers[i]
             if m is not None and held is not None:
@@ -243,32 +229,20 @@ class Dataset:
         self.store.route = route
         self._exported = tuple(sorted(route))
         # the scales of a complete downsample output: a shard file it did not write holds only background
-        self._filled = frozenset(k for k, i in route.items() if layers[i][2] is not None and layers[i][2]["complete"])
+        made = [m is not None and m["complete"] for _, _, m in layers]
+        self._filled = frozenset(k for k, i in route.items() if made[i])
 
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_readers"] = {}
-        d["_files"] = {}  # never ship listings with tasks: each process checks once
-        d["_sampled"] = {}
-        d["_listed"] = {}
-        d["_seen"] = {}
-        return d
+    def __getstate__(self) -> dict:
+        # never ship readers or listings with tasks: each process checks once
+        return {**self.__dict__, "_readers": {}, "_files": {}, "_sampled": {}, "_listed": {}, "_seen": {}}
 
     def __repr__(self) -> str:
         return f"Dataset({self.store.describe('')!r}, scales={[s.index for s in self.scales]})"
 
-    @property
-    def source(self) -> ByteStore | RecordSource:
-        """The byte store of the export (same as ``store``)."""
-        return self.store
-
     # --- which scales, and how their files are named ---------------------------------------------
 
     def _find_exported(self) -> tuple[int, ...]:
-        """The scale folders one root holds: an export holds any prefix of its spec's scales (DVID
-        exports scale 0 only by default). A local root is listed; an object store's scale folders are
-        listed coarse to fine until one is found (scale 0 is never listed); a store that cannot list
-        holds every scale of the spec; a record source says what it holds."""
+        """The scales one root holds (``pyramid.present_scales``; a store that cannot list: every one)."""
         indices = [s.index for s in self.scales]
         if isinstance(self.store, RecordSource):  # a source says what it holds (None: every scale)
             held = self.store.exported
@@ -280,28 +254,17 @@ class Dataset:
         except SpecError:  # a store that cannot list (http): every scale of the spec is taken as there
             return tuple(indices)
 
-    def require_scale(self, scale=0) -> Scale:
-        """The scale (``Dataset.scale``), or ``NotExportedError`` when the export does not hold it.
-
-        One line: ``scale 2 is not exported in EXPORT (it has no folder s2; it holds s0); make it
-        with: dvidshards downsample EXPORT DEST``.  A scale the spec does not list at all is the
-        SpecError of ``scale``.
-        """
+    def require_scale(self, scale: Any = 0) -> Scale:
+        """The scale, or ``NotExportedError`` (one line naming how to make it) when the export does
+        not hold it."""
         s = self.scale(scale)
         if s.index not in self.exported:
             raise not_exported_error(self.store, s.index, self.exported)
         return s
 
-    def with_scales(self, root, scales) -> Dataset:
-        """This dataset with ``scales`` read from another export root: one pyramid.
-
-        What a job reads after making the scales an export lacks into a folder of its own
-        (``dvidshards convert`` of a partial export): ``root`` holds folders ``s{k}`` of the
-        scales given, named as today's DVID names them; every other scale is read as this
-        dataset reads it.  Unlike ``Dataset([export, root])`` the routing is given, not found:
-        no manifest is followed (the export may be a store without a URL).  Same spec, index and
-        policy.  Pickles when the stores do.
-        """
+    def with_scales(self, root: Any, scales: Any) -> Dataset:
+        """This dataset with ``scales`` read from ``root`` (made there, today's naming): ``convert``
+        of a partial export. Unlike ``Dataset([export, root])`` no manifest is followed."""
         if isinstance(self.store, RecordSource):
             raise SpecError(f"{self.store!r}: a record source cannot be read with other roots")
         if isinstance(self.store, LayeredStore):
@@ -317,12 +280,8 @@ class Dataset:
         return ds
 
     def _named(self, scales: builtins.list[Scale]) -> builtins.list[Scale]:
-        """The scales with the naming generation of their files (``Scale.naming``) where the two differ.
-
-        Names only, and only of the scales where DVID's generations name files differently (the
-        mCNS spec's s7-s11: a few files each); a consolidated index's shard list is used instead
-        of a listing when there is one.
-        """
+        """The scales with their files' naming generation where DVID's two differ (a few coarse
+        scales; a consolidated index's shard list instead of a listing)."""
         todo = [s for s in scales if s.namings_differ and "shard_extent" not in s.inferred]
         if not todo or isinstance(self.store, RecordSource):
             return scales
@@ -348,7 +307,7 @@ class Dataset:
 
     # --- geometry ----------------------------------------------------------------------------
 
-    def _infer(self, res0) -> list[Scale]:
+    def _infer(self, res0: Any) -> list[Scale]:
         store = self.store
         try:
             names = store.list_sync("")
@@ -388,15 +347,13 @@ class Dataset:
             scales.append(s)
         if not scales:
             raise SpecError(f"{store.describe('')}: no shard files in any scale folder")
-        # one warning per Dataset, about no scale in particular, pointing at the caller's code (``info``
-        # and ``Scale.inferred`` say what was guessed at each scale)
         warnings.warn(f"{store.describe('')}: no spec or info file: each scale's shard size and volume size are "
                       f"guessed from its file names{'' if res0 is not None else '; units unknown'} (dvidshards "
                       f"info shows them). Pass spec= (the neuroglancer spec given to DVID's export-shards) for exact "
                       f"geometry", GeometryWarning, stacklevel=_caller_stacklevel())
         return scales
 
-    def scale(self, which=0, *, resolution=None) -> Scale:
+    def scale(self, which: Any = 0, *, resolution: Any = None) -> Scale:
         """A scale by folder number (``k`` is ``s{k}``) or by ``resolution=(x, y, z)`` in nm."""
         if resolution is not None or isinstance(which, (tuple, list, np.ndarray)):
             res = _resolution(resolution if resolution is not None else which, "scale")
@@ -434,16 +391,10 @@ class Dataset:
             return ConsolidatedIndex(self.index, s.folder)
         return None
 
-    def files(self, scale=0, *, refresh: bool = False) -> ScaleFiles:
-        """A listing of a scale's folder, checked (``read.check_scale``); kept for this Dataset.
-
-        Shard files off the scale's shard grid or outside its volume are a SpecError naming
-        one (the spec is not the export's), and a consolidated index that lists other shard
-        files than the folder holds is stale (ChunkIndexError).  Names only, no file is read.
-        ``shards`` (every job) lists again each time; a read lists only with a consolidated
-        index (once), else it checks a sample of names at open and probes next to the first
-        shards it loads (see ``ChunkReader``): a listing of a 26,500-shard scale costs ~70 ms.
-        """
+    def files(self, scale: Any = 0, *, refresh: bool = False) -> ScaleFiles:
+        """A scale folder's listing, checked against the geometry and a consolidated index
+        (``read.check_scale``: names only), kept for this Dataset. A listing of a 26,500-shard
+        scale costs ~70 ms: ``shards`` (jobs) lists each time, a read only with a consolidated index."""
         s = self.scale(scale)
         f = self._files.get(s.index)
         if f is None or refresh:
@@ -452,13 +403,9 @@ class Dataset:
         return f
 
     def shards(self, scale: int | Scale = 0) -> builtins.list[tuple[int, int, int]]:
-        """Voxel origins of the shard files present at a scale.
-
-        A folder listing, checked (``files``): a scale the export does not hold is a
-        NotExportedError (a scale a downsample job made holds no files when it is all background).
-        A store that cannot list (http) takes them from the consolidated index, or else probes
-        every origin of the spec's shard grid.
-        """
+        """Voxel origins of the shard files at a scale (``files``; NotExportedError for a scale not
+        held). A store that cannot list takes them from the consolidated index, else probes every
+        origin of the shard grid."""
         s = self.scale(scale)
         if isinstance(self.store, RecordSource):
             return sorted(self.store.shard_origins(s))
@@ -478,7 +425,7 @@ class Dataset:
         return self._probe(s)
 
     def _probe(self, s: Scale) -> builtins.list[tuple[int, int, int]]:
-        """Origins of the shard grid whose files exist (concurrent existence checks)."""
+        """Origins of the shard grid whose files exist (checked concurrently)."""
         n = [max(1, -(-(o + z) // min(s.shard_extent, SINGLE_SHARD)))
              for o, z in zip(s.voxel_offset, s.size, strict=True)]
         e = min(s.shard_extent, SINGLE_SHARD)
@@ -500,7 +447,7 @@ class Dataset:
         found = store._sync(probe())
         return sorted(o for o in found if o is not None)
 
-    def shard(self, scale: int | Scale, origin, *, policy: str | None = None, consolidated: bool = True) -> Shard:
+    def shard(self, scale: int | Scale, origin: Any, *, policy: str | None = None, consolidated: bool = True) -> Shard:
         """The loaded, checked shard at a voxel origin (MissingShardError if its file is absent)."""
         s = self.scale(scale)
         o = tuple(int(v) for v in origin)
@@ -540,13 +487,9 @@ class Dataset:
         return r
 
     def _new_reader(self, s: Scale, labels: Any, fill_missing_shards: bool, max_shards: int) -> ChunkReader:
-        """A reader of a scale whose files were checked here, so that a wrong geometry fails at open.
-
-        A full check when this Dataset listed the scale (``shards``) or has its consolidated
-        index (``files``: listed once, compared with the index); else the cheap sample of
-        ``_sample`` (the reader then probes next to its first shards, see ``ChunkReader``).  A
-        scale a complete downsample output made reads a shard file it did not write as background.
-        """
+        """A reader of a scale whose files were checked here (a wrong geometry fails at open): in
+        full when listed (``files``), else ``_sample``. A scale a complete downsample output made
+        reads a shard file it did not write as background."""
         if s.index in self._filled:
             self.require_scale(s)
             fill_missing_shards = True
@@ -567,7 +510,6 @@ class Dataset:
         return r
 
     def _no_folder(self, s: Scale) -> None:
-        """The NotExportedError of a scale the export has no folder for."""
         held = self.exported if s.index not in self.exported else None
         if held is None and isinstance(self.store, ByteStore):
             folders = self.store._sync(scale_folders(self.store))
@@ -575,11 +517,8 @@ class Dataset:
         raise not_exported_error(self.store, s.index, held)
 
     def _sample(self, s: Scale) -> bool | None:
-        """``shard.sample_scale`` once per scale: whether the folder exists (None: unknown).
-
-        Where the naming detection at open listed the scale's names, those are checked instead
-        (against the grid of the naming chosen: a name that fits neither is the SpecError).
-        """
+        """Whether the scale's folder exists (None: unknown), its names sampled and checked once
+        (those the naming detection listed, when it did)."""
         if s.index not in self._sampled:
             seen = self._seen.get(s.index)
             if seen:
@@ -589,7 +528,7 @@ class Dataset:
                 self._sampled[s.index] = self.store._sync(sample_scale(self.store, s, self.geometry))
         return self._sampled[s.index]
 
-    def read(self, box, *, scale: int | Scale = 0, labels: Any = "agglomerated", out: np.ndarray | None = None,
+    def read(self, box: Any, *, scale: int | Scale = 0, labels: Any = "agglomerated", out: np.ndarray | None = None,
              threads: int | None = None, fill_missing_shards: bool = False) -> np.ndarray:
         """Decode a voxel box straight into an (x, y, z) uint64 array, in parallel (the bulk reader).
 
@@ -601,10 +540,9 @@ class Dataset:
             Folder number.
         labels : "agglomerated", "supervoxels" or a mapping
         out : numpy.ndarray, optional
-            Destination of shape (x1-x0, y1-y0, z1-z0): F-ordered, or C-ordered so that ``.T``
-            is (z, y, x); default a new F-ordered array. Reusing an array: allocate it with
-            ``dvidshards.read.aligned_empty(shape)`` (64-byte aligned), into which decoding is
-            ~5% faster than into ``np.empty`` (whose rows straddle cache lines).
+            Of shape (x1-x0, y1-y0, z1-z0), F-ordered (or C-ordered, ``.T`` being (z, y, x));
+            default a new F-ordered array. ``dvidshards.read.aligned_empty(shape)`` (64-byte
+            aligned) decodes ~5% faster than ``np.empty``, whose rows straddle cache lines.
         threads : int, optional
             Decoding threads (default: all cores).
         """
@@ -650,7 +588,7 @@ class Dataset:
 
     def body(self, id: int, *, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None) -> Body:
         """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""
-        return Body(self, id, scale, labels, index=index)
+        return Body(self, id, scale=scale, labels=labels, index=index)
 
     def to_dask(self, box=None, *, scale: int | Scale = 0, labels: Any = "agglomerated", chunks: Any = None,
                 fill_missing_shards: bool = False) -> Any:
@@ -676,23 +614,22 @@ class Dataset:
 
 
 def _is_dataset_like(ds: Dataset) -> DatasetLike:
-    return ds  # mypy holds Dataset to the protocol query, bodies and arrays type it by
+    return ds  # mypy holds Dataset to the protocol
 
 
-def _missing(ds: Dataset, s: Scale, o) -> Shard:
+def _missing(ds: Dataset, s: Scale, o: Any) -> Shard:
     raise MissingShardError(f"{ds.store.describe(s.stem(o) + '.arrow')}: no such shard file")
 
 
-def open(source, *, scale=0, labels="agglomerated", fill_missing_shards: bool = False, context=None,
-         spec=None, index=None, resolution=None, max_shards: int = 64) -> ts.TensorStore:
+def open(source: Any, *, scale: Any = 0, labels: Any = "agglomerated", fill_missing_shards: bool = False,
+         context: ts.Context | None = None, spec: Any = None, index: Any = None, resolution: Any = None,
+         max_shards: int = 64) -> ts.TensorStore:
     """Open one scale of a DVID export as a read-only ``tensorstore.TensorStore``.
 
     Parameters
     ----------
     source : str, path, URL, kvstore spec dict, ByteStore or Dataset, or a list of roots
-        The export root (holding ``s0``, ``s1``, ...); several roots (an export and a downsample
-        destination) are one pyramid, and a downsample destination alone opens over its source
-        (see ``Dataset``).
+        The export root, or several (see ``Dataset``).
     scale : int or (x, y, z)
         Folder number k (``s{k}``), or a resolution in nm.
     labels : "agglomerated", "supervoxels" or a mapping

@@ -1,13 +1,11 @@
 """A pyramid in several roots: an export and the scales ``dvidshards downsample`` made for it.
 
-A downsample output is a DVID export of the made scales plus a manifest (``_dvidshards.json``)
-naming the export it was made from: its URL, its path relative to the output (so the two can
-be moved or uploaded together) and the size of every shard file of the scale it was made from
-(:func:`source_identity`). Opening the output alone finds the export where the relative path
-leads, else at its URL, and checks a sample of those sizes; given with the export
-(``Dataset([export, output])``) the export given is checked. A source that changed since is a
-SpecError that says what to do: read together the two would mix two exports.
-:class:`LayeredStore` reads the roots as one export, each scale from its root.
+A downsample output's manifest names the export it was made from: its URL, its path relative to
+the output (the two can be moved or uploaded together) and the sizes of the shard files the
+scales were made from (:func:`source_identity`). Opened alone, the output finds the export where
+the relative path leads, else at its URL, and checks a sample of those sizes; a source that
+changed since is a SpecError (read together they would mix two exports). :class:`LayeredStore`
+reads the roots as one export, each scale from its root.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ __all__ = ["ABSENT", "MANIFEST", "LayeredStore", "Layer", "check_source", "downs
            "given_roots", "identity_changes", "mixed_error", "parse_manifest", "present_scales", "roots_of",
            "shard_sizes", "source_identity"]
 
-#: a job's manifest at the root of its output (``jobs.output`` writes it)
-MANIFEST = "_dvidshards.json"
+MANIFEST = "_dvidshards.json"  # a job's manifest at the root of its output (``jobs.output`` writes it)
 _SCALE_KEY = re.compile(r"s([0-9]+)(?:/|$)")
 _PRESENCE_GROUP = 4  # scale folders listed together, coarse to fine, on stores where a listing waits
 ABSENT = "absent"  # check_source: the roots hold none of the files the scales were made from
@@ -41,16 +38,11 @@ Layer = tuple[ByteStore, "frozenset[int] | None", "dict | None"]
 
 
 class LayeredStore(ByteStore):
-    """Several export roots read as one: scale ``k``'s keys (``s{k}/...``) come from the root ``route``
-    gives it; other keys (``info``) from the first root holding them.
+    """Several export roots read as one: scale ``k``'s keys (``s{k}/...``) from the root ``route``
+    gives it, other keys (``info``) from the first root holding them; each file keeps its own
+    path (``describe``)."""
 
-    What ``Dataset([export, dest])`` (and a downsample destination, over its source) reads
-    through: every reader, job and message then sees one export whose scale folders live in
-    different places, and each file keeps its own path (``describe``).  Pickles when its
-    stores do.
-    """
-
-    def __init__(self, stores, route: dict[int, int] | None = None):
+    def __init__(self, stores: Iterable[ByteStore], route: dict[int, int] | None = None):
         self.stores = list(stores)
         self.route: dict[int, int] = dict(route or {})
         self.mappable = all(st.mappable for st in self.stores)
@@ -58,16 +50,16 @@ class LayeredStore(ByteStore):
 
     @property
     def base(self) -> ByteStore:
-        """The first root (the source export): what the commands a message suggests start from."""
+        """The first root (the source export): what a message's suggested commands start from."""
         return self.stores[0]
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (LayeredStore, (self.stores, self.route))
 
     def __repr__(self) -> str:
         return f"LayeredStore({self.stores!r}, route={self.route!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, LayeredStore) and other.stores == self.stores and other.route == self.route
 
     def __hash__(self) -> int:
@@ -75,9 +67,11 @@ class LayeredStore(ByteStore):
 
     def _of(self, key: str) -> ByteStore | None:
         m = _SCALE_KEY.match(key)
-        if m is None:
-            return None
-        return self.stores[self.route.get(int(m.group(1)), 0)]
+        return None if m is None else self.stores[self.route.get(int(m.group(1)), 0)]
+
+    def _stores(self, key: str) -> builtins.list[ByteStore]:
+        st = self._of(key)
+        return self.stores if st is None else [st]
 
     def describe(self, key: str) -> str:
         st = self._of(key)
@@ -87,36 +81,28 @@ class LayeredStore(ByteStore):
             return " + ".join(dict.fromkeys(st.describe("") for st in self.stores))
         return self.stores[0].describe(key)
 
-    async def read(self, key: str, start: int | None = None, stop: int | None = None):
-        st = self._of(key)
-        if st is not None:
-            return await st.read(key, start, stop)
-        for st in self.stores[:-1]:
+    async def read(self, key: str, start: int | None = None, stop: int | None = None) -> Any:
+        *first, last = self._stores(key)
+        for st in first:
             try:
                 return await st.read(key, start, stop)
             except MissingShardError:
                 continue
-        return await self.stores[-1].read(key, start, stop)
+        return await last.read(key, start, stop)
 
-    async def read_ranges(self, key: str, ranges, *, return_exceptions: bool = False) -> builtins.list:
+    async def read_ranges(self, key: str, ranges: Any, *, return_exceptions: bool = False) -> builtins.list:
         st = self._of(key) or self.stores[0]
         return await st.read_ranges(key, ranges, return_exceptions=return_exceptions)
 
     async def exists(self, key: str) -> bool:
-        st = self._of(key)
-        if st is not None:
-            return await st.exists(key)
-        for st in self.stores:
+        for st in self._stores(key):
             if await st.exists(key):
                 return True
         return False
 
     async def list(self, prefix: str = "") -> builtins.list[str]:
-        st = self._of(prefix)
-        if st is not None:
-            return await st.list(prefix)
         names: set[str] = set()
-        for st in self.stores:
+        for st in self._stores(prefix):
             names.update(await st.list(prefix))
         return sorted(names)
 
@@ -127,10 +113,7 @@ class LayeredStore(ByteStore):
         return await (self._of(key) or self.stores[0]).size(key)
 
     async def is_folder(self, prefix: str) -> bool:
-        st = self._of(prefix)
-        if st is not None:
-            return await st.is_folder(prefix)
-        for st in self.stores:
+        for st in self._stores(prefix):
             if await st.is_folder(prefix):
                 return True
         return False
@@ -139,13 +122,12 @@ class LayeredStore(ByteStore):
         st = self._of(prefix)
         return await st.sample(prefix, n) if st is not None else None
 
-    def map(self, key: str):
+    def map(self, key: str) -> Any:
         return (self._of(key) or self.stores[0]).map(key)
 
 
 def parse_manifest(data: bytes, where: str) -> dict:
-    """A job's manifest (``_dvidshards.json``, written by ``jobs.output``): a JSON object with
-    ``job`` and ``complete``; SpecError naming where it came from otherwise."""
+    """A job's manifest: a JSON object with ``job`` and ``complete`` (else SpecError naming ``where``)."""
     m = parse_json(bytes(data), f"{where} (a dvidshards manifest)")
     if "complete" not in m or not isinstance(m.get("job"), str):
         raise SpecError(f"{where}: not a dvidshards manifest (no 'job' and 'complete' members)")
@@ -175,7 +157,7 @@ def downsample_manifest(store: ByteStore) -> dict | None:
 
 
 def _beside(store: ByteStore, rel: str) -> str | dict | None:
-    """The location ``rel`` (a relative path) from the root of store; None where it has none."""
+    """The location at relative path ``rel`` from store's root (None: store has no path)."""
     path = store.local_path()
     if path is not None:
         return os.path.normpath(os.path.join(path, rel))
@@ -211,13 +193,12 @@ def shard_sizes(store: ByteStore, scale: Scale, origins: Iterable) -> dict[str, 
 
 
 def source_identity(scale: int, sizes: dict[str, int | None]) -> dict:
-    """What a downsample output records of the scale it was made from, from its files' sizes.
+    """What a downsample output records of the scale it was made from: ``sha256`` of every shard
+    file's size, ``sample`` a few of them (an open stats those; ``verify`` all).
 
-    The size of a compressed shard file is a fingerprint of its content: another export, or another
-    snapshot whose supervoxels differ, changes it; a copy or an upload keeps it (mtimes and
-    generations survive neither). A snapshot that differs only by merges (the same supervoxels,
-    other bodies in the labels column) keeps every size and is not seen. ``sha256`` digests every
-    file's size, ``sample`` names a few (what an open checks: a few stats); ``verify`` checks all.
+    A compressed shard's size fingerprints its content: another export, or a snapshot whose
+    supervoxels differ, changes it; a copy or an upload keeps it (mtimes and generations survive
+    neither). Blind spot: a snapshot that differs only by merges (other bodies, same supervoxels).
     """
     keys = sorted(sizes)
     return {"scale": int(scale), "shards": len(keys), "sha256": _digest(sizes),
@@ -229,9 +210,8 @@ def _digest(sizes: dict[str, int | None]) -> str:
 
 
 def identity_changes(store: ByteStore, identity: dict, now: dict | None = None) -> str | None:
-    """How the files a downsample output was made from differ from ``store``'s now; None when they
-    do not. ``now``: the sizes of the sample's files (default: asked), or ``source_identity`` of
-    every file now (what ``verify`` compares: every size, through the digest)."""
+    """How the files a downsample output was made from differ from ``store``'s now (None: they do
+    not). ``now``: the sample's sizes (default: asked), or a ``source_identity`` of every file."""
     sample: dict = identity["sample"]
     every = now if now is not None and "sha256" in now else None
     sizes = now if every is None else every["sample"]
@@ -251,15 +231,14 @@ def identity_changes(store: ByteStore, identity: dict, now: dict | None = None) 
 
 
 def _stat_order(layers: builtins.list[Layer], k: int) -> builtins.list[ByteStore]:
-    """The roots to look for scale k's files in, as ``Dataset`` gives scales to roots."""
+    """The roots to look for scale k's files in, in ``Dataset``'s routing order."""
     made = [st for st, held, m in reversed(layers) if m is not None and held is not None and k in held]
     return made + [st for st, _, _ in layers if st not in made]
 
 
 def check_source(store: ByteStore, m: dict, layers: builtins.list[Layer]) -> str | None:
-    """None when the roots ``layers`` hold the files the downsample output at ``store`` was made
-    from; ``ABSENT`` when they hold none of them; else what differs. A manifest without an
-    identity is not checked."""
+    """None when ``layers`` hold the files the downsample output at ``store`` was made from (or its
+    manifest records none); ``ABSENT`` when they hold none of them; else what differs."""
     ident = m["source"].get("identity")
     if ident is None or not layers:
         return None
@@ -280,11 +259,8 @@ def mixed_error(store: ByteStore, m: dict, source: str, why: str) -> SpecError:
 
 
 def roots_of(store: ByteStore, depth: int = 0) -> builtins.list[Layer]:
-    """(store, scales it is known to hold or None, manifest) for a root and, when it is a downsample
-    destination, the roots under it (its source first: found beside it where the manifest's relative
-    path leads, else at its URL, and checked to be the export the scales were made from).  A
-    LayeredStore is taken as it is routed (``Dataset.with_scales``): its roots' manifests are not
-    followed again."""
+    """The layers of a root: itself and, for a downsample output, its source's below it (found
+    where the relative path leads, else at its URL, and checked). A LayeredStore as it is routed."""
     if isinstance(store, LayeredStore):
         return [(st, frozenset(k for k, j in store.route.items() if j == i), None)
                 for i, st in enumerate(store.stores)]
@@ -327,9 +303,8 @@ def roots_of(store: ByteStore, depth: int = 0) -> builtins.list[Layer]:
 
 
 def given_roots(stores: builtins.list[ByteStore]) -> builtins.list[Layer]:
-    """The layers of several roots given together (``Dataset([export, output])``): a downsample
-    output's source is among them (checked, not followed: the pair may have moved together); when
-    none of them holds the files it was made from, it is found as for one root."""
+    """The layers of roots given together (``Dataset([export, output])``): a downsample output's
+    source is checked among them, not followed; found as for one root when none holds its files."""
     given: builtins.list[Layer] = []
     for st in stores:
         m = None if isinstance(st, LayeredStore) else downsample_manifest(st)
@@ -349,14 +324,11 @@ def given_roots(stores: builtins.list[ByteStore]) -> builtins.list[Layer]:
 
 
 async def present_scales(store: ByteStore, indices: builtins.list[int], known: dict[int, bool]) -> set[int]:
-    """The scale numbers among ``indices`` whose folder the root holds.
+    """The scales among ``indices`` whose folder the root holds (``known``: what listings said).
 
-    A local folder (a store that never waits) is listed once.  Elsewhere a root listing would
-    list every file of the export, so scale folders are listed from the coarsest, a few at once
-    (an absent one costs one request, a coarse one a few names), until one is found: an export
-    holds a prefix of its spec's scales (FORMATS.md §3a), so that one and every finer scale are
-    there.  Scale 0 is never listed: it is taken as present.  ``known`` holds what listings
-    already said.
+    A local folder is listed once. Elsewhere a root listing lists every file of the export, so
+    scale folders are listed coarsest first, a few at once, until one is found: an export holds a
+    prefix of its scales (FORMATS.md §3a). Scale 0 is taken as present.
     """
     if store.immediate:
         names = set(await store.list(""))
@@ -377,13 +349,13 @@ async def present_scales(store: ByteStore, indices: builtins.list[int], known: d
     return {j for j in indices if j == 0}
 
 
-def drive_all(store, coros) -> builtins.list:
+def drive_all(store: ByteStore, coros: Iterable[Any]) -> builtins.list:
     """Run coroutines on a store: one after the other when it never waits, else together."""
     coros = builtins.list(coros)
     if store.immediate:
         return [store._sync(c) for c in coros]
 
-    async def together():
+    async def together() -> builtins.list:
         return await asyncio.gather(*coros)
 
     return store._sync(together())

@@ -1,16 +1,13 @@
 """Make the scales an export lacks, the way DVID builds its own pyramid, one task per output shard.
 
-Each scale is made from the one below (the first from the coarsest the export holds) by DVID's
-``downresArray`` (``method="dvid"``) or TensorStore's ``"mode"`` (:mod:`dvidshards.formats.downsample`),
-on the supervoxels, in DVID's compressed block domain; each record's bodies are the pairs of the
-records it was made from (or ``labels=``), never a downsampling of bodies. DEST is an export of the
-made scales as today's DVID writes one, an ``info`` and the manifest, which names the source (URL,
-path relative to DEST, the size of every shard file the scales were made from: :mod:`dvidshards.pyramid`),
-the shard files each made scale holds and the scales that hold only background. ``dvidshards.open(DEST)``
-reads both as one pyramid. Scale by scale: :func:`plan` (one :class:`Task` per output shard, with the
-source shards it reads), :func:`run_task` (the sources one at a time, the output shard written whole),
-:func:`reduce` (counts summed). A scale that did not finish stops the coarser ones; ``resume`` keeps
-every output shard written whole.
+Each scale is made from the one below by DVID's ``downresArray`` (``method="dvid"``) or TensorStore's
+``"mode"``, on the supervoxels, in DVID's compressed block domain; each record's bodies come from the
+pairs of the records it was made from (or ``labels=``), never from downsampling bodies. DEST is an
+export of the made scales as today's DVID writes one, with an ``info`` and a manifest naming the
+source (:mod:`dvidshards.pyramid`), the shard files each made scale holds and the scales that are
+all background; ``dvidshards.open(DEST)`` reads both as one pyramid. Scale by scale: :func:`plan`,
+:func:`run_task` (one output shard written whole), :func:`reduce`. A scale that did not finish stops
+the coarser ones; ``resume`` keeps every output shard written whole.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import struct
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -58,7 +55,7 @@ from .runner import TaskRunner, scheduler_of
 __all__ = ["SIZES", "DownsampleCommand", "DownsampleTotals", "MadeScales", "Phase", "ShardResult", "Task", "downsample",
            "output_shards", "plan", "reduce", "run_task"]
 
-#: the kernels a task uses, slowest to compile first (TaskRunner.run compiles them first)
+#: the kernels a task uses, slowest to compile first
 KERNELS = ("dvidshards.formats.downsample._down_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message")
 
@@ -68,34 +65,26 @@ _MAX_CACHED = 3  # source shards a task keeps loaded besides the current one (un
 _GROUP = 512  # output blocks whose source records are fetched together (a lazily read shard: ~20 MB)
 
 
-# --------------------------------------------------------------------------- what a task carries
-
-
 class MadeScales:
-    """This job's own output, read back (the scale below each scale it makes) through the shard
-    loader; never layered over the source, so a scale the source also holds is read as made here."""
+    """This job's own output read back; never layered over the source, so a scale the source also
+    holds is read as made here."""
 
     def __init__(self, store: ByteStore):
         self.store = store
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (MadeScales, (self.store,))
-
     def shards(self, scale: Scale) -> list[tuple[int, int, int]]:
-        """Origins of the shard files of a made scale."""
         return shard_origins(self.store, scale.folder)
 
     def shard(self, scale: Scale, origin: tuple[int, int, int]) -> Any:
-        """The loaded shard (MissingShardError when no file is there)."""
         return load_shard_sync(self.store, scale, origin)
 
 
 @dataclass(frozen=True)
 class Phase:
-    """What every task of one output scale needs (pickled with each task: paths, geometry, options)."""
+    """What every task of one output scale needs."""
 
     read: Dataset | MadeScales  # holds the scale below: the source export, or this job's own output
-    below: Scale  # the scale below, as its files are named
+    below: Scale  # as its files are named
     scale: Scale  # the output scale (today's naming)
     dest: ByteStore
     method: str
@@ -119,7 +108,7 @@ class Task:
 
 @dataclass
 class ShardResult:
-    """What one task did (small: it travels back from the worker)."""
+    """What one task did."""
 
     records_read: int = 0
     records_written: int = 0
@@ -130,9 +119,8 @@ class ShardResult:
     bytes_written: int = 0
 
     def add(self, o: ShardResult) -> None:
-        for k in ("records_read", "records_written", "shards_written", "blocks_zero", "outside", "conflicts",
-                  "bytes_written"):
-            setattr(self, k, getattr(self, k) + getattr(o, k))
+        for f in fields(ShardResult):
+            setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -140,7 +128,7 @@ class ShardResult:
 
 @dataclass
 class DownsampleTotals(ShardResult):
-    """The tasks' figures summed, per scale as well."""
+    """The tasks' figures summed, and per scale."""
 
     per_scale: dict = field(default_factory=dict)
 
@@ -168,9 +156,8 @@ def _meets(chunks: np.ndarray, box: tuple, cs: int) -> np.ndarray:
 
 
 def output_shards(below: Scale, scale: Scale, source_origins: Iterable) -> list[tuple[tuple, tuple]]:
-    """``[(output shard origin, (source shard origins, ...)), ...]``, sorted: every output shard that a
-    parent of a chunk of the source shards (at ``below``, named as its files are) falls in, with the
-    source shards whose chunks' parents fall in it."""
+    """``[(output shard origin, (source shard origins, ...)), ...]``, sorted: every output shard a
+    parent of a chunk of the source shards falls in, with the source shards it reads."""
     assert below.chunk_size[0] == scale.chunk_size[0]
     c = scale.chunk_size[0]
     gb = np.asarray(below.grid, np.int64)
@@ -190,10 +177,9 @@ def output_shards(below: Scale, scale: Scale, source_origins: Iterable) -> list[
 
 
 def plan(phase: Phase) -> Iterator[Task]:
-    """The tasks of one output scale, from the shard files present at the scale below (those meeting
-    the box, when there is one)."""
+    """The tasks of one output scale, from the shard files at the scale below (meeting the box)."""
     origins = phase.read.shards(phase.below)
-    if phase.box is not None:  # the shard files that meet the box
+    if phase.box is not None:
         lo, hi = (np.asarray(v, np.int64) for v in phase.box)
         c = phase.below.chunk_size[0]
         boxes = [phase.below.shard_box(o) for o in origins]  # chunks [a, b) of each file
@@ -214,7 +200,7 @@ class _Sources:
         self.cache: OrderedDict = OrderedDict()
 
     def get(self, origin: Iterable) -> Any:
-        """The loaded shard at origin (None when no file is there)."""
+        """The loaded shard at origin (None: no file)."""
         origin = tuple(int(v) for v in origin)
         if origin not in self.origins:
             return None
@@ -247,12 +233,9 @@ def _crop(block: bytes, chunk: tuple, box: tuple, cs: int) -> bytes | None:
     return encode_block(cut) if cut.any() else None
 
 
-def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
-    """Each output supervoxel's body from the children records' (supervoxels, labels) pairs.
-
-    A supervoxel whose records name different bodies takes the first child's (octant order),
-    and is counted in ``conflicts``.
-    """
+def _bodies(svs_out: np.ndarray, children: list, res: ShardResult) -> np.ndarray:
+    """Each output supervoxel's body from the children records' (supervoxels, labels) pairs; one
+    whose records name different bodies takes the first child's (octant order): ``conflicts``."""
     sv = np.concatenate([c[0] for c in children])
     lab = np.concatenate([c[1] for c in children])
     order = np.argsort(sv, kind="stable")  # equal supervoxels keep the children's order
@@ -268,14 +251,18 @@ def _bodies(svs_out: np.ndarray, children, res: ShardResult) -> np.ndarray:
 _OCTANTS = np.array([(i & 1, (i >> 1) & 1, i >> 2) for i in range(8)], np.int64)  # x, y, z of child i
 
 
+def _child(p: list, i: int) -> tuple[int, int, int]:
+    return 2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2)
+
+
 def _pack(c: np.ndarray) -> np.ndarray:
     """Chunk coordinates (..., 3) as one int64 key each (21 bits per axis)."""
     return (c[..., 0] << 42) | (c[..., 1] << 21) | c[..., 2]
 
 
-def _children(sh, o, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.ndarray]:
-    """For each parent (m, 3): its 8 children's record numbers in shard ``sh`` (-1: not there), and
-    which children lie in another source shard (m, 8)."""
+def _children(sh: Any, o: Any, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.ndarray]:
+    """Each parent's (m, 3) 8 children's record numbers in shard ``sh`` (-1: absent), and which
+    children lie in another source shard (m, 8)."""
     coords = np.asarray(sh.coords, np.int64)
     order = np.argsort(_pack(coords))
     keys = _pack(coords)[order]
@@ -294,7 +281,7 @@ def _children(sh, o, parents: np.ndarray, below: Scale) -> tuple[np.ndarray, np.
 
 @dataclass
 class _Work:
-    """One task's constants and running state (the output shard, its sources, the counts)."""
+    """One task's constants and running state."""
 
     phase: Phase
     sources: _Sources
@@ -307,7 +294,7 @@ class _Work:
     done: set = field(default_factory=set)  # output blocks made (or counted) already
 
 
-def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
+def _records(phase: Phase, origin: Any, sources: _Sources, res: ShardResult) -> Iterator[dict]:
     """The output shard's records, source shard by source shard (each output block once)."""
     scale = phase.scale
     lo, box_hi = scale.shard_box(origin)
@@ -320,7 +307,7 @@ def _records(phase: Phase, origin, sources: _Sources, res: ShardResult):
         sources.cache.pop(o, None)
 
 
-def _shard_records(task: _Work, o):
+def _shard_records(task: _Work, o: Any) -> Iterator[dict]:
     """The records of the output blocks first met in source shard ``o``."""
     sources, res, done = task.sources, task.res, task.done
     sh = sources.get(o)
@@ -346,10 +333,10 @@ def _shard_records(task: _Work, o):
         yield from _group_records(task, parents[g:g + _GROUP], recs[g:g + _GROUP], at, others[g:g + _GROUP], table)
 
 
-def _group_records(task: _Work, parents, recs, at, others, table):
-    """The records of a group of output blocks whose children's records (of this source shard) are
-    in ``table``: ``recs`` their record numbers in the shard (-1: absent), ``at`` their rows in
-    ``table``, ``others`` the children in another source shard."""
+def _group_records(task: _Work, parents: np.ndarray, recs: np.ndarray, at: np.ndarray, others: np.ndarray,
+                   table: Any) -> Iterator[dict]:
+    """The records of a group of output blocks: ``recs`` their children's record numbers in this
+    source shard (-1: absent), ``at`` their rows in ``table``, ``others`` children in another shard."""
     phase, sources, res, done = task.phase, task.sources, task.res, task.done
     below = phase.below
     c = phase.scale.chunk_size[0]
@@ -366,7 +353,7 @@ def _group_records(task: _Work, parents, recs, at, others, table):
             t = table
             j = row[i]
             if other[i]:  # a child in another source file (extents not multiples of 128 voxels)
-                ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+                ch = _child(p, i)
                 src = sources.get(below.shard_origin(*ch))
                 r = src.find(*ch) if src is not None else None
                 if r is None:
@@ -377,8 +364,7 @@ def _group_records(task: _Work, parents, recs, at, others, table):
                 continue
             kids[i] = t.block(j)  # zstd, sizes, checksum, label list == supervoxels checked
             if phase.box is not None:
-                kids[i] = _crop(kids[i], (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2)),
-                                phase.box, below.chunk_size[0])
+                kids[i] = _crop(kids[i], _child(p, i), phase.box, below.chunk_size[0])
                 if kids[i] is None:
                     continue
             if agglomerated:
@@ -415,11 +401,11 @@ def _group_records(task: _Work, parents, recs, at, others, table):
                "dvid_compressed_block": payload, "uncompressed_size": len(out.block)}
 
 
-def _names(p, sources: _Sources, below: Scale) -> list[str]:
+def _names(p: list, sources: _Sources, below: Scale) -> list[str]:
     """Each child of parent p named by its file and chunk (for an error message)."""
     names = []
     for i in range(8):
-        ch = (2 * p[0] + (i & 1), 2 * p[1] + ((i >> 1) & 1), 2 * p[2] + (i >> 2))
+        ch = _child(p, i)
         src = sources.get(below.shard_origin(*ch))
         j = src.find(*ch) if src is not None else None
         names.append(src.where(j) if j is not None else f"{below.folder}: chunk {ch}")
@@ -427,12 +413,12 @@ def _names(p, sources: _Sources, below: Scale) -> list[str]:
 
 
 def run_task(task: Task) -> ShardResult:
-    """Make one output shard and write it to the destination (nothing when all of it is background)."""
+    """Make one output shard and write it (no file when it is all background, as DVID)."""
     phase = task.phase
     res = ShardResult()
     records = _records(phase, task.origin, _Sources(phase, task.sources), res)
     first = next(records, None)
-    if first is None:  # nothing but background: no file (DVID writes none)
+    if first is None:
         return res
     rel = f"{phase.scale.folder}/{shard_filename_stem(task.origin)}"
     path = phase.dest.local_path(rel)
@@ -498,7 +484,7 @@ def _own(name: str) -> bool:
 
 
 def _scales_to_make(ds: Dataset, scales: Any) -> tuple[int, list[int], list[int]]:
-    """(the scale the first is made from, the scales to make, the scales asked), checked before any work."""
+    """(the scale the first is made from, the scales to make, the scales asked), checked."""
     held = set(ds.exported)
     wanted = scales_of(scales)
     if wanted is None:
@@ -550,8 +536,8 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``).
     scheduler, resume, overwrite, progress, allow_partial :
-        As for every job. No work folder: a task writes whole shards (to a bucket: built in the
-        system's temporary folder first).
+        As for every job. No work folder: a task writes whole shards (for a bucket, built in
+        the system's temporary folder first).
     zstd_level, batch_size : int
         Of the output (default batch: the spec's ``batch_size``, as DVID writes).
 
@@ -644,14 +630,14 @@ def downsample(source: Any, dest: Any, *, scales: Iterable[int] | None = None, m
 
 
 def _kept(store: ByteStore, folder: str, tasks: list[Task]) -> list[Task]:
-    """The tasks whose output shard an earlier run wrote whole (its index and its file)."""
+    """The tasks whose output shard (index and file) an earlier run wrote."""
     names = set(store.list_sync(folder))
     return [t for t in tasks if {f"{shard_filename_stem(t.origin)}{e}" for e in (".arrow", ".csv")} <= names]
 
 
 def _check_kept(store: ByteStore, sizes: dict, first: list[Task], made: list[int]) -> None:
-    """Before a resume: refuse when a shard file the earlier run made its kept shards from has
-    changed since (a source repaired where its tasks failed is fine: nothing made from it is kept)."""
+    """Refuse a resume when a shard file the earlier run made kept shards from has changed (one
+    repaired where its tasks failed is fine: nothing made from it is kept)."""
     m = read_manifest(store)
     if m is None or m.get("job") != "downsample":
         return
@@ -678,7 +664,7 @@ def _check_kept(store: ByteStore, sizes: dict, first: list[Task], made: list[int
 
 
 class DownsampleCommand:
-    """``dvidshards downsample EXPORT DEST``: one row of ``cli.COMMANDS``."""
+    """``dvidshards downsample EXPORT DEST``."""
 
     @staticmethod
     def add_arguments(p: Any) -> None:
@@ -696,7 +682,7 @@ class DownsampleCommand:
 
     @staticmethod
     def main(args: Any) -> int:
-        """Run ``dvidshards downsample``; 0 when the output is complete, 1 when it is not."""
+        """0: the output is complete; 1: it is not."""
         skip = [k for k, v in (("method", "dvid"), ("labels", "agglomerated")) if getattr(args, k) == v]
         report = downsample(args.source, args.dest, scales=args.scales, method=args.method, labels=args.labels,
                             box=args.box, spec=args.spec, batch_size=args.batch_size, allow_partial=True,

@@ -1,20 +1,18 @@
 """Check an export, or any job's output, end to end: plan → run_task → reduce on the TaskRunner.
 
-An export: every shard is loaded with the eager policy (remotely: one download per shard), so every
-record is checked against its index and its shard's box, a record no index row lists is found, and
-a shard without its index is a problem (DVID always writes one: its absence means an incomplete
-copy). Every payload is decompressed (its zstd checksum), and with ``decode`` every block decoded
-and its label list compared with the record's.
+An export: every shard loaded eagerly (remotely: one download each), so every record is checked
+against its index and its shard's box, and a shard without its index is a problem (DVID always
+writes one: an incomplete copy); every payload decompressed (its zstd checksum) and, with
+``decode``, every block decoded and its label list compared with the record's.
 
-A job's output: every manifest in it (``_dvidshards.json`` at its root and in the folders directly
-below, e.g. ``OUT/mesh/`` after ``meshes``; a one-file output's own metadata) says whether it is
-complete and names its failed tasks; a ``convert`` output's chunks are compared with its source
-(``spot_check``); a ``downsample`` output is an export over its source, and the size of every shard
-file its scales were made from is compared with the source's now.
+A job's output: every manifest in it (at its root and in the folders directly below, e.g.
+``OUT/mesh/``; a one-file output's metadata) says whether it is complete and names its failed
+tasks; a ``convert`` output's chunks are compared with its source (``spot_check``); a
+``downsample`` output is checked as the export it is, and the size of every shard file its scales
+were made from compared with its source's now.
 
-What is wrong with the data is a :class:`Problem` of the report; a check that could not run (a task
-that failed after the runner's retries) leaves the report incomplete: ``JobError`` unless
-``allow_partial``, as for every job.
+What is wrong with the data is a :class:`Problem`; a check that could not run leaves the report
+incomplete (``JobError`` unless ``allow_partial``, as for every job).
 """
 
 from __future__ import annotations
@@ -73,7 +71,7 @@ class VerifyTotals:
 
     shards: int = 0
     chunks: int = 0
-    background: int = 0  # of ``chunks`` spot-checked against a source: those the source holds none of
+    background: int = 0  # of the chunks spot-checked: those the source holds none of
     decompressed: int = 0
     decoded: int = 0
     manifests: int = 0
@@ -88,7 +86,7 @@ class VerifyTotals:
 
 @dataclass
 class Checked:
-    """One task's result: its counts and what it found."""
+    """One task's result."""
 
     totals: VerifyTotals = field(default_factory=VerifyTotals)
     problems: list[Problem] = field(default_factory=list)
@@ -99,12 +97,12 @@ class Checked:
 @dataclass
 class VerifyReport(JobReport):
     """The :class:`~dvidshards.jobs.output.JobReport` of ``verify``: ``problems`` is what is wrong,
-    ``totals`` (a :class:`VerifyTotals`) what was checked, ``manifests`` the job manifests read."""
+    ``totals`` what was checked, ``manifests`` the job manifests read, ``not_exported`` the scales
+    the spec lists and the export does not hold."""
 
     totals: VerifyTotals = field(default_factory=VerifyTotals)
     problems: list[Problem] = field(default_factory=list)
     manifests: list[dict] = field(default_factory=list)
-    #: scales the spec lists and the export does not hold (said under the summary, as ``info`` does)
     not_exported: list[int] = field(default_factory=list)
     heads: list[str] = field(default_factory=list)
     store: Any = field(default=None, repr=False, compare=False)
@@ -117,7 +115,7 @@ class VerifyReport(JobReport):
 
     @property
     def checked(self) -> bool:
-        """Whether anything was checked (a shard, or a job's manifest)."""
+        """A shard or a job's manifest was checked."""
         return self.totals.shards > 0 or self.totals.manifests > 0
 
     @property
@@ -167,7 +165,7 @@ class Found:
 
 @dataclass(frozen=True)
 class ShardCheck:
-    """One shard of an export: its index against its records, its payloads (and blocks)."""
+    """One shard of an export: its index, records, payloads (and blocks)."""
 
     ds: Dataset
     scale: int
@@ -186,7 +184,7 @@ class ShardCheck:
             if not s.is_origin(self.origin):
                 raise MissingShardError(f"{store.describe(key)}: origin {self.origin} is not a multiple of the shard "
                                         f"extent {s.shard_extent}")
-            with warnings.catch_warnings():  # reported as a problem, not warned about
+            with warnings.catch_warnings():  # a problem, not a warning
                 warnings.simplefilter("ignore", IndexRebuiltWarning)
                 shard = self.ds.shard(s, self.origin, policy="eager")
             out.totals.chunks = len(shard)
@@ -213,7 +211,7 @@ class ManifestCheck:
     """A job's manifest: complete, or its failed tasks and the tasks not done."""
 
     where: str
-    manifest: str  # the manifest as JSON (a task is hashable)
+    manifest: str  # JSON: a task is hashable
 
     def name(self) -> str:
         return self.where
@@ -253,8 +251,8 @@ class SpotCheck:
 
     where: str
     source: str
-    spec: Any  # the source's spec (JSON text), or None for its own info file
-    root: str  # the output's kvstore spec (JSON text)
+    spec: Any  # the source's spec (JSON), or None for its own info file
+    root: str  # the output's kvstore spec (JSON)
     fmt: str
     key: str
     scale: int
@@ -286,7 +284,7 @@ class SpotCheck:
 
 @dataclass(frozen=True)
 class SourceCheck:
-    """A downsample output's source: the size of every shard file its scales were made from, now."""
+    """A downsample output's source: the size of every shard file its scales were made from."""
 
     output: ByteStore
     source: ByteStore
@@ -359,9 +357,8 @@ def _check_records(shard: Any, out: Checked, decode: bool) -> None:
 
 
 def _manifests(source: Any) -> Iterator[tuple[str, dict, bool]]:
-    """(where, manifest, at the root) of every job manifest of an output: its root's (a folder's,
-    or a one-file output's metadata) and those of the folders directly below it (``meshes`` writes
-    ``OUT/mesh/``)."""
+    """(where, manifest, at the root) of every job manifest of an output: its root's and those of
+    the folders directly below it (``meshes`` writes ``OUT/mesh/``)."""
     if isinstance(source, Dataset):
         return
     m = read_manifest(source)
@@ -383,7 +380,7 @@ def _manifests(source: Any) -> Iterator[tuple[str, dict, bool]]:
 
 
 def _folder(source: Any) -> ByteStore | None:
-    """The output as a folder (None: one local file)."""
+    """The output as a folder (None: a local file)."""
     if isinstance(source, ByteStore):
         return source
     if isinstance(source, dict) or "://" in os.fspath(source):
@@ -397,8 +394,8 @@ def _as_found(problems: list[Problem]) -> list[Found]:
 
 def plan(source: Any, *, scale: int | None = None, decode: bool = False, spec: Any = None, spot_check: int = 0,
          seed: int = 0, report: VerifyReport | None = None) -> list[Task]:
-    """The tasks that check ``source`` (see :func:`verify`); ``report`` receives the manifests read,
-    the scales not exported and the export's store."""
+    """The tasks that check ``source`` (see :func:`verify`); ``report`` gets the manifests read, the
+    scales not exported and the export's store."""
     report = report if report is not None else VerifyReport("verify", str(source))
     tasks: list[Task] = []
     export = True
@@ -445,10 +442,10 @@ def plan(source: Any, *, scale: int | None = None, decode: bool = False, spec: A
                 tasks.append(SourceCheck(st, below[0] if i == 1 else LayeredStore(
                     below, {k: j for k, j in store.route.items() if j < i})))
                 for k, n in (made.get("files") or {}).items():  # a made shard file lost in a copy reads as 0
-                    if len(shard_origins(st, f"s{k}")) != n:
-                        problems.append(Problem(st.describe(f"s{k}"), "MissingShardError", f"{st.describe(f's{k}')}: "
-                                                f"holds {len(shard_origins(st, f's{k}'))} shard files, the job "
-                                                f"wrote {n}: an incomplete copy"))
+                    held, where = len(shard_origins(st, f"s{k}")), st.describe(f"s{k}")
+                    if held != n:
+                        problems.append(Problem(where, "MissingShardError", f"{where}: holds {held} shard files, the "
+                                                f"job wrote {n}: an incomplete copy"))
     for s in scales:
         try:
             origins = ds.shards(s)
@@ -499,12 +496,12 @@ def _spot_checks(where: str, m: dict, source: Any, spec: Any, n: int, seed: int,
 
 
 def run_task(task: Task) -> Checked:
-    """Run one check: what it counted and what it found (a problem is data, never an exception)."""
+    """Run one check (a problem is data, never an exception)."""
     return task.run()
 
 
 def reduce(results: Any, report: VerifyReport) -> None:
-    """The tasks' counts summed into ``report.totals``, their problems and summary lines joined."""
+    """The tasks' counts summed into ``report``, their problems and lines joined."""
     for r in results:
         report.totals.add(r.totals)
         report.problems += r.problems
@@ -571,7 +568,7 @@ def verify(source: Any, *, scale: int | None = None, decode: bool = False, spec:
 
 
 class VerifyCommand:
-    """``dvidshards verify EXPORT``: one row of ``cli.COMMANDS``."""
+    """``dvidshards verify EXPORT``."""
 
     @staticmethod
     def add_arguments(p: Any) -> None:
