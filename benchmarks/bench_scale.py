@@ -19,7 +19,8 @@ own):
   task of these jobs covers one source shard). ``meshes`` samples K *dense* shards of level 0's
   scale instead (fixed order; at least 95 % of their chunks, a central all-tissue block), runs
   the map and the reduce over that block, and projects from the median CPU per chunk (the
-  spread over the K samples beside it).
+  spread over the K samples beside it). ``skeletons`` likewise samples the central cube (8³ chunks)
+  of K dense shards of s2 and reduces what it wrote.
 
 Targets (issue 22): client peak <= 2 GiB and planning <= 2 min for every job.
 
@@ -44,7 +45,7 @@ from pathlib import Path
 import common as C
 import numpy as np
 
-JOBS = ("stats", "label-index", "convert", "pcg-edges", "meshes")
+JOBS = ("stats", "label-index", "convert", "pcg-edges", "meshes", "skeletons")
 CLIENT_TARGET_MIB = 2048
 PLAN_TARGET_S = 120
 
@@ -75,6 +76,8 @@ def _task_shard(job: str, item) -> tuple[int, tuple]:
         return 0, tuple(int(k) * 2048 for k in item.key)
     if job in ("convert", "meshes"):
         return int(item[0]), tuple(item[1])
+    if job == "skeletons":  # a cube of 8³ chunks of one shard
+        return item.job.scale, item.shard
     return 0, tuple(item)
 
 
@@ -116,6 +119,10 @@ def _start(job: str, out: Path):
         from dvidshards.jobs.meshes import meshes
 
         meshes(ds, out / "meshes", scheduler="serial", progress=False)  # the default: level 0 at >= 32 nm
+    elif job == "skeletons":
+        from dvidshards.jobs.skeletons import skeletons
+
+        skeletons(ds, out / "skeletons", scheduler="serial", progress=False)  # the default: s2 (32 nm)
     else:
         raise SystemExit(f"unknown job {job!r}")
 
@@ -158,7 +165,8 @@ def _child(job: str, mode: str, arg: int) -> dict:
                 got["submit_failed"] = len(rep.failed)
             got["submit_peak_mib"] = _peak_mib()
         elif mode == "sample":
-            it = _dense_mesh_item(items, arg) if job == "meshes" else random.Random(arg).choice(items)
+            it = _dense_mesh_item(items, arg) if job == "meshes" else _dense_cube(items, arg) if job == "skeletons" \
+                else random.Random(arg).choice(items)
             got["item"] = repr(it)[:80]
             scale, origin = _task_shard(job, it)
             got["chunks"] = len(_store().shard_chunks(scale, origin))
@@ -166,6 +174,8 @@ def _child(job: str, mode: str, arg: int) -> dict:
             c, t = time.process_time(), time.perf_counter()
             if job == "meshes":
                 res = _mesh_sample(fn, it, got)
+            elif job == "skeletons":
+                res = _skeleton_sample(fn, it, got)
             else:
                 res = fn(it)
             got["task_s"] = time.perf_counter() - t
@@ -247,6 +257,39 @@ def _mesh_sample(fn, item, got: dict):
     return res
 
 
+def _dense_cube(items, k: int):
+    """skeletons: the central cube of the k-th dense shard of the skeleton scale (as for meshes)."""
+    first = items[0].job.scale
+    by_shard = {}
+    for it in items:
+        by_shard.setdefault(it.shard, []).append(it)
+    shard = _dense_mesh_item([(first, o) for o in by_shard], k)[1]
+    c = np.asarray(_store().shard_chunks(first, shard), np.int64)
+    centre = np.median(c, axis=0) * 64
+    return min(by_shard[shard], key=lambda it: float(np.abs(np.asarray(it.origin) + 256 - centre).sum()))
+
+
+def _skeleton_sample(fn, task, got: dict):
+    """skeletons: the cube's task, then the reduce of every bucket its partial file holds (each piece is
+    reduced once in a whole run), so the CPU per chunk covers both phases."""
+    import pyarrow as pa
+
+    from dvidshards.jobs import skeletons as S
+
+    c = np.asarray(_store().shard_chunks(task.job.scale, task.shard), np.int64)
+    c0 = np.asarray(task.origin, np.int64) // 64
+    got["chunks"] = int(((c >= c0) & (c < c0 + S.TASK)).all(axis=1).sum())
+    got["item"] = f"s{task.job.scale} cube {list(task.origin)}"
+    t0 = time.process_time()
+    res = fn(task)
+    t1 = time.process_time()
+    with task.job.work.open(task.key) as f:
+        buckets = np.unique(pa.ipc.open_file(f).read_all()["bucket"].to_numpy())
+    res["bodies"] = sum(S.bucket_task(S.BucketTask(task.job, (task.key,), int(b)))["bodies"] for b in buckets)
+    got["map_cpu_s"], got["reduce_cpu_s"] = t1 - t0, time.process_time() - t1
+    return res
+
+
 def _spawn(job: str, mode: str, arg: int, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child", job, mode, str(arg)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(C.ROOT))
@@ -288,16 +331,18 @@ def main() -> None:
         chunks = sum(census.values()) if job == "convert" else census.get(0, 0)
         if job == "meshes":  # the levels' scales: s2 (32 nm) and every coarser one, up to 6 levels
             chunks = sum(census.get(k, 0) for k in range(2, 8))
+        if job == "skeletons":  # the skeleton scale: s2 (32 nm)
+            chunks = census.get(2, 0)
         per_chunk = sum(cpu) / max(sum(g["chunks"] for g in got), 1)
         proj = per_chunk * chunks / 3600 if cpu else float("nan")
         proj_text = f"{proj:,.1f}" if cpu else "-"
-        if job == "meshes" and cpu:  # dense shards only: the median, and the spread over the samples
+        if job in ("meshes", "skeletons") and cpu:  # dense shards only: the median, and the spread
             per = sorted(g["task_cpu_s"] / max(g["chunks"], 1) for g in got)
             proj = statistics.median(per) * chunks / 3600
             proj_text = (f"{proj:,.1f}" + (f" (median of {len(per)}: {per[0] * chunks / 3600:,.0f}-"
                                             f"{per[-1] * chunks / 3600:,.0f})" if len(per) > 1 else ""))
             for g in got:
-                print(f"  meshes sample {g['item']}: map {g['map_cpu_s'] / g['chunks'] * 1e3:.1f} + reduce "
+                print(f"  {job} sample {g['item']}: map {g['map_cpu_s'] / g['chunks'] * 1e3:.1f} + reduce "
                       f"{g['reduce_cpu_s'] / g['chunks'] * 1e3:.1f} ms CPU per chunk, peak {g['task_peak_mib']:.0f} MiB "
                       f"(before {g['task_rss_before_mib']:.0f})", file=sys.stderr)
         rows.append([job, plan["desc"], f"{plan['tasks']:,}", f"{plan['plan_s']:.2f}",

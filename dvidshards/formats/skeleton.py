@@ -394,7 +394,7 @@ def _heal(nm: np.ndarray, edges: np.ndarray, radii: np.ndarray, heal_nm: float) 
 # --------------------------------------------------------------------------- one body on demand
 
 
-def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray | None], *, chunk_size: int,
+def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray | None], *, chunk_size,
                        resolution, voxel_size=None, block: int = BLOCK, dust: int = 0, teasar=None,
                        heal_nm: float | None = None) -> Skeleton:
     """One body's skeleton from its chunks, block by block (memory: one block).
@@ -405,8 +405,8 @@ def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray |
         Chunk coordinates holding the body at the skeleton scale.
     mask_of : callable
         ``chunk (x, y, z) -> (z, y, x) bool mask`` of the body, or None (none of it there).
-    chunk_size : int
-        Voxels a side of a chunk.
+    chunk_size : int or (3,) int
+        Voxels a side of a (cubic) chunk.
     resolution : (3,) float
         nm per voxel of the skeleton scale.
     voxel_size : (3,) float, optional
@@ -415,7 +415,10 @@ def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray |
         See :func:`skeletonize_block` and :func:`join_pieces`.
     """
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    cs, b = int(chunk_size), int(block)
+    sides = {int(v) for v in np.atleast_1d(chunk_size)}
+    if len(sides) != 1:
+        raise SkeletonError(f"skeletons need cubic chunks, got {list(np.atleast_1d(chunk_size))}")
+    cs, b = sides.pop(), int(block)
     holds = set(map(tuple, c.tolist()))  # the lists say the body is nowhere else: nothing else decoded
     pieces = []
     for blk in np.unique(c // b, axis=0) if len(c) else c:

@@ -283,3 +283,28 @@ def test_into_a_bucket_with_its_work_folder_there(neurons, output):
     assert got == want
     here = SkeletonOutput(local).get(b)
     assert remote is not None and here is not None and np.array_equal(remote.vertices, here.vertices)
+
+
+def test_one_body_on_demand_equals_the_job(neurons, output):
+    """What Body.skeleton answers (formats.skeleton.skeletonize_chunks over the chunks the records'
+    lists give, decoded one at a time) equals the job's skeleton of that body."""
+    from dvidshards.bodies import chunk_decoder
+    from dvidshards.formats.skeleton import skeletonize_chunks
+
+    ds = neurons.dataset()
+    s = ds.scale(0)
+    decode = chunk_decoder(ds, 0, labels="agglomerated")
+    job = SkeletonOutput(output[0])
+    for b in sorted(neurons.ids, key=lambda i: -int((neurons.bodies == i).sum()))[:3]:
+        target = np.uint64(b)
+
+        def mask(c, target=target):
+            a = decode(c)
+            return None if a is None else a == target
+
+        sk = skeletonize_chunks(chunks_with(ds, [b], 0), mask, chunk_size=s.chunk_size, resolution=s.resolution,
+                                voxel_size=s.resolution, dust=DUST)
+        ref = job.get(b)
+        assert ref is not None
+        np.testing.assert_allclose(np.sort(sk.vertices, axis=0), np.sort(ref.vertices, axis=0))
+        assert len(sk.edges) == len(ref.edges) and abs(sk.cable_length - ref.cable_length) < 1e-3 * ref.cable_length
