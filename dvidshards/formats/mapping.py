@@ -1,17 +1,9 @@
 """Supervoxel → body mappings applied at read time, as a palette swap per block.
 
-`LabelMapping` holds the mapping as two sorted uint64 arrays. It is built from a dict, an
-(n, 2) array, a pandas Series or a file in DVID's ``/mappings`` formats (`formats.mappingfile`
-reads their content), and every id is checked on the way in: a negative, fractional, NaN or
-non-numeric id is a `MappingError` that names where it was (file and line, Series index, dict
-key, array row) and the value.
-
-Files by path
--------------
-This module does no I/O. Paths go through the installed `MappingFiles` (`file_stamp`,
-`LabelMapping.from_file`, `load_file`, `prepare_file`): ``dvidshards.runtime.mappings`` installs
-the package's when ``dvidshards`` is imported, which loads a file once per process and a large
-one once per host (a memory-mapped sidecar).
+`LabelMapping` holds two sorted uint64 arrays, built from a dict, an (n, 2) array, a pandas
+Series or a file in DVID's ``/mappings`` formats (`formats.mappingfile`); a bad id is a
+`MappingError` naming where it was (file and line, index, key, row) and its value. This module
+does no I/O: paths go through the installed `MappingFiles`.
 """
 
 from __future__ import annotations
@@ -37,9 +29,6 @@ _RADIX_BITS = 11
 _RADIX = 1 << _RADIX_BITS
 
 
-# --------------------------------------------------------------------------- kernels
-
-
 @nb.njit(nogil=True, cache=True)
 def _apply(sv, keys, values, out):  # type: ignore[no-untyped-def]
     n = keys.shape[0]
@@ -56,7 +45,6 @@ def _apply(sv, keys, values, out):  # type: ignore[no-untyped-def]
 
 
 def _apply_numpy(sv: Any, keys: Any, values: Any, out: np.ndarray) -> None:
-    """``_apply`` in numpy, used until it is compiled (formats.jit)."""
     n = keys.shape[0]
     if n == 0:
         out[:] = sv
@@ -71,10 +59,8 @@ _apply_k = jit.kernel(_apply, [(_U64, _U64, _U64, nbt.Array(nbt.uint64, 1, "A"))
 
 @nb.njit(nogil=True, cache=True)
 def _radix_sort_pairs(k, v, k2, v2):  # type: ignore[no-untyped-def]
-    """Sort (k, v) by k, stably, with (k2, v2) as scratch; True when the result is in k2, v2.
-
-    LSD radix sort on 11-bit digits; a digit every key shares is skipped. k, v are overwritten.
-    """
+    """Stable LSD radix sort of (k, v) by k on 11-bit digits, skipping a digit every key shares,
+    (k2, v2) as scratch (k, v overwritten); True when the result is in k2, v2."""
     n = k.shape[0]
     nd = (64 + _RADIX_BITS - 1) // _RADIX_BITS
     mask = np.uint64(_RADIX - 1)
@@ -109,11 +95,8 @@ def _radix_sort_pairs(k, v, k2, v2):  # type: ignore[no-untyped-def]
     return flips % 2 == 1
 
 
-# --------------------------------------------------------------------------- id checks
-
-
 def _reason(v: Any) -> str | None:
-    """Why a single value is not a uint64 id (None when it is one)."""
+    """Why one value is not a uint64 id (None when it is one)."""
     if isinstance(v, (bool, np.bool_)):
         return "a boolean, not an integer id"
     if isinstance(v, (int, np.integer)):
@@ -147,7 +130,7 @@ def _fail(source: str, where: str, value: Any, reason: str) -> None:
 
 
 def _ids(a: Any, source: str, where: Callable[[int], str]) -> np.ndarray:
-    """``a`` as uint64 ids, or `MappingError` naming ``where(i)`` and the value of the first bad one."""
+    """``a`` as uint64 ids; MappingError naming ``where(i)`` and the first bad value."""
     a = np.asarray(a)
     if a.ndim != 1:
         a = a.reshape(-1)
@@ -174,45 +157,35 @@ def _ids(a: Any, source: str, where: Callable[[int], str]) -> np.ndarray:
 
 
 def _check_background(sv: np.ndarray, body: np.ndarray, source: str, where: Callable[[int], str]) -> None:
-    """MappingError naming ``where(i)`` when row i sends supervoxel 0 (background) to a body."""
+    """MappingError naming ``where(i)`` when row i maps supervoxel 0 (background) to a body."""
     i = background_row(sv, body)
     if i >= 0:
         raise MappingError(background_message(f"{source}: {where(i)}", int(body[i])))
 
 
-# --------------------------------------------------------------------------- the mapping
-
-
 class LabelMapping:
     """A supervoxel → body mapping; supervoxels absent from it keep their id.
-
-    Build it with `LabelMapping.from_any` from a dict, an (n, 2) array, a pandas Series
-    (index supervoxels, values bodies) or a file in DVID's ``/mappings`` formats, or with
-    `LabelMapping.from_file`.
 
     Parameters
     ----------
     supervoxels, bodies : array_like
-        Equal-length uint64 ids (checked: non-negative integers). A supervoxel listed twice
-        must have the same body both times.
+        Equal-length non-negative integer ids; a supervoxel listed twice has one body.
 
     Attributes
     ----------
-    keys : numpy.ndarray
-        Sorted unique supervoxel ids (uint64).
-    values : numpy.ndarray
-        Their bodies (uint64), same order.
+    keys, values : numpy.ndarray
+        Sorted unique supervoxels and their bodies (uint64).
 
     Raises
     ------
     MappingError
-        A bad id (named with its position and value), unequal lengths, a supervoxel
-        mapped to two bodies, or supervoxel 0 (background) mapped to a body.
+        A bad id (named by position and value), unequal lengths, a supervoxel mapped to two
+        bodies, or supervoxel 0 mapped to a body.
 
     Notes
     -----
-    Pickles by value (16 bytes per supervoxel): a mapping object handed to a job travels in
-    every task. Give jobs a mapping *file* instead (`load_file`: loaded once per worker).
+    Pickles by value (16 bytes per supervoxel): give jobs a mapping file instead (`load_file`:
+    loaded once per worker).
     """
 
     __slots__ = ("keys", "values")
@@ -223,12 +196,12 @@ class LabelMapping:
         if sv.shape != body.shape:
             raise MappingError(f"mapping has {sv.size} supervoxels but {body.size} bodies")
         _check_background(sv, body, "mapping", lambda i: f"row #{i}")
-        # own copies: the caller's arrays are never sorted in place nor aliased
+        # own copies: never sort the caller's arrays in place
         self._set(np.array(sv, np.uint64, order="C"), np.array(body, np.uint64, order="C"))
 
     @classmethod
     def _owned(cls, sv: np.ndarray, body: np.ndarray) -> LabelMapping:
-        """A mapping over fresh contiguous uint64 arrays that it may sort in place."""
+        """A mapping over fresh contiguous uint64 arrays it may sort in place."""
         self = cls.__new__(cls)
         self._set(sv, body)
         return self
@@ -269,34 +242,15 @@ class LabelMapping:
         return out
 
     def __call__(self, supervoxels: Any) -> np.ndarray:
-        """Map any array of supervoxel ids (for users; the reader uses `palette`)."""
+        """Map any array of supervoxel ids."""
         a = np.ascontiguousarray(supervoxels, dtype=np.uint64)
         return self.palette(a.ravel()).reshape(a.shape)
 
-    # ----------------------------------------------------------------------- builders
-
     @classmethod
     def from_any(cls, obj: Any) -> LabelMapping:
-        """Build a mapping from a dict, (n, 2) array, pandas Series, LabelMapping or file path.
-
-        Parameters
-        ----------
-        obj : LabelMapping, dict, pandas.Series, array_like or path
-            A dict ``{supervoxel: body}``; a Series whose index holds supervoxels and whose
-            values hold bodies; an (n, 2) array of ``(supervoxel, body)`` rows; a path to a
-            text or binary mapping file (see `from_file`; loaded through `load_file`, so at most
-            once per process and file version).
-
-        Returns
-        -------
-        LabelMapping
-
-        Raises
-        ------
-        MappingError
-            For anything that is not a mapping, and for every bad id, named by its dict key,
-            Series index, array row or file line, with its value.
-        """
+        """A mapping from a dict ``{supervoxel: body}``, a pandas Series (index supervoxels), an (n, 2)
+        array of rows, a LabelMapping or a file path (`load_file`). MappingError for anything else
+        and for every bad id, named by its key, index, row or file line."""
         if isinstance(obj, LabelMapping):
             return obj
         if is_path(obj):
@@ -327,82 +281,57 @@ class LabelMapping:
         _check_background(sv, body, "mapping array", lambda i: f"row {i}")
         return cls(sv, body)
 
-
     @classmethod
     def from_file(cls, path: PathLike, format: str = "auto") -> LabelMapping:
-        """Read a mapping file in DVID's ``/mappings`` formats.
+        """Read a mapping file in DVID's ``/mappings`` formats, at every call (`load_file` reads a file
+        version once per process, a large one once per host).
 
         Parameters
         ----------
         path : str or os.PathLike
-            The file.
         format : {"auto", "text", "binary"}, optional
-            ``"text"``: lines ``supervoxel body`` (comma, spaces or a tab between; an
-            optional header line of column names; ``#`` comments and blank lines skipped;
-            ids in decimal, or hexadecimal with ``0x`` as pyarrow reads them).
-            ``"binary"``: little-endian uint64 ``(supervoxel, body)`` pairs. ``"auto"``
-            (default): text unless the first 64 KiB hold bytes no text has (NUL and other
-            control bytes).
-
-        Returns
-        -------
-        LabelMapping
+            ``"text"``: lines ``supervoxel body`` (comma, spaces or a tab between; an optional header
+            line; ``#`` comments and blank lines skipped; decimal or ``0x`` hexadecimal ids).
+            ``"binary"``: little-endian uint64 pairs. ``"auto"``: text unless the first 64 KiB hold
+            NUL or other control bytes. gzip, zstd, bzip2 and xz content (told by its first bytes) is
+            decompressed first.
 
         Raises
         ------
         MappingError
-            The file cannot be read; a text line is malformed or holds a negative,
-            fractional, NaN or too large id (the message names the file, the line number
-            and the value); a binary file is not a whole number of 16-byte pairs; supervoxel 0
-            is mapped to a body (named by its line, or pair of a binary file); the file is
-            empty, damaged compressed data, or compressed in a format not read here.
-
-        Notes
-        -----
-        A file compressed with gzip, zstd, bzip2 or xz (told by its first bytes, not its name)
-        is decompressed first; other compressed or archive formats are refused by name. An
-        empty file (0 bytes) is an error, not an empty mapping.
-
-        Parses the file at every call. `load_file` (what ``from_any``, the readers and the jobs
-        use) parses it once per process, and large files once per host.
+            The file cannot be read, is empty, damaged or compressed otherwise; a text line is
+            malformed or holds a bad id (file, line and value named); a binary file is not whole
+            16-byte pairs; supervoxel 0 is mapped to a body.
         """
         return installed_files().read(as_path(path), format)
 
     @classmethod
     def from_bytes(cls, data: Any, name: str = "mapping bytes", format: str = "auto") -> LabelMapping:
-        """A mapping from the bytes of a mapping file (any bytes-like object, or a seekable binary
-        file object), as `from_file` reads them; ``name`` is what errors call it."""
+        """A mapping from a mapping file's bytes (or a seekable binary file object), as `from_file`
+        reads them; ``name`` is what errors call it."""
         return parse_mapping(data, name, format)
 
     @classmethod
     def from_sorted(cls, keys: np.ndarray, values: np.ndarray) -> LabelMapping:
-        """A mapping over arrays already sorted, unique and checked (a sidecar's: not checked again)."""
+        """A mapping over arrays already sorted, unique and checked (a sidecar's)."""
         self = cls.__new__(cls)
         self.keys, self.values = keys, values
         return self
 
 
 def parse_mapping(src: Any, name: str, format: str = "auto") -> LabelMapping:
-    """A mapping from the content of a mapping file, checked (see `LabelMapping.from_file`).
-
-    ``src`` is a bytes-like object or a seekable binary file object (read from its start; not
-    closed). ``name`` names it in errors (the file's path). Compressed content (gzip, zstd,
-    bzip2, xz) is decompressed first.
-    """
+    """A checked mapping from a mapping file's content (bytes-like or a seekable binary file read
+    from its start); ``name`` names it in errors."""
     sv, body = parse_pairs(src, name, format)
     return LabelMapping._owned(sv, body)
 
 
-# --------------------------------------------------------------------------- files by path
-
-
 def is_path(obj: Any) -> bool:
-    """Whether ``obj`` names a file (a str or an ``os.PathLike``) rather than being a mapping."""
+    """Whether ``obj`` names a file (a str or an ``os.PathLike``)."""
     return isinstance(obj, str) or hasattr(obj, "__fspath__")
 
 
 def as_path(path: PathLike) -> str:
-    """The text of a path (a str, or an ``os.PathLike`` of one)."""
     p = path.__fspath__() if hasattr(path, "__fspath__") else path
     if not isinstance(p, str):
         raise MappingError(f"{p!r}: give a mapping file's path as text")
@@ -417,11 +346,8 @@ PathLike = str | _Fspath  # a path as text, or an os.PathLike of text (pathlib.P
 
 
 class MappingFiles(Protocol):
-    """How mapping files given as paths are reached: `file_stamp`, `LabelMapping.from_file`,
-    `load_file`, `prepare_file` and the label sources all go through the one installed
-    (`install_files`). This module does no I/O: ``dvidshards.runtime.mappings`` installs the
-    package's when ``dvidshards`` is imported (each file version loaded once per process, large
-    files parsed once per host into a sidecar every process memory-maps)."""
+    """How mapping files given as paths are reached (`install_files`): ``dvidshards.runtime.mappings``
+    installs the package's on ``import dvidshards``."""
 
     def absolute(self, path: str) -> str: ...  # the absolute path (what a task elsewhere opens)
 
@@ -454,61 +380,43 @@ def install_files(files: MappingFiles) -> MappingFiles | None:
 
 
 def installed_files() -> MappingFiles:
-    """The `MappingFiles` in use."""
     if _files is None:
         raise MappingError("mapping files are read by dvidshards.runtime.mappings: import dvidshards first")
     return _files
 
 
 def file_stamp(path: PathLike) -> tuple[int, int]:
-    """``(size, mtime_ns)`` of a mapping file: what says that it changed.
-
-    Raises
-    ------
-    MappingError
-        The file does not exist or cannot be read.
-    """
+    """``(size, mtime_ns)`` of a mapping file, what says it changed; MappingError when it cannot be read."""
     return installed_files().stamp(as_path(path))
 
 
 def load_file(path: PathLike, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
-    """A mapping file, loaded at most once per process and version of the file (with the
-    package's runtime; see `MappingFiles`).
+    """A mapping file, loaded at most once per process and file version.
 
     Parameters
     ----------
     path : str or os.PathLike
-        The mapping file.
     stamp : (size, mtime_ns), optional
-        The version the caller planned with (`file_stamp`): if the file differs now, the load
-        fails instead of using another mapping.
+        The version the caller planned with (`file_stamp`): a file changed since fails.
     format : {"auto", "text", "binary"}
         As in `LabelMapping.from_file`.
 
     Returns
     -------
     LabelMapping
-        Shared by every caller of this process; its arrays may be read-only memory maps.
+        Shared in this process; its arrays may be read-only memory maps.
 
     Raises
     ------
     MappingError
-        The file is missing, unreadable, empty or malformed (line and value named), or it
-        changed since ``stamp``.
+        As `LabelMapping.from_file`, or the file changed since ``stamp``.
     """
     files = installed_files()
     return files.load(files.absolute(as_path(path)), stamp, format)
 
 
 def prepare_file(path: PathLike, stamp: tuple[int, int] | None = None, format: str = "auto") -> None:
-    """Check a mapping file for a job's client, before any task: a bad file fails here. With the
-    package's runtime, a large file is parsed in a child process into the per-host sidecar the
-    workers memory-map, so this process's memory does not grow with the mapping.
-
-    Raises
-    ------
-    MappingError
-        As `load_file`.
-    """
+    """Check a mapping file for a job's client before any task (MappingError as `load_file`); a
+    large one is parsed in a child process into the sidecar the workers memory-map."""
     files = installed_files()
     files.prepare(files.absolute(as_path(path)), stamp, format)

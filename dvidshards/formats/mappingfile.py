@@ -1,25 +1,13 @@
 """The content of a mapping file in DVID's ``/mappings`` formats: supervoxel and body ids, checked.
 
-Text or binary is decided by the content, never by the length:
-
-* text: one ``supervoxel body`` pair per line, separated by a comma, spaces or a tab; an
-  optional header line of names (``sv_id,body_id``), ``#`` comments and blank lines are
-  allowed. Parsed by ``pyarrow.csv`` (multithreaded); a file that is not plain
-  ``id<sep>id`` lines is first normalised by a compiled pass (comments dropped, runs of
-  blanks collapsed) that keeps every line where it was, so errors name the right line.
-* binary: little-endian uint64 pairs (DVID's ``/mappings?format=binary``). Used when asked
-  for (``format="binary"``) or when the bytes cannot be text (NUL and other control bytes,
-  which every binary mapping with ids below 2**56 holds).
-
-Supervoxel 0 is background: a mapping may send it to 0 (or leave it out), never to a body.
-
-Content compressed with gzip or zstd (also bzip2 and xz) is told by its first bytes and
-decompressed first; lz4, zip and 7z are refused by name. Empty content (0 bytes: an
-interrupted download) is a `MappingError`, not an empty mapping.
-
-Pure: `parse_pairs` reads bytes, or a seekable binary file object it is handed (a
-``pyarrow.NativeFile`` is read by pyarrow without the GIL); ``dvidshards.runtime.mappings``
-opens the files.
+Text or binary is told by the content, never the length. Text: a ``supervoxel body`` pair per
+line (comma, spaces or a tab between; an optional header of names, ``#`` comments and blank
+lines), parsed by ``pyarrow.csv``; other layouts are first normalised by a compiled pass that
+keeps every line at its number, so errors name the right line. Binary: little-endian uint64
+pairs (``/mappings?format=binary``), when asked for or when the bytes cannot be text (NUL and
+other controls, which every binary mapping with ids below 2**56 holds). Supervoxel 0 maps only to
+0. gzip, zstd, bzip2 and xz content is decompressed first (told by its first bytes), lz4, zip
+and 7z refused by name; empty content (an interrupted download) is an error.
 """
 
 from __future__ import annotations
@@ -54,14 +42,10 @@ _NAN = {"nan", "+nan", "-nan", "na", "n/a", "null", "none", "<na>"}
 _LIMIT = np.frombuffer(b"18446744073709551615", np.uint8)  # 2**64 - 1
 
 
-# --------------------------------------------------------------------------- kernels
-
-
 @nb.njit(nogil=True, cache=True)
 def _normalise(src, dst):  # type: ignore[no-untyped-def]
-    """Copy text ``src`` to ``dst`` with ``#`` comments dropped and blanks (space, tab, CR)
-    collapsed to one space between fields and none at line ends; newlines are kept, so every
-    line stays at its number. Returns the length written (≤ len(src))."""
+    """Copy text ``src`` to ``dst`` without ``#`` comments, blanks (space, tab, CR) collapsed to one
+    space between fields and none at line ends, newlines kept; returns the length written."""
     j = 0
     pending = False  # a blank seen after content on this line
     content = False
@@ -91,10 +75,9 @@ def _normalise(src, dst):  # type: ignore[no-untyped-def]
 
 @nb.njit(nogil=True, cache=True)
 def _first_bad_line(buf, start, line, comma):  # type: ignore[no-untyped-def]
-    """First line at or after byte ``start`` (line number ``line``) of normalised text that is
-    neither empty nor ``digits SEP digits`` with both numbers below 2**64; returns (its line
-    number, start, end) or (-1, -1, -1). SEP is ``,`` (with at most one space either side) or
-    one space."""
+    """(line number, start, end) of the first line from byte ``start`` of normalised text that is
+    neither empty nor ``digits SEP digits`` below 2**64 (SEP: ``,`` with at most one space either
+    side, or one space); (-1, -1, -1) when none."""
     n = buf.shape[0]
     i = start
     while i < n:
@@ -149,11 +132,8 @@ def _first_bad_line(buf, start, line, comma):  # type: ignore[no-untyped-def]
     return -1, -1, -1
 
 
-# --------------------------------------------------------------------------- checks
-
-
 def _token_reason(s: str) -> str | None:
-    """Why a token of a text mapping is not a uint64 id (None when it is one)."""
+    """Why a text token is not a uint64 id (None when it is one)."""
     s = s.strip()
     if _INT.fullmatch(s):
         return None if int(s) <= _U64_MAX else "larger than 2**64 - 1"
@@ -173,7 +153,7 @@ def _token_reason(s: str) -> str | None:
 
 
 def background_row(sv: np.ndarray, body: np.ndarray) -> int:
-    """Index of the first row mapping supervoxel 0 to a non-zero body, or -1."""
+    """The first row mapping supervoxel 0 to a body, or -1."""
     zero = np.flatnonzero(sv == 0)
     if zero.size:
         bad = zero[body[zero] != 0]
@@ -193,14 +173,9 @@ def check_format(format: str) -> None:
         raise MappingError(f"mapping file format must be 'auto', 'text' or 'binary', not {format!r}")
 
 
-
 def parse_pairs(src: Any, name: str, format: str = "auto") -> tuple[np.ndarray, np.ndarray]:
-    """(supervoxels, bodies) of a mapping file's content in file order, checked.
-
-    ``src`` is a bytes-like object or a seekable binary file object (read from its start; not
-    closed); ``name`` names it in errors (the file's path). ``format`` is ``"auto"``, ``"text"``
-    or ``"binary"``. OSError of a file object passes through.
-    """
+    """(supervoxels, bodies) of a mapping file's content in file order, checked. ``src``: bytes-like
+    or a seekable binary file object (read from its start, not closed; its OSError passes through)."""
     check_format(format)
     source = _Source(name, src)
     path = source.name
@@ -230,7 +205,7 @@ def parse_pairs(src: Any, name: str, format: str = "auto") -> tuple[np.ndarray, 
 
 
 class _Source:
-    """The content of a mapping file: an in-memory buffer, or a seekable binary file object."""
+    """A mapping file's content: an in-memory buffer, or a seekable binary file object."""
 
     def __init__(self, name: str, src: Any, compression: str | None = None) -> None:
         self.name = name
@@ -265,8 +240,6 @@ class _Source:
         return pa.PythonFile(self.file, mode="r")
 
 
-# --------------------------------------------------------------------------- compression
-
 # (magic at offset 0, name, how to read it or None: refused by name with what to do)
 _MAGIC = (
     (b"\x1f\x8b", "gzip", "gzip"),
@@ -281,7 +254,7 @@ _BZ2_BLOCK = b"\x31\x41\x59\x26\x53\x59"  # the first block's magic, after "BZh"
 
 
 def _compression(head: bytes) -> str | None:
-    """The compression (or archive) format these first bytes start, or None (plain content)."""
+    """The compression or archive format these first bytes start, or None."""
     for magic, kind, _ in _MAGIC:
         if head.startswith(magic):
             if kind == "bzip2" and not (head[3:4].isdigit() and head[4:10] == _BZ2_BLOCK):
@@ -294,8 +267,8 @@ _CHUNK = 16 << 20
 
 
 def _decompress(kind: str, source: _Source) -> bytearray:
-    """The decompressed content; MappingError naming the file when it is damaged or truncated,
-    or in a format not read here."""
+    """The decompressed content; MappingError naming the file when damaged, cut short or in a
+    format not read here."""
     path = source.name
     how = {k: h for _, k, h in _MAGIC}[kind]
     if how is None:
@@ -351,7 +324,7 @@ def _decompress(kind: str, source: _Source) -> bytearray:
 
 
 def _damaged() -> tuple[type[BaseException], ...]:
-    """The exceptions the decompressors raise on damaged or truncated data."""
+    """What the decompressors raise on damaged or truncated data."""
     import zlib
 
     out: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
@@ -361,11 +334,7 @@ def _damaged() -> tuple[type[BaseException], ...]:
     return tuple(out)
 
 
-# --------------------------------------------------------------------------- files
-
-
 def _not_text(head: bytes) -> bool:
-    """Whether these first bytes of a file cannot start a text mapping."""
     if _NOT_TEXT.search(head):
         return True
     try:
@@ -390,18 +359,15 @@ def _read_binary(source: _Source) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _line_at(text: bytes | memoryview, pos: int) -> tuple[int, str]:
-    """End offset and text of the line starting at ``pos`` (``text``: bytes or memoryview)."""
+    """End offset and text of the line starting at ``pos``."""
     m = _NEWLINE.search(text, pos)
     end = len(text) if m is None else m.start()
     return end, bytes(text[pos:end]).decode("utf-8", "replace")
 
 
 def _layout(text: bytes | memoryview) -> tuple[int, int, str] | None:
-    """Where the data of normalised text begins: (byte offset, line number from 0, delimiter).
-
-    The first non-empty line is a header when every field is a name (``sv_id body_id``).
-    None when there is no data line.
-    """
+    """(byte offset, line number from 0, delimiter) of normalised text's first data line (after a
+    header of names), or None."""
     m = _CONTENT.search(text)
     if m is None:
         return None
@@ -416,7 +382,6 @@ def _layout(text: bytes | memoryview) -> tuple[int, int, str] | None:
 
 
 def _read_text(source: _Source, head: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """(supervoxels, bodies) of a text mapping file; ``head`` is its first bytes."""
     import pyarrow as pa
 
     path = source.name
@@ -455,7 +420,7 @@ def _read_text(source: _Source, head: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _normalised(source: _Source) -> tuple[np.ndarray, tuple[int, int, str] | None]:
-    """The whole content normalised (`_normalise`, a byte-order mark dropped), and its `_layout`."""
+    """The whole content normalised (byte-order mark dropped), and its `_layout`."""
     raw = np.frombuffer(source.all(), np.uint8)
     bom = len(_BOM) if raw[:3].tobytes() == _BOM else 0
     clean = np.empty(raw.shape[0] - bom, np.uint8)
@@ -465,14 +430,13 @@ def _normalised(source: _Source) -> tuple[np.ndarray, tuple[int, int, str] | Non
 
 
 def _line_offset(raw: np.ndarray, line: int) -> int:
-    """Byte offset of line ``line`` (from 0) in ``raw`` (a file's first bytes)."""
     if line == 0:
         return 0
     return int(np.flatnonzero(raw == 10)[line - 1]) + 1
 
 
 def _line_of_row(source: _Source, row: int) -> int:
-    """Line number (from 1) of data row ``row`` (from 0) of a text mapping (for error messages)."""
+    """Line number (from 1) of data row ``row`` of a text mapping, for messages."""
     clean, where = _normalised(source)
     if where is None:
         return 0
@@ -486,7 +450,7 @@ def _line_of_row(source: _Source, row: int) -> int:
 
 
 def _read_pairs(src: Any, delim: str) -> tuple[np.ndarray, np.ndarray]:
-    """Two uint64 columns from a CSV stream, each copied into one contiguous array."""
+    """Two uint64 columns of a CSV stream, each copied into one contiguous array."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
