@@ -4,8 +4,8 @@ Beside ``dvidshards.stores`` (bytes of shard files), one layer below the shard l
 source gives a shard's records as a ``RecordTable``, and ``Dataset(source)`` reads them like
 shard files.
 
-* ``TableSource`` (``sources.tables``) - a table written by ``dvidshards ingest``, Parquet or
-  Arrow files, a ``pyarrow.Table`` or any Arrow stream.
+* ``TableSource`` (``sources.tablesource``) - a table written by ``dvidshards ingest``, Parquet
+  or Arrow files, a ``pyarrow.Table`` or any Arrow stream (``sources.tables``: their format).
 * ``FlightSource`` (``sources.flight``) - a ``dvidshards serve-flight`` server.
 * ``VastDBSource`` (``sources.vastdb``) - a VastDB table.
 """
@@ -21,7 +21,7 @@ from .base import RecordSource
 __all__ = ["FlightSource", "RecordSource", "TableSource", "VastDBSource", "as_record_source", "record_source_of"]
 
 _FLIGHT = ("grpc://", "grpc+tcp://", "grpc+tls://")
-_LAZY = {"TableSource": "tables", "FlightSource": "flight", "VastDBSource": "vastdb"}
+_LAZY = {"TableSource": "tablesource", "FlightSource": "flight", "VastDBSource": "vastdb"}
 
 
 def __getattr__(name: str):
@@ -60,7 +60,8 @@ def as_record_source(source, *, spec=None, scale: int = 0, **kwargs) -> RecordSo
     ``kwargs`` go to `FlightSource` (token, tls_root_certs, timeout).  An export of shard files
     is not a record source (open it with ``Dataset``): SpecError.
     """
-    from .tables import TableSource, read_table_info
+    from .tables import read_table_info
+    from .tablesource import TableSource
 
     if isinstance(source, RecordSource):
         return source

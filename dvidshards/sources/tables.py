@@ -1,11 +1,11 @@
-"""Block records as tables: sorted Parquet tables, any Arrow table or stream, VastDB, ingest.
+"""Block records as Arrow tables: their keys, record batches, cells and the table layout.
 
 The design DVID's export was meant to follow (a Flight stream to N workers writing a table
-sorted by shard and Morton code, with payloads over a cell limit split across
-``bin1..bin4``) made real, with an export's shard files (or a Flight server, see
-``dvidshards.flight``) as the first source.
+sorted by shard and Morton code, payloads over a cell limit split across ``bin1..bin4``),
+shared by ``ingest`` (writes tables), the Flight server and client (streams) and the sources
+that read tables (``sources.tablesource``, ``sources.vastdb``).
 
-**The table layout** that `ingest` writes (a folder)::
+**The table layout** ``ingest`` writes (a folder)::
 
     TABLE/info                                      neuroglancer multiscale spec + "dvidshards_table"
     TABLE/s{k}/{shard_id}_{ox}_{oy}_{oz}.parquet    one file per shard, rows sorted by morton
@@ -18,12 +18,6 @@ file appears only complete (written aside, then renamed), so a worker that dies 
 partial shard and a restarted one skips the shards already written.  Row groups are small
 (`ROW_GROUP` rows) with statistics on the keys: a chunk is found from its file name and the
 row groups' ``morton`` ranges.
-
-**`TableSource`** reads such a table, and also any Parquet/Arrow table or stream with DVID's
-record columns (also the prototype's ``block_coord_*`` / ``compressed_data``), a
-``pyarrow.Table``, a ``RecordBatchReader`` or anything with ``__arrow_c_stream__`` (read
-once and indexed in memory).  ``Dataset(TableSource(...))`` is then a volume like the shard
-files: every label mode, the bulk reader, verify, stats and convert.
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ import functools
 import json
 import os
 import re
-import threading
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -42,43 +35,22 @@ import pyarrow as pa
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ..errors import (
-    BlockDecodeError,
-    ChunkIndexError,
-    DvidShardsError,
-    MissingShardError,
-    ShardFormatError,
-    SpecError,
-)
+from ..errors import BlockDecodeError, ChunkIndexError, DvidShardsError, ShardFormatError, SpecError
 from ..formats import arrowipc as ipc
 from ..formats.chunkindex import pack_keys
-from ..formats.multiscale import SINGLE_SHARD, Scale, parse_json, parse_multiscale
+from ..formats.multiscale import Scale, parse_json
 from ..formats.records import RecordTable
 from ..formats.sharding import (
     compressed_z_index_bits,
     dvid_shard_names_collide,
     murmurhash3_x86_128_low64,
 )
-from .base import RecordSource
 
-__all__ = [
-    "BINS",
-    "CELL_LIMIT",
-    "ROW_GROUP",
-    "TABLE_SCHEMA",
-    "CellLimitError",
-    "PartialStreamError",
-    "TableSource",
-    "frame_sizes",
-    "partition_plan",
-    "record_batches",
-    "record_spans",
-    "normalise_records",
-    "record_keys",
-    "select_rows",
-    "shard_ids",
-    "split_cells",
-]
+__all__ = ["BATCH_ROWS", "BINS", "CELL_LIMIT", "ROW_GROUP", "STREAM_SCHEMA", "TABLE_SCHEMA", "CellLimitError",
+           "PartialStreamError", "TableFileWriter", "as_arrow_table", "coords_of", "frame_sizes", "morton_codes",
+           "normalise_records", "origins_by_shard_id", "partition_plan", "read_table_info", "record_batches",
+           "record_keys", "record_spans", "records_to_batch", "select_rows", "shard_ids", "spec_from", "split_cells",
+           "table_files", "write_table_info"]
 
 CELL_LIMIT = 126 * 1024  # bytes per cell (VastDB's limit, from DVID's design)
 BINS = ("bin1", "bin2", "bin3", "bin4")
@@ -89,8 +61,6 @@ GATHER_BYTES = 16 << 20  # records gathered at once by a stream, then sliced int
 TABLE_VERSION = 1
 _META_KEY = b"dvidshards.table"
 _FILE = re.compile(r"^([0-9]+)_([0-9]+)_([0-9]+)_([0-9]+)\.parquet$")
-_RECORD_COLUMNS = ("shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "labels", "supervoxels",
-                   "dvid_compressed_block", "uncompressed_size")
 
 #: the stream's schema (Flight) and the table's without the bins
 STREAM_SCHEMA = pa.schema([
@@ -146,12 +116,9 @@ def _morton_tables(grid: tuple[int, ...]) -> tuple[tuple[int, int, np.ndarray], 
     return tuple(out)
 
 
-def _morton(c: np.ndarray, grid: tuple[int, ...]) -> np.ndarray:
-    """uint64 compressed Morton codes of (n, 3) int64 chunk coordinates inside ``grid`` (checked by the caller).
-
-    Equal to `compressed_morton_code` (the tests compare them), ~50x faster on one chunk: a
-    random-access table look-up computes it for every chunk it reads.
-    """
+def morton_codes(c: np.ndarray, grid: tuple[int, ...]) -> np.ndarray:
+    """uint64 compressed Morton codes of (n, 3) int64 chunk coordinates inside ``grid`` (the caller
+    checks): `compressed_morton_code`, ~50x faster on one chunk (a table look-up computes it per chunk)."""
     if len(c) <= 8:  # a few chunks (random access): Python ints beat two dozen tiny numpy calls
         lists = _morton_lists(grid)
         return np.array([_or_all(lists, r) for r in c.tolist()], np.uint64)
@@ -174,11 +141,8 @@ def _or_all(lists, xyz: list) -> int:
 
 
 def record_keys(scale: Scale, coords) -> tuple[np.ndarray, np.ndarray]:
-    """(shard_id, morton) int64 of chunk coordinates at a scale.
-
-    ``morton`` is the neuroglancer compressed Morton code (chunk id) over the scale's grid;
-    ``shard_id`` the shard number its sharding spec gives (0 without sharding).
-    """
+    """(shard_id, morton) int64 of chunk coordinates at a scale: the neuroglancer chunk id over the
+    scale's grid and the shard number its sharding spec gives (0 without sharding)."""
     c = np.asarray(coords, np.int64).reshape(-1, 3)
     if not len(c):
         z = np.zeros(0, np.int64)
@@ -188,7 +152,7 @@ def record_keys(scale: Scale, coords) -> tuple[np.ndarray, np.ndarray]:
     if bad.size:
         raise ChunkIndexError(f"chunk {tuple(int(v) for v in c[bad[0]])} lies outside scale {scale.index}'s "
                               f"chunk grid {grid}")
-    morton = _morton(c, tuple(int(v) for v in grid))
+    morton = morton_codes(c, tuple(int(v) for v in grid))
     if morton.size and int(morton.max()) >= 1 << 63:
         raise SpecError(f"scale {scale.index}: chunk ids need 64 bits; the table keys are int64")
     sh = scale.sharding
@@ -204,11 +168,8 @@ def record_keys(scale: Scale, coords) -> tuple[np.ndarray, np.ndarray]:
 
 
 def shard_ids(scale: Scale, origin) -> np.ndarray:
-    """Sorted shard ids of the chunks of the DVID shard box at a voxel origin.
-
-    One id, unless DVID's cubic naming puts several neuroglancer shards in one file (or the
-    hash is not the identity).
-    """
+    """Sorted shard ids of the chunks of the DVID shard box at a voxel origin: one, unless DVID's
+    cubic naming puts several neuroglancer shards in one file (or the hash is not the identity)."""
     lo, hi = scale.shard_box(origin)
     hi = np.minimum(hi, np.asarray(scale.grid, np.int64))
     if (hi <= lo).any():
@@ -314,26 +275,18 @@ def records_to_batch(t: RecordTable, rows, shard_id: np.ndarray, morton: np.ndar
             arrays.append(_binary_array(*_gather(t.bufs[0], rec[:, ipc.R_PAY], rec[:, ipc.R_PAYLEN])))
         elif name == "uncompressed_size":
             us = rec[:, ipc.R_USIZE].copy()
-            for k in np.flatnonzero(us < 0):  # schema without the column: the frame says it
-                us[k] = _frame_size(t, int(rows[k]))
+            miss = np.flatnonzero(us < 0)  # schema without the column: the frame says it
+            if miss.size:
+                us[miss] = frame_sizes(t, rows[miss])
+            for k in np.flatnonzero(us < 0):
+                if us[k] == -2:
+                    raise BlockDecodeError(f"{t.where(int(rows[k]))}: dvid_compressed_block is not a zstd frame")
+                us[k] = len(t.block(int(rows[k])))
             arrays.append(pa.array(us.astype(np.uint32)))
         else:
             raise SpecError(f"unknown record column {name!r}; columns are {list(STREAM_SCHEMA.names)}")
     schema = pa.schema([STREAM_SCHEMA.field(c) for c in cols])
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _frame_size(t: RecordTable, i: int) -> int:
-    import zstandard
-
-    try:
-        # zstandard's stubs say ByteString; it takes any buffer (a zero-copy uint8 view here)
-        n = zstandard.frame_content_size(t.payload(i))  # type: ignore[arg-type]
-    except zstandard.ZstdError as e:
-        raise BlockDecodeError(f"{t.where(i)}: dvid_compressed_block is not a zstd frame ({e})") from None
-    if n < 0:
-        n = len(t.block(i))
-    return n
 
 
 @numba.njit(nogil=True, cache=True)
@@ -584,57 +537,16 @@ def _binary_parts(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return data, offs[:-1], offs[1:]
 
 
-def _reassemble(table: pa.Table, path: str) -> pa.Table:
-    """Payloads split over bin1..bin4 joined back into ``dvid_compressed_block`` (a copy).
-
-    A row's payload is its ``dvid_compressed_block`` (or the prototype's ``compressed_data``)
-    when not null, else its bins in order; a gap in the bins or a row with no payload at all
-    is a ShardFormatError naming the chunk.
-    """
-    import pyarrow.compute as pc
-
-    names = table.schema.names
-    n = table.num_rows
-    whole_name = next((c for c in ("dvid_compressed_block", "compressed_data") if c in names), None)
-    bins = [table.column(b) if b in names else pa.nulls(n, pa.binary()) for b in BINS]
-    valid = np.stack([np.asarray(b.is_valid().to_numpy(zero_copy_only=False), bool) for b in bins], 1) \
-        if n else np.zeros((0, 4), bool)
-    whole = table.column(whole_name) if whole_name else pa.nulls(n, pa.binary())
-    has_whole = np.asarray(whole.is_valid().to_numpy(zero_copy_only=False), bool) if n else np.zeros(0, bool)
-    gap = (~valid[:, :-1] & valid[:, 1:]).any(axis=1) & ~has_whole
-    empty = ~valid.any(axis=1) & ~has_whole
-    bad = np.flatnonzero(gap | empty)
-    if bad.size:
-        i = int(bad[0])
-        cx = "chunk_x" if "chunk_x" in names else "block_coord_x"
-        c = tuple(int(table.column(cx[:-1] + a)[i].as_py()) for a in "xyz")
-        what = "no payload (dvid_compressed_block and bin1..bin4 are null)" if empty[i] else \
-            "a gap in its bins (a null bin before a non-null one)"
-        raise ShardFormatError(f"{path}: chunk {c}: {what}")
-    lb = pa.large_binary()
-    joined = pc.binary_join_element_wise(*(b.cast(lb) for b in bins), pa.scalar(b"", lb),
-                                         null_handling="replace", null_replacement=b"")
-    payload = pc.if_else(pa.array(has_whole), whole.cast(lb), joined) if whole_name else joined
-    keep = [c for c in names if c not in BINS and c != whole_name]
-    return pa.Table.from_arrays([table.column(c) for c in keep] + [payload],
-                                names=keep + ["dvid_compressed_block"])
-
-
 def normalise_records(table, path: str, scale: Scale | None = None, check_keys: bool = True) -> RecordTable:
     """A RecordTable from a table or batch of records (bins reassembled, keys checked)."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    names = table.schema.names
-    present = [b for b in BINS if b in names]
+    present = [b for b in BINS if b in table.schema.names]
     if present and all(table.column(b).null_count == table.num_rows for b in present):
         table = table.drop_columns(present)  # nothing split here: payloads stay zero-copy
-        names = table.schema.names
-    elif present:
-        table = _reassemble(table, path)
-        names = table.schema.names
+    names = table.schema.names
     if check_keys and scale is not None and "shard_id" in names and "morton" in names and table.num_rows:
-        cx = "chunk_x" if "chunk_x" in names else "block_coord_x"
-        coords = np.stack([table.column(cx[:-1] + a).to_numpy().astype(np.int64) for a in "xyz"], axis=1)
+        coords = coords_of(table, path)
         sid, mor = record_keys(scale, coords)
         got_s = table.column("shard_id").to_numpy().astype(np.int64)
         got_m = table.column("morton").to_numpy().astype(np.int64)
@@ -664,7 +576,7 @@ def _parquet_options() -> dict:
                 write_statistics=["shard_id", "morton", "chunk_x", "chunk_y", "chunk_z", "bin1"])
 
 
-class ShardFileWriter:
+class TableFileWriter:
     """One shard's Parquet file, written aside and renamed into place when complete."""
 
     def __init__(self, folder: str, shard_id: int, origin, scale: Scale, row_group_size: int, cell_limit: int):
@@ -719,6 +631,9 @@ class ShardFileWriter:
             pass
 
 
+ShardFileWriter = TableFileWriter  # TRANSITIONAL: jobs/ingest.py's name for it until it imports TableFileWriter
+
+
 def write_table_info(root: str, spec: dict, *, complete: bool, extra: dict | None = None) -> None:
     """Write ``root/info``: the spec plus the table's own section (atomically)."""
     d = dict(spec)
@@ -758,7 +673,7 @@ def table_files(root: str, scale: int) -> dict[int, tuple[tuple, str]]:
     return out
 
 
-# --- sources ------------------------------------------------------------------------------------
+# --- reading tables ----------------------------------------------------------------------------
 
 
 def as_arrow_table(obj) -> pa.Table:
@@ -806,369 +721,3 @@ def spec_from(spec, schema: pa.Schema | None) -> dict | None:
     if b"dvidshards.spec" in meta:
         return parse_json(meta[b"dvidshards.spec"], "the table's dvidshards.spec metadata")
     return None
-
-
-class TableSource(RecordSource):
-    """Block records in a table, as a ``Dataset`` source: ``Dataset(TableSource(...))``.
-
-    Parameters
-    ----------
-    source : path, pyarrow.Table, RecordBatchReader or any object with ``__arrow_c_stream__``
-        A table folder written by `ingest` (with ``info``), a Parquet file or folder, an
-        Arrow IPC/Feather file, or in-memory records.  Streams are read once and indexed in
-        memory.
-    spec : dict or path, optional
-        The neuroglancer multiscale spec of the records (default: the table's ``info`` or its
-        ``dvidshards.spec`` schema metadata).
-    scale : int
-        Scale of the records of a plain table (a table folder names its own scales).
-    partial : bool
-        Read scales of a table folder whose ingest did not finish (absent shards read as missing).
-    """
-
-    immediate = True
-    mappable = False
-
-    def __init__(self, source, *, spec=None, scale: int = 0, partial: bool = False):
-        self._lock = threading.Lock()
-        self._meta: dict = {}
-        self._ids: dict = {}  # per scale: shard ids per origin, in the table and by the spec
-        self.layout: str | None = None
-        if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            self.name = path
-            info = read_table_info(path) if os.path.isdir(path) else None
-            if info is not None:
-                self._done = {int(k) for k in info["dvidshards_table"].get("scales_done", [])}
-                held = info["dvidshards_table"].get("scales_exported")
-                self.exported = None if held is None else tuple(sorted(int(k) for k in held))
-                self._partial = bool(partial)
-                self.layout = path
-                self.spec = spec_from(spec, None) or {k: v for k, v in info.items() if k != "dvidshards_table"}
-                self.scales = {s.index: s for s in parse_multiscale(self.spec, os.path.join(path, "info"))}
-                self._files: dict[int, dict] = {}
-                return
-            self._init_plain(path, spec, scale)
-        else:
-            self.name = f"<{type(source).__name__}>"
-            t = as_arrow_table(source)
-            self._init_memory(t, spec, scale)
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_lock"] = None
-        d["_meta"] = {}
-        d["_ids"] = {}
-        return d
-
-    def __setstate__(self, d):
-        self.__dict__.update(d)
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"TableSource({self.name!r})"
-
-    # --- plain tables: indexed in memory by their coordinates ----------------------------------
-
-    def _init_plain(self, path: str, spec, scale: int) -> None:
-        import pyarrow.parquet as pq
-
-        if not os.path.exists(path):
-            raise SpecError(f"{path}: no such table")
-        low = path.lower()
-        if os.path.isdir(path) or low.endswith((".parquet", ".parq", ".pq")):
-            files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs
-                           if not f.startswith((".", "_")) and f.lower().endswith((".parquet", ".parq", ".pq"))) \
-                if os.path.isdir(path) else [path]
-            if not files:
-                raise SpecError(f"{path}: no Parquet files")
-            self._pq: list = []
-            pieces, coords = [], []
-            for fi, f in enumerate(files):
-                try:
-                    pf = pq.ParquetFile(f)
-                except (OSError, pa.ArrowException) as e:
-                    raise ShardFormatError(f"{f}: cannot read the Parquet file ({e})") from None
-                self._pq.append(f)
-                names = pf.schema_arrow.names
-                cols = [c for c in ("chunk_x", "chunk_y", "chunk_z", "block_coord_x", "block_coord_y",
-                                    "block_coord_z") if c in names]
-                for g in range(pf.num_row_groups):
-                    c = coords_of(pf.read_row_group(g, columns=cols), f)
-                    coords.append(c)
-                    pieces.append(np.stack([np.full(len(c), fi), np.full(len(c), g), np.arange(len(c))], 1))
-                schema = pf.schema_arrow
-            self.spec = spec_from(spec, schema)
-            self._setup(np.concatenate(coords) if coords else np.zeros((0, 3), np.int64),
-                        np.concatenate(pieces) if pieces else np.zeros((0, 3), np.int64), scale)
-            self._memory = None
-            return
-        try:
-            with pa.memory_map(path) as src:
-                try:
-                    t = pa.ipc.open_file(src).read_all()
-                except pa.ArrowInvalid:
-                    src.seek(0)
-                    t = pa.ipc.open_stream(src).read_all()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise SpecError(f"{path}: not a Parquet or Arrow IPC table ({e})") from None
-        self._init_memory(t, spec, scale)
-
-    def _init_memory(self, t: pa.Table, spec, scale: int) -> None:
-        self.spec = spec_from(spec, t.schema)
-        if self.spec is None:
-            raise SpecError(f"{self.name}: give the neuroglancer multiscale spec of these records (spec=...)")
-        self._memory = t
-        self._setup(coords_of(t, self.name), None, scale)
-
-    def _setup(self, coords: np.ndarray, where: np.ndarray | None, scale: int) -> None:
-        if self.spec is None:
-            raise SpecError(f"{self.name}: give the neuroglancer multiscale spec of these records (spec=...)")
-        scales = {s.index: s for s in parse_multiscale(self.spec, "spec")}
-        if scale not in scales:
-            raise SpecError(f"{self.name}: scale {scale} is not in the spec (scales {sorted(scales)})")
-        self.scales = scales
-        self.scale_index = int(scale)
-        s = scales[scale]
-        self._where = where
-        if len(coords) and coords.min() < 0:
-            i = int(np.flatnonzero((coords < 0).any(axis=1))[0])
-            raise ChunkIndexError(f"{self.name}: row {i}: negative chunk coordinate {tuple(coords[i])}")
-        cs = np.asarray(s.chunk_size, np.int64)
-        ext = min(s.shard_extent, SINGLE_SHARD)
-        origins = coords * cs // ext * ext
-        self._rows: dict[tuple, np.ndarray] = {}
-        if len(origins):
-            order = np.lexsort(origins.T[::-1])
-            o = origins[order]
-            cut = np.flatnonzero((np.diff(o, axis=0) != 0).any(axis=1)) + 1
-            for part in np.split(order, cut):
-                self._rows[tuple(int(v) for v in origins[part[0]])] = np.sort(part)
-
-    # --- RecordSource ------------------------------------------------------------------------
-
-    def describe(self, key: str) -> str:
-        return f"{self.name}/{key}" if key else self.name
-
-    def _layout_files(self, k: int) -> dict:
-        assert self.layout is not None  # only table folders (with an info) have layout files
-        if k not in self._done and not self._partial:
-            raise SpecError(f"{self.layout}: scale {k} was not ingested completely (info: scales_done "
-                            f"{sorted(self._done)}); run the ingest again, or open with partial=True")
-        f = self._files.get(k)
-        if f is None:
-            f = self._files[k] = table_files(self.layout, k)
-        return f
-
-    def shard_origins(self, scale: Scale) -> list[tuple[int, int, int]]:
-        if self.layout is not None:
-            return sorted({o for o, _ in self._layout_files(scale.index).values()})
-        return sorted(self._rows) if scale.index == self.scale_index else []
-
-    async def exists(self, key: str) -> bool:
-        m = re.match(r"^s([0-9]+)/([0-9]+)_([0-9]+)_([0-9]+)\.arrow$", key)
-        if not m:
-            return False
-        k, *o = (int(g) for g in m.groups())
-        s = self.scales.get(k)
-        return s is not None and tuple(o) in set(self.shard_origins(s))
-
-    async def load_records(self, scale: Scale, origin) -> RecordTable:
-        return self.load_records_sync(scale, origin)
-
-    def load_records_sync(self, scale: Scale, origin) -> RecordTable:
-        """The shard's records (MissingShardError when the table has none there)."""
-        o = tuple(int(v) for v in origin)
-        key = scale.stem(o)
-        if self.layout is not None:
-            files = [(s, p) for s, (fo, p) in self._layout_files(scale.index).items() if fo == o]
-            if not files:
-                raise MissingShardError(f"{self.describe(key)}: the table has no records in this shard")
-            parts = [self._read_file(p) for _, p in sorted(files)]
-            t = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            where = files[0][1] if len(files) == 1 else self.describe(key)
-            table = normalise_records(t, where, scale)
-        else:
-            rows = self._rows.get(o) if scale.index == self.scale_index else None
-            if rows is None:
-                raise MissingShardError(f"{self.describe(key)}: the table has no records in this shard")
-            table = normalise_records(self._take(rows), self.describe(key), scale)
-        return table
-
-    def _take(self, rows: np.ndarray) -> pa.Table:
-        if self._memory is not None:
-            t = self._memory
-            if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
-                return t.slice(int(rows[0]), len(rows))  # contiguous (sorted tables): zero-copy
-            return t.take(pa.array(rows))
-        import pyarrow.parquet as pq
-
-        assert self._where is not None  # Parquet tables are indexed with their row locations
-        w = self._where[rows]
-        parts = []
-        for (fi, g) in sorted({(int(a), int(b)) for a, b in w[:, :2]}):
-            sel = w[(w[:, 0] == fi) & (w[:, 1] == g), 2]
-            rg = pq.ParquetFile(self._pq[fi]).read_row_group(g)
-            parts.append(rg if len(sel) == rg.num_rows else rg.take(pa.array(sel)))
-        return pa.concat_tables(parts)
-
-    def _read_file(self, path: str) -> pa.Table:
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.ParquetFile(path).read()
-        except (OSError, pa.ArrowException) as e:
-            raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
-
-    # --- random access: a batch of chunks by (shard id, morton) -------------------------------
-
-    def _file_meta(self, path: str):
-        """(open ParquetFile, its lock, morton min and max per row group, split, columns) of a shard file (LRU).
-
-        The file stays open with its footer parsed: a look-up reads one row group and nothing
-        else.  ``split[g]`` is False when row group g's ``bin1`` statistics show it all null
-        (no split payloads: its bins are not read); ``columns`` are (without bins, with them).
-        """
-        with self._lock:
-            m = self._meta.pop(path, None)
-            if m is not None:
-                self._meta[path] = m  # most recent last
-                return m
-        import pyarrow.parquet as pq
-
-        try:
-            pf = pq.ParquetFile(path)
-            md = pf.metadata
-            names = pf.schema_arrow.names
-            im = names.index("morton")
-            lo = np.full(md.num_row_groups, np.iinfo(np.int64).min, np.int64)
-            hi = np.full(md.num_row_groups, np.iinfo(np.int64).max, np.int64)
-            ib = names.index("bin1") if "bin1" in names else None
-            split = np.full(md.num_row_groups, ib is not None, bool)
-            for g in range(md.num_row_groups):
-                rg = md.row_group(g)
-                st = rg.column(im).statistics
-                if st is not None and st.has_min_max:
-                    lo[g], hi[g] = st.min, st.max
-                if ib is not None:
-                    sb = rg.column(ib).statistics
-                    split[g] = not (sb is not None and sb.has_null_count and sb.null_count == rg.num_rows)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
-        cols = [n for n in names if n != "shard_id"]  # the file's name says it
-        m = (pf, threading.Lock(), lo, hi, split, ([n for n in cols if n not in BINS], cols))
-        with self._lock:
-            self._meta[path] = m
-            while len(self._meta) > 64:
-                self._meta.pop(next(iter(self._meta)))
-        return m
-
-    def _origin_ids(self, s: Scale) -> tuple[dict, dict]:
-        """({origin: shard ids the table has there}, {origin: shard ids the spec gives there}) (cached)."""
-        got = self._ids.get(s.index)
-        if got is None:
-            at: dict = {}
-            for k, (o, _) in self._layout_files(s.index).items():
-                at.setdefault(o, set()).add(k)
-            got = self._ids[s.index] = (at, {})
-        return got
-
-    def read_records(self, scale, chunks) -> RecordTable:
-        """The records of a list of chunks (absent ones are left out), reading only their row groups.
-
-        A table folder finds each chunk by its shard file and the row groups' ``morton``
-        statistics; a plain table by its in-memory index.
-        """
-
-        s = scale if isinstance(scale, Scale) else self.scales[int(scale)]
-        c = np.asarray(chunks, np.int64).reshape(-1, 3)
-        where = self.describe(s.folder)
-        if self.layout is None:
-            parts = []
-            for o in sorted({s.shard_origin(*v) for v in c.tolist()}):
-                if o in self._rows and s.index == self.scale_index:
-                    t = self.load_records_sync(s, o)
-                    rows = np.flatnonzero(np.isin(pack_keys(np.asarray(t.coords, np.int64)), pack_keys(c)))
-                    if rows.size:
-                        parts.append(t.take(rows))
-            return RecordTable.concat(parts, where, s.chunk_size)
-        grid = tuple(int(v) for v in s.grid)  # a property that validates: once per call
-        c = c[((c >= 0) & (c < np.asarray(grid))).all(axis=1)]
-        files = self._layout_files(s.index)
-        sid, mor = self._keys(s, c, grid, where)
-        pieces = []
-        for sh in (np.unique(sid).tolist() if len(sid) > 1 else sid.tolist()):
-            if sh not in files:
-                continue
-            path = files[sh][1]
-            pf, lock, lo, hi, split, (plain, cols) = self._file_meta(path)
-            want = np.unique(mor[sid == sh]) if len(sid) > 1 else mor
-            # row groups of a sorted file hold disjoint, increasing morton ranges
-            g = np.searchsorted(hi, want)
-            g = np.unique(g[(g < len(hi)) & (lo[np.minimum(g, len(hi) - 1)] <= want)])
-            if not len(g):
-                continue
-            try:
-                with lock:  # one reader per open file; small reads run best on this thread
-                    t = pf.read_row_groups(g.tolist(), columns=cols if split[g].any() else plain, use_threads=False)
-            except (OSError, pa.ArrowException) as e:
-                raise ShardFormatError(f"{path}: cannot read the Parquet file ({e})") from None
-            got = t.column("morton").to_numpy()
-            pos = np.searchsorted(got, want) if len(got) < 2 or (got[1:] >= got[:-1]).all() else None
-            if pos is not None:
-                hit = pos[(pos < len(got)) & (got[np.minimum(pos, len(got) - 1)] == want)]
-            else:  # not sorted: a table not written by ingest
-                hit = np.flatnonzero(np.isin(got, want))
-            if len(hit) and hit[-1] - hit[0] + 1 == len(hit):
-                pieces.append(t.slice(int(hit[0]), len(hit)))  # one chunk, or a run: zero-copy
-            elif len(hit):
-                pieces.append(t.take(pa.array(hit)))
-        if not pieces:
-            return RecordTable.concat([], where, s.chunk_size)
-        t = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        rt = _records_of(t, where, s)
-        mine = _morton(rt.coords, grid).astype(np.int64)
-        stray = np.flatnonzero(mine != t.column("morton").to_numpy())
-        if stray.size:  # a stored key that the spec does not give for its chunk
-            raise ChunkIndexError(f"{where}: chunk {tuple(int(v) for v in rt.coords[stray[0]])} is stored under "
-                                  f"the key of another chunk: the table was written with another spec")
-        return rt
-
-    def _keys(self, s: Scale, c: np.ndarray, grid: tuple, where: str) -> tuple[np.ndarray, np.ndarray]:
-        """(shard_id, morton) of in-grid chunks, checked against the shard ids the table holds.
-
-        A DVID shard whose chunks all have one shard id (the usual case) takes it without
-        hashing each chunk.
-        """
-        at, expect = self._origin_ids(s)
-        mor = _morton(c, grid).astype(np.int64)
-        ext = min(s.shard_extent, SINGLE_SHARD)
-        origins = c * np.asarray(s.chunk_size, np.int64) // ext * ext
-        sid = np.empty(len(c), np.int64)
-        uo = np.unique(origins, axis=0) if len(c) > 1 else origins
-        for o in (tuple(int(v) for v in r) for r in uo):
-            ids = expect.get(o)
-            if ids is None:
-                ids = expect[o] = shard_ids(s, o)
-            sel = (origins == o).all(axis=1) if len(uo) > 1 else slice(None)
-            sid[sel] = ids[0] if len(ids) == 1 else record_keys(s, c[sel])[0]
-            here = at.get(o, set())
-            bad = [int(k) for k in np.atleast_1d(sid[sel]) if here and int(k) not in here]
-            if bad:  # the spec's shard id is not the one the table used there
-                v = c[sel][np.flatnonzero(np.atleast_1d(sid[sel]) == bad[0])[0]]
-                raise ChunkIndexError(f"{where}: chunk {tuple(int(x) for x in v)} has shard id {bad[0]} under this "
-                                      f"spec, but the table stores its shard as {sorted(here)}: the table was "
-                                      f"written with another spec")
-        return sid, mor
-
-
-def _records_of(t: pa.Table, where: str, scale: Scale) -> RecordTable:
-    """A RecordTable of rows read from a table file (bins reassembled only when used)."""
-    present = [b for b in BINS if b in t.schema.names]
-    if present and any(t.column(b).null_count != t.num_rows for b in present):
-        return normalise_records(t, where, scale, check_keys=False)
-    if present:
-        t = t.drop_columns(present)  # nothing split here: the payloads stay zero-copy
-    b = t.to_batches()
-    batch = b[0] if len(b) == 1 else t.combine_chunks().to_batches()[0]
-    return RecordTable.from_batch(batch, where, scale.chunk_size)

@@ -32,7 +32,8 @@ from dvidshards.jobs.ingest import ingest, ingest_blocks, plan, run_task
 from dvidshards.jobs.output import read_manifest
 from dvidshards.serve.flight import ExportFlightServer, serve
 from dvidshards.sources.flight import FlightSource
-from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, TableSource, record_keys
+from dvidshards.sources.tables import BINS, CELL_LIMIT, CellLimitError, record_keys
+from dvidshards.sources.tablesource import TableSource
 from dvidshards.sources.vastdb import Predicate, VastDBSink, VastDBSource, shard_predicate
 from dvidshards.stores import as_store
 from tests.support.data import REAL_SHARD
@@ -545,7 +546,7 @@ def test_look_ups_skip_bins_only_where_statistics_say_none_is_split(big_export, 
 
 def test_fast_morton_codes_equal_compressed_morton_code():
     from dvidshards.formats.sharding import compressed_morton_code
-    from dvidshards.sources.tables import _morton
+    from dvidshards.sources.tables import morton_codes
 
     rng = np.random.default_rng(5)
     for k in range(200):
@@ -553,7 +554,7 @@ def test_fast_morton_codes_equal_compressed_morton_code():
         grid = tuple(int(v) for v in rng.integers(1, hi, 3))
         for n in (1, 3, 8, 9, 300):  # the per-chunk (Python) path and the vector path
             c = np.stack([rng.integers(0, g, n) for g in grid], axis=1).astype(np.int64)
-            np.testing.assert_array_equal(_morton(c, grid), compressed_morton_code(c, grid))
+            np.testing.assert_array_equal(morton_codes(c, grid), compressed_morton_code(c, grid))
 
 
 def test_gather_copies_exact_byte_ranges():
