@@ -54,18 +54,9 @@ from .formats.chunkindex import (
 from .formats.multiscale import Scale
 from .formats.records import RecordTable
 
-# TRANSITIONAL: these names live in scalefiles.py (held_scales is scales_phrase there); dataset.py, cli.py,
-# pyramid.py, jobs/verify.py and jobs/downsample.py import them from here until their owners switch.
-from .scalefiles import (  # noqa: F401
-    ScaleFiles,
-    check_origins,
-    not_exported_error,
-    not_exported_note,
-    parse_shard_names,
-    sample_scale,
-    scale_folders,
-    scale_naming,
-)
+# TRANSITIONAL: these live in scalefiles.py (held_scales is scales_phrase there); cli.py and
+# benchmarks/bench_read.py import them from here until they switch. Delete this block then.
+from .scalefiles import neighbour_origins, not_exported_note, parse_shard_names  # noqa: F401
 from .scalefiles import scales_phrase as held_scales  # noqa: F401
 from .sources.base import RecordSource
 from .stores.base import ByteStore, PastEndError
