@@ -318,7 +318,7 @@ def large_body(ds, idx, pid: int, base: str) -> None:
     ids = np.unique(np.concatenate([b for _, b in idx.pairs()])).tolist()
     big = max(ids, key=lambda b: len(idx.blocks(b)))
     body = Body(ds, big, index=idx)
-    chunks = body.chunks
+    chunks = body.chunks()
     s = requests.Session()
     rows = []
     for fmt in ("rles", "blocks"):  # /proc counts CPU in clock ticks (10 ms): 20 requests per figure
@@ -349,7 +349,7 @@ def large_body(ds, idx, pid: int, base: str) -> None:
         cpus.append(time.process_time() - c0)
     rows.append(["Python: Body.sparsevol()", "", f"{np.median(cpus) * 1e3:.1f}", f"{len(data) / 1e6:.2f}"])
     table(["", "wall ms (client)", "CPU ms (process)", "MB"], rows,
-          f"/sparsevol of the body with the most chunks ({big}: {len(chunks)} chunks, {body.size} voxels); "
+          f"/sparsevol of the body with the most chunks ({big}: {len(chunks)} chunks, {body.size()} voxels); "
           f"per request, median of 3 runs (CPU: /proc of the server over 20 requests, process time of Python)")
 
 

@@ -5,7 +5,7 @@ Three measurements, the servers in this process, on a synthetic neuron-like expo
 1. **Chunks served per second** over HTTP (2 keep-alive connections from a client process, as
    a browser is), and this process's CPU per chunk (the server's, robust on a busy machine), every chunk of a
    scale: dvidshards' precomputed server (whole chunks transcoded from the records; and with
-   the transcoder off, decoded voxels encoded by TensorStore) vs LocalVolume's ``npz`` route on
+   the transcoder off, voxels decoded and encoded again) vs LocalVolume's ``npz`` route on
    ``Dataset.open(0)``. Zoomed out, a dvidshards chunk comes from DVID's own small scale, a
    LocalVolume chunk strides full resolution (factor 2 and 4 per axis).
 2. **Time to the first full screenshot** in headless Chromium (SwiftShader WebGL), from
@@ -260,14 +260,14 @@ def first_screenshots(export, spec, rounds: int, size=(1024, 768), localvolume: 
 
 
 def real_blocks(workdir: Path, data: Path, rounds: int) -> list[list]:
-    """The real mCNS shard served whole-chunk: transcoded vs decoded and TensorStore-encoded."""
+    """The real mCNS shard served whole-chunk: transcoded vs decoded and encoded again."""
     spec = mcns_spec(data)
     root = real_export(workdir, data)
     ds = dvidshards.Dataset(root, spec=spec)
     coords = ds.shard(1, tuple(int(v) for v in REAL_SHARD.split("_"))).coords
     key = ds.scale(1).to_json()["key"]
     paths = [f"/{key}/{x * 64}-{x * 64 + 64}_{y * 64}-{y * 64 + 64}_{z * 64}-{z * 64 + 64}" for x, y, z in coords]
-    runs: dict[str, list] = {"transcoded from the record": [], "decoded + TensorStore encoder": []}
+    runs: dict[str, list] = {"transcoded from the record": [], "decoded + re-encoded": []}
     info = {}
     for r in range(rounds + 1):
         for name in list(runs)[r % 2:] + list(runs)[:r % 2]:
@@ -278,7 +278,7 @@ def real_blocks(workdir: Path, data: Path, rounds: int) -> list[list]:
             if r:
                 runs[name].append((dt, cpu))
             info[name] = sum(n for _, n in got)
-    base = med([dt for dt, _ in runs["decoded + TensorStore encoder"]])
+    base = med([dt for dt, _ in runs["decoded + re-encoded"]])
     rows = []
     for name, v in runs.items():
         t = med([dt for dt, _ in v])

@@ -78,8 +78,9 @@ from ..dataset import Dataset
 from ..errors import DvidShardsError, MissingShardError, NotFoundError, SpecError
 from ..query import BodyIndex, held_scales
 from .dvid_base import MAX_BODY, READ_ONLY, BadRequest, Reply, Request, json_reply, text_reply
-from .dvid_keyvalue import KeyvalueInstance, legacy_mesh_reader, mesh_maker, skeleton_maker
+from .dvid_keyvalue import KeyvalueInstance
 from .dvid_labelmap import LabelmapInstance
+from .meshes import MeshSource
 
 __all__ = ["DvidCommand", "DvidServer", "Node", "ReadOnly", "add_arguments", "main", "serve"]
 
@@ -163,20 +164,17 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
     lm = LabelmapInstance(ds, _check_name(name), node.uuid, held, index=idx, fill=not strict,
                           time=_time_of(ds, held), describe=ds.store.describe(""))
     node.instances[name] = lm
-    if idx is not None and idx.scale == held[0] and idx.meta.get("labels") == "agglomerated":  # built now, not on the first query
+    if idx is not None and idx.scale == held[0] and idx.meta.get("labels") == "agglomerated":  # now, not at 1st use
         threading.Thread(target=_build_table, args=(lm,), name=f"serve-dvid {name}: supervoxel table",
                          daemon=True).start()
-    mesh = legacy_mesh_reader(os.fspath(meshes)) if meshes is not None else mesh_maker(lm)
+    bodies_index = idx if idx is not None and idx.meta.get("labels") == "agglomerated" else None
+    mesh = MeshSource(ds, meshes=meshes, index=bodies_index)
     node.instances[f"{name}_meshes"] = KeyvalueInstance(
         f"{name}_meshes", node.uuid, lm, ".ngmesh", mesh,
-        what=f"meshes of {name}: " + (os.fspath(meshes) if meshes is not None else "made on demand"))
+        what=f"meshes of {name}: " + (str(mesh.output) if meshes is not None else "made on demand"))
     if skeletons is not None:
         raise SpecError(f"--skeletons {skeletons}: reading a skeletons output needs dvidshards' skeleton format, "
                         f"which this version does not have")
-    skel = skeleton_maker(lm)
-    if skel is not None:
-        node.instances[f"{name}_skeletons"] = KeyvalueInstance(f"{name}_skeletons", node.uuid, lm, "_swc", skel,
-                                                               what=f"skeletons of {name}: made on demand")
     return lm
 
 
@@ -417,8 +415,8 @@ def serve(exports, *, spec=None, label_index=None, meshes=None, skeletons=None, 
     spec : dict or path, optional
         The neuroglancer multiscale spec (see ``Dataset``), for every export.
     label_index, meshes, skeletons : path or list of paths, optional
-        A label index (``dvidshards label-index``), a legacy meshes output (``dvidshards meshes
-        --legacy``), a skeletons output: one, or one per export (None: none).
+        A label index (``dvidshards label-index``), a meshes output (``dvidshards meshes``, either
+        format), a skeletons output: one, or one per export (None: none).
     host, port :
         Where to listen (port 0: any free port; ``server.url`` says which).
     uuid : str or list of str, optional
@@ -496,7 +494,7 @@ def add_arguments(p) -> None:
     p.add_argument("--label-index", action="append", metavar="DIR",
                    help="a label index (dvidshards label-index), one per export in order ('-': none)")
     p.add_argument("--meshes", action="append", metavar="DIR",
-                   help="a legacy meshes output (dvidshards meshes --legacy), one per export ('-': none; "
+                   help="a meshes output (dvidshards meshes), one per export ('-': none; "
                         "default: meshes made on demand)")
     p.add_argument("--skeletons", action="append", metavar="DIR", help="a skeletons output, one per export")
     p.add_argument("--uuid", nargs="+", help="node uuid(s): one per export, or one for NAME=EXPORT instances "

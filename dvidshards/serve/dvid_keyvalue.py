@@ -2,67 +2,35 @@
 
 neuroglancer's ``dvid://`` source shows meshes when the repo lists ``<labelmap>_meshes`` (keys
 ``<body>.ngmesh``: neuroglancer's legacy single-resolution mesh, float32 nm) and skeletons when
-it lists ``<labelmap>_skeletons`` (keys ``<body>_swc``: SWC text in scale-0 voxels). Both are
-answered with DVID's keyvalue read API (``keys``, ``keyrange/<a>/<b>``, ``key/<k>`` GET and HEAD,
-``info``, ``tags``, ``help``; an absent body is 404). Values come from a ``dvidshards meshes
---legacy`` output when one is given, else they are made on demand from the body's chunks
-(``Body.mesh``; ``Body.skeleton`` where the installed dvidshards has it) and cached, least
-recently used dropped first.
+it lists ``<labelmap>_skeletons`` (keys ``<body>_swc``: SWC text). Both are answered with DVID's
+keyvalue read API (``keys``, ``keyrange/<a>/<b>``, ``key/<k>`` GET and HEAD, ``info``, ``tags``,
+``help``; an absent body is 404). Values come from a source (`dvidshards.serve.meshes`): read
+from an output given, or made on demand and cached.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import re
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 
-import numpy as np
-
-from ..errors import NotFoundError, SpecError
+from ..errors import NotFoundError
 from ..formats.labels import Agglomerated
-from ..formats.mesh import Mesh
-from ..formats.multilod import decode_legacy_fragment, encode_legacy_fragment
-from .dvid_base import BadRequest, Gone, Reply, Request, json_reply, need
+from .dvid_base import Gone, Reply, Request, json_reply, need
 
-__all__ = ["KeyvalueInstance", "legacy_mesh_reader", "mesh_maker", "skeleton_maker"]
-
-log = logging.getLogger("dvidshards.serve.dvid")
-
-_MESH_CHUNKS = 512  # on-demand meshes: the finest held scale where the body spans at most this many chunks
+__all__ = ["KeyvalueInstance"]
 
 
 class KeyvalueInstance:
     """A read-only keyvalue instance whose keys are ``<body><suffix>`` for the bodies of a labelmap.
 
-    Parameters
-    ----------
-    name : str
-    uuid : str
-    labelmap : LabelmapInstance
-        Whose bodies the keys name.
-    suffix : str
-        ``.ngmesh`` or ``_swc``.
-    value : callable
-        ``body -> bytes``, or NotFoundError when the body has no value.
-    cache_bytes : int
-        Values kept.
+    ``source.get(body)`` gives a body's value (NotFoundError when it has none) and
+    ``source.cached(body)`` whether it is in memory.
     """
 
     type_name = "keyvalue"
 
-    def __init__(self, name: str, uuid: str, labelmap, suffix: str, value: Callable[[int], bytes], *,
-                 cache_bytes: int = 256 << 20, what: str = ""):
-        self.name, self.uuid, self.labelmap, self.suffix, self.value = name, uuid, labelmap, suffix, value
-        self.what = what
-        self.cache_bytes = int(cache_bytes)
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
-        self._cached = 0
-        self._busy: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
+    def __init__(self, name: str, uuid: str, labelmap, suffix: str, source, *, what: str = ""):
+        self.name, self.uuid, self.labelmap, self.suffix, self.source, self.what = name, uuid, labelmap, suffix, \
+            source, what
         self._key = re.compile(r"^([0-9]{1,20})" + re.escape(suffix) + "$")
         self.routes = {"help": self.ep_help, "info": self.ep_info, "tags": self.ep_tags, "keys": self.ep_keys,
                        "keyrange": self.ep_keyrange, "key": self.ep_key, "mutations": self.ep_empty,
@@ -71,7 +39,7 @@ class KeyvalueInstance:
     def quick(self, endpoint: str, r: Request) -> bool:
         m = self._key.match("/".join(r.args)) if endpoint == "key" and not r.head else None
         return endpoint in ("help", "info", "tags", "mutations", "mutations-range") or (
-            m is not None and int(m.group(1)) in self._cache)
+            m is not None and self.source.cached(int(m.group(1))))
 
     def is_write(self, endpoint: str, method: str) -> bool:
         return method not in ("GET", "HEAD")
@@ -122,124 +90,7 @@ class KeyvalueInstance:
                 raise Gone(f'Key "{key}" not found')
             return Reply(200, b"", "application/octet-stream", {"Accept-Ranges": "bytes"})
         try:
-            data = self.get(body)
+            data = self.source.get(body)
         except NotFoundError:
             raise Gone(f'Key "{key}" not found') from None
         return Reply(200, data, "application/octet-stream", {"Accept-Ranges": "bytes"})
-
-    def get(self, body: int) -> bytes:
-        """A body's value, made once (one request makes it, the others wait) and cached."""
-        while True:
-            with self._lock:
-                data = self._cache.get(body)
-                if data is not None:
-                    self._cache.move_to_end(body)
-                    return data
-                ev = self._busy.get(body)
-                if ev is None:
-                    ev = self._busy[body] = threading.Event()
-                    break
-            ev.wait()
-        try:
-            data = self.value(body)
-            with self._lock:
-                self._cache[body] = data
-                self._cached += len(data)
-                while self._cached > self.cache_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached -= len(old)
-            return data
-        finally:
-            with self._lock:
-                self._busy.pop(body, None)
-            ev.set()
-
-
-# --------------------------------------------------------------------------- values
-
-
-def mesh_maker(labelmap) -> Callable[[int], bytes]:
-    """Meshes on demand: the body's chunks at the finest held scale where it spans at most
-    ``_MESH_CHUNKS`` chunks (else the coarsest held), meshed (``Body.mesh``), in nm."""
-
-    def make(body: int) -> bytes:
-        held = labelmap.held
-        b, _ = labelmap._body(body, held[0], Agglomerated())
-        if not b.exists():
-            raise NotFoundError(f"body {body} does not exist in this export")
-        k = held[-1]
-        for s in held:
-            if len(b.chunks_at(s)) <= _MESH_CHUNKS:
-                k = s
-                break
-        chunks = b.chunks_at(k)
-        mesh = b.mesh(k, units="nm", chunks=chunks)
-        log.info("mesh of body %d: scale %d, %d chunks, %d triangles", body, k, len(chunks), len(mesh.faces))
-        return encode_legacy_fragment(mesh)
-
-    return make
-
-
-def skeleton_maker(labelmap) -> Callable[[int], bytes] | None:
-    """Skeletons on demand when the installed dvidshards makes them (``Body.skeleton``): SWC text
-    in scale-0 voxels with DVID's ``{"mutation id": 0}`` comment; None otherwise."""
-    from ..bodies import Body
-
-    if not hasattr(Body, "skeleton"):
-        return None
-
-    def make(body: int) -> bytes:
-        b, _ = labelmap._body(body, labelmap.held[0], Agglomerated())
-        if not b.exists():
-            raise NotFoundError(f"body {body} does not exist in this export")
-        sk = b.skeleton()
-        text = sk.swc() if hasattr(sk, "swc") else str(sk)
-        return ('# {"mutation id": 0}\n' + text).encode()
-
-    return make
-
-
-def legacy_mesh_reader(folder: str) -> Callable[[int], bytes]:
-    """Meshes read from a legacy meshes output (``dvidshards meshes --legacy``): a body's
-    fragments (``<id>:0`` lists them) joined into one ngmesh."""
-    root = os.path.abspath(folder)
-    info_path = os.path.join(root, "info")
-    try:
-        with open(info_path) as f:
-            info = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{folder}: not a meshes output (cannot read its info: {e})") from None
-    mesh_dir = root
-    if info.get("@type") != "neuroglancer_legacy_mesh":
-        sub = info.get("mesh")
-        if not isinstance(sub, str):
-            raise SpecError(f"{folder}: its info names no mesh directory and is not a legacy mesh info")
-        mesh_dir = os.path.join(root, sub)
-        try:
-            with open(os.path.join(mesh_dir, "info")) as f:
-                minfo = json.load(f)
-        except (OSError, ValueError) as e:
-            raise SpecError(f"{mesh_dir}: cannot read the mesh info ({e})") from None
-        if minfo.get("@type") != "neuroglancer_legacy_mesh":
-            raise BadRequest(f"{mesh_dir}: a multi-resolution meshes output ({minfo.get('@type')}); serve-dvid "
-                             f"serves legacy meshes (dvidshards meshes --legacy), neuroglancer reads this one "
-                             f"through dvidshards view --meshes")
-
-    def read(body: int) -> bytes:
-        try:
-            with open(os.path.join(mesh_dir, f"{body}:0")) as f:
-                names = json.load(f).get("fragments", [])
-        except FileNotFoundError:
-            raise NotFoundError(f"no mesh of body {body} in {mesh_dir}") from None
-        parts = []
-        for n in names:
-            with open(os.path.join(mesh_dir, os.path.basename(n)), "rb") as f:
-                parts.append(decode_legacy_fragment(f.read()))
-        if len(parts) == 1:
-            return encode_legacy_fragment(parts[0])
-        off = np.cumsum([0] + [len(p.vertices) for p in parts[:-1]])
-        joined = Mesh(np.concatenate([p.vertices for p in parts]).astype(np.float32),
-                      np.concatenate([p.faces + o for p, o in zip(parts, off, strict=True)]).astype(np.uint32))
-        return encode_legacy_fragment(joined)
-
-    return read

@@ -234,7 +234,7 @@ class LabelmapInstance:
         supervoxels too), and the header saying so."""
         idx = self.index
         use = idx is not None and idx.scale <= k and idx.meta.get("labels") in ("agglomerated", labels.name)
-        body = Body(self.ds, label, k, labels, index=idx if use else None)
+        body = Body(self.ds, label, scale=k, labels=labels, index=idx if use else None)
         return body, {INDEX_HEADER: "label-index" if use else "scan"}
 
     def table(self) -> SupervoxelTable:
@@ -261,7 +261,7 @@ class LabelmapInstance:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/size")
         b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
-        return Reply(200, f'{{"voxels": {b.size}}}'.encode(), "application/json", head)
+        return Reply(200, f'{{"voxels": {b.size()}}}'.encode(), "application/json", head)
 
     def ep_sizes(self, r: Request) -> Reply:
         ids = ids_body(r.body)
@@ -273,7 +273,7 @@ class LabelmapInstance:
                 continue
             b, head = self._body(i, k, labels)
             try:
-                out.append(b.size)
+                out.append(b.size())
             except NotFoundError:
                 out.append(0)
         return Reply(200, id_list(out), "application/json", head)
@@ -296,10 +296,10 @@ class LabelmapInstance:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/sparsevol-size")
         b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
-        c = b.chunks
+        c = b.chunks()
         cs = np.asarray(self.ds.scale(b.scale).chunk_size, np.int64)
         lo, hi = c.min(axis=0) * cs, (c.max(axis=0) + 1) * cs - 1
-        text = (f'{{"voxels": {b.size}, "numblocks": {len(c)}, "minvoxel": [{lo[0]}, {lo[1]}, {lo[2]}], '
+        text = (f'{{"voxels": {b.size()}, "numblocks": {len(c)}, "minvoxel": [{lo[0]}, {lo[1]}, {lo[2]}], '
                 f'"maxvoxel": [{hi[0]}, {hi[1]}, {hi[2]}]}}')
         return Reply(200, text.encode(), "application/json", head)
 
@@ -343,14 +343,14 @@ class LabelmapInstance:
         held = k in self.held
         b, hdr = self._body(label, k if held else self.held[0], labels)
         if head:
-            c = b.chunks_at(k) if held else self._made_chunks(b, k)
+            c = b.chunks(k, missing_ok=True) if held else self._made_chunks(b, k)
             if bounds is not None and len(c):
                 cs = self.pyramid.chunk
                 blo = np.array([v if v is not None else -(1 << 31) for v in bounds[0]], np.int64) // cs
                 bhi = np.array([v if v is not None else (1 << 31) - 1 for v in bounds[1]], np.int64) // cs
                 c = c[((c >= blo) & (c <= bhi)).all(axis=1)]
             return Reply(200 if len(c) else 204, b"", "text/html", hdr)
-        parts = b.sparsevol_parts(k, fmt, bounds) if held else self._made_parts(b, k, fmt, bounds, labels)
+        parts = b.sparsevol_parts(k, format=fmt, bounds=bounds) if held else self._made_parts(b, k, fmt, bounds, labels)
         first = next(parts, b"")  # NotFoundError here, before anything is sent: a 404
         if fmt != "rles":
             return Reply(200, b"", "application/octet-stream", hdr, _chain(first, parts))
@@ -360,7 +360,7 @@ class LabelmapInstance:
         """Chunks of a made scale holding the body: parents of its chunks at the finest held
         scale whose made records list it."""
         f = self.held[0]
-        c = b.chunks_at(f)
+        c = b.chunks(f, missing_ok=True)
         if not len(c):
             return c
         parents = np.unique(c >> (k - f), axis=0)
@@ -381,7 +381,7 @@ class LabelmapInstance:
             bb = (lo, hi)
             c = c[((c >= lo // n) & (c <= hi // n)).all(axis=1)]
         if not len(c):
-            raise b.not_found(k, "within the bounds" if bounds is not None else "")
+            raise b.not_found(k, why="within the bounds" if bounds is not None else "")
         target = np.uint64(b.id)
         buf = np.empty((n, n, n), np.uint64)
 
@@ -522,7 +522,7 @@ class LabelmapInstance:
     def ep_mapping(self, r: Request) -> Reply:
         svs = ids_body(r.body)
         parse_flag(r.query, "nolookup")
-        out = lookup(self.table(), svs) if svs else []  # DVID: 0 for a supervoxel that does not exist
+        out = lookup(self.table(), svs) if svs else np.zeros(0, np.uint64)  # DVID: 0 for one that does not exist
         return Reply(200, id_list(out), "application/json", self._table_header())
 
     def ep_mappings(self, r: Request) -> Reply:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import NotExportedError, SpecError
 from ..formats.codec import decode_into, encode_block
 from ..formats.cseg import transcode
 from ..formats.downsample import downsample_block
@@ -46,6 +46,7 @@ __all__ = ["MAX_RAW_VOXELS", "Pyramid", "Rec", "VolumeEndpoints"]
 
 MAX_RAW_VOXELS = 1 << 24  # /raw: 128 MiB of uint64 at most per request
 _MADE_CACHE = 256 << 20  # bytes of made blocks kept
+MADE_LIMIT = 1 << 12  # chunks of the held scale a chunk of a made scale may be made from on demand
 _OCTANTS = [(i & 1, (i >> 1) & 1, i >> 2) for i in range(8)]
 
 
@@ -117,6 +118,7 @@ class Pyramid:
         self.cache_bytes = int(cache_bytes)
         self._made: OrderedDict[tuple, Rec | None] = OrderedDict()
         self._made_bytes = 0
+        self._origins: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         cs = {tuple(int(v) for v in ds.scale(k).chunk_size) for k in self.served}
         if len(cs) != 1 or len(next(iter(cs))) != 3 or len(set(next(iter(cs)))) != 1:
@@ -191,23 +193,46 @@ class Pyramid:
         got = list(self.records(k, [c]))
         return got[0][1] if got else None
 
-    def made(self, k: int, c: tuple[int, int, int]) -> Rec | None:
-        """A chunk of a scale the export lacks, by DVID's rule from its 8 children (cached)."""
+    def made(self, k: int, c: tuple[int, int, int], present: np.ndarray | None = None) -> Rec | None:
+        """A chunk of a scale the export lacks, by DVID's rule from its 8 children (cached).
+
+        Only children over chunks the export holds are made (``present``: those chunks of the
+        nearest held scale below, found from the shard files' indexes), so a chunk over space
+        DVID never wrote costs nothing; one that would need more than ``MADE_LIMIT`` of them is
+        refused, naming the scale to make with ``dvidshards downsample``.
+        """
         key = (k, c)
         with self._lock:
             if key in self._made:
                 self._made.move_to_end(key)
                 return self._made[key]
-        below = max(h for h in self.served if h < k)
-        kids_at = [(2 * c[0] + dx, 2 * c[1] + dy, 2 * c[2] + dz) for dx, dy, dz in _OCTANTS]
-        got = dict(self.records(below, kids_at))
-        kids = [got[ch].block if ch in got else None for ch in kids_at]
-        out = downsample_block(kids)
+        h = max(v for v in self.held if v < k)
+        if present is None:
+            present = self._present(h, c, k - h)
         rec = None
-        if out is not None:
-            svs = out.supervoxels.astype(np.uint64)
-            rec = Rec(np.frombuffer(out.block, np.uint8), svs,
-                      _bodies(svs, [(got[ch].supervoxels, got[ch].labels) for ch in kids_at if ch in got]))
+        if len(present) > MADE_LIMIT:
+            raise NotExportedError(
+                f"scale {k} is not in this export, and its chunk {c} would be made from {len(present)} chunks of "
+                f"scale {h} (at most {MADE_LIMIT} on demand): make the scales with dvidshards downsample and "
+                f"serve its output")
+        if len(present):
+            below = max(v for v in self.served if v < k)
+            kids_at = [(2 * c[0] + dx, 2 * c[1] + dy, 2 * c[2] + dz) for dx, dy, dz in _OCTANTS]
+            if below in self.held:
+                got = dict(self.records(below, kids_at))
+            else:
+                up = present >> (below - h)
+                got = {}
+                for ch in kids_at:
+                    sub = present[(up == ch).all(axis=1)]
+                    r = self.made(below, ch, sub) if len(sub) else None
+                    if r is not None:
+                        got[ch] = r
+            out = downsample_block([got[ch].block if ch in got else None for ch in kids_at])
+            if out is not None:
+                svs = out.supervoxels.astype(np.uint64)
+                rec = Rec(np.frombuffer(out.block, np.uint8), svs,
+                          _bodies(svs, [(got[ch].supervoxels, got[ch].labels) for ch in kids_at if ch in got]))
         with self._lock:
             if key not in self._made:
                 self._made[key] = rec
@@ -216,6 +241,28 @@ class Pyramid:
                     _, old = self._made.popitem(last=False)
                     self._made_bytes -= 64 + (len(old.block) + 16 * len(old.supervoxels) if old is not None else 0)
         return rec
+
+    def _present(self, h: int, c, shift: int) -> np.ndarray:
+        """The chunks of held scale h the export holds under chunk c of scale h + shift."""
+        lo = np.asarray(c, np.int64) << shift
+        hi = lo + (1 << shift)
+        n = self.chunk
+        s = self.ds.scale(h)
+        with self._lock:
+            origins = self._origins.get(h)
+        if origins is None:
+            origins = np.asarray(self.ds.shards(h), np.int64).reshape(-1, 3) // n
+            with self._lock:
+                self._origins[h] = origins
+        span = max(int(s.shard_extent) // n, 1)
+        reader = self.ds.reader(h, Supervoxels(), fill_missing_shards=self.fill)
+        out = [np.zeros((0, 3), np.int64)]
+        for o in origins[((origins < hi) & (origins + span > lo)).all(axis=1)].tolist():
+            shard = reader.shard(*o)
+            if shard is not None and len(shard):
+                cc = shard.coords
+                out.append(cc[((cc >= lo) & (cc < hi)).all(axis=1)])
+        return np.concatenate(out)
 
     def cached(self, k: int, point, src: LabelSource) -> bool:
         """Whether the block holding a point is in memory (outside the volume: nothing to read)."""

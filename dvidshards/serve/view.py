@@ -23,7 +23,7 @@ server keeps serving every other chunk.
 A whole 64³ chunk on DVID's grid is transcoded straight from its record
 (``dvidshards.formats.cseg``: no voxel decode). Otherwise (a chunk cut by the volume edge, a
 voxel offset off DVID's grid) the voxels are decoded by the bulk reader (``Dataset.read``) and
-encoded by TensorStore's own precomputed writer into a small in-memory volume.
+encoded (the bytes a DVID block of them transcodes to).
 
 neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards[view]``).
 """
@@ -33,29 +33,26 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 from aiohttp import web
 
-from ..bodies import Body
 from ..dataset import Dataset
 from ..errors import BlockDecodeError, NotFoundError, SpecError
+from ..formats.codec import encode_block
 from ..formats.cseg import is_background, transcode
 from ..formats.labels import as_labels
-from ..formats.mesh import Mesh, to_nm
-from ..formats.multilod import LEGACY_TYPE, MULTILOD_TYPE, encode_legacy_fragment, legacy_info
-from ..jobs.output import read_manifest
-from ..query import BodyIndex
+from ..formats.mesh import Mesh
+from ..formats.multilod import encode_legacy_fragment, legacy_info
 from .http import Busy, Server, application, in_thread
+from .meshes import MeshSource
 
-__all__ = ["MeshSource", "ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
+__all__ = ["ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
            "serve", "viewer"]
 
 log = logging.getLogger(__name__)
@@ -94,52 +91,6 @@ class ServeStats:
                     dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
 
 
-class _Encoder:
-    """TensorStore's compressed_segmentation writer, one in-memory volume per scale.
-
-    The in-memory volume has the served scale's geometry, so the key TensorStore writes is
-    the key neuroglancer asked for, and an edge chunk is clipped exactly as in any
-    precomputed volume. One `_Encoder` serves one request at a time (see `ViewVolume`).
-    """
-
-    def __init__(self, scales_json: list[dict[str, Any]]):
-        self._scales = scales_json
-        self._stores: dict[str, Any] = {}
-
-    def _store(self, k: int):
-        import tensorstore as ts
-
-        s = self._scales[k]
-        st = self._stores.get(s["key"])
-        if st is None:
-            spec = {
-                "driver": "neuroglancer_precomputed",
-                "kvstore": {"driver": "memory"},
-                "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
-                "scale_metadata": {k2: s[k2] for k2 in ("key", "size", "resolution", "voxel_offset")}
-                | {"chunk_size": s["chunk_sizes"][0], "encoding": "compressed_segmentation",
-                   "compressed_segmentation_block_size": s["compressed_segmentation_block_size"]},
-                "create": True,
-            }
-            st = self._stores[s["key"]] = ts.open(spec, context=ts.Context()).result()
-        return st
-
-    def encode(self, k: int, box: np.ndarray, voxels: np.ndarray) -> bytes:
-        """compressed_segmentation bytes of an (x, y, z) uint64 chunk at box [[x0,y0,z0],[x1,y1,z1]]."""
-        import tensorstore as ts
-
-        st = self._store(k)
-        (x0, y0, z0), (x1, y1, z1) = box
-        st[x0:x1, y0:y1, z0:z1, 0].write(voxels).result()
-        key = f"{self._scales[k]['key']}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}"
-        kv = st.kvstore
-        r = kv.read(key).result()
-        kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
-        if r.state != "value":  # TensorStore stores no chunk equal to the fill value
-            raise RuntimeError(f"TensorStore wrote no chunk {key}")
-        return r.value
-
-
 def _as_dataset(source, spec=None):
     return source if isinstance(source, Dataset) else Dataset(source, spec=spec)
 
@@ -153,21 +104,12 @@ class ViewVolume:
         The export.
     labels : "agglomerated", "supervoxels" or a mapping
         As in `dvidshards.open`.
-    threads : int, optional
-        Chunk requests at work at once (default: CPU count, at least 2).
-    transcode : bool
-        Encode whole DVID-grid chunks straight from their records; False always decodes
-        voxels first (for comparison).
-    meshes : path, optional
-        A ``dvidshards meshes`` output to serve as the mesh source (default: on demand).
-    mesh_budget : float
-        Seconds an on-demand mesh should take (see `MeshSource`).
-    index : BodyIndex or path, optional
-        A label index, to find a body's chunks for its on-demand mesh.
+    transcode, meshes, mesh_budget, index :
+        As in `serve`.
     """
 
-    def __init__(self, dataset, labels="agglomerated", *, threads: int | None = None, transcode: bool = True,
-                 meshes=None, mesh_budget: float = 2.0, index=None):
+    def __init__(self, dataset, labels="agglomerated", *, transcode: bool = True, meshes=None,
+                 mesh_budget: float = 2.0, index=None):
         self.dataset = _as_dataset(dataset)
         self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
         self.name = self.labels.name
@@ -185,19 +127,16 @@ class ViewVolume:
         self.info: dict[str, Any] = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64",
                      "num_channels": 1, "scales": scales, "mesh": "mesh"}
         self._by_key = {s["key"]: i for i, s in enumerate(scales)}
+        self._position = {sc.index: i for i, sc in enumerate(self.dataset.scales)}
         if len(self._by_key) != len(scales):
             raise SpecError(f"{self.dataset!r}: two scales share a key; keys are {[s['key'] for s in scales]}")
         self.transcode = bool(transcode)
-        n = max(2, os.cpu_count() or 2) if threads is None else int(threads)
-        if n < 1:
-            raise SpecError(f"threads must be at least 1, got {threads}")
-        self.threads = n
-        self._slots: queue.SimpleQueue[_Encoder] = queue.SimpleQueue()
-        for _ in range(n):
-            self._slots.put(_Encoder(scales))
         self.stats = ServeStats()
         self._stats_lock = threading.Lock()
-        self.mesh = MeshSource(self, meshes, budget=mesh_budget, index=index)
+        self.mesh = MeshSource(self.dataset, self.labels, meshes=meshes, budget=mesh_budget, index=index,
+                               on_made=self._mesh_made)
+        if self.mesh.output is not None and self.mesh.output.folder is None:
+            raise SpecError(f"{meshes}: view serves the files of a meshes output in a local folder")
 
     def __repr__(self) -> str:
         return f"ViewVolume({self.dataset!r}, labels={self.name!r})"
@@ -245,11 +184,9 @@ class ViewVolume:
         vox = self.dataset.read(box, scale=k, labels=self.labels, threads=1, fill_missing_shards=True)
         if not vox.any():
             return None, "encoded"
-        enc = self._slots.get()  # never blocks for long: the server admits `threads` requests
-        try:
-            return enc.encode(k, box, vox), "encoded"
-        finally:
-            self._slots.put(enc)
+        pad = np.zeros([-(-n // 8) * 8 for n in vox.shape], np.uint64)  # cseg pads blocks past the edge
+        pad[:vox.shape[0], :vox.shape[1], :vox.shape[2]] = vox
+        return transcode(encode_block(np.ascontiguousarray(pad.T))), "encoded"
 
     def _chunk_from_record(self, k: int, c: np.ndarray):
         """Transcoded bytes of whole chunk c (None: absent or all background)."""
@@ -269,6 +206,12 @@ class ViewVolume:
             raise BlockDecodeError(f"{t.where(0)}: {e}") from None
         return None if is_background(data, tuple(self.info["scales"][k]["chunk_sizes"][0])[::-1]) else data
 
+    def _mesh_made(self, k: int, nbytes: int, dt: float) -> None:
+        key = self.info["scales"][self._position[k]]["key"]
+        with self._stats_lock:
+            self.stats.meshes.add(nbytes, dt)
+            self.stats.mesh_scales[key] = self.stats.mesh_scales.get(key, 0) + 1
+
     def record(self, k: int, route: str, nbytes: int, dt: float) -> None:
         key = self.info["scales"][k]["key"]
         with self._stats_lock:
@@ -283,165 +226,29 @@ _SEGMENT = re.compile(r"^([0-9]+):0$")
 _FRAGMENT = re.compile(r"^([0-9]+):0:mesh$")
 
 
-class MeshSource:
-    """The mesh source of one served volume: a meshes output's files, or meshes on demand.
-
-    Parameters
-    ----------
-    volume : ViewVolume
-        The served volume (its dataset, labels and served resolutions).
-    meshes : path, optional
-        A ``dvidshards meshes`` output: the precomputed dataset folder (whose ``info`` names its
-        mesh directory) or the mesh directory itself. Its files are served as they are.
-    budget : float
-        Seconds an on-demand mesh should take: the finest scale expected to fit is meshed.
-    cache_bytes : int
-        On-demand meshes kept (encoded), least recently used dropped first.
-    index : BodyIndex or path, optional
-        A label index, to find a body's chunks without scanning the records' lists.
-    """
-
-    def __init__(self, volume: ViewVolume, meshes=None, *, budget: float = 2.0, cache_bytes: int = 256 << 20,
-                 index=None):
-        self.volume = volume
-        self.budget = float(budget)
-        self.cache_bytes = int(cache_bytes)
-        self.index = None if index is None else index if isinstance(index, BodyIndex) else BodyIndex(index)
-        self.folder = None if meshes is None else _mesh_folder(os.fspath(meshes))
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
-        self._cached = 0
-        self._busy: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
-        self.cell_seconds = 0.01  # learned: seconds to mesh one cell (decode + marching cubes)
-
-    def __repr__(self) -> str:
-        return f"MeshSource({self.folder or 'on demand'})"
-
-    def file(self, rel: str) -> str:
-        """The path of a meshes output's file ``rel`` (404: outside the folder, hidden, a manifest)."""
-        assert self.folder is not None
-        path = os.path.normpath(os.path.join(self.folder, rel))
-        if not path.startswith(self.folder + os.sep) or os.path.basename(path).startswith((".", "_")) \
-                or rel.endswith(".json") or not os.path.isfile(path):
-            raise web.HTTPNotFound(text=f"no mesh file {rel!r}\n")
-        return path
-
-    def answer(self, rel: str) -> tuple[bytes, str]:
-        """(body, content type) of an on-demand request under ``mesh/`` (blocking: runs on the pool)."""
-        if rel == "info":
-            return json.dumps(legacy_info()).encode(), "application/json"
-        m = _SEGMENT.match(rel)
-        if m:
-            return json.dumps({"fragments": [f"{int(m.group(1))}:0:mesh"]}).encode(), "application/json"
-        m = _FRAGMENT.match(rel)
-        if m and 0 < int(m.group(1)) < 1 << 64:
-            return self.fragment(int(m.group(1))), "application/octet-stream"
+def _mesh_file(folder: str, rel: str) -> str:
+    """The path of a meshes output's file ``rel`` (404: outside the folder, hidden, a manifest)."""
+    path = os.path.normpath(os.path.join(folder, rel))
+    if not path.startswith(folder + os.sep) or os.path.basename(path).startswith((".", "_")) \
+            or rel.endswith(".json") or not os.path.isfile(path):
         raise web.HTTPNotFound(text=f"no mesh file {rel!r}\n")
+    return path
 
-    # --- on demand --------------------------------------------------------------------------
 
-    def fragment(self, body: int) -> bytes:
-        """A body's legacy mesh fragment (nm), computed once and cached; empty when absent."""
-        while True:
-            with self._lock:
-                data = self._cache.get(body)
-                if data is not None:
-                    self._cache.move_to_end(body)
-                    return data
-                ev = self._busy.get(body)
-                if ev is None:
-                    ev = self._busy[body] = threading.Event()
-                    break
-            ev.wait()  # another request is meshing this body
+def _mesh_answer(source: MeshSource, rel: str) -> tuple[bytes, str]:
+    """(body, content type) of an on-demand request under ``mesh/`` (blocking: runs on the pool)."""
+    if rel == "info":
+        return json.dumps(legacy_info()).encode(), "application/json"
+    m = _SEGMENT.match(rel)
+    if m:
+        return json.dumps({"fragments": [f"{int(m.group(1))}:0:mesh"]}).encode(), "application/json"
+    m = _FRAGMENT.match(rel)
+    if m and 0 < int(m.group(1)) < 1 << 64:
         try:
-            data = self._compute(body)
-            with self._lock:
-                self._cache[body] = data
-                self._cached += len(data)
-                while self._cached > self.cache_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached -= len(old)
-            return data
-        finally:
-            with self._lock:
-                self._busy.pop(body, None)
-            ev.set()
-
-    def choose_scale(self, body: Body) -> tuple[int | None, np.ndarray]:
-        """(position of the served scale to mesh, the body's chunks there); None: no voxel.
-
-        From the coarsest scale down, the chunks holding the body are found (the label index,
-        or the records' lists of that scale) and the cost estimated from the cells to mesh;
-        the finest scale whose estimate fits the budget wins.
-        """
-        t0 = time.perf_counter()
-        scales = self.volume.dataset.scales
-        chosen: tuple[int | None, np.ndarray] = (None, np.zeros((0, 3), np.int64))
-        for k in range(len(scales) - 1, -1, -1):
-            c = self._chunks(body, scales[k])
-            if not len(c):
-                continue
-            spent = time.perf_counter() - t0
-            if chosen[0] is not None and spent + _cells(c) * self.cell_seconds > self.budget:
-                break
-            chosen = (k, c)
-            if spent > self.budget / 2:
-                break
-        return chosen
-
-    def _chunks(self, body: Body, s) -> np.ndarray:
-        idx = body.index
-        if idx is not None and idx.scale < s.index and idx.scale == self.volume.dataset.scales[0].index:
-            # the index's scale-0 blocks, coarsened: a superset of the chunks (no scan)
-            c = body.chunks_at(idx.scale) >> (s.index - idx.scale)
-            return np.unique(c, axis=0) if len(c) else c
-        return body.chunks_at(s.index)
-
-    def _compute(self, body_id: int) -> bytes:
-        t0 = time.perf_counter()
-        vol = self.volume
-        body = Body(vol.dataset, body_id, vol.dataset.scales[0].index, vol.labels, index=self.index)
-        k, chunks = self.choose_scale(body)
-        if k is None:
-            return encode_legacy_fragment(Mesh.empty())
-        t1 = time.perf_counter()
-        mesh = body.mesh(vol.dataset.scales[k].index, units="voxels", chunks=chunks)
-        dt = time.perf_counter() - t1
-        self.cell_seconds = 0.5 * self.cell_seconds + 0.5 * dt / max(_cells(chunks), 1)
-        data = encode_legacy_fragment(to_nm(mesh, vol.info["scales"][k]["resolution"]))
-        key = vol.info["scales"][k]["key"]
-        with vol._stats_lock:
-            vol.stats.meshes.add(len(data), time.perf_counter() - t0)
-            vol.stats.mesh_scales[key] = vol.stats.mesh_scales.get(key, 0) + 1
-        log.info("mesh of body %d: scale %s, %d chunks, %d triangles, %.2f s", body_id, key, len(chunks),
-                 len(mesh.faces), time.perf_counter() - t0)
-        return data
-
-
-def _cells(chunks: np.ndarray) -> int:
-    """Cells meshed for a body in these chunks: each chunk and its - neighbours."""
-    d = np.array([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], np.int64)
-    return len(np.unique((np.asarray(chunks, np.int64)[:, None, :] - d[None]).reshape(-1, 3), axis=0))
-
-
-def _mesh_folder(path: str) -> str:
-    """The mesh directory of a complete meshes output (the dataset folder or the mesh folder itself)."""
-    folder = os.path.abspath(path)
-    try:
-        with open(os.path.join(folder, "info")) as f:
-            info = json.load(f)
-        if isinstance(info, dict) and isinstance(info.get("mesh"), str):
-            folder = os.path.join(folder, info["mesh"])
-            with open(os.path.join(folder, "info")) as f:
-                info = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{path}: not a meshes output (cannot read its info: {e})") from None
-    if not (isinstance(info, dict) and info.get("@type") in (MULTILOD_TYPE, LEGACY_TYPE)):
-        raise SpecError(f"{path}: neither a precomputed dataset with meshes nor a mesh folder")
-    manifest = read_manifest(folder)
-    if manifest is not None and not manifest.get("complete", False):
-        raise SpecError(f"{folder}: the meshes output is incomplete (run dvidshards meshes --resume)")
-    return folder
+            return source.get(int(m.group(1))), "application/octet-stream"
+        except NotFoundError:  # no such body: an empty fragment
+            return encode_legacy_fragment(Mesh.empty()), "application/octet-stream"
+    raise web.HTTPNotFound(text=f"no mesh file {rel!r}\n")
 
 
 _CHUNK = r"/{name}/{key:.+}/{x0:\d+}-{x1:\d+}_{y0:\d+}-{y1:\d+}_{z0:\d+}-{z1:\d+}"
@@ -506,13 +313,14 @@ class ViewServer:
 
     async def _mesh(self, request: web.Request) -> web.StreamResponse:
         vol, rel = self._volume(request), request.match_info["rel"]
-        if vol.mesh.folder is not None:  # a meshes output's files; aiohttp answers byte ranges
-            path = vol.mesh.file(rel)
+        out = vol.mesh.output
+        if out is not None and out.folder is not None:  # a meshes output's files; aiohttp answers byte ranges
+            path = _mesh_file(out.folder, rel)
             with vol._stats_lock:  # the bytes of the range asked for (as aiohttp reads the header)
                 vol.stats.mesh_files.add(len(range(*request.http_range.indices(os.path.getsize(path)))), 0.0)
             ctype = "application/json" if rel == "info" else "application/octet-stream"
             return web.FileResponse(path, headers={"Content-Type": ctype})
-        body, ctype = await in_thread(request, vol.mesh.answer, rel)
+        body, ctype = await in_thread(request, _mesh_answer, vol.mesh, rel)
         return web.Response(body=body, content_type=ctype)
 
     def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True,
@@ -521,7 +329,7 @@ class ViewServer:
 
         ``meshes``, ``mesh_budget`` and ``index`` choose its mesh source (see `ViewVolume`).
         """
-        vol = ViewVolume(dataset, labels, threads=self.threads, transcode=transcode, meshes=meshes,
+        vol = ViewVolume(dataset, labels, transcode=transcode, meshes=meshes,
                          mesh_budget=mesh_budget, index=index)
         name = name or vol.name
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):

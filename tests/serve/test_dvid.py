@@ -441,6 +441,64 @@ def test_supervoxel_queries_with_a_label_index_read_nothing_of_the_export(exp, i
         assert ds.store.bytes_read == before
 
 
+def triangles(vertices, faces) -> np.ndarray:
+    """A mesh's triangles as sorted rows of their corners (nm): comparable however the vertices
+    are numbered or shared."""
+    t = np.asarray(vertices, np.float64)[np.asarray(faces, np.int64)]  # (n, 3 corners, 3)
+    t = np.sort(t.reshape(len(t), 3, 3).view([("x", float), ("y", float), ("z", float)]).reshape(len(t), 3), axis=1)
+    t = t.view(float).reshape(len(t), 9)
+    return t[np.lexsort(t.T[::-1])]
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["multi-resolution sharded", "legacy"])
+def test_meshes_read_from_a_meshes_output_as_cloud_volume_reads_it(exp, tmp_path, legacy):
+    """``--meshes OUT``: ``<body>.ngmesh`` is the body's mesh in OUT (the finest level of the
+    multi-resolution format, Draco-decoded), triangle for triangle as cloud-volume reads it; a
+    body OUT has no mesh of is 404."""
+    pytest.importorskip("zmesh")
+    CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
+    from dvidshards.formats.multilod import decode_legacy_fragment
+    from dvidshards.jobs.meshes import meshes
+    from dvidshards.serve.meshes import MeshOutput
+
+    out = tmp_path / "m"
+    ds = dvidshards.Dataset(exp.root)
+    assert meshes(ds, out, scale=0 if legacy else 1, legacy=legacy, scheduler="serial", progress=False).ok
+    vol = exp.expected(0)
+    with serve(exp.root, meshes=str(out), port=0, threads=2) as srv:
+        kv = f"{srv.url}/api/node/{srv.api.uuid}/segmentation_meshes"
+        for b in bodies(vol, 3):
+            r = requests.get(f"{kv}/key/{b}.ngmesh", timeout=60)
+            assert r.status_code == 200
+            got = decode_legacy_fragment(r.content)
+            ref = CloudVolume(f"file://{out}", progress=False).mesh.get(b)
+            ref = ref[b] if isinstance(ref, dict) else ref  # (legacy meshes: the mesh itself)
+            assert len(got.faces) == len(ref.faces) > 0
+            np.testing.assert_allclose(triangles(got.vertices, got.faces), triangles(ref.vertices, ref.faces),
+                                       atol=0.05)
+        assert requests.get(f"{kv}/key/987654321.ngmesh", timeout=60).status_code == 404
+    if not legacy:  # the same meshes, one file pair per body (no sharding): as cloud-volume reads them
+        flat = tmp_path / "flat"
+        flat.mkdir()
+        info = json.loads((out / "mesh" / "info").read_text())
+        sharded = MeshOutput(str(out))
+        for b in bodies(vol, 3):
+            (flat / f"{b}.index").write_bytes(sharded._sharded(b)[0])
+            (flat / f"{b}").write_bytes(sharded._sharded(b)[1])
+        info.pop("sharding")
+        (flat / "info").write_text(json.dumps(info))
+        (tmp_path / "flatds").mkdir()
+        (tmp_path / "flatds" / "info").write_text(json.dumps({**json.loads((out / "info").read_text()),
+                                                               "mesh": "../flat"}))
+        for b in bodies(vol, 3):
+            got = MeshOutput(str(flat)).mesh(b)
+            ref = CloudVolume(f"file://{tmp_path / 'flatds'}", progress=False).mesh.get(b)[b]
+            np.testing.assert_allclose(triangles(got.vertices, got.faces), triangles(ref.vertices, ref.faces),
+                                       atol=0.05)
+    with pytest.raises(dvidshards.errors.SpecError, match="not a meshes output"):
+        serve(exp.root, meshes=str(tmp_path), port=0)
+
+
 # --------------------------------------------------------------------------- blocks
 
 

@@ -1,5 +1,7 @@
 """neuroglancer's own ``dvid://`` source on serve-dvid, in headless Chromium: the slices it draws
-at scales 0-2 equal the export (scale 0 held, 1-2 made by DVID's rule), and a selected body's mesh comes from the ``<instance>_meshes`` keyvalue instance."""
+at scales 0-2 equal the export (scale 0 held, 1-2 made by DVID's rule), on a synthetic export and
+on the real mCNS shard (one shard far from the origin of a 12-scale volume), and a selected
+body's mesh comes from the ``<instance>_meshes`` keyvalue instance."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from tests.serve.test_view_browser import (
     pixels,
     rgb,
 )
+from tests.support.data import REAL_SHARD
 from tests.support.downsample import by_count
 from tests.support.exports import make_export
 
@@ -28,6 +31,7 @@ ng = pytest.importorskip("neuroglancer")
 pytest.importorskip("selenium")
 pytest.importorskip("aiohttp")
 
+from dvidshards.dataset import Dataset  # noqa: E402
 from dvidshards.serve.dvid import serve  # noqa: E402
 from dvidshards.serve.view import open_browser, screenshot  # noqa: E402
 
@@ -108,15 +112,56 @@ def test_slices_at_scales_0_to_2_and_a_mesh(s0_only, browser):
             px = shown(browser, v, pos, scale)
             lab, img = expected_image(vol, 1 << k, pos, scale)
             assert lab.any() and matches(px, img).mean() > 0.99, k
-        v = dvid_viewer(srv, pos, scale=0.5, layout="3d")
-        with v.txn() as s:
-            s.layers["segmentation"].segments = {body}
-            s.projection_scale = 400
-        px = shown(browser, v, pos, 0.5)
-        colour = np.array(rgb(ng.segment_colors.hex_string_from_segment_id(0, body)))
-        meshes = srv.nodes[0].instances["segmentation_meshes"]
-        assert body in meshes._cache  # neuroglancer asked for <body>.ngmesh
-        drawn = ~(px == BACKGROUND).all(axis=-1)
-        lit = px[drawn].astype(float)  # the body's colour, shaded: the same direction in RGB
-        cos = lit @ colour / (np.linalg.norm(lit, axis=1) * np.linalg.norm(colour))
-        assert drawn.mean() > 0.01 and (cos > 0.99).mean() > 0.95
+        mesh_is_drawn(browser, srv, pos, body, 400)
+
+
+def mesh_is_drawn(drv, srv, pos, body: int, extent: float) -> None:
+    """The 3D panel with ``body`` selected shows its mesh (asked for as ``<body>.ngmesh``) in its colour."""
+    v = dvid_viewer(srv, pos, scale=0.5, layout="3d")
+    with v.txn() as s:
+        s.layers["segmentation"].segments = {body}
+        s.projection_scale = extent  # scale-0 voxels
+    px = shown(drv, v, pos, 0.5)
+    colour = np.array(rgb(ng.segment_colors.hex_string_from_segment_id(0, body)))
+    meshes = srv.nodes[0].instances["segmentation_meshes"]
+    assert meshes.source.cached(body)  # neuroglancer asked for <body>.ngmesh
+    drawn = ~(px == BACKGROUND).all(axis=-1)
+    lit = px[drawn].astype(float)  # the body's colour, shaded: the same direction in RGB
+    cos = lit @ colour / (np.linalg.norm(lit, axis=1) * np.linalg.norm(colour))
+    assert drawn.mean() > 0.01 and (cos > 0.99).mean() > 0.95
+
+
+def test_the_real_mcns_shard_as_scale_0(dvid_data, tmp_path, browser):
+    """The real shard as the only shard of scale 0 of the 12-scale mCNS spec: neuroglancer asks
+    for a chunk of every scale over the view (s11 covers the whole volume); the made scales are
+    made from the chunks the export holds, so each answers in seconds."""
+    root = tmp_path / "real"
+    (root / "s0").mkdir(parents=True)
+    (root / "s0" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s0" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    spec = str(dvid_data / "mcns-ng-specs.json")
+    ds = Dataset(str(root), spec=spec)
+    c = ds.chunks(0)
+    mid = (c.min(axis=0) + c.max(axis=0) + 1) * 64 // 2
+    lo = mid // 256 * 256  # a 256-voxel box: its scale-1 and -2 voxels are its own cells
+    box = [lo.tolist(), (lo + 256).tolist()]
+    sv = ds.read(box, scale=0, labels="supervoxels")
+    agg = ds.read(box, scale=0)
+    assert agg.any()
+    pairs = np.unique(np.stack([sv.ravel(), agg.ravel()], axis=1), axis=0)
+    pos = tuple(float(v) + 128.5 for v in lo)
+    rel = (128.5, 128.5, 128.5)
+    with serve(str(root), spec=spec, port=0, threads=2) as srv:
+        for k in (0, 1, 2):  # one pixel per voxel of scale k (at 2 ** k neuroglancer would draw scale k + 1)
+            scale = 0.5 if k == 0 else float(1 << k)
+            vol = made(sv, pairs, k)
+            v = dvid_viewer(srv, pos, scale=scale)
+            px = shown(browser, v, pos, scale)
+            _, img = expected_image(vol, 1 << k, rel, scale)
+            inside, _ = expected_image(np.ones(vol.shape, np.uint64), 1 << k, rel, scale)  # pixels of the box
+            inside = inside != 0
+            assert inside.sum() > 1000 and img[inside].any() and matches(px, img)[inside].mean() > 0.99, k
+        ids, n = np.unique(agg[agg != 0], return_counts=True)
+        body = int(ids[np.argmax(n)])  # the body with most voxels in the box, seen from its centre
+        centre = tuple(float(v) for v in lo + np.argwhere(agg == body).mean(axis=0))
+        mesh_is_drawn(browser, srv, centre, body, 600)

@@ -129,6 +129,24 @@ def test_every_scale_of_the_spec_answers_by_dvids_rule(exp, srv):
             assert got == [int(ref[k][z, y, x]) for x, y, z in pts]
 
 
+def test_a_made_chunk_needing_too_many_chunks_is_refused_naming_downsample(exp, monkeypatch):
+    """A chunk of a scale the export lacks is made from the held chunks under it (none: background,
+    nothing made); one needing more than ``MADE_LIMIT`` of them is a 400 that says to run
+    ``dvidshards downsample``, and the server goes on answering."""
+    from dvidshards.serve import dvid_volume
+
+    monkeypatch.setattr(dvid_volume, "MADE_LIMIT", 7)
+    ref = scales(exp)
+    with serve(exp.root, port=0, threads=1) as s:
+        r = requests.get(url(s, "raw/0_1_2/64_64_64/0_0_0"), params={"scale": 2}, timeout=60)  # 27 chunks of s0
+        assert r.status_code == 400 and "dvidshards downsample" in r.text and "scale 2" in r.text
+        r = requests.get(url(s, "raw/0_1_2/64_64_64/64_64_64"), params={"scale": 1}, timeout=60)  # 1 of s0
+        got = np.frombuffer(r.content, "<u8").reshape(64, 64, 64)
+        np.testing.assert_array_equal(got, box_of(ref[1], [64, 64, 64], [64, 64, 64]))
+        r = requests.get(url(s, "raw/0_1_2/64_64_64/0_0_0"), params={"scale": 1}, timeout=60)  # 8 chunks of s0
+        assert r.status_code == 400
+
+
 def test_raw_compressions_and_label_images(exp, srv):
     ref = scales(exp)[1]
     want = box_of(ref, [3, 4, 5], [40, 30, 20])
