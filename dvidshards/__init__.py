@@ -9,28 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import runtime  # noqa: F401 - installs the kernel compiler, the mapping-file cache and the fork guard
+from . import errors, runtime  # noqa: F401 - runtime installs the kernel compiler, the mapping-file cache, the fork guard
 from .bodies import Body
 from .dataset import Dataset, Scale, open
-from .errors import (
-    BlockDecodeError,
-    ChunkIndexError,
-    DvidShardsError,
-    ForkError,
-    GeometryWarning,
-    IncompleteScalesWarning,
-    IndexRebuiltWarning,
-    JobError,
-    MappingError,
-    MissingShardError,
-    NotExportedError,
-    NotFoundError,
-    OutputError,
-    OutputLockedError,
-    RemoteReadError,
-    ShardFormatError,
-    SpecError,
-)
+from .errors import *  # noqa: F403 - every error and warning type
 from .formats.codec import BlockHeader, block_header, decode_block, encode_block
 from .formats.labels import Agglomerated, Mapped, Supervoxels
 from .formats.mapping import LabelMapping
@@ -41,41 +23,9 @@ from .writer import write_export, write_shard
 _JOBS = ("JobReport", "VerifyReport", "body_stats", "convert", "downsample", "ingest", "label_index", "meshes",
          "pcg_edges", "skeletons", "verify")
 
-__all__ = [
-    *_JOBS,
-    "Agglomerated",
-    "Body",
-    "BodyIndex",
-    "BlockDecodeError",
-    "BlockHeader",
-    "ChunkIndexError",
-    "Dataset",
-    "DvidShardsError",
-    "ForkError",
-    "GeometryWarning",
-    "IncompleteScalesWarning",
-    "IndexRebuiltWarning",
-    "JobError",
-    "LabelMapping",
-    "Mapped",
-    "MappingError",
-    "MissingShardError",
-    "NotExportedError",
-    "NotFoundError",
-    "OutputError",
-    "OutputLockedError",
-    "RemoteReadError",
-    "Scale",
-    "ShardFormatError",
-    "SpecError",
-    "Supervoxels",
-    "block_header",
-    "decode_block",
-    "encode_block",
-    "open",
-    "write_export",
-    "write_shard",
-]
+__all__ = [*_JOBS, *errors.__all__, "Agglomerated", "Body", "BodyIndex", "BlockHeader", "Dataset", "LabelMapping",
+           "Mapped", "Scale", "Supervoxels", "block_header", "decode_block", "encode_block", "open", "write_export",
+           "write_shard"]
 
 __version__ = "0.1.0"
 

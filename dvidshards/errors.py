@@ -4,25 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "BlockDecodeError",
-    "ChunkIndexError",
-    "DvidShardsError",
-    "ForkError",
-    "GeometryWarning",
-    "IncompleteScalesWarning",
-    "IndexRebuiltWarning",
-    "JobError",
-    "MappingError",
-    "MissingShardError",
-    "NotExportedError",
-    "NotFoundError",
-    "OutputError",
-    "OutputLockedError",
-    "RemoteReadError",
-    "ShardFormatError",
-    "SpecError",
-]
+__all__ = ["BlockDecodeError", "ChunkIndexError", "DvidShardsError", "ForkError", "GeometryWarning",
+           "IncompleteScalesWarning", "IndexRebuiltWarning", "JobError", "MappingError", "MissingShardError",
+           "NotExportedError", "NotFoundError", "OutputError", "OutputLockedError", "RemoteReadError",
+           "ShardFormatError", "SpecError"]
 
 
 class DvidShardsError(Exception):
