@@ -22,21 +22,8 @@ import numpy as np
 from ..errors import SpecError
 from .runner import SCHEDULER_HELP
 
-__all__ = [
-    "LABELS_HELP",
-    "add_box",
-    "add_dest",
-    "add_job_options",
-    "add_labels",
-    "add_scale",
-    "add_scales",
-    "add_source",
-    "box_of",
-    "command_line",
-    "dest_of",
-    "job_options",
-    "scales_of",
-]
+__all__ = ["LABELS_HELP", "add_box", "add_dest", "add_job_options", "add_labels", "add_scale", "add_scales",
+           "add_source", "box_of", "command_line", "dest_of", "job_options", "scales_of"]
 
 LABELS_HELP = "ids written: agglomerated (default), supervoxels, or a mapping file (DVID's text or binary pairs)"
 
@@ -45,7 +32,7 @@ LABELS_HELP = "ids written: agglomerated (default), supervoxels, or a mapping fi
 
 
 def scales_of(scales: Any) -> list[int] | None:
-    """``None`` or a sorted list of distinct scale numbers from an int or a sequence of them."""
+    """``None``, or the sorted distinct scale numbers of an int or a sequence of them."""
     if scales is None:
         return None
     parts = [scales] if isinstance(scales, (int, np.integer, str)) else list(scales)
@@ -64,8 +51,8 @@ def scales_of(scales: Any) -> list[int] | None:
 
 
 def box_of(box: Any) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
-    """``None`` or ``((x0, y0, z0), (x1, y1, z1))`` from ``[[x0, y0, z0], [x1, y1, z1]]`` or six
-    numbers; the box must not be empty."""
+    """``None``, or ``((x0, y0, z0), (x1, y1, z1))`` of ``[[x0, y0, z0], [x1, y1, z1]]`` or six
+    numbers (not empty)."""
     if box is None:
         return None
     try:
@@ -87,7 +74,7 @@ def box_of(box: Any) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None
 
 
 class _Scales(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+    def __call__(self, parser: Any, namespace: Any, values: Any, _option: str | None = None) -> None:
         try:
             setattr(namespace, self.dest, scales_of(list(values)))
         except SpecError as e:
@@ -95,7 +82,7 @@ class _Scales(argparse.Action):
 
 
 class _Box(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+    def __call__(self, parser: Any, namespace: Any, values: Any, _option: str | None = None) -> None:
         if len(values) != 6:
             parser.error(f"--box takes six numbers X0 Y0 Z0 X1 Y1 Z1, got {len(values)}")
         try:
@@ -104,7 +91,7 @@ class _Box(argparse.Action):
             parser.error(str(e) if isinstance(e, SpecError) else f"--box takes six whole numbers, got {values}")
 
 
-def add_source(p, *, spec: bool = True) -> None:
+def add_source(p: Any, *, spec: bool = True) -> None:
     """``EXPORT`` (and ``--spec``)."""
     p.add_argument("source", metavar="EXPORT",
                    help="the export: a folder, gs://, s3://, http(s):// URL, or a downsample output (its source "
@@ -115,8 +102,7 @@ def add_source(p, *, spec: bool = True) -> None:
 
 
 def add_dest(p: Any, *, what: str, old: Sequence[str] = (), required: bool = True) -> None:
-    """The positional ``DEST`` (``old``: no old spelling is taken any more; the argument goes once
-    no command passes it)."""
+    """The positional ``DEST`` (``old`` goes once no command passes it)."""
     if old:
         raise ValueError(f"old spellings {list(old)} are gone: DEST is positional")
     p.add_argument("dest", metavar="DEST", nargs=None if required else "?",
@@ -133,8 +119,8 @@ def add_scales(p: Any, *, help: str = "scales to work on (default: every scale t
     p.add_argument("--scales", nargs="+", action=_Scales, default=None, metavar="K", help=help)
 
 
-def add_scale(p, *, default: int | None = 0) -> None:
-    """``--scale K`` for jobs that work on one scale."""
+def add_scale(p: Any, *, default: int | None = 0) -> None:
+    """``--scale K``."""
     p.add_argument("--scale", type=int, default=default, metavar="K",
                    help=f"scale K (folder sK){'' if default is None else f'; default {default}'}")
 
@@ -149,7 +135,7 @@ def add_box(p: Any, *, help: str = "only voxels in the box X0 Y0 Z0 X1 Y1 Z1 (vo
     p.add_argument("--box", nargs="+", action=_Box, default=None, metavar="N", help=help)
 
 
-def add_job_options(p, *, workdir: bool = True) -> None:
+def add_job_options(p: Any, *, workdir: bool = True) -> None:
     """``--scheduler``, ``--workdir``, ``--resume``, ``--overwrite``, ``--quiet``."""
     p.add_argument("--scheduler", default=None, metavar="WHERE", help=SCHEDULER_HELP)
     if workdir:
@@ -164,8 +150,8 @@ def add_job_options(p, *, workdir: bool = True) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
 
 
-def job_options(args, *, workdir: bool = True) -> dict:
-    """The keyword arguments of a job's Python function from its parsed shared options."""
+def job_options(args: Any, *, workdir: bool = True) -> dict:
+    """A job function's keyword arguments of the shared options parsed."""
     kw = {"scheduler": args.scheduler, "resume": args.resume, "overwrite": args.overwrite,
           "progress": False if getattr(args, "quiet", False) else None}
     if workdir:
@@ -174,7 +160,7 @@ def job_options(args, *, workdir: bool = True) -> dict:
 
 
 def command_line(job: str, args: Any, skip: Iterable[str] = ()) -> str:
-    """The command as given (options at their defaults left out), for the manifest."""
+    """The command as given, options at their defaults left out (for the manifest)."""
     words = ["dvidshards", job]
     hidden = {"command", "quiet", "source", "dest", *skip}
     if getattr(args, "source", None) is not None:
