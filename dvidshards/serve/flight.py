@@ -37,7 +37,6 @@ from ..sources.flight import (
 from ..sources.tables import (
     BATCH_ROWS,
     STREAM_SCHEMA,
-    TableSource,
     origins_by_shard_id,
     partition_plan,
     read_table_info,
@@ -45,6 +44,7 @@ from ..sources.tables import (
     select_rows,
     shard_ids,
 )
+from ..sources.tablesource import TableSource
 
 __all__ = ["FlightCommand", "ExportFlightServer", "add_arguments", "main", "serve"]
 

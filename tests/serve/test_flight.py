@@ -428,7 +428,7 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
-    from dvidshards.sources.tables import TableSource
+    from dvidshards.sources.tablesource import TableSource
 
     assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), [0, 1, 2])
     r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "serve-flight", str(tmp_path / "nope")],
@@ -475,7 +475,7 @@ def test_server_checks_payload_frames_before_sending(mcns, real_records, tmp_pat
 
 def test_as_record_source_and_uri_strings(synth, server, tmp_path, dvid_data):
     from dvidshards.sources import as_record_source
-    from dvidshards.sources.tables import TableSource
+    from dvidshards.sources.tablesource import TableSource
 
     assert isinstance(as_record_source(server.location), FlightSource)
     ingest(synth.root, tmp_path / "t", workers=1, scales=[2])
