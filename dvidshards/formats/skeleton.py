@@ -50,6 +50,7 @@ __all__ = [
     "Skeleton",
     "SkeletonError",
     "join_pieces",
+    "closed_faces",
     "skeletonize_block",
     "skeletonize_chunks",
 ]
@@ -277,7 +278,7 @@ def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
         labels[~keep[cc]] = 0
 
 
-def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, dust: int = 0, teasar=None,
+def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, closed=None, dust: int = 0, teasar=None,
                       object_ids=None) -> dict[int, Piece]:
     """Skeletonize every body of one block: ``{body: Piece}`` (kimimaro, ``fix_borders``).
 
@@ -292,6 +293,9 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, dust
         nm per voxel of the scale (kimimaro's anisotropy).
     core : (3,) int, optional
         The block's own extent (default: ``labels``' shape less one a side): ``Piece.count``.
+    closed : (3, 2) bool, optional
+        The cutout's (low, high) faces on each axis that are the volume's: a plane of 0 is put
+        there, so that no vertex is forced onto them (the volume ends; no block is next door).
     dust : int
         Pieces of fewer voxels that touch no face of the cutout are dropped.
     teasar : dict, optional
@@ -306,6 +310,10 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, dust
     if object_ids is not None:
         lab = fastremap.mask_except(lab, [int(b) for b in object_ids], in_place=True)
     core = np.maximum(np.asarray(lab.shape) - 1, 1) if core is None else np.asarray(core, np.int64)
+    o = np.asarray(origin, np.int64)
+    pad = np.zeros((3, 2), np.int64) if closed is None else np.asarray(closed, bool).astype(np.int64)
+    if pad.any():
+        lab, o, core = np.asfortranarray(np.pad(lab, pad)), o - pad[:, 0], core + pad[:, 0]
     ids, counts = fastremap.unique(lab[:core[0], :core[1], :core[2]], return_counts=True)
     if dust > 1:
         _drop_small_inner(lab, int(dust))
@@ -313,7 +321,7 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, dust
     skels = kimimaro.skeletonize(lab, teasar_params=dict(TEASAR if teasar is None else teasar), anisotropy=res,
                                  dust_threshold=0, fix_borders=True, fix_branching=True, progress=False,
                                  parallel=1, in_place=True)
-    out, o = {}, np.asarray(origin, np.int64)
+    out = {}
     empty = Piece(np.zeros((0, 3), np.int32), np.zeros((0, 2), np.uint32), np.zeros(0, np.float32), 0)
     for b in set(skels) | {int(i) for i in ids if i}:
         s = skels.get(b)
@@ -394,8 +402,16 @@ def _heal(nm: np.ndarray, edges: np.ndarray, radii: np.ndarray, heal_nm: float) 
 # --------------------------------------------------------------------------- one body on demand
 
 
+def closed_faces(lo, side: int, vlo, vhi) -> np.ndarray:
+    """(3, 2) bools: the faces of the cutout of the block at ``lo`` (``side`` voxels and one of its +
+    neighbours) that are the volume's [vlo, vhi): its low face where no block lies below, its high
+    face where the volume ends before the overlap voxel."""
+    lo = np.asarray(lo, np.int64)
+    return np.stack([lo <= np.asarray(vlo), lo + side + 1 > np.asarray(vhi)], axis=1)
+
+
 def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray | None], *, chunk_size,
-                       resolution, voxel_size=None, block: int = BLOCK, dust: int = 0, teasar=None,
+                       resolution, bounds=None, voxel_size=None, block: int = BLOCK, dust: int = 0, teasar=None,
                        heal_nm: float | None = None) -> Skeleton:
     """One body's skeleton from its chunks, block by block (memory: one block).
 
@@ -409,6 +425,8 @@ def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray |
         Voxels a side of a (cubic) chunk.
     resolution : (3,) float
         nm per voxel of the skeleton scale.
+    bounds : ((3,) int, (3,) int), optional
+        The volume's voxels [lo, hi) at that scale: blocks are cut there, as the job cuts them.
     voxel_size : (3,) float, optional
         nm per scale-0 voxel, for :meth:`Skeleton.swc`.
     block, dust, teasar, heal_nm :
@@ -421,19 +439,21 @@ def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray |
     cs, b = sides.pop(), int(block)
     holds = set(map(tuple, c.tolist()))  # the lists say the body is nowhere else: nothing else decoded
     pieces = []
+    vlo, vhi = (np.full(3, -(1 << 40)), np.full(3, 1 << 40)) if bounds is None else np.asarray(bounds, np.int64)
     for blk in np.unique(c // b, axis=0) if len(c) else c:
-        first = blk * b
-        cut = np.zeros((b * cs + 1,) * 3, np.uint8, order="F")
+        lo, hi = np.maximum(blk * b * cs, vlo), np.minimum((blk + 1) * b * cs + 1, vhi)
+        cut = np.zeros(hi - lo, np.uint8, order="F")
         for d in itertools.product(range(b + 1), repeat=3):
-            at = tuple(int(v) for v in first + d)
+            at = tuple(int(v) for v in blk * b + d)
             m = mask_of(at) if at in holds else None
-            if m is None:
-                continue
-            lo = np.asarray(d) * cs
-            part = np.asarray(m).T[: b * cs + 1 - lo[0], : b * cs + 1 - lo[1], : b * cs + 1 - lo[2]]
-            cut[lo[0]:lo[0] + part.shape[0], lo[1]:lo[1] + part.shape[1], lo[2]:lo[2] + part.shape[2]] = part
-        got = skeletonize_block(cut, first * cs, resolution=resolution, core=(b * cs,) * 3, dust=dust,
-                                teasar=teasar).get(1)
+            if m is not None:  # the chunk's part inside the cutout
+                o = np.asarray(at) * cs - lo
+                a, z = np.maximum(o, 0), np.minimum(o + cs, hi - lo)
+                if (z > a).all():
+                    cut[a[0]:z[0], a[1]:z[1], a[2]:z[2]] = np.asarray(m).T[a[0] - o[0]:z[0] - o[0],
+                                                                         a[1] - o[1]:z[1] - o[1], a[2] - o[2]:z[2] - o[2]]
+        got = skeletonize_block(cut, lo, resolution=resolution, core=np.minimum((blk + 1) * b * cs, vhi) - lo,
+                                closed=closed_faces(blk * b * cs, b * cs, vlo, vhi), dust=dust, teasar=teasar).get(1)
         if got is not None:
             pieces.append(got)
     return join_pieces(pieces, resolution=resolution, voxel_size=voxel_size, heal_nm=heal_nm)

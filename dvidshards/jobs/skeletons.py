@@ -58,6 +58,7 @@ from ..formats.skeleton import (
     TEASAR,
     Piece,
     Skeleton,
+    closed_faces,
     join_pieces,
     skeletonize_block,
 )
@@ -227,14 +228,14 @@ def run_task(task: CubeTask) -> dict:
     cols: dict[str, list] = {k: [] for k in ("body", "count", "voxels", "edges", "radii")}
     blocks = _blocks(task)
     side = job.block * cs
-    for b, ids in blocks:  # the block and one voxel of its + neighbours; 0 outside the volume
-        lo = b * side
-        labels = np.zeros((side + 1,) * 3, np.uint64, order="F")
-        a, z = np.maximum(lo, vlo), np.minimum(lo + side + 1, vhi)
-        labels[tuple(slice(i, j) for i, j in zip(a - lo, z - lo, strict=True))] = job.source.read(
-            [a.tolist(), z.tolist()], scale=job.scale, labels=job.labels, threads=1, fill_missing_shards=True)
-        for body, p in skeletonize_block(labels, lo, resolution=s.resolution, core=(side,) * 3, dust=job.dust,
-                                         teasar=job.teasar, object_ids=ids).items():
+    for b, ids in blocks:  # the block and one voxel of its + neighbours, inside the volume
+        lo, hi = np.maximum(b * side, vlo), np.minimum(b * side + side + 1, vhi)
+        labels = job.source.read([lo.tolist(), hi.tolist()], scale=job.scale, labels=job.labels, threads=1,
+                                 fill_missing_shards=True)
+        core = np.minimum(b * side + side, vhi) - lo
+        for body, p in skeletonize_block(labels, lo, resolution=s.resolution, core=core, dust=job.dust,
+                                         closed=closed_faces(b * side, side, vlo, vhi), teasar=job.teasar,
+                                         object_ids=ids).items():
             for k, v in (("body", body), ("count", p.count), ("voxels", p.voxels.reshape(-1)),
                          ("edges", p.edges.reshape(-1)), ("radii", p.radii)):
                 cols[k].append(v)

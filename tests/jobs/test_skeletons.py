@@ -72,7 +72,7 @@ def check(vol: np.ndarray, b: int, sk: Skeleton, res: float, dust: int) -> None:
 
 
 def whole_kimimaro(vol: np.ndarray, res: float) -> dict:
-    """kimimaro on the whole (zero-padded) volume: each body at once, vertices in nm of ``vol``."""
+    """kimimaro on the whole volume, 0 outside it: each body at once, vertices in nm of ``vol``."""
     whole = kimimaro.skeletonize(np.asfortranarray(np.pad(vol, 1)), teasar_params={"scale": 4, "const": 500},
                                  anisotropy=(res,) * 3, dust_threshold=1000, progress=False)
     for w in whole.values():
@@ -303,7 +303,8 @@ def test_one_body_on_demand_equals_the_job(neurons, output):
             return None if a is None else a == target
 
         sk = skeletonize_chunks(chunks_with(ds, [b], 0), mask, chunk_size=s.chunk_size, resolution=s.resolution,
-                                voxel_size=s.resolution, dust=DUST)
+                                bounds=(s.voxel_offset, np.add(s.voxel_offset, s.size)), voxel_size=s.resolution,
+                                dust=DUST)
         ref = job.get(b)
         assert ref is not None
         np.testing.assert_allclose(np.sort(sk.vertices, axis=0), np.sort(ref.vertices, axis=0))
