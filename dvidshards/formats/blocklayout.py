@@ -1,15 +1,11 @@
 """DVID's label block layout (FORMATS.md §1), shared by every kernel that walks a block.
 
-A block is ``u32 gx, gy, gz, N``, ``u64 labels[N]`` and, when N > 1, ``u16 nsb[gx*gy*gz]``,
-``u32 sbidx[sum(nsb)]`` and, per sub-block with nsb > 1, 512 MSB-first values of
-``ceil(log2(nsb))`` bits (always a whole number of bytes: 64 bytes per bit of width).
-
-One validation vocabulary for the decoder (`formats.codec`), the compressed_segmentation
-transcoder (`formats.cseg`), block statistics (`formats.blockstats`), the compressed-domain
-downsampler (`formats.downsample`) and sparse volumes (`formats.sparsevol`): the sizes, the
-byte readers, the validation walk in two halves (`check_head`, `check_body`, compiled, and their
-numpy twins), its error codes and one message table (`block_error`). numba does not
-bounds-check: nothing reads past what the walk approved.
+``u32 gx, gy, gz, N``, ``u64 labels[N]`` and, when N > 1, ``u16 nsb[gx*gy*gz]``, ``u32
+sbidx[sum(nsb)]`` and per sub-block with nsb > 1 512 MSB-first values of ``ceil(log2(nsb))``
+bits (64 bytes per bit of width). One vocabulary for the decoder, the transcoder, statistics,
+the downsampler and sparse volumes: sizes, byte readers, the validation walk (`check_head`,
+`check_body` and their numpy twins), its error codes and messages (`block_error`). numba does
+not bounds-check: nothing reads past what the walk approved.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ BytesLike = bytes | bytearray | memoryview | np.ndarray  # what a block or paylo
 __all__ = [
     "BITS", "BytesLike", "E_GRID", "E_IDX_RANGE", "E_IDX_TRUNC", "E_LABELS_TRUNC", "E_NLABELS", "E_NSB_BIG", "E_NSB_TRUNC", "E_OK",
     "E_OUT_SHAPE", "E_PALETTE", "E_SHORT", "E_VAL_RANGE", "E_VAL_TRUNC", "MAX_GRID", "MAX_SUBBLOCK_LABELS",
-    "NO_PALETTE", "as_u8", "assemble_block", "block_error", "body_numpy", "check_body", "check_head", "head_numpy", "read_u16",
+    "NO_PALETTE", "as_palette", "as_u8", "assemble_block", "block_error", "body_numpy", "check_body", "check_head", "head_numpy", "read_u16",
     "read_u32", "read_u64", "row_word", "values_numpy", "write_le",
 ]
 
@@ -55,9 +51,6 @@ E_VAL_TRUNC = 11  # a: bytes needed, b: len
 E_VAL_RANGE = 12  # a: sub-block, b: value
 
 NO_PALETTE = np.zeros(0, dtype=np.uint64)  # use_palette=False
-
-
-# --------------------------------------------------------------------------- byte readers
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -92,21 +85,15 @@ def row_word(data, r, b):  # type: ignore[no-untyped-def]
     return w
 
 
-# --------------------------------------------------------------------------- writing a block
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def write_le(buf, p, v, nbytes):  # type: ignore[no-untyped-def]
-    """Little-endian store of the low ``nbytes`` bytes of a non-negative int at ``buf[p]``."""
     for i in range(nbytes):
         buf[p + i] = np.uint8((v >> (8 * i)) & 255)
 
 
 @numba.njit(nogil=True, cache=True)
 def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval):  # type: ignore[no-untyped-def]
-    """A block's bytes from its parts: the grid, the first ``nlab`` labels and, for more than one
-    label, the first ``nsub`` sub-block counts, ``nidx`` indices and ``nval`` packed value bytes
-    (a solid block is its header and its one label)."""
+    """A block's bytes from its parts (a solid block is its header and one label)."""
     total = 24 if nlab == 1 else 16 + 8 * nlab + 2 * nsub + 4 * nidx + nval
     buf = np.empty(total, dtype=np.uint8)
     write_le(buf, 0, gx, 4)
@@ -130,16 +117,9 @@ def assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nva
     return buf
 
 
-# --------------------------------------------------------------------------- the validation walk
-
-
 @numba.njit(nogil=True, cache=True)
 def check_head(data):  # type: ignore[no-untyped-def]
-    """Check a block's header and label list size: (code, a, b, gx, gy, gz, N).
-
-    The first half of the validation every block walker shares (decode, transcode, statistics):
-    numba does not bounds-check, so nothing reads past what this and `check_body` approved.
-    """
+    """Check a block's header and label list size: (code, a, b, gx, gy, gz, N)."""
     n = np.int64(data.shape[0])
     zero = np.int64(0)
     if n < 16:
@@ -159,8 +139,8 @@ def check_head(data):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def check_body(data, gx, gy, gz, nlab):  # type: ignore[no-untyped-def]
-    """Check a multi-label block's sub-block counts, index array, indices < N and packed value
-    sizes: (code, a, b, offset of the counts, of the indices, of the packed values)."""
+    """Check a multi-label block's counts, index array, indices < N and packed value sizes: (code, a,
+    b, offset of the counts, of the indices, of the values)."""
     n = np.int64(data.shape[0])
     zero = np.int64(0)
     nsub = gx * gy * gz
@@ -205,8 +185,8 @@ def head_numpy(data: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
 
 def body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int
                ) -> tuple[int, int, int, Any, Any, int]:
-    """``check_body`` in numpy: (code, a, b, nsb, idx, p_val), with the sub-blocks' label
-    counts (``int64``) and index array (``<u4``) in place of their offsets (None on an error)."""
+    """``check_body`` in numpy: (code, a, b, nsb, idx, p_val), the counts (int64) and indices (<u4)
+    in place of their offsets (None on an error)."""
     n = int(data.shape[0])
     nsub = gx * gy * gz
     p_nsb = 16 + 8 * nlab
@@ -232,20 +212,16 @@ def body_numpy(data: np.ndarray, gx: int, gy: int, gz: int, nlab: int
 
 
 def values_numpy(data: np.ndarray, q: np.ndarray, bits: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The packed values of sub-blocks, grouped by bit width: yields (b, positions, values) with
-    ``values`` (len(positions), 512) ``int64`` for the sub-blocks ``q[positions]`` (their value
-    offsets) of ``b`` bits (0-bit sub-blocks are skipped)."""
+    """The packed values of sub-blocks ``q`` (value offsets) grouped by width: (b, positions,
+    values (len(positions), 512) int64), 0-bit sub-blocks skipped."""
     for b in np.unique(bits[bits > 0]).tolist():
         sel = np.flatnonzero(bits == b)
         raw = data[q[sel][:, None] + np.arange(64 * b)]
         yield b, sel, np.unpackbits(raw, axis=1).reshape(sel.size, 512, b) @ (1 << np.arange(b - 1, -1, -1))
 
 
-# --------------------------------------------------------------------------- errors
-
-
 def block_error(code: int, a: int, b: int, data: BytesLike, out: Any) -> BlockDecodeError:
-    """Turn a kernel error code into an exception with a readable message."""
+    """The exception, with a readable message, of a kernel error code."""
     if code == E_SHORT:
         return BlockDecodeError(f"block is {a} bytes, shorter than the 16-byte header")
     if bytes(data[:4]) == b"\x28\xb5\x2f\xfd":
@@ -285,8 +261,20 @@ def block_error(code: int, a: int, b: int, data: BytesLike, out: Any) -> BlockDe
     return BlockDecodeError(f"unknown block decode error {code}")
 
 
+def as_palette(palette: Any) -> np.ndarray:
+    """A palette as 1-D C-contiguous uint64; BlockDecodeError for other values or shapes."""
+    p = np.asarray(palette)
+    if p.dtype != np.uint64:
+        if p.dtype.kind not in "ui" or (p.size and p.min() < 0):
+            raise BlockDecodeError(f"palette must hold uint64 values, got {p.dtype}")
+        p = p.astype(np.uint64)
+    if p.ndim != 1:
+        raise BlockDecodeError(f"palette must be 1-D, got shape {p.shape}")
+    return np.ascontiguousarray(p)
+
+
 def as_u8(data: BytesLike) -> np.ndarray:
-    """A bytes-like object or uint8 array as a contiguous 1-D uint8 view (copied only if strided)."""
+    """Bytes-like or uint8 data as a contiguous 1-D uint8 view (copied only if strided)."""
     if isinstance(data, np.ndarray):
         if data.dtype != np.uint8:
             raise BlockDecodeError(f"block data must be uint8, got {data.dtype}")

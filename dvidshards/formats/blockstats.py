@@ -1,17 +1,11 @@
-"""Per-label voxel counts and bounding boxes of a DVID label block, without writing voxels.
+"""Per-label voxel counts and bounding boxes of DVID label blocks, writing no voxels.
 
-The block (FORMATS.md §1) is validated like the decoder validates it, then read sub-block by
-sub-block. A sub-block listing one label adds its whole 8³ (cropped to the extent) to that
-label; a sub-block listing none adds to the implicit background. A mixed sub-block is a run
-of packed indices: every value adds one voxel to its local label and sets the x, y and z bits
-of that label's 24-bit presence mask (one OR per voxel); at the end of the sub-block the
-local counts go to the block-label indices the sub-block lists, and each mask gives the exact
-voxel box (first and last set bit per axis). 1-bit sub-blocks are counted a row at a time
-(8 voxels per popcount).
-
-Results are per entry of the block label list, plus one last entry for the voxels of empty
-sub-blocks (nsb = 0, label 0 but not listed). Voxels beyond ``extent`` (the part of an edge
-chunk outside the volume) are not counted. The kernel releases the GIL.
+Blocks (FORMATS.md §1) are validated as the decoder does, then read sub-block by sub-block: one
+listed label adds its whole (cropped) 8³, none adds to the implicit background; in a mixed one
+every packed value adds a voxel to its local label and ORs the x, y and z bits of that label's
+24-bit presence mask, giving the exact box at the sub-block's end (1-bit sub-blocks a row per
+popcount, 2-3 bits lane-parallel). Results are per label-list entry plus one last entry for the
+voxels of empty sub-blocks (label 0, not listed); voxels beyond the extent are not counted.
 """
 
 from __future__ import annotations
@@ -93,7 +87,6 @@ def _flush_local(lcnt, lmask, c, data, start, counts, boxes, x0, y0, z0, first, 
 
 @intrinsic
 def _popcount(typingctx, x):  # type: ignore[no-untyped-def]
-    """Number of set bits of an int64 (llvm.ctpop)."""
     sig = types.int64(types.int64)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -109,11 +102,8 @@ _HI2 = np.int64(0xAAAAAAAAAAAAAAAA - (1 << 64))  # 2 * _LO2 as int64
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _rows_mask(a, rows, rowbits, rev8):  # type: ignore[no-untyped-def]
-    """x and y masks of lane bits ``a``: ``rows`` rows of 8 lanes, row 0 in the top bits.
-
-    ``rowbits`` is the bits per row (8 for 1-bit lanes, 16 for 2-bit lanes; then only the low
-    bit of each lane may be set). Returns ``x | y << 8`` for rows 0..rows-1.
-    """
+    """x | y << 8 masks of ``rows`` rows of 8 lanes in ``a`` (row 0 in the top bits; ``rowbits`` 8
+    for 1-bit lanes, 16 for 2-bit lanes whose low bits only may be set)."""
     f = np.int64(0)
     ym = np.int64(0)
     full = (np.int64(1) << rowbits) - 1
@@ -217,15 +207,10 @@ def _sub2(data, q, c, lcnt, lmask, rev8):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _swar(data, q, lcnt, lmask, acc, zm, b, c):  # type: ignore[no-untyped-def]
-    """A whole sub-block of b = 1, 2 or 3 bits (a literal), c <= 2**b labels, lane-parallel.
-
-    The packed values are read G rows at a time (G = 8, 4, 2: one 64- or 48-bit word of
-    L = 8G lanes, big-endian so lanes stay contiguous). For each local label k the lanes
-    equal to k are those where ``w ^ (k * lo)`` has no bit set: one OR of the b shifted
-    copies, one AND, one popcount. The lanes matched are OR-ed per group position over the
-    8 z-planes; x and y follow from them at the end, z from which planes matched.
-    Returns True if a value >= c (lanes matching no label).
-    """
+    """A whole sub-block of b = 1, 2 or 3 bits (a literal), c <= 2**b labels, lane-parallel: G = 8, 4,
+    2 rows per 64- or 48-bit word (big-endian: lanes contiguous); the lanes equal to k are where
+    ``w ^ (k * lo)`` has no bit set (an OR of b shifted copies, an AND, a popcount), OR-ed per
+    position over the z-planes. True if a value >= c."""
     g = 8 if b == 1 else (4 if b == 2 else 2)  # rows per word
     nl = 8 * g  # lanes per word
     nbits = b * nl
@@ -318,7 +303,7 @@ def _full_mixed9(data, q, lcnt, lmask, c):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):  # type: ignore[no-untyped-def]
-    """Validate, then count voxels in [l, h); returns (code, a, b). counts/boxes: N+1 rows."""
+    """Validate, then count voxels in [l, h) into counts/boxes (N+1 rows); (code, a, b)."""
     return _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
 
 
@@ -446,7 +431,7 @@ _MIXED_BATCH = 4096  # sub-blocks handled at once by the fallback (at most 16 Mi
 
 
 def _check_args(data: Any, counts: Any, boxes: Any, *tables: Any) -> None:
-    """Refuse what the kernel's signature refuses (block_stats_into names the fault)."""
+    """Refuse what the kernel's signature refuses."""
     ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.c_contiguous
     for a, ndim, out in ((counts, 1, True), (boxes, 2, True), *((t, 1, False) for t in tables)):
         ok = ok and isinstance(a, np.ndarray) and a.dtype == _I64 and a.ndim == ndim and a.flags.c_contiguous \
@@ -463,13 +448,9 @@ def _add_boxes(boxes: Any, g: Any, x0: Any, y0: Any, z0: Any, x1: Any, y1: Any, 
 
 
 def _stats_numpy(data: Any, lx: Any, ly: Any, lz: Any, hx: Any, hy: Any, hz: Any, counts: Any, boxes: Any, first: Any, last: Any, rev8: Any) -> Any:
-    """``_stats_kernel`` in numpy: the same checks in the same order, the same codes, counts and boxes.
-
-    Answers while the kernel compiles (formats.jit), so a fresh worker's first stats task, or a
-    notebook's first ``body(...).size``, does not wait ~12 CPU-s for numba. Solid sub-blocks add
-    their cropped volume and box; mixed ones are unpacked (a bounded number at a time, in the
-    kernel's order, so the first bad value found is the kernel's) and counted voxel by voxel.
-    """
+    """``_stats_kernel`` in numpy (same checks, codes, counts and boxes; a fresh worker's first stats
+    task does not wait ~12 CPU-s for numba): mixed sub-blocks unpacked a bounded number at a time in
+    the kernel's order, so the first bad value is the kernel's."""
     _check_args(data, counts, boxes, first, last, rev8)
     code, a, b, gx, gy, gz, nlab = head_numpy(data)
     if code:
@@ -537,8 +518,6 @@ def _stats_numpy(data: Any, lx: Any, ly: Any, lz: Any, hx: Any, hy: Any, hz: Any
     return E_OK, 0, 0
 
 
-# one signature for every call; until it is compiled (or loaded from numba's cache) in the
-# background, the numpy version answers
 _kernel = jit.kernel(_stats_kernel, [_SIG.args], _stats_numpy, exclusive=True)
 
 
@@ -547,10 +526,8 @@ _E_LIST = 101  # a: the record's list length, b: the block's N
 
 @numba.njit(nogil=True, cache=True)
 def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):  # type: ignore[no-untyped-def]
-    """Count many blocks (block k = buf[offs[k]:offs[k+1]]); one row per entry with voxels.
-
-    Returns (code, a, b, k, block, entry, label, voxels, boxes): on error, the code of block k.
-    """
+    """Count many blocks (block k = buf[offs[k]:offs[k+1]]): (code, a, b, k, block, entry, label,
+    voxels, boxes), one row per entry with voxels; on an error, block k's code."""
     n = offs.shape[0] - 1
     total = np.int64(0)
     most = np.int64(0)
@@ -601,7 +578,7 @@ def _batch_kernel(buf, offs, lo, hi, nlists, first, last, rev8):  # type: ignore
 
 
 def _batch_numpy(buf: Any, offs: Any, lo: Any, hi: Any, nlists: Any, first: Any, last: Any, rev8: Any) -> Any:
-    """``_batch_kernel`` block by block through ``_stats_numpy``: the same rows, the same codes."""
+    """``_batch_kernel`` block by block through ``_stats_numpy``."""
     _check_args(buf, offs, np.zeros((0, 6), np.int64), nlists, first, last, rev8)
     for a in (lo, hi):
         if not (isinstance(a, np.ndarray) and a.dtype == _I64 and a.ndim == 2 and a.flags.c_contiguous):
@@ -635,7 +612,7 @@ _batch = jit.kernel(_batch_kernel, [_BATCH_SIG], _batch_numpy, exclusive=True)
 
 
 class BlockError(BlockDecodeError):
-    """A block of a batch is malformed; ``index`` is its position in the batch."""
+    """A block of a batch is malformed; ``index`` is its position."""
 
     def __init__(self, message: str, index: int, list_mismatch: bool = False) -> None:
         super().__init__(message)
@@ -645,7 +622,7 @@ class BlockError(BlockDecodeError):
 
 def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 nlists: np.ndarray) -> Any:
-    """Counts and boxes of many blocks at once (one compiled loop, no per-block Python).
+    """Counts and boxes of many blocks in one compiled loop.
 
     Parameters
     ----------
@@ -654,21 +631,20 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
     offsets : numpy.ndarray
         ``int64`` (n + 1,): block k is ``buf[offsets[k]:offsets[k + 1]]``.
     lo, hi : numpy.ndarray
-        ``int64`` (n, 3): count only voxels in [lo, hi) (x, y, z within the block).
+        ``int64`` (n, 3): count voxels in [lo, hi) (x, y, z within the block).
     nlists : numpy.ndarray
-        ``int64`` (n,): the length each block's label list must have (the record's lists).
+        ``int64`` (n,): the label-list length each block must have (its record's).
 
     Returns
     -------
     tuple of numpy.ndarray
-        ``(block, entry, label, voxels, boxes)``, one row per label-list entry holding voxels:
-        block index, entry index, the entry's label (``uint64``), voxels, and (x0, y0, z0, x1,
-        y1, z1) within the block. Background of empty sub-blocks is not reported.
+        ``(block, entry, label, voxels, boxes)``, a row per label-list entry holding voxels, boxes
+        (x0, y0, z0, x1, y1, z1) within the block; empty sub-blocks' background is not reported.
 
     Raises
     ------
     BlockError
-        For the first malformed block (``.index``); the message is the decoder's.
+        For the first malformed block (``.index``), with the decoder's message.
     """
     offsets = np.ascontiguousarray(offsets, np.int64)
     n = offsets.shape[0] - 1
@@ -696,21 +672,16 @@ def block_stats_into(data_u8: np.ndarray, lo: Any, hi: Any, counts: np.ndarray, 
     data_u8 : numpy.ndarray
         The uncompressed block, 1-D C-contiguous ``uint8``.
     lo, hi : tuple of 3 int
-        Count only voxels (x, y, z) with ``lo <= v < hi``, in voxels within the block (the part
-        of an edge chunk inside the volume, or of a chunk inside a box). ``hi`` is clipped to
-        the block.
+        Count voxels (x, y, z) in [lo, hi) within the block (``hi`` clipped to it).
     counts : numpy.ndarray
-        ``int64`` of length N + 1 (N = block label list length): voxels are added per entry;
-        the last entry takes the voxels of empty sub-blocks.
+        ``int64`` (N + 1,): voxels added per label-list entry, the last for empty sub-blocks.
     boxes : numpy.ndarray
-        ``int64`` (N + 1, 6) of (x0, y0, z0, x1, y1, z1), updated by min/max: initialise
-        lows to a large value and highs to -1 (an entry that stays so holds no voxel).
+        ``int64`` (N + 1, 6) (x0, y0, z0, x1, y1, z1), min/max-updated (`new_accumulators`).
 
     Raises
     ------
     BlockDecodeError
-        If the block is malformed (as :func:`~dvidshards.formats.codec.decode_block` would
-        report it) or the arrays do not fit it.
+        If the block is malformed or the arrays do not fit it.
     """
     lx, ly, lz = (int(v) for v in lo)
     hx, hy, hz = (int(v) for v in hi)
@@ -730,7 +701,7 @@ def block_stats_into(data_u8: np.ndarray, lo: Any, hi: Any, counts: np.ndarray, 
 
 
 def new_accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed ``counts`` (N+1,) and empty ``boxes`` (N+1, 6) for :func:`block_stats_into`."""
+    """Zeroed ``counts`` (N+1,) and empty ``boxes`` (N+1, 6) for `block_stats_into`."""
     counts = np.zeros(nlab + 1, dtype=np.int64)
     boxes = np.empty((nlab + 1, 6), dtype=np.int64)
     boxes[:, :3] = _BIG
@@ -743,22 +714,9 @@ def _u32_at(d: np.ndarray, p: int) -> int:
 
 
 class BlockStats:
-    """Voxel counts and exact boxes of one block, per entry of its label list.
-
-    Attributes
-    ----------
-    labels : numpy.ndarray
-        ``uint64`` block label list (N entries).
-    counts : numpy.ndarray
-        ``int64`` (N,) voxels per entry (0 for entries with no voxel inside the extent).
-    boxes : numpy.ndarray
-        ``int64`` (N, 6) of (x0, y0, z0, x1, y1, z1) voxels within the block, upper bounds
-        exclusive; all zeros where ``counts`` is 0.
-    background : int
-        Voxels of empty sub-blocks (label 0 though not listed).
-    background_box : tuple of 6 int
-        Their box, all zeros when there are none.
-    """
+    """Voxel counts and exact boxes of one block per label-list entry: ``labels`` (N,), ``counts``
+    (N,), ``boxes`` (N, 6) (x0, y0, z0, x1, y1, z1) within the block (zeros where no voxel), and the
+    ``background`` voxels of empty sub-blocks with their ``background_box``."""
 
     __slots__ = ("labels", "counts", "boxes", "background", "background_box")
 
@@ -771,28 +729,8 @@ class BlockStats:
 
 
 def block_stats(data: Any, extent: Any = None, *, lo: Any = (0, 0, 0)) -> BlockStats:
-    """Count the voxels of each block-label entry and find its exact box, writing no voxels.
-
-    Parameters
-    ----------
-    data : bytes, bytearray, memoryview or numpy.ndarray
-        The uncompressed DVID block (FORMATS.md §1).
-    extent : tuple of 3 int, optional
-        Count only voxels below these (x, y, z), for a chunk cropped by the volume edge;
-        default: the whole block.
-    lo : tuple of 3 int
-        Count only voxels at or above these (x, y, z).
-
-    Returns
-    -------
-    BlockStats
-        Per entry of the label list: voxels and box (x, y, z order, voxels within the block).
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed.
-    """
+    """`BlockStats` of one block, voxels in [lo, extent) (default: the whole block);
+    BlockDecodeError when it is malformed."""
     d = as_u8(data)
     if d.shape[0] < 16:
         raise block_error(E_SHORT, d.shape[0], 0, d, None)

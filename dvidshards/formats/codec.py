@@ -1,12 +1,11 @@
-"""DVID label-block codec (FORMATS.md §1): decode and encode compressed label blocks.
+"""DVID label-block codec (FORMATS.md §1): decode and encode label blocks.
 
-The layout, its validation walk and its error messages are `formats.blocklayout`. Decoding validates every size, count and index first (numba does not bounds-check), then
-writes sub-block by sub-block. A row of 8 x-voxels at b bits is exactly b bytes: it is read
-as one big-endian word and split. When x is contiguous in ``out`` and the sub-block is whole,
-sub-blocks with 0-1 labels or 1-3 bit values (99.9% of the real mCNS ones) are written with one
-8-lane vector store per row (values picked by a select tree in LLVM vector IR); wider values
-use a per-sub-block lookup table, one load and one store per voxel, and cropped or strided
-outputs a general scalar path. The kernels release the GIL.
+The layout, its validation walk and its messages are `formats.blocklayout`; the decoder
+validates every size, count and index first (numba does not bounds-check), then writes sub-block
+by sub-block. A row of 8 voxels at b bits is b bytes, read as one big-endian word. With x
+contiguous in ``out`` and a whole sub-block, 0-1 labels and 1-3 bit values (99.9 % of real mCNS
+sub-blocks) take one 8-lane vector store per row (a select tree in LLVM vector IR); wider values
+a lookup table, cropped or strided outputs a scalar path. The kernels release the GIL.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from .blocklayout import (
     MAX_GRID,
     MAX_SUBBLOCK_LABELS,
     NO_PALETTE,
+    as_palette,
     as_u8,
     assemble_block,
     block_error,
@@ -67,9 +67,6 @@ _U8 = np.dtype(np.uint8)
 _U64 = np.dtype(np.uint64)
 
 
-# --------------------------------------------------------------------------- decode kernel
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def _row_value(data, r, w, b, x):  # type: ignore[no-untyped-def]
     if b <= 8:
@@ -81,12 +78,8 @@ def _row_value(data, r, w, b, x):  # type: ignore[no-untyped-def]
 
 @intrinsic
 def _store_row(typingctx, out, z, y, x, w, ents, c):  # type: ignore[no-untyped-def]
-    """Store 8 voxels out[z, y, x:x+8] (x stride must be 8 bytes) as one vector.
-
-    ``ents`` is a tuple of 2**B uint64 values; the 8 values are the B-bit fields of ``w``
-    (MSB first), each chosen from ``ents`` by a select tree (portable LLVM vector code).
-    Returns a non-zero int if a field is >= c.
-    """
+    """Store out[z, y, x:x+8] (x stride 8 bytes) as one vector: the B-bit fields of ``w`` (MSB
+    first) picked from the 2**B ``ents`` by a select tree; non-zero if a field is >= c."""
     nl = len(ents)
     nbits = nl.bit_length() - 1
     sig = types.int64(out, z, y, x, w, ents, c)
@@ -149,10 +142,8 @@ def _vec_rows(data, q, out, z0, y0, x0, b, ents, c):  # type: ignore[no-untyped-
 
 @numba.njit(nogil=True, cache=True)
 def _full_rows_any(data, q, lut, out, z0, y0, x0, b, c, check):  # type: ignore[no-untyped-def]
-    # a whole 8x8x8 sub-block of b <= 8 bits, any strides; True if a value >= c.  One compiled
-    # body for every width (b at run time): sub-blocks wider than 3 bits are rare (0.1 % of
-    # real ones) and the vector path covers 0-3 bits, so unrolling per width bought nothing
-    # but compile time
+    # a whole sub-block of b <= 8 bits, any strides; True if a value >= c. b at run time: wider
+    # than 3 bits is 0.1 % of real sub-blocks, so unrolling per width bought only compile time
     mask = (np.int64(1) << b) - 1
     bad = False
     for z in range(8):
@@ -192,7 +183,7 @@ def _full_rows9(data, q, lut, out, z0, y0, x0, c, check):  # type: ignore[no-unt
 
 @numba.njit(nogil=True, cache=True)
 def _decode_kernel(data, pal, use_pal, out):  # type: ignore[no-untyped-def]
-    """Validate the whole block, then decode it into ``out``; returns (code, a, b)."""
+    """Validate the whole block, then decode it into ``out``; (code, a, b)."""
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
     if code != E_OK:
@@ -301,9 +292,8 @@ def _decode_kernel(data, pal, use_pal, out):  # type: ignore[no-untyped-def]
     return E_OK, zero, zero
 
 
-# One compiled version per kernel, typed for any output strides ('A' layout): C-, F- and
-# arbitrarily strided outputs (and writable inputs) all convert to it, so no call ever triggers
-# a new compilation. Compiled (or loaded from numba's cache) on first use, not at import.
+# one signature for any output strides ('A'): C, F, strided outputs and writable inputs all
+# convert to it, so no call compiles again
 _DECODE_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
     types.Array(types.uint8, 1, "C", readonly=True),
     types.Array(types.uint64, 1, "C", readonly=True),
@@ -316,12 +306,9 @@ _ENCODE_SIG = types.Array(types.uint8, 1, "C")(
 
 
 def _decode_numpy(data: Any, pal: Any, use_pal: Any, out: np.ndarray) -> Any:
-    """``_decode_kernel`` in numpy: the same checks in the same order, the same codes and voxels.
-
-    Used until the kernel is compiled (formats.jit): a few ms per 64³ block instead of a
-    compile of ~8 s. On a damaged block ``out`` is left untouched (the kernel may have written
-    the sub-blocks before the damage: callers treat ``out`` as undefined after an error).
-    """
+    """``_decode_kernel`` in numpy (same checks, codes and voxels; a few ms per 64³ block instead of
+    a ~8 s compile). On a damaged block ``out`` is left untouched, where the kernel may have written
+    the sub-blocks before the damage: ``out`` is undefined after an error."""
     for a, dtype, ndim in ((data, _U8, 1), (pal, _U64, 1), (out, _U64, 3)):
         # the arguments numba's signature accepts, and nothing else (decode_into names the fault)
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or (
@@ -373,11 +360,7 @@ def _decode_numpy(data: Any, pal: Any, use_pal: Any, out: np.ndarray) -> Any:
     return E_OK, 0, 0
 
 
-# the first decodes run _decode_numpy while a background thread compiles the kernel (formats.jit)
 decode_kernel = jit.kernel(_decode_kernel, [_DECODE_SIG.args], _decode_numpy, exclusive=True)
-
-
-# --------------------------------------------------------------------------- a row of blocks
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -394,14 +377,10 @@ def _band(data, r, out, z, y0, x, b, ents, c):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _row_kernel(data, offs, pal, poffs, use_pal, out):  # type: ignore[no-untyped-def]
-    """Decode k x-adjacent blocks into ``out`` (z, y, x) = (8gz, 8gy, 8gx * k) in memory order.
-
-    Every block is validated and its sub-blocks' label tables are built first; the voxels are
-    then written z by z and y by y across all k blocks, so that an F-ordered output is written
-    sequentially (4 KB rows for 8 blocks of 64³) instead of one 64³ block at a time, which
-    costs ~1.6x as much memory traffic. Returns (code, a, b, block) for the first damaged block
-    (the caller then decodes block by block to report it).
-    """
+    """Decode k x-adjacent blocks into ``out`` (8gz, 8gy, 8gx * k): all validated and their label
+    tables built first, then voxels written z by z, y by y across the k blocks, so an F-ordered
+    output is written sequentially (~1.6x less memory traffic than block by block). Returns (code,
+    a, b, block) for the first damaged block."""
     zero = np.int64(0)
     k = offs.shape[0] - 1
     gx = np.int64(out.shape[2]) // (8 * k) if k > 0 else zero
@@ -504,7 +483,7 @@ def _row_kernel(data, offs, pal, poffs, use_pal, out):  # type: ignore[no-untype
 
 
 def _row_fallback(data: Any, offs: Any, pal: Any, poffs: Any, use_pal: Any, out: np.ndarray) -> Any:
-    """``_row_kernel`` block by block through the one-block decoder (compiled or its fallback)."""
+    """``_row_kernel`` block by block through the one-block decoder."""
     k = offs.shape[0] - 1
     if k < 1 or out.shape[2] % (8 * k) or out.shape[1] % 8 or out.shape[0] % 8 or poffs.shape[0] != k + 1 \
             or out.strides[2] != 8:
@@ -535,16 +514,13 @@ _row = jit.kernel(_row_kernel, [_ROW_SIG], _row_fallback, exclusive=True)
 
 def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | None, poffs: np.ndarray | None,
                     out: np.ndarray) -> bool:
-    """Decode k whole blocks that lie side by side along x into ``out``, row by row.
+    """Decode k whole blocks lying side by side along x into ``out``, row by row (the bulk reader's
+    hot path: F-ordered output written in memory order).
 
-    ``data[offs[i]:offs[i + 1]]`` is block i; with a palette, ``palette[poffs[i]:poffs[i + 1]]``
-    is its palette. ``out`` is a (z, y, x) view with x contiguous (8-byte stride) of exactly k
-    blocks' voxels along x. Writing z- and y-rows across all k blocks turns the writes into an
-    F-ordered output's memory order (the bulk reader's hot path).
-
-    Returns True on success. False when a block is damaged or does not fit ``out`` (``out`` is
-    then partly written): the caller decodes the blocks one by one with ``decode_into``, whose
-    typed error names the damage.
+    ``data[offs[i]:offs[i + 1]]`` is block i, ``palette[poffs[i]:poffs[i + 1]]`` its palette;
+    ``out`` is (z, y, x) with an 8-byte x stride, exactly k blocks wide. False when a block is
+    damaged or does not fit (``out`` then partly written): decode them with `decode_into`, whose
+    error names the damage.
     """
     use_pal = palette is not None
     try:
@@ -555,9 +531,6 @@ def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | No
     return int(code) == E_OK
 
 
-# --------------------------------------------------------------------------- public decode
-
-
 def decode_into(data_u8: Any, palette: Any, out: np.ndarray) -> None:
     """Decode one DVID block into a preallocated array (the low-overhead entry point).
 
@@ -566,17 +539,16 @@ def decode_into(data_u8: Any, palette: Any, out: np.ndarray) -> None:
     data_u8 : numpy.ndarray
         The uncompressed block, 1-D C-contiguous ``uint8``.
     palette : numpy.ndarray or None
-        1-D C-contiguous ``uint64`` array of length N (the block label list length):
-        voxel = ``palette[v]``. None uses the block's own label list.
+        1-D C-contiguous ``uint64``, one per block label (voxel = ``palette[v]``); None: the
+        block's own labels.
     out : numpy.ndarray
-        Writable 3-D ``uint64`` (z, y, x) array of any strides, no larger than the block along
-        any axis; only the voxels that fit are decoded.
+        Writable 3-D ``uint64`` (z, y, x) of any strides, no larger than the block on any axis.
 
     Raises
     ------
     BlockDecodeError
-        If the block is malformed or an argument has the wrong type, dtype or shape. ``out``
-        may then be partly written.
+        If the block is malformed or an argument has the wrong type, dtype or shape (``out`` may
+        then be partly written).
     """
     try:
         if palette is None:
@@ -616,21 +588,19 @@ def decode_block(data: Any, palette: Any = None, out: np.ndarray | None = None) 
 
     Parameters
     ----------
-    data : bytes, bytearray, memoryview or numpy.ndarray
-        The uncompressed block (FORMATS.md §1); numpy input must be ``uint8``.
+    data : bytes-like or numpy.ndarray of uint8
+        The uncompressed block (FORMATS.md §1).
     palette : array_like, optional
-        ``uint64`` values, one per entry of the block label list: voxel = ``palette[v]``.
-        Default: the block's own label list (supervoxel ids).
+        ``uint64`` per block label: voxel = ``palette[v]``. Default: the block's own labels.
     out : numpy.ndarray, optional
-        3-D ``uint64`` destination of any strides; may be cropped to fewer voxels than the
-        block along any axis (then only what fits is decoded). Without it, an array of the
-        shape the header declares is allocated (up to 1024³ voxels, 8 GiB, for a hostile
-        24-byte block): pass ``out`` to bound memory on untrusted input.
+        3-D ``uint64`` destination of any strides, possibly smaller than the block (only what fits
+        is decoded). Without it the header's shape is allocated (up to 8 GiB for a hostile 24-byte
+        block): pass ``out`` on untrusted input.
 
     Returns
     -------
     numpy.ndarray
-        ``out`` if given, else a new C-ordered array of the block shape (nz, ny, nx).
+        ``out``, or a new C-ordered array of the block's shape.
 
     Raises
     ------
@@ -639,14 +609,7 @@ def decode_block(data: Any, palette: Any = None, out: np.ndarray | None = None) 
     """
     d = as_u8(data)
     if palette is not None:
-        palette = np.asarray(palette)
-        if palette.dtype != np.uint64:
-            if palette.dtype.kind not in "ui" or (palette.size and palette.min() < 0):
-                raise BlockDecodeError(f"palette must hold uint64 values, got {palette.dtype}")
-            palette = palette.astype(np.uint64)
-        if palette.ndim != 1:
-            raise BlockDecodeError(f"palette must be 1-D, got shape {palette.shape}")
-        palette = np.ascontiguousarray(palette)
+        palette = as_palette(palette)
     if out is None:
         if d.shape[0] < 16:
             raise BlockDecodeError(f"block is {d.shape[0]} bytes, shorter than the 16-byte header")
@@ -658,17 +621,11 @@ def decode_block(data: Any, palette: Any = None, out: np.ndarray | None = None) 
     return out
 
 
-# --------------------------------------------------------------------------- header
-
-
 @dataclass(frozen=True)
 class BlockHeader:
-    """What a block declares, read without decoding voxels.
-
-    ``grid`` is (gz, gy, gx) sub-blocks, ``shape`` (nz, ny, nx) voxels, ``num_labels`` N,
-    ``labels`` a read-only zero-copy ``uint64`` view of the block label list, and ``nbytes``
-    the size the encoding declares (trailing bytes beyond it are padding).
-    """
+    """What a block declares, read without decoding voxels: ``grid`` (gz, gy, gx) sub-blocks,
+    ``shape`` (nz, ny, nx) voxels, N labels (``labels``: a read-only view of the label list) and
+    ``nbytes``, the size the encoding declares (bytes beyond it are padding)."""
 
     grid: tuple[int, int, int]
     shape: tuple[int, int, int]
@@ -678,24 +635,8 @@ class BlockHeader:
 
 
 def block_header(data: Any) -> BlockHeader:
-    """Read and size-check a DVID block's header and label list.
-
-    Parameters
-    ----------
-    data : bytes, bytearray, memoryview or numpy.ndarray
-        The uncompressed block.
-
-    Returns
-    -------
-    BlockHeader
-        Grid, shape, N, the label list (a read-only view into ``data``) and the declared size.
-
-    Raises
-    ------
-    BlockDecodeError
-        If the header is invalid or the declared data (label list, sub-block counts, indices
-        and packed values) do not fit in ``data``. Index values are checked by the decoder.
-    """
+    """The `BlockHeader` of a DVID block; BlockDecodeError when the header is invalid or what it
+    declares does not fit ``data`` (index values are the decoder's to check)."""
     d = as_u8(data)
     n = d.shape[0]
     if n < 16:
@@ -730,14 +671,14 @@ def block_header(data: Any) -> BlockHeader:
     )
 
 
-# --------------------------------------------------------------------------- encode
-
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
 @numba.njit(nogil=True, cache=True)
 def _encode_subblock(vol, z0, y0, x0, sb, lkeys, lstamp, lidx, loc, vbuf):  # type: ignore[no-untyped-def]
     # distinct labels of one sub-block in first-appearance order -> loc[:cnt]; local indices -> vbuf
+    """Distinct labels of one sub-block in first-appearance order into ``loc`` (their count
+    returned), local indices into ``vbuf``."""
     m = lkeys.shape[0] - 1
     cnt = 0
     k = 0
@@ -770,7 +711,7 @@ def _encode_kernel(vol, sort_subblocks):  # type: ignore[no-untyped-def]
     gz, gy, gx = nz // 8, ny // 8, nx // 8
     nsub = gz * gy * gx
 
-    # per-sub-block table (1024 slots, stamped with the sub-block number instead of cleared)
+    # per-sub-block table, stamped with the sub-block number instead of cleared
     lkeys = np.zeros(1024, dtype=np.uint64)
     lstamp = np.full(1024, -1, dtype=np.int64)
     lidx = np.zeros(1024, dtype=np.int64)
@@ -851,17 +792,9 @@ def _encode_kernel(vol, sort_subblocks):  # type: ignore[no-untyped-def]
     return assemble_block(gx, gy, gz, labels, nlab, nsb, nsub, sbidx, nidx, values, nval)
 
 
-
-
 def _encode_numpy(vol: Any, sort_subblocks: Any) -> Any:
-    """``_encode_kernel`` in numpy: the same bytes.
-
-    Answers while the kernel compiles (formats.jit), so a fresh install's first ``write_export``
-    (the demo's, say) does not wait for numba. Per sub-block, a stable sort finds the distinct
-    labels and where each first appears; their local order is that of first appearance (or of the
-    labels, ``sort_subblocks``); the block list is the order of first appearance in the stream of
-    sub-block lists; values are packed MSB-first, ``b`` bits each.
-    """
+    """``_encode_kernel`` in numpy, the same bytes (a fresh install's first ``write_export`` does not
+    wait for numba): per sub-block a stable sort finds the distinct labels and their first voxels."""
     if not isinstance(vol, np.ndarray) or vol.dtype != _U64 or vol.ndim != 3:
         raise TypeError("no matching definition for the encode kernel's signature")
     nz, ny, nx = vol.shape
@@ -910,39 +843,28 @@ def _encode_numpy(vol: Any, sort_subblocks: Any) -> Any:
     return np.frombuffer(head + body, np.uint8).copy()
 
 
-# compiled in the background at first use; until then the numpy version answers (up to 128³:
-# larger volumes compile first)
-_FALLBACK_VOXELS = 128 ** 3
+_FALLBACK_VOXELS = 128 ** 3  # larger volumes compile first: the fallback's temporaries are ~6x the volume
 _encode = jit.kernel(_encode_kernel, [_ENCODE_SIG.args], _encode_numpy, exclusive=True)
 
 
 def encode_block(volume_zyx: Any, *, subblock_order: str = "appearance") -> bytes:
-    """Encode a label volume as one DVID label block (FORMATS.md §1).
+    """Encode a label volume as one uncompressed DVID label block (FORMATS.md §1).
 
-    Each sub-block's labels are listed in first-appearance order (voxels in z, y, x order), as
-    DVID's ``MakeBlock`` numbers them, or in ascending label order with
-    ``subblock_order="sorted"``, as in the blocks of real ``export-shards`` output. The block
-    label list is the order of first appearance in the resulting sub-block index stream
-    (sub-blocks in z, y, x order). A volume holding one label is written as a 24-byte solid
-    block (N=1, no sub-block data), like DVID's ``MakeSolidBlock``.
+    Each sub-block lists its labels in first-appearance order (voxels z, y, x), as DVID's
+    ``MakeBlock``, or ascending with ``subblock_order="sorted"``, as real ``export-shards``
+    blocks; the block list is the order of first appearance in the sub-block index stream. One
+    label gives a 24-byte solid block, as ``MakeSolidBlock``.
 
     Parameters
     ----------
     volume_zyx : numpy.ndarray
-        3-D unsigned-integer (z, y, x) volume; each size a multiple of 8 between 8 and 1024.
+        3-D unsigned (z, y, x) labels, each size a multiple of 8 in 8..1024.
     subblock_order : {"appearance", "sorted"}
-        Order of the labels inside each sub-block (see above).
-
-    Returns
-    -------
-    bytes
-        The uncompressed DVID block.
 
     Raises
     ------
     ValueError
-        If the volume is not 3-D, not unsigned integers, its sizes are not multiples of 8
-        within 8..1024, or ``subblock_order`` is unknown.
+        If the volume or ``subblock_order`` is not as above.
     """
     if subblock_order not in ("appearance", "sorted"):
         raise ValueError(f"subblock_order must be 'appearance' or 'sorted', got {subblock_order!r}")
@@ -959,6 +881,6 @@ def encode_block(volume_zyx: Any, *, subblock_order: str = "appearance") -> byte
         vol = vol.astype(np.uint64)
     elif not vol.dtype.isnative:
         vol = vol.astype(np.uint64)
-    if vol.size > _FALLBACK_VOXELS:  # the numpy fallback's temporaries are ~6x the volume: compile
+    if vol.size > _FALLBACK_VOXELS:
         _encode.ensure()
     return bytes(_encode(vol, subblock_order == "sorted").tobytes())

@@ -1,31 +1,21 @@
 """DVID label block → neuroglancer ``compressed_segmentation`` without decoding voxels.
 
-Both formats cut the chunk into 8³ blocks in z, y, x order (x fastest), and inside a block both
-run voxels x fastest, then y, then z. A DVID sub-block lists indices into the block label list
-and packs 512 MSB-first values of ``ceil(log2(nsb))`` bits; a ``compressed_segmentation`` block
-holds a lookup table of the distinct uint64 values it contains and packs 512 LSB-first values of
-0, 1, 2, 4, 8, 16 or 32 bits. Transcoding a sub-block is therefore: unpack the values, keep the
-indices that occur, map them to labels (the palette), sort and deduplicate those labels into the
-table, and repack the ranks.
+Both cut a chunk into 8³ blocks (z, y, x order, x fastest inside). A DVID sub-block packs 512
+MSB-first indices into its label list; a ``compressed_segmentation`` block holds a table of its
+distinct uint64 values and 512 LSB-first ranks of 0, 1, 2, 4, 8, 16 or 32 bits. Transcoding a
+sub-block: unpack, keep the indices that occur, map them to labels (the palette), sort and
+deduplicate them into the table, repack the ranks. A 1-bit two-label sub-block is a bit reversal
+of every byte (inverted when the labels sort the other way), 2-bit ones are remapped 32 voxels
+at a time on 64-bit words.
 
-The output is byte-identical to TensorStore's (and neuroglancer's) encoder for a uint64,
-single-channel chunk of the block's shape with 8³ blocks:
+The bytes equal TensorStore's (and neuroglancer's) encoder for a uint64 single-channel chunk of
+the block's shape with 8³ blocks: one uint32 channel offset (1), a header of two uint32 per
+block (``table offset | bits << 24`` and the values' offset, in words from the channel start),
+then each block's values followed by its table unless an identical table was written before
+(then that one is referenced); tables are uint64 values, low word first.
 
-- the chunk starts with one uint32, the offset of channel 0 (1, in 32-bit words);
-- then one header of two uint32 per block: ``table offset | bits << 24`` and the offset of the
-  block's packed values, both in words from the channel start;
-- each block's packed values follow in block order (none at 0 bits, the offset is still set),
-  each followed by its table unless an identical sorted table was already written, in which case
-  the first one is referenced; a table is uint64 values, low word first.
-
-A 1-bit two-label sub-block is a bit reversal of every byte (inverted when the labels sort the
-other way); 2-bit sub-blocks are remapped 32 voxels at a time on 64-bit words (bit planes). The kernel validates the whole block before it reads it (numba does not bounds-check) and
-releases the GIL.
-
-Until numba has compiled the kernel (~10-30 CPU s in a fresh process with an empty cache), a
-numpy version with the same checks, error codes and bytes answers (~3 ms per 64³ chunk, ~40x
-the kernel) while a background thread compiles (:mod:`dvidshards.formats.jit`): a fresh
-worker's first task does not wait for the compiler.
+Until numba has compiled the kernel (~10-30 CPU s with an empty cache) a numpy version with the
+same checks, codes and bytes answers (~3 ms per 64³ chunk, ~40x the kernel).
 """
 
 from __future__ import annotations
@@ -46,6 +36,7 @@ from .blocklayout import (
     E_VAL_RANGE,
     MAX_SUBBLOCK_LABELS,
     BytesLike,
+    as_palette,
     as_u8,
     block_error,
     body_numpy,
@@ -110,7 +101,7 @@ def _put_le64(out, p, v):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scan2(data, q):  # type: ignore[no-untyped-def]
-    # bitmask of the 2-bit values of one sub-block, 32 voxels per 64-bit word (bit planes)
+    # bitmask of the 2-bit values used, 32 voxels per 64-bit word (bit planes)
     a0 = np.uint64(0)
     a1 = np.uint64(0)
     a2 = np.uint64(0)
@@ -220,7 +211,7 @@ def _rank_table(keys, ks, m, rank, table):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _transcode_kernel(data, pal, use_pal):  # type: ignore[no-untyped-def]
-    """Validate a DVID block and transcode it; returns (code, a, b, out, nbytes)."""
+    """Validate a DVID block and transcode it; (code, a, b, out, nbytes)."""
     zero = np.int64(0)
     nothing = np.empty(0, dtype=np.uint8)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
@@ -446,13 +437,8 @@ _SIG = types.Tuple(  # type: ignore[no-untyped-call]
 
 def _transcode_numpy(data: np.ndarray, pal: np.ndarray, use_pal: bool
                      ) -> tuple[int, int, int, np.ndarray, int]:
-    """``_transcode_kernel`` in numpy: the same checks in the same order, the same codes and bytes.
-
-    Answers while the kernel compiles (formats.jit): a few ms per 64³ chunk instead of a
-    compile of ~10-30 CPU s that would hold a fresh worker's first task. The block is unpacked
-    sub-block by sub-block into labels (as ``codec``'s numpy decoder does), then encoded from the
-    labels: per block, sort, rank, pack LSB-first, and write each distinct sorted table once.
-    """
+    """``_transcode_kernel`` in numpy: the same checks in the same order, the same codes and bytes
+    (the block unpacked per sub-block, then sorted, ranked and packed per block)."""
     for arg in (data, pal):  # the arguments numba's signature accepts, and nothing else
         if not isinstance(arg, np.ndarray) or arg.dtype != (_U8 if arg is data else _U64) or arg.ndim != 1 \
                 or not arg.flags.c_contiguous:
@@ -508,9 +494,8 @@ def _transcode_numpy(data: np.ndarray, pal: np.ndarray, use_pal: bool
 
 
 def _pack_blocks(rank: np.ndarray, nd: np.ndarray, tables: np.ndarray) -> np.ndarray:
-    """compressed_segmentation of one channel: ``rank`` (blocks, 512) each voxel's position in its
-    block's table (voxels x fastest, blocks in the chunk's z, y, x order), ``nd`` the tables'
-    lengths, ``tables`` their sorted values one after another. TensorStore's bytes."""
+    """TensorStore's compressed_segmentation of one channel: ``rank`` (blocks, 512) each voxel's
+    place in its block's table, ``nd`` the tables' lengths, ``tables`` their sorted values in a row."""
     nb = rank.shape[0]
     cb = _CBITS[nd]
     packed: list[bytes] = [b""] * nb
@@ -546,73 +531,40 @@ def _pack_blocks(rank: np.ndarray, nd: np.ndarray, tables: np.ndarray) -> np.nda
     return np.frombuffer(b"".join(pieces), np.uint8)
 
 
-# one signature for every call; until it is compiled (or loaded from numba's cache) in the
-# background, the numpy version answers: a fresh worker's first chunks never wait for numba
 _kernel = jit.kernel(_transcode_kernel, [_SIG.args], _transcode_numpy, exclusive=True)
 
 
-def _as_palette(palette: ArrayLike) -> np.ndarray:
-    p = np.asarray(palette)
-    if p.dtype != np.uint64:
-        if p.dtype.kind not in "ui" or (p.size and p.min() < 0):
-            raise BlockDecodeError(f"palette must hold uint64 values, got {p.dtype}")
-        p = p.astype(np.uint64)
-    if p.ndim != 1:
-        raise BlockDecodeError(f"palette must be 1-D, got shape {p.shape}")
-    return np.ascontiguousarray(p)
-
-
 def transcode(block: BytesLike, palette: ArrayLike | None = None) -> bytes:
-    """Transcode one uncompressed DVID label block to ``compressed_segmentation`` bytes.
-
-    The result is the chunk TensorStore's ``neuroglancer_precomputed`` driver writes for the
-    same voxels (uint64, one channel, ``compressed_segmentation_block_size`` [8, 8, 8], chunk
-    shape = the block's shape, 64³ in every export), byte for byte.
+    """Transcode one uncompressed DVID label block to ``compressed_segmentation`` bytes: the chunk
+    TensorStore's ``neuroglancer_precomputed`` driver writes for the same voxels (uint64, one
+    channel, ``compressed_segmentation_block_size`` [8, 8, 8], chunk shape = the block's).
 
     Parameters
     ----------
-    block : bytes, bytearray, memoryview or numpy.ndarray
-        The uncompressed block (FORMATS.md §1); numpy input must be ``uint8``.
+    block : bytes-like or numpy.ndarray of uint8
+        The uncompressed block (FORMATS.md §1).
     palette : array_like, optional
-        ``uint64`` values, one per entry of the block label list (e.g. a record's agglomerated
-        ``labels``). Default: the block's own label list (supervoxel ids).
-
-    Returns
-    -------
-    bytes
-        The encoded chunk.
+        ``uint64`` per block label (e.g. a record's agglomerated ``labels``). Default: the
+        block's own labels (supervoxel ids).
 
     Raises
     ------
     BlockDecodeError
-        If the block is malformed (truncated, counts or indices out of range, packed values
-        selecting no label) or the palette does not have one entry per block label.
+        If the block is malformed or the palette has not one entry per block label.
     """
     d = as_u8(block)
     if palette is None:
         code, a, b, out, nbytes = _kernel(d, _NO_PALETTE, False)
     else:
-        code, a, b, out, nbytes = _kernel(d, _as_palette(palette), True)
+        code, a, b, out, nbytes = _kernel(d, as_palette(palette), True)
     if code:
         raise block_error(code, a, b, d, None)
     return bytes(out[:nbytes].tobytes())
 
 
 def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
-    """`transcode` without argument conversion (the low-overhead entry point of bulk jobs).
-
-    Parameters
-    ----------
-    data_u8 : numpy.ndarray
-        The uncompressed block, 1-D C-contiguous ``uint8``.
-    palette : numpy.ndarray or None
-        1-D C-contiguous ``uint64``, one entry per block label; None: the block's own labels.
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed or an argument has the wrong type, dtype or layout.
-    """
+    """`transcode` without argument conversion (bulk jobs): ``data_u8`` 1-D C-contiguous uint8,
+    ``palette`` 1-D C-contiguous uint64 or None; BlockDecodeError for anything else."""
     k = _kernel
     try:
         if palette is None:
@@ -628,11 +580,8 @@ def transcode_u8(data_u8: np.ndarray, palette: np.ndarray | None) -> bytes:
 
 
 def is_background(encoded: bytes, shape: Sequence[int] = (64, 64, 64)) -> bool:
-    """Whether a ``compressed_segmentation`` chunk of ``shape`` (z, y, x) voxels is all 0.
-
-    The encoder writes such a chunk as the header and one table holding the value 0, which
-    every block references at 0 bits. TensorStore does not store chunks equal to the fill value,
-    and neither does ``dvidshards convert``.
-    """
+    """Whether a ``compressed_segmentation`` chunk of ``shape`` (z, y, x) is all 0 (the header and
+    one 0 table every block references at 0 bits): TensorStore stores no such chunk, nor does
+    ``dvidshards convert``."""
     nblocks = int(np.prod([-(-s // BLOCK) for s in shape]))
     return len(encoded) == 4 + 8 * nblocks + 8 and encoded[-8:] == bytes(8)

@@ -1,34 +1,24 @@
-"""2x label downsampling in DVID's compressed domain: 8 child blocks of scale k -> 1 block of scale k+1.
+"""2x label downsampling in DVID's compressed domain: 8 child blocks of scale k -> 1 of scale k+1.
 
-The eight children of an output block are the 2x2x2 blocks of the scale below that it covers,
-in DVID's octant order ``i = 4*dz + 2*dy + dx`` (x fastest); None is an absent (all-0) child.
-Every output voxel is the winner of its 2x2x2 input cell:
+Children come in DVID's octant order ``4*dz + 2*dy + dx`` (None: absent, all 0). Each output
+voxel is the winner of its 2x2x2 input cell:
 
 ``"dvid"``
-    DVID's own pyramid rule (``downresArray`` in ``datatype/common/labels/compressed.go``): the
-    most frequent **non-zero** label of the eight (0 only when all eight are 0), ties to the
-    smaller id. DVID applies it to whole blocks, so every voxel of a child votes, inside the
-    volume or not. (DVID itself breaks ties by Go's map order, which is random; FORMATS.md §3b
-    fixes them to the smaller id.)
+    DVID's pyramid rule (``downresArray``, ``datatype/common/labels/compressed.go``): the most
+    frequent non-zero label (0 only when all eight are), ties to the smaller id (DVID's own ties
+    follow Go's random map order; FORMATS.md §3b fixes them). Every voxel of a child votes,
+    inside the volume or not.
 ``"mode"``
-    TensorStore's ``downsample(..., "mode")``: the most frequent value, 0 counting like any
-    other, ties to the smaller value, and only the voxels inside the volume vote (``limit``): a
-    cell at an odd volume edge counts its in-volume voxels; a cell wholly outside gives 0.
+    TensorStore's ``downsample(..., "mode")``: 0 counts like any label, ties to the smaller,
+    only voxels inside the volume vote (``limit``); a cell wholly outside gives 0.
 
-Nothing is decoded to voxels first. A cell never straddles two input sub-blocks (8 is even),
-so each input 8³ sub-block makes one 4³ quadrant of one output 8³ sub-block: a solid input
-sub-block (one label, or none) is a solid quadrant without touching voxels; a 1-bit sub-block
-is voted on 64 cells at once with SWAR bit counts on its packed words; a 2-bit one (3-4 labels)
-by one look-up per cell of its 8 values as label ranks in a table of every winner; wider ones
-cell by cell (a homogeneous cell, the common case, is one word compare). An output sub-block whose eight
-quadrants are solid with one label is solid. The output is encoded exactly as
-``codec.encode_block(volume, subblock_order="sorted")`` encodes the decoded result (labels of a
-sub-block in ascending order, as in real export blocks; block label list in order of first
-appearance; a 24-byte solid block when one label remains), so DVID and ``decode_block`` read it.
-
-Every child is validated first as the decoder validates (numba does not bounds-check), and
-children must share one even sub-block grid. The kernel releases the GIL; its numpy fallback
-(decode, vote, ``encode_block``) gives the same bytes and the same error codes.
+Nothing is decoded first. A cell never straddles input sub-blocks, so an input 8³ sub-block
+makes one 4³ quadrant of an output sub-block: solid ones without touching voxels, 1-bit ones 64
+cells at once by SWAR bit counts, 2-bit ones by one table look-up per cell, wider ones cell by
+cell (a homogeneous cell is one word compare). The output equals ``codec.encode_block(volume,
+subblock_order="sorted")`` of the decoded result. Children are validated first (numba does not
+bounds-check) and must share one even sub-block grid; the numpy fallback (decode, vote,
+``encode_block``) gives the same bytes and error codes.
 """
 
 from __future__ import annotations
@@ -79,16 +69,10 @@ _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)  # a used-label mask too wide for 64 bits: scan the cells
 
 
-# --------------------------------------------------------------------------- validation
-
-
 @numba.njit(nogil=True, cache=True)
 def _validate(data, spans, info):  # type: ignore[no-untyped-def]
-    """Check every present child (header, grid, body): (code, a, b, child, gx, gy, gz).
-
-    ``info[i]`` receives (nlab, p_nsb, p_idx, p_val), offsets absolute in ``data``; gx = -1
-    when no child is present.
-    """
+    """Check every present child: (code, a, b, child, gx, gy, gz), ``info[i]`` = (nlab, p_nsb, p_idx,
+    p_val) absolute in ``data``; gx -1 when no child is present."""
     zero = np.int64(0)
     gx = gy = gz = np.int64(-1)
     for i in range(8):
@@ -130,8 +114,8 @@ def _value(data, q, b, k):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _first_bad_value(data, spans, info, nsub):  # type: ignore[no-untyped-def]
-    """The first packed value >= nsb in child order, sub-block order: (child, sub-block, nsb) or
-    (-1, 0, 0). Run only once a vote has met one, so that the error named is the fallback's."""
+    """The first packed value >= nsb in child, then sub-block order: (child, sub-block, nsb) or
+    (-1, 0, 0); run once a vote met one, so the error named is the fallback's."""
     for i in range(8):
         if spans[2 * i] < 0 or info[i, 0] <= 1:
             continue
@@ -147,15 +131,10 @@ def _first_bad_value(data, spans, info, nsub):  # type: ignore[no-untyped-def]
     return np.int64(-1), np.int64(0), np.int64(0)
 
 
-# --------------------------------------------------------------------------- voting
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def _vote(vals, labs, excl0, c, ls):  # type: ignore[no-untyped-def]
-    """Winner (local index) of 8 local indices, or ``c`` when nothing votes (label 0).
-
-    Most mixed cells hold two labels: counted in one pass; others by counting each label.
-    """
+    """Winner (local index) of 8 local indices, ``c`` when nothing votes; two labels (most mixed
+    cells) counted in one pass."""
     for i in range(8):
         ls[i] = labs[vals[i]]
     la = ls[0]
@@ -203,7 +182,6 @@ def _vote(vals, labs, excl0, c, ls):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _vote_valid(vals, valid, labs, excl0, c):  # type: ignore[no-untyped-def]
-    """``_vote`` counting only the voxels with ``valid`` set."""
     best = c
     bestn = 0
     bestlab = np.uint64(0)
@@ -226,11 +204,8 @@ def _vote_valid(vals, valid, labs, excl0, c):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _bits1(data, q, thr, qv):  # type: ignore[no-untyped-def]
-    """A whole 1-bit sub-block: the 64 cells' winners (0/1) into ``qv`` by SWAR bit counts.
-
-    A z-plane is one 64-bit word (row y its byte y, x = 7 - bit). Local index 1 wins a cell
-    when its count n1 >= thr (thr 9: never). Returns (any 0, any 1).
-    """
+    """A whole 1-bit sub-block's 64 cell winners into ``qv`` by SWAR counts (a z-plane is one word,
+    row y its byte y, x = 7 - bit; index 1 wins when n1 >= thr, 9: never); (any 0, any 1)."""
     any0 = False
     any1 = False
     if thr > 8:
@@ -267,8 +242,8 @@ def _bits1(data, q, thr, qv):  # type: ignore[no-untyped-def]
 
 
 def _winner_table() -> np.ndarray:
-    """``[excluded, key]``: the winner (0..3, 255: nothing votes) of 8 ranks packed 2 bits each in a
-    16-bit key, ties to the smaller rank; ``excluded`` 1: rank 0 does not vote (label 0, DVID's rule)."""
+    """``[excluded, key]``: winner (0..3, 255: none) of 8 ranks packed 2 bits each, ties to the
+    smaller; ``excluded`` 1: rank 0 (label 0, DVID's rule) does not vote."""
     keys = np.arange(1 << 16)
     vals = (keys[:, None] >> (2 * np.arange(8))) & 3
     counts = (vals[:, :, None] == np.arange(4)).sum(axis=1)
@@ -288,12 +263,8 @@ _WIN2 = _winner_table()
 
 @numba.njit(nogil=True, cache=True)
 def _bits2(data, q, labs, excl0, c, qv, win):  # type: ignore[no-untyped-def]
-    """A whole 2-bit sub-block (3 or 4 labels): each cell's winner into ``qv`` by one table look-up
-    of its 8 values turned into label ranks; False on a value >= c.
-
-    The ranks order the sub-block's labels (equal labels share one), so the table's tie to the
-    smaller rank is the tie to the smaller id, and label 0, when there, is rank 0.
-    """
+    """A whole 2-bit sub-block: each cell's winner by one look-up of its 8 values as label ranks
+    (ordered like the labels, so ties go to the smaller id); False on a value >= c."""
     rank = np.zeros(4, np.int64)
     for v in range(c):
         r = 0
@@ -345,11 +316,8 @@ def _bits2(data, q, labs, excl0, c, qv, win):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _words(data, q, b, labs, excl0, c, qv, vals, ls):  # type: ignore[no-untyped-def]
-    """A whole sub-block of 2..7 bits: each cell's winner into ``qv``; False on a value >= c.
-
-    Rows of 8 values are words of 8b bits; a cell is homogeneous when its four row fields
-    agree and its two x neighbours do (one word compare for four cells).
-    """
+    """A whole sub-block of 2..7 bits: each cell's winner into ``qv`` (a cell is homogeneous when
+    its row fields and x neighbours agree: one word compare for four cells); False on a value >= c."""
     mask = (np.int64(1) << b) - 1
     pair = (np.int64(1) << (2 * b)) - 1
     odd = np.int64(0)  # the fields of odd x
@@ -390,8 +358,8 @@ def _words(data, q, b, labs, excl0, c, qv, vals, ls):  # type: ignore[no-untyped
 
 @numba.njit(nogil=True, cache=True)
 def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):  # type: ignore[no-untyped-def]
-    """Any sub-block (b 0..9 bits, b 0 meaning every value is 0), cropped to nv* voxels per
-    axis: each cell's winner into ``qv``; False on a value >= c."""
+    """Any sub-block (0..9 bits), cropped to nv* voxels per axis: winners into ``qv``; False on a
+    value >= c."""
     ok = True
     crop = nvx < 8 or nvy < 8 or nvz < 8
     for z2 in range(4):
@@ -421,9 +389,6 @@ def _general(data, q, b, labs, excl0, c, nvx, nvy, nvz, qv, vals, valid, ls):  #
     return ok
 
 
-# --------------------------------------------------------------------------- the kernel
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def _find_sorted(arr, n, v):  # type: ignore[no-untyped-def]
     lo = 0
@@ -451,12 +416,8 @@ def _insert_sorted(arr, n, v):  # type: ignore[no-untyped-def]
 
 @numba.njit(nogil=True, cache=True)
 def _down_kernel(data, spans, method, limit):  # type: ignore[no-untyped-def]
-    """Downsample the children ``data[spans[2i]:spans[2i+1]]`` (start < 0: absent) into one
-    encoded block: (code, a, b, child, block bytes); no bytes when no child is present.
-
-    ``limit`` (x, y, z): input voxels of the 2-block region that lie inside the volume (only
-    they vote with ``method`` mode; the dvid rule passes the whole region).
-    """
+    """Downsample the children ``data[spans[2i]:spans[2i+1]]`` (start < 0: absent) into one block:
+    (code, a, b, child, bytes), no bytes without children; ``limit``: see `downsample_block`."""
     zero = np.int64(0)
     info = np.zeros((8, 4), np.int64)
     code, ea, eb, child, gx, gy, gz = _validate(data, spans, info)
@@ -747,16 +708,9 @@ def _down_kernel(data, spans, method, limit):  # type: ignore[no-untyped-def]
     return E_OK, zero, zero, zero, buf
 
 
-# --------------------------------------------------------------------------- numpy fallback
-
-
 def _down_numpy(data: Any, spans: Any, method: Any, limit: Any) -> Any:
-    """``_down_kernel`` in numpy: the same checks in the same order, the same codes and bytes.
-
-    Validates like the kernel, decodes the children (``decode_block``), votes on the whole
-    region at once (sort each cell's 8 labels, count equal pairs) and encodes with
-    ``encode_block(..., subblock_order="sorted")``.
-    """
+    """``_down_kernel`` in numpy: decode, vote on the whole region (sort each cell's 8 labels, count
+    equal pairs), ``encode_block(..., subblock_order="sorted")``."""
     for a, dtype in ((data, np.uint8), (spans, np.int64), (limit, np.int64)):
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 1 or not a.flags.c_contiguous:
             raise TypeError("no matching definition for the downsample kernel's signature")
@@ -810,11 +764,8 @@ def _down_numpy(data: Any, spans: Any, method: Any, limit: Any) -> Any:
 
 
 def _vote_volume(region: np.ndarray, method: str = "dvid", *, limit: Any = None) -> np.ndarray:
-    """The 2x downsampling of a (z, y, x) label volume of even sizes by ``method`` (numpy).
-
-    ``limit`` (x, y, z): only voxels below it vote (``mode`` at a volume edge); a cell where
-    nothing votes is 0.
-    """
+    """The 2x downsampling of an even (z, y, x) volume by ``method``; only voxels below ``limit``
+    (x, y, z) vote, a cell where none does is 0."""
     nz, ny, nx = (s // 2 for s in region.shape)
     cells = region.reshape(nz, 2, ny, 2, nx, 2).transpose(0, 2, 4, 1, 3, 5).reshape(-1, 8)
     votes = np.ones(cells.shape, bool)
@@ -850,12 +801,8 @@ _SIG = (
 _down = jit.kernel(_down_kernel, [_SIG], _down_numpy, exclusive=True)
 
 
-# --------------------------------------------------------------------------- public API
-
-
 class DownsampledBlock:
-    """One output block: ``block`` its DVID encoding (uncompressed), ``supervoxels`` its block
-    label list (a read-only view into ``block``)."""
+    """One output block: ``block`` (uncompressed) and ``supervoxels``, its label list (a view)."""
 
     __slots__ = ("block", "supervoxels")
 
@@ -870,8 +817,8 @@ class DownsampledBlock:
 
 def region_limit(origin_voxels: Sequence[int], size: Sequence[int], chunk: Sequence[int] = (64, 64, 64)
                  ) -> tuple[int, int, int]:
-    """``limit`` for ``mode``: the input voxels of the region of an output block (x, y, z) that lie
-    inside a source volume of ``size`` (x, y, z), the region starting at ``origin_voxels``."""
+    """``limit`` for ``mode``: the voxels (x, y, z) of an output block's input region starting at
+    ``origin_voxels`` that lie inside a volume of ``size``."""
     return tuple(int(min(max(s - o, 0), 2 * c)) for o, s, c in zip(origin_voxels, size, chunk, strict=True))  # type: ignore[return-value]
 
 
@@ -882,26 +829,23 @@ def downsample_block(children: Sequence[Any], *, method: str = "dvid", limit: Se
     Parameters
     ----------
     children : sequence of 8 bytes-like, uint8 arrays or None
-        Uncompressed DVID blocks of the scale below, octant ``4*dz + 2*dy + dx``; None is an
-        absent (all 0) child.
+        Uncompressed blocks of the scale below, octant ``4*dz + 2*dy + dx``; None: all 0.
     method : {"dvid", "mode"}
-        DVID's rule (non-zero majority) or TensorStore's ``"mode"``.
     limit : (x, y, z), optional
-        Input voxels of the 2-block region inside the volume (``region_limit``); only they vote
-        with ``"mode"``. Default: the whole region. Ignored by ``"dvid"`` (DVID votes with
-        whole blocks).
+        Input voxels of the region inside the volume (`region_limit`), the only ones voting
+        with ``"mode"``; ignored by ``"dvid"``. Default: the whole region.
     names : sequence of 8 str, optional
-        How errors name each child (a file and chunk); default ``child (dx, dy, dz)``.
+        How errors name each child; default ``child (dx, dy, dz)``.
 
     Returns
     -------
     DownsampledBlock or None
-        The encoded output block and its label list; None when every output voxel is 0.
+        None when every output voxel is 0.
 
     Raises
     ------
     BlockDecodeError
-        If a child is malformed, or the children's sub-block grids differ or are odd.
+        If a child is malformed, or the children's grids differ or are odd.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
