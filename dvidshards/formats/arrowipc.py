@@ -591,7 +591,6 @@ class SchemaLayout:
             ub, uw = -1, 0
         cwidth = schema.field("chunk_x").type.bit_width // 8
         self.schema = schema
-        self.has_uncompressed_size = ub >= 0
         self.array = np.array([node, buf, cwidth, *coords, *lists, ub, uw], np.int64)
         self.top = np.array(top, np.int64)
 

@@ -1,34 +1,23 @@
 """PyChunkedGraph (PCG) chunk edges and components: ids, contact kernel and wire format.
 
-Pure functions, no I/O. PCG (CAVEconnectome/PyChunkedGraph) ingests, per layer-1 chunk, a file
-``edges_{x}_{y}_{z}.proto.zst`` (one zstd frame of a ``ChunkEdgesMsg``) and a file
-``components_{x}_{y}_{z}.proto`` (an uncompressed ``ChunkComponentsMsg``)::
+Per layer-1 chunk PCG ingests ``edges_{x}_{y}_{z}.proto.zst`` (one zstd frame of a
+``ChunkEdgesMsg``: ``in_chunk``, ``cross_chunk``, ``between_chunk`` ``EdgesMsg``s of raw
+little-endian ``node_ids1``, ``node_ids2`` (uint64), ``affinities`` (float32), ``areas``
+(uint64)) and ``components_{x}_{y}_{z}.proto`` (a ``ChunkComponentsMsg``: packed varints
+``[len(c0), c0..., len(c1), c1...]``); the messages are the generated modules of
+``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto`` (optional protobuf).
 
-    package edges;       message EdgesMsg { bytes node_ids1 = 1; bytes node_ids2 = 2;
-                                            bytes affinities = 3; bytes areas = 4; }
-                         message ChunkEdgesMsg { EdgesMsg in_chunk = 1; EdgesMsg cross_chunk = 2;
-                                                 EdgesMsg between_chunk = 3; }
-    package components;  message ChunkComponentsMsg { repeated uint64 components = 1; }
+A PCG supervoxel id carries its chunk: ``layer (8 bits) | x | y | z | counter``, ``max(spatial
+bits, layers - 2)`` bits per axis (`IdLayout`). Each (DVID supervoxel, PCG chunk) piece is one
+PCG supervoxel whose counter is 1 + the rank of the DVID id in the chunk's id list, the sorted
+union of the supervoxel lists of the DVID blocks overlapping the chunk: block metadata alone, so
+a chunk names its neighbours' pieces without reading their voxels.
 
-Arrays are raw little-endian bytes (node ids uint64, affinities float32, areas uint64);
-components are packed varints ``[len(c0), c0..., len(c1), c1...]``. The messages are
-protobuf's generated modules of ``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto``
-(protobuf, the optional extra ``dvidshards[pcg]``; imported only when a message is built).
-
-PCG supervoxel ids carry their chunk: ``layer (8 bits) | x | y | z | counter`` with
-``bits_per_dim = max(spatial_bits, n_layers - 2)`` bits per axis (``IdLayout``). A DVID
-supervoxel spans chunks, so each (DVID supervoxel, PCG chunk) piece becomes one PCG supervoxel:
-its counter is 1 + the rank of the DVID id in the chunk's *id list*, the sorted union of the
-supervoxel lists of the DVID blocks that overlap the chunk. That list depends only on block
-metadata, so a chunk can name its neighbours' pieces without reading their voxels.
-
-``contacts`` scans a chunk read with a one-voxel halo (nogil numba kernel) and counts, per
-pair of pieces, the 6-connected voxel faces where they touch: inside the chunk, and across each
-of the 6 faces to the neighbour's pieces. ``chunk_graph`` turns that into PCG's three edge
-types: ``in`` (both pieces in the chunk, stored once, ``node_ids1 < node_ids2``), ``between``
-(different DVID supervoxels across a face) and ``cross`` (two pieces of the same DVID
-supervoxel across a face, affinity +inf and area 1); between and cross edges have
-``node_ids1`` in the chunk, so the neighbour's file holds them flipped.
+`contacts` counts, per pair of pieces, the 6-connected faces where they touch, inside a chunk
+read with a one-voxel halo and across its 6 faces (nogil numba). `chunk_graph` makes PCG's
+edges: ``in`` (both in the chunk, ``node_ids1 < node_ids2``), ``between`` (different DVID
+supervoxels across a face) and ``cross`` (two pieces of one DVID supervoxel across a face,
+affinity +inf, area 1), the last two with ``node_ids1`` in the chunk.
 """
 
 from __future__ import annotations
@@ -74,16 +63,11 @@ class PcgError(DvidShardsError, ValueError):
 
 
 def edges_path(coords: Any) -> str:
-    """PCG's file name for a chunk's edges: ``edges_{x}_{y}_{z}.proto.zst``."""
     return "edges_" + "_".join(str(int(c)) for c in coords) + ".proto.zst"
 
 
 def components_path(coords: Any) -> str:
-    """PCG's file name for a chunk's components: ``components_{x}_{y}_{z}.proto``."""
     return "components_" + "_".join(str(int(c)) for c in coords) + ".proto"
-
-
-# --------------------------------------------------------------------------- ids
 
 
 def layers_for_grid(grid: Any, fanout: int = 2) -> int:
@@ -101,10 +85,9 @@ class IdLayout:
     Parameters
     ----------
     layers : int
-        Number of layers of the graph (PCG: ``ceil(log2(max chunks per axis)) + 2``).
+        Layers of the graph (`layers_for_grid`).
     spatial_bits : int
-        PCG's ``SPATIAL_BITS`` (default 10): the minimum bits per axis of layer-1 and layer-2
-        chunk coordinates.
+        PCG's ``SPATIAL_BITS`` (10): the least bits per axis of layer-1 and 2 coordinates.
     layer_bits : int
         PCG's ``LAYER_ID_BITS`` (8).
     """
@@ -126,12 +109,10 @@ class IdLayout:
 
     @property
     def bits_per_dim(self) -> int:
-        """Bits of each chunk coordinate in a layer-1 id: ``max(spatial_bits, layers - 2)``."""
         return max(self.spatial_bits, self.layers - 2)
 
     @property
     def counter_bits(self) -> int:
-        """Bits left for the segment counter of a layer-1 id."""
         return 64 - self.layer_bits - 3 * self.bits_per_dim
 
     @property
@@ -139,14 +120,14 @@ class IdLayout:
         return 1 << self.bits_per_dim
 
     def check_grid(self, grid: Any) -> None:
-        """Raise PcgError if a grid of this many chunks per axis does not fit the id bits."""
+        """PcgError if a grid of this many chunks per axis does not fit the id bits."""
         g = [int(v) for v in grid]
         if any(v > self.max_chunks_per_axis for v in g):
             raise PcgError(f"{tuple(g)} chunks per axis do not fit {self.bits_per_dim} bits per axis "
                            f"(at most {self.max_chunks_per_axis}; use a larger chunk size or more spatial bits)")
 
     def chunk_id(self, x: int, y: int, z: int, layer: int = 1) -> int:
-        """The id of a chunk (counter 0), as a Python int."""
+        """The id of a chunk (counter 0)."""
         b = self.bits_per_dim
         for v in (x, y, z):
             if not 0 <= int(v) < (1 << b):
@@ -157,7 +138,7 @@ class IdLayout:
         return (int(layer) << off) | (int(x) << (off - b)) | (int(y) << (off - 2 * b)) | (int(z) << (off - 3 * b))
 
     def node_ids(self, coords: Any, counters: Any) -> np.ndarray:
-        """Layer-1 ids of pieces with 1-based ``counters`` in chunk ``coords`` (uint64)."""
+        """Layer-1 ids of pieces with 1-based ``counters`` in chunk ``coords``."""
         c = np.asarray(counters, dtype=np.int64)
         if c.size and (c.min() < 1 or c.max() >= (1 << self.counter_bits)):
             raise PcgError(f"chunk {tuple(int(v) for v in coords)}: {int(c.max())} pieces do not fit the "
@@ -176,8 +157,6 @@ class IdLayout:
         return {"layers": self.layers, "spatial_bits": self.spatial_bits, "layer_bits": self.layer_bits,
                 "bits_per_dim": self.bits_per_dim, "counter_bits": self.counter_bits}
 
-
-# --------------------------------------------------------------------------- kernel
 
 _GOLD = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 
@@ -216,7 +195,7 @@ def _lookup(tk, tv, off, bits, v):  # type: ignore[no-untyped-def]  # pragma: no
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _add(pk, pv, bits, key, n):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """pv[key] += n in an open-addressing table (-1 = empty); returns 1 for a new key."""
+    """pv[key] += n in an open-addressing table (-1: empty); 1 for a new key."""
     mask = (1 << bits) - 1
     i = _slot(np.uint64(key), bits)
     while True:
@@ -233,7 +212,7 @@ def _add(pk, pv, bits, key, n):  # type: ignore[no-untyped-def]  # pragma: no co
 
 @nb.njit(nogil=True, cache=True)
 def _list_indexes(lst, ids, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """out[j] = 1 + index of ids[j] in sorted lst (0 for id 0); returns the first j not found, or -1."""
+    """out[j] = 1 + index of ids[j] in sorted lst (0 for 0); the first j not found, or -1."""
     n = lst.shape[0]
     for j in range(ids.shape[0]):
         v = ids[j]
@@ -254,18 +233,17 @@ def _list_indexes(lst, ids, out):  # type: ignore[no-untyped-def]  # pragma: no 
 
 
 def list_indexes(lst: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """1 + the index of each id in a sorted id list (0 for 0), and the first position of an id
-    not in the list (-1 if none): the palette that turns a block's ids into list indexes."""
+    """1 + the index of each id in a sorted id list (0 for 0), and the first position of an id not
+    in it (-1: none): the palette turning a block's ids into list indexes."""
     out = np.empty(ids.shape[0], np.uint64)
     return out, int(_list_indexes(lst, ids, out))
 
 
 @nb.njit(nogil=True, cache=True)
 def _relabel(vol, tk, tv, toff, tbits, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """out = 1 + list index of each id of vol (0 for 0): the chunk's voxels through table 0,
-    the halo voxels of face d through table 1 + d (edges and corners of the halo stay 0).
-    Returns (error, z, y, x): 1 = a chunk voxel not in its list, 2 = a halo voxel not in its
-    neighbour's list."""
+    """out = 1 + list index of each id of vol (0 for 0), the chunk through table 0, halo face d through
+    table 1 + d (halo edges and corners stay 0); (error, z, y, x): 1 a chunk voxel, 2 a halo voxel
+    not in its list."""
     nz = vol.shape[0] - 2
     ny = vol.shape[1] - 2
     nx = vol.shape[2] - 2
@@ -303,16 +281,14 @@ def _relabel(vol, tk, tv, toff, tbits, out):  # type: ignore[no-untyped-def]  # 
 
 @nb.njit(nogil=True, cache=True)
 def _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """Voxel counts and 6-connected contact counts of a chunk read with a 1-voxel halo.
+    """Voxel and 6-connected contact counts of a chunk read with a 1-voxel halo.
 
-    vol: (nz+2, ny+2, nx+2) holding 1 + list index (0: background): in the chunk (vol[1:-1,
-    1:-1, 1:-1]) indexes of the chunk's list (sizes[0] ids), on halo face d (-x,+x,-y,+y,-z,
-    +z) indexes of that neighbour's list (sizes[1 + d] ids, at most mx); the halo's edges and
-    corners are not read. counts[i] += voxels of index i. The pair table (pk, pv, 2**pbits
-    slots, key -1 = empty) sums contact faces per key: a * no + b (a < b, chunk indexes)
-    inside the chunk, no * no + (d * no + a) * mx + b across face d (a chunk, b neighbour).
-    Returns (error, z, y, x): 1 = a chunk value > sizes[0], 2 = a halo value > its list's size
-    (at z, y, x), 3 = the pair table is over half full (call again with a larger one).
+    vol (nz+2, ny+2, nx+2) holds 1 + list index (0: background): of the chunk's list inside
+    (sizes[0] ids), of neighbour d's list on halo face d (-x, +x, -y, +y, -z, +z; sizes[1 + d],
+    at most mx); halo edges and corners unread. counts[i] += voxels of index i; the pair table (pk,
+    pv, 2**pbits slots) sums faces per key ``a * no + b`` (a < b) inside, ``no * no + (d * no + a) *
+    mx + b`` across face d. (error, z, y, x): 1 a chunk value > sizes[0], 2 a halo value past its
+    list, 3 the pair table over half full (call again with a larger one).
     """
     nz = vol.shape[0] - 2
     ny = vol.shape[1] - 2
@@ -434,20 +410,9 @@ def _contact_kernel(vol, sizes, mx, counts, pk, pv, pbits):  # type: ignore[no-u
 
 @dataclass
 class Contacts:
-    """Voxel and contact counts of one chunk, in indexes of its id lists.
-
-    Attributes
-    ----------
-    voxels : ndarray int64
-        Voxels of each entry of the chunk's id list (0 for ids listed by a block but absent).
-    in_pairs : ndarray (n, 2) int64
-        In-chunk contacts, index pairs ``a < b`` into the chunk's list, sorted.
-    in_area : ndarray int64
-        Contact faces of each in-chunk pair.
-    face_dir, face_pairs, face_area
-        Contacts across the faces: direction (index into ``DIRECTIONS``), (own index,
-        neighbour-list index) and face count, sorted by direction then pair.
-    """
+    """Voxel and contact counts of one chunk in indexes of its id lists: ``voxels`` per list entry,
+    ``in_pairs`` (a < b, sorted) and ``in_area``, and across faces ``face_dir`` (into
+    ``DIRECTIONS``), ``face_pairs`` (own, neighbour index) and ``face_area``."""
 
     voxels: np.ndarray
     in_pairs: np.ndarray
@@ -472,24 +437,16 @@ def contacts(vol_zyx: np.ndarray, own: Any, neighbours: Any, where: str = "chunk
     Parameters
     ----------
     vol_zyx : ndarray uint64, (nz + 2, ny + 2, nx + 2)
-        Supervoxels of the chunk and a one-voxel halo on its faces (0 outside the volume),
-        indexed z, y, x (``read(...).T`` of an x, y, z read). The halo's edges and corners are
-        not used.
+        Supervoxels of the chunk and a halo on its faces (0 outside the volume), z, y, x; the
+        halo's edges and corners are not used.
     own : array of uint64
-        The chunk's id list: sorted, unique, non-zero, holding every supervoxel of the chunk.
+        The chunk's id list: sorted, unique, non-zero, every supervoxel of the chunk.
     neighbours : sequence of 6 arrays of uint64
-        The id lists of the face neighbours -x, +x, -y, +y, -z, +z (empty where there is none),
-        each holding every supervoxel of its side of the halo.
+        The id lists of the face neighbours -x, +x, -y, +y, -z, +z (empty: none).
     where : str
         Location named in errors.
     indexed : bool
-        vol_zyx already holds 1 + the index of each id in its list (0 for background): the
-        chunk's list inside, each neighbour's list on its halo face (a reader's palette swap
-        does this per block, which spares looking every voxel's id up).
-
-    Returns
-    -------
-    Contacts
+        ``vol_zyx`` already holds 1 + list indexes (a reader's palette swap does it per block).
     """
     vol = np.asarray(vol_zyx)
     if vol.dtype != np.uint64 or vol.ndim != 3 or min(vol.shape) < 3:
@@ -558,25 +515,24 @@ def chunk_graph(c: Contacts, coords: Any, own: Any, neighbours: Any, layout: IdL
     Parameters
     ----------
     c : Contacts
-        From ``contacts``.
     coords : (x, y, z)
         The chunk's index in the layer-1 grid.
     own, neighbours
-        The id lists given to ``contacts``.
+        The id lists given to `contacts`.
     layout : IdLayout
     affinity : "area" or "default"
-        Affinity of in and between edges: the contact face count as float32, or PCG's default
-        (float32 tiny). Cross edges always get +inf and area 1.
+        In and between edges' affinity: the face count as float32, or PCG's default (float32
+        tiny). Cross edges get +inf and area 1.
 
     Returns
     -------
     edges : dict
-        ``{"in" | "between" | "cross": (node_ids1, node_ids2, affinities, areas)}`` (uint64,
-        uint64, float32, uint64), each sorted by (node_ids1, node_ids2).
+        ``{"in" | "between" | "cross": (node_ids1, node_ids2, affinities, areas)}``, each
+        sorted by (node_ids1, node_ids2).
     pieces : (ids, supervoxels, voxels)
-        The chunk's pieces (PCG id, DVID supervoxel, voxel count), by id.
+        The chunk's pieces, by id.
     neighbour_pieces : (ids, supervoxels)
-        The neighbours' pieces that take part in the chunk's between and cross edges.
+        The neighbours' pieces in the chunk's between and cross edges.
     """
     if affinity not in ("area", "default"):
         raise PcgError(f"affinity must be 'area' or 'default', got {affinity!r}")
@@ -625,7 +581,7 @@ def chunk_graph(c: Contacts, coords: Any, own: Any, neighbours: Any, layout: IdL
 
 
 def group_components(ids: Any, bodies: Any) -> list[np.ndarray]:
-    """Pieces grouped by body: one sorted uint64 array per body, in ascending body order."""
+    """Pieces grouped by body: one sorted uint64 array per body, bodies ascending."""
     ids = np.asarray(ids, np.uint64).ravel()
     bodies = np.asarray(bodies, np.uint64).ravel()
     if ids.shape != bodies.shape:
@@ -636,14 +592,9 @@ def group_components(ids: Any, bodies: Any) -> list[np.ndarray]:
     return [g for g in np.split(ids, cut) if g.size]
 
 
-# --------------------------------------------------------------------------- wire format
-
-
 def message_classes() -> Any:
-    """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)``: protobuf's generated classes of
-    ``proto/chunkEdges.proto`` and ``proto/chunkComponents.proto`` (PCG's messages in a package
-    of ours, so they never clash with PCG's own generated modules if those are imported too).
-    Needs protobuf >= 4.21 (``pip install 'dvidshards[pcg]'``)."""
+    """``(ChunkEdgesMsg, EdgesMsg, ChunkComponentsMsg)``, protobuf's generated classes (PCG's messages
+    in a package of ours, so they never clash with PCG's own modules)."""
     try:
         from .proto import chunkComponents_pb2, chunkEdges_pb2
     except ImportError:
@@ -656,11 +607,8 @@ _DTYPES = ("<u8", "<u8", "<f4", "<u8")
 
 
 def encode_edges(edges: dict[str, Any]) -> bytes:
-    """Serialise ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}`` as a ChunkEdgesMsg.
-
-    Missing types are empty. Like PCG's ``put_chunk_edges`` every sub-message is present, so
-    an empty chunk is ``0a 00 12 00 1a 00``. The caller compresses (PCG: one zstd frame).
-    """
+    """A ChunkEdgesMsg of ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``, every
+    sub-message present as PCG's ``put_chunk_edges`` writes them (empty: ``0a 00 12 00 1a 00``)."""
     chunk_cls, _, _ = message_classes()
     msg = chunk_cls()
     for name, field in _FIELDS.items():
@@ -677,7 +625,7 @@ def encode_edges(edges: dict[str, Any]) -> bytes:
 
 
 def decode_edges(data: bytes, where: str = "edges") -> dict[str, Any]:
-    """Parse a (decompressed) ChunkEdgesMsg into ``{type: (ids1, ids2, affinities, areas)}``."""
+    """``{type: (ids1, ids2, affinities, areas)}`` of a decompressed ChunkEdgesMsg."""
     chunk_cls, _, _ = message_classes()
     msg = chunk_cls()
     try:
@@ -699,7 +647,7 @@ def decode_edges(data: bytes, where: str = "edges") -> dict[str, Any]:
 
 
 def encode_components(groups: Any) -> bytes:
-    """Serialise groups of ids as a ChunkComponentsMsg: ``[len(g0), g0..., len(g1), g1...]``."""
+    """A ChunkComponentsMsg of groups of ids."""
     _, _, comp_cls = message_classes()
     parts = []
     for g in groups:
@@ -712,7 +660,7 @@ def encode_components(groups: Any) -> bytes:
 
 
 def decode_components(data: bytes, where: str = "components") -> list[np.ndarray]:
-    """Parse a ChunkComponentsMsg into its groups (uint64 arrays, in file order)."""
+    """The groups (uint64 arrays, in file order) of a ChunkComponentsMsg."""
     _, _, comp_cls = message_classes()
     msg = comp_cls()
     try:

@@ -1,17 +1,12 @@
 """RecordTable: DVID block records located in byte buffers, whatever carried them.
 
-Every source of records ends here: a shard file's Arrow IPC bytes (a local file's snapshot,
-downloaded or fetched by byte range) or a ``pyarrow.RecordBatch`` (Flight, Parquet, any Arrow
-stream).  A table is one int64 array of record locations (``arrowipc.REC_FIELDS`` columns) plus
-the buffers they point into, so a chunk read is a row lookup, a zstd decompression of a slice and
-a nogil decode straight into the caller's array, with no Arrow object built on the way.
-
-A table built from a local file's snapshot (an array whose memory carries a ``shard_file``:
-``stores.local.LocalStore.map``) keeps no view of it.  Its label and supervoxel lists are copied
-into two compact buffers, and each payload is read from the file when asked for
-(``shard_file.pread``).  A file that shrank since the load then gives a short read: a
-ShardFormatError naming the file and chunk, where a memory map would have killed the process
-with SIGBUS.
+Every source ends here: a shard file's Arrow IPC bytes (a local snapshot, a download, byte
+ranges) or a ``pyarrow.RecordBatch`` (Flight, Parquet, any Arrow stream). A table is one int64
+array of record locations (``arrowipc.REC_FIELDS``) plus the buffers they point into: a chunk
+read is a row lookup, a zstd decompression and a nogil decode into the caller's array, with no
+Arrow object built. A table of a local file's snapshot (memory carrying a ``shard_file``) copies
+its label lists and reads payloads from the file (``pread``): a file that shrank since is a
+ShardFormatError naming file and chunk, where a memory map would die of SIGBUS.
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ _NO_BYTES = np.zeros(0, np.uint8)
 _GAP = 4096  # payload reads closer than this are merged into one
 _frame_content_size, _ZstdError = zstandard.frame_content_size, zstandard.ZstdError
 
-# Where a block's zstd decompressor comes from: a new one per call unless the runtime installs
-# its per-thread ones (``dvidshards.runtime.zstd``: a ZSTD_DCtx per chunk costs ~10 % of a read).
+# a new decompressor per call unless the runtime installs its per-thread ones (runtime.zstd)
 _dctx: Callable[[], zstandard.ZstdDecompressor] = zstandard.ZstdDecompressor
 
 
@@ -52,7 +46,7 @@ def install_decompressor(get: Callable[[], zstandard.ZstdDecompressor]) -> None:
 
 
 def max_block_bytes(chunk_size: Any) -> int:
-    """Largest possible DVID block encoding for a chunk of this size (bounds decompression)."""
+    """Largest DVID block encoding for a chunk of this size (bounds decompression)."""
     v = int(np.prod(chunk_size))
     nsub = v // 512
     return 16 + 8 * v + 2 * nsub + 4 * v + nsub * 576
@@ -75,12 +69,12 @@ def _decompress(payload: Any, usize: int, max_bytes: int) -> Any:
 
 
 def _labels_match(labels: bytes, sv: bytes) -> bool:
-    """A block's label list (bytes 16..16+8N) equals a record's supervoxel list (N u64 compares)."""
+    """A block's label list (bytes 16..16+8N) equals a record's supervoxel list."""
     return labels == sv
 
 
 def _mismatch(block: Any, sv: np.ndarray) -> str:
-    """What differs between a block's label list and a record's supervoxel list (for messages)."""
+    """What differs between a block's label list and a record's supervoxel list."""
     b = bytes(memoryview(block)[:16])
     n = int.from_bytes(b[12:16], "little") if len(b) >= 16 else -1
     if n != len(sv):
@@ -95,14 +89,10 @@ def _mismatch(block: Any, sv: np.ndarray) -> str:
 class RecordTable:
     """Records: chunk coordinates, payloads, uncompressed sizes and the two label lists.
 
-    Build one with ``from_ipc`` (bytes of record batch messages) or ``from_batch`` (a
-    ``pyarrow.RecordBatch``).  ``rec`` is the (n, REC_FIELDS) int64 location array; payload
-    offsets index ``bufs[0]``, label lists ``bufs[1]`` and supervoxel lists ``bufs[2]``.
-
-    With ``file`` (a ``stores.local.ShardFile``, duck-typed: ``pread``, ``readinto``,
-    ``changed``, ``path``), payload offsets are byte offsets in that file, read from it when a
-    record is read; ``bufs[0]`` then reads the whole file into memory once (``gather_payloads``
-    reads only the records asked for).
+    ``rec`` is the (n, REC_FIELDS) int64 location array; payload offsets index ``bufs[0]``, label
+    lists ``bufs[1]``, supervoxel lists ``bufs[2]``. With ``file`` (a ``stores.local.ShardFile``:
+    ``pread``, ``readinto``, ``changed``, ``path``) payload offsets are offsets in that file, read
+    when a record is.
     """
 
     __slots__ = ("_aligned", "_bufs", "_file", "_labv", "_max_block", "_svmv", "_whole", "chunk_size", "path",
@@ -126,11 +116,8 @@ class RecordTable:
 
     @property
     def bufs(self) -> tuple[Any, ...]:
-        """(payloads, label lists, supervoxel lists): the buffers ``rec``'s offsets index.
-
-        For a table read from its file, the first reads the whole file into memory, once per
-        table (prefer ``gather_payloads``).
-        """
+        """(payloads, label lists, supervoxel lists); a file's table reads the whole file once for the
+        first (prefer `gather_payloads`)."""
         if self._file is None:
             return self._bufs
         w = self._whole
@@ -148,12 +135,12 @@ class RecordTable:
 
     @property
     def file(self) -> Any:
-        """The shard file payloads are read from (None: they are in memory, ``bufs[0]``)."""
+        """The shard file payloads are read from (None: in memory)."""
         return self._file
 
     @property
     def nbytes(self) -> int:
-        """Memory this table holds of its own (locations, compact label lists, a file read whole)."""
+        """Memory this table holds of its own."""
         n = self.rec.nbytes
         if self._file is not None:
             n += self._bufs[1].nbytes + self._bufs[2].nbytes + (self._whole.nbytes if self._whole is not None else 0)
@@ -161,11 +148,8 @@ class RecordTable:
 
     @classmethod
     def concat(cls, parts: list[RecordTable], path: str, chunk_size: Any = (64, 64, 64)) -> RecordTable:
-        """One table over the records of several (their buffers copied into one per column).
-
-        Parts whose three buffers are one buffer (byte ranges of a shard file) give a table
-        over one buffer: each byte is copied once.
-        """
+        """One table over the records of several, their buffers copied into one per column (parts over
+        one buffer, byte ranges of a shard file, give a table over one buffer)."""
         if len(parts) == 1:
             return parts[0]
         if not parts:
@@ -195,7 +179,7 @@ class RecordTable:
         return (RecordTable, (self.rec, self._bufs, self.path, self.chunk_size, self._file))
 
     def take(self, rows: Any) -> RecordTable:
-        """The records ``rows`` (record numbers, in that order), sharing this table's buffers."""
+        """The records ``rows``, in that order, sharing this table's buffers."""
         return RecordTable(self.rec[np.asarray(rows, np.int64)], self._bufs, self.path, self.chunk_size,
                            self._file)
 
@@ -207,7 +191,6 @@ class RecordTable:
 
     @property
     def coords(self) -> np.ndarray:
-        """(n, 3) int64 chunk coordinates as the records state them."""
         return self.rec[:, R_CX:R_CX + 3]
 
     def where(self, i: int) -> str:
@@ -215,14 +198,14 @@ class RecordTable:
         return f"{self.path}: chunk {tuple(int(v) for v in self.rec[i, R_CX:R_CX + 3])}"
 
     def payload(self, i: int) -> np.ndarray:
-        """The zstd frame of record i (a zero-copy uint8 view; read from the file, for a file's table)."""
+        """The zstd frame of record i (a zero-copy view, or read from the file)."""
         off, n = int(self.rec[i, R_PAY]), int(self.rec[i, R_PAYLEN])
         if self._file is None:
             return self._bufs[0][off:off + n]
         return np.frombuffer(self._read(i, off, n), _U8)
 
     def _read(self, i: int, off: int, n: int) -> bytes:
-        """Bytes [off, off + n) of this table's file (record i's), all of them or a typed error."""
+        """Bytes [off, off + n) of this table's file, all of them or a typed error."""
         f = self._file
         data = f.pread(off, n)
         if len(data) != n:
@@ -232,7 +215,7 @@ class RecordTable:
         return bytes(data)
 
     def _changed(self, i: int) -> ShardFormatError | None:
-        """A ShardFormatError if this table's file changed since it was loaded (None: it did not)."""
+        """A ShardFormatError if this table's file changed since it was loaded, else None."""
         f = self._file
         how = f.changed() if f is not None else None
         if how is None:
@@ -241,11 +224,8 @@ class RecordTable:
                                 f"while open?); open the export again")
 
     def gather_payloads(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The zstd frames of records ``rows``: (buffer, offsets, lengths).
-
-        A table in memory gives its own buffer (no copy); a file's table reads the records
-        asked for (ranges closer than 4 KiB merged) into one new buffer.
-        """
+        """(buffer, offsets, lengths) of the zstd frames of records ``rows``: a table's own buffer, or
+        for a file's table those records read (ranges closer than 4 KiB merged) into one new buffer."""
         rows = np.asarray(rows, np.int64)
         rec = self.rec[rows]
         off, ln = rec[:, R_PAY], rec[:, R_PAYLEN]
@@ -295,19 +275,14 @@ class RecordTable:
         return v.view(_U64) if self._aligned else v.copy().view(_U64)
 
     def labels(self, i: int) -> np.ndarray:
-        """The agglomerated label list of record i (zero-copy when aligned)."""
         return self._u64(self._bufs[1], int(self.rec[i, R_LAB]), int(self.rec[i, R_NLAB]))
 
     def supervoxels(self, i: int) -> np.ndarray:
-        """The supervoxel list of record i (zero-copy when aligned)."""
         return self._u64(self._bufs[2], int(self.rec[i, R_SV]), int(self.rec[i, R_NSV]))
 
     def block(self, i: int) -> bytes:
-        """The uncompressed DVID block of record i (sizes and zstd checksum checked).
-
-        Its label list must be the record's supervoxel list, entry for entry: the record's
-        ``labels`` (and any mapping of its supervoxels) are palettes indexed by block label.
-        """
+        """The uncompressed DVID block of record i (sizes and zstd checksum checked, its label list the
+        record's supervoxel list: the record's palettes are indexed by block label)."""
         try:
             block = _decompress(self.payload(i), self.usize(i), self._max_block)
             if len(block) >= 16 and not self.labels_match(i, block):
@@ -318,12 +293,8 @@ class RecordTable:
         return bytes(block)
 
     def labels_match(self, i: int, block: Any) -> bool:
-        """Whether record i's supervoxel list is its block's label list, entry for entry.
-
-        ``block`` is the decompressed block (bytes-like or uint8 array).  N uint64 compares at
-        the label list's fixed offset (byte 16): a list in another order, even the same ids
-        sorted, would pair the record's labels with the wrong voxels.
-        """
+        """Whether record i's supervoxel list is ``block``'s label list, entry for entry (the same ids in
+        another order would pair the record's labels with the wrong voxels)."""
         off, n = self.rec[i, R_SV:R_NSV + 1].tolist()
         head = bytes(memoryview(block)[12:16 + 8 * n]) if not isinstance(block, np.ndarray) else \
             block[12:16 + 8 * n].tobytes()
@@ -331,15 +302,12 @@ class RecordTable:
             _labels_match(head[4:], self._svmv[off:off + 8 * n].tobytes())
 
     def decode_into(self, i: int, out: np.ndarray, labels: Any) -> None:
-        """Decode record i into out ((z, y, x) view of any strides, possibly cropped).
+        """Decode record i into ``out`` ((z, y, x), any strides, possibly cropped) through the label
+        source ``labels``; BlockDecodeError or ShardFormatError naming file and chunk.
 
-        ``labels`` is a LabelSource.  The record's supervoxel list must be the block's label
-        list (see ``labels_match``), whatever the label source; a BlockDecodeError or
-        ShardFormatError names the file and chunk.
-
-        The TensorStore callback's hot path: ``block``, ``labels_match``, the label source's
-        palette and ``codec.decode_into`` in one function, with the same checks in the same order
-        (a Python call costs ~10x more between two 2 MiB decodes than in a loop).
+        The TensorStore callback's hot path: `block`, `labels_match`, the palette and
+        ``codec.decode_into`` in one function (a Python call costs ~10x more between two 2 MiB decodes
+        than in a loop).
         """
         r = self.rec[i].tolist()
         pay, usize = r[R_PAY], r[R_USIZE]
@@ -392,16 +360,11 @@ class RecordTable:
         except BlockDecodeError as e:
             raise (f is not None and self._changed(i)) or BlockDecodeError(f"{self.where(i)}: {e}") from None
 
-    # --- construction -----------------------------------------------------------------------
-
     @classmethod
     def from_ipc(cls, data: Any, base: int, msg_off: Any, msg_len: Any, rows: Any, layout: ipc.SchemaLayout, path: str,
                  chunk_size: Any = (64, 64, 64), chunks: Any = None) -> RecordTable:
-        """Records of Arrow IPC record batch messages held in ``data`` (bytes from offset ``base``).
-
-        ``msg_off``/``msg_len`` are each record's batch message offset and length in the file,
-        ``rows`` its row inside that batch; every header, buffer and offset is checked.
-        """
+        """Records of Arrow IPC record batch messages in ``data`` (from offset ``base``): each record's
+        message offset and length and its row in it; every header, buffer and offset checked."""
         u8 = data if isinstance(data, np.ndarray) else np.frombuffer(data, _U8)
         rec = ipc.resolve_rows(u8, base, msg_off, msg_len, rows, layout, path, chunks=chunks)
         f = _shard_file(data) if base == 0 else None
@@ -415,10 +378,8 @@ class RecordTable:
 
     @classmethod
     def from_batch(cls, batch: Any, path: str, chunk_size: Any = (64, 64, 64)) -> RecordTable:
-        """Records of a ``pyarrow.RecordBatch`` (or Table) of DVID block records.
-
-        Columns are normalised first (``normalise_batch``).  Buffers are used in place.
-        """
+        """Records of a ``pyarrow.RecordBatch`` (or Table), normalised (`normalise_batch`), buffers
+        used in place."""
         batch = normalise_batch(batch, path)
         n = batch.num_rows
         rec = np.empty((n, ipc.REC_FIELDS), np.int64)
@@ -444,7 +405,6 @@ class RecordTable:
 
 
 def _shard_file(data: Any) -> Any:
-    """The ``shard_file`` of the memory under ``data`` (a local file's snapshot), else None."""
     b = data
     while isinstance(b, np.ndarray):
         b = b.base
@@ -452,7 +412,7 @@ def _shard_file(data: Any) -> Any:
 
 
 def _compact(u8: np.ndarray, off: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of n[i] uint64 at byte offsets off[i] of u8, copied back to back: (uint8 buffer, new offsets)."""
+    """Lists of n[i] uint64 at byte offsets off[i] of u8, copied back to back: (buffer, offsets)."""
     n = np.asarray(n, np.int64)
     first = np.zeros(len(n), np.int64)
     if len(n) > 1:
@@ -481,11 +441,8 @@ _RENAMES = {"block_coord_x": "chunk_x", "block_coord_y": "chunk_y", "block_coord
 
 
 def normalise_batch(batch: Any, path: str) -> Any:
-    """A RecordBatch with DVID's export column names.
-
-    Renames the prototype's ``block_coord_*`` and ``compressed_data`` columns, and reassembles
-    payloads split over ``bin1..bin4`` (used when ``dvid_compressed_block`` is null).
-    """
+    """A RecordBatch with DVID's export column names (the prototype's ``block_coord_*`` and
+    ``compressed_data`` renamed, payloads split over ``bin1..bin4`` reassembled)."""
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
             [], schema=batch.schema)
@@ -530,7 +487,7 @@ def normalise_batch(batch: Any, path: str) -> Any:
 
 
 def _offsets(arr: Any, path: str, what: str, nvalues: int) -> np.ndarray:
-    """An array's value offsets (respecting its slice), checked monotone and within nvalues."""
+    """An array's value offsets (its slice respected), checked monotone and within nvalues."""
     large = pa.types.is_large_binary(arr.type) or pa.types.is_large_list(arr.type)
     ob = arr.buffers()[1]
     if ob is None:
