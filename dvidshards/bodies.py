@@ -56,7 +56,7 @@ from .query import (
     sorted_chunks,
 )
 
-__all__ = ["FORMATS", "Body", "chunk_decoder", "mesh_chunks", "parse_bounds"]
+__all__ = ["FORMATS", "Body", "chunk_decoder", "parse_bounds"]
 
 _U64 = 1 << 64
 _I32 = (-(1 << 31), (1 << 31) - 1)
@@ -123,16 +123,6 @@ def chunk_decoder(ds: DatasetLike, scale: int | Scale = 0, *, labels: Any = "agg
         return buf
 
     return decode
-
-
-def mesh_chunks(decode: Callable[[Any], np.ndarray | None], chunks: Any, chunk: int = 64, **kw: Any) -> Any:
-    """``mesh_cells(decode, cells, chunk, **kw)`` over the cells to mesh for chunks holding a body:
-    each chunk and its - neighbours (the cell of chunk c - 1 holds the surface between c - 1 and c:
-    cells reach one voxel into their + neighbours)."""
-    c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    d = np.array([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], np.int64)
-    cells = np.unique((c[:, None, :] - d[None, :, :]).reshape(-1, 3), axis=0) if len(c) else c
-    return mesh_cells(decode, cells, chunk, **kw)
 
 
 class Body:
@@ -572,8 +562,12 @@ class Body:
             m = a == target
             return m if m.any() else None
 
-        frags = [m[1] for _, out in mesh_chunks(mask, chunks, int(s.chunk_size[0]), labels=[1],
-                                                reduction_factor=reduction_factor, max_error=max_error)
+        # the body's chunks and their - neighbours: a cell reaches one voxel into its + neighbours, so
+        # the cell of chunk c - 1 holds the surface between c - 1 and c
+        d = np.array([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], np.int64)
+        cells = np.unique((chunks[:, None, :] - d[None, :, :]).reshape(-1, 3), axis=0) if len(chunks) else chunks
+        frags = [m[1] for _, out in mesh_cells(mask, cells, int(s.chunk_size[0]), labels=[1],
+                                               reduction_factor=reduction_factor, max_error=max_error)
                  for m in out.items()]
         mesh = merge_fragments(frags)
         return to_nm(mesh, s.resolution) if units == "nm" and len(mesh.faces) else mesh

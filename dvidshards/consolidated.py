@@ -24,8 +24,7 @@ from .formats.chunkindex import ShardIndex, pack_keys
 from .formats.multiscale import Scale, parse_multiscale
 from .formats.sharding import NAMINGS
 
-__all__ = ["ConsolidatedIndex", "consolidated_paths", "scales_from_consolidated", "spec_from_consolidated",
-           "write_consolidated"]
+__all__ = ["ConsolidatedIndex", "consolidated_paths", "scales_from_consolidated", "write_consolidated"]
 
 VERSION = 2
 _CHUNKS_SCHEMA = pa.schema([
@@ -166,12 +165,6 @@ class ConsolidatedIndex:
         coords = np.stack([c["chunk_x"][a:b], c["chunk_y"][a:b], c["chunk_z"][a:b]], axis=1).astype(np.int64)
         return ShardIndex(variant, coords, c["msg_off"][a:b].copy(), c["msg_len"][a:b].copy(),
                           c["row"][a:b].astype(np.int64))
-
-
-def spec_from_consolidated(folder: str) -> dict | None:
-    """The multiscale spec stored in a folder of consolidated indexes (None if it holds none): the
-    neuroglancer form, which loses geometry inferred from the files (open those with ``index=``)."""
-    return _consolidated_metas(folder)[0]
 
 
 def scales_from_consolidated(folder: str) -> tuple[dict | None, list[Scale]] | None:

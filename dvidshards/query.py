@@ -380,30 +380,15 @@ def _empty_rows() -> IndexRows:
 
 
 class BodyIndex:
-    """Per-body look-ups in a label index written by :func:`dvidshards.jobs.stats.label_index`,
-    on any store (a folder, ``gs://``, ``s3://``, ``http(s)://``).
+    """Per-body look-ups in a label index (``dvidshards label-index``: ``_meta.json`` and
+    ``bucket=*/part-0.parquet``) on any store: a folder, ``gs://``, ``s3://``, ``http(s)://``.
+    ``meta`` is its ``_meta.json`` (scale, label source, bits, geometry, completeness).
 
-    Parameters
-    ----------
-    path : path, URL or ByteStore
-        The label-index folder (holding ``_meta.json`` and ``bucket=*/part-0.parquet``).
-    cache_bytes : int
-        Decoded row groups kept in this process (least recently used dropped first).
-
-    Attributes
-    ----------
-    meta : dict
-        The index's ``_meta.json`` (scale, label source, bits, geometry, completeness).
-    path : str
-        Where it is (for messages).
-
-    Notes
-    -----
-    A body's rows are all in one bucket file, sorted by body in row groups: a look-up reads
-    the row groups whose body range holds it (their footer once per bucket), and keeps them
-    decoded (~36 bytes a row) up to ``cache_bytes``: repeated and nearby look-ups read nothing.
-    Supervoxel -> body look-ups use a table of every supervoxel of the index, built once per
-    process (`supervoxel_table`).
+    A body's rows are all in one bucket file, sorted by body in row groups: a look-up reads the
+    row groups whose body range holds it (their footer once per bucket) and keeps them decoded
+    (~36 bytes a row) up to ``cache_bytes`` (least recently used dropped first), so repeated and
+    nearby look-ups read nothing.  Supervoxel -> body look-ups use a table of every supervoxel of
+    the index, built once per process (`supervoxel_table`).
     """
 
     def __init__(self, path, *, cache_bytes: int = 64 << 20):
@@ -719,27 +704,11 @@ class BodyMask(NamedTuple):
 
 def body_mask(ds: DatasetLike, body: int, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None, *,
               chunks: Any = None) -> BodyMask:
-    """A body's voxels as a boolean mask over its exact bounding box (DVID's ``sparsevol``).
+    """A body's voxels as ``(mask, box)``: an (x, y, z) bool mask over its exact voxel box (DVID's
+    ``sparsevol``); an empty mask and box None when no voxel holds the body.
 
-    Only the chunks holding the body are decompressed and decoded: those listed by ``index``
-    (a :class:`BodyIndex` or its path) or else found by :func:`chunks_with`.
-
-    Parameters
-    ----------
-    ds : Dataset
-    body : int
-    scale : int
-    labels : "agglomerated", "supervoxels" or a mapping
-    index : BodyIndex or path, optional
-        A label index of the same scale and label source.
-    chunks : array_like of int, shape (n, 3), optional
-        The chunks holding the body, when already known (``index`` is then not used).
-
-    Returns
-    -------
-    BodyMask
-        ``(mask, box)``: the (x, y, z) bool mask and its voxel box; an empty mask and box
-        None when no voxel holds the body.
+    Only the body's chunks are decoded: ``chunks`` when known, else those listed by ``index`` (a
+    `BodyIndex` or its path, of the same scale and label source), else found by `chunks_with`.
     """
     s = ds.scale(scale)
     src = as_labels(labels)

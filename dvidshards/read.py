@@ -68,24 +68,11 @@ async def check_scale(store: ByteStore | RecordSource, scale: Scale, consolidate
 class ChunkReader:
     """``read_function`` of an export scale's virtual_chunked store (pickles without open files).
 
-    Parameters
-    ----------
-    store : ByteStore
-        Where the export is.
-    scale : Scale
-        The scale's geometry.
-    labels : LabelSource
-        Which ids to return.
-    fill_missing_shards : bool
-        Read a missing shard file as background instead of raising MissingShardError.
-    max_shards, max_bytes : int
-        Bounds of the per-process shard cache.
-    consolidated : str, optional
-        Folder of consolidated indexes.
-    policy : "eager", "lazy" or None
-        Validation policy of shard loads (None: eager for local stores, lazy for remote).
-    geometry : str
-        Where the scale's geometry came from, for messages ("the spec", ...).
+    Reads ``scale`` of ``store`` as ``labels``; ``fill_missing_shards``: a missing shard file is
+    background, not a MissingShardError; ``max_shards``, ``max_bytes``: bounds of the per-process
+    shard cache; ``consolidated``: a folder of consolidated indexes; ``policy``: of shard loads
+    (None: eager for local stores, lazy for remote); ``geometry``: where the scale's geometry came
+    from, for messages ("the spec", ...).
 
     Each process checks the scale's file names against its geometry: with a consolidated index
     it lists the folder once before its first load (``check_scale``); otherwise it lists
@@ -431,17 +418,17 @@ class _Request:
         self.x, self.y, self.z, self.array, self.promise = x, y, z, array, promise
         self.done = False
 
-    def ok(self) -> None:
+    def ok(self, e: BaseException | None = None) -> None:
         if not self.done:
             self.done = True
             self.array = None
-            self.promise.set_result(None)
+            if e is None:
+                self.promise.set_result(None)
+            else:
+                self.promise.set_exception(e)
 
     def fail(self, e: BaseException) -> None:
-        if not self.done:
-            self.done = True
-            self.array = None
-            self.promise.set_exception(e)
+        self.ok(e)
 
 
 def _zero(req: _Request) -> None:

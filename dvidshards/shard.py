@@ -771,6 +771,10 @@ class ShardCache:
 
     def _claim(self, origin):
         """(shard, None, False) on a hit, (None, future, owner?) otherwise."""
+        try:
+            return self.peek(origin), None, False
+        except KeyError:
+            pass
         with self._lock:
             if origin in self._shards:
                 return self._shards[origin], None, False
@@ -804,10 +808,6 @@ class ShardCache:
 
     def get_sync(self, origin):
         """The shard at origin, loading it on this thread if needed (not from the I/O loop)."""
-        try:
-            return self.peek(origin)
-        except KeyError:
-            pass
         shard, fut, owner = self._claim(origin)
         if fut is None:
             return shard
@@ -823,10 +823,6 @@ class ShardCache:
 
     async def get(self, origin):
         """The shard at origin (coroutine form)."""
-        try:
-            return self.peek(origin)
-        except KeyError:
-            pass
         shard, fut, owner = self._claim(origin)
         if fut is None:
             return shard

@@ -282,50 +282,39 @@ class _DvidShardWriter:
 def write_shard(path_stem: str | os.PathLike, records: Iterable[Mapping[str, Any]], *, batch_size: int = 1,
                 index: str = "A", container: str = "stream", with_uncompressed_size: bool | None = None,
                 chunk_size: int = CHUNK_SIZE) -> dict[str, Any]:
-    """Write one DVID shard file and its chunk index from ready-made records.
-
-    Records are written in the order given, ``batch_size`` rows per Arrow record batch (the last
-    may be partial), by the code that writes every shard of `write_export`.
+    """Write one DVID shard file and its chunk index from ready-made records, in the order given,
+    ``batch_size`` rows per Arrow record batch (the code that writes every shard of `write_export`).
 
     Parameters
     ----------
     path_stem : str or os.PathLike
-        Path without extension, e.g. ``export/s0/0_0_0``: writes ``{stem}.arrow`` and, except
-        for variant D, ``{stem}.csv`` (for D, an old ``{stem}.csv`` is removed).  Both are
-        written under hidden temporary names and renamed into place when complete: refused
-        records, or an interruption, leave nothing behind (and an existing shard untouched).
+        Path without extension (``export/s0/0_0_0``): writes ``{stem}.arrow`` and, but for
+        variant D, ``{stem}.csv`` (for D an old one is removed), under hidden temporary names
+        renamed into place when complete: refused records or an interruption leave nothing
+        behind (an existing shard untouched).
     records : iterable of mapping
-        Each with ``chunk_x, chunk_y, chunk_z`` (int), ``labels`` and ``supervoxels``
-        (sequences of uint64), ``dvid_compressed_block`` (bytes) and, when the schema has it,
-        ``uncompressed_size`` (int); other keys are ignored.  Values are written as given (no
-        consistency checks), so corrupted shards can be built too.
-    batch_size : int, optional
+        ``chunk_x, chunk_y, chunk_z``, ``labels``, ``supervoxels``, ``dvid_compressed_block`` and,
+        when the schema has it, ``uncompressed_size``; written as given (no consistency checks),
+        so corrupted shards can be built too.
+    batch_size : int
         Rows per record batch (DVID's default is 1).
-    index : {"A", "B", "C", "D"}, optional
+    index : {"A", "B", "C", "D"}
         Index variant (FORMATS.md §3). "A": CSV ``# schema_size=N`` then
         ``x,y,z,offset,size,batch_idx``; "B": ``# schema_size=N`` then ``x,y,z,rec,offset,size``
-        (needs ``batch_size == 1``); "C": CSV ``x,y,z,rec``; "D": IPC file followed by
-        ``[JSON {"x_y_z": rec}][u64 LE length][b"CHUNKIDX"]`` with keys in voxel units
-        (chunk coordinate × ``chunk_size``), no CSV.
-    container : {"stream", "file"}, optional
-        Arrow IPC stream (DVID) or IPC file; "file" only with variant C (D is always a file).
+        (``batch_size == 1``); "C": CSV ``x,y,z,rec``; "D": IPC file followed by ``[JSON
+        {"x_y_z": rec}][u64 LE length][b"CHUNKIDX"]``, keys in voxels (chunk × ``chunk_size``).
+    container : {"stream", "file"}
+        Arrow IPC stream (DVID) or file: "file" only with C (D is always a file).
     with_uncompressed_size : bool, optional
-        Whether the schema has ``uncompressed_size``. Default: yes, except for variant D.
-    chunk_size : int, optional
-        Chunk size in voxels of variant D's keys.
+        Whether the schema has ``uncompressed_size`` (default: but for variant D).
 
     Returns
     -------
     dict
-        ``arrow_path``, ``index_path`` (None for D), ``schema_size`` (bytes of the schema
-        message written), ``num_records``, ``num_batches`` and ``entries``: per record ``x, y,
-        z, rec, offset, size, batch_idx`` (offset/size: the byte range of its batch message).
-
-    Raises
-    ------
-    SpecError
-        An unknown variant or container, an invalid combination (B with ``batch_size != 1``,
-        A/B with the file container), or records that do not fit the schema.
+        ``arrow_path``, ``index_path`` (None for D), ``schema_size`` (bytes of the schema message
+        written), ``num_records``, ``num_batches`` and ``entries``: per record ``x, y, z, rec,
+        offset, size, batch_idx`` (offset/size: the byte range of its batch message).  SpecError
+        for an unknown or invalid variant/container/batch size, or records that do not fit.
     """
     writer = _DvidShardWriter(path_stem, batch_size=batch_size, index=index, container=container,
                               with_uncompressed_size=index != "D" if with_uncompressed_size is None
@@ -547,78 +536,64 @@ def write_export(volume: Any, path: str | os.PathLike, *, mapping: Any = None, s
                  batch_size: int = 1, index: str = "A", container: str = "stream", zstd_level: int = 3,
                  info: bool = False, overwrite: bool = False, progress: bool | None = None, naming: str = "current",
                  zero_blocks: bool = False, only_scales: Sequence[int] | None = None) -> dict[str, Any]:
-    """Write a supervoxel volume as a DVID ``export-shards`` export.
+    """Write a supervoxel volume as a DVID ``export-shards`` export; the neuroglancer multiscale spec
+    DVID is given (shaped like ``mcns-ng-specs.json``).
 
-    Every scale ``k`` gets a folder ``s{k}`` of ``{ox}_{oy}_{oz}.arrow`` files (+ index), one
-    per DVID shard holding data, named by DVID's cubic shard origin (`dvid_shard_origin`,
-    `dvid_shard_extent`).  Each 64³ block (edge blocks padded with 0) is encoded in DVID's
-    block format, zstd-compressed and written as one record with its block label list as
-    ``supervoxels`` and the mapped ids as ``labels``; blocks whose mapped labels are all 0 get
-    no record.  Records are in ZYX order within a shard; the volume is read one row of chunks
-    of one shard at a time.  The scales are written into a hidden folder under ``path`` and
-    moved into place when all are complete: a failed or interrupted write leaves no export
-    (and an overwritten one intact).
+    Every scale ``k`` gets a folder ``s{k}`` of ``{ox}_{oy}_{oz}.arrow`` files (+ index), one per
+    DVID shard holding data, named by DVID's cubic shard origin.  Each 64³ block (edge blocks
+    padded with 0) is encoded in DVID's format, zstd-compressed and written as one record with its
+    block label list as ``supervoxels`` and the mapped ids as ``labels``; blocks whose labels are all
+    0 get none.  Records are in ZYX order within a shard; the volume is read a row of one shard's
+    chunks at a time.  The scales are written into a hidden folder under ``path`` and moved into
+    place when complete: a failed or interrupted write leaves no export (an overwritten one intact).
 
     Parameters
     ----------
     volume : numpy.ndarray or tensorstore.TensorStore
-        Supervoxel ids (non-negative integers, stored as uint64), indexed ``[x, y, z]`` (a
-        trailing channel axis of size 1 is dropped); a TensorStore's origin is voxel (0, 0, 0).
+        Supervoxel ids (non-negative integers), indexed ``[x, y, z]`` (a trailing channel axis of
+        size 1 is dropped); a TensorStore's origin is voxel (0, 0, 0).
     path : str or os.PathLike
         Export root; created if needed.
     mapping : LabelMapping, dict, pandas.Series, (n, 2) array_like or path, optional
-        Supervoxel -> body ids (anything `LabelMapping.from_any` takes); absent supervoxels map
-        to themselves.
-    scales : int, optional
-        Number of scales; scale ``k+1`` is the 2×2×2 mode downsampling of scale ``k``
-        (``tensorstore.downsample(..., "mode")``, size ``ceil(size / 2)``).
-    resolution : sequence of 3 float, optional
-        Voxel size of scale 0 (nm); doubled at every scale.
+        Supervoxel -> body ids (`LabelMapping.from_any`); absent supervoxels map to themselves.
+    scales : int
+        Scale ``k+1`` is the 2×2×2 mode downsampling of scale ``k`` (``tensorstore.downsample``).
+    resolution : 3 floats
+        Voxel size of scale 0 (nm), doubled at every scale.
     shard_chunks : int, optional
         Chunks per shard side (power of two) for `default_sharding`; default 32 (mCNS).
-    sharding : ShardingSpec or dict, or a list of them (one per scale), optional
-        Sharding spec(s) instead of `default_sharding` (not with ``shard_chunks``).
-    batch_size : int, optional
-        Records per Arrow record batch (DVID's default 1); also the spec's ``batch_size``.
-    index : {"A", "B", "C", "D"}, optional
-        Index variant of every shard (`write_shard`); default "A" (current DVID).
-    container : {"stream", "file"}, optional
-        Arrow IPC container (`write_shard`).
-    zstd_level : int, optional
-        zstd level of ``dvid_compressed_block`` (frames carry content size and checksum).
-    info : bool, optional
-        Also write the returned spec to ``{path}/info`` (DVID writes none).
-    overwrite : bool, optional
+    sharding : ShardingSpec or dict, or one per scale, optional
+        Instead of `default_sharding` (not with ``shard_chunks``).
+    batch_size, index, container :
+        Records per Arrow record batch (DVID's 1; also the spec's ``batch_size``), index variant
+        and IPC container of every shard (`write_shard`; default: DVID's today).
+    zstd_level : int
+        Of ``dvid_compressed_block`` (frames carry content size and checksum).
+    info : bool
+        Also write the spec to ``{path}/info`` (DVID writes none).
+    overwrite : bool
         Allow a non-empty ``path``: its ``s<N>`` folders and ``info`` are replaced once the new
         export is complete; nothing else is touched.
     progress : bool, optional
         A tqdm bar on stderr, a step per shard box: None (default) on a terminal only.
-    naming : {"current", "old"}, optional
-        DVID's shard-file naming generation (FORMATS.md §3a): ``"current"`` (since 2026-03-21,
-        `dvid_shard_extent`) or ``"old"`` (one cube of `dvid_old_shard_extent` voxels per
-        scale, so a neuroglancer shard larger than it on some axis is split over several files,
-        as in the real mCNS export).
-    zero_blocks : bool, optional
-        Also a record for every all-background block (labels all 0), as DVID wrote before
-        2026-03-27.
+    naming : {"current", "old"}
+        DVID's shard-file naming generation (FORMATS.md §3a): ``"current"`` (since 2026-03-21) or
+        ``"old"`` (one cube of `dvid_old_shard_extent` voxels per scale, so a neuroglancer shard
+        larger than it on some axis is split over several files, as in the real mCNS export).
+    zero_blocks : bool
+        Also a record for every all-background block, as DVID wrote before 2026-03-27.
     only_scales : sequence of int, optional
         Write only these scale folders (the spec lists every scale): an export holding a prefix
-        of its spec's scales (``[0]``: DVID's default since 2026-03-29), or the coarse scales of
-        a downsample destination.
-
-    Returns
-    -------
-    dict
-        The neuroglancer multiscale spec DVID is given, shaped like ``mcns-ng-specs.json``.
+        of its spec's scales (``[0]``: DVID's default since 2026-03-29), or a downsample's coarse scales.
 
     Raises
     ------
     FileExistsError
-        If ``path`` is a file, or a non-empty folder and ``overwrite`` is False.
+        ``path`` is a file, or a non-empty folder without ``overwrite``.
     SpecError
         Invalid options, or a volume that is not 3-D non-negative integer data.
     MappingError
-        A mapping that `LabelMapping.from_any` refuses.
+        A mapping `LabelMapping.from_any` refuses.
     """
     container = _check_layout(index, container, batch_size)
     scales = _positive_int(scales, "scales")

@@ -334,38 +334,20 @@ def _coarse_reference(sv: np.ndarray, box, k_max: int) -> dict[int, np.ndarray]:
 def run_demo(out_dir: str | None = None, *, size=DEFAULT_SIZE, seed: int = 7, png: str | None = None,
              echo=print) -> dict:
     """Write a synthetic export as DVID does (scale 0), make its coarser scales as DVID does
-    (`dvidshards.jobs.downsample.downsample`), read a box across shard boundaries at every
-    scale, check it, draw it.
+    (``downsample``), read a box across shard boundaries at every scale, check it, draw it.
 
-    Parameters
-    ----------
-    out_dir : str, optional
-        Folder for the export (``out_dir/export``, its scale 0), the coarser scales
-        (``out_dir/pyramid``, the downsample job's output) and the spec (``out_dir/spec.json``);
-        kept. Default: a temporary folder, removed before returning.
-    size : (x, y, z)
-        Volume size in voxels (see `check_size`).
-    seed : int
-        Seed of the synthetic neurons.
-    png : str, optional
-        Where to save the figure (a PNG file; needs matplotlib).
-    echo : callable
-        Receives each line of the report.
+    ``out_dir`` keeps the export (``out_dir/export``), the coarser scales (``out_dir/pyramid``)
+    and the spec (``out_dir/spec.json``); default a temporary folder, removed before returning.
+    ``size``: voxels (`check_size`); ``seed``: of the synthetic neurons; ``png``: where to save the
+    figure (needs matplotlib: DemoDependencyError before any work without it); ``echo`` receives
+    each line of the report.
 
-    Returns
-    -------
-    dict
-        ``export``, ``pyramid`` (None when temporary), ``spec``, ``box``; ``agglomerated`` and
-        ``supervoxels`` (the box read back at scale 0); ``coarse`` (scale -> the box's
-        ``(agglomerated, supervoxels)`` read at that scale from the pyramid); ``exact`` (scale 0
-        equals the volume written, every coarser scale DVID's rule applied to it, bodies by the
-        mapping); ``seconds`` (read and downsample times); ``png`` (None when no picture was asked
-        for); ``z`` (scale-0 slice drawn); ``panels`` (the figure's panel pixel boxes).
-
-    Raises
-    ------
-    DemoDependencyError
-        A figure asked for without matplotlib installed (before any work).
+    Returns a dict: ``export``, ``pyramid`` (None when temporary), ``spec``, ``box``;
+    ``agglomerated`` and ``supervoxels`` (the box read back at scale 0); ``coarse`` (scale -> the
+    box's ``(agglomerated, supervoxels)`` from the pyramid); ``exact`` (scale 0 equals the volume
+    written, every coarser scale DVID's rule applied to it, bodies by the mapping); ``seconds``
+    (read and downsample times); ``png`` (None when no picture was asked for); ``z`` (the scale-0
+    slice drawn); ``panels`` (the figure's panel pixel boxes).
     """
     if png is not None:
         _matplotlib()  # before any work: a missing plotting library is said at once
