@@ -1,22 +1,13 @@
 """DVID ``/blocks`` streams: the body of ``GET …/blocks`` (and ``POST …/blocks``).
 
-A stream is a run of records, each ``int32 bx, by, bz, nbytes`` (little endian) followed by
-``nbytes`` of one block, compressed as the request's ``compression`` asked:
-
-``blocks`` (DVID's native form)
-    the DVID label block serialization (FORMATS.md §1), gzip-compressed, or lz4 (block
-    format, no size prefix) when the instance stores lz4 and no mapping was applied;
-``gzip`` / ``lz4`` / ``uncompressed``
-    the block's 64³ uint64 label volume (z, y, x), compressed so; DVID passes an lz4-stored
-    block through unchanged for ``lz4`` when it applies no mapping, so an lz4 payload may
-    also hold a DVID block.
-
-`read_stream` yields ``((bx, by, bz), block)`` with ``block`` the uncompressed DVID block,
-whatever the payload held (a label volume is encoded as a block).  Every record is checked:
-a short header or payload, a size no block can have, a corrupt or oversized compressed
-payload or a block whose header does not fit it raise `BlockStreamError` naming the
-source, the record, its byte offset and its block coordinate.  `write_stream` writes the
-same format (what ``POST …/blocks`` takes).
+Records of ``int32 bx, by, bz, nbytes`` (little endian) and ``nbytes`` of one block, as the
+request's ``compression`` asked: ``blocks`` (DVID's native form) is the label block (FORMATS.md
+§1) gzipped, or lz4 (block format, no size prefix) when stored so and no mapping applied;
+``gzip``, ``lz4``, ``uncompressed`` are the 64³ uint64 (z, y, x) volume so compressed (an lz4
+payload may also hold a block DVID passed through). `read_stream` yields uncompressed DVID
+blocks whatever the payload held; a record that is short, of a size no block has, corrupt,
+oversized or not fitting its header is a `BlockStreamError` naming source, record, offset and
+block coordinate.
 """
 
 from __future__ import annotations
@@ -45,7 +36,7 @@ class BlockStreamError(DvidShardsError, ValueError):
     """A DVID ``/blocks`` stream is truncated or holds a record that is not a block."""
 
 
-# --- lz4 block format (no frame, no size prefix: what DVID's golz4 writes) ---------------------
+# lz4 block format: no frame, no size prefix (what DVID's golz4 writes)
 
 
 def _lz4() -> Any:
@@ -57,14 +48,8 @@ def _lz4() -> Any:
 
 
 def lz4_block_decompress(data: BytesLike, max_bytes: int) -> bytes:
-    """Decompress one lz4 *block* (no frame header), producing at most ``max_bytes`` bytes.
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is truncated, corrupt or decompresses to more than ``max_bytes`` (lz4
-        does not say which), or the lz4 package is missing.
-    """
+    """One lz4 block (no frame) decompressed to at most ``max_bytes``; BlockDecodeError when it is
+    truncated, corrupt or larger (lz4 does not say which), or the lz4 package is missing."""
     block = _lz4()
     try:
         return bytes(block.decompress(data, uncompressed_size=int(max_bytes)))
@@ -73,11 +58,8 @@ def lz4_block_decompress(data: BytesLike, max_bytes: int) -> bytes:
 
 
 def lz4_block_compress(data: BytesLike) -> bytes:
-    """One lz4 *block* (no frame header, no size prefix) of ``data``: DVID's lz4 form."""
+    """One lz4 block (no frame, no size prefix) of ``data``: DVID's lz4 form."""
     return bytes(_lz4().compress(data, store_size=False))
-
-
-# --- payloads ---------------------------------------------------------------------------------
 
 
 def _limits(chunk_size: int) -> tuple[int, int, int]:
@@ -133,7 +115,7 @@ def _as_block(raw: bytes, chunk_size: int, what: str) -> bytes:
 
 
 def decode_payload(payload: BytesLike, compression: str = "auto", chunk_size: int = 64) -> bytes:
-    """The uncompressed DVID block of one ``/blocks`` record's payload (see the module doc)."""
+    """The uncompressed DVID block of one ``/blocks`` record's payload."""
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     _, biggest, _ = _limits(chunk_size)
@@ -146,11 +128,7 @@ def decode_payload(payload: BytesLike, compression: str = "auto", chunk_size: in
     return _as_block(lz4_block_decompress(payload, biggest), chunk_size, "the lz4-decompressed payload")
 
 
-# --- streams ----------------------------------------------------------------------------------
-
-
 def _reader(source: BytesLike | BinaryIO) -> tuple[BinaryIO, str]:
-    """(file-like, name) of bytes, a numpy array or a binary file."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return BytesIO(source), "<bytes>"
     if isinstance(source, np.ndarray):
@@ -178,13 +156,13 @@ def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chun
 
     Parameters
     ----------
-    source : bytes, bytearray, memoryview, numpy.ndarray or binary file
-        The stream (read incrementally from a file; the caller opens and closes it).
+    source : bytes-like, numpy.ndarray or binary file
+        The stream (a file is read incrementally; the caller opens and closes it).
     compression : {"auto", "blocks", "gzip", "lz4", "uncompressed"}
-        What the payloads hold (the request's ``compression``); ``"auto"`` tells gzip, a
-        DVID block and a raw volume apart by content and takes anything else as lz4.
+        What the payloads hold; ``"auto"`` tells gzip, a DVID block and a raw volume apart by
+        content and takes anything else as lz4.
     chunk_size : int
-        Block side in voxels (64 for DVID labelmap instances).
+        Block side in voxels (64).
 
     Yields
     ------
@@ -194,8 +172,7 @@ def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chun
     Raises
     ------
     BlockStreamError
-        A record is truncated, claims a size no block can have, or its payload is not a
-        (compressed) block of ``chunk_size``³ voxels; the message names the record.
+        A record that is not a (compressed) block of ``chunk_size``³ voxels, named.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -231,12 +208,9 @@ def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chun
 
 def write_stream(records: Iterable[tuple[tuple[int, int, int], BytesLike]], out: BinaryIO | None = None, *,
                  compression: str = "gzip") -> bytes | None:
-    """Write ``((bx, by, bz), block)`` records as a ``/blocks`` stream (``POST …/blocks`` body).
-
-    ``block`` is an uncompressed DVID block; ``compression`` is ``"gzip"`` (DVID's native
-    ``blocks`` form), ``"lz4"`` (DVID's lz4 block form, the lz4 package) or ``"uncompressed"``.
-    Returns the bytes, or writes them to ``out`` (a binary file) and returns None.
-    """
+    """A ``/blocks`` stream (``POST …/blocks`` body) of ``((bx, by, bz), block)`` records, blocks
+    compressed ``"gzip"`` (DVID's native form), ``"lz4"`` or ``"uncompressed"``; written to ``out``
+    (then None) or returned."""
     if compression not in ("gzip", "lz4", "uncompressed"):
         raise ValueError(f"compression must be 'gzip', 'lz4' or 'uncompressed', got {compression!r}")
     sink: BinaryIO = BytesIO() if out is None else out

@@ -1,9 +1,6 @@
-"""Chunk indexes: every variant DVID has written, normalised to one in-memory form.
-
-Variants (FORMATS.md §3): CSV ``x,y,z,offset,size,batch_idx`` (A), ``x,y,z,rec,offset,size``
-(B), ``x,y,z,rec`` (C), and the ``CHUNKIDX`` JSON footer (D).  All become a ``ShardIndex``:
-chunk coordinates plus the byte range of the record batch message and the row inside it.
-"""
+"""Chunk indexes: every variant DVID has written (FORMATS.md §3: CSV ``x,y,z,offset,size,batch_idx``
+(A), ``x,y,z,rec,offset,size`` (B), ``x,y,z,rec`` (C), the ``CHUNKIDX`` JSON footer (D)) as one
+`ShardIndex`: chunk coordinates, their record batch message's byte range and row."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ _VARIANTS = {
 }
 KEY_BITS = 21
 KEY_LIMIT = 1 << KEY_BITS
-# no file is 2**53 bytes: bounding every offset, size and row below this keeps any sum of two
-# of them inside int64, so range checks written as sums cannot wrap
+# no file is 2**53 bytes: offsets, sizes and rows below it cannot wrap int64 when two are summed
 MAX_BYTE_OFFSET = 1 << 53
 
 
@@ -73,7 +69,7 @@ class ShardIndex:
     @classmethod
     def from_raw(cls, raw: RawIndex, where: str, batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
                  ) -> ShardIndex:
-        """Locate every chunk's record batch; ``batches`` (offsets, lengths, rows) is needed for C and D."""
+        """Locate every chunk's record batch (``batches``: offsets, lengths, rows; needed for C and D)."""
         if raw.variant in ("A", "B"):
             assert raw.offset is not None and raw.size is not None
             row = raw.batch_idx if raw.batch_idx is not None else np.zeros(len(raw.coords), np.int64)
@@ -96,7 +92,6 @@ def _c(c: Any) -> tuple[int, ...]:
 
 
 def check_coords(coords: np.ndarray, where: str) -> None:
-    """Coordinates in range and unique."""
     if coords.size and (coords.min() < 0 or coords.max() >= KEY_LIMIT):
         i = int(np.flatnonzero(((coords < 0) | (coords >= KEY_LIMIT)).any(axis=1))[0])
         raise ChunkIndexError(f"{where}: chunk coordinate {_c(coords[i])} out of range")
@@ -108,13 +103,13 @@ def check_coords(coords: np.ndarray, where: str) -> None:
 
 
 def _int64s(col: pa.ChunkedArray) -> np.ndarray:
-    """An int64 column as numpy from its data buffer (pyarrow's to_numpy imports pandas: ~250 ms)."""
+    """An int64 column's data buffer (pyarrow's to_numpy imports pandas: ~250 ms)."""
     a = col.combine_chunks()
     return np.frombuffer(a.buffers()[1], np.int64, count=len(a), offset=8 * a.offset)
 
 
 def parse_csv(text: bytes, where: str) -> RawIndex:
-    """Parse a CSV chunk index of variant A, B or C (detected from its header)."""
+    """A CSV chunk index of variant A, B or C (told by its header)."""
     schema_size = None
     body = bytes(text)
     if body.startswith(b"#"):
@@ -157,7 +152,7 @@ def parse_csv(text: bytes, where: str) -> RawIndex:
 
 
 def footer_length(tail: bytes, file_size: int, where: str) -> int | None:
-    """Length of the JSON of a CHUNKIDX footer given the file's last 16 bytes (None: no footer)."""
+    """Length of a CHUNKIDX footer's JSON from the file's last 16 bytes (None: no footer)."""
     if len(tail) < 16 or tail[-8:] != FOOTER_MAGIC:
         return None
     (n,) = struct.unpack("<Q", tail[-16:-8])
@@ -167,7 +162,7 @@ def footer_length(tail: bytes, file_size: int, where: str) -> int | None:
 
 
 def parse_footer(blob: bytes, chunk_size: tuple[int, int, int], where: str) -> RawIndex:
-    """Parse the JSON of a CHUNKIDX footer (variant D: keys ``"x_y_z"`` in voxel units)."""
+    """A CHUNKIDX footer's JSON (variant D: keys ``"x_y_z"`` in voxels)."""
     try:
         obj = json.loads(blob)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError

@@ -1,22 +1,11 @@
 """Kernels that answer before numba has compiled them.
 
-numba compiles a kernel on its first call. For the read path that is ~17 CPU seconds after a
-fresh install, and ~0.5 s even to load the compiled code from numba's cache in a new process.
-A :class:`Kernel` pairs a numba dispatcher with a *fallback* that computes the same result
-without compiling: a numpy version, or the kernel's own Python source run by the interpreter
-(:func:`python_twins`). Until the dispatcher is ready, calls may go to the fallback; from then on
-calls go to the compiled code.
-
-This module holds the pure part: the kernel object, its registry and the fallbacks. *When and
-where* a kernel is compiled is the business of a :class:`Compiler`, installed with
-:func:`install_compiler`. ``dvidshards.runtime.kernels`` installs the one the package uses when
-``dvidshards`` is imported (kernels compiled behind the caller for notebooks, at normal priority
-once per node for jobs; its ``DVIDSHARDS_KERNELS`` chooses). With none installed, a kernel is
-compiled in the caller's thread at its first call and the call waits for it (numba's own
-behaviour): no thread, no process, no lock of ours (numba holds its own while it compiles).
-
-:func:`wait` blocks until every kernel called so far is compiled (benchmarks call it before
-measuring steady-state speed); :func:`status` says where each is.
+numba compiles a kernel on its first call: ~17 CPU s for the read path after a fresh install,
+~0.5 s to load it from numba's cache in a new process. A `Kernel` pairs a dispatcher with a
+fallback that needs no compile (a numpy version, or the kernel's own source interpreted:
+`python_twins`); calls go to the fallback until the dispatcher is ready. When and where kernels
+compile is the installed `Compiler`'s business (``dvidshards.runtime.kernels`` installs the
+package's); with none, a kernel compiles in the caller's thread at its first call, as numba does.
 """
 
 from __future__ import annotations
@@ -34,16 +23,12 @@ __all__ = ["Compiler", "Kernel", "compile_all", "fallbacks", "install_compiler",
 class Kernel:
     """A numba dispatcher that answers through ``fallback`` until it is compiled.
 
-    ``signatures`` are compiled ahead of the first compiled call; with ``exclusive`` the
-    dispatcher then refuses other signatures (numba converts writable and strided arrays to a
-    compiled ``readonly``/``'A'`` signature), so no call ever compiles in the caller's thread.
-    ``fallback`` takes the same arguments and returns the same result (bit for bit, error codes
-    included): the tests hold each pair to that. Without one (``None``: kernels off the read
-    path), the first call compiles the signatures and waits, in any mode.
-
-    ``handled`` is the installed compiler's mark: it has this kernel in hand (queued, with a
-    helper, or waiting for another process), so further calls answer through the fallback
-    without asking it again.
+    ``signatures`` are compiled ahead of the first compiled call; ``exclusive`` then refuses other
+    signatures (numba converts writable and strided arrays to a compiled ``readonly``/``'A'`` one),
+    so no call compiles in the caller's thread. ``fallback`` returns the same result, error codes
+    included (the tests hold each pair to it); None (kernels off the read path): the first call
+    compiles and waits. ``handled``: the installed compiler has it in hand, so calls answer through
+    the fallback without asking again.
     """
 
     def __init__(self, dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any] | None,
@@ -76,18 +61,13 @@ class Kernel:
         return self.fallback(*args)
 
     def ensure(self) -> None:
-        """Compile now, unless already done (or the installed compiler or ``fallbacks()`` says no).
-
-        For callers about to give the kernel enough work that the fallback would take longer
-        than the compile (the IPC resolver on a shard of many thousand records). The installed
-        compiler may wait for another process that is compiling it.
-        """
+        """Compile now unless done (or the compiler or `fallbacks` says no): for callers about to give
+        it more work than the fallback would finish before a compile."""
         if self._fast is None and self.failed is None and not _forced:
             _compiler.asked(self)
 
     def compile(self) -> None:
-        """Compile (or load from numba's cache) every signature now, in this thread (the
-        installed compiler decides whether other threads wait meanwhile)."""
+        """Compile (or load from numba's cache) every signature now, in this thread."""
         if self._fast is not None:
             return
         try:
@@ -114,8 +94,7 @@ _forced = 0  # > 0 inside fallbacks()
 
 @contextlib.contextmanager
 def fallbacks() -> Iterator[None]:
-    """Run the fallbacks of every kernel while inside, compiled or not (the tests hold each
-    fallback to its kernel through the whole read path with it). Process-wide."""
+    """Run every kernel's fallback while inside, compiled or not (process-wide; the tests' switch)."""
     global _forced
     _forced += 1
     try:
@@ -124,17 +103,13 @@ def fallbacks() -> Iterator[None]:
         _forced -= 1
 
 
-# --- the compiler hook -----------------------------------------------------------------------------
-
-
 class Compiler:
-    """When and where kernels are compiled. This base class is the default: at the first call,
-    in the caller's thread, and the call waits. ``dvidshards.runtime.kernels`` installs its own."""
+    """When and where kernels are compiled; this default compiles at the first call, in the
+    caller's thread, which waits."""
 
     def called(self, k: Kernel) -> bool:
-        """``k`` was called before it was ready (and not inside ``fallbacks()``, nor failed).
-        Return True when it is ready now (the call runs the compiled code); False to answer
-        through the fallback."""
+        """``k`` was called before it was ready: True when it is ready now, False to answer through the
+        fallback."""
         try:
             k.compile()
         except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
@@ -142,7 +117,7 @@ class Compiler:
         return True
 
     def compile(self, k: Kernel) -> None:
-        """Compile ``k`` now in this thread; its error passes through (a kernel without fallback)."""
+        """Compile ``k`` now in this thread; its error passes through."""
         k.compile()
 
     def ensure(self, k: Kernel) -> None:
@@ -157,11 +132,11 @@ class Compiler:
         self.ensure(k)
 
     def wait(self, timeout: float | None) -> bool:
-        """Block until every kernel this compiler has in hand is compiled; False on timeout."""
+        """Block until every kernel in hand is compiled; False on timeout."""
         return True
 
     def busy(self) -> dict[str, str]:
-        """``{kernel name: 'queued' | 'compiling'}`` for the kernels in hand."""
+        """``{kernel name: 'queued' | 'compiling'}`` of the kernels in hand."""
         return {}
 
 
@@ -176,7 +151,6 @@ def install_compiler(compiler: Compiler) -> Compiler:
 
 
 def installed_compiler() -> Compiler:
-    """The compiler in use."""
     return _compiler
 
 
@@ -186,14 +160,14 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def compile_all() -> None:
-    """Compile (or load from the cache) every kernel registered so far, in this thread."""
+    """Compile (or load) every kernel registered so far, in this thread."""
     for k in list(_KERNELS):
         if not k.ready and k.failed is None:
             _compiler.ensure(k)
 
 
 def status() -> dict[str, str]:
-    """``{kernel name: 'compiled' | 'queued' | 'compiling' | 'failed'}`` for the kernels called so far."""
+    """``{kernel name: 'compiled' | 'queued' | 'compiling' | 'failed'}`` of the kernels called so far."""
     out = dict(_compiler.busy())
     for k in _KERNELS:
         if k.ready or k.failed:
@@ -201,38 +175,28 @@ def status() -> dict[str, str]:
     return out
 
 
-# --- the registry ----------------------------------------------------------------------------------
-
 _KERNELS: list[Kernel] = []
 
 
 def kernel(dispatcher: Any, signatures: Sequence[Any], fallback: Callable[..., Any] | None,
            exclusive: bool = False) -> Kernel:
-    """Register a :class:`Kernel` (see there)."""
+    """Register a `Kernel`."""
     k = Kernel(dispatcher, signatures, fallback, exclusive)
     _KERNELS.append(k)
     return k
 
 
 def kernels() -> list[Kernel]:
-    """Every kernel registered so far (by the modules imported so far), in order."""
+    """Every kernel registered so far, in order."""
     return list(_KERNELS)
-
-
-# --- fallbacks from the kernels' own source ------------------------------------------------------
 
 
 def python_twins(namespace: dict[str, Any], overrides: dict[str, Callable[..., Any]] | None = None
                  ) -> types.SimpleNamespace:
-    """The numba kernels of a module as plain Python functions that call each other.
-
-    Every dispatcher in ``namespace`` (a module's ``globals()``) gets a twin: its
-    ``py_func`` with a copy of the module globals in which the other kernels are twins too, so
-    a twin never triggers a compile. Same source, same integer types (numpy scalars), same
-    results and error codes: slower per element (interpreted), but ready at once.
-    ``overrides`` replace some kernels (byte readers, say) by faster Python that returns the
-    same values.
-    """
+    """The numba kernels of a module (its ``globals()``) as plain Python functions calling each other:
+    each ``py_func`` with a copy of the globals in which the other kernels are twins too, so a twin
+    never compiles. Same source, integer types and results, slower per element, ready at once;
+    ``overrides`` replace some kernels (byte readers, say) by faster Python with the same values."""
     from numba.core.registry import CPUDispatcher
 
     scope = dict(namespace)

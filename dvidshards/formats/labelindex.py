@@ -1,24 +1,13 @@
-"""DVID's label index as a Parquet dataset: its schema, hash buckets and label-source identity.
+"""DVID's label index: the Parquet dataset's schema and hash buckets, and one body's protobuf.
 
-``dvidshards label-index`` writes ``out/bucket=HH/part-0.parquet`` files (every row of a body in
-the file of ``bucket_of(body, bits)``, sorted by body, supervoxel and chunk) and
-``out/_meta.json``; ``dvidshards.query.BodyIndex`` reads them.  Pure: no I/O here.
-
-DVID's own serialization of one body's index (``GET .../index/<label>``) is the protobuf
-message ``LabelIndex`` of ``datatype/common/proto/labelops.proto``::
-
-    message SVCount { map<uint64, uint32> counts = 1; }
-    message LabelIndex {
-        map<uint64, SVCount> blocks = 1;  // key: encode_block_index(x, y, z)
-        uint64 label = 2; uint64 last_mut_id = 3;
-        string last_mod_time = 4; string last_mod_user = 5; string last_mod_app = 6;
-    }
-
-`encode_label_index` writes it (map entries sorted by key, fields at their proto3 defaults
-left out) with numpy varint code: no protobuf runtime, and faster than protobuf's generated
-class for the bodies served (1.1-1.6x its upb backend up to 20 K rows, 6-8x its pure-Python one).
-`decode_label_index` reads it through the generated module of ``proto/labelops.proto``
-(protobuf, the optional extra ``pcg``).
+``dvidshards label-index`` writes ``out/bucket=HH/part-0.parquet`` (a body's rows in the file of
+``bucket_of(body, bits)``, sorted by body, supervoxel, chunk) and ``out/_meta.json``;
+``query.BodyIndex`` reads them. ``GET .../index/<label>`` is the ``LabelIndex`` message of
+DVID's ``datatype/common/proto/labelops.proto`` (``blocks``: map of packed block index to
+``SVCount`` (map supervoxel -> voxels), ``label``, ``last_mut_id``, ``last_mod_*``):
+`encode_label_index` writes it with numpy varints (map entries sorted, proto3 defaults left
+out), faster than protobuf's generated class for the bodies served (1.1-1.6x its upb backend up
+to 20 K rows, 6-8x the pure-Python one).
 """
 
 from __future__ import annotations
@@ -45,24 +34,20 @@ INDEX_SCHEMA = pa.schema([
 
 
 def bucket_of(body: Any, bits: int) -> np.ndarray:
-    """The hash bucket (0 .. 2**bits - 1) of body ids in a ``bits``-bit partition."""
+    """The hash bucket (0 .. 2**bits - 1) of body ids."""
     b = np.asarray(body, dtype=np.uint64)
     h = (b * _GOLDEN) >> np.uint64(64 - HASH_BITS)
     return np.asarray((h >> np.uint64(HASH_BITS - bits)).astype(np.int64))
 
 
 def bucket_name(bucket: int, bits: int) -> str:
-    """The file of a bucket, relative to the index folder."""
     return f"bucket={bucket:0{max(1, (bits + 3) // 4)}x}/part-0.parquet"
 
 
 def labels_id(src: Any) -> dict[str, Any]:
-    """What identifies a label source in job metadata: ``src.identity()`` (cheap: a mapping file
-    by its path and change stamp, nothing parsed; a mapping object by its content's hash)."""
+    """What identifies a label source in job metadata (cheap: a mapping file by path and stamp, a
+    mapping object by its content's hash)."""
     return dict(src.identity())
-
-
-# --------------------------------------------------------------------------- DVID's LabelIndex protobuf
 
 
 class LabelIndexError(DvidShardsError, ValueError):
@@ -73,16 +58,9 @@ _AXIS = (1 << 20) - 1  # 20 bits of magnitude per axis, bit 20 the sign
 
 
 def encode_block_index(blocks: Any) -> np.ndarray:
-    """DVID's packed block index (``labels.EncodeBlockIndex``) of (n, 3) block coordinates.
-
-    Each axis is 21 bits, sign and magnitude (bit 20 the sign): z in bits 42..62, y in 21..41,
-    x in 0..20.
-
-    Raises
-    ------
-    LabelIndexError
-        If a coordinate's magnitude exceeds 2**20 - 1.
-    """
+    """DVID's packed block index (``labels.EncodeBlockIndex``) of (n, 3) block coordinates: 21 bits
+    a axis, sign and magnitude (bit 20 the sign), z in bits 42..62, y 21..41, x 0..20;
+    LabelIndexError past 2**20 - 1."""
     c = np.asarray(blocks, np.int64).reshape(-1, 3)
     if len(c) and np.abs(c).max() > _AXIS:
         raise LabelIndexError(f"block coordinates beyond +-{_AXIS} do not fit DVID's block index")
@@ -91,7 +69,7 @@ def encode_block_index(blocks: Any) -> np.ndarray:
 
 
 def decode_block_index(keys: Any) -> np.ndarray:
-    """(n, 3) int32 block coordinates (x, y, z) of DVID's packed block indexes."""
+    """(n, 3) int32 block coordinates of DVID's packed block indexes."""
     k = np.asarray(keys, np.uint64).reshape(-1)
     out = np.empty((len(k), 3), np.int64)
     for a, shift in enumerate((0, 21, 42)):
@@ -102,7 +80,6 @@ def decode_block_index(keys: Any) -> np.ndarray:
 
 
 def _varints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Protobuf varints of uint64 values: (bytes, length of each)."""
     v = np.asarray(v, np.uint64).reshape(-1)
     n = np.ones(len(v), np.int64)
     for k in range(1, 10):
@@ -119,8 +96,8 @@ def _varints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rows(*cols: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Rows made of columns side by side: each column a constant ``bytes`` or ``(data, lengths)``
-    (ragged, one piece a row). Returns (bytes, row lengths)."""
+    """Rows of columns side by side, each a constant ``bytes`` or ``(data, lengths)``: (bytes, row
+    lengths)."""
     n = next(len(c[1]) for c in cols if not isinstance(c, bytes))
     lens = [np.full(n, len(c), np.int64) if isinstance(c, bytes) else c[1] for c in cols]
     total = np.sum(lens, axis=0)
@@ -151,22 +128,9 @@ def _string(tag: int, text: str) -> bytes:
 
 def encode_label_index(label: int, blocks: Any, supervoxels: Any, voxels: Any, *, last_mut_id: int = 0, last_mod_time: str = "",
                        last_mod_user: str = "", last_mod_app: str = "") -> bytes:
-    """DVID's ``LabelIndex`` protobuf of one body (``GET .../index/<label>``).
-
-    Parameters
-    ----------
-    label : int
-    blocks : array_like of int, shape (n, 3)
-        Block coordinates (x, y, z), one row per (block, supervoxel).
-    supervoxels, voxels : array_like of int, shape (n,)
-        The supervoxel of each row and its voxels in that block (< 2**32).
-
-    Returns
-    -------
-    bytes
-        Map entries sorted by block index, then supervoxel; rows of one (block, supervoxel)
-        summed.
-    """
+    """DVID's ``LabelIndex`` protobuf of one body: ``blocks`` (x, y, z) a row per (block,
+    supervoxel) with its ``voxels`` (< 2**32, rows of one pair summed); entries sorted by block
+    index, then supervoxel."""
     c = np.asarray(blocks, np.int64).reshape(-1, 3)
     sv = np.asarray(supervoxels, np.uint64).reshape(-1)
     vox = np.asarray(voxels, np.int64).reshape(-1)
@@ -198,7 +162,6 @@ def encode_label_index(label: int, blocks: Any, supervoxels: Any, voxels: Any, *
 
 
 def _labelops() -> Any:
-    """The generated module of ``proto/labelops.proto`` (protobuf: the optional extra pcg)."""
     try:
         from .proto import labelops_pb2
     except ImportError:
@@ -207,19 +170,9 @@ def _labelops() -> Any:
 
 
 def decode_label_index(data: Any) -> dict[str, Any]:
-    """Read a ``LabelIndex`` protobuf (protobuf's generated module of ``proto/labelops.proto``).
-
-    Returns
-    -------
-    dict
-        ``label``, ``last_mut_id``, ``last_mod_time``, ``last_mod_user``, ``last_mod_app`` and
-        ``blocks``: ``{(x, y, z): {supervoxel: voxels}}``.
-
-    Raises
-    ------
-    LabelIndexError
-        The bytes are not a LabelIndex message, or protobuf is missing.
-    """
+    """A ``LabelIndex`` read through protobuf's generated module: ``label``, ``last_mut_id``,
+    ``last_mod_*`` and ``blocks`` ``{(x, y, z): {supervoxel: voxels}}``; LabelIndexError when the
+    bytes are not one, or protobuf is missing."""
     msg = _labelops().LabelIndex()
     try:
         msg.ParseFromString(bytes(memoryview(data).cast("B")))

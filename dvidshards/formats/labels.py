@@ -1,21 +1,13 @@
 """Label sources: which ids a read returns, as typed objects.
 
-A DVID record carries two parallel lists, one entry per label of its block: the supervoxels
-(the block's own label list) and the agglomerated bodies.  A read swaps the block's palette
-for one of them, so the choice costs nothing per voxel:
-
-* ``Agglomerated()`` — the record's ``labels`` list (the bodies at export time);
-* ``Supervoxels()`` — the block's own list (the supervoxel ids);
-* ``Mapped(mapping)`` — a newer supervoxel → body mapping applied to the supervoxel list.
-
-Label sources are what jobs put in their tasks, so each says who it is in one small dict
-(`LabelSource.identity`, for job metadata) and pickles small: a mapping given as a *file*
-pickles as its path and change stamp and is loaded in each process on first use
-(`dvidshards.formats.mapping.load_file`, which the package's runtime makes once per process,
-memory-mapped from a sidecar shared by the processes of a host: ``dvidshards.runtime.mappings``);
-a task run after the file changed fails with `MappingError`
-instead of using another mapping. A mapping given as an object (dict, array, Series,
-LabelMapping) pickles by value: 16 bytes per supervoxel in every task that carries it.
+A record carries two lists, one entry per label of its block: the supervoxels (the block's own
+list) and the agglomerated bodies; a read swaps the block's palette for one of them, free per
+voxel: `Agglomerated` (the record's ``labels``, bodies at export time), `Supervoxels`, or
+`Mapped` (a newer supervoxel → body mapping over the supervoxel list). Jobs put label sources in
+their tasks, so each names itself in a small dict (`LabelSource.identity`) and pickles small: a
+mapping file as its path and change stamp, loaded once per process on first use (a task run
+after the file changed fails with `MappingError`); a mapping object by value (16 bytes per
+supervoxel in every task).
 """
 
 from __future__ import annotations
@@ -39,8 +31,8 @@ from .mapping import (
 
 
 class RecordTableLike(Protocol):
-    """What a label source reads of a record table (`formats.records.RecordTable`; not imported:
-    the records module uses the label sources)."""
+    """What a label source reads of a `formats.records.RecordTable` (not imported: records uses
+    the label sources)."""
 
     def labels(self, i: int) -> np.ndarray: ...
 
@@ -98,14 +90,13 @@ class Mapped(LabelSource):
     mapping : path, LabelMapping, dict, (n, 2) array_like or pandas.Series
         A mapping file (DVID's ``/mappings`` text or binary pairs) or a mapping object.
     format : {"auto", "text", "binary"}
-        Of a mapping file (see `LabelMapping.from_file`).
+        Of a mapping file (`LabelMapping.from_file`).
 
     Notes
     -----
-    A file is only looked at (its size and modification time, the *stamp*) when the source is
-    made; it is loaded on first use in each process, or now with `load`. The source pickles as
-    (path, stamp): a process that finds the file changed raises `MappingError`. A mapping
-    object is built now and pickles by value.
+    A file is only stamped (size, modification time) here and loaded on first use in each
+    process (or by `load`); it pickles as (path, stamp), and a process finding it changed raises
+    `MappingError`. A mapping object is built now and pickles by value.
     """
 
     name = "mapped"
@@ -124,7 +115,7 @@ class Mapped(LabelSource):
 
     @property
     def mapping(self) -> LabelMapping:
-        """The mapping (a file's is loaded on first use: `load_file`, once per process)."""
+        """The mapping (a file's loaded on first use, once per process)."""
         m = self._mapping
         if m is None:
             assert self.path is not None and self.stamp is not None
@@ -132,13 +123,12 @@ class Mapped(LabelSource):
         return m
 
     def load(self) -> LabelMapping:
-        """Load the mapping now (a bad file raises `MappingError` here rather than in a read)."""
+        """Load the mapping now (a bad file raises here rather than in a read)."""
         return self.mapping
 
     def prepare(self) -> None:
-        """For a job's client: check a mapping file and build its per-host sidecar without
-        holding the mapping here (`dvidshards.formats.mapping.prepare_file`). Nothing to do
-        for a mapping object."""
+        """For a job's client: check a mapping file and build its per-host sidecar without holding the
+        mapping here (`formats.mapping.prepare_file`)."""
         if self.path is not None and self._mapping is None:
             prepare_file(self.path, self.stamp, self.format)
 
@@ -146,8 +136,7 @@ class Mapped(LabelSource):
         return self.mapping.palette(table.supervoxels(i))
 
     def identity(self) -> dict[str, Any]:
-        """A file by its path and stamp (nothing read); a mapping object by its content's
-        SHA-256 (one pass over its 16 bytes per supervoxel)."""
+        """A file by path and stamp (nothing read); an object by its content's SHA-256."""
         if self.path is not None:
             assert self.stamp is not None
             return {"labels": "mapped", "mapping_file": self.path, "mapping_bytes": self.stamp[0],
@@ -187,12 +176,8 @@ class Mapped(LabelSource):
 
 
 def as_labels(labels: Any) -> LabelSource:
-    """A LabelSource from ``"agglomerated"``, ``"supervoxels"``, a LabelSource or a mapping.
-
-    A mapping is a LabelMapping, dict, (n, 2) array, pandas Series or the path of a mapping
-    file (DVID's ``/mappings`` text, or binary uint64 pairs). A file is not read here: it is
-    loaded on first use in each process (see `Mapped`); a missing file raises now.
-    """
+    """A LabelSource from ``"agglomerated"``, ``"supervoxels"``, a LabelSource or a mapping (object,
+    or a file's path: stamped now, a missing one raises, loaded on first use)."""
     if isinstance(labels, LabelSource):
         return labels
     if isinstance(labels, str) and labels in ("agglomerated", "supervoxels"):

@@ -1,14 +1,11 @@
 """The neuroglancer multiscale spec: one parser and one builder for every JSON it appears in.
 
-DVID's ``export-shards`` takes a neuroglancer multiscale volume spec (``mcns-ng-specs.json``);
-the same shape is an export's ``info`` file, the geometry saved in a consolidated index and the
-``info`` that ``dvidshards view`` serves.  ``Scale`` is one entry of it, with the shard-grid
-arithmetic of DVID's export (shard extent, shard origins, file stems) in one place.
-
-DVID has named its shard files two ways (FORMATS.md §3a): ``Scale.naming`` says which one a
-scale's files follow, and ``Scale.shard_extent`` is always the extent of the *files* under that
-naming, so that everything that finds a chunk's file (``shard_origin``, ``stem``, ``shard_box``)
-is one code path for both.  ``naming_of_origins`` decides the generation from file names.
+DVID's ``export-shards`` input (``mcns-ng-specs.json``), an export's ``info``, a consolidated
+index's geometry and what ``dvidshards view`` serves. `Scale` is one entry, with DVID's
+shard-grid arithmetic (extent, origins, file stems). DVID has named shard files two ways
+(FORMATS.md §3a): ``Scale.naming`` says which a scale's files follow and ``Scale.shard_extent``
+is the files' extent under it, so finding a chunk's file is one code path for both;
+`naming_of_origins` tells the generation from file names.
 """
 
 from __future__ import annotations
@@ -40,16 +37,13 @@ SINGLE_SHARD = 1 << 40  # shard extent when every chunk lives in one shard at th
 
 @dataclass(frozen=True)
 class Scale:
-    """Geometry of one scale of an export (all vectors x, y, z).
+    """Geometry of one scale of an export (vectors x, y, z); ``index`` is its folder ``s{index}``.
 
-    ``index`` is the scale's folder number (``s{index}``).  ``inferred`` names what was guessed
-    from the files rather than given by a spec or ``info`` (``"size"``, ``"shard_extent"``,
-    ``"resolution"``); ``resolution`` is then ``None`` unless the caller gave one.
-
-    ``shard_extent`` is the voxel extent of the export's shard *files* at this scale, under the
-    scale's ``naming``: ``"current"`` (DVID since 2026-03-21, `dvid_shard_extent`) or ``"old"``
-    (before, `dvid_old_shard_extent`: where the neuroglancer shard is larger than that cube, one
-    shard spans several files).  ``with_naming`` gives the scale under the other generation.
+    ``inferred`` names what was guessed from the files rather than given (``"size"``,
+    ``"shard_extent"``, ``"resolution"``; ``resolution`` is then None unless given).
+    ``shard_extent`` is the voxel extent of the shard files under ``naming``: ``"current"`` (DVID
+    since 2026-03-21, `dvid_shard_extent`) or ``"old"`` (`dvid_old_shard_extent`: a neuroglancer
+    shard larger than that cube spans several files).
     """
 
     index: int
@@ -71,11 +65,8 @@ class Scale:
             raise SpecError(f"scale {self.index}: naming must be one of {', '.join(NAMINGS)}, got {self.naming!r}")
 
     def extent_of(self, naming: str) -> int:
-        """Shard file extent (voxels) of this scale's files under a naming generation.
-
-        Without a sharding spec (one shard, or an extent guessed from file names) both
-        generations give ``shard_extent``.
-        """
+        """Shard file extent (voxels) under a naming generation (``shard_extent`` for both without a
+        sharding spec)."""
         if naming not in NAMINGS:
             raise SpecError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
         if self.sharding is None or naming == self.naming:
@@ -87,10 +78,8 @@ class Scale:
 
     @functools.cached_property
     def namings_differ(self) -> bool:
-        """Whether DVID's two naming generations put some chunk of this scale in different files.
-
-        Only then do the file names have to be read to know how the export is laid out.
-        """
+        """Whether DVID's two namings put some chunk of this scale in different files (only then must
+        the file names be read)."""
         if self.sharding is None or "shard_extent" in self.inferred:
             return False
         return not namings_agree(self.extent_of("old"), self.extent_of("current"), self.grid, self.chunk_size[0])
@@ -102,8 +91,8 @@ class Scale:
         return dataclasses.replace(self, shard_extent=self.extent_of(naming), naming=naming)
 
     def fits(self, origins: Any, extent: int | None = None) -> np.ndarray:
-        """Per origin, whether a file there lies on the shard grid of ``extent`` (default the
-        scale's) and meets the volume: (n,) bool of an (n, 3) array of voxel origins."""
+        """(n,) bool: whether a file at each (n, 3) voxel origin lies on the shard grid of ``extent``
+        (default the scale's) and meets the volume."""
         o = np.asarray(origins, np.int64).reshape(-1, 3)
         e = min(self.shard_extent if extent is None else extent, SINGLE_SHARD)
         lo = np.asarray(self.voxel_offset, np.int64)
@@ -113,7 +102,6 @@ class Scale:
 
     @property
     def folder(self) -> str:
-        """The scale's folder in the export, always ``s{index}``."""
         return f"s{self.index}"
 
     @functools.cached_property
@@ -166,7 +154,6 @@ class Scale:
         return lo, hi
 
     def to_json(self) -> dict[str, Any]:
-        """The neuroglancer scale entry."""
         d: dict[str, Any] = {
             "key": self.key or f"s{self.index}",
             "size": list(self.size),
@@ -182,14 +169,12 @@ class Scale:
 
 
 def naming_of_origins(scale: Scale, origins: Any) -> str | None:
-    """DVID's naming generation that a scale's shard file names follow, or None when they cannot tell.
+    """The naming generation a scale's shard file names follow, or None when they cannot tell.
 
-    A name fits a generation when it lies on that generation's shard grid and meets the volume.
-    When every name fits exactly one generation's grid, that one; when every name fits both
-    (the generations agree there, or the names are too few to tell), None: read the scale as
-    today's DVID names it.  When some fit neither, the generation that more names fit (ties:
-    current), so that the check of the names (``shard.check_origins``) names a file that fits
-    neither.
+    A name fits a generation when it lies on its shard grid and meets the volume. Every name fitting
+    exactly one generation: that one; every name fitting both (they agree there, or too few names):
+    None, read as today's DVID names it; some fitting neither: the one more names fit (ties:
+    current), so the check of the names names a file that fits neither.
     """
     o = np.asarray(origins, np.int64).reshape(-1, 3)
     if not len(o) or not scale.namings_differ:
@@ -253,10 +238,8 @@ def parse_json(data: bytes, where: str) -> dict[str, Any]:
 
 
 def parse_multiscale(spec: dict[str, Any], where: str = "spec") -> list[Scale]:
-    """Scales of a neuroglancer multiscale spec (DVID's export-shards input or an ``info`` file).
-
-    Scale ``i`` of the spec is folder ``s{i}`` of the export, as DVID writes it.
-    """
+    """Scales of a neuroglancer multiscale spec (DVID's export-shards input or an ``info``); scale
+    ``i`` is folder ``s{i}``, as DVID writes it."""
     if not isinstance(spec, dict) or not isinstance(spec.get("scales"), list) or not spec["scales"]:
         raise SpecError(f"{where}: not a neuroglancer multiscale spec (no 'scales' list)")
     dtype = spec.get("data_type", "uint64")
