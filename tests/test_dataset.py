@@ -177,7 +177,7 @@ def test_body_and_to_dask_methods_delegate(tmp_path):
     bodies = exp.expected(0)
     ids, counts = np.unique(bodies[bodies != 0], return_counts=True)
     b = ds.body(int(ids[np.argmax(counts)]))
-    assert isinstance(b, Body) and b.size == int(counts.max())
+    assert isinstance(b, Body) and b.size() == int(counts.max())
     a = ds.to_dask(scale=0, labels="supervoxels", chunks=64, fill_missing_shards=True)
     np.testing.assert_array_equal(a.compute(scheduler="sync"), exp.sv)
     box = [[0, 0, 0], [64, 100, 70]]
