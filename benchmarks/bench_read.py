@@ -232,7 +232,7 @@ def spec_check_section(workdir, rounds: int) -> None:
     from dvidshards import dataset as dataset_mod
     from dvidshards import read as read_mod
     from dvidshards.read import check_scale
-    from dvidshards.shard import neighbour_origins, parse_shard_names
+    from dvidshards.scalefiles import neighbour_origins, parse_shard_names
     from dvidshards.stores import LocalStore
     from tests.support.procedural import ProceduralStore
 

@@ -184,13 +184,8 @@ def main() -> None:
     from dvidshards.formats.labels import as_labels
     from dvidshards.jobs.ingest import ingest
     from dvidshards.sources.flight import FlightSource, tune_malloc
-    from dvidshards.sources.tables import (
-        ROW_GROUP,
-        ShardFileWriter,
-        TableSource,
-        record_batches,
-        record_keys,
-    )
+    from dvidshards.sources.tables import ROW_GROUP, TableFileWriter, record_batches, record_keys
+    from dvidshards.sources.tablesource import TableSource
 
     export = big_shard_export(args.workdir, data)
     spec = mcns_spec(data)
@@ -413,7 +408,7 @@ def main() -> None:
         def write_part(i):
             for sid, (o, bs) in batches.items():
                 if sid % 2 == i:
-                    w = ShardFileWriter(str(floor_dir / "s1"), sid, o, s, ROW_GROUP, 126 * 1024)
+                    w = TableFileWriter(str(floor_dir / "s1"), sid, o, s, ROW_GROUP, 126 * 1024)
                     for b in bs:
                         w.add(b)
                     w.close()

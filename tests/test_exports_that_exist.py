@@ -163,9 +163,9 @@ def test_old_names_shards_chunks_and_body_queries(old_mcns, mcns_spec):
     ids, counts = np.unique(truth[truth > 0], return_counts=True)
     for body, n in zip(ids.tolist(), counts.tolist(), strict=True):
         b = ds.body(body, scale=9)
-        assert b.size == n
+        assert b.size() == n
         where = np.argwhere(truth == body)
-        assert b.box == [where.min(axis=0).tolist(), (where.max(axis=0) + 1).tolist()]
+        assert b.box() == [where.min(axis=0).tolist(), (where.max(axis=0) + 1).tolist()]
     np.testing.assert_array_equal(ds.labels(whole, scale=9), np.unique(truth))  # background (0) included
     sv = _truth(s9.size, whole)
     chunks = {tuple(int(v) // 64 for v in p) for p in np.argwhere(sv == 7)}
@@ -298,7 +298,7 @@ def test_s0_only_export_with_the_12_scale_spec(s0_only_real, mcns_spec, spec_pat
     # scale 1: one line naming it, what the export holds and how to make it
     for call in (lambda: ds.read([[0, 0, 0], [64, 64, 64]], scale=1), lambda: ds.open(1), lambda: ds.shards(1),
                  lambda: ds.require_scale(1), lambda: dvidshards.open(s0_only_real, spec=mcns_spec, scale=1),
-                 lambda: ds.chunks(2), lambda: ds.body(1, scale=3).size):
+                 lambda: ds.chunks(2), lambda: ds.body(1, scale=3).size()):
         with pytest.raises(NotExportedError) as e:
             call()
         msg = str(e.value)
