@@ -427,7 +427,7 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
         assert "records in" in r.stdout
     finally:
         p.terminate()
-        p.wait(timeout=30)
+        p.wait(timeout=300)  # a guard against a hang: a busy machine may take a while to stop it
     from dvidshards.sources.tablesource import TableSource
 
     assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), [0, 1, 2])
