@@ -1,27 +1,26 @@
-"""Per-body reduces by hash bucket: what the jobs whose shard tasks emit rows keyed by body share.
+"""Per-body reduces by hash bucket, shared by the jobs whose shard tasks emit rows keyed by body
+(``stats``, ``label-index``):
 
-A job of this kind (``stats``, ``label-index``) is cut the same way:
+1. **plan** (:func:`plan`): one :class:`ShardTask` per shard meeting the box, the bodies hashed
+   into ``2**bits`` buckets (:func:`partition_bits`);
+2. **run_task** (the job's): one shard's rows (:func:`shard_rows`) into a *partial file* of the
+   work folder (:func:`write_partial`: Arrow IPC, record batch ``b`` holding bucket ``b``, so a
+   reader fetches one bucket alone);
+3. **reduce** (:func:`map_reduce`): ``fan_in`` partial files at a time merge into one, level by
+   level (:class:`MergeTask`); then one :class:`BucketTask` per bucket writes
+   ``bucket=HH/part-0.parquet``.
 
-1. **plan** (:func:`plan`): one :class:`ShardTask` per shard of the scale (those meeting the box),
-   the bodies hash-partitioned into ``2**bits`` buckets (:func:`partition_bits`);
-2. **run_task** (the job's own): one shard's rows (:func:`shard_rows`: its block statistics) into
-   a *partial file* of the work folder (:func:`write_partial`: Arrow IPC, record batch ``b``
-   holding the rows of bucket ``b``, so that a reader fetches one bucket alone);
-3. **reduce** (:func:`map_reduce`): groups of ``fan_in`` partial files merge into one, level by
-   level, a bucket group at a time (:class:`MergeTask`); then one :class:`BucketTask` per bucket
-   merges its rows, finishes them and writes ``bucket=HH/part-0.parquet`` to the output.
-
-How a job's rows combine is its :class:`Rows`. No task holds more than one shard or one bucket
-group; the client holds task records and row counts. The work folder is ``out.workdir`` (the one
-rule, :func:`dvidshards.jobs.output.work_folder`); it records the job's parameters
-(``work.json``) so that ``resume`` never mixes in another run's partial results, and is emptied
-after a complete run.
+A job's :class:`Rows` say how its rows combine. No task holds more than one shard or bucket group.
+The work folder records the job's parameters (``work.json``), so ``resume`` never mixes in
+another run's partial results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from ..formats.labels import Agglomerated, LabelSource, Mapped, Supervoxels, as_
 from ..formats.mapping import LabelMapping
 from ..formats.multiscale import Scale
 from ..formats.records import list_values
-from ..stores import ByteStore
+from ..stores import ByteStore, as_store
 from .options import (
     add_box,
     add_dest,
@@ -51,23 +50,19 @@ from .options import (
     job_options,
 )
 from .output import LOCK, JobReport, Output
-from .runner import TaskRunner
+from .runner import TaskRunner, clear_work, remove_work
 
-__all__ = ["FAN_IN", "META", "BucketTask", "Location", "MergeTask", "Rows", "ShardTask", "TableTotals",
-           "add_arguments", "bucket_task", "check_box", "check_shared", "label_source", "map_reduce",
-           "merge_task", "open_source", "parameters", "partition_bits", "plan", "remove_work", "run_command",
-           "run_dataset", "shard_origins", "shard_rows", "start_work", "write_partial"]
+__all__ = ["FAN_IN", "META", "BucketTask", "Location", "MergeTask", "Rows", "ShardTask", "TableJob", "TableTotals",
+           "add_arguments", "bucket_task", "label_source", "map_reduce", "merge_task", "open_source", "parameters",
+           "partition_bits", "plan", "run_command", "run_dataset", "shard_origins", "shard_rows", "table_job",
+           "write_partial"]
 
-#: what a job's ``source`` may be, and its ``labels`` (a mapping file's path, or a mapping object)
 SourceLike = Dataset | str | os.PathLike[str]
 LabelsLike = str | os.PathLike[str] | LabelSource | LabelMapping | Mapping[int, int] | np.ndarray
-#: where a job writes (a path, URL, TensorStore kvstore spec or store)
-Location = str | os.PathLike[str] | dict[str, Any] | ByteStore
-#: a voxel box [[x0, y0, z0], [x1, y1, z1]] as given, and as a task carries it
-BoxLike = Sequence[Sequence[int]]
+Location = str | os.PathLike[str] | dict[str, Any] | ByteStore  # a path, URL, kvstore spec or store
+BoxLike = Sequence[Sequence[int]]  # [[x0, y0, z0], [x1, y1, z1]]
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
-#: the kernels a shard task uses, slowest to compile first (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.blockstats._batch_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
 FAN_IN = 64  # partial files merged by one reduce task
@@ -75,15 +70,15 @@ COARSE_BITS = 6  # record batches of the shard partials when a merge tree follow
 META = "_meta.json"  # an output dataset's own description (read by dvidshards.query.BodyIndex)
 HASH = "top bits of (body * 0x9E3779B97F4A7C15 mod 2**64) >> 48"
 _WORK_RECORD, _WORK_FORMAT = "work.json", "dvidshards-job-work"
+_OWN = re.compile(r"shards|table|work\.json|L[0-9]+").fullmatch  # the work folder's names of these jobs
 _BATCH = 512  # records decompressed and counted together
 _IPC = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 @dataclass(frozen=True, eq=False)
 class Rows:
-    """A job's rows: the body column, the partial rows' schema, ``reduce`` (partial tables of the
-    same bodies -> one; module level, so that tasks pickle it), ``finish`` (a bucket's reduced
-    rows -> its output rows) and the output's Parquet row-group size."""
+    """A job's rows: the body column, the partial schema, ``reduce`` (partial tables of the same
+    bodies -> one; module level, so tasks pickle it), ``finish`` (a bucket's rows -> output rows)."""
 
     key: str
     schema: pa.Schema
@@ -94,8 +89,7 @@ class Rows:
 
 @dataclass
 class TableTotals:
-    """The job's own figures (``JobReport.totals``): rows written (bodies, or index rows), shards
-    read, hash buckets of the output, the work folder."""
+    """``JobReport.totals``: rows written, shards read, hash buckets, the work folder."""
 
     rows: int = 0
     shards: int = 0
@@ -110,7 +104,6 @@ class TableTotals:
 
 
 def open_source(source: SourceLike, spec: Any) -> Dataset:
-    """The export as a Dataset (``spec``: its neuroglancer spec, for a path or URL only)."""
     if isinstance(source, Dataset):
         if spec is not None:
             raise SpecError("spec= is for an export given by its path or URL; this Dataset has its spec already")
@@ -119,15 +112,13 @@ def open_source(source: SourceLike, spec: Any) -> Dataset:
 
 
 def check_box(s: Scale, box: BoxLike | None) -> Box | None:
-    """The box as two corners, inside the scale's volume (SpecError otherwise)."""
     if box is None:
         return None
-    lo, hi = s.check_box(box)
+    lo, hi = s.check_box(box)  # SpecError outside the volume
     return tuple(int(v) for v in lo), tuple(int(v) for v in hi)
 
 
 def _bounds(s: Scale, box: BoxLike | None) -> tuple[np.ndarray, np.ndarray]:
-    """Voxels [lo, hi) of the volume, or of the box (which must lie inside it)."""
     if box is not None:
         return s.check_box(box)
     lo = np.asarray(s.voxel_offset, np.int64)
@@ -135,7 +126,7 @@ def _bounds(s: Scale, box: BoxLike | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def shard_origins(ds: Dataset, s: Scale, box: Box | None) -> list[tuple[int, int, int]]:
-    """The shards to read: every shard file of the scale, or those meeting the box."""
+    """The shard files of the scale meeting the box."""
     origins = [(int(o[0]), int(o[1]), int(o[2])) for o in ds.shards(s)]  # a scale without a folder: SpecError
     if box is None:
         return origins
@@ -158,8 +149,7 @@ def partition_bits(shards: int, partitions: int | None, fan_in: int) -> int:
 
 
 def label_source(labels: LabelsLike) -> LabelSource:
-    """The tasks' label source; a mapping file is checked here without being held in this process
-    (``Mapped.prepare``) and travels as its path: each worker loads it once."""
+    """A mapping file is checked here, not held, and travels as its path: each worker loads it once."""
     src = as_labels(labels)
     if isinstance(src, Mapped):
         src.prepare()
@@ -167,7 +157,7 @@ def label_source(labels: LabelsLike) -> LabelSource:
 
 
 def parameters(kind: str, s: Scale, box: Box | None, src: LabelSource, bits: int) -> dict:
-    """What decides the content of the output and of the partial results (JSON as stored)."""
+    """What decides the output and the partial results (as JSON stores it)."""
     return json.loads(json.dumps({"kind": kind, "scale": s.index,
                                   "box": None if box is None else [list(box[0]), list(box[1])],
                                   "chunk_size": list(s.chunk_size), **src.identity(), "bits": bits}))
@@ -175,8 +165,7 @@ def parameters(kind: str, s: Scale, box: Box | None, src: LabelSource, bits: int
 
 @dataclass(frozen=True)
 class ShardTask:
-    """One shard of a scale: its rows into the partial file ``key`` of the work folder, in ``bits``
-    record batches."""
+    """One shard's rows into the partial file ``key`` of the work folder, in ``2**bits`` batches."""
 
     source: Dataset
     scale: int
@@ -196,7 +185,7 @@ class ShardTask:
 
 def plan(ds: Dataset, s: Scale, origins: Sequence[tuple[int, int, int]], *, labels: LabelSource,
          box: Box | None, work: ByteStore, bits: int, fan_in: int) -> Iterator[ShardTask]:
-    """One task per shard; its partial file has ``bits`` batches, fewer when a merge tree follows."""
+    """One task per shard; fewer batches per partial file when a merge tree follows."""
     shard_bits = bits if len(origins) <= fan_in else min(bits, COARSE_BITS)
     for o in origins:
         yield ShardTask(ds, s.index, o, labels, box, work, shard_bits)
@@ -206,7 +195,7 @@ def plan(ds: Dataset, s: Scale, origins: Sequence[tuple[int, int, int]], *, labe
 
 
 def runs(keys: list[np.ndarray]) -> np.ndarray:
-    """Start of each run of equal rows in sorted key columns (empty for no rows)."""
+    """Start of each run of equal rows in sorted key columns."""
     n = len(keys[0])
     if not n:
         return np.zeros(0, np.int64)
@@ -218,9 +207,9 @@ def runs(keys: list[np.ndarray]) -> np.ndarray:
 
 
 def shard_rows(ds: Dataset, scale: int, origin, labels: LabelsLike, box: BoxLike | None):
-    """Per chunk of one shard, per block-label entry holding voxels (inside the box): the rows
-    ``(record, supervoxel, body, voxels, boxes (n, 6) absolute, coords (records, 3))``, label 0
-    left out. Memory: the shard and one batch of decompressed blocks."""
+    """Per block-label entry of one shard holding voxels inside the box, label 0 left out: ``(record,
+    supervoxel, body, voxels, boxes (n, 6) absolute, coords (records, 3))``. Memory: the shard and
+    one batch of decompressed blocks."""
     s = ds.scale(scale)
     src = as_labels(labels)
     t = ds.shard(s, origin).table()
@@ -274,9 +263,8 @@ def shard_rows(ds: Dataset, scale: int, origin, labels: LabelsLike, box: BoxLike
 
 
 def write_partial(store: ByteStore, key: str, tables: pa.Table | Iterable[pa.Table], rows: Rows, bits: int) -> int:
-    """Write the partial file ``key``: an Arrow IPC file of exactly ``2**bits`` record batches,
-    batch ``b`` holding the rows of bucket ``b`` (``bucket_of(row[rows.key], bits)``), published
-    whole. ``tables`` come one at a time, their buckets in order. Returns the rows written."""
+    """The partial file ``key``: exactly ``2**bits`` record batches, batch ``b`` holding bucket
+    ``b``, from ``tables`` in bucket order; published whole. Returns the rows written."""
     if isinstance(tables, pa.Table):
         tables = [tables]
     empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in rows.schema], schema=rows.schema)
@@ -307,19 +295,17 @@ def write_partial(store: ByteStore, key: str, tables: pa.Table | Iterable[pa.Tab
 
 
 class _Partial:
-    """A partial file opened for reading buckets: its footer read, batches fetched on demand."""
+    """A partial file read by bucket: its footer read, batches fetched on demand."""
 
-    def __init__(self, store: ByteStore, key: str, rows: Rows):
+    def __init__(self, file: Any, where: str, rows: Rows):
         self.rows = rows
-        self.file = store.open(key)
         try:
-            self.reader = pa.ipc.open_file(self.file)
+            self.reader = pa.ipc.open_file(file)
             self.bits = int(json.loads(self.reader.schema.metadata[b"dvidshards"])["bits"])
             if self.reader.num_record_batches != 1 << self.bits:
                 raise ValueError(f"{self.reader.num_record_batches} record batches, expected {1 << self.bits}")
         except (pa.ArrowInvalid, KeyError, TypeError, ValueError) as e:
-            self.file.close()
-            raise ShardFormatError(f"{store.describe(key)}: not a partial-result file of this job ({e})") from None
+            raise ShardFormatError(f"{where}: not a partial-result file of this job ({e})") from None
 
     def bucket(self, bits: int, b: int) -> pa.Table:
         """The rows of bucket ``b`` of a ``bits``-bit partition."""
@@ -334,24 +320,10 @@ class _Partial:
         return t
 
 
-class _Partials(list):
-    """Partial files open together (closed on leaving the ``with``)."""
-
-    def __init__(self, store: ByteStore, keys: Iterable[str], rows: Rows):
-        super().__init__()
-        try:
-            for key in keys:
-                self.append(_Partial(store, key, rows))
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __enter__(self) -> _Partials:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for p in self:
-            p.file.close()
+@contextlib.contextmanager
+def _partials(store: ByteStore, keys: Iterable[str], rows: Rows) -> Iterator[list[_Partial]]:
+    with contextlib.ExitStack() as files:
+        yield [_Partial(files.enter_context(store.open(k)), store.describe(k), rows) for k in keys]
 
 
 # --------------------------------------------------------------------------- reduce
@@ -359,7 +331,7 @@ class _Partials(list):
 
 @dataclass(frozen=True)
 class MergeTask:
-    """Reduce, one node of the tree: partial files merged into ``L{level}/{group}.arrow``."""
+    """One node of the reduce tree: partial files merged into ``L{level}/{group}.arrow``."""
 
     rows: Rows
     work: ByteStore
@@ -377,8 +349,8 @@ class MergeTask:
 
 
 def merge_task(task: MergeTask) -> int:
-    """One input bucket group at a time, reduced and written before the next is read."""
-    with _Partials(task.work, task.inputs, task.rows) as parts:
+    """A bucket group at a time, reduced and written before the next is read."""
+    with _partials(task.work, task.inputs, task.rows) as parts:
         bits = min(p.bits for p in parts)
         groups = (task.rows.reduce([p.bucket(bits, g) for p in parts]) for g in range(1 << bits))
         return write_partial(task.work, task.key, groups, task.rows, task.bits)
@@ -386,7 +358,7 @@ def merge_task(task: MergeTask) -> int:
 
 @dataclass(frozen=True)
 class BucketTask:
-    """Reduce, last step: one output bucket from the last level's partial files, as Parquet."""
+    """The reduce's last step: one output bucket from the last level's partial files."""
 
     rows: Rows
     work: ByteStore
@@ -400,7 +372,7 @@ class BucketTask:
 
 
 def bucket_task(task: BucketTask) -> int:
-    with _Partials(task.work, task.inputs, task.rows) as parts:
+    with _partials(task.work, task.inputs, task.rows) as parts:
         t = task.rows.finish(task.rows.reduce([p.bucket(task.bits, task.bucket) for p in parts]))
     with task.dest.writer(bucket_name(task.bucket, task.bits)) as f:
         pq.write_table(t, f, compression="zstd", row_group_size=task.rows.row_group)
@@ -410,12 +382,9 @@ def bucket_task(task: BucketTask) -> int:
 def map_reduce(out: Output, tr: TaskRunner, run_task: Callable[[ShardTask], int], tasks: Sequence[ShardTask], *,
                rows: Rows, work: ByteStore, dest: ByteStore, bits: int, fan_in: int, resume: bool,
                partial_ok: bool) -> dict[int, int] | None:
-    """Every shard task's partial file (``resume`` keeps those of an earlier run), reduced as a tree
-    into ``2**bits`` buckets written to ``dest``; every phase counted into ``out``.
-
-    A failed shard stops the job before the reduce unless ``partial_ok`` (then its rows are
-    missing). Returns ``{bucket: rows}``, or None when no bucket was written (or not all).
-    """
+    """The shard tasks (``resume`` keeps an earlier run's files), then the reduce tree into ``2**bits``
+    buckets in ``dest``. A failed shard stops before the reduce unless ``partial_ok`` (its rows go
+    missing). Returns ``{bucket: rows}``, or None when not every bucket was written."""
     names = set(work.list_sync("shards")) if resume else set()
     done = {t for t in tasks if t.key.rpartition("/")[2] in names}
     desc = f"s{tasks[0].scale} shards" if tasks else "shards"
@@ -444,14 +413,10 @@ def map_reduce(out: Output, tr: TaskRunner, run_task: Callable[[ShardTask], int]
 # --------------------------------------------------------------------------- the work folder
 
 
-def _own_work(store: ByteStore) -> list[str]:
-    return [n for n in store.list_sync("") if n != LOCK and not n.startswith(".")]
-
-
 def start_work(work: ByteStore, params: dict, *, resume: bool, overwrite: bool) -> None:
     """A (locked) work folder is new, empty or holds this job's partial results: then it needs
     ``resume`` with the same parameters, or ``overwrite`` (cleared first)."""
-    names = _own_work(work)
+    names = [n for n in work.list_sync("") if n != LOCK and not n.startswith(".")]
     if names:
         try:
             rec = json.loads(work.get_sync(_WORK_RECORD) or b"null") if _WORK_RECORD in names else None
@@ -462,7 +427,7 @@ def start_work(work: ByteStore, params: dict, *, resume: bool, overwrite: bool) 
             raise OutputError(f"work folder {where}: not empty and not a dvidshards work folder (holds "
                               f"{', '.join(names[:3])}); give a new or empty one")
         if overwrite:
-            clear_work(work)
+            clear_work(work, _OWN)
         elif not resume:
             raise OutputError(f"work folder {where}: holds the partial results of an earlier run; --resume to "
                               f"finish it, --overwrite to start again")
@@ -472,52 +437,17 @@ def start_work(work: ByteStore, params: dict, *, resume: bool, overwrite: bool) 
     work.put_sync(_WORK_RECORD, (json.dumps({"format": _WORK_FORMAT, "job": params}, indent=1) + "\n").encode())
 
 
-def clear_work(work: ByteStore) -> None:
-    """Delete this library's files from a work folder (not the folder, nor its lock)."""
-    for name in _own_work(work):
-        if name in ("shards", "table", _WORK_RECORD) or (name[:1] == "L" and name[1:].isascii() and name[1:].isdigit()):
-            work.delete_prefix_sync(name)
-
-
-def remove_work(work: ByteStore) -> None:
-    """After a complete run (its lock released): the partial results go, and a local folder with
-    nothing else in it (a bucket prefix vanishes with its objects)."""
-    clear_work(work)
-    if work.local_path() is not None and not work.list_sync(""):
-        try:
-            work.delete_prefix_sync("")
-        except OutputError:
-            pass
-
-
-def check_shared(tr: TaskRunner, *stores: ByteStore) -> None:
-    """With a cluster whose workers run elsewhere: every local folder must be visible to them,
-    checked before the job touches anything (a folder made for the check is removed again)."""
-    for store in stores:
-        path = store.local_path()
-        made = path is not None and not os.path.exists(path)
-        try:
-            tr.check_shared(store)
-        except BaseException:
-            if made:
-                try:
-                    os.rmdir(path)  # type: ignore[arg-type]
-                except OSError:
-                    pass
-            raise
-
-
 # --------------------------------------------------------------------------- a dataset output
 
 
 def own(name: str) -> bool:
-    """Whether a top-level name of a dataset output is the job's (``overwrite`` deletes those)."""
+    """The top-level names of a dataset output that are the job's (``overwrite`` deletes them)."""
     return name.startswith("bucket=") or name == META
 
 
 def dataset_meta(fmt: str, s: Scale, params: dict, totals: TableTotals, failed: Mapping[str, str],
                  **more: Any) -> dict:
-    """A dataset's ``_meta.json`` (the keys ``BodyIndex`` reads: unchanged)."""
+    """A dataset's ``_meta.json`` (``BodyIndex`` reads its keys)."""
     labels = {k: v for k, v in params.items() if k not in ("kind", "scale", "box", "chunk_size", "bits")}
     return {"format": fmt, "version": 1, "scale": s.index, **labels, "bits": params["bits"], "hash": HASH,
             "chunk_size": list(s.chunk_size), "voxel_offset": list(s.voxel_offset), "size": list(s.size),
@@ -526,7 +456,7 @@ def dataset_meta(fmt: str, s: Scale, params: dict, totals: TableTotals, failed: 
 
 
 def kept(out: Output, totals: TableTotals, *, allow_partial: bool) -> JobReport:
-    """Resuming an output that is already complete: nothing to do; its figures are kept."""
+    """Resuming a complete output: its figures kept."""
     prev = out.previous or {}
     totals.rows = int((prev.get("totals") or {}).get("rows", 0))
     out.report.tasks = out.report.skipped = int((prev.get("tasks") or {}).get("total", totals.shards))
@@ -534,38 +464,95 @@ def kept(out: Output, totals: TableTotals, *, allow_partial: bool) -> JobReport:
                       allow_partial=allow_partial)
 
 
-def run_dataset(out: Output, tr: TaskRunner, run_task: Callable[[ShardTask], int], tasks: Sequence[ShardTask], *,
-                work: ByteStore, rows: Rows, s: Scale, fmt: str, what: str, totals: TableTotals, fan_in: int,
-                resume: bool, overwrite: bool, allow_partial: bool, partial_ok: bool, **more: Any) -> JobReport:
-    """The job in an opened folder output: map, reduce, ``_meta.json`` (written last), the report.
+@dataclass
+class TableJob:
+    """A ``stats`` or ``label-index`` run: the scale, its shards, the output and its work folder."""
 
-    ``work`` is ``out.workdir`` (kept while the output is incomplete, emptied after).
-    """
+    ds: Dataset
+    s: Scale
+    box: Box | None
+    labels: LabelSource
+    origins: list[tuple[int, int, int]]
+    out: Output
+    work: ByteStore
+    totals: TableTotals
+    fan_in: int
+    resume: bool
+    overwrite: bool
+    allow_partial: bool
+
+    def run(self, tr: TaskRunner, run_task: Callable[[ShardTask], int], reduce: Callable[..., JobReport],
+            **kw: Any) -> JobReport:
+        """``reduce(self, tr, run_task, tasks, **kw)`` in the locked output; the work folder emptied
+        when complete. With workers elsewhere, a folder made for the check that they see it goes."""
+        for store in (self.out.folder, self.work):
+            path = store.local_path()
+            made = path is not None and not os.path.exists(path)
+            try:
+                tr.check_shared(store)
+            except BaseException:
+                if made:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(path)  # type: ignore[arg-type]
+                raise
+        with self.out:
+            tasks = list(plan(self.ds, self.s, self.origins, labels=self.labels, box=self.box, work=self.work,
+                              bits=self.out.parameters["bits"], fan_in=self.fan_in))
+            report = reduce(self, tr, run_task, tasks, **kw)
+        if report.complete:
+            remove_work(self.work, _OWN)
+        return report
+
+
+def table_job(job: str, kind: str, source: SourceLike, dest: Location, *, scale: int, labels: LabelsLike,
+              box: BoxLike | None, spec: Any, workdir: Location | None, resume: bool, overwrite: bool,
+              allow_partial: bool, partitions: int | None, fan_in: int, command: str | None,
+              one_file: bool = False) -> TableJob:
+    """Every check before any work; ``one_file``: a ``.parquet`` destination is one file."""
+    ds = open_source(source, spec)
+    s = ds.scale(scale)
+    box = check_box(s, box)
+    src = label_source(labels)
+    origins = shard_origins(ds, s, box)
+    bits = partition_bits(len(origins), partitions, fan_in)
+    store = as_store(dest, writable=True)
+    one_file = one_file and store.describe("").rstrip("/").lower().endswith(".parquet")
+    out = Output(store, job=job, parameters=parameters(kind, s, box, src, bits), source=ds, scales=[s.index],
+                 command=command, resume=resume, overwrite=overwrite, own=own, kind="file" if one_file else "folder",
+                 workdir=workdir, work=True)
+    assert out.workdir is not None  # work=True
+    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=out.workdir.describe("").rstrip("/"))
+    return TableJob(ds, s, box, src, origins, out, out.workdir, totals, fan_in, resume, overwrite, allow_partial)
+
+
+def run_dataset(job: TableJob, tr: TaskRunner, run_task: Callable[[ShardTask], int], tasks: Sequence[ShardTask], *,
+                rows: Rows, fmt: str, what: str, partial_ok: bool, **more: Any) -> JobReport:
+    """A folder output: map, reduce, ``_meta.json`` (written last), the report."""
+    out, totals = job.out, job.totals
     store, params = out.store, out.parameters
     if out.previous is not None and out.previous.get("complete") and store.exists_sync(META):
-        return kept(out, totals, allow_partial=allow_partial)
-    start_work(work, params, resume=resume, overwrite=overwrite)
+        return kept(out, totals, allow_partial=job.allow_partial)
+    start_work(job.work, params, resume=job.resume, overwrite=job.overwrite)
     store.delete_sync(META)  # not a complete dataset until its _meta.json is written again
     out.update(work=totals.work)
-    got = map_reduce(out, tr, run_task, tasks, rows=rows, work=work, dest=store, bits=params["bits"], fan_in=fan_in,
-                     resume=resume, partial_ok=partial_ok)
+    got = map_reduce(out, tr, run_task, tasks, rows=rows, work=job.work, dest=store, bits=params["bits"],
+                     fan_in=job.fan_in, resume=job.resume, partial_ok=partial_ok)
     if got is not None:
         totals.rows = int(sum(got.values()))
-        meta = dataset_meta(fmt, s, params, totals, out.report.failed, **more)
+        meta = dataset_meta(fmt, job.s, params, totals, out.report.failed, **more)
         store.put_sync(META, (json.dumps(meta, indent=1) + "\n").encode())
         notes = [f"{totals.rows:,} {what} in {totals.partitions} hash buckets from {totals.shards:,} shards"]
     else:
         notes = ["no rows written: a shard or a reduce step failed"]
     if out.report.failed:
         notes.append(f"partial results kept in {totals.work}")
-    return out.finish(totals=totals, notes=notes, allow_partial=allow_partial)
+    return out.finish(totals=totals, notes=notes, allow_partial=job.allow_partial)
 
 
 # --------------------------------------------------------------------------- command line
 
 
 def add_arguments(p, *, what: str) -> None:
-    """The arguments of ``stats`` and ``label-index``."""
     add_source(p)
     add_dest(p, what=what, old=())
     add_scale(p)
@@ -577,7 +564,7 @@ def add_arguments(p, *, what: str) -> None:
 
 
 def run_command(job: Callable[..., JobReport], name: str, args) -> int:
-    """Run ``job`` from parsed arguments: 0 when complete, 1 when not (the summary says why and how to finish)."""
+    """0 when complete, 1 when not (the summary says why and how to finish)."""
     skip = [k for k, v in (("scale", 0), ("labels", "agglomerated")) if getattr(args, k) == v]
     report = job(args.source, args.dest, scale=args.scale, labels=args.labels, box=args.box,
                  partitions=args.partitions, spec=args.spec, allow_partial=True,

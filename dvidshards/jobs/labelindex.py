@@ -2,14 +2,10 @@
 dataset of (body, supervoxel, chunk_x, chunk_y, chunk_z, voxels), read back per body by
 :class:`dvidshards.query.BodyIndex` (``serve-dvid --label-index``).
 
-* **plan**: one task per shard (:func:`dvidshards.jobs.buckets.plan`), those meeting ``box``;
-* **run_task**: one shard's rows (:func:`shard_label_index`) into a partial file of the work folder;
-* **reduce**: rows of the same buckets concatenated, as a tree by hash bucket of the body
-  (:func:`dvidshards.jobs.buckets.map_reduce`); each bucket sorted by body, supervoxel and chunk
-  into ``DEST/bucket=HH/part-0.parquet`` (row groups of 32768 rows), then ``DEST/_meta.json``.
-
-A failed shard's rows are missing: the index is still reduced, and its ``_meta.json`` and
-manifest say ``"complete": false`` (``BodyIndex`` warns); ``--resume`` adds them.
+plan, reduce: :mod:`dvidshards.jobs.buckets` (each bucket sorted by body, supervoxel and chunk);
+run_task: one shard's rows (:func:`shard_label_index`). A failed shard's rows are missing: the
+index is still written, ``"complete": false`` in ``_meta.json`` and the manifest (``BodyIndex``
+warns); ``--resume`` adds them.
 """
 
 from __future__ import annotations
@@ -28,25 +24,16 @@ from .buckets import (
     Rows,
     ShardTask,
     SourceLike,
-    TableTotals,
     add_arguments,
-    check_box,
-    check_shared,
-    label_source,
     open_source,
-    own,
-    parameters,
-    partition_bits,
-    plan,
-    remove_work,
     run_command,
     run_dataset,
     runs,
-    shard_origins,
     shard_rows,
+    table_job,
     write_partial,
 )
-from .output import JobReport, Output
+from .output import JobReport
 from .runner import TaskRunner
 
 __all__ = ["LabelIndexCommand", "label_index", "reduce", "run_task", "shard_label_index"]
@@ -86,7 +73,7 @@ ROWS = Rows("body", INDEX_SCHEMA, reduce, finish, 32768)
 
 
 def run_task(task: ShardTask) -> int:
-    """One shard's label-index rows into its partial file; returns its rows."""
+    """One shard's rows into its partial file; returns their count."""
     t = shard_label_index(task.source, scale=task.scale, origin=task.origin, labels=task.labels, box=task.box)
     return write_partial(task.work, task.key, t, ROWS, task.bits)
 
@@ -99,11 +86,9 @@ def label_index(source: SourceLike, dest: Location, *, scale: int = 0, labels: L
     """Write the label index of a scale (of the voxels inside ``box``) as a Parquet dataset.
 
     ``dest`` (a folder, ``gs://``, ``s3://``, a kvstore spec or a store) gets
-    ``bucket=HH/part-0.parquet`` files, the rows of a body all in the file of
-    ``bucket_of(body, bits)``, plus ``_meta.json`` (scale, label source, bits, box,
-    completeness), written last, and the manifest ``_dvidshards.json``. Read it with
-    :class:`dvidshards.query.BodyIndex` (``Dataset.body_index(dest)``). The other parameters are
-    those of :func:`dvidshards.jobs.stats.body_stats`.
+    ``bucket=HH/part-0.parquet`` (a body's rows all in the file of ``bucket_of(body, bits)``),
+    ``_meta.json`` (written last) and the manifest. :class:`dvidshards.query.BodyIndex` reads it
+    (``Dataset.body_index(dest)``). The parameters are those of :func:`dvidshards.jobs.stats.body_stats`.
 
     Returns
     -------
@@ -115,35 +100,18 @@ def label_index(source: SourceLike, dest: Location, *, scale: int = 0, labels: L
     SpecError, OutputError
         Bad input or a destination that cannot be used, before any work.
     JobError
-        Shards failed and ``allow_partial`` is false: their rows are missing (``_meta.json`` and the
-        manifest say ``"complete": false``), the partial results kept; ``resume=True`` adds them.
+        Shards failed and ``allow_partial`` is false: their rows are missing, the partial results
+        kept; ``resume=True`` adds them.
     """
-    ds = open_source(source, spec)
-    s = ds.scale(scale)
-    box = check_box(s, box)
-    src = label_source(labels)
-    origins = shard_origins(ds, s, box)
-    bits = partition_bits(len(origins), partitions, fan_in)
-    out = Output(dest, job="label-index", parameters=parameters("index", s, box, src, bits), source=ds,
-                 scales=[s.index], command=command, resume=resume, overwrite=overwrite, own=own, workdir=workdir,
-                 work=True)
-    work = out.workdir
-    assert work is not None  # work=True
-    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=work.describe("").rstrip("/"))
+    job = table_job("label-index", "index", source, dest, scale=scale, labels=labels, box=box, spec=spec,
+                    workdir=workdir, resume=resume, overwrite=overwrite, allow_partial=allow_partial,
+                    partitions=partitions, fan_in=fan_in, command=command)
     with TaskRunner(scheduler, progress=progress) as tr:
-        check_shared(tr, out.store, work)
-        with out:
-            tasks = list(plan(ds, s, origins, labels=src, box=box, work=work, bits=bits, fan_in=fan_in))
-            report = run_dataset(out, tr, run_task, tasks, work=work, rows=ROWS, s=s, fmt=INDEX_FORMAT, what="rows",
-                                 totals=totals, fan_in=fan_in, resume=resume, overwrite=overwrite,
-                                 allow_partial=allow_partial, partial_ok=True)
-    if report.complete:
-        remove_work(work)
-    return report
+        return job.run(tr, run_task, run_dataset, rows=ROWS, fmt=INDEX_FORMAT, what="rows", partial_ok=True)
 
 
 class LabelIndexCommand:
-    """``dvidshards label-index EXPORT DEST``: the label index as a Parquet dataset."""
+    """``dvidshards label-index EXPORT DEST``."""
 
     @staticmethod
     def add_arguments(p) -> None:
@@ -151,5 +119,4 @@ class LabelIndexCommand:
 
     @staticmethod
     def main(args) -> int:
-        """Run ``dvidshards label-index``: 0 when complete, 1 when not."""
         return run_command(label_index, "label-index", args)

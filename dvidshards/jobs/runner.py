@@ -1,33 +1,22 @@
-"""Run one function over many items, serially, on threads or on dask, and report per-item failures.
+"""Where a job's tasks run (serially, on threads or on dask), with per-task failures and retries.
 
-Every whole-export job (statistics, label index, conversion, PCG edges, meshes) runs its tasks
-here. A job opens one :class:`TaskRunner` for all of its phases (map, reduce levels, final
-buckets), so a cluster starts at most once, and calls :meth:`TaskRunner.run` per phase.
+A job opens one :class:`TaskRunner` for all of its phases, so a cluster starts at most once, and
+calls :meth:`TaskRunner.run` per phase. ``scheduler``, the same for every job (``--scheduler``):
 
-The ``scheduler`` vocabulary, the same for every job and the command line (``--scheduler``):
+* ``None`` / ``"auto"``: threads when there is more than one task and core, else serial; never a
+  cluster by itself (one pays only when tasks hold the GIL or outgrow this machine);
+* ``"serial"``; ``"threads[:N]"`` (default one per core; the kernels release the GIL, so task
+  functions must be thread-safe);
+* ``"local[:N]"``: a dask ``LocalCluster`` of N single-threaded processes (spawned: TensorStore
+  forbids ``fork`` once its threads run);
+* an address (``"tcp://host:8786"``, ``"host:8786"``) or a ``distributed.Client``: an existing
+  cluster; an unreachable address fails within a few seconds.
 
-* ``None`` / ``"auto"`` - threads (one per core) when there is more than one task and more than
-  one core, else serial. Never starts a cluster by itself: a cluster pays only when the tasks
-  hold the GIL or the job outgrows this machine.
-* ``"serial"`` - one task after another in this process.
-* ``"threads"`` / ``"threads:N"`` - a pool of N threads in this process (default: one per core).
-  The kernels release the GIL, so decoding-heavy tasks scale; task functions must be
-  thread-safe.
-* ``"local"`` / ``"local:N"`` - a ``dask.distributed.LocalCluster`` of N single-threaded worker
-  processes (spawned: TensorStore forbids ``fork`` once its threads run).
-* an address (``"tcp://host:8786"`` or ``"host:8786"``) or a ``distributed.Client`` - an
-  existing dask cluster (dask-jobqueue on LSF/SLURM, a ``dask scheduler`` with workers).
-  An unreachable address fails within a few seconds.
-
-A task that raises does not stop the job: its item lands in ``PhaseReport.failed`` with
-``"TypeName: message"`` (the library's errors name file and chunk) and the other items go on.
-A task that failed for a reason that may pass (a remote read that kept failing, a network error,
-a worker that died) runs again, up to ``retries`` times (``TaskRunner(retries=)``, default
-:data:`RETRIES`; per phase ``run(retries=)``), after the phase's other tasks; a task that failed on
-its data (a damaged shard, a missing file, a bad parameter) is not run again: it would fail the
-same way. ``PhaseReport.retried`` counts the runs again.
-Progress is a tqdm bar on a terminal and, when stderr is not a terminal (a batch system's
-log), one line every ~30 s: done/total, failures, rate and time left.
+A task that raises lands in ``PhaseReport.failed`` as ``"TypeName: message"``; the others go on.
+One that failed for a reason that may pass (:func:`transient`: a remote read, the network, a lost
+worker) runs again after the phase's other tasks, up to ``retries`` times; one that failed on its
+data would fail the same way and is not. Progress: a tqdm bar on a terminal, else a line every
+~30 s (a batch system's log).
 """
 
 from __future__ import annotations
@@ -45,11 +34,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DvidShardsError, RemoteReadError, SpecError
+from ..errors import DvidShardsError, OutputError, RemoteReadError, SpecError
 from ..stores import ByteStore
 
-__all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "describe_exception", "failure_lines",
-           "run_tasks", "scheduler_of", "transient"]
+__all__ = ["RETRIES", "SCHEDULER_HELP", "PhaseReport", "TaskRunner", "clear_work", "describe_exception",
+           "remove_work", "run_tasks", "scheduler_of", "transient"]
 
 SCHEDULER_HELP = ("where tasks run: auto (default: threads when it pays, else serial), serial, threads[:N], "
                   "local[:N] (a dask LocalCluster of N processes), or a dask scheduler address (tcp://host:8786)")
@@ -71,29 +60,27 @@ _LOST = frozenset({"KilledWorker", "CommClosedError", "CancelledError", "FutureC
 
 @dataclass
 class PhaseReport:
-    """What one :meth:`TaskRunner.run` call (one phase of a job) did; a job counts its phases into
-    its :class:`dvidshards.jobs.output.JobReport` with :meth:`~dvidshards.jobs.output.Output.add`.
+    """What one :meth:`TaskRunner.run` (one phase of a job) did.
 
     Attributes
     ----------
     results : dict
-        ``{item: result}`` of the tasks that succeeded, in the order of ``items``.
+        ``{item: result}`` of the tasks that succeeded, in the order of the items.
     failed : dict
         ``{item: "TypeName: message"}`` of the tasks that raised (or whose worker died).
     skipped : list
-        Items skipped because they were in ``done``.
+        The items in ``done``.
     elapsed : float
-        Wall time of the call in seconds.
+        Wall seconds.
     dashboard : str or None
-        The dask dashboard link, when there was one.
+        The dask dashboard link.
     scheduler : str
-        Where the tasks ran: ``"serial"``, ``"threads:N"`` or ``"dask"``.
+        ``"serial"``, ``"threads:N"`` or ``"dask"``.
     task_cpu : float
-        CPU seconds of the tasks themselves (each task's own thread, wherever it ran, every run
-        of it): the figure to project core-hours from, also when threads overlap.
+        CPU seconds of the tasks' own threads, every run: what core-hours project from, also when
+        threads overlap.
     retried : int
-        Runs again of tasks that had failed transiently (``failed`` holds the last failure of
-        those that never succeeded).
+        Runs again of tasks that had failed transiently.
     """
 
     results: dict = field(default_factory=dict)
@@ -113,21 +100,13 @@ class PhaseReport:
         return not self.failed
 
     def summary(self, limit: int = 10) -> str:
-        """A few lines: counts, then up to ``limit`` failed items with their errors."""
-        lines = [
-            f"{len(self.results)} done, {len(self.failed)} failed, {len(self.skipped)} skipped"
-            f" in {self.elapsed:.1f} s"
-        ]
-        return "\n".join(lines + failure_lines(self.failed, limit))
-
-
-def failure_lines(failed: dict, limit: int = 10, name=str, rest: str = "") -> list[str]:
-    """``  FAILED item: message`` for the first ``limit`` failures, then how many more (``rest``
-    says where they all are): a summary stays a screen long when thousands of shards failed."""
-    lines = [f"  FAILED {name(item)}: {msg}" for item, msg in itertools.islice(failed.items(), limit)]
-    if len(failed) > limit:
-        lines.append(f"  ... and {len(failed) - limit} more{rest}")
-    return lines
+        """Counts, then the first ``limit`` failures (a screen long when thousands failed)."""
+        lines = [f"{len(self.results)} done, {len(self.failed)} failed, {len(self.skipped)} skipped"
+                 f" in {self.elapsed:.1f} s"]
+        lines += [f"  FAILED {item}: {msg}" for item, msg in itertools.islice(self.failed.items(), limit)]
+        if len(self.failed) > limit:
+            lines.append(f"  ... and {len(self.failed) - limit} more")
+        return "\n".join(lines)
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -137,8 +116,7 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether a task that raised ``exc`` may succeed when run again: a remote read that kept
-    failing, a network error, a worker lost; never an error about the data or the parameters."""
+    """Whether a task that raised ``exc`` may succeed when run again (never a data or parameter error)."""
     if isinstance(exc, RemoteReadError):
         return True
     if isinstance(exc, DvidShardsError):
@@ -151,8 +129,8 @@ def transient(exc: BaseException) -> bool:
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any, float, bool]:
-    # runs in the worker: exceptions become data, so unpicklable exceptions cannot lose the message;
-    # the task's own thread CPU travels back with its result, and whether its failure may pass
+    # in the worker: an exception becomes data (an unpicklable one keeps its message), with the
+    # task's thread CPU and whether its failure may pass
     t = time.thread_time()
     try:
         return True, fn(item), time.thread_time() - t, False
@@ -182,16 +160,8 @@ def _count(text: str, what: str) -> int:
 
 
 def scheduler_of(scheduler):
-    """Check and normalise a ``scheduler`` argument (see the module docstring).
-
-    Returns ``("serial", 1)``, ``("threads", n)``, ``("auto", 0)``, ``("local", n)``,
-    ``("address", "tcp://host:port")`` or ``("client", client)``.
-
-    Raises
-    ------
-    SpecError
-        A malformed string, with the vocabulary.
-    """
+    """``scheduler`` checked (SpecError) and normalised: ``("auto", 0)``, ``("serial", 1)``,
+    ``("threads", n)``, ``("local", n)``, ``("address", "tcp://host:port")`` or ``("client", client)``."""
     if scheduler is None:
         return ("auto", 0)
     if not isinstance(scheduler, str):
@@ -267,8 +237,7 @@ class _Progress:
               f"{self.failed} failed, {rate:.3g} tasks/s, {now - self.t0:.0f} s so far, ETA {eta}",
               file=sys.stderr, flush=True)
 
-    def grow(self, n: int) -> None:
-        """n more tasks (runs again)."""
+    def grow(self, n: int) -> None:  # runs again
         self.total += n
         if self.bar is not None:
             self.bar.total += n
@@ -292,19 +261,12 @@ class TaskRunner:
     scheduler : None, str or distributed.Client
         See the module docstring.
     progress : bool, optional
-        True: a tqdm bar; False: nothing; None (default): a bar on a terminal, else a log line
-        every ~30 s.
+        True: a tqdm bar; False: nothing; None: a bar on a terminal, else a line every ~30 s.
     max_in_flight : int, optional
-        Tasks submitted at once (default: twice the workers, at least 4); bounds the memory of
-        pending futures and of results waiting to be collected.
+        Tasks submitted at once (default: twice the workers, at least 4): bounds the memory of
+        pending futures and uncollected results.
     retries : int, optional
-        Runs again of a task that failed transiently (default :data:`RETRIES`); a job says how
-        many its tasks deserve (0: none).
-
-    Examples
-    --------
-    >>> with TaskRunner("threads:2") as tr:  # doctest: +SKIP
-    ...     report = tr.run(work, shards, desc="s0 shards")
+        Runs again of a task that failed transiently (default :data:`RETRIES`).
     """
 
     def __init__(self, scheduler=None, *, progress: bool | None = None, max_in_flight: int | None = None,
@@ -332,7 +294,7 @@ class TaskRunner:
         return f"TaskRunner({self.kind}{'' if self.kind in ('auto', 'serial') else ':' + str(self.arg)})"
 
     def close(self) -> None:
-        """Stop the thread pool, close a client and a cluster this runner started."""
+        """Stop the thread pool; close a client and a cluster this runner started."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -349,13 +311,11 @@ class TaskRunner:
 
     @property
     def remote(self) -> bool:
-        """Whether the workers may run on other hosts (an address or a client given)."""
+        """Whether the workers may run on other hosts."""
         return self.kind in ("address", "client")
 
-    # --- dask ------------------------------------------------------------------------------
-
     def client(self):
-        """The ``distributed.Client`` (connecting or starting the cluster on first use)."""
+        """The ``distributed.Client``, connected or started on first use."""
         if self._client is not None:
             return self._client
         try:
@@ -389,31 +349,20 @@ class TaskRunner:
             print(f"dask dashboard: {self.dashboard}", file=sys.stderr)
         return self._client
 
-    def check_shared(self, workdir) -> None:
-        """Before any work: check that every worker sees ``workdir`` (a folder on this host: a
-        path, or a store, Destination or WorkDir).
-
-        Only a cluster whose workers may run elsewhere (an address, a client) is checked: a
-        marker file written here must be readable by each worker. A URL (``gs://``, ``s3://``)
-        is taken as shared.
-
-        Raises
-        ------
-        SpecError
-            One line naming the folder and how many workers cannot see it.
-        """
+    def check_shared(self, workdir: ByteStore | str | os.PathLike[str] | None) -> None:
+        """Before any work, with workers that may run elsewhere: SpecError (one line) unless each
+        reads a marker file written to ``workdir`` here. A bucket is shared; memory never is."""
         if not self.remote or workdir is None:
             return
-        store = getattr(workdir, "store", workdir)  # a Destination or WorkDir: its store
-        if isinstance(store, ByteStore):
-            workdir = store.local_path()
+        if isinstance(workdir, ByteStore):
+            store, workdir = workdir, workdir.local_path()
             if workdir is None:
                 spec = store.kvstore_spec()
                 if spec is None or spec.get("driver") == "memory":
                     raise SpecError(f"work folder {store.describe('')}: held in this process's memory, which "
                                     f"dask workers elsewhere cannot see; give --workdir on a shared file system "
                                     f"or a bucket")
-                return  # a bucket: shared
+                return
         path = os.fspath(workdir)
         if "://" in path and not path.startswith("file://"):
             return
@@ -432,8 +381,6 @@ class TaskRunner:
             raise SpecError(f"work folder {path}: {len(blind)} of {len(seen)} dask workers cannot see it (first: "
                             f"{blind[0]}); give --workdir on a file system every worker shares")
 
-    # --- running ---------------------------------------------------------------------------
-
     def _mode(self, n: int) -> tuple[str, int]:
         if self.kind == "auto":
             cores = os.cpu_count() or 1
@@ -443,28 +390,26 @@ class TaskRunner:
     def run(self, fn: Callable[[Any], Any], items: Iterable[Hashable], *, desc: str = "tasks",
             done: Iterable[Hashable] | None = None, kernels: Iterable[str] = (),
             retries: int | None = None) -> PhaseReport:
-        """Run ``fn(item)`` for every item not in ``done``; collect results and failures; run the
-        tasks that failed transiently again (see the module docstring).
-
-        ``kernels`` names the numba kernels the tasks use, slowest to compile first. A phase on dask
-        or of at least ``COMPILE_FIRST_TASKS`` tasks compiles them first, at normal priority and once
-        per node (:func:`dvidshards.runtime.kernels.prepare_for_job`), so a fresh worker never runs
-        long on the numpy fallbacks; a short phase in this process answers through the fallbacks
-        while they compile behind it, as a notebook does.
+        """``fn(item)`` for every item not in ``done``; the transient failures run again.
 
         Parameters
         ----------
         fn : callable
-            ``item -> result``: picklable on dask (a top-level function or a
-            ``functools.partial`` of one), thread-safe on threads. Results should be small.
+            ``item -> small result``: picklable on dask (a top-level function or a partial of
+            one), thread-safe on threads.
         items : iterable of hashable
-            The tasks' inputs, distinct (e.g. shard origins).
+            The tasks, distinct.
         desc : str
             What the tasks are, for progress.
         done : iterable of hashable, optional
             Items to skip (resume).
+        kernels : iterable of str
+            The numba kernels the tasks use, slowest to compile first. A phase on dask or of at
+            least ``COMPILE_FIRST_TASKS`` tasks compiles them first, once per node, so a fresh
+            worker never runs long on the numpy fallbacks; a short phase here answers through the
+            fallbacks while they compile behind it, as a notebook does.
         retries : int, optional
-            Runs again of a task that failed transiently (default: the runner's).
+            Default: the runner's.
 
         Returns
         -------
@@ -598,8 +543,7 @@ def order_of(items: list) -> dict:
     return {it: k for k, it in enumerate(items)}
 
 
-def _compiled_first(fn, kernels: tuple, item):
-    """A task that makes its job's kernels ready first (once per process, then a set look-up)."""
+def _compiled_first(fn, kernels: tuple, item):  # once per process, then a set look-up
     from ..runtime.kernels import prepare_for_job
 
     prepare_for_job(*kernels)
@@ -628,30 +572,28 @@ def run_tasks(
     max_in_flight: int | None = None,
     retries: int | None = None,
 ) -> PhaseReport:
-    """Run ``fn(item)`` for every item in a :class:`TaskRunner` of its own (one phase jobs).
-
-    Parameters
-    ----------
-    fn, items, desc, done :
-        See :meth:`TaskRunner.run`.
-    scheduler, progress, max_in_flight, retries :
-        See :class:`TaskRunner`.
-
-    Returns
-    -------
-    PhaseReport
-        Results, failures (``"TypeName: message"``), skipped items, elapsed time.
-
-    Raises
-    ------
-    ValueError
-        If items repeat.
-    SpecError
-        If the scheduler string is malformed.
-    RemoteReadError
-        If a scheduler address cannot be reached.
-    ImportError
-        If a dask scheduler is asked for and ``dask.distributed`` is not installed.
-    """
+    """:meth:`TaskRunner.run` in a :class:`TaskRunner` of its own (a job of one phase)."""
     with TaskRunner(scheduler, progress=progress, max_in_flight=max_in_flight, retries=retries) as tr:
         return tr.run(fn, items, desc=desc, done=done)
+
+
+# --------------------------------------------------------------------------- the work folder
+
+
+def clear_work(work: ByteStore, own: Callable[[str], object]) -> None:
+    """Delete a job's own names (``own(name)``) from its work folder; its other names and lock stay."""
+    for name in work.list_sync(""):
+        if own(name):
+            work.delete_prefix_sync(name)
+
+
+def remove_work(work: ByteStore, own: Callable[[str], object] | None = None) -> None:
+    """After a complete run: the job's names go, then a local folder left empty (a bucket prefix
+    vanishes with its objects)."""
+    if own is not None:
+        clear_work(work, own)
+    if work.local_path() is not None and not work.list_sync(""):
+        try:
+            work.delete_prefix_sync("")
+        except OutputError:
+            pass

@@ -1,27 +1,20 @@
 """Per-body statistics of a whole export (``dvidshards stats EXPORT DEST``): each body's voxels,
 supervoxels, chunks and exact bounding box (DVID's ``/sizes``, neuclease's ``fetch_sizes``).
 
-Every record of the scale is read once, its block decompressed and counted with the
-``blockstats`` kernel (no voxel is written); bodies come from the records' agglomerated lists,
-the supervoxels themselves or a mapping. Background (label 0) is not reported.
-
-* **plan**: one task per shard (:func:`dvidshards.jobs.buckets.plan`);
-* **run_task**: one shard's partial statistics (:func:`shard_body_stats`, a body's supervoxels as
-  a list) into a partial file of the work folder;
-* **reduce**: partial statistics of the same bodies combined, as a tree by hash bucket of the
-  body (:func:`dvidshards.jobs.buckets.map_reduce`); each bucket then ``finish``-ed (supervoxel
-  counts, voxels descending) into ``DEST/bucket=HH/part-0.parquet``.
-
-``DEST`` is a folder (a Parquet dataset plus ``_meta.json``) or, ending in ``.parquet``, one file
-streamed together from the buckets on a worker, its manifest in its Parquet metadata, written
-only when complete. A failed shard leaves no rows (the manifest names it; ``--resume`` finishes).
-:func:`body_stats_table` returns the rows of a small export as one table.
+Every record is read once, its block counted by the ``blockstats`` kernel (no voxel decoded).
+plan, reduce: :mod:`dvidshards.jobs.buckets`; run_task: one shard's partial statistics
+(:func:`shard_body_stats`, a body's supervoxels as a list), combined by body, then each bucket
+``finish``-ed (supervoxel counts, voxels descending). ``DEST`` is a folder (a Parquet dataset and
+``_meta.json``) or, ending in ``.parquet``, one file streamed together from the buckets on a
+worker, its manifest in its metadata, written only when complete. A failed shard leaves no rows;
+``--resume`` finishes. :func:`body_stats_table` returns a small export's rows as one table.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import JobError, OutputError, SpecError
+from ..errors import JobError, SpecError
 from ..formats.labelindex import bucket_name
-from ..formats.multiscale import Scale
 from ..stores import ByteStore, as_store
 from .buckets import (
     FAN_IN,
@@ -42,30 +34,25 @@ from .buckets import (
     Rows,
     ShardTask,
     SourceLike,
-    TableTotals,
+    TableJob,
     add_arguments,
     check_box,
-    check_shared,
     dataset_meta,
     kept,
     label_source,
     map_reduce,
     open_source,
-    own,
-    parameters,
-    partition_bits,
-    plan,
-    remove_work,
     run_command,
     run_dataset,
     runs,
     shard_origins,
     shard_rows,
     start_work,
+    table_job,
     write_partial,
 )
-from .output import JobReport, Output
-from .runner import TaskRunner
+from .output import JobReport
+from .runner import TaskRunner, remove_work
 
 __all__ = ["MAX_TABLE_ROWS", "STATS_FORMAT", "STATS_ORDER", "STATS_SCHEMA", "StatsCommand", "body_stats",
            "body_stats_table", "reduce", "run_task", "shard_body_stats"]
@@ -78,7 +65,7 @@ STATS_SCHEMA = pa.schema(
     [("label", pa.uint64()), ("voxels", pa.int64()), ("supervoxels", pa.int64()),
      ("chunks", pa.int64())] + [(c, pa.int64()) for c in _BOX]
 )
-# a body's partial statistics: its supervoxels as a list, so that merges can count distinct ones
+# a body's supervoxels as a list, so that merges count distinct ones
 PARTIAL_SCHEMA = pa.schema(
     [("label", pa.uint64()), ("voxels", pa.int64()), ("chunks", pa.int64())]
     + [(c, pa.int64()) for c in _BOX] + [("svs", pa.large_list(pa.uint64()))]
@@ -86,7 +73,7 @@ PARTIAL_SCHEMA = pa.schema(
 
 
 def _partial(label, voxels, chunks, boxes, pair_label, pair_sv) -> pa.Table:
-    """Partial statistics; (pair_label, pair_sv) sorted by label, then supervoxel, distinct."""
+    """(pair_label, pair_sv): sorted by label, then supervoxel, distinct."""
     offsets = np.append(np.searchsorted(pair_label, label, side="left"), len(pair_sv)).astype(np.int64)
     cols = [pa.array(label, pa.uint64()), pa.array(voxels, pa.int64()), pa.array(chunks, pa.int64())]
     cols += [pa.array(boxes[:, k], pa.int64()) for k in range(6)]
@@ -96,9 +83,8 @@ def _partial(label, voxels, chunks, boxes, pair_label, pair_sv) -> pa.Table:
 
 def shard_body_stats(source: SourceLike, *, scale: int, origin: tuple[int, int, int],
                      labels: LabelsLike = "agglomerated", box: BoxLike | None = None) -> pa.Table:
-    """Partial body statistics of one shard: one row per body (``label, voxels, chunks, x0, y0, z0,
-    x1, y1, z1`` and ``svs``, its sorted distinct supervoxels here), sorted by label; only voxels
-    inside ``box`` counted. Typed errors of the shard or a record name the file and chunk."""
+    """One shard's partial statistics of its voxels inside ``box``: a row per body (``label, voxels,
+    chunks, x0, y0, z0, x1, y1, z1`` and ``svs``, its sorted distinct supervoxels), sorted by label."""
     rec, sv, body, vox, boxes, _ = shard_rows(open_source(source, None), scale, origin, labels, box)
     order = np.lexsort((rec, body))
     rec, body, vox, boxes = rec[order], body[order], vox[order], boxes[order]
@@ -141,7 +127,7 @@ def reduce(tables: list[pa.Table]) -> pa.Table:
 
 
 def finish(t: pa.Table) -> pa.Table:
-    """A bucket's statistics: supervoxel counts instead of lists, voxels descending, then label."""
+    """Supervoxel counts instead of lists; voxels descending, then label."""
     nsv = pc.list_value_length(t["svs"]).cast(pa.int64())
     t = pa.Table.from_arrays([t["label"], t["voxels"], nsv, t["chunks"]] + [t[c] for c in _BOX], schema=STATS_SCHEMA)
     return t.sort_by([("voxels", "descending"), ("label", "ascending")]) if t.num_rows else t
@@ -151,15 +137,15 @@ ROWS = Rows("label", PARTIAL_SCHEMA, reduce, finish, 65536)
 
 
 def run_task(task: ShardTask) -> int:
-    """One shard's partial statistics into its partial file; returns its rows."""
+    """One shard's partial statistics into its partial file; returns their rows."""
     t = shard_body_stats(task.source, scale=task.scale, origin=task.origin, labels=task.labels, box=task.box)
     return write_partial(task.work, task.key, t, ROWS, task.bits)
 
 
 @dataclass(frozen=True)
 class OneFile:
-    """The last task of a one-file output: the dataset's buckets streamed into the file, a row group
-    at a time, with the job's manifest in its metadata (published whole)."""
+    """A one-file output's last task: the buckets streamed into the file a row group at a time, the
+    manifest in its metadata, published whole."""
 
     table: ByteStore
     bits: int
@@ -229,48 +215,28 @@ def body_stats(source: SourceLike, dest: Location, *, scale: int = 0, labels: La
         A shard or a reduce step failed and ``allow_partial`` is false: no row is written, the
         manifest names the failures, the partial results stay for ``resume``.
     """
-    ds = open_source(source, spec)
-    s = ds.scale(scale)
-    box = check_box(s, box)
-    src = label_source(labels)
-    origins = shard_origins(ds, s, box)
-    bits = partition_bits(len(origins), partitions, fan_in)
-    params = parameters("stats", s, box, src, bits)
-    store = as_store(dest, writable=True)
-    one_file = store.describe("").rstrip("/").lower().endswith(".parquet")
-    out = Output(store, job="stats", parameters=params, source=ds, scales=[s.index], command=command, resume=resume,
-                 overwrite=overwrite, own=own, kind="file" if one_file else "folder", workdir=workdir, work=True)
-    work = out.workdir
-    assert work is not None  # work=True
-    totals = TableTotals(shards=len(origins), partitions=1 << bits, work=work.describe("").rstrip("/"))
+    job = table_job("stats", "stats", source, dest, scale=scale, labels=labels, box=box, spec=spec, workdir=workdir,
+                    resume=resume, overwrite=overwrite, allow_partial=allow_partial, partitions=partitions,
+                    fan_in=fan_in, command=command, one_file=True)
     with TaskRunner(scheduler, progress=progress) as tr:
-        check_shared(tr, out.folder, work)
-        with out:
-            tasks = list(plan(ds, s, origins, labels=src, box=box, work=work, bits=bits, fan_in=fan_in))
-            if not one_file:
-                report = run_dataset(out, tr, run_task, tasks, work=work, rows=ROWS, s=s, fmt=STATS_FORMAT,
-                                     what="bodies", totals=totals, fan_in=fan_in, resume=resume,
-                                     overwrite=overwrite, allow_partial=allow_partial, partial_ok=False,
-                                     order=STATS_ORDER, columns=STATS_SCHEMA.names)
-            else:
-                report = _one_file(out, tr, tasks, work=work, s=s, totals=totals, fan_in=fan_in, resume=resume,
-                                   overwrite=overwrite, allow_partial=allow_partial)
-    if report.complete:
-        remove_work(work)
-    return report
+        if job.out.kind == "file":
+            return job.run(tr, run_task, _one_file)
+        return job.run(tr, run_task, run_dataset, rows=ROWS, fmt=STATS_FORMAT, what="bodies", partial_ok=False,
+                       order=STATS_ORDER, columns=STATS_SCHEMA.names)
 
 
-def _one_file(out: Output, tr: TaskRunner, tasks: list[ShardTask], *, work: ByteStore, s: Scale,
-              totals: TableTotals, fan_in: int, resume: bool, overwrite: bool, allow_partial: bool) -> JobReport:
-    """The statistics as one Parquet file: the dataset made in the work folder, then streamed into
-    the file on a worker, with the final manifest in its metadata."""
+def _one_file(job: TableJob, tr: TaskRunner, run_task: Callable[[ShardTask], int], tasks: list[ShardTask]
+              ) -> JobReport:
+    """The dataset made in the work folder, then streamed into the file on a worker (the client never
+    holds the table), the final manifest in its metadata."""
+    out, totals = job.out, job.totals
     params = out.parameters
     if out.previous is not None and out.previous.get("complete"):
-        return kept(out, totals, allow_partial=allow_partial)
-    start_work(work, params, resume=resume, overwrite=overwrite)
-    table = work.child("table")
-    got = map_reduce(out, tr, run_task, tasks, rows=ROWS, work=work, dest=table, bits=params["bits"],
-                     fan_in=fan_in, resume=resume, partial_ok=False)
+        return kept(out, totals, allow_partial=job.allow_partial)
+    start_work(job.work, params, resume=job.resume, overwrite=job.overwrite)
+    table = job.work.child("table")
+    got = map_reduce(out, tr, run_task, tasks, rows=ROWS, work=job.work, dest=table, bits=params["bits"],
+                     fan_in=job.fan_in, resume=job.resume, partial_ok=False)
     where = out.where
     if got is not None:
         totals.rows = int(sum(got.values()))
@@ -278,11 +244,11 @@ def _one_file(out: Output, tr: TaskRunner, tasks: list[ShardTask], *, work: Byte
                  f"file"]
     else:
         notes = [f"nothing written at {where}: partial results kept in {totals.work}"]
-    out.update(table=dataset_meta(STATS_FORMAT, s, params, totals, {}, order=STATS_ORDER,
+    out.update(table=dataset_meta(STATS_FORMAT, job.s, params, totals, {}, order=STATS_ORDER,
                                   columns=STATS_SCHEMA.names))
     failed: list[str] = []
 
-    def publish(manifest: dict) -> None:  # on a worker: the client never holds the table
+    def publish(manifest: dict) -> None:
         task = OneFile(table, params["bits"], out.folder, out.name, json.dumps(manifest, default=str))
         failed.extend(tr.run(write_one_file, [task], desc="one file").failed.values())
 
@@ -291,7 +257,7 @@ def _one_file(out: Output, tr: TaskRunner, tasks: list[ShardTask], *, work: Byte
         report.complete, report.status = False, "incomplete"
         report.failed[where] = failed[0]
         report.notes.append(f"nothing written at {where}: partial results kept in {totals.work}")
-    if not report.complete and not allow_partial:
+    if not report.complete and not job.allow_partial:
         raise JobError(report.summary(), report)
     return report
 
@@ -301,14 +267,13 @@ def body_stats_table(source: SourceLike, *, scale: int = 0, labels: LabelsLike =
                      workdir: Location | None = None, resume: bool = False, overwrite: bool = False,
                      progress: bool | None = None, partitions: int | None = None, fan_in: int = FAN_IN,
                      max_rows: int = MAX_TABLE_ROWS) -> pa.Table:
-    """Per-body voxel counts, supervoxel counts, chunk counts and exact boxes, as one table (for
-    small exports: it is read into this process; :func:`body_stats` writes any size).
+    """Per-body statistics as one table, read into this process (small exports; :func:`body_stats`
+    writes any size).
 
-    :func:`body_stats` writes the dataset ``WORKDIR/table`` (its partial results in
-    ``WORKDIR/table.work``, by the one rule), then it is read and removed. ``workdir`` (visible
-    to every worker; ``gs://``, ``s3://`` work) defaults to a temporary local folder; ``resume``
-    finishes an earlier run in it, ``overwrite`` starts again. Other parameters as for
-    :func:`body_stats`.
+    :func:`body_stats` writes the dataset ``WORKDIR/table`` (partial results in ``WORKDIR/table.work``),
+    then it is read and removed. ``workdir`` (seen by every worker; ``gs://``, ``s3://`` too)
+    defaults to a temporary local folder; ``resume`` finishes an earlier run in it. Other
+    parameters as for :func:`body_stats`.
 
     Returns
     -------
@@ -342,7 +307,7 @@ def body_stats_table(source: SourceLike, *, scale: int = 0, labels: LabelsLike =
                             fan_in=fan_in)
     except BaseException:
         if temp:
-            _remove_empty(root)
+            remove_work(root)
         raise
     where = root.describe("").rstrip("/")
     if not report.complete:
@@ -362,17 +327,8 @@ def body_stats_table(source: SourceLike, *, scale: int = 0, labels: LabelsLike =
     t = pa.concat_tables(parts).combine_chunks().sort_by([("voxels", "descending"), ("label", "ascending")])
     about = {"scale": s.index, **src.identity(), "box": None if box is None else list(map(list, box))}
     table.delete_prefix_sync("")
-    _remove_empty(root)
+    remove_work(root)
     return t.replace_schema_metadata({b"dvidshards": json.dumps(about).encode()})
-
-
-def _remove_empty(root: ByteStore) -> None:
-    """Remove a local folder when nothing is left in it (a bucket prefix vanishes by itself)."""
-    if root.local_path() is not None and not root.list_sync(""):
-        try:
-            root.delete_prefix_sync("")
-        except OutputError:
-            pass
 
 
 class StatsCommand:
@@ -386,6 +342,5 @@ class StatsCommand:
 
     @staticmethod
     def main(args) -> int:
-        """Run ``dvidshards stats``: 0 when complete, 1 when not (the summary says why and how to finish)."""
         return run_command(body_stats, "stats", args)
 

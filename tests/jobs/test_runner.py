@@ -226,11 +226,10 @@ def test_remote_cluster_without_a_shared_work_folder_is_refused_before_work(tmp_
         tr.check_shared(tmp_path / "work")
     assert list((tmp_path / "work").iterdir()) == []  # the marker is gone
     tr.check_shared("gs://bucket/work")  # URLs are shared by construction
-    from dvidshards.jobs.workdir import WorkDir
-    from dvidshards.stores import MemoryStore
+    from dvidshards.stores import MemoryStore, as_store
 
     with pytest.raises(SpecError, match=r"work folder .*w2: 2 of 2 dask workers cannot see it"):
-        tr.check_shared(WorkDir.of(tmp_path / "w2"))  # a work folder given as itself: its local path
+        tr.check_shared(as_store(tmp_path / "w2", writable=True))  # a work folder's store: its local path
     with pytest.raises(SpecError, match=r"memory://m/: held in this process's memory"):
         tr.check_shared(MemoryStore(name="m"))
     TaskRunner("local:2").check_shared(tmp_path)  # same host: nothing to check, no cluster started
