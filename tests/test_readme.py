@@ -90,5 +90,5 @@ def test_every_readme_python_line_runs(workspace, tmp_path):
             raise AssertionError(f"README line does not run: {line.strip()}\n  as: {code}\n  {type(e).__name__}: {e}") from e
         ran += 1
     assert ran >= 30
-    assert ns["report"].ok and ns["ds"].exported == (0, 1, 2) and ns["b"].exists
+    assert ns["report"].ok and ns["ds"].exported == (0, 1, 2) and ns["b"].exists()
     np.testing.assert_array_equal(ns["a"], ns["ds"].read([[0, 0, 0], [128, 128, 64]], scale=0))
