@@ -13,7 +13,7 @@ import numpy as np
 import tensorstore as ts
 
 from ..errors import SpecError
-from ..stores import as_store
+from ..stores import ByteStore, as_store
 
 __all__ = ["SpotCheck", "compare_chunks", "kvstore_root", "open_scale"]
 
@@ -22,9 +22,12 @@ _DATA_TRIES = 64  # random draws that find no chunk not compared yet before the 
 
 
 def kvstore_root(dest: Any) -> dict:
-    """The output root (path, URL or kvstore spec dict) as a TensorStore kvstore spec."""
-    url = isinstance(dest, dict) or "://" in os.fspath(dest)
-    store = as_store(dest) if url else as_store(dest, writable=True, what="output")
+    """The output root (path, URL, kvstore spec dict or store) as a TensorStore kvstore spec."""
+    if isinstance(dest, ByteStore):
+        store = dest
+    else:  # a local output given by path need not exist yet
+        url = isinstance(dest, dict) or "://" in os.fspath(dest)
+        store = as_store(dest) if url else as_store(dest, writable=True, what="output")
     spec = store.kvstore_spec()
     if spec is None:
         raise SpecError(f"{store.describe('')}: TensorStore cannot open a store held in Python memory")

@@ -127,6 +127,14 @@ def test_spot_check_of_a_boxed_conversion_compares_the_box(converted, tmp_path):
                                                     f"from the source"], report.summary()
 
 
+def test_verify_spot_checks_an_output_given_as_a_store(converted):
+    from dvidshards.stores import as_store
+
+    exp, out = converted
+    report = verify(as_store(str(out)), spot_check=10, spec=exp.spec)
+    assert report.ok and report.chunks == 10, report.summary()
+
+
 def _spec_file(exp, tmp_path) -> str:
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(exp.spec))
