@@ -415,44 +415,46 @@ def test_a_flight_source_pickles(server):
 # --- command line ---------------------------------------------------------------------------------
 
 
-def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path):
+def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path, capsys):
+    """The server in a process of its own (as a user runs it), the ingest command in this one."""
+    from dvidshards.cli import main
+
     p = subprocess.Popen([sys.executable, "-m", "dvidshards.cli", "serve-flight", synth.root, "--port", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:
         line = p.stdout.readline().rstrip("\n")
         assert re.fullmatch(r"grpc://127\.0\.0\.1:\d+", line), line
-        r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", line, str(tmp_path / "t"),
-                            "--workers", "2"], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
-        assert r.returncode == 0, r.stderr
-        assert "records in" in r.stdout
+        code = main(["ingest", line, str(tmp_path / "t"), "--workers", "2"])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        assert "records in" in out.out
     finally:
         p.terminate()
         p.wait(timeout=300)  # a guard against a hang: a busy machine may take a while to stop it
     from dvidshards.sources.tablesource import TableSource
 
     assert_volumes_equal(Dataset(synth.root), Dataset(TableSource(tmp_path / "t")), [0, 1, 2])
-    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "serve-flight", str(tmp_path / "nope")],
-                       capture_output=True, text=True, cwd=str(ROOT), timeout=120)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert main(["serve-flight", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_cli_ingest_blocks_dump(synth, tmp_path):
+def test_cli_ingest_blocks_dump(synth, tmp_path, capsys):
+    from dvidshards.cli import main
     from dvidshards.formats.blocks import write_stream
     from tests.support.blocks import export_blocks
 
     (tmp_path / "d.dat").write_bytes(write_stream(export_blocks(Path(synth.root))))
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(Dataset(synth.root).spec))
-    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"),
-                        str(tmp_path / "exp"), "--spec", str(spec)], capture_output=True, text=True,
-                       cwd=str(ROOT), timeout=300)
-    assert r.returncode == 0, r.stderr
+    assert main(["ingest", str(tmp_path / "d.dat"), str(tmp_path / "exp"), "--spec", str(spec)]) == 0, \
+        capsys.readouterr().err
     ds = Dataset(tmp_path / "exp")
     box = [[0, 0, 0], list(ds.scale(0).size)]
     np.testing.assert_array_equal(ds.read(box, labels="supervoxels"), synth.expected(0, "supervoxels"))
-    r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "ingest", str(tmp_path / "d.dat"),
-                        str(tmp_path / "exp")], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
-    assert r.returncode == 2 and "not an empty folder" in r.stderr
+    capsys.readouterr()
+    assert main(["ingest", str(tmp_path / "d.dat"), str(tmp_path / "exp")]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
 
 
 def test_server_checks_payload_frames_before_sending(mcns, real_records, tmp_path):
