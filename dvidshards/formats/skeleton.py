@@ -314,7 +314,10 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, clos
     pad = np.zeros((3, 2), np.int64) if closed is None else np.asarray(closed, bool).astype(np.int64)
     if pad.any():
         lab, o, core = np.asfortranarray(np.pad(lab, pad)), o - pad[:, 0], core + pad[:, 0]
-    ids, counts = fastremap.unique(lab[:core[0], :core[1], :core[2]], return_counts=True)
+    renumbered, ids_of = fastremap.renumber(lab[:core[0], :core[1], :core[2]], in_place=False)  # faster than unique
+    n_of = np.bincount(renumbered.ravel(order="K"))
+    counts = {int(b): int(n_of[k]) for b, k in ids_of.items() if b}
+    del renumbered
     if dust > 1:
         _drop_small_inner(lab, int(dust))
     res = np.asarray(resolution, np.float32)
@@ -323,9 +326,9 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, clos
                                  parallel=1, in_place=True)
     out = {}
     empty = Piece(np.zeros((0, 3), np.int32), np.zeros((0, 2), np.uint32), np.zeros(0, np.float32), 0)
-    for b in set(skels) | {int(i) for i in ids if i}:
+    for b in set(skels) | set(counts):
         s = skels.get(b)
-        n = int(counts[np.searchsorted(ids, b)]) if b in ids else 0
+        n = counts.get(int(b), 0)
         if s is None or not len(s.vertices):
             out[int(b)] = Piece(empty.voxels, empty.edges, empty.radii, n)
             continue

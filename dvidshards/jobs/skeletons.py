@@ -531,9 +531,10 @@ def _body_list(bodies: Any) -> np.ndarray:
     return ids
 
 
-def _make_scale(ds: Dataset, k: int, out: Output, tr: TaskRunner, *, scheduler: Any, labels: Any, resume: bool,
-                overwrite: bool, progress: bool | None) -> tuple[Dataset, str | None]:
-    """The dataset with scale ``k`` made by ``downsample`` into the work folder when not exported."""
+def _make_scale(ds: Dataset, k: int, out: Output, tr: TaskRunner, *, scheduler: Any, resume: bool, overwrite: bool,
+                progress: bool | None) -> tuple[Dataset, str | None]:
+    """The dataset with scale ``k`` made by ``downsample`` into the work folder when not exported (its
+    records carry supervoxels and the export's bodies, so every label source reads it)."""
     if k in ds.exported:
         return ds, None
     from .downsample import downsample
@@ -542,9 +543,8 @@ def _make_scale(ds: Dataset, k: int, out: Output, tr: TaskRunner, *, scheduler: 
     if not below:
         ds.require_scale(k)  # NotExportedError: nothing finer to make it from
     made = out.workdir.child("scales")  # type: ignore[union-attr]
-    rep = downsample(ds, made, scales=[k], labels="agglomerated" if isinstance(as_labels(labels), Mapped) else labels,
-                     scheduler=tr.client() if tr.distributed else scheduler, resume=resume, overwrite=overwrite,
-                     progress=progress, allow_partial=True)
+    rep = downsample(ds, made, scales=[k], scheduler=tr.client() if tr.distributed else scheduler, resume=resume,
+                     overwrite=overwrite, progress=progress, allow_partial=True)
     r = out.report
     r.tasks, r.done, r.skipped, r.task_cpu = r.tasks + rep.tasks, r.done + rep.done, r.skipped + rep.skipped, \
         r.task_cpu + rep.task_cpu
@@ -646,8 +646,8 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
             _clear(work)
         if ids is not None:
             work.put_sync("bodies.npy", _npy(ids))
-        ds2, made = _make_scale(ds, k, out, tr, scheduler=scheduler, labels=labels, resume=resume,
-                                overwrite=overwrite, progress=progress)
+        ds2, made = _make_scale(ds, k, out, tr, scheduler=scheduler, resume=resume, overwrite=overwrite,
+                                progress=progress)
         notes += [made] if made else []
         if not out.report.failed:
             job = replace(job, source=ds2)
