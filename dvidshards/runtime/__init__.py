@@ -1,11 +1,7 @@
-"""The process-level machinery beside the pure formats: where and when numba compiles the kernels
-(`kernels`, and ``dvidshards warm``), mapping files loaded once per process and host
-(`mappings`), a zstd decompressor per thread (`zstd`), the guard against a fork after
-TensorStore started (`forks`), and the one file lock between processes (`locks`).
-
-Importing this package installs them: `kernels` as `formats.jit`'s compiler, `mappings` as
-`formats.mapping`'s file access, `zstd` as `formats.records`' decompressors, `forks`' fork
-hooks. ``import dvidshards`` imports it.
+"""The process-level machinery beside the pure formats, installed on import (``import dvidshards``
+does it): numba's compiler (`kernels`, ``dvidshards warm``), mapping files once per process and
+host (`mappings`), a zstd decompressor per thread (`zstd`), the fork guard (`forks`) and the file
+lock between processes (`locks`).
 """
 
 from __future__ import annotations

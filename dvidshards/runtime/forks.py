@@ -1,21 +1,12 @@
-"""A fork after TensorStore has started its threads: a warning in the parent, an error in the child.
+"""A fork after TensorStore started its threads: a warning in the parent, an error in the child.
 
-TensorStore runs thread pools; a process forked from one in which they run (``os.fork``,
-multiprocessing's ``fork`` start method, the default on Linux before Python 3.14) cannot use
-TensorStore: TensorStore detects it and aborts the child at its first call ("fork() use
-detected"). Under a ``multiprocessing.Pool`` the worker dies, and ``pool.apply`` waits forever.
-
-With this module imported (``import dvidshards`` does it), such a fork is seen by
-`os.register_at_fork` hooks:
-
-* the parent warns once (`RuntimeWarning`), naming the fix: the ``spawn`` start method;
-* in the child, TensorStore's entry points (opening, reading, writing, waiting on a future,
-  committing) raise `ForkError` instead of aborting, so the task fails with that error in the
-  parent (``pool.apply`` raises it) and the child stays usable for work that needs no TensorStore
-  (dvidshards' own bulk reads of local exports do not).
-
-"Started" means a TensorStore pool thread runs (Linux: ``/proc/self/task/*/comm``), or ran once
-in this process; a fork after ``import tensorstore`` alone is fine, and is left alone.
+A process forked from one running TensorStore's thread pools (``os.fork``, multiprocessing's
+``fork`` start method) cannot use TensorStore: it aborts the child at its first call ("fork()
+use detected"), and ``pool.apply`` then waits forever. With this module imported, the parent
+warns once naming the fix (the ``spawn`` start method), and in the child TensorStore's entry
+points raise `ForkError`, so the task fails in the parent and the child stays usable for work
+without TensorStore. "Started": a TensorStore pool thread runs (Linux:
+``/proc/self/task/*/comm``) or ran; a fork after ``import tensorstore`` alone is fine.
 """
 
 from __future__ import annotations
@@ -41,7 +32,7 @@ _forked = False  # this process is such a child
 
 
 def tensorstore_started() -> bool:
-    """Whether TensorStore has started its threads in this process (Linux; False where it cannot tell)."""
+    """Whether TensorStore has started its threads in this process (False where it cannot tell)."""
     global _started
     if _started:
         return True
@@ -93,7 +84,7 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
     raise ForkError(_message())
 
 
-# TensorStore's calls that start work on its threads (indexing, specs and schemas do not)
+# the calls that start work on TensorStore's threads (indexing, specs and schemas do not)
 _METHODS = {
     "TensorStore": ("read", "write", "resize", "resolve", "storage_statistics", "__array__", "__setitem__"),
     "KvStore": ("read", "write", "list", "delete_range", "experimental_copy_range_to", "__getitem__",
@@ -106,7 +97,6 @@ _FUNCTIONS = ("open", "virtual_chunked")
 
 
 def _refuse_tensorstore() -> None:
-    """In a child forked after TensorStore started: its entry points raise ForkError."""
     ts = sys.modules.get("tensorstore")
     if ts is None:
         return

@@ -1,36 +1,21 @@
-"""Where and when numba compiles the kernels of `dvidshards.formats.jit`.
+"""Where and when numba compiles the kernels of `formats.jit` (installed as its compiler on import).
 
-`formats.jit` holds the kernels and their fallbacks; this module is the compiler it asks
-(``jit.install_compiler``), installed when it is imported (``import dvidshards`` does it).
-There are two ways to run, chosen per process:
+Notebooks and commands (the default): a kernel called before it is ready answers through its
+fallback and is made ready behind the caller, in the order of first calls: one in numba's disk
+cache is loaded by a background thread; one missing is compiled into the cache by a helper
+process (low CPU priority, one compile per cache folder at a time across processes), then
+loaded. A fresh process reads its first chunk in well under a second and never exits with a
+compile inside it: the helper finishes the kernels it was asked for, leaving the cache whole
+(numba writes cache files under a temporary name). Kernels numba cannot cache, or all of them
+when no helper starts, compile in the background thread; an exit waits for such a compile.
 
-**Notebooks and commands** (the default). A kernel called before it is compiled answers through
-its fallback, and is made ready behind the caller, in the order of first calls: one already in
-numba's on-disk cache is loaded by a background thread of this process; one missing from the
-cache is compiled by a *helper process* (one per process that needs it, at low CPU priority, one
-compile at a time per cache folder across processes), which writes numba's cache; the background
-thread then loads it from there. So a fresh process reads its first chunk in well under a
-second, and it never has a compile running inside it when its work is done: it exits at once,
-and the helper finishes the kernels it was asked for, leaving the cache whole for the next
-process (numba writes each cache file to a temporary name and renames it, so a file is never
-seen half written). Kernels numba cannot cache (``cache=False``, or defined where a new process
-cannot import them) are compiled by the background thread itself, as is everything when the
-helper cannot be started; a process exiting during such a compile waits for it.
+Jobs: a task calls `prepare_for_job` first (cheap once done). A kernel missing from the cache
+is then compiled at normal priority once per node: a lock file per kernel and cache folder (in
+the temporary folder) lets one process compile while the others wait and load it (or, with
+``wait=False``, answer through the fallback meanwhile); two fresh workers split the named
+kernels between them. No job waits for a low-priority helper a busy node starves.
 
-**Jobs.** A job's task calls :func:`prepare_for_job` at its start (cheap once done). From then
-on this process is a job worker: a kernel missing from numba's cache is compiled at normal
-priority, *once per node*. A lock file per kernel and cache folder (in the temporary folder, so
-shared by the processes of the node) lets one process compile it; another process that needs
-it meanwhile waits for it and loads it from the cache (or, with ``wait=False``, answers through
-the fallback until then). The kernels named in the call are compiled first, each by the first
-process to get to it while the others go on to the next, so two fresh workers split the
-compiles between them; the rest are compiled at their first call. No job waits for a
-low-priority helper that a busy node starves.
-
-``dvidshards warm`` (:func:`main`) fills numba's cache ahead of time, for images and containers.
-
-:func:`formats.jit.wait <dvidshards.formats.jit.wait>` blocks until every kernel called so far is
-compiled; :func:`formats.jit.status <dvidshards.formats.jit.status>` says where each is.
+``dvidshards warm`` (`main`) fills numba's cache ahead of time, for images and containers.
 """
 
 from __future__ import annotations
@@ -94,12 +79,8 @@ _stopping = False
 
 
 def mode() -> str:
-    """The kernel mode from ``DVIDSHARDS_KERNELS``, read at each call of a kernel not ready:
-
-    * ``background`` (default, or unset): as the module docstring says;
-    * ``compiled``: numba's own behaviour, compile on the first call and wait for it;
-    * ``fallback``: never compile (tests of the fallbacks, and platforms where numba cannot compile).
-    """
+    """``DVIDSHARDS_KERNELS``, read at each call of a kernel not ready: ``background`` (default),
+    ``compiled`` (numba's own: compile at the first call and wait) or ``fallback`` (never compile)."""
     m = os.environ.get(_ENV, "background").strip().lower() or "background"
     if m not in MODES:
         raise ValueError(f"{_ENV}={m!r}: expected one of {', '.join(MODES)}")
@@ -115,19 +96,24 @@ def _compile(k: Kernel) -> None:
         k.compile()
 
 
+def _try_compile(k: Kernel) -> bool:
+    """`_compile`; False when it failed (recorded on ``k``, warned about once: the fallback answers)."""
+    try:
+        _compile(k)
+    except Exception:  # noqa: BLE001 - recorded on the kernel and warned about
+        return False
+    return True
+
+
 class _Runtime(jit.Compiler):
-    """The compiler this module installs in `formats.jit` (see the module docstring)."""
+    """The compiler this module installs in `formats.jit`."""
 
     def called(self, k: Kernel) -> bool:
         m = mode()
         if m == "fallback":
             return False
         if m == "compiled":
-            try:
-                _compile(k)
-            except Exception:  # noqa: BLE001 - warned about once, by compile(); the fallback answers
-                return False
-            return True
+            return _try_compile(k)
         if k.handled:
             return False
         if _job:
@@ -150,10 +136,7 @@ class _Runtime(jit.Compiler):
             _job_ensure(k)
             return
         _await_helper(k)  # compiling it here as well would only take the helper's core
-        try:
-            _compile(k)
-        except Exception:  # noqa: BLE001 - warned about once, by compile(); the fallback answers
-            pass  # warned about once, by compile(); the fallback answers
+        _try_compile(k)
 
     def wait(self, timeout: float | None) -> bool:
         with _STATE:
@@ -171,39 +154,30 @@ class _Runtime(jit.Compiler):
 
 
 def install() -> None:
-    """Make this module the compiler of `formats.jit` (idempotent)."""
     if not isinstance(jit.installed_compiler(), _Runtime):
         jit.install_compiler(_Runtime())
-
-
-# --- jobs ------------------------------------------------------------------------------------------
 
 
 def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
     """Make this process a job worker, and the named kernels ready (see the module docstring).
 
-    A job's task function calls it first thing; after the first call it costs a set look-up.
-    The named kernels are compiled now, at normal priority, once per node: each one missing from
-    numba's cache is compiled by the first process to get to it, in the order given (so name the
-    slowest to compile first), and a process that finds one being compiled elsewhere goes on to
-    the next and loads it afterwards. Kernels not named are compiled the same way at their
-    first call.
+    A task calls it first thing; afterwards it costs a set look-up. The named kernels are compiled
+    now, once per node, in the order given (name the slowest first); kernels not named at their
+    first call, the same way.
 
     Parameters
     ----------
     *kernels : str, module or Kernel
-        Kernels to make ready now: a kernel's name (``"dvidshards.formats.cseg._transcode_kernel"``),
-        a module or its name (every kernel it registers), or a `Kernel`. None: only switch to
-        job mode.
+        A kernel's name (``"dvidshards.formats.cseg._transcode_kernel"``), a module or its name
+        (every kernel it registers), or a `Kernel`; none: only switch to job mode.
     wait : bool
-        A kernel another process is compiling: wait for it and load it (default; measured
-        cheaper on a busy node, see ``benchmarks/bench_freshnode.py``), or answer through its
-        fallback meanwhile and load it when that process is done (False).
+        A kernel another process compiles: wait and load it (default; cheaper on a busy node,
+        ``benchmarks/bench_freshnode.py``), or answer through its fallback until then (False).
 
     Raises
     ------
     SpecError
-        A name that is neither a registered kernel nor an importable module that registers some.
+        A name that is neither a registered kernel nor a module that registers some.
     """
     global _job_wait
     key = (kernels, wait)
@@ -215,8 +189,7 @@ def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
     m = mode()
     if m == "compiled":
         for k in todo:
-            with contextlib.suppress(Exception):  # warned about by compile(); the fallback stays in use
-                _compile(k)
+            _try_compile(k)
     elif m == "background":
         later = [k for k in todo if not k.ready and k.failed is None and not k.handled
                  and not _job_call(k, hand=False)]
@@ -230,8 +203,8 @@ def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
 
 
 def job_mode() -> bool:
-    """Switch this process to job mode (once; returns whether it already was). Kernels queued for
-    the low-priority helper are handed to the job thread."""
+    """Switch this process to job mode (returns whether it already was); kernels queued for the
+    helper go to the job thread."""
     global _job
     if _job:
         return True
@@ -280,7 +253,7 @@ def _import(name: str) -> Any:
 
 
 def _walk(mod: Any) -> list[str]:
-    """The module's name, and its submodules' if it is a package (imported, so that they register)."""
+    """The module's name and its submodules' (imported, so that they register)."""
     names = [mod.__name__]
     for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
         if _import(info.name) is not None:
@@ -289,9 +262,8 @@ def _walk(mod: Any) -> list[str]:
 
 
 def _job_call(k: Kernel, hand: bool = True) -> bool:
-    """Compile (or load) ``k`` now in this thread, unless another thread of this process compiles
-    or another process compiles ``k``: then False, and with ``hand`` the job thread loads it when
-    that is done (the caller answers through the fallback meanwhile)."""
+    """Compile (or load) ``k`` now in this thread unless another thread or process compiles it:
+    then False, and with ``hand`` the job thread loads it once that is done."""
     lock = _COMPILE
     if not lock.acquire(blocking=False):
         if hand:
@@ -310,27 +282,22 @@ def _job_call(k: Kernel, hand: bool = True) -> bool:
                     _to_job_thread(k)
                 return False
         try:
-            _compile(k)
-        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback answers
-            return False  # recorded on the kernel and warned about; the fallback answers
+            return _try_compile(k)
         finally:
             if held is not None:
                 held.release()
-        return True
     finally:
         lock.release()
 
 
 def _job_ensure(k: Kernel) -> None:
-    """Compile (or load) ``k`` now, waiting for another process that compiles it."""
+    """Compile (or load) ``k`` now, waiting for another process compiling it."""
     if k.ready or k.failed is not None:
         return
     held = (acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
             if _cacheable(k) and not in_cache(k) else None)
     try:
-        _compile(k)
-    except Exception:  # noqa: BLE001 - warned about by compile(); the fallback stays in use
-        pass  # warned about by compile(); the fallback stays in use
+        _try_compile(k)
     finally:
         if held is not None:
             held.release()
@@ -367,8 +334,8 @@ def _job_run() -> None:
                 with _STATE:
                     _jhere = True
                 _compile(k)
-        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
-            pass  # recorded on the kernel and warned about; the fallback stays in use
+        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about
+            pass
         finally:
             if held is not None:
                 held.release()
@@ -376,9 +343,6 @@ def _job_run() -> None:
                 _jhere = False
                 _jcurrent = None
                 _STATE.notify_all()
-
-
-# --- notebooks and commands: the background thread and the helper process ---------------------------
 
 
 def _queue(k: Kernel) -> None:
@@ -421,10 +385,7 @@ def _run() -> None:
             _to_job_thread(k)
             continue
         if k.ready or k.failed is not None or not _send_to_helper(k):
-            try:
-                _compile(k)  # a load from the cache when the helper compiled it
-            except Exception:  # noqa: BLE001 - recorded on the kernel and warned about; the fallback stays in use
-                pass  # recorded on the kernel and warned about; the fallback stays in use
+            _try_compile(k)  # a load from the cache when the helper compiled it
         with _STATE:
             _here = False
             _current = None
@@ -432,8 +393,8 @@ def _run() -> None:
 
 
 def _cacheable(k: Kernel) -> bool:
-    """Whether a new process can compile ``k`` into numba's cache (a registered kernel with
-    ``cache=True``, defined at the top of an importable module)."""
+    """Whether a new process can compile ``k`` into numba's cache (registered, ``cache=True``,
+    defined at the top of an importable module)."""
     f = k.dispatcher.py_func
     if k not in jit.kernels() or "<" in f.__qualname__ or f.__module__ in (None, "__main__"):
         return False
@@ -445,8 +406,8 @@ def _cacheable(k: Kernel) -> bool:
 
 
 def in_cache(k: Kernel) -> bool:
-    """Whether numba's on-disk cache holds every signature of ``k`` for this machine (numba's
-    own index and keys: a load then needs no compile). False when it cannot tell."""
+    """Whether numba's disk cache holds every signature of ``k`` for this machine (numba's own index
+    and keys); False when it cannot tell."""
     d = k.dispatcher
     try:
         cache = d._cache
@@ -506,8 +467,8 @@ def _start_helper() -> subprocess.Popen:  # under _STATE
 
 
 def _listen(proc: subprocess.Popen) -> None:
-    """Read a helper's answers: one kernel name a line, once it is in numba's cache or once it
-    failed there (either way this process compiles it next, which loads it or says why not)."""
+    """Read a helper's answers, a kernel name a line once it is in the cache or failed there (either
+    way this process compiles it next: a load, or the reason)."""
     global _helper, _helper_broken
     assert proc.stdout is not None
     try:
@@ -552,9 +513,8 @@ def _await_helper(k: Kernel, timeout: float = _HELPER_WAIT) -> None:
 
 
 def _helper_main(idle: float = _HELPER_IDLE) -> None:
-    """The helper process: compile each kernel named on stdin into numba's cache, in order, and
-    write its name back. It goes on after its parent has exited until it has compiled every
-    kernel it was sent (end of stdin); it exits after ``idle`` seconds without work."""
+    """The helper process: compile each kernel named on stdin into numba's cache and write its name
+    back; it finishes what it was sent after its parent exits, and exits after ``idle`` s idle."""
     import select
 
     try:
@@ -584,7 +544,7 @@ def _helper_main(idle: float = _HELPER_IDLE) -> None:
             with acquire(_lock_path(k)):  # one lock per numba cache folder: one helper compiles, the others load
                 _compile(k)
         except Exception:  # noqa: BLE001 - the parent compiles it itself and reports what went wrong
-            pass  # the parent compiles it itself and reports what went wrong
+            pass
         if answer:
             try:
                 sys.stdout.write(name + "\n")
@@ -602,9 +562,9 @@ def _registered(name: str) -> Kernel:
 
 
 def _lock_path(k: Kernel, kernel: bool = False) -> str:
-    """The lock file of the numba cache folder ``k`` is written to (numba picks the folder from
-    ``NUMBA_CACHE_DIR`` and the source file's folder: so does this); with ``kernel``, of ``k``
-    alone in that folder. In the temporary folder: shared by the processes of a node."""
+    """The lock file (in the temporary folder: shared by a node) of the numba cache folder ``k`` is
+    written to (``NUMBA_CACHE_DIR`` and the source's folder, as numba picks it); with ``kernel``, of
+    ``k`` alone there."""
     source = os.path.dirname(os.path.abspath(k.dispatcher.py_func.__code__.co_filename))
     what = f"{os.environ.get('NUMBA_CACHE_DIR', '')}|{source}" + (f"|{k.name}" if kernel else "")
     tag = hashlib.sha1(what.encode()).hexdigest()[:16]
@@ -652,9 +612,6 @@ def _after_fork() -> None:  # a forked child has no background threads and no he
             k.handled = False
 
 
-# --- dvidshards warm -------------------------------------------------------------------------------
-
-
 def _every_kernel() -> list[Kernel]:
     """Every kernel of the package (its formats modules imported, so that they register)."""
     from .. import formats
@@ -664,10 +621,9 @@ def _every_kernel() -> list[Kernel]:
 
 
 def warm(names: Iterable[str] = (), processes: int = 1, log=None) -> dict[str, str]:
-    """Compile the kernels into numba's on-disk cache, ``processes`` at a time (the others run in
-    child processes; each kernel is compiled once, under its node lock). Returns
-    ``{kernel name: what happened}``: ``"in the cache"``, ``"compiled (S s)"``, ``"compiled by another
-    process"`` or ``"failed: ..."``."""
+    """Compile the kernels into numba's cache, ``processes`` at a time, each once under its node
+    lock: ``{kernel name: "in the cache" | "compiled (S s)" | "compiled by another process" | "failed:
+    ..."}``."""
     names = list(names)
     todo = _resolve(names) if names else _every_kernel()
     kids = []
@@ -738,9 +694,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    """``dvidshards warm``: fill numba's cache ahead of time (an image or a container build), so
-    that every process started from it runs compiled code from its first call. Exit 1 when a
-    kernel could not be compiled (or, with ``--check``, is missing from the cache)."""
+    """``dvidshards warm``: fill numba's cache ahead of time (an image build) so every process started
+    from it runs compiled code at once; exit 1 when a kernel failed (``--check``: is missing)."""
     names = list(args.kernels)
     todo = _resolve(names) if names else _every_kernel()
     if args.check:

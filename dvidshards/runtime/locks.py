@@ -1,9 +1,5 @@
-"""One exclusive file lock between the processes of a host (``fcntl.flock``).
-
-Where the platform has no ``fcntl`` or the file system no locks, a lock is a stand-in that
-holds nothing: the callers (numba's cache, the mapping sidecars) then repeat work another
-process may be doing, which is slower but never wrong.
-"""
+"""One exclusive file lock between the processes of a host (``fcntl.flock``); without ``fcntl`` or
+file-system locks a stand-in that holds nothing (callers then repeat work: slower, never wrong)."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ __all__ = ["Held", "acquire", "try_acquire"]
 
 
 class Held:
-    """A lock held: `release` (or leaving a ``with`` block) lets go. Holds nothing when made
-    without a file (no locks here, or a wait that timed out)."""
+    """A lock held until `release` (or the ``with`` block's end); holds nothing without a file."""
 
     def __init__(self, f: IO[Any] | None = None) -> None:
         self._f = f
@@ -33,8 +28,8 @@ class Held:
 
 
 def acquire(path: str, *, timeout: float | None = None) -> Held:
-    """An exclusive lock on the file ``path`` (made if absent), waiting for another holder;
-    after ``timeout`` seconds (a stuck holder) a `Held` that holds nothing: the caller goes on."""
+    """An exclusive lock on the file ``path`` (made if absent), waiting for its holder; after
+    ``timeout`` s (a stuck holder) one that holds nothing: the caller goes on."""
     held = _lock(path, blocking=True, timeout=timeout)
     assert held is not None
     return held

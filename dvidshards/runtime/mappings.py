@@ -1,21 +1,14 @@
 """Mapping files loaded once per process, and large ones parsed once per host.
 
-`dvidshards.formats.mapping` parses a mapping's content; this module decides how often a file
-given by path is read, and installs itself there (`formats.mapping.install_files`) when it is
-imported (``import dvidshards`` does it). `formats.mapping.load_file` is how jobs and readers
-load a mapping given as a path:
-
-* at most once per process: cached by path and change stamp, ``(size, mtime_ns)``, the newest
-  few kept;
-* for files of ``DVIDSHARDS_MAPPING_SIDECAR_BYTES`` (default 8 MiB) or more, at most once per
-  host: the first process to need it starts a child process that parses the file and writes a
-  *sidecar* (the sorted keys and values as ``.npy`` files, written to a temporary folder and
-  renamed) in the cache folder ``DVIDSHARDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dvidshards``
-  or ``~/.cache/dvidshards``; ``off`` disables it), and every process memory-maps it, so the
-  page cache holds one copy for all the workers of a host and no worker keeps the parse's
-  memory. A file lock makes the other processes wait for that parse instead of repeating it,
-  and a file that does not parse leaves its error there for them. Sidecars of older versions
-  of a file, and of files that are gone, are deleted when a new one is written.
+Installed as `formats.mapping`'s file access on import. A file is loaded at most once per
+process (cached by path and ``(size, mtime_ns)``, the newest few kept); one of
+``DVIDSHARDS_MAPPING_SIDECAR_BYTES`` (8 MiB) or more at most once per host: the first process
+needing it has a child parse it into a sidecar (sorted keys and values as ``.npy``, written to a
+temporary folder and renamed) in ``DVIDSHARDS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dvidshards``
+or ``~/.cache/dvidshards``; ``off`` disables it) that every process memory-maps: one copy in the
+page cache, no worker keeping the parse's memory. A file lock makes the others wait for the
+parse, a file that does not parse leaves its error for them, and sidecars of older versions or
+vanished files are deleted when a new one is written.
 """
 
 from __future__ import annotations
@@ -91,8 +84,8 @@ class SidecarFiles(fm.MappingFiles):
             return m
 
     def prepare(self, path: str, stamp: tuple[int, int] | None, format: str) -> None:
-        """A file that gets a sidecar is parsed in a child process (this process's memory does
-        not grow with the mapping); a small one, or any with the cache off, is loaded here."""
+        """A file that gets a sidecar is parsed in a child process (this one does not grow); a small one,
+        or any with the cache off, is loaded here."""
         fm.check_format(format)
         now = self.stamp(path)
         fm.check_stamp(path, stamp, now)
@@ -105,20 +98,18 @@ class SidecarFiles(fm.MappingFiles):
 
 
 def install() -> None:
-    """Make `formats.mapping` reach mapping files through `SidecarFiles` (idempotent)."""
     fm.install_files(SidecarFiles())
 
 
 def cache_info() -> dict:
-    """What this process's mapping cache did: ``parsed`` (files parsed in this process),
-    ``built`` (sidecars built by a child process it started), ``opened`` (sidecars
-    memory-mapped), ``hits`` (loads answered from memory), ``entries`` (held now)."""
+    """What this process's mapping cache did: ``parsed``, ``built`` (sidecars by a child it started),
+    ``opened`` (sidecars mapped), ``hits`` (from memory), ``entries`` (held now)."""
     with _lock:
         return {**_stats, "entries": len(_memory)}
 
 
 def clear_cache() -> None:
-    """Forget this process's loaded mappings and counters (the sidecars on disk stay)."""
+    """Forget this process's loaded mappings and counters (sidecars stay)."""
     with _lock:
         _memory.clear()
         for k in _stats:
@@ -126,7 +117,7 @@ def clear_cache() -> None:
 
 
 def _cache_root() -> str | None:
-    """The mapping sidecar folder, or None when the disk cache is off."""
+    """The sidecar folder, or None when the disk cache is off."""
     env = os.environ.get(_CACHE_ENV)
     if env is not None:
         if env.strip().lower() in ("", "0", "off", "none", "no"):
@@ -153,8 +144,8 @@ def _names(path: str, stamp: tuple[int, int], format: str) -> tuple[str, str]:
 
 
 def _child_main(argv: list[str]) -> int:
-    """The child that parses a file and writes its sidecar (its parent holds the host's lock);
-    exit 3 with the MappingError on stdout."""
+    """The child parsing a file into its sidecar (its parent holds the lock); exit 3 with the
+    MappingError on stdout."""
     root, path, size, mtime, format = argv
     try:
         _build(root, path, (int(size), int(mtime)), format)
@@ -188,7 +179,7 @@ def _stamp(path: str) -> tuple[int, int]:
 
 
 def _read(path: str, format: str) -> LabelMapping:
-    """Parse the file now, in this thread (pyarrow reads it without the GIL)."""
+    """Parse the file now (pyarrow reads it without the GIL)."""
     fm.check_format(format)
     try:
         with pa.OSFile(path) as f:
@@ -199,7 +190,7 @@ def _read(path: str, format: str) -> LabelMapping:
 
 
 def _parse_checked(path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
-    """Parse the file; MappingError if it changed while it was read."""
+    """Parse the file; MappingError if it changed meanwhile."""
     m = _read(path, format)
     if _stamp(path) != stamp:
         raise MappingError(f"{path}: the mapping file changed while it was read; run again")
@@ -208,7 +199,7 @@ def _parse_checked(path: str, stamp: tuple[int, int], format: str) -> LabelMappi
 
 
 def _open_sidecar(folder: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
-    """The sidecar in ``folder`` memory-mapped, or None when it is absent or not this file's."""
+    """The sidecar in ``folder`` memory-mapped, or None when absent or not this file's."""
     try:
         with open(os.path.join(folder, "meta.json"), "rb") as f:
             meta = json.loads(f.read())
@@ -229,13 +220,9 @@ def _open_sidecar(folder: str, path: str, stamp: tuple[int, int], format: str) -
 
 
 def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping | None:
-    """The mapping from its sidecar, building the sidecar first (once per host) if needed.
-
-    The build runs in a child process, so no worker keeps the parse's memory (~3.4 GiB at 10⁸
-    rows, much of it not returned to the system); the other processes of the host wait on a
-    file lock meanwhile. None when the cache folder cannot be written (the caller parses in
-    memory).
-    """
+    """The mapping from its sidecar, built first (once per host) if needed, in a child process (a
+    parse of 10⁸ rows takes ~3.4 GiB, much not returned to the system) while the host's other
+    processes wait on a file lock. None when the cache folder cannot be written."""
     if not _writable(root):
         return None
     _, name = _names(path, stamp, format)
@@ -265,7 +252,7 @@ def _load_via_sidecar(root: str, path: str, stamp: tuple[int, int], format: str)
 
 
 def _raise_recorded(root: str, name: str) -> None:
-    """Raise the MappingError an earlier parse of this file version left (if any)."""
+    """Raise the MappingError an earlier parse of this file version left, if any."""
     try:
         with open(os.path.join(root, name + ".error"), encoding="utf-8") as f:
             raise MappingError(f.read())
@@ -274,8 +261,8 @@ def _raise_recorded(root: str, name: str) -> None:
 
 
 def _build(root: str, path: str, stamp: tuple[int, int], format: str) -> LabelMapping:
-    """Parse the file here and write its sidecar (or its error); the sidecar's mapping, or the
-    parsed one when the sidecar cannot be written."""
+    """Parse the file here and write its sidecar (or its error): the sidecar's mapping, or the parsed
+    one when no sidecar can be written."""
     prefix, name = _names(path, stamp, format)
     folder = os.path.join(root, name)
     try:
@@ -316,8 +303,8 @@ def _write_sidecar(root: str, folder: str, m: LabelMapping, path: str, stamp, fo
 
 
 def _prune(root: str, prefix: str, keep: str) -> None:
-    """Delete sidecars of other versions of this file, of files that are gone or changed, and
-    temporary folders of writers that died a day ago."""
+    """Delete sidecars of other versions of this file and of files gone or changed, and temporary
+    folders of writers dead for a day."""
     entries = []
     with contextlib.suppress(OSError), os.scandir(root) as it:
         entries = list(it)

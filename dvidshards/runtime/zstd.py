@@ -1,9 +1,8 @@
 """One zstd decompression context per OS thread, for `formats.records` (installed on import).
 
-Keyed by thread id rather than held in a ``threading.local``: TensorStore's pool threads get a
-fresh Python thread state (hence a fresh ``threading.local``) for every callback, and a
-``ZSTD_DCtx`` per chunk cost ~10 % of a read. A thread id is reused only after its thread ended,
-so no two live threads share a decompressor.
+Keyed by thread id, not a ``threading.local``: TensorStore's pool threads get a fresh thread
+state (hence a fresh local) per callback, and a ``ZSTD_DCtx`` per chunk cost ~10 % of a read.
+A thread id is reused only after its thread ended.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ def decompressor() -> zstandard.ZstdDecompressor:
 
 
 def install() -> None:
-    """Make `formats.records` decompress through `decompressor` (idempotent)."""
     records.install_decompressor(decompressor)
 
 
