@@ -152,27 +152,12 @@ def _read_exact(f: BinaryIO, n: int) -> bytes:
 
 def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chunk_size: int = 64
                 ) -> Iterator[tuple[tuple[int, int, int], bytes]]:
-    """Iterate the records of a DVID ``GET …/blocks`` stream.
+    """``((bx, by, bz), block)`` of each record of a ``GET …/blocks`` stream, the block uncompressed.
 
-    Parameters
-    ----------
-    source : bytes-like, numpy.ndarray or binary file
-        The stream (a file is read incrementally; the caller opens and closes it).
-    compression : {"auto", "blocks", "gzip", "lz4", "uncompressed"}
-        What the payloads hold; ``"auto"`` tells gzip, a DVID block and a raw volume apart by
-        content and takes anything else as lz4.
-    chunk_size : int
-        Block side in voxels (64).
-
-    Yields
-    ------
-    ((bx, by, bz), bytes)
-        The block coordinate and the uncompressed DVID block.
-
-    Raises
-    ------
-    BlockStreamError
-        A record that is not a (compressed) block of ``chunk_size``³ voxels, named.
+    ``source``: bytes-like, uint8 array or binary file (read incrementally; the caller closes it).
+    ``compression``: what the payloads hold (``"auto"`` tells gzip, a DVID block and a raw volume
+    apart by content and takes anything else as lz4). ``chunk_size``: block side (64).
+    BlockStreamError, naming the record, for one that is not a (compressed) block of that size.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")

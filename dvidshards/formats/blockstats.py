@@ -624,27 +624,11 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
                 nlists: np.ndarray) -> Any:
     """Counts and boxes of many blocks in one compiled loop.
 
-    Parameters
-    ----------
-    buf : numpy.ndarray
-        The uncompressed blocks back to back, 1-D ``uint8``.
-    offsets : numpy.ndarray
-        ``int64`` (n + 1,): block k is ``buf[offsets[k]:offsets[k + 1]]``.
-    lo, hi : numpy.ndarray
-        ``int64`` (n, 3): count voxels in [lo, hi) (x, y, z within the block).
-    nlists : numpy.ndarray
-        ``int64`` (n,): the label-list length each block must have (its record's).
-
-    Returns
-    -------
-    tuple of numpy.ndarray
-        ``(block, entry, label, voxels, boxes)``, a row per label-list entry holding voxels, boxes
-        (x0, y0, z0, x1, y1, z1) within the block; empty sub-blocks' background is not reported.
-
-    Raises
-    ------
-    BlockError
-        For the first malformed block (``.index``), with the decoder's message.
+    Block k is ``buf[offsets[k]:offsets[k + 1]]`` (uint8; int64 offsets); voxels in [lo[k], hi[k])
+    (x, y, z within the block) count; ``nlists[k]`` is the label-list length its record gives.
+    Returns ``(block, entry, label, voxels, boxes)``, a row per label-list entry holding voxels,
+    boxes (x0, y0, z0, x1, y1, z1) within the block (empty sub-blocks' background not reported).
+    BlockError (``.index``, the decoder's message) for the first malformed block.
     """
     offsets = np.ascontiguousarray(offsets, np.int64)
     n = offsets.shape[0] - 1
@@ -665,24 +649,11 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
 
 
 def block_stats_into(data_u8: np.ndarray, lo: Any, hi: Any, counts: np.ndarray, boxes: np.ndarray) -> None:
-    """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point).
-
-    Parameters
-    ----------
-    data_u8 : numpy.ndarray
-        The uncompressed block, 1-D C-contiguous ``uint8``.
-    lo, hi : tuple of 3 int
-        Count voxels (x, y, z) in [lo, hi) within the block (``hi`` clipped to it).
-    counts : numpy.ndarray
-        ``int64`` (N + 1,): voxels added per label-list entry, the last for empty sub-blocks.
-    boxes : numpy.ndarray
-        ``int64`` (N + 1, 6) (x0, y0, z0, x1, y1, z1), min/max-updated (`new_accumulators`).
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed or the arrays do not fit it.
-    """
+    """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point):
+    voxels (x, y, z) in [lo, hi) within the block (``hi`` clipped) per label-list entry into
+    ``counts`` (int64 (N + 1,), the last for empty sub-blocks), boxes (x0, y0, z0, x1, y1, z1)
+    min/max-updated into ``boxes`` (N + 1, 6) (`new_accumulators`). BlockDecodeError when the block
+    is malformed or the arrays do not fit it."""
     lx, ly, lz = (int(v) for v in lo)
     hx, hy, hz = (int(v) for v in hi)
     if min(lx, ly, lz, hx, hy, hz) < 0:

@@ -532,24 +532,11 @@ def decode_row_into(data: np.ndarray, offs: np.ndarray, palette: np.ndarray | No
 
 
 def decode_into(data_u8: Any, palette: Any, out: np.ndarray) -> None:
-    """Decode one DVID block into a preallocated array (the low-overhead entry point).
-
-    Parameters
-    ----------
-    data_u8 : numpy.ndarray
-        The uncompressed block, 1-D C-contiguous ``uint8``.
-    palette : numpy.ndarray or None
-        1-D C-contiguous ``uint64``, one per block label (voxel = ``palette[v]``); None: the
-        block's own labels.
-    out : numpy.ndarray
-        Writable 3-D ``uint64`` (z, y, x) of any strides, no larger than the block on any axis.
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed or an argument has the wrong type, dtype or shape (``out`` may
-        then be partly written).
-    """
+    """Decode one DVID block into a preallocated array (the low-overhead entry point): ``data_u8``
+    1-D C-contiguous uint8, ``palette`` 1-D C-contiguous uint64 per block label or None (the
+    block's own), ``out`` writable 3-D uint64 (z, y, x) of any strides no larger than the block.
+    BlockDecodeError when the block is malformed or an argument is wrong (``out`` may then be
+    partly written)."""
     try:
         if palette is None:
             code, a, b = decode_kernel(data_u8, NO_PALETTE, False, out)

@@ -535,23 +535,10 @@ _kernel = jit.kernel(_transcode_kernel, [_SIG.args], _transcode_numpy, exclusive
 
 
 def transcode(block: BytesLike, palette: ArrayLike | None = None) -> bytes:
-    """Transcode one uncompressed DVID label block to ``compressed_segmentation`` bytes: the chunk
-    TensorStore's ``neuroglancer_precomputed`` driver writes for the same voxels (uint64, one
-    channel, ``compressed_segmentation_block_size`` [8, 8, 8], chunk shape = the block's).
-
-    Parameters
-    ----------
-    block : bytes-like or numpy.ndarray of uint8
-        The uncompressed block (FORMATS.md §1).
-    palette : array_like, optional
-        ``uint64`` per block label (e.g. a record's agglomerated ``labels``). Default: the
-        block's own labels (supervoxel ids).
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed or the palette has not one entry per block label.
-    """
+    """One uncompressed DVID label block as ``compressed_segmentation`` bytes: the chunk TensorStore's
+    ``neuroglancer_precomputed`` driver writes for the same voxels (uint64, one channel, 8³ blocks,
+    the block's shape). ``palette``: uint64 per block label (a record's ``labels``; default the
+    block's own). BlockDecodeError when the block is malformed or the palette does not fit it."""
     d = as_u8(block)
     if palette is None:
         code, a, b, out, nbytes = _kernel(d, _NO_PALETTE, False)

@@ -826,26 +826,11 @@ def downsample_block(children: Sequence[Any], *, method: str = "dvid", limit: Se
                      names: Sequence[str] | None = None) -> DownsampledBlock | None:
     """Downsample the 8 child blocks of one output block (see the module docstring).
 
-    Parameters
-    ----------
-    children : sequence of 8 bytes-like, uint8 arrays or None
-        Uncompressed blocks of the scale below, octant ``4*dz + 2*dy + dx``; None: all 0.
-    method : {"dvid", "mode"}
-    limit : (x, y, z), optional
-        Input voxels of the region inside the volume (`region_limit`), the only ones voting
-        with ``"mode"``; ignored by ``"dvid"``. Default: the whole region.
-    names : sequence of 8 str, optional
-        How errors name each child; default ``child (dx, dy, dz)``.
-
-    Returns
-    -------
-    DownsampledBlock or None
-        None when every output voxel is 0.
-
-    Raises
-    ------
-    BlockDecodeError
-        If a child is malformed, or the children's grids differ or are odd.
+    ``children``: uncompressed blocks of the scale below in octant order ``4*dz + 2*dy + dx``
+    (None: all 0); ``method`` ``"dvid"`` or ``"mode"``; ``limit`` the input voxels (x, y, z) of the
+    region inside the volume (`region_limit`), the only ones voting with ``"mode"`` (default: the
+    whole region); ``names`` how errors name each child. None when every output voxel is 0;
+    BlockDecodeError when a child is malformed or the children's grids differ or are odd.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")

@@ -391,26 +391,9 @@ def file_stamp(path: PathLike) -> tuple[int, int]:
 
 
 def load_file(path: PathLike, stamp: tuple[int, int] | None = None, format: str = "auto") -> LabelMapping:
-    """A mapping file, loaded at most once per process and file version.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-    stamp : (size, mtime_ns), optional
-        The version the caller planned with (`file_stamp`): a file changed since fails.
-    format : {"auto", "text", "binary"}
-        As in `LabelMapping.from_file`.
-
-    Returns
-    -------
-    LabelMapping
-        Shared in this process; its arrays may be read-only memory maps.
-
-    Raises
-    ------
-    MappingError
-        As `LabelMapping.from_file`, or the file changed since ``stamp``.
-    """
+    """A mapping file loaded at most once per process and version (shared; its arrays may be
+    read-only memory maps). ``stamp``: the version planned with (`file_stamp`), a file changed
+    since fails; ``format`` as `LabelMapping.from_file`, whose MappingErrors it raises."""
     files = installed_files()
     return files.load(files.absolute(as_path(path)), stamp, format)
 

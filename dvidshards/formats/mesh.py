@@ -107,37 +107,15 @@ def mesh_block(
     reduction_factor: int = 0,
     max_error: float = 8,
 ) -> dict[int, Mesh]:
-    """Marching cubes of the labels of a block (zmesh), vertices in corner coordinates.
+    """Marching cubes of the labels of a block (zmesh): ``{label: Mesh}`` in corner coordinates.
 
-    The block covers the cubes between the voxel centres it holds (for seamless cells, its chunk
-    and one voxel on the + sides); each label gets its own surface.
-
-    Parameters
-    ----------
-    block : numpy.ndarray of unsigned int, shape (nx, ny, nz)
-        Labels indexed ``[x, y, z]``; 0 is background.
-    origin : sequence of 3 int, optional
-        Voxel coordinate of ``block[0, 0, 0]``.
-    labels : sequence of int, optional
-        Labels to return (default: every non-zero label present).
-    reduction_factor : int, optional
-        zmesh simplification target (faces / factor); 0 keeps the marching-cubes mesh. Vertices
-        on the block's faces never move; one the simplifier puts outside the label's voxel box or
-        the cubes' box is clipped back, so fragments stay inside their cells.
-    max_error : float, optional
-        zmesh's error bound for that simplification (voxel resolution 1).
-
-    Returns
-    -------
-    dict of int to Mesh
-        One mesh per label with faces.
-
-    Raises
-    ------
-    MeshError
-        If the block is not 3-d unsigned integers with at least 2 voxels a side.
-    ImportError
-        If zmesh is not installed.
+    ``block`` holds unsigned labels ``[x, y, z]`` (0: background) whose first voxel is at
+    ``origin``; it covers the cubes between the voxel centres it holds (for seamless cells, its
+    chunk and one voxel on the + sides). ``labels``: those to return (default every one present).
+    ``reduction_factor`` > 0 simplifies with zmesh (faces / factor, within ``max_error`` at voxel
+    resolution 1): vertices on the block's faces never move, and one put outside the label's voxel
+    box or the cubes' box is clipped back, so fragments stay inside their cells. MeshError unless
+    the block is 3-d unsigned with 2 voxels a side; ImportError without zmesh.
     """
     zmesh = _zmesh()
     b = np.asarray(block)
@@ -346,35 +324,16 @@ def mesh_cells(
     max_error: float = 8,
     voxels: bool = False,
 ) -> Iterator[tuple[Any, ...]]:
-    """Mesh the cells of some chunks, each chunk decoded once, neighbours' faces borrowed.
+    """Mesh the cells of ``chunks`` (x, y, z), each chunk decoded once, neighbours' faces borrowed.
 
     The cell of chunk ``c`` meshes the cubes between the voxel centres ``c * chunk .. (c + 1) *
-    chunk``, so the fragments of a body weld into one watertight surface (`merge_fragments`).
-    Cells are visited in descending (z, y, x) order, keeping the low faces of two planes of
-    chunks at most.
-
-    Parameters
-    ----------
-    decode : callable
-        ``chunk (x, y, z) -> (z, y, x)`` unsigned array of shape ``(chunk,) * 3``, or None for
-        background (absent, outside the volume). Called once per chunk and + neighbour.
-    chunks : array_like of int, shape (n, 3)
-        Chunk coordinates (x, y, z) to mesh; duplicates are ignored.
-    chunk : int, optional
-        Chunk edge in voxels.
-    labels : sequence of int, optional
-        Labels to mesh (default: every non-zero label).
-    reduction_factor, max_error :
-        Per-cell simplification (see `mesh_block`).
-    voxels : bool, optional
-        Also yield each non-zero label's voxel count in the chunk itself, and chunks with labels
-        but no surface.
-
-    Yields
-    ------
-    (x, y, z), dict of int to Mesh[, dict of int to int]
-        A chunk and its cell's meshes in absolute corner coordinates (with ``voxels``, its label
-        counts); cells without a surface are skipped.
+    chunk``, so a body's fragments weld into one watertight surface (`merge_fragments`). Cells go in
+    descending (z, y, x) order, keeping the low faces of two planes of chunks at most. ``decode``
+    gives a chunk's (z, y, x) unsigned labels or None (background, outside the volume), once per
+    chunk and + neighbour. Yields ``(x, y, z), {label: Mesh}`` in absolute corner coordinates for
+    cells with a surface; with ``voxels`` also each label's voxel count in the chunk itself (and
+    chunks with labels but no surface). ``labels``, ``reduction_factor``, ``max_error``: as
+    `mesh_block`.
     """
     n = int(chunk)
     if n < 2:

@@ -325,29 +325,15 @@ _decimate = jit.kernel(_decimate_kernel, [numba.int64(numba.float64[:, ::1], num
 
 
 def decimate(mesh: Mesh, target: int, max_error: float = 1.0, locked: Any = None) -> Mesh:
-    """Simplify a mesh by quadric edge collapses that keep its topology and its locked vertices.
+    """Simplify a welded mesh (vertices in voxels) by quadric edge collapses keeping its topology.
 
     Unlike ``zmesh.simplify_fqmr`` (which can pinch a tube into a non-manifold edge, and whose
     ``preserve_border`` misses border vertices) and at about a fifth of ``Mesher.simplify``'s cost,
     a closed mesh stays closed and oriented, and pieces simplified apart with their shared boundary
-    locked still weld into one closed surface.
-
-    Parameters
-    ----------
-    mesh : Mesh
-        Welded, vertices in voxels.
-    target : int
-        Faces wanted; fewer collapses where ``max_error`` binds.
-    max_error : float, optional
-        The largest quadric error accepted, as a distance in the vertices' units.
-    locked : array_like of bool or uint8, shape (n,), optional
-        Vertices that must not move (open boundaries must be): booleans, or `box_faces` bits. No
-        collapse makes an edge between two locked vertices sharing a bit (booleans: any two).
-
-    Returns
-    -------
-    Mesh
-        The remaining vertices (in their order) and faces.
+    ``locked`` still weld into one closed surface. Collapses stop at ``target`` faces or where the
+    quadric error would pass ``max_error`` (a distance in the vertices' units). ``locked``: bools,
+    or `box_faces` bits (no collapse makes an edge between two locked vertices sharing a bit).
+    Returns the remaining vertices (in their order) and faces.
     """
     if not len(mesh.faces):
         return Mesh.empty()
@@ -390,8 +376,6 @@ def _normals_kernel(V, F, out):  # type: ignore[no-untyped-def]  # pragma: no co
 
 _normals = jit.kernel(_normals_kernel, [numba.void(numba.float64[:, ::1], numba.int64[:, ::1], numba.float64[:, ::1])],
                       None)
-
-
 
 
 def inflate(mesh: Mesh, distance: float, locked: Any = None) -> Mesh:

@@ -228,21 +228,9 @@ def morton_order(positions: Any) -> np.ndarray:
 
 def encode_fragment(mesh: Mesh, box_lo: Any, box_size: Any, bits: int = 16, compression_level: int = 7,
                     tolerance: float = 1e-3) -> bytes:
-    """Draco bytes of one fragment (empty without faces), positions quantised on its octree box.
-
-    Parameters
-    ----------
-    mesh : Mesh
-        Vertices in stored model coordinates (voxels), inside the box.
-    box_lo, box_size : sequence of 3 float
-        ``grid_origin + chunk_shape * 2**lod * position`` and ``chunk_shape * 2**lod``.
-    bits : {10, 16}
-    compression_level : int, optional
-        Draco's, 0..10.
-    tolerance : float, optional
-        How far (in box fractions) a vertex may lie outside the box (it is clipped) before it is
-        a MeshFormatError.
-    """
+    """Draco bytes of one fragment (vertices in voxels; empty without faces), quantised on its octree
+    box (``box_lo``, ``box_size``) with ``bits`` (10 or 16) at Draco ``compression_level`` (0..10); a
+    vertex up to ``tolerance`` (box fractions) outside is clipped, further a MeshFormatError."""
     bits = _check_bits(bits)
     if not len(mesh.faces):
         return b""
@@ -280,21 +268,9 @@ def encode_object(
     vertex_offsets: Any = None,
     tolerance: float = 1e-3,
 ) -> tuple[bytes, bytes]:
-    """Manifest and fragment data (``<id>.index``, ``<id>``) of one object from its levels of detail.
-
-    Parameters
-    ----------
-    lods : sequence of mapping of (x, y, z) to Mesh
-        Per level, node position to mesh (voxels, inside the node's box).
-    grid_origin, chunk_shape : sequence of 3 float
-        Corner of node (0, 0, 0) and the level-0 node size.
-    bits : {10, 16}
-    compression_level : int, optional
-    vertex_offsets : array_like, shape (num_lods, 3), optional
-        Per level, what the viewer adds to every decoded vertex (default 0).
-    tolerance : float, optional
-        See `encode_fragment`.
-    """
+    """Manifest and data (``<id>.index``, ``<id>``) of an object's levels of detail (per level, node
+    position to mesh inside its box), node (0, 0, 0) at ``grid_origin``, level-0 nodes of
+    ``chunk_shape``; ``vertex_offsets`` (num_lods, 3) what the viewer adds per level (default 0)."""
     origin = np.asarray(grid_origin, np.float64).reshape(3)
     chunk = np.asarray(chunk_shape, np.float64).reshape(3)
     if not (chunk > 0).all():
@@ -347,26 +323,10 @@ def encode_shard_files(
     entries: Mapping[int, bytes],
     prefixes: Mapping[int, bytes] | None = None,
 ) -> dict[str, bytes]:
-    """``neuroglancer_uint64_sharded_v1`` shard files holding one entry per uint64 key.
-
-    As TensorStore writes them: the shard index (per minishard, u64 [start, end) of its index,
-    relative to the index's end), then per minishard its entries (keys ascending) and its index
-    (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes).
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    entries : mapping of int to bytes
-        Key (segment id) to the bytes the index points at.
-    prefixes : mapping of int to bytes, optional
-        Bytes written right before a key's entry and not indexed (a mesh's fragment data before
-        its manifest); needs ``data_encoding`` raw.
-
-    Returns
-    -------
-    dict of str to bytes
-        Shard file name to its bytes; shards without entries are absent.
-    """
+    """``neuroglancer_uint64_sharded_v1`` shard files (``{name: bytes}``, shards without entries absent)
+    holding ``entries`` (uint64 key -> bytes), as TensorStore writes them (see `ShardFileWriter`).
+    ``prefixes``: bytes written right before a key's entry and not indexed (a mesh's fragment data
+    before its manifest); they need ``data_encoding`` raw."""
     if not isinstance(spec, ShardingSpec):
         raise TypeError(f"spec must be a ShardingSpec, got {type(spec).__name__}")
     prefixes = prefixes or {}

@@ -80,17 +80,9 @@ def layers_for_grid(grid: Any, fanout: int = 2) -> int:
 
 @dataclass(frozen=True)
 class IdLayout:
-    """The bit layout of PCG node ids (``pychunkedgraph.graph.utils.generic.compute_bitmasks``).
-
-    Parameters
-    ----------
-    layers : int
-        Layers of the graph (`layers_for_grid`).
-    spatial_bits : int
-        PCG's ``SPATIAL_BITS`` (10): the least bits per axis of layer-1 and 2 coordinates.
-    layer_bits : int
-        PCG's ``LAYER_ID_BITS`` (8).
-    """
+    """The bit layout of PCG node ids (``compute_bitmasks``): ``layers`` (`layers_for_grid`),
+    ``spatial_bits`` (PCG's ``SPATIAL_BITS``, 10: the least bits per axis of layer-1 and 2
+    coordinates), ``layer_bits`` (``LAYER_ID_BITS``, 8)."""
 
     layers: int
     spatial_bits: int = 10
@@ -432,21 +424,13 @@ def _sorted_ids(a: Any, what: str) -> np.ndarray:
 
 
 def contacts(vol_zyx: np.ndarray, own: Any, neighbours: Any, where: str = "chunk", indexed: bool = False) -> Contacts:
-    """Count voxels and 6-connected contacts of a chunk read with a one-voxel halo.
+    """Voxels and 6-connected contacts of a chunk read with a one-voxel halo, in list indexes.
 
-    Parameters
-    ----------
-    vol_zyx : ndarray uint64, (nz + 2, ny + 2, nx + 2)
-        Supervoxels of the chunk and a halo on its faces (0 outside the volume), z, y, x; the
-        halo's edges and corners are not used.
-    own : array of uint64
-        The chunk's id list: sorted, unique, non-zero, every supervoxel of the chunk.
-    neighbours : sequence of 6 arrays of uint64
-        The id lists of the face neighbours -x, +x, -y, +y, -z, +z (empty: none).
-    where : str
-        Location named in errors.
-    indexed : bool
-        ``vol_zyx`` already holds 1 + list indexes (a reader's palette swap does it per block).
+    ``vol_zyx`` (nz + 2, ny + 2, nx + 2) holds the supervoxels of the chunk and of a halo on its
+    faces (0 outside the volume; edges and corners unused), or with ``indexed`` 1 + their list
+    indexes (a reader's palette swap does it per block). ``own``: the chunk's id list (sorted,
+    unique, non-zero, complete); ``neighbours``: the lists of the face neighbours -x, +x, -y, +y,
+    -z, +z (empty: none). ``where`` is named in errors.
     """
     vol = np.asarray(vol_zyx)
     if vol.dtype != np.uint64 or vol.ndim != 3 or min(vol.shape) < 3:
@@ -510,30 +494,11 @@ def _id_error(where: str, err: Any, v: Any, z: Any, y: Any, x: Any, indexed: Any
 
 
 def chunk_graph(c: Contacts, coords: Any, own: Any, neighbours: Any, layout: IdLayout, affinity: str = "area") -> Any:
-    """PCG edges and the pieces of one chunk.
-
-    Parameters
-    ----------
-    c : Contacts
-    coords : (x, y, z)
-        The chunk's index in the layer-1 grid.
-    own, neighbours
-        The id lists given to `contacts`.
-    layout : IdLayout
-    affinity : "area" or "default"
-        In and between edges' affinity: the face count as float32, or PCG's default (float32
-        tiny). Cross edges get +inf and area 1.
-
-    Returns
-    -------
-    edges : dict
-        ``{"in" | "between" | "cross": (node_ids1, node_ids2, affinities, areas)}``, each
-        sorted by (node_ids1, node_ids2).
-    pieces : (ids, supervoxels, voxels)
-        The chunk's pieces, by id.
-    neighbour_pieces : (ids, supervoxels)
-        The neighbours' pieces in the chunk's between and cross edges.
-    """
+    """PCG edges and pieces of a chunk at ``coords`` from its `Contacts` and the id lists given to
+    `contacts`: ``({"in" | "between" | "cross": (node_ids1, node_ids2, affinities, areas)}`` each
+    sorted by ids, ``(ids, supervoxels, voxels)`` of its pieces, ``(ids, supervoxels)`` of the
+    neighbours' pieces in its edges). ``affinity`` ``"area"`` (face count as float32) or
+    ``"default"`` (PCG's, float32 tiny) for in and between edges; cross edges get +inf, area 1."""
     if affinity not in ("area", "default"):
         raise PcgError(f"affinity must be 'area' or 'default', got {affinity!r}")
     own = np.asarray(own, np.uint64)

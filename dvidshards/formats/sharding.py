@@ -68,17 +68,10 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class ShardingSpec:
-    """A validated ``neuroglancer_uint64_sharded_v1`` spec (SpecError on a bad field).
-
-    Parameters
-    ----------
-    preshift_bits : int
-        Low bits of the chunk id dropped before hashing.
-    minishard_bits, shard_bits : int
-        Bits of the hashed id giving the minishard, and above them the shard.
-    hash : {"identity", "murmurhash3_x86_128"}
-    minishard_index_encoding, data_encoding : {"raw", "gzip"}, optional
-    """
+    """A validated ``neuroglancer_uint64_sharded_v1`` spec (SpecError on a bad field): low
+    ``preshift_bits`` of the chunk id dropped before ``hash`` (``"identity"`` or
+    ``"murmurhash3_x86_128"``), then ``minishard_bits`` and above them ``shard_bits``; the encodings
+    ``"raw"`` or ``"gzip"``."""
 
     preshift_bits: int
     minishard_bits: int
@@ -227,27 +220,10 @@ def _check_in_grid(coords: np.ndarray, grid: tuple[int, int, int]) -> None:
 
 
 def compressed_morton_code(chunk_coords: Any, grid_shape: Sequence[int]) -> np.ndarray | np.uint64:
-    """Neuroglancer's compressed Morton code (chunk id) of chunk grid coordinates.
-
-    Bits of x, y, z interleaved from bit 0 upward, each axis contributing ``bit_width(grid - 1)``
-    bits, an exhausted axis skipped (TensorStore's ``EncodeCompressedZIndex``).
-
-    Parameters
-    ----------
-    chunk_coords : array_like of int, shape (n, 3) or (3,)
-    grid_shape : sequence of 3 int
-
-    Returns
-    -------
-    numpy.ndarray of uint64, shape (n,), or numpy.uint64 for one (3,) coordinate
-
-    Raises
-    ------
-    ValueError
-        If coordinates are not integers of shape (n, 3)/(3,) or lie outside the grid.
-    SpecError
-        If the grid shape is invalid.
-    """
+    """Neuroglancer's compressed Morton code (chunk id) of chunk coordinates ((n, 3), or (3,) for a
+    scalar): bits of x, y, z interleaved from bit 0, each axis ``bit_width(grid - 1)`` bits, an
+    exhausted axis skipped (TensorStore's ``EncodeCompressedZIndex``). ValueError for coordinates
+    that are not integers or lie outside the grid, SpecError for a bad grid."""
     grid = _xyz_ints(grid_shape, "chunk grid shape", minimum=1)
     bits = compressed_z_index_bits(grid)
     coords, single = _as_coords(chunk_coords)
@@ -527,23 +503,15 @@ def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
 
 
 class ShardFileWriter:
-    """Write one ``neuroglancer_uint64_sharded_v1`` shard file as its entries arrive.
+    """Write one ``neuroglancer_uint64_sharded_v1`` shard file to ``file`` (empty, seekable) as its
+    entries arrive.
 
     TensorStore's layout: the shard index (per minishard u64 [start, end) of its index, relative to
-    the index's end; (0, 0) when empty), then per minishard its entries (keys ascending) and its
-    index (u64 ``[3, n]``: delta-coded keys, delta-coded data starts, sizes). Memory is one
-    minishard's index: entries go to ``file`` as they come, `finish` writes the shard index over its
-    placeholder. Entries are written as given (gzip them for ``data_encoding`` gzip), in file order:
-    by minishard, then ascending, all in one shard.
-
-    Parameters
-    ----------
-    spec : ShardingSpec
-    file : binary file
-        Empty, seekable, open for writing.
-    compress : callable, optional
-        gzip of a minishard index for ``minishard_index_encoding`` gzip (default: Python's, mtime
-        0; pass TensorStore's to match its bytes: zlib builds differ).
+    the index's end; (0, 0) when empty), then per minishard its entries and its index (u64 ``[3,
+    n]``: delta-coded keys, delta-coded starts, sizes). Memory is one minishard's index; `finish`
+    writes the shard index over its placeholder. Entries go as given (gzip them for
+    ``data_encoding`` gzip), by minishard then ascending key, all of one shard. ``compress`` gzips a
+    minishard index (default Python's, mtime 0; pass TensorStore's to match its bytes).
     """
 
     def __init__(self, spec: ShardingSpec, file: BinaryIO, compress: Callable[[bytes], bytes] | None = None):

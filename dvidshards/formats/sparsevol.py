@@ -330,20 +330,10 @@ _order = jit.kernel(_order_kernel, [_ORDER_SIG.args], _order_numpy, exclusive=Tr
 class RunOrder:
     """DVID's sparsevol run order, block by block (``labels.WriteRLEs``).
 
-    Feed the blocks holding the body in ascending (z, y, x) order, each with its runs (`add`:
-    inside the block, any order) or its member bits (`add_bits`: `block_bits`, cut to ``bounds``
-    in one numba pass); each call returns the runs now final, in DVID's order, and `finish` the
-    rest. Memory is one row of blocks (at most one held run per (y, z) row).
-
-    Parameters
-    ----------
-    block_size : int
-        DVID block edge (64).
-    maxx : int, optional
-        DVID's ``maxx``: a run reaching it is held like one reaching the +x face. Default:
-        ``bounds``' maxx.
-    bounds : (lo, hi), optional
-        DVID's ``minx`` .. ``maxz`` bounds, inclusive voxel coordinates.
+    Feed the blocks holding the body in ascending (z, y, x) order with their runs (`add`) or member
+    bits (`add_bits`, cut to ``bounds``: DVID's inclusive ``minx`` .. ``maxz``); each call returns
+    the runs now final, `finish` the rest. A run reaching ``maxx`` (default ``bounds``' maxx) is
+    held like one reaching the +x face. Memory: one held run per (y, z) row of a block.
     """
 
     def __init__(self, block_size: int = 64, maxx: int | None = None, *,
@@ -570,33 +560,13 @@ _bits = jit.kernel(_bits_kernel, [_BITS_SIG.args], _bits_numpy, exclusive=True)
 
 def block_bits(block: BytesLike, member: ArrayLike, lo: ArrayLike = (0, 0, 0), hi: ArrayLike | None = None,
                out: np.ndarray | None = None) -> np.ndarray:
-    """The voxels of a DVID block whose label-list entry ``member`` marks, as bits.
+    """The voxels of a DVID block whose label-list entry ``member`` marks, as bits: uint8 (nz, ny,
+    nx / 8), bit i of ``[z, y, j]`` (LSB first) voxel (8 j + i, y, z).
 
-    One numba pass over the block's packed values (no voxel decoded): what a body's sparse volume,
-    binary blocks and runs are made from.
-
-    Parameters
-    ----------
-    block : bytes-like or uint8 array
-        An uncompressed DVID block (FORMATS.md §1).
-    member : array_like of bool, shape (N,)
-        Per label-list entry: whether it is the body.
-    lo, hi : sequence of 3 int, optional
-        Voxels (x, y, z) to keep, [lo, hi) (a chunk cut by the volume's edge); voxels past
-        ``hi`` are not read. Default: the whole block.
-    out : numpy.ndarray, optional
-        uint8 (nz, ny, nx / 8) to write into.
-
-    Returns
-    -------
-    numpy.ndarray
-        uint8 (nz, ny, nx / 8): bit i of ``[z, y, j]`` (LSB first) is voxel (8 j + i, y, z).
-
-    Raises
-    ------
-    BlockDecodeError
-        If the block is malformed, ``member`` has not one entry per label, or ``out`` does not
-        have the block's shape.
+    One numba pass over the packed values (no voxel decoded): what a body's sparse volume, binary
+    blocks and runs are made from. Voxels outside [lo, hi) (x, y, z; a chunk cut by the volume's
+    edge) are 0, and past ``hi`` not read; ``out`` receives them. BlockDecodeError when the block is
+    malformed, ``member`` is not one entry per label, or ``out`` is not the block's shape.
     """
     data = np.frombuffer(block, np.uint8) if not isinstance(block, np.ndarray) else block.view(np.uint8).reshape(-1)
     m = np.asarray(member)

@@ -159,26 +159,13 @@ def install() -> None:
 
 
 def prepare_for_job(*kernels: Any, wait: bool = True) -> None:
-    """Make this process a job worker, and the named kernels ready (see the module docstring).
-
-    A task calls it first thing; afterwards it costs a set look-up. The named kernels are compiled
-    now, once per node, in the order given (name the slowest first); kernels not named at their
-    first call, the same way.
-
-    Parameters
-    ----------
-    *kernels : str, module or Kernel
-        A kernel's name (``"dvidshards.formats.cseg._transcode_kernel"``), a module or its name
-        (every kernel it registers), or a `Kernel`; none: only switch to job mode.
-    wait : bool
-        A kernel another process compiles: wait and load it (default; cheaper on a busy node,
-        ``benchmarks/bench_freshnode.py``), or answer through its fallback until then (False).
-
-    Raises
-    ------
-    SpecError
-        A name that is neither a registered kernel nor a module that registers some.
-    """
+    """Make this process a job worker and the named kernels ready now, once per node, in the order
+    given (name the slowest first); others at their first call, the same way. Afterwards it costs a
+    set look-up. ``kernels``: a kernel's name (``"dvidshards.formats.cseg._transcode_kernel"``), a
+    module or its name (every kernel it registers) or a `Kernel`. ``wait``: for a kernel another
+    process compiles, wait and load it (default: cheaper on a busy node,
+    ``benchmarks/bench_freshnode.py``) or answer through its fallback until then. SpecError for a
+    name that is neither a kernel nor a module registering some."""
     global _job_wait
     key = (kernels, wait)
     if _job and key in _prepared:
