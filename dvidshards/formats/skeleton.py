@@ -51,6 +51,7 @@ __all__ = [
     "SkeletonError",
     "join_pieces",
     "closed_faces",
+    "need_kimimaro",
     "skeletonize_block",
     "skeletonize_chunks",
 ]
@@ -114,11 +115,11 @@ class Skeleton:
     @property
     def trees(self) -> int:
         """Connected components (one per piece of the body)."""
-        return int(len(self.vertices) and _components(len(self.vertices), self.edges)[0])
+        return int(self._bfs()[2].max(initial=-1)) + 1
 
     def components(self) -> np.ndarray:
         """The tree (0 .. trees - 1) of every vertex."""
-        return _components(len(self.vertices), self.edges)[1]
+        return self._bfs()[2]
 
     # --- SWC -------------------------------------------------------------------------------------
 
@@ -135,7 +136,7 @@ class Skeleton:
         """
         scale = _unit(units, self.voxel_size)
         n = len(self.vertices)
-        order, parent = self._bfs()
+        order, parent, _ = self._bfs()
         rank = np.empty(n, np.int64)
         rank[order] = np.arange(1, n + 1)
         par = np.where(parent[order] < 0, -1, rank[np.maximum(parent[order], 0)])
@@ -172,21 +173,27 @@ class Skeleton:
         edges = np.stack([np.flatnonzero(has), order[at]], axis=1) if len(ids) else np.zeros((0, 2), np.int64)
         return cls(a[:, 2:5] * _unit(units, voxel_size), edges, a[:, 5], voxel_size)
 
-    def _bfs(self) -> tuple[np.ndarray, np.ndarray]:
-        """(vertex order, parent of each vertex or -1): breadth first from each tree's widest vertex."""
-        from scipy.sparse.csgraph import breadth_first_order
-
+    def _bfs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vertex order, parent or -1, tree): breadth first from each tree's widest vertex (numpy and
+        Python only: a server answering SWC needs no scipy)."""
         n = len(self.vertices)
-        k, comp = _components(n, self.edges)
-        g = _graph(n, self.edges)
-        roots = np.lexsort((np.arange(n), -self.radii, comp))  # by tree, widest first
-        first = roots[np.searchsorted(comp[roots], np.arange(k))]
-        order, parent = [], np.full(n, -1, np.int64)
-        for r in first.tolist():
-            o, p = breadth_first_order(g, r, directed=False, return_predecessors=True)
-            order.append(o)
-            parent[o[1:]] = p[o[1:]]
-        return (np.concatenate(order) if order else np.zeros(0, np.int64)), parent
+        e = self.edges.astype(np.int64)
+        src, dst = np.r_[e[:, 0], e[:, 1]], np.r_[e[:, 1], e[:, 0]]
+        by = np.argsort(src, kind="stable")
+        nbr, start = dst[by].tolist(), np.searchsorted(src[by], np.arange(n + 1)).tolist()
+        parent, tree, order, k = [-1] * n, [-1] * n, [], 0
+        for r in np.argsort(-self.radii, kind="stable").tolist():  # each tree's widest vertex comes first
+            if tree[r] >= 0:
+                continue
+            tree[r], queue = k, [r]
+            for v in queue:  # grows while it is walked
+                for w in nbr[start[v]:start[v + 1]]:
+                    if tree[w] < 0:
+                        tree[w], parent[w] = k, v
+                        queue.append(w)
+            order.extend(queue)
+            k += 1
+        return np.asarray(order, np.int64), np.asarray(parent, np.int64), np.asarray(tree, np.int64)
 
     # --- neuroglancer precomputed --------------------------------------------------------------------
 
@@ -263,6 +270,15 @@ class Piece:
     count: int
 
 
+def need_kimimaro():
+    """The kimimaro module, or ImportError saying how to install it."""
+    try:
+        import kimimaro
+    except ImportError as e:
+        raise ImportError(f"skeletons need kimimaro: pip install 'dvidshards[skeleton]' ({e})") from None
+    return kimimaro
+
+
 def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
     """Zero (in place) the 26-connected pieces smaller than ``dust`` voxels that touch no face of the cutout."""
     import cc3d
@@ -303,8 +319,8 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, clos
     object_ids : iterable of int, optional
         Only these bodies.
     """
+    kimimaro = need_kimimaro()
     import fastremap
-    import kimimaro
 
     lab = np.asfortranarray(labels)
     if object_ids is not None:
@@ -316,7 +332,7 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, clos
         lab, o, core = np.asfortranarray(np.pad(lab, pad)), o - pad[:, 0], core + pad[:, 0]
     renumbered, ids_of = fastremap.renumber(lab[:core[0], :core[1], :core[2]], in_place=False)  # faster than unique
     n_of = np.bincount(renumbered.ravel(order="K"))
-    counts = {int(b): int(n_of[k]) for b, k in ids_of.items() if b}
+    counts = {int(b): int(n_of[int(k)]) for b, k in ids_of.items() if b}
     del renumbered
     if dust > 1:
         _drop_small_inner(lab, int(dust))
@@ -387,7 +403,7 @@ def join_pieces(pieces: Iterable[Piece], *, resolution, voxel_size=None, heal_nm
 
 def _heal(nm: np.ndarray, edges: np.ndarray, radii: np.ndarray, heal_nm: float) -> np.ndarray:
     """Edges plus kimimaro's bridges between trees closer than ``heal_nm``."""
-    import kimimaro
+    kimimaro = need_kimimaro()
     from osteoid import Skeleton as Osteoid
 
     k, comp = _components(len(nm), edges)

@@ -60,6 +60,7 @@ from ..formats.skeleton import (
     Skeleton,
     closed_faces,
     join_pieces,
+    need_kimimaro,
     skeletonize_block,
 )
 from ..query import record_ids
@@ -609,6 +610,7 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
             (heal_nm is not None and not heal_nm > 0):
         raise SpecError(f"block must divide {TASK} (1, 2, 4 or 8 chunks); min_size and dust >= 0; heal_nm > 0")
     scheduler_of(scheduler)
+    need_kimimaro()  # before any work: every task needs it
     k = default_scale(ds) if scale is None else ds.scale(scale).index
     s = ds.scale(k)
     res0 = ds.scale(0).resolution
