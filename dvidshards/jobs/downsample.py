@@ -669,7 +669,7 @@ class DownsampleCommand:
     @staticmethod
     def add_arguments(p: Any) -> None:
         add_source(p)
-        add_dest(p, what="output: the made scales as a DVID export (empty, or this job's own earlier output)", old=())
+        add_dest(p, what="output: the made scales as a DVID export (empty, or this job's own earlier output)")
         add_scales(p, help="scales to make (default: every scale the spec lists that the export lacks)")
         p.add_argument("--method", choices=METHODS, default="dvid",
                        help="dvid: DVID's own pyramid rule, the most frequent non-zero supervoxel (default); mode: "

@@ -23,7 +23,7 @@ from ..errors import SpecError
 from .runner import SCHEDULER_HELP
 
 __all__ = ["LABELS_HELP", "add_box", "add_dest", "add_job_options", "add_labels", "add_scale", "add_scales",
-           "add_source", "box_of", "command_line", "dest_of", "job_options", "scales_of"]
+           "add_source", "box_of", "command_line", "job_options", "scales_of"]
 
 LABELS_HELP = "ids written: agglomerated (default), supervoxels, or a mapping file (DVID's text or binary pairs)"
 
@@ -107,11 +107,6 @@ def add_dest(p: Any, *, what: str, old: Sequence[str] = (), required: bool = Tru
         raise ValueError(f"old spellings {list(old)} are gone: DEST is positional")
     p.add_argument("dest", metavar="DEST", nargs=None if required else "?",
                    help=f"{what}: a folder, gs:// or s3:// (written there or refused before any work)")
-
-
-def dest_of(args: Any) -> str | None:
-    """The destination ``DEST`` (``args.dest``; this helper goes once no command calls it)."""
-    return getattr(args, "dest", None)
 
 
 def add_scales(p: Any, *, help: str = "scales to work on (default: every scale the export holds)") -> None:  # noqa: A002
