@@ -21,13 +21,9 @@ from ..errors import BlockDecodeError
 from . import jit
 from .blocklayout import (
     BITS,
-    E_LABELS_TRUNC,
-    E_NLABELS,
     E_OK,
-    E_SHORT,
     E_VAL_RANGE,
     MAX_SUBBLOCK_LABELS,
-    as_u8,
     block_error,
     body_numpy,
     check_body,
@@ -40,9 +36,9 @@ from .blocklayout import (
     values_numpy,
 )
 
-__all__ = ["BlockError", "BlockStats", "batch_stats", "block_stats", "block_stats_into", "new_accumulators"]
+__all__ = ["BlockError", "batch_stats"]
 
-_E_EXTENT = 100  # negative extent (wrapper checks it; kept for the kernel's own safety)
+_E_EXTENT = 100  # negative extent or accumulators of another length (batch_stats rules both out)
 
 # first / last set bit of a non-zero byte
 _FIRST8 = np.array([0] + [(i & -i).bit_length() - 1 for i in range(1, 256)], dtype=np.int64)
@@ -302,13 +298,8 @@ def _full_mixed9(data, q, lcnt, lmask, c):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, cache=True)
-def _stats_kernel(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):  # type: ignore[no-untyped-def]
-    """Validate, then count voxels in [l, h) into counts/boxes (N+1 rows); (code, a, b)."""
-    return _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8)
-
-
-@numba.njit(nogil=True, cache=True)
 def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):  # type: ignore[no-untyped-def]
+    """Validate, then count voxels in [l, h) into counts/boxes (N+1 rows); (code, a, b)."""
     zero = np.int64(0)
     code, ea, eb, gx, gy, gz, nlab = check_head(data)
     if code != E_OK:
@@ -408,22 +399,6 @@ def _stats_core(data, lx, ly, lz, hx, hy, hz, counts, boxes, first, last, rev8):
     return E_OK, zero, zero
 
 
-_SIG = types.UniTuple(types.int64, 3)(  # type: ignore[no-untyped-call]
-    types.Array(types.uint8, 1, "C", readonly=True),
-    types.int64,
-    types.int64,
-    types.int64,
-    types.int64,
-    types.int64,
-    types.int64,
-    types.Array(types.int64, 1, "C"),
-    types.Array(types.int64, 2, "C"),
-    types.Array(types.int64, 1, "C", readonly=True),
-    types.Array(types.int64, 1, "C", readonly=True),
-    types.Array(types.int64, 1, "C", readonly=True),
-)
-
-
 _I64 = np.dtype(np.int64)
 _FLAT = np.arange(512)
 _VX, _VY, _VZ = _FLAT % 8, _FLAT // 8 % 8, _FLAT // 64  # voxel k of a sub-block's packed values
@@ -448,7 +423,7 @@ def _add_boxes(boxes: Any, g: Any, x0: Any, y0: Any, z0: Any, x1: Any, y1: Any, 
 
 
 def _stats_numpy(data: Any, lx: Any, ly: Any, lz: Any, hx: Any, hy: Any, hz: Any, counts: Any, boxes: Any, first: Any, last: Any, rev8: Any) -> Any:
-    """``_stats_kernel`` in numpy (same checks, codes, counts and boxes; a fresh worker's first stats
+    """``_stats_core`` in numpy (same checks, codes, counts and boxes; a fresh worker's first stats
     task does not wait ~12 CPU-s for numba): mixed sub-blocks unpacked a bounded number at a time in
     the kernel's order, so the first bad value is the kernel's."""
     _check_args(data, counts, boxes, first, last, rev8)
@@ -516,9 +491,6 @@ def _stats_numpy(data: Any, lx: Any, ly: Any, lz: Any, hx: Any, hy: Any, hz: Any
         x, y, z = x0[m][rows] + _VX[k], y0[m][rows] + _VY[k], z0[m][rows] + _VZ[k]
         _add_boxes(boxes, g, x, y, z, x + 1, y + 1, z + 1)
     return E_OK, 0, 0
-
-
-_kernel = jit.kernel(_stats_kernel, [_SIG.args], _stats_numpy, exclusive=True)
 
 
 _E_LIST = 101  # a: the record's list length, b: the block's N
@@ -592,7 +564,7 @@ def _batch_numpy(buf: Any, offs: Any, lo: Any, hi: Any, nlists: Any, first: Any,
             return (_E_LIST, int(nlists[k]), nl, k, *_NO_ROWS)
         if n < 16 or 16 + 8 * nl > n:
             nl = 0
-        counts, boxes = new_accumulators(nl)
+        counts, boxes = _accumulators(nl)
         code, a, b = _stats_numpy(data, *lo[k], *hi[k], counts, boxes, first, last, rev8)  # type: ignore[call-arg]
         if code != E_OK:
             return (code, a, b, k, *_NO_ROWS)
@@ -648,31 +620,8 @@ def batch_stats(buf: np.ndarray, offsets: np.ndarray, lo: np.ndarray, hi: np.nda
     return tuple(rows)
 
 
-def block_stats_into(data_u8: np.ndarray, lo: Any, hi: Any, counts: np.ndarray, boxes: np.ndarray) -> None:
-    """Add one block's counts and boxes into preallocated arrays (the low-overhead entry point):
-    voxels (x, y, z) in [lo, hi) within the block (``hi`` clipped) per label-list entry into
-    ``counts`` (int64 (N + 1,), the last for empty sub-blocks), boxes (x0, y0, z0, x1, y1, z1)
-    min/max-updated into ``boxes`` (N + 1, 6) (`new_accumulators`). BlockDecodeError when the block
-    is malformed or the arrays do not fit it."""
-    lx, ly, lz = (int(v) for v in lo)
-    hx, hy, hz = (int(v) for v in hi)
-    if min(lx, ly, lz, hx, hy, hz) < 0:
-        raise BlockDecodeError(f"box must be non-negative, got {(lx, ly, lz)}..{(hx, hy, hz)}")
-    try:
-        code, a, b = _kernel(data_u8, lx, ly, lz, hx, hy, hz, counts, boxes, _FIRST8, _LAST8, _REV8)
-    except (TypeError, ValueError) as e:
-        raise BlockDecodeError(f"invalid arguments to block_stats_into: {e}") from e
-    if code == _E_EXTENT:
-        raise BlockDecodeError(
-            f"counts/boxes must have N+1 = {_u32_at(data_u8, 12) + 1} rows "
-            f"(got {counts.shape} and {boxes.shape})"
-        )
-    if code:
-        raise block_error(code, a, b, data_u8, None)
-
-
-def new_accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed ``counts`` (N+1,) and empty ``boxes`` (N+1, 6) for `block_stats_into`."""
+def _accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed ``counts`` (N+1,) and empty ``boxes`` (N+1, 6)."""
     counts = np.zeros(nlab + 1, dtype=np.int64)
     boxes = np.empty((nlab + 1, 6), dtype=np.int64)
     boxes[:, :3] = _BIG
@@ -680,39 +629,3 @@ def new_accumulators(nlab: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, boxes
 
 
-def _u32_at(d: np.ndarray, p: int) -> int:
-    return int(np.frombuffer(d[p : p + 4].tobytes(), dtype="<u4")[0])
-
-
-class BlockStats:
-    """Voxel counts and exact boxes of one block per label-list entry: ``labels`` (N,), ``counts``
-    (N,), ``boxes`` (N, 6) (x0, y0, z0, x1, y1, z1) within the block (zeros where no voxel), and the
-    ``background`` voxels of empty sub-blocks with their ``background_box``."""
-
-    __slots__ = ("labels", "counts", "boxes", "background", "background_box")
-
-    def __init__(self, labels: Any, counts: Any, boxes: Any, background: Any, background_box: Any) -> None:
-        self.labels = labels
-        self.counts = counts
-        self.boxes = boxes
-        self.background = background
-        self.background_box = background_box
-
-
-def block_stats(data: Any, extent: Any = None, *, lo: Any = (0, 0, 0)) -> BlockStats:
-    """`BlockStats` of one block, voxels in [lo, extent) (default: the whole block);
-    BlockDecodeError when it is malformed."""
-    d = as_u8(data)
-    if d.shape[0] < 16:
-        raise block_error(E_SHORT, d.shape[0], 0, d, None)
-    nlab = _u32_at(d, 12)
-    if nlab < 1:
-        raise block_error(E_NLABELS, 0, 0, d, None)
-    if 16 + 8 * nlab > d.shape[0]:
-        raise block_error(E_LABELS_TRUNC, nlab, d.shape[0], d, None)
-    counts, boxes = new_accumulators(nlab)
-    block_stats_into(d, lo, (1 << 30,) * 3 if extent is None else extent, counts, boxes)
-    boxes[counts == 0] = 0
-    labels = d[16 : 16 + 8 * nlab].view("<u8").astype(np.uint64)
-    return BlockStats(labels, counts[:nlab], boxes[:nlab], int(counts[nlab]),
-                      tuple(int(v) for v in boxes[nlab]))

@@ -11,15 +11,10 @@ from hypothesis import strategies as st
 
 from dvidshards.errors import BlockDecodeError
 from dvidshards.formats import blockstats, jit
-from dvidshards.formats.blockstats import (
-    BlockError,
-    batch_stats,
-    block_stats,
-    block_stats_into,
-    new_accumulators,
-)
+from dvidshards.formats.blockstats import BlockError, batch_stats
 from dvidshards.formats.codec import decode_block, encode_block
 from tests.support.blocks import build_block, random_block
+from tests.support.blockstats import block_stats
 
 
 @pytest.fixture(autouse=True, params=["compiled", "fallback"])
@@ -27,7 +22,6 @@ def kernels(request):
     """Every test through the compiled kernels, then through their numpy fallbacks (what a fresh
     worker or notebook answers with while numba compiles): both are held to brute force."""
     if request.param == "compiled":
-        blockstats._kernel.compile()
         blockstats._batch.compile()
         yield request.param
     else:
@@ -36,7 +30,7 @@ def kernels(request):
 
 
 def brute(block: bytes, extent=None, lo=(0, 0, 0)):
-    """(counts, boxes, background, background_box) from the decoded voxels, per list entry."""
+    """(counts, boxes) per list entry from the decoded voxels (0 marks empty sub-blocks)."""
     n = struct.unpack_from("<I", block, 12)[0]
     pal = np.arange(1, n + 1, dtype=np.uint64)  # 0 = empty sub-block
     gx, gy, gz = struct.unpack_from("<3I", block, 0)
@@ -50,16 +44,14 @@ def brute(block: bytes, extent=None, lo=(0, 0, 0)):
         z, y, x = np.nonzero(vol == k)
         boxes[k] = x.min(), y.min(), z.min(), x.max() + 1, y.max() + 1, z.max() + 1
         boxes[k] += np.tile(lo, 2)
-    # slot order of block_stats: entries 0..n-1, then background
-    return counts[1:], boxes[1:], int(counts[0]), tuple(int(v) for v in boxes[0])
+    return counts[1:], boxes[1:]
 
 
 def check(block: bytes, extent=None, lo=(0, 0, 0)):
     s = block_stats(block, extent, lo=lo)
-    counts, boxes, bg, bgbox = brute(block, extent, lo)
+    counts, boxes = brute(block, extent, lo)
     np.testing.assert_array_equal(s.counts, counts)
     np.testing.assert_array_equal(s.boxes, boxes)
-    assert (s.background, s.background_box) == (bg, bgbox)
     n = struct.unpack_from("<I", block, 12)[0]
     np.testing.assert_array_equal(s.labels, np.frombuffer(block, "<u8", n, 16))
     return s
@@ -109,7 +101,7 @@ def test_solid_and_single_label_subblocks():
     subs = [([], None), ([1], None), ([0], None), ([1], None)] * 2
     block, _ = build_block((2, 2, 2), [3, 4], subs)
     s = check(block)
-    assert s.background == 2 * 512 and s.background_box == (0, 0, 0, 8, 8, 16)
+    assert s.counts.tolist() == [2 * 512, 4 * 512]  # and 2 * 512 voxels of empty sub-blocks, not listed
     check(block, (12, 5, 16))
     check(block, (12, 5, 16), lo=(3, 4, 9))
 
@@ -147,24 +139,13 @@ def test_fib19_and_real_records(fib19_block, real_records):
     check(real_records[0]["block"], (33, 64, 17))
 
 
-def test_into_accumulates_and_checks_arrays():
+def test_a_negative_box_is_refused():
     rng = np.random.default_rng(2)
     block, _ = random_block(rng, (2, 2, 2), 5, max_sb_labels=4)
-    d = np.frombuffer(block, np.uint8)
-    counts, boxes = new_accumulators(5)
-    assert counts.shape == (6,) and boxes.shape == (6, 6)
-    block_stats_into(d, (0, 0, 0), (16, 16, 16), counts, boxes)
-    block_stats_into(d, (0, 0, 0), (16, 16, 16), counts, boxes)
-    s = block_stats(block)
-    np.testing.assert_array_equal(counts[:5], 2 * s.counts)
-    with pytest.raises(BlockDecodeError, match="N\\+1 = 6 rows"):
-        block_stats_into(d, (0, 0, 0), (16, 16, 16), np.zeros(5, np.int64), boxes)
     with pytest.raises(BlockDecodeError, match="non-negative"):
-        block_stats_into(d, (0, 0, 0), (16, -1, 16), counts, boxes)
+        block_stats(block, (16, -1, 16))
     with pytest.raises(BlockDecodeError, match="non-negative"):
-        block_stats_into(d, (0, -3, 0), (16, 16, 16), counts, boxes)
-    with pytest.raises(BlockDecodeError, match="invalid arguments"):
-        block_stats_into(d, (0, 0, 0), (16, 16, 16), counts.astype(np.int32), boxes)
+        block_stats(block, lo=(0, -3, 0))
 
 
 def _decode_error(block: bytes, extent):
@@ -238,9 +219,10 @@ def test_batch_equals_single_blocks():
     rows = set(zip(blk.tolist(), ent.tolist(), lab.tolist(), vox.tolist(), map(tuple, box.tolist()), strict=True))
     want = set()
     for k, b in enumerate(blocks):
-        s = block_stats(b, tuple(his[k]), lo=tuple(los[k]))
-        for j in np.flatnonzero(s.counts):
-            want.add((k, int(j), int(s.labels[j]), int(s.counts[j]), tuple(s.boxes[j].tolist())))
+        counts, boxes = brute(b, tuple(his[k]), tuple(los[k]))
+        labels = np.frombuffer(b, "<u8", len(counts), 16)
+        for j in np.flatnonzero(counts):
+            want.add((k, int(j), int(labels[j]), int(counts[j]), tuple(boxes[j].tolist())))
     assert rows == want and len(rows) > 100
     assert all(len(a) == 0 for a in batch_stats(buf[:0], np.zeros(1), np.zeros((0, 3)), np.zeros((0, 3)), []))
     # the first bad block is named by its index, with the decoder's message

@@ -22,7 +22,6 @@ import pytest
 from dvidshards import Dataset
 from dvidshards.errors import DvidShardsError
 from dvidshards.formats import blocklayout, blockstats, codec, jit
-from dvidshards.formats.blockstats import new_accumulators
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.stores import MemoryStore
 from tests.support.blocks import random_block
@@ -185,13 +184,12 @@ def _raw_stats(fn, *args):
 
 
 def test_block_statistics_fallbacks_return_what_the_kernels_return():
-    """Codes, counts and boxes, element for element, on random, cropped and damaged blocks; the
-    batch kernel's rows too."""
-    blockstats._kernel.compile()
+    """Codes, counts and boxes, element for element, on random, cropped and damaged blocks, one
+    block at a time and in batches."""
     blockstats._batch.compile()
     rng = np.random.default_rng(5)
     tables = (blockstats._FIRST8, blockstats._LAST8, blockstats._REV8)
-    blocks, los, his, nls = [], [], [], []
+    blocks, los, his, nls, good = [], [], [], [], []
     errors = 0
     for k in range(150):
         grid = tuple(int(v) for v in rng.integers(1, 4, 3)) if k % 2 else (8, 8, 8)
@@ -208,20 +206,15 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
         hi = rng.integers(g // 2, g + 9)
         n = int.from_bytes(block[12:16], "little") if len(block) >= 16 and 16 + 8 * int.from_bytes(
             block[12:16], "little") <= len(block) else 0
-        outs = []
-        for fn in (blockstats._stats_kernel, blockstats._stats_numpy):
-            counts, boxes = new_accumulators(n)
-            r = _raw_stats(fn, d, *(int(v) for v in lo), *(int(v) for v in hi), counts, boxes, *tables)
-            outs.append((r, counts.tolist(), boxes.tolist()) if r[0] == 0 else r)
+        one = (d, np.array([0, len(block)]), np.array([lo], np.int64), np.array([hi], np.int64), np.array([n]), *tables)
+        outs = [_raw_stats(fn, *one) for fn in (blockstats._batch_kernel, blockstats._batch_numpy)]
         assert outs[0] == outs[1], k
-        errors += outs[0][0] != 0 if isinstance(outs[0], list) else 0
-        blocks.append(block), los.append(lo), his.append(hi), nls.append(n)
+        errors += outs[0][0] != 0
+        blocks.append(block), los.append(lo), his.append(hi), nls.append(n), good.append(outs[0][0] == 0)
     assert errors > 20
     args = (np.array(los, np.int64), np.array(his, np.int64), np.array(nls, np.int64), *tables)
     for end in (len(blocks), 1, 0):  # the whole batch (fails at its first damaged block), one good block, none
-        ok = [i for i in range(len(blocks)) if _raw_stats(blockstats._stats_kernel, np.frombuffer(blocks[i], np.uint8),
-                                                       *(int(v) for v in los[i]), *(int(v) for v in his[i]),
-                                                       *new_accumulators(nls[i]), *tables)[0] == 0]
+        ok = [i for i in range(len(blocks)) if good[i]]
         sel = ok[:end] if end < len(blocks) else list(range(len(blocks)))
         o = np.cumsum([0] + [len(blocks[i]) for i in sel]).astype(np.int64)
         b = np.frombuffer(b"".join(blocks[i] for i in sel), np.uint8)
@@ -236,17 +229,14 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
     nsb[[5, 70_000, g ** 3 - 1]] = 1
     hostile = np.frombuffer(np.array([g, g, g, 2], "<u4").tobytes() + np.array([5, 6], "<u8").tobytes()
                             + nsb.tobytes() + np.array([1, 0, 1], "<u4").tobytes(), np.uint8)
-    outs = []
-    for fn in (blockstats._stats_kernel, blockstats._stats_numpy):
-        counts, boxes = new_accumulators(2)
-        outs.append((_raw_stats(fn, hostile, 0, 0, 0, 1 << 30, 1 << 30, 1 << 30, counts, boxes, *tables),
-                     counts.tolist(), boxes.tolist()))
-    assert outs[0] == outs[1] and outs[0][1] == [512, 1024, 1024 ** 3 - 1536]
+    whole = (np.array([0, len(hostile)]), np.zeros((1, 3), np.int64), np.full((1, 3), 1 << 30), np.array([2]), *tables)
+    outs = [_raw_stats(fn, hostile, *whole) for fn in (blockstats._batch_kernel, blockstats._batch_numpy)]
+    assert outs[0] == outs[1] and outs[0][7] == [512, 1024]  # entry voxels (1024³ - 1536 in empty sub-blocks)
     # arguments the signature refuses are refused by both
-    counts, boxes = new_accumulators(3)
-    for fn in (blockstats._kernel.dispatcher, blockstats._stats_numpy):
+    for fn in (blockstats._batch.dispatcher, blockstats._batch_numpy):
         with pytest.raises(TypeError):
-            fn(np.zeros(40, np.uint8), 0, 0, 0, 8, 8, 8, counts.astype(np.int32), boxes, *tables)
+            fn(np.zeros(40, np.uint8), np.array([0, 40]), np.zeros((1, 3), np.int32), np.zeros((1, 3), np.int64),
+               np.array([1]), *tables)
 
 
 def test_encoder_fallback_writes_the_kernels_bytes(fib19_block, fib19_volume, real_records):
