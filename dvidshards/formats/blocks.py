@@ -12,9 +12,8 @@ block coordinate.
 
 from __future__ import annotations
 
-import gzip
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from io import BytesIO
 from typing import Any, BinaryIO
 
@@ -25,7 +24,7 @@ from .blocklayout import BytesLike
 from .codec import block_header, encode_block
 
 __all__ = ["COMPRESSIONS", "BlockStreamError", "decode_payload", "lz4_block_compress", "lz4_block_decompress",
-           "read_stream", "write_stream"]
+           "read_stream"]
 
 COMPRESSIONS = ("auto", "blocks", "gzip", "lz4", "uncompressed")
 _HEADER = 16
@@ -191,20 +190,3 @@ def read_stream(source: BytesLike | BinaryIO, *, compression: str = "auto", chun
         k += 1
 
 
-def write_stream(records: Iterable[tuple[tuple[int, int, int], BytesLike]], out: BinaryIO | None = None, *,
-                 compression: str = "gzip") -> bytes | None:
-    """A ``/blocks`` stream (``POST …/blocks`` body) of ``((bx, by, bz), block)`` records, blocks
-    compressed ``"gzip"`` (DVID's native form), ``"lz4"`` or ``"uncompressed"``; written to ``out``
-    (then None) or returned."""
-    if compression not in ("gzip", "lz4", "uncompressed"):
-        raise ValueError(f"compression must be 'gzip', 'lz4' or 'uncompressed', got {compression!r}")
-    sink: BinaryIO = BytesIO() if out is None else out
-    for (bx, by, bz), block in records:
-        data = bytes(block)
-        if compression == "gzip":
-            data = gzip.compress(data, 6, mtime=0)
-        elif compression == "lz4":
-            data = lz4_block_compress(data)
-        sink.write(np.array([bx, by, bz, len(data)], "<i4").tobytes())
-        sink.write(data)
-    return sink.getvalue() if isinstance(sink, BytesIO) and out is None else None

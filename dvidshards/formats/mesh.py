@@ -27,8 +27,6 @@ __all__ = [
     "Mesh",
     "MeshError",
     "box_faces",
-    "enclosed_volume",
-    "is_watertight",
     "mesh_block",
     "mesh_cells",
     "on_box",
@@ -447,59 +445,6 @@ def merge_fragments(fragments: Iterable[Mesh]) -> Mesh:
     faces = rank[inverse.reshape(-1)][faces]
     ok = (faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2]) & (faces[:, 0] != faces[:, 2])
     return Mesh(v[first[order]], faces[ok])
-
-
-def _edge_keys(faces: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    f = np.asarray(faces, np.int64).reshape(-1, 3)
-    a = np.concatenate([f[:, 0], f[:, 1], f[:, 2]])
-    b = np.concatenate([f[:, 1], f[:, 2], f[:, 0]])
-    return a * n + b, np.minimum(a, b) * n + np.maximum(a, b)
-
-
-def is_watertight(vertices: Any, faces: Any, *, oriented: bool = True) -> bool:
-    """Whether a mesh is closed: every edge shared by exactly two faces.
-
-    Parameters
-    ----------
-    vertices : array_like, shape (n, 3)
-    faces : array_like of int, shape (m, 3)
-    oriented : bool, optional
-        Also require consistent winding (each directed edge used once, its reverse once).
-
-    Returns
-    -------
-    bool
-        False for an empty mesh.
-    """
-    n = len(np.asarray(vertices).reshape(-1, 3))
-    f = np.asarray(faces).reshape(-1, 3)
-    if not len(f):
-        return False
-    if f.min() < 0 or f.max() >= n:
-        raise MeshError(f"face index out of range for {n} vertices")
-    directed, undirected = _edge_keys(f, n)
-    _, counts = np.unique(undirected, return_counts=True)
-    if not (counts == 2).all():
-        return False
-    if oriented:
-        _, dcounts = np.unique(directed, return_counts=True)
-        return bool((dcounts == 1).all())
-    return True
-
-
-def enclosed_volume(vertices: Any, faces: Any) -> float:
-    """Signed volume of a closed mesh: sum of the tetrahedra (origin, a, b, c) / 6.
-
-    Positive for outward (counter-clockwise seen from outside) winding, in the vertices'
-    units cubed.
-    """
-    v = np.asarray(vertices, np.float64).reshape(-1, 3)
-    f = np.asarray(faces, np.int64).reshape(-1, 3)
-    if not len(f):
-        return 0.0
-    c = v.mean(axis=0)  # about the centroid: less cancellation far from the origin
-    a, b, d = v[f[:, 0]] - c, v[f[:, 1]] - c, v[f[:, 2]] - c
-    return float(np.einsum("ij,ij->i", a, np.cross(b, d)).sum() / 6.0)
 
 
 def box_faces(vertices: Any, lo: Any, hi: Any) -> np.ndarray:

@@ -149,11 +149,6 @@ def runs_from_mask(mask_xyz: ArrayLike, offset: ArrayLike = (0, 0, 0)) -> np.nda
     return _as_runs(runs).astype(np.int32) if len(runs) else np.zeros((0, 4), np.int32)
 
 
-def voxel_count(runs: ArrayLike) -> int:
-    """Voxels covered by runs (overlaps counted twice)."""
-    return int(_as_runs(runs)[:, 3].sum())
-
-
 def coarse_runs(blocks: ArrayLike) -> np.ndarray:
     """``sparsevol-coarse`` runs of block coordinates (n, 3) (duplicates ok): sorted (z, y, x),
     consecutive x merged."""
