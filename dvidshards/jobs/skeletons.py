@@ -74,7 +74,7 @@ from .options import (
     job_options,
 )
 from .output import JobReport, Output, read_manifest
-from .runner import TaskRunner, scheduler_of
+from .runner import TaskRunner, clear_work, remove_work, scheduler_of
 
 __all__ = ["DUST", "FAN_IN", "FORMATS", "TARGET_NM", "TASK", "BucketTask", "CubeTask", "SkeletonJob",
            "SkeletonOutput", "SkeletonsCommand", "default_scale", "plan", "reduce", "run_task", "skeletons"]
@@ -645,7 +645,7 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
                               allow_partial=allow_partial)
         tr.check_shared(work)
         if not resume:
-            _clear(work)
+            clear_work(work, _own)
         if ids is not None:
             work.put_sync("bodies.npy", _npy(ids))
         ds2, made = _make_scale(ds, k, out, tr, scheduler=scheduler, resume=resume, overwrite=overwrite,
@@ -670,17 +670,15 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
         notes.insert(0, f"{totals['bodies']:,} bodies, {totals['vertices']:,} vertices")
         rep = out.finish(totals=totals, notes=notes, allow_partial=True)
     if rep.complete:
-        _clear(work)
+        remove_work(work, _own)
     elif not allow_partial:
         raise JobError(rep.summary(), rep)
     return rep
 
 
-def _clear(work: ByteStore) -> None:
-    """This job's files in its work folder (never the folder's other names)."""
-    for name in work.list_sync(""):
-        if name in ("cubes", "done", "scales", "bodies.npy") or (name[:1] == "L" and name[1:].isdigit()):
-            work.delete_prefix_sync(name)
+def _own(name: str) -> bool:
+    """The names this job keeps in its work folder."""
+    return name in ("cubes", "done", "scales", "bodies.npy") or (name[:1] == "L" and name[1:].isdigit())
 
 
 def _npy(a: np.ndarray) -> bytes:

@@ -169,7 +169,7 @@ def test_the_32nm_scale_is_made_by_downsample_when_the_export_lacks_it(tmp_path)
     s0 = Neurons(tmp_path / "s0only", resolution=8.0, scales=3, only=(0,))  # s0 only, at 8 nm: s2 is 32 nm
     rep = skeletons(s0.dataset(), tmp_path / "a", dust=20, progress=False)
     assert rep.scales == [2] and any("downsample" in n for n in rep.notes)
-    assert not [p for p in (tmp_path / "a.work").iterdir() if not p.name.startswith("_")]  # made scales removed
+    assert not (tmp_path / "a.work").exists()  # the made scale went with the work folder
     downsample(s0.dataset(), tmp_path / "made", scales=[2], progress=False)  # the same scale, made beforehand
     ref = skeletons(dvidshards.Dataset([s0.root, str(tmp_path / "made")], spec=s0.spec), tmp_path / "b", dust=20,
                     progress=False)
