@@ -59,7 +59,7 @@ s.wait()
 def build(workdir: Path, size: int, log=print) -> Path:
     """The export and its label index (once per parameters)."""
     from dvidshards.demo.neurons import neuron_volume
-    from dvidshards.jobs.stats import label_index
+    from dvidshards.jobs.labelindex import label_index
     from dvidshards.writer import write_export
 
     params = {"kind": "serve-dvid", "size": size, "n_bodies": 60, "svs": 6, "seed": 3, "version": 1}

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.util
 import logging
 import os
 import re
@@ -80,7 +81,7 @@ from ..query import BodyIndex, held_scales
 from .dvid_base import MAX_BODY, READ_ONLY, BadRequest, Reply, Request, json_reply, text_reply
 from .dvid_keyvalue import KeyvalueInstance
 from .dvid_labelmap import LabelmapInstance
-from .meshes import MeshSource
+from .meshes import MeshSource, SkeletonSource
 
 __all__ = ["DvidCommand", "DvidServer", "Node", "ReadOnly", "add_arguments", "main", "serve"]
 
@@ -170,11 +171,14 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
     bodies_index = idx if idx is not None and idx.meta.get("labels") == "agglomerated" else None
     mesh = MeshSource(ds, meshes=meshes, index=bodies_index)
     node.instances[f"{name}_meshes"] = KeyvalueInstance(
-        f"{name}_meshes", node.uuid, lm, ".ngmesh", mesh,
+        f"{name}_meshes", node.uuid, lm, ".ngmesh", mesh.get, mesh.cached,
         what=f"meshes of {name}: " + (str(mesh.output) if meshes is not None else "made on demand"))
-    if skeletons is not None:
-        raise SpecError(f"--skeletons {skeletons}: reading a skeletons output needs dvidshards' skeleton format, "
-                        f"which this version does not have")
+    if skeletons is not None or importlib.util.find_spec("kimimaro") is not None:  # else none to be had
+        sk = SkeletonSource(ds, skeletons=skeletons, index=bodies_index, chunks=lm.body_chunks,
+                            decode=lm.pyramid.block)
+        node.instances[f"{name}_skeletons"] = KeyvalueInstance(
+            f"{name}_skeletons", node.uuid, lm, "_swc", sk.swc, sk.cached,
+            what=f"skeletons of {name}: " + (str(sk.output) if skeletons is not None else "made on demand"))
     return lm
 
 

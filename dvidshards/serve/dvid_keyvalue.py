@@ -11,6 +11,7 @@ from an output given, or made on demand and cached.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from ..errors import NotFoundError
 from ..formats.labels import Agglomerated
@@ -20,17 +21,15 @@ __all__ = ["KeyvalueInstance"]
 
 
 class KeyvalueInstance:
-    """A read-only keyvalue instance whose keys are ``<body><suffix>`` for the bodies of a labelmap.
-
-    ``source.get(body)`` gives a body's value (NotFoundError when it has none) and
-    ``source.cached(body)`` whether it is in memory.
-    """
+    """A read-only keyvalue instance whose keys are ``<body><suffix>`` for the bodies of a labelmap:
+    ``value(body)`` (NotFoundError when it has none), ``cached(body)`` whether it is in memory."""
 
     type_name = "keyvalue"
 
-    def __init__(self, name: str, uuid: str, labelmap, suffix: str, source, *, what: str = ""):
-        self.name, self.uuid, self.labelmap, self.suffix, self.source, self.what = name, uuid, labelmap, suffix, \
-            source, what
+    def __init__(self, name: str, uuid: str, labelmap, suffix: str, value: Callable[[int], bytes],
+                 cached: Callable[[int], bool], *, what: str = ""):
+        self.name, self.uuid, self.labelmap, self.suffix, self.what = name, uuid, labelmap, suffix, what
+        self.value, self.cached = value, cached
         self._key = re.compile(r"^([0-9]{1,20})" + re.escape(suffix) + "$")
         self.routes = {"help": self.ep_help, "info": self.ep_info, "tags": self.ep_tags, "keys": self.ep_keys,
                        "keyrange": self.ep_keyrange, "key": self.ep_key, "mutations": self.ep_empty,
@@ -39,7 +38,7 @@ class KeyvalueInstance:
     def quick(self, endpoint: str, r: Request) -> bool:
         m = self._key.match("/".join(r.args)) if endpoint == "key" and not r.head else None
         return endpoint in ("help", "info", "tags", "mutations", "mutations-range") or (
-            m is not None and self.source.cached(int(m.group(1))))
+            m is not None and self.cached(int(m.group(1))))
 
     def is_write(self, endpoint: str, method: str) -> bool:
         return method not in ("GET", "HEAD")
@@ -90,7 +89,7 @@ class KeyvalueInstance:
                 raise Gone(f'Key "{key}" not found')
             return Reply(200, b"", "application/octet-stream", {"Accept-Ranges": "bytes"})
         try:
-            data = self.source.get(body)
+            data = self.value(body)
         except NotFoundError:
             raise Gone(f'Key "{key}" not found') from None
         return Reply(200, data, "application/octet-stream", {"Accept-Ranges": "bytes"})

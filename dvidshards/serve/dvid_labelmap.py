@@ -356,6 +356,16 @@ class LabelmapInstance:
             return Reply(200, b"", "application/octet-stream", hdr, _chain(first, parts))
         return Reply(200, b"", "application/octet-stream", hdr, _rles(first, parts, comp))
 
+    def body_chunks(self, body: int, k: int) -> np.ndarray:
+        """The chunks holding a body at any served scale; NotFoundError when none does."""
+        b, _ = self._body(body, k if k in self.held else self.held[0], Agglomerated())
+        if k in self.held:
+            return b.chunks(k)
+        c = self._made_chunks(b, k)
+        if not len(c):
+            raise b.not_found(self.held[0]) if not b.exists() else NotFoundError(f"body {body} has no voxel at scale {k}")
+        return c
+
     def _made_chunks(self, b: Body, k: int) -> np.ndarray:
         """Chunks of a made scale holding the body: parents of its chunks at the finest held
         scale whose made records list it."""

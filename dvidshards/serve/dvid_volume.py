@@ -287,6 +287,15 @@ class Pyramid:
         pal = rec.palette(src) if not isinstance(src, Supervoxels) else None
         decode_into(rec.block, None if pal is None else np.ascontiguousarray(pal, np.uint64), out)
 
+    def block(self, k: int, c) -> np.ndarray | None:
+        """Chunk c of scale k as (z, y, x) bodies; None when no block is there."""
+        rec = self.record(k, tuple(int(v) for v in c))
+        if rec is None:
+            return None
+        out = np.empty((self.chunk,) * 3, np.uint64)
+        self.decode(rec, Agglomerated(), out)
+        return out
+
     def read(self, k: int, lo, hi, src: LabelSource) -> np.ndarray:
         """The voxels [lo, hi) of a scale as an (x, y, z) uint64 array, 0 outside the volume."""
         lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)

@@ -1,6 +1,8 @@
-"""The body meshes ``view`` and ``serve-dvid`` serve: neuroglancer's legacy mesh of a body (float32
-nm), read from a ``dvidshards meshes`` output or made on demand, made once however many requests
-ask at the same time and kept (least recently used dropped first).
+"""The body meshes and skeletons ``view`` and ``serve-dvid`` serve, read from a ``dvidshards meshes``
+or ``skeletons`` output or made on demand, made once however many requests ask at the same time
+and kept (least recently used dropped first).
+
+Meshes are neuroglancer's legacy mesh of a body (float32 nm):
 
 - From an output (a folder or a bucket): the legacy format's fragments joined; the
   multi-resolution format's finest level (sharded or one file pair per body), Draco-decoded and
@@ -8,10 +10,16 @@ ask at the same time and kept (least recently used dropped first).
 - On demand: ``Body.mesh`` at the finest held scale expected to take under ``budget`` seconds
   (the cost per cell is learned as meshes are made); the label index, when given, finds the
   body's chunks without scanning the records' lists.
+
+Skeletons (`dvidshards.formats.skeleton.Skeleton`: nm, radii) come from the output
+(``jobs.skeletons.SkeletonOutput``), or are made on demand as the ``skeletons`` job makes them
+(kimimaro on blocks of the body's chunks, joined) at the job's scale (the finest of at least
+32 nm) when it can be had, else the nearest finer one.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -19,10 +27,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..bodies import Body
+from ..bodies import Body, chunk_decoder
 from ..errors import NotFoundError, SpecError
 from ..formats.labels import as_labels
 from ..formats.mesh import Mesh, merge_fragments, to_nm
@@ -35,22 +44,24 @@ from ..formats.multilod import (
     encode_legacy_fragment,
 )
 from ..formats.sharding import ShardingSpec, shard_key, shard_of_key
+from ..formats.skeleton import Skeleton
 from ..jobs.output import read_manifest
 from ..query import BodyIndex, held_scales
 from ..stores import as_store
 
-__all__ = ["Cache", "MeshOutput", "MeshSource"]
+__all__ = ["Cache", "MeshOutput", "MeshSource", "SkeletonSource"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class Cache:
-    """Bytes by body id: made once (one caller makes them, the others wait), kept up to
-    ``cache_bytes``, least recently used dropped first."""
+class Cache(Generic[T]):
+    """Values by body id: made once (one caller makes them, the others wait), kept up to
+    ``cache_bytes`` (``size(value)`` each), least recently used dropped first."""
 
-    def __init__(self, make: Callable[[int], bytes], cache_bytes: int = 256 << 20):
-        self.make, self.cache_bytes = make, int(cache_bytes)
-        self._kept: OrderedDict[int, bytes] = OrderedDict()
+    def __init__(self, make: Callable[[int], T], size: Callable[[T], int], cache_bytes: int):
+        self.make, self.cache_bytes, self.size = make, int(cache_bytes), size
+        self._kept: OrderedDict[int, T] = OrderedDict()
         self._bytes = 0
         self._busy: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
@@ -58,7 +69,7 @@ class Cache:
     def __contains__(self, body: int) -> bool:
         return body in self._kept
 
-    def get(self, body: int) -> bytes:
+    def get(self, body: int) -> T:
         while True:
             with self._lock:
                 data = self._kept.get(body)
@@ -74,9 +85,9 @@ class Cache:
             data = self.make(body)
             with self._lock:
                 self._kept[body] = data
-                self._bytes += len(data)
+                self._bytes += self.size(data)
                 while self._bytes > self.cache_bytes and len(self._kept) > 1:
-                    self._bytes -= len(self._kept.popitem(last=False)[1])
+                    self._bytes -= self.size(self._kept.popitem(last=False)[1])
             return data
         finally:
             with self._lock:
@@ -202,7 +213,7 @@ class MeshSource:
         self.on_made = on_made
         self.cell_seconds = 0.01  # learned: seconds to mesh one cell (decode + marching cubes)
         self._held: list[int] | None = None
-        self._cache = Cache(self._make, cache_bytes)
+        self._cache: Cache[bytes] = Cache(self._make, len, cache_bytes)
 
     def __repr__(self) -> str:
         return f"MeshSource({self.output or 'on demand'})"
@@ -271,3 +282,98 @@ def _cells(chunks: np.ndarray) -> int:
     """Cells meshed for a body in these chunks: each chunk and its - neighbours."""
     d = np.array([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], np.int64)
     return len(np.unique((np.asarray(chunks, np.int64)[:, None, :] - d[None]).reshape(-1, 3), axis=0))
+
+
+class SkeletonSource:
+    """A served volume's skeletons: from a ``skeletons`` output, or made on demand (see the module).
+
+    Parameters
+    ----------
+    ds : Dataset
+    labels : "agglomerated", "supervoxels" or a mapping
+    skeletons : path or URL, optional
+        A ``dvidshards skeletons`` output (or a folder of SWC files) to read skeletons from.
+    index : BodyIndex or path, optional
+        A label index of the same labels, to find a body's chunks without a scan.
+    scale : int, optional
+        The scale skeletons are made at on demand (default: see the module).
+    chunks, decode : callable, optional
+        ``chunks(body, scale)`` (the chunks holding it) and ``decode(scale, chunk)`` ((z, y, x)
+        labels, or None) for scales the dataset does not hold (serve-dvid's made scales).
+    cache_bytes : int
+        Skeletons kept.
+    """
+
+    def __init__(self, ds, labels="agglomerated", *, skeletons=None, index=None, scale: int | None = None,
+                 chunks: Callable[[int, int], np.ndarray] | None = None,
+                 decode: Callable[[int, tuple], np.ndarray | None] | None = None, cache_bytes: int = 64 << 20):
+        from ..jobs.skeletons import SkeletonOutput
+
+        self.ds, self.labels = ds, as_labels(labels)
+        self.voxel_size = ds.scales[0].resolution
+        self.output = None if skeletons is None else SkeletonOutput(skeletons, voxel_size=self.voxel_size)
+        self.index = None if index is None else index if isinstance(index, BodyIndex) else BodyIndex(index)
+        self._scale, self._chunks_of, self._decode = scale, chunks, decode
+        self._cache: Cache[Skeleton] = Cache(
+            self._make, lambda sk: sk.vertices.nbytes + sk.edges.nbytes + sk.radii.nbytes, cache_bytes)
+
+    def __repr__(self) -> str:
+        return f"SkeletonSource({self.output or 'on demand'})"
+
+    def get(self, body: int) -> Skeleton:
+        """The body's skeleton; NotFoundError when it has none."""
+        return self._cache.get(int(body))
+
+    def cached(self, body: int) -> bool:
+        return int(body) in self._cache
+
+    def swc(self, body: int) -> bytes:
+        """FlyEM's ``<body>_swc``: scale-0 voxels, radii in nm, DVID's mutation id comment first."""
+        return ('# {"mutation id": 0}\n' + self.get(body).swc()).encode()
+
+    def scale(self) -> int:
+        """The scale skeletons are made at on demand."""
+        if self._scale is None:
+            from ..jobs.skeletons import default_scale
+
+            held = held_scales(self.ds)
+            try:
+                k = default_scale(self.ds)
+            except SpecError:  # no resolutions: the finest
+                k = held[0]
+            self._scale = k if k in held or self._decode is not None else max([h for h in held if h <= k] or held[:1])
+        return self._scale
+
+    def _make(self, body: int) -> Skeleton:
+        if self.output is not None:
+            sk = self.output.get(body)
+            if sk is None:
+                raise NotFoundError(f"no skeleton of body {body} in {self.output.where}")
+            return sk
+        from ..formats.skeleton import skeletonize_chunks
+        from ..jobs.skeletons import DUST
+
+        t0 = time.perf_counter()
+        k = self.scale()
+        s = self.ds.scale(k)
+        decode: Callable[[tuple], np.ndarray | None]
+        if self._chunks_of is not None and self._decode is not None:
+            chunks, decode = self._chunks_of(body, k), functools.partial(self._decode, k)
+        else:
+            chunks = Body(self.ds, body, scale=k, labels=self.labels, index=self.index).chunks(k)
+            decode = chunk_decoder(self.ds, k, labels=self.labels, fill_missing_shards=True)
+        target = np.uint64(body)
+
+        def mask_of(c):
+            labels = decode(c)
+            return None if labels is None else labels == target
+
+        res = s.resolution if s.resolution is not None else [float(2 ** k)] * 3
+        lo = np.asarray(s.voxel_offset, np.int64)
+        sk = skeletonize_chunks(chunks, mask_of, chunk_size=s.chunk_size, resolution=res, dust=DUST,
+                                bounds=(lo, lo + np.asarray(s.size, np.int64)), voxel_size=self.voxel_size)
+        if not len(sk.vertices):
+            raise NotFoundError(f"body {body} has no skeleton at scale {k}: every piece of it is under {DUST} voxels")
+        log.info("skeleton of body %d: scale %d, %d chunks, %d vertices, %.2f s", body, k, len(chunks),
+                 len(sk.vertices), time.perf_counter() - t0)
+        return sk

@@ -13,7 +13,9 @@ volume:
   fragment, ``mesh/{id}:0:mesh``, computed from the body's chunks (``dvidshards.bodies.Body``)
   at the finest scale expected to take under ``mesh_budget`` seconds (2 s), then cached. Given
   a ``dvidshards meshes`` output (``meshes=``), its files are served instead (with byte ranges,
-  for the sharded format).
+  for the sharded format);
+- ``/{name}/skeletons/{id}``: the body's precomputed skeleton (nm, a ``radius`` attribute), from a
+  ``dvidshards skeletons`` output (``skeletons=``) or made on demand (where kimimaro is installed).
 
 A chunk with no record (all background) is answered ``404``, which both neuroglancer and
 TensorStore's ``neuroglancer_precomputed`` driver read as all zero. A chunk whose read fails
@@ -30,6 +32,7 @@ neuroglancer is needed only by `viewer` and the command line (extra ``dvidshards
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -49,8 +52,9 @@ from ..formats.cseg import is_background, transcode
 from ..formats.labels import as_labels
 from ..formats.mesh import Mesh
 from ..formats.multilod import encode_legacy_fragment, legacy_info
+from ..formats.skeleton import PRECOMPUTED_INFO
 from .http import Busy, Server, application, in_thread
-from .meshes import MeshSource
+from .meshes import MeshSource, SkeletonSource
 
 __all__ = ["ViewServer", "ViewVolume", "add_arguments", "find_browser", "main", "open_browser", "screenshot",
            "serve", "viewer"]
@@ -104,12 +108,12 @@ class ViewVolume:
         The export.
     labels : "agglomerated", "supervoxels" or a mapping
         As in `dvidshards.open`.
-    transcode, meshes, mesh_budget, index :
+    transcode, meshes, mesh_budget, skeletons, index :
         As in `serve`.
     """
 
     def __init__(self, dataset, labels="agglomerated", *, transcode: bool = True, meshes=None,
-                 mesh_budget: float = 2.0, index=None):
+                 mesh_budget: float = 2.0, skeletons=None, index=None):
         self.dataset = _as_dataset(dataset)
         self.labels = as_labels(labels)  # one LabelSource: the dataset's readers are cached by it
         self.name = self.labels.name
@@ -137,6 +141,10 @@ class ViewVolume:
                                on_made=self._mesh_made)
         if self.mesh.output is not None and self.mesh.output.folder is None:
             raise SpecError(f"{meshes}: view serves the files of a meshes output in a local folder")
+        self.skeleton = None
+        if skeletons is not None or importlib.util.find_spec("kimimaro") is not None:  # else none to be had
+            self.skeleton = SkeletonSource(self.dataset, self.labels, skeletons=skeletons, index=index)
+            self.info["skeletons"] = "skeletons"
 
     def __repr__(self) -> str:
         return f"ViewVolume({self.dataset!r}, labels={self.name!r})"
@@ -276,7 +284,7 @@ class ViewServer:
         self.threads = max(2, os.cpu_count() or 2) if threads is None else int(threads)
         self.volumes: dict[str, ViewVolume] = {}
         routes = [web.get("/{name}/info", self._info), web.get("/{name}/mesh/{rel:.+}", self._mesh),
-                  web.get(_CHUNK, self._chunk)]
+                  web.get("/{name}/skeletons/{rel}", self._skeleton), web.get(_CHUNK, self._chunk)]
         app = application(routes, errors={NotFoundError: 404}, logger=log, threads=self.threads,
                           admit_timeout=admit_timeout, gzip=gzip)
         self._server = Server(app, host=bind, port=port, name="dvidshards-view").start()
@@ -323,14 +331,23 @@ class ViewServer:
         body, ctype = await in_thread(request, _mesh_answer, vol.mesh, rel)
         return web.Response(body=body, content_type=ctype)
 
+    async def _skeleton(self, request: web.Request) -> web.Response:
+        vol, rel = self._volume(request), request.match_info["rel"]
+        if vol.skeleton is None or not (rel == "info" or re.fullmatch(r"[0-9]{1,20}", rel) and 0 < int(rel) < 1 << 64):
+            raise web.HTTPNotFound(text=f"no skeleton file {rel!r}\n")
+        if rel == "info":
+            return web.json_response(PRECOMPUTED_INFO)
+        sk = await in_thread(request, vol.skeleton.get, int(rel))  # NotFoundError: 404
+        return web.Response(body=sk.encode_precomputed(), content_type="application/octet-stream")
+
     def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True,
-            meshes=None, mesh_budget: float = 2.0, index=None) -> str:
+            meshes=None, mesh_budget: float = 2.0, skeletons=None, index=None) -> str:
         """Serve a volume; returns its source URL (``precomputed://http://host:port/name``).
 
-        ``meshes``, ``mesh_budget`` and ``index`` choose its mesh source (see `ViewVolume`).
+        ``meshes``, ``mesh_budget``, ``skeletons`` and ``index`` as in `serve`.
         """
-        vol = ViewVolume(dataset, labels, transcode=transcode, meshes=meshes,
-                         mesh_budget=mesh_budget, index=index)
+        vol = ViewVolume(dataset, labels, transcode=transcode, meshes=meshes, mesh_budget=mesh_budget,
+                         skeletons=skeletons, index=index)
         name = name or vol.name
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SpecError(f"volume name {name!r}: use letters, digits, '_', '.', '-'")
@@ -377,7 +394,7 @@ class ViewServer:
 
 def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0.1",
           threads: int | None = None, gzip: bool = False, spec=None, transcode: bool = True,
-          meshes=None, mesh_budget: float = 2.0, index=None) -> ViewServer:
+          meshes=None, mesh_budget: float = 2.0, skeletons=None, index=None) -> ViewServer:
     """Serve an export as a neuroglancer precomputed segmentation source.
 
     Parameters
@@ -402,8 +419,11 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
         A ``dvidshards meshes`` output served as the mesh source (default: meshes on demand).
     mesh_budget : float
         Seconds an on-demand mesh should take; the finest scale expected to fit is meshed.
+    skeletons : path or URL, optional
+        A ``dvidshards skeletons`` output served as the skeleton source (default: skeletons made on
+        demand where kimimaro is installed); neuroglancer draws them with their ``radius``.
     index : BodyIndex or path, optional
-        A label index, to find a body's chunks for its on-demand mesh without a scan.
+        A label index, to find a body's chunks for its on-demand mesh or skeleton without a scan.
 
     Returns
     -------
@@ -413,7 +433,7 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
     srv = ViewServer(bind, port, threads=threads, gzip=gzip)
     try:
         srv.add(_as_dataset(dataset, spec), labels, transcode=transcode, meshes=meshes, mesh_budget=mesh_budget,
-                index=index)
+                skeletons=skeletons, index=index)
     except BaseException:
         srv.close()
         raise
@@ -430,7 +450,8 @@ def _neuroglancer():
 
 def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: str | None = None,
            server: ViewServer | None = None, port: int = 0, bind: str = "127.0.0.1", spec=None,
-           viewer=None, layer: str = "segmentation", meshes=None, mesh_budget: float = 2.0, index=None):
+           viewer=None, layer: str = "segmentation", meshes=None, mesh_budget: float = 2.0, skeletons=None,
+           index=None):
     """A ``neuroglancer.Viewer`` showing an export (its client ships with neuroglancer).
 
     Parameters
@@ -456,8 +477,8 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
         Add the layer to this viewer instead of a new one.
     layer : str
         Name of the segmentation layer.
-    meshes, mesh_budget, index :
-        The mesh source (see `serve`): selected bodies show in the 3D panel.
+    meshes, mesh_budget, skeletons, index :
+        The mesh and skeleton sources (see `serve`): selected bodies show in the 3D panel.
 
     Returns
     -------
@@ -470,8 +491,8 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
     own = server is None
     srv = ViewServer(bind, port) if server is None else server
     try:
-        v = _show(ds, srv.add(ds, labels, meshes=meshes, mesh_budget=mesh_budget, index=index), select=select, position=position, image=image, bind=bind,
-                  viewer=viewer, layer=layer)
+        src = srv.add(ds, labels, meshes=meshes, mesh_budget=mesh_budget, skeletons=skeletons, index=index)
+        v = _show(ds, src, select=select, position=position, image=image, bind=bind, viewer=viewer, layer=layer)
     except BaseException:
         if own:
             srv.close()
@@ -614,7 +635,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gzip", action="store_true", help="gzip chunk answers")
     parser.add_argument("--meshes", metavar="DEST",
                         help="serve the meshes of a 'dvidshards meshes' output (default: meshes made on demand)")
-    parser.add_argument("--index", metavar="FOLDER", help="a label index, to find a body's chunks for its mesh")
+    parser.add_argument("--index", metavar="FOLDER",
+                        help="a label index, to find a body's chunks for its mesh or skeleton")
+    parser.add_argument("--skeletons", metavar="DEST",
+                        help="serve the skeletons of a 'dvidshards skeletons' output (default: made on demand)")
     parser.add_argument("--mesh-budget", type=float, default=2.0, metavar="SECONDS",
                         help="time an on-demand mesh should take: the finest scale that fits is meshed (default 2)")
     parser.add_argument("--no-viewer", action="store_true", help="only serve the precomputed source")
@@ -628,7 +652,8 @@ def main(args) -> int:
     ds = _as_dataset(args.source, args.spec)
     server = ViewServer(args.bind, args.port, gzip=args.gzip)
     try:
-        src = server.add(ds, args.labels, meshes=args.meshes, mesh_budget=args.mesh_budget, index=args.index)
+        src = server.add(ds, args.labels, meshes=args.meshes, mesh_budget=args.mesh_budget, skeletons=args.skeletons,
+                         index=args.index)
         print(src, flush=True)
         if not args.no_viewer:
             v = _show(ds, src, select=args.select, position=args.position, image=args.image, bind=args.bind)

@@ -65,15 +65,17 @@ def made(sv_xyz: np.ndarray, mapping, k: int) -> np.ndarray:
     return np.asarray([lut.get(int(x), int(x)) for x in u], np.uint64)[inv].reshape(v.shape)
 
 
-def dvid_viewer(srv, position, *, scale: float, layout: str = "xy"):
+def dvid_viewer(srv, position, *, scale: float, layout: str = "xy", subsources=None):
     # neuroglancer's Python side answers the page's request for DVID credentials from
     # DVID_CREDENTIALS (server=token); serve-dvid ignores the token
     os.environ["DVID_CREDENTIALS"] = f"{srv.url}=unused"
     v = ng.Viewer()
     res = srv.api.info()["Extended"]["VoxelSize"]
+    url = f"dvid://{srv.url}/{srv.api.uuid}/segmentation"
     with v.txn() as s:
         s.dimensions = ng.CoordinateSpace(names=["x", "y", "z"], units="nm", scales=res)
-        s.layers["segmentation"] = ng.SegmentationLayer(source=f"dvid://{srv.url}/{srv.api.uuid}/segmentation")
+        s.layers["segmentation"] = ng.SegmentationLayer(
+            source=url if subsources is None else ng.LayerDataSource(url=url, subsources=subsources))
         s.layout = layout
         s.position = [float(p) for p in position]
         s.cross_section_scale = scale
@@ -112,23 +114,27 @@ def test_slices_at_scales_0_to_2_and_a_mesh(s0_only, browser):
             px = shown(browser, v, pos, scale)
             lab, img = expected_image(vol, 1 << k, pos, scale)
             assert lab.any() and matches(px, img).mean() > 0.99, k
-        mesh_is_drawn(browser, srv, pos, body, 400)
+        drawn_in_3d(browser, srv, pos, body, 400)
 
 
-def mesh_is_drawn(drv, srv, pos, body: int, extent: float) -> None:
-    """The 3D panel with ``body`` selected shows its mesh (asked for as ``<body>.ngmesh``) in its colour."""
-    v = dvid_viewer(srv, pos, scale=0.5, layout="3d")
+def drawn_in_3d(drv, srv, pos, body: int, extent: float, what: str = "meshes") -> None:
+    """The 3D panel with ``body`` selected shows its mesh (``<body>.ngmesh``) or, meshes off, its
+    skeleton (``<body>_swc``) in its colour; nothing with no body selected."""
+    subsources = None if what == "meshes" else {"default": True, "bounds": False, "meshes": False, "skeletons": True}
+    v = dvid_viewer(srv, pos, scale=0.5, layout="3d", subsources=subsources)
     with v.txn() as s:
         s.layers["segmentation"].segments = {body}
         s.projection_scale = extent  # scale-0 voxels
     px = shown(drv, v, pos, 0.5)
     colour = np.array(rgb(ng.segment_colors.hex_string_from_segment_id(0, body)))
-    meshes = srv.nodes[0].instances["segmentation_meshes"]
-    assert meshes.source.cached(body)  # neuroglancer asked for <body>.ngmesh
+    assert srv.nodes[0].instances[f"segmentation_{what}"].cached(body)  # neuroglancer asked for it
     drawn = ~(px == BACKGROUND).all(axis=-1)
     lit = px[drawn].astype(float)  # the body's colour, shaded: the same direction in RGB
     cos = lit @ colour / (np.linalg.norm(lit, axis=1) * np.linalg.norm(colour))
-    assert drawn.mean() > 0.01 and (cos > 0.99).mean() > 0.95
+    assert drawn.mean() > (0.01 if what == "meshes" else 0.001) and (cos > 0.99).mean() > 0.95, what
+    with v.txn() as s:
+        s.layers["segmentation"].segments = set()
+    assert (pixels(screenshot(v, size=(W, H), timeout=180)) == BACKGROUND).all(axis=-1).mean() > 0.999
 
 
 def test_the_real_mcns_shard_as_scale_0(dvid_data, tmp_path, browser):
@@ -164,4 +170,5 @@ def test_the_real_mcns_shard_as_scale_0(dvid_data, tmp_path, browser):
         ids, n = np.unique(agg[agg != 0], return_counts=True)
         body = int(ids[np.argmax(n)])  # the body with most voxels in the box, seen from its centre
         centre = tuple(float(v) for v in lo + np.argwhere(agg == body).mean(axis=0))
-        mesh_is_drawn(browser, srv, centre, body, 600)
+        drawn_in_3d(browser, srv, centre, body, 600)
+        drawn_in_3d(browser, srv, centre, body, 600, "skeletons")  # made at s2 (32 nm) from scale 0

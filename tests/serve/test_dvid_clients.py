@@ -119,3 +119,79 @@ def test_last_mod_and_meshes(exp, srv):
     assert len(mesh.faces) and (v.min(axis=0) >= lo - 8.01).all() and (v.max(axis=0) <= hi + 8.01).all()
     pos = dvid.get_body_position(b)
     assert vol[tuple(int(x) for x in pos)] == b
+
+
+@pytest.fixture(scope="module")
+def exp16(tmp_path_factory):
+    """The same kind of export at 16 nm: FlyEM's skeleton scale (the finest of at least 32 nm) is s1."""
+    e = make_export(tmp_path_factory.mktemp("dvidclients16") / "exp", SHAPE, seed=7, scales=2, resolution=(16, 16, 16))
+    with open(os.path.join(e.root, "info"), "w") as f:
+        json.dump(e.spec, f)
+    shutil.rmtree(os.path.join(e.root, "s1"))
+    return e
+
+
+def test_skeletons_read_by_dvidtools(exp16):
+    """``<body>_swc`` made on demand at FlyEM's scale (the finest of at least 32 nm: s1 here, made by
+    DVID's rule): dvidtools reads it as a navis neuron in scale-0 voxels, every node on a voxel of
+    the body at s1 (within one voxel), one tree per connected piece of at least DUST voxels, radii
+    in nm; an absent body is 404."""
+    pytest.importorskip("kimimaro")
+    pytest.importorskip("navis")
+    from scipy import ndimage
+
+    from dvidshards.jobs.skeletons import DUST
+
+    vol = made(exp16, 1)
+    near = np.ones((3, 3, 3), bool)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    big_bodies = ids[counts >= 2 * DUST].tolist()
+    assert len(big_bodies) >= 2
+    with serve(exp16.root, port=0, threads=2) as s:
+        for b in big_bodies[:: max(1, len(big_bodies) // 3)]:
+            n = dvid.get_skeletons(b, output="navis", progress=False, on_error="raise", server=s.url,
+                                   node=s.api.uuid)[0]
+            xyz = n.nodes[["x", "y", "z"]].to_numpy()
+            at = np.floor(xyz / 2).astype(int)  # scale-0 voxels -> s1 voxels
+            assert np.allclose(at * 2 + 1, xyz)  # a node is the centre of an s1 voxel
+            assert ndimage.binary_dilation(vol == b, near)[tuple(at.T)].all()
+            pieces, _ = ndimage.label(vol == b, near)
+            big = int((np.bincount(pieces.ravel())[1:] >= DUST).sum())
+            assert (n.nodes["parent_id"] < 0).sum() == big >= 1  # one tree per connected piece
+            assert (n.nodes["radius"] > 0).all()
+        assert list(dvid.has_skeleton([big_bodies[0], 987654321], progress=False, server=s.url,
+                                      node=s.api.uuid)) == [True, False]
+        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc", timeout=60)
+        assert r.status_code == 404
+
+
+def test_skeletons_read_from_a_skeletons_output(exp16, tmp_path):
+    """``--skeletons OUT``: ``<body>_swc`` holds the body's skeleton in OUT, node for node as
+    cloud-volume reads OUT's precomputed skeletons (nm); the one made on demand is the same."""
+    pytest.importorskip("kimimaro")
+    CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
+    from dvidshards.formats.skeleton import Skeleton
+    from dvidshards.jobs.skeletons import skeletons
+
+    out = tmp_path / "sk"
+    assert skeletons(exp16.root, str(out), scheduler="serial", progress=False).ok
+    cv = CloudVolume(f"file://{out}", progress=False)
+    vol = made(exp16, 1)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    some = ids[np.argsort(counts)[::-1][:3]].tolist()
+
+    def rows(v):
+        v = np.asarray(v, np.float64)
+        return v[np.lexsort(v.T[::-1])]
+
+    with serve(exp16.root, skeletons=str(out), port=0, threads=2) as s, serve(exp16.root, port=0, threads=2) as live:
+        for b in some:
+            got = [Skeleton.from_swc(requests.get(f"{x.url}/api/node/{x.api.uuid}/segmentation_skeletons/key/{b}_swc",
+                                                  timeout=120).content, voxel_size=(16, 16, 16)) for x in (s, live)]
+            ref = cv.skeleton.get(b)
+            for sk in got:
+                assert len(sk.vertices) == len(ref.vertices) > 0 and len(sk.edges) == len(ref.edges)
+                np.testing.assert_allclose(rows(sk.vertices), rows(ref.vertices), atol=1e-3)
+                np.testing.assert_allclose(np.sort(sk.radii), np.sort(ref.radius), rtol=1e-5)
+        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc", timeout=60)
+        assert r.status_code == 404

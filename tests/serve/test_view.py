@@ -94,6 +94,7 @@ def test_info_is_the_datasets_info_unsharded(export, server):
     info = json.loads(body)
     want = ds.info
     assert info.pop("mesh") == "mesh"  # its mesh source
+    assert info.pop("skeletons", "skeletons") == "skeletons"  # its skeleton source (where kimimaro is installed)
     assert {k: v for k, v in info.items() if k != "scales"} == {k: v for k, v in want.items() if k != "scales"}
     assert len(info["scales"]) == len(want["scales"]) == 3
     for got, ref in zip(info["scales"], want["scales"], strict=True):
@@ -597,3 +598,37 @@ def test_mesh_chunks_from_a_label_index(export, tmp_path, monkeypatch):
             assert list(srv.stats()["agglomerated"]["mesh_scales"]) == [ds.scales[-1].to_json()["key"]]
         assert scans == ([] if index else [2])  # the lists of the coarsest scale scanned, or nothing
     assert got[True] == got[False] and len(got[True]) > 1000
+
+
+def test_skeletons_on_demand_and_from_an_output(tmp_path):
+    """The volume's skeleton source (``info`` names it): cloud-volume reads a body's skeleton over
+    HTTP (nm, its ``radius`` attribute), made on demand at the skeletons job's scale equal to what
+    the job writes, and from ``skeletons=OUT`` the same; an absent body is 404."""
+    pytest.importorskip("kimimaro")
+    CloudVolume = pytest.importorskip("cloudvolume").CloudVolume
+    from dvidshards.jobs.skeletons import skeletons
+
+    e = make_export(tmp_path / "exp", SHAPE, seed=4, scales=2, resolution=(16, 16, 16))  # s1: 32 nm
+    ds = Dataset(e.root, spec=e.spec)
+    assert skeletons(ds, str(tmp_path / "sk"), scheduler="serial", progress=False).ok
+    ref = CloudVolume(f"file://{tmp_path / 'sk'}", progress=False)
+    vol = e.expected(1)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+
+    def rows(v):
+        v = np.asarray(v, np.float64)
+        return v[np.lexsort(v.T[::-1])]
+
+    for given in (None, str(tmp_path / "sk")):
+        with serve(ds, skeletons=given) as srv:
+            info = json.loads(get(srv.http_url() + "/info")[2])
+            assert info["skeletons"] == "skeletons"
+            assert json.loads(get(srv.http_url() + "/skeletons/info")[2])["@type"] == "neuroglancer_skeletons"
+            cv = CloudVolume(srv.http_url(), progress=False, use_https=False)
+            for b in ids[np.argsort(counts)[::-1][:2]].tolist():
+                got, want = cv.skeleton.get(b), ref.skeleton.get(b)
+                assert len(got.vertices) == len(want.vertices) > 0 and len(got.edges) == len(want.edges)
+                np.testing.assert_allclose(rows(got.vertices), rows(want.vertices), atol=1e-3)
+                np.testing.assert_allclose(np.sort(got.radius), np.sort(want.radius), rtol=1e-5)
+            assert get(srv.http_url() + "/skeletons/987654321")[0] == 404
+            assert get(srv.http_url() + "/skeletons/x")[0] == 404

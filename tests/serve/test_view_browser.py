@@ -297,3 +297,30 @@ def test_a_selected_body_shows_its_mesh_in_3d(export, browser, tmp_path):
     a, b, c = (mesh_pixels(shots[k], body) for k in ("on demand", "s0 output", "default output"))
     assert (a == b).mean() > 0.99  # the same surface from both sources at scale 0
     assert (a == c).mean() > 0.97, (a == c).mean()  # at 32 nm: the outline moves by up to a voxel there
+
+
+def test_a_selected_body_shows_its_skeleton_in_3d(browser, tmp_path):
+    """The volume's skeleton source (made on demand at 32 nm, s1 here), meshes off: the selected
+    body's skeleton is drawn in its colour around its centre; nothing with no body selected."""
+    pytest.importorskip("kimimaro")
+    e = make_export(tmp_path / "exp", SHAPE, seed=4, scales=2, resolution=(16, 16, 16))
+    body, centre, extent = _biggest_body(e.expected(0))
+    v = viewer(Dataset(e.root, spec=e.spec), position=centre)
+    try:
+        with v.txn() as s:
+            src = s.layers["segmentation"].source[0].url
+            s.layers["segmentation"].source = ng.LayerDataSource(
+                url=src, subsources={"default": True, "mesh": False, "skeletons": True})
+        show_3d(browser, v, body, centre, scale=extent * 1.1)
+        px = pixels(screenshot(v, size=(W, H), timeout=120))
+        on = mesh_pixels(px, body)
+        assert on.sum() > 200, on.sum()  # lines of the skeleton, in the body's colour
+        assert on.sum() > 0.9 * (px != BACKGROUND).any(axis=-1).sum()  # and nothing else drawn
+        ys, xs = np.nonzero(on)
+        assert abs(xs.mean() - W / 2) < W / 4 and abs(ys.mean() - H / 2) < H / 4
+        assert v.dvidshards_server.volume().skeleton.cached(body)
+        with v.txn() as s:
+            s.layers["segmentation"].segments = []
+        assert (pixels(screenshot(v, size=(W, H), timeout=120)) == BACKGROUND).all(axis=-1).mean() > 0.999
+    finally:
+        v.dvidshards_server.close()
