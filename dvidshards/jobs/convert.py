@@ -1,32 +1,23 @@
 """Convert an export to neuroglancer precomputed or zarr v3: every scale of its spec.
 
-``convert(source, dest, format=...)`` (and ``dvidshards convert EXPORT DEST --format F``) writes a
-multiscale segmentation volume: precomputed (``compressed_segmentation`` chunks in
-``neuroglancer_uint64_sharded_v1`` shards, by default the export's own sharding, so one DVID
-shard is one output shard) or zarr v3 (one ``sharding_indexed`` array per scale, zstd inner
-chunks, an OME-Zarr ``multiscales`` entry). The layouts, encoders and shard writers are
-:mod:`dvidshards.jobs.layouts`; this module is the job, in three parts on ``Output`` and
-``TaskRunner``:
+Precomputed: ``compressed_segmentation`` chunks in ``neuroglancer_uint64_sharded_v1`` shards (by
+default the export's sharding: one DVID shard is one output shard); zarr v3: one
+``sharding_indexed`` array per scale, zstd inner chunks, an OME-Zarr ``multiscales`` entry. The
+layouts, encoders and shard writers are :mod:`dvidshards.jobs.layouts`.
 
-* **plan** (:func:`plan`): one :class:`Task` per source shard file, which writes all of its
-  output shards (where :func:`~dvidshards.jobs.layouts.scale_layout` proves they lie in it), or on
-  a *grouped* scale (DVID's old shard names at coarse scales, an output sharding coarser than the
-  export's) one per output shard, reading every source file meeting it in turn. No two tasks write
-  one output shard; a task is a few origins and options, never data.
-* **task** (:func:`run_task`): interior chunks are transcoded from the DVID blocks without
-  decoding voxels (byte-identical to TensorStore's encoder); edge chunks, chunks cut by ``box``,
-  zarr3 and ``encoder="tensorstore"`` are decoded and encoded by TensorStore. A precomputed shard
-  is streamed into the store's writer in file order (published whole; a local shard is never held
-  in memory); a zarr3 shard is one transaction of TensorStore's sharded driver. Background chunks
-  are never written.
-* **reduce** (:func:`reduce`): the tasks' counts summed; ``verify=N`` then reads N chunks per
-  scale back through TensorStore and compares them with the source.
+* **plan** (:func:`plan`): one :class:`Task` per source shard file, writing all of its output
+  shards, or on a *grouped* scale (DVID's old names at coarse scales, a coarser output sharding)
+  one per output shard, reading every file meeting it. No two tasks write one output shard.
+* **task** (:func:`run_task`): interior chunks transcoded from the DVID blocks without decoding
+  voxels (byte-identical to TensorStore's encoder); edge chunks, chunks cut by ``box``, zarr3 and
+  ``encoder="tensorstore"`` decoded and encoded by TensorStore. A precomputed shard streams into
+  the store's writer in file order (published whole, never held in memory); a zarr3 shard is one
+  transaction of TensorStore's sharded driver. Background chunks are never written.
+* **reduce** (:func:`reduce`): the counts summed; ``verify=N`` reads N chunks per scale back.
 
-Scales the spec lists above the finest one the export holds are made first by
-:func:`dvidshards.jobs.downsample.downsample` (DVID's rule, or ``method="mode"``) into
-``WORKDIR/scales`` (the work folder: ``--workdir``, else ``DEST.work`` beside the output), then
-converted with the export as one pyramid; the work folder goes when the output is complete.
-``resume`` finishes either stage: output shards holding the expected number of chunks are kept.
+Scales the spec lists above the finest one held are made first by ``downsample`` into
+``WORKDIR/scales`` and converted with the export as one pyramid. ``resume`` finishes either stage:
+output shards holding the expected number of chunks are kept.
 """
 
 from __future__ import annotations
@@ -48,6 +39,7 @@ import numpy as np
 
 from ..dataset import Dataset
 from ..errors import OutputError, SpecError
+from ..formats.cseg import is_background
 from ..formats.labels import as_labels
 from ..formats.sharding import ShardingSpec, compressed_morton_code
 from ..stores import ByteStore, as_store
@@ -63,7 +55,6 @@ from .layouts import (
     file_order,
     gzip_chunk,
     int3,
-    is_background,
     scale_boxes,
     scale_layout,
     transcode_chunk,
@@ -80,31 +71,28 @@ from .options import (
     add_source,
     box_of,
     command_line,
-    dest_of,
     job_options,
     scales_of,
 )
 from .output import JobReport, Output, work_folder
 from .readback import compare_chunks, open_scale
-from .runner import TaskRunner, scheduler_of
+from .runner import TaskRunner, remove_work, scheduler_of
 
 __all__ = ["ConvertCommand", "ConvertResult", "ConvertTotals", "Job", "Task", "convert", "plan", "reduce",
            "run_task"]
 
 ENCODERS = ("transcode", "tensorstore")
-#: the kernels a conversion task uses, slowest to compile first (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.cseg._transcode_kernel", "dvidshards.formats.codec._decode_kernel",
            "dvidshards.formats.arrowipc._resolve", "dvidshards.formats.arrowipc._message",
            "dvidshards.formats.mapping._apply")
-#: the folder of the work folder where convert makes the scales an export lacks
-STAGED = "scales"
+STAGED = "scales"  # in the work folder: the scales made first
 
 # --------------------------------------------------------------------------- task records
 
 
 @dataclass(frozen=True, eq=False)
 class Job:
-    """What every task of one conversion shares (it travels pickled with each task)."""
+    """What every task of one conversion shares (pickled with each)."""
 
     source: Dataset  # the pyramid read: the export, and the scales made first
     dest: ByteStore
@@ -118,9 +106,8 @@ class Job:
 
 @dataclass(frozen=True)
 class Task:
-    """One task: the output shards of source shard ``sources[0]``, or on a grouped scale the
-    output shard whose box index is ``shard``, from the source shards meeting it. ``clip``: the
-    voxel box converted at this scale (absolute; None: the whole volume)."""
+    """The output shards of source shard ``sources[0]``, or on a grouped scale output shard ``shard``
+    (box index) from the source shards meeting it. ``clip``: the absolute voxel box converted."""
 
     job: Job = field(compare=False)
     layout: ScaleLayout = field(compare=False)
@@ -131,12 +118,11 @@ class Task:
 
     @property
     def key(self) -> tuple:
-        """``(scale, source origin)``, or on a grouped scale ``(scale, output shard box index)``."""
         return (self.scale, self.sources[0] if self.shard is None else self.shard)
 
     @property
     def name(self) -> str:
-        """The task as failures name it: ``s1/0_0_2048``, or its output shard (``s7/0.shard``)."""
+        """As failures name it: ``s1/0_0_2048``, or the output shard (``s7/0.shard``)."""
         if self.shard is None:
             return "s{}/{}_{}_{}".format(self.scale, *self.sources[0])
         sp = self.layout
@@ -146,7 +132,7 @@ class Task:
 
 @dataclass
 class ConvertResult:
-    """What one task did; summed over tasks, a conversion's ``report.totals``."""
+    """What one task did; summed, ``report.totals``."""
 
     records: int = 0
     written: int = 0
@@ -172,8 +158,7 @@ class ConvertResult:
 
 @dataclass
 class ConvertTotals(ConvertResult):
-    """A conversion's figures: the tasks' summed, the read-back check, and the downsample
-    stage's totals (``made``)."""
+    """The tasks' figures summed, the read-back check, the downsample stage's totals (``made``)."""
 
     verified: int = 0
     verified_background: int = 0  # of ``verified``: chunks the source holds none of, read back as 0
@@ -186,8 +171,8 @@ class ConvertTotals(ConvertResult):
 
 def plan(source: Dataset, layouts: dict[int, ScaleLayout], *, job: Job, boxes: dict[int, Box] | None = None
          ) -> Iterator[Task]:
-    """The tasks of a conversion, scale by scale: one per source shard file meeting the scale's
-    box, or on a grouped scale one per output shard meeting it (with the files meeting that)."""
+    """Scale by scale, a task per source shard file meeting the box, or on a grouped scale per output
+    shard meeting it."""
     boxes = boxes or {}
     for k, sp in layouts.items():
         clip = boxes.get(k)
@@ -222,8 +207,8 @@ def plan(source: Dataset, layouts: dict[int, ScaleLayout], *, job: Job, boxes: d
 
 
 class _Worker:
-    """Per-process state of one conversion (TensorStore context, label source), and per thread
-    (the threads scheduler runs tasks side by side on it) the stagers, gzip and decode buffer."""
+    """A conversion's state per process (TensorStore context, label source) and per thread
+    (stagers, gzip, decode buffer)."""
 
     def __init__(self, job: Job):
         import tensorstore as ts
@@ -264,8 +249,7 @@ def _worker(job: Job) -> _Worker:
 
 
 def run_task(task: Task) -> ConvertResult:
-    """Convert one task: write its output shards whole (or keep them, on resume, when they hold
-    the chunks expected)."""
+    """A task's output shards written whole (on resume, kept when they hold the chunks expected)."""
     t0, c0 = time.perf_counter(), time.process_time()  # with threads: the process, others included
     w = _worker(task.job)
     res = ConvertResult()
@@ -296,10 +280,9 @@ def run_task(task: Task) -> ConvertResult:
 
 
 def _rows(table: Any, origin: tuple[int, int, int], task: Task) -> tuple[Any, Any, Any, Any]:
-    """Per record of one source shard: its output chunk (relative to the volume's offset), whether
-    it lies in the volume, whether it meets the task's box, whether the box holds it whole (else
-    TensorStore encodes the part inside). A record outside its file's box is a ShardFormatError
-    naming it (the file is damaged, or its name is not its box)."""
+    """Per record of a source shard: its output chunk (relative to the offset), whether it lies in the
+    volume, meets the task's box, lies wholly in the box (else TensorStore encodes the part inside).
+    A record outside its file's box is a ShardFormatError (a damaged file, or a wrong name)."""
     from ..errors import ShardFormatError
 
     sp = task.layout
@@ -321,9 +304,9 @@ def _rows(table: Any, origin: tuple[int, int, int], task: Task) -> tuple[Any, An
 
 
 def _group_parts(task: Task, lo: np.ndarray, hi: np.ndarray, res: ConvertResult | None) -> Iterator[tuple]:
-    """A grouped task's ``(table, rows, relative chunks, whole)`` per source shard meeting its
-    output shard box [lo, hi), loaded one at a time. Counted into ``res`` when given: the rows,
-    and the records outside the volume (by the task whose box holds the file's first chunk)."""
+    """A grouped task's ``(table, rows, relative chunks, whole)`` per source shard meeting its output
+    shard [lo, hi), one at a time; counted into ``res`` when given (the records outside the volume
+    by the task whose box holds the file's first chunk)."""
     sp = task.layout
     for o in task.sources:
         table = task.job.source.shard(task.scale, o).table()
@@ -340,8 +323,7 @@ def _group_parts(task: Task, lo: np.ndarray, hi: np.ndarray, res: ConvertResult 
 
 
 def _write_shard(w: _Worker, task: Task, fname: str, parts: Any, res: ConvertResult) -> None:
-    """One output shard from ``parts(res)``: an iterator of ``(table, rows, relative chunks,
-    whole)``. On resume, kept when it holds the chunks expected."""
+    """One output shard from ``parts(res)``, ``(table, rows, relative chunks, whole)``."""
     job, sp = task.job, task.layout
     if job.resume:
         have = existing_chunks(job.dest, fname, job.format, sp)
@@ -367,7 +349,6 @@ def _morton(sp: ScaleLayout, rr: np.ndarray) -> np.ndarray:
 
 
 def _in_file_order(w: _Worker, task: Task, spec: ShardingSpec, part: tuple, res: ConvertResult) -> Iterator:
-    """The chunks of one source shard's output shard, encoded in the file's order."""
     table, rows, rr, full = part
     keys = _morton(task.layout, rr)
     for j in file_order(spec, keys).tolist():
@@ -376,9 +357,8 @@ def _in_file_order(w: _Worker, task: Task, spec: ShardingSpec, part: tuple, res:
 
 def _spooled(w: _Worker, task: Task, fname: str, spec: ShardingSpec, parts: Iterator, res: ConvertResult
              ) -> Iterator:
-    """A grouped output shard's chunks, encoded source shard by source shard into a spool file
-    (beside the output when it is local), then read back in the file's order: memory is one source
-    shard and 24 bytes per chunk."""
+    """A grouped output shard's chunks encoded source shard by source shard into a spool file (beside
+    a local output), read back in the file's order: memory is one source shard and 24 bytes a chunk."""
     path = task.job.dest.local_path(fname)
     folder = os.path.dirname(path) if path is not None else None
     if folder is not None:
@@ -404,13 +384,13 @@ def _spooled(w: _Worker, task: Task, fname: str, spec: ShardingSpec, parts: Iter
 
 def _chunk_bytes(w: _Worker, task: Task, table: Any, i: int, rel: np.ndarray, full: bool, res: ConvertResult
                  ) -> bytes | None:
-    """One output chunk's stored bytes (None: background, not stored)."""
+    """One output chunk's stored bytes (None: background)."""
     job, sp = task.job, task.layout
     enc: bytes | None
     if job.format == "precomputed" and job.encoder == "transcode" and full:
         enc = transcode_chunk(table, i, sp.chunk, w.labels)
         res.transcoded += 1
-        if is_background(enc, sp.chunk):
+        if is_background(enc, (sp.chunk,) * 3):
             enc = None
     else:
         enc = w.stager(job.format, sp).encode(rel, _decoded(w, task, table, i, rel))
@@ -446,8 +426,8 @@ def _decoded(w: _Worker, task: Task, table: Any, i: int, rel: np.ndarray) -> np.
 
 
 def _expected(w: _Worker, task: Task, table: Any, rows: np.ndarray, rr: np.ndarray, full: np.ndarray) -> int:
-    """Chunks of these rows an output shard holds: those not all 0 (a whole chunk: by its
-    palette; a cut one: by its voxels in the volume and the box)."""
+    """Chunks of these rows an output shard holds: those not all 0 (a whole chunk by its palette, a
+    cut one by its voxels)."""
     n = 0
     for j, i in enumerate(rows.tolist()):
         if full[j]:
@@ -462,7 +442,6 @@ def _expected(w: _Worker, task: Task, table: Any, rows: np.ndarray, rr: np.ndarr
 
 
 def reduce(results: Iterable[ConvertResult]) -> ConvertTotals:
-    """The tasks' results summed."""
     totals = ConvertTotals()
     for r in results:
         totals.add(r)
@@ -482,8 +461,7 @@ def _notes(format: str, t: ConvertTotals) -> list[str]:
 
 
 class _Clipped:
-    """The source as a conversion with a box writes it: voxels outside each scale's box read as
-    0 (what the spot check compares the output with)."""
+    """The source as a conversion with a box writes it: 0 outside each scale's box."""
 
     def __init__(self, ds: Dataset, boxes: dict[int, Box]):
         self._ds, self._boxes = ds, boxes
@@ -504,8 +482,8 @@ class _Clipped:
 
 def spot_check(source: Dataset, dest: ByteStore, layouts: dict[int, ScaleLayout], *, format: str, labels: Any,
                n: int, seed: int = 0, boxes: dict[int, Box] | None = None) -> tuple[int, int, list[str]]:
-    """Read ``n`` random chunks per scale back from the output with TensorStore's own driver and
-    compare them with the source: ``(chunks compared, of them background, mismatch lines)``."""
+    """``n`` random chunks per scale read back with TensorStore's own driver and compared with the
+    source: ``(chunks compared, of them background, mismatch lines)``."""
     kv = dest.kvstore_spec()
     assert kv is not None
     ds: Any = _Clipped(source, boxes) if boxes else source
@@ -526,9 +504,8 @@ def _held(ks: Iterable[int]) -> str:
 
 
 def _choose_scales(ds: Dataset, wanted: list[int] | None) -> tuple[list[int], list[int]]:
-    """``(scales to convert, scales to make first)``: by default every scale the export holds,
-    and every scale its spec lists above the finest one held (made); explicit scales: those,
-    the absent ones made when a finer scale is held, else NotExportedError."""
+    """``(scales to convert, scales to make first)``: by default those held and those the spec lists
+    above the finest held; else those asked for, the absent ones made from a finer one held."""
     held = set(ds.exported)
     listed = [s.index for s in ds.scales]
     can_make = ds.spec is not None and not any(s.inferred for s in ds.scales)
@@ -545,7 +522,7 @@ def _choose_scales(ds: Dataset, wanted: list[int] | None) -> tuple[list[int], li
 
 
 def _check_makeable(ds: Dataset, make: list[int]) -> None:
-    """Refuse, before any work, scales the downsample stage could not make (its checks, in short)."""
+    """Refuse, before any work, scales the downsample stage could not make."""
     held = set(ds.exported)
     start = max(h for h in held if h < min(make))
     base = ds.scale(start)
@@ -560,8 +537,7 @@ def _check_makeable(ds: Dataset, make: list[int]) -> None:
 
 
 def _work_store(store: ByteStore, workdir: Any, *, resume: bool, overwrite: bool) -> ByteStore:
-    """The work folder where missing scales are made (the one rule, ``output.work_folder``),
-    refused when no worker but this process could see it or when it holds another run's scales."""
+    """The work folder, refused when only this process sees it or it holds another run's scales."""
     wd = work_folder(store, workdir)
     if wd.local_path() is None and wd.kvstore_spec() is None:
         raise OutputError(f"work folder {wd.describe('')}: held in this process's memory, where the workers "
@@ -576,8 +552,7 @@ def _make_scales(ds: Dataset, staged: ByteStore, make: list[int], out: Output, t
                  scheduler: Any, labels: Any, box: Any, method: str, resume: bool, overwrite: bool, progress: bool | None,
                  command: str | None, stop_after: int | None
                  ) -> tuple[Dataset, list[int], list[str], dict | None, bool]:
-    """The downsample stage: ``(the pyramid to read, scales not to convert, notes, its totals,
-    whether it finished)``."""
+    """The downsample stage: ``(pyramid to read, scales not to convert, notes, totals, finished)``."""
     from .downsample import downsample
 
     previous = out.previous or {}
@@ -613,38 +588,33 @@ def convert(source: Any, dest: Any, *, format: str, spec: Any = None, scales: An
     Parameters
     ----------
     source : str, path, URL, kvstore spec or dvidshards.Dataset
-        The export.
     dest : str, path, URL or kvstore spec dict
-        Output root: a folder, ``gs://…`` or ``s3://…``: empty, or this conversion's own earlier
-        output (``resume``/``overwrite``). Never inside the export.
+        A folder, ``gs://…`` or ``s3://…``: empty, or this conversion's earlier output
+        (``resume``/``overwrite``); never inside the export.
     format : {"precomputed", "zarr3"}
     spec : dict or path, optional
         The neuroglancer spec DVID was given (default: the export's ``info``).
     scales : list of int, optional
-        Scales to convert (default: every scale the export holds, and those it lacks above its
-        finest, made first). A scale asked for that the export lacks is made (with the scales
-        between); with nothing finer held, NotExportedError.
+        Default: the scales held, and those the spec lists above the finest held (made first). One
+        the export lacks is made with the scales between; with nothing finer held, NotExportedError.
     labels : "agglomerated", "supervoxels" or a mapping (file path, dict, ...)
         Ids written (made scales: each block's supervoxels by ``method``, then the same ids).
     box : [[x0, y0, z0], [x1, y1, z1]] or six numbers, optional
-        Convert only this box of scale 0's volume (scale-0 voxels): every scale gets the voxels
-        that cover it, 0 elsewhere (scales made first are made from the records meeting it). The
-        output keeps the volume's geometry.
+        Only this box of scale 0 (its voxels): every scale gets the voxels covering it, 0 elsewhere
+        (scales made first: from the records meeting it); the volume's geometry stays.
     method : {"dvid", "mode"}
-        How scales an export lacks are made: DVID's pyramid rule or TensorStore's ``"mode"``.
+        How the scales an export lacks are made: DVID's pyramid rule or TensorStore's ``"mode"``.
     scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). ``workdir`` holds the scales an export
-        lacks while they are made (default ``DEST.work`` beside the output; unused otherwise).
+        As for every job (:mod:`dvidshards.jobs.options`). ``workdir``: the scales made first.
     verify : int
-        Read this many random chunks per scale back through TensorStore's own driver and compare
-        them with the source.
+        Chunks per scale read back through TensorStore's own driver and compared with the source.
     encoder : {"transcode", "tensorstore"}
-        ``tensorstore`` encodes every precomputed chunk with TensorStore (decoded voxels).
+        ``tensorstore``: every precomputed chunk encoded by TensorStore from decoded voxels.
     shard_bits_extra : int
         Split each source shard into ``2**n`` output shards (changes the output geometry).
     sharding : dict, optional
-        An explicit output sharding spec for every scale (identity hash, no wrapping shard
-        numbers; shards larger than the source's are written one task per output shard).
+        An output sharding for every scale (identity hash, no wrapping shard numbers; shards larger
+        than the source's are written a task per output shard).
     data_encoding : {"gzip", "raw"}
         Precomputed chunk data encoding with the export's sharding.
     gzip_level : int
@@ -652,7 +622,7 @@ def convert(source: Any, dest: Any, *, format: str, spec: Any = None, scales: An
     seed : int
         Seed of the verification sample.
     command : str, optional
-        The command line, recorded in the manifest.
+        The command line, for the manifest.
 
     Returns
     -------
@@ -664,7 +634,7 @@ def convert(source: Any, dest: Any, *, format: str, spec: Any = None, scales: An
     ConvertPlanError, SpecError, NotExportedError, OutputError
         Before anything is written: the layout, an argument, a scale or the destination refused.
     JobError
-        The output is incomplete and ``allow_partial`` is false; ``.report`` is the report.
+        The output is incomplete and ``allow_partial`` is false.
     """
     from .downsample import METHODS
 
@@ -744,19 +714,14 @@ def convert(source: Any, dest: Any, *, format: str, spec: Any = None, scales: An
             report = out.finish(totals=totals, notes=_notes(format, totals) + notes, allow_partial=allow_partial,
                                 complete=len(run) == len(tasks) and _only is None and stage_ok)
     finally:
-        path = wd.local_path() if wd is not None else None
-        if made_wd and path is not None and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)  # refused or failed before making anything: no empty folder left
+        if wd is not None and made_wd:
+            remove_work(wd)  # refused or failed before making anything: no empty folder left
     if report.complete and wd is not None:
-        wd.delete_prefix_sync(STAGED)
-        path = wd.local_path()
-        if path is not None and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)  # the user's own folder holding other files stays
+        remove_work(wd, STAGED.__eq__)
     return report
 
 
-def _run_only(only: frozenset, task: Task) -> ConvertResult:
-    """Benchmarks: run the tasks whose key is in ``only``; the others return at once."""
+def _run_only(only: frozenset, task: Task) -> ConvertResult:  # benchmarks: a sample of the tasks
     return run_task(task) if task.key in only else ConvertResult()
 
 
@@ -768,7 +733,7 @@ _DEFAULTS = {"labels": "agglomerated", "method": "dvid", "verify": 0, "encoder":
 
 
 class ConvertCommand:
-    """``dvidshards convert``: one row of ``cli.COMMANDS``."""
+    """``dvidshards convert EXPORT DEST --format F``."""
 
     @staticmethod
     def add_arguments(p: Any) -> None:
@@ -799,12 +764,10 @@ class ConvertCommand:
     @staticmethod
     def main(args: Any) -> int:
         """0 when the output is complete, 1 when it is not (the manifest says so)."""
-        report = convert(args.source, dest_of(args), format=args.format, spec=args.spec, scales=args.scales,
-                         labels=args.labels, box=args.box, method=args.method, verify=args.verify,
-                         encoder=args.encoder, shard_bits_extra=args.shard_bits_extra,
-                         data_encoding=args.data_encoding, gzip_level=args.gzip_level, allow_partial=True,
+        kw = {k: getattr(args, k) for k in ("format", "spec", "scales", "labels", "box", "method", "verify",
+                                            "encoder", "shard_bits_extra", "data_encoding", "gzip_level")}
+        report = convert(args.source, args.dest, allow_partial=True, **kw, **job_options(args),
                          command=command_line("convert", args, skip=[k for k, v in _DEFAULTS.items()
-                                                                      if getattr(args, k) == v]),
-                         **job_options(args))
+                                                                      if getattr(args, k) == v]))
         print(report.summary())
         return 0 if report.ok else 1

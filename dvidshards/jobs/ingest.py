@@ -1,23 +1,16 @@
 """Ingest: block records into a table sorted by (shard, Morton), and DVID /blocks dumps into an export.
 
-``ingest(source, dest)`` (``dvidshards ingest SOURCE TABLE``) reads a Flight server
-(``dvidshards serve-flight``) or an export as plan -> tasks -> reduce:
+``dvidshards ingest SOURCE TABLE`` reads a Flight server (``dvidshards serve-flight``) or an export:
 
-* **plan** (:func:`plan`): one :class:`IngestTask` per scale and partition (``shard_id %
-  workers``);
-* **task** (:func:`run_task`): pull one partition, shards the table holds already skipped (and not
-  sent), each shard into one Parquet file (``dvidshards.sources.tables`` describes the table)
-  written in the work folder and moved into the table when complete, or inserted into VastDB;
-* **reduce** (:func:`reduce`): the counts add up, and the table's ``info`` says ``complete: true``
-  once every scale the source holds is in.
+* **plan** (:func:`plan`): one :class:`IngestTask` per scale and partition (``shard_id % workers``);
+* **task** (:func:`run_task`): one partition pulled, the shards the table holds not sent, each shard
+  a Parquet file (:mod:`dvidshards.sources.tables`) written in the work folder and moved into the
+  table when complete (a table never holds half a file), or inserted into VastDB;
+* **reduce** (:func:`reduce`): the counts add up; the table's ``info`` says ``complete: true`` once
+  every scale the source holds is in.
 
-The table is a local folder (or a file system every worker shares), in
-:class:`dvidshards.jobs.output.Output`; shard files being written are in the work folder
-(``--workdir``, default ``TABLE.work`` beside it), so a table never holds half a file.
-``--resume`` pulls only the shards that are missing.
-
-``ingest_blocks`` (``dvidshards ingest DUMP... EXPORT``) turns DVID ``GET …/blocks`` responses into
-an export written like DVID's, in a new or empty local folder (locked while written).
+The table is a local folder (or a file system every worker shares). ``ingest_blocks`` (``dvidshards
+ingest DUMP... EXPORT``) turns DVID ``GET …/blocks`` responses into an export written like DVID's.
 """
 
 from __future__ import annotations
@@ -56,7 +49,7 @@ from ..sources.tables import (
     ROW_GROUP,
     STREAM_SCHEMA,
     PartialStreamError,
-    ShardFileWriter,
+    TableFileWriter,
     origins_by_shard_id,
     partition_plan,
     read_table_info,
@@ -78,17 +71,16 @@ from .options import (
     scales_of,
 )
 from .output import JobReport, Lock, Output, work_folder
-from .runner import PhaseReport, TaskRunner
+from .runner import PhaseReport, TaskRunner, clear_work, remove_work
 
 __all__ = ["IngestCommand", "IngestTask", "IngestTotals", "ingest", "ingest_blocks", "plan", "reduce", "run_task"]
 
-_SCALE_FOLDER = re.compile(r"s[0-9]+")
+_SCALE_FOLDER = re.compile(r"s[0-9]+").fullmatch
 
 
 @dataclass
 class IngestTotals:
-    """What `ingest` moved (``JobReport.totals``): shards and records written, bytes, time, and
-    the shards already in the table (skipped)."""
+    """``JobReport.totals``: shards, records and bytes written, seconds, shards already there."""
 
     shards: int = 0
     records: int = 0
@@ -100,25 +92,27 @@ class IngestTotals:
         return asdict(self)
 
     def line(self) -> str:
-        """One line: records, shards, bytes and their rate (none when nothing was moved), skips."""
-        rate = _rate(self.bytes, self.seconds)
+        rate = f", {_size(self.bytes / self.seconds)}/s" if self.bytes > 0 and self.seconds > 0 else ""
         return (f"{self.records} records in {self.shards} shards ({_size(self.bytes)} in {self.seconds:.1f} s"
-                f"{', ' + rate if rate else ''}), {self.skipped} shards already there")
+                f"{rate}), {self.skipped} shards already there")
 
 
 def _size(nbytes: float) -> str:
-    """A byte count in the largest unit that keeps it >= 1, three significant digits."""
     for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= k:
             return f"{nbytes / k:.3g} {unit}"
     return f"{int(nbytes)} B"
 
 
-def _rate(nbytes: int, seconds: float) -> str | None:
-    """``"12.3 MB/s"``, or None when there is no rate to tell (nothing moved, or no time)."""
-    if nbytes <= 0 or seconds <= 0:
-        return None
-    return _size(nbytes / seconds) + "/s"
+@contextlib.contextmanager
+def _writing(where: str) -> Iterator[None]:
+    """An OSError (a full disk, a folder that cannot be written) as one OutputError naming the path."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, DvidShardsError):
+            raise
+        raise os_error(e, e.filename or where, "write it") from None
 
 
 # --------------------------------------------------------------------------- plan
@@ -126,8 +120,8 @@ def _rate(nbytes: int, seconds: float) -> str | None:
 
 @dataclass(frozen=True)
 class IngestTask:
-    """Partition ``partition`` of ``of`` of one scale: from ``source`` (a Flight source or a
-    Dataset) into the table folder ``table`` through the work folder ``work``, or into ``sink``."""
+    """Partition ``partition`` of ``of`` of one scale, from ``source`` (a Flight source or a Dataset)
+    into the table through the work folder, or into ``sink``."""
 
     scale: int
     partition: int
@@ -148,7 +142,6 @@ class IngestTask:
 def plan(source: Any, *, scales: Sequence[int], workers: int, table: ByteStore | None, work: ByteStore | None,
          sink: VastDBSink | None = None, labels: LabelSource | None = None, cell_limit: int = CELL_LIMIT,
          row_group_size: int = ROW_GROUP, batch_rows: int = BATCH_ROWS) -> Iterator[IngestTask]:
-    """One task per scale and partition."""
     src = labels if labels is not None else Agglomerated()
     for k in scales:
         for i in range(workers):
@@ -159,7 +152,7 @@ def plan(source: Any, *, scales: Sequence[int], workers: int, table: ByteStore |
 
 
 def _local_scan(ds: Dataset, scale: Scale, partition: int, of: int, skip=(), batch_rows: int = BATCH_ROWS):
-    """(batch, meta) of a partition read straight from a Dataset (what the Flight server streams)."""
+    """(batch, meta) of a partition read from a Dataset, as the Flight server streams it."""
     todo = partition_plan(origins_by_shard_id(scale, ds.shards(scale.index)), partition, of, skip)
     shards, records = 0, 0
     cache: dict = {}
@@ -177,7 +170,7 @@ def _local_scan(ds: Dataset, scale: Scale, partition: int, of: int, skip=(), bat
 
 
 def _relabel(batch: pa.RecordBatch, labels: LabelSource) -> pa.RecordBatch:
-    """The records' ``labels``: as sent (agglomerated), their supervoxels, or the mapping of them."""
+    """The records' ``labels`` as sent (agglomerated), their supervoxels, or the mapping of them."""
     if isinstance(labels, Agglomerated) or not batch.num_rows:
         return batch
     sv = batch.column("supervoxels")
@@ -189,7 +182,7 @@ def _relabel(batch: pa.RecordBatch, labels: LabelSource) -> pa.RecordBatch:
 
 
 def _publish(path: str, table: ByteStore, key: str) -> None:
-    """Move a complete shard file from the work folder into the table (copied across file systems)."""
+    """A complete shard file moved into the table (copied across file systems)."""
     try:
         os.replace(path, table.local_path(key))  # type: ignore[arg-type]
     except OSError as e:
@@ -201,15 +194,9 @@ def _publish(path: str, table: ByteStore, key: str) -> None:
 
 
 def run_task(task: IngestTask) -> dict:
-    """Pull one partition and write its shard files (each appears in the table only once complete);
-    counts. A full disk or a folder that cannot be written is an OutputError naming the path."""
-    try:
+    """One partition pulled into its shard files; counts."""
+    with _writing(task.table.describe("") if task.table is not None else repr(task.sink)):
         return _pull(task)
-    except OSError as e:
-        if isinstance(e, DvidShardsError):
-            raise
-        where = task.table.describe("") if task.table is not None else repr(task.sink)
-        raise os_error(e, e.filename or where, "write it") from None
 
 
 def _pull(task: IngestTask) -> dict:
@@ -245,7 +232,7 @@ def _pull(task: IngestTask) -> dict:
                     origin = meta.get("origin") or sc.shard_origin(*(int(batch.column(a)[0].as_py())
                                                                      for a in ("chunk_x", "chunk_y", "chunk_z")))
                     w = task.sink.writer(s0, origin) if task.sink is not None else \
-                        ShardFileWriter(stage, s0, origin, sc, task.row_group_size, task.cell_limit)
+                        TableFileWriter(stage, s0, origin, sc, task.row_group_size, task.cell_limit)
                 elif s0 != w.shard_id:
                     raise PartialStreamError(f"{source}: shard {w.shard_id} ended without its end marker")
                 w.add(_relabel(batch, task.labels))
@@ -277,7 +264,6 @@ def _pull(task: IngestTask) -> dict:
 
 
 def reduce(phase: PhaseReport, totals: IngestTotals) -> IngestTotals:
-    """The partitions' counts summed into ``totals``."""
     for r in phase.results.values():
         totals.shards += r["shards"]
         totals.records += r["records"]
@@ -299,13 +285,12 @@ def _finish_table(path: str, spec: dict, todo: list[int], exported: list[int], c
 
 
 def _is_stream_source(source: Any) -> bool:
-    """A record stream (``dvidshards.sources.FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
+    """A record stream (``FlightSource``): ``scan`` by partition, ``scales``, ``spec``."""
     return callable(getattr(source, "scan", None)) and hasattr(source, "scales") and hasattr(source, "spec")
 
 
 def _local_folder(dest: Any, what: str) -> ByteStore:
-    """The store of a table or export to write, a local folder: a bucket or an unknown scheme is
-    refused in one line before any work (tables and these writers go through the operating system)."""
+    """A table or export to write: a local folder (these writers go through the operating system)."""
     store = as_store(dest, writable=True, what=what)
     if store.local_path() is None:
         raise OutputError(f"{store.describe('')}: ingest writes to a local folder (or a file system every worker "
@@ -323,30 +308,26 @@ def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, label
     Parameters
     ----------
     source : FlightSource, Dataset, path or URL
-        A Flight server, ``FlightSource("grpc://host:port", token=...)`` (see ``dvidshards
-        serve-flight``), or an export (path, URL or Dataset) read directly.
+        ``FlightSource("grpc://host:port", token=...)`` (``dvidshards serve-flight``), or an export.
     dest : path or VastDBSink
-        The table folder (a local path, or a file system every worker shares): new, empty, or
-        an earlier table of the same volume (``resume`` or ``overwrite``). Or a VastDB table
-        (threads only; shards already there are skipped).
+        The table folder (local, or a file system every worker shares): new, empty, or an earlier
+        table of the same volume (``resume``/``overwrite``). Or a VastDB table (threads only; the
+        shards there are skipped).
     scales : list of int, optional
         Default: every scale the source holds.
     labels : "agglomerated", "supervoxels" or a mapping
-        The records' ``labels``: as the source holds them, their supervoxels, or a supervoxel ->
-        body mapping (a file travels as its path and is loaded once per worker) applied to them.
+        The records' ``labels``: as the source holds them, their supervoxels, or a mapping of those
+        (a file travels as its path).
     scheduler, workdir, resume, overwrite, progress, allow_partial :
         As for every job (:mod:`dvidshards.jobs.options`). ``scheduler`` None or "threads":
-        ``workers`` threads in this process. ``workdir``: the shard files being written (a
-        folder; default ``TABLE.work``). ``resume`` keeps the shards an earlier run wrote.
+        ``workers`` threads here. ``workdir``: the shard files being written (default ``TABLE.work``).
     workers : int
         Partitions per scale, pulled concurrently.
     cell_limit, row_group_size, batch_rows : int
-        Largest cell in bytes (larger payloads are split over bin1..bin4); rows per Parquet row
-        group; rows per streamed batch.
-    spec : dict or path, optional
-        The export's spec when it has no info file.
-    command : str, optional
-        The command line, recorded in the manifest.
+        Largest cell in bytes (larger payloads split over bin1..bin4); rows per Parquet row group;
+        rows per streamed batch.
+    spec, command :
+        The export's spec when it has no info file; the command line.
 
     Returns
     -------
@@ -356,11 +337,10 @@ def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, label
     Raises
     ------
     SpecError, OutputError
-        Bad input, a table of another volume, a bucket or a folder that cannot be written;
-        before any work.
+        Before any work: bad input, a table of another volume, a bucket or an unwritable folder.
     JobError
-        A partition failed and ``allow_partial`` is false: the complete shards are kept, the
-        table's ``info`` says ``complete: false``; ``resume`` finishes it. ``.report`` is the report.
+        A partition failed and ``allow_partial`` is false: the complete shards kept, the table's
+        ``info`` says ``complete: false``; ``resume`` finishes it.
     """
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise SpecError(f"workers must be a positive integer, got {workers!r}")
@@ -419,12 +399,12 @@ def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, label
         _check_table(path, src_spec)  # before the lock's manifest is written: a refusal changes nothing
     with Output(store, job="ingest", parameters={"cell_limit": int(cell_limit), **src.identity()}, scales=todo,
                 source=None if _is_stream_source(source) else source, command=command, resume=resume,
-                overwrite=overwrite, own=lambda n: n == "info" or bool(_SCALE_FOLDER.fullmatch(n)),
+                overwrite=overwrite, own=lambda n: n == "info" or bool(_SCALE_FOLDER(n)),
                 workdir=work) as out, runner:
         out.update(read_from=str(origin), workers=int(workers))
         runner.check_shared(work)
-        _clear(work)  # an earlier run's half-written files (we hold the lock)
-        try:
+        clear_work(work, _SCALE_FOLDER)  # an earlier run's half-written files (we hold the lock)
+        with _writing(path):
             if read_table_info(path) is None:
                 write_table_info(path, src_spec, complete=False)
             t0 = time.perf_counter()
@@ -434,26 +414,14 @@ def ingest(source: Any, dest: Any, *, scales: Sequence[int] | None = None, label
             totals.seconds = time.perf_counter() - t0
             if not out.report.failed:
                 _finish_table(path, src_spec, todo, exported, cell_limit)
-                _clear(work)
-        except OSError as e:
-            if isinstance(e, DvidShardsError):
-                raise
-            raise os_error(e, e.filename or path, "write it") from None
         report = out.finish(totals=totals, notes=[totals.line()], allow_partial=allow_partial)
-    if report.complete and not work.list_sync(""):
-        work.delete_prefix_sync("")
+    if report.complete:
+        remove_work(work, _SCALE_FOLDER)
     return report
 
 
-def _clear(work: ByteStore) -> None:
-    """Delete the shard files being written from a work folder (its scale folders)."""
-    for name in work.list_sync(""):
-        if _SCALE_FOLDER.fullmatch(name):
-            work.delete_prefix_sync(name)
-
-
 class _SinkFrame:
-    """The report and failure contract of :class:`Output` for a VastDB sink (no folder)."""
+    """:class:`Output`'s report and failure contract for a VastDB sink (no folder)."""
 
     def __init__(self, report: JobReport):
         self.report = report
@@ -479,7 +447,7 @@ class _SinkFrame:
 
 
 def _check_table(path: str, spec: dict) -> None:
-    """An existing table must be of the same volume (its spec); read only, nothing changed."""
+    """An existing table must be of the same volume (its spec); nothing changed."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise SpecError(f"{path}: exists and is not a folder")
     try:
@@ -504,27 +472,24 @@ def ingest_blocks(paths: Any, dest: Any, *, labels: Any = "agglomerated", spec: 
     Parameters
     ----------
     paths : path or list of paths (or bytes)
-        ``GET …/blocks?supervoxels=true`` responses (see ``dvidshards.formats.blocks``).
+        ``GET …/blocks?supervoxels=true`` responses (:mod:`dvidshards.formats.blocks`).
     dest : path
-        The export root to create, a local folder (must not exist or be empty; never written
-        into otherwise). Locked while written.
+        The export root to create: a local folder, new or empty; locked while written.
     labels : "agglomerated", "supervoxels" or a mapping
-        The records' agglomerated ``labels``: a supervoxel -> body mapping applied to the
-        supervoxels, or (the dumps hold no bodies) the supervoxels themselves.
+        The records' agglomerated ``labels``: a mapping of the supervoxels, or (the dumps hold no
+        bodies) the supervoxels themselves.
     spec : dict or path, optional
-        The neuroglancer multiscale spec; the blocks are its scale ``scale``. Default: one scale
-        as large as the blocks reach, ``resolution`` nm, shards of ``shard_chunks``³. The ``info``
-        written lists the spec's scales up to ``scale`` only (the export has no folder for the
-        coarser ones); with ``scale`` > 0 the finer scales have no folder either, and reading
-        them is a SpecError, never background.
+        The multiscale spec; the blocks are its scale ``scale``. Default: one scale as large as the
+        blocks reach, ``resolution`` nm, shards of ``shard_chunks``³. The ``info`` lists the scales up
+        to ``scale`` (the export has no folder for coarser ones; nor for finer ones: reading them is
+        a SpecError, never background).
     compression : str
-        What the dumps' payloads hold (``dvidshards.formats.blocks.read_stream``).
+        What the payloads hold (``dvidshards.formats.blocks.read_stream``).
 
     Returns
     -------
     dict
-        The spec written to ``dest/info``, with ``"records"`` and ``"shards"`` counts added
-        under ``"ingest"``.
+        The spec written to ``dest/info``, with ``"ingest": {"records", "shards"}``.
     """
     src = as_labels(labels)
     store = _local_folder(dest, "export")
@@ -538,12 +503,8 @@ def ingest_blocks(paths: Any, dest: Any, *, labels: Any = "agglomerated", spec: 
     try:
         if [n for n in store.list_sync("") if n != lock.name]:
             raise SpecError(f"{to}: exists and is not an empty folder; give a new export folder")
-        try:
+        with _writing(to):
             out = _write_blocks(paths, to, src, spec, scale, compression, resolution, shard_chunks, zstd_level)
-        except OSError as e:
-            if isinstance(e, DvidShardsError):
-                raise
-            raise os_error(e, e.filename or to, "write it") from None
         ok = True
         return out
     finally:
@@ -643,7 +604,7 @@ class IngestCommand:
 
     @staticmethod
     def main(args) -> int:
-        """Run ``dvidshards ingest``; 0 on success, 1 when a partition failed."""
+        """0 on success, 1 when a partition failed."""
         srcs = list(args.source)
         remote = [s for s in srcs if s.startswith(SCHEMES)]
         if remote or (len(srcs) == 1 and os.path.isdir(srcs[0])):

@@ -85,23 +85,10 @@ def label_index(source: SourceLike, dest: Location, *, scale: int = 0, labels: L
                 command: str | None = None) -> JobReport:
     """Write the label index of a scale (of the voxels inside ``box``) as a Parquet dataset.
 
-    ``dest`` (a folder, ``gs://``, ``s3://``, a kvstore spec or a store) gets
-    ``bucket=HH/part-0.parquet`` (a body's rows all in the file of ``bucket_of(body, bits)``),
-    ``_meta.json`` (written last) and the manifest. :class:`dvidshards.query.BodyIndex` reads it
-    (``Dataset.body_index(dest)``). The parameters are those of :func:`dvidshards.jobs.stats.body_stats`.
-
-    Returns
-    -------
-    JobReport
-        ``totals`` is a :class:`~dvidshards.jobs.buckets.TableTotals`.
-
-    Raises
-    ------
-    SpecError, OutputError
-        Bad input or a destination that cannot be used, before any work.
-    JobError
-        Shards failed and ``allow_partial`` is false: their rows are missing, the partial results
-        kept; ``resume=True`` adds them.
+    ``dest`` (a folder, ``gs://``, ``s3://``, a kvstore spec or a store) gets ``bucket=HH/part-0.parquet``
+    (a body's rows in the file of ``bucket_of(body, bits)``), ``_meta.json`` (last) and the manifest,
+    which :class:`dvidshards.query.BodyIndex` reads. Parameters, returns and errors as
+    :func:`dvidshards.jobs.stats.body_stats`, but failed shards' rows go missing (``resume`` adds them).
     """
     job = table_job("label-index", "index", source, dest, scale=scale, labels=labels, box=box, spec=spec,
                     workdir=workdir, resume=resume, overwrite=overwrite, allow_partial=allow_partial,

@@ -1,18 +1,10 @@
-"""The two layouts ``convert`` writes: neuroglancer precomputed and zarr v3, one scale at a time.
-
-* :func:`scale_layout`: a scale's output geometry (chunk grid, output shard boxes, sharding) and
-  the proof that an output shard lies in one source shard file (else the scale is ``grouped``:
-  one task per output shard, reading every file meeting it); :func:`scale_boxes`: the voxels of
-  each scale that cover a box of scale 0;
-* the metadata (``info``, ``zarr.json`` with an OME-Zarr ``multiscales`` entry), written by
-  TensorStore's drivers before any data (:func:`create_output`);
-* the chunk encoders: a DVID block transcoded to ``compressed_segmentation`` without decoding
-  voxels (byte-identical to TensorStore's encoder), and TensorStore's own encoders for edge
-  chunks and zarr3 (:class:`Stager`);
-* the shard writers: a precomputed shard streamed into one store file by
-  :class:`~dvidshards.formats.sharding.ShardFileWriter` with TensorStore's gzip of the minishard
-  indexes (its sharded writer's bytes), a zarr3 shard in one transaction of TensorStore's
-  ``zarr3_sharding_indexed`` driver; and the count of chunks an existing shard holds (resume).
+"""The two layouts ``convert`` writes, neuroglancer precomputed and zarr v3, a scale at a time:
+the output geometry and the proof that an output shard lies in one source file (:func:`scale_layout`),
+the metadata (written by TensorStore's drivers), the chunk encoders (a DVID block transcoded to
+``compressed_segmentation`` without decoding voxels, byte-identical to TensorStore's; TensorStore's
+own for the rest), the shard writers (a precomputed shard streamed by
+:class:`~dvidshards.formats.sharding.ShardFileWriter` with TensorStore's gzip of the minishard
+indexes, a zarr3 shard in one TensorStore transaction) and the chunks a written shard holds.
 """
 
 from __future__ import annotations
@@ -52,8 +44,8 @@ from ..formats.sharding import (
 from ..stores import ByteStore
 
 __all__ = ["FORMATS", "ZARR_INDEX_CODECS", "ZARR_INNER_CODECS", "ConvertPlanError", "ScaleLayout", "Stager",
-           "TsGzip", "count_shard_chunks", "create_output", "existing_chunks", "gzip_chunk", "int3", "scale_boxes", "scale_layout",
-           "transcode_chunk", "window", "write_precomputed_shard", "write_zarr3_shard"]
+           "TsGzip", "create_output", "existing_chunks", "gzip_chunk", "int3", "scale_boxes",
+           "scale_layout", "transcode_chunk", "window", "write_precomputed_shard", "write_zarr3_shard"]
 
 FORMATS = ("precomputed", "zarr3")
 # zarr3 inner chunks: raw little-endian uint64 then zstd (segmentation compresses ~10x)
@@ -66,8 +58,7 @@ _U64 = np.dtype(np.uint64)
 
 
 class ConvertPlanError(SpecError):
-    """The planner refuses a layout: output shards could be shared between tasks, or the
-    source geometry cannot be converted chunk for chunk."""
+    """A layout refused: tasks could share an output shard, or chunks would not map one to one."""
 
 
 # --------------------------------------------------------------------------- geometry
@@ -75,14 +66,12 @@ class ConvertPlanError(SpecError):
 
 @dataclass(frozen=True)
 class ScaleLayout:
-    """One scale of the output, and how source shards map onto it.
+    """One scale of the output, and how source shards map onto it (vectors x, y, z).
 
-    Vectors are x, y, z. ``grid`` is the output chunk grid (from ``voxel_offset``);
-    ``shard_chunks`` the output shard box in chunks; ``cell`` the source shard file's box side
-    in chunks, under the naming of its files (source chunk coordinates are absolute, output
-    ones relative to the offset). ``grouped``: the proof that every output shard lies in one
-    source file failed (DVID's old names at coarse scales, a coarser output sharding), so tasks
-    are output shards, not source shards.
+    ``grid``: output chunks (from ``voxel_offset``); ``shard_chunks``: an output shard's box;
+    ``cell``: a source shard file's box side in chunks (source chunks are absolute, output ones
+    relative to the offset). ``grouped``: no proof that every output shard lies in one source file
+    (DVID's old names at coarse scales, a coarser output sharding): tasks are output shards.
     """
 
     index: int
@@ -102,14 +91,13 @@ class ScaleLayout:
         return np.asarray(self.voxel_offset, np.int64) // self.chunk
 
     def precomputed_sharding(self) -> dict:
-        """The output neuroglancer sharding spec; only precomputed layouts have one."""
         if self.sharding is None:
             raise ConvertPlanError(f"scale {self.index}: the layout has no output sharding "
                                    f"(planned for zarr3, used as precomputed)")
         return self.sharding
 
     def shard_ids(self, rel: np.ndarray) -> np.ndarray:
-        """Output shard of each relative chunk coordinate: shard number, or a flat box index."""
+        """Each relative chunk's output shard: its number, or a flat box index."""
         if self.sharding is not None:
             shard, _ = shard_and_minishard(ShardingSpec.from_json(self.sharding), rel, self.grid)
             return np.asarray(shard, np.uint64).astype(np.int64)
@@ -118,7 +106,7 @@ class ScaleLayout:
         return (box[:, 2] * nb[1] + box[:, 1]) * nb[0] + box[:, 0]
 
     def shard_file(self, rel_first: np.ndarray) -> str:
-        """Key (under the output root) of the output shard holding relative chunk ``rel_first``."""
+        """Key of the output shard holding relative chunk ``rel_first``."""
         if self.sharding is not None:
             shard = int(self.shard_ids(np.asarray(rel_first, np.int64).reshape(1, 3))[0])
             return f"{self.key}/{shard_key(shard, int(self.sharding['shard_bits']))}"
@@ -137,8 +125,8 @@ def _float3(v: Sequence[SupportsFloat]) -> tuple[float, float, float]:
 
 
 def _split_sharding(src: ShardingSpec, extra: int, where: str) -> ShardingSpec:
-    """``src`` with ``extra`` more shard bits, taken from minishard then preshift bits, so that
-    every output shard box is a sub-box of a source one."""
+    """``src`` with ``extra`` more shard bits, from minishard then preshift bits: every output shard
+    box is a sub-box of a source one."""
     if extra < 0:
         raise ConvertPlanError(f"{where}: shard_bits_extra must be >= 0, got {extra}")
     take_m = min(extra, src.minishard_bits)
@@ -154,14 +142,9 @@ def _split_sharding(src: ShardingSpec, extra: int, where: str) -> ShardingSpec:
 
 def scale_layout(scale: Scale, *, format: str = "precomputed", shard_bits_extra: int = 0,
                  sharding: dict | None = None, data_encoding: str = "gzip") -> ScaleLayout:
-    """The output layout of one source scale (``format`` "precomputed" or "zarr3").
-
-    ``shard_bits_extra`` splits every source shard into ``2**n`` output shards; ``sharding`` is an
-    explicit output ``neuroglancer_uint64_sharded_v1`` spec instead of the export's own (which
-    gets ``data_encoding``, "gzip" or "raw"). ConvertPlanError when output shards are not boxes of
-    chunks (a hashed sharding, shard numbers that wrap, more bits than the sharding has) or the
-    geometry is not chunk-aligned.
-    """
+    """The output layout of a source scale (``sharding``: instead of the export's, which gets
+    ``data_encoding``). ConvertPlanError when output shards are not boxes of chunks (a hashed
+    sharding, shard numbers that wrap, too many bits) or the geometry is not chunk-aligned."""
     where = f"scale {scale.index}"
     if format not in FORMATS:
         raise SpecError(f"format must be one of {FORMATS}, got {format!r}")
@@ -215,7 +198,7 @@ Box = tuple[tuple[int, int, int], tuple[int, int, int]]
 
 
 def window(sp: ScaleLayout, clip: Box | None) -> tuple[np.ndarray, np.ndarray]:
-    """The absolute voxel box converted at a scale: the clip box, or the volume."""
+    """The absolute voxel box converted: the clip box, or the volume."""
     if clip is not None:
         return np.asarray(clip[0], np.int64), np.asarray(clip[1], np.int64)
     off = np.asarray(sp.voxel_offset, np.int64)
@@ -223,9 +206,7 @@ def window(sp: ScaleLayout, clip: Box | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def scale_boxes(source: Any, box: Box, scales: Iterable[int]) -> dict[int, Box]:
-    """``box`` (scale-0 voxels) as the box of each scale: the voxels there that cover it (by the
-    scales' resolutions), within each volume. SpecError, one line, when the box is not inside
-    scale 0's volume."""
+    """``box`` (scale-0 voxels, inside its volume) as each scale's voxels covering it."""
     base = source.scale(0)
     lo, hi = base.check_box(box)
     out: dict[int, Box] = {}
@@ -247,7 +228,6 @@ def _sub(root: dict, path: str) -> dict:
 
 
 def precomputed_spec(kv: dict, sp: ScaleLayout, *, sharded: bool = True) -> dict:
-    """TensorStore's ``neuroglancer_precomputed`` spec of one output scale."""
     meta: dict[str, object] = {
         "key": sp.key, "size": list(sp.size), "voxel_offset": list(sp.voxel_offset),
         "resolution": list(sp.resolution), "chunk_size": [sp.chunk] * 3,
@@ -260,7 +240,6 @@ def precomputed_spec(kv: dict, sp: ScaleLayout, *, sharded: bool = True) -> dict
 
 
 def zarr3_metadata(sp: ScaleLayout, *, sharded: bool = True) -> dict:
-    """The ``zarr.json`` metadata of one output scale."""
     if sharded:
         codecs = [{"name": "sharding_indexed", "configuration": {
             "chunk_shape": [sp.chunk] * 3, "codecs": ZARR_INNER_CODECS,
@@ -290,8 +269,7 @@ def _ome_group(layouts: list[ScaleLayout], existing: dict | None) -> dict:
 
 
 def create_output(store: ByteStore, format: str, layouts: list[ScaleLayout], context: Any) -> None:
-    """Write ``info`` / ``zarr.json`` (TensorStore's drivers) before any data; ConvertPlanError
-    when what is there describes another geometry."""
+    """``info`` / ``zarr.json`` before any data; ConvertPlanError when those there say otherwise."""
     import tensorstore as ts
 
     kv = store.kvstore_spec()
@@ -326,8 +304,7 @@ def create_output(store: ByteStore, format: str, layouts: list[ScaleLayout], con
 
 
 def transcode_chunk(table: Any, i: int, chunk: int, labels: Any) -> bytes:
-    """Record ``i``'s DVID block as a ``compressed_segmentation`` chunk, without decoding voxels
-    (``labels``: the label source giving its palette)."""
+    """Record ``i``'s DVID block as a ``compressed_segmentation`` chunk, no voxel decoded."""
     block = table.block(i)  # BlockDecodeError names the file and chunk
     head = struct.pack("<3I", *(chunk // 8,) * 3)
     nsv = int(table.rec[i, R_NSV])
@@ -346,20 +323,15 @@ def transcode_chunk(table: Any, i: int, chunk: int, labels: Any) -> bytes:
         raise type(e)(f"{table.where(i)}: {e}") from None
 
 
-def is_background(cseg: bytes, chunk: int) -> bool:
-    """Whether a transcoded chunk is all 0 (one 0 in its palette, every block of one value)."""
-    return len(cseg) == 4 + 8 * (chunk // 8) ** 3 + 8 and cseg[-8:] == _ZERO8
-
-
 def gzip_chunk(data: bytes, level: int) -> bytes:
-    """Chunk data gzipped at zlib ``level``. TensorStore's sharded writer gzips at level 9 (4.5 ms
-    per real chunk, 3.48 KB); level 1 costs 0.31 ms for 4.41 KB. Any reader of gzip reads either."""
+    """TensorStore's sharded writer gzips at level 9 (4.5 ms a real chunk, 3.48 KB); level 1 costs
+    0.31 ms for 4.41 KB. Any reader of gzip reads either."""
     c = zlib.compressobj(level, zlib.DEFLATED, 31)
     return c.compress(data) + c.flush()
 
 
 class Stager:
-    """Chunks encoded by TensorStore: an unsharded in-memory array of the output scale's geometry."""
+    """Chunks encoded by TensorStore, through an unsharded in-memory array of the scale's geometry."""
 
     def __init__(self, format: str, sp: ScaleLayout, context: Any):
         import tensorstore as ts
@@ -374,7 +346,7 @@ class Stager:
         self.kv = ts.KvStore.open(mem, context=context).result()
 
     def encode(self, rel: Any, vol_zyx: np.ndarray) -> bytes | None:
-        """Encoded bytes of one chunk at relative chunk position ``rel`` (None: all fill)."""
+        """The chunk at relative position ``rel`` encoded (None: all fill)."""
         sp = self.sp
         lo = np.asarray(rel, np.int64) * sp.chunk
         hi = np.minimum(lo + sp.chunk, sp.size)
@@ -393,8 +365,8 @@ class Stager:
 
 
 class TsGzip:
-    """TensorStore's own gzip of a minishard index (its zlib build's bytes, not Python's): the
-    index written as the one value of a 0-bit sharded store with gzip data, on the memory kvstore."""
+    """TensorStore's own gzip of a minishard index (its zlib's bytes, not Python's): the index as the
+    one value of a 0-bit sharded store with gzip data, in memory."""
 
     def __init__(self, context: Any):
         import tensorstore as ts
@@ -417,22 +389,20 @@ class TsGzip:
 
 
 def file_order(spec: ShardingSpec, keys: np.ndarray) -> np.ndarray:
-    """The order of chunk ids in a shard file: by minishard, then ascending (identity hash)."""
+    """Chunk ids in a shard file's order: by minishard, then ascending (identity hash)."""
     mini = (keys >> np.uint64(spec.preshift_bits)) & np.uint64((1 << spec.minishard_bits) - 1) \
         if spec.preshift_bits < 64 else np.zeros_like(keys)
     return np.lexsort((keys, mini))
 
 
-class _Nothing(Exception):
-    """A shard file that would hold no chunk: not published."""
+class _Nothing(Exception):  # a shard file of no chunk: not published
+    pass
 
 
 def write_precomputed_shard(store: ByteStore, key: str, spec: ShardingSpec,
                             chunks: Iterable[tuple[int, bytes | None]], gzip_index: Callable[[bytes], bytes]) -> int:
-    """Write one precomputed shard file from ``(chunk id, stored bytes)`` in the file's order
-    (None: a background chunk, left out), streamed into the store's writer (published whole; a
-    local file never held in memory). Returns the chunks written; with none, no file is left
-    (an earlier run's is deleted)."""
+    """A precomputed shard file from ``(chunk id, bytes or None: background)`` in the file's order,
+    streamed (published whole, never held in memory); the chunks written. With none, no file."""
     n = 0
     try:
         with store.writer(key) as f:
@@ -450,9 +420,8 @@ def write_precomputed_shard(store: ByteStore, key: str, spec: ShardingSpec,
 
 def write_zarr3_shard(store: ByteStore, key: str, sp: ScaleLayout, chunks: Iterable[tuple[bytes, bytes | None]],
                       context: Any) -> int:
-    """Write one zarr3 shard from ``(inner key, encoded chunk)`` (None: background, left out) in
-    one transaction of TensorStore's ``zarr3_sharding_indexed`` driver. Returns the chunks written;
-    whatever was there before is deleted first (never merged)."""
+    """A zarr3 shard from ``(inner key, chunk or None: background)`` in one transaction of
+    TensorStore's ``zarr3_sharding_indexed`` driver (never merged with one there); the chunks written."""
     import tensorstore as ts
 
     kvspec = store.kvstore_spec()
@@ -475,64 +444,45 @@ def write_zarr3_shard(store: ByteStore, key: str, sp: ScaleLayout, chunks: Itera
     return n
 
 
-def count_shard_chunks(data: bytes, format: str, sp: ScaleLayout, where: str) -> int:
-    """Chunks held by an output shard file, from its index (ShardFormatError when damaged)."""
-    n = len(data)
-
-    def read(a: int, b: int | None) -> bytes:
-        if a < 0:
-            a = n + a
-        if a < 0 or (b or n) > n:
-            raise ShardFormatError(f"{where}: shard of {n} bytes, its index needs more")
-        return data[a:b]
-
-    return _count_chunks(read, format, sp, where)
-
-
 def existing_chunks(store: ByteStore, key: str, format: str, sp: ScaleLayout) -> int | None:
-    """Chunks in an existing output shard (byte-range reads of its index); None: no file, -1: damaged."""
+    """Chunks an output shard holds, from its index (ranged reads); None: no file, -1: damaged."""
+    where = store.describe(key)
     try:
-        return _count_chunks(lambda a, b: bytes(store.read_sync(key, a, b)), format, sp, store.describe(key))
+        if format == "zarr3":
+            n = math.prod(sp.shard_chunks)
+            tail = bytes(store.read_sync(key, -(16 * n + 4), None))
+            if len(tail) != 16 * n + 4:
+                raise ShardFormatError(f"{where}: zarr shard shorter than its index")
+            return int((np.frombuffer(tail, "<u8", 2 * n)[0::2] != _NO_CHUNK).sum())
+        spec = sp.precomputed_sharding()
+        nmini = 1 << int(spec["minishard_bits"])
+        head = bytes(store.read_sync(key, 0, 16 * nmini))
+        if len(head) != 16 * nmini:
+            raise ShardFormatError(f"{where}: shard shorter than its index")
+        ranges = np.frombuffer(head, "<u8").reshape(-1, 2)
+        ranges = ranges[ranges[:, 0] != ranges[:, 1]]
+        if not len(ranges):
+            return 0
+        if (ranges[:, 0] > ranges[:, 1]).any() or ranges.max() > 2**40:
+            raise ShardFormatError(f"{where}: minishard index out of range")
+        ranges = ranges.astype(np.int64)
+        a, b = int(ranges[:, 0].min()), int(ranges[:, 1].max())
+        region = bytes(store.read_sync(key, 16 * nmini + a, 16 * nmini + b))
+        if len(region) != b - a:
+            raise ShardFormatError(f"{where}: minishard index out of range")
+        total = 0
+        for lo, hi in ranges.tolist():
+            raw = region[lo - a:hi - a]
+            if spec.get("minishard_index_encoding", "raw") == "gzip":
+                try:
+                    raw = gzip.decompress(raw)
+                except (OSError, EOFError) as e:
+                    raise ShardFormatError(f"{where}: bad gzip minishard index ({e})") from None
+            if len(raw) % 24:
+                raise ShardFormatError(f"{where}: minishard index of {len(raw)} bytes")
+            total += len(raw) // 24
+        return total
     except MissingShardError:
         return None
     except ShardFormatError:  # PastEndError included: shorter than its index
         return -1
-
-
-def _count_chunks(read: Callable[[int, int | None], bytes], format: str, sp: ScaleLayout, where: str) -> int:
-    # read(a, b) -> bytes [a, b) of the shard file (a < 0, b None: the last -a bytes); the index only
-    if format == "zarr3":
-        n = math.prod(sp.shard_chunks)
-        tail = read(-(16 * n + 4), None)
-        if len(tail) != 16 * n + 4:
-            raise ShardFormatError(f"{where}: zarr shard shorter than its index")
-        idx = np.frombuffer(tail, "<u8", 2 * n)
-        return int((idx[0::2] != _NO_CHUNK).sum())
-    spec = sp.precomputed_sharding()
-    nmini = 1 << int(spec["minishard_bits"])
-    head = read(0, 16 * nmini)
-    if len(head) != 16 * nmini:
-        raise ShardFormatError(f"{where}: shard shorter than its index")
-    ranges = np.frombuffer(head, "<u8").reshape(-1, 2)
-    ranges = ranges[ranges[:, 0] != ranges[:, 1]]
-    if not len(ranges):
-        return 0
-    if (ranges[:, 0] > ranges[:, 1]).any() or ranges.max() > 2**40:
-        raise ShardFormatError(f"{where}: minishard index out of range")
-    ranges = ranges.astype(np.int64)
-    a, b = int(ranges[:, 0].min()), int(ranges[:, 1].max())
-    region = read(16 * nmini + a, 16 * nmini + b)
-    if len(region) != b - a:
-        raise ShardFormatError(f"{where}: minishard index out of range")
-    total = 0
-    for lo, hi in ranges.tolist():
-        raw = region[lo - a:hi - a]
-        if spec.get("minishard_index_encoding", "raw") == "gzip":
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
-                raise ShardFormatError(f"{where}: bad gzip minishard index ({e})") from None
-        if len(raw) % 24:
-            raise ShardFormatError(f"{where}: minishard index of {len(raw)} bytes")
-        total += len(raw) // 24
-    return total

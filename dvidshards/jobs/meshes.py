@@ -1,25 +1,20 @@
 """Meshes for every body of an export: ``dvidshards meshes EXPORT DEST`` (and ``dvidshards body``).
 
-``meshes(source, dest)`` writes neuroglancer's multi-resolution sharded Draco meshes (``legacy``:
-the single-resolution format) into a precomputed dataset folder (a ``convert`` output, whose
-``info`` gains the ``mesh`` key, or a new one) that neuroglancer and cloud-volume read. Level of
-detail 0 is the finest scale whose voxel is at least 32 nm (s2 of 8 nm data, as FlyEM and igneous);
-each coarser level comes from the next coarser scale, so it costs an eighth of the one before.
+neuroglancer's multi-resolution sharded Draco meshes (``legacy``: the single-resolution format) in
+a precomputed dataset folder (a ``convert`` output, whose ``info`` gains the ``mesh`` key, or a new
+one). Level of detail 0 is the finest scale whose voxel is at least 32 nm (s2 of 8 nm data, as FlyEM
+and igneous); each coarser level comes from the next scale, at an eighth of the cost.
 
-* **plan** (:func:`levels`, :func:`plan`): the scales, one :class:`MeshTask` per source shard.
-* **task** (:func:`run_task`): each 64³ chunk's cell (plus one voxel of its + neighbours, so cells
-  meet exactly) meshed by marching cubes, each body's piece decimated to about a quarter with the
-  cell's border locked (so pieces still weld watertight), into one fragment file per shard in the
-  work folder, sorted by the bucket of the body (the mesh shard it lands in)
-  (:mod:`dvidshards.jobs.fragments`).
-* **reduce** (:func:`reduce`): one task per bucket (:func:`write_bucket`), body by body and level
-  by level: each octree node's pieces (``NODE`` cells a side) welded and decimated with the node's
-  border locked, then moved out along their normals to the body's voxel volume (marching cubes
-  cuts every convex corner). Memory: one body's pieces.
+* **plan** (:func:`levels`, :func:`plan`): one :class:`MeshTask` per source shard of each level;
+* **task** (:func:`run_task`): each chunk's cell (plus one voxel of its + neighbours, so cells meet
+  exactly) meshed by marching cubes, each body's piece decimated to about a quarter with the cell's
+  border locked (so pieces still weld watertight), into a fragment file sorted by the body's
+  bucket, the mesh shard it lands in (:mod:`dvidshards.jobs.fragments`);
+* **reduce** (:func:`reduce`, :func:`write_bucket`): per bucket, body by body and level by level,
+  each octree node's pieces welded and decimated with the node's border locked, then moved out
+  along their normals to the body's voxel volume (marching cubes cuts every convex corner).
 
-The output is ``DEST/<mesh_dir>`` in :class:`dvidshards.jobs.output.Output`; the work folder is
-``--workdir`` (default ``DEST.work``), emptied once complete. The mesh ``info`` and the volume
-``info``'s ``mesh`` key are written only when every task succeeded.
+The mesh ``info`` and the volume ``info``'s ``mesh`` key are written only when every task succeeded.
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ from .options import (
     scales_of,
 )
 from .output import MANIFEST, JobReport, Output, work_folder
-from .runner import TaskRunner, scheduler_of
+from .runner import TaskRunner, clear_work, remove_work, scheduler_of
 
 __all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BodyCommand", "BucketTask", "MeshJob", "MeshTask", "MeshesCommand",
            "MeshesError", "default_scale", "levels", "meshes", "plan", "reduce", "run_task", "write_bucket"]
@@ -77,27 +72,21 @@ MAX_LODS = 6  # levels of detail made from coarser scales by default
 MAX_ERROR = 1.25  # the simplifier's bound by default, voxels of each level's scale (40 nm at 32 nm)
 CELL_REDUCTION = 4  # the per-cell pass keeps about 1/4 of the marching-cubes faces
 CELL_ERROR = 2 / 3  # ... within this share of the per-node pass's bound
-_WORK = re.compile(r"L[0-9]+|done")  # the work folder's own names
+_WORK = re.compile(r"L[0-9]+|done").fullmatch  # the work folder's own names
 
 
 class MeshesError(SpecError):
     """The parameters of ``meshes`` are not usable (nothing was written)."""
 
 
-# --------------------------------------------------------------------------- the job record
-
-
 @dataclass(frozen=True)
 class MeshJob:
-    """What every task of one ``meshes`` run needs: parameters and locations, never data.
+    """What every task of one run needs (parameters and stores, never data).
 
-    ``scales`` are the folder numbers meshed, level of detail j from ``scales[j]``; ``work`` the
-    work folder and ``mesh`` the mesh directory (stores). ``sharding`` is the mesh sharding spec
-    (JSON) of the multi-resolution format; None for the legacy format, whose buckets are
-    ``bucket_bits`` of the body hash. ``cell_reduction`` / ``cell_error`` drive the per-cell pass,
-    ``reduction_factor`` / ``max_error`` the per-node pass (faces of the final mesh = marching-cubes
-    faces / ``reduction_factor`` where ``max_error`` allows). Errors are in voxels of each level's
-    scale; ``max_error_nm`` is what the caller gave (None: the default).
+    Level of detail j comes from ``scales[j]``. ``sharding``: the mesh sharding (JSON); None for the
+    legacy format, bucketed by ``bucket_bits`` of the body hash. ``cell_*`` drive the per-cell
+    pass, ``reduction_factor`` / ``max_error`` the per-node pass. Errors are in voxels of each
+    level's scale; ``max_error_nm`` is what the caller gave.
     """
 
     dataset: Any
@@ -118,7 +107,7 @@ class MeshJob:
     max_error_nm: float | None = None
 
     def ident(self) -> dict:
-        """The parameters an output depends on (a resumed run must repeat them)."""
+        """What the output depends on (a resumed run must repeat it)."""
         return {"scales": list(self.scales), "legacy": self.legacy, "sharding": self.sharding,
                 "bucket_bits": self.bucket_bits, "bits": self.bits, "reduction_factor": self.reduction_factor,
                 "max_error_nm": self.max_error_nm, "max_error_voxels": self.max_error,
@@ -128,7 +117,7 @@ class MeshJob:
 
 
 def _bucket(job: MeshJob, bodies: np.ndarray) -> np.ndarray:
-    """The reduce task (mesh shard number, or hash bucket) of each body id."""
+    """Each body's mesh shard number, or hash bucket."""
     b = np.asarray(bodies, np.uint64)
     if job.sharding is None:
         return bucket_of(b, job.bucket_bits).astype(np.uint64)
@@ -138,7 +127,7 @@ def _bucket(job: MeshJob, bodies: np.ndarray) -> np.ndarray:
 
 
 def _grid(s) -> tuple[np.ndarray, np.ndarray, int]:
-    """(first chunk, last chunk, chunk edge) of a scale's volume."""
+    """(first chunk, last chunk, chunk edge)."""
     cs = int(s.chunk_size[0])
     lo = np.asarray(s.voxel_offset, np.int64)
     hi = lo + np.asarray(s.size, np.int64)
@@ -149,8 +138,8 @@ def _grid(s) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def default_scale(ds: Dataset) -> tuple[int, str | None]:
-    """Level of detail 0's scale: the finest exported scale whose voxel is >= 32 nm, and a note when
-    there is none (then the coarsest exported scale; unknown resolutions: scale 0)."""
+    """The finest exported scale of voxels >= 32 nm, else the coarsest with a note (unknown
+    resolutions: scale 0)."""
     present = sorted(ds.exported)
     if not present:
         raise MeshesError(f"{ds.store.describe('')}: no scale is exported")
@@ -182,7 +171,7 @@ def _coarser(ds: Dataset, first: int, lods: int | None) -> tuple[int, ...]:
 
 def levels(ds: Dataset, *, scales: Sequence[int] | None = None, scale: int | None = None, lods: int | None = None,
            legacy: bool = False) -> tuple[tuple[int, ...], str | None]:
-    """(scales, note): level of detail j's scale, and what the user should know of the choice."""
+    """(level of detail j's scale, what the user should know of the choice)."""
     note = None
     if scales is not None and scale is not None:
         raise MeshesError("give scales (one per level of detail) or scale (level 0, coarser levels after it), "
@@ -224,7 +213,7 @@ def levels(ds: Dataset, *, scales: Sequence[int] | None = None, scale: int | Non
 
 @dataclass(frozen=True)
 class MeshTask:
-    """One source shard of one level's scale: its pieces into the fragment file ``key``."""
+    """One source shard of a level's scale: its pieces into the fragment file ``key``."""
 
     job: MeshJob = field(compare=False, repr=False)
     scale: int
@@ -240,7 +229,7 @@ class MeshTask:
 
 
 def plan(job: MeshJob, shards: dict[int, list]) -> Iterator[MeshTask]:
-    """One task per shard file of each level's scale (``shards``: the origins by scale)."""
+    """One task per shard file of each level's scale (``shards``: origins by scale)."""
     for k in job.scales:
         for o in shards[k]:
             yield MeshTask(job, k, (int(o[0]), int(o[1]), int(o[2])))
@@ -254,8 +243,8 @@ def _default_sharding(n_tasks: int) -> ShardingSpec:
 
 
 def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
-    """Cells a shard's task meshes: those of its chunks and their - neighbours, plus its cells on
-    its + faces (their + neighbours lie in other shards), owned by this shard."""
+    """The cells a shard's task owns: its chunks' and their - neighbours', and its cells on its +
+    faces (their + neighbours lie in other shards)."""
     first, last, cs = _grid(s)
     e = min(int(s.shard_extent), 1 << 40) // cs
     o = np.asarray(origin, np.int64) // cs
@@ -283,7 +272,7 @@ def _shard_cells(s, origin, coords: np.ndarray) -> np.ndarray:
 
 
 def _box_at(job: MeshJob, scale: int):
-    """The job's box (level 0's voxels) at a scale, as (lo, hi) voxel arrays, or None."""
+    """The job's box (level 0's voxels) at a scale: (lo, hi), or None."""
     if job.box is None:
         return None
     f = 2 ** (job.scales.index(scale))
@@ -293,7 +282,7 @@ def _box_at(job: MeshJob, scale: int):
 
 
 def _boxed(decode, box, cs: int):
-    """A chunk decoder that gives 0 outside ``box`` (voxels of its scale)."""
+    """``decode`` giving 0 outside ``box``."""
     lo, hi = box
 
     def dec(c):
@@ -315,8 +304,7 @@ def _boxed(decode, box, cs: int):
 
 
 def run_task(task: MeshTask) -> dict:
-    """Mesh one source shard's cells, decimate each body's piece with the cell border locked, and
-    write the pieces sorted by bucket (one fragment file). Returns counts."""
+    """One source shard's cells meshed into its fragment file; counts."""
     job, scale, origin = task.job, task.scale, task.origin
     ds = job.dataset
     s = ds.scale(scale)
@@ -326,7 +314,7 @@ def run_task(task: MeshTask) -> dict:
     if shard is None:
         raise SpecError(f"{ds.store.describe(s.stem(origin) + '.arrow')}: listed but not found")
     cells = _shard_cells(s, origin, np.asarray(shard.coords, np.int64))
-    decode = chunk_decoder(ds, s.index, src, fill_missing_shards=True)  # listed shards only; others: none
+    decode = chunk_decoder(ds, s.index, labels=src, fill_missing_shards=True)  # listed shards only; others: none
     box = _box_at(job, scale)
     if box is not None:
         decode = _boxed(decode, box, cs)
@@ -356,7 +344,7 @@ def run_task(task: MeshTask) -> dict:
 
 
 def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
-    """Corner-coordinate box of octree node ``q`` of a scale whose first chunk is ``first``."""
+    """Corner-coordinate box of octree node ``q`` (``first``: the scale's first chunk)."""
     lo = (np.asarray(first, np.int64) - 1 + NODE * np.asarray(q, np.int64)) * cs + 0.5
     return lo, lo + NODE * cs
 
@@ -364,11 +352,9 @@ def _node_box(first, cs: int, q) -> tuple[np.ndarray, np.ndarray]:
 def _level(job: MeshJob, scale: int, pieces: list[Fragment]) -> dict[tuple[int, ...], Mesh]:
     """One level of detail of one body: ``{octree node: Mesh}`` in corner coordinates of ``scale``.
 
-    The pieces of each node are welded and decimated once more with the node's border locked (the
-    borders of the cells inside it go); inner shells (around what the body encloses) are dropped, so
-    a connected body is one piece; then every node is moved out along its normals by the distance
-    that gives back the volume its outer surface encloses at this scale (the node borders stay, so
-    the nodes still weld).
+    Each node's pieces welded and decimated with the node's border locked (the cell borders inside
+    go); inner shells dropped (a connected body is one piece); then every node moved out along its
+    normals until the outer surface encloses the body's voxel volume (node borders stay: nodes weld).
     """
     s = job.dataset.scale(scale)
     first, _, cs = _grid(s)
@@ -413,7 +399,7 @@ def _level(job: MeshJob, scale: int, pieces: list[Fragment]) -> dict[tuple[int, 
 
 
 def _lods(job: MeshJob, pieces: list[Fragment]):
-    """(levels, vertex offsets) of one body in stored model coordinates (level 0's voxels)."""
+    """(levels, vertex offsets) of one body in model coordinates (level 0's voxels)."""
     ds = job.dataset
     first0, _, cs = _grid(ds.scale(job.scales[0]))
     origin = first0 * cs + 0.5 - cs  # grid origin: corner of node (0, 0, 0)
@@ -439,7 +425,7 @@ def _lods(job: MeshJob, pieces: list[Fragment]):
 
 @dataclass(frozen=True)
 class BucketTask:
-    """One bucket (a mesh shard, or a hash bucket of the legacy format) of the fragment files ``keys``."""
+    """One bucket (a mesh shard, or a legacy hash bucket) of the fragment files ``keys``."""
 
     job: MeshJob = field(compare=False, repr=False)
     keys: tuple[str, ...]
@@ -450,8 +436,8 @@ class BucketTask:
 
 
 def write_bucket(task: BucketTask) -> int:
-    """Every body of one bucket, one at a time (its levels of detail, encoded), then the bucket's
-    mesh shard file; bodies written. Memory: one body's pieces and the bucket's encoded output."""
+    """Every body of a bucket, one at a time, then its mesh shard file; bodies written. Memory: one
+    body's pieces and the bucket's encoded output."""
     job, files, bucket = task.job, task.keys, task.bucket
     ds = job.dataset
     s0 = ds.scale(job.scales[0])
@@ -491,8 +477,8 @@ def write_bucket(task: BucketTask) -> int:
 
 
 def reduce(tr: TaskRunner, out: Output, job: MeshJob, keys: list[str]) -> int:
-    """Groups of ``FAN_IN`` fragment files merged while there are more, then one task per bucket
-    (a bucket done in an earlier run is skipped); the bodies written."""
+    """``FAN_IN`` fragment files merged into one while there are more, then a task per bucket not done
+    before; the bodies written."""
     level = 0
     while len(keys) > FAN_IN:
         level += 1
@@ -516,24 +502,15 @@ def reduce(tr: TaskRunner, out: Output, job: MeshJob, keys: list[str]) -> int:
 # --------------------------------------------------------------------------- the destination's volume
 
 
-def _read_json(store: ByteStore, key: str) -> Any:
-    data = store.get_sync(key)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise OutputError(f"{store.describe(key)}: not JSON") from None
-
-
 def _check_root(root: ByteStore, mesh_dir: str, ds: Dataset) -> dict | None:
-    """Refuse a destination that is neither new, empty, a precomputed dataset nor our own output.
-
-    Returns the existing volume ``info`` (None for a new dataset).
-    """
+    """The volume ``info`` of a precomputed dataset (None: new or empty); other folders refused."""
     root.check_writable()
     names = root.list_sync("")
-    info = _read_json(root, "info") if "info" in names else None
+    data = root.get_sync("info") if "info" in names else None
+    try:
+        info = None if data is None else json.loads(data)
+    except ValueError:
+        raise OutputError(f"{root.describe('info')}: not JSON") from None
     if info is not None and not (isinstance(info, dict) and isinstance(info.get("scales"), list)):
         raise OutputError(f"{root.describe('info')}: not a neuroglancer precomputed volume info")
     if info is None and [n for n in names if n != mesh_dir]:
@@ -550,7 +527,7 @@ def _check_root(root: ByteStore, mesh_dir: str, ds: Dataset) -> dict | None:
 
 
 def _new_info(ds) -> dict:
-    """The volume info of a new mesh-only dataset: the export's geometry, said to hold no chunks."""
+    """A new mesh-only dataset's info: the export's geometry, said to hold no chunks."""
     info = ds.info
     for sc in info["scales"]:
         sc.pop("sharding", None)
@@ -561,24 +538,6 @@ def _new_info(ds) -> dict:
 
 def _write_json(store: ByteStore, key: str, obj: Any) -> None:
     store.put_sync(key, (json.dumps(obj, indent=1) + "\n").encode())
-
-
-def _clear(work: ByteStore) -> None:
-    """Delete this job's files from its work folder (not the folder, nor its lock)."""
-    for name in work.list_sync(""):
-        if _WORK.fullmatch(name):
-            work.delete_prefix_sync(name)
-
-
-def _max_error_voxels(resolution, max_error_nm: float | None) -> float:
-    """The simplifier's bound in voxels of level 0's scale (of its coarsest axis: a bound everywhere)."""
-    if max_error_nm is None:
-        return MAX_ERROR
-    if resolution is None:
-        raise MeshesError("max_error_nm needs the export's resolution (pass its spec)")
-    return float(max_error_nm) / float(max(resolution))
-
-
 
 
 # --------------------------------------------------------------------------- the job
@@ -600,13 +559,12 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
     dest : path, URL, kvstore spec or store
         A new or empty folder, or a precomputed dataset (a ``convert`` output).
     scales, scale : optional
-        One scale per level of detail, each twice as coarse as the one before (e.g. ``(2, 3, 4)``);
-        or level 0's scale, the coarser levels from the exported scales after it. Default: the
-        finest scale whose voxel is at least 32 nm (the coarsest there is when none is).
+        One scale per level of detail, each twice as coarse as the one before (``(2, 3, 4)``); or
+        level 0's scale, the coarser levels from the exported scales after it. Default: the finest
+        scale of voxels >= 32 nm (else the coarsest).
     labels, box, scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`): what a body is; only voxels in the box
-        (level 0's scale; bodies are closed at its faces). ``workdir`` holds the fragment files
-        (default ``DEST.work``); ``overwrite`` replaces only the mesh directory.
+        As for every job (:mod:`dvidshards.jobs.options`). ``box``: level 0's voxels (bodies closed
+        at its faces); ``workdir``: the fragment files; ``overwrite`` replaces the mesh directory only.
     lods : int, optional
         Levels of detail at most (default: every exported coarser scale, up to 6).
     legacy : bool
@@ -614,17 +572,17 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
     bits : {10, 16}
         Draco vertex quantisation bits.
     reduction_factor, max_error_nm :
-        Keep about ``1 / reduction_factor`` of each body's marching-cubes faces (as igneous'
-        ``simplification_factor``; 0: every face), fewer where the bound ``max_error_nm`` binds (nm
-        at level 0, as igneous' ``max_simplification_error``; default 1.25 voxels of level 0's
-        scale, 40 nm at 32 nm; the same in voxels at each coarser level).
+        Keep about ``1 / reduction_factor`` of the marching-cubes faces (igneous'
+        ``simplification_factor``; 0: all), fewer where the bound ``max_error_nm`` binds (nm at
+        level 0, igneous' ``max_simplification_error``; default 1.25 voxels, 40 nm at 32 nm; the same
+        in voxels at each coarser level).
     cell_reduction : int
         The per-cell pass, cell borders locked: about ``1 / cell_reduction`` of the faces (0 or 1:
         none), within 2/3 of the bound.
     inflate : bool
-        Move each body's surface out so that it encloses its voxel volume (see `_level`).
+        Move each body's surface out to enclose its voxel volume.
     mesh_dir, spec, command :
-        The mesh directory inside ``dest``; the export's multiscale spec; the command line.
+        The mesh directory inside ``dest``; the export's spec; the command line.
 
     Returns
     -------
@@ -655,14 +613,18 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
     mdest = root.child(mesh_dir)
     info = _check_root(root, mesh_dir, ds)
     work = work_folder(root, workdir)
-    err = _max_error_voxels(ds.scale(ks[0]).resolution, max_error_nm)
+    r0 = ds.scale(ks[0]).resolution
+    err = MAX_ERROR
+    if max_error_nm is not None:
+        if r0 is None:
+            raise MeshesError("max_error_nm needs the export's resolution (pass its spec)")
+        err = float(max_error_nm) / float(max(r0))  # of the coarsest axis: a bound everywhere
     job = MeshJob(ds, labels if isinstance(labels, str) else as_labels(labels), ks, work, mdest, legacy,
                   None if legacy else _default_sharding(n).to_json(),
                   0 if not legacy else max(0, min(12, math.ceil(math.log2(n)))), int(bits), int(reduction_factor),
                   err, int(cell_reduction), err * CELL_ERROR, bool(inflate), box_of(box),
                   None if max_error_nm is None else float(max_error_nm))
     params = {"mesh_format": "legacy" if legacy else "multilod", "mesh_dir": mesh_dir, **job.ident()}
-    r0 = ds.scale(ks[0]).resolution
     notes = [f"levels of detail from {', '.join(f's{k}' for k in ks)}" + (f" ({r0[0]:g} nm)" if r0 else "")]
     if note:
         notes.append(note)
@@ -677,7 +639,7 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
             info.pop("mesh")
             _write_json(root, "info", info)  # the volume points at no meshes while they change
         if not resume:
-            _clear(work)  # another run's fragments
+            clear_work(work, _WORK)  # another run's fragments
         totals = {"bodies": 0, "pieces": 0, "faces_marching_cubes": 0, "faces_after_cell_pass": 0}
         tasks = list(plan(job, shards))
         with TaskRunner(scheduler, progress=progress) as tr:
@@ -698,11 +660,10 @@ def meshes(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dict |
             vinfo = info if info is not None else _new_info(ds)
             vinfo["mesh"] = mesh_dir
             _write_json(root, "info", vinfo)
-            _clear(work)
         notes.insert(0, f"{totals['bodies']:,} bodies, {totals['pieces']:,} cell pieces")
         report = out.finish(totals=totals, notes=notes, allow_partial=allow_partial)
-    if report.complete and work.local_path() is not None and not work.list_sync(""):
-        work.delete_prefix_sync("")  # an empty local work folder goes (a bucket prefix vanishes by itself)
+    if report.complete:
+        remove_work(work, _WORK)
     return report
 
 
@@ -736,11 +697,11 @@ class MeshesCommand:
 
     @staticmethod
     def main(args) -> int:
-        report = meshes(args.source, args.dest, spec=args.spec, scale=args.scale, scales=args.scales, lods=args.lods,
-                        labels=args.labels, box=args.box, legacy=args.legacy, bits=args.bits,
-                        reduction_factor=args.reduction, max_error_nm=args.max_error_nm, mesh_dir=args.mesh_dir,
-                        cell_reduction=CELL_REDUCTION if args.reduction else 0, allow_partial=True,
-                        command=command_line("meshes", args), **job_options(args))
+        kw = {k: getattr(args, k) for k in ("spec", "scale", "scales", "lods", "labels", "box", "legacy", "bits",
+                                            "max_error_nm", "mesh_dir")}
+        report = meshes(args.source, args.dest, reduction_factor=args.reduction, allow_partial=True,
+                        cell_reduction=CELL_REDUCTION if args.reduction else 0, command=command_line("meshes", args),
+                        **kw, **job_options(args))
         print(report.summary())
         return 0 if report.ok else 1
 
@@ -786,12 +747,12 @@ class BodyCommand:
         body = Body(ds, body_id, scale=args.scale, labels=args.labels, index=args.index)
         if not body.exists():  # one line saying what the id is instead (exit 2, as any bad input)
             raise body.not_found()
-        facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks_at()))}
+        facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks()))}
         asked = args.size or args.box or args.supervoxels or args.sparsevol or args.coarse or args.mesh
         if args.size or not asked:
-            facts["size"] = body.size_at()
+            facts["size"] = body.size()
         if args.box or not asked:
-            facts["box"] = body.box_at()
+            facts["box"] = body.box()
         if args.supervoxels:
             facts["supervoxels"] = body.supervoxels().tolist()
         if args.sparsevol:

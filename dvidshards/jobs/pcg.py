@@ -1,32 +1,23 @@
-"""Supervoxel adjacency for PyChunkedGraph: per-chunk edges and components files from an export.
+"""Supervoxel adjacency for PyChunkedGraph: per-chunk edges and components files from an export
+(``dvidshards pcg-edges EXPORT DEST --chunk-size X Y Z``).
 
-``pcg_edges(source, dest, chunk_size=...)`` (``dvidshards pcg-edges EXPORT DEST --chunk-size X Y Z``)
-reads as plan -> tasks -> reduce:
+* **plan** (:func:`plan`): the PCG layer-1 grid cut into tasks of ``chunks_per_task`` chunks a side
+  (default one source shard's worth, ~26 K tasks for mCNS s0 at 256³, grown to at most
+  ``MAX_TASKS``), from the listed shard files: a task is its grid key.
+* **task** (:func:`run_task`, :meth:`PcgJob.run` per chunk): the supervoxels of the DVID blocks
+  meeting a chunk and its 6 face neighbours, from the records (no decoding), number the chunk's
+  pieces ((supervoxel, PCG chunk) pairs) in sorted order, so neighbours agree on each other's PCG
+  ids; the chunk and a one-voxel halo are read and contacts counted. Written:
+  ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg, one zstd frame), ``components_{x}_{y}_{z}.proto``
+  (pieces grouped by body), and last the task's side-table part ``supervoxels/{kx}_{ky}_{kz}.parquet``,
+  whose metadata lists the chunks it covers: its completion record (a failed chunk is left out, so
+  ``resume`` redoes it). Every :data:`CHECKPOINT_SECONDS` a running task records its finished
+  chunks in the work folder, so a task whose worker died goes on where it was.
+* **reduce** (:func:`reduce`): the counts add up, failed chunks named; the side table is the folder
+  (:mod:`dvidshards.jobs.pcgfiles` reads an output back).
 
-* **plan** (:func:`plan`): the PCG layer-1 grid cut into tasks of ``chunks_per_task`` chunks per
-  axis (default: one source shard's worth, ~26 K tasks for mCNS s0 at 256³, grown to stay under
-  ``MAX_TASKS``), computed with numpy from the listed shard files: a task is its grid key.
-* **task** (:func:`run_task`, :meth:`PcgJob.run` per chunk): the supervoxel lists of the DVID blocks
-  overlapping a chunk and its 6 face neighbours, from the records (no decoding), number the chunk's
-  pieces ((DVID supervoxel, PCG chunk) pairs) in sorted order, so neighbouring chunks agree on
-  each other's PCG ids; the chunk plus a one-voxel halo is read and its contacts counted
-  (``formats.pcg.contacts``); ``edges_{x}_{y}_{z}.proto.zst`` (PCG's ChunkEdgesMsg, one zstd
-  frame) and ``components_{x}_{y}_{z}.proto`` (pieces grouped by body: the records' agglomerated
-  labels, or a mapping a file passes by reference) are written. Last, the task writes its part of
-  the side table, ``supervoxels/{kx}_{ky}_{kz}.parquet`` (pcg_id, dvid_supervoxel, chunk_x,
-  chunk_y, chunk_z, voxels; sorted by pcg_id), whose metadata lists the chunks it covers: the
-  task's completion record (``resume`` redoes the chunks no part covers; a failed chunk is left
-  out). A running task records the chunks it finished in the work folder every
-  :data:`CHECKPOINT_SECONDS` (``--workdir``, default ``DEST.work``), so a task whose worker died
-  resumes where it was.
-* **reduce** (:func:`reduce`): the side table is the folder (``pyarrow.parquet.read_table(dest /
-  "supervoxels")``; :mod:`dvidshards.jobs.pcgfiles` reads an output back); the counts add up and
-  failed chunks are named.
-
-The output is a store (a folder, ``gs://``, ``s3://``) in :class:`dvidshards.jobs.output.Output`;
-its manifest's ``pcg`` member describes it for PCG (layers, bits, grid, file names). Chunks whose
-blocks list no supervoxel get no files (PCG reads a missing file as no edges). Needs
-``dvidshards[pcg]`` (protobuf).
+The manifest's ``pcg`` member describes the output for PCG. Chunks whose blocks list no supervoxel
+get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]`` (protobuf).
 """
 
 from __future__ import annotations
@@ -63,19 +54,17 @@ from .options import (
 )
 from .output import JobReport, Output, work_folder
 from .pcgfiles import SIDE_TABLE, VERSION, Chunk, read_part, write_part
-from .runner import PhaseReport, TaskRunner, scheduler_of
+from .runner import PhaseReport, TaskRunner, remove_work, scheduler_of
 
-__all__ = ["CHECKPOINT_SECONDS", "MAX_TASKS", "PcgEdgesCommand", "PcgJob", "PcgTask", "PcgTotals", "add_arguments",
-           "main", "pcg_edges", "plan", "reduce", "run_task"]
+__all__ = ["CHECKPOINT_SECONDS", "MAX_TASKS", "PcgEdgesCommand", "PcgJob", "PcgTask", "PcgTotals", "pcg_edges", "plan",
+           "reduce", "run_task"]
 
-#: the kernels a task uses (TaskRunner.run compiles them first)
 KERNELS = ("dvidshards.formats.codec._decode_kernel", "dvidshards.formats.arrowipc._resolve",
            "dvidshards.formats.arrowipc._message", "dvidshards.formats.mapping._apply")
 
-CHECKPOINTS = "tasks"  # in the work folder: the parts of running tasks
+CHECKPOINTS = "tasks"  # the work folder's: running tasks' parts
 FORMAT = "dvidshards-pcg-edges"
 MAX_TASKS = 100_000  # the default task size grows until a job has at most this many tasks
-#: seconds between a running task's records of the chunks it finished (in the work folder)
 CHECKPOINT_SECONDS = float(os.environ.get("DVIDSHARDS_PCG_CHECKPOINT_SECONDS", "60"))
 _OWN = re.compile(r"edges_[0-9]+_[0-9]+_[0-9]+\.proto\.zst|components_[0-9]+_[0-9]+_[0-9]+\.proto|supervoxels")
 _COUNTS = ("pieces", "isolated", "in", "between", "cross", "bytes")
@@ -85,15 +74,11 @@ _FAILED_NAMED = 1000  # and the report keeps by name
 
 @dataclass
 class PcgTotals:
-    """A pcg-edges job's own figures (``JobReport.totals``).
-
-    ``chunks``: of the job (done now, before, or empty); ``written``: chunks with files and
-    ``pieces``: side-table rows, over the job's tasks; ``edges``: written in this run per type
-    (between and cross count each file's copy); ``isolated``: pieces written now that touch no
-    other piece (PCG's ingest creates nodes only for ids in the edges files); ``failed_chunks``:
-    all counted (the report names up to 8 per task, 1,000 in all); ``skipped``: chunks complete
-    before (resume); ``pcg_tasks``: tasks of the job.
-    """
+    """``JobReport.totals``: ``chunks`` of the job (done now, before, or empty); ``written`` (chunks
+    with files) and ``pieces`` (side-table rows) over its tasks; ``edges`` written now by type
+    (between and cross count each file's copy); ``isolated``: pieces written now that touch no other
+    (PCG's ingest makes nodes only for ids in the edges files); ``failed_chunks`` (up to 8 a task, 1,000
+    in all named); ``skipped``: complete before."""
 
     chunks: int = 0
     written: int = 0
@@ -118,9 +103,9 @@ class PcgTotals:
 
 
 class _IndexPalette(LabelSource):
-    """Reads 1 + each supervoxel's index in an id list (0 for background): a palette swap per
-    block, so the contact kernel never looks a voxel's id up. ``target`` is set before each read
-    (one palette per thread); compared by identity, so each gets its own reader."""
+    """1 + each supervoxel's index in the id list ``target`` (0: background), a palette swap per
+    block, so the contact kernel never looks an id up. One per thread; equal only to itself, so each
+    gets its own reader."""
 
     name = "pcg-index"
 
@@ -146,9 +131,8 @@ class _IndexPalette(LabelSource):
 
 
 class PcgJob:
-    """What every task of one run needs (pickles without open files): the dataset and scale, the
-    output and work folders (stores), the PCG grid and id layout, the bodies (None: the records'
-    agglomerated labels; else a mapping, a file travelling as its path), the edge options."""
+    """What every task of one run needs (pickles without open files). ``mapped``: None for the
+    records' agglomerated labels, else a mapping (a file travels as its path)."""
 
     def __init__(self, ds: Dataset, scale: int | Scale, dest: ByteStore, work: ByteStore,
                  chunk_size: Sequence[int], layout: IdLayout, mapped: Mapped | None, affinity: str, level: int,
@@ -168,12 +152,11 @@ class PcgJob:
         self.hi = self.lo + np.asarray(s.size, np.int64)
         self.grid = -(-(self.hi - self.lo) // self.cs)
         self._local = threading.local()  # a palette (and so a reader) per thread
-        self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task along each axis (set by plan)
+        self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task per axis (set by plan)
         self.crange = (np.zeros(3, np.int64), self.grid.copy())  # chunks [lo, hi) of the job
 
     def members(self, task: PcgTask) -> list[Chunk]:
-        """The job's chunks in a task: its block of the task grid within the job's chunk range,
-        or its chunks given."""
+        """A task's chunks: its block of the task grid within the job's range, or those given."""
         if task.only is not None:
             return list(task.only)
         g = np.asarray(self.group, np.int64)
@@ -186,8 +169,7 @@ class PcgJob:
         return [tuple(c) for c in (zyx[:, ::-1] + lo).tolist()]
 
     @property
-    def palette(self) -> _IndexPalette:
-        """This thread's index palette: tasks on threads read side by side, each with its own."""
+    def palette(self) -> _IndexPalette:  # this thread's
         p = getattr(self._local, "palette", None)
         if p is None:
             p = self._local.palette = _IndexPalette()
@@ -203,15 +185,13 @@ class PcgJob:
         self._local = threading.local()
 
     def box(self, c) -> tuple[np.ndarray, np.ndarray]:
-        """Voxel box [a, b) of chunk c, clipped to the volume (empty outside the grid)."""
+        """Voxel box [a, b) of chunk c in the volume (empty outside the grid)."""
         c = np.asarray(c, np.int64)
         a = self.lo + c * self.cs
         b = np.minimum(a + self.cs, self.hi)
         if (c < 0).any() or (c >= self.grid).any():
             return a, a
         return a, b
-
-    # --- block metadata ------------------------------------------------------------------
 
     def id_lists(self, coords):
         """Id lists of chunk c and its 6 neighbours, and a supervoxel -> body lookup."""
@@ -294,15 +274,12 @@ class PcgJob:
             raise PcgError(f"no agglomerated label for supervoxel {sv[~ok][0]}")
         return vals[i]
 
-    # --- voxels -------------------------------------------------------------------------
-
     def read_halo(self, coords, lists=None) -> np.ndarray:
         """The chunk and a one-voxel halo on its faces (0 outside the volume), x, y, z F-ordered.
 
         Read as the chunk plus six face slabs: the halo's edges and corners are never used, and
-        leaving them out spares decoding the blocks that hold only them. With ``lists`` (the
-        chunk's and its neighbours' id lists) voxels hold 1 + their id's index in the list of
-        their chunk instead of the id.
+        leaving them out spares decoding the blocks that hold only them. With ``lists`` (the chunk's
+        and its neighbours'), a voxel holds 1 + its id's index in its chunk's list.
         """
         a, b = self.box(coords)
         ha = a - 1
@@ -330,11 +307,9 @@ class PcgJob:
                          threads=self.threads if k == 0 else 1, fill_missing_shards=self.fill)
         return out
 
-    # --- one chunk ----------------------------------------------------------------------
-
     def run(self, coords) -> tuple[dict, np.ndarray]:
-        """Write one chunk's edges and components files; (counts, its side-table rows (n, 3):
-        PCG id, DVID supervoxel, voxels)."""
+        """One chunk's edges and components files; (counts, its side-table rows: PCG id, DVID
+        supervoxel, voxels)."""
         coords = tuple(int(v) for v in coords)
         where = f"PCG chunk {coords}"
         stats = {"pieces": 0, "isolated": 0, "in": 0, "between": 0, "cross": 0, "bytes": 0, "written": False}
@@ -358,11 +333,9 @@ class PcgJob:
         return stats, rows
 
 
-
 @dataclass(frozen=True)
 class PcgTask:
-    """Block ``key`` of the task grid (``job.group`` chunks per axis), or the chunks of it that
-    were asked for (``only``)."""
+    """Block ``key`` of the task grid, or the chunks of it asked for (``only``)."""
 
     job: PcgJob = field(compare=False, repr=False)
     key: Chunk
@@ -381,12 +354,8 @@ class PcgTask:
 
 
 def run_task(task: PcgTask) -> dict:
-    """Every chunk of a task not covered yet, then the task's side-table part; counts only.
-
-    A chunk that raises a `DvidShardsError` is reported in ``failed`` and left out of the part
-    (resume retries it); the other chunks go on. The chunks finished so far are recorded in the
-    work folder every :data:`CHECKPOINT_SECONDS`, and taken from there when the task runs again.
-    """
+    """A task's chunks not covered yet, then its side-table part; counts. A chunk that raises a
+    DvidShardsError is named in ``failed`` and left out of the part; the others go on."""
     job = task.job
     members = job.members(task)
     key = f"{SIDE_TABLE}/{task.name}"
@@ -427,7 +396,7 @@ def run_task(task: PcgTask) -> dict:
 
 
 def _task_keys(job: PcgJob, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Task-grid keys (k, 3) of the blocks of ``g`` chunks that overlap a shard inside [lo, hi)."""
+    """Task-grid keys (k, 3) of the blocks of ``g`` chunks meeting a shard inside [lo, hi)."""
     if not len(origins):
         return np.zeros((0, 3), np.int64)
     extent = min(job.scale.shard_extent, SINGLE_SHARD)
@@ -448,7 +417,6 @@ def _task_keys(job: PcgJob, origins: np.ndarray, g: np.ndarray, lo: np.ndarray, 
 
 
 def _group_of(chunks_per_task: int | Sequence[int] | None) -> np.ndarray | None:
-    """Chunks per task per axis given (None: the default, per source shard)."""
     if chunks_per_task is None:
         return None
     try:
@@ -461,9 +429,9 @@ def _group_of(chunks_per_task: int | Sequence[int] | None) -> np.ndarray | None:
 
 
 def _default_group(job: PcgJob, origins: np.ndarray) -> np.ndarray:
-    """One source shard's worth of chunks per axis, doubled until the whole scale has at most
-    ``MAX_TASKS`` tasks. Depends only on the export and the chunk size (not on a box or chunk
-    list), so every run into one folder cuts the grid the same way."""
+    """One source shard's worth of chunks per axis, doubled until the scale has at most ``MAX_TASKS``
+    tasks. Of the export and chunk size alone (no box or chunk list): every run into one folder cuts
+    the grid the same way."""
     extent = min(job.scale.shard_extent, SINGLE_SHARD)
     g = np.minimum(np.maximum(extent // job.cs, 1), job.grid)
     while len(_task_keys(job, origins, g, job.lo, job.hi)) > MAX_TASKS and (g < job.grid).any():
@@ -473,8 +441,8 @@ def _default_group(job: PcgJob, origins: np.ndarray) -> np.ndarray:
 
 def plan(job: PcgJob, *, box: Any = None, chunks: Any = None,
          chunks_per_task: int | Sequence[int] | None = None) -> list[PcgTask]:
-    """The job's tasks: for chunks given, their task blocks; else the blocks overlapping shards
-    (and the box). Sets ``job.group`` and ``job.crange``."""
+    """The task blocks of the chunks given, else those meeting shards (and the box). Sets
+    ``job.group`` and ``job.crange``."""
     grid = job.grid
     group = _group_of(chunks_per_task)
     arr = None
@@ -511,8 +479,7 @@ def plan(job: PcgJob, *, box: Any = None, chunks: Any = None,
 
 
 def _parameters(job: PcgJob, labels: dict) -> dict:
-    """What decides the output's content: a resume must give the same (a box or a chunk list
-    only chooses which chunks this run does, so runs over parts of the grid can share an output)."""
+    """What a resume must repeat (not a box or chunk list: runs over parts of the grid share an output)."""
     s = job.scale
     return json.loads(json.dumps({
         "format": FORMAT,
@@ -530,7 +497,7 @@ def _parameters(job: PcgJob, labels: dict) -> dict:
 
 
 def _description(job: PcgJob) -> dict:
-    """The manifest's ``pcg`` member: what a PyChunkedGraph ingest needs to know besides the parameters."""
+    """The manifest's ``pcg`` member: what PCG's ingest needs besides the parameters."""
     s = job.scale
     return {"resolution": list(s.resolution) if s.resolution is not None else None,
             "compression_level": job.level,
@@ -539,12 +506,11 @@ def _description(job: PcgJob) -> dict:
             "side_table": SIDE_TABLE + "/{kx}_{ky}_{kz}.parquet (one file per task; read the folder as one table)"}
 
 
-
 # --------------------------------------------------------------------------- reduce
 
 
 def reduce(phase: PhaseReport, out: Output, totals: PcgTotals) -> PcgTotals:
-    """The tasks' counts summed into ``totals``; failed chunks named in the report (1,000 at most)."""
+    """The tasks' counts summed; failed chunks named in the report (1,000 at most)."""
     for t in phase.failed:
         totals.failed_chunks += len(t.job.members(t))
     named = 0
@@ -579,32 +545,29 @@ def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dic
     Parameters
     ----------
     source : path, URL, kvstore spec or Dataset
-        The export.
     dest : path, URL (``gs://``, ``s3://``), kvstore spec dict or store
         The output folder: ``edges_*.proto.zst``, ``components_*.proto``, ``supervoxels/`` (the side
         table, one Parquet file per task) and the manifest.
     chunk_size : (x, y, z)
-        PCG's layer-1 chunk size in voxels (its ``CHUNK_SIZE``); the grid starts at the scale's
-        voxel offset.
+        PCG's layer-1 ``CHUNK_SIZE`` in voxels; the grid starts at the scale's voxel offset.
     scale, box, scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`): only chunks overlapping the box; the
-        work folder holds the chunks running tasks finished (default ``DEST.work``); ``resume``
-        skips the chunks a side-table part covers (a box or chunk list may differ).
+        As for every job (:mod:`dvidshards.jobs.options`): the chunks meeting the box; ``workdir``:
+        running tasks' finished chunks; ``resume`` skips the chunks a side-table part covers (the
+        box or chunk list may differ).
     labels : "agglomerated" or a mapping
-        Bodies for the components files: the records' agglomerated labels, or a supervoxel -> body
-        mapping (a file is checked here and travels as its path; an object travels in every task).
+        Bodies for the components files (a mapping file travels as its path).
     layers, spatial_bits :
         PCG's layer count (default ``ceil(log2(max chunks per axis)) + 2``, as PCG computes it) and
         ``SPATIAL_BITS``.
     affinity : "area" or "default"
-        Edge affinity: the contact face count, or PCG's default (float32 tiny).
+        The contact face count, or PCG's default (float32 tiny).
     level : int
         zstd level of the edges files (PCG's own ingest writes 17: ~35x the CPU of 3).
     spec, chunks, chunks_per_task, threads, fill_missing_shards, command :
-        The export's spec; only these chunks (PCG grid indices); chunks per task per axis (default
-        one source shard's worth, doubled until there are at most ``MAX_TASKS`` tasks); decoding
-        threads per task (default: all cores when tasks run one at a time, else 1); absent shard
-        files read as background (DVID writes none for empty shards); the command line.
+        The export's spec; only these chunks (PCG grid indices); chunks per task a side (default
+        one source shard's worth, doubled until at most ``MAX_TASKS`` tasks); decoding threads per
+        task (default: all cores when tasks run one at a time, else 1); absent shard files read as
+        background (DVID writes none for empty shards); the command line.
 
     Returns
     -------
@@ -618,7 +581,7 @@ def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dic
         Before any work: bad arguments, a scale not exported, a box outside the volume, an id
         layout that cannot hold the grid, a mapping file or destination that cannot be used.
     JobError
-        Chunks failed and ``allow_partial`` is false; ``.report`` is the report.
+        Chunks failed and ``allow_partial`` is false.
     """
     if chunk_size is None:
         raise SpecError("pcg_edges needs chunk_size, PCG's layer-1 chunk size in voxels (e.g. (256, 256, 256))")
@@ -666,23 +629,14 @@ def pcg_edges(source: Dataset | str | os.PathLike, dest: str | os.PathLike | dic
                            kernels=KERNELS)
         out.add(phase)
         totals = reduce(phase, out, PcgTotals(pcg_tasks=len(tasks)))
-        if not out.report.failed:
-            work.delete_prefix_sync(CHECKPOINTS)
         report = out.finish(totals=totals, notes=totals.notes(), allow_partial=allow_partial)
     if report.complete:
-        _remove_if_empty(work)
+        remove_work(work, CHECKPOINTS.__eq__)
     return report
 
 
-def _remove_if_empty(store: ByteStore) -> None:
-    """A local work folder with nothing left in it goes (a bucket prefix vanishes by itself)."""
-    if store.local_path() is not None and not store.list_sync(""):
-        store.delete_prefix_sync("")
-
-
 def _remove_temporaries(store: ByteStore) -> None:
-    """Delete the temporary files of interrupted writes in a local output (a bucket has none:
-    its objects are written whole)."""
+    """Interrupted writes' temporary files in a local output (a bucket's objects appear whole)."""
     for folder in ("", SIDE_TABLE):
         path = store.local_path(folder)
         try:
@@ -710,45 +664,40 @@ def _triple(v: Any, what: str) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- command line
 
 
-def add_arguments(p) -> None:
-    """Arguments of ``dvidshards pcg-edges``."""
-    add_source(p)
-    add_dest(p, what="output folder (PCG's edges and components files): empty, new, or an earlier pcg-edges "
-                     "output with --resume or --overwrite", old=())
-    p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
-                   help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
-    add_scale(p)
-    add_labels(p)
-    add_box(p)
-    p.add_argument("--layers", type=int, help="PCG layer count (default: from the grid, as PCG computes it)")
-    p.add_argument("--spatial-bits", type=int, default=10, help="PCG SPATIAL_BITS (default 10)")
-    p.add_argument("--affinity", choices=("area", "default"), default="area",
-                   help="edge affinity: contact face count (default) or PCG's tiny default")
-    p.add_argument("--level", type=int, default=3,
-                   help="zstd level of the edges files (default 3; PCG's own ingest writes 17)")
-    p.add_argument("--chunks-per-task", type=int, default=None, metavar="G",
-                   help="one task per G³ block of chunks (default: one source shard's worth, at most "
-                        f"{MAX_TASKS:,} tasks)")
-    add_job_options(p)
-
-
 _DEFAULTS = {"scale": 0, "labels": "agglomerated", "spatial_bits": 10, "affinity": "area", "level": 3}
 
 
-def main(args) -> int:
-    """Run ``dvidshards pcg-edges``; 0 when every chunk was written, 1 when some failed."""
-    report = pcg_edges(args.source, args.dest, chunk_size=args.chunk_size, scale=args.scale, labels=args.labels,
-                       box=args.box, layers=args.layers, spatial_bits=args.spatial_bits, affinity=args.affinity,
-                       level=args.level, spec=args.spec, chunks_per_task=args.chunks_per_task, allow_partial=True,
-                       command=command_line("pcg-edges", args, skip=[k for k, v in _DEFAULTS.items()
-                                                                     if getattr(args, k) == v]),
-                       **job_options(args))
-    print(report.summary())
-    return 0 if report.ok else 1
-
-
 class PcgEdgesCommand:
-    """``dvidshards pcg-edges``: one row of ``cli.COMMANDS``."""
+    """``dvidshards pcg-edges EXPORT DEST --chunk-size X Y Z``."""
 
-    add_arguments = staticmethod(add_arguments)
-    main = staticmethod(main)
+    @staticmethod
+    def add_arguments(p) -> None:
+        add_source(p)
+        add_dest(p, what="output folder (PCG's edges and components files): empty, new, or an earlier pcg-edges "
+                         "output with --resume or --overwrite", old=())
+        p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
+                       help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
+        add_scale(p)
+        add_labels(p)
+        add_box(p)
+        p.add_argument("--layers", type=int, help="PCG layer count (default: from the grid, as PCG computes it)")
+        p.add_argument("--spatial-bits", type=int, default=10, help="PCG SPATIAL_BITS (default 10)")
+        p.add_argument("--affinity", choices=("area", "default"), default="area",
+                       help="edge affinity: contact face count (default) or PCG's tiny default")
+        p.add_argument("--level", type=int, default=3,
+                       help="zstd level of the edges files (default 3; PCG's own ingest writes 17)")
+        p.add_argument("--chunks-per-task", type=int, default=None, metavar="G",
+                       help="one task per G³ block of chunks (default: one source shard's worth, at most "
+                            f"{MAX_TASKS:,} tasks)")
+        add_job_options(p)
+
+    @staticmethod
+    def main(args) -> int:
+        """0 when every chunk was written, 1 when some failed."""
+        kw = {k: getattr(args, k) for k in ("chunk_size", "scale", "labels", "box", "layers", "spatial_bits",
+                                            "affinity", "level", "spec", "chunks_per_task")}
+        report = pcg_edges(args.source, args.dest, allow_partial=True, **kw, **job_options(args),
+                           command=command_line("pcg-edges", args, skip=[k for k, v in _DEFAULTS.items()
+                                                                         if getattr(args, k) == v]))
+        print(report.summary())
+        return 0 if report.ok else 1

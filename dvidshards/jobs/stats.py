@@ -72,11 +72,19 @@ PARTIAL_SCHEMA = pa.schema(
 )
 
 
-def _partial(label, voxels, chunks, boxes, pair_label, pair_sv) -> pa.Table:
-    """(pair_label, pair_sv): sorted by label, then supervoxel, distinct."""
+def _combined(label, voxels, chunks, boxes, owner, svs) -> pa.Table:
+    """Rows sorted by label, one per label: voxels and chunks added, boxes joined, supervoxels distinct."""
+    starts = runs([label])
+    lo = np.minimum.reduceat(boxes[:, :3], starts, axis=0)
+    hi = np.maximum.reduceat(boxes[:, 3:], starts, axis=0)
+    ps = np.lexsort((svs, owner))
+    keep = runs([owner[ps], svs[ps]])
+    pair_label, pair_sv = owner[ps][keep], svs[ps][keep]
+    label = label[starts]
     offsets = np.append(np.searchsorted(pair_label, label, side="left"), len(pair_sv)).astype(np.int64)
-    cols = [pa.array(label, pa.uint64()), pa.array(voxels, pa.int64()), pa.array(chunks, pa.int64())]
-    cols += [pa.array(boxes[:, k], pa.int64()) for k in range(6)]
+    cols = [pa.array(label, pa.uint64()), pa.array(np.add.reduceat(voxels, starts), pa.int64()),
+            pa.array(np.add.reduceat(chunks, starts), pa.int64())]
+    cols += [pa.array(c, pa.int64()) for c in np.hstack([lo, hi]).T]
     cols.append(pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(pair_sv, pa.uint64())))
     return pa.Table.from_arrays(cols, schema=PARTIAL_SCHEMA)
 
@@ -86,21 +94,13 @@ def shard_body_stats(source: SourceLike, *, scale: int, origin: tuple[int, int, 
     """One shard's partial statistics of its voxels inside ``box``: a row per body (``label, voxels,
     chunks, x0, y0, z0, x1, y1, z1`` and ``svs``, its sorted distinct supervoxels), sorted by label."""
     rec, sv, body, vox, boxes, _ = shard_rows(open_source(source, None), scale, origin, labels, box)
-    order = np.lexsort((rec, body))
-    rec, body, vox, boxes = rec[order], body[order], vox[order], boxes[order]
-    starts = runs([body])
-    if not len(starts):
+    if not len(body):
         return PARTIAL_SCHEMA.empty_table()
-    voxels = np.add.reduceat(vox, starts)
-    lo = np.minimum.reduceat(boxes[:, :3], starts, axis=0)
-    hi = np.maximum.reduceat(boxes[:, 3:], starts, axis=0)
+    order = np.lexsort((rec, body))
+    rec, sv, body = rec[order], sv[order], body[order]
     first = np.zeros(len(body), np.int64)  # 1 on a body's first row in each chunk
     first[runs([body, rec])] = 1
-    chunks = np.add.reduceat(first, starts)
-    ps = np.lexsort((sv[order], body))
-    pb, pv = body[ps], sv[order][ps]
-    keep = runs([pb, pv])
-    return _partial(body[starts], voxels, chunks, np.hstack([lo, hi]), pb[keep], pv[keep])
+    return _combined(body, vox[order], first, boxes[order], body, sv)
 
 
 def reduce(tables: list[pa.Table]) -> pa.Table:
@@ -111,19 +111,10 @@ def reduce(tables: list[pa.Table]) -> pa.Table:
     t = pa.concat_tables(tables).combine_chunks()
     label = t["label"].to_numpy()
     order = np.argsort(label, kind="stable")
-    starts = runs([label[order]])
-    voxels = np.add.reduceat(t["voxels"].to_numpy()[order], starts)
-    chunks = np.add.reduceat(t["chunks"].to_numpy()[order], starts)
-    box = np.stack([t[c].to_numpy()[order] for c in _BOX], axis=1)
-    lo = np.minimum.reduceat(box[:, :3], starts, axis=0)
-    hi = np.maximum.reduceat(box[:, 3:], starts, axis=0)
     svs = t["svs"].combine_chunks()
-    vals = svs.values.to_numpy()
-    owner = np.repeat(label, np.diff(svs.offsets.to_numpy()))
-    ps = np.lexsort((vals, owner))
-    pb, pv = owner[ps], vals[ps]
-    keep = runs([pb, pv])
-    return _partial(label[order][starts], voxels, chunks, np.hstack([lo, hi]), pb[keep], pv[keep])
+    return _combined(label[order], t["voxels"].to_numpy()[order], t["chunks"].to_numpy()[order],
+                     np.stack([t[c].to_numpy()[order] for c in _BOX], axis=1),
+                     np.repeat(label, np.diff(svs.offsets.to_numpy())), svs.values.to_numpy())
 
 
 def finish(t: pa.Table) -> pa.Table:
@@ -181,22 +172,14 @@ def body_stats(source: SourceLike, dest: Location, *, scale: int = 0, labels: La
     Parameters
     ----------
     source : Dataset, path or URL
-        The export (``spec``: its neuroglancer spec, as for ``Dataset``).
+        The export (``spec``: its neuroglancer spec).
     dest : path, URL (``gs://``, ``s3://``), kvstore spec dict or store
-        A folder: a Parquet dataset ``dest/bucket=HH/part-0.parquet`` (every body in the file of
-        ``bucket_of(label, bits)``, voxels descending in a file), ``dest/_meta.json`` and the
-        manifest ``dest/_dvidshards.json``. Or a ``.parquet`` file: the same rows in one file,
-        the manifest in its Parquet metadata (``b"dvidshards"``), written only when complete.
-    scale : int
-        Folder number (``s{scale}``).
-    labels : "agglomerated", "supervoxels" or a mapping
-        What a body is: the records' agglomerated labels, each supervoxel, or a supervoxel ->
-        body mapping (a file's path, loaded by each worker; or a mapping object, sent with every task).
-    box : [[x0, y0, z0], [x1, y1, z1]], optional
-        Count only voxels inside this box (inside the scale's volume).
-    scheduler, workdir, resume, overwrite, progress, allow_partial :
-        As for every job (:mod:`dvidshards.jobs.options`). ``workdir``: the partial results
-        (default ``DEST.work`` beside the output), emptied after a complete run.
+        A folder: ``bucket=HH/part-0.parquet`` (a body in the file of ``bucket_of(label, bits)``,
+        voxels descending), ``_meta.json`` and the manifest. Or a ``.parquet`` file: the same rows,
+        the manifest in its metadata (``b"dvidshards"``), written only when complete.
+    scale, labels, box, scheduler, workdir, resume, overwrite, progress, allow_partial :
+        As for every job (:mod:`dvidshards.jobs.options`): a body is the records' agglomerated
+        label, a supervoxel, or a mapping's (a file travels as its path); only voxels in the box.
     partitions : int, optional
         Hash buckets of the output (a power of two); default about one per 16 shards.
     fan_in : int
@@ -212,8 +195,8 @@ def body_stats(source: SourceLike, dest: Location, *, scale: int = 0, labels: La
     SpecError, OutputError
         Bad input or a destination that cannot be used, before any work.
     JobError
-        A shard or a reduce step failed and ``allow_partial`` is false: no row is written, the
-        manifest names the failures, the partial results stay for ``resume``.
+        A shard or reduce step failed and ``allow_partial`` is false: no row written, the partial
+        results kept for ``resume``.
     """
     job = table_job("stats", "stats", source, dest, scale=scale, labels=labels, box=box, spec=spec, workdir=workdir,
                     resume=resume, overwrite=overwrite, allow_partial=allow_partial, partitions=partitions,
@@ -267,26 +250,21 @@ def body_stats_table(source: SourceLike, *, scale: int = 0, labels: LabelsLike =
                      workdir: Location | None = None, resume: bool = False, overwrite: bool = False,
                      progress: bool | None = None, partitions: int | None = None, fan_in: int = FAN_IN,
                      max_rows: int = MAX_TABLE_ROWS) -> pa.Table:
-    """Per-body statistics as one table, read into this process (small exports; :func:`body_stats`
-    writes any size).
-
-    :func:`body_stats` writes the dataset ``WORKDIR/table`` (partial results in ``WORKDIR/table.work``),
-    then it is read and removed. ``workdir`` (seen by every worker; ``gs://``, ``s3://`` too)
-    defaults to a temporary local folder; ``resume`` finishes an earlier run in it. Other
+    """Per-body statistics as one table in this process (small exports; :func:`body_stats` writes
+    any size): the dataset ``WORKDIR/table`` written, read and removed. ``workdir`` (seen by every
+    worker) defaults to a temporary folder; ``resume`` finishes an earlier run in it. Other
     parameters as for :func:`body_stats`.
 
     Returns
     -------
     pyarrow.Table
-        Columns ``label, voxels, supervoxels, chunks, x0, y0, z0, x1, y1, z1`` (box in voxels,
-        upper bound exclusive), voxels descending, then label; schema metadata ``b"dvidshards"``
-        (JSON: scale, labels, box).
+        ``label, voxels, supervoxels, chunks, x0, y0, z0, x1, y1, z1`` (upper bound exclusive),
+        voxels descending, then label; metadata ``b"dvidshards"`` (scale, labels, box).
 
     Raises
     ------
     JobError
-        Shards failed: no table; the partial results stay in ``workdir`` (the message names it):
-        fix the cause and call again with that ``workdir`` and ``resume=True``.
+        Shards failed: no table; the partial results stay in ``workdir`` for ``resume=True``.
     SpecError
         Bad input, or more than ``max_rows`` bodies (the message names the complete dataset).
     """

@@ -19,9 +19,10 @@ from dvidshards.jobs.convert import convert, plan
 from dvidshards.jobs.layouts import (
     ZARR_INDEX_CODECS,
     ConvertPlanError,
-    count_shard_chunks,
+    existing_chunks,
     scale_layout,
 )
+from dvidshards.stores import as_store
 from tests.support.blocks import ts_encode
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
@@ -261,16 +262,17 @@ def test_resume_after_interruption(export, tmp_path, fmt):
     assert fourth.totals.shards_skipped == 0 and fourth.totals.shards_written == fourth.tasks
 
 
-def test_count_shard_chunks(export, tmp_path):
+def test_a_shards_chunks_are_counted_from_its_index(export, tmp_path):
     for fmt in ("precomputed", "zarr3"):
         dest = tmp_path / fmt
         convert(export.root, dest, format=fmt, spec=export.spec, scales=[0], progress=False)
         sp = scale_layout(dvidshards.Dataset(export.root, spec=export.spec).scale(0), format=fmt)
-        files = [os.path.join(d, f) for d, _, fs in os.walk(dest / sp.key) for f in fs if f != "zarr.json"]
-        total = sum(count_shard_chunks(open(p, "rb").read(), fmt, sp, p) for p in files)
-        assert total == len(nonzero_chunks(export.expected(0)))
-        with pytest.raises(DvidShardsError):
-            count_shard_chunks(b"\x00" * 7, fmt, sp, "x")
+        store = as_store(dest, writable=True)
+        keys = [os.path.relpath(os.path.join(d, f), dest) for d, _, fs in os.walk(dest / sp.key) for f in fs
+                if f != "zarr.json"]
+        assert sum(existing_chunks(store, k, fmt, sp) for k in keys) == len(nonzero_chunks(export.expected(0)))
+        store.put_sync("damaged", b"\x00" * 7)
+        assert existing_chunks(store, "damaged", fmt, sp) == -1 and existing_chunks(store, "absent", fmt, sp) is None
 
 
 # --------------------------------------------------------------------------- planner
@@ -634,7 +636,6 @@ def test_output_shards_larger_than_source_shards(export, tmp_path, fmt):
     one task per output shard, reading every source file meeting it; exact, and a streamed shard
     is TensorStore's bytes."""
     from dvidshards.jobs.convert import Job
-    from dvidshards.stores import as_store
 
     ds = dvidshards.Dataset(export.root, spec=export.spec)
     sharding = {**export.spec["scales"][0]["sharding"], "preshift_bits": 2, "minishard_bits": 2, "shard_bits": 2}

@@ -376,10 +376,10 @@ def test_cli(tmp_path, synthetic_export, capsys):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(ex.spec))
     p = argparse.ArgumentParser()
-    pcg.add_arguments(p)
+    pcg.PcgEdgesCommand.add_arguments(p)
     args = p.parse_args([ex.root, str(tmp_path / "o"), "--spec", str(spec), "--chunk-size", "128", "128",
                          "128", "--box", "0", "0", "0", "100", "100", "100", "--level", "3", "--quiet"])
-    assert pcg.main(args) == 0
+    assert pcg.PcgEdgesCommand.main(args) == 0
     text = capsys.readouterr().out
     assert "pcg-edges -> " in text and ": complete: 1 of 1 tasks done" in text and "1 chunks in 1 tasks" in text
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
@@ -546,11 +546,11 @@ def test_inconsistent_bodies_fail_the_chunk_not_the_job(tmp_path, synthetic_expo
     m = read_manifest(tmp_path / "o")
     assert m["complete"] is False and m["failed"] == rep.failed and len(rep.failed) == rep.totals.failed_chunks
     p = argparse.ArgumentParser()
-    pcg.add_arguments(p)
+    pcg.PcgEdgesCommand.add_arguments(p)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     args = p.parse_args([str(root), str(tmp_path / "o"), "--spec", str(tmp_path / "spec.json"),
                          "--chunk-size", "64", "64", "64", "--resume", "--quiet"])
-    assert pcg.main(args) == 1
+    assert pcg.PcgEdgesCommand.main(args) == 1
     text = capsys.readouterr().out
     assert "FAILED PCG chunk (1, 1, 1)" in text and "INCOMPLETE" in text and "--resume" in text
 
