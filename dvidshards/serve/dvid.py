@@ -71,9 +71,7 @@ import sys
 import tempfile
 import threading
 import time as _time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..dataset import Dataset
 from ..errors import DvidShardsError, MissingShardError, NotFoundError, SpecError
@@ -89,8 +87,7 @@ log = logging.getLogger("dvidshards.serve.dvid")
 
 DVID_VERSION = "v1.0.0"  # the DVID release whose API this server follows
 DATASTORE_VERSION = "0.11.0"
-_SPOOL = 16 << 20
-_PIECE = 1 << 20
+_SPOOL = 16 << 20  # a streamed answer past this goes to a temporary file
 
 
 class ReadOnly(DvidShardsError):
@@ -312,19 +309,8 @@ class DvidServer:
         tail = p["tail"]
         req = Request(request.method, tail.split("/")[1:] if tail else [], dict(request.query), body)
         if inst.quick(ep, req):  # in memory: a hop to the pool would cost more than the answer
-            reply, spool, size = _answer(handler, req)
-        else:
-            reply, spool, size = await http.in_thread(request, _answer, handler, req)
-        if spool is None:
-            return _response(reply)
-        from aiohttp import web
-
-        headers = {**reply.headers, "Content-Length": str(size)}
-        if request.method == "HEAD":
-            spool.close()
-            return web.Response(status=reply.status, headers=headers, content_type=reply.content_type)
-        return await http.stream(request, _pieces(spool), status=reply.status, content_type=reply.content_type,
-                                 headers=headers, admit=False)
+            return _response(_answer(handler, req))
+        return _response(await http.in_thread(request, _answer, handler, req))
 
     # --- lifetime -----------------------------------------------------------------------------
 
@@ -356,44 +342,38 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC")
 
 
-def _answer(handler, req: Request) -> tuple[Reply, Any, int]:
-    """A handler's reply, and its stream made whole (spooled, with its size) before anything is sent."""
+def _answer(handler, req: Request) -> Reply:
+    """A handler's reply, its stream made whole before anything is sent: bytes, or a temporary
+    file past ``_SPOOL`` bytes (aiohttp sends it and closes it)."""
     try:
-        return _spooled(handler(req))
+        reply = handler(req)
     except MissingShardError as e:  # only with --strict: say what the default does
         raise MissingShardError(f"{e} [serve-dvid --strict; without it a shard file DVID never wrote reads as "
                                 f"background, as DVID answers]") from None
-
-
-def _spooled(reply: Reply) -> tuple[Reply, Any, int]:
     if reply.stream is None:
-        return reply, None, 0
-    spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL)
-    size = 0
+        return reply
+    buf, f = bytearray(), None
     try:
         for piece in reply.stream:
-            spool.write(piece)
-            size += len(piece)
+            if f is None and len(buf) + len(piece) > _SPOOL:
+                f = tempfile.TemporaryFile()
+                f.write(buf)
+            if f is None:
+                buf += piece
+            else:
+                f.write(piece)
     except BaseException:
-        spool.close()
+        if f is not None:
+            f.close()
         raise
     finally:
         close = getattr(reply.stream, "close", None)
         if close is not None:
             close()
-    spool.seek(0)
-    return reply, spool, size
-
-
-def _pieces(spool) -> Iterator[bytes]:
-    try:
-        while True:
-            piece = spool.read(_PIECE)
-            if not piece:
-                return
-            yield piece
-    finally:
-        spool.close()
+    if f is not None:
+        f.seek(0)
+    reply.body, reply.stream = bytes(buf) if f is None else f, None
+    return reply
 
 
 def _response(reply: Reply):

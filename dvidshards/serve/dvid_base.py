@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..bodies import parse_bounds as body_bounds
 from ..errors import DvidShardsError, NotFoundError
+from ..formats.labels import Agglomerated, Supervoxels
 
 __all__ = ["U64", "BadRequest", "Gone", "Reply", "Request", "ids_body", "json_body", "json_reply", "label_arg",
            "parse_bounds", "parse_flag", "parse_int", "parse_point", "text_reply"]
@@ -48,18 +50,14 @@ class Request:
 
 @dataclass
 class Reply:
-    """One answer: status, content type, headers, and the body as bytes or as a stream of pieces.
-
-    A stream's first piece is made before the status is sent (so a failure there is still a
-    clean error answer); ``on_error`` gives the bytes DVID ends a broken stream with, if any.
-    """
+    """One answer: status, body (bytes, or a stream of pieces made whole before the status is
+    sent), content type, headers."""
 
     status: int = 200
-    body: bytes = b""
+    body: Any = b""
     content_type: str = "application/json"
     headers: dict = field(default_factory=dict)
     stream: Iterator[bytes] | None = None
-    on_error: Callable[[BaseException], bytes] | None = None
 
 
 Handler = Callable[[Request], Reply]
@@ -101,6 +99,11 @@ def parse_flag(q, name: str) -> bool:
     return text in ("true", "1", "on")
 
 
+def labels_of(q):
+    """``supervoxels=true``: Supervoxels, else Agglomerated."""
+    return Supervoxels() if parse_flag(q, "supervoxels") else Agglomerated()
+
+
 def label_arg(text: str, what: str = "label", *, zero_ok: bool = False) -> int:
     if not re.fullmatch(r"[0-9]{1,20}", text or "") or int(text) > U64:
         raise BadRequest(f"{what} {text!r}: give a uint64 id")
@@ -123,16 +126,9 @@ def parse_point(text: str, what: str = "coord", n: int = 3) -> list[int]:
 
 
 def parse_bounds(q):
-    """DVID's optional inclusive voxel bounds (minx..maxz) or None when none is given."""
-    lo: list[int | None] = [None] * 3
-    hi: list[int | None] = [None] * 3
-    given = False
-    for a, axis in enumerate("xyz"):
-        for side, name in ((lo, f"min{axis}"), (hi, f"max{axis}")):
-            if name in q:
-                side[a] = parse_int(q[name], name, lo=I32[0], hi=I32[1])
-                given = True
-    return (lo, hi) if given else None
+    """DVID's optional inclusive voxel bounds (minx..maxz) as (lo, hi) int64 arrays, or None."""
+    got = {n: parse_int(q[n], n, lo=I32[0], hi=I32[1]) for a in "xyz" for n in (f"min{a}", f"max{a}") if n in q}
+    return body_bounds(([got.get(f"min{a}") for a in "xyz"], [got.get(f"max{a}") for a in "xyz"])) if got else None
 
 
 def json_body(body: bytes, what: str):

@@ -24,6 +24,7 @@ from ..formats.labelindex import encode_label_index
 from ..formats.labels import Agglomerated, Supervoxels
 from ..formats.records import list_values
 from ..formats.sparsevol import (
+    BLOCKS_HEADER,
     HEADER,
     RunOrder,
     binary_block,
@@ -41,6 +42,7 @@ from .dvid_base import (
     ids_body,
     json_reply,
     label_arg,
+    labels_of,
     need,
     parse_bounds,
     parse_flag,
@@ -75,23 +77,9 @@ def _varint(v: int) -> bytes:
 
 
 class LabelmapInstance:
-    """One export served as a DVID labelmap instance.
-
-    Parameters
-    ----------
-    ds : Dataset
-    name : str
-        The instance name.
-    uuid : str
-        The node it belongs to.
-    held : list of int
-        The scales the export holds.
-    index : BodyIndex, optional
-    fill : bool
-        Missing shard files inside the volume read as background (default; False: ``--strict``).
-    time : str
-        The export's time (RFC 3339), DVID's "last mod time" of every body.
-    """
+    """One export (its held scales ``held``) served as DVID labelmap instance ``name`` of node ``uuid``;
+    ``fill``: missing shard files inside the volume are background (False: ``--strict``); ``time``:
+    the export's time, DVID's "last mod time" of every body."""
 
     type_name = "labelmap"
 
@@ -219,9 +207,6 @@ class LabelmapInstance:
 
     # --- parameters -------------------------------------------------------------------------------
 
-    def _labels(self, q):
-        return Supervoxels() if parse_flag(q, "supervoxels") else Agglomerated()
-
     def _held_scale(self, q, what: str) -> int:
         k = self.pyramid.scale(q)
         if k not in self.held:
@@ -260,12 +245,12 @@ class LabelmapInstance:
     def ep_size(self, r: Request) -> Reply:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/size")
-        b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
+        b, head = self._body(label_arg(r.args[0]), k, labels_of(r.query))
         return Reply(200, f'{{"voxels": {b.size()}}}'.encode(), "application/json", head)
 
     def ep_sizes(self, r: Request) -> Reply:
         ids = ids_body(r.body)
-        k, labels = self._held_scale(r.query, "/sizes"), self._labels(r.query)
+        k, labels = self._held_scale(r.query, "/sizes"), labels_of(r.query)
         out, head = [], {INDEX_HEADER: "scan"}
         for i in ids:
             if i == 0:
@@ -280,13 +265,13 @@ class LabelmapInstance:
 
     def ep_supervoxels(self, r: Request) -> Reply:
         need(r.args, 1, "a label")
-        b, head = self._body(label_arg(r.args[0]), self._held_scale(r.query, "/supervoxels"), self._labels(r.query))
+        b, head = self._body(label_arg(r.args[0]), self._held_scale(r.query, "/supervoxels"), labels_of(r.query))
         return Reply(200, id_list(b.supervoxels()), "application/json", head)
 
     def ep_supervoxel_sizes(self, r: Request) -> Reply:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/supervoxel-sizes")
-        b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
+        b, head = self._body(label_arg(r.args[0]), k, labels_of(r.query))
         sizes = b.supervoxel_sizes()
         text = (f'{{\n  "supervoxels": {id_list(sizes).decode()},\n  "sizes": '
                 f'{id_list(sizes.values()).decode()}\n}}')
@@ -295,7 +280,7 @@ class LabelmapInstance:
     def ep_sparsevol_size(self, r: Request) -> Reply:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/sparsevol-size")
-        b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
+        b, head = self._body(label_arg(r.args[0]), k, labels_of(r.query))
         c = b.chunks()
         cs = np.asarray(self.ds.scale(b.scale).chunk_size, np.int64)
         lo, hi = c.min(axis=0) * cs, (c.max(axis=0) + 1) * cs - 1
@@ -323,13 +308,13 @@ class LabelmapInstance:
     def ep_sparsevol_by_point(self, r: Request) -> Reply:
         need(r.args, 1, "a coordinate x_y_z")
         p = parse_point(r.args[0])
-        label = int(self.pyramid.labels_at([p], self.pyramid.scale(r.query), self._labels(r.query))[0])
+        label = int(self.pyramid.labels_at([p], self.pyramid.scale(r.query), labels_of(r.query))[0])
         if not label:
             raise BadRequest(f"coord {r.args[0]}: the voxel is background (label 0)")
         return self._sparsevol(label, r.query, False)
 
     def _sparsevol(self, label: int, q, head: bool) -> Reply:
-        k, labels = self.pyramid.scale(q), self._labels(q)
+        k, labels = self.pyramid.scale(q), labels_of(q)
         fmt = q.get("format", "rles")
         if fmt not in FORMATS:
             raise BadRequest(f"format={fmt!r}: give one of {', '.join(FORMATS)}")
@@ -343,12 +328,7 @@ class LabelmapInstance:
         held = k in self.held
         b, hdr = self._body(label, k if held else self.held[0], labels)
         if head:
-            c = b.chunks(k, missing_ok=True) if held else self._made_chunks(b, k)
-            if bounds is not None and len(c):
-                cs = self.pyramid.chunk
-                blo = np.array([v if v is not None else -(1 << 31) for v in bounds[0]], np.int64) // cs
-                bhi = np.array([v if v is not None else (1 << 31) - 1 for v in bounds[1]], np.int64) // cs
-                c = c[((c >= blo) & (c <= bhi)).all(axis=1)]
+            c = self._within(b.chunks(k, missing_ok=True) if held else self._made_chunks(b, k), bounds)
             return Reply(200 if len(c) else 204, b"", "text/html", hdr)
         parts = b.sparsevol_parts(k, format=fmt, bounds=bounds) if held else self._made_parts(b, k, fmt, bounds, labels)
         first = next(parts, b"")  # NotFoundError here, before anything is sent: a 404
@@ -365,6 +345,10 @@ class LabelmapInstance:
         if not len(c):
             raise b.not_found(self.held[0]) if not b.exists() else NotFoundError(f"body {body} has no voxel at scale {k}")
         return c
+
+    def _within(self, c: np.ndarray, bounds) -> np.ndarray:
+        n = self.pyramid.chunk
+        return c if bounds is None else c[((c >= bounds[0] // n) & (c <= bounds[1] // n)).all(axis=1)]
 
     def _made_chunks(self, b: Body, k: int) -> np.ndarray:
         """Chunks of a made scale holding the body: parents of its chunks at the finest held
@@ -383,13 +367,7 @@ class LabelmapInstance:
     def _made_parts(self, b: Body, k: int, fmt: str, bounds, labels) -> Iterator[bytes]:
         """Body.sparsevol_parts for a scale made on demand (the same encoders, the made blocks)."""
         n = self.pyramid.chunk
-        c = self._made_chunks(b, k)
-        bb = None
-        if bounds is not None:
-            lo = np.array([v if v is not None else -(1 << 31) for v in bounds[0]], np.int64)
-            hi = np.array([v if v is not None else (1 << 31) - 1 for v in bounds[1]], np.int64)
-            bb = (lo, hi)
-            c = c[((c >= lo // n) & (c <= hi // n)).all(axis=1)]
+        c = self._within(self._made_chunks(b, k), bounds)
         if not len(c):
             raise b.not_found(k, why="within the bounds" if bounds is not None else "")
         target = np.uint64(b.id)
@@ -401,15 +379,15 @@ class LabelmapInstance:
                 yield np.asarray(cc, np.int64), buf == target
 
         if fmt == "blocks":
-            yield struct_blocks_header(n, b.id)
+            yield BLOCKS_HEADER.pack(n // 8, n // 8, n // 8, b.id)
             for cc, m in masks():
                 yield binary_block(cc * n, m)
             return
-        order = RunOrder(n, maxx=None if bb is None or bb[1][0] >= (1 << 31) - 1 else int(bb[1][0]))
+        order = RunOrder(n, maxx=None if bounds is None or bounds[1][0] >= (1 << 31) - 1 else int(bounds[1][0]))
         for cc, m in masks():
             runs = runs_from_mask(m.T, cc * n) if m.any() else np.zeros((0, 4), np.int32)
-            if bb is not None:
-                runs = clip_runs(runs, *bb)
+            if bounds is not None:
+                runs = clip_runs(runs, *bounds)
             done = order.add(cc, runs)
             if len(done):
                 yield done.astype("<i4").tobytes()
@@ -420,7 +398,7 @@ class LabelmapInstance:
     def ep_sparsevol_coarse(self, r: Request) -> Reply:
         need(r.args, 1, "a label")
         k = self._held_scale(r.query, "/sparsevol-coarse")
-        b, head = self._body(label_arg(r.args[0]), k, self._labels(r.query))
+        b, head = self._body(label_arg(r.args[0]), k, labels_of(r.query))
         return Reply(200, b.sparsevol_coarse(bounds=parse_bounds(r.query)), "application/octet-stream", head)
 
     def ep_sparsevols_coarse(self, r: Request) -> Reply:
@@ -458,7 +436,7 @@ class LabelmapInstance:
             parse_int(r.query["mutid"], "mutid", lo=0, hi=(1 << 64) - 1)
             raise Gone(f"mutid={r.query['mutid']}: an export holds one version with no mutations")
         k = self._held_scale(r.query, "/index")
-        b, head = self._body(label, k, self._labels(r.query))
+        b, head = self._body(label, k, labels_of(r.query))
         c, sv, n = b.supervoxel_counts()
         if parse_flag(r.query, "metadata-only"):
             text = (f'{{"num_voxels":{int(n.sum())},"last_mutid":0,"last_mod_time":"{self.time}",'
@@ -585,13 +563,6 @@ class LabelmapInstance:
 
     def ep_fvdb(self, r: Request) -> Reply:
         raise BadRequest("/fvdb writes NanoVDB grids, which this server does not encode; ask /sparsevol")
-
-
-def struct_blocks_header(n: int, label: int) -> bytes:
-    import struct
-
-    g = n // 8
-    return struct.pack("<3IQ", g, g, g, label)
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

@@ -36,8 +36,8 @@ from .dvid_base import (
     Request,
     gzip_bytes,
     id_list,
+    labels_of,
     need,
-    parse_flag,
     parse_point,
     points_body,
 )
@@ -96,19 +96,9 @@ def _bodies(svs: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.n
 
 
 class Pyramid:
-    """The blocks of every scale of a dataset's spec (see the module docstring).
-
-    Parameters
-    ----------
-    ds : Dataset
-    held : list of int
-        The scales the export holds (finest first).
-    fill : bool
-        Read a missing shard file as background (DVID's absent blocks); False raises
-        ``MissingShardError`` (``--strict``).
-    cache_bytes : int
-        Made blocks kept, least recently used dropped first.
-    """
+    """The blocks of every scale of a dataset's spec (see the module docstring): ``held`` the scales
+    the export holds (finest first), ``fill`` a missing shard file read as background (else
+    ``MissingShardError``), ``cache_bytes`` of made blocks kept."""
 
     def __init__(self, ds, held: list[int], *, fill: bool = True, cache_bytes: int = _MADE_CACHE):
         self.ds = ds
@@ -398,10 +388,6 @@ class VolumeEndpoints:
         return {"raw": self.ep_raw, "isotropic": self.ep_isotropic, "blocks": self.ep_blocks,
                 "specificblocks": self.ep_specificblocks, "label": self.ep_label, "labels": self.ep_labels}
 
-    @staticmethod
-    def labels(q) -> LabelSource:
-        return Supervoxels() if parse_flag(q, "supervoxels") else Agglomerated()
-
     # --- points ---------------------------------------------------------------------------------
 
     def quick_label(self, r: Request) -> bool:
@@ -410,17 +396,17 @@ class VolumeEndpoints:
             k, p = self.pyr.scale(r.query), parse_point(r.args[0]) if r.args else None
         except BadRequest:
             return True  # answered at once
-        return p is None or self.pyr.cached(k, p, self.labels(r.query))
+        return p is None or self.pyr.cached(k, p, labels_of(r.query))
 
     def ep_label(self, r: Request) -> Reply:
         need(r.args, 1, "a coordinate x_y_z")
         p = parse_point(r.args[0])
-        v = self.pyr.labels_at([p], self.pyr.scale(r.query), self.labels(r.query))
+        v = self.pyr.labels_at([p], self.pyr.scale(r.query), labels_of(r.query))
         return Reply(200, f'{{"Label": {int(v[0])}}}'.encode())
 
     def ep_labels(self, r: Request) -> Reply:
         pts = points_body(r.body)
-        k, src = self.pyr.scale(r.query), self.labels(r.query)
+        k, src = self.pyr.scale(r.query), labels_of(r.query)
         v = self.pyr.labels_at(pts, k, src) if len(pts) else np.zeros(0, np.uint64)
         return Reply(200, id_list(v))
 
@@ -436,7 +422,7 @@ class VolumeEndpoints:
         need(r.args, 3, "<dims>/<size>/<offset>, e.g. 0_1_2/64_64_64/0_0_0")
         dims, fmt = r.args[0], (r.args[3] if len(r.args) > 3 else "")
         q = r.query
-        k, src = self.pyr.scale(q), self.labels(q)
+        k, src = self.pyr.scale(q), labels_of(q)
         if "roi" in q and q["roi"]:
             raise BadRequest(f"roi={q['roi']!r}: this server has no roi instances")
         if dims in ("0_1_2", "xyz"):
@@ -579,7 +565,7 @@ class VolumeEndpoints:
 
     def ep_specificblocks(self, r: Request) -> Reply:
         q = r.query
-        k, src = self.pyr.scale(q), self.labels(q)
+        k, src = self.pyr.scale(q), labels_of(q)
         comp = self._compression(q, "blocks")
         text = q.get("blocks", "")
         if not text:
@@ -598,7 +584,7 @@ class VolumeEndpoints:
     def ep_blocks(self, r: Request) -> Reply:
         need(r.args, 2, "<size>/<offset>, e.g. 128_128_128/0_0_64")
         q = r.query
-        k, src = self.pyr.scale(q), self.labels(q)
+        k, src = self.pyr.scale(q), labels_of(q)
         comp = self._compression(q, "lz4")
         size, off = parse_point(r.args[0], "size"), parse_point(r.args[1], "offset")
         n = self.pyr.chunk

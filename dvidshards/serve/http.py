@@ -1,24 +1,10 @@
 """The one HTTP stack of dvidshards' servers (``view``, ``serve-dvid``), on aiohttp.
 
-A server declares its routes (an aiohttp ``RouteTableDef`` or ``web.get(...)`` rows), its table
-of exception type -> status once, and gets an `application` that:
-
-- sets CORS headers on every answer and answers preflight ``OPTIONS`` requests, so a page on
-  another origin (neuroglancer) can read it;
-- turns an exception a handler raises into one text line ``Type: message`` with the status of
-  its table (the most specific type listed; 500 otherwise, logged with a traceback unless it is
-  a `DvidShardsError`); `Busy` is 503 with ``Retry-After``;
-- gzips ``Response`` bodies for clients that accept it (``gzip=True``, aiohttp's encoder); byte
-  ranges of files come from ``web.FileResponse``;
-- runs blocking work (decoding, meshing) on its own thread pool, at most ``in_flight`` requests
-  at a time (`in_thread`, `stream`, `admitted`): memory does not grow with the clients;
-- logs one line per request at debug level.
-
-`Server` binds the port at once (0: any free port; a busy port is one `SpecError` line naming it)
-and serves on its own thread and event loop until `Server.close` (``with Server(app) as srv``),
-or, from the command line, until Ctrl-C (`Server.wait`).
-
-aiohttp is optional (extras ``view`` and ``serve``): importing this module needs it.
+`application` gives declared routes CORS on every answer (and preflight ``OPTIONS``), one text
+line per failure with the status of the server's error table, gzip by aiohttp, and a bounded pool
+for blocking work (`in_thread`, `admitted`; `Busy` is 503). `Server` binds its port at
+once (0: any free one; a busy port is one `SpecError` line) and serves on its own thread until
+`Server.close`, or until Ctrl-C (`Server.wait`). aiohttp is optional (extras ``view``, ``serve``).
 """
 
 from __future__ import annotations
@@ -42,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - the extras install it
     raise SpecError("the servers need aiohttp: pip install 'dvidshards[serve]'") from None
 
-__all__ = ["Busy", "ErrorTable", "Server", "admitted", "application", "in_thread", "serve", "stream"]
+__all__ = ["Busy", "ErrorTable", "Server", "admitted", "application", "in_thread", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +69,7 @@ def application(routes: Iterable[web.AbstractRouteDef], *, errors: ErrorTable | 
     logger : logging.Logger
         Where failed requests (status >= 500) and the debug line of each request go.
     threads : int
-        Threads of the pool blocking work runs on (`in_thread`, `stream`).
+        Threads of the pool blocking work runs on (`in_thread`).
     in_flight : int, optional
         Requests admitted at a time (`admitted`; default ``threads``); the others wait.
     admit_timeout : float, optional
@@ -192,42 +178,6 @@ async def in_thread(request: web.Request, fn: Callable[..., T], *args: Any, admi
         return await loop.run_in_executor(pool, fn, *args)
     async with admitted(request):
         return await loop.run_in_executor(pool, fn, *args)
-
-
-async def stream(request: web.Request, pieces: Iterator[bytes], *, status: int = 200,
-                 content_type: str = "application/octet-stream", headers: Mapping[str, str] | None = None,
-                 admit: bool = True) -> web.StreamResponse:
-    """Send the pieces of a blocking iterator as they come (each one made on the pool).
-
-    The first piece is made before the headers go out, so a failure there is a clean answer of
-    the error table. A failure after that drops the connection: the client sees a truncated
-    answer, never a wrong one. The iterator is closed in every case.
-    """
-    loop = asyncio.get_running_loop()
-    pool = request.app[_WORK].pool
-    close = getattr(pieces, "close", None)
-    async with admitted(request) if admit else contextlib.nullcontext():
-        try:
-            piece = await loop.run_in_executor(pool, next, pieces, None)
-            resp = web.StreamResponse(status=status, headers=headers)
-            resp.content_type = content_type
-            await resp.prepare(request)
-            try:
-                while piece is not None:
-                    if piece:
-                        await resp.write(piece)
-                    piece = await loop.run_in_executor(pool, next, pieces, None)
-            except (ConnectionError, asyncio.CancelledError):
-                raise  # the client went away
-            except Exception:
-                request.app[_WORK].logger.warning("%s %s: the answer failed after its headers were sent",
-                                                  request.method, request.path, exc_info=True)
-                raise
-            await resp.write_eof()
-            return resp
-        finally:
-            if close is not None:
-                await loop.run_in_executor(pool, close)
 
 
 # --------------------------------------------------------------------------- the server

@@ -96,18 +96,8 @@ class Cache(Generic[T]):
 
 
 class MeshOutput:
-    """The mesh directory of a ``dvidshards meshes`` output, on any store.
-
-    Parameters
-    ----------
-    location : path or URL
-        The output (whose ``info`` names its mesh directory) or the mesh directory itself.
-
-    Raises
-    ------
-    SpecError
-        It is not a meshes output, or the job that writes it has not completed.
-    """
+    """The mesh directory of a ``dvidshards meshes`` output on any store (``location``: the output,
+    whose ``info`` names it, or the directory); SpecError when it is none, or is incomplete."""
 
     def __init__(self, location):
         root = as_store(location, what="meshes output")
@@ -186,23 +176,9 @@ def _json(store, key: str, location) -> object:
 
 
 class MeshSource:
-    """A served volume's meshes: from a meshes output, or made on demand (see the module).
-
-    Parameters
-    ----------
-    ds : Dataset
-    labels : "agglomerated", "supervoxels" or a mapping
-    meshes : path or URL, optional
-        A ``dvidshards meshes`` output to read meshes from (default: on demand).
-    budget : float
-        Seconds an on-demand mesh should take: the finest held scale expected to fit is meshed.
-    index : BodyIndex or path, optional
-        A label index of the same labels, to find a body's chunks without a scan.
-    cache_bytes : int
-        Encoded meshes kept.
-    on_made : callable, optional
-        ``on_made(scale, nbytes, seconds)`` after each mesh made on demand.
-    """
+    """A served volume's meshes (see the module): read from the ``meshes`` output, else made on
+    demand within ``budget`` seconds (the label ``index`` finds a body's chunks);
+    ``on_made(scale, nbytes, seconds)`` is called after each."""
 
     def __init__(self, ds, labels="agglomerated", *, meshes=None, budget: float = 2.0, index=None,
                  cache_bytes: int = 256 << 20, on_made: Callable[[int, int, float], None] | None = None):
@@ -285,24 +261,9 @@ def _cells(chunks: np.ndarray) -> int:
 
 
 class SkeletonSource:
-    """A served volume's skeletons: from a ``skeletons`` output, or made on demand (see the module).
-
-    Parameters
-    ----------
-    ds : Dataset
-    labels : "agglomerated", "supervoxels" or a mapping
-    skeletons : path or URL, optional
-        A ``dvidshards skeletons`` output (or a folder of SWC files) to read skeletons from.
-    index : BodyIndex or path, optional
-        A label index of the same labels, to find a body's chunks without a scan.
-    scale : int, optional
-        The scale skeletons are made at on demand (default: see the module).
-    chunks, decode : callable, optional
-        ``chunks(body, scale)`` (the chunks holding it) and ``decode(scale, chunk)`` ((z, y, x)
-        labels, or None) for scales the dataset does not hold (serve-dvid's made scales).
-    cache_bytes : int
-        Skeletons kept.
-    """
+    """A served volume's skeletons (see the module): read from the ``skeletons`` output (or a
+    folder of SWC files), else made on demand at ``scale``; ``chunks(body, scale)`` and
+    ``decode(scale, chunk)`` give the scales the dataset does not hold (serve-dvid's made ones)."""
 
     def __init__(self, ds, labels="agglomerated", *, skeletons=None, index=None, scale: int | None = None,
                  chunks: Callable[[int, int], np.ndarray] | None = None,
@@ -332,7 +293,6 @@ class SkeletonSource:
         return ('# {"mutation id": 0}\n' + self.get(body).swc()).encode()
 
     def scale(self) -> int:
-        """The scale skeletons are made at on demand."""
         if self._scale is None:
             from ..jobs.skeletons import default_scale
 

@@ -400,30 +400,25 @@ def serve(dataset, labels="agglomerated", *, port: int = 0, bind: str = "127.0.0
     Parameters
     ----------
     dataset : Dataset, path or URL
-        The export.
+        The export (``spec``: its multiscale spec when a path, see `Dataset`).
     labels : "agglomerated", "supervoxels" or a mapping
         Voxel values (see `dvidshards.open`).
-    port : int
-        0 picks a free port.
-    bind : str
-        Address to listen on; ``0.0.0.0`` serves other machines (URLs then use this host's name).
+    port, bind : int, str
+        Where to listen (0: any free port; ``0.0.0.0``: other machines too, URLs name this host).
     threads : int, optional
         Chunk requests at work at once (default: CPU count, at least 2).
     gzip : bool
         gzip chunk answers to clients that accept it.
-    spec : dict or path, optional
-        The export's multiscale spec when ``dataset`` is a path (see `Dataset`).
     transcode : bool
         Encode whole chunks straight from their DVID records when possible.
     meshes : path, optional
-        A ``dvidshards meshes`` output served as the mesh source (default: meshes on demand).
-    mesh_budget : float
-        Seconds an on-demand mesh should take; the finest scale expected to fit is meshed.
+        A ``dvidshards meshes`` output served as the mesh source (default: meshes on demand,
+        at the finest scale expected to take ``mesh_budget`` seconds).
     skeletons : path or URL, optional
-        A ``dvidshards skeletons`` output served as the skeleton source (default: skeletons made on
-        demand where kimimaro is installed); neuroglancer draws them with their ``radius``.
+        A ``dvidshards skeletons`` output served as the skeleton source (default: made on demand
+        where kimimaro is installed); neuroglancer draws them with their ``radius``.
     index : BodyIndex or path, optional
-        A label index, to find a body's chunks for its on-demand mesh or skeleton without a scan.
+        A label index, to find a body's chunks for an on-demand mesh or skeleton without a scan.
 
     Returns
     -------
@@ -456,10 +451,8 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
 
     Parameters
     ----------
-    dataset : Dataset, path or URL
-        The export.
-    labels : "agglomerated", "supervoxels" or a mapping
-        Voxel values (see `dvidshards.open`).
+    dataset, labels, spec, meshes, mesh_budget, skeletons, index :
+        As in `serve`; selected bodies show their meshes and skeletons in the 3D panel.
     select : iterable of int
         Bodies (segment ids) to select.
     position : (x, y, z), optional
@@ -467,18 +460,10 @@ def viewer(dataset, labels="agglomerated", *, select=(), position=None, image: s
     image : str, optional
         An EM image layer source (any neuroglancer URL: ``precomputed://``, ``zarr://``, ...).
     server : ViewServer, optional
-        Serve from this server (default: a new one on ``bind``/``port``).
-    port, bind : int, str
-        Where a new server listens, and where neuroglancer's own server listens if it is not
-        running yet.
-    spec : dict or path, optional
-        The export's multiscale spec when ``dataset`` is a path.
+        Serve from this server (default: a new one on ``bind``/``port``, where neuroglancer's own
+        server listens too if it is not running yet).
     viewer : neuroglancer.Viewer, optional
-        Add the layer to this viewer instead of a new one.
-    layer : str
-        Name of the segmentation layer.
-    meshes, mesh_budget, skeletons, index :
-        The mesh and skeleton sources (see `serve`): selected bodies show in the 3D panel.
+        Add the layer (named ``layer``) to this viewer instead of a new one.
 
     Returns
     -------
@@ -572,27 +557,10 @@ def open_browser(url: str, *, size=(1024, 768), browser: tuple[str, str] | None 
 
 
 def screenshot(viewer, *, size=None, timeout: float = 120.0, statistics=None):
-    """A neuroglancer screenshot, taken once the visible chunks are loaded, with a timeout.
-
-    ``viewer.screenshot()`` waits forever when no browser shows the viewer or WebGL is
-    missing; this waits ``timeout`` seconds and raises TimeoutError.
-
-    Parameters
-    ----------
-    viewer : neuroglancer.Viewer
-        Shown in a browser (see `open_browser`).
-    size : (width, height), optional
-        Canvas size; UI controls are hidden while it is taken.
-    timeout : float
-        Seconds.
-    statistics : callable, optional
-        Called with neuroglancer's screenshot statistics (chunks loaded so far).
-
-    Returns
-    -------
-    bytes
-        The PNG image.
-    """
+    """A neuroglancer screenshot (PNG bytes) once the visible chunks are loaded, or TimeoutError
+    after ``timeout`` seconds (``viewer.screenshot()`` waits forever without a browser or WebGL).
+    ``size``: the canvas (width, height), UI controls hidden meanwhile; ``statistics``: called with
+    neuroglancer's screenshot statistics (chunks loaded so far)."""
     prior = None
     if size is not None:
         prior = viewer.config_state.state

@@ -441,8 +441,8 @@ def test_cli_serve_flight_prints_its_location_and_ingest_pulls(synth, tmp_path, 
 
 def test_cli_ingest_blocks_dump(synth, tmp_path, capsys):
     from dvidshards.cli import main
-    from dvidshards.formats.blocks import write_stream
     from tests.support.blocks import export_blocks
+    from tests.support.blockstream import write_stream
 
     (tmp_path / "d.dat").write_bytes(write_stream(export_blocks(Path(synth.root))))
     spec = tmp_path / "spec.json"

@@ -1,5 +1,5 @@
 """The HTTP stack both servers stand on: declared routes, CORS, the error table, admission,
-streaming, gzip and file ranges, the port, and a background server that starts and stops.
+gzip and file ranges, the port, and a background server that starts and stops.
 
 Read with urllib (a client that is not aiohttp). Nothing waits on a sleep: a test that needs a
 request in progress waits on an event the handler sets.
@@ -8,7 +8,6 @@ request in progress waits on an event the handler sets.
 from __future__ import annotations
 
 import gzip
-import http.client
 import logging
 import socket
 import threading
@@ -21,7 +20,7 @@ pytest.importorskip("aiohttp")
 from aiohttp import web
 
 from dvidshards.errors import NotFoundError, SpecError
-from dvidshards.serve.http import Server, application, in_thread, serve, stream
+from dvidshards.serve.http import Server, application, in_thread, serve
 
 
 def get(url: str, headers=None, method="GET"):
@@ -65,17 +64,6 @@ def make_app(tmp_path=None, **kw):
     async def big(request):
         return web.Response(body=bytes(range(256)) * 64)
 
-    @routes.get("/pieces/{n:[0-9]+}")
-    async def pieces(request):
-        n = int(request.match_info["n"])
-
-        def gen():
-            for i in range(n):
-                if str(i) == request.query.get("fail"):
-                    raise NotFoundError(f"piece {i}")
-                yield f"{i};".encode()
-        return await stream(request, gen(), content_type="text/plain")
-
     if tmp_path is not None:
         @routes.get("/file")
         async def file(request):
@@ -101,7 +89,7 @@ def test_declared_routes_answer_and_others_are_404(base):
 
 
 def test_cors_on_every_answer_and_preflight(base):
-    for path in ("/hello/x", "/nothing", "/missing/3", "/bug", "/pieces/3", "/file"):
+    for path in ("/hello/x", "/nothing", "/missing/3", "/bug", "/file"):
         assert get(base + path)[1]["Access-Control-Allow-Origin"] == "*", path
     status, headers, body = get(base + "/hello/x", method="OPTIONS", headers={
         "Origin": "http://neuroglancer.example", "Access-Control-Request-Method": "GET",
@@ -125,17 +113,6 @@ def test_error_table_gives_status_and_one_line(base, caplog):
     assert len(errors) == 1 and errors[0].exc_info is not None and "/bug" in errors[0].getMessage()
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any(m.startswith("GET /missing/12 404") for m in lines)  # one line per request
-
-
-def test_stream_sends_pieces_and_a_failure_before_them_is_a_clean_answer(base):
-    status, _, body = get(base + "/pieces/5")
-    assert status == 200 and body == b"0;1;2;3;4;"
-    assert get(base + "/pieces/0")[2] == b""
-    assert get(base + "/pieces/5?fail=0")[:3:2] == (404, b"NotFoundError: piece 0\n")
-    # a failure after the headers went out: the connection drops, never a complete-looking answer
-    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
-        with urllib.request.urlopen(base + "/pieces/5?fail=2", timeout=60) as r:
-            r.read()
 
 
 def test_gzip_for_clients_that_accept_it(base):

@@ -26,6 +26,7 @@ from dvidshards.dataset import Dataset
 from dvidshards.errors import SpecError
 from dvidshards.serve.view import ViewServer, serve
 from tests.support.exports import make_export
+from tests.support.watertight import enclosed_volume, is_watertight
 
 SHAPE = (200, 170, 150)  # not a multiple of 64: every scale has clipped edge chunks
 
@@ -487,7 +488,7 @@ def test_meshes_on_demand(export, server):
     status, _, data = get(f"{base}/mesh/{b}:0:mesh")
     assert status == 200
     m = M.merge_fragments([_legacy_fragment(data)])
-    assert M.is_watertight(m.vertices, m.faces)
+    assert is_watertight(m.vertices, m.faces)
     st = server.stats()["agglomerated"]
     assert st["meshes"]["count"] == 1 and sum(st["mesh_scales"].values()) == 1
     k = [s["key"] for s in info["scales"]].index(next(iter(st["mesh_scales"])))
@@ -496,7 +497,7 @@ def test_meshes_on_demand(export, server):
     lo, hi = idx.min(axis=0) * 8.0, (idx.max(axis=0) + 1) * 8.0  # scale-0 nm (resolution 8)
     assert (m.vertices >= lo - res).all() and (m.vertices <= hi + res).all()  # a coarser scale: within a voxel
     want = counts.max() * 8.0**3
-    assert abs(M.enclosed_volume(m.vertices, m.faces) / want - 1) < (0.15 if k == 0 else 0.5)
+    assert abs(enclosed_volume(m.vertices, m.faces) / want - 1) < (0.15 if k == 0 else 0.5)
     assert get(f"{base}/mesh/{b}:0:mesh")[2] == data  # cached: computed once
     assert server.stats()["agglomerated"]["meshes"]["count"] == 1
     status, _, data = get(f"{base}/mesh/123456789:0:mesh")  # no such body: an empty fragment
@@ -519,9 +520,9 @@ def test_mesh_scale_follows_the_budget(export):
             assert status == 200
             assert srv.stats()["agglomerated"]["mesh_scales"] == {key: 1}
             m = M.merge_fragments([_legacy_fragment(data)])
-            assert M.is_watertight(m.vertices, m.faces)
+            assert is_watertight(m.vertices, m.faces)
             if key == keys[0]:  # full resolution: the body's own volume
-                assert abs(M.enclosed_volume(m.vertices, m.faces) / (counts.max() * 512.0) - 1) < 0.05
+                assert abs(enclosed_volume(m.vertices, m.faces) / (counts.max() * 512.0) - 1) < 0.05
 
 
 def test_serves_a_meshes_output(export, tmp_path):
@@ -552,7 +553,7 @@ def test_serves_a_meshes_output(export, tmp_path):
         local = CloudVolume(f"file://{tmp_path / 'm'}", progress=False).mesh.get(b)[b]
         np.testing.assert_array_equal(served.vertices, local.vertices)
         m = M.merge_fragments([M.Mesh(served.vertices, served.faces)])
-        assert M.is_watertight(m.vertices, m.faces)
+        assert is_watertight(m.vertices, m.faces)
     man = tmp_path / "m" / "mesh" / MANIFEST
     man.write_text(json.dumps({**json.loads(man.read_text()), "complete": False}))
     with pytest.raises(SpecError, match="incomplete"):
