@@ -499,6 +499,20 @@ def test_meshes_read_from_a_meshes_output_as_cloud_volume_reads_it(exp, tmp_path
         serve(exp.root, meshes=str(tmp_path), port=0)
 
 
+def test_answers_past_the_spool_size_come_from_a_file_unchanged(exp, servers, monkeypatch):
+    """A streamed answer is made whole before its status: in memory, or a temporary file past the
+    spool size; the bytes and Content-Length are the same either way."""
+    from dvidshards.serve import dvid
+
+    b = bodies(exp.expected(0), 3)[1]
+    tails = ("mappings", f"sparsevol/{b}", f"sparsevol/{b}?format=blocks", "blocks/128_128_128/0_0_0")
+    want = [get(servers[0], t).content for t in tails]
+    monkeypatch.setattr(dvid, "_SPOOL", 100)
+    for t, w in zip(tails, want, strict=True):
+        r = get(servers[0], t)
+        assert len(w) > 100 and r.content == w and r.headers["Content-Length"] == str(len(w)), t
+
+
 # --------------------------------------------------------------------------- blocks
 
 
