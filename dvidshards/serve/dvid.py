@@ -480,7 +480,9 @@ def add_arguments(p) -> None:
     p.add_argument("--meshes", action="append", metavar="DIR",
                    help="a meshes output (dvidshards meshes), one per export ('-': none; "
                         "default: meshes made on demand)")
-    p.add_argument("--skeletons", action="append", metavar="DIR", help="a skeletons output, one per export")
+    p.add_argument("--skeletons", action="append", metavar="DIR",
+                   help="a skeletons output (dvidshards skeletons), one per export ('-': none; default: made on demand "
+                        "where kimimaro is installed)")
     p.add_argument("--uuid", nargs="+", help="node uuid(s): one per export, or one for NAME=EXPORT instances "
                                              "(default: a hash of the exports' locations)")
     p.add_argument("--instance", default="segmentation", help="labelmap instance name (default segmentation)")
