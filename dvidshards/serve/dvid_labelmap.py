@@ -121,7 +121,7 @@ class LabelmapInstance:
         if endpoint in ("info", "metadata", "maxlabel", "nextlabel"):
             return self._maxlabel is not None
         if endpoint == "mapping":
-            return self._table is not None
+            return self._table is not None and len(r.body) < 1 << 16  # a few thousand ids
         return endpoint == "label" and self.volume.quick_label(r)
 
     def is_write(self, endpoint: str, method: str) -> bool:
