@@ -146,7 +146,7 @@ import json, sys, time
 t0 = time.perf_counter()
 from dvidshards.formats import blockstats
 if sys.argv[2] == "before":  # block statistics without its numpy fallback, as before issue 22's follow-up
-    blockstats._kernel.fallback = blockstats._batch.fallback = None
+    blockstats._batch.fallback = None
 import dvidshards
 import dvidshards.runtime
 from dvidshards.jobs.stats import body_stats_table

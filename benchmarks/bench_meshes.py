@@ -372,6 +372,7 @@ def quality(ds, dest: Path, scale: int) -> list:
     from cloudvolume import CloudVolume
 
     from dvidshards.formats import mesh as M
+    from tests.support import watertight as W
 
     vol = ds.read([[0, 0, 0], list(ds.scale(scale).size)], scale=scale)
     res = np.asarray(ds.scale(scale).resolution, np.float64)
@@ -388,8 +389,8 @@ def quality(ds, dest: Path, scale: int) -> list:
         got = cv.mesh.get(b)
         m = got[b] if isinstance(got, dict) else got
         w = M.merge_fragments([M.Mesh(m.vertices, m.faces)])
-        ratio = M.enclosed_volume(w.vertices, w.faces) / (mask.sum() * res.prod())
-        ok = len(w.faces) > 0 and M.is_watertight(w.vertices, w.faces) and _mesh_pieces(w) == 1 and abs(ratio - 1) < 0.15
+        ratio = W.enclosed_volume(w.vertices, w.faces) / (mask.sum() * res.prod())
+        ok = len(w.faces) > 0 and W.is_watertight(w.vertices, w.faces) and _mesh_pieces(w) == 1 and abs(ratio - 1) < 0.15
         connected += one
         good += ok
         good_connected += ok and one

@@ -1,4 +1,3 @@
-# mypy: disallow-untyped-defs, disallow-incomplete-defs, disallow-untyped-calls, disallow-any-generics, warn-return-any
 """DVID label block → neuroglancer ``compressed_segmentation`` without decoding voxels.
 
 Both cut a chunk into 8³ blocks (z, y, x order, x fastest inside). A DVID sub-block packs 512

@@ -1,4 +1,3 @@
-# mypy: disallow-untyped-defs, disallow-incomplete-defs, disallow-untyped-calls, disallow-any-generics, warn-return-any
 """DVID's binary sparse volumes: the RLEs of ``GET .../sparsevol/<label>`` and ``-coarse``.
 
 Layout (``labelmap.go`` help text; ``getLegacyRLEs``, ``GetSparseCoarseVol``), little endian:
