@@ -322,11 +322,7 @@ class Dataset:
             origins = shard_origins(store, f"s{k}")
             if not origins:
                 continue
-            g = 0
-            for o in origins:
-                for v in o:
-                    g = math.gcd(g, v)
-            extent = g or SINGLE_SHARD
+            extent = math.gcd(*(v for o in origins for v in o)) or SINGLE_SHARD
             res = tuple(r * 2 ** k for r in res0) if res0 is not None else None
             probe = Scale(k, (1, 1, 1), res, extent, key=f"s{k}")
             assert isinstance(store, ByteStore)
@@ -339,12 +335,10 @@ class Dataset:
                 if len(shard):
                     hi = np.maximum(hi, shard.coords.max(axis=0) + 1)
                     span = max(span, int(shard.extent().max()))
-            hx, hy, hz = (int(v) * 64 for v in np.maximum(hi, 1))
-            size = (hx, hy, hz)
+            x, y, z = (int(v) * 64 for v in np.maximum(hi, 1))
             inferred = ("size", "shard_extent") + (() if res is not None else ("resolution",))
             proven = min(extent, 64 * (1 << (span - 1).bit_length())) if span else 64
-            s = Scale(k, size, res, extent, key=f"s{k}", inferred=inferred, proven_extent=proven)
-            scales.append(s)
+            scales.append(Scale(k, (x, y, z), res, extent, key=f"s{k}", inferred=inferred, proven_extent=proven))
         if not scales:
             raise SpecError(f"{store.describe('')}: no shard files in any scale folder")
         warnings.warn(f"{store.describe('')}: no spec or info file: each scale's shard size and volume size are "
