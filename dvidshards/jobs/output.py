@@ -1,19 +1,10 @@
 """Where every job writes and how its output says what it holds: the frame every job runs in.
 
-* **One store**: ``Output.store`` is ``stores.as_store(dest, writable=True)``; what cannot be written
-  is one ``OutputError`` line before any work (a full disk, a read-only folder, an unreachable bucket).
-* **A lock on every output** (:class:`Lock`, ``_dvidshards.lock``, with a heartbeat): a second job
-  is refused naming the first; a dead job's lock is taken over with ``--resume``.
-* **One manifest** (``_dvidshards.json``, or a one-file output's own metadata; :func:`read_manifest`),
-  written from the :class:`JobReport` the job returns.
-* **Refuse / resume / overwrite**: an empty destination is used; this job's own earlier output needs
-  ``resume`` (same parameters and source) or ``overwrite`` (its own files deleted, others kept).
-* **One work folder** (:func:`work_folder`): ``--workdir``, else ``NAME.work`` beside the output;
-  locked, apart from the output and the source.
-* **One failure contract**: :meth:`Output.finish` returns the report of a complete output, else
-  raises ``JobError`` carrying it unless ``allow_partial``; an interrupted job says how to finish.
-
-A job is a short composition of its plan, tasks and reduce in this frame::
+:class:`Output` checks the destination (one store, ``stores.as_store(dest, writable=True)``: what
+cannot be written is one ``OutputError`` line before any work), locks it (:class:`Lock`), keeps its
+manifest (``_dvidshards.json``, or a one-file output's own metadata; :func:`read_manifest`) written
+from the :class:`JobReport` the job returns, and decides refuse / resume / overwrite. The work folder
+is :func:`work_folder`'s. A job is its plan, tasks and reduce in this frame::
 
     with Output(dest, job="convert", parameters=params, source=ds, scales=[0, 1],
                 resume=resume, overwrite=overwrite) as out:
@@ -428,7 +419,8 @@ class Output:
     command : str, optional
         The command line, for the manifest.
     resume, overwrite : bool
-        See the module docstring.
+        An empty destination is used; this job's own earlier output needs ``resume`` (same
+        parameters and source) or ``overwrite`` (its own files deleted, others kept).
     own : callable, optional
         ``name -> bool``: whether a top-level name is this job's (what ``overwrite`` deletes).
         Default: everything but the manifest, the lock and hidden names.
@@ -610,7 +602,8 @@ class Output:
 
     def finish(self, *, totals: Any = None, notes: Iterable[str] = (), complete: bool | None = None,
                allow_partial: bool = False, write: Callable[[dict], None] | None = None) -> JobReport:
-        """Write the final manifest, release the locks, return the report.
+        """Write the final manifest, release the locks, return the report: the failure contract of
+        every job (an incomplete output raises unless ``allow_partial``).
 
         Parameters
         ----------
