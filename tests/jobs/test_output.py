@@ -56,8 +56,8 @@ def exp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dump(exp, tmp_path_factory):
     """A DVID /blocks dump of the export's scale 0 (the input of `ingest DUMP EXPORT`)."""
-    from dvidshards.formats.blocks import write_stream
     from tests.support.blocks import export_blocks
+    from tests.support.blockstream import write_stream
 
     p = tmp_path_factory.mktemp("dump") / "blocks.dat"
     p.write_bytes(write_stream(export_blocks(Path(exp.root))))
