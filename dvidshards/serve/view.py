@@ -337,8 +337,11 @@ class ViewServer:
             raise web.HTTPNotFound(text=f"no skeleton file {rel!r}\n")
         if rel == "info":
             return web.json_response(PRECOMPUTED_INFO)
-        sk = await in_thread(request, vol.skeleton.get, int(rel))  # NotFoundError: 404
-        return web.Response(body=sk.encode_precomputed(), content_type="application/octet-stream")
+        try:
+            data = (await in_thread(request, vol.skeleton.get, int(rel))).encode_precomputed()
+        except NotFoundError:  # no such body, or too small for one: an empty skeleton (a 404 stalls neuroglancer)
+            data = bytes(8)
+        return web.Response(body=data, content_type="application/octet-stream")
 
     def add(self, dataset, labels="agglomerated", *, name: str | None = None, transcode: bool = True,
             meshes=None, mesh_budget: float = 2.0, skeletons=None, index=None) -> str:
