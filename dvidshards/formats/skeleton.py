@@ -283,15 +283,12 @@ def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
     """Zero (in place) the 26-connected pieces smaller than ``dust`` voxels that touch no face of the cutout."""
     import cc3d
 
-    cc, n = cc3d.connected_components(labels, connectivity=26, return_N=True)
-    counts = np.bincount(cc.reshape(-1, order="A"), minlength=n + 1)
-    keep = counts >= dust
-    keep[0] = True
-    for ax in range(3):
-        for end in (0, -1):
-            keep[np.unique(np.take(cc, end, axis=ax))] = True
-    if not keep.all():
-        labels[~keep[cc]] = 0
+    cc = cc3d.connected_components(labels, connectivity=26)
+    st = cc3d.statistics(cc)
+    for i in np.flatnonzero(np.asarray(st["voxel_counts"]) < dust).tolist():
+        box = st["bounding_boxes"][i]
+        if i and box is not None and all(0 < b.start and b.stop < n for b, n in zip(box, labels.shape, strict=True)):
+            labels[box][cc[box] == i] = 0
 
 
 def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, closed=None, dust: int = 0, teasar=None,

@@ -240,8 +240,10 @@ def run_task(task: CubeTask) -> dict:
             for k, v in (("body", body), ("count", p.count), ("voxels", p.voxels.reshape(-1)),
                          ("edges", p.edges.reshape(-1)), ("radii", p.radii)):
                 cols[k].append(v)
+    if not cols["body"]:
+        return {"blocks": len(blocks), "pieces": 0}  # no partial file: nothing to reduce
     ids = np.asarray(cols["body"], np.uint64)
-    t = pa.table({"body": ids, "bucket": job.bucket(ids) if len(ids) else np.zeros(0, np.uint32),
+    t = pa.table({"body": ids, "bucket": job.bucket(ids),
                   "count": np.asarray(cols["count"], np.int64),
                   **{k: pa.array(cols[k], _SCHEMA.field(k).type) for k in ("voxels", "edges", "radii")}},
                  schema=_SCHEMA)
@@ -398,6 +400,8 @@ def reduce(out: Output, tr: TaskRunner, job: SkeletonJob, files: Sequence[str], 
     """The merge tree over the cubes' partial files, then one task per bucket; every phase counted into
     ``out``. Returns the totals of the buckets, or None when a step failed."""
     files, level = list(files), 0
+    if not files:  # no body anywhere
+        return {"bodies": 0, "vertices": 0}
     while len(files) > FAN_IN:
         level += 1
         merges = [MergeTask(job, tuple(files[i:i + FAN_IN]), level, k) for k, i in enumerate(range(0, len(files), FAN_IN))]
@@ -624,8 +628,9 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
         src.prepare()
     extent = min(int(s.shard_extent), 1 << 40)
     block = min(int(block), max(1, extent // int(s.chunk_size[0])))  # a block never straddles two shards
-    n_shards = max(1, math.prod(-(-int(n) // extent) for n in s.size))
-    bits = max(0, min(16, math.ceil(math.log2(n_shards))))  # about one output shard per source shard
+    below = max([h for h in ds.exported if h <= k], default=k)
+    n_shards = len(ds.shards(below)) if below in ds.exported else 1  # the scale's files, or those it is made from
+    bits = max(0, min(16, math.ceil(math.log2(max(n_shards, 1)))))  # about one output shard per source shard
     params: dict = {}
     out = Output(dest, job="skeletons", parameters=params, source=ds, scales=[k], command=command, resume=resume,
                  overwrite=overwrite, workdir=workdir, work=True)
@@ -660,8 +665,8 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
             for r in ph.results.values():
                 totals["blocks"] += r["blocks"]
                 totals["pieces"] += r["pieces"]
-            got = None if ph.failed else reduce(out, tr, job, [t.key for t in tasks if t not in ph.failed],
-                                                resume=resume)
+            files = [t.key for t in tasks if ph.results.get(t, {}).get("pieces") or t in ph.skipped]
+            got = None if ph.failed else reduce(out, tr, job, files, resume=resume)
             totals.update(got or {})
         if not out.report.failed and "precomputed" in formats:
             out.store.put_sync("skeletons/info", json.dumps({**PRECOMPUTED_INFO, "sharding":
