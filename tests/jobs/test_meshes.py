@@ -21,6 +21,7 @@ from dvidshards.formats import mesh as M
 from dvidshards.formats.mapping import LabelMapping
 from dvidshards.jobs.meshes import MANIFEST, MeshesError, default_scale, meshes
 from dvidshards.writer import write_export
+from tests.support import watertight as W
 
 pytest.importorskip("zmesh")
 pytest.importorskip("DracoPy")
@@ -102,14 +103,14 @@ def check_bodies(six, dest, lod=None, scale=0, tol=0.5) -> None:
     res = RES * 2**scale
     for b in six.ids:
         m = one_mesh(cv.mesh.get(b) if lod is None else cv.mesh.get(b, lod=lod), b)
-        assert M.is_watertight(m.vertices, m.faces), b
+        assert W.is_watertight(m.vertices, m.faces), b
         assert pieces(m) == 1, b
         idx = np.argwhere(vol == b)
         lo, hi = idx.min(axis=0) * res, (idx.max(axis=0) + 1) * res
         v = m.vertices.astype(np.float64)
         assert (v.min(axis=0) >= lo - tol * res).all() and (v.max(axis=0) <= hi + tol * res).all(), b
         vox = len(idx) * res.prod()
-        assert abs(M.enclosed_volume(m.vertices, m.faces) / vox - 1) < 0.15, b
+        assert abs(W.enclosed_volume(m.vertices, m.faces) / vox - 1) < 0.15, b
 
 
 def test_six_bodies_mesh_as_watertight_pieces_inside_their_boxes(six, tmp_path, run_cli, capsys):
@@ -141,7 +142,7 @@ def test_every_scale_meshed_watertight_at_its_voxel_volume(six, tmp_path):
         vol = six.dataset().read([[0, 0, 0], list(six.dataset().scale(k).size)], scale=k)
         for b in six.ids:
             m = one_mesh(cv.mesh.get(b), b)
-            assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * (RES * 2**k).prod()) - 1) < 0.03
+            assert abs(W.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * (RES * 2**k).prod()) - 1) < 0.03
 
 
 def test_default_scale_is_the_finest_at_32_nm(tmp_path):
@@ -180,9 +181,9 @@ def test_levels_of_detail_from_coarser_scales(six, tmp_path):
     cv = CloudVolume(f"file://{tmp_path / 'd'}", progress=False)
     for b in six.ids:
         fine, coarse = one_mesh(cv.mesh.get(b, lod=0), b), one_mesh(cv.mesh.get(b, lod=1), b)
-        assert M.is_watertight(coarse.vertices, coarse.faces)
+        assert W.is_watertight(coarse.vertices, coarse.faces)
         assert len(coarse.faces) < len(fine.faces) / 2
-        ratio = M.enclosed_volume(coarse.vertices, coarse.faces) / M.enclosed_volume(fine.vertices, fine.faces)
+        ratio = W.enclosed_volume(coarse.vertices, coarse.faces) / W.enclosed_volume(fine.vertices, fine.faces)
         assert 0.85 < ratio < 1.15, (b, ratio)  # each level holds its own scale's voxel volume
 
 
@@ -214,8 +215,8 @@ def test_supervoxel_meshes(six, tmp_path):
     cv = CloudVolume(f"file://{tmp_path / 'd'}", progress=False)
     sv = int(svs[0])
     m = one_mesh(cv.mesh.get(sv), sv)
-    assert M.is_watertight(m.vertices, m.faces)
-    assert abs(M.enclosed_volume(m.vertices, m.faces) / ((six.sv == sv).sum() * RES.prod()) - 1) < 0.15
+    assert W.is_watertight(m.vertices, m.faces)
+    assert abs(W.enclosed_volume(m.vertices, m.faces) / ((six.sv == sv).sum() * RES.prod()) - 1) < 0.15
 
 
 def test_into_a_convert_output(six, tmp_path):
@@ -334,10 +335,10 @@ def test_a_box_meshes_the_voxels_inside_it(six, tmp_path):
     assert rep.ok and rep.totals["bodies"] == len(ids)
     for b in ids:
         m = one_mesh(cv.mesh.get(b), b)
-        assert M.is_watertight(m.vertices, m.faces)
+        assert W.is_watertight(m.vertices, m.faces)
         v = m.vertices / RES
         assert (v.min(axis=0) >= np.array(box[0]) - 0.5).all() and (v.max(axis=0) <= np.array(box[1]) + 0.5).all()
-        assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * RES.prod()) - 1) < 0.05
+        assert abs(W.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * RES.prod()) - 1) < 0.05
 
 
 @pytest.mark.slow
@@ -409,5 +410,5 @@ def test_a_connected_body_is_one_piece_corner_contacts_and_cavities_too(tmp_path
     cv = CloudVolume(f"file://{tmp_path / 'm'}", progress=False)
     for b, parts in ((1, 1), (2, 1), (3, 1), (4, 2)):
         m = one_mesh(cv.mesh.get(b), b)
-        assert M.is_watertight(m.vertices, m.faces) and pieces(m) == parts, b
-        assert abs(M.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * 32**3) - 1) < 0.15, b
+        assert W.is_watertight(m.vertices, m.faces) and pieces(m) == parts, b
+        assert abs(W.enclosed_volume(m.vertices, m.faces) / ((vol == b).sum() * 32**3) - 1) < 0.15, b
