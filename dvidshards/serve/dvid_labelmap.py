@@ -161,9 +161,7 @@ class LabelmapInstance:
         return json_reply(self.info())
 
     def ep_help(self, r: Request) -> Reply:
-        from . import dvid
-
-        return Reply(200, (dvid.__doc__ or "").encode(), "text/plain")
+        return Reply(200, (__doc__ or "").encode(), "text/plain")
 
     def ep_tags(self, r: Request) -> Reply:
         return Reply(200, b'{"Tags":{}}')
