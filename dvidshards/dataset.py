@@ -242,13 +242,15 @@ class Dataset:
     # --- which scales, and how their files are named ---------------------------------------------
 
     def _find_exported(self) -> tuple[int, ...]:
-        """The scales one root holds (``pyramid.present_scales``; a store that cannot list: every one)."""
+        """The scales one root holds (elsewhere ``pyramid.present_scales``; a store that cannot list: every one)."""
         indices = [s.index for s in self.scales]
         if isinstance(self.store, RecordSource):  # a source says what it holds (None: every scale)
             held = self.store.exported
             return tuple(indices) if held is None else tuple(k for k in indices if k in held)
         if all("shard_extent" in s.inferred for s in self.scales):
             return tuple(indices)
+        if self.store.immediate:  # a stat per scale folder: a read lists only the folder it reads
+            return tuple(k for k in indices if self.store.is_folder_sync(f"s{k}"))
         try:
             return tuple(sorted(self.store._sync(present_scales(self.store, indices, dict(self._listed)))))
         except SpecError:  # a store that cannot list (http): every scale of the spec is taken as there
