@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 #: command name -> (implementation "module[:attribute]", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("dvidshards.cli:Info", "scales, sizes, resolution, shard and chunk counts, index variants"),
-    "verify": ("dvidshards.cli:Verify", "check an export end to end; exit 1 when problems are found"),
+    "verify": ("dvidshards.jobs.verify:VerifyCommand", "check an export end to end; exit 1 when problems are found"),
     "consolidate": ("dvidshards.cli:Consolidate",
                     "write one chunk index per scale outside the export, so that it opens at once"),
     "demo": ("dvidshards.cli:Demo", "write a synthetic export, read it back, check it and draw a slice"),
@@ -38,8 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "per-body voxels, supervoxels, chunks and bounding box of a scale, one task per shard"),
     "label-index": ("dvidshards.jobs.labelindex:LabelIndexCommand",
                     "write the label index (body, supervoxel, chunk, voxels) as a Parquet dataset"),
-    "body": ("dvidshards.jobs.meshes:BodyCommand",
-             "one body: size, box, supervoxels, DVID sparsevol (and -coarse) bytes, its mesh as .ply/.obj"),
+    "body": ("dvidshards.cli:BodyCommand",
+             "one body: size, box, supervoxels, DVID sparsevol (and -coarse) bytes, its mesh as .ply/.obj, its "
+             "skeleton as .swc"),
     "meshes": ("dvidshards.jobs.meshes:MeshesCommand",
                "neuroglancer multi-resolution (or legacy) meshes of every body into a precomputed dataset, one task "
                "per shard"),
@@ -79,22 +81,13 @@ def _load(target: str):
     return getattr(obj, attr) if attr else obj
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("dvidshards")
-    except Exception:  # noqa: BLE001 - not installed: the source tree's version
-        from . import __version__
-
-        return __version__
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; only ``command``'s implementation is imported for its options."""
+    from .jobs.output import package_version
+
     p = _Parser(prog="dvidshards", description="Read, check and index DVID export-shards exports.",
                 epilog="Run 'dvidshards COMMAND --help' for a command's options.")
-    p.add_argument("--version", action="version", version=f"dvidshards {_version()}",
+    p.add_argument("--version", action="version", version=f"dvidshards {package_version()}",
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (target, text) in COMMANDS.items():
@@ -259,10 +252,11 @@ def output_folder(path: str, what: str = "--out", create: bool = True) -> str:
     return path
 
 
-def output_file(path: str, what: str, suffix: str | None = None) -> str:
+def output_file(path: str, what: str, suffix: str | tuple[str, ...] = ()) -> str:
     """Check before any work that a file can be written at ``path`` (its folder exists, writable)."""
-    if suffix and not path.lower().endswith(suffix):
-        raise UsageError(f"{what} {path}: the file name must end in {suffix}")
+    suffixes = (suffix,) if isinstance(suffix, str) else suffix
+    if suffixes and not path.lower().endswith(suffixes):
+        raise UsageError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
     if os.path.isdir(path):
         raise UsageError(f"{what} {path}: is a folder; give a file name")
     folder = os.path.dirname(os.path.abspath(path))
@@ -277,10 +271,6 @@ def _source_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="export root: a folder, gs://, s3://, http(s):// URL or kvstore JSON")
     p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID's export-shards (JSON file); "
                                   "default: the export's info file, else geometry inferred from the files")
-
-
-def _scale_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scale", type=int, metavar="K", help="only scale K (folder sK); default: every scale")
 
 
 # --------------------------------------------------------------------------- commands
@@ -303,7 +293,7 @@ class Info:
         from .dataset import Dataset, LayeredStore
         from .errors import GeometryWarning
         from .formats.multiscale import SINGLE_SHARD
-        from .shard import held_scales, not_exported_note
+        from .scalefiles import not_exported_note, scales_phrase
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GeometryWarning)  # said in the table instead
@@ -313,7 +303,7 @@ class Info:
         if isinstance(ds.store, LayeredStore):  # several roots: where each scale comes from
             for i, root in enumerate(ds.store.stores):
                 ks = [k for k, r in ds.store.route.items() if r == i]
-                print(f"  {held_scales(ks)} from {root.describe('')}")
+                print(f"  {scales_phrase(ks)} from {root.describe('')}")
         head = ["scale", "key", "size (x,y,z)", "resolution", "shard", "naming", "shards"]
         if not args.no_chunks:
             head += ["chunks", "of grid", "index"]
@@ -354,42 +344,13 @@ class Info:
         return EXIT_OK
 
 
-class Verify:
-    """``dvidshards verify``."""
-
-    @staticmethod
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        _source_arguments(p)
-        _scale_argument(p)
-        p.add_argument("--decode", action="store_true",
-                       help="also decode every block and compare its label list with the record's")
-        p.add_argument("--spot-check", type=int, default=0, metavar="N",
-                       help="a convert output (a folder with _dvidshards.json): also compare N random chunks with "
-                            "the source its manifest names")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    @staticmethod
-    def main(args) -> int:
-        from .jobs.verify import verify
-
-        if args.spot_check < 0:
-            raise UsageError(f"dvidshards verify: --spot-check {args.spot_check}: give a number of chunks >= 0")
-        report = verify(args.source, scale=args.scale, decode=args.decode, spec=args.spec,
-                        progress=progress_wanted(args), spot_check=args.spot_check)
-        if not report.checked:  # nothing to check is a usage error, never "no problems"
-            why = report.problems[0].message if report.problems else f"no shard files found under {args.source}"
-            raise UsageError(f"dvidshards verify: nothing was checked: {' '.join(why.split())}")
-        print(report.summary())
-        return EXIT_OK if report.ok else EXIT_PROBLEMS
-
-
 class Consolidate:
     """``dvidshards consolidate``."""
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
         _source_arguments(p)
-        _scale_argument(p)
+        p.add_argument("--scale", type=int, metavar="K", help="only scale K (folder sK); default: every scale")
         p.add_argument("--out", required=True, metavar="FOLDER",
                        help="folder for the index files (created if needed; never inside the export)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -414,9 +375,84 @@ class Consolidate:
             print(f"{s.folder}: {n} chunks in {shards} shards -> {path}")
         absent = [s.index for s in ds.scales if s.index not in ds.exported]
         if args.scale is None and absent:
-            from .shard import not_exported_note
+            from .scalefiles import not_exported_note
 
             print(not_exported_note(ds.store, absent))
+        return EXIT_OK
+
+
+class BodyCommand:
+    """``dvidshards body EXPORT ID [--size] [--box] [--supervoxels] [--sparsevol F] [--coarse F]
+    [--mesh F.ply|F.obj] [--skeleton F.swc]``: one JSON line of facts, the files written."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        _source_arguments(p)
+        p.add_argument("id", type=int, help="body id (a supervoxel id with --labels supervoxels)")
+        p.add_argument("--scale", type=int, default=0, metavar="K", help="scale K (folder sK); default 0")
+        p.add_argument("--labels", default="agglomerated",
+                       help="agglomerated (default), supervoxels, or a supervoxel->body mapping file")
+        p.add_argument("--index", metavar="FOLDER", help="a label index (dvidshards label-index) to find the chunks")
+        p.add_argument("--size", action="store_true", help="print the body's voxel count")
+        p.add_argument("--box", action="store_true", help="print the body's exact voxel box")
+        p.add_argument("--supervoxels", action="store_true", help="print the body's supervoxel ids")
+        p.add_argument("--sparsevol", metavar="FILE", help="write DVID's sparsevol RLE bytes")
+        p.add_argument("--coarse", metavar="FILE", help="write DVID's sparsevol-coarse RLE bytes")
+        p.add_argument("--mesh", metavar="FILE", help="write the body's mesh (nm) as .ply or .obj")
+        p.add_argument("--mesh-scale", type=int, default=None, metavar="K", help="scale to mesh (default: --scale)")
+        p.add_argument("--skeleton", metavar="FILE",
+                       help="write the body's skeleton as FlyEM's SWC (scale-0 voxels, radii in nm; needs "
+                            "dvidshards[skeleton])")
+        p.add_argument("--skeleton-scale", type=int, default=None, metavar="K",
+                       help="scale to skeletonize (default: the finest of at least 32 nm, as dvidshards skeletons)")
+
+    @staticmethod
+    def main(args) -> int:
+        from .bodies import Body
+        from .dataset import Dataset
+        from .formats.mesh import to_obj, to_ply
+        from .formats.skeleton import need_kimimaro
+        from .stores import as_store
+
+        def write(path: str, data: bytes) -> None:
+            folder, name = os.path.split(os.path.abspath(path))
+            with as_store(folder, writable=True).writer(name) as f:
+                f.write(data)
+
+        for path, what, suffix in ((args.sparsevol, "--sparsevol", ()), (args.coarse, "--coarse", ()),
+                                   (args.mesh, "--mesh", (".ply", ".obj")), (args.skeleton, "--skeleton", ".swc")):
+            if path is not None:  # every check before any work
+                output_file(path, what, suffix)
+        if args.skeleton:
+            need_kimimaro()
+        body = Body(Dataset(args.source, spec=args.spec), args.id, scale=args.scale, labels=args.labels,
+                    index=args.index)
+        if not body.exists():  # one line saying what the id is instead (exit 2, as any bad input)
+            raise body.not_found()
+        facts: dict = {"id": body.id, "scale": body.scale, "chunks": int(len(body.chunks()))}
+        asked = args.size or args.box or args.supervoxels or args.sparsevol or args.coarse or args.mesh or args.skeleton
+        if args.size or not asked:
+            facts["size"] = body.size()
+        if args.box or not asked:
+            facts["box"] = body.box()
+        if args.supervoxels:
+            facts["supervoxels"] = body.supervoxels().tolist()
+        if args.sparsevol:
+            write(args.sparsevol, body.sparsevol())
+            facts["sparsevol"] = args.sparsevol
+        if args.coarse:
+            write(args.coarse, body.sparsevol_coarse())
+            facts["coarse"] = args.coarse
+        if args.mesh:
+            m = body.mesh(args.mesh_scale)
+            write(args.mesh, to_ply(m) if args.mesh.lower().endswith(".ply") else to_obj(m))
+            facts["mesh"] = {"file": args.mesh, "vertices": len(m.vertices), "faces": len(m.faces)}
+        if args.skeleton:
+            sk = body.skeleton(scale=args.skeleton_scale)
+            write(args.skeleton, sk.swc(header=[f"body {body.id} of {body.ds.store.describe('')}, by dvidshards body "
+                                                 f"(kimimaro)"]).encode())
+            facts["skeleton"] = {"file": args.skeleton, "vertices": len(sk.vertices), "trees": sk.trees}
+        print(json.dumps(facts))
         return EXIT_OK
 
 

@@ -53,11 +53,6 @@ from .formats.chunkindex import (
 )
 from .formats.multiscale import Scale
 from .formats.records import RecordTable
-
-# TRANSITIONAL: these live in scalefiles.py (held_scales is scales_phrase there); cli.py and
-# benchmarks/bench_read.py import them from here until they switch. Delete this block then.
-from .scalefiles import neighbour_origins, not_exported_note, parse_shard_names  # noqa: F401
-from .scalefiles import scales_phrase as held_scales  # noqa: F401
 from .sources.base import RecordSource
 from .stores.base import ByteStore, PastEndError
 

@@ -258,7 +258,7 @@ def test_index_of_scale_0_finds_the_chunks_of_scale_1(exp, ds, tmp_path, monkeyp
 
 @pytest.fixture
 def body_cli(monkeypatch):
-    monkeypatch.setitem(cli.COMMANDS, "body", ("dvidshards.jobs.meshes:BodyCommand", "one body"))
+    monkeypatch.setitem(cli.COMMANDS, "body", ("dvidshards.cli:BodyCommand", "one body"))
     return cli.main
 
 

@@ -1,4 +1,4 @@
-"""Meshes for every body of an export: ``dvidshards meshes EXPORT DEST`` (and ``dvidshards body``).
+"""Meshes for every body of an export: ``dvidshards meshes EXPORT DEST``.
 
 neuroglancer's multi-resolution sharded Draco meshes (``legacy``: the single-resolution format) in
 a precomputed dataset folder (a ``convert`` output, whose ``info`` gains the ``mesh`` key, or a new
@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..bodies import Body, chunk_decoder
+from ..bodies import chunk_decoder
 from ..dataset import Dataset
 from ..errors import OutputError, SpecError
 from ..formats.labelindex import bucket_of, labels_id
 from ..formats.labels import as_labels
-from ..formats.mesh import Mesh, box_faces, merge_fragments, mesh_cells, to_obj, to_ply, volume_area
+from ..formats.mesh import Mesh, box_faces, merge_fragments, mesh_cells, volume_area
 from ..formats.meshreduce import decimate, drop_cavities, inflate, weld_pieces
 from ..formats.multilod import (
     encode_object,
@@ -62,7 +62,7 @@ from .options import (
 from .output import MANIFEST, JobReport, Output, work_folder
 from .runner import TaskRunner, clear_work, remove_work, scheduler_of
 
-__all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BodyCommand", "BucketTask", "MeshJob", "MeshTask", "MeshesCommand",
+__all__ = ["FAN_IN", "MANIFEST", "NODE", "TARGET_NM", "BucketTask", "MeshJob", "MeshTask", "MeshesCommand",
            "MeshesError", "default_scale", "levels", "meshes", "plan", "reduce", "run_task", "write_bucket"]
 
 FAN_IN = 64  # work files a regroup or reduce task opens at most
@@ -276,9 +276,7 @@ def _box_at(job: MeshJob, scale: int):
     if job.box is None:
         return None
     f = 2 ** (job.scales.index(scale))
-    lo = np.asarray(job.box[0], np.int64) // f
-    hi = -(-np.asarray(job.box[1], np.int64) // f)
-    return lo, hi
+    return np.asarray(job.box[0], np.int64) // f, -(-np.asarray(job.box[1], np.int64) // f)
 
 
 def _boxed(decode, box, cs: int):
@@ -292,9 +290,7 @@ def _boxed(decode, box, cs: int):
         if (a1 <= a0).any():
             return None  # outside the box: not even decoded
         a = decode(c)
-        if a is None:
-            return None
-        if (a0 == 0).all() and (a1 == cs).all():
+        if a is None or ((a0 == 0).all() and (a1 == cs).all()):
             return a
         out = np.zeros_like(a)
         out[a0[2]:a1[2], a0[1]:a1[1], a0[0]:a1[0]] = a[a0[2]:a1[2], a0[1]:a1[1], a0[0]:a1[0]]
@@ -318,8 +314,7 @@ def run_task(task: MeshTask) -> dict:
     box = _box_at(job, scale)
     if box is not None:
         decode = _boxed(decode, box, cs)
-        # a cell meshes its chunk's voxels plus one of each + neighbour: only cells reaching into the box
-        vox = cells * cs
+        vox = cells * cs  # a cell meshes its chunk and one voxel of each + neighbour: those reaching the box
         cells = cells[((vox < box[1]) & (vox + cs + 1 > box[0])).all(axis=1)]
     faces_mc = faces_kept = 0
     with FragmentWriter(job.work, task.key, functools.partial(_bucket, job)) as w:
@@ -704,73 +699,3 @@ class MeshesCommand:
                         **kw, **job_options(args))
         print(report.summary())
         return 0 if report.ok else 1
-
-
-class BodyCommand:
-    """``dvidshards body EXPORT ID [--size] [--box] [--sparsevol F] [--coarse F] [--mesh F.ply|F.obj]``."""
-
-    @staticmethod
-    def add_arguments(p) -> None:
-        p.add_argument("source", help="export root: a folder, gs://, s3://, http(s):// URL or kvstore JSON")
-        p.add_argument("id", help="body id (a supervoxel id with --labels supervoxels)")
-        p.add_argument("--spec", help="the neuroglancer multiscale spec given to DVID's export-shards")
-        p.add_argument("--scale", type=int, default=0, metavar="K", help="scale K (folder sK); default 0")
-        p.add_argument("--labels", default="agglomerated",
-                       help="agglomerated (default), supervoxels, or a supervoxel->body mapping file")
-        p.add_argument("--index", metavar="FOLDER", help="a label index (dvidshards label-index) to find the chunks")
-        p.add_argument("--size", action="store_true", help="print the body's voxel count")
-        p.add_argument("--box", action="store_true", help="print the body's exact voxel box")
-        p.add_argument("--supervoxels", action="store_true", help="print the body's supervoxel ids")
-        p.add_argument("--sparsevol", metavar="FILE", help="write DVID's sparsevol RLE bytes")
-        p.add_argument("--coarse", metavar="FILE", help="write DVID's sparsevol-coarse RLE bytes")
-        p.add_argument("--mesh", metavar="FILE", help="write the body's mesh (nm) as .ply or .obj")
-        p.add_argument("--mesh-scale", type=int, default=None, metavar="K",
-                       help="scale to mesh (default: --scale)")
-
-    @staticmethod
-    def main(args) -> int:
-        try:
-            body_id = int(args.id)
-        except ValueError:
-            raise SpecError(f"ID {args.id!r}: give an integer body id") from None
-        outs = [(args.sparsevol, "--sparsevol", None), (args.coarse, "--coarse", None),
-                (args.mesh, "--mesh", (".ply", ".obj"))]
-        for path, what, suffixes in outs:  # every check before any work
-            if path is None:
-                continue
-            if suffixes and not path.lower().endswith(suffixes):
-                raise SpecError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder) or os.path.isdir(path):
-                raise SpecError(f"{what} {path}: cannot write a file there")
-        ds = Dataset(args.source, spec=args.spec)
-        body = Body(ds, body_id, scale=args.scale, labels=args.labels, index=args.index)
-        if not body.exists():  # one line saying what the id is instead (exit 2, as any bad input)
-            raise body.not_found()
-        facts: dict = {"id": body_id, "scale": body.scale, "chunks": int(len(body.chunks()))}
-        asked = args.size or args.box or args.supervoxels or args.sparsevol or args.coarse or args.mesh
-        if args.size or not asked:
-            facts["size"] = body.size()
-        if args.box or not asked:
-            facts["box"] = body.box()
-        if args.supervoxels:
-            facts["supervoxels"] = body.supervoxels().tolist()
-        if args.sparsevol:
-            _write_file(args.sparsevol, body.sparsevol())
-            facts["sparsevol"] = args.sparsevol
-        if args.coarse:
-            _write_file(args.coarse, body.sparsevol_coarse())
-            facts["coarse"] = args.coarse
-        if args.mesh:
-            m = body.mesh(args.mesh_scale)
-            _write_file(args.mesh, to_ply(m) if args.mesh.lower().endswith(".ply") else to_obj(m))
-            facts["mesh"] = {"file": args.mesh, "vertices": len(m.vertices), "faces": len(m.faces)}
-        print(json.dumps(facts))
-        return 0
-
-
-def _write_file(path: str, data: bytes) -> None:
-    folder, name = os.path.split(os.path.abspath(path))
-    with as_store(folder, writable=True).writer(name) as f:
-        f.write(data)
-

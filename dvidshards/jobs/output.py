@@ -46,13 +46,16 @@ HEARTBEAT_SECONDS = float(os.environ.get("DVIDSHARDS_LOCK_HEARTBEAT_SECONDS", "6
 _PAUSE_FILE = os.environ.get("DVIDSHARDS_PAUSE_FILE") or None
 
 
-def _version() -> str:
+def package_version() -> str:
+    """dvidshards' installed version (a source tree not installed: its ``__version__``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("dvidshards")
     except PackageNotFoundError:  # pragma: no cover - a source tree not installed
-        return "unknown"
+        from .. import __version__
+
+        return __version__
 
 
 def _now() -> str:
@@ -562,7 +565,7 @@ class Output:
                 source = {"url": desc("") if desc is not None else repr(self.source)}
             if self.identity is not None:
                 source["identity"] = self.identity
-        return {"dvidshards": {"manifest": SCHEMA, "version": _version()}, "job": self.job,
+        return {"dvidshards": {"manifest": SCHEMA, "version": package_version()}, "job": self.job,
                 "parameters": self.parameters, "command": self.command, "source": source,
                 "scales": self.scales, "complete": False, "status": "running",
                 "started": (self.previous or {}).get("started") or _now(), "updated": _now(), "finished": None}
