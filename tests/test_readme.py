@@ -92,3 +92,38 @@ def test_every_readme_python_line_runs(workspace, tmp_path):
     assert ran >= 30
     assert ns["report"].ok and ns["ds"].exported == (0, 1, 2) and ns["b"].exists()
     np.testing.assert_array_equal(ns["a"], ns["ds"].read([[0, 0, 0], [128, 128, 64]], scale=0))
+
+
+def _readme_commands() -> list[str]:
+    """Every ``dvidshards ...`` line of README.md's bash blocks, its comment cut off."""
+    text = (ROOT / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            code = line.split("  #", 1)[0].strip()
+            if code.startswith("dvidshards "):
+                lines.append(code)
+    return lines
+
+
+def test_every_readme_command_parses_with_the_options_it_shows():
+    """Each command the README shows is one of the CLI's, with options its parser takes (an option
+    that was renamed or removed fails here, naming the README line)."""
+    import shlex
+
+    from dvidshards.cli import UsageError, build_parser
+
+    lines = _readme_commands()
+    assert len(lines) >= 20, lines
+    shown = set()
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        shown.add(argv[0])
+        try:
+            args = build_parser(argv[0]).parse_args(argv)
+        except (UsageError, SystemExit) as e:
+            raise AssertionError(f"README command does not parse: {line}\n  {type(e).__name__}: {e}") from e
+        assert args.command == argv[0]
+    from dvidshards.cli import COMMANDS
+
+    assert set(COMMANDS) - shown == set(), f"commands the README never shows: {sorted(set(COMMANDS) - shown)}"
