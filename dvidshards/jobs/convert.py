@@ -117,7 +117,7 @@ class Task:
     clip: Box | None = None
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple:  # (scale, source origin), or (scale, output shard box index)
         return (self.scale, self.sources[0] if self.shard is None else self.shard)
 
     @property
@@ -349,7 +349,7 @@ def _morton(sp: ScaleLayout, rr: np.ndarray) -> np.ndarray:
 
 
 def _in_file_order(w: _Worker, task: Task, spec: ShardingSpec, part: tuple, res: ConvertResult) -> Iterator:
-    table, rows, rr, full = part
+    table, rows, rr, full = part  # one source shard's output shard
     keys = _morton(task.layout, rr)
     for j in file_order(spec, keys).tolist():
         yield int(keys[j]), _chunk_bytes(w, task, table, int(rows[j]), rr[j], bool(full[j]), res)
@@ -365,17 +365,14 @@ def _spooled(w: _Worker, task: Task, fname: str, spec: ShardingSpec, parts: Iter
         os.makedirs(folder, exist_ok=True)
     keys, starts, sizes = [], [], []
     with tempfile.TemporaryFile(dir=folder) as spool:
-        pos = 0
         for table, rows, rr, full in parts:
             codes = _morton(task.layout, rr)
             for j in range(len(rows)):
                 enc = _chunk_bytes(w, task, table, int(rows[j]), rr[j], bool(full[j]), res)
                 if enc is not None:
-                    spool.write(enc)
                     keys.append(codes[j])
-                    starts.append(pos)
-                    sizes.append(len(enc))
-                    pos += len(enc)
+                    starts.append(spool.tell())
+                    sizes.append(spool.write(enc))
         allkeys = np.asarray(keys, np.uint64)
         for j in file_order(spec, allkeys).tolist():
             spool.seek(starts[j])

@@ -1,11 +1,10 @@
-"""The meshes job's partial results: cell pieces in fragment files, by bucket and body.
+"""The meshes job's partial results: cell pieces in fragment files of its work folder.
 
-A map task writes one fragment file per source shard (:class:`FragmentWriter`): each piece (one
-body's mesh in one cell, with its counts) as a 64-byte header and its vertices and faces, sorted by
-the bucket of its body (the mesh shard it lands in) and by body, the buckets' index in a footer. A
-reduce task reads one bucket's pieces across files body by body (:func:`by_body`, a k-way merge:
-one body's pieces in memory at a time); groups of files merge first when there are many
-(:func:`merge_task`). The files live in a work folder (a store).
+A fragment file (:class:`FragmentWriter`, one per source shard) holds each piece (a body's mesh in
+a cell, with its counts) as a 64-byte header, its vertices and faces, sorted by the body's bucket
+(the mesh shard it lands in) and body, the buckets' index in a footer. A reduce task reads a
+bucket's pieces across files body by body (:func:`by_body`, a k-way merge: one body in memory);
+many files merge in groups first (:func:`merge_task`).
 """
 
 from __future__ import annotations
@@ -61,12 +60,9 @@ def parse(raw: bytes) -> Fragment:
 
 
 class FragmentWriter:
-    """The fragment file ``key`` of a work folder, written whole when the block ends without an error.
-
-    Pieces go to a scratch file as they come (beside the file, hidden, in a local work folder; else
-    a temporary file), 24 bytes a piece stay in memory; at the end they are copied into ``key``
-    sorted by ``bucket(bodies)`` and body, with the buckets' index as a footer.
-    """
+    """The fragment file ``key``, published when the block ends without an error. Pieces go to a
+    scratch file as they come (hidden beside a local file, else a temporary one), 24 bytes a piece
+    in memory; at the end they are copied into ``key`` sorted by ``bucket(bodies)`` and body."""
 
     def __init__(self, work: ByteStore, key: str, bucket: Callable[[np.ndarray], np.ndarray]):
         self.work, self.key, self.bucket = work, key, bucket
@@ -161,8 +157,7 @@ def buckets_of(work: ByteStore, key: str) -> np.ndarray:
 
 
 def _scan(work: ByteStore, key: str, bucket: int) -> Iterator[tuple[int, bytes]]:
-    """(body, raw entry) of every piece of a bucket of a file, in file order (sorted by body),
-    read one at a time."""
+    """(body, raw entry) of a bucket's pieces in a file, in its order (by body), one at a time."""
     where = work.describe(key)
     with work.open(key) as f:
         idx = _read_index(f, where)
@@ -186,8 +181,7 @@ def _scan(work: ByteStore, key: str, bucket: int) -> Iterator[tuple[int, bytes]]
 
 
 def by_body(work: ByteStore, keys: Sequence[str], bucket: int) -> Iterator[tuple[int, list[bytes]]]:
-    """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge of the
-    files' body-sorted sections, read entry by entry): one body's pieces in memory at a time."""
+    """``(body, [raw entries])`` of one bucket across files, body by body (a k-way merge)."""
     merged = heapq.merge(*(_scan(work, k, bucket) for k in keys), key=lambda e: e[0])
     for body, group in itertools.groupby(merged, key=lambda e: e[0]):
         yield body, [raw for _, raw in group]
@@ -211,7 +205,7 @@ class MergeTask:
 
 
 def merge_task(task: MergeTask) -> int:
-    """Merge a group of fragment files into one, bucket by bucket, body by body (memory: one body)."""
+    """A group of fragment files merged into one, bucket by bucket, body by body."""
     work = task.work
     buckets: Any = np.unique(np.concatenate([buckets_of(work, k) for k in task.keys])) if task.keys else []
     index = []

@@ -572,6 +572,8 @@ def _write_blocks(paths: Any, to: str, labels: LabelSource, spec: Any, scale: in
 # --------------------------------------------------------------------------- command line
 
 
+_DEFAULTS = {"workers": 2, "cell_limit": CELL_LIMIT, "row_group_size": ROW_GROUP, "compression": "auto",
+             "labels": "agglomerated"}
 _TABLE_ONLY = {"workers": 2, "cell_limit": CELL_LIMIT, "row_group_size": ROW_GROUP, "scales": None, "token": None,
                "tls_root_certs": None, "scheduler": None, "workdir": None, "resume": False, "overwrite": False}
 
@@ -617,12 +619,10 @@ class IngestCommand:
             if remote:
                 source = FlightSource(source, token=args.token or os.environ.get("DVIDSHARDS_FLIGHT_TOKEN") or None,
                                       tls_root_certs=args.tls_root_certs, tune_malloc=True)
-            skip = [k for k, v in (("workers", 2), ("cell_limit", CELL_LIMIT), ("row_group_size", ROW_GROUP),
-                                   ("compression", "auto"), ("labels", "agglomerated")) if getattr(args, k) == v]
-            report = ingest(source, args.dest, workers=args.workers, scales=args.scales, labels=args.labels,
-                            cell_limit=args.cell_limit, row_group_size=args.row_group_size, spec=args.spec,
-                            allow_partial=True, command=command_line("ingest", args, skip=[*skip, "token"]),
-                            **job_options(args))
+            kw = {k: getattr(args, k) for k in ("workers", "scales", "labels", "cell_limit", "row_group_size", "spec")}
+            skip = [k for k, v in _DEFAULTS.items() if getattr(args, k) == v]
+            report = ingest(source, args.dest, allow_partial=True, **kw, **job_options(args),
+                            command=command_line("ingest", args, skip=[*skip, "token"]))
             print(report.summary())
             return 0 if report.ok else 1
         for s in srcs:

@@ -22,6 +22,7 @@ get no files (PCG reads a missing file as no edges). Needs ``dvidshards[pcg]`` (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -137,19 +138,12 @@ class PcgJob:
     def __init__(self, ds: Dataset, scale: int | Scale, dest: ByteStore, work: ByteStore,
                  chunk_size: Sequence[int], layout: IdLayout, mapped: Mapped | None, affinity: str, level: int,
                  threads: int | None, fill_missing_shards: bool):
-        self.ds = ds
-        self.scale = ds.scale(scale)
-        self.dest, self.work = dest, work
+        self.ds, self.scale, self.dest, self.work = ds, ds.scale(scale), dest, work
         self.cs = np.asarray(chunk_size, np.int64)
-        self.layout = layout
-        self.mapped = mapped
-        self.affinity = affinity
-        self.level = int(level)
-        self.threads = threads
-        self.fill = fill_missing_shards
-        s = self.scale
-        self.lo = np.asarray(s.voxel_offset, np.int64)
-        self.hi = self.lo + np.asarray(s.size, np.int64)
+        self.layout, self.mapped, self.affinity, self.level = layout, mapped, affinity, int(level)
+        self.threads, self.fill = threads, fill_missing_shards
+        self.lo = np.asarray(self.scale.voxel_offset, np.int64)
+        self.hi = self.lo + np.asarray(self.scale.size, np.int64)
         self.grid = -(-(self.hi - self.lo) // self.cs)
         self._local = threading.local()  # a palette (and so a reader) per thread
         self.group: tuple[int, ...] = (1, 1, 1)  # chunks per task per axis (set by plan)
@@ -188,10 +182,9 @@ class PcgJob:
         """Voxel box [a, b) of chunk c in the volume (empty outside the grid)."""
         c = np.asarray(c, np.int64)
         a = self.lo + c * self.cs
-        b = np.minimum(a + self.cs, self.hi)
         if (c < 0).any() or (c >= self.grid).any():
             return a, a
-        return a, b
+        return a, np.minimum(a + self.cs, self.hi)
 
     def id_lists(self, coords):
         """Id lists of chunk c and its 6 neighbours, and a supervoxel -> body lookup."""
@@ -199,41 +192,26 @@ class PcgJob:
         reader = self.ds.reader(s, self.palette, fill_missing_shards=self.fill)  # the reads' shard cache
         bcs = np.asarray(s.chunk_size, np.int64)
         boxes = [self.box(coords)] + [self.box(np.add(coords, d)) for d in fmt.DIRECTIONS]
-        # DVID blocks overlapping each box
-        wanted: dict = {}
+        by_shard: dict = {}  # the DVID blocks meeting the boxes
         per_box: list = []
         for a, b in boxes:
-            if (b <= a).any():
-                per_box.append([])
-                continue
             b0, b1 = a // bcs, (b - 1) // bcs + 1
-            keys = [(x, y, z) for z in range(int(b0[2]), int(b1[2])) for y in range(int(b0[1]), int(b1[1]))
-                    for x in range(int(b0[0]), int(b1[0]))]
+            keys = [] if (b <= a).any() else [(x, y, z) for z in range(int(b0[2]), int(b1[2]))
+                                              for y in range(int(b0[1]), int(b1[1])) for x in range(int(b0[0]), int(b1[0]))]
             per_box.append(keys)
             for k in keys:
-                wanted[k] = None
-        by_shard: dict = {}
-        for k in wanted:
-            by_shard.setdefault(s.shard_origin(*k), []).append(k)
+                by_shard.setdefault(s.shard_origin(*k), {})[k] = None
         svs, bodies = {}, {}
         for keys in by_shard.values():
-            shard = reader.shard(*keys[0])
+            shard = reader.shard(*next(iter(keys)))
             if shard is None:
                 continue
-            rows, found = [], []
-            for k in keys:
-                i = shard.find(*k)
-                if i is not None:
-                    rows.append(i)
-                    found.append(k)
-            if not rows:
-                continue
             # ascending record numbers: file order for lazy (remote) shards' batch fetches
-            order = np.argsort(rows)
-            rows = [rows[j] for j in order]
-            found = [found[j] for j in order]
-            t = shard.table(rows)
-            for j, k in enumerate(found):
+            found = sorted((i, k) for k in keys if (i := shard.find(*k)) is not None)
+            if not found:
+                continue
+            t = shard.table([i for i, _ in found])
+            for j, (_, k) in enumerate(found):
                 sv = t.supervoxels(j)
                 svs[k] = sv
                 if self.mapped is None:
@@ -482,18 +460,10 @@ def _parameters(job: PcgJob, labels: dict) -> dict:
     """What a resume must repeat (not a box or chunk list: runs over parts of the grid share an output)."""
     s = job.scale
     return json.loads(json.dumps({
-        "format": FORMAT,
-        "version": VERSION,
-        "scale": s.index,
-        "volume_size": list(s.size),
-        "voxel_offset": list(s.voxel_offset),
-        "chunk_size": [int(v) for v in job.cs],
-        "grid": [int(v) for v in job.grid],
-        **job.layout.to_json(),
-        "affinity": job.affinity,
-        "components": labels,
-        "chunks_per_task": list(job.group),
-    }))
+        "format": FORMAT, "version": VERSION, "scale": s.index, "volume_size": list(s.size),
+        "voxel_offset": list(s.voxel_offset), "chunk_size": [int(v) for v in job.cs],
+        "grid": [int(v) for v in job.grid], **job.layout.to_json(), "affinity": job.affinity,
+        "components": labels, "chunks_per_task": list(job.group)}))
 
 
 def _description(job: PcgJob) -> dict:
@@ -643,12 +613,9 @@ def _remove_temporaries(store: ByteStore) -> None:
             names = os.listdir(path) if path is not None else []
         except OSError:
             continue
-        for n in names:
-            if is_temporary(n):
-                try:
-                    os.unlink(os.path.join(path, n))  # type: ignore[arg-type]
-                except OSError:
-                    pass
+        for n in filter(is_temporary, names):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(path, n))  # type: ignore[arg-type]
 
 
 def _triple(v: Any, what: str) -> tuple[int, int, int]:

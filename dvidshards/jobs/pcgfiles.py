@@ -1,10 +1,8 @@
-"""A pcg-edges output's files on its store: the side table's parts, and the files read back.
+"""A pcg-edges output's files: the side table's parts, and an output read back from any store.
 
-The side table (``supervoxels/``, one Parquet file per task: pcg_id, dvid_supervoxel, chunk_x,
+The side table (``supervoxels/``, a Parquet file per task: pcg_id, dvid_supervoxel, chunk_x,
 chunk_y, chunk_z, voxels, sorted by pcg_id) reads as one table; each part's metadata lists the
-chunks its task covered and those it wrote files for: the task's completion record
-(:class:`Part`). :func:`read_chunk_edges`, :func:`read_chunk_components` and
-:func:`read_side_table` read an output back from any store (a folder, ``gs://``, ``s3://``).
+chunks its task covered and wrote files for: the task's completion record (:class:`Part`).
 """
 
 from __future__ import annotations
@@ -27,16 +25,15 @@ __all__ = ["SCHEMA", "SIDE_TABLE", "Part", "read_chunk_components", "read_chunk_
 
 SIDE_TABLE = "supervoxels"  # a folder: one Parquet file per task
 VERSION = 3  # 2: manifest.json of its own; 1: one supervoxels.parquet built on the client
-COVERED = b"dvidshards.covered"  # side-table part metadata: the chunks done
-WRITTEN = b"dvidshards.written"  # and those with files
+COVERED, WRITTEN = b"dvidshards.covered", b"dvidshards.written"  # a part's metadata: the chunks done, with files
 SCHEMA = pa.schema([("pcg_id", pa.uint64()), ("dvid_supervoxel", pa.uint64()), ("chunk_x", pa.int32()),
                      ("chunk_y", pa.int32()), ("chunk_z", pa.int32()), ("voxels", pa.uint64())])
 Chunk = tuple[int, ...]
 
 
 class Part:
-    """A task's side-table part: its rows (pcg_id, supervoxel, voxels) with their chunks, and the
-    chunks it covers (done) and wrote files for."""
+    """A task's side-table part: rows (pcg_id, supervoxel, voxels) with their chunks, and the chunks
+    it covers (done) and wrote files for."""
 
     def __init__(self, rows: np.ndarray | None = None, chunks: np.ndarray | None = None, covered=(), written=()):
         self.parts: list[tuple[np.ndarray, np.ndarray]] = [] if rows is None or chunks is None else [(rows, chunks)]
@@ -67,7 +64,7 @@ class Part:
 
 
 def read_part(store: ByteStore, key: str) -> Part:
-    """A task's part as written (empty when there is none)."""
+    """A task's part as written (empty when none)."""
     data = store.get_sync(key)
     where = store.describe(key)
     if data is None:
@@ -89,7 +86,7 @@ def read_part(store: ByteStore, key: str) -> Part:
 
 
 def write_part(store: ByteStore, key: str, part: Part) -> None:
-    """Write a task's part: its rows sorted by PCG id, its chunk lists in the metadata."""
+    """Rows sorted by PCG id, the chunk lists in the metadata."""
     a = np.concatenate([r for r, _ in part.parts]) if part.parts else np.zeros((0, 3), np.uint64)
     c = np.concatenate([k for _, k in part.parts]) if part.parts else np.zeros((0, 3), np.int32)
     order = np.argsort(a[:, 0], kind="stable")
@@ -104,11 +101,9 @@ def write_part(store: ByteStore, key: str, part: Part) -> None:
 
 
 def read_chunk_edges(path: Any, coords: Sequence[int]) -> dict:
-    """The edges file of one chunk: ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``.
-
-    ``path`` is the output (a folder, ``gs://``, ``s3://``, a kvstore spec or a store). A missing
-    file reads as no edges (as in PCG's ``get_chunk_edges``); a corrupt one raises PcgError naming it.
-    """
+    """One chunk's edges: ``{"in"|"between"|"cross": (ids1, ids2, affinities, areas)}``; a missing
+    file reads as none (as PCG's ``get_chunk_edges``), a corrupt one is a PcgError naming it.
+    ``path``: the output (a folder, ``gs://``, ``s3://``, a kvstore spec or a store)."""
     store = as_store(path, what="pcg-edges output")
     name = fmt.edges_path(coords)
     where = store.describe(name)
@@ -123,7 +118,7 @@ def read_chunk_edges(path: Any, coords: Sequence[int]) -> dict:
 
 
 def read_chunk_components(path: Any, coords: Sequence[int]) -> list[np.ndarray]:
-    """The components file of one chunk: its groups of PCG ids (one array per body), [] if absent."""
+    """One chunk's groups of PCG ids (an array per body), [] if absent."""
     store = as_store(path, what="pcg-edges output")
     name = fmt.components_path(coords)
     data = store.get_sync(name)
@@ -131,12 +126,8 @@ def read_chunk_components(path: Any, coords: Sequence[int]) -> list[np.ndarray]:
 
 
 def read_side_table(path: Any) -> pa.Table:
-    """The side table of a pcg-edges output as one table, sorted by ``pcg_id``.
-
-    ``pcg_id, dvid_supervoxel, chunk_x, chunk_y, chunk_z, voxels``: every piece (DVID supervoxel
-    in a PCG chunk) of the chunks done. For large outputs read the folder ``supervoxels/`` with
-    ``pyarrow.dataset`` instead (one file per task).
-    """
+    """The side table as one table sorted by ``pcg_id``: every piece (DVID supervoxel in a PCG chunk)
+    of the chunks done. A large one reads better as the folder, with ``pyarrow.dataset``."""
     store = as_store(path, what="pcg-edges output")
     names = [n for n in store.list_sync(SIDE_TABLE) if n.endswith(".parquet")]
     if not names and not store.is_folder_sync(SIDE_TABLE):

@@ -206,15 +206,12 @@ class _Progress:
         self.total, self.desc = total, desc
         self.done = self.failed = 0
         self.t0 = self.last = time.monotonic()
-        tty = sys.stderr.isatty()
         self.bar = None
-        self.lines = False
-        if progress is True or (progress is None and tty):
+        if progress is True or (progress is None and sys.stderr.isatty()):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="task", file=sys.stderr, dynamic_ncols=True)
-        elif progress is None and total:
-            self.lines = True
+        self.lines = self.bar is None and progress is None and bool(total)
 
     def update(self, ok: bool) -> None:
         self.done += 1
@@ -275,8 +272,7 @@ class TaskRunner:
         self.retries = RETRIES if retries is None else int(retries)
         if self.retries < 0:
             raise SpecError(f"retries must be >= 0, got {retries!r}")
-        self.progress = progress
-        self.max_in_flight = max_in_flight
+        self.progress, self.max_in_flight = progress, max_in_flight
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._client: Any = None
@@ -419,7 +415,7 @@ class TaskRunner:
         items = list(items)
         if len(set(items)) != len(items):
             raise ValueError("run_tasks: items must be distinct")
-        skip = set(done or ())
+        order, skip = order_of(items), set(done or ())
         report = PhaseReport()
         todo: list[Hashable] = []
         for it in items:
@@ -433,7 +429,7 @@ class TaskRunner:
         try:
             for attempt in range(retries + 1):
                 if attempt:
-                    todo = sorted(report.transient, key=order_of(items).__getitem__)
+                    todo = sorted(report.transient, key=order.__getitem__)
                     if not todo:
                         break
                     report.retried += len(todo)
@@ -455,7 +451,6 @@ class TaskRunner:
                     report.dashboard = self.dashboard
         finally:
             bar.close()
-        order = order_of(items)
         report.results = dict(sorted(report.results.items(), key=lambda kv: order[kv[0]]))
         report.failed = dict(sorted(report.failed.items(), key=lambda kv: order[kv[0]]))
         report.elapsed = time.perf_counter() - t0
