@@ -202,6 +202,7 @@ def _encoded(d: dict, ds, plan):
 
 def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -> dict:
     """zstd decompression + the staged kvstore write of already-encoded chunks, no encode."""
+    import gzip
     import struct
 
     import numpy as np
@@ -210,7 +211,7 @@ def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -
 
     import dvidshards
     from dvidshards.formats.sharding import compressed_morton_code
-    from dvidshards.jobs.layouts import gzip_chunk, scale_layout
+    from dvidshards.jobs.layouts import scale_layout
 
     ds = dvidshards.Dataset(d["root"], spec=d["spec"])
     plan = scale_layout(ds.scale(d["scale"]), format="precomputed", data_encoding=data_encoding)
@@ -232,7 +233,7 @@ def child_floor(d: dict, out: Path, data_encoding: str, ts_gzip: bool = False) -
         for i in range(len(t)):
             dctx.decompress(t.payload(i))
             v = encoded[n]
-            kvt.write(struct.pack(">Q", int(keys[i])), gzip_chunk(v, 1) if gz else v)
+            kvt.write(struct.pack(">Q", int(keys[i])), gzip.compress(v, 1, mtime=0) if gz else v)
             n += 1
         txn.commit_async().result()
     return {"chunks": n, "cpu": _cpu() - c0, "wall": time.perf_counter() - t0, "base": base,

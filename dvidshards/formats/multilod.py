@@ -324,7 +324,7 @@ def encode_shard_files(
     prefixes: Mapping[int, bytes] | None = None,
 ) -> dict[str, bytes]:
     """``neuroglancer_uint64_sharded_v1`` shard files (``{name: bytes}``, shards without entries absent)
-    holding ``entries`` (uint64 key -> bytes), as TensorStore writes them (see `ShardFileWriter`).
+    holding ``entries`` (uint64 key -> bytes), as TensorStore writes them (see `PrecomputedShardWriter`).
     ``prefixes``: bytes written right before a key's entry and not indexed (a mesh's fragment data
     before its manifest); they need ``data_encoding`` raw."""
     if not isinstance(spec, ShardingSpec):

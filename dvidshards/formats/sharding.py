@@ -33,7 +33,7 @@ __all__ = [
     "HASH_FUNCTIONS",
     "ENCODINGS",
     "SHARDING_TYPE",
-    "ShardFileWriter",
+    "PrecomputedShardWriter",
     "ShardingSpec",
     "compressed_morton_code",
     "compressed_z_index_bits",
@@ -502,7 +502,7 @@ def shard_of_key(spec: ShardingSpec, key: int) -> tuple[int, int]:
     return shard, mini
 
 
-class ShardFileWriter:
+class PrecomputedShardWriter:
     """Write one ``neuroglancer_uint64_sharded_v1`` shard file to ``file`` (empty, seekable) as its
     entries arrive.
 

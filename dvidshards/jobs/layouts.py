@@ -3,7 +3,7 @@ the output geometry and the proof that an output shard lies in one source file (
 the metadata (written by TensorStore's drivers), the chunk encoders (a DVID block transcoded to
 ``compressed_segmentation`` without decoding voxels, byte-identical to TensorStore's; TensorStore's
 own for the rest), the shard writers (a precomputed shard streamed by
-:class:`~dvidshards.formats.sharding.ShardFileWriter` with TensorStore's gzip of the minishard
+:class:`~dvidshards.formats.sharding.PrecomputedShardWriter` with TensorStore's gzip of the minishard
 indexes, a zarr3 shard in one TensorStore transaction) and the chunks a written shard holds.
 """
 
@@ -33,7 +33,7 @@ from ..formats.cseg import transcode_u8
 from ..formats.multiscale import SINGLE_SHARD, Scale
 from ..formats.records import R_NSV
 from ..formats.sharding import (
-    ShardFileWriter,
+    PrecomputedShardWriter,
     ShardingSpec,
     compressed_z_index_bits,
     grid_shape,
@@ -406,7 +406,7 @@ def write_precomputed_shard(store: ByteStore, key: str, spec: ShardingSpec,
     n = 0
     try:
         with store.writer(key) as f:
-            out = ShardFileWriter(spec, f, gzip_index)
+            out = PrecomputedShardWriter(spec, f, gzip_index)
             for k, data in chunks:
                 if data is not None:
                     out.add(k, data)

@@ -631,9 +631,6 @@ class TableFileWriter:
             pass
 
 
-ShardFileWriter = TableFileWriter  # TRANSITIONAL: jobs/ingest.py's name for it until it imports TableFileWriter
-
-
 def write_table_info(root: str, spec: dict, *, complete: bool, extra: dict | None = None) -> None:
     """Write ``root/info``: the spec plus the table's own section (atomically)."""
     d = dict(spec)

@@ -14,7 +14,7 @@ import pytest
 
 from dvidshards.errors import SpecError
 from dvidshards.formats.sharding import (
-    ShardFileWriter,
+    PrecomputedShardWriter,
     ShardingSpec,
     compressed_morton_code,
     compressed_z_index_bits,
@@ -679,12 +679,12 @@ def test_dvid_invalid_arguments():
 
 
 # --------------------------------------------------------------------------------------
-# ShardFileWriter: shard files written as their entries arrive
+# PrecomputedShardWriter: shard files written as their entries arrive
 # --------------------------------------------------------------------------------------
 
 
 def _write_shards(spec, entries, compress=None):
-    """{file name: bytes} from ShardFileWriter, entries fed in file order."""
+    """{file name: bytes} from PrecomputedShardWriter, entries fed in file order."""
     groups: dict = {}
     for k in entries:
         shard, mini = shard_of_key(spec, k)
@@ -692,7 +692,7 @@ def _write_shards(spec, entries, compress=None):
     out = {}
     for shard, keys in groups.items():
         f = io.BytesIO()
-        w = ShardFileWriter(spec, f, compress)
+        w = PrecomputedShardWriter(spec, f, compress)
         for _, k in sorted(keys):
             w.add(k, entries[k])
         assert w.finish() == len(keys)
@@ -736,7 +736,7 @@ def test_shard_writer_gzip_index_read_by_tensorstore(tmp_path):
 
 def test_shard_writer_refuses_keys_out_of_order():
     spec = ShardingSpec(0, 2, 1, "identity")  # key = shard << 2 | minishard
-    w = ShardFileWriter(spec, io.BytesIO())
+    w = PrecomputedShardWriter(spec, io.BytesIO())
     w.add(1, b"a")
     with pytest.raises(ValueError, match="shard"):
         w.add(4, b"b")  # shard 1
@@ -745,7 +745,7 @@ def test_shard_writer_refuses_keys_out_of_order():
     with pytest.raises(ValueError, match="after key"):
         w.add(1, b"d")
     f = io.BytesIO()
-    assert ShardFileWriter(spec, f).finish() == 0 and f.getvalue() == bytes(16 * 4)
+    assert PrecomputedShardWriter(spec, f).finish() == 0 and f.getvalue() == bytes(16 * 4)
 
 
 # --------------------------------------------------------------------------------------
