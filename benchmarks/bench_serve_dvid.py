@@ -243,7 +243,7 @@ def floor(ds, idx, kind: str, tail: str, body) -> None:
     import pyarrow.parquet as pq
 
     s = ds.scale(0)
-    reader = ds.reader(s, "agglomerated")
+    reader = ds.reader(s, labels="agglomerated")
     if kind in ("label", "labels", "specificblocks"):
         if kind == "label":
             pts = np.array([[int(v) for v in tail.split("/")[1].split("_")]])

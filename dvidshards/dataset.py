@@ -567,11 +567,11 @@ class Dataset:
 
     def labels(self, box, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
         """Sorted unique ids in a voxel box; whole chunks from their label lists, cut chunks decoded."""
-        return labels_in_box(self, box, scale, labels)
+        return labels_in_box(self, box, scale=scale, labels=labels)
 
     def chunks_with(self, ids, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
         """(n, 3) chunk coordinates whose label lists hold any of ids (no decompression)."""
-        return chunks_with(self, ids, scale, labels)
+        return chunks_with(self, ids, scale=scale, labels=labels)
 
     def body_index(self, path: Any) -> BodyIndex:
         """The label index written by ``dvidshards label-index``, for per-body look-ups."""
@@ -580,7 +580,7 @@ class Dataset:
     def body_mask(self, body: int, *, scale: int | Scale = 0, labels: Any = "agglomerated",
                   index: Any = None) -> BodyMask:
         """A body's voxels as a boolean mask over its bounding box, decoding only its chunks."""
-        return body_mask(self, body, scale, labels=labels, index=index)
+        return body_mask(self, body, scale=scale, labels=labels, index=index)
 
     def body(self, id: int, *, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None) -> Body:
         """One body on demand: chunks, size, box, mask, DVID sparsevol, mesh (``dvidshards.bodies.Body``)."""

@@ -722,7 +722,7 @@ def body_mask(ds: DatasetLike, body: int, scale: int | Scale = 0, labels: Any = 
                             f"not scale {s.index} with {src.name} labels")
         chunks = idx.blocks(body)
     else:
-        chunks = chunks_with(ds, [body], s.index, src)
+        chunks = chunks_with(ds, [body], scale=s.index, labels=src)
     cs = np.asarray(s.chunk_size, np.int64)
     pieces = []
     for c, bits in body_bits(ds, s, src, body, chunks):

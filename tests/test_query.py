@@ -169,7 +169,7 @@ def test_body_mask_equals_volume(exp, ds, index):
         np.testing.assert_array_equal(m, body[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] == b)
     sv = exp.expected(0, "supervoxels")
     s = int(np.unique(sv)[3])
-    r = body_mask(ds, s, 0, "supervoxels")
+    r = body_mask(ds, s, scale=0, labels="supervoxels")
     x, y, z = np.nonzero(sv == s)
     np.testing.assert_array_equal(r.mask, sv[x.min():x.max() + 1, y.min():y.max() + 1, z.min():z.max() + 1] == s)
     r = ds.body_mask(987654321)

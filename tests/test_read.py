@@ -217,7 +217,7 @@ def test_label_count_mismatch_is_typed(exp, ds):
     """A record whose list length disagrees with its block fails with the one-chunk path's error."""
     from dvidshards.formats import arrowipc
 
-    shard = ds.reader(0, "agglomerated").shard(0, 0, 0)  # the bulk reader's own cached shard
+    shard = ds.reader(0, labels="agglomerated").shard(0, 0, 0)  # the bulk reader's own cached shard
     t = shard.table()
     i = shard.find(0, 0, 0)
     saved = int(t.rec[i, arrowipc.R_NSV])
@@ -236,7 +236,7 @@ def test_lazy_policy_reads_the_same(exp):
     rng = np.random.default_rng(5)
     for box in _boxes(rng, 6):
         np.testing.assert_array_equal(lazy.read(box, threads=2), exp.expected(0)[_sl(box)])
-    assert lazy.reader(0, "agglomerated").shard(0, 0, 0).policy == "lazy"
+    assert lazy.reader(0, labels="agglomerated").shard(0, 0, 0).policy == "lazy"
 
 
 def test_aligned_empty_and_default_out(ds):

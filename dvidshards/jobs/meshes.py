@@ -306,7 +306,7 @@ def run_task(task: MeshTask) -> dict:
     s = ds.scale(scale)
     src = as_labels(job.labels)
     _, _, cs = _grid(s)
-    shard = ds.reader(s, src, fill_missing_shards=True).shard(*(int(v) // cs for v in origin))  # the decoder's too
+    shard = ds.reader(s, labels=src, fill_missing_shards=True).shard(*(int(v) // cs for v in origin))  # the decoder's too
     if shard is None:
         raise SpecError(f"{ds.store.describe(s.stem(origin) + '.arrow')}: listed but not found")
     cells = _shard_cells(s, origin, np.asarray(shard.coords, np.int64))
@@ -671,7 +671,7 @@ class MeshesCommand:
     @staticmethod
     def add_arguments(p) -> None:
         add_source(p)
-        add_dest(p, what="precomputed dataset folder: new, empty, or a convert output (gains a mesh)", old=())
+        add_dest(p, what="precomputed dataset folder: new, empty, or a convert output (gains a mesh)")
         p.add_argument("--scale", type=int, default=None, metavar="K",
                        help=f"level of detail 0's scale (default: the finest with voxels of {TARGET_NM:g} nm or "
                             f"more); coarser levels from the scales after it")
