@@ -13,6 +13,7 @@ without a whole-export job first.  Every answer is a method (each reads the expo
   decoded; the sparse volumes are DVID's bytes in its three formats (``formats.sparsevol``),
   also block by block (`Body.sparsevol_parts`, what a server streams) and under DVID's bounds.
 * `Body.mesh`: one watertight surface from per-chunk marching cubes, welded, in nm.
+* `Body.skeleton`: its skeleton as ``dvidshards skeletons`` makes it (``formats.skeleton``).
 
 An id with no voxel raises `NotFoundError` from every answer, saying what the id is instead
 when that is cheap to know (a supervoxel of body B).  The dataset is any `DatasetLike`.
@@ -25,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NotFoundError, SpecError
+from .errors import NotExportedError, NotFoundError, SpecError
 from .formats.labelindex import labels_id
 from .formats.labels import Supervoxels, as_labels
 from .formats.mesh import Mesh, merge_fragments, mesh_cells, to_nm
 from .formats.multiscale import Scale
 from .formats.records import RecordTable
+from .formats.skeleton import DUST, Skeleton, need_kimimaro, skeleton_scale, skeletonize_chunks
 from .formats.sparsevol import (
     BLOCKS_HEADER,
     HEADER,
@@ -49,6 +51,7 @@ from .query import (
     body_mask,
     chunks_with,
     count_blocks,
+    held_scales,
     ids_of,
     lookup,
     record_ids,
@@ -571,6 +574,61 @@ class Body:
                  for m in out.items()]
         mesh = merge_fragments(frags)
         return to_nm(mesh, s.resolution) if units == "nm" and len(mesh.faces) else mesh
+
+    def skeleton(self, *, scale: int | None = None, chunks: Any = None,
+                 decode: Callable[[Any], np.ndarray | None] | None = None) -> Skeleton:
+        """The body's skeleton as ``dvidshards skeletons`` makes it: kimimaro on blocks of its chunks
+        (one voxel of overlap), joined into one tree per 26-connected piece; pieces under ``DUST``
+        voxels get none.  Vertices and radii in nm; ``.swc()`` in scale-0 voxels (FlyEM's).
+
+        Parameters
+        ----------
+        scale : int, optional
+            Default: the finest scale the export holds whose voxel is at least 32 nm (the job's
+            rule, ``formats.skeleton.skeleton_scale``), else its coarsest.
+        chunks, decode : optional
+            For a scale the export does not hold (a server's made scale): the chunks holding the
+            body there, and ``decode(chunk) -> (z, y, x) labels or None``.
+
+        Raises
+        ------
+        NotFoundError
+            No voxel of the body at that scale, or every piece of it under ``DUST`` voxels.
+        NotExportedError
+            ``scale`` is not held (and no ``decode``): make it with ``dvidshards downsample``.
+        SpecError
+            The resolution is unknown (no spec): skeletons are in nm.
+        SkeletonDependencyError
+            kimimaro is not installed (``pip install 'dvidshards[skeleton]'``).
+        """
+        need_kimimaro()
+        held = held_scales(self.ds)
+        if scale is None:
+            sized = [(h, self.ds.scale(h).resolution) for h in held]
+            known = [(h, r) for h, r in sized if r is not None]
+            scale = skeleton_scale(known) if known and len(known) == len(sized) else held[0] if held else self.scale
+        s, voxel_size = self.ds.scale(scale), self.ds.scales[0].resolution
+        if s.resolution is None or voxel_size is None:
+            raise SpecError(f"scale {s.index}: resolution unknown (no spec): skeletons are in nm; give the spec")
+        if decode is None:
+            if s.index not in held:
+                raise NotExportedError(f"scale {s.index} is not in this export (it holds {held}): make it with "
+                                       f"dvidshards downsample and open it with the export")
+            decode = chunk_decoder(self.ds, s.index, labels=self.labels, fill_missing_shards=True)
+        chunks = self.chunks(s.index) if chunks is None else chunks
+        target = np.uint64(self.id)
+
+        def mask_of(c: Any) -> np.ndarray | None:
+            a = decode(c)
+            return None if a is None else a == target
+
+        lo = np.asarray(s.voxel_offset, np.int64)
+        sk = skeletonize_chunks(chunks, mask_of, chunk_size=s.chunk_size, resolution=s.resolution, dust=DUST,
+                                bounds=(lo, lo + np.asarray(s.size, np.int64)), voxel_size=voxel_size)
+        if not len(sk.vertices):
+            raise NotFoundError(f"body {self.id} has no skeleton at scale {s.index}: every piece of it is under "
+                                f"{DUST} voxels")
+        return sk
 
 
 def _chain(first, rest):

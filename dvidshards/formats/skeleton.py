@@ -28,36 +28,34 @@ different pieces (they lie in one connected piece of the body), optionally heals
 distance (``heal_nm``, kimimaro's ``join_close_components``), and keeps the minimum spanning tree:
 one tree per connected piece.
 
-kimimaro and cc3d are optional (``pip install 'dvidshards[skeleton]'``) and imported on use.
+**The scale** (:func:`skeleton_scale`): the finest whose voxel is at least ``TARGET_NM`` (32 nm: s2 of
+mCNS, FlyEM's ``SparseSkeletons`` scale), as the ``skeletons`` job and ``Body.skeleton`` choose it.
+
+kimimaro and cc3d are optional (``pip install 'dvidshards[skeleton]'``) and imported on use
+(:func:`need_kimimaro`: `SkeletonDependencyError` without them).
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..errors import DvidShardsError
 
-__all__ = [
-    "BLOCK",
-    "PRECOMPUTED_INFO",
-    "TEASAR",
-    "Piece",
-    "Skeleton",
-    "SkeletonError",
-    "join_pieces",
-    "closed_faces",
-    "need_kimimaro",
-    "skeletonize_block",
-    "skeletonize_chunks",
-]
+__all__ = ["BLOCK", "DUST", "PRECOMPUTED_INFO", "TARGET_NM", "TEASAR", "Piece", "Skeleton", "SkeletonDependencyError",
+           "SkeletonError", "closed_faces", "join_pieces", "need_kimimaro", "skeleton_scale", "skeletonize_block",
+           "skeletonize_chunks"]
 
 BLOCK = 4  # chunks a side of a skeletonized block (256 voxels of 64³ chunks: ~0.6 GiB in kimimaro)
 TEASAR = {"scale": 4.0, "const": 500.0}  # kimimaro's README and igneous' defaults (nm)
+TARGET_NM = 32.0  # the skeleton scale's voxel, at least (FlyEM's SparseSkeletons: s2 of mCNS)
+DUST = 1000  # voxels: smaller pieces (and bodies) get no skeleton, as kimimaro's dust_threshold
 #: the ``info`` of a precomputed skeleton directory (``sharding`` added when sharded)
 PRECOMPUTED_INFO: dict[str, Any] = {"@type": "neuroglancer_skeletons", "transform": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0],
                     "vertex_attributes": [{"id": "radius", "data_type": "float32", "num_components": 1}],
@@ -67,6 +65,19 @@ _HALF = np.array([d for d in itertools.product((-1, 0, 1), repeat=3) if d > (0, 
 
 class SkeletonError(DvidShardsError, ValueError):
     """Skeleton arrays or bytes that do not describe a skeleton."""
+
+
+class SkeletonDependencyError(DvidShardsError, ImportError):
+    """Skeletonizing needs kimimaro, which is not installed; the message names the extra to install."""
+
+
+def skeleton_scale(resolutions: Iterable[tuple[int, Sequence[float]]]) -> int:
+    """Of ``(scale, nm per voxel)`` pairs, finest first, the finest whose voxel is at least
+    :data:`TARGET_NM` on every axis, else the coarsest."""
+    pairs = list(resolutions)
+    if not pairs:
+        raise SkeletonError("no scale to skeletonize")
+    return next((k for k, res in pairs if min(res) >= TARGET_NM - 1e-6), pairs[-1][0])
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,7 +99,7 @@ class Skeleton:
     vertices: np.ndarray
     edges: np.ndarray
     radii: np.ndarray
-    voxel_size: tuple[float, ...] | None = field(default=None)
+    voxel_size: Sequence[float] | None = field(default=None)  # made a tuple of floats
 
     def __post_init__(self) -> None:
         v = np.ascontiguousarray(self.vertices, np.float32).reshape(-1, 3)
@@ -124,7 +135,8 @@ class Skeleton:
     # --- SWC -------------------------------------------------------------------------------------
 
     def swc(self, *, units: str = "voxels", header: Iterable[str] = ()) -> str:
-        """SWC text: ``id type x y z radius parent``, parents before children.
+        """SWC text: ``id type x y z radius parent``, parents before children; numbers in fixed point
+        with 6 decimals (as kimimaro's ``to_swc`` writes them: no exponent, whatever the coordinate).
 
         Parameters
         ----------
@@ -142,12 +154,13 @@ class Skeleton:
         par = np.where(parent[order] < 0, -1, rank[np.maximum(parent[order], 0)])
         xyz = self.vertices[order].astype(np.float64) / scale
         lines = [h if h.startswith("#") else "# " + h for h in header]
-        lines += [f"{i} 0 {x:.9g} {y:.9g} {z:.9g} {r:.7g} {p}" for i, (x, y, z), r, p in
+        lines += [f"{i} 0 {x:.6f} {y:.6f} {z:.6f} {r:.6f} {p}" for i, (x, y, z), r, p in
                   zip(range(1, n + 1), xyz.tolist(), self.radii[order].tolist(), par.tolist(), strict=True)]
         return "\n".join(lines) + "\n"
 
     @classmethod
-    def from_swc(cls, text: str | bytes, *, voxel_size=None, units: str = "voxels") -> Skeleton:
+    def from_swc(cls, text: str | bytes, *, voxel_size: Sequence[float] | None = None, units: str = "voxels"
+                 ) -> Skeleton:
         """Parse SWC text (comment lines skipped; ``units`` as :meth:`swc` wrote them).
 
         Raises
@@ -204,7 +217,9 @@ class Skeleton:
                          self.radii.astype("<f4").tobytes()])
 
     @classmethod
-    def decode_precomputed(cls, data, *, vertex_attributes=None, voxel_size=None) -> Skeleton:
+    def decode_precomputed(cls, data: bytes | bytearray | memoryview, *,
+                           vertex_attributes: Sequence[dict[str, Any]] | None = None,
+                           voxel_size: Sequence[float] | None = None) -> Skeleton:
         """Parse precomputed skeleton bytes; ``vertex_attributes`` as the directory's ``info`` lists them
         (default: ``radius`` only). Radii are 0 when there is no ``radius`` attribute.
 
@@ -232,7 +247,7 @@ class Skeleton:
         return cls(v, e, radii, voxel_size)
 
 
-def _unit(units: str, voxel_size) -> np.ndarray:
+def _unit(units: str, voxel_size: Sequence[float] | None) -> np.ndarray:
     """nm per SWC coordinate unit."""
     if units == "nm":
         return np.ones(3)
@@ -243,7 +258,7 @@ def _unit(units: str, voxel_size) -> np.ndarray:
     return np.asarray(voxel_size, np.float64).reshape(3)
 
 
-def _graph(n: int, edges: np.ndarray, weights=None):
+def _graph(n: int, edges: np.ndarray, weights: np.ndarray | None = None) -> Any:
     from scipy.sparse import coo_matrix
 
     w = np.ones(len(edges)) if weights is None else weights
@@ -253,7 +268,8 @@ def _graph(n: int, edges: np.ndarray, weights=None):
 def _components(n: int, edges: np.ndarray) -> tuple[int, np.ndarray]:
     from scipy.sparse.csgraph import connected_components
 
-    return connected_components(_graph(n, edges), directed=False)
+    k, comp = connected_components(_graph(n, edges), directed=False)
+    return int(k), np.asarray(comp)
 
 
 # --------------------------------------------------------------------------- one block
@@ -270,13 +286,13 @@ class Piece:
     count: int
 
 
-def need_kimimaro():
-    """The kimimaro module, or ImportError saying how to install it."""
+def need_kimimaro() -> ModuleType:
+    """The kimimaro module, or `SkeletonDependencyError` saying how to install it."""
     try:
-        import kimimaro
+        return importlib.import_module("kimimaro")
     except ImportError as e:
-        raise ImportError(f"skeletons need kimimaro: pip install 'dvidshards[skeleton]' ({e})") from None
-    return kimimaro
+        raise SkeletonDependencyError(f"skeletons need kimimaro, which is not installed: pip install "
+                                      f"'dvidshards[skeleton]' ({e})") from None
 
 
 def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
@@ -291,8 +307,9 @@ def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
             labels[box][cc[box] == i] = 0
 
 
-def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, closed=None, dust: int = 0, teasar=None,
-                      object_ids=None) -> dict[int, Piece]:
+def skeletonize_block(labels: np.ndarray, origin: Any, *, resolution: Any, core: Any = None, closed: Any = None,
+                      dust: int = 0, teasar: dict[str, float] | None = None, object_ids: Iterable[int] | None = None
+                      ) -> dict[int, Piece]:
     """Skeletonize every body of one block: ``{body: Piece}`` (kimimaro, ``fix_borders``).
 
     Parameters
@@ -355,10 +372,11 @@ def skeletonize_block(labels: np.ndarray, origin, *, resolution, core=None, clos
 
 def _keys(v: np.ndarray, lo: np.ndarray, ext: np.ndarray) -> np.ndarray:
     w = v.astype(np.int64) - lo
-    return (w[:, 0] * ext[1] + w[:, 1]) * ext[2] + w[:, 2]
+    return np.asarray((w[:, 0] * ext[1] + w[:, 1]) * ext[2] + w[:, 2])
 
 
-def join_pieces(pieces: Iterable[Piece], *, resolution, voxel_size=None, heal_nm: float | None = None) -> Skeleton:
+def join_pieces(pieces: Iterable[Piece], *, resolution: Any, voxel_size: Sequence[float] | None = None,
+                heal_nm: float | None = None) -> Skeleton:
     """One body's pieces (from every block) joined into one tree per connected piece.
 
     Vertices on the same voxel become one (the larger radius kept); vertices on 26-adjacent voxels
@@ -418,7 +436,7 @@ def _heal(nm: np.ndarray, edges: np.ndarray, radii: np.ndarray, heal_nm: float) 
 # --------------------------------------------------------------------------- one body on demand
 
 
-def closed_faces(lo, side: int, vlo, vhi) -> np.ndarray:
+def closed_faces(lo: Any, side: int, vlo: Any, vhi: Any) -> np.ndarray:
     """(3, 2) bools: the faces of the cutout of the block at ``lo`` (``side`` voxels and one of its +
     neighbours) that are the volume's [vlo, vhi): its low face where no block lies below, its high
     face where the volume ends before the overlap voxel."""
@@ -426,8 +444,9 @@ def closed_faces(lo, side: int, vlo, vhi) -> np.ndarray:
     return np.stack([lo <= np.asarray(vlo), lo + side + 1 > np.asarray(vhi)], axis=1)
 
 
-def skeletonize_chunks(chunks, mask_of: Callable[[tuple[int, ...]], np.ndarray | None], *, chunk_size,
-                       resolution, bounds=None, voxel_size=None, block: int = BLOCK, dust: int = 0, teasar=None,
+def skeletonize_chunks(chunks: Any, mask_of: Callable[[tuple[int, ...]], np.ndarray | None], *, chunk_size: Any,
+                       resolution: Any, bounds: Any = None, voxel_size: Sequence[float] | None = None,
+                       block: int = BLOCK, dust: int = 0, teasar: dict[str, float] | None = None,
                        heal_nm: float | None = None) -> Skeleton:
     """One body's skeleton from its chunks, block by block (memory: one block).
 

@@ -54,13 +54,16 @@ from ..formats.multilod import encode_shard_files
 from ..formats.sharding import ShardingSpec, murmurhash3_x86_128_low64, shard_key
 from ..formats.skeleton import (
     BLOCK,
+    DUST,
     PRECOMPUTED_INFO,
+    TARGET_NM,
     TEASAR,
     Piece,
     Skeleton,
     closed_faces,
     join_pieces,
     need_kimimaro,
+    skeleton_scale,
     skeletonize_block,
 )
 from ..query import record_ids
@@ -82,8 +85,6 @@ __all__ = ["DUST", "FAN_IN", "FORMATS", "TARGET_NM", "TASK", "BucketTask", "Cube
 TASK = 8  # chunks a side of a map task's cube (512 voxels)
 FAN_IN = 64  # partial files one reduce task reads
 COARSE = 6  # bucket bits of the cubes' partial files when a merge tree follows
-TARGET_NM = 32.0
-DUST = 1000  # voxels: smaller pieces (and bodies) get no skeleton, as kimimaro's dust_threshold
 FORMATS = ("precomputed", "swc", "swc-keys")
 _SCHEMA = pa.schema([("body", pa.uint64()), ("bucket", pa.uint32()), ("count", pa.int64()),
                      ("voxels", pa.large_list(pa.int32())), ("edges", pa.large_list(pa.uint32())),
@@ -145,14 +146,11 @@ def _wanted(job: SkeletonJob) -> np.ndarray | None:
 
 def default_scale(ds: Dataset) -> int:
     """The finest scale the spec lists whose voxel is at least 32 nm (made when not exported)."""
-    sized = [s for s in ds.scales if s.resolution is not None]
+    sized = [(s.index, s.resolution) for s in ds.scales if s.resolution is not None]
     if len(sized) < len(ds.scales):
         raise SpecError("the scales' resolutions are unknown (no spec): give the export's spec (--spec), or --scale K "
                         "with a spec that states its resolution")
-    for s in sized:
-        if min(s.resolution or (0.0,)) >= TARGET_NM - 1e-6:
-            return s.index
-    return sized[-1].index
+    return skeleton_scale(sized)
 
 
 @dataclass(frozen=True, eq=False)

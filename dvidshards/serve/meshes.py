@@ -13,8 +13,8 @@ Meshes are neuroglancer's legacy mesh of a body (float32 nm):
 
 Skeletons (`dvidshards.formats.skeleton.Skeleton`: nm, radii) come from the output
 (``jobs.skeletons.SkeletonOutput``), or are made on demand as the ``skeletons`` job makes them
-(kimimaro on blocks of the body's chunks, joined) at the job's scale (the finest of at least
-32 nm) when it can be had, else the nearest finer one.
+(``Body.skeleton``) at the job's scale: the finest of at least 32 nm the export holds (or, in
+serve-dvid, makes).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..bodies import Body, chunk_decoder
+from ..bodies import Body
 from ..errors import NotFoundError, SpecError
 from ..formats.labels import as_labels
 from ..formats.mesh import Mesh, merge_fragments, to_nm
@@ -44,7 +44,7 @@ from ..formats.multilod import (
     encode_legacy_fragment,
 )
 from ..formats.sharding import ShardingSpec, shard_key, shard_of_key
-from ..formats.skeleton import Skeleton
+from ..formats.skeleton import Skeleton, skeleton_scale
 from ..jobs.output import read_manifest
 from ..query import BodyIndex, held_scales
 from ..stores import as_store
@@ -293,15 +293,12 @@ class SkeletonSource:
         return ('# {"mutation id": 0}\n' + self.get(body).swc()).encode()
 
     def scale(self) -> int:
+        """serve-dvid's scale (it makes the scales the export lacks): the finest of at least 32 nm."""
         if self._scale is None:
-            from ..jobs.skeletons import default_scale
-
             held = held_scales(self.ds)
-            try:
-                k = default_scale(self.ds)
-            except SpecError:  # no resolutions: the finest
-                k = held[0]
-            self._scale = k if k in held or self._decode is not None else max([h for h in held if h <= k] or held[:1])
+            sized = [(s.index, s.resolution) for s in self.ds.scales if s.index >= held[0]]
+            known = [(k, r) for k, r in sized if r is not None]
+            self._scale = skeleton_scale(known) if len(known) == len(sized) else held[0]
         return self._scale
 
     def _make(self, body: int) -> Skeleton:
@@ -310,30 +307,12 @@ class SkeletonSource:
             if sk is None:
                 raise NotFoundError(f"no skeleton of body {body} in {self.output.where}")
             return sk
-        from ..formats.skeleton import skeletonize_chunks
-        from ..jobs.skeletons import DUST
-
         t0 = time.perf_counter()
-        k = self.scale()
-        s = self.ds.scale(k)
-        decode: Callable[[tuple], np.ndarray | None]
-        if self._chunks_of is not None and self._decode is not None:
-            chunks, decode = self._chunks_of(body, k), functools.partial(self._decode, k)
+        b = Body(self.ds, body, labels=self.labels, index=self.index)
+        if self._decode is None or self._chunks_of is None:
+            sk = b.skeleton(scale=self._scale)
         else:
-            chunks = Body(self.ds, body, scale=k, labels=self.labels, index=self.index).chunks(k)
-            decode = chunk_decoder(self.ds, k, labels=self.labels, fill_missing_shards=True)
-        target = np.uint64(body)
-
-        def mask_of(c):
-            labels = decode(c)
-            return None if labels is None else labels == target
-
-        res = s.resolution if s.resolution is not None else [float(2 ** k)] * 3
-        lo = np.asarray(s.voxel_offset, np.int64)
-        sk = skeletonize_chunks(chunks, mask_of, chunk_size=s.chunk_size, resolution=res, dust=DUST,
-                                bounds=(lo, lo + np.asarray(s.size, np.int64)), voxel_size=self.voxel_size)
-        if not len(sk.vertices):
-            raise NotFoundError(f"body {body} has no skeleton at scale {k}: every piece of it is under {DUST} voxels")
-        log.info("skeleton of body %d: scale %d, %d chunks, %d vertices, %.2f s", body, k, len(chunks),
-                 len(sk.vertices), time.perf_counter() - t0)
+            k = self.scale()
+            sk = b.skeleton(scale=k, chunks=self._chunks_of(body, k), decode=functools.partial(self._decode, k))
+        log.info("skeleton of body %d: %d vertices, %.2f s", body, len(sk.vertices), time.perf_counter() - t0)
         return sk

@@ -285,27 +285,38 @@ def test_into_a_bucket_with_its_work_folder_there(neurons, output):
     assert remote is not None and here is not None and np.array_equal(remote.vertices, here.vertices)
 
 
-def test_one_body_on_demand_equals_the_job(neurons, output):
-    """What Body.skeleton answers (formats.skeleton.skeletonize_chunks over the chunks the records'
-    lists give, decoded one at a time) equals the job's skeleton of that body."""
-    from dvidshards.bodies import chunk_decoder
-    from dvidshards.formats.skeleton import skeletonize_chunks
+def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatch):
+    """Body.skeleton (its chunks from the records' lists, decoded one at a time) is the job's skeleton of
+    that body node for node, its SWC read by navis; an absent body, a body of dust only, a scale the
+    export lacks and a missing kimimaro are refused, each naming why."""
+    import sys
 
+    from dvidshards.errors import NotExportedError, NotFoundError
+    from dvidshards.formats.skeleton import SkeletonDependencyError
+
+    navis = pytest.importorskip("navis")
     ds = neurons.dataset()
-    s = ds.scale(0)
-    decode = chunk_decoder(ds, 0, labels="agglomerated")
     job = SkeletonOutput(output[0])
-    for b in sorted(neurons.ids, key=lambda i: -int((neurons.bodies == i).sum()))[:3]:
-        target = np.uint64(b)
-
-        def mask(c, target=target):
-            a = decode(c)
-            return None if a is None else a == target
-
-        sk = skeletonize_chunks(chunks_with(ds, [b], 0), mask, chunk_size=s.chunk_size, resolution=s.resolution,
-                                bounds=(s.voxel_offset, np.add(s.voxel_offset, s.size)), voxel_size=s.resolution,
-                                dust=DUST)
-        ref = job.get(b)
-        assert ref is not None
-        np.testing.assert_allclose(np.sort(sk.vertices, axis=0), np.sort(ref.vertices, axis=0))
-        assert len(sk.edges) == len(ref.edges) and abs(sk.cable_length - ref.cable_length) < 1e-3 * ref.cable_length
+    sizes = {b: int((neurons.bodies == b).sum()) for b in neurons.ids}
+    for b in sorted(neurons.ids, key=lambda i: -sizes[i])[:3]:
+        sk, ref = ds.body(b).skeleton(), job.get(b)
+        assert ref is not None and sk.voxel_size == ref.voxel_size == (32.0, 32.0, 32.0)
+        at = {tuple(v): i for i, v in enumerate(ref.vertices.tolist())}
+        idx = np.array([at[tuple(v)] for v in sk.vertices.tolist()])  # every vertex is one of the job's
+        assert len(set(idx.tolist())) == len(ref.vertices) == len(sk.vertices)
+        assert {frozenset(e) for e in idx[sk.edges].tolist()} == {frozenset(e) for e in ref.edges.tolist()}
+        np.testing.assert_allclose(sk.radii, ref.radii[idx])
+        (tmp_path / f"{b}.swc").write_text(sk.swc())
+        n = navis.read_swc(str(tmp_path / f"{b}.swc"))
+        assert n.n_nodes == len(sk.vertices) and abs(float(n.cable_length) * 32 - sk.cable_length) < 1e-3 * sk.cable_length
+    with pytest.raises(NotFoundError, match="987654321"):
+        ds.body(987654321).skeleton()
+    dust = min(neurons.ids, key=lambda i: sizes[i])
+    assert sizes[dust] < DUST
+    with pytest.raises(NotFoundError, match=f"under {DUST} voxels"):
+        ds.body(dust).skeleton()
+    with pytest.raises(NotExportedError, match="downsample"):
+        Neurons(tmp_path / "s0", scales=2, only=(0,)).dataset().body(neurons.ids[0]).skeleton(scale=1)
+    monkeypatch.setitem(sys.modules, "kimimaro", None)  # as if not installed
+    with pytest.raises(SkeletonDependencyError, match=r"dvidshards\[skeleton\]"):
+        ds.body(neurons.ids[0]).skeleton()
