@@ -43,6 +43,7 @@ def workspace(tmp_path, monkeypatch):
 def test_every_readme_python_line_runs(workspace, tmp_path):
     pytest.importorskip("zmesh")
     pytest.importorskip("dask.array")
+    pytest.importorskip("kimimaro")
     sv, mapping, spec = workspace
     from dvidshards.jobs.downsample import downsample
     from dvidshards.jobs.ingest import ingest
@@ -91,6 +92,7 @@ def test_every_readme_python_line_runs(workspace, tmp_path):
         ran += 1
     assert ran >= 30
     assert ns["report"].ok and ns["ds"].exported == (0, 1, 2) and ns["b"].exists()
+    assert len(ns["sk"].vertices) and ns["sk"].swc().count("\n") >= len(ns["sk"].vertices)
     np.testing.assert_array_equal(ns["a"], ns["ds"].read([[0, 0, 0], [128, 128, 64]], scale=0))
 
 
