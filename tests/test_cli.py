@@ -124,6 +124,57 @@ def test_verify_exit_codes(synthetic_export, spec_file, tmp_path, capsys):
     assert code == 2 and "scale 9" in one_line(err)
 
 
+# --------------------------------------------------------------------------- body
+
+
+def test_body_skeleton_is_an_swc_tree_per_piece_on_the_body(tmp_path, capsys, monkeypatch):
+    """`dvidshards body EXPORT ID --skeleton F.swc`: FlyEM's SWC (scale-0 voxels), every node on a voxel of
+    the body, parents before children, one tree per 26-connected piece of the body (brute force); a bad
+    file name or a missing kimimaro is one line naming the fix, before any file is written."""
+    import sys
+
+    pytest.importorskip("kimimaro")
+    cc3d = pytest.importorskip("cc3d")
+    from dvidshards.demo.neurons import neuron_volume
+    from dvidshards.formats.mapping import LabelMapping
+    from dvidshards.formats.skeleton import DUST
+    from dvidshards.writer import write_export
+
+    sv, mapping = neuron_volume((256, 192, 64), n_bodies=6, svs_per_body=2, seed=8)
+    vol = LabelMapping.from_any(mapping)(np.asarray(sv))
+    root = str(tmp_path / "exp")
+    write_export(np.asarray(sv), root, mapping=mapping, scales=1, shard_chunks=2, resolution=(32.0,) * 3, info=True)
+    ids, counts = np.unique(vol[vol != 0], return_counts=True)
+    b = int(ids[np.argmax(counts)])
+    swc = tmp_path / "b.swc"
+    code, out, _ = run(["body", root, str(b), "--skeleton", str(swc)], capsys)
+    assert code == 0, out
+    rows = np.array([line.split() for line in swc.read_text().splitlines() if not line.startswith("#")], float)
+    node, parent, xyz = rows[:, 0].astype(int), rows[:, 6].astype(int), rows[:, 2:5]
+    assert (node == np.arange(1, len(node) + 1)).all() and (parent < node).all()
+    mask = vol == b
+    vox = np.floor(xyz).astype(int)  # a scale-0 voxel c is written at its centre, c + 0.5
+    assert mask[tuple(vox.T)].all() and (rows[:, 5] > 0).all()
+    tree, trees = np.zeros(len(node), int), 0
+    for i, p in enumerate(parent):  # parents come first: a node is in its parent's tree; a root starts one
+        if p > 0:
+            tree[i] = tree[p - 1]
+        else:
+            tree[i], trees = trees, trees + 1
+    cc = cc3d.connected_components(mask, connectivity=26)
+    piece = cc[tuple(vox.T)]
+    assert [len(set(piece[tree == t].tolist())) for t in range(trees)] == [1] * trees
+    assert set(np.flatnonzero(np.bincount(cc.reshape(-1)) >= DUST).tolist()) - {0} <= set(piece.tolist())
+    assert len(set(piece.tolist())) == trees
+    facts = json.loads(out)
+    assert facts["skeleton"] == {"file": str(swc), "vertices": len(node), "trees": trees}
+    code, _, err = run(["body", root, str(b), "--skeleton", str(tmp_path / "b.txt")], capsys)
+    assert code == 2 and ".swc" in one_line(err)
+    monkeypatch.setitem(sys.modules, "kimimaro", None)  # as if not installed
+    code, _, err = run(["body", root, str(b), "--skeleton", str(tmp_path / "c.swc")], capsys)
+    assert code == 2 and "dvidshards[skeleton]" in one_line(err) and not (tmp_path / "c.swc").exists()
+
+
 # --------------------------------------------------------------------------- consolidate
 
 
