@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ from tests.support.tables import (
     brute_morton,
     export_records,
 )
+from tests.support.waiting import HANG_SECONDS, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -320,35 +321,40 @@ def test_payload_over_four_cells_is_a_typed_error(tmp_path):
 # --- worker faults --------------------------------------------------------------------------------
 
 
-class SlowServer(ExportFlightServer):
-    """Serves each shard after a pause, so that a worker can be killed mid-stream."""
+class GatedServer(ExportFlightServer):
+    """Serves the first ``allow`` shards, then holds every further one until ``gate`` is set: a
+    worker reading from it is stopped mid-stream, whatever the machine's speed."""
 
-    pause = 0.8
+    def __init__(self, *args, allow: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.allow, self.gate, self.served, self._count = allow, threading.Event(), 0, threading.Lock()
 
     def _shard(self, s, origin):
-        time.sleep(self.pause)
+        with self._count:
+            self.served += 1
+            held = self.served > self.allow
+        if held:
+            assert self.gate.wait(HANG_SECONDS), "the test never opened the gate"
         return super()._shard(s, origin)
 
 
 @pytest.mark.slow
 def test_worker_killed_mid_stream_and_restarted(synth, tmp_path):
     to = tmp_path / "t"
-    srv = SlowServer(synth.root).start()
+    n_shards = len(Dataset(synth.root).shards(0))
+    srv = GatedServer(synth.root, allow=n_shards - 1).start()  # the last shard is never served to this worker
     try:
         code = (f"from dvidshards.sources.flight import FlightSource\nfrom dvidshards.jobs.ingest import ingest\n"
                 f"ingest(FlightSource({srv.location!r}), {str(to)!r}, workers=2, scales=[0])\n")
         p = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT))
         try:
-            deadline = time.time() + 120
-            while time.time() < deadline and len(list((to / "s0").glob("*.parquet"))) < 2 \
-                    if (to / "s0").exists() else time.time() < deadline:
-                assert p.poll() is None, "the worker process ended before it was killed"
-                time.sleep(0.02)
+            wait_until(lambda: len(list(to.glob("s0/*.parquet"))) >= 2, "two shards written",
+                       alive=lambda: p.poll() is None)
         finally:
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
+            srv.gate.set()
         before = sorted(f.name for f in (to / "s0").glob("*.parquet"))
-        n_shards = len(Dataset(synth.root).shards(0))
         assert 2 <= len(before) < n_shards, before
         report = ingest(FlightSource(srv.location), to, workers=2, scales=[0], resume=True)
     finally:
@@ -676,8 +682,8 @@ def test_vastdb_predicates_serialise_with_the_sdk(synth):
 
 
 def test_ingest_blocks_into_an_export_with_a_mapping(synth, tmp_path):
-    from dvidshards.formats.blocks import write_stream
     from tests.support.blocks import export_blocks
+    from tests.support.blockstream import write_stream
 
     blocks = export_blocks(Path(synth.root))
     half = len(blocks) // 2
