@@ -25,6 +25,7 @@ from dvidshards.jobs.labelindex import label_index
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 from tests.support.sparsevol import naive_dvid_bytes, reference_coarse, reference_rles
+from tests.support.waiting import HANG_SECONDS, Lines
 from tests.test_query_supervoxels import Counting
 
 requests = pytest.importorskip("requests")
@@ -223,7 +224,7 @@ def url(srv, tail: str) -> str:
 
 
 def get(srv, tail: str, **kw):
-    return requests.get(url(srv, tail), timeout=60, **kw)
+    return requests.get(url(srv, tail), timeout=HANG_SECONDS, **kw)
 
 
 def bodies(vol, n=4):
@@ -259,12 +260,13 @@ def test_info_and_repo_info(exp, servers):
     assert info["Base"]["TypeName"] == "labelmap" and info["Base"]["Name"] == "segmentation"
     assert ext["BlockSize"] == [64, 64, 64] and ext["VoxelSize"] == [8.0, 8.0, 8.0]
     assert ext["MinPoint"] == [0, 0, 0] and ext["MaxPoint"] == [199, 169, 149] and ext["MaxDownresLevel"] == 1
-    repo = requests.get(f"{srv.url}/api/repo/{srv.api.uuid}/info", timeout=30).json()
+    repo = requests.get(f"{srv.url}/api/repo/{srv.api.uuid}/info", timeout=HANG_SECONDS).json()
     assert repo["Root"] == srv.api.uuid and "segmentation" in repo["DataInstances"]
     assert list(repo["DAG"]["Nodes"]) == [srv.api.uuid]
     assert get(srv, "help").status_code == 200
     # a short uuid prefix names the node, as in DVID
-    assert requests.get(f"{srv.url}/api/node/{srv.api.uuid[:6]}/segmentation/info", timeout=30).status_code == 200
+    assert requests.get(f"{srv.url}/api/node/{srv.api.uuid[:6]}/segmentation/info",
+                        timeout=HANG_SECONDS).status_code == 200
 
 
 def test_labels_at_points_equal_brute_force(exp, servers):
@@ -311,7 +313,7 @@ def test_sparsevol_formats_equal_brute_force(exp, servers, which):
             for off, m in blocks.items():
                 np.testing.assert_array_equal(m, chunk_of(vol, [o // 64 for o in off]) == b)
             assert get(srv, f"sparsevol-coarse/{b}", params=q).content == reference_coarse(mask, lo)
-            assert requests.head(url(srv, f"sparsevol/{b}"), params=q, timeout=30).status_code == 200
+            assert requests.head(url(srv, f"sparsevol/{b}"), params=q, timeout=HANG_SECONDS).status_code == 200
 
 
 def test_sparsevol_bounds_as_dvid_scans_them(exp, servers):
@@ -335,7 +337,7 @@ def test_sparsevol_bounds_as_dvid_scans_them(exp, servers):
     assert max(seen) > 0
     far = {"minx": 10**5}
     assert get(servers[0], f"sparsevol/{b}", params=far).status_code == 404
-    assert requests.head(url(servers[0], f"sparsevol/{b}"), params=far, timeout=30).status_code == 204
+    assert requests.head(url(servers[0], f"sparsevol/{b}"), params=far, timeout=HANG_SECONDS).status_code == 204
 
 
 def test_sparsevol_by_point(exp, servers):
@@ -468,7 +470,7 @@ def test_meshes_read_from_a_meshes_output_as_cloud_volume_reads_it(exp, tmp_path
     with serve(exp.root, meshes=str(out), port=0, threads=2) as srv:
         kv = f"{srv.url}/api/node/{srv.api.uuid}/segmentation_meshes"
         for b in bodies(vol, 3):
-            r = requests.get(f"{kv}/key/{b}.ngmesh", timeout=60)
+            r = requests.get(f"{kv}/key/{b}.ngmesh", timeout=HANG_SECONDS)
             assert r.status_code == 200
             got = decode_legacy_fragment(r.content)
             ref = CloudVolume(f"file://{out}", progress=False).mesh.get(b)
@@ -476,7 +478,7 @@ def test_meshes_read_from_a_meshes_output_as_cloud_volume_reads_it(exp, tmp_path
             assert len(got.faces) == len(ref.faces) > 0
             np.testing.assert_allclose(triangles(got.vertices, got.faces), triangles(ref.vertices, ref.faces),
                                        atol=0.05)
-        assert requests.get(f"{kv}/key/987654321.ngmesh", timeout=60).status_code == 404
+        assert requests.get(f"{kv}/key/987654321.ngmesh", timeout=HANG_SECONDS).status_code == 404
     if not legacy:  # the same meshes, one file pair per body (no sharding): as cloud-volume reads them
         flat = tmp_path / "flat"
         flat.mkdir()
@@ -601,11 +603,11 @@ def test_bad_requests_are_named(servers, tail, params, status, says):
 def test_refusals(exp, servers):
     srv = servers[0]
     for method in ("post", "put", "delete"):
-        r = getattr(requests, method)(url(srv, "labels"), timeout=30)
+        r = getattr(requests, method)(url(srv, "labels"), timeout=HANG_SECONDS)
         assert r.status_code == 405 and "read-only" in r.text
-    assert requests.post(url(srv, "sparsevol/5"), timeout=30).status_code == 405
-    assert requests.get(f"{srv.url}/api/node/ffff0000/segmentation/info", timeout=30).status_code == 400
-    assert requests.get(f"{srv.url}/api/node/{srv.api.uuid}/grayscale/info", timeout=30).status_code == 404
+    assert requests.post(url(srv, "sparsevol/5"), timeout=HANG_SECONDS).status_code == 405
+    assert requests.get(f"{srv.url}/api/node/ffff0000/segmentation/info", timeout=HANG_SECONDS).status_code == 400
+    assert requests.get(f"{srv.url}/api/node/{srv.api.uuid}/grayscale/info", timeout=HANG_SECONDS).status_code == 404
     sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
     pairs = np.unique(np.stack([sv[body > 0], body[body > 0]], axis=1), axis=0)
     s, b = next((int(p[0]), int(p[1])) for p in pairs if p[0] != p[1] and not (body == p[0]).any())
@@ -641,7 +643,7 @@ def test_concurrent_clients_get_the_serial_answers(exp, servers):
         order = np.random.default_rng(k).permutation(len(asks))
         for i in itertools.chain(order, order):
             a = asks[i]
-            r = s.get(url(servers[0], a), timeout=120)
+            r = s.get(url(servers[0], a), timeout=HANG_SECONDS)
             (got if r.content == want[a] else errors).append(a)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
@@ -661,19 +663,24 @@ def test_command_line_prints_the_bound_address_and_stops_on_ctrl_c(exp, index):
     p = subprocess.Popen([sys.executable, "-c", code, "serve-dvid", exp.root, "--port", "0", "--label-index", index,
                           "--uuid", "abc123", "--instance", "seg"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
+    lines = Lines(p)
     try:
-        line = p.stdout.readline().strip()
+        line = lines.wait_for(lambda ln: ln.startswith("http"), "the server's address")
         assert line.startswith("http://127.0.0.1:") and line.endswith("/api/node/abc123/seg")
-        info = requests.get(line + "/info", timeout=30).json()
+        info = requests.get(line + "/info", timeout=HANG_SECONDS).json()
         assert info["Base"]["Name"] == "seg" and info["dvidshards"]["label_index"] == index
-        assert requests.post(line + "/labels", timeout=30).status_code == 405
-    finally:
+        assert requests.post(line + "/labels", timeout=HANG_SECONDS).status_code == 405
+        lines.wait_for(lambda ln: "Ctrl-C to stop" in ln, "its 'Ctrl-C to stop'", stream="err")  # it waits for it
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+        rc, out, err = lines.finish()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 0, err
     assert "serving" in err and "Traceback" not in err
     bad = subprocess.run([sys.executable, "-c", code, "serve-dvid", exp.root, "--port", "0", "--uuid", "xyz!"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_SECONDS)
     assert bad.returncode == 2 and "uuid 'xyz!'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -781,5 +788,5 @@ def test_dvid_point_cloud_on_the_real_mcns_shard(real, real_records):
     vol = ds.open(1)[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result()
     svol = ds.open(1, labels="supervoxels")[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].read(order="F").result()
     _check_point_cloud_client(srv, vol, svol, 1, ids, c[::4].tolist(), lo)
-    r = requests.get(url(srv, "label/0_0_0"), timeout=30)  # scale 0 is not in this export
+    r = requests.get(url(srv, "label/0_0_0"), timeout=HANG_SECONDS)  # scale 0 is not in this export
     assert r.status_code == 400 and "scale=0: this export holds scales [1]" in r.text

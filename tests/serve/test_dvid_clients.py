@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.downsample import by_count
 from tests.support.exports import make_export
+from tests.support.waiting import HANG_SECONDS
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("aiohttp")
@@ -161,7 +162,8 @@ def test_skeletons_read_by_dvidtools(exp16):
             assert (n.nodes["radius"] > 0).all()
         assert list(dvid.has_skeleton([big_bodies[0], 987654321], progress=False, server=s.url,
                                       node=s.api.uuid)) == [True, False]
-        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc", timeout=60)
+        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc",
+                         timeout=HANG_SECONDS)
         assert r.status_code == 404
 
 
@@ -187,11 +189,13 @@ def test_skeletons_read_from_a_skeletons_output(exp16, tmp_path):
     with serve(exp16.root, skeletons=str(out), port=0, threads=2) as s, serve(exp16.root, port=0, threads=2) as live:
         for b in some:
             got = [Skeleton.from_swc(requests.get(f"{x.url}/api/node/{x.api.uuid}/segmentation_skeletons/key/{b}_swc",
-                                                  timeout=120).content, voxel_size=(16, 16, 16)) for x in (s, live)]
+                                                  timeout=HANG_SECONDS).content, voxel_size=(16, 16, 16))
+                   for x in (s, live)]
             ref = cv.skeleton.get(b)
             for sk in got:
                 assert len(sk.vertices) == len(ref.vertices) > 0 and len(sk.edges) == len(ref.edges)
                 np.testing.assert_allclose(rows(sk.vertices), rows(ref.vertices), atol=1e-3)
                 np.testing.assert_allclose(np.sort(sk.radii), np.sort(ref.radius), rtol=1e-5)
-        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc", timeout=60)
+        r = requests.get(f"{s.url}/api/node/{s.api.uuid}/segmentation_skeletons/key/987654321_swc",
+                         timeout=HANG_SECONDS)
         assert r.status_code == 404

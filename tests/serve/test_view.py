@@ -26,6 +26,7 @@ from dvidshards.dataset import Dataset
 from dvidshards.errors import SpecError
 from dvidshards.serve.view import ViewServer, serve
 from tests.support.exports import make_export
+from tests.support.waiting import HANG_SECONDS, Lines
 from tests.support.watertight import enclosed_volume, is_watertight
 
 SHAPE = (200, 170, 150)  # not a multiple of 64: every scale has clipped edge chunks
@@ -46,7 +47,7 @@ def get(url: str, headers=None, method="GET"):
     """(status, headers, body) of a request; HTTP errors are answers too."""
     req = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=HANG_SECONDS) as r:
             return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read()
@@ -252,7 +253,7 @@ def test_bounded_concurrency_answers_busy_not_hang(export, monkeypatch):
 
         def slow(k, box):
             entered.set()
-            assert release.wait(30)
+            assert release.wait(HANG_SECONDS)
             return orig(k, box)
 
         monkeypatch.setattr(vol, "chunk", slow)
@@ -261,11 +262,11 @@ def test_bounded_concurrency_answers_busy_not_hang(export, monkeypatch):
         first = []
         th = threading.Thread(target=lambda: first.append(get(url)))
         th.start()
-        assert entered.wait(30)
+        assert entered.wait(HANG_SECONDS)
         status, headers, _ = get(url)
         assert status == 503 and headers["Retry-After"] == "1"
         release.set()
-        th.join(30)
+        th.join(HANG_SECONDS)
         assert first[0][0] == 200
         assert vol.stats.busy == 1
     finally:
@@ -312,14 +313,16 @@ def test_cli_prints_the_source_and_serves_until_interrupted(export):
     with open(spec, "w") as f:
         json.dump(export.spec, f)
     p = subprocess.Popen(cmd + ["--spec", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = Lines(p)
     try:
-        line = p.stdout.readline().strip()
+        line = lines.wait_for(lambda ln: ln.startswith("precomputed://"), "the source it serves")
         assert line.startswith("precomputed://http://127.0.0.1:") and line.endswith("/agglomerated"), line
         t = open_scale(line[len("precomputed://"):], 1)
         np.testing.assert_array_equal(t[..., 0].read().result(), export.expected(1))
-        assert p.poll() is None
+        lines.wait_for(lambda ln: "Ctrl-C to stop" in ln, "its 'Ctrl-C to stop'")  # it waits for Ctrl-C now
         p.send_signal(signal.SIGINT)
-        assert p.wait(30) == 0
+        rc, out, err = lines.finish()
+        assert rc == 0 and "Traceback" not in err, err
     finally:
         if p.poll() is None:
             p.kill()
@@ -328,7 +331,7 @@ def test_cli_prints_the_source_and_serves_until_interrupted(export):
 
 def test_cli_bad_source_is_a_user_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "view", str(tmp_path / "nothing"), "--no-viewer"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_SECONDS)
     assert r.returncode == 2 and "SpecError" in r.stderr and "nothing" in r.stderr
 
 
@@ -570,7 +573,8 @@ def test_port_in_use_is_named_in_one_line(export):
         with open(spec, "w") as f:
             json.dump(export.spec, f)
         r = subprocess.run([sys.executable, "-m", "dvidshards.cli", "view", export.root, "--spec", spec,
-                            "--no-viewer", "--port", str(srv.port)], capture_output=True, text=True, timeout=120)
+                            "--no-viewer", "--port", str(srv.port)], capture_output=True, text=True,
+                           timeout=HANG_SECONDS)
         assert r.returncode == 2
         assert r.stderr.strip().count("\n") == 0 and f"port {srv.port}" in r.stderr and "in use" in r.stderr
 
