@@ -57,11 +57,14 @@ def output(neurons, tmp_path_factory):
 
 def check(vol: np.ndarray, b: int, sk: Skeleton, res: float, dust: int) -> None:
     """Brute force over the body's voxels: every vertex on one, one tree per 26-connected piece of at
-    least ``dust`` voxels and none spanning two, no two vertices on one voxel."""
+    least ``dust`` voxels and none spanning two, no two vertices closer than half a voxel (a seam's
+    vertex twice)."""
+    from scipy.spatial import cKDTree
+
     mask = vol == b
     vox = np.floor(sk.vertices / res).astype(int)
-    assert mask[tuple(vox.T)].all(), f"body {b}: a vertex off the body"
-    assert len(np.unique(vox, axis=0)) == len(vox), f"body {b}: two vertices on one voxel"
+    assert ((vox >= 0) & (vox < vol.shape)).all() and mask[tuple(vox.T)].all(), f"body {b}: a vertex off the body"
+    assert not cKDTree(sk.vertices).query_pairs(0.5 * res), f"body {b}: two vertices within half a voxel"
     cc = cc3d.connected_components(mask, connectivity=26)
     piece = cc[tuple(vox.T)]
     trees = sk.components()
@@ -80,13 +83,15 @@ def whole_kimimaro(vol: np.ndarray, res: float) -> dict:
     return whole
 
 
-def close_to(ours: dict, whole: dict, worst: float = 0.3) -> None:
-    """Cable length against kimimaro's on each whole body: the total within 5 %, most bodies within
-    10 % (TEASAR may grow or drop a branch where a block cuts a body; see formats' test), none
-    beyond ``worst``."""
+def close_to(ours: dict, whole: dict, *, total_within: float = 0.05, share: float = 0.8, worst: float = 0.3) -> None:
+    """Cable length against kimimaro's on each whole body: the total within ``total_within``, a ``share``
+    of the bodies within 10 % (TEASAR may grow or drop a branch where a block cuts a body: its
+    invalidation ball, 4 radii + 500 nm, stops at the block's face; see formats' test), none beyond
+    ``worst``."""
     rel = np.array([ours[b].cable_length / whole[b].cable_length() - 1 for b in whole])
     total = sum(ours[b].cable_length for b in whole) / sum(w.cable_length() for w in whole.values()) - 1
-    assert abs(total) <= 0.05 and (np.abs(rel) <= 0.10).mean() >= 0.8 and np.abs(rel).max() <= worst, (total, rel)
+    assert abs(total) <= total_within and (np.abs(rel) <= 0.10).mean() >= share and np.abs(rel).max() <= worst, \
+        (total, rel)
 
 
 def test_every_body_read_by_cloudvolume_is_one_tree_per_piece_close_to_kimimaro(neurons, output):
@@ -320,3 +325,30 @@ def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "kimimaro", None)  # as if not installed
     with pytest.raises(SkeletonDependencyError, match=r"dvidshards\[skeleton\]"):
         ds.body(neurons.ids[0]).skeleton()
+
+
+@pytest.mark.slow
+def test_the_demo_volume_at_32nm_with_a_seam_every_chunk(tmp_path):
+    """The demo's export (``dvidshards demo``: 8 nm, its pyramid made by downsample) at its s2 (32 nm,
+    128 x 112 x 64): in the default blocks (one block) kimimaro's own skeletons; in blocks of one chunk
+    every body crosses seams, each checked against its voxels and kimimaro on the whole volume (at
+    neurites of 1-2 voxels a 64-voxel block cuts TEASAR's 500 nm ball often: 9 % more cable in total)."""
+    from dvidshards.demo import DEFAULT_SIZE, run_demo
+
+    got = run_demo(str(tmp_path / "demo"), size=DEFAULT_SIZE, echo=lambda *a: None)
+    ds = dvidshards.Dataset([got["export"], got["pyramid"]], spec=got["spec"])
+    s = ds.scale(2)
+    vol = ds.read([[0, 0, 0], list(s.size)], scale=2)
+    whole = whole_kimimaro(vol, 32.0)
+    for block, limits in ((4, {"total_within": 1e-4, "share": 1.0, "worst": 1e-4}),
+                          (1, {"total_within": 0.10, "share": 0.6, "worst": 1.0})):
+        rep = skeletons(ds, tmp_path / f"out{block}", block=block, progress=False)
+        assert rep.ok and rep.scales == [2] and rep.totals["bodies"] == len(whole) >= 20
+        reader = SkeletonOutput(tmp_path / f"out{block}")
+        ours = {}
+        for b in whole:
+            sk = reader.get(b)
+            assert sk is not None
+            check(vol, b, sk, 32.0, dust=DUST)
+            ours[b] = sk
+        close_to(ours, whole, **limits)
