@@ -124,15 +124,14 @@ def test_real_records_decode(real_records):
         sv = np.asarray(rec["supervoxels"], dtype=np.uint64)
         lab = np.asarray(rec["labels"], dtype=np.uint64)
         plain = decode_block(block)
-        np.testing.assert_array_equal(decode_block(block, palette=sv), plain)
-        assert np.isin(plain, sv).all()
+        assert np.array_equal(decode_block(block, palette=sv), plain)
         decode_into(np.frombuffer(block, np.uint8), lab, out)
-        assert np.isin(out, lab).all()
-        # agglomerated ids are the supervoxel ids mapped entry by entry
-        mapping = dict(zip(rec["supervoxels"], rec["labels"], strict=True))
-        uniq, inv = np.unique(plain, return_inverse=True)
-        mapped = np.array([mapping[int(u)] for u in uniq], np.uint64)[inv].reshape(plain.shape)
-        np.testing.assert_array_equal(out, mapped)
+        # every voxel is one of the record's supervoxels, and its agglomerated id is that entry's label
+        # (a sorted lookup of the record's lists)
+        order = np.argsort(sv, kind="stable")
+        at = np.searchsorted(sv[order], plain).clip(max=len(sv) - 1)
+        assert np.array_equal(sv[order][at], plain)
+        assert np.array_equal(out, lab[order][at])
 
 
 def test_real_records_palette_is_index_swap(real_records):
@@ -781,7 +780,8 @@ def test_decode_row_equals_block_by_block(k, kernels):
 
 @pytest.mark.parametrize("kernels", ["compiled", "fallback"])
 def test_decode_row_refuses_what_one_block_decoding_refuses(kernels):
-    """Damage anywhere in a row: False exactly when some block fails alone; else the same voxels."""
+    """Damage anywhere in a row: False exactly when some block fails alone; else the same voxels
+    (the numpy fallback on the first 100 of the compiled kernels' 300 cases)."""
     from dvidshards.formats import jit
 
     rng = np.random.default_rng(7)
@@ -789,7 +789,8 @@ def test_decode_row_refuses_what_one_block_decoding_refuses(kernels):
     seen = {True: 0, False: 0}
     if kernels == "compiled":
         jit.compile_all()
-    for trial in range(300):
+    trials = 300 if kernels == "compiled" else 100
+    for trial in range(trials):
         blocks = list(base)
         i = int(rng.integers(0, 3))
         d = bytearray(blocks[i])
@@ -808,7 +809,7 @@ def test_decode_row_refuses_what_one_block_decoding_refuses(kernels):
         if ok_row:
             np.testing.assert_array_equal(got, want)
         seen[ok_row] += 1
-    assert seen[False] > 50 and seen[True] > 5
+    assert seen[False] > trials // 6 and seen[True] > trials // 60, seen
 
 
 def test_decode_row_refuses_blocks_that_do_not_fit():

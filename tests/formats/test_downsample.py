@@ -136,9 +136,10 @@ def test_fib19_children(fib19_block, fib19_volume, fib19_volume2, kernels):
         region = region_of(kids, (64, 64, 64))
         check(kids, by_count(region))
         check(kids, by_count(region, skip_zero=False), "mode")
-    # the plain port on a corner (the port is slow): the same rule
-    region = region_of([fib19_block, s2, None, solid, zero, fib19_block, s2, None], (64, 64, 64))
-    np.testing.assert_array_equal(dvid_port(region[40:88, 50:78, 30:98]), by_count(region[40:88, 50:78, 30:98]))
+    if kernels == "compiled":  # the plain port on a corner (the port is slow; no kernel in it): the same rule
+        region = region_of([fib19_block, s2, None, solid, zero, fib19_block, s2, None], (64, 64, 64))
+        corner = region[40:88, 50:78, 30:98]
+        np.testing.assert_array_equal(dvid_port(corner), by_count(corner))
 
 
 @pytest.fixture(scope="module")

@@ -241,11 +241,11 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
 
 def test_encoder_fallback_writes_the_kernels_bytes(fib19_block, fib19_volume, real_records):
     """Random volumes of every sub-block width, solid and cropped shapes, both sub-block orders:
-    the numpy encoder's bytes are the kernel's; under the fallbacks DVID's own fib19 block and the
-    258 real mCNS blocks come out byte for byte."""
+    the numpy encoder's bytes are the kernel's; under the fallbacks DVID's own fib19 block and every
+    8th of the 258 real mCNS blocks come out byte for byte."""
     codec._encode.compile()
     rng = np.random.default_rng(9)
-    for t in range(120):
+    for t in range(36):
         shape = tuple(int(8 * v) for v in rng.integers(1, 9, 3)) if t % 3 else (64, 64, 64)
         n = int(rng.choice([1, 2, 3, 5, 9, 40, 300, 2000]))
         labs = rng.integers(0, 2**63, n, dtype=np.uint64)
@@ -258,7 +258,7 @@ def test_encoder_fallback_writes_the_kernels_bytes(fib19_block, fib19_volume, re
             assert codec._encode_numpy(vol, srt).tobytes() == codec._encode_kernel(vol, srt).tobytes(), (t, srt)
     with jit.fallbacks():
         assert codec.encode_block(fib19_volume) == fib19_block
-        for rec in real_records[::5]:
+        for rec in real_records[::8]:
             assert codec.encode_block(codec.decode_block(rec["block"]), subblock_order="sorted") == rec["block"]
     with pytest.raises(TypeError):
         codec._encode_numpy(np.zeros((8, 8, 8), np.int64), False)

@@ -23,7 +23,7 @@ from dvidshards.jobs.layouts import (
     scale_layout,
 )
 from dvidshards.stores import as_store
-from tests.support.blocks import ts_encode
+from tests.support.blocks import ts_encode_chunks
 from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 
@@ -168,7 +168,7 @@ def test_shard_bits_extra_splits_shards(tmp_path, fmt):
     exp = make_export(tmp_path / "exp", shape=(256, 256, 256), scales=1, shard_chunks=2, seed=5)
     ds = dvidshards.Dataset(exp.root, spec=exp.spec)
     base = scale_layout(ds.scale(0), format=fmt)
-    for extra in (0, 1, 3):
+    for extra in (0, 3):
         dest = tmp_path / f"out{extra}"
         rep = convert(ds, dest, format=fmt, shard_bits_extra=extra, progress=False)
         assert rep.ok, rep.summary()
@@ -210,16 +210,17 @@ def test_real_shard_every_chunk(real_export, real_records, tmp_path, fmt):
                                   "base": f"file://{dest / labels}/{sp.key}/", "metadata": sp.sharding}).result()
         else:
             t = ts.open({"driver": "zarr3", "kvstore": f"file://{dest / labels}/{sp.key}/"}).result()
-        for r in real_records:
-            c = np.array([r["chunk_x"], r["chunk_y"], r["chunk_z"]])
-            pal = np.array(r["labels"], np.uint64) if labels == "agglomerated" else None
-            want = decode_block(r["block"], pal)
-            lo = c * 64
-            got = t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read().result()
-            np.testing.assert_array_equal(got.T, want)
-            if fmt == "precomputed":  # the stored chunk is TensorStore's encoding, byte for byte
-                key = struct.pack(">Q", int(compressed_morton_code(c, sp.grid)))
-                assert kv.read(key).result().value == ts_encode(want)
+        # every chunk read back at once (TensorStore runs the reads side by side)
+        chunks = [np.array([r["chunk_x"], r["chunk_y"], r["chunk_z"]]) * 64 for r in real_records]
+        wants = [decode_block(r["block"], np.array(r["labels"], np.uint64) if labels == "agglomerated" else None)
+                 for r in real_records]
+        reads = [t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read() for lo in chunks]
+        for got, want in zip(reads, wants, strict=True):
+            np.testing.assert_array_equal(got.result().T, want)
+        if fmt == "precomputed":  # the stored chunk is TensorStore's encoding, byte for byte
+            stored = [kv.read(struct.pack(">Q", int(compressed_morton_code(lo // 64, sp.grid)))) for lo in chunks]
+            for got, want in zip(stored, ts_encode_chunks(chunks, wants), strict=True):
+                assert got.result().value == want
 
 
 # --------------------------------------------------------------------------- resume
