@@ -10,8 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support import equal
 from tests.support.data import REAL_SHARD, require_real_data
 from tests.support.exports import THREE_SHARDS, Export, make_export
+
+# np.testing.assert_array_equal without numpy's 4 ms of bookkeeping when the arrays are equal
+# (failures are numpy's own): the suite compares thousands of 64³ chunks
+equal.install()
 
 # --- the two tiers ------------------------------------------------------------------------------
 # `pytest -q -m "not slow"` (README) runs the default tier in a few minutes on 2 cores; `pytest -q -m
