@@ -30,18 +30,16 @@ def dvid_port(hires: np.ndarray) -> np.ndarray:
 
 
 def by_count(hires: np.ndarray, skip_zero: bool = True) -> np.ndarray:
-    """The same rule from a table of (cell, label) vote counts: per cell the most votes, then the
-    smaller label (fast enough for 128³ regions of real blocks with a hundred labels)."""
+    """The same rule from each cell's 8 labels sorted: a label's votes are its equals among the 8,
+    the winner the first of the most votes (so ties go to the smaller label); 0 casts no vote when
+    ``skip_zero`` (fast enough for 128³ regions of real blocks with a hundred labels)."""
     nz, ny, nx = (s // 2 for s in hires.shape)
-    labs = hires.reshape(nz, 2, ny, 2, nx, 2).transpose(0, 2, 4, 1, 3, 5).reshape(-1)
-    cell = np.repeat(np.arange(nz * ny * nx, dtype=np.int64), 8)
+    cells = np.sort(hires.reshape(nz, 2, ny, 2, nx, 2).transpose(0, 2, 4, 1, 3, 5).reshape(-1, 8), axis=1)
+    votes = np.zeros(cells.shape, np.int8)
+    for j in range(8):
+        for k in range(8):
+            votes[:, j] += cells[:, j] == cells[:, k]
     if skip_zero:
-        cell, labs = cell[labs != 0], labs[labs != 0]
-    uniq, rank = np.unique(labs, return_inverse=True)
-    key, votes = np.unique(cell * max(len(uniq), 1) + rank, return_counts=True)
-    cell_of, rank_of = key // max(len(uniq), 1), key % max(len(uniq), 1)
-    order = np.lexsort((rank_of, -votes, cell_of))
-    first = order[np.r_[True, cell_of[order][1:] != cell_of[order][:-1]]] if order.size else order
-    out = np.zeros(nz * ny * nx, np.uint64)
-    out[cell_of[first]] = uniq[rank_of[first]]
-    return out.reshape(nz, ny, nx)
+        votes[cells == 0] = -1  # a cell of zeros only keeps 0 (its first label)
+    winner = cells[np.arange(len(cells)), np.argmax(votes, axis=1)]
+    return winner.reshape(nz, ny, nx)
