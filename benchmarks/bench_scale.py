@@ -30,6 +30,8 @@ Run: ``python benchmarks/bench_scale.py`` (all jobs; ``--jobs stats,convert``;
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import pickle
@@ -72,13 +74,14 @@ def _store():
 
 def _task_shard(job: str, item) -> tuple[int, tuple]:
     """(scale, origin) of the source shard a task covers."""
-    if job == "pcg-edges":  # a block of 8x8x8 PCG chunks of 256³: one 2048³ source shard
-        return 0, tuple(int(k) * 2048 for k in item.key)
-    if job in ("convert", "meshes"):
-        return int(item[0]), tuple(item[1])
+    if job == "pcg-edges":  # a block of PCG chunks (8³ of 256³ by default): the 2048³ source shard at its corner
+        lo = item.job.lo + np.asarray(item.key, np.int64) * np.asarray(item.job.group) * item.job.cs
+        return 0, tuple(int(v) // 2048 * 2048 for v in lo)
+    if job == "convert":
+        return int(item.scale), tuple(item.sources[0])
     if job == "skeletons":  # a cube of 8³ chunks of one shard
         return item.job.scale, item.shard
-    return 0, tuple(item)
+    return int(item.scale), tuple(item.origin)  # meshes, stats and label-index: one source shard
 
 
 def _census(scales: list[int], n: int = 200) -> dict:
@@ -99,32 +102,26 @@ def _start(job: str, out: Path):
 
     store = _store()
     ds = Dataset(store, spec=store.spec)
+    kw = {"scheduler": "serial", "progress": False}
     if job == "stats":
-        from dvidshards.jobs.stats import body_stats
-
-        body_stats(ds, out / "stats", scale=0, scheduler="serial", progress=False)
+        _job("stats").body_stats(ds, out / "stats", scale=0, **kw)
     elif job == "label-index":
-        from dvidshards.jobs.labelindex import label_index
-
-        label_index(ds, out / "index", scale=0, scheduler="serial", progress=False)
+        _job("labelindex").label_index(ds, out / "index", scale=0, **kw)
     elif job == "convert":
-        from dvidshards.jobs.convert import convert
-
-        convert(ds, out / "precomputed", "precomputed", scheduler="serial", progress=False)
+        _job("convert").convert(ds, out / "precomputed", "precomputed", **kw)
     elif job == "pcg-edges":
-        from dvidshards.jobs.pcg import write_edges
-
-        write_edges(ds, out / "pcg", (256, 256, 256), scheduler="serial", progress=False)
+        _job("pcg").pcg_edges(ds, out / "pcg", chunk_size=(256, 256, 256), **kw)
     elif job == "meshes":
-        from dvidshards.jobs.meshes import meshes
-
-        meshes(ds, out / "meshes", scheduler="serial", progress=False)  # the default: level 0 at >= 32 nm
+        _job("meshes").meshes(ds, out / "meshes", **kw)  # the default: level 0 at >= 32 nm
     elif job == "skeletons":
-        from dvidshards.jobs.skeletons import skeletons
-
-        skeletons(ds, out / "skeletons", scheduler="serial", progress=False)  # the default: s2 (32 nm)
+        _job("skeletons").skeletons(ds, out / "skeletons", **kw)  # the default: s2 (32 nm)
     else:
         raise SystemExit(f"unknown job {job!r}")
+
+
+def _job(name: str):
+    """A job's module (``dvidshards.jobs`` gives its function under the module's name)."""
+    return importlib.import_module(f"dvidshards.jobs.{name}")
 
 
 class _Stub:
@@ -145,7 +142,7 @@ def _child(job: str, mode: str, arg: int) -> dict:
     got: dict = {"job": job}
     real = runner.TaskRunner.run
 
-    def run(self, fn, items, *, desc="tasks", done=None):
+    def run(self, fn, items, *, desc="tasks", done=None, **kw):
         items = list(items)
         got["plan_s"] = time.perf_counter() - t0
         got["tasks"] = len(items)
@@ -199,18 +196,19 @@ MESH_DENSE = 0.95  # meshes: a sampled shard holds at least this share of its ch
 
 
 def _dense_mesh_item(items, k: int):
-    """meshes: the k-th dense shard of level 0's scale (the scale that holds ~88 % of the chunks meshed),
-    in a fixed shuffled order: one whose chunks fill at least MESH_DENSE of it and whose central
-    MESH_BOX³ block is all tissue (every chunk present, no background slot), so the CPU per chunk
-    is that of dense tissue, never that of a lucky sparse edge shard."""
-    first = items[0][0]
-    todo = sorted((it for it in items if it[0] == first), key=lambda it: it[1])
+    """meshes: the k-th dense shard (``items``: tasks with ``scale`` and ``origin``) of level 0's scale (the
+    scale that holds ~88 % of the chunks meshed), in a fixed shuffled order: one whose chunks fill at
+    least MESH_DENSE of it and whose central MESH_BOX³ block is all tissue (every chunk present, no
+    background slot), so the CPU per chunk is that of dense tissue, never that of a lucky sparse edge
+    shard."""
+    first = items[0].scale
+    todo = sorted((it for it in items if it.scale == first), key=lambda it: it.origin)
     random.Random(1234).shuffle(todo)
     store = _store()
     full = (2048 // 64) ** 3
     seen = 0
     for it in todo:
-        c = np.asarray(store.shard_chunks(first, it[1]), np.int64)
+        c = np.asarray(store.shard_chunks(first, it.origin), np.int64)
         if len(c) < MESH_DENSE * full:
             continue
         lo = np.median(c, axis=0).astype(np.int64) - MESH_BOX // 2
@@ -227,12 +225,10 @@ def _mesh_sample(fn, item, got: dict):
     """meshes: the map task on a block of MESH_BOX³ chunks of the sampled shard (the job's ``box``),
     then the reduce tasks over what it wrote (each piece is reduced once in a whole run), so the
     CPU per chunk covers both phases. ``got["chunks"]`` becomes the chunks of the block."""
-    import dataclasses
-
-    from dvidshards.jobs import meshes as M
-
-    job = fn.args[0]
-    scale, origin = int(item[0]), tuple(int(v) for v in item[1])
+    M = _job("meshes")
+    F = _job("fragments")
+    job = item.job
+    scale, origin = int(item.scale), tuple(int(v) for v in item.origin)
     f = 2 ** job.scales.index(scale)
     chunks = _store().shard_chunks(scale, origin)
     c = np.asarray(chunks, np.int64)
@@ -243,15 +239,13 @@ def _mesh_sample(fn, item, got: dict):
     got["item"] = f"{got.get('item', '')[:50]} block {MESH_BOX}^3 at chunk {lo.tolist()}"
     cs = 64
     job = dataclasses.replace(job, box=((lo * cs * f).tolist(), ((lo + MESH_BOX) * cs * f).tolist()))
-    os.makedirs(os.path.join(job.work, "L0"), exist_ok=True)
-    os.makedirs(os.path.join(job.work, "done"), exist_ok=True)
+    task = dataclasses.replace(item, job=job)
     c0 = time.process_time()
-    res = M.mesh_shard(job, item)
-    path = M._frag_path(job, scale, origin)
+    res = fn(task)
     c1 = time.process_time()
     n = 0
-    for b in M._buckets_of(path).tolist():
-        n += M.write_bucket(job, (path,), int(b))
+    for b in F.buckets_of(job.work, task.key).tolist():
+        n += M.write_bucket(M.BucketTask(job, (task.key,), int(b)))
     res["bodies"] = n
     got["map_cpu_s"], got["reduce_cpu_s"] = c1 - c0, time.process_time() - c1
     return res
@@ -263,10 +257,16 @@ def _dense_cube(items, k: int):
     by_shard = {}
     for it in items:
         by_shard.setdefault(it.shard, []).append(it)
-    shard = _dense_mesh_item([(first, o) for o in by_shard], k)[1]
+    shard = _dense_mesh_item([_At(first, o) for o in by_shard], k).origin
     c = np.asarray(_store().shard_chunks(first, shard), np.int64)
     centre = np.median(c, axis=0) * 64
     return min(by_shard[shard], key=lambda it: float(np.abs(np.asarray(it.origin) + 256 - centre).sum()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _At:
+    scale: int
+    origin: tuple
 
 
 def _skeleton_sample(fn, task, got: dict):
@@ -274,7 +274,7 @@ def _skeleton_sample(fn, task, got: dict):
     reduced once in a whole run), so the CPU per chunk covers both phases."""
     import pyarrow as pa
 
-    from dvidshards.jobs import skeletons as S
+    S = _job("skeletons")
 
     c = np.asarray(_store().shard_chunks(task.job.scale, task.shard), np.int64)
     c0 = np.asarray(task.origin, np.int64) // 64
