@@ -603,10 +603,8 @@ class Body:
         """
         need_kimimaro()
         held = held_scales(self.ds)
-        if scale is None:
-            sized = [(h, self.ds.scale(h).resolution) for h in held]
-            known = [(h, r) for h, r in sized if r is not None]
-            scale = skeleton_scale(known) if known and len(known) == len(sized) else held[0] if held else self.scale
+        if scale is None:  # an unknown resolution is refused below
+            scale = skeleton_scale([(h, self.ds.scale(h).resolution or (0.0,)) for h in held]) if held else self.scale
         s, voxel_size = self.ds.scale(scale), self.ds.scales[0].resolution
         if s.resolution is None or voxel_size is None:
             raise SpecError(f"scale {s.index}: resolution unknown (no spec): skeletons are in nm; give the spec")

@@ -35,8 +35,8 @@ incomplete, unless ``allow_partial=True``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -110,7 +110,7 @@ class SkeletonJob:
     min_size: int = 0
     heal_nm: float | None = None
     teasar: dict = field(default_factory=lambda: dict(TEASAR))
-    bodies: bool = False  # the work folder's bodies.npy lists the bodies to skeletonize
+    bodies: bool = False  # the work folder's bodies.u64 lists the bodies (uint64) to skeletonize
     voxel_size: tuple[float, ...] = (1.0, 1.0, 1.0)
 
     @property
@@ -135,10 +135,10 @@ def _wanted(job: SkeletonJob) -> np.ndarray | None:
     """The sorted body ids of ``bodies`` (loaded once per process), or None: every body."""
     if not job.bodies:
         return None
-    data = job.work.get_sync("bodies.npy")
+    data = job.work.get_sync("bodies.u64")
     if data is None:
-        raise SpecError(f"{job.work.describe('bodies.npy')}: the body list is missing (run without --resume)")
-    return np.load(io.BytesIO(data))
+        raise SpecError(f"{job.work.describe('bodies.u64')}: the body list is missing (run without --resume)")
+    return np.frombuffer(data, "<u8").astype(np.uint64)
 
 
 # --------------------------------------------------------------------------- plan
@@ -281,29 +281,17 @@ def _read_group(reader: pa.ipc.RecordBatchFileReader, bits: int, bucket: int) ->
     return t.filter(pc.equal(t["bucket"], pa.scalar(bucket, pa.uint32()))) if fbits < bits else t
 
 
-class _Partials(list):
+@contextlib.contextmanager
+def _partials(store: ByteStore, keys: Iterable[str]) -> Iterator[list[pa.ipc.RecordBatchFileReader]]:
     """Partial files open together (closed on leaving the ``with``)."""
-
-    def __init__(self, store: ByteStore, keys: Iterable[str]):
-        super().__init__()
-        self.files = []
+    with contextlib.ExitStack() as stack:
+        readers = []
         for key in keys:
-            f = store.open(key)
-            self.files.append(f)
             try:
-                self.append(pa.ipc.open_file(f))
+                readers.append(pa.ipc.open_file(stack.enter_context(store.open(key))))
             except pa.ArrowInvalid as e:
-                self.close()
                 raise ShardFormatError(f"{store.describe(key)}: not a partial file of this job ({e})") from None
-
-    def __enter__(self) -> _Partials:
-        return self
-
-    def close(self, *exc) -> None:
-        for f in self.files:
-            f.close()
-
-    __exit__ = close
+        yield readers
 
 
 # --------------------------------------------------------------------------- reduce
@@ -329,7 +317,7 @@ class MergeTask:
 def merge_task(task: MergeTask) -> int:
     """Concatenate the inputs' rows group by group (one group in memory)."""
     job = task.job
-    with _Partials(job.work, task.inputs) as parts:
+    with _partials(job.work, task.inputs) as parts:
         n = parts[0].num_record_batches
         groups = (pa.Table.from_batches([p.get_batch(g) for p in parts], _SCHEMA) for g in range(n))
         _write_partial(job.work, task.key, groups, job.bits, job.bits)
@@ -368,7 +356,7 @@ def bucket_task(task: BucketTask) -> dict:
     """Join every body of the bucket; write its precomputed shard and SWC files. Returns counts."""
     job = task.job
     s = job.source.scale(job.scale)
-    with _Partials(job.work, task.inputs) as parts:
+    with _partials(job.work, task.inputs) as parts:
         t = pa.concat_tables([_read_group(p, job.bits, task.bucket) for p in parts])
     entries: dict[int, bytes] = {}
     n = vertices = 0
@@ -650,7 +638,7 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
         if not resume:
             clear_work(work, _own)
         if ids is not None:
-            work.put_sync("bodies.npy", _npy(ids))
+            work.put_sync("bodies.u64", ids.astype("<u8").tobytes())
         ds2, made = _make_scale(ds, k, out, tr, scheduler=scheduler, resume=resume, overwrite=overwrite,
                                 progress=progress)
         notes += [made] if made else []
@@ -681,13 +669,7 @@ def skeletons(source: Any, dest: Any, *, scale: int | None = None, labels: Any =
 
 def _own(name: str) -> bool:
     """The names this job keeps in its work folder."""
-    return name in ("cubes", "done", "scales", "bodies.npy") or (name[:1] == "L" and name[1:].isdigit())
-
-
-def _npy(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, a)
-    return buf.getvalue()
+    return name in ("cubes", "done", "scales", "bodies.u64") or (name[:1] == "L" and name[1:].isdigit())
 
 
 def _volume_info(ds: Dataset) -> dict:

@@ -294,11 +294,9 @@ class SkeletonSource:
 
     def scale(self) -> int:
         """serve-dvid's scale (it makes the scales the export lacks): the finest of at least 32 nm."""
-        if self._scale is None:
+        if self._scale is None:  # an unknown resolution is refused by Body.skeleton
             held = held_scales(self.ds)
-            sized = [(s.index, s.resolution) for s in self.ds.scales if s.index >= held[0]]
-            known = [(k, r) for k, r in sized if r is not None]
-            self._scale = skeleton_scale(known) if len(known) == len(sized) else held[0]
+            self._scale = skeleton_scale([(s.index, s.resolution or (0.0,)) for s in self.ds.scales if s.index >= held[0]])
         return self._scale
 
     def _make(self, body: int) -> Skeleton:
