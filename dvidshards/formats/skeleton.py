@@ -26,7 +26,9 @@ border is kept whatever its size, since it may continue next door. The join weld
 vertices by voxel (a seam's shared vertices become one), links vertices on 26-adjacent voxels of
 different pieces (they lie in one connected piece of the body), optionally heals gaps up to a
 distance (``heal_nm``, kimimaro's ``join_close_components``), and keeps the minimum spanning tree:
-one tree per connected piece.
+one tree per connected piece. TEASAR's invalidation ball (``scale`` radii + ``const``) stops at a
+block's face, so a body cut by one may keep a branch kimimaro on the whole body would not grow:
+at 256³ blocks the total cable is 1-3 % over kimimaro's, at 64³ blocks of 1-2 voxel neurites 9 %.
 
 **The scale** (:func:`skeleton_scale`): the finest whose voxel is at least ``TARGET_NM`` (32 nm: s2 of
 mCNS, FlyEM's ``SparseSkeletons`` scale), as the ``skeletons`` job and ``Body.skeleton`` choose it.
