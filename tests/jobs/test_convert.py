@@ -214,7 +214,7 @@ def test_real_shard_every_chunk(real_export, real_records, tmp_path, fmt):
         chunks = [np.array([r["chunk_x"], r["chunk_y"], r["chunk_z"]]) * 64 for r in real_records]
         wants = [decode_block(r["block"], np.array(r["labels"], np.uint64) if labels == "agglomerated" else None)
                  for r in real_records]
-        reads = [t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read() for lo in chunks]
+        reads = [t[lo[0]:lo[0] + 64, lo[1]:lo[1] + 64, lo[2]:lo[2] + 64].read(order="F") for lo in chunks]
         for got, want in zip(reads, wants, strict=True):
             np.testing.assert_array_equal(got.result().T, want)
         if fmt == "precomputed":  # the stored chunk is TensorStore's encoding, byte for byte
