@@ -34,9 +34,9 @@ from typing import Any
 
 from ..errors import JobError, OutputError, OutputLockedError, RemoteReadError, SpecError
 from ..pyramid import MANIFEST, parse_manifest
-from ..stores import ByteStore, as_store, os_error
+from ..stores import ByteStore, as_store
 
-__all__ = ["LOCK", "MANIFEST", "Destination", "JobReport", "Lock", "Output", "read_manifest", "work_folder"]
+__all__ = ["LOCK", "MANIFEST", "JobReport", "Lock", "Output", "read_manifest", "work_folder"]
 
 LOCK = "_dvidshards.lock"
 SCHEMA = 1  # the manifest's schema version
@@ -63,12 +63,6 @@ def _now() -> str:
 
 
 # --------------------------------------------------------------------------- locations
-
-
-def _store(dest: Any, what: str = "destination") -> ByteStore:
-    if isinstance(dest, Destination):
-        return dest.store
-    return as_store(dest, writable=True, what=what)
 
 
 def _where(store: ByteStore) -> str:
@@ -126,8 +120,8 @@ def work_folder(dest: Any, workdir: Any = None) -> ByteStore:
         The output is a bucket's or a file system's root (nothing beside it): give ``workdir``.
     """
     if workdir is not None:
-        return _store(workdir, "work folder")
-    store = _store(dest)
+        return as_store(workdir, writable=True, what="work folder")
+    store = as_store(dest, writable=True)
     folder, name = parent_and_name(store)
     if not name:
         raise OutputError(f"{_where(store)}: a job keeps its partial results in a work folder beside "
@@ -187,8 +181,8 @@ class Lock:
     """An exclusive lock on one output (``name`` in its folder ``store``), held while a job writes it;
     a heartbeat thread keeps it fresh. ``job`` names the holder in the message a second job gets."""
 
-    def __init__(self, store: Any, job: str, name: str = LOCK):
-        self.store: ByteStore = store.store if isinstance(store, Destination) else store
+    def __init__(self, store: ByteStore, job: str, name: str = LOCK):
+        self.store = store
         self.job, self.name = job, name
         self.token = uuid.uuid4().hex
         self.started = _now()
@@ -298,7 +292,7 @@ def read_manifest(dest: Any) -> dict | None:
     elif isinstance(dest, (str, os.PathLike)) and re.match(r"^https?://", os.fspath(dest)):
         store = as_store(os.fspath(dest), what="output")  # read-only: an output served over http
     else:
-        store = _store(dest, "output")
+        store = as_store(dest, writable=True, what="output")
     try:
         path = store.local_path()
         if path is not None and os.path.isfile(path):
@@ -441,7 +435,7 @@ class Output:
             raise SpecError("give resume or overwrite, not both")
         if kind not in ("folder", "file"):
             raise ValueError(kind)
-        self.store = _store(dest)
+        self.store = as_store(dest, writable=True)
         self.job, self.parameters, self.kind = job, parameters, kind
         self.scales = [int(k) for k in scales]
         self.command, self.resume, self.overwrite = command, resume, overwrite
@@ -684,123 +678,3 @@ def _pause() -> None:
     os.replace(path + ".tmp", path)  # appears whole
     while os.path.exists(path):
         time.sleep(0.02)
-
-
-# --------------------------------------------------------------------------- until the last caller goes
-
-
-class Destination:
-    """A writable store under the names jobs called before the store had them; each method is one
-    call of the store's. Goes once no job uses it: call ``Output.store`` (a ByteStore) instead."""
-
-    def __init__(self, store: ByteStore):
-        self.store = store
-
-    @classmethod
-    def of(cls, dest: Any, *, what: str = "destination") -> Destination:
-        return dest if isinstance(dest, Destination) else cls(_store(dest, what))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.store,))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Destination) and self.url == other.url
-
-    def __hash__(self) -> int:
-        return hash(self.url)
-
-    @property
-    def url(self) -> str:
-        return _where(self.store)
-
-    @property
-    def path(self) -> str | None:
-        p = self.store.local_path()
-        return None if p is None else os.path.abspath(p)
-
-    @property
-    def local(self) -> bool:
-        return self.path is not None
-
-    @property
-    def spec(self) -> dict | None:
-        if self.local:
-            return None
-        spec = self.store.kvstore_spec()
-        return spec if spec is not None else {"driver": "memory", "path": self.store.describe("")}
-
-    @property
-    def kvstore(self) -> dict:
-        spec = self.spec
-        return spec if spec is not None else {"driver": "file", "path": (self.path or "").rstrip("/") + "/"}
-
-    def describe(self, rel: str = "") -> str:
-        return f"{self.url}/{rel}" if rel and not self.local else (os.path.join(self.url, rel) if rel else self.url)
-
-    def child(self, rel: str) -> Any:
-        return type(self)(self.store.child(rel))
-
-    def parent_and_name(self) -> tuple[Any, str]:
-        folder, name = parent_and_name(self.store)
-        return type(self)(folder), name
-
-    def contains(self, other: Destination) -> bool:
-        return _contains(self.store, other.store)
-
-    def read(self, rel: str) -> bytes | None:
-        return self.store.get_sync(rel)
-
-    def open_input(self, rel: str) -> Any:
-        return self.store.open(rel)
-
-    def size(self, rel: str) -> int:
-        return self.store.size_sync(rel)
-
-    def read_range(self, rel: str, start: int, stop: int) -> bytes:
-        return bytes(self.store.read_sync(rel, start, stop))
-
-    def exists(self, rel: str = "") -> bool:
-        return self.store.exists_sync(rel) or self.store.is_folder_sync(rel)
-
-    def is_dir(self, rel: str = "") -> bool:
-        return self.store.is_folder_sync(rel)
-
-    def list(self, rel: str = "") -> list[str]:
-        return self.store.list_sync(rel)
-
-    def write(self, rel: str, data: bytes) -> None:
-        self.store.put_sync(rel, data)
-
-    def write_with(self, rel: str, write: Callable[[Any], object]) -> None:
-        with self.store.writer(rel) as f:
-            write(f)
-
-    def create(self, rel: str, data: bytes) -> bool:
-        return self.store.create_sync(rel, data)
-
-    def replace_if(self, rel: str, data: bytes, expected: bytes) -> bool:
-        return self.store.replace_sync(rel, data, expected=expected)
-
-    def delete(self, rel: str) -> None:
-        self.store.delete_sync(rel)
-
-    def rmtree(self, rel: str = "") -> None:
-        self.store.delete_prefix_sync(rel)
-
-    def local_path(self, rel: str = "") -> str:
-        if self.path is None:
-            raise ValueError(f"{self.describe()} is not on this host's file system")
-        return os.path.join(self.path, rel)
-
-    def makedirs(self, rel: str = "") -> None:
-        if self.path is not None:
-            try:
-                os.makedirs(os.path.join(self.path, rel), exist_ok=True)
-            except OSError as e:
-                raise os_error(e, self.describe(rel), "make the folder") from None
-
-    def probe(self, *, kind: str = "folder") -> None:
-        self.store.check_writable(kind=kind)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dvidshards.errors import BlockDecodeError, OutputError, RemoteReadError, SpecError
+from dvidshards.errors import BlockDecodeError, RemoteReadError, SpecError
 from dvidshards.jobs import PhaseReport, describe_exception, run_tasks
 from dvidshards.jobs.runner import TaskRunner, scheduler_of
 from tests.support.waiting import wait_until
@@ -268,72 +268,6 @@ def test_task_cpu_counts_each_tasks_own_thread():
     own = sum(rep.results.values())
     assert own >= 4 * 0.02
     assert own <= rep.task_cpu <= own + 0.02  # the runner's bookkeeping around each call, no more
-
-
-def _check_workdir(w, keys) -> None:
-    """A work folder's operations, then ``keys()``: the names it holds (a bucket's objects, or files)."""
-    import pickle
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from dvidshards.jobs.workdir import WorkDir
-
-    assert w.read_json("work.json") is None and w.list() == [] and not w.exists("shards")
-    w.write_json("work.json", {"n": 1})  # no folder made for it: in a bucket, no marker object
-    assert w.read_json("work.json") == {"n": 1}
-    sub = w.child("shards")
-    assert isinstance(sub, WorkDir) and sub.describe("a.arrow") == w.describe("shards/a.arrow")
-    sub.write_with("a.parquet", lambda f: pq.write_table(pa.table({"x": [1, 2, 3]}), f))
-    assert sub.read_table("a.parquet").column("x").to_pylist() == [1, 2, 3]
-    with sub.open_input("a.parquet") as f:
-        assert f.read(4) == b"PAR1"
-    again = pickle.loads(pickle.dumps(sub))  # a worker opens it by its location
-    assert isinstance(again, WorkDir) and again == sub and again.read_table("a.parquet").num_rows == 3
-    assert w.list() == ["shards", "work.json"] and w.is_dir("shards") and sub.list() == ["a.parquet"]
-    assert keys() == ["shards/a.parquet", "work.json"]
-    w.write("bad.json", b"{not json")
-    with pytest.raises(OutputError, match="bad.json: not a JSON document"):
-        w.read_json("bad.json")
-    with pytest.raises(OutputError, match="work.json: not a Parquet file"):
-        w.read_table("work.json")
-    w.rmtree("shards")
-    w.delete("bad.json")
-    assert keys() == ["work.json"]
-    w.rmtree()
-    assert keys() == [] and not w.exists()
-
-
-def test_work_folder_on_the_local_disk(tmp_path):
-    from dvidshards.jobs.workdir import WorkDir
-
-    w = WorkDir.of(tmp_path / "job")
-    assert w.local and w.describe() == str(tmp_path / "job") and WorkDir.of(w) is w
-
-    def keys():
-        if not (tmp_path / "job").exists():
-            return []
-        return sorted(p.relative_to(tmp_path / "job").as_posix() for p in (tmp_path / "job").rglob("*") if p.is_file())
-
-    _check_workdir(w, keys)
-    with pytest.raises(OutputError, match="slash missing"):  # one parser: the outputs' own
-        WorkDir.of("gs:/bucket/job")
-    with pytest.raises(OutputError, match="not http://"):
-        WorkDir.of("http://host/job")
-
-
-def test_work_folder_in_a_bucket_without_folder_marker_objects():
-    """A work folder in a bucket (GCS emulator) through TensorStore's kvstore, the readers' own
-    stack: written atomically (one object), read back, listed by prefix, removed whole."""
-    pytest.importorskip("gcp_storage_emulator")
-    from dvidshards.jobs.workdir import WorkDir
-    from tests.support.servers import FakeGCS
-
-    with FakeGCS() as g:
-        g.bucket("work")
-        w = WorkDir.of("gs://work/job")
-        assert not w.local and w.describe("a") == "gs://work/job/a"
-        _check_workdir(w, lambda: [k.removeprefix("job/") for k in g.keys("work")])
 
 
 def test_a_long_phase_compiles_its_kernels_first_a_short_one_answers_on_fallbacks(tmp_path):
