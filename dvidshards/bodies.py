@@ -579,7 +579,7 @@ class Body:
                  decode: Callable[[Any], np.ndarray | None] | None = None) -> Skeleton:
         """The body's skeleton as ``dvidshards skeletons`` makes it: kimimaro on blocks of its chunks
         (one voxel of overlap), joined into one tree per 26-connected piece; pieces under ``DUST``
-        voxels get none.  Vertices and radii in nm; ``.swc()`` in scale-0 voxels (FlyEM's).
+        voxels or fewer get none.  Vertices and radii in nm; ``.swc()`` in scale-0 voxels (FlyEM's).
 
         Parameters
         ----------
@@ -593,7 +593,7 @@ class Body:
         Raises
         ------
         NotFoundError
-            No voxel of the body at that scale, or every piece of it under ``DUST`` voxels.
+            No voxel of the body at that scale, or no piece of it over ``DUST`` voxels.
         NotExportedError
             ``scale`` is not held (and no ``decode``): make it with ``dvidshards downsample``.
         SpecError
@@ -624,7 +624,7 @@ class Body:
         sk = skeletonize_chunks(chunks, mask_of, chunk_size=s.chunk_size, resolution=s.resolution, dust=DUST,
                                 bounds=(lo, lo + np.asarray(s.size, np.int64)), voxel_size=voxel_size)
         if not len(sk.vertices):
-            raise NotFoundError(f"body {self.id} has no skeleton at scale {s.index}: every piece of it is under "
+            raise NotFoundError(f"body {self.id} has no skeleton at scale {s.index}: no piece of it is over "
                                 f"{DUST} voxels")
         return sk
 

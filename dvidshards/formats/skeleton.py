@@ -20,8 +20,8 @@ blocks (``BLOCK`` chunks a side); each block is read with **one voxel of its + n
 igneous' skeleton forge) and every body in it skeletonized by kimimaro with ``fix_borders``, which
 puts a vertex at a fixed point of each piece of the body on each face of the cutout, computed from
 that face plane alone: the block on the other side of the face computes the same plane and so the
-same vertex. Pieces wholly inside a block smaller than ``dust`` voxels are dropped there (they are
-whole pieces of the body, as kimimaro's own ``dust_threshold``); a piece touching the cutout's
+same vertex. Pieces wholly inside a block of at most ``dust`` voxels are dropped there (they are
+whole pieces of the body, as kimimaro's own ``dust_threshold`` keeps only larger ones); a piece touching the cutout's
 border is kept whatever its size, since it may continue next door. The join welds the pieces'
 vertices by voxel (a seam's shared vertices become one), links vertices on 26-adjacent voxels of
 different pieces (they lie in one connected piece of the body), optionally heals gaps up to a
@@ -298,12 +298,12 @@ def need_kimimaro() -> ModuleType:
 
 
 def _drop_small_inner(labels: np.ndarray, dust: int) -> None:
-    """Zero (in place) the 26-connected pieces smaller than ``dust`` voxels that touch no face of the cutout."""
+    """Zero (in place) the 26-connected pieces of at most ``dust`` voxels that touch no face of the cutout."""
     import cc3d
 
     cc = cc3d.connected_components(labels, connectivity=26)
     st = cc3d.statistics(cc)
-    for i in np.flatnonzero(np.asarray(st["voxel_counts"]) < dust).tolist():
+    for i in np.flatnonzero(np.asarray(st["voxel_counts"]) <= dust).tolist():
         box = st["bounding_boxes"][i]
         if i and box is not None and all(0 < b.start and b.stop < n for b, n in zip(box, labels.shape, strict=True)):
             labels[box][cc[box] == i] = 0
@@ -350,7 +350,7 @@ def skeletonize_block(labels: np.ndarray, origin: Any, *, resolution: Any, core:
     n_of = np.bincount(renumbered.ravel(order="K"))
     counts = {int(b): int(n_of[int(k)]) for b, k in ids_of.items() if b}
     del renumbered
-    if dust > 1:
+    if dust > 0:
         _drop_small_inner(lab, int(dust))
     res = np.asarray(resolution, np.float32)
     skels = kimimaro.skeletonize(lab, teasar_params=dict(TEASAR if teasar is None else teasar), anisotropy=res,

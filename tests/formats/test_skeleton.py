@@ -223,8 +223,11 @@ def test_small_inner_pieces_are_dust_and_pieces_at_a_seam_are_kept():
     vol[10:13, 10:13, 10:13] = 5  # 27 voxels inside the block: dust
     vol[60:65, 30:33, 30:33] = 6  # 45 voxels touching the + face: may continue next door, kept
     vol[20:40, 20:40, 20:40] = 7
+    vol[45:49, 45:50, 45:50] = 8  # 100 voxels: dust too, as kimimaro keeps only pieces over its dust_threshold
+    alone = kimimaro.skeletonize(np.asfortranarray(np.where(vol == 8, vol, 0)), dust_threshold=100, progress=False)
     got = skeletonize_block(vol, (0, 0, 0), resolution=RES, core=(64, 64, 64), dust=100)
     assert got[5].count == 27 and len(got[5].voxels) == 0
+    assert got[8].count == 100 and len(got[8].voxels) == 0 and 8 not in alone
     assert len(got[6].voxels) > 0 and got[6].count == 4 * 9
     assert len(got[7].voxels) > 0 and got[7].count == 20 ** 3
 
