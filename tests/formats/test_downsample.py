@@ -340,7 +340,8 @@ def test_procedural_children(kernels, children, limit):
     for i, (_, vol) in enumerate(children):
         z, y, x = i >> 2, (i >> 1) & 1, i & 1
         region[16 * z:16 * z + 16, 16 * y:16 * y + 16, 16 * x:16 * x + 16] = vol
-    check(kids, dvid_port(region), "dvid")
+    # the voxel-by-voxel port for the kernel; for the fallback the vote table it agrees with (test_references_agree)
+    check(kids, dvid_port(region) if kernels == "compiled" else by_count(region), "dvid")
     check(kids, mode_expected(region, (32, 32, 32)), "mode")
     check(kids, mode_expected(region, limit), "mode", limit)
 
