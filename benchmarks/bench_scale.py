@@ -108,7 +108,7 @@ def _start(job: str, out: Path):
     elif job == "label-index":
         _job("labelindex").label_index(ds, out / "index", scale=0, **kw)
     elif job == "convert":
-        _job("convert").convert(ds, out / "precomputed", "precomputed", **kw)
+        _job("convert").convert(ds, out / "precomputed", format="precomputed", **kw)
     elif job == "pcg-edges":
         _job("pcg").pcg_edges(ds, out / "pcg", chunk_size=(256, 256, 256), **kw)
     elif job == "meshes":
@@ -164,7 +164,7 @@ def _child(job: str, mode: str, arg: int) -> dict:
         elif mode == "sample":
             it = _dense_mesh_item(items, arg) if job == "meshes" else _dense_cube(items, arg) if job == "skeletons" \
                 else random.Random(arg).choice(items)
-            got["item"] = repr(it)[:80]
+            got["item"] = str(it)[:80]  # as failures name the task
             scale, origin = _task_shard(job, it)
             got["chunks"] = len(_store().shard_chunks(scale, origin))
             base = _peak_mib()
