@@ -356,7 +356,8 @@ def test_chunks_equal_tensorstores_encoding(export, server):
     with serve(ds, transcode=False) as slow:
         for k in (0, 1):
             s = server.volume().info["scales"][k]
-            want = tensorstore_chunks(export.expected(k), s)
+            vol = export.expected(k)
+            want = tensorstore_chunks(vol, s)
             n = 0
             for lo, hi in chunk_boxes(s):
                 key = f"{s['key']}/{lo[0]}-{hi[0]}_{lo[1]}-{hi[1]}_{lo[2]}-{hi[2]}"
@@ -364,7 +365,7 @@ def test_chunks_equal_tensorstores_encoding(export, server):
                 assert a[0] == b[0] == (200 if key in want else 404), (k, lo)
                 if a[0] != 200:
                     continue
-                vox = export.expected(k)[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+                vox = vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
                 for got in (a[2], b[2]):
                     np.testing.assert_array_equal(decode_chunk(got, s["key"], lo, hi, s), vox)
                 if not np.any(hi - lo < 64):
