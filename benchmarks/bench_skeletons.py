@@ -189,7 +189,7 @@ def quality(labels: np.ndarray, get, ref: dict) -> list:
 
         k, comp = connected_components(coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(len(v),) * 2),
                                        directed=False)
-        big = set(np.flatnonzero(np.bincount(cc.reshape(-1)) >= DUST).tolist()) - {0}
+        big = set(np.flatnonzero(np.bincount(cc.reshape(-1)) > DUST).tolist()) - {0}  # kimimaro: over dust
         one = all(len(np.unique(piece[comp == t])) == 1 for t in range(k))
         good += int(one and big <= set(piece.tolist()) and len(set(piece.tolist())) == k)
     r = np.asarray(rel)
