@@ -149,8 +149,8 @@ def lz4_decode(src: bytes) -> bytes:
                 p += 1
                 if src[p - 1] != 255:
                     break
-        for _ in range(m):
-            out.append(out[-off])
+        start = len(out) - off  # a match copies from ``off`` back; one closer than its length repeats
+        out += out[start:start + m] if off >= m else (bytes(out[start:]) * (m // off + 1))[:m]
     return bytes(out)
 
 
