@@ -27,10 +27,8 @@ The job reads as plan → tasks → reduce:
    (``formats.skeleton.join_pieces``) and writes the bucket's shard file and SWC files. Memory:
    one bucket's pieces.
 
-The output frame is ``jobs.output``: the destination is checked, locked, its manifest written
-``complete: false`` first; ``DEST/info`` and ``DEST/skeletons/info`` are written only when every
-task succeeded. ``skeletons()`` raises ``JobError`` carrying the report when the output is
-incomplete, unless ``allow_partial=True``.
+On the output frame of ``jobs.output``, ``DEST/info`` and ``DEST/skeletons/info`` are written only
+when every task succeeded (``JobError`` carrying the report otherwise, unless ``allow_partial``).
 """
 
 from __future__ import annotations
@@ -479,16 +477,6 @@ class SkeletonOutput:
             return None
         return Skeleton.decode_precomputed(data, vertex_attributes=self.info.get("vertex_attributes", []),
                                            voxel_size=self.voxel_size)
-
-    def swc_text(self, body: int) -> bytes | None:
-        """The body's SWC (FlyEM's ``<body>_swc`` value): the stored file, else made from the skeleton."""
-        if self.swc is not None:
-            for name in (f"{int(body)}_swc", f"{int(body)}.swc"):
-                data = self.swc.get_sync(name)
-                if data is not None:
-                    return data
-        sk = self.get(body)
-        return None if sk is None else sk.swc(units="voxels" if sk.voxel_size is not None else "nm").encode()
 
 
 def _json(store: ByteStore, key: str) -> Any:
