@@ -51,10 +51,13 @@ class S0Only:
         self.root = str(root)
 
     def reference(self, method: str, k: int) -> np.ndarray:
-        vol = self.sv
-        for _ in range(k):
-            vol = _dvid_xyz(vol) if method == "dvid" else _mode_xyz(vol)
-        return vol
+        """Scale k by ``method`` from s0, each scale from the one below (made once, read-only)."""
+        made = self.__dict__.setdefault("_made", {(m, 0): self.sv for m in ("dvid", "mode")})
+        if (method, k) not in made:
+            below = self.reference(method, k - 1)
+            made[method, k] = _dvid_xyz(below) if method == "dvid" else _mode_xyz(below)
+            made[method, k].setflags(write=False)
+        return made[method, k]
 
 
 def _pyramid_spec(shape, scales, shard_chunks) -> dict:
