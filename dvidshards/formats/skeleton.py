@@ -314,26 +314,13 @@ def skeletonize_block(labels: np.ndarray, origin: Any, *, resolution: Any, core:
                       ) -> dict[int, Piece]:
     """Skeletonize every body of one block: ``{body: Piece}`` (kimimaro, ``fix_borders``).
 
-    Parameters
-    ----------
-    labels : (x, y, z) integer array
-        The block and one voxel of its + neighbours (less at the volume's end), at the skeleton
-        scale; changed in place.
-    origin : (3,) int
-        Voxel of ``labels[0, 0, 0]``.
-    resolution : (3,) float
-        nm per voxel of the scale (kimimaro's anisotropy).
-    core : (3,) int, optional
-        The block's own extent (default: ``labels``' shape less one a side): ``Piece.count``.
-    closed : (3, 2) bool, optional
-        The cutout's (low, high) faces on each axis that are the volume's: a plane of 0 is put
-        there, so that no vertex is forced onto them (the volume ends; no block is next door).
-    dust : int
-        Pieces of fewer voxels that touch no face of the cutout are dropped.
-    teasar : dict, optional
-        kimimaro's ``teasar_params`` (default :data:`TEASAR`).
-    object_ids : iterable of int, optional
-        Only these bodies.
+    ``labels`` (x, y, z) is the block and one voxel of its + neighbours (less at the volume's end) at
+    the skeleton scale, changed in place; ``origin`` the voxel of ``labels[0, 0, 0]``; ``resolution``
+    nm per voxel (kimimaro's anisotropy); ``core`` the block's own extent, where ``Piece.count`` is
+    counted (default: ``labels``' shape less one a side); ``closed`` (3, 2) bools, the cutout's (low,
+    high) faces that are the volume's: a plane of 0 is put there, so that no vertex is forced onto them;
+    ``dust``: pieces of at most that many voxels touching no face of the cutout are dropped;
+    ``teasar``: kimimaro's ``teasar_params`` (default :data:`TEASAR`); ``object_ids``: only these bodies.
     """
     kimimaro = need_kimimaro()
     import fastremap
@@ -450,24 +437,13 @@ def skeletonize_chunks(chunks: Any, mask_of: Callable[[tuple[int, ...]], np.ndar
                        resolution: Any, bounds: Any = None, voxel_size: Sequence[float] | None = None,
                        block: int = BLOCK, dust: int = 0, teasar: dict[str, float] | None = None,
                        heal_nm: float | None = None) -> Skeleton:
-    """One body's skeleton from its chunks, block by block (memory: one block).
+    """One body's skeleton from its chunks at the skeleton scale, block by block (memory: one block).
 
-    Parameters
-    ----------
-    chunks : (n, 3) int
-        Chunk coordinates holding the body at the skeleton scale.
-    mask_of : callable
-        ``chunk (x, y, z) -> (z, y, x) bool mask`` of the body, or None (none of it there).
-    chunk_size : int or (3,) int
-        Voxels a side of a (cubic) chunk.
-    resolution : (3,) float
-        nm per voxel of the skeleton scale.
-    bounds : ((3,) int, (3,) int), optional
-        The volume's voxels [lo, hi) at that scale: blocks are cut there, as the job cuts them.
-    voxel_size : (3,) float, optional
-        nm per scale-0 voxel, for :meth:`Skeleton.swc`.
-    block, dust, teasar, heal_nm :
-        See :func:`skeletonize_block` and :func:`join_pieces`.
+    ``mask_of(chunk (x, y, z))`` gives the body's (z, y, x) bool mask there, or None; chunks are cubic
+    of ``chunk_size``; ``resolution`` is nm per voxel of the scale; ``bounds`` the volume's voxels [lo,
+    hi), where blocks are cut as the job cuts them; ``voxel_size`` nm per scale-0 voxel (for
+    :meth:`Skeleton.swc`); ``block``, ``dust``, ``teasar``, ``heal_nm`` as :func:`skeletonize_block` and
+    :func:`join_pieces` take them.
     """
     c = np.asarray(chunks, np.int64).reshape(-1, 3)
     sides = {int(v) for v in np.atleast_1d(chunk_size)}
