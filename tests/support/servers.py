@@ -18,6 +18,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.waiting import HANG_SECONDS
+
 __all__ = ["FakeGCS", "MotoS3", "RangeServer", "free_port"]
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -424,7 +426,7 @@ class FakeGCS(_LoopbackServer):
         req = urllib.request.Request(f"{self.endpoint}/storage/v1/{route}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=HANG_SECONDS) as r:
             return json.loads(r.read() or b"{}")
 
     def bucket(self, bucket: str) -> None:
