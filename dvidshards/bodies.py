@@ -213,7 +213,7 @@ class Body:
                 fine = self._index_rows().chunks >> (s.index - idx.scale)
                 c = self._listed(s, np.unique(fine, axis=0) if len(fine) else fine)
             else:
-                c = chunks_with(self.ds, [self.id], s.index, self.labels)
+                c = chunks_with(self.ds, [self.id], scale=s.index, labels=self.labels)
             self._chunks[s.index] = c
         if not len(c) and not missing_ok:
             raise self.not_found(s.index)
@@ -270,12 +270,12 @@ class Body:
             hint = " (a supervoxel id? pass labels='supervoxels')" if kind == "body" and table is None else ""
             return NotFoundError(f"{kind} {self.id} is not in the label index {self.index.path}{where}{hint}")
         if not isinstance(self.labels, Supervoxels):
-            c = chunks_with(self.ds, [self.id], s.index, "supervoxels")
+            c = chunks_with(self.ds, [self.id], scale=s.index, labels="supervoxels")
             if len(c):
                 b = self._body_of_supervoxel(s, c[0])
                 return NotFoundError(f"{self.id} is a supervoxel of body {b}{where}, not a body: ask for body {b}, "
                                      f"or pass labels='supervoxels'")
-        elif len(chunks_with(self.ds, [self.id], s.index, "agglomerated")):
+        elif len(chunks_with(self.ds, [self.id], scale=s.index, labels="agglomerated")):
             return NotFoundError(f"{self.id} is a body{where}, not a supervoxel: its supervoxels are "
                                  f"Body({self.id}).supervoxels()")
         return NotFoundError(f"{self.id} is not in this export at scale {s.index} ({self.labels.name} labels)")
@@ -388,7 +388,7 @@ class Body:
         """The body as a boolean (x, y, z) mask over its exact box, decoding only its chunks:
         ``(mask, box)``; NotFoundError if it has no voxel at that scale."""
         s = self._scale(scale)
-        m = body_mask(self.ds, self.id, s.index, self.labels, chunks=self.chunks(s.index))
+        m = body_mask(self.ds, self.id, scale=s.index, labels=self.labels, chunks=self.chunks(s.index))
         if m.box is None:
             raise self.not_found(s.index)
         return m

@@ -470,8 +470,8 @@ class Dataset:
 
     # --- volumes -----------------------------------------------------------------------------
 
-    def reader(self, scale: int | Scale = 0, labels: Any = "agglomerated", *, fill_missing_shards: bool = False,
-               max_shards: int = 64) -> ChunkReader:  # labels: keyword-only once query, bodies, serve pass it so
+    def reader(self, scale: int | Scale = 0, *, labels: Any = "agglomerated", fill_missing_shards: bool = False,
+               max_shards: int = 64) -> ChunkReader:
         """The (cached) chunk reader of a scale and label source; its shard cache is shared."""
         s = self.scale(scale)
         src = as_labels(labels)

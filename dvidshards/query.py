@@ -72,7 +72,7 @@ def _ids(ids) -> np.ndarray:
     return np.unique(a.astype(np.uint64))
 
 
-def chunks_with(ds: DatasetLike, ids: Any, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
+def chunks_with(ds: DatasetLike, ids: Any, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
     """(n, 3) int64 chunks (x, y, z; sorted by z, y, x) whose label lists hold any of ``ids``
     (bodies, or supervoxels with ``labels="supervoxels"``), no block decompressed.  Absent chunks
     hold no list: id 0 finds only the chunks that list it."""
@@ -90,7 +90,7 @@ def chunks_with(ds: DatasetLike, ids: Any, scale: int | Scale = 0, labels: Any =
     return c[np.lexsort((c[:, 0], c[:, 1], c[:, 2]))]
 
 
-def labels_in_box(ds: DatasetLike, box: Any, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
+def labels_in_box(ds: DatasetLike, box: Any, *, scale: int | Scale = 0, labels: Any = "agglomerated") -> np.ndarray:
     """Sorted ``uint64`` ids in a voxel box ``[[x0, y0, z0], [x1, y1, z1]]`` inside the volume (0 when
     background is in it): whole chunks from their lists, cut chunks decoded.  MissingShardError for
     a missing shard file the box needs, as ``Dataset.read``."""
@@ -702,7 +702,7 @@ class BodyMask(NamedTuple):
     box: list | None
 
 
-def body_mask(ds: DatasetLike, body: int, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None, *,
+def body_mask(ds: DatasetLike, body: int, *, scale: int | Scale = 0, labels: Any = "agglomerated", index: Any = None,
               chunks: Any = None) -> BodyMask:
     """A body's voxels as ``(mask, box)``: an (x, y, z) bool mask over its exact voxel box (DVID's
     ``sparsevol``); an empty mask and box None when no voxel holds the body.

@@ -554,7 +554,7 @@ def run_dataset(job: TableJob, tr: TaskRunner, run_task: Callable[[ShardTask], i
 
 def add_arguments(p, *, what: str) -> None:
     add_source(p)
-    add_dest(p, what=what, old=())
+    add_dest(p, what=what)
     add_scale(p)
     add_labels(p)
     add_box(p)

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -53,7 +54,6 @@ from .layouts import (
     create_output,
     existing_chunks,
     file_order,
-    gzip_chunk,
     int3,
     scale_boxes,
     scale_layout,
@@ -396,7 +396,8 @@ def _chunk_bytes(w: _Worker, task: Task, table: Any, i: int, rel: np.ndarray, fu
         res.background += 1
         return None
     if job.format == "precomputed" and sp.precomputed_sharding().get("data_encoding") == "gzip":
-        enc = gzip_chunk(enc, job.gzip_level)
+        gz = zlib.compressobj(job.gzip_level, zlib.DEFLATED, 31)  # gzip; TensorStore: level 9 (4.5 ms a chunk; 1: 0.31 ms)
+        enc = gz.compress(enc) + gz.flush()
     res.encoded_bytes += len(enc)
     res.written += 1
     return enc
@@ -735,7 +736,7 @@ class ConvertCommand:
     @staticmethod
     def add_arguments(p: Any) -> None:
         add_source(p)
-        add_dest(p, what="output root: empty, or this conversion's own earlier output", old=())
+        add_dest(p, what="output root: empty, or this conversion's own earlier output")
         p.add_argument("--format", required=True, choices=FORMATS,
                        help="output format: neuroglancer precomputed (sharded, compressed_segmentation) or zarr v3")
         add_scales(p, help="scales to convert (default: every scale of the spec: those the export holds, and those "

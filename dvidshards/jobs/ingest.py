@@ -586,7 +586,7 @@ class IngestCommand:
         p.add_argument("source", nargs="+", metavar="SOURCE",
                        help="grpc://HOST:PORT (a Flight server), an export folder, or DVID /blocks dump files")
         add_dest(p, what="the table folder (from a Flight server or an export), or the export to create (from "
-                         "/blocks dumps); a local folder", old=())
+                         "/blocks dumps); a local folder")
         p.add_argument("--workers", type=int, default=2, metavar="N",
                        help="partitions pulled concurrently (default 2)")
         add_scales(p, help="scales to ingest (default: all)")

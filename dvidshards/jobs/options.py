@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -101,10 +101,8 @@ def add_source(p: Any, *, spec: bool = True) -> None:
                                       "(default: the export's info, else inferred from the files)")
 
 
-def add_dest(p: Any, *, what: str, old: Sequence[str] = (), required: bool = True) -> None:
-    """The positional ``DEST`` (``old`` goes once no command passes it)."""
-    if old:
-        raise ValueError(f"old spellings {list(old)} are gone: DEST is positional")
+def add_dest(p: Any, *, what: str, required: bool = True) -> None:
+    """The positional ``DEST``."""
     p.add_argument("dest", metavar="DEST", nargs=None if required else "?",
                    help=f"{what}: a folder, gs:// or s3:// (written there or refused before any work)")
 

@@ -47,15 +47,13 @@ _PAUSE_FILE = os.environ.get("DVIDSHARDS_PAUSE_FILE") or None
 
 
 def package_version() -> str:
-    """dvidshards' installed version (a source tree not installed: its ``__version__``)."""
+    """dvidshards' installed version, as its manifests and ``--version`` say it."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("dvidshards")
-    except PackageNotFoundError:  # pragma: no cover - a source tree not installed
-        from .. import __version__
-
-        return __version__
+    except PackageNotFoundError:  # pragma: no cover - a source tree on sys.path, never installed
+        return "unknown (not installed)"
 
 
 def _now() -> str:

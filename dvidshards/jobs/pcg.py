@@ -189,7 +189,7 @@ class PcgJob:
     def id_lists(self, coords):
         """Id lists of chunk c and its 6 neighbours, and a supervoxel -> body lookup."""
         s = self.scale
-        reader = self.ds.reader(s, self.palette, fill_missing_shards=self.fill)  # the reads' shard cache
+        reader = self.ds.reader(s, labels=self.palette, fill_missing_shards=self.fill)  # the reads' shard cache
         bcs = np.asarray(s.chunk_size, np.int64)
         boxes = [self.box(coords)] + [self.box(np.add(coords, d)) for d in fmt.DIRECTIONS]
         by_shard: dict = {}  # the DVID blocks meeting the boxes
@@ -641,7 +641,7 @@ class PcgEdgesCommand:
     def add_arguments(p) -> None:
         add_source(p)
         add_dest(p, what="output folder (PCG's edges and components files): empty, new, or an earlier pcg-edges "
-                         "output with --resume or --overwrite", old=())
+                         "output with --resume or --overwrite")
         p.add_argument("--chunk-size", type=int, nargs=3, required=True, metavar=("X", "Y", "Z"),
                        help="PCG layer-1 chunk size in voxels, e.g. 256 256 256")
         add_scale(p)

@@ -197,7 +197,7 @@ def _blocks(task: CubeTask) -> list[tuple[np.ndarray, np.ndarray | None]]:
     ds = job.source
     s = ds.scale(job.scale)
     cs = int(s.chunk_size[0])
-    shard = ds.reader(s, as_labels(job.labels), fill_missing_shards=True).shard(*(v // cs for v in task.origin))
+    shard = ds.reader(s, labels=as_labels(job.labels), fill_missing_shards=True).shard(*(v // cs for v in task.origin))
     if shard is None:
         raise ShardFormatError(f"{task}: the shard file is listed but not found")
     coords = np.asarray(shard.coords, np.int64).reshape(-1, 3)

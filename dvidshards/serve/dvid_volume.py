@@ -160,7 +160,7 @@ class Pyramid:
                 yield (x, y, z), r
 
     def _held(self, k: int, chunks: np.ndarray) -> Iterator[tuple[tuple[int, int, int], Rec]]:
-        reader = self.ds.reader(k, Supervoxels(), fill_missing_shards=self.fill)
+        reader = self.ds.reader(k, labels=Supervoxels(), fill_missing_shards=self.fill)
         s = reader.scale
         if not len(chunks):
             return
@@ -245,7 +245,7 @@ class Pyramid:
             with self._lock:
                 self._origins[h] = origins
         span = max(int(s.shard_extent) // n, 1)
-        reader = self.ds.reader(h, Supervoxels(), fill_missing_shards=self.fill)
+        reader = self.ds.reader(h, labels=Supervoxels(), fill_missing_shards=self.fill)
         out = [np.zeros((0, 3), np.int64)]
         for o in origins[((origins < hi) & (origins + span > lo)).all(axis=1)].tolist():
             shard = reader.shard(*o)
@@ -263,7 +263,7 @@ class Pyramid:
         c = tuple(int(v) for v in p // self.chunk)
         if k not in self.held:
             return (k, c) in self._made
-        reader = self.ds.reader(k, src, fill_missing_shards=self.fill)
+        reader = self.ds.reader(k, labels=src, fill_missing_shards=self.fill)
         try:
             reader.cache.peek(reader.scale.shard_origin(*c))
         except KeyError:

@@ -177,7 +177,7 @@ class ViewVolume:
         c = self._whole(k, box)
         if c is None:
             return False
-        reader = self.dataset.reader(k, self.labels, fill_missing_shards=True)
+        reader = self.dataset.reader(k, labels=self.labels, fill_missing_shards=True)
         try:
             reader.cache.peek(reader.scale.shard_origin(*(int(v) for v in c)))
         except KeyError:
@@ -199,7 +199,7 @@ class ViewVolume:
     def _chunk_from_record(self, k: int, c: np.ndarray):
         """Transcoded bytes of whole chunk c (None: absent or all background)."""
         x, y, z = (int(v) for v in c)
-        reader = self.dataset.reader(k, self.labels, fill_missing_shards=True)
+        reader = self.dataset.reader(k, labels=self.labels, fill_missing_shards=True)
         shard = reader.shard(x, y, z)
         i = shard.find(x, y, z) if shard is not None else None
         if i is None:

@@ -149,7 +149,7 @@ def test_a_body_subset_reads_only_blocks_whose_lists_hold_it(neurons, output, tm
     names = sorted(p.name for p in (dest / "swc").iterdir())
     assert names == sorted(f"{b}_swc" for b in want)
     man = json.loads((dest / "_dvidshards.json").read_text())
-    blocks = np.unique(chunks_with(ds, want, 0) // 4, axis=0)  # 4 chunks a block
+    blocks = np.unique(chunks_with(ds, want, scale=0) // 4, axis=0)  # 4 chunks a block
     assert man["totals"]["blocks"] == len(blocks) < output[1].totals["blocks"]  # the others were never read
     full = SkeletonOutput(output[0])
     for b in want:  # the same skeletons as the run over every body

@@ -595,7 +595,7 @@ def test_mesh_chunks_from_a_label_index(export, tmp_path, monkeypatch):
 
     scans = []
     real = dvidshards.bodies.chunks_with
-    monkeypatch.setattr(dvidshards.bodies, "chunks_with", lambda *a, **k: scans.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(dvidshards.bodies, "chunks_with", lambda *a, **k: scans.append(k["scale"]) or real(*a, **k))
     got = {}
     for index in (None, tmp_path / "idx"):
         scans.clear()
