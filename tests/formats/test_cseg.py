@@ -16,6 +16,7 @@ from dvidshards.formats import cseg, jit
 from dvidshards.formats.codec import decode_block, encode_block
 from dvidshards.formats.cseg import is_background, transcode, transcode_u8
 from tests.support.blocks import build_block, random_block, ts_encode, ts_encode_chunks
+from tests.support.kernels import compiles_held
 from tests.support.waiting import HANG_SECONDS
 
 
@@ -319,8 +320,9 @@ def test_fresh_process_answers_before_numba_compiles(tmp_path):
         os._exit(0)  # do not wait for the background compile at exit
     """
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "DVIDSHARDS_KERNELS": "background"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, input=block.hex(), capture_output=True,
-                         text=True, timeout=HANG_SECONDS)
+    with compiles_held(cseg._kernel, tmp_path / "numba"):  # its helper waits: the kernel cannot be ready yet
+        out = subprocess.run([sys.executable, "-c", code], env=env, input=block.hex(), capture_output=True,
+                             text=True, timeout=HANG_SECONDS)
     assert out.returncode == 0, out.stderr
     ready, hexbytes = out.stdout.split()
     assert ready == "False"

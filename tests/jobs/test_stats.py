@@ -27,6 +27,7 @@ from dvidshards.jobs.output import JobReport, read_manifest
 from dvidshards.jobs.runner import TaskRunner
 from dvidshards.jobs.stats import STATS_SCHEMA, body_stats, body_stats_table, shard_body_stats
 from tests.support.data import REAL_SHARD
+from tests.support.kernels import compiles_held
 from tests.support.stats import (
     as_dict,
     brute_index,
@@ -38,6 +39,7 @@ from tests.support.stats import (
     stats_export,
     tree,
 )
+from tests.support.waiting import HANG_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -622,9 +624,12 @@ def test_fresh_worker_counts_before_numba_has_compiled(exp, tmp_path):
         print(json.dumps([blockstats._batch.ready, rows]), flush=True)
         os._exit(0)  # leave the compile to the helper process
     """
+    from dvidshards.formats import blockstats
+
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "DVIDSHARDS_KERNELS": "background"}
-    out = subprocess.run([sys.executable, "-c", code, exp.root], env=env, capture_output=True, text=True,
-                         timeout=300)
+    with compiles_held(blockstats._batch, tmp_path / "numba"):  # its helper waits: the kernel cannot be ready yet
+        out = subprocess.run([sys.executable, "-c", code, exp.root], env=env, capture_output=True, text=True,
+                             timeout=HANG_SECONDS)
     assert out.returncode == 0, out.stderr
     ready, rows = json.loads(out.stdout)
     t = body_stats_table(exp.root, scale=0, labels="agglomerated", progress=False)
