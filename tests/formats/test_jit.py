@@ -191,7 +191,7 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
     tables = (blockstats._FIRST8, blockstats._LAST8, blockstats._REV8)
     blocks, los, his, nls, good = [], [], [], [], []
     errors = 0
-    for k in range(150):
+    for k in range(60):
         grid = tuple(int(v) for v in rng.integers(1, 4, 3)) if k % 2 else (8, 8, 8)
         block, _ = random_block(rng, grid, int(rng.integers(1, 300)),
                                 max_sb_labels=int(rng.choice([2, 3, 4, 6, 9, 40, 300, 512])), zero_frac=0.15)
@@ -211,7 +211,7 @@ def test_block_statistics_fallbacks_return_what_the_kernels_return():
         assert outs[0] == outs[1], k
         errors += outs[0][0] != 0
         blocks.append(block), los.append(lo), his.append(hi), nls.append(n), good.append(outs[0][0] == 0)
-    assert errors > 20
+    assert errors > 10
     args = (np.array(los, np.int64), np.array(his, np.int64), np.array(nls, np.int64), *tables)
     for end in (len(blocks), 1, 0):  # the whole batch (fails at its first damaged block), one good block, none
         ok = [i for i in range(len(blocks)) if good[i]]
