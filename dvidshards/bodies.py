@@ -13,7 +13,9 @@ without a whole-export job first.  Every answer is a method (each reads the expo
   decoded; the sparse volumes are DVID's bytes in its three formats (``formats.sparsevol``),
   also block by block (`Body.sparsevol_parts`, what a server streams) and under DVID's bounds.
 * `Body.mesh`: one watertight surface from per-chunk marching cubes, welded, in nm.
-* `Body.skeleton`: its skeleton as ``dvidshards skeletons`` makes it (``formats.skeleton``).
+* `Body.skeleton`: its skeleton as ``dvidshards skeletons`` makes it (``formats.skeleton``), at
+  a scale the export lacks too: `MadeScales` makes any chunk of the spec's scales from the finest
+  held finer scale by DVID's rule, as ``dvidshards downsample`` does (serve-dvid's pyramid is it).
 
 An id with no voxel raises `NotFoundError` from every answer, saying what the id is instead
 when that is cheap to know (a supervoxel of body B).  The dataset is any `DatasetLike`.
@@ -21,14 +23,19 @@ when that is cheap to know (a supervoxel of body B).  The dataset is any `Datase
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import NotExportedError, NotFoundError, SpecError
+from .formats.codec import decode_into
+from .formats.downsample import downsample_block
 from .formats.labelindex import labels_id
-from .formats.labels import Supervoxels, as_labels
+from .formats.labels import LabelSource, Supervoxels, as_labels
 from .formats.mesh import Mesh, merge_fragments, mesh_cells, to_nm
 from .formats.multiscale import Scale
 from .formats.records import RecordTable
@@ -59,13 +66,20 @@ from .query import (
     sorted_chunks,
 )
 
-__all__ = ["FORMATS", "Body", "chunk_decoder", "parse_bounds"]
+__all__ = ["FORMATS", "MADE_BODY_CHUNKS", "Body", "MadeScales", "Rec", "chunk_decoder", "parse_bounds"]
+
+log = logging.getLogger(__name__)
 
 _U64 = 1 << 64
 _I32 = (-(1 << 31), (1 << 31) - 1)
 FORMATS = ("rles", "srles", "blocks")  # DVID's sparsevol formats
 
 Bounds = Any  # ((minx, miny, minz), (maxx, maxy, maxz)), entries int or None
+_OCTANTS = [(i & 1, (i >> 1) & 1, i >> 2) for i in range(8)]
+#: a body's chunks of the held scale a skeleton's made scale may be made from on demand: one made chunk
+#: in memory at a time, ~0.2 ms of CPU per held chunk (the real mCNS shard; ~6 s in all), while
+#: kimimaro then takes minutes: beyond, the job (``dvidshards downsample`` first)
+MADE_BODY_CHUNKS = 1 << 15
 
 
 def parse_bounds(bounds: Bounds) -> tuple[np.ndarray, np.ndarray] | None:
@@ -126,6 +140,155 @@ def chunk_decoder(ds: DatasetLike, scale: int | Scale = 0, *, labels: Any = "agg
         return buf
 
     return decode
+
+
+@dataclass(frozen=True)
+class Rec:
+    """One chunk's record: its uncompressed DVID block and its two label lists."""
+
+    block: np.ndarray  # uint8
+    supervoxels: np.ndarray  # the block's label list
+    labels: np.ndarray  # the agglomerated body of each entry
+
+    def palette(self, src: LabelSource) -> np.ndarray | None:
+        """The label of each entry of the block's list under ``src`` (None: the list itself)."""
+        return None if isinstance(src, Supervoxels) else src.palette(_One(self), 0)
+
+    def decode(self, src: LabelSource, out: np.ndarray) -> None:
+        """The voxels (z, y, x) into ``out`` with the label source's palette."""
+        pal = self.palette(src)
+        decode_into(self.block, None if pal is None else np.ascontiguousarray(pal, np.uint64), out)
+
+
+class _One:
+    """A `Rec` as a one-row record table (what ``LabelSource.palette`` reads)."""
+
+    def __init__(self, rec: Rec):
+        self.rec = rec
+
+    def labels(self, i: int) -> np.ndarray:
+        return self.rec.labels
+
+    def supervoxels(self, i: int) -> np.ndarray:
+        return self.rec.supervoxels
+
+
+def _made_bodies(svs: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Each made supervoxel's body from its children's (supervoxels, labels) pairs (the first
+    child's in octant order, as the downsample job does); 0 stays 0."""
+    if not pairs:
+        return np.zeros(len(svs), np.uint64)
+    sv = np.concatenate([p[0] for p in pairs]).astype(np.uint64)
+    lab = np.concatenate([p[1] for p in pairs]).astype(np.uint64)
+    order = np.argsort(sv, kind="stable")
+    s, b = sv[order], lab[order]
+    pos = np.minimum(np.searchsorted(s, svs), len(s) - 1)
+    return np.where(s[pos] == svs, b[pos], np.uint64(0)).astype(np.uint64)
+
+
+class MadeScales:
+    """The records of every scale of a dataset's spec from the finest held one up: read where the
+    export holds the scale (``held``, finest first), else made on demand from the scale below by
+    DVID's rule (:func:`~dvidshards.formats.downsample.downsample_block` on the supervoxel blocks,
+    down to the nearest held finer scale; each made supervoxel's body is its first child's), as
+    ``dvidshards downsample`` makes them.  ``fill``: a missing shard file is background (else
+    ``MissingShardError``).  Nothing is cached here (serve-dvid's pyramid caches)."""
+
+    def __init__(self, ds: DatasetLike, held: list[int], *, fill: bool = True):
+        self.ds, self.held, self.fill = ds, list(held), fill
+        self.served = [s.index for s in ds.scales if s.index >= self.held[0]]
+        self._origins: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def records(self, k: int, chunks: Any) -> Iterator[tuple[tuple[int, int, int], Rec]]:
+        """The records of the chunks present (in the given order), skipping absent ones and those
+        outside the scale's grid."""
+        c = np.asarray(chunks, np.int64).reshape(-1, 3)
+        c = c[((c >= 0) & (c < np.asarray(self.ds.scale(k).grid, np.int64))).all(axis=1)]
+        if k in self.held:
+            yield from self._held(k, c)
+            return
+        for x, y, z in c.tolist():
+            r = self.made(k, (x, y, z))
+            if r is not None:
+                yield (x, y, z), r
+
+    def _held(self, k: int, chunks: np.ndarray) -> Iterator[tuple[tuple[int, int, int], Rec]]:
+        reader = self.ds.reader(k, labels=Supervoxels(), fill_missing_shards=self.fill)
+        s = reader.scale
+        if not len(chunks):
+            return
+        origins = [s.shard_origin(*c) for c in chunks.tolist()]
+        start = [0] + [i for i in range(1, len(origins)) if origins[i] != origins[i - 1]]
+        for a, b in zip(start, start[1:] + [len(chunks)], strict=True):
+            run = chunks[a:b].tolist()
+            shard = reader.shard(*run[0])
+            if shard is None:
+                continue
+            found = [(i, tuple(c)) for i, c in ((shard.find(*c), c) for c in run) if i is not None]
+            if not found:
+                continue
+            t = shard.table(np.asarray([i for i, _ in found], np.int64))
+            for r, (_, c) in enumerate(found):
+                yield c, Rec(np.frombuffer(t.block(r), np.uint8), np.asarray(t.supervoxels(r), np.uint64),
+                             np.asarray(t.labels(r), np.uint64))
+
+    def record(self, k: int, c: Any) -> Rec | None:
+        got = list(self.records(k, [c]))
+        return got[0][1] if got else None
+
+    def made(self, k: int, c: tuple[int, int, int], present: np.ndarray | None = None) -> Rec | None:
+        """Chunk c of a scale the export lacks, from its 8 children (None: no block there).
+
+        ``present``: the chunks of the nearest held finer scale under c to make it from (default:
+        those the shard files' indexes list); others read as background, so a body's chunks there
+        make that body's voxels exactly.
+        """
+        h = max(v for v in self.held if v < k)
+        if present is None:
+            present = self.present(h, c, k - h)
+        if not len(present):
+            return None
+        below = max(v for v in self.served if v < k)
+        kids_at = [(2 * c[0] + dx, 2 * c[1] + dy, 2 * c[2] + dz) for dx, dy, dz in _OCTANTS]
+        if below in self.held:
+            got = dict(self.records(below, kids_at))
+        else:
+            up = present >> (below - h)
+            got = {}
+            for ch in kids_at:
+                sub = present[(up == ch).all(axis=1)]
+                r = self.made(below, ch, sub) if len(sub) else None
+                if r is not None:
+                    got[ch] = r
+        out = downsample_block([got[ch].block if ch in got else None for ch in kids_at])
+        if out is None:
+            return None
+        svs = out.supervoxels.astype(np.uint64)
+        return Rec(np.frombuffer(out.block, np.uint8), svs,
+                   _made_bodies(svs, [(got[ch].supervoxels, got[ch].labels) for ch in kids_at if ch in got]))
+
+    def present(self, h: int, c: Any, shift: int) -> np.ndarray:
+        """The chunks of held scale h the export holds under chunk c of scale h + shift."""
+        lo = np.asarray(c, np.int64) << shift
+        hi = lo + (1 << shift)
+        s = self.ds.scale(h)
+        n = np.asarray(s.chunk_size, np.int64)
+        with self._lock:
+            origins = self._origins.get(h)
+        if origins is None:
+            origins = np.asarray(self.ds.shards(h), np.int64).reshape(-1, 3) // n
+            with self._lock:
+                self._origins[h] = origins
+        span = np.maximum(int(s.shard_extent) // n, 1)
+        reader = self.ds.reader(h, labels=Supervoxels(), fill_missing_shards=self.fill)
+        out = [np.zeros((0, 3), np.int64)]
+        for o in origins[((origins < hi) & (origins + span > lo)).all(axis=1)].tolist():
+            shard = reader.shard(*o)
+            if shard is not None and len(shard):
+                cc = shard.coords
+                out.append(cc[((cc >= lo) & (cc < hi)).all(axis=1)])
+        return np.concatenate(out)
 
 
 class Body:
@@ -209,7 +372,7 @@ class Body:
             idx = self.index
             if idx is not None and idx.scale == s.index:
                 c = sorted_chunks(self._index_rows().chunks)
-            elif idx is not None and idx.scale < s.index and self._coarsens(idx, s):
+            elif idx is not None and idx.scale < s.index and self._coarsens(idx.scale, s):
                 fine = self._index_rows().chunks >> (s.index - idx.scale)
                 c = self._listed(s, np.unique(fine, axis=0) if len(fine) else fine)
             else:
@@ -226,13 +389,13 @@ class Body:
             return self.index.supervoxel_rows(self.id)
         return self.index.rows(self.id)
 
-    def _coarsens(self, idx: BodyIndex, s: Scale) -> bool:
-        """Whether scale ``s`` is ``idx``'s scale downsampled by 2 per level, with its chunk size."""
+    def _coarsens(self, h: int, s: Scale) -> bool:
+        """Whether scale ``s`` is scale ``h`` downsampled by 2 per level, with its chunk size."""
         try:
-            fine = self.ds.scale(idx.scale)
+            fine = self.ds.scale(h)
         except SpecError:
             return False
-        k = s.index - idx.scale
+        k = s.index - h
         return tuple(fine.chunk_size) == tuple(s.chunk_size) and all(
             -(-int(n) // (1 << k)) == int(m) for n, m in zip(fine.size, s.size, strict=True))
 
@@ -584,18 +747,22 @@ class Body:
         Parameters
         ----------
         scale : int, optional
-            Default: the finest scale the export holds whose voxel is at least 32 nm (the job's
-            rule, ``formats.skeleton.skeleton_scale``), else its coarsest.
+            Default: the job's (``formats.skeleton.skeleton_scale``): of the spec's scales from the
+            finest the export holds up, the finest whose voxel is at least 32 nm, else the coarsest.
+            A scale the export lacks is made chunk by chunk from the body's chunks at the nearest
+            held finer scale, by DVID's rule as ``dvidshards downsample`` makes it (`MadeScales`;
+            logged), so the skeleton is the job's.
         chunks, decode : optional
-            For a scale the export does not hold (a server's made scale): the chunks holding the
-            body there, and ``decode(chunk) -> (z, y, x) labels or None``.
+            A server's own made scale (serve-dvid's cached pyramid): the chunks holding the body
+            there, and ``decode(chunk) -> (z, y, x) labels or None``.
 
         Raises
         ------
         NotFoundError
             No voxel of the body at that scale, or no piece of it over ``DUST`` voxels.
         NotExportedError
-            ``scale`` is not held (and no ``decode``): make it with ``dvidshards downsample``.
+            ``scale`` is finer than the finest held one, or making it would read more than
+            ``MADE_BODY_CHUNKS`` of the body's chunks: make it with ``dvidshards downsample``.
         SpecError
             The resolution is unknown (no spec): skeletons are in nm.
         SkeletonDependencyError
@@ -604,15 +771,15 @@ class Body:
         need_kimimaro()
         held = held_scales(self.ds)
         if scale is None:  # an unknown resolution is refused below
-            scale = skeleton_scale([(h, self.ds.scale(h).resolution or (0.0,)) for h in held]) if held else self.scale
+            scale = skeleton_scale([(s.index, s.resolution or (0.0,)) for s in self.ds.scales
+                                    if s.index >= held[0]]) if held else self.scale
         s, voxel_size = self.ds.scale(scale), self.ds.scales[0].resolution
         if s.resolution is None or voxel_size is None:
             raise SpecError(f"scale {s.index}: resolution unknown (no spec): skeletons are in nm; give the spec")
-        if decode is None:
-            if s.index not in held:
-                raise NotExportedError(f"scale {s.index} is not in this export (it holds {held}): make it with "
-                                       f"dvidshards downsample and open it with the export")
+        if decode is None and s.index in held:
             decode = chunk_decoder(self.ds, s.index, labels=self.labels, fill_missing_shards=True)
+        elif decode is None:
+            chunks, decode = self._made(s.index, held)
         chunks = self.chunks(s.index) if chunks is None else chunks
         target = np.uint64(self.id)
 
@@ -627,6 +794,40 @@ class Body:
             raise NotFoundError(f"body {self.id} has no skeleton at scale {s.index}: no piece of it is over "
                                 f"{DUST} voxels")
         return sk
+
+    def _made(self, k: int, held: list[int]) -> tuple[np.ndarray, Callable[[Any], np.ndarray | None]]:
+        """The body's chunks at a scale the export lacks (those over its chunks at the nearest held
+        finer scale) and their decoder, which makes each from those chunks (`MadeScales`)."""
+        if not held or k < held[0]:
+            raise NotExportedError(f"scale {k} is not in this export (it holds {held}) and is finer than its finest: "
+                                   f"it cannot be made; open an export that holds it")
+        h = max(v for v in held if v < k)
+        if not self._coarsens(h, self.ds.scale(k)):
+            raise NotExportedError(f"scale {k} is not in this export and is not scale {h} halved per level with its "
+                                   f"chunk size: it cannot be made on demand; make it with dvidshards downsample")
+        fine = self.chunks(h)
+        if len(fine) > MADE_BODY_CHUNKS:
+            raise NotExportedError(f"body {self.id}: scale {k} is not in this export and would be made from "
+                                   f"{len(fine):,} chunks of scale {h} (at most {MADE_BODY_CHUNKS:,} on demand): "
+                                   f"make it with dvidshards downsample and open it with the export")
+        log.info("body %d: scale %d is not in the export: made from its %d chunks of scale %d", self.id, k,
+                 len(fine), h)
+        chunks, inverse = np.unique(fine >> (k - h), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        parts = np.split(fine[np.argsort(inverse, kind="stable")], np.cumsum(np.bincount(inverse))[:-1])
+        under = dict(zip(map(tuple, chunks.tolist()), parts, strict=True))
+        made, src, shape = MadeScales(self.ds, held), self.labels, tuple(int(v) for v in self.ds.scale(k).chunk_size[::-1])
+
+        def decode(c: Any) -> np.ndarray | None:  # not kept: making is ~1 % of kimimaro's time
+            x, y, z = (int(v) for v in c)
+            rec = made.made(k, (x, y, z), under[x, y, z]) if (x, y, z) in under else None
+            if rec is None:
+                return None
+            out = np.empty(shape, np.uint64)
+            rec.decode(src, out)
+            return out
+
+        return chunks, decode
 
 
 def _chain(first, rest):

@@ -2,8 +2,8 @@
 
 `Pyramid` gives the block of any chunk at any scale the spec lists: from the export (or a
 ``downsample`` output opened with it) where a scale is held, otherwise made on demand from the
-scale below by DVID's rule (:func:`dvidshards.formats.downsample.downsample_block`, down to the
-finest held scale) and kept in a bounded cache, so an s0-only export answers every level. A
+scale below by DVID's rule (`dvidshards.bodies.MadeScales`, what ``Body.skeleton`` makes a scale
+with; down to the finest held scale) and kept in a bounded cache, so an s0-only export answers every level. A
 scale finer than the finest held one cannot be made and is refused naming the held scales.
 
 `VolumeEndpoints` answers ``raw`` and ``isotropic`` (3-d: uint64 z, y, x; ``compression=`` gzip,
@@ -16,19 +16,17 @@ left out of block streams, and a block outside the volume is skipped.
 from __future__ import annotations
 
 import struct
-import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
+from ..bodies import MadeScales, Rec
 from ..errors import NotExportedError, SpecError
-from ..formats.codec import decode_into, encode_block
+from ..formats.codec import encode_block
 from ..formats.cseg import transcode
-from ..formats.downsample import downsample_block
-from ..formats.labels import Agglomerated, LabelSource, Supervoxels
+from ..formats.labels import Agglomerated, LabelSource
 from ..query import label_at
 from .dvid_base import (
     BadRequest,
@@ -47,7 +45,6 @@ __all__ = ["MAX_RAW_VOXELS", "Pyramid", "Rec", "VolumeEndpoints"]
 MAX_RAW_VOXELS = 1 << 24  # /raw: 128 MiB of uint64 at most per request
 _MADE_CACHE = 256 << 20  # bytes of made blocks kept
 MADE_LIMIT = 1 << 12  # chunks of the held scale a chunk of a made scale may be made from on demand
-_OCTANTS = [(i & 1, (i >> 1) & 1, i >> 2) for i in range(8)]
 
 
 def lz4_block(data: bytes) -> bytes:
@@ -57,59 +54,16 @@ def lz4_block(data: bytes) -> bytes:
     return lz4.block.compress(data, mode="default", store_size=False)
 
 
-@dataclass(frozen=True)
-class Rec:
-    """One chunk's record: its uncompressed DVID block and its two label lists."""
-
-    block: np.ndarray  # uint8
-    supervoxels: np.ndarray  # the block's label list
-    labels: np.ndarray  # the agglomerated body of each entry
-
-    def palette(self, src: LabelSource) -> np.ndarray | None:
-        return src.palette(_One(self), 0)
-
-
-class _One:
-    """A `Rec` as a one-row record table (what ``LabelSource.palette`` reads)."""
-
-    def __init__(self, rec: Rec):
-        self.rec = rec
-
-    def labels(self, i: int) -> np.ndarray:
-        return self.rec.labels
-
-    def supervoxels(self, i: int) -> np.ndarray:
-        return self.rec.supervoxels
-
-
-def _bodies(svs: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Each made supervoxel's body from its children's (supervoxels, labels) pairs (the first
-    child's in octant order, as the downsample job does); 0 stays 0."""
-    if not pairs:
-        return np.zeros(len(svs), np.uint64)
-    sv = np.concatenate([p[0] for p in pairs]).astype(np.uint64)
-    lab = np.concatenate([p[1] for p in pairs]).astype(np.uint64)
-    order = np.argsort(sv, kind="stable")
-    s, b = sv[order], lab[order]
-    pos = np.minimum(np.searchsorted(s, svs), len(s) - 1)
-    return np.where(s[pos] == svs, b[pos], np.uint64(0)).astype(np.uint64)
-
-
-class Pyramid:
+class Pyramid(MadeScales):
     """The blocks of every scale of a dataset's spec (see the module docstring): ``held`` the scales
     the export holds (finest first), ``fill`` a missing shard file read as background (else
     ``MissingShardError``), ``cache_bytes`` of made blocks kept."""
 
     def __init__(self, ds, held: list[int], *, fill: bool = True, cache_bytes: int = _MADE_CACHE):
-        self.ds = ds
-        self.held = list(held)
-        self.fill = fill
-        self.served = [s.index for s in ds.scales if s.index >= self.held[0]]
+        super().__init__(ds, held, fill=fill)
         self.cache_bytes = int(cache_bytes)
         self._made: OrderedDict[tuple, Rec | None] = OrderedDict()
         self._made_bytes = 0
-        self._origins: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
         cs = {tuple(int(v) for v in ds.scale(k).chunk_size) for k in self.served}
         if len(cs) != 1 or len(next(iter(cs))) != 3 or len(set(next(iter(cs)))) != 1:
             raise SpecError(f"serve-dvid needs one cubic chunk size at every scale, got {sorted(cs)}")
@@ -143,54 +97,9 @@ class Pyramid:
     def grid(self, k: int) -> np.ndarray:
         return np.asarray(self.ds.scale(k).grid, np.int64)
 
-    # --- records --------------------------------------------------------------------------------
-
-    def records(self, k: int, chunks) -> Iterator[tuple[tuple[int, int, int], Rec]]:
-        """The records of the chunks present (in the given order), skipping absent ones and those
-        outside the scale's grid."""
-        c = np.asarray(chunks, np.int64).reshape(-1, 3)
-        g = self.grid(k)
-        c = c[((c >= 0) & (c < g)).all(axis=1)]
-        if k in self.held:
-            yield from self._held(k, c)
-            return
-        for x, y, z in c.tolist():
-            r = self.made(k, (x, y, z))
-            if r is not None:
-                yield (x, y, z), r
-
-    def _held(self, k: int, chunks: np.ndarray) -> Iterator[tuple[tuple[int, int, int], Rec]]:
-        reader = self.ds.reader(k, labels=Supervoxels(), fill_missing_shards=self.fill)
-        s = reader.scale
-        if not len(chunks):
-            return
-        origins = [s.shard_origin(*c) for c in chunks.tolist()]
-        start = [0] + [i for i in range(1, len(origins)) if origins[i] != origins[i - 1]]
-        for a, b in zip(start, start[1:] + [len(chunks)], strict=True):
-            run = chunks[a:b].tolist()
-            shard = reader.shard(*run[0])
-            if shard is None:
-                continue
-            found = [(i, tuple(c)) for i, c in ((shard.find(*c), c) for c in run) if i is not None]
-            if not found:
-                continue
-            t = shard.table(np.asarray([i for i, _ in found], np.int64))
-            for r, (_, c) in enumerate(found):
-                yield c, Rec(np.frombuffer(t.block(r), np.uint8), np.asarray(t.supervoxels(r), np.uint64),
-                             np.asarray(t.labels(r), np.uint64))
-
-    def record(self, k: int, c) -> Rec | None:
-        got = list(self.records(k, [c]))
-        return got[0][1] if got else None
-
     def made(self, k: int, c: tuple[int, int, int], present: np.ndarray | None = None) -> Rec | None:
-        """A chunk of a scale the export lacks, by DVID's rule from its 8 children (cached).
-
-        Only children over chunks the export holds are made (``present``: those chunks of the
-        nearest held scale below, found from the shard files' indexes), so a chunk over space
-        DVID never wrote costs nothing; one that would need more than ``MADE_LIMIT`` of them is
-        refused, naming the scale to make with ``dvidshards downsample``.
-        """
+        """`MadeScales.made`, cached, and refused when it would need more than ``MADE_LIMIT`` chunks
+        of the held scale (those the export holds under it), naming ``dvidshards downsample``."""
         key = (k, c)
         with self._lock:
             if key in self._made:
@@ -198,31 +107,13 @@ class Pyramid:
                 return self._made[key]
         h = max(v for v in self.held if v < k)
         if present is None:
-            present = self._present(h, c, k - h)
-        rec = None
+            present = self.present(h, c, k - h)
         if len(present) > MADE_LIMIT:
             raise NotExportedError(
                 f"scale {k} is not in this export, and its chunk {c} would be made from {len(present)} chunks of "
                 f"scale {h} (at most {MADE_LIMIT} on demand): make the scales with dvidshards downsample and "
                 f"serve its output")
-        if len(present):
-            below = max(v for v in self.served if v < k)
-            kids_at = [(2 * c[0] + dx, 2 * c[1] + dy, 2 * c[2] + dz) for dx, dy, dz in _OCTANTS]
-            if below in self.held:
-                got = dict(self.records(below, kids_at))
-            else:
-                up = present >> (below - h)
-                got = {}
-                for ch in kids_at:
-                    sub = present[(up == ch).all(axis=1)]
-                    r = self.made(below, ch, sub) if len(sub) else None
-                    if r is not None:
-                        got[ch] = r
-            out = downsample_block([got[ch].block if ch in got else None for ch in kids_at])
-            if out is not None:
-                svs = out.supervoxels.astype(np.uint64)
-                rec = Rec(np.frombuffer(out.block, np.uint8), svs,
-                          _bodies(svs, [(got[ch].supervoxels, got[ch].labels) for ch in kids_at if ch in got]))
+        rec = super().made(k, c, present)
         with self._lock:
             if key not in self._made:
                 self._made[key] = rec
@@ -231,28 +122,6 @@ class Pyramid:
                     _, old = self._made.popitem(last=False)
                     self._made_bytes -= 64 + (len(old.block) + 16 * len(old.supervoxels) if old is not None else 0)
         return rec
-
-    def _present(self, h: int, c, shift: int) -> np.ndarray:
-        """The chunks of held scale h the export holds under chunk c of scale h + shift."""
-        lo = np.asarray(c, np.int64) << shift
-        hi = lo + (1 << shift)
-        n = self.chunk
-        s = self.ds.scale(h)
-        with self._lock:
-            origins = self._origins.get(h)
-        if origins is None:
-            origins = np.asarray(self.ds.shards(h), np.int64).reshape(-1, 3) // n
-            with self._lock:
-                self._origins[h] = origins
-        span = max(int(s.shard_extent) // n, 1)
-        reader = self.ds.reader(h, labels=Supervoxels(), fill_missing_shards=self.fill)
-        out = [np.zeros((0, 3), np.int64)]
-        for o in origins[((origins < hi) & (origins + span > lo)).all(axis=1)].tolist():
-            shard = reader.shard(*o)
-            if shard is not None and len(shard):
-                cc = shard.coords
-                out.append(cc[((cc >= lo) & (cc < hi)).all(axis=1)])
-        return np.concatenate(out)
 
     def cached(self, k: int, point, src: LabelSource) -> bool:
         """Whether the block holding a point is in memory (outside the volume: nothing to read)."""
@@ -273,9 +142,7 @@ class Pyramid:
     # --- voxels ---------------------------------------------------------------------------------
 
     def decode(self, rec: Rec, src: LabelSource, out: np.ndarray) -> None:
-        """A record's voxels (z, y, x) into ``out`` with the label source's palette."""
-        pal = rec.palette(src) if not isinstance(src, Supervoxels) else None
-        decode_into(rec.block, None if pal is None else np.ascontiguousarray(pal, np.uint64), out)
+        rec.decode(src, out)
 
     def block(self, k: int, c) -> np.ndarray | None:
         """Chunk c of scale k as (z, y, x) bodies; None when no block is there."""
@@ -283,7 +150,7 @@ class Pyramid:
         if rec is None:
             return None
         out = np.empty((self.chunk,) * 3, np.uint64)
-        self.decode(rec, Agglomerated(), out)
+        rec.decode(Agglomerated(), out)
         return out
 
     def read(self, k: int, lo, hi, src: LabelSource) -> np.ndarray:
@@ -303,7 +170,7 @@ class Pyramid:
         chunks = np.stack(np.meshgrid(*[np.arange(c0[i], c1[i]) for i in range(3)], indexing="ij"), -1).reshape(-1, 3)
         buf = np.empty((n, n, n), np.uint64)
         for c, rec in self.records(k, chunks):
-            self.decode(rec, src, buf)
+            rec.decode(src, buf)
             org = np.asarray(c, np.int64) * n
             p, q = np.maximum(a, org), np.minimum(b, org + n)
             dst[p[0] - a[0]:q[0] - a[0], p[1] - a[1]:q[1] - a[1], p[2] - a[2]:q[2] - a[2]] = \
@@ -329,7 +196,7 @@ class Pyramid:
             rec = self.made(k, tuple(c))
             if rec is None:
                 continue
-            self.decode(rec, src, buf)
+            rec.decode(src, buf)
             sel = idx[(ch == c).all(axis=1)]
             q = p[sel] - np.asarray(c, np.int64) * n
             out[sel] = buf[q[:, 2], q[:, 1], q[:, 0]]
@@ -471,7 +338,7 @@ class VolumeEndpoints:
             inside = ((o >= vlo) & (o + n <= vhi)).all()
             rec = self.pyr.record(k, tuple(int(v) // n for v in off)) if inside else None
             if rec is not None:
-                pal = rec.palette(src) if not isinstance(src, Supervoxels) else None
+                pal = rec.palette(src)
                 return transcode(rec.block, pal)
             if inside:
                 return self._zeros((n, n, n))
@@ -551,7 +418,7 @@ class VolumeEndpoints:
     def _payload(self, rec: Rec, src, comp: str, n: int) -> bytes:
         if comp == "blocks":  # DVID's native block, its label list mapped unless supervoxels, gzipped
             block = rec.block.tobytes()
-            pal = rec.palette(src) if not isinstance(src, Supervoxels) else None
+            pal = rec.palette(src)
             if pal is not None:
                 m = int.from_bytes(block[12:16], "little")
                 block = block[:16] + np.asarray(pal, "<u8").tobytes() + block[16 + 8 * m:]

@@ -243,7 +243,8 @@ def real_export(dvid_data, tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_real_mcns_shard_bodies_at_32nm(real_export, tmp_path):
-    """The real shard (s1, 16 nm): s2 made first; every body's skeleton checked against its voxels."""
+    """The real shard (s1, 16 nm): s2 made first; every body's skeleton checked against its voxels; the
+    largest body's made on demand is the job's."""
     root, spec = real_export
     ds = dvidshards.Dataset(str(root), spec=spec)
     rep = skeletons(ds, tmp_path / "out", progress=False)
@@ -264,6 +265,9 @@ def test_the_real_mcns_shard_bodies_at_32nm(real_export, tmp_path):
         ours[b] = Skeleton(sk.vertices - lo * 32, sk.edges, sk.radii)
         check(vol, b, ours[b], 32.0, dust=1000)
     close_to(ours, whole, worst=1.5)  # real bodies: a branch more or less can double a short body (3 % in total)
+    ids, n = np.unique(vol[vol > 0], return_counts=True)
+    b = int(ids[np.argmax(n)])
+    same_skeleton(ds.body(b).skeleton(), reader.get(b))  # on demand, s2 made from s1: the job's skeleton
 
 
 def test_into_a_bucket_with_its_work_folder_there(neurons, output):
@@ -289,6 +293,16 @@ def test_into_a_bucket_with_its_work_folder_there(neurons, output):
     assert remote is not None and here is not None and np.array_equal(remote.vertices, here.vertices)
 
 
+def same_skeleton(sk: Skeleton, ref: Skeleton | None) -> None:
+    """The same skeleton node for node: the same vertices, edges and radii, in any order."""
+    assert ref is not None and sk.voxel_size == ref.voxel_size
+    at = {tuple(v): i for i, v in enumerate(ref.vertices.tolist())}
+    idx = np.array([at[tuple(v)] for v in sk.vertices.tolist()])  # every vertex is one of the job's
+    assert len(set(idx.tolist())) == len(ref.vertices) == len(sk.vertices)
+    assert {frozenset(e) for e in idx[sk.edges].tolist()} == {frozenset(e) for e in ref.edges.tolist()}
+    np.testing.assert_allclose(sk.radii, ref.radii[idx])
+
+
 def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatch):
     """Body.skeleton (its chunks from the records' lists, decoded one at a time) is the job's skeleton of
     that body node for node, its SWC read by navis; an absent body, a body of dust only, a scale the
@@ -303,13 +317,9 @@ def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatc
     job = SkeletonOutput(output[0])
     sizes = {b: int((neurons.bodies == b).sum()) for b in neurons.ids}
     for b in sorted(neurons.ids, key=lambda i: -sizes[i])[:3]:
-        sk, ref = ds.body(b).skeleton(), job.get(b)
-        assert ref is not None and sk.voxel_size == ref.voxel_size == (32.0, 32.0, 32.0)
-        at = {tuple(v): i for i, v in enumerate(ref.vertices.tolist())}
-        idx = np.array([at[tuple(v)] for v in sk.vertices.tolist()])  # every vertex is one of the job's
-        assert len(set(idx.tolist())) == len(ref.vertices) == len(sk.vertices)
-        assert {frozenset(e) for e in idx[sk.edges].tolist()} == {frozenset(e) for e in ref.edges.tolist()}
-        np.testing.assert_allclose(sk.radii, ref.radii[idx])
+        sk = ds.body(b).skeleton()
+        same_skeleton(sk, job.get(b))
+        assert sk.voxel_size == (32.0, 32.0, 32.0)
         (tmp_path / f"{b}.swc").write_text(sk.swc())
         n = navis.read_swc(str(tmp_path / f"{b}.swc"))
         assert n.n_nodes == len(sk.vertices) and abs(float(n.cable_length) * 32 - sk.cable_length) < 1e-3 * sk.cable_length
@@ -319,11 +329,71 @@ def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatc
     assert sizes[dust] <= DUST
     with pytest.raises(NotFoundError, match=f"over {DUST} voxels"):
         ds.body(dust).skeleton()
-    with pytest.raises(NotExportedError, match="downsample"):
-        Neurons(tmp_path / "s0", scales=2, only=(0,)).dataset().body(neurons.ids[0]).skeleton(scale=1)
+    with pytest.raises(NotExportedError, match="finer than its finest"):  # nothing to make it from
+        Neurons(tmp_path / "s1", scales=2, only=(1,)).dataset().body(neurons.ids[0]).skeleton(scale=0)
     monkeypatch.setitem(sys.modules, "kimimaro", None)  # as if not installed
     with pytest.raises(SkeletonDependencyError, match=r"dvidshards\[skeleton\]"):
         ds.body(neurons.ids[0]).skeleton()
+
+
+
+def fat_tubes(shape=(512, 192, 64), seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Three tubes 18 to 26 voxels thick wandering across x, two supervoxels each (cut at mid x), and
+    their (supervoxel, body) rows: bodies of a few thousand voxels at scale 2, over ``DUST``."""
+    rng = np.random.default_rng(seed)
+    vol = np.zeros(shape, np.uint64, order="F")
+    g = np.asarray(shape)
+    rows = []
+    for n in range(3):
+        body = 100 + n
+        knots = np.column_stack([np.linspace(-10, g[0] + 10, 6), rng.uniform(30, g[1] - 30, 6),
+                                 rng.uniform(20, g[2] - 20, 6)])
+        r = float(rng.uniform(9, 13))
+        for t in np.linspace(0, 5, 400):
+            i = min(int(t), 4)
+            p = knots[i] + (t - i) * (knots[i + 1] - knots[i])
+            lo, hi = np.maximum(np.floor(p - r), 0).astype(int), np.minimum(np.ceil(p + r) + 1, g).astype(int)
+            if (hi <= lo).any():
+                continue
+            x, y, z = np.ogrid[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+            inside = (x - p[0]) ** 2 + (y - p[1]) ** 2 + (z - p[2]) ** 2 <= r * r
+            cut = vol[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+            sv = np.where(x >= g[0] // 2, 2 * body + 1, 2 * body).astype(np.uint64)
+            cut[inside & (cut == 0)] = np.broadcast_to(sv, inside.shape)[inside & (cut == 0)]  # the first keeps it
+        rows += [(2 * body, body), (2 * body + 1, body)]
+    return vol, np.array(rows, np.uint64)
+
+
+def test_a_body_of_an_export_holding_only_scale_0_is_skeletonized_at_the_made_32nm_scale(tmp_path, caplog,
+                                                                                            monkeypatch):
+    """On an export of 8 nm holding only s0 (as DVID exports), ``Body.skeleton()`` is the skeleton the
+    job makes at s2 (which it makes by downsample), node for node, and says it made s2 from s0; a body
+    that would need too many chunks made is refused naming downsample."""
+    import logging
+
+    from dvidshards import bodies
+    from dvidshards.errors import NotExportedError
+
+    vol, rows = fat_tubes()
+    spec = write_export(vol, tmp_path / "exp", mapping=rows, scales=3, shard_chunks=2, resolution=(8.0,) * 3,
+                        only_scales=(0,))
+    ds = dvidshards.Dataset(str(tmp_path / "exp"), spec=spec)
+    assert ds.exported == (0,)
+    rep = skeletons(ds, tmp_path / "job", progress=False)
+    job = SkeletonOutput(tmp_path / "job")
+    ids = sorted({int(b) for b in rows[:, 1]})
+    assert rep.scales == [2] and rep.totals["bodies"] == len(ids)
+    for b in ids:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dvidshards.bodies"):
+            sk = ds.body(b).skeleton()
+        same_skeleton(sk, job.get(b))
+        assert sk.voxel_size == (8.0, 8.0, 8.0)  # SWC in scale-0 voxels
+        assert f"body {b}: scale 2 is not in the export: made from" in caplog.text and "of scale 0" in caplog.text
+    same_skeleton(ds.body(ids[0]).skeleton(scale=2), job.get(ids[0]))  # asked for by number: the same
+    monkeypatch.setattr(bodies, "MADE_BODY_CHUNKS", len(ds.body(ids[0]).chunks(0)) - 1)
+    with pytest.raises(NotExportedError, match="dvidshards downsample"):
+        ds.body(ids[0]).skeleton()
 
 
 @pytest.mark.slow
