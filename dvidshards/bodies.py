@@ -23,6 +23,7 @@ when that is cheap to know (a supervoxel of body B).  The dataset is any `Datase
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -346,7 +347,7 @@ class Body:
     def _tables(self, s: Scale, chunks: np.ndarray) -> Iterator[tuple[RecordTable, np.ndarray]]:
         """(records, their chunks) of the chunks a shard holds, one shard at a time."""
         reader = self.ds.reader(s, labels=self.labels)
-        for group in _by_shard(s, chunks):
+        for group in (chunks[g] for g in shard_groups(s, chunks)):
             shard = reader.shard(*(int(v) for v in group[0]))
             if shard is None:
                 continue
@@ -611,11 +612,11 @@ class Body:
         if format == "blocks":
             g = [int(v) // 8 for v in s.chunk_size]
             yield BLOCKS_HEADER.pack(g[0], g[1], g[2], self.id)
-            for c, bits in _chain(first, parts):
+            for c, bits in itertools.chain([first], parts):
                 yield binary_block_bits(c * cs, bits)
             return
         order = RunOrder(int(cs[0]), bounds=b)
-        for c, bits in _chain(first, parts):
+        for c, bits in itertools.chain([first], parts):
             done = order.add_bits(c, bits)
             if len(done):
                 yield done.astype("<i4").tobytes()
@@ -828,14 +829,3 @@ class Body:
             return out
 
         return chunks, decode
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
-def _by_shard(s: Scale, chunks: Any) -> list[np.ndarray]:
-    """Chunks grouped by the shard holding them (each group non-empty)."""
-    c = np.asarray(chunks, np.int64).reshape(-1, 3)
-    return [c[g] for g in shard_groups(s, c)]

@@ -141,7 +141,7 @@ class Pyramid(MadeScales):
 
     # --- voxels ---------------------------------------------------------------------------------
 
-    def decode(self, rec: Rec, src: LabelSource, out: np.ndarray) -> None:
+    def decode(self, rec: Rec, src: LabelSource, out: np.ndarray) -> None:  # dvid_labelmap's
         rec.decode(src, out)
 
     def block(self, k: int, c) -> np.ndarray | None:
@@ -338,8 +338,7 @@ class VolumeEndpoints:
             inside = ((o >= vlo) & (o + n <= vhi)).all()
             rec = self.pyr.record(k, tuple(int(v) // n for v in off)) if inside else None
             if rec is not None:
-                pal = rec.palette(src)
-                return transcode(rec.block, pal)
+                return transcode(rec.block, rec.palette(src))
             if inside:
                 return self._zeros((n, n, n))
         vol = self.pyr.read(k, off, [a + n for a, n in zip(off, size, strict=True)], src)
@@ -424,7 +423,7 @@ class VolumeEndpoints:
                 block = block[:16] + np.asarray(pal, "<u8").tobytes() + block[16 + 8 * m:]
             return gzip_bytes(block)
         vol = np.empty((n, n, n), np.uint64)
-        self.pyr.decode(rec, src, vol)
+        rec.decode(src, vol)
         raw = vol.astype("<u8", copy=False).tobytes()
         if comp == "gzip":
             return gzip_bytes(raw)
