@@ -739,8 +739,7 @@ class Body:
         mesh = merge_fragments(frags)
         return to_nm(mesh, s.resolution) if units == "nm" and len(mesh.faces) else mesh
 
-    def skeleton(self, *, scale: int | None = None, chunks: Any = None,
-                 decode: Callable[[Any], np.ndarray | None] | None = None) -> Skeleton:
+    def skeleton(self, *, scale: int | None = None) -> Skeleton:
         """The body's skeleton as ``dvidshards skeletons`` makes it: kimimaro on blocks of its chunks
         (one voxel of overlap), joined into one tree per 26-connected piece; pieces under ``DUST``
         voxels or fewer get none.  Vertices and radii in nm; ``.swc()`` in scale-0 voxels (FlyEM's).
@@ -753,9 +752,6 @@ class Body:
             A scale the export lacks is made chunk by chunk from the body's chunks at the nearest
             held finer scale, by DVID's rule as ``dvidshards downsample`` makes it (`MadeScales`;
             logged), so the skeleton is the job's.
-        chunks, decode : optional
-            A server's own made scale (serve-dvid's cached pyramid): the chunks holding the body
-            there, and ``decode(chunk) -> (z, y, x) labels or None``.
 
         Raises
         ------
@@ -777,11 +773,11 @@ class Body:
         s, voxel_size = self.ds.scale(scale), self.ds.scales[0].resolution
         if s.resolution is None or voxel_size is None:
             raise SpecError(f"scale {s.index}: resolution unknown (no spec): skeletons are in nm; give the spec")
-        if decode is None and s.index in held:
-            decode = chunk_decoder(self.ds, s.index, labels=self.labels, fill_missing_shards=True)
-        elif decode is None:
+        if s.index in held:
+            chunks, decode = self.chunks(s.index), chunk_decoder(self.ds, s.index, labels=self.labels,
+                                                                 fill_missing_shards=True)
+        else:
             chunks, decode = self._made(s.index, held)
-        chunks = self.chunks(s.index) if chunks is None else chunks
         target = np.uint64(self.id)
 
         def mask_of(c: Any) -> np.ndarray | None:

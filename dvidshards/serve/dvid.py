@@ -171,8 +171,7 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
         f"{name}_meshes", node.uuid, lm, ".ngmesh", mesh.get, mesh.cached,
         what=f"meshes of {name}: " + (str(mesh.output) if meshes is not None else "made on demand"))
     if skeletons is not None or importlib.util.find_spec("kimimaro") is not None:  # else none to be had
-        sk = SkeletonSource(ds, skeletons=skeletons, index=bodies_index, chunks=lm.body_chunks,
-                            decode=lm.pyramid.block)
+        sk = SkeletonSource(ds, skeletons=skeletons, index=bodies_index)
         node.instances[f"{name}_skeletons"] = KeyvalueInstance(
             f"{name}_skeletons", node.uuid, lm, "_swc", sk.swc, sk.cached,
             what=f"skeletons of {name}: " + (str(sk.output) if skeletons is not None else "made on demand"))

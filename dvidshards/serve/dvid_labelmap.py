@@ -334,16 +334,6 @@ class LabelmapInstance:
             return Reply(200, b"", "application/octet-stream", hdr, _chain(first, parts))
         return Reply(200, b"", "application/octet-stream", hdr, _rles(first, parts, comp))
 
-    def body_chunks(self, body: int, k: int) -> np.ndarray:
-        """The chunks holding a body at any served scale; NotFoundError when none does."""
-        b, _ = self._body(body, k if k in self.held else self.held[0], Agglomerated())
-        if k in self.held:
-            return b.chunks(k)
-        c = self._made_chunks(b, k)
-        if not len(c):
-            raise b.not_found(self.held[0]) if not b.exists() else NotFoundError(f"body {body} has no voxel at scale {k}")
-        return c
-
     def _within(self, c: np.ndarray, bounds) -> np.ndarray:
         n = self.pyramid.chunk
         return c if bounds is None else c[((c >= bounds[0] // n) & (c <= bounds[1] // n)).all(axis=1)]

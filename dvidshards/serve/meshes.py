@@ -19,7 +19,6 @@ serve-dvid, makes).
 
 from __future__ import annotations
 
-import functools
 import gzip
 import json
 import logging
@@ -44,7 +43,7 @@ from ..formats.multilod import (
     encode_legacy_fragment,
 )
 from ..formats.sharding import ShardingSpec, shard_key, shard_of_key
-from ..formats.skeleton import Skeleton, skeleton_scale
+from ..formats.skeleton import Skeleton
 from ..jobs.output import read_manifest
 from ..query import BodyIndex, held_scales
 from ..stores import as_store
@@ -262,19 +261,18 @@ def _cells(chunks: np.ndarray) -> int:
 
 class SkeletonSource:
     """A served volume's skeletons (see the module): read from the ``skeletons`` output (or a
-    folder of SWC files), else made on demand at ``scale``; ``chunks(body, scale)`` and
-    ``decode(scale, chunk)`` give the scales the dataset does not hold (serve-dvid's made ones)."""
+    folder of SWC files), else made on demand at ``scale`` (default ``Body.skeleton``'s, made when
+    the export lacks it)."""
 
     def __init__(self, ds, labels="agglomerated", *, skeletons=None, index=None, scale: int | None = None,
-                 chunks: Callable[[int, int], np.ndarray] | None = None,
-                 decode: Callable[[int, tuple], np.ndarray | None] | None = None, cache_bytes: int = 64 << 20):
+                 cache_bytes: int = 64 << 20):
         from ..jobs.skeletons import SkeletonOutput
 
         self.ds, self.labels = ds, as_labels(labels)
         self.voxel_size = ds.scales[0].resolution
         self.output = None if skeletons is None else SkeletonOutput(skeletons, voxel_size=self.voxel_size)
         self.index = None if index is None else index if isinstance(index, BodyIndex) else BodyIndex(index)
-        self._scale, self._chunks_of, self._decode = scale, chunks, decode
+        self._scale = scale
         self._cache: Cache[Skeleton] = Cache(
             self._make, lambda sk: sk.vertices.nbytes + sk.edges.nbytes + sk.radii.nbytes, cache_bytes)
 
@@ -292,13 +290,6 @@ class SkeletonSource:
         """FlyEM's ``<body>_swc``: scale-0 voxels, radii in nm, DVID's mutation id comment first."""
         return ('# {"mutation id": 0}\n' + self.get(body).swc()).encode()
 
-    def scale(self) -> int:
-        """serve-dvid's scale (it makes the scales the export lacks): the finest of at least 32 nm."""
-        if self._scale is None:  # an unknown resolution is refused by Body.skeleton
-            held = held_scales(self.ds)
-            self._scale = skeleton_scale([(s.index, s.resolution or (0.0,)) for s in self.ds.scales if s.index >= held[0]])
-        return self._scale
-
     def _make(self, body: int) -> Skeleton:
         if self.output is not None:
             sk = self.output.get(body)
@@ -307,10 +298,6 @@ class SkeletonSource:
             return sk
         t0 = time.perf_counter()
         b = Body(self.ds, body, labels=self.labels, index=self.index)
-        if self._decode is None or self._chunks_of is None:
-            sk = b.skeleton(scale=self._scale)
-        else:
-            k = self.scale()
-            sk = b.skeleton(scale=k, chunks=self._chunks_of(body, k), decode=functools.partial(self._decode, k))
+        sk = b.skeleton(scale=self._scale)
         log.info("skeleton of body %d: %d vertices, %.2f s", body, len(sk.vertices), time.perf_counter() - t0)
         return sk
