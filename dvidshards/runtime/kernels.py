@@ -7,7 +7,9 @@ process (low CPU priority, one compile per cache folder at a time across process
 loaded. A fresh process reads its first chunk in well under a second and never exits with a
 compile inside it: the helper finishes the kernels it was asked for, leaving the cache whole
 (numba writes cache files under a temporary name). Kernels numba cannot cache, or all of them
-when no helper starts, compile in the background thread; an exit waits for such a compile.
+when no helper starts, compile in the background thread. An exit (Ctrl-C included) waits at most
+`_EXIT_WAIT` s in all for a compile or cache load inside the process, and never for a thread that
+only waits (for the helper or another process's lock): it gives up and its caller takes the fallback.
 
 Jobs: a task calls `prepare_for_job` first (cheap once done). A kernel missing from the cache
 is then compiled at normal priority once per node: a lock file per kernel and cache folder (in
@@ -21,6 +23,7 @@ kernels between them. No job waits for a low-priority helper a busy node starves
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 - its exit hook (joining pool threads) runs after `_ending`
 import contextlib
 import hashlib
 import importlib
@@ -61,7 +64,6 @@ _awaiting: set[str] = set()  # sent to the helper process, not answered yet
 _helped: set[str] = set()  # the helper has answered: compile (load) it here
 _worker: threading.Thread | None = None
 _current: Kernel | None = None  # the kernel the background thread is handling
-_here = False  # the background thread is inside numba in this process (a compile or a cache load)
 _helper: subprocess.Popen | None = None
 _helper_starts = 0
 _helper_broken = False  # it could not be started, died, or was started too often: compile here
@@ -73,9 +75,10 @@ _JOB_LOCK_WAIT = 900.0  # a job waits this long for another process's compile, t
 _jobq: list[Kernel] = []
 _jworker: threading.Thread | None = None
 _jcurrent: Kernel | None = None
-_jhere = False
 _prepared: set = set()  # prepare_for_job arguments whose kernels are all ready
 _stopping = False
+_EXIT_WAIT = 5.0  # an exit waits this long in all for a thread inside numba here, then leaves it (a daemon)
+_inside: threading.Thread | None = None  # the thread inside numba through `_compile` (one at a time)
 
 
 def mode() -> str:
@@ -92,12 +95,33 @@ _COMPILE = threading.RLock()  # one compile at a time in this process (numba has
 
 def _compile(k: Kernel) -> None:
     """``k.compile()`` under this process's compile lock."""
+    global _inside
     with _COMPILE:
-        k.compile()
+        outer, _inside = _inside, threading.current_thread()
+        try:
+            k.compile()
+        finally:
+            _inside = outer
+
+
+def _exiting() -> bool:
+    """The process is ending: the main thread has finished (then Python joins the other threads: one
+    waiting here for a compile would hold the exit)."""
+    return _stopping or not threading.main_thread().is_alive()
+
+
+def _ending() -> None:  # the main thread has finished, before Python joins the threads: start nothing more
+    global _stopping
+    with _STATE:
+        _stopping = True
+        _STATE.notify_all()
 
 
 def _try_compile(k: Kernel) -> bool:
-    """`_compile`; False when it failed (recorded on ``k``, warned about once: the fallback answers)."""
+    """`_compile`; False when it failed (recorded on ``k``, warned about once: the fallback answers)
+    or the process is ending (no compile starts then)."""
+    if _exiting():
+        return False
     try:
         _compile(k)
     except Exception:  # noqa: BLE001 - recorded on the kernel and warned about
@@ -281,7 +305,7 @@ def _job_ensure(k: Kernel) -> None:
     """Compile (or load) ``k`` now, waiting for another process compiling it."""
     if k.ready or k.failed is not None:
         return
-    held = (acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
+    held = (acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT, until=_exiting)
             if _cacheable(k) and not in_cache(k) else None)
     try:
         _try_compile(k)
@@ -305,7 +329,7 @@ def _to_job_thread(k: Kernel) -> None:
 
 def _job_run() -> None:
     """The job thread (normal priority): waits for the process compiling each kernel, then loads it."""
-    global _jworker, _jcurrent, _jhere
+    global _jworker, _jcurrent
     while True:
         with _STATE:
             if _stopping or not _jobq:
@@ -317,17 +341,12 @@ def _job_run() -> None:
         try:
             if not k.ready and k.failed is None:
                 if _cacheable(k):
-                    held = acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT)
-                with _STATE:
-                    _jhere = True
-                _compile(k)
-        except Exception:  # noqa: BLE001 - recorded on the kernel and warned about
-            pass
+                    held = acquire(_kernel_lock_path(k), timeout=_JOB_LOCK_WAIT, until=_exiting)
+                _try_compile(k)
         finally:
             if held is not None:
                 held.release()
             with _STATE:
-                _jhere = False
                 _jcurrent = None
                 _STATE.notify_all()
 
@@ -350,7 +369,7 @@ def _start_worker() -> None:  # under _STATE
 
 
 def _run() -> None:
-    global _current, _worker, _here
+    global _current, _worker
     try:  # Linux: a low CPU priority for this thread alone, so it yields to the work it speeds up
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
@@ -367,14 +386,12 @@ def _run() -> None:
             k = _pending.pop(0)
             if not _job:  # (in a job, this thread's low priority is no use: the job thread takes it)
                 _current = k
-                _here = True  # the cache look-up below starts numba's code generator
         if _job:
             _to_job_thread(k)
             continue
         if k.ready or k.failed is not None or not _send_to_helper(k):
             _try_compile(k)  # a load from the cache when the helper compiled it
         with _STATE:
-            _here = False
             _current = None
             _STATE.notify_all()
 
@@ -495,8 +512,10 @@ def _answered(name: str, proc: subprocess.Popen, compiled: bool = True) -> None:
 
 
 def _await_helper(k: Kernel, timeout: float = _HELPER_WAIT) -> None:
-    with _STATE:
-        _STATE.wait_for(lambda: k.name not in _awaiting, timeout)
+    end = time.monotonic() + timeout
+    with _STATE:  # (in turns of a second: no notify says the main thread has finished)
+        while k.name in _awaiting and not _exiting() and time.monotonic() < end:
+            _STATE.wait(min(1.0, max(0.0, end - time.monotonic())))
 
 
 def _helper_main(idle: float = _HELPER_IDLE) -> None:
@@ -504,8 +523,8 @@ def _helper_main(idle: float = _HELPER_IDLE) -> None:
     back; it finishes what it was sent after its parent exits, and exits after ``idle`` s idle."""
     import select
 
-    try:
-        os.nice(10)
+    try:  # (it inherits the niceness of the background thread that starts it)
+        os.nice(max(0, 10 - os.nice(0)))
     except (AttributeError, OSError):
         pass
     fd, buf, answer = sys.stdin.fileno(), b"", True
@@ -565,25 +584,26 @@ def _kernel_lock_path(k: Kernel) -> str:
 
 def _stop() -> None:
     # At exit: start nothing more. Kernels with the helper are its business now (it finishes
-    # them into the cache). Only numba work inside this process is waited for: tearing LLVM
-    # down under a compiling thread can crash the exit; a cache load takes a fraction of a second.
+    # them into the cache). Only a thread inside numba here is waited for, `_EXIT_WAIT` s at
+    # most (on a busy node a low-priority one can take minutes); then it is left, a daemon (numba
+    # writes cache files under a temporary name). A thread waiting for a lock is not waited for.
     global _stopping
     with _STATE:
         _stopping = True
         _pending.clear()
         _jobq.clear()
-        threads = [t for t, busy in ((_worker, _here), (_jworker, _jhere)) if busy and t is not None]
-    for t in threads:
-        if t is not threading.current_thread():
-            t.join(timeout=120)
+        _STATE.notify_all()
+    t = _inside
+    if t is not None and t is not threading.current_thread():
+        t.join(timeout=_EXIT_WAIT)
 
 
 def _after_fork() -> None:  # a forked child has no background threads and no helper: start over
-    global _STATE, _COMPILE, _worker, _current, _stopping, _here, _helper, _helper_broken, _helper_starts
-    global _jworker, _jcurrent, _jhere
+    global _STATE, _COMPILE, _worker, _current, _stopping, _helper, _helper_broken, _helper_starts
+    global _jworker, _jcurrent, _inside
     _STATE = threading.Condition()
-    _worker = _current = _jworker = _jcurrent = None
-    _stopping = _here = _jhere = _helper_broken = False
+    _worker = _current = _jworker = _jcurrent = _inside = None
+    _stopping = _helper_broken = False
     _helper_starts = 0
     if _helper is not None:  # its pipes are the parent's: keep them open and unused
         _inherited.append(_helper)
@@ -704,6 +724,7 @@ def main(args) -> int:
 
 
 atexit.register(_stop)
+getattr(threading, "_register_atexit", lambda f: None)(_ending)  # (Python's hook, before the threads are joined)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 install()

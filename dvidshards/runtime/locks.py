@@ -4,6 +4,7 @@ file-system locks a stand-in that holds nothing (callers then repeat work: slowe
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 __all__ = ["Held", "acquire", "try_acquire"]
@@ -27,10 +28,11 @@ class Held:
         self.release()
 
 
-def acquire(path: str, *, timeout: float | None = None) -> Held:
+def acquire(path: str, *, timeout: float | None = None, until: Callable[[], bool] | None = None) -> Held:
     """An exclusive lock on the file ``path`` (made if absent), waiting for its holder; after
-    ``timeout`` s (a stuck holder) one that holds nothing: the caller goes on."""
-    held = _lock(path, blocking=True, timeout=timeout)
+    ``timeout`` s (a stuck holder), or once ``until()`` is true (checked as it waits, with a
+    ``timeout``), one that holds nothing: the caller goes on."""
+    held = _lock(path, blocking=True, timeout=timeout, until=until)
     assert held is not None
     return held
 
@@ -40,7 +42,7 @@ def try_acquire(path: str) -> Held | None:
     return _lock(path, blocking=False, timeout=None)
 
 
-def _lock(path: str, blocking: bool, timeout: float | None) -> Held | None:
+def _lock(path: str, blocking: bool, timeout: float | None, until: Callable[[], bool] | None = None) -> Held | None:
     try:
         import fcntl
         f = open(path, "a")  # held open until release()
@@ -52,7 +54,7 @@ def _lock(path: str, blocking: bool, timeout: float | None) -> Held | None:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking and end is None else fcntl.LOCK_NB))
             return Held(f)
         except BlockingIOError:
-            if not blocking or end is None or time.monotonic() > end:
+            if not blocking or end is None or time.monotonic() > end or (until is not None and until()):
                 f.close()
                 return None if not blocking else Held()
             time.sleep(0.05)
