@@ -72,6 +72,7 @@ import tempfile
 import threading
 import time as _time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..dataset import Dataset
 from ..errors import DvidShardsError, MissingShardError, NotFoundError, SpecError
@@ -323,9 +324,9 @@ class DvidServer:
 
     close = shutdown
 
-    def wait(self) -> None:
-        """Serve until Ctrl-C, then stop."""
-        self.server.wait()
+    def wait(self, **ready: Any) -> None:
+        """Serve until Ctrl-C, then stop (``ready``: see `http.Server.wait`)."""
+        self.server.wait(**ready)
 
     def __enter__(self) -> DvidServer:
         return self.start()
@@ -518,8 +519,7 @@ def main(args) -> int:
                 print(f"serving {inst.describe} as DVID node {node.uuid}, instance {inst.name}, scales "
                       f"{inst.held} (serving 0..{inst.pyramid.max_level}){idx}; neuroglancer: "
                       f"dvid://{server.url}/{node.uuid}/{inst.name}", file=sys.stderr, flush=True)
-    print("(Ctrl-C to stop)", file=sys.stderr, flush=True)
-    server.wait()
+    server.wait(ready="(Ctrl-C to stop)", file=sys.stderr)
     return 0
 
 

@@ -280,11 +280,14 @@ class Server:
         if thread is not threading.current_thread():
             thread.join(timeout=30)
 
-    def wait(self) -> None:
-        """Serve until Ctrl-C (or `close` from another thread), then close."""
+    def wait(self, *, ready: str = "", file: Any = None) -> None:
+        """Serve until Ctrl-C (or `close` from another thread), then close; ``ready`` is printed to
+        ``file`` once a Ctrl-C stops the server cleanly (one before it ends the program as any other)."""
         self.start()
         assert self._thread is not None
         try:
+            if ready:
+                print(ready, file=file, flush=True)
             self._thread.join()
         except KeyboardInterrupt:  # the way to stop a server: not an error
             pass

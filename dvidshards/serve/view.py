@@ -377,9 +377,9 @@ class ViewServer:
         """Per volume: chunks answered per route, bytes and seconds (see `ServeStats`)."""
         return {n: v.stats.as_dict() for n, v in self.volumes.items()}
 
-    def wait(self) -> None:
-        """Serve until Ctrl-C, then stop."""
-        self._server.wait()
+    def wait(self, **ready: Any) -> None:
+        """Serve until Ctrl-C, then stop (``ready``: see `http.Server.wait`)."""
+        self._server.wait(**ready)
 
     def close(self) -> None:
         """Stop serving and release the port."""
@@ -629,8 +629,7 @@ def main(args) -> int:
         if not args.no_viewer:
             v = _show(ds, src, select=args.select, position=args.position, image=args.image, bind=args.bind)
             print(f"viewer: {v.get_viewer_url()}", flush=True)
-        print("serving; Ctrl-C to stop", flush=True)
-        server.wait()
+        server.wait(ready="serving; Ctrl-C to stop")
         return 0
     finally:
         server.close()
