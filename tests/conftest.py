@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,12 @@ from tests.support.exports import THREE_SHARDS, Export, make_export
 # np.testing.assert_array_equal without numpy's 4 ms of bookkeeping when the arrays are equal
 # (failures are numpy's own): the suite compares thousands of 64³ chunks
 equal.install()
+
+# A suite started in the background by a script (`.ci/run &`, a busy-loop wrapper) inherits SIGINT
+# ignored, and so would every command a test starts and then stops with Ctrl-C (it would never stop):
+# Python's own Ctrl-C here makes the commands start with the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # --- the two tiers ------------------------------------------------------------------------------
 # `pytest -q -m "not slow"` (README) runs the default tier in a few minutes on 2 cores; `pytest -q -m
