@@ -154,7 +154,7 @@ _CALLER = textwrap.dedent("""
     out = np.zeros(3, np.uint64)
     mapping._apply_k(np.array([1, 2, 3], np.uint64), keys, values, out)  # the fallback answers
     got = out.tolist()
-    for _ in range(6000):  # until the kernel is with the helper (it is blocked on the test's lock)
+    for _ in range(30000):  # (the 300 s hang guard) until the kernel is with the helper (it is blocked on the test's lock)
         if jit.status().get(mapping._apply_k.name) == "compiling" and rk._helper is not None:
             break
         time.sleep(0.01)
@@ -241,7 +241,7 @@ _IDLE_CALLER = textwrap.dedent("""
     assert jit.wait(timeout=300)
     out["twice"] = m.twice(4)
     first = rk._helper
-    for _ in range(3000):  # the idle helper goes away, and is reaped
+    for _ in range(30000):  # (the 300 s hang guard) the idle helper goes away, and is reaped
         if rk._helper is None and first.poll() is not None:
             break
         time.sleep(0.01)
