@@ -106,3 +106,16 @@ def three_shards(tmp_path_factory) -> Export:
     """300x100x70 voxels (THREE_SHARDS): shards of 128 voxels at x = 0, 128, 256, 2 scales, a mapping,
     variant A with one record per batch. Tests copy it (support.exports.copy_export) before changing it."""
     return make_export(tmp_path_factory.mktemp("three") / "exp", THREE_SHARDS, seed=5, scales=2, shard_chunks=2)
+
+
+@pytest.fixture(scope="module")
+def real_export(dvid_data, tmp_path_factory):
+    """The real mCNS shard as the one file of an export holding only scale 1 (links, not copies),
+    with the real multiscale spec: ``(root, spec)``."""
+    import json
+
+    root = tmp_path_factory.mktemp("real") / "exp"
+    (root / "s1").mkdir(parents=True)
+    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
+    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
+    return root, json.loads((dvid_data / "mcns-ng-specs.json").read_text())

@@ -24,7 +24,6 @@ from dvidshards.jobs.layouts import (
 )
 from dvidshards.stores import as_store
 from tests.support.blocks import ts_encode_chunks
-from tests.support.data import REAL_SHARD
 from tests.support.exports import make_export
 
 
@@ -182,15 +181,6 @@ def test_shard_bits_extra_splits_shards(tmp_path, fmt):
 
 
 # --------------------------------------------------------------------------- the real shard
-
-
-@pytest.fixture(scope="module")
-def real_export(dvid_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("real") / "exp"
-    (root / "s1").mkdir(parents=True)
-    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
-    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
-    return root, json.loads((dvid_data / "mcns-ng-specs.json").read_text())
 
 
 @pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])

@@ -20,7 +20,6 @@ from dvidshards.jobs.downsample import downsample
 from dvidshards.jobs.skeletons import DUST, SkeletonOutput, skeletons
 from dvidshards.query import chunks_with
 from dvidshards.writer import write_export
-from tests.support.data import REAL_SHARD
 
 kimimaro = pytest.importorskip("kimimaro")
 cc3d = pytest.importorskip("cc3d")
@@ -230,15 +229,6 @@ def test_a_failed_shard_leaves_no_skeletons_and_resume_finishes(neurons, tmp_pat
     assert again.ok and "already complete" in again.notes and fresh.totals["bodies"] == again.totals["bodies"]
     with pytest.raises(OutputError):  # other parameters
         skeletons(ds, dest, resume=True, **{**kw, "formats": ("swc",)})
-
-
-@pytest.fixture(scope="module")
-def real_export(dvid_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("real") / "exp"
-    (root / "s1").mkdir(parents=True)
-    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
-    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
-    return root, json.loads((dvid_data / "mcns-ng-specs.json").read_text())
 
 
 @pytest.mark.slow

@@ -26,7 +26,6 @@ from dvidshards.jobs.labelindex import label_index
 from dvidshards.jobs.output import JobReport, read_manifest
 from dvidshards.jobs.runner import TaskRunner
 from dvidshards.jobs.stats import STATS_SCHEMA, body_stats, body_stats_table, shard_body_stats
-from tests.support.data import REAL_SHARD
 from tests.support.kernels import compiles_held
 from tests.support.stats import (
     as_dict,
@@ -553,15 +552,6 @@ def test_scheduler_vocabulary(exp, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- the real shard
-
-
-@pytest.fixture(scope="module")
-def real_export(dvid_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("real") / "exp"
-    (root / "s1").mkdir(parents=True)
-    (root / "s1" / f"{REAL_SHARD}.arrow").symlink_to(dvid_data / f"{REAL_SHARD}.arrow")
-    (root / "s1" / f"{REAL_SHARD}.csv").symlink_to(dvid_data / f"{REAL_SHARD}-newformat.csv")
-    return root, json.loads((dvid_data / "mcns-ng-specs.json").read_text())
 
 
 def _chunk_brute(c, ub, ib, us, js, acc, rows):
