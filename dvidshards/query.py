@@ -536,9 +536,11 @@ class BodyIndex:
 
     # --- supervoxels --------------------------------------------------------------------------
 
-    def supervoxel_table(self, *, build: bool = True) -> SupervoxelTable | None:
+    def supervoxel_table(self, *, build: bool = True, stop: threading.Event | None = None
+                         ) -> SupervoxelTable | None:
         """Every supervoxel of the index with its body, built once per process from the buckets'
-        two columns (None when not built yet and ``build`` is False).
+        two columns (None when not built yet and ``build`` is False, or when ``stop`` was set
+        before the build ended: it stops after the bucket it reads, and keeps nothing).
 
         Memory: 16 bytes per supervoxel held (1.6 GB for 10^8), about three times that while
         it is built.
@@ -548,7 +550,13 @@ class BodyIndex:
                 return self._table
         with _TABLE_BUILD:  # one build at a time; the others wait for it
             if self._table is None:
-                self._table = _table_of(self.pairs(), self.path)
+                parts = self.pairs()
+                if stop is not None:
+                    parts = itertools.takewhile(lambda _: not stop.is_set(), parts)
+                table = _table_of(parts, self.path)
+                if stop is not None and stop.is_set():
+                    return None
+                self._table = table
             return self._table
 
     def bodies_of(self, supervoxels) -> np.ndarray:

@@ -234,3 +234,29 @@ def test_supervoxels_of_the_real_shard_from_its_label_index(dvid_data, tmp_path)
         assert {tuple(c) for c in b.chunks().tolist()} == chunks[sv]
     assert idx.bodies_of(svs).tolist() == [body_of[v] for v in svs]
     assert mapping(ds, supervoxels=svs, index=idx).values.tolist() == [body_of[v] for v in svs]
+
+
+def test_a_stopped_supervoxel_table_build_keeps_nothing(exp, monkeypatch):
+    """serve-dvid builds the table on a thread and stops it at shutdown (a thread left inside
+    pyarrow at interpreter exit can abort the process): a stopped build returns None after the
+    bucket it reads and keeps no partial table; the next build is whole."""
+    import threading
+
+    idx = BodyIndex(exp.index)
+    assert len(list(idx.pairs())) > 1
+    stop, seen = threading.Event(), []
+    whole = BodyIndex.pairs
+
+    def pairs(self):
+        for p in whole(self):
+            seen.append(len(p[0]))
+            stop.set()  # as a shutdown during the first bucket
+            yield p
+
+    monkeypatch.setattr(BodyIndex, "pairs", pairs)
+    assert idx.supervoxel_table(stop=stop) is None and len(seen) == 1
+    assert idx.supervoxel_table(build=False) is None
+    monkeypatch.setattr(BodyIndex, "pairs", whole)
+    svs = np.unique(exp.sv[exp.sv != 0])
+    body_of = dict(exp.mapping.tolist())
+    np.testing.assert_array_equal(idx.bodies_of(svs), [body_of[v] for v in svs.tolist()])

@@ -111,6 +111,7 @@ class Node:
     description: str
     time: str
     instances: dict = field(default_factory=dict)
+    builders: list = field(default_factory=list)  # (thread, stop) of the supervoxel tables built at start
 
     def node_json(self) -> dict:
         return {"Branch": "", "Note": "", "Log": [], "UUID": self.uuid, "VersionID": 1, "Locked": True,
@@ -164,8 +165,11 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
                           time=_time_of(ds, held), describe=ds.store.describe(""))
     node.instances[name] = lm
     if idx is not None and idx.scale == held[0] and idx.meta.get("labels") == "agglomerated":  # now, not at 1st use
-        threading.Thread(target=_build_table, args=(lm,), name=f"serve-dvid {name}: supervoxel table",
-                         daemon=True).start()
+        stop = threading.Event()
+        th = threading.Thread(target=_build_table, args=(lm, idx, stop), name=f"serve-dvid {name}: supervoxel table",
+                              daemon=True)
+        node.builders.append((th, stop))
+        th.start()
     bodies_index = idx if idx is not None and idx.meta.get("labels") == "agglomerated" else None
     mesh = MeshSource(ds, meshes=meshes, index=bodies_index)
     node.instances[f"{name}_meshes"] = KeyvalueInstance(
@@ -179,9 +183,9 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
     return lm
 
 
-def _build_table(lm: LabelmapInstance) -> None:
+def _build_table(lm: LabelmapInstance, idx: BodyIndex, stop: threading.Event) -> None:
     try:
-        lm.table()
+        idx.supervoxel_table(stop=stop)  # stops at the server's shutdown: no thread left in pyarrow at exit
     except Exception:  # the request that needs it raises it again
         log.exception("%s: building the supervoxel table", lm.name)
 
@@ -321,6 +325,11 @@ class DvidServer:
     def shutdown(self) -> None:
         """Stop answering and release the port and the threads."""
         self.server.close()
+        for node in self.nodes:
+            for _, stop in node.builders:
+                stop.set()
+            for th, _ in node.builders:
+                th.join()  # it stops after the index bucket it reads
 
     close = shutdown
 

@@ -392,6 +392,15 @@ def test_body_endpoints_equal_brute_force(exp, servers):
     assert get(servers[1], f"size/{ids[0]}").headers["X-Dvidshards-Index"] == "scan"
 
 
+def test_shutdown_leaves_no_table_builder_running(exp, index):
+    """The supervoxel table built at start-up stops with the server (a daemon thread inside
+    pyarrow at interpreter exit aborted serve-dvid once)."""
+    srv = serve(exp.root, label_index=index, port=0, threads=1)
+    (th, stop), = srv.nodes[0].builders
+    srv.shutdown()
+    assert stop.is_set() and not th.is_alive()
+
+
 def test_mappings_equal_the_volumes(exp, servers):
     sv, body = exp.expected(0, "supervoxels"), exp.expected(0)
     pairs = np.unique(np.stack([sv[sv > 0], body[sv > 0]], axis=1), axis=0)
