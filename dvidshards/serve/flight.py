@@ -140,7 +140,7 @@ class ExportFlightServer(fl.FlightServerBase):
                 errno.EIO, f"cannot serve on {host}:{port}: the Flight server did not start ({e})") from None
         self.host = host
         self.location = f"{'grpc+tls' if tls else 'grpc'}://{host}:{self.port}"
-        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
         self._plans: dict = {}
         self._old_files: dict[int, set] = {}  # the shard files of scales named the old way
 
@@ -336,12 +336,25 @@ class ExportFlightServer(fl.FlightServerBase):
 
     # --- life ----------------------------------------------------------------------------
 
+    # gRPC serves on its own threads from the moment the server is built. Flight's blocking
+    # ``serve()`` is not called: on its way out it shuts down whichever server of the process
+    # called ``serve()`` last, so a server started while another was stopping could stop
+    # listening at once (a client then got "connection refused"; seen under load, reproduced
+    # with pyarrow alone).
+
     def start(self) -> ExportFlightServer:
-        """Serve on a daemon thread (the server already listens)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self.serve, name="dvidshards-flight", daemon=True)
-            self._thread.start()
+        """The server (it listens and serves from its construction on); for ``with serve(...)``."""
         return self
+
+    def wait(self) -> None:
+        """Block until `shutdown` (Ctrl-C raises KeyboardInterrupt here)."""
+        while not self._done.wait(3600):
+            pass
+
+    def shutdown(self) -> None:
+        """Stop serving: the calls in flight end, the port is released."""
+        super().shutdown()
+        self._done.set()
 
     def __enter__(self) -> ExportFlightServer:
         return self.start()
@@ -393,7 +406,7 @@ def _ahead(items, depth: int = 1):
 
 def serve(source, *, host: str = "127.0.0.1", port: int = 0, spec=None, token: str | None = None,
           tls: tuple | None = None, batch_rows: int = BATCH_ROWS, check: bool = True) -> ExportFlightServer:
-    """Start a Flight server of an export's block records (returns at once; it serves on a thread).
+    """Start a Flight server of an export's block records (returns at once; it serves on gRPC's threads).
 
     Parameters
     ----------
@@ -452,9 +465,8 @@ def main(args) -> int:
                    batch_rows=args.batch_rows)
     print(server.location, flush=True)
     print(f"serving {server.ds.store.describe('')} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-    assert server._thread is not None  # serve() starts the server's thread
     try:
-        server._thread.join()
+        server.wait()
     finally:
         server.shutdown()
     return 0

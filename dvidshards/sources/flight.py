@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -299,18 +298,10 @@ class FlightSource(RecordSource):
         return fl.FlightCallOptions(headers=headers, timeout=self.timeout)
 
     def _spec(self) -> dict:
-        # The first call: "unavailable" is asked again for about a second (gRPC's own wait for a
-        # server that is starting or a connection refused once), then typed.
-        for wait in (0.1, 0.3, 0.9, None):
-            try:
-                res = list(self.client.do_action(fl.Action("spec", b""), self._options()))
-                break
-            except fl.FlightUnavailableError as e:
-                if wait is None:
-                    raise client_error(e, self.uri) from None
-                time.sleep(wait)
-            except fl.FlightError as e:
-                raise client_error(e, self.uri) from None
+        try:
+            res = list(self.client.do_action(fl.Action("spec", b""), self._options()))
+        except fl.FlightError as e:
+            raise client_error(e, self.uri) from None
         if not res:
             raise RemoteReadError(f"{self.uri}: the server sent no spec")
         d = _server_json(res[0].body, self.uri, "spec")

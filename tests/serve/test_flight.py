@@ -259,6 +259,18 @@ def test_boxes_and_chunk_lists_are_one_doget(synth):
 # --- errors -------------------------------------------------------------------------------------
 
 
+def test_a_server_started_while_another_stops_keeps_serving(synth):
+    """Flight's blocking serve() shuts down, on its way out, the server of the process that called
+    it last: a server started right after another's shutdown stopped listening (connection
+    refused) on a busy machine. Servers here never call it; many starts and stops in a row all
+    answer."""
+    for _ in range(20):
+        with serve(synth.root) as a:
+            assert FlightSource(a.location).spec
+        with serve(synth.root) as b:
+            assert FlightSource(b.location).spec
+
+
 def test_bad_tickets_are_typed(server):
     src = FlightSource(server.location)
     for ticket, match in [({"scale": 9}, "scale 9"), ({"scale": 0, "partition": 2, "of": 2}, "partition"),
