@@ -141,23 +141,31 @@ class _NativeLogs:
         return self
 
     def _pump(self) -> None:
+        # The pump owns the pipe's read end and the saved stderr and closes both when the pipe
+        # ends: a child process still holding the pipe can outlive the command, and a number
+        # closed by the command could meanwhile be another file's (written to by mistake).
         buf = b""
-        while True:
-            try:
-                chunk = os.read(self.r, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            out = b"".join(line + b"\n" for line in lines if not _NATIVE_LOG.match(line))
-            if buf and not (buf[:1] in b"IWEF" and len(buf) < 96):  # cannot be the start of a log line
-                out, buf = out + buf, b""
-            if out:
-                self._write(out)
-        if buf and not _NATIVE_LOG.match(buf):
-            self._write(buf)
+        try:
+            while True:
+                try:
+                    chunk = os.read(self.r, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                out = b"".join(line + b"\n" for line in lines if not _NATIVE_LOG.match(line))
+                if buf and not (buf[:1] in b"IWEF" and len(buf) < 96):  # cannot be the start of a log line
+                    out, buf = out + buf, b""
+                if out:
+                    self._write(out)
+            if buf and not _NATIVE_LOG.match(buf):
+                self._write(buf)
+        finally:
+            assert self.saved is not None
+            os.close(self.r)
+            os.close(self.saved)
 
     def _write(self, data: bytes) -> None:
         assert self.saved is not None
@@ -175,7 +183,6 @@ class _NativeLogs:
             pass
         os.dup2(self.saved, 2)  # closes this process's write end of the pipe
         self.thread.join(timeout=1.0)  # a child still holding the pipe must not hold the command
-        os.close(self.saved)
 
 
 def main(argv=None) -> int:

@@ -238,3 +238,26 @@ def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_pa
     assert code == 1
     code, _, err = run(["verify", str(out), "--spot-check", "-1"], capsys)
     assert code == 2 and "--spot-check -1" in one_line(err)
+
+
+def test_a_child_outliving_the_command_writes_to_stderr_not_into_a_file_opened_after(tmp_path, capfd):
+    """While a command runs, fd 2 is a pipe filtered for C++ log lines. A child process that still
+    holds it after the command ends (a compile helper, a server) writes through the filter to the
+    real stderr, never into whatever file reused the number of the command's saved stderr."""
+    import subprocess
+    import sys
+
+    from dvidshards.cli import _NativeLogs
+
+    go = "import sys; sys.stdin.read(); sys.stderr.write('from the child\\n')"
+    with _NativeLogs() as logs:
+        child = subprocess.Popen([sys.executable, "-c", go], stdin=subprocess.PIPE)
+    assert logs.thread.is_alive()  # the child holds the pipe
+    with open(tmp_path / "user-data", "wb") as f:  # takes the lowest free numbers
+        f.write(b"")
+        f.flush()
+        child.communicate(b"")  # the child writes now, and ends
+        logs.thread.join(timeout=300)
+        assert not logs.thread.is_alive()
+    assert (tmp_path / "user-data").read_bytes() == b""
+    assert "from the child" in capfd.readouterr().err
