@@ -35,10 +35,9 @@ SLOW_FIXTURES = {"client": "starts a dask LocalCluster"}
 
 
 def pytest_configure(config):
-    """With several xdist workers, compile every numba kernel once, up front (``dvidshards warm``, in
-    one process: two compile the kernels' shared helpers twice, 59 CPU-s against 34), instead of each
-    worker compiling the same ones side by side; tests of a cold cache make their own (empty) cache
-    folders.
+    """With several xdist workers, compile every numba kernel once, up front (``dvidshards warm -j 2``:
+    40 s beside a busy loop on 2 cores, 50 s in one process), instead of each worker compiling the
+    same ones side by side; tests of a cold cache make their own (empty) cache folders.
 
     The suite starts about a hundred Python processes (workers, commands, servers, spawned job
     workers), each importing the package and the test helpers: with PYTHONDONTWRITEBYTECODE set in
@@ -49,7 +48,7 @@ def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None)
     if hasattr(config, "workerinput") or not workers:
         return
-    code = "from dvidshards.cli import main; raise SystemExit(main(['warm', '-j', '1']))"
+    code = "from dvidshards.cli import main; raise SystemExit(main(['warm', '-j', '2']))"
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=1200, check=False)
 
 

@@ -574,6 +574,7 @@ def _pyramid_reference(records):
     return s1, coarser(s1)
 
 
+@pytest.mark.slow
 def test_convert_s0_only_real_shard_with_the_12_scale_spec(s0_only_real, mcns_spec, real_records, tmp_path):
     """The real mCNS shard as an s0-only export: one convert gives every scale of the spec; s1 and s2
     are DVID's rule on the real supervoxels, and the bodies the records' own mapping of them."""

@@ -129,6 +129,7 @@ def test_s0_lists_about_26000_shards(full):
     assert dvidshards.Dataset(full, spec=full.spec).shards(0) == full.shard_origins(0)
 
 
+@pytest.mark.slow
 def test_chunks_per_shard_on_a_sample(full):
     origins = full.shard_origins(0)
     rng = np.random.default_rng(5)

@@ -201,6 +201,7 @@ def cable_ratios(ours: dict[int, Skeleton], whole: dict) -> tuple[float, np.ndar
     return sum(ours[b].cable_length for b in whole) / sum(w.cable_length() for w in whole.values()) - 1, rel
 
 
+@pytest.mark.slow
 def test_blockwise_skeletons_match_kimimaro_on_each_whole_body(neurons):
     """kimimaro on the whole volume at once, 0 outside it, is the reference. TEASAR's choice of branches depends on
     where it starts, so a body cut by a block face can gain or lose a short branch: the total is held

@@ -162,7 +162,7 @@ def tree_bytes(root):
     return out
 
 
-@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+@pytest.mark.parametrize("fmt", ["precomputed", pytest.param("zarr3", marks=pytest.mark.slow)])
 def test_shard_bits_extra_splits_shards(tmp_path, fmt):
     exp = make_export(tmp_path / "exp", shape=(256, 256, 256), scales=1, shard_chunks=2, seed=5)
     ds = dvidshards.Dataset(exp.root, spec=exp.spec)
@@ -183,7 +183,7 @@ def test_shard_bits_extra_splits_shards(tmp_path, fmt):
 # --------------------------------------------------------------------------- the real shard
 
 
-@pytest.mark.parametrize("fmt", ["precomputed", "zarr3"])
+@pytest.mark.parametrize("fmt", ["precomputed", pytest.param("zarr3", marks=pytest.mark.slow)])
 def test_real_shard_every_chunk(real_export, real_records, tmp_path, fmt):
     root, spec = real_export
     dest = tmp_path / "out"

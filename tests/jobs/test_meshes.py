@@ -307,6 +307,7 @@ def test_destinations_refused(six, tmp_path, run_cli, capsys):
     assert "gs:" not in os.listdir(".") and not os.path.exists("gs:")
 
 
+@pytest.mark.slow
 def test_into_a_bucket_with_its_work_folder_there(six, tmp_path):
     """meshes into s3:// (moto): the fragment files go to DEST.work in the bucket (the one rule), the
     mesh files equal a local run's byte for byte, and the work folder is empty once complete."""

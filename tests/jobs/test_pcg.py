@@ -403,6 +403,7 @@ def test_dask_scheduler_matches_serial(tmp_path, synthetic_export):
             assert (tmp_path / "b" / p.name).read_bytes() == p.read_bytes(), p.name
 
 
+@pytest.mark.slow
 def test_writes_into_a_bucket_through_the_destination(tmp_path, synthetic_export):
     """`pcg-edges EXPORT s3://bucket/e` writes into the bucket (not a local folder named like the
     URL); the files equal a local run's, and the readers read them back from the bucket."""

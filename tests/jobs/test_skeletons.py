@@ -93,6 +93,7 @@ def close_to(ours: dict, whole: dict, *, total_within: float = 0.05, share: floa
         (total, rel)
 
 
+@pytest.mark.slow
 def test_every_body_read_by_cloudvolume_is_one_tree_per_piece_close_to_kimimaro(neurons, output):
     dest, rep = output
     sizes = {b: int((neurons.bodies == b).sum()) for b in neurons.ids}
@@ -260,6 +261,7 @@ def test_the_real_mcns_shard_bodies_at_32nm(real_export, tmp_path):
     same_skeleton(ds.body(b).skeleton(), reader.get(b))  # on demand, s2 made from s1: the job's skeleton
 
 
+@pytest.mark.slow
 def test_into_a_bucket_with_its_work_folder_there(neurons, output):
     """skeletons into s3:// (moto): partial files in DEST.work in the bucket, the output equals a local
     run's byte for byte, the work folder is empty once complete, and one body reads back from there."""
@@ -293,6 +295,7 @@ def same_skeleton(sk: Skeleton, ref: Skeleton | None) -> None:
     np.testing.assert_allclose(sk.radii, ref.radii[idx])
 
 
+@pytest.mark.slow
 def test_one_body_on_demand_equals_the_job(neurons, output, tmp_path, monkeypatch):
     """Body.skeleton (its chunks from the records' lists, decoded one at a time) is the job's skeleton of
     that body node for node, its SWC read by navis; an absent body, a body of dust only, a scale the

@@ -392,6 +392,7 @@ def _self_signed():
                               serialization.NoEncryption()))
 
 
+@pytest.mark.slow
 def test_tls(synth):
     cert, key = _self_signed()
     with serve(synth.root, tls=(cert, key), token="t") as srv:

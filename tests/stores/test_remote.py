@@ -176,6 +176,7 @@ def test_s3_real_mcns_shard(mcns_root, s3, mcns_spec):
 # --- Google Cloud Storage (an emulator: gs:// URLs reach it through TensorStore's environment) ------
 
 
+@pytest.mark.slow
 def test_gcs_url_equals_local(root, gcs):
     url = f"gs://{BUCKET}/exports/synth/"
     for scale in (0, 1):
@@ -191,6 +192,7 @@ def test_gcs_url_equals_local(root, gcs):
         ds.store.read_sync("s0/9999_0_0.arrow")
 
 
+@pytest.mark.slow
 def test_gcs_lists_and_infers_geometry(root, gcs):
     ds, local = Dataset(f"gs://{BUCKET}/exports/noinfo"), Dataset(root / "noinfo")
     assert ds.store.list_sync("") == ["s0", "s1"]
@@ -198,6 +200,7 @@ def test_gcs_lists_and_infers_geometry(root, gcs):
     assert sorted(ds.shards(0)) == sorted(local.shards(0))
 
 
+@pytest.mark.slow
 def test_gcs_real_mcns_shard(mcns_root, gcs, mcns_spec):
     box = np.s_[508 * 64:512 * 64, 413 * 64:415 * 64, 474 * 64:478 * 64]
     for labels in ("agglomerated", "supervoxels"):
@@ -207,6 +210,7 @@ def test_gcs_real_mcns_shard(mcns_root, gcs, mcns_spec):
         np.testing.assert_array_equal(_read(remote), expect)
 
 
+@pytest.mark.slow
 def test_gcs_jobs_read_and_write_buckets(root, gcs):
     """stats over a gs:// export equals stats over the local files; convert writes into a bucket
     (TensorStore's conditional writes), its manifest says complete, and verify spot-checks it."""
@@ -522,6 +526,7 @@ def _spawn_read(blob: bytes) -> np.ndarray:
     return store[30:150, 20:140, 60:170].read(order="F").result(timeout=60)
 
 
+@pytest.mark.slow
 def test_pickle_into_spawn_process(root, server):
     src = KvStore.from_url(server.url + "synth")
     reader = ChunkReader(src, Dataset(src).scale(0), Agglomerated())
