@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+import dvidshards
 from dvidshards.cli import COMMANDS, build_parser
 from tests.support.cli import one_line, run
 
@@ -230,6 +231,14 @@ def test_verify_spot_checks_a_convert_output(synthetic_export, spec_file, tmp_pa
     code, text, _ = run(["verify", str(out), "--spot-check", "5", "--quiet", "--spec", spec_file], capsys)
     assert code == 0 and "no problems" in text
     m = json.loads((out / "_dvidshards.json").read_text())
+    scales = [s for s in dvidshards.Dataset(synthetic_export.root, spec=synthetic_export.spec).scales
+              if str(s.index) in m["keys"]]
+    slots = [int(np.prod(s.grid)) for s in scales]
+    assert f"{sum(min(5, n) for n in slots)} chunks compared with the source" in text
+    slots = sum(slots)  # more draws than chunks: each chunk once
+    code, text, _ = run(["verify", str(out), "--spot-check", str(10 * slots), "--quiet", "--spec", spec_file], capsys)
+    assert code == 0 and f"{slots} chunks compared with the source" in text, text
+    m = json.loads((out / "_dvidshards.json").read_text())
     for f in (out / m["keys"]["0"]).glob("*.shard"):
         data = bytearray(f.read_bytes())
         data[-30:] = bytes(30)  # the minishard index and its last chunk's tail
@@ -261,3 +270,15 @@ def test_a_child_outliving_the_command_writes_to_stderr_not_into_a_file_opened_a
         assert not logs.thread.is_alive()
     assert (tmp_path / "user-data").read_bytes() == b""
     assert "from the child" in capfd.readouterr().err
+
+
+def test_a_coordinate_beyond_64_bits_is_one_line(synthetic_export, spec_file, tmp_path, capsys):
+    """A box corner that does not fit in 64 bits: a SpecError naming the box (exit 2 on the
+    command line), from Python reads and from every job's --box."""
+    ds = dvidshards.Dataset(synthetic_export.root, spec=synthetic_export.spec)
+    with pytest.raises(dvidshards.SpecError, match="64 bits"):
+        ds.read([[0, 0, 0], [2**70, 1, 1]])
+    code, _, err = run(["convert", synthetic_export.root, str(tmp_path / "o"), "--format", "zarr3", "--spec",
+                        spec_file, "--box", "0", "0", "0", "99999999999999999999", "1", "1", "--quiet"], capsys)
+    assert code == 2 and "99999999999999999999" in one_line(err)
+    assert not (tmp_path / "o").exists()

@@ -144,6 +144,8 @@ class Scale:
         """``(lo, hi)`` int64 voxel corners of ``[[x0, y0, z0], [x1, y1, z1]]``, inside the volume."""
         try:
             lo, hi = (np.asarray(v, np.int64).reshape(3) for v in box)
+        except OverflowError:
+            raise SpecError(f"box {box!r}: coordinates must fit in 64 bits") from None
         except (TypeError, ValueError):
             raise SpecError(f"box must be [[x0, y0, z0], [x1, y1, z1]], got {box!r}") from None
         vlo = np.asarray(self.voxel_offset, np.int64)

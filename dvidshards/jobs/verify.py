@@ -130,6 +130,9 @@ class VerifyReport(JobReport):
         if self.totals.shards or not self.heads:
             lines.append(f"{self.shards} shards, {self.chunks} chunks, {self.decompressed} payloads decompressed, "
                          f"{self.decoded} blocks decoded in {self.elapsed:.1f} s")
+        elif self.totals.chunks:  # a conversion's spot checks
+            lines.append(f"{self.chunks} chunks compared with the source ({self.chunks - self.background} with data, "
+                         f"{self.background} background) in {self.elapsed:.1f} s")
         lines[-1] += f": {verdict}"
         lines += [f"  {p.kind}: {p.message}" for p in self.problems[:limit]]
         if len(self.problems) > limit:

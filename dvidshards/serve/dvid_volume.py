@@ -15,6 +15,7 @@ left out of block streams, and a block outside the volume is skipped.
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from collections import OrderedDict
@@ -304,7 +305,7 @@ class VolumeEndpoints:
             raise BadRequest(f"size {size_text}: give positive sizes")
         if fmt not in ("", "octet-stream", "raw"):
             raise BadRequest(f"format {fmt!r}: a subvolume is served as raw uint64 (octet-stream)")
-        if int(np.prod(size)) > MAX_RAW_VOXELS:
+        if math.prod(int(v) for v in size) > MAX_RAW_VOXELS:  # Python ints: numpy's product wraps
             raise BadRequest(f"size {size_text}: more than {MAX_RAW_VOXELS} voxels; ask for smaller pieces "
                              f"(or /blocks, streamed)")
         if comp not in ("", "gzip", "lz4", "google", "googlegzip"):

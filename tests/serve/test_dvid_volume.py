@@ -207,6 +207,7 @@ def test_shard_files_dvid_never_wrote_are_background(exp, tmp_path):
 @pytest.mark.parametrize("tail,params,status,says", [
     ("label/1_2_99999999999999999999", {}, 400, "99999999999999999999"),
     ("raw/0_1_2/8_8_8/0_0_4294967296", {}, 400, "4294967296"),
+    ("raw/0_1_2/2097152_2097152_4194304/0_0_0", {}, 400, "voxels"),  # 2^64 voxels: numpy's product is 0
     ("specificblocks", {"blocks": "1,2,99999999999"}, 400, "blocks"),
     ("raw/0_1_2/8_8_8/0_0_0", {"scale": "3"}, 400, "scale=3"),
     ("raw/0_1_2/10_8_8/0_0_0", {"compression": "googlegzip"}, 400, "multiples of 8"),
