@@ -495,9 +495,13 @@ def add_arguments(p) -> None:
     p.add_argument("--uuid", nargs="+", help="node uuid(s): one per export, or one for NAME=EXPORT instances "
                                              "(default: a hash of the exports' locations)")
     p.add_argument("--instance", default="segmentation", help="labelmap instance name (default segmentation)")
-    p.add_argument("--strict", action="store_true",
-                   help="answer a shard file missing inside the volume with 500 naming it (default: background, "
-                        "as DVID answers blocks it never wrote)")
+    missing = p.add_mutually_exclusive_group()
+    missing.add_argument("--fill-missing-shards", action="store_false", dest="strict",
+                         help="a shard file missing inside the volume reads as background, as DVID answers blocks "
+                              "it never wrote (the default)")
+    missing.add_argument("--strict", action="store_true",
+                         help="answer a shard file missing inside the volume with 500 naming it")
+    p.set_defaults(strict=False)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed)")
     p.add_argument("--threads", type=int, default=None, help="decoding threads (default: cores, at most 8)")

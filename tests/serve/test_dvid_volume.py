@@ -250,3 +250,16 @@ def test_several_exports_as_nodes_or_instances(exp, tmp_path):
             p = np.argwhere(vol > 0)[100]
             r = requests.get(url(s, f"label/{p[0]}_{p[1]}_{p[2]}", uuid=node.uuid, instance=name), timeout=30)
             assert r.json() == {"Label": int(vol[tuple(p)])}
+
+
+def test_missing_shards_options_name_the_default_and_strict(capsys):
+    """--fill-missing-shards names the default (the option every reader of the package knows);
+    --strict the other choice; both at once is a usage error."""
+    from dvidshards.cli import build_parser, main
+
+    p = build_parser("serve-dvid")
+    assert p.parse_args(["serve-dvid", "e"]).strict is False
+    assert p.parse_args(["serve-dvid", "e", "--fill-missing-shards"]).strict is False
+    assert p.parse_args(["serve-dvid", "e", "--strict"]).strict is True
+    assert main(["serve-dvid", "e", "--strict", "--fill-missing-shards"]) == 2
+    assert "not allowed with" in capsys.readouterr().err
