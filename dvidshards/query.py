@@ -491,7 +491,10 @@ class BodyIndex:
         return IndexRows(np.stack(whole[2:5], axis=1), whole[1], whole[5])
 
     def _buckets(self) -> list[str]:
-        return sorted(n.rstrip("/") for n in self.store.list_sync("") if n.startswith("bucket="))
+        try:
+            return sorted(n.rstrip("/") for n in self.store.list_sync("") if n.startswith("bucket="))
+        except SpecError:  # a store that cannot list (http): every bucket its bits name (absent: none)
+            return [bucket_name(b, self.bits).split("/")[0] for b in range(1 << self.bits)]
 
     def _columns(self, name: str, columns: list[str]):
         import pyarrow.parquet as pq

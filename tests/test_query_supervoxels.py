@@ -260,3 +260,18 @@ def test_a_stopped_supervoxel_table_build_keeps_nothing(exp, monkeypatch):
     svs = np.unique(exp.sv[exp.sv != 0])
     body_of = dict(exp.mapping.tolist())
     np.testing.assert_array_equal(idx.bodies_of(svs), [body_of[v] for v in svs.tolist()])
+
+
+def test_a_label_index_over_http_answers_supervoxel_queries(exp):
+    """http(s) cannot list: the index's buckets are the ones its bits name, absent ones empty."""
+    from tests.support.servers import RangeServer
+
+    with RangeServer(exp.index) as srv:
+        idx = BodyIndex(srv.url)
+        svs = np.unique(exp.sv[exp.sv != 0])
+        body_of = dict(exp.mapping.tolist())
+        np.testing.assert_array_equal(idx.bodies_of(svs), [body_of[v] for v in svs.tolist()])
+        bodies, sizes = idx.body_sizes()
+        local = BodyIndex(exp.index).body_sizes()
+        np.testing.assert_array_equal(bodies, local[0])
+        np.testing.assert_array_equal(sizes, local[1])
