@@ -408,6 +408,10 @@ class BodyIndex:
         if not self.meta.get("complete", False):
             warnings.warn(f"{self.path}: the label index is incomplete; missing shards: "
                           f"{list(self.meta.get('failed_shards', {}))}", RuntimeWarning, stacklevel=2)
+        if self.meta.get("box"):
+            warnings.warn(f"{self.path}: the label index holds only the box {self.meta['box']}: a body's answers "
+                          f"from it (size, chunks, supervoxels) count its voxels inside that box only", RuntimeWarning,
+                          stacklevel=2)
         self.bits = int(self.meta["bits"])
         self.scale = int(self.meta["scale"])
         self.cache_bytes = int(cache_bytes)

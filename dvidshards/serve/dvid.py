@@ -161,6 +161,9 @@ def _instances(node: Node, name: str, ds: Dataset, *, index=None, meshes=None, s
     if not held:
         raise SpecError(f"{ds.store.describe('')}: the export holds no scale with shard files")
     idx = None if index is None else index if isinstance(index, BodyIndex) else BodyIndex(index)
+    if idx is not None and idx.meta.get("box"):
+        raise SpecError(f"{idx.path}: a label index of the box {idx.meta['box']} would answer every body as its part "
+                        f"inside it; make one of the whole scale (label-index without --box) or serve without it")
     lm = LabelmapInstance(ds, _check_name(name), node.uuid, held, index=idx, fill=not strict,
                           time=_time_of(ds, held), describe=ds.store.describe(""))
     node.instances[name] = lm

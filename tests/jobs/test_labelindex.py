@@ -72,6 +72,16 @@ def test_label_index_of_a_box(exp, tmp_path, capsys):
     with pytest.raises(SpecError, match="not inside"):
         label_index(exp.root, tmp_path / "d", box=[[0, 0, 0], [300, 10, 10]])
     assert tree(tmp_path) == before
+    # read: a warning that answers hold the box only; serve-dvid refuses it (its answers would be partial)
+    from dvidshards.query import BodyIndex
+
+    pytest.importorskip("aiohttp")
+    from dvidshards.serve.dvid import serve
+
+    with pytest.warns(RuntimeWarning, match="only the box"):
+        BodyIndex(str(tmp_path / "a"))
+    with pytest.warns(RuntimeWarning), pytest.raises(SpecError, match="label-index without --box"):
+        serve(exp.root, label_index=str(tmp_path / "a"), port=0)
 
 
 def test_shard_label_index_rows(exp):
