@@ -275,8 +275,21 @@ def run_task(task: Task) -> ConvertResult:
                      res)
     res.cpu_s = time.process_time() - c0
     res.wall_s = time.perf_counter() - t0
-    res.max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res.max_rss_mib = _peak_rss_mib()
     return res
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory: Linux's VmHWM, its own image's only (ru_maxrss of a
+    process started by another also counts the starter's pages, copied before exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _rows(table: Any, origin: tuple[int, int, int], task: Task) -> tuple[Any, Any, Any, Any]:
