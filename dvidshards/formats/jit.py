@@ -76,13 +76,18 @@ class Kernel:
             if self.exclusive:
                 self.dispatcher.disable_compile()
         except Exception as e:  # numba cannot compile here: keep the fallback, say so once
-            if self.fallback is None:
-                raise
-            self.failed = e
-            warnings.warn(f"numba could not compile {self.name} ({type(e).__name__}: {e}); "
-                          "the slower fallback is used", RuntimeWarning, stacklevel=2)
+            self.give_up(e)
             raise
         self._fast = self.dispatcher
+
+    def give_up(self, e: Exception) -> None:
+        """numba cannot compile this kernel in this process (``e`` says why): keep the fallback for
+        good and say so once; a kernel without a fallback raises ``e``."""
+        if self.fallback is None:
+            raise e
+        self.failed = e
+        warnings.warn(f"numba could not compile {self.name} ({type(e).__name__}: {e}); "
+                      "the slower fallback is used", RuntimeWarning, stacklevel=3)
 
     def __repr__(self) -> str:
         state = "compiled" if self.ready else "failed" if self.failed else "fallback"

@@ -96,6 +96,12 @@ _COMPILE = threading.RLock()  # one compile at a time in this process (numba has
 def _compile(k: Kernel) -> None:
     """``k.compile()`` under this process's compile lock."""
     global _inside
+    if _forked_mid_compile:  # a compile here would wait forever for a thread this process does not have
+        e = RuntimeError(f"this process was forked while numba compiled in its parent (the fork waited "
+                         f"{_FORK_WAIT:.0f} s for it): numba's compiler state here is half-way; start "
+                         "processes with spawn")
+        k.give_up(e)
+        raise e
     with _COMPILE:
         outer, _inside = _inside, threading.current_thread()
         try:
@@ -598,9 +604,42 @@ def _stop() -> None:
         t.join(timeout=_EXIT_WAIT)
 
 
+_FORK_WAIT = 600.0  # a fork waits this long for a compile inside numba to end
+_fork_held = False  # this thread holds numba's compiler lock across a fork
+_forked_mid_compile = False  # the fork did not get numba's lock: numba cannot compile in this child
+
+
+def _numba_lock() -> Any:
+    """numba's global compiler lock (an RLock), or None before numba is imported (nothing compiles
+    then) or when this numba has none by that name."""
+    compiler_lock = sys.modules.get("numba.core.compiler_lock")
+    return getattr(getattr(compiler_lock, "global_compiler_lock", None), "_lock", None)
+
+
+def _before_fork() -> None:
+    """Take numba's compiler lock for the fork, so that no compile is half-way in the child: its
+    copy of numba's state (the lock's owner, the typing call stack, LLVM's) would be a thread's it
+    does not have, and a compile there would wait forever or fail as re-entrant."""
+    global _fork_held
+    lock = _numba_lock()
+    _fork_held = lock is not None and lock.acquire(timeout=_FORK_WAIT)
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_held
+    if _fork_held:
+        _fork_held = False
+        _numba_lock().release()
+
+
 def _after_fork() -> None:  # a forked child has no background threads and no helper: start over
     global _STATE, _COMPILE, _worker, _current, _stopping, _helper, _helper_broken, _helper_starts
-    global _jworker, _jcurrent, _inside
+    global _jworker, _jcurrent, _inside, _fork_held, _forked_mid_compile
+    if _fork_held:  # the forking thread is this one: its lock is ours to give back
+        _fork_held = False
+        _numba_lock().release()
+    elif _numba_lock() is not None:
+        _forked_mid_compile = True
     _STATE = threading.Condition()
     _worker = _current = _jworker = _jcurrent = _inside = None
     _stopping = _helper_broken = False
@@ -726,7 +765,7 @@ def main(args) -> int:
 atexit.register(_stop)
 getattr(threading, "_register_atexit", lambda f: None)(_ending)  # (Python's hook, before the threads are joined)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork)
 install()
 
 

@@ -141,6 +141,93 @@ def test_a_forked_child_starts_its_own_compiler(monkeypatch):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_waits_for_a_compile_inside_numba_so_the_child_can_compile():
+    """A fork from a process where another thread is inside numba's compiler: the child can still
+    compile (numba's lock is not left to a thread the child does not have, nor its call stack
+    half-way), because the fork waits for that compile to end."""
+    script = textwrap.dedent("""
+        import os, sys, threading, numba
+        import dvidshards.runtime
+        numba.njit(lambda a: a)(1)  # numba's typing modules imported before any fork
+        stop = threading.Event()
+        def compile_forever():
+            while not stop.is_set():
+                numba.njit(cache=False)(lambda a, b: (a * b + a - b) // (b | 1))(3, 4)
+        t = threading.Thread(target=compile_forever)
+        t.start()
+        bad = 0
+        for i in range(10):
+            pid = os.fork()
+            if pid == 0:
+                done = threading.Event()
+                def child():
+                    numba.njit(cache=False)(lambda a: a + 1)(1)
+                    done.set()
+                threading.Thread(target=child, daemon=True).start()
+                os._exit(0 if done.wait(60) else 1)  # without the fix: waits forever or fails as re-entrant
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                bad += 1
+                break
+        stop.set()
+        t.join()
+        sys.exit(f"forked child {i + 1} could not compile" if bad else 0)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_that_could_not_wait_for_numba_leaves_a_child_that_says_so_and_never_hangs(monkeypatch):
+    """When the compile in the parent outlasts the fork's wait, the child does not compile (it would
+    wait forever for numba's lock): its kernels answer through the fallback, saying why once, and
+    one without a fallback raises that reason."""
+    monkeypatch.setenv("DVIDSHARDS_KERNELS", "background")
+    script = textwrap.dedent("""
+        import os, sys, threading, warnings, numba
+        from numba.core.compiler_lock import global_compiler_lock
+        from dvidshards.runtime import kernels
+        from dvidshards.formats import jit
+        numba.njit(lambda a: a)(1)
+        held, release = threading.Event(), threading.Event()
+        def hold():  # a compile that does not end while the fork waits
+            with global_compiler_lock:
+                held.set()
+                release.wait()
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        held.wait()
+        kernels._FORK_WAIT = 0.2
+        k = jit.kernel(numba.njit(cache=False)(lambda a, b: a + b), [(numba.int64, numba.int64)],
+                       lambda a, b: -(a + b))
+        bare = jit.kernel(numba.njit(cache=False)(lambda a: a * 2), [(numba.int64,)], None)
+        pid = os.fork()
+        if pid == 0:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                answers = [k(1, 2)]
+                jit.wait(timeout=60)
+                answers.append(k(1, 2))
+            said = [str(w.message) for w in seen if "forked while numba compiled" in str(w.message)]
+            try:
+                bare(1)
+                raised = ""
+            except RuntimeError as e:
+                raised = str(e)
+            ok = answers == [-3, -3] and not k.ready and len(said) == 1 and "spawn" in raised
+            print(answers, said, raised, flush=True)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_a_kernel_without_fallback_compiles_at_first_call_in_every_mode(monkeypatch):
     """A kernel without a fallback compiles once at its first call and waits for it, in every mode."""
     for m in ("background", "fallback", "compiled"):
