@@ -621,8 +621,8 @@ def _before_fork() -> None:
     copy of numba's state (the lock's owner, the typing call stack, LLVM's) would be a thread's it
     does not have, and a compile there would wait forever or fail as re-entrant."""
     global _fork_held
-    lock = _numba_lock()
-    _fork_held = lock is not None and lock.acquire(timeout=_FORK_WAIT)
+    lock = _numba_lock()  # (in a child that could not get it, no one will give it back: do not wait)
+    _fork_held = lock is not None and not _forked_mid_compile and lock.acquire(timeout=_FORK_WAIT)
 
 
 def _after_fork_in_parent() -> None:
