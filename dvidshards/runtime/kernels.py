@@ -41,6 +41,7 @@ from typing import Any
 from ..errors import SpecError
 from ..formats import jit
 from ..formats.jit import Kernel
+from .forks import SPAWN
 from .locks import acquire, try_acquire
 
 __all__ = ["MODES", "WarmCommand", "add_arguments", "in_cache", "install", "job_mode", "main", "mode", "prepare_for_job",
@@ -97,9 +98,9 @@ def _compile(k: Kernel) -> None:
     """``k.compile()`` under this process's compile lock."""
     global _inside
     if _forked_mid_compile:  # a compile here would wait forever for a thread this process does not have
-        e = RuntimeError(f"this process was forked while numba compiled in its parent (the fork waited "
-                         f"{_FORK_WAIT:.0f} s for it): numba's compiler state here is half-way; start "
-                         "processes with spawn")
+        e = RuntimeError(f"this process was forked while numba compiled in another thread (a fork waits up to "
+                         f"{_FORK_WAIT:.0f} s for that), or from such a process: numba's compiler state here is "
+                         f"half-way, so nothing compiles; {SPAWN}")
         k.give_up(e)
         raise e
     with _COMPILE:
